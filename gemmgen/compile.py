@@ -1,0 +1,219 @@
+"""Compile generated CUDA C with NVRTC to a cubin for the exact target, and read ptxas's report.
+
+Results are cached on disk under a key made of everything that changes them: the source, the
+options, the target and the NVRTC version. A cubin (SASS), never PTX, is what runs: the NVRTC
+installed from PyPI may be newer than a machine's driver, which could not JIT its PTX.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .plan import Plan
+
+CACHE_FORMAT = 1
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected the source; the message carries its log."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    """ptxas's report for one kernel."""
+
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_frame: int
+    shared_static: int
+
+    @property
+    def spills(self) -> bool:
+        return bool(self.spill_stores or self.spill_loads)
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compiled kernel: the cubin and how to find and judge what is in it."""
+
+    target: str
+    cubin: bytes
+    ptx: str
+    lowered_names: dict[str, str]   # C++ name expression → symbol in the cubin
+    resources: dict[str, Resources]  # symbol → ptxas report
+    log: str
+    nvrtc_version: str
+
+    def resources_of(self, name_expression: str) -> Resources:
+        return self.resources[self.lowered_names[name_expression]]
+
+
+def _nvrtc():
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:  # cuda-python before 12.6 kept the bindings at cuda.nvrtc
+        from cuda import nvrtc  # type: ignore[no-redef]
+    return nvrtc
+
+
+def nvrtc_version() -> str:
+    nvrtc = _nvrtc()
+    _, major, minor = nvrtc.nvrtcVersion()
+    return f"{major}.{minor}"
+
+
+def _check(result, what: str, program=None) -> tuple:
+    nvrtc = _nvrtc()
+    status = result[0]
+    if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        log = _program_log(program) if program is not None else ""
+        raise CompileError(f"NVRTC {what} failed: {status.name}\n{log}".rstrip())
+    return result[1:]
+
+
+def _program_log(program) -> str:
+    nvrtc = _nvrtc()
+    _, size = nvrtc.nvrtcGetProgramLogSize(program)
+    buffer = b" " * size
+    nvrtc.nvrtcGetProgramLog(program, buffer)
+    return buffer.rstrip(b"\0 ").decode(errors="replace")
+
+
+_FUNCTION = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Compiling entry function '(\S+)'|Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def parse_ptxas_report(log: str) -> dict[str, Resources]:
+    """Per-function registers, spills, stack and static shared memory from `ptxas -v` output."""
+    frames: dict[str, tuple[int, int, int]] = {}
+    current = None
+    for line in log.splitlines():
+        function = _FUNCTION.search(line)
+        if function:
+            current = function.group(1)
+            continue
+        frame = _FRAME.search(line)
+        if frame and current:
+            frames[current] = tuple(int(x) for x in frame.groups())
+    report: dict[str, Resources] = {}
+    entry = None
+    for line in log.splitlines():
+        compiling = re.search(r"Compiling entry function '(\S+)'", line)
+        if compiling:
+            entry = compiling.group(1)
+            continue
+        used = re.search(r"Used (\d+) registers", line)
+        if used and entry:
+            smem = re.search(r"(\d+) bytes smem", line)
+            stack, stores, loads = frames.get(entry, (0, 0, 0))
+            report[entry] = Resources(int(used.group(1)), stores, loads, stack,
+                                      int(smem.group(1)) if smem else 0)
+            entry = None
+    return report
+
+
+def options_for(target: str) -> list[str]:
+    return [f"--gpu-architecture={target}", "-std=c++17", "--ptxas-options=-v", "--diag-suppress=177",
+            "-fmad=true", "-lineinfo"]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("GEMMGEN_CACHE")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gemmgen"
+
+
+def cache_key(source: str, target: str, name_expressions: list[str]) -> str:
+    digest = hashlib.sha256()
+    for part in (str(CACHE_FORMAT), nvrtc_version(), target, " ".join(options_for(target)),
+                 "\n".join(name_expressions), source):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
+
+
+def _from_cache(key: str) -> Compiled | None:
+    folder = cache_dir() / key
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        cubin = (folder / "kernel.cubin").read_bytes()
+        ptx = (folder / "kernel.ptx").read_text()
+    except (OSError, ValueError):
+        return None
+    resources = {name: Resources(**fields) for name, fields in meta["resources"].items()}
+    return Compiled(meta["target"], cubin, ptx, meta["lowered_names"], resources, meta["log"],
+                    meta["nvrtc_version"])
+
+
+def _to_cache(key: str, compiled: Compiled) -> None:
+    folder = cache_dir() / key
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"meta.json.{os.getpid()}"
+        (folder / "kernel.cubin").write_bytes(compiled.cubin)
+        (folder / "kernel.ptx").write_text(compiled.ptx)
+        meta = {"target": compiled.target, "lowered_names": compiled.lowered_names,
+                "resources": {k: asdict(v) for k, v in compiled.resources.items()},
+                "log": compiled.log, "nvrtc_version": compiled.nvrtc_version}
+        tmp.write_text(json.dumps(meta))
+        tmp.replace(folder / "meta.json")  # meta.json last: a partial entry is never read
+    except OSError:
+        pass  # a read-only or full cache only costs a recompile
+
+
+def compile_source(source: str, target: str, name_expressions: list[str], *,
+                   filename: str = "kernel.cu", use_cache: bool = True) -> Compiled:
+    """Compile CUDA C to a cubin for `target` (e.g. "sm_90"), lowering the given kernel names."""
+    key = cache_key(source, target, name_expressions)
+    if use_cache:
+        cached = _from_cache(key)
+        if cached is not None:
+            return cached
+    nvrtc = _nvrtc()
+    (program,) = _check(nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []),
+                        "program creation")
+    try:
+        for name in name_expressions:
+            _check(nvrtc.nvrtcAddNameExpression(program, name.encode()), "name expression", program)
+        options = [o.encode() for o in options_for(target)]
+        status = nvrtc.nvrtcCompileProgram(program, len(options), options)[0]
+        log = _program_log(program)
+        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(f"NVRTC could not compile {filename} for {target}:\n{log}")
+        (size,) = _check(nvrtc.nvrtcGetCUBINSize(program), "cubin size", program)
+        cubin = b" " * size
+        _check(nvrtc.nvrtcGetCUBIN(program, cubin), "cubin", program)
+        (ptx_size,) = _check(nvrtc.nvrtcGetPTXSize(program), "ptx size", program)
+        ptx = b" " * ptx_size
+        _check(nvrtc.nvrtcGetPTX(program, ptx), "ptx", program)
+        lowered = {}
+        for name in name_expressions:
+            (symbol,) = _check(nvrtc.nvrtcGetLoweredName(program, name.encode()), "lowered name",
+                               program)
+            lowered[name] = symbol.decode() if isinstance(symbol, bytes) else str(symbol)
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+    compiled = Compiled(target, bytes(cubin), ptx.rstrip(b"\0").decode(), lowered,
+                        parse_ptxas_report(log), log, nvrtc_version())
+    if use_cache:
+        _to_cache(key, compiled)
+    return compiled
+
+
+def compile_plan(plan: Plan, source: str | None = None, *, target: str | None = None,
+                 use_cache: bool = True) -> Compiled:
+    """Compile a Plan's generated source (both variants) for its target or an override."""
+    from .codegen import generate, kernel_name_expressions
+
+    source = source if source is not None else generate(plan)
+    names = list(kernel_name_expressions(plan).values())
+    return compile_source(source, target or plan.arch.name, names,
+                          filename=f"{plan.launcher_name}.cu", use_cache=use_cache)

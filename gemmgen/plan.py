@@ -1,0 +1,479 @@
+"""Derive every number of a kernel from a concrete Spec, and reject specs that cannot work.
+
+The Plan is the only place that does arithmetic about the tiling: threads, warp layout, how
+each operand tile is split into loads, the shared-memory layout and its index expressions,
+resources against the target's limits. Templates place these values; they compute nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import ceil
+
+from .errors import SpecError
+from .spec import Spec
+
+WARP = 32
+
+
+@dataclass(frozen=True)
+class Arch:
+    """Per-target limits (CUDA programming guide, compute capability tables)."""
+
+    name: str
+    smem_per_block: int      # bytes a block may opt in to
+    smem_per_sm: int         # bytes of shared memory per SM
+    smem_reserved: int       # bytes the runtime keeps per resident block
+    max_threads_per_sm: int
+    max_blocks_per_sm: int
+    regs_per_sm: int
+    fp32_lanes_per_sm: int   # FFMA per clock per SM
+
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        digits = self.name.removeprefix("sm_")
+        return int(digits[:-1]), int(digits[-1])
+
+
+ARCHS = {
+    "sm_80": Arch("sm_80", 166912, 167936, 1024, 2048, 32, 65536, 64),
+    "sm_86": Arch("sm_86", 101376, 102400, 1024, 1536, 16, 65536, 128),
+    "sm_89": Arch("sm_89", 101376, 102400, 1024, 1536, 24, 65536, 128),
+    "sm_90": Arch("sm_90", 232448, 233472, 1024, 2048, 32, 65536, 128),
+}
+
+MAX_THREADS_PER_BLOCK = 1024
+MAX_REGISTERS_PER_THREAD = 255
+STATIC_SMEM_LIMIT = 48 * 1024
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How one input matrix (A or B) travels: global tile → shared tile → register fragments.
+
+    The global tile is `outer` x `inner`, inner being the contiguous dimension in memory. The
+    shared tile has rows along `smem_row_dim`; index expressions are C expressions of the tile
+    coordinates, ready to paste into CUDA.
+    """
+
+    name: str                 # "A" or "B"
+    layout: str               # "row" or "col" in global memory
+    outer_dim: str            # math dimension of global rows: "m", "n" or "k"
+    inner_dim: str
+    outer: int                # tile extent along outer_dim
+    inner: int
+    vector: int               # floats per global load
+    chunks_per_row: int       # inner / vector
+    passes: int               # loads per thread per tile
+    transposed_store: bool    # shared rows run along the global inner dimension
+    smem_rows: int
+    smem_cols: int
+    smem_ld: int              # floats between shared rows (cols + pad)
+    pad: int
+    swizzle: bool
+    swizzle_chunks: int       # 4-float chunks per shared row when swizzled
+    stage_floats: int
+    smem_index: str           # C expression of (math coordinates) → float offset in one stage
+    frag_vector: int          # floats per shared → register load in the inner product
+    rows_left: str            # C expression: rows of the global tile still inside the matrix
+    cols_left: str
+    tile_origin: str          # C expression: element offset of the block's first tile
+    k_step: str               # C expression: element offset from one K tile to the next
+    extent_outer: str         # matrix size along the outer dimension (M, N or K)
+    extent_inner: str
+
+    @property
+    def ld(self) -> str:
+        return f"ld{self.name.lower()}"
+
+    def smem_args(self, row: str, col: str) -> str:
+        """Arguments of s{A,B}_index (math order: A(m, k), B(k, n)) for global tile (row, col)."""
+        first = "m" if self.name == "A" else "k"
+        return f"{row}, {col}" if self.outer_dim == first else f"{col}, {row}"
+
+    def describe(self) -> str:
+        shape = f"{self.smem_rows} x {self.smem_ld}"
+        if self.swizzle:
+            how = "XOR-swizzled in 16-byte chunks"
+        elif self.pad:
+            how = f"padded by {self.pad}"
+        else:
+            how = "unpadded"
+        rows = self.smem_row_dim
+        return f"s{self.name}[{rows}][{self.smem_col_dim}] {shape} floats, {how}"
+
+    @property
+    def smem_row_dim(self) -> str:
+        return self.inner_dim if self.transposed_store else self.outer_dim
+
+    @property
+    def smem_col_dim(self) -> str:
+        return self.outer_dim if self.transposed_store else self.inner_dim
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: Spec
+    name: str
+    arch: Arch
+    uses_shared: bool
+    # tiling
+    BM: int
+    BN: int
+    BK: int
+    WM: int
+    WN: int
+    TM: int
+    TN: int
+    RM: int
+    RN: int
+    SUB_M: int
+    SUB_N: int
+    warp_tiling: bool
+    warps_m: int
+    warps_n: int
+    lanes_m: int
+    lanes_n: int
+    threads: int
+    order: str
+    # pipeline
+    stages: int
+    async_copy: bool
+    fragments: int
+    raster_group: int
+    occupancy: int
+    beta: bool
+    reduce_count: int
+    # operands and output
+    a: Operand | None
+    b: Operand | None
+    c_layout: str
+    c_vector: int             # floats per store of C in the aligned variant
+    smem_bytes: int
+    registers_estimate: int
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def kernel_name(self) -> str:
+        return f"gemmgen_{self.name}_kernel"
+
+    @property
+    def launcher_name(self) -> str:
+        return f"gemmgen_{self.name}"
+
+    @property
+    def warps(self) -> int:
+        return self.threads // WARP
+
+    @property
+    def accumulators(self) -> int:
+        return self.TM * self.TN * self.RM * self.RN
+
+    def grid(self, M: int, N: int) -> int:
+        """Thread blocks for an M x N output."""
+        return ceil(M / self.BM) * ceil(N / self.BN) if M > 0 and N > 0 else 0
+
+    def layouts(self) -> str:
+        return (f"A {self.spec['layout.A']}, B {self.spec['layout.B']}, C {self.c_layout}")
+
+    # --- what the launcher checks at run time (C strings and Python from the same tables) ---
+
+    def leading_dimension_minimums(self) -> dict[str, str]:
+        """Each leading dimension and the size it must be at least (as well as at least 1)."""
+        contiguous_rows = {"A": ("K", "M"), "B": ("N", "K"), "C": ("N", "M")}
+        layouts = {"A": self.spec["layout.A"], "B": self.spec["layout.B"], "C": self.c_layout}
+        return {f"ld{name.lower()}": rows[0] if layouts[name] == "row" else rows[1]
+                for name, rows in contiguous_rows.items()}
+
+    def vector_requirements(self) -> list[tuple[str, str, str, int]]:
+        """(pointer, size, leading dimension, vector) that the aligned variant needs divisible."""
+        needs = []
+        for op in (self.a, self.b):
+            if op is not None and op.vector > 1:
+                needs.append((op.name, op.extent_inner, op.ld, op.vector))
+        if self.c_vector > 1:
+            needs.append(("C", "N" if self.c_layout == "row" else "M", "ldc", self.c_vector))
+        return needs
+
+    def argument_error(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int) -> str | None:
+        """Why the launcher would return cudaErrorInvalidValue for these sizes, or None."""
+        if min(M, N, K) < 0:
+            return f"sizes must be >= 0 (M={M}, N={N}, K={K})"
+        sizes = {"M": M, "N": N, "K": K}
+        given = {"lda": lda, "ldb": ldb, "ldc": ldc}
+        for ld, size in self.leading_dimension_minimums().items():
+            if given[ld] < max(1, sizes[size]):
+                return f"{ld}={given[ld]} is below max(1, {size}={sizes[size]})"
+        if self.reduce_count and M * N > 0xFFFFFFFF:
+            return "the fused reduction numbers positions with 32 bits: M*N must be below 2^32"
+        if self.grid(M, N) > 2**31 - 1:
+            return "too many thread blocks for one launch"
+        return None
+
+    def aligned(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
+                pointers: dict[str, int]) -> bool:
+        """Whether the vector variant is safe for these sizes and device addresses."""
+        values = {"M": M, "N": N, "K": K, "lda": lda, "ldb": ldb, "ldc": ldc}
+        return all(values[size] % vec == 0 and values[ld] % vec == 0 and pointers[ptr] % (4 * vec) == 0
+                   for ptr, size, ld, vec in self.vector_requirements())
+
+    @property
+    def a_stride_m(self) -> str:
+        return "lda" if self.spec["layout.A"] == "row" else "1"
+
+    @property
+    def a_stride_k(self) -> str:
+        return "1" if self.spec["layout.A"] == "row" else "lda"
+
+    @property
+    def b_stride_k(self) -> str:
+        return "ldb" if self.spec["layout.B"] == "row" else "1"
+
+    @property
+    def b_stride_n(self) -> str:
+        return "1" if self.spec["layout.B"] == "row" else "ldb"
+
+    @property
+    def c(self) -> "Output":
+        return Output(self.c_layout)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Index expressions for C, relative to the block's tile."""
+
+    layout: str
+
+    @property
+    def tile_origin(self) -> str:
+        if self.layout == "row":
+            return "(long long)block_m0 * ldc + block_n0"
+        return "(long long)block_n0 * ldc + block_m0"
+
+    def index(self, m: str, n: str) -> str:
+        if self.layout == "row":
+            return f"(long long)({m}) * ldc + ({n})"
+        return f"(long long)({n}) * ldc + ({m})"
+
+
+def _largest_vector(run: int) -> int:
+    return 4 if run % 4 == 0 else 2 if run % 2 == 0 else 1
+
+
+def _operand(spec: Spec, name: str, BM: int, BN: int, BK: int, threads: int) -> Operand:
+    layout = spec[f"layout.{name}"]
+    vector = spec[f"load.{name}.vector"]
+    transpose = spec[f"load.{name}.transpose"]
+    mode = spec[f"shared.{name}"]
+    pad = spec[f"shared.{name}.pad"] if mode == "pad" else 0
+    keys_load = (f"load.{name}.vector", f"load.{name}.transpose", f"layout.{name}")
+    if name == "A":
+        # math view of A: m x k. Row-major: rows are m; shared default: sA[m][k].
+        free = "m"
+        outer_dim, inner_dim = ("m", "k") if layout == "row" else ("k", "m")
+    else:
+        free = "n"
+        outer_dim, inner_dim = ("k", "n") if layout == "row" else ("n", "k")
+    size = {"m": BM, "n": BN, "k": BK}
+    extent = {"m": "M", "n": "N", "k": "K"}
+    outer, inner = size[outer_dim], size[inner_dim]
+    # Shared rows: A defaults to [m][k], transposed to [k][m]; B defaults to [k][n], transposed to [n][k].
+    smem_row_dim = ("k" if transpose else "m") if name == "A" else ("n" if transpose else "k")
+    transposed_store = smem_row_dim != outer_dim
+    smem_col_dim = inner_dim if not transposed_store else outer_dim
+    smem_rows, smem_cols = size[smem_row_dim], size[smem_col_dim]
+
+    if inner % vector:
+        raise spec.error(keys_load, f"{name}'s tile is {outer} x {inner} ({outer_dim} x {inner_dim}, "
+                         f"{inner_dim} contiguous for {layout}-major {name}); rows of {inner} floats "
+                         f"cannot be read {vector} floats at a time",
+                         f"a vector width that divides {inner}")
+    chunks = outer * inner // vector
+    if chunks % threads:
+        raise spec.error(keys_load, f"{name}'s {outer} x {inner} tile is {chunks} loads of {vector} "
+                         f"float(s), which {threads} threads cannot share evenly",
+                         f"a tile of a multiple of {threads * vector} floats, or another vector width")
+    passes = chunks // threads
+
+    swizzle = mode == "swizzle"
+    swizzle_chunks = smem_cols // 4
+    if swizzle:
+        if smem_cols % 4 or swizzle_chunks < 2 or swizzle_chunks & (swizzle_chunks - 1):
+            raise spec.error(f"shared.{name}", f"swizzle xor permutes 16-byte chunks within a shared row; "
+                             f"s{name} rows hold {smem_cols} floats ({smem_col_dim}), which is not a "
+                             "power-of-two number (>= 2) of 4-float chunks",
+                             "rows of 8, 16, 32, ... floats, or pad N")
+    smem_ld = smem_cols + pad
+    if not transposed_store and vector > 1 and smem_ld % vector:
+        raise spec.error(f"shared.{name}", f"pad {pad} makes s{name} rows {smem_ld} floats long, so "
+                         f"{vector}-float stores into shared memory would be misaligned",
+                         f"a pad that is a multiple of {vector}")
+    stage_floats = smem_rows * smem_ld
+
+    # Shared index of the element at math coordinates (row dim, col dim) of the shared tile.
+    row_var, col_var = smem_row_dim, smem_col_dim
+    if swizzle:
+        col_expr = f"({col_var} ^ ((({row_var}) % {swizzle_chunks}) << 2))"
+    else:
+        col_expr = col_var
+    smem_index = f"({row_var}) * {smem_ld} + {col_expr}"
+
+    # The inner product reads, for one k, a thread's run of TM (A) or TN (B) consecutive
+    # free-dimension values; they are contiguous in shared memory when shared rows run along k.
+    run = spec["thread.m"] if name == "A" else spec["thread.n"]
+    frag_vector = _largest_vector(run) if smem_row_dim == "k" else 1
+    if frag_vector > 1 and smem_ld % frag_vector:
+        frag_vector = 1
+
+    left = {"m": "m_left", "n": "n_left", "k": "k_left"}
+    ld = f"ld{name.lower()}"
+    # The block's first tile starts at its free-dimension origin, k = 0.
+    origin = "block_m0" if name == "A" else "block_n0"
+    tile_origin = origin if inner_dim == free else f"(long long){origin} * {ld}"
+    k_step = f"BK * (long long){ld}" if outer_dim == "k" else "BK"
+    return Operand(
+        name=name, layout=layout, outer_dim=outer_dim, inner_dim=inner_dim, outer=outer,
+        inner=inner, vector=vector, chunks_per_row=inner // vector, passes=passes,
+        transposed_store=transposed_store, smem_rows=smem_rows, smem_cols=smem_cols,
+        smem_ld=smem_ld, pad=pad, swizzle=swizzle, swizzle_chunks=swizzle_chunks if swizzle else 0,
+        stage_floats=stage_floats, smem_index=smem_index, frag_vector=frag_vector,
+        rows_left=left[outer_dim], cols_left=left[inner_dim], tile_origin=tile_origin,
+        k_step=k_step, extent_outer=extent[outer_dim], extent_inner=extent[inner_dim])
+
+
+def make_plan(spec: Spec) -> Plan:
+    """The Plan of a concrete spec, or a SpecError at the setting that makes it impossible."""
+    if not spec.is_concrete:
+        keys = spec.set_keys
+        raise spec.error(keys[0], f"this spec is a search space ({', '.join(keys)} hold sets); "
+                         "building needs one value for each", "gemmgen tune, or one value per setting")
+    arch = ARCHS[spec["target"]]
+    if spec["math"] != "simt":
+        raise spec.error("math", f"math {spec['math']} (tensor cores) is not generated yet; "
+                         "gemmgen emits FP32 FFMA (simt) kernels today", "math simt")
+    if not spec.written("block.m"):
+        raise spec.error("block.m", f"kernel '{spec.name}' has no block setting: the C tile of a "
+                         "thread block must be given", "block M x N x K, e.g. block 128 x 128 x 16")
+    BM, BN, BK = spec["block.m"], spec["block.n"], spec["block.k"]
+    TM, TN, RM, RN = spec["thread.m"], spec["thread.n"], spec["repeat.m"], spec["repeat.n"]
+    uses_shared = spec["shared"]
+    warp_tiling = spec.written("warp.m")
+    WM, WN = (spec["warp.m"], spec["warp.n"]) if warp_tiling else (BM, BN)
+    notes: list[str] = []
+
+    if warp_tiling and not uses_shared:
+        raise spec.error(("warp.m", "shared"), "warp tiles share operands through shared memory, "
+                         "which 'shared off' turns off", "remove the warp line, or shared memory on")
+    if BM % WM or BN % WN:
+        raise spec.error("warp.m", f"the block tile {BM} x {BN} is not a whole number of "
+                         f"{WM} x {WN} warp tiles", f"a warp tile that divides {BM} x {BN}")
+    if WM % RM or WN % RN:
+        raise spec.error("repeat.m", f"repeat {RM} x {RN} does not split the "
+                         f"{'warp' if warp_tiling else 'block'} tile {WM} x {WN} evenly",
+                         f"a repeat that divides {WM} x {WN}")
+    SUB_M, SUB_N = WM // RM, WN // RN
+    if SUB_M % TM or SUB_N % TN:
+        raise spec.error("thread.m", f"thread tiles of {TM} x {TN} do not cover the "
+                         f"{SUB_M} x {SUB_N} sub-tile evenly "
+                         f"({'warp' if warp_tiling else 'block'} tile {WM} x {WN} / repeat {RM} x {RN})",
+                         f"a thread tile that divides {SUB_M} x {SUB_N}")
+    lanes_m, lanes_n = SUB_M // TM, SUB_N // TN
+    if warp_tiling:
+        if lanes_m * lanes_n != WARP:
+            raise spec.error(("thread.m", "warp.m"), f"a warp has 32 threads, but {SUB_M} x {SUB_N} "
+                             f"sub-tiles of {TM} x {TN} per thread need {lanes_m * lanes_n}",
+                             "warp M x N = thread tile x repeat x a 32-thread grid "
+                             "(e.g. warp 64 x 64 with thread 8 x 4 repeat 1 x 4 → 8 x 4 lanes)")
+        warps_m, warps_n = BM // WM, BN // WN
+    else:
+        warps_m = warps_n = 1
+    threads = warps_m * warps_n * lanes_m * lanes_n
+    if threads > MAX_THREADS_PER_BLOCK:
+        raise spec.error(("thread.m", "block.m"), f"this tiling needs {threads} threads per block; "
+                         f"a block has at most {MAX_THREADS_PER_BLOCK}",
+                         "a larger thread tile or repeat, or a smaller block")
+    if threads % WARP:
+        raise spec.error(("thread.m", "block.m"), f"this tiling makes blocks of {threads} threads, "
+                         "leaving part of a warp idle", "a thread count that is a multiple of 32")
+
+    stages, fill = spec["stages"], spec["stages.fill"]
+    async_copy = fill == "async"
+    fragments = spec["fragments"]
+    if not uses_shared:
+        for key, default in (("stages", 1), ("fragments", 1), ("load.A.vector", 1),
+                             ("load.B.vector", 1), ("load.A.transpose", False),
+                             ("load.B.transpose", False), ("shared.A", "plain"), ("shared.B", "plain")):
+            if spec[key] != default:
+                raise spec.error(key, f"'{key}' describes the shared-memory path, which 'shared off' "
+                                 "turns off", "shared off with no load, shared A/B, stages or fragments")
+        if async_copy:
+            raise spec.error("stages.fill", "cp.async fills shared memory, which 'shared off' turns off",
+                             "stages 1")
+        if spec.written("block.k") and BK != 1:
+            notes.append("block K is unused without shared memory")
+        BK = 1
+        a = b = None
+        smem_bytes = 0
+    else:
+        if async_copy and stages < 2:
+            raise spec.error("stages", "async copies overlap the next tile's load with this tile's "
+                             "math, which needs at least 2 buffers", "stages 2 async or more")
+        if not async_copy and stages > 2:
+            raise spec.error("stages", f"loads through registers (sync) use 1 or 2 buffers; {stages} "
+                             "buffers need cp.async", f"stages 2, or stages {stages} async")
+        if async_copy and spec["target"] not in ARCHS:
+            raise spec.error("stages.fill", "cp.async needs sm_80 or newer", "sm_80 and newer")
+        if fragments == 2 and BK < 2:
+            raise spec.error("fragments", "double-buffered fragments prefetch the next k, but the "
+                             "block K step is 1", "fragments 1, or block K >= 2")
+        a = _operand(spec, "A", BM, BN, BK, threads)
+        b = _operand(spec, "B", BM, BN, BK, threads)
+        smem_bytes = 4 * stages * (a.stage_floats + b.stage_floats)
+        if smem_bytes > arch.smem_per_block:
+            raise spec.error(("stages", "block.m"), f"{stages} stage(s) of A and B tiles need "
+                             f"{smem_bytes} bytes of shared memory; a block on {arch.name} gets at most "
+                             f"{arch.smem_per_block}", "fewer stages, or a smaller block tile")
+
+    c_layout = spec["layout.C"]
+    c_vector = _largest_vector(TN if c_layout == "row" else TM)
+    reduce_count = spec["reduce.count"]
+    occupancy = spec["occupancy"]
+    if occupancy and occupancy * threads > arch.max_threads_per_sm:
+        raise spec.error("occupancy", f"{occupancy} blocks of {threads} threads exceed the "
+                         f"{arch.max_threads_per_sm} threads an SM of {arch.name} holds",
+                         f"occupancy up to {arch.max_threads_per_sm // threads}")
+
+    staging = 0
+    if uses_shared and not async_copy and stages == 2:
+        staging = a.passes * a.vector + b.passes * b.vector
+    registers = (TM * TN * RM * RN + fragments * (TM * RM + TN * RN) + staging + 24
+                 + 2 * reduce_count)
+    if registers > MAX_REGISTERS_PER_THREAD:
+        raise spec.error(("thread.m", "repeat.m"), f"each thread would hold about {registers} values in "
+                         f"registers ({TM * TN * RM * RN} accumulators); a thread has at most "
+                         f"{MAX_REGISTERS_PER_THREAD} registers, and the rest would spill to local memory",
+                         "a smaller thread tile or repeat")
+    if occupancy:
+        cap = arch.regs_per_sm // (occupancy * threads)
+        if registers > min(cap, MAX_REGISTERS_PER_THREAD):
+            raise spec.error("occupancy", f"{occupancy} blocks of {threads} threads leave {cap} registers "
+                             f"per thread, but this tiling needs about {registers}",
+                             "a lower occupancy, or a smaller thread tile")
+
+    return Plan(
+        spec=spec, name=spec.name, arch=arch, uses_shared=uses_shared, BM=BM, BN=BN, BK=BK,
+        WM=WM, WN=WN, TM=TM, TN=TN, RM=RM, RN=RN, SUB_M=SUB_M, SUB_N=SUB_N,
+        warp_tiling=warp_tiling, warps_m=warps_m, warps_n=warps_n, lanes_m=lanes_m,
+        lanes_n=lanes_n, threads=threads, order=spec["order"], stages=stages,
+        async_copy=async_copy, fragments=fragments, raster_group=spec["raster.group"],
+        occupancy=occupancy, beta=spec["epilogue.beta"], reduce_count=reduce_count, a=a, b=b,
+        c_layout=c_layout, c_vector=c_vector, smem_bytes=smem_bytes,
+        registers_estimate=registers, notes=tuple(notes))
+
+
+def try_plan(spec: Spec) -> tuple[Plan | None, SpecError | None]:
+    """make_plan for pruning a search space: the plan, or why the point is impossible."""
+    try:
+        return make_plan(spec), None
+    except SpecError as exc:
+        return None, exc

@@ -1,0 +1,297 @@
+"""Load cubins through the CUDA driver API and launch them on device arrays.
+
+Works in the device's primary context, the one CuPy and PyTorch use, so their arrays can be
+passed straight in. Arrays are taken through `__cuda_array_interface__` (or DLPack, converted by
+CuPy); their strides become leading dimensions. Every CUDA error becomes a CudaError that names
+the kernel and the launch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+from .compile import Compiled, compile_plan
+from .codegen import kernel_name_expressions
+from .plan import Plan
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed; `code` is the CUresult value."""
+
+    def __init__(self, message: str, code: int = 0):
+        super().__init__(message)
+        self.code = code
+
+
+class ShapeError(ValueError):
+    """Arrays that a kernel cannot multiply (wrong dtype, rank, layout, sizes or device)."""
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        from cuda import cuda as driver  # type: ignore[no-redef]
+    return driver
+
+
+def _check(result, what: str):
+    driver = _driver()
+    status = result[0] if isinstance(result, tuple) else result
+    if status != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(status)
+        _, text = driver.cuGetErrorString(status)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        raise CudaError(f"{what}: {name} ({text})", int(status))
+    if isinstance(result, tuple):
+        return result[1] if len(result) == 2 else result[1:]
+    return None
+
+
+_contexts: dict[int, Any] = {}
+
+
+def device_count() -> int:
+    """GPUs the driver sees; 0 where there is no driver or no GPU."""
+    try:
+        driver = _driver()
+        if driver.cuInit(0)[0] != driver.CUresult.CUDA_SUCCESS:
+            return 0
+        status, count = driver.cuDeviceGetCount()
+        return count if status == driver.CUresult.CUDA_SUCCESS else 0
+    except Exception:  # no driver library at all
+        return 0
+
+
+def use_device(ordinal: int = 0):
+    """Make the device's primary context current (creating it once) and return it."""
+    driver = _driver()
+    if ordinal not in _contexts:
+        _check(driver.cuInit(0), "cuInit")
+        device = _check(driver.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
+        _contexts[ordinal] = _check(driver.cuDevicePrimaryCtxRetain(device),
+                                    f"retaining the primary context of device {ordinal}")
+    _check(driver.cuCtxSetCurrent(_contexts[ordinal]), "cuCtxSetCurrent")
+    return _contexts[ordinal]
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    name: str
+    ordinal: int
+    compute_capability: tuple[int, int]
+    sm_count: int
+    clock_khz: int
+    driver_version: str
+    l2_bytes: int
+
+    @property
+    def target(self) -> str:
+        major, minor = self.compute_capability
+        return f"sm_{major}{minor}"
+
+    def fp32_peak_tflops(self, lanes_per_sm: int) -> float:
+        """FFMA peak: lanes x 2 flops x SMs x clock."""
+        return 2 * lanes_per_sm * self.sm_count * self.clock_khz * 1e3 / 1e12
+
+
+def device_info(ordinal: int = 0) -> DeviceInfo:
+    driver = _driver()
+    use_device(ordinal)
+    device = _check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
+    raw = _check(driver.cuDeviceGetName(64, device), "cuDeviceGetName")
+    name = raw.split(b"\0")[0].decode() if isinstance(raw, bytes) else str(raw)
+    attr = driver.CUdevice_attribute
+
+    def get(which) -> int:
+        return _check(driver.cuDeviceGetAttribute(which, device), f"cuDeviceGetAttribute({which})")
+
+    version = _check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
+    return DeviceInfo(
+        name=name, ordinal=ordinal,
+        compute_capability=(get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+        sm_count=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+        clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
+        driver_version=f"{version // 1000}.{version % 1000 // 10}",
+        l2_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE))
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """A device matrix as a kernel sees it: address, rows, columns, layout, leading dimension."""
+
+    ptr: int
+    rows: int
+    cols: int
+    layout: str  # "row" or "col"
+    ld: int
+
+
+def as_matrix(array: Any, what: str, layout: str) -> Matrix:
+    """A 2-D float32 device array (`__cuda_array_interface__` or DLPack) read in `layout`."""
+    interface = getattr(array, "__cuda_array_interface__", None)
+    if interface is None and hasattr(array, "__dlpack__"):
+        try:
+            import cupy
+            array = cupy.from_dlpack(array)
+            interface = array.__cuda_array_interface__
+        except Exception as exc:  # noqa: BLE001 - any failure means: not a device array we read
+            raise ShapeError(f"{what}: cannot read a DLPack array without CuPy ({exc})") from None
+    if interface is None:
+        raise ShapeError(f"{what} is not a device array (no __cuda_array_interface__ or DLPack); "
+                         f"got {type(array).__name__}")
+    if interface["typestr"] not in ("<f4", "=f4", "|f4"):
+        raise ShapeError(f"{what} must hold float32, not {interface['typestr']}")
+    shape = tuple(interface["shape"])
+    if len(shape) != 2:
+        raise ShapeError(f"{what} must be a matrix (2-D), not {len(shape)}-D of shape {shape}")
+    rows, cols = shape
+    strides = interface.get("strides") or (cols * 4, 4)
+    if any(s % 4 for s in strides):
+        raise ShapeError(f"{what}: strides {strides} are not whole float32 elements")
+    row_stride, col_stride = strides[0] // 4, strides[1] // 4
+    # Row-major: elements of a row are adjacent and rows are ld apart (column-major: transposed).
+    if layout == "row":
+        contiguous, ld, lines, length = col_stride == 1 or cols <= 1, row_stride, rows, cols
+    else:
+        contiguous, ld, lines, length = row_stride == 1 or rows <= 1, col_stride, cols, rows
+    if lines <= 1:
+        ld = max(1, length)
+    if not contiguous or ld < max(1, length):
+        raise ShapeError(f"{what} of shape {shape} with element strides ({row_stride}, {col_stride}) "
+                         f"is not {layout}-major, which this kernel was built for (layout {what} {layout})")
+    return Matrix(interface["data"][0], rows, cols, layout, ld)
+
+
+def stream_handle(stream: Any) -> int:
+    """A raw CUstream from None, an int, a CuPy stream (.ptr) or a PyTorch stream (.cuda_stream)."""
+    if stream is None:
+        return 0
+    for attribute in ("ptr", "cuda_stream", "handle"):
+        value = getattr(stream, attribute, None)
+        if isinstance(value, int):
+            return value
+    if isinstance(stream, int):
+        return stream
+    return int(stream)
+
+
+class Kernel:
+    """A compiled gemmgen kernel, ready to launch in the current process.
+
+        kernel = Kernel(plan)
+        kernel(A, B, C, alpha=1.0, beta=0.0)          # device arrays, layouts per the spec
+        kernel.launch(M, N, K, alpha, a_ptr, lda, ...)  # raw pointers, exactly the C ABI
+    """
+
+    def __init__(self, plan: Plan, compiled: Compiled | None = None, device: int = 0):
+        self.plan = plan
+        self.device = device
+        use_device(device)
+        self.compiled = compiled or compile_plan(plan)
+        driver = _driver()
+        self._module = _check(driver.cuModuleLoadData(self.compiled.cubin),
+                              f"loading the cubin of {plan.launcher_name} "
+                              f"(built for {self.compiled.target})")
+        names = kernel_name_expressions(plan)
+        self._functions = {}
+        for aligned, expression in names.items():
+            symbol = self.compiled.lowered_names[expression]
+            function = _check(driver.cuModuleGetFunction(self._module, symbol.encode()),
+                              f"finding {expression} in its cubin")
+            if plan.smem_bytes > 48 * 1024:
+                _check(driver.cuFuncSetAttribute(
+                    function,
+                    driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    plan.smem_bytes), f"allowing {plan.smem_bytes} bytes of shared memory")
+            self._functions[aligned] = function
+        if plan.reduce_count:
+            self._reduce = {
+                step: _check(driver.cuModuleGetFunction(
+                    self._module, f"{plan.launcher_name}_reduce_{step}".encode()), step)
+                for step in ("clear", "finish")}
+
+    @property
+    def name(self) -> str:
+        return self.plan.launcher_name
+
+    def _launch(self, function, grid: int, threads: int, smem: int, stream: int,
+                args: list, what: str) -> None:
+        driver = _driver()
+        converters = {"i": ctypes.c_int, "f": ctypes.c_float, "p": ctypes.c_void_p}
+        holders = [converters[kind](value) for kind, value in args]
+        pointers = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
+        _check(driver.cuLaunchKernel(function, grid, 1, 1, threads, 1, 1, smem, stream,
+                                     ctypes.addressof(pointers), 0), what)
+
+    def launch(self, M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,
+               beta: float, C: int, ldc: int, smallest: tuple[int, int, int] | None = None,
+               stream: Any = None) -> None:
+        """The C ABI on raw device addresses; raises CudaError where the launcher returns an error."""
+        plan = self.plan
+        problem = plan.argument_error(M, N, K, lda, ldb, ldc)
+        if problem:
+            raise CudaError(f"{self.name}: invalid arguments: {problem}", 1)
+        if not plan.beta and beta != 0.0:
+            raise CudaError(f"{self.name} was built with 'epilogue alpha' and ignores C; beta must be 0", 1)
+        if plan.reduce_count and (smallest is None or not all(smallest)):
+            raise CudaError(f"{self.name} has a fused reduction: pass smallest=(values, rows, cols)", 1)
+        handle = stream_handle(stream)
+        use_device(self.device)
+        if plan.reduce_count:
+            self._launch(self._reduce["clear"], 1, 32, 0, handle, [], f"{self.name}_reduce_clear")
+        if M and N:
+            if not C or (K and (not A or not B)):
+                raise CudaError(f"{self.name}: null pointer for a matrix with elements", 1)
+            aligned = plan.aligned(M, N, K, lda, ldb, ldc, {"A": A, "B": B, "C": C})
+            grid = plan.grid(M, N)
+            what = (f"launching {self.name} ({'vector' if aligned else 'scalar'} variant) on "
+                    f"{grid} blocks x {plan.threads} threads, {plan.smem_bytes} B shared, "
+                    f"M={M} N={N} K={K}")
+            self._launch(self._functions[aligned], grid, plan.threads, plan.smem_bytes, handle,
+                         [("i", M), ("i", N), ("i", K), ("f", alpha), ("p", A), ("i", lda),
+                          ("p", B), ("i", ldb), ("f", beta), ("p", C), ("i", ldc)], what)
+        if plan.reduce_count:
+            values, rows, cols = smallest
+            self._launch(self._reduce["finish"], 1, 32, 0, handle,
+                         [("p", values), ("p", rows), ("p", cols), ("i", N)],
+                         f"{self.name}_reduce_finish")
+
+    def __call__(self, A: Any, B: Any, C: Any, *, alpha: float = 1.0, beta: float = 0.0,
+                 smallest: tuple[Any, Any, Any] | None = None, stream: Any = None) -> None:
+        """C = alpha * A @ B + beta * C on device arrays whose layouts match the spec."""
+        spec = self.plan.spec
+        a, b, c = (as_matrix(x, name, spec[f"layout.{name}"]) for x, name in ((A, "A"), (B, "B"), (C, "C")))
+        M, K = a.rows, a.cols
+        if b.rows != K:
+            raise ShapeError(f"A is {a.rows} x {a.cols} but B is {b.rows} x {b.cols}: inner sizes differ")
+        N = b.cols
+        if (c.rows, c.cols) != (M, N):
+            raise ShapeError(f"C must be {M} x {N} for A {M} x {K} times B {K} x {N}, not "
+                             f"{c.rows} x {c.cols}")
+        pointers = None
+        if smallest is not None:
+            pointers = tuple(_device_pointer(x, what) for x, what in
+                             zip(smallest, ("smallest values", "smallest rows", "smallest cols")))
+        self.launch(M, N, K, alpha, a.ptr, a.ld, b.ptr, b.ld, beta, c.ptr, c.ld,
+                    smallest=pointers, stream=stream)
+
+    def close(self) -> None:
+        if getattr(self, "_module", None) is not None:
+            _driver().cuModuleUnload(self._module)
+            self._module = None
+
+
+def _device_pointer(array: Any, what: str) -> int:
+    interface = getattr(array, "__cuda_array_interface__", None)
+    if interface is None:
+        raise ShapeError(f"{what} is not a device array")
+    return interface["data"][0]
+
+
+def synchronize() -> None:
+    _check(_driver().cuCtxSynchronize(), "synchronizing the device (a kernel may have faulted)")

@@ -1,0 +1,595 @@
+"""Parse spec text into typed Spec objects; every error a SpecError with its position.
+
+A Spec maps setting keys ("block.m", "load.A.vector", ...) to Params: the candidate values
+written in the spec (one value, or several for a search set) and where they were written.
+Whether the values can work together is the Plan's question (plan.py); this module checks
+only that each value is one the language allows.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import lark
+from lark import Lark, Token, Transformer, v_args
+
+from .errors import Span, SpecError
+
+TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90")
+MATH_MODES = ("simt", "tf32", "3xtf32")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One setting: its candidate values and where the spec wrote them (None: a default)."""
+
+    values: tuple
+    span: Span | None = None
+
+    @property
+    def is_set(self) -> bool:
+        return len(self.values) > 1
+
+
+# --- the settings: default value and the domain of each ------------------------------
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, int) and v >= 1
+
+
+def _power_of_two(v: Any) -> bool:
+    return _positive(v) and v & (v - 1) == 0
+
+
+@dataclass(frozen=True)
+class Setting:
+    default: Any
+    check: Callable[[Any], bool]
+    allowed: str
+
+
+_WORDS = lambda *words: (lambda v: v in words)  # noqa: E731
+
+SETTINGS: dict[str, Setting] = {
+    "target": Setting("sm_90", _WORDS(*TARGETS), ", ".join(TARGETS)),
+    "math": Setting("simt", _WORDS(*MATH_MODES), ", ".join(MATH_MODES)),
+    "layout.A": Setting("row", _WORDS("row", "col"), "row or col"),
+    "layout.B": Setting("row", _WORDS("row", "col"), "row or col"),
+    "layout.C": Setting("row", _WORDS("row", "col"), "row or col"),
+    "block.m": Setting(None, _positive, "a positive integer (rows of C per thread block)"),
+    "block.n": Setting(None, _positive, "a positive integer (columns of C per thread block)"),
+    "block.k": Setting(1, _positive, "a positive integer (K step per shared-memory tile)"),
+    "warp.m": Setting(None, _positive, "a positive integer (rows of C per warp)"),
+    "warp.n": Setting(None, _positive, "a positive integer (columns of C per warp)"),
+    "thread.m": Setting(1, _positive, "a positive integer (rows of C per thread and sub-tile)"),
+    "thread.n": Setting(1, _positive, "a positive integer (columns of C per thread and sub-tile)"),
+    "repeat.m": Setting(1, _positive, "a positive integer (sub-tiles swept along M)"),
+    "repeat.n": Setting(1, _positive, "a positive integer (sub-tiles swept along N)"),
+    "order": Setting("n", _WORDS("m", "n"),
+                     "m (consecutive threads walk down a column of C) or n (along a row)"),
+    "load.A.vector": Setting(1, _WORDS(1, 2, 4), "1, 2 or 4 floats per load"),
+    "load.B.vector": Setting(1, _WORDS(1, 2, 4), "1, 2 or 4 floats per load"),
+    "load.A.transpose": Setting(False, _WORDS(True, False), "on or off"),
+    "load.B.transpose": Setting(False, _WORDS(True, False), "on or off"),
+    "shared": Setting(True, _WORDS(True, False), "on or off"),
+    "shared.A": Setting("plain", _WORDS("plain", "pad", "swizzle"), "plain, pad N or swizzle xor"),
+    "shared.B": Setting("plain", _WORDS("plain", "pad", "swizzle"), "plain, pad N or swizzle xor"),
+    "shared.A.pad": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 32, "0 to 32 floats"),
+    "shared.B.pad": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 32, "0 to 32 floats"),
+    "stages": Setting(1, lambda v: isinstance(v, int) and 1 <= v <= 8, "1 to 8 buffers"),
+    "stages.fill": Setting("sync", _WORDS("sync", "async"),
+                           "sync (loads through registers) or async (cp.async)"),
+    "fragments": Setting(1, _WORDS(1, 2), "1 or 2 register fragment buffers"),
+    "raster.group": Setting(1, lambda v: _positive(v) and v <= 64,
+                            "row, or group N with N from 1 to 64"),
+    "epilogue.beta": Setting(True, _WORDS(True, False), "alpha beta, or alpha"),
+    "reduce.count": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 8,
+                            "min N with N from 1 to 8"),
+    "occupancy": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 32,
+                         "0 (compiler's choice) to 32 blocks per SM"),
+}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A kernel as the spec wrote it: its name, settings, and the text to point errors into."""
+
+    name: str
+    params: dict[str, Param]
+    path: str = "<spec>"
+    text: str = ""
+    span: Span | None = None
+    parent: str | None = None
+    source: str = ""  # the kernel's own lines, quoted in the generated header
+
+    def param(self, key: str) -> Param:
+        if key in self.params:
+            return self.params[key]
+        return Param((SETTINGS[key].default,), None)
+
+    def __getitem__(self, key: str) -> Any:
+        """The single value of a setting; a set here is a bug in the caller (expand first)."""
+        param = self.param(key)
+        if param.is_set:
+            raise self.error(key, f"'{key}' is a search set here; `gemmgen build` needs one value "
+                                  "(run `gemmgen tune` or pick a value)")
+        return param.values[0]
+
+    def written(self, key: str) -> bool:
+        return key in self.params
+
+    @property
+    def is_concrete(self) -> bool:
+        return not any(p.is_set for p in self.params.values())
+
+    @property
+    def set_keys(self) -> list[str]:
+        return [key for key, p in self.params.items() if p.is_set]
+
+    def points(self) -> Iterator["Spec"]:
+        """Every concrete spec of this one's search sets, in the order the sets list them."""
+        keys = self.set_keys
+        for combo in itertools.product(*(self.params[k].values for k in keys)):
+            params = dict(self.params)
+            for key, value in zip(keys, combo):
+                params[key] = Param((value,), self.params[key].span)
+            yield replace(self, params=params)
+
+    def with_values(self, **values: Any) -> "Spec":
+        """A copy with some settings fixed (keys use '_' for '.', e.g. block_m=64)."""
+        params = dict(self.params)
+        for name, value in values.items():
+            key = _key_from_name(name)
+            params[key] = Param((value,), self.param(key).span)
+        return replace(self, params=params)
+
+    def error(self, key: str | tuple[str, ...], message: str, allowed: str = "") -> SpecError:
+        """A SpecError at the setting `key` (the first written one of several keys)."""
+        keys = (key,) if isinstance(key, str) else key
+        span = next((self.params[k].span for k in keys if k in self.params and self.params[k].span),
+                    self.span)
+        return SpecError(message, path=self.path, text=self.text, span=span, allowed=allowed)
+
+
+def _key_from_name(name: str) -> str:
+    for key in SETTINGS:
+        if key.replace(".", "_") == name:
+            return key
+    raise KeyError(name)
+
+
+# --- parsing ---------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    grammar = (Path(__file__).with_name("grammar.lark")).read_text()
+    return Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=False)
+
+
+# What each statement looks like, quoted when a line does not parse.
+USAGE = {
+    "kernel": "kernel NAME [extends PARENT] { ...settings, one per line... }",
+    "target": "target sm_80 | sm_86 | sm_89 | sm_90",
+    "layout": "layout A row|col, B row|col, C row|col",
+    "block": "block M x N x K        e.g. block 128 x 128 x 16",
+    "warp": "warp M x N             e.g. warp 64 x 32",
+    "thread": "thread M x N [repeat M x N]   e.g. thread 8 x 4 repeat 1 x 4",
+    "order": "order m | n",
+    "load": "load A|B [vector 1|2|4] [transpose]",
+    "shared": "shared A|B plain | pad N | swizzle xor,  or: shared off",
+    "stages": "stages N [sync|async]",
+    "fragments": "fragments 1 | 2",
+    "raster": "raster row | group N",
+    "epilogue": "epilogue alpha beta | alpha",
+    "reduce": "reduce min N",
+    "math": "math simt | tf32 | 3xtf32",
+    "occupancy": "occupancy N",
+}
+
+_TERMINAL_WORDS = {
+    "_NL": "end of line", "INT": "a number", "WORD": "a word", "NAME": "a name",
+    "OPERAND": "A, B or C", "LBRACE": "'{'", "RBRACE": "'}'", "COMMA": "','", "X": "'x'",
+    "$END": "end of file",
+}
+
+
+def _describe_expected(expected: set[str]) -> str:
+    words = []
+    for name in sorted(expected):
+        if name in _TERMINAL_WORDS:
+            words.append(_TERMINAL_WORDS[name])
+        elif name.isupper() and name.lower() in USAGE:
+            words.append(f"'{name.lower()}'")
+        else:
+            words.append(name.lower().strip("_"))
+    return ", ".join(dict.fromkeys(words))
+
+
+def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str, path: str) -> SpecError:
+    line, column = exc.line, exc.column
+    lines = text.splitlines()
+    if line is None or line < 1:
+        line = len(lines) or 1
+        column = len(lines[-1]) + 1 if lines else 1
+    source_line = lines[line - 1] if 0 < line <= len(lines) else ""
+    # The statement in error starts after the last '{' or ';' before the error on its line.
+    before = source_line[:max(0, column - 1)]
+    start = max(before.rfind("{"), before.rfind(";")) + 1
+    statement = source_line[start:].split("#")[0].split()
+    keyword = statement[0] if statement else ""
+    at_keyword = column - 1 <= start + len(source_line[start:]) - len(source_line[start:].lstrip())
+    if isinstance(exc, lark.exceptions.UnexpectedToken) and exc.token.type != "$END":
+        token = str(exc.token).strip()
+        what = "unexpected end of line" if exc.token.type == "_NL" else f"unexpected '{token}'"
+        width = 1 if exc.token.type == "_NL" else max(1, len(token))
+    elif isinstance(exc, lark.exceptions.UnexpectedCharacters):
+        char = source_line[column - 1:column]
+        what = f"unexpected character {char!r}" if char else "unexpected character"
+        width = 1
+    else:
+        return SpecError("unexpected end of file: a kernel's closing '}' is missing", path=path,
+                         text=text, span=Span(line, column, column + 1), allowed="'}' after the last setting")
+    expected = getattr(exc, "expected", None) or getattr(exc, "allowed", None) or set()
+    if "KERNEL" in expected:
+        return SpecError(f"{what}: a spec holds kernels", path=path, text=text,
+                         span=Span(line, column, column + width), allowed=USAGE["kernel"])
+    if keyword in USAGE and not (keyword == "kernel" and not at_keyword):
+        allowed = USAGE[keyword]
+        message = f"{what} in '{keyword}' setting" if keyword != "kernel" else what
+    elif keyword and at_keyword and keyword not in ("}", "{"):
+        allowed = "a setting: " + ", ".join(k for k in USAGE if k != "kernel")
+        message = f"'{keyword}' is not a setting"
+        width = len(keyword)
+    else:
+        allowed = _describe_expected(set(expected)) if expected else USAGE["kernel"]
+        message = what
+    return SpecError(message, path=path, text=text, span=Span(line, column, column + width),
+                     allowed=allowed)
+
+
+def _span(meta_or_token: Any) -> Span:
+    if isinstance(meta_or_token, Token):
+        return Span(meta_or_token.line, meta_or_token.column,
+                    meta_or_token.column + len(str(meta_or_token)))
+    meta = meta_or_token
+    end = meta.end_column if meta.end_line == meta.line else meta.column + 1
+    return Span(meta.line, meta.column, end)
+
+
+@dataclass
+class _Value:
+    values: tuple
+    span: Span
+
+
+@dataclass
+class _Statement:
+    keyword: str
+    span: Span
+    params: dict[str, _Value] = field(default_factory=dict)
+
+
+class _ToStatements(Transformer):
+    """Parse tree → per-kernel lists of statements, each a dict of key → (values, span)."""
+
+    def __init__(self, text: str, path: str):
+        super().__init__()
+        self.text, self.path = text, path
+
+    def _err(self, span: Span, message: str, allowed: str = "") -> SpecError:
+        return SpecError(message, path=self.path, text=self.text, span=span, allowed=allowed)
+
+    @v_args(meta=True)
+    def int_atom(self, meta, children):
+        token = children[0]
+        return _Value((int(token),), _span(token))
+
+    @v_args(meta=True)
+    def word_atom(self, meta, children):
+        token = children[0]
+        return _Value((str(token),), _span(token))
+
+    @v_args(meta=True)
+    def set(self, meta, children):
+        values = tuple(v for child in children for v in child.values)
+        if len(set(values)) != len(values):
+            raise self._err(_span(meta), "a set lists a value twice", "distinct values")
+        return _Value(values, _span(meta))
+
+    def _statement(self, keyword: str, meta, **params: _Value) -> _Statement:
+        return _Statement(keyword, _span(meta), params)
+
+    @v_args(meta=True)
+    def target(self, meta, c):
+        return self._statement("target", meta, target=c[0])
+
+    @v_args(meta=True)
+    def math(self, meta, c):
+        return self._statement("math", meta, math=c[0])
+
+    @v_args(meta=True)
+    def operand_layout(self, meta, c):
+        return (str(c[0]), _span(c[0]), c[1])
+
+    @v_args(meta=True)
+    def layout(self, meta, c):
+        stmt = self._statement("layout", meta)
+        for operand, op_span, value in c:
+            key = f"layout.{operand}"
+            if key in stmt.params:
+                raise self._err(op_span, f"layout of {operand} given twice on this line",
+                                "each of A, B, C at most once")
+            stmt.params[key] = value
+        return stmt
+
+    @v_args(meta=True)
+    def block(self, meta, c):
+        return self._statement("block", meta, **{"block.m": c[0], "block.n": c[1], "block.k": c[2]})
+
+    @v_args(meta=True)
+    def warp(self, meta, c):
+        return self._statement("warp", meta, **{"warp.m": c[0], "warp.n": c[1]})
+
+    def repeat(self, c):
+        return c
+
+    @v_args(meta=True)
+    def thread(self, meta, c):
+        params = {"thread.m": c[0], "thread.n": c[1]}
+        if len(c) == 3:
+            params["repeat.m"], params["repeat.n"] = c[2]
+        else:
+            span = _span(meta)
+            params["repeat.m"] = params["repeat.n"] = _Value((1,), span)
+        return self._statement("thread", meta, **params)
+
+    @v_args(meta=True)
+    def order(self, meta, c):
+        return self._statement("order", meta, order=c[0])
+
+    @v_args(meta=True)
+    def vector(self, meta, c):
+        return ("vector", c[0])
+
+    @v_args(meta=True)
+    def transpose(self, meta, c):
+        if not c:
+            return ("transpose", _Value((True,), _span(meta)))
+        return ("transpose", _Value(tuple(_on_off(v) for v in c[0].values), c[0].span))
+
+    @v_args(meta=True)
+    def load(self, meta, c):
+        operand = str(c[0])
+        if operand == "C":
+            raise self._err(_span(c[0]), "C is not loaded through a tile loader", "load A or load B")
+        stmt = self._statement("load", meta, **{
+            f"load.{operand}.vector": _Value((1,), _span(meta)),
+            f"load.{operand}.transpose": _Value((False,), _span(meta))})
+        seen = set()
+        for name, value in c[1:]:
+            if name in seen:
+                raise self._err(value.span, f"'{name}' given twice for load {operand}",
+                                USAGE["load"])
+            seen.add(name)
+            stmt.params[f"load.{operand}.{name}"] = value
+        return stmt
+
+    @v_args(meta=True)
+    def pad(self, meta, c):
+        return ("pad", c[0])
+
+    @v_args(meta=True)
+    def swizzle(self, meta, c):
+        for v in c[0].values:
+            if v != "xor":
+                raise self._err(c[0].span, f"unknown swizzle '{v}'", "swizzle xor")
+        return ("swizzle", None)
+
+    @v_args(meta=True)
+    def plain(self, meta, c):
+        return ("plain", None)
+
+    @v_args(meta=True)
+    def shared_operand(self, meta, c):
+        operand = str(c[0])
+        if operand == "C":
+            raise self._err(_span(c[0]), "C has no shared-memory tile", "shared A, shared B, shared off")
+        mode, value = c[1]
+        span = _span(meta)
+        params = {f"shared.{operand}": _Value((mode,), span),
+                  f"shared.{operand}.pad": value if value is not None else _Value((0,), span)}
+        return self._statement("shared " + operand, meta, **params)
+
+    @v_args(meta=True)
+    def shared_off(self, meta, c):
+        return self._statement("shared off", meta, shared=_Value((False,), _span(meta)))
+
+    def stage_fill(self, c):
+        return c[0]
+
+    @v_args(meta=True)
+    def stages(self, meta, c):
+        fill = c[1] if len(c) > 1 else _Value(("sync",), _span(meta))
+        return self._statement("stages", meta, stages=c[0], **{"stages.fill": fill})
+
+    @v_args(meta=True)
+    def fragments(self, meta, c):
+        return self._statement("fragments", meta, fragments=c[0])
+
+    @v_args(meta=True)
+    def raster(self, meta, c):
+        mode = c[0]
+        if mode.values == ("row",) and len(c) == 1:
+            group = _Value((1,), mode.span)
+        elif mode.values == ("group",) and len(c) == 2:
+            group = c[1]
+        else:
+            raise self._err(mode.span, "raster takes 'row' or 'group N'", USAGE["raster"])
+        return self._statement("raster", meta, **{"raster.group": group})
+
+    @v_args(meta=True)
+    def epilogue(self, meta, c):
+        words = [str(t) for t in c]
+        if words == ["alpha", "beta"]:
+            beta = True
+        elif words == ["alpha"]:
+            beta = False
+        else:
+            raise self._err(_span(c[0]), f"unknown epilogue '{' '.join(words)}'", USAGE["epilogue"])
+        return self._statement("epilogue", meta, **{"epilogue.beta": _Value((beta,), _span(meta))})
+
+    @v_args(meta=True)
+    def reduce(self, meta, c):
+        if c[0].values != ("min",):
+            raise self._err(c[0].span, f"unknown reduction '{c[0].values[0]}'", USAGE["reduce"])
+        return self._statement("reduce", meta, **{"reduce.count": c[1]})
+
+    @v_args(meta=True)
+    def occupancy(self, meta, c):
+        return self._statement("occupancy", meta, occupancy=c[0])
+
+    def extends(self, c):
+        return ("extends", c[0])
+
+    @v_args(meta=True)
+    def kernel(self, meta, c):
+        name = c[0]
+        parent = None
+        statements = []
+        for child in c[1:]:
+            if isinstance(child, tuple) and child[0] == "extends":
+                parent = child[1]
+            else:
+                statements.append(child)
+        return (name, parent, _span(meta), meta, statements)
+
+    def start(self, c):
+        return c
+
+
+def _on_off(value: Any) -> Any:
+    return {"on": True, "off": False}.get(value, value)
+
+
+def _check_values(stmt: _Statement, path: str, text: str) -> None:
+    for key, value in stmt.params.items():
+        setting = SETTINGS[key]
+        for v in value.values:
+            if not setting.check(v):
+                shown = {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+                raise SpecError(f"{shown!r} is not a valid value for {key}", path=path, text=text,
+                                span=value.span, allowed=setting.allowed)
+
+
+def _kernel_source(text: str, meta) -> str:
+    lines = text.splitlines()
+    return "\n".join(lines[meta.line - 1: meta.end_line])
+
+
+def parse(text: str, path: str = "<spec>", *, search_dirs: tuple[Path, ...] = ()) -> list[Spec]:
+    """All kernels of a spec text, parents merged in. Raises SpecError, nothing else."""
+    try:
+        tree = _parser().parse(text if text.endswith("\n") else text + "\n")
+    except lark.exceptions.UnexpectedInput as exc:
+        raise _syntax_error(exc, text, path) from None
+    raw = _ToStatements(text, path)
+    try:
+        kernels = raw.transform(tree)
+    except lark.exceptions.VisitError as exc:
+        if isinstance(exc.orig_exc, SpecError):
+            raise exc.orig_exc from None
+        raise
+    if not kernels:
+        raise SpecError("the spec defines no kernel", path=path, text=text,
+                        span=Span(1, 1, 2), allowed=USAGE["kernel"])
+
+    specs: dict[str, Spec] = {}
+    pending = {}
+    for name_token, parent, span, meta, statements in kernels:
+        name = str(name_token)
+        if name in pending:
+            raise SpecError(f"kernel '{name}' is defined twice in this file", path=path, text=text,
+                            span=_span(name_token), allowed="one kernel per name")
+        params: dict[str, Param] = {}
+        first_seen: dict[str, Span] = {}
+        for stmt in statements:
+            _check_values(stmt, path, text)
+            for key, value in stmt.params.items():
+                if key in first_seen:
+                    raise SpecError(
+                        f"'{stmt.keyword}' sets {key} again (first set at line {first_seen[key].line})",
+                        path=path, text=text, span=stmt.span, allowed="each setting once per kernel")
+                first_seen[key] = stmt.span
+                params[key] = Param(value.values, value.span)
+        pending[name] = (name_token, parent, span, meta, params)
+
+    def resolve(name: str, chain: tuple[str, ...]) -> Spec:
+        if name in specs:
+            return specs[name]
+        name_token, parent, span, meta, params = pending[name]
+        merged: dict[str, Param] = {}
+        if parent is not None:
+            parent_name = str(parent)
+            if parent_name in chain or parent_name == name:
+                raise SpecError(f"kernel '{name}' extends itself through {' -> '.join(chain + (name,))}",
+                                path=path, text=text, span=_span(parent), allowed="a chain without loops")
+            if parent_name in pending:
+                merged.update(resolve(parent_name, chain + (name,)).params)
+            else:
+                merged.update(_load_parent(parent, path, text, search_dirs).params)
+        merged.update(params)
+        spec = Spec(name=name, params=merged, path=path, text=text, span=_span(name_token),
+                    parent=str(parent) if parent is not None else None,
+                    source=_kernel_source(text, meta))
+        specs[name] = spec
+        return spec
+
+    return [resolve(name, ()) for name in pending]
+
+
+def _load_parent(parent: Token, path: str, text: str, search_dirs: tuple[Path, ...]) -> Spec:
+    name = str(parent)
+    dirs = list(search_dirs)
+    if path and not path.startswith("<"):
+        dirs.insert(0, Path(path).parent)
+    for directory in dirs:
+        candidate = directory / f"{name}.gemm"
+        if candidate.is_file():
+            for spec in parse(candidate.read_text(), str(candidate), search_dirs=search_dirs):
+                if spec.name == name:
+                    return spec
+    raise SpecError(f"kernel extends '{name}', which is neither in this file nor in {name}.gemm "
+                    "beside it", path=path, text=text, span=_span(parent),
+                    allowed="the name of a kernel in this file or a NAME.gemm file next to it")
+
+
+def load(path: str | Path) -> list[Spec]:
+    """Parse a spec file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"cannot read spec: {exc.strerror}", path=str(path)) from None
+    except UnicodeDecodeError:
+        raise SpecError("spec is not UTF-8 text", path=str(path)) from None
+    return parse(text, str(path))
+
+
+def load_one(path: str | Path, name: str | None = None) -> Spec:
+    """The kernel `name` of a spec file (or its only kernel)."""
+    specs = load(path)
+    if name is None:
+        if len(specs) > 1:
+            names = ", ".join(s.name for s in specs)
+            raise SpecError(f"the file defines several kernels ({names}); name one", path=str(path),
+                            allowed=names)
+        return specs[0]
+    for spec in specs:
+        if spec.name == name:
+            return spec
+    raise SpecError(f"no kernel named '{name}' in this file", path=str(path),
+                    allowed=", ".join(s.name for s in specs))
