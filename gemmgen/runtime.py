@@ -87,6 +87,13 @@ class DeviceInfo:
     clock_khz: int
     driver_version: str
     l2_bytes: int
+    memory_clock_khz: int
+    memory_bus_bits: int
+
+    @property
+    def memory_bandwidth_gbs(self) -> float:
+        """DRAM bandwidth from the datasheet numbers the driver reports (double data rate)."""
+        return 2 * self.memory_clock_khz * 1e3 * self.memory_bus_bits / 8 / 1e9
 
     @property
     def target(self) -> str:
@@ -117,7 +124,9 @@ def device_info(ordinal: int = 0) -> DeviceInfo:
         sm_count=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
         clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
         driver_version=f"{version // 1000}.{version % 1000 // 10}",
-        l2_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE))
+        l2_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+        memory_clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
+        memory_bus_bits=get(attr.CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,317 @@
+"""The gemmgen command line: verbs over the library, no logic of its own.
+
+    gemmgen build specs/warptile.gemm          # -> generated/warptile.cu
+    gemmgen explain specs/warptile.gemm        # threads, registers, occupancy, bank conflicts
+    gemmgen check specs/warptile.gemm          # validate on the GPU against float64
+    gemmgen bench specs/warptile.gemm --plot bench.png
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from . import __version__
+from .errors import SpecError
+
+console = Console(highlight=False)
+errors = Console(stderr=True, highlight=False)
+
+TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90")
+
+
+def _fail(message: str, code: int = 1) -> None:
+    errors.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    sys.exit(code)
+
+
+def _load_specs(path: str, kernel: str | None, target: str | None):
+    from .spec import load
+    specs = load(path)
+    if kernel:
+        specs = [s for s in specs if s.name == kernel]
+        if not specs:
+            raise SpecError(f"no kernel named '{kernel}' in this file", path=path)
+    if target:
+        specs = [s.with_values(target=target) for s in specs]
+    return specs
+
+
+def _plans(path: str, kernel: str | None, target: str | None, layouts: str | None = None):
+    """Plans of the spec's kernels (a search space takes its best recorded point: none yet)."""
+    from .plan import make_plan
+    plans = []
+    for spec in _load_specs(path, kernel, target):
+        variants = [spec]
+        if layouts:
+            variants = [spec.with_values(layout_A=a, layout_B=b) for a, b in _layout_pairs(layouts)]
+        plans += [make_plan(v) for v in variants]
+    return plans
+
+
+def _layout_pairs(text: str) -> list[tuple[str, str]]:
+    if text == "all":
+        return [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
+    pairs = []
+    for item in text.split(","):
+        a, _, b = item.strip().partition("/")
+        if a not in ("row", "col") or b not in ("row", "col"):
+            raise click.BadParameter(f"{item!r}: use all, or A/B pairs like row/col,col/row")
+        pairs.append((a, b))
+    return pairs
+
+
+def _require_gpu() -> None:
+    from .runtime import device_count
+    if device_count() == 0:
+        _fail("no CUDA GPU found (no driver or no device): check, bench and profile run kernels "
+              "and need one; build and explain work without", code=2)
+
+
+class _Group(click.Group):
+    """Turns SpecErrors and compile errors into messages, never tracebacks."""
+
+    def invoke(self, ctx):
+        from .compile import CompileError
+        from .runtime import CudaError, ShapeError
+        try:
+            return super().invoke(ctx)
+        except SpecError as exc:
+            errors.print(str(exc), markup=False, soft_wrap=True)
+            sys.exit(1)
+        except CompileError as exc:
+            _fail(f"the generated source did not compile (a gemmgen bug: please report it "
+                  f"with the spec):\n{exc}")
+        except (CudaError, ShapeError) as exc:
+            _fail(str(exc))
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gemmgen")
+def main() -> None:
+    """gemmgen: compile a tiling spec into a fast, readable SGEMM CUDA kernel.
+
+    A spec (.gemm file) describes the tiling of C = alpha*A@B + beta*C: the block, warp and
+    thread tiles, how A and B travel to shared memory (vector width, transpose, padding or
+    swizzle), how many buffers the pipeline has, and the target GPU. For example:
+
+    \b
+        kernel warptile {
+          target   sm_90
+          block    128 x 128 x 16
+          warp     64 x 64
+          thread   8 x 4 repeat 1 x 4
+          load A   vector 4 transpose
+          load B   vector 4
+          stages   2 sync
+          raster   group 8
+        }
+
+    Typical session:
+
+    \b
+        gemmgen explain specs/warptile.gemm   # what it will cost, before any GPU time
+        gemmgen build   specs/warptile.gemm   # writes generated/warptile.cu
+        gemmgen check   specs/warptile.gemm   # correct on every shape? (GPU)
+        gemmgen bench   specs/warptile.gemm   # how fast beside cuBLAS? (GPU)
+
+    The emitted .cu has one entry point, callable from any CUDA build:
+
+    \b
+        extern "C" int gemmgen_<name>(int M, int N, int K, float alpha,
+            const float *A, int lda, const float *B, int ldb, float beta,
+            float *C, int ldc, cudaStream_t stream);
+    """
+
+
+spec_argument = click.argument("spec", type=click.Path(exists=True, dir_okay=False))
+kernel_option = click.option("--kernel", "-k", metavar="NAME",
+                             help="Only this kernel of a file that defines several.")
+target_option = click.option("--target", type=click.Choice(TARGETS),
+                             help="Override the spec's target GPU architecture.")
+
+
+@main.command()
+@spec_argument
+@kernel_option
+@target_option
+@click.option("--output", "-o", type=click.Path(), metavar="PATH",
+              help="Output file (one kernel) or folder. Default: generated/<name>.<ext>.")
+@click.option("--emit", type=click.Choice(["cu", "ptx", "cubin"]), default="cu", show_default=True,
+              help="CUDA C source for your build, or NVRTC's PTX or cubin for the target.")
+@click.option("--no-compile", is_flag=True,
+              help="Write the .cu without compiling it with NVRTC first.")
+def build(spec, kernel, target, output, emit, no_compile):
+    """Generate the kernel of SPEC as CUDA C (or PTX / cubin).
+
+    The .cu is self-contained: a kernel, and an extern "C" launcher that checks its arguments
+    (cudaErrorInvalidValue for negative sizes, short leading dimensions or null pointers) and
+    handles any M, N, K and alignment. Before writing, gemmgen compiles it with NVRTC and reports
+    registers and spills, so a .cu that reaches you compiles.
+
+    \b
+    Examples:
+      gemmgen build specs/warptile.gemm
+      gemmgen build specs/warptile.gemm --target sm_80 -o kernels/
+      gemmgen build specs/warptile.gemm --emit cubin
+    """
+    from .codegen import generate
+    from .compile import compile_plan
+
+    plans = _plans(spec, kernel, target)
+    out = Path(output) if output else Path("generated")
+    for plan in plans:
+        source = generate(plan)
+        path = out if (output and len(plans) == 1 and out.suffix) else out / f"{plan.name}.{emit}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        summary = ""
+        if not no_compile or emit != "cu":
+            compiled = compile_plan(plan, source)
+            fast = max(compiled.resources.values(), key=lambda r: r.registers)
+            summary = (f" ({plan.arch.name}: {fast.registers} registers, "
+                       f"{plan.smem_bytes} B shared, "
+                       f"{'[red]spills ' + str(fast.spill_stores + fast.spill_loads) + ' B[/]' if fast.spills else 'no spills'})")
+        else:
+            compiled = None
+        if emit == "cu":
+            path.write_text(source)
+        elif emit == "ptx":
+            path.write_text(compiled.ptx)
+        else:
+            path.write_bytes(compiled.cubin)
+        console.print(f"wrote {path}{summary}", markup=True)
+
+
+@main.command()
+@spec_argument
+@kernel_option
+@target_option
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def explain(spec, kernel, target, as_json):
+    """Static report of SPEC, no GPU needed.
+
+    Threads and warps, registers and spills (from compiling it), shared memory, occupancy per SM
+    and which limit binds it, arithmetic intensity of global and shared traffic, and the bank
+    conflicts each shared-memory access pattern will cause.
+    """
+    from .explain import as_dict, explain as make_report, render_text
+
+    reports = [make_report(plan) for plan in _plans(spec, kernel, target)]
+    if as_json:
+        console.print_json(json.dumps([as_dict(r) for r in reports]))
+    else:
+        for report in reports:
+            console.print(render_text(report), markup=False)
+
+
+def _parse_shapes(text: str | None, default):
+    from .verify import parse_case
+    if not text:
+        return default
+    try:
+        return tuple(parse_case(item) for item in text.split(";") if item.strip())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--shapes") from None
+
+
+shapes_help = ("Cases separated by ';', each MxNxK with optional ,alpha=,beta=,pad=,offset= "
+               "(e.g. '4096x4096x4096;127x131x137,beta=0.5,pad=3').")
+
+
+@main.command()
+@spec_argument
+@kernel_option
+@click.option("--shapes", metavar="CASES", help=shapes_help + " Default: the full shape matrix.")
+@click.option("--quick", is_flag=True, help="Skip the large shapes of the default matrix.")
+@click.option("--layouts", metavar="A/B,...", help="Also check these A/B layouts ('all' for the four).")
+@click.option("--seed", type=int, help="Random seed for the inputs (default: fresh each run).")
+@click.option("--json", "json_path", type=click.Path(), help="Write the results as JSON here.")
+def check(spec, kernel, shapes, quick, layouts, seed, json_path):
+    """Validate SPEC on the GPU against a float64 reference.
+
+    Every case uses fresh random inputs, poisons the output and the guard cells around it, and
+    checks every element within a tolerance that grows with sqrt(K); NaN never passes. The
+    default matrix covers 1x1x1, primes, sizes below one tile and off the vector width,
+    alpha/beta other than (1, 0), padded leading dimensions, misaligned pointers and 4092^3.
+    Exits non-zero on any failure, printing the worst element.
+    """
+    from .runtime import Kernel
+    from .verify import DEFAULT_CASES, QUICK_CASES, check as run_check
+
+    _require_gpu()
+    cases = _parse_shapes(shapes, QUICK_CASES if quick else DEFAULT_CASES)
+    problems: dict = {}
+    failed = False
+    records = []
+    table = Table(title=f"gemmgen check {spec}")
+    for column in ("kernel", "layout", "case", "result", "max rel. error", "detail"):
+        table.add_column(column)
+    for plan in _plans(spec, kernel, None, layouts):
+        kernel_obj = Kernel(plan)
+        report = run_check(kernel_obj, cases, seed=seed, problems=problems)
+        for result in report.results:
+            failed |= not result.ok
+            table.add_row(plan.name, plan.layouts(), str(result.case),
+                          "[green]ok[/]" if result.ok else "[bold red]FAIL[/]",
+                          f"{result.max_relative_error:.2e}", result.message)
+            records.append({"kernel": plan.name, "layout": plan.layouts(), "case": str(result.case),
+                            "ok": result.ok, "max_relative_error": result.max_relative_error,
+                            "worst_ratio": result.worst_ratio, "message": result.message})
+    console.print(table)
+    if json_path:
+        Path(json_path).write_text(json.dumps(records, indent=2))
+    if failed:
+        _fail("some cases failed (see the table)")
+    console.print("[green]all cases passed[/]")
+
+
+@main.command()
+@spec_argument
+@kernel_option
+@click.option("--shapes", metavar="CASES",
+              help=shapes_help + " Default: 1024^3, 2048^3, 4092^3, 4096^3, 8192^3, 127x4099x1023.")
+@click.option("--json", "json_path", type=click.Path(), help="Write the results as JSON here.")
+@click.option("--plot", "plot_path", type=click.Path(), help="Write a PNG: TFLOP/s per shape and a roofline.")
+@click.option("--budget", type=float, default=0.5, show_default=True,
+              help="Seconds of timed runs per kernel and shape (median of at least 5).")
+def bench(spec, kernel, shapes, json_path, plot_path, budget):
+    """Time SPEC beside cuBLAS (FP32, TF32 off) on the same buffers.
+
+    CUDA events around each launch, warm-up first, L2 flushed before every run, median and
+    10-90% spread. Reports TFLOP/s, % of cuBLAS and % of the device's FP32 peak.
+    """
+    from .bench import DEFAULT_SHAPES, L2Flusher, bench as run_bench, plot
+    from .runtime import Kernel, device_info
+
+    _require_gpu()
+    cases = _parse_shapes(shapes, DEFAULT_SHAPES)
+    info = device_info()
+    flusher = L2Flusher(info)
+    results = []
+    plans = _plans(spec, kernel, None)
+    table = Table(title=f"{info.name} (driver {info.driver_version}), FP32 peak "
+                        f"{info.fp32_peak_tflops(plans[0].arch.fp32_lanes_per_sm):.1f} TFLOP/s")
+    for column in ("kernel", "shape", "ms", "TFLOP/s", "cuBLAS TFLOP/s", "% cuBLAS", "% peak"):
+        table.add_column(column, justify="right")
+    for plan in plans:
+        kernel_obj = Kernel(plan)
+        for case in cases:
+            r = run_bench(kernel_obj, case, info=info, flusher=flusher, budget_s=budget)
+            results.append(r)
+            table.add_row(r.kernel, r.shape, f"{r.ms:.3f}", f"{r.tflops:.1f}", f"{r.cublas_tflops:.1f}",
+                          f"{r.percent_of_cublas:.0f}%", f"{r.percent_of_peak:.0f}%")
+    console.print(table)
+    if json_path:
+        Path(json_path).write_text(json.dumps([r.as_dict() for r in results], indent=2))
+    if plot_path:
+        plot(results, info, plans[0].arch.fp32_lanes_per_sm, plot_path)
+        console.print(f"wrote {plot_path}")
+
+
+if __name__ == "__main__":
+    main()
