@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gemmgen.plan import make_plan  # noqa: E402
+from gemmgen.plan import ARCHS, make_plan  # noqa: E402
 from gemmgen.spec import load  # noqa: E402
 
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
@@ -49,6 +49,63 @@ def _compile(plan):
         return plan.name, plan.layouts(), None, time.perf_counter() - started
     except Exception as exc:  # noqa: BLE001 - recorded and reported
         return plan.name, plan.layouts(), f"{type(exc).__name__}: {exc}", 0.0
+
+
+PROGRESSION = ("naive", "coalesced", "shared_tiles", "blocktile_1d", "blocktile_2d",
+               "padded_transposed", "vectorized", "bank_swizzle", "warptile", "double_buffer",
+               "pingpong_async", "register_fragments", "smallest", "hopper_simt")
+
+
+def _summary(spec) -> str:
+    """The first comment line of a spec's file: what the spec shows."""
+    for line in Path(spec.path).read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").split(":")[0].rstrip(".")
+    return ""
+
+
+def benchmarks_markdown(meta: dict, specs, checks: list, results: list) -> str:
+    """This run's section of BENCHMARKS.md: the seed progression, every shape, validation."""
+    by = {(r["kernel"].removeprefix("gemmgen_"), r["shape"]): r for r in results}
+    shapes = list(dict.fromkeys(r["shape"] for r in results))
+    focus = "4096x4096x4096" if "4096x4096x4096" in shapes else shapes[0]
+    names = [n for n in PROGRESSION if any(s.name == n for s in specs)]
+    names += [s.name for s in specs if s.name not in names]
+    lines = [f"## {meta['date'][:10]}: {meta['device']}, driver {meta['driver_full']} "
+             f"(CUDA {meta['driver']}), commit {meta['commit']}", "",
+             f"Recorded by `bash .ci/gpu` at {meta['date']}. FP32 peak {meta['fp32_peak']:.1f} TFLOP/s "
+             f"({meta['sm_count']} SMs x 128 FFMA lanes x 2 x {meta['clock_mhz']:.0f} MHz). cuBLAS is "
+             "CuPy's matmul in FP32 (TF32 off) on the same buffers in the same process. Times are medians "
+             "of CUDA-event-timed launches, L2 flushed before each; inputs random in [-1, 1].", "",
+             f"### The seed progression at {focus}", "",
+             "| spec | what it shows | ms | TFLOP/s | % of cuBLAS | % of FP32 peak |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    spec_by_name = {s.name: s for s in specs}
+    for name in names:
+        r = by.get((name, focus))
+        if r:
+            lines.append(f"| {name} | {_summary(spec_by_name[name])} | {r['ms']:.3f} | {r['tflops']:.2f} | "
+                         f"{r['percent_of_cublas']:.1f}% | {r['percent_of_peak']:.1f}% |")
+    cublas = {shape: next(r["cublas_tflops"] for r in results if r["shape"] == shape) for shape in shapes}
+    lines += ["", "### Every spec at every shape: TFLOP/s (% of cuBLAS)", "",
+              "| spec | " + " | ".join(shapes) + " |", "| --- |" + " ---: |" * len(shapes)]
+    for name in names:
+        cells = []
+        for shape in shapes:
+            r = by.get((name, shape))
+            cells.append(f"{r['tflops']:.2f} ({r['percent_of_cublas']:.0f}%)" if r else "-")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("| **cuBLAS FP32** | " + " | ".join(f"{cublas[s]:.2f}" for s in shapes) + " |")
+    passed = sum(1 for c in checks if c["ok"])
+    cases = sum(len(c["cases"]) for c in checks)
+    lines += ["", "### Validation", "",
+              f"{passed} of {len(checks)} kernel x layout combinations passed `gemmgen check` "
+              f"({cases} cases in all, float64 reference, output and guard cells poisoned)."]
+    for c in checks:
+        if not c["ok"]:
+            detail = c.get("error") or "; ".join(f"{x['case']}: {x['message']}" for x in c["cases"] if not x["ok"])
+            lines.append(f"- FAILED {c['kernel']} [{c['layout']}]: {detail}")
+    return "\n".join(lines) + "\n"
 
 
 def git_commit() -> str:
@@ -83,7 +140,15 @@ def main() -> int:
 
     info = device_info()
     commit = os.environ.get("GEMMGEN_COMMIT") or git_commit()
-    meta = {"device": info.name, "driver": info.driver_version, "sm_count": info.sm_count,
+    try:
+        driver_full = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                     capture_output=True, text=True, check=True).stdout.split()[0]
+    except Exception:  # noqa: BLE001
+        driver_full = info.driver_version
+    meta = {"device": info.name, "driver": info.driver_version, "driver_full": driver_full,
+            "fp32_peak": info.fp32_peak_tflops(ARCHS[info.target].fp32_lanes_per_sm
+                                               if info.target in ARCHS else 128),
+            "sm_count": info.sm_count,
             "clock_mhz": info.clock_khz / 1000, "commit": commit,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     say(f"# {meta}")
@@ -103,10 +168,9 @@ def main() -> int:
     layout_cases = verify.QUICK_CASES
     problems: dict = {}
     checks = []
+    shipped_layout = {spec.name: (spec["layout.A"], spec["layout.B"]) for spec in specs}
     for plan in plans:
-        default_layout = (plan.spec["layout.A"], plan.spec["layout.B"]) == (
-            next(s for s in specs if s.name == plan.name)["layout.A"],
-            next(s for s in specs if s.name == plan.name)["layout.B"])
+        default_layout = (plan.spec["layout.A"], plan.spec["layout.B"]) == shipped_layout[plan.name]
         key = (plan.name, plan.layouts())
         record = {"kernel": plan.name, "layout": plan.layouts(), "ok": False, "cases": []}
         if key in compile_errors:
@@ -158,6 +222,9 @@ def main() -> int:
             lanes = make_plan(specs[0]).arch.fp32_lanes_per_sm
             bench_mod.plot([bench_mod.BenchResult(**{**r, "spread_ms": tuple(r["spread_ms"])})
                             for r in results], info, lanes, str(out / "bench.png"))
+
+    if results:
+        (out / "BENCHMARKS.md").write_text(benchmarks_markdown(meta, specs, checks, results))
 
     failed = [c for c in checks if not c["ok"]]
     say(f"checks: {len(checks) - len(failed)} passed, {len(failed)} failed")

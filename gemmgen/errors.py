@@ -48,9 +48,13 @@ class SpecError(Exception):
     def render(self) -> str:
         where = f"{self.path}:{self.span}" if self.span else self.path
         parts = [f"{where}: {self.message}"]
-        lines = self.text.splitlines()
+        # Lines as the parser counts them: only '\n' ends one (splitlines() would also split at
+        # form feeds, lone '\r' and the like, and quote the wrong line). Every other control
+        # character shows as one space, so the caret stays under its column.
+        lines = self.text.split("\n")
         if self.span and 1 <= self.span.line <= len(lines):
-            source_line = lines[self.span.line - 1].expandtabs(1)
+            source_line = "".join(ch if ch.isprintable() else " "
+                                  for ch in lines[self.span.line - 1].rstrip("\r"))
             gutter = f"{self.span.line:5d} | "
             width = max(1, self.span.end_column - self.span.column)
             parts.append(gutter + source_line)

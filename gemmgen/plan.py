@@ -290,7 +290,8 @@ def _operand(spec: Spec, name: str, BM: int, BN: int, BK: int, threads: int) -> 
                          f"a vector width that divides {inner}")
     chunks = outer * inner // vector
     if chunks % threads:
-        raise spec.error(keys_load, f"{name}'s {outer} x {inner} tile is {chunks} loads of {vector} "
+        raise spec.error(keys_load + ("block.m",) if vector > 1 else "block.m",
+                         f"{name}'s {outer} x {inner} tile is {chunks} loads of {vector} "
                          f"float(s), which {threads} threads cannot share evenly",
                          f"a tile of a multiple of {threads * vector} floats, or another vector width")
     passes = chunks // threads
@@ -308,7 +309,8 @@ def _operand(spec: Spec, name: str, BM: int, BN: int, BK: int, threads: int) -> 
         raise spec.error(f"shared.{name}", f"pad {pad} makes s{name} rows {smem_ld} floats long, so "
                          f"{vector}-float stores into shared memory would be misaligned",
                          f"a pad that is a multiple of {vector}")
-    stage_floats = smem_rows * smem_ld
+    # Whole 16-byte units per stage, so every stage (and B after A) starts aligned for float4.
+    stage_floats = -(-smem_rows * smem_ld // 4) * 4
 
     # Shared index of the element at math coordinates (row dim, col dim) of the shared tile.
     row_var, col_var = smem_row_dim, smem_col_dim
@@ -361,6 +363,9 @@ def make_plan(spec: Spec) -> Plan:
     WM, WN = (spec["warp.m"], spec["warp.n"]) if warp_tiling else (BM, BN)
     notes: list[str] = []
 
+    if not uses_shared and (RM, RN) != (1, 1):
+        raise spec.error("repeat.m", "sub-tile repeats sweep a warp tile held in shared memory, "
+                         "which 'shared off' turns off", "thread M x N without repeat, or shared memory on")
     if warp_tiling and not uses_shared:
         raise spec.error(("warp.m", "shared"), "warp tiles share operands through shared memory, "
                          "which 'shared off' turns off", "remove the warp line, or shared memory on")
@@ -421,8 +426,6 @@ def make_plan(spec: Spec) -> Plan:
         if not async_copy and stages > 2:
             raise spec.error("stages", f"loads through registers (sync) use 1 or 2 buffers; {stages} "
                              "buffers need cp.async", f"stages 2, or stages {stages} async")
-        if async_copy and spec["target"] not in ARCHS:
-            raise spec.error("stages.fill", "cp.async needs sm_80 or newer", "sm_80 and newer")
         if fragments == 2 and BK < 2:
             raise spec.error("fragments", "double-buffered fragments prefetch the next k, but the "
                              "block K step is 1", "fragments 1, or block K >= 2")
@@ -449,7 +452,7 @@ def make_plan(spec: Spec) -> Plan:
     registers = (TM * TN * RM * RN + fragments * (TM * RM + TN * RN) + staging + 24
                  + 2 * reduce_count)
     if registers > MAX_REGISTERS_PER_THREAD:
-        raise spec.error(("thread.m", "repeat.m"), f"each thread would hold about {registers} values in "
+        raise spec.error(("thread.m", "repeat.m", "stages", "block.m"), f"each thread would hold about {registers} values in "
                          f"registers ({TM * TN * RM * RN} accumulators); a thread has at most "
                          f"{MAX_REGISTERS_PER_THREAD} registers, and the rest would spill to local memory",
                          "a smaller thread tile or repeat")

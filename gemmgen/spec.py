@@ -29,6 +29,9 @@ class Param:
 
     values: tuple
     span: Span | None = None
+    # (path, text) of the file that wrote it, when that is not the spec's own file (a setting
+    # inherited from a parent in NAME.gemm): its span points into that text, not the spec's.
+    origin: tuple[str, str] | None = field(default=None, repr=False)
 
     @property
     def is_set(self) -> bool:
@@ -73,8 +76,8 @@ SETTINGS: dict[str, Setting] = {
                      "m (consecutive threads walk down a column of C) or n (along a row)"),
     "load.A.vector": Setting(1, _WORDS(1, 2, 4), "1, 2 or 4 floats per load"),
     "load.B.vector": Setting(1, _WORDS(1, 2, 4), "1, 2 or 4 floats per load"),
-    "load.A.transpose": Setting(False, _WORDS(True, False), "on or off"),
-    "load.B.transpose": Setting(False, _WORDS(True, False), "on or off"),
+    "load.A.transpose": Setting(False, lambda v: isinstance(v, bool), "on or off"),
+    "load.B.transpose": Setting(False, lambda v: isinstance(v, bool), "on or off"),
     "shared": Setting(True, _WORDS(True, False), "on or off"),
     "shared.A": Setting("plain", _WORDS("plain", "pad", "swizzle"), "plain, pad N or swizzle xor"),
     "shared.B": Setting("plain", _WORDS("plain", "pad", "swizzle"), "plain, pad N or swizzle xor"),
@@ -136,7 +139,7 @@ class Spec:
         for combo in itertools.product(*(self.params[k].values for k in keys)):
             params = dict(self.params)
             for key, value in zip(keys, combo):
-                params[key] = Param((value,), self.params[key].span)
+                params[key] = replace(self.params[key], values=(value,))
             yield replace(self, params=params)
 
     def with_values(self, **values: Any) -> "Spec":
@@ -144,15 +147,22 @@ class Spec:
         params = dict(self.params)
         for name, value in values.items():
             key = _key_from_name(name)
-            params[key] = Param((value,), self.param(key).span)
+            params[key] = replace(self.param(key), values=(value,))
         return replace(self, params=params)
 
     def error(self, key: str | tuple[str, ...], message: str, allowed: str = "") -> SpecError:
         """A SpecError at the setting `key` (the first written one of several keys)."""
         keys = (key,) if isinstance(key, str) else key
-        span = next((self.params[k].span for k in keys if k in self.params and self.params[k].span),
-                    self.span)
-        return SpecError(message, path=self.path, text=self.text, span=span, allowed=allowed)
+        written = [self.params[k] for k in keys if k in self.params and self.params[k].span]
+        # Point into this spec's own file where one of the keys is written there.
+        param = next((p for p in written if p.origin is None), written[0] if written else None)
+        if param is None:
+            return SpecError(message, path=self.path, text=self.text, span=self.span,
+                             allowed=allowed)
+        path, text = param.origin or (self.path, self.text)
+        if param.origin:
+            message += f" (kernel '{self.name}' inherits this setting from {path})"
+        return SpecError(message, path=path, text=text, span=param.span, allowed=allowed)
 
 
 def _key_from_name(name: str) -> str:
@@ -211,7 +221,9 @@ def _describe_expected(expected: set[str]) -> str:
 
 def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str, path: str) -> SpecError:
     line, column = exc.line, exc.column
-    lines = text.splitlines()
+    lines = [ln.rstrip("\r") for ln in text.split("\n")]  # as the parser counts lines
+    if len(lines) > 1 and not lines[-1]:
+        lines.pop()
     if line is None or line < 1:
         line = len(lines) or 1
         column = len(lines[-1]) + 1 if lines else 1
@@ -230,6 +242,10 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str, path: str) ->
         char = source_line[column - 1:column]
         what = f"unexpected character {char!r}" if char else "unexpected character"
         width = 1
+        if char and not char.isprintable():
+            return SpecError(f"unexpected control character {char!r}", path=path, text=text,
+                             span=Span(line, column, column + 1),
+                             allowed="printable text, lines ending in \\n or \\r\\n")
     else:
         return SpecError("unexpected end of file: a kernel's closing '}' is missing", path=path,
                          text=text, span=Span(line, column, column + 1), allowed="'}' after the last setting")
@@ -237,10 +253,14 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str, path: str) ->
     if "KERNEL" in expected:
         return SpecError(f"{what}: a spec holds kernels", path=path, text=text,
                          span=Span(line, column, column + width), allowed=USAGE["kernel"])
+    if keyword == "kernel" and at_keyword and "RBRACE" in expected:
+        return SpecError("a kernel starts inside another one: the kernel before it is missing "
+                         "its closing '}'", path=path, text=text,
+                         span=Span(line, column, column + width), allowed="'}' after the last setting")
     if keyword in USAGE and not (keyword == "kernel" and not at_keyword):
         allowed = USAGE[keyword]
         message = f"{what} in '{keyword}' setting" if keyword != "kernel" else what
-    elif keyword and at_keyword and keyword not in ("}", "{"):
+    elif keyword and at_keyword and (keyword[0].isalpha() or keyword[0] == "_"):
         allowed = "a setting: " + ", ".join(k for k in USAGE if k != "kernel")
         message = f"'{keyword}' is not a setting"
         width = len(keyword)
@@ -286,7 +306,12 @@ class _ToStatements(Transformer):
     @v_args(meta=True)
     def int_atom(self, meta, children):
         token = children[0]
-        return _Value((int(token),), _span(token))
+        digits = token.lstrip("0") or "0"
+        if len(digits) > 10 or int(digits) > 2**31 - 1:
+            shown = digits if len(digits) <= 20 else f"{digits[:8]}...({len(digits)} digits)"
+            raise self._err(_span(token), f"{shown} is too large for any setting",
+                            "a number up to 2147483647")
+        return _Value((int(digits),), _span(token))
 
     @v_args(meta=True)
     def word_atom(self, meta, children):
@@ -486,12 +511,15 @@ def _check_values(stmt: _Statement, path: str, text: str) -> None:
 
 
 def _kernel_source(text: str, meta) -> str:
-    lines = text.splitlines()
-    return "\n".join(lines[meta.line - 1: meta.end_line])
+    lines = text.split("\n")  # as the parser counts lines
+    return "\n".join(line.rstrip("\r") for line in lines[meta.line - 1: meta.end_line])
 
 
-def parse(text: str, path: str = "<spec>", *, search_dirs: tuple[Path, ...] = ()) -> list[Spec]:
-    """All kernels of a spec text, parents merged in. Raises SpecError, nothing else."""
+def parse(text: str, path: str = "<spec>", *, search_dirs: tuple[Path, ...] = (),
+          _loading: tuple[Path, ...] = ()) -> list[Spec]:
+    """All kernels of a spec text, parents merged in. Raises SpecError, nothing else.
+
+    `_loading`: the parent files whose parsing led here, to report a cycle of files."""
     try:
         tree = _parser().parse(text if text.endswith("\n") else text + "\n")
     except lark.exceptions.UnexpectedInput as exc:
@@ -540,7 +568,11 @@ def parse(text: str, path: str = "<spec>", *, search_dirs: tuple[Path, ...] = ()
             if parent_name in pending:
                 merged.update(resolve(parent_name, chain + (name,)).params)
             else:
-                merged.update(_load_parent(parent, path, text, search_dirs).params)
+                parent_spec = _load_parent(parent, path, text, search_dirs, _loading)
+                # Spans of the parent's own settings point into the parent's file.
+                merged.update({key: p if p.origin else replace(p, origin=(parent_spec.path,
+                                                                           parent_spec.text))
+                               for key, p in parent_spec.params.items()})
         merged.update(params)
         spec = Spec(name=name, params=merged, path=path, text=text, span=_span(name_token),
                     parent=str(parent) if parent is not None else None,
@@ -551,15 +583,31 @@ def parse(text: str, path: str = "<spec>", *, search_dirs: tuple[Path, ...] = ()
     return [resolve(name, ()) for name in pending]
 
 
-def _load_parent(parent: Token, path: str, text: str, search_dirs: tuple[Path, ...]) -> Spec:
+def _load_parent(parent: Token, path: str, text: str, search_dirs: tuple[Path, ...],
+                 loading: tuple[Path, ...] = ()) -> Spec:
     name = str(parent)
     dirs = list(search_dirs)
+    here: tuple[Path, ...] = ()
     if path and not path.startswith("<"):
         dirs.insert(0, Path(path).parent)
+        here = (Path(path).resolve(),)
     for directory in dirs:
         candidate = directory / f"{name}.gemm"
         if candidate.is_file():
-            for spec in parse(candidate.read_text(), str(candidate), search_dirs=search_dirs):
+            def error(message: str, allowed: str) -> SpecError:
+                return SpecError(message, path=path, text=text, span=_span(parent), allowed=allowed)
+            chain = loading + here
+            if candidate.resolve() in chain:
+                files = " -> ".join(p.name for p in chain + (candidate.resolve(),))
+                raise error(f"kernel extends '{name}' from {candidate}, whose parents lead back "
+                            f"to a file being loaded ({files})", "a chain of files without loops")
+            try:
+                parent_text = candidate.read_text()
+            except OSError as exc:
+                raise error(f"cannot read {candidate}: {exc.strerror}", "a readable NAME.gemm file") from None
+            except UnicodeDecodeError:
+                raise error(f"{candidate} is not UTF-8 text", "a UTF-8 NAME.gemm file") from None
+            for spec in parse(parent_text, str(candidate), search_dirs=search_dirs, _loading=chain):
                 if spec.name == name:
                     return spec
     raise SpecError(f"kernel extends '{name}', which is neither in this file nor in {name}.gemm "

@@ -1,0 +1,491 @@
+"""`gemmgen explain`: what a kernel will cost before it runs, from its Plan and ptxas's report.
+
+Everything here is static: registers, spills and stack come from compiling the aligned variant;
+occupancy is the resident-block arithmetic of the CUDA occupancy tables (threads, registers,
+shared memory, blocks per SM); arithmetic intensity is flops over bytes moved per block and per
+thread; shared-memory bank conflicts are predicted by replaying warp 0's addresses through the
+Plan's own index expressions (the ones the templates paste into CUDA), with the thread → element
+mapping of templates/operand.cuh.j2 and templates/tiled.cu.j2. The accesses are those of the
+aligned (vector) variant, the one launched when sizes, leading dimensions and pointers allow.
+
+Bank model: 32 banks of 4 bytes, bank = word address % 32. A warp request of W-byte vectors is
+split into phases of 128 bytes (4 B: one phase of 32 lanes, 8 B: two of 16, 16 B: four of 8).
+Within a phase, lanes that read the same vector are served together (broadcast); a phase takes as
+many wavefronts as the largest number of distinct vectors that touch one bank (its n-way
+conflict). A conflict-free request takes one wavefront per phase.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from .compile import Compiled, Resources
+from .plan import WARP, Operand, Plan
+
+BANKS = 32
+REG_ALLOCATION_UNIT = 256        # registers are given to warps in multiples of 256
+SHARED_BYTES_PER_CLOCK = 128     # 32 banks x 4 bytes per SM per clock
+
+
+# --- results ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Occupancy:
+    """Resident blocks per SM under each limit; the smallest is what the SM holds."""
+
+    by_threads: int
+    by_registers: int
+    by_shared_memory: int
+    by_blocks: int
+    threads_per_block: int
+    warps_per_block: int
+    max_warps_per_sm: int
+    registers_per_warp: int      # allocated: registers x 32 rounded up to 256
+    shared_per_block: int        # allocated: dynamic + static + the runtime's reserve
+    shared_reserved: int         # the runtime's reserve per block (included above)
+
+    @property
+    def limits(self) -> tuple[tuple[str, int], ...]:
+        return (("threads", self.by_threads), ("registers", self.by_registers),
+                ("shared memory", self.by_shared_memory), ("blocks", self.by_blocks))
+
+    @property
+    def blocks(self) -> int:
+        return min(blocks for _, blocks in self.limits)
+
+    @property
+    def limited_by(self) -> tuple[str, ...]:
+        """Every limit that allows no more than `blocks` (ties are all named)."""
+        return tuple(name for name, blocks in self.limits if blocks == self.blocks)
+
+    @property
+    def warps_per_sm(self) -> int:
+        return self.blocks * self.warps_per_block
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.warps_per_sm / self.max_warps_per_sm
+
+
+@dataclass(frozen=True)
+class Intensity:
+    """Flops per byte moved, over the scope it is counted on."""
+
+    scope: str
+    flops: int
+    bytes: int
+
+    @property
+    def value(self) -> float:
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+
+@dataclass(frozen=True)
+class BankAccess:
+    """One shared-memory access of warp 0, replayed over all its requests (warp instructions)."""
+
+    operand: str          # "A" or "B"
+    kind: str             # "store" (global tile → shared) or "fragment" (shared → registers, kk = 0)
+    how: str              # e.g. "float4", "scalar, transposed", "cp.async 16 B"
+    width_bytes: int      # bytes per lane per request
+    requests: int
+    phases: int           # wavefronts of one conflict-free request
+    wavefronts: int       # over all requests
+    worst_wavefronts: int  # of the worst request
+    degree: int           # the worst phase's n-way conflict (1: none)
+
+    @property
+    def label(self) -> str:
+        return f"{self.operand} {self.kind}"
+
+    @property
+    def wavefronts_per_request(self) -> float:
+        return self.wavefronts / self.requests
+
+    @property
+    def conflicted(self) -> bool:
+        return self.degree > 1
+
+
+@dataclass(frozen=True)
+class Report:
+    kernel: str
+    arch: str
+    tiling: str                # "block 128x128x16, warp 64x64, thread 8x4 repeat 1x4"
+    fp32_lanes_per_sm: int
+    threads: int
+    warps: int
+    registers: int             # ptxas, aligned variant
+    registers_estimate: int    # the Plan's count of live values
+    spill_stores: int
+    spill_loads: int
+    stack_frame: int
+    smem_bytes: int            # dynamic shared memory per block (the Plan's)
+    shared_static: int         # static shared memory per block (ptxas)
+    requested_occupancy: int   # `occupancy N` of the spec (0: none asked)
+    occupancy: Occupancy
+    global_intensity: Intensity
+    shared_intensity: Intensity | None
+    bank_conflicts: tuple[BankAccess, ...]
+    summary: str
+    notes: tuple[str, ...]
+
+    @property
+    def spills(self) -> bool:
+        return bool(self.spill_stores or self.spill_loads)
+
+
+# --- occupancy -------------------------------------------------------------------------
+
+def registers_per_warp(registers: int) -> int:
+    """Registers a warp is given: registers per thread x 32, rounded up to 256."""
+    return -(-registers * WARP // REG_ALLOCATION_UNIT) * REG_ALLOCATION_UNIT
+
+
+def occupancy(plan: Plan, resources: Resources) -> Occupancy:
+    arch = plan.arch
+    warps = plan.warps
+    per_warp = registers_per_warp(resources.registers)
+    by_registers = arch.regs_per_sm // (per_warp * warps) if per_warp else arch.max_blocks_per_sm
+    shared = plan.smem_bytes + resources.shared_static + arch.smem_reserved
+    return Occupancy(
+        by_threads=arch.max_threads_per_sm // plan.threads,
+        by_registers=by_registers,
+        by_shared_memory=arch.smem_per_sm // shared,
+        by_blocks=arch.max_blocks_per_sm,
+        threads_per_block=plan.threads,
+        warps_per_block=warps,
+        max_warps_per_sm=arch.max_threads_per_sm // WARP,
+        registers_per_warp=per_warp,
+        shared_per_block=shared,
+        shared_reserved=arch.smem_reserved,
+    )
+
+
+# --- arithmetic intensity --------------------------------------------------------------
+
+def intensities(plan: Plan) -> tuple[Intensity, Intensity | None]:
+    """(global, shared) flops per byte; shared is None for kernels without shared memory."""
+    if not plan.uses_shared:
+        # Each thread reads TM values of A and TN of B per k straight from global memory.
+        return (Intensity("global, per thread per k", 2 * plan.TM * plan.TN,
+                          (plan.TM + plan.TN) * 4), None)
+    BM, BN, BK = plan.BM, plan.BN, plan.BK
+    glob = Intensity("global, per block per K step", 2 * BM * BN * BK, (BM * BK + BK * BN) * 4)
+    a_run, b_run = plan.TM * plan.RM, plan.TN * plan.RN
+    shared = Intensity("shared, per thread per k", 2 * a_run * b_run, (a_run + b_run) * 4)
+    return glob, shared
+
+
+# --- bank conflicts --------------------------------------------------------------------
+
+def bank_wavefronts(addresses: Sequence[int | None], width: int) -> tuple[int, int]:
+    """(wavefronts, worst n-way) of one warp request.
+
+    `addresses` holds each lane's float offset in shared memory (None: lane inactive), `width`
+    the floats per lane (1, 2 or 4). Lanes are split into phases of 32 / width lanes.
+    """
+    if width not in (1, 2, 4):
+        raise ValueError(f"vector width {width} is not 1, 2 or 4 floats")
+    per_phase = WARP // width
+    wavefronts = worst = 0
+    for start in range(0, len(addresses), per_phase):
+        vectors = {a for a in addresses[start:start + per_phase] if a is not None}
+        if not vectors:
+            continue
+        load: dict[int, int] = defaultdict(int)
+        for address in vectors:            # distinct vectors: identical ones are broadcast
+            for word in range(address, address + width):
+                load[word % BANKS] += 1
+        degree = max(load.values())
+        wavefronts += degree
+        worst = max(worst, degree)
+    return wavefronts, worst
+
+
+def smem_offset(op: Operand, coords: dict[str, int]) -> int:
+    """The Plan's C index expression of `op`'s shared tile, evaluated at math coordinates."""
+    return eval(op.smem_index, {"__builtins__": {}}, dict(coords))  # noqa: S307 - the Plan's own text
+
+
+def _access(op: Operand, kind: str, how: str, width: int,
+            requests: Iterable[list[int | None]]) -> BankAccess:
+    results = [bank_wavefronts(addresses, width) for addresses in requests]
+    return BankAccess(operand=op.name, kind=kind, how=how, width_bytes=4 * width,
+                      requests=len(results), phases=width,  # 4 B: 1 phase, 8 B: 2, 16 B: 4
+                      wavefronts=sum(w for w, _ in results),
+                      worst_wavefronts=max(w for w, _ in results),
+                      degree=max(d for _, d in results))
+
+
+def _store_access(plan: Plan, op: Operand) -> BankAccess:
+    """Global tile → shared: chunk = p*THREADS + tid, row = chunk / chunks_per_row, col = ...*vector."""
+    def coords(lane: int, p: int, v: int) -> dict[str, int]:
+        chunk = p * plan.threads + lane
+        row = chunk // op.chunks_per_row
+        col = chunk % op.chunks_per_row * op.vector + v
+        return {op.outer_dim: row, op.inner_dim: col}
+
+    lanes = range(min(WARP, plan.threads))
+    if op.transposed_store:   # one scalar store per float, each to its own shared row
+        requests = [[smem_offset(op, coords(lane, p, v)) for lane in lanes]
+                    for p in range(op.passes) for v in range(op.vector)]
+        width = 1
+        how = "cp.async, transposed" if plan.async_copy else "scalar, transposed"
+    else:
+        requests = [[smem_offset(op, coords(lane, p, 0)) for lane in lanes]
+                    for p in range(op.passes)]
+        width = op.vector
+        how = "cp.async" if plan.async_copy else _vector_name(width)
+    return _access(op, "store", how, width, requests)
+
+
+def _thread_origins(plan: Plan) -> list[tuple[int, int]]:
+    """(thread_m0, thread_n0) of warp 0's lanes, as tiled.cu.j2 computes them."""
+    origins = []
+    for lane in range(min(WARP, plan.threads)):
+        if plan.order == "n":
+            lane_row, lane_col = lane // plan.lanes_n, lane % plan.lanes_n
+        else:
+            lane_row, lane_col = lane % plan.lanes_m, lane // plan.lanes_m
+        origins.append((lane_row * plan.TM, lane_col * plan.TN))  # warp_row = warp_col = 0
+    return origins
+
+
+def _fragment_access(plan: Plan, op: Operand) -> BankAccess:
+    """Shared → registers in the inner product, for kk = 0 (load_fragments in operand.cuh.j2)."""
+    origins = _thread_origins(plan)
+    width = op.frag_vector
+    requests = []
+    if op.name == "A":
+        for rm in range(plan.RM):
+            for i in range(0, plan.TM, width):
+                requests.append([smem_offset(op, {"m": m0 + rm * plan.SUB_M + i, "k": 0})
+                                 for m0, _ in origins])
+    else:
+        for rn in range(plan.RN):
+            for j in range(0, plan.TN, width):
+                requests.append([smem_offset(op, {"k": 0, "n": n0 + rn * plan.SUB_N + j})
+                                 for _, n0 in origins])
+    return _access(op, "fragment", _vector_name(width), width, requests)
+
+
+def _vector_name(width: int) -> str:
+    return "scalar" if width == 1 else f"float{width}"
+
+
+def bank_conflicts(plan: Plan) -> tuple[BankAccess, ...]:
+    """A store, B store, A fragment, B fragment; empty for kernels without shared memory."""
+    if not plan.uses_shared:
+        return ()
+    return (_store_access(plan, plan.a), _store_access(plan, plan.b),
+            _fragment_access(plan, plan.a), _fragment_access(plan, plan.b))
+
+
+# --- the report ------------------------------------------------------------------------
+
+def _resources(plan: Plan, compiled: Compiled | Resources | None) -> Resources:
+    if isinstance(compiled, Resources):
+        return compiled
+    if compiled is None:
+        from .compile import compile_plan
+        compiled = compile_plan(plan)
+    from .codegen import kernel_name_expressions
+    name = kernel_name_expressions(plan)[True]
+    try:
+        return compiled.resources_of(name)
+    except KeyError:
+        raise ValueError(f"the compile result has no ptxas report for {name}") from None
+
+
+def _join(words: Sequence[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _summary(occ: Occupancy) -> str:
+    limits = _join(occ.limited_by)
+    if occ.blocks == 0:
+        return (f"the kernel cannot launch: {limits} leave room for no block of "
+                f"{occ.threads_per_block} threads on an SM")
+    plural = "block" if occ.blocks == 1 else "blocks"
+    return (f"occupancy is limited by {limits}: {occ.blocks} {plural} of {occ.threads_per_block} "
+            f"threads ({occ.warps_per_sm} warps/SM, {occ.percent:.1f}%)")
+
+
+def _tiling(plan: Plan) -> str:
+    parts = [f"block {plan.BM}x{plan.BN}x{plan.BK}" if plan.uses_shared
+             else f"block {plan.BM}x{plan.BN}"]
+    if plan.warp_tiling:
+        parts.append(f"warp {plan.WM}x{plan.WN}")
+    thread = f"thread {plan.TM}x{plan.TN}"
+    if plan.RM * plan.RN > 1:
+        thread += f" repeat {plan.RM}x{plan.RN}"
+    parts.append(thread)
+    return ", ".join(parts)
+
+
+def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
+    """The static report of a Plan. `compiled` is compile_plan(plan)'s result (compiled here when
+    None), or directly the ptxas Resources of the aligned variant."""
+    res = _resources(plan, compiled)
+    occ = occupancy(plan, res)
+    glob, shared = intensities(plan)
+    banks = bank_conflicts(plan)
+
+    notes = []
+    if res.spill_stores or res.spill_loads:
+        notes.append(f"ptxas spills registers to local memory: {res.spill_stores} bytes stored, "
+                     f"{res.spill_loads} bytes loaded")
+    if plan.occupancy and occ.blocks < plan.occupancy:
+        notes.append(f"the spec asks for {plan.occupancy} blocks per SM (occupancy "
+                     f"{plan.occupancy}), but only {occ.blocks} fit")
+    for access in banks:
+        if access.conflicted:
+            notes.append(f"{access.label} ({access.how}) is a {access.degree}-way bank conflict: "
+                         f"{access.wavefronts_per_request:g} wavefronts per request where "
+                         f"{access.phases} would do")
+    return Report(
+        kernel=plan.name, arch=plan.arch.name, tiling=_tiling(plan), fp32_lanes_per_sm=plan.arch.fp32_lanes_per_sm,
+        threads=plan.threads, warps=plan.warps, registers=res.registers,
+        registers_estimate=plan.registers_estimate, spill_stores=res.spill_stores,
+        spill_loads=res.spill_loads, stack_frame=res.stack_frame, smem_bytes=plan.smem_bytes,
+        shared_static=res.shared_static, requested_occupancy=plan.occupancy, occupancy=occ,
+        global_intensity=glob, shared_intensity=shared, bank_conflicts=banks,
+        summary=_summary(occ), notes=tuple(notes))
+
+
+# --- output ----------------------------------------------------------------------------
+
+def _table(rows: Sequence[Sequence[str]], right: Iterable[int] = (), indent: str = "  ") -> list[str]:
+    """Rows of cells as aligned columns; columns in `right` are right-aligned."""
+    right = set(right)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [cell.rjust(w) if i in right else cell.ljust(w)
+                 for i, (cell, w) in enumerate(zip(row, widths))]
+        lines.append((indent + "  ".join(cells)).rstrip())
+    return lines
+
+
+def _flop_per_byte(x: Intensity) -> str:
+    return f"{x.flops} flop / {x.bytes} B = {x.value:.2f} flop/B"
+
+
+def render_text(report: Report) -> str:
+    """The report as plain text with aligned columns."""
+    r, occ = report, report.occupancy
+    out = [f"{r.kernel} on {r.arch}", ""]
+
+    spills = ("none" if not r.spills else
+              f"{r.spill_stores} B stored, {r.spill_loads} B loaded")
+    shared = f"{r.smem_bytes} bytes" if r.smem_bytes else "none"
+    if r.shared_static:
+        shared += f" (+{r.shared_static} static)"
+    out.append("resources per block")
+    out += _table([
+        ("tiling", r.tiling),
+        ("threads", f"{r.threads} ({r.warps} warps)"),
+        ("registers per thread", f"{r.registers} (ptxas, aligned variant; the Plan estimated "
+                                 f"{r.registers_estimate})"),
+        ("spills", spills),
+        ("stack frame", f"{r.stack_frame} bytes"),
+        ("shared memory", shared),
+    ])
+
+    out += ["", f"occupancy per SM ({r.arch})"]
+    rows = [("limit", "blocks", "because")]
+    rows.append(("threads", str(occ.by_threads),
+                 f"{occ.max_warps_per_sm * WARP} threads / {occ.threads_per_block} per block"))
+    rows.append(("registers", str(occ.by_registers),
+                 f"{occ.registers_per_warp} regs per warp x {occ.warps_per_block} warps"))
+    rows.append(("shared memory", str(occ.by_shared_memory),
+                 f"{occ.shared_per_block} B per block, {occ.shared_reserved} B reserve included"))
+    rows.append(("blocks", str(occ.by_blocks), "hardware limit per SM"))
+    for i, row in enumerate(rows[1:], 1):
+        if row[0] in occ.limited_by:
+            rows[i] = (row[0], row[1], row[2] + "  <- binds")
+    rows.append(("resident", str(occ.blocks), f"{occ.warps_per_sm} of {occ.max_warps_per_sm} "
+                 f"warps per SM ({occ.percent:.1f}% occupancy)"))
+    out += _table(rows, right=(1,))
+
+    out += ["", "arithmetic intensity"]
+    rows = [(report.global_intensity.scope, _flop_per_byte(report.global_intensity))]
+    if report.shared_intensity is not None:
+        rows.append((report.shared_intensity.scope, _flop_per_byte(report.shared_intensity)))
+    rows.append(("FP32 peak", f"{r.fp32_lanes_per_sm} FFMA lanes per SM = "
+                              f"{2 * r.fp32_lanes_per_sm} flop/clock"))
+    if report.shared_intensity is not None:
+        need = 2 * r.fp32_lanes_per_sm / SHARED_BYTES_PER_CLOCK
+        rows.append(("shared bandwidth", f"{SHARED_BYTES_PER_CLOCK} B/clock/SM: "
+                                         f">= {need:g} flop/B keeps FFMA fed"))
+    out += _table(rows)
+
+    out += ["", "shared-memory bank conflicts (warp 0, kk = 0), wavefronts per request"]
+    if not report.bank_conflicts:
+        out.append("  none: no shared memory")
+    else:
+        rows = [("access", "how", "width", "requests", "wavefronts", "ideal", "n-way")]
+        for a in report.bank_conflicts:
+            rows.append((a.label, a.how, f"{a.width_bytes} B", str(a.requests),
+                         f"{a.wavefronts_per_request:g}", str(a.phases),
+                         f"{a.degree}-way" if a.conflicted else "none"))
+        out += _table(rows, right=(2, 3, 4, 5))
+
+    if report.notes:
+        out += ["", "notes"]
+        for note in report.notes:
+            out += textwrap.wrap(note, width=78, initial_indent="  - ", subsequent_indent="    ")
+    out += [""] + textwrap.wrap(report.summary[0].upper() + report.summary[1:] + ".", width=80)
+    return "\n".join(out) + "\n"
+
+
+def as_dict(report: Report) -> dict[str, Any]:
+    """The report as plain JSON types."""
+    occ = report.occupancy
+
+    def intensity(x: Intensity | None) -> dict[str, Any] | None:
+        if x is None:
+            return None
+        return {"scope": x.scope, "flops": x.flops, "bytes": x.bytes, "flop_per_byte": x.value}
+
+    return {
+        "kernel": report.kernel,
+        "arch": report.arch,
+        "tiling": report.tiling,
+        "fp32_lanes_per_sm": report.fp32_lanes_per_sm,
+        "threads": report.threads,
+        "warps": report.warps,
+        "registers": report.registers,
+        "registers_estimate": report.registers_estimate,
+        "spill_stores": report.spill_stores,
+        "spill_loads": report.spill_loads,
+        "stack_frame": report.stack_frame,
+        "smem_bytes": report.smem_bytes,
+        "shared_static": report.shared_static,
+        "requested_occupancy": report.requested_occupancy,
+        "occupancy": {
+            "limits": {name: blocks for name, blocks in occ.limits},
+            "blocks": occ.blocks,
+            "limited_by": list(occ.limited_by),
+            "warps_per_sm": occ.warps_per_sm,
+            "max_warps_per_sm": occ.max_warps_per_sm,
+            "percent": occ.percent,
+            "registers_per_warp": occ.registers_per_warp,
+            "shared_per_block": occ.shared_per_block,
+            "shared_reserved": occ.shared_reserved,
+        },
+        "intensity": {"global": intensity(report.global_intensity),
+                      "shared": intensity(report.shared_intensity)},
+        "bank_conflicts": [
+            {"access": a.label, "operand": a.operand, "kind": a.kind, "how": a.how,
+             "width_bytes": a.width_bytes, "requests": a.requests, "wavefronts": a.wavefronts,
+             "wavefronts_per_request": a.wavefronts_per_request, "ideal_wavefronts": a.phases,
+             "worst_wavefronts": a.worst_wavefronts, "degree": a.degree}
+            for a in report.bank_conflicts],
+        "summary": report.summary,
+        "notes": list(report.notes),
+    }

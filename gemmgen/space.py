@@ -1,0 +1,120 @@
+"""Expand a spec's search sets into concrete points and prune the impossible ones with the Plan."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .plan import Plan, try_plan
+from .spec import Spec
+
+
+def point_key(spec: Spec) -> str:
+    """A stable short id of a concrete point: its settings, not where they were written."""
+    text = ";".join(f"{key}={spec.param(key).values[0]}" for key in sorted(spec.params))
+    return hashlib.sha256(f"{spec.name}|{text}".encode()).hexdigest()[:16]
+
+
+def describe(spec: Spec) -> str:
+    """The values that vary in a search, as 'block=128x128x16 warp=64x32 ...'."""
+    v = spec.__getitem__
+    parts = [f"block={v('block.m')}x{v('block.n')}x{v('block.k')}"]
+    if spec.written("warp.m"):
+        parts.append(f"warp={v('warp.m')}x{v('warp.n')}")
+    parts.append(f"thread={v('thread.m')}x{v('thread.n')}r{v('repeat.m')}x{v('repeat.n')}")
+    parts.append(f"stages={v('stages')}{'a' if v('stages.fill') == 'async' else ''}")
+    parts.append(f"frag={v('fragments')}")
+    if v("raster.group") > 1:
+        parts.append(f"group={v('raster.group')}")
+    if v("occupancy"):
+        parts.append(f"occ={v('occupancy')}")
+    return " ".join(parts)
+
+
+@dataclass
+class Space:
+    """The points of a search space that the Plan accepts, and why the others were dropped.
+
+    A point is a tuple of values, one per dimension (a setting that holds a set), in the
+    order of `keys`; `dimensions` lists each one's candidate values in the spec's order.
+    """
+
+    spec: Spec
+    keys: list[str] = field(default_factory=list)
+    dimensions: list[list] = field(default_factory=list)
+    total: int = 0
+    plan_at: dict[tuple, Plan] = field(default_factory=dict)
+    pruned: Counter = field(default_factory=Counter)
+
+    @property
+    def valid(self) -> int:
+        return len(self.plan_at)
+
+    @property
+    def valid_points(self) -> list[tuple]:
+        return list(self.plan_at)
+
+    @property
+    def plans(self) -> list[Plan]:
+        return list(self.plan_at.values())
+
+
+def expand(spec: Spec, limit: int = 200_000) -> Space:
+    """Every point of `spec`'s sets, planned; impossible points counted by reason."""
+    keys = spec.set_keys
+    space = Space(spec, keys, [list(spec.params[k].values) for k in keys])
+    seen = set()
+    for coords, point in zip(itertools.product(*space.dimensions), spec.points()):
+        space.total += 1
+        if space.total > limit:
+            raise ValueError(f"the search space has more than {limit} points; narrow its sets")
+        plan, error = try_plan(point)
+        if plan is None:
+            space.pruned[re.split(r"[(:;]", re.sub(r"\d+", "N", error.message))[0].strip()] += 1
+            continue
+        key = point_key(point)
+        if key not in seen:
+            seen.add(key)
+            space.plan_at[coords] = plan
+    return space
+
+
+def to_text(spec: Spec, name: str | None = None, comment: str = "") -> str:
+    """A concrete point written back as spec text, every setting explicit."""
+    v = spec.__getitem__
+    onoff = lambda flag: " transpose" if flag else ""  # noqa: E731
+    lines = [f"# {line}" for line in comment.splitlines()]
+    lines.append(f"kernel {name or spec.name} {{")
+    lines.append(f"  target   {v('target')}")
+    lines.append(f"  layout   A {v('layout.A')}, B {v('layout.B')}, C {v('layout.C')}")
+    lines.append(f"  block    {v('block.m')} x {v('block.n')} x {v('block.k')}")
+    if spec.written("warp.m"):
+        lines.append(f"  warp     {v('warp.m')} x {v('warp.n')}")
+    lines.append(f"  thread   {v('thread.m')} x {v('thread.n')} repeat {v('repeat.m')} x {v('repeat.n')}")
+    if v("order") != "n":
+        lines.append(f"  order    {v('order')}")
+    if not v("shared"):
+        lines.append("  shared   off")
+    else:
+        for op in "AB":
+            lines.append(f"  load {op}   vector {v(f'load.{op}.vector')}{onoff(v(f'load.{op}.transpose'))}")
+        for op in "AB":
+            mode = v(f"shared.{op}")
+            if mode == "pad":
+                lines.append(f"  shared {op} pad {v(f'shared.{op}.pad')}")
+            elif mode == "swizzle":
+                lines.append(f"  shared {op} swizzle xor")
+        lines.append(f"  stages   {v('stages')} {v('stages.fill')}")
+        if v("fragments") != 1:
+            lines.append(f"  fragments {v('fragments')}")
+    lines.append(f"  raster   {'row' if v('raster.group') == 1 else 'group %d' % v('raster.group')}")
+    if v("occupancy"):
+        lines.append(f"  occupancy {v('occupancy')}")
+    lines.append(f"  epilogue {'alpha beta' if v('epilogue.beta') else 'alpha'}")
+    if v("reduce.count"):
+        lines.append(f"  reduce   min {v('reduce.count')}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,341 @@
+"""Search a spec's space for the fastest kernel that is correct, for one GPU and shape.
+
+Points the Plan rejects are pruned before anything compiles. A strategy (gemmgen/strategies/)
+proposes batches of points; each batch compiles in parallel (NVRTC in a process pool, through
+the on-disk cache), then a worker process validates each candidate on small awkward shapes and
+times it at the target shape. The worker is disposable: a candidate that crashes the GPU context
+or hangs ends only that worker, is recorded with its reason, and a new worker carries on. Every
+result is appended to a JSON-lines database at once, so an interrupted search resumes where it
+stopped and a repeated one measures nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import strategies
+from .plan import Plan
+from .space import Space, describe, expand, point_key
+from .spec import Spec
+from .verify import Case
+
+VALIDATION_CASES = (Case(127, 131, 137, pad=3), Case(257, 255, 253, alpha=0.5, beta=0.5, pad=5, offset=1),
+                    Case(256, 256, 64, beta=1.0))
+CANDIDATE_TIMEOUT_S = 60.0
+CUBLAS_KEY = "cublas"
+
+
+def db_scope(device: str, driver: str, shape: Case, space_name: str) -> str:
+    """What a measurement depends on besides the point itself."""
+    return f"{device}|{driver}|{shape.M}x{shape.N}x{shape.K}|{space_name}"
+
+
+def load_records(db: Path, scope: str | None = None) -> dict[str, dict]:
+    """Records of one scope (all scopes when None), by point key; later lines win."""
+    records: dict[str, dict] = {}
+    if db.exists():
+        for line in db.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by an interruption
+            if scope is None or entry.get("scope") == scope:
+                records[entry["key"] if scope else entry["scope"] + "|" + entry["key"]] = entry
+    return records
+
+
+def _append(db: Path, entry: dict) -> None:
+    with db.open("a") as handle:
+        handle.write(json.dumps(entry) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _compile_one(job: tuple[Plan, str | None]) -> str:
+    from .compile import compile_plan
+    plan, source = job
+    try:
+        compile_plan(plan, source)
+        return ""
+    except Exception as exc:  # noqa: BLE001 - recorded as the candidate's failure
+        return f"{type(exc).__name__}: {str(exc)[:500]}"
+
+
+def _time_setup(shape: Case):
+    import cupy as cp
+    rng = cp.random.default_rng(12345)
+    return {name: rng.uniform(-1, 1, size + 64, dtype=cp.float32)
+            for name, size in (("A", shape.M * shape.K), ("B", shape.K * shape.N), ("C", shape.M * shape.N))}
+
+
+def _worker(jobs: list[tuple[Plan, str | None]], shape: Case, db: str, scope: str, state: str,
+            budget_s: float, with_cublas: bool) -> None:
+    """Validate and time candidates in order; runs in a child process that may die."""
+    from . import verify
+    from .bench import L2Flusher, time_gpu
+    from .runtime import Kernel, device_info
+
+    info = device_info()
+    flusher = L2Flusher(info)
+    buffers = _time_setup(shape)
+    if with_cublas:
+        import cupy as cp
+        a = buffers["A"][:shape.M * shape.K].reshape(shape.M, shape.K)
+        b = buffers["B"][:shape.K * shape.N].reshape(shape.K, shape.N)
+        c = buffers["C"][:shape.M * shape.N].reshape(shape.M, shape.N)
+        timing = time_gpu(lambda: cp.matmul(a, b, out=c), flush=flusher, budget_s=budget_s)
+        _append(Path(db), {"scope": scope, "key": CUBLAS_KEY, "point": "cuBLAS FP32", "status": "ok",
+                           "ms": timing.median_ms, "tflops": _tflops(shape, timing.median_ms)})
+    problems: dict = {}
+    for plan, source in jobs:
+        key = point_key(plan.spec)
+        Path(state).write_text(key)
+        entry = {"scope": scope, "key": key, "point": describe(plan.spec)}
+        try:
+            kernel = Kernel(plan, _compiled(plan, source))
+            report = verify.check(kernel, VALIDATION_CASES, problems=problems)
+            if not report.ok:
+                bad = report.failures[0]
+                entry.update(status="invalid", reason=f"{bad.case}: {bad.message}")
+            else:
+                lda = shape.K if plan.spec["layout.A"] == "row" else shape.M
+                ldb = shape.N if plan.spec["layout.B"] == "row" else shape.K
+                ldc = shape.N if plan.spec["layout.C"] == "row" else shape.M
+                run = lambda: kernel.launch(  # noqa: E731
+                    shape.M, shape.N, shape.K, 1.0, buffers["A"].data.ptr, max(1, lda),
+                    buffers["B"].data.ptr, max(1, ldb), 0.0, buffers["C"].data.ptr, max(1, ldc))
+                timing = time_gpu(run, flush=flusher, budget_s=budget_s)
+                entry.update(status="ok", ms=timing.median_ms, tflops=_tflops(shape, timing.median_ms))
+            kernel.close()
+        except Exception as exc:  # noqa: BLE001 - a fault poisons this process's GPU context
+            entry.update(status="crash", reason=f"{type(exc).__name__}: {str(exc)[:400]}")
+            _append(Path(db), entry)
+            os._exit(3)  # the parent starts a fresh worker (and context) for the rest
+        _append(Path(db), entry)
+    Path(state).write_text("")
+
+
+def _compiled(plan: Plan, source: str | None):
+    from .compile import compile_plan
+    return compile_plan(plan, source)
+
+
+def _tflops(shape: Case, ms: float) -> float:
+    return 2.0 * shape.M * shape.N * shape.K / (ms * 1e-3) / 1e12 if ms else 0.0
+
+
+@dataclass
+class TuneResult:
+    shape: Case
+    space: Space
+    scope: str
+    records: list[dict]
+    best: dict | None
+    best_plan: Plan | None
+    cublas_tflops: float
+    evaluated: int
+    seconds: float
+
+    @property
+    def failures(self) -> list[dict]:
+        return [r for r in self.records if r.get("status") != "ok"]
+
+
+@dataclass
+class Evaluator:
+    """evaluate(points) for a strategy: compile, validate and time, with records kept in the db."""
+
+    space: Space
+    shape: Case
+    db: Path
+    scope: str
+    max_points: int | None = None
+    budget_s: float = 0.2
+    progress: Callable[[dict], None] | None = None
+    source_patch: Callable[[Plan, str], str] | None = None
+    pool: ProcessPoolExecutor | None = None
+    evaluated: int = 0
+    keys: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.keys = {coords: point_key(plan.spec) for coords, plan in self.space.plan_at.items()}
+
+    def _source(self, plan: Plan) -> str | None:
+        if self.source_patch is None:
+            return None
+        from .codegen import generate
+        return self.source_patch(plan, generate(plan))
+
+    def __call__(self, points: list[tuple]) -> list[float]:
+        done = load_records(self.db, self.scope)
+        fresh = [p for p in dict.fromkeys(points) if self.keys[p] not in done]
+        if self.max_points is not None:
+            room = self.max_points - self.evaluated
+            if room <= 0:
+                raise strategies.Budget()
+            fresh = fresh[:room]
+        self.evaluated += len(fresh)
+        if fresh:
+            self._evaluate(fresh, with_cublas=CUBLAS_KEY not in done)
+        done = load_records(self.db, self.scope)
+        scores = [done.get(self.keys[p], {}).get("tflops", 0.0) for p in points]
+        if self.max_points is not None and self.evaluated >= self.max_points:
+            raise strategies.Budget()
+        return scores
+
+    def _report(self, entry: dict) -> None:
+        if self.progress:
+            self.progress(entry)
+
+    def _evaluate(self, points: list[tuple], with_cublas: bool) -> None:
+        jobs = [(self.space.plan_at[p], self._source(self.space.plan_at[p])) for p in points]
+        errors = list(self.pool.map(_compile_one, jobs)) if self.pool else [_compile_one(j) for j in jobs]
+        runnable = []
+        for (plan, source), error in zip(jobs, errors):
+            if error:
+                entry = {"scope": self.scope, "key": point_key(plan.spec), "point": describe(plan.spec),
+                         "status": "compile", "reason": error}
+                _append(self.db, entry)
+                self._report(entry)
+            else:
+                runnable.append((plan, source))
+        context = multiprocessing.get_context("spawn")
+        state = Path(str(self.db) + ".inflight")
+        while runnable or with_cublas:
+            state.write_text("")
+            worker = context.Process(target=_worker, args=(runnable, self.shape, str(self.db),
+                                                            self.scope, str(state), self.budget_s,
+                                                            with_cublas))
+            worker.start()
+            seen = len(self.db.read_text().splitlines()) if self.db.exists() else 0
+            last_change = time.monotonic()
+            timed_out = False
+            while worker.is_alive():
+                worker.join(0.25)
+                lines = self.db.read_text().splitlines() if self.db.exists() else []
+                if len(lines) != seen:
+                    for line in lines[seen:]:
+                        try:
+                            self._report(json.loads(line))
+                        except ValueError:
+                            pass
+                    seen, last_change = len(lines), time.monotonic()
+                elif time.monotonic() - last_change > CANDIDATE_TIMEOUT_S:
+                    worker.terminate()
+                    worker.join()
+                    timed_out = True
+            with_cublas = False
+            done = load_records(self.db, self.scope)
+            in_flight = state.read_text().strip() if state.exists() else ""
+            if in_flight and in_flight not in done:
+                plan = next(p for p, _ in runnable if point_key(p.spec) == in_flight)
+                entry = {"scope": self.scope, "key": in_flight, "point": describe(plan.spec),
+                         "status": "timeout" if timed_out else "crash",
+                         "reason": (f"no result within {CANDIDATE_TIMEOUT_S:.0f} s" if timed_out else
+                                    f"the worker process died (exit code {worker.exitcode}); "
+                                    "the candidate faulted on the GPU")}
+                _append(self.db, entry)
+                self._report(entry)
+                done = load_records(self.db, self.scope)
+            remaining = [(p, s) for p, s in runnable if point_key(p.spec) not in done]
+            if len(remaining) == len(runnable) and worker.exitcode != 0:
+                raise RuntimeError(f"the tuning worker failed before any candidate (exit code "
+                                   f"{worker.exitcode}): is the GPU usable?")
+            runnable = remaining
+        state.unlink(missing_ok=True)
+
+
+def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict | None = None,
+         max_points: int | None = None, db: Path | None = None, budget_s: float = 0.2,
+         progress: Callable[[dict], None] | None = None,
+         source_patch: Callable[[Plan, str], str] | None = None) -> TuneResult:
+    """Search `spec`'s space at `shape` with a strategy; every record of this device and shape."""
+    from .runtime import device_info
+
+    started = time.perf_counter()
+    module = strategies.get(strategy)
+    settings = strategies.options_with_defaults(module, options or {})
+    db = Path(db or "tune.jsonl")
+    space = expand(spec)
+    if not space.valid:
+        raise ValueError(f"no point of {spec.name}'s space is valid: {dict(space.pruned)}")
+    info = device_info()
+    scope = db_scope(info.name, info.driver_version, shape, spec.name)
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        evaluator = Evaluator(space, shape, db, scope, max_points, budget_s, progress, source_patch, pool)
+        try:
+            module.tune(space, evaluator, settings)
+        except strategies.Budget:
+            pass
+    return summarize(space, shape, db, scope, evaluator.evaluated, time.perf_counter() - started)
+
+
+def summarize(space: Space, shape: Case, db: Path, scope: str, evaluated: int = 0,
+              seconds: float = 0.0) -> TuneResult:
+    records = load_records(db, scope)
+    cublas = records.pop(CUBLAS_KEY, {}).get("tflops", 0.0)
+    by_key = {point_key(plan.spec): plan for plan in space.plans}
+    good = [r for r in records.values() if r.get("status") == "ok" and r["key"] in by_key]
+    best = max(good, key=lambda r: r["tflops"]) if good else None
+    return TuneResult(shape, space, scope, list(records.values()), best,
+                      by_key[best["key"]] if best else None, cublas, evaluated, seconds)
+
+
+def best_recorded(spec: Spec, db: Path, shape: Case | None = None) -> tuple[Plan, dict]:
+    """The fastest validated point of `spec`'s space in the database (any device, or one shape)."""
+    space = expand(spec)
+    by_key = {point_key(plan.spec): plan for plan in space.plans}
+    candidates = [r for r in load_records(db).values()
+                  if r.get("status") == "ok" and r.get("key") in by_key
+                  and r["scope"].endswith("|" + spec.name)
+                  and (shape is None or f"|{shape.M}x{shape.N}x{shape.K}|" in r["scope"])]
+    if not candidates:
+        raise LookupError(f"{db} holds no validated point of '{spec.name}'"
+                          + (f" at {shape}" if shape else "") + "; run gemmgen tune first")
+    best = max(candidates, key=lambda r: r["tflops"])
+    return by_key[best["key"]], best
+
+
+def plot_search(result: TuneResult, path: str) -> None:
+    """PNG: TFLOP/s of every validated point against each searched setting, cuBLAS as a line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_key = {point_key(plan.spec): coords for coords, plan in result.space.plan_at.items()}
+    good = [(by_key[r["key"]], r["tflops"]) for r in result.records
+            if r.get("status") == "ok" and r["key"] in by_key]
+    dims = result.space.keys or ["(no sets)"]
+    columns = min(3, len(dims))
+    rows = -(-len(dims) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), squeeze=False)
+    for index, key in enumerate(dims):
+        ax = axes[index // columns][index % columns]
+        values = result.space.dimensions[index] if result.space.keys else [0]
+        xs = [values.index(coords[index]) if result.space.keys else 0 for coords, _ in good]
+        jitter = [x + 0.15 * ((i * 7919) % 13 - 6) / 6 for i, x in enumerate(xs)]
+        ax.scatter(jitter, [t for _, t in good], s=12, alpha=0.6)
+        if result.best:
+            best_coords = by_key[result.best["key"]]
+            ax.scatter([values.index(best_coords[index]) if result.space.keys else 0],
+                       [result.best["tflops"]], marker="*", s=140, color="red", label="best")
+        if result.cublas_tflops:
+            ax.axhline(result.cublas_tflops, color="black", linestyle="--", label="cuBLAS FP32")
+        ax.set_xticks(range(len(values)), [str(v) for v in values], fontsize=8)
+        ax.set_title(key, fontsize=9)
+        ax.set_ylabel("TFLOP/s", fontsize=8)
+    for index in range(len(dims), rows * columns):
+        axes[index // columns][index % columns].axis("off")
+    axes[0][0].legend(fontsize=7)
+    shape = result.shape
+    fig.suptitle(f"{result.space.spec.name} at {shape.M}x{shape.N}x{shape.K}: {len(good)} validated points")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

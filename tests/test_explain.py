@@ -1,0 +1,317 @@
+"""gemmgen explain: occupancy, intensity and bank-conflict predictions, checked by hand.
+
+Most tests hand explain() a ptxas report built here (Resources, or a Compiled holding one), so
+that they check the arithmetic, not whichever register count the installed NVRTC produces. One
+test compiles for real.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gemmgen.codegen import kernel_name_expressions
+from gemmgen.compile import Compiled, Resources
+from gemmgen.explain import (as_dict, bank_conflicts, bank_wavefronts, explain, occupancy,
+                             registers_per_warp, render_text, smem_offset)
+from gemmgen.plan import ARCHS, make_plan, try_plan
+from gemmgen.spec import load_one
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+
+def plan_of(name: str, **values):
+    spec = load_one(SPECS / f"{name}.gemm")
+    return make_plan(spec.with_values(**values) if values else spec)
+
+
+def resources(registers: int, spill_stores: int = 0, spill_loads: int = 0,
+              stack_frame: int = 0, shared_static: int = 0) -> Resources:
+    return Resources(registers, spill_stores, spill_loads, stack_frame, shared_static)
+
+
+def fake_compiled(plan, aligned: Resources, unaligned: Resources) -> Compiled:
+    names = kernel_name_expressions(plan)
+    lowered = {names[True]: "_Z7alignedv", names[False]: "_Z9unalignedv"}
+    return Compiled(plan.arch.name, b"", "", lowered,
+                    {"_Z7alignedv": aligned, "_Z9unalignedv": unaligned}, "", "test")
+
+
+def access(plan, label: str):
+    return next(a for a in bank_conflicts(plan) if a.label == label)
+
+
+# --- the bank model on single requests -------------------------------------------------
+
+def test_scalar_requests_broadcast_and_conflict():
+    assert bank_wavefronts(list(range(32)), 1) == (1, 1)             # one word per bank
+    assert bank_wavefronts([7] * 32, 1) == (1, 1)                    # one word, broadcast
+    assert bank_wavefronts([32 * lane for lane in range(32)], 1) == (32, 32)  # a column
+    assert bank_wavefronts([2 * lane for lane in range(32)], 1) == (2, 2)     # stride 2
+    # Two lanes on the same word of a bank are one access; a third word there is a conflict.
+    assert bank_wavefronts([0, 0, 32] + list(range(1, 30)), 1) == (2, 2)
+    assert bank_wavefronts([None] * 31 + [5], 1) == (1, 1)
+
+
+def test_vector_requests_split_into_phases():
+    # float4: 4 phases of 8 lanes; consecutive vectors fill a phase's 32 banks exactly.
+    assert bank_wavefronts([4 * lane for lane in range(32)], 4) == (4, 1)
+    # float4 at a stride of 8 floats: lanes 0 and 4 of each phase share banks.
+    assert bank_wavefronts([8 * lane for lane in range(32)], 4) == (8, 2)
+    # float4, 8 lanes of a phase on 2 vectors: broadcast, no conflict.
+    assert bank_wavefronts([4 * (lane // 4 % 2) for lane in range(32)], 4) == (4, 1)
+    # float2: 2 phases of 16 lanes.
+    assert bank_wavefronts([2 * lane for lane in range(32)], 2) == (2, 1)
+    assert bank_wavefronts([64 * lane for lane in range(32)], 2) == (32, 16)
+    with pytest.raises(ValueError):
+        bank_wavefronts([0] * 32, 3)
+
+
+def test_index_expressions_are_evaluated_as_the_templates_use_them():
+    plan = plan_of("bank_swizzle")            # sA[k][m], 128 floats per row, XOR-swizzled
+    assert smem_offset(plan.a, {"m": 5, "k": 0}) == 5
+    assert smem_offset(plan.a, {"m": 5, "k": 3}) == 3 * 128 + (5 ^ (3 << 2))
+    plan = plan_of("warptile")                # sA[k][m] padded to 132
+    assert smem_offset(plan.a, {"m": 7, "k": 2}) == 2 * 132 + 7
+    assert smem_offset(plan.b, {"k": 2, "n": 7}) == 2 * 128 + 7
+
+
+# --- predicted conflicts of real specs -------------------------------------------------
+
+def test_transposed_scalar_stores_of_a_128_wide_row_conflict_until_padded_or_swizzled():
+    # padded_transposed: A (128 x 8, row-major) read 1 float at a time, stored as sA[k][m].
+    # A warp's 32 lanes cover m = 0..3 and k = 0..7; unpadded, all 8 k rows of one m share a bank.
+    plain = plan_of("padded_transposed", shared_A="plain", shared_A_pad=0)
+    store = access(plain, "A store")
+    assert (store.width_bytes, store.requests, store.phases) == (4, 4, 1)
+    assert store.degree == 8 and store.wavefronts_per_request == 8
+    padded = access(plan_of("padded_transposed"), "A store")              # pad 4 as written
+    swizzled = access(plan_of("padded_transposed", shared_A="swizzle", shared_A_pad=0), "A store")
+    assert padded.degree == swizzled.degree == 1
+    assert padded.wavefronts_per_request == swizzled.wavefronts_per_request == 1
+    # pad 1 helps less: bank (k + m) % 32 puts 4 of the (m, k) pairs on one bank.
+    assert access(plan_of("padded_transposed", shared_A_pad=1), "A store").degree == 4
+
+
+def test_float4_transposed_stores_two_way_until_padded_or_swizzled():
+    # vectorized: each lane stores 4 floats of A to 4 k rows; lanes 2t and 2t+1 hit k and k+4
+    # of the same m, 4 rows of 128 floats apart: the same bank.
+    assert access(plan_of("vectorized"), "A store").degree == 2
+    assert access(plan_of("vectorized", shared_A="pad", shared_A_pad=4), "A store").degree == 1
+    assert access(plan_of("bank_swizzle"), "A store").degree == 1
+    assert access(plan_of("bank_swizzle"), "A store").requests == 4   # 1 pass x 4 floats
+
+
+def test_warptile_pad_4_leaves_a_two_way_conflict_with_16_k_rows():
+    # BK = 16: a warp's transposed stores reach k = 0, 4, 8, 12; with rows of 132 floats, k and
+    # k + 8 land 8 * 132 = 1056 = 33 * 32 floats apart: the same banks.
+    plan = plan_of("warptile")
+    store = access(plan, "A store")
+    assert (store.degree, store.requests) == (2, 16)     # 4 passes x 4 floats
+    assert access(plan, "B store").how == "float4"
+    assert access(plan, "B store").degree == 1
+    # Rows 4 k apart must start 8 banks apart: pad 2 does it, but 130-float rows are not
+    # float4-aligned, so the fragments of A fall back to scalar loads (themselves 2-way).
+    pad2 = plan_of("warptile", shared_A_pad=2)
+    assert access(pad2, "A store").degree == 1
+    assert access(pad2, "A fragment").how == "scalar"
+    assert access(pad2, "A fragment").degree == 2
+    # pad 8 and the XOR swizzle (which permutes by k % 32) both leave k = 0 and k = 8 together.
+    assert access(plan_of("warptile", shared_A_pad=8), "A store").degree == 4
+    assert access(plan_of("warptile", shared_A="swizzle", shared_A_pad=0), "A store").degree == 2
+
+
+def test_fragment_loads_follow_the_thread_order():
+    # Warp tile 64 x 64 as 8 x 4 lanes of 8 x 4 values. Order n: a phase of 8 lanes reads
+    # 2 distinct float4 of A; order m: 8 of them, 8 floats apart, so lanes 0 and 4 collide.
+    by_n = plan_of("warptile")
+    by_m = plan_of("warptile", order="m")
+    for plan in (by_n, by_m):
+        frag = access(plan, "A fragment")
+        assert (frag.width_bytes, frag.requests, frag.phases) == (16, 2, 4)
+    assert access(by_n, "A fragment").degree == 1
+    assert access(by_m, "A fragment").degree == 2
+    assert access(by_m, "A fragment").wavefronts_per_request == 8
+    assert access(by_m, "B fragment").degree == 1      # 8 lanes on one float4 of B: broadcast
+    assert access(by_n, "B fragment").requests == 4    # repeat 4 along N x one float4
+
+
+def test_unpadded_b_rows_conflict_in_block_tiled_fragments():
+    # vectorized: 16 x 16 threads of 8 x 8; a phase's 8 lanes read float4 at n = 0, 8, ..., 56.
+    frag = access(plan_of("vectorized"), "B fragment")
+    assert frag.degree == 2 and frag.wavefronts_per_request == 8
+
+
+def test_cp_async_stores_are_described():
+    plan = plan_of("pingpong_async")
+    b_store, a_store = access(plan, "B store"), access(plan, "A store")
+    assert (b_store.how, b_store.width_bytes, b_store.degree) == ("cp.async", 16, 1)
+    assert (a_store.how, a_store.width_bytes) == ("cp.async, transposed", 4)
+
+
+# --- occupancy -------------------------------------------------------------------------
+
+def test_register_allocation_rounds_to_256_per_warp():
+    assert registers_per_warp(32) == 1024
+    assert registers_per_warp(33) == 1280       # 1056 → 1280
+    assert registers_per_warp(100) == 3328      # 3200 → 13 x 256
+    assert registers_per_warp(255) == 8192
+
+
+def test_occupancy_by_hand_for_warptile():
+    plan = plan_of("warptile")                  # 128 threads, 16640 bytes of shared memory
+    sm90 = ARCHS["sm_90"]
+    occ = occupancy(plan, resources(100))
+    assert occ.by_threads == 2048 // 128 == 16
+    assert occ.by_registers == 65536 // (3328 * 4) == 4
+    assert occ.shared_per_block == 16640 + sm90.smem_reserved
+    assert occ.by_shared_memory == 233472 // 17664 == 13
+    assert occ.by_blocks == 32
+    assert (occ.blocks, occ.limited_by) == (4, ("registers",))
+    assert (occ.warps_per_sm, occ.max_warps_per_sm) == (16, 64)
+    assert occ.percent == 25.0
+    report = explain(plan, resources(100))
+    assert report.summary == ("occupancy is limited by registers: 4 blocks of 128 threads "
+                              "(16 warps/SM, 25.0%)")
+
+
+def test_occupancy_limited_by_shared_memory_and_by_blocks():
+    # Two cp.async stages double the shared tiles: 33280 + 1024 bytes per block, 6 per SM.
+    plan = plan_of("warptile", stages=2, stages_fill="async")
+    occ = occupancy(plan, resources(32))
+    assert occ.by_shared_memory == 233472 // 34304 == 6
+    assert (occ.blocks, occ.limited_by) == (6, ("shared memory",))
+    # Blocks of 64 threads on sm_86: 24 by threads, 32 by registers, 100 by the reserve alone.
+    plan = plan_of("naive", target="sm_86", block_n=2)
+    occ = occupancy(plan, resources(32))
+    assert (occ.by_threads, occ.by_registers, occ.by_shared_memory) == (24, 32, 100)
+    assert (occ.blocks, occ.limited_by) == (16, ("blocks",))
+    assert occ.warps_per_sm == 32 and round(occ.percent, 2) == 66.67
+
+
+def test_static_shared_memory_counts_against_the_sm():
+    plan = plan_of("warptile", stages=2, stages_fill="async")
+    assert occupancy(plan, resources(32, shared_static=4096)).by_shared_memory == 233472 // 38400
+
+
+def test_too_many_registers_for_one_block():
+    plan = plan_of("naive")                     # 1024 threads
+    report = explain(plan, resources(72))       # 2304 per warp x 32 warps > 65536
+    assert report.occupancy.blocks == 0
+    assert report.occupancy.limited_by == ("registers",)
+    assert report.summary.startswith("the kernel cannot launch")
+
+
+def test_naive_spec():
+    plan = plan_of("naive")
+    report = explain(plan, resources(30))
+    assert (report.threads, report.warps) == (1024, 32)
+    assert report.smem_bytes == 0 and report.bank_conflicts == ()
+    assert report.shared_intensity is None
+    occ = report.occupancy
+    assert occ.by_threads == 2 and occ.blocks == 2
+    assert "threads" in occ.limited_by and "shared memory" not in occ.limited_by
+    assert occ.percent == 100.0
+    g = report.global_intensity                 # per thread: 2 x 1 x 1 flops over 2 floats
+    assert (g.flops, g.bytes, g.value) == (2, 8, 0.25)
+    assert "per thread" in g.scope
+
+
+def test_intensity_of_warptile():
+    report = explain(plan_of("warptile"), resources(128))
+    g, s = report.global_intensity, report.shared_intensity
+    assert (g.flops, g.bytes) == (2 * 128 * 128 * 16, (128 * 16 + 16 * 128) * 4)
+    assert g.value == 32.0
+    assert (s.flops, s.bytes) == (2 * 8 * 4 * 1 * 4, (8 * 1 + 4 * 4) * 4)
+    assert report.fp32_lanes_per_sm == 128
+
+
+# --- the report ------------------------------------------------------------------------
+
+def test_explain_reads_the_aligned_variant_of_a_compile():
+    plan = plan_of("vectorized")
+    compiled = fake_compiled(plan, resources(96, stack_frame=16), resources(200))
+    report = explain(plan, compiled)
+    assert (report.registers, report.stack_frame) == (96, 16)
+    assert report.registers_estimate == plan.registers_estimate
+
+
+def test_notes_for_spills_requested_occupancy_and_conflicts():
+    plan = plan_of("vectorized", occupancy=2)
+    report = explain(plan, resources(130, spill_stores=8, spill_loads=12))
+    assert report.spills and report.occupancy.blocks == 1
+    notes = "\n".join(report.notes)
+    assert "8 bytes stored, 12 bytes loaded" in notes
+    assert "asks for 2 blocks per SM" in notes and "only 1 fit" in notes
+    assert "A store (scalar, transposed) is a 2-way bank conflict" in notes
+
+
+def test_render_text_has_the_key_lines_in_aligned_columns():
+    text = render_text(explain(plan_of("padded_transposed", shared_A="plain", shared_A_pad=0),
+                               resources(100)))
+    lines = text.splitlines()
+    assert lines[0] == "padded_transposed on sm_90"
+    assert any(line.split() == ["tiling", "block", "128x128x8,", "thread", "8x8"] for line in lines)
+    assert any(line.split()[:4] == ["registers", "per", "thread", "100"] for line in lines)
+    assert "Occupancy is limited by registers: 2 blocks of 256 threads (16 warps/SM, 25.0%)." in text
+    assert "FP32 peak" in text and "128 FFMA lanes per SM" in text
+    store = next(line for line in lines if line.lstrip().startswith("A store"))
+    assert store.split()[-3:] == ["8", "1", "8-way"]
+    # The occupancy table's block counts are right-aligned under "blocks".
+    start = lines.index("occupancy per SM (sm_90)") + 1
+    table = lines[start:start + 6]
+    assert [line.split()[0] for line in table] == ["limit", "threads", "registers", "shared",
+                                                   "blocks", "resident"]
+    end = table[0].index("blocks") + len("blocks")
+    counts = [line[:end].split()[-1] for line in table[1:]]
+    assert counts == ["8", "2", "24", "32", "2"]
+    assert all(line[end] == " " for line in table)
+    assert "<- binds" in table[2] and "<- binds" not in table[1]
+
+
+@pytest.mark.parametrize("path", sorted(SPECS.glob("*.gemm")), ids=lambda p: p.stem)
+def test_render_text_fits_80_columns(path):
+    spec = load_one(path)
+    plan = next(p for p, _ in map(try_plan, spec.points()) if p is not None)
+    text = render_text(explain(plan, resources(128, spill_stores=4, spill_loads=4)))
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+
+
+def test_render_text_without_shared_memory():
+    text = render_text(explain(plan_of("naive"), resources(32)))
+    assert "none: no shared memory" in text
+    assert "global, per thread per k" in text and "shared, per thread" not in text
+    assert "limited by threads and registers" in text
+
+
+def test_as_dict_is_json():
+    report = explain(plan_of("warptile"), resources(231))
+    data = json.loads(json.dumps(as_dict(report)))
+    assert data["threads"] == 128 and data["registers"] == 231
+    assert data["occupancy"]["limits"] == {"threads": 16, "registers": 2, "shared memory": 13,
+                                           "blocks": 32}
+    assert data["occupancy"]["limited_by"] == ["registers"] and data["occupancy"]["percent"] == 12.5
+    assert data["intensity"]["global"]["flop_per_byte"] == 32.0
+    assert [a["access"] for a in data["bank_conflicts"]] == ["A store", "B store", "A fragment",
+                                                             "B fragment"]
+    assert data["bank_conflicts"][0]["degree"] == 2
+    assert data["summary"] == report.summary
+
+
+def test_report_is_frozen():
+    report = explain(plan_of("naive"), resources(32))
+    with pytest.raises(AttributeError):
+        report.registers = 1  # type: ignore[misc]
+
+
+def test_explain_compiles_when_given_no_compile(tmp_path, monkeypatch):
+    pytest.importorskip("cuda.bindings.nvrtc")
+    monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path))
+    plan = plan_of("naive")
+    report = explain(plan)
+    assert 0 < report.registers <= 255
+    assert report.threads == 1024
+    assert report.occupancy.by_threads == 2
+    assert report.occupancy.blocks <= 2

@@ -1,0 +1,172 @@
+"""The tuner's CPU-side promises: pruning, strategies, the results database, winners as specs."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gemmgen import strategies
+from gemmgen.codegen import dispatcher_source
+from gemmgen.plan import make_plan
+from gemmgen.space import expand, point_key, to_text
+from gemmgen.spec import load_one, parse
+from gemmgen.tune import best_recorded, db_scope, load_records, summarize
+from gemmgen.verify import Case
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
+
+
+@pytest.fixture(scope="module")
+def hopper_space():
+    return expand(load_one(SPECS / "hopper_search.gemm"))
+
+
+def test_pruning_reports_total_valid_and_reasons(hopper_space):
+    assert hopper_space.total == 9216
+    assert 0 < hopper_space.valid < hopper_space.total
+    assert sum(hopper_space.pruned.values()) + hopper_space.valid <= hopper_space.total
+    assert any("warp has" in reason for reason in hopper_space.pruned)
+    for plan in hopper_space.plans[:50]:
+        assert plan.threads <= 1024 and plan.smem_bytes <= plan.arch.smem_per_block
+
+
+def test_every_valid_point_plans_and_every_pruned_one_does_not():
+    spec = parse("kernel s { block {64, 96} x 64 x 8; thread {8, 3} x 8 }")[0]
+    space = expand(spec)
+    assert space.total == 4 and space.dimensions == [[64, 96], [8, 3]]
+    # 64/8 and 96/3 rows per thread work; 64 is no multiple of 3, and 96 x 64 / 8 x 8 makes 96
+    # threads, which cannot share B's 8 x 64 tile evenly.
+    assert space.valid_points == [(64, 8), (96, 3)]
+    assert sum(space.pruned.values()) == 2
+
+
+def synthetic(space, seed):
+    """A smooth landscape over the set indices with a little noise: a stand-in for TFLOP/s."""
+    rng = random.Random(seed)
+    optimum = [rng.randrange(len(values)) for values in space.dimensions]
+    weights = [rng.uniform(0.5, 3.0) for _ in space.dimensions]
+    noise = {p: rng.uniform(-0.3, 0.3) for p in space.valid_points}
+
+    def score(point):
+        distance = sum(w * (values.index(v) - o) ** 2
+                       for v, values, o, w in zip(point, space.dimensions, optimum, weights))
+        return max(0.1, 45.0 - distance + noise[point])
+    return score
+
+
+class Counting:
+    def __init__(self, score, budget=None):
+        self.score, self.budget, self.calls, self.seen = score, budget, 0, set()
+
+    def __call__(self, points):
+        fresh = [p for p in points if p not in self.seen]
+        if self.budget is not None and len(self.seen) + len(fresh) > self.budget:
+            fresh = fresh[: self.budget - len(self.seen)]
+            self.seen.update(fresh)
+            raise strategies.Budget()
+        self.seen.update(fresh)
+        return [self.score(p) for p in points]
+
+
+def run(name, space, evaluate, **options):
+    module = strategies.get(name)
+    try:
+        module.tune(space, evaluate, strategies.options_with_defaults(module, options))
+    except strategies.Budget:
+        pass
+
+
+def test_exhaustive_visits_every_valid_point_once(hopper_space):
+    evaluate = Counting(synthetic(hopper_space, 0))
+    run("exhaustive", hopper_space, evaluate)
+    assert evaluate.seen == set(hopper_space.valid_points)
+
+
+def test_random_sample_respects_the_budget_and_draws_valid_points(hopper_space):
+    evaluate = Counting(synthetic(hopper_space, 1), budget=100)
+    run("random_sample", hopper_space, evaluate, seed=3)
+    assert len(evaluate.seen) == 100
+    assert evaluate.seen <= set(hopper_space.valid_points)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_evolution_gets_within_3_percent_of_the_best_with_a_quarter_of_the_points(hopper_space, seed):
+    score = synthetic(hopper_space, seed)
+    best = max(score(p) for p in hopper_space.valid_points)
+    evaluate = Counting(score, budget=len(hopper_space.valid_points) // 4)
+    run("evolution", hopper_space, evaluate, seed=seed)
+    found = max(score(p) for p in evaluate.seen)
+    assert found >= 0.97 * best, (found, best)
+
+
+def test_unknown_strategy_and_option_are_named():
+    with pytest.raises(ValueError, match="unknown strategy 'annealing'.*evolution"):
+        strategies.get("annealing")
+    with pytest.raises(ValueError, match="no option.*popsize.*population"):
+        strategies.options_with_defaults(strategies.get("evolution"), {"popsize": 3})
+
+
+def _write_db(path, scope, records):
+    with path.open("w") as handle:
+        for record in records:
+            handle.write(json.dumps({"scope": scope, **record}) + "\n")
+
+
+def test_database_resumes_ignoring_a_line_cut_short(tmp_path):
+    db = tmp_path / "tune.jsonl"
+    scope = db_scope("GPU", "13.0", Case(64, 64, 64), "s")
+    _write_db(db, scope, [{"key": "a", "status": "ok", "tflops": 1.0},
+                          {"key": "b", "status": "crash", "reason": "died"}])
+    with db.open("a") as handle:
+        handle.write('{"scope": "' + scope + '", "key": "c", "sta')  # interrupted mid-write
+    records = load_records(db, scope)
+    assert set(records) == {"a", "b"}
+    assert load_records(db, "another scope") == {}
+
+
+def test_best_recorded_point_rebuilds_the_same_kernel(tmp_path):
+    spec = load_one(SPECS / "hopper_refine.gemm")
+    space = expand(spec)
+    plans = space.plans[:3]
+    db = tmp_path / "tune.jsonl"
+    scope = db_scope("GPU", "13.0", Case(4096, 4096, 4096), spec.name)
+    _write_db(db, scope, [{"key": point_key(p.spec), "status": "ok", "tflops": t, "point": ""}
+                          for p, t in zip(plans, (10.0, 30.0, 20.0))]
+              + [{"key": point_key(plans[0].spec), "status": "invalid", "tflops": 99.0}])
+    plan, record = best_recorded(spec, db)
+    assert plan.spec == plans[1].spec and record["tflops"] == 30.0
+    result = summarize(space, Case(4096, 4096, 4096), db, scope)
+    assert result.best_plan.spec == plans[1].spec
+    with pytest.raises(LookupError, match="run gemmgen tune first"):
+        best_recorded(spec, db, Case(1, 2, 3))
+
+
+def test_a_winner_written_as_spec_text_parses_back_to_the_same_point():
+    for plan in expand(load_one(SPECS / "hopper_refine.gemm")).plans[::37]:
+        text = to_text(plan.spec, plan.name, "a comment")
+        again = parse(text)[0]
+        assert make_plan(again).smem_bytes == plan.smem_bytes
+        for key in plan.spec.params:
+            assert again[key] == plan.spec[key], key
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_dispatcher_holds_every_winner_behind_one_entry_point(tmp_path):
+    winners = [(Case(4096, 4096, 4096), make_plan(load_one(SPECS / "hopper_simt.gemm"))),
+               (Case(1024, 1024, 1024), make_plan(load_one(SPECS / "warptile.gemm")))]
+    source = dispatcher_source("tuned", winners)
+    path = tmp_path / "tuned.cu"
+    path.write_text(source)
+    subprocess.run(["nvcc", "-c", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "t.o"), str(path)],
+                   check=True, capture_output=True)
+    symbols = subprocess.run(["nm", str(tmp_path / "t.o")], capture_output=True, text=True).stdout
+    for name in ("gemmgen_tuned", "gemmgen_tuned_4096x4096x4096", "gemmgen_tuned_1024x1024x1024"):
+        assert f" T {name}\n" in symbols
+    with pytest.raises(ValueError, match="share layouts"):
+        col = make_plan(load_one(SPECS / "warptile.gemm").with_values(layout_A="col"))
+        dispatcher_source("mixed", [winners[0], (Case(1, 1, 1), col)])
