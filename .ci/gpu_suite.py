@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -159,7 +160,8 @@ def main() -> int:
         for a, b in (LAYOUTS if not args.quick else [(spec["layout.A"], spec["layout.B"])]):
             plans.append(make_plan(spec.with_values(layout_A=a, layout_B=b)))
     started = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:
+    with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
         compile_errors = {(n, l): e for n, l, e, _ in pool.map(_compile, plans) if e}
     say(f"compiled {len(plans)} kernels in {time.perf_counter() - started:.1f} s; "
         f"{len(compile_errors)} failed")

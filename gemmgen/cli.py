@@ -69,8 +69,13 @@ def _layout_pairs(text: str) -> list[tuple[str, str]]:
 def _require_gpu() -> None:
     from .runtime import device_count
     if device_count() == 0:
-        _fail("no CUDA GPU found (no driver or no device): check, bench and profile run kernels "
-              "and need one; build and explain work without", code=2)
+        _fail("no CUDA GPU found (no driver or no device): check, bench, tune and profile run "
+              "kernels and need one; build and explain work without", code=2)
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        _fail("check, bench and tune keep their buffers in CuPy and time cuBLAS through it: "
+              "pip install 'gemmgen[gpu]' (cupy-cuda13x; cupy-cuda12x for CUDA 12 drivers)", code=2)
 
 
 class _Group(click.Group):
@@ -162,8 +167,18 @@ def build(spec, kernel, target, output, emit, no_compile):
     """
     from .codegen import generate
     from .compile import compile_plan
+    from .plan import make_plan
 
-    plans = _plans(spec, kernel, target)
+    # A file may hold search spaces beside concrete kernels (or only those): they are skipped,
+    # so `gemmgen build` can run over every file of a folder. Named with --kernel, a search
+    # space is an error, as make_plan reports it.
+    plans = []
+    for kernel_spec in _load_specs(spec, kernel, target):
+        if not kernel_spec.is_concrete and not kernel:
+            console.print(f"skipped {kernel_spec.name}: a search space (run gemmgen tune)",
+                          markup=False, soft_wrap=True)
+            continue
+        plans.append(make_plan(kernel_spec))
     out = Path(output) if output else Path("generated")
     for plan in plans:
         source = generate(plan)
@@ -179,12 +194,12 @@ def build(spec, kernel, target, output, emit, no_compile):
         else:
             compiled = None
         if emit == "cu":
-            path.write_text(source)
+            path.write_text(source, encoding="utf-8")
         elif emit == "ptx":
-            path.write_text(compiled.ptx)
+            path.write_text(compiled.ptx, encoding="utf-8")
         else:
             path.write_bytes(compiled.cubin)
-        console.print(f"wrote {path}{summary}", markup=True)
+        console.print(f"wrote {path}{summary}", markup=True, soft_wrap=True)
 
 
 @main.command()
@@ -312,6 +327,135 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget):
         plot(results, info, plans[0].arch.fp32_lanes_per_sm, plot_path)
         console.print(f"wrote {plot_path}")
 
+
+def _strategy_options(items: tuple[str, ...]) -> dict:
+    options = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r}: use NAME=VALUE", param_hint="--option")
+        try:
+            options[key] = int(value)
+        except ValueError:
+            options[key] = float(value)
+    return options
+
+
+@main.command()
+@spec_argument
+@kernel_option
+@click.option("--shapes", "shapes_text", default="4096x4096x4096", show_default=True, metavar="CASES",
+              help="Problem size(s) to tune for, separated by ';'. Several shapes give one winner each.")
+@click.option("--strategy", default="exhaustive", show_default=True,
+              help="Search strategy: exhaustive, random_sample or evolution (gemmgen/strategies/).")
+@click.option("--option", "strategy_options", multiple=True, metavar="NAME=VALUE",
+              help="A strategy option, e.g. --option seed=3 --option population=24.")
+@click.option("--max-points", type=int, metavar="N", help="Evaluate at most N points per shape.")
+@click.option("--db", type=click.Path(dir_okay=False), default="tune.jsonl", show_default=True,
+              help="Results database (JSON lines); a rerun skips points already measured.")
+@click.option("--save", type=click.Path(dir_okay=False), metavar="FILE.gemm",
+              help="Write the winner (of the first shape) as a concrete spec.")
+@click.option("--dispatcher", type=click.Path(dir_okay=False), metavar="FILE.cu",
+              help="Write one .cu with every shape's winner behind one extern \"C\" entry point.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write all records as JSON.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="PNG of the explored space: TFLOP/s against each searched setting, cuBLAS as a line.")
+@click.option("--top", type=int, default=10, show_default=True, help="Rows in the report table.")
+def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, save, dispatcher,
+         json_path, plot_path, top):
+    """Search the sets of SPEC for the fastest correct kernel at one or more shapes.
+
+    Impossible points are pruned by the Plan before compiling; the rest compile in parallel
+    (cached on disk), are validated on awkward small shapes, and are timed at each shape. A
+    candidate that fails to compile, computes wrong results, crashes the GPU or hangs is recorded
+    with its reason and skipped; the search goes on. Interrupt it with Ctrl-C and run the same
+    command again to resume.
+
+    \b
+    Examples:
+      gemmgen tune specs/hopper_search.gemm --strategy evolution --max-points 120
+      gemmgen tune specs/warptile_search.gemm --shapes '1024x1024x1024;4096x4096x4096' \\
+          --dispatcher generated/warptile_tuned.cu
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import strategies
+    from .codegen import dispatcher_source
+    from .space import expand, to_text
+    from .spec import load_one
+    from .tune import plot_search, tune as run_tune
+
+    if strategy not in strategies.names():
+        raise click.BadParameter(f"{strategy!r}: one of {', '.join(strategies.names())}",
+                                 param_hint="--strategy")
+    _require_gpu()
+    shapes = _parse_shapes(shapes_text, None)
+    space_spec = load_one(spec, kernel)
+    space = expand(space_spec)
+    pruned = ", ".join(f"{n} {why}" for why, n in space.pruned.most_common(4))
+    console.print(f"{space_spec.name}: {space.total} points, {space.valid} valid after pruning"
+                  + (f" (dropped: {pruned})" if pruned else ""))
+    options = _strategy_options(strategy_options)
+    winners = []
+    all_records = []
+    for shape in shapes:
+        total = min(space.valid, max_points or space.valid)
+        best = {"tflops": 0.0, "point": ""}
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console) as bar:
+            task = bar.add_task(f"{shape}", total=total)
+
+            def progress(entry, bar=bar, task=task, best=best, shape=shape):
+                if entry.get("key") == "cublas":
+                    return
+                bar.advance(task)
+                if entry.get("status") == "ok" and entry["tflops"] > best["tflops"]:
+                    best.update(entry)
+                elif entry.get("status") != "ok":
+                    bar.console.print(f"  [yellow]{entry['status']}[/] {entry['point']}: "
+                                      f"{entry.get('reason', '')[:160]}", markup=True)
+                bar.update(task, description=f"{shape}  best {best['tflops']:.2f} TFLOP/s")
+
+            result = run_tune(space_spec, shape, strategy=strategy, options=options,
+                              max_points=max_points, db=Path(db), progress=progress)
+        all_records += result.records
+        good = sorted((r for r in result.records if r.get("status") == "ok"), key=lambda r: -r["tflops"])
+        table = Table(title=f"{space_spec.name} at {shape}: {len(result.records)} measured of "
+                            f"{space.valid} valid, {strategy}, {result.seconds:.0f} s; cuBLAS "
+                            f"{result.cublas_tflops:.2f} TFLOP/s")
+        for column in ("rank", "TFLOP/s", "% cuBLAS", "ms", "point"):
+            table.add_column(column)
+        for rank, r in enumerate(good[:top], 1):
+            share = f"{100 * r['tflops'] / result.cublas_tflops:.0f}%" if result.cublas_tflops else "-"
+            table.add_row(str(rank), f"{r['tflops']:.2f}", share, f"{r['ms']:.3f}", r["point"])
+        console.print(table)
+        if result.failures:
+            kinds = sorted({r["status"] for r in result.failures})
+            console.print(f"{len(result.failures)} candidate(s) failed: " +
+                          ", ".join(f"{k} {sum(r['status'] == k for r in result.failures)}" for k in kinds))
+        if result.best_plan is None:
+            _fail(f"no candidate passed validation at {shape}")
+        winners.append((shape, result.best_plan, result.best))
+        if plot_path:
+            target = plot_path if len(shapes) == 1 else str(Path(plot_path).with_suffix("")) + f"_{shape.M}x{shape.N}x{shape.K}.png"
+            plot_search(result, target)
+            console.print(f"wrote {target}")
+    if save:
+        shape, plan, best = winners[0]
+        Path(save).write_text(to_text(plan.spec, Path(save).stem,
+                                      f"Found by gemmgen tune {spec} at {shape}: {best['tflops']:.2f} TFLOP/s."))
+        console.print(f"wrote {save}")
+    if dispatcher:
+        Path(dispatcher).parent.mkdir(parents=True, exist_ok=True)
+        Path(dispatcher).write_text(dispatcher_source(space_spec.name, [(s, p) for s, p, _ in winners]))
+        console.print(f"wrote {dispatcher}")
+    if json_path:
+        Path(json_path).write_text(json.dumps(all_records, indent=1))
+
+
+from .profile import profile_command  # noqa: E402
+
+main.add_command(profile_command)
 
 if __name__ == "__main__":
     main()

@@ -140,10 +140,27 @@ class Matrix:
     ld: int
 
 
+_DLPACK_CUDA = (2, 13)  # kDLCUDA, kDLCUDAManaged: memory a kernel can read
+_DLPACK_NAMES = {1: "host (CPU)", 3: "pinned host (CUDA host)"}
+
+
+def _dlpack_device_type(array: Any) -> int | None:
+    """The DLPack device type of an array (1 is the CPU, 2 CUDA), or None where it won't say."""
+    try:
+        return int(array.__dlpack_device__()[0])
+    except Exception:  # noqa: BLE001 - no __dlpack_device__, or one that fails: let DLPack decide
+        return None
+
+
 def as_matrix(array: Any, what: str, layout: str) -> Matrix:
     """A 2-D float32 device array (`__cuda_array_interface__` or DLPack) read in `layout`."""
     interface = getattr(array, "__cuda_array_interface__", None)
     if interface is None and hasattr(array, "__dlpack__"):
+        device = _dlpack_device_type(array)
+        if device is not None and device not in _DLPACK_CUDA:
+            where = _DLPACK_NAMES.get(device, f"DLPack device type {device}")
+            raise ShapeError(f"{what} is not a device array: this {type(array).__name__} lives in "
+                             f"{where} memory; copy it to the GPU first (e.g. cupy.asarray)")
         try:
             import cupy
             array = cupy.from_dlpack(array)

@@ -268,7 +268,9 @@ def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict
         raise ValueError(f"no point of {spec.name}'s space is valid: {dict(space.pruned)}")
     info = device_info()
     scope = db_scope(info.name, info.driver_version, shape, spec.name)
-    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+    # NVRTC workers start fresh (spawn): forking a process that holds a CUDA context is unsafe.
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1,
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
         evaluator = Evaluator(space, shape, db, scope, max_points, budget_s, progress, source_patch, pool)
         try:
             module.tune(space, evaluator, settings)
