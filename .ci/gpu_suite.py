@@ -154,7 +154,8 @@ def main() -> int:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     say(f"# {meta}")
 
-    specs = shipped_specs(args.specs)
+    order = {name: i for i, name in enumerate(PROGRESSION)}
+    specs = sorted(shipped_specs(args.specs), key=lambda s: (order.get(s.name, len(order)), s.name))
     plans = []
     for spec in specs:
         for a, b in (LAYOUTS if not args.quick else [(spec["layout.A"], spec["layout.B"])]):

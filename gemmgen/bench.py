@@ -145,44 +145,65 @@ def bench(kernel: Kernel, case: Case, *, info: DeviceInfo | None = None,
         percent_of_peak=100.0 * tflops / peak if peak else 0.0, runs=mine.runs)
 
 
-def plot(results: list[BenchResult], info: DeviceInfo, lanes_per_sm: int, path: str) -> None:
-    """PNG: TFLOP/s per shape (ours beside cuBLAS) and the results on a roofline."""
+def plot(results: list[BenchResult], info: DeviceInfo, lanes_per_sm: int, path: str,
+         focus: str | None = None) -> None:
+    """PNG: every kernel at one shape (bars), the best kernel per shape beside cuBLAS, and the
+    results on a roofline."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     peak = info.fp32_peak_tflops(lanes_per_sm)
     bandwidth = info.memory_bandwidth_gbs / 1e3  # TB/s
-    fig, (bars, roof) = plt.subplots(1, 2, figsize=(13, 5))
-    kernels = sorted({r.kernel for r in results})
     shapes = list(dict.fromkeys(r.shape for r in results))
-    width = 0.8 / (len(kernels) + 1)
-    for index, name in enumerate(kernels):
-        heights = [next((r.tflops for r in results if r.kernel == name and r.shape == s), 0)
-                   for s in shapes]
-        bars.bar([x + index * width for x in range(len(shapes))], heights, width, label=name)
-    cublas = [next(r.cublas_tflops for r in results if r.shape == s) for s in shapes]
-    bars.bar([x + len(kernels) * width for x in range(len(shapes))], cublas, width,
-             label="cuBLAS (FP32)", color="black")
-    bars.axhline(peak, color="grey", linestyle="--", label=f"FP32 peak {peak:.0f}")
-    bars.set_xticks([x + 0.4 for x in range(len(shapes))], shapes, rotation=20, fontsize=8)
-    bars.set_ylabel("TFLOP/s")
-    bars.set_title(f"{info.name}: gemmgen vs cuBLAS")
-    bars.legend(fontsize=7)
+    focus = focus if focus in shapes else ("4096x4096x4096" if "4096x4096x4096" in shapes else shapes[0])
+    cublas = {s: next(r.cublas_tflops for r in results if r.shape == s) for s in shapes}
+    fig, (kernels_ax, shapes_ax, roof) = plt.subplots(1, 3, figsize=(17, 5.5),
+                                                      gridspec_kw={"width_ratios": [1.2, 1.2, 1]})
 
-    intensities = [2 * r.M * r.N * r.K / (4 * (r.M * r.K + r.K * r.N + 2 * r.M * r.N)) for r in results]
-    low, high = 1, max(intensities + [1e3]) * 2
-    xs = [low * (high / low) ** (i / 200) for i in range(201)]
-    roof.plot(xs, [min(peak, bandwidth * x) for x in xs], color="grey", label="roofline")
-    roof.scatter(intensities, [r.tflops for r in results], label="gemmgen", zorder=3)
-    roof.scatter(intensities, [r.cublas_tflops for r in results], marker="x", color="black",
-                 label="cuBLAS", zorder=3)
+    at_focus = [r for r in results if r.shape == focus]
+    names = [r.kernel.removeprefix("gemmgen_") for r in at_focus]
+    kernels_ax.barh(range(len(at_focus)), [r.tflops for r in at_focus], color="tab:blue")
+    kernels_ax.axvline(cublas[focus], color="black", linestyle="--", label=f"cuBLAS {cublas[focus]:.1f}")
+    kernels_ax.axvline(peak, color="grey", linestyle=":", label=f"FP32 peak {peak:.1f}")
+    kernels_ax.set_yticks(range(len(at_focus)), names, fontsize=8)
+    kernels_ax.invert_yaxis()
+    kernels_ax.set_xlabel("TFLOP/s")
+    kernels_ax.set_title(f"every spec at {focus}")
+    kernels_ax.legend(fontsize=8, loc="lower right")
+
+    best = {s: max((r for r in results if r.shape == s), key=lambda r: r.tflops) for s in shapes}
+    xs = range(len(shapes))
+    shapes_ax.bar([x - 0.2 for x in xs], [best[s].tflops for s in shapes], 0.4, label="best gemmgen spec")
+    shapes_ax.bar([x + 0.2 for x in xs], [cublas[s] for s in shapes], 0.4, color="black", label="cuBLAS FP32")
+    for x, s in zip(xs, shapes):
+        shapes_ax.annotate(best[s].kernel.removeprefix("gemmgen_"), (x - 0.2, best[s].tflops),
+                           rotation=90, fontsize=7, ha="center", va="bottom")
+    shapes_ax.axhline(peak, color="grey", linestyle=":")
+    shapes_ax.set_xticks(list(xs), shapes, rotation=20, fontsize=8)
+    shapes_ax.set_ylabel("TFLOP/s")
+    shapes_ax.set_ylim(0, peak * 1.15)
+    shapes_ax.set_title(f"{info.name}: best spec per shape vs cuBLAS")
+    shapes_ax.legend(fontsize=8, loc="upper left")
+
+    def intensity(r):
+        return 2 * r.M * r.N * r.K / (4 * (r.M * r.K + r.K * r.N + 2 * r.M * r.N))
+
+    low, high = 1, max([intensity(r) for r in results] + [1e3]) * 2
+    line = [low * (high / low) ** (i / 200) for i in range(201)]
+    roof.plot(line, [min(peak, bandwidth * x) for x in line], color="grey", label="roofline")
+    roof.scatter([intensity(r) for r in results], [r.tflops for r in results], s=10, color="lightsteelblue",
+                 label="gemmgen specs")
+    roof.scatter([intensity(best[s]) for s in shapes], [best[s].tflops for s in shapes], color="tab:blue",
+                 label="best gemmgen spec", zorder=3)
+    roof.scatter([intensity(best[s]) for s in shapes], [cublas[s] for s in shapes], marker="x",
+                 color="black", label="cuBLAS", zorder=3)
     roof.set_xscale("log")
     roof.set_yscale("log")
-    roof.set_xlabel("arithmetic intensity (flop / byte of DRAM traffic, ideal)")
+    roof.set_xlabel("arithmetic intensity (flop per byte of ideal DRAM traffic)")
     roof.set_ylabel("TFLOP/s")
     roof.set_title(f"roofline: {peak:.0f} TFLOP/s FP32, {bandwidth:.2f} TB/s")
-    roof.legend(fontsize=7)
+    roof.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
