@@ -86,6 +86,9 @@ def derived_numbers(plan: Plan) -> list[tuple[str, str]]:
         rows.append(("shared memory per block", "none (operands read from global memory)"))
     rows.append(("raster", "row order" if plan.raster_group == 1 else f"groups of {plan.raster_group} block rows"))
     rows.append(("epilogue", "alpha * A*B + beta * C" if plan.beta else "alpha * A*B"))
+    if plan.split_k > 1:
+        rows.append(("split K", f"{plan.split_k} slices per C tile (blockIdx.y), added into C with "
+                     "atomicAdd after C = beta * C"))
     if plan.reduce_count:
         rows.append(("fused reduction", f"{plan.reduce_count} smallest entries of C with row and column"))
     rows.append(("vector path needs", ", ".join(f"{size} and {ld} multiples of {vec}, {ptr} {4 * vec}-byte aligned"

@@ -86,6 +86,10 @@ class Operand:
     def ld(self) -> str:
         return f"ld{self.name.lower()}"
 
+    def k_offset(self, k: str) -> str:
+        """C expression: element offset of column/row k of this operand (the K dimension)."""
+        return f"(long long)({k}) * {self.ld}" if self.outer_dim == "k" else f"({k})"
+
     def smem_args(self, row: str, col: str) -> str:
         """Arguments of s{A,B}_index (math order: A(m, k), B(k, n)) for global tile (row, col)."""
         first = "m" if self.name == "A" else "k"
@@ -144,6 +148,7 @@ class Plan:
     occupancy: int
     beta: bool
     reduce_count: int
+    split_k: int              # slices of K per C tile, each in its own block, summed into C
     # operands and output
     a: Operand | None
     b: Operand | None
@@ -170,7 +175,7 @@ class Plan:
         return self.TM * self.TN * self.RM * self.RN
 
     def grid(self, M: int, N: int) -> int:
-        """Thread blocks for an M x N output."""
+        """C tiles (blocks along x) for an M x N output; each has split_k blocks along y."""
         return ceil(M / self.BM) * ceil(N / self.BN) if M > 0 and N > 0 else 0
 
     def layouts(self) -> str:
@@ -439,7 +444,17 @@ def make_plan(spec: Spec) -> Plan:
 
     c_layout = spec["layout.C"]
     c_vector = _largest_vector(TN if c_layout == "row" else TM)
+    if spec["split"] > 1:
+        c_vector = 1  # split K adds into C with one atomicAdd per float
     reduce_count = spec["reduce.count"]
+    split_k = spec["split"]
+    if split_k > 1 and reduce_count:
+        raise spec.error("split", "a split K adds partial products into C after the blocks finish, "
+                         "but the fused reduction needs each entry of C final inside its block",
+                         "split 1 with reduce, or no reduce")
+    if split_k > 1 and not uses_shared:
+        raise spec.error("split", "split K cuts the K loop of shared-memory tiles, which 'shared off' "
+                         "turns off", "split 1, or shared memory on")
     occupancy = spec["occupancy"]
     if occupancy and occupancy * threads > arch.max_threads_per_sm:
         raise spec.error("occupancy", f"{occupancy} blocks of {threads} threads exceed the "
@@ -469,7 +484,8 @@ def make_plan(spec: Spec) -> Plan:
         warp_tiling=warp_tiling, warps_m=warps_m, warps_n=warps_n, lanes_m=lanes_m,
         lanes_n=lanes_n, threads=threads, order=spec["order"], stages=stages,
         async_copy=async_copy, fragments=fragments, raster_group=spec["raster.group"],
-        occupancy=occupancy, beta=spec["epilogue.beta"], reduce_count=reduce_count, a=a, b=b,
+        occupancy=occupancy, beta=spec["epilogue.beta"], reduce_count=reduce_count,
+        split_k=split_k, a=a, b=b,
         c_layout=c_layout, c_vector=c_vector, smem_bytes=smem_bytes,
         registers_estimate=registers, notes=tuple(notes))
 

@@ -235,6 +235,9 @@ class Kernel:
                     driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     plan.smem_bytes), f"allowing {plan.smem_bytes} bytes of shared memory")
             self._functions[aligned] = function
+        if plan.split_k > 1:
+            self._scale = _check(driver.cuModuleGetFunction(
+                self._module, f"{plan.launcher_name}_scale_c".encode()), "scale_c")
         if plan.reduce_count:
             self._reduce = {
                 step: _check(driver.cuModuleGetFunction(
@@ -245,13 +248,14 @@ class Kernel:
     def name(self) -> str:
         return self.plan.launcher_name
 
-    def _launch(self, function, grid: int, threads: int, smem: int, stream: int,
+    def _launch(self, function, grid: int | tuple[int, int], threads: int, smem: int, stream: int,
                 args: list, what: str) -> None:
         driver = _driver()
         converters = {"i": ctypes.c_int, "f": ctypes.c_float, "p": ctypes.c_void_p}
         holders = [converters[kind](value) for kind, value in args]
         pointers = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
-        _check(driver.cuLaunchKernel(function, grid, 1, 1, threads, 1, 1, smem, stream,
+        grid_x, grid_y = grid if isinstance(grid, tuple) else (grid, 1)
+        _check(driver.cuLaunchKernel(function, grid_x, grid_y, 1, threads, 1, 1, smem, stream,
                                      ctypes.addressof(pointers), 0), what)
 
     def launch(self, M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,
@@ -274,10 +278,14 @@ class Kernel:
             if not C or (K and (not A or not B)):
                 raise CudaError(f"{self.name}: null pointer for a matrix with elements", 1)
             aligned = plan.aligned(M, N, K, lda, ldb, ldc, {"A": A, "B": B, "C": C})
-            grid = plan.grid(M, N)
+            grid = (plan.grid(M, N), plan.split_k)
             what = (f"launching {self.name} ({'vector' if aligned else 'scalar'} variant) on "
-                    f"{grid} blocks x {plan.threads} threads, {plan.smem_bytes} B shared, "
+                    f"{grid[0]} x {grid[1]} blocks x {plan.threads} threads, {plan.smem_bytes} B shared, "
                     f"M={M} N={N} K={K}")
+            if plan.split_k > 1:
+                self._launch(self._scale, min(M * N // 256 + 1, 4096), 256, 0, handle,
+                             [("i", M), ("i", N), ("f", beta), ("p", C), ("i", ldc)],
+                             f"{self.name}_scale_c")
             self._launch(self._functions[aligned], grid, plan.threads, plan.smem_bytes, handle,
                          [("i", M), ("i", N), ("i", K), ("f", alpha), ("p", A), ("i", lda),
                           ("p", B), ("i", ldb), ("f", beta), ("p", C), ("i", ldc)], what)

@@ -31,6 +31,8 @@ def describe(spec: Spec) -> str:
         parts.append(f"group={v('raster.group')}")
     if v("occupancy"):
         parts.append(f"occ={v('occupancy')}")
+    if v("split") > 1:
+        parts.append(f"split={v('split')}")
     return " ".join(parts)
 
 
@@ -113,6 +115,8 @@ def to_text(spec: Spec, name: str | None = None, comment: str = "") -> str:
     lines.append(f"  raster   {'row' if v('raster.group') == 1 else 'group %d' % v('raster.group')}")
     if v("occupancy"):
         lines.append(f"  occupancy {v('occupancy')}")
+    if v("split") > 1:
+        lines.append(f"  split    {v('split')}")
     lines.append(f"  epilogue {'alpha beta' if v('epilogue.beta') else 'alpha'}")
     if v("reduce.count"):
         lines.append(f"  reduce   min {v('reduce.count')}")

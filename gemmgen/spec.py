@@ -92,6 +92,8 @@ SETTINGS: dict[str, Setting] = {
     "epilogue.beta": Setting(True, _WORDS(True, False), "alpha beta, or alpha"),
     "reduce.count": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 8,
                             "min N with N from 1 to 8"),
+    "split": Setting(1, lambda v: isinstance(v, int) and 1 <= v <= 64,
+                     "1 to 64 slices of K per C tile"),
     "occupancy": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 32,
                          "0 (compiler's choice) to 32 blocks per SM"),
 }
@@ -198,6 +200,7 @@ USAGE = {
     "reduce": "reduce min N",
     "math": "math simt | tf32 | 3xtf32",
     "occupancy": "occupancy N",
+    "split": "split N          (K cut into N slices whose products are added into C)",
 }
 
 _TERMINAL_WORDS = {
@@ -476,6 +479,10 @@ class _ToStatements(Transformer):
     @v_args(meta=True)
     def occupancy(self, meta, c):
         return self._statement("occupancy", meta, occupancy=c[0])
+
+    @v_args(meta=True)
+    def split(self, meta, c):
+        return self._statement("split", meta, split=c[0])
 
     def extends(self, c):
         return ("extends", c[0])
