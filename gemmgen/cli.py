@@ -151,7 +151,11 @@ target_option = click.option("--target", type=click.Choice(TARGETS),
               help="CUDA C source for your build, or NVRTC's PTX or cubin for the target.")
 @click.option("--no-compile", is_flag=True,
               help="Write the .cu without compiling it with NVRTC first.")
-def build(spec, kernel, target, output, emit, no_compile):
+@click.option("--from-db", type=click.Path(exists=True, dir_okay=False), metavar="TUNE.jsonl",
+              help="Build a search space as its fastest validated point in this `gemmgen tune` database.")
+@click.option("--shape", "db_shape", metavar="MxNxK",
+              help="With --from-db: the best point tuned at this shape (default: at any shape).")
+def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape):
     """Generate the kernel of SPEC as CUDA C (or PTX / cubin).
 
     The .cu is self-contained: a kernel, and an extern "C" launcher that checks its arguments
@@ -164,6 +168,7 @@ def build(spec, kernel, target, output, emit, no_compile):
       gemmgen build specs/warptile.gemm
       gemmgen build specs/warptile.gemm --target sm_80 -o kernels/
       gemmgen build specs/warptile.gemm --emit cubin
+      gemmgen build specs/hopper_search.gemm --from-db tune.jsonl --shape 4096x4096x4096
     """
     from .codegen import generate
     from .compile import compile_plan
@@ -174,6 +179,18 @@ def build(spec, kernel, target, output, emit, no_compile):
     # space is an error, as make_plan reports it.
     plans = []
     for kernel_spec in _load_specs(spec, kernel, target):
+        if not kernel_spec.is_concrete and from_db:
+            from .tune import best_recorded
+            shape = _parse_shapes(db_shape, None)[0] if db_shape else None
+            try:
+                plan, record = best_recorded(kernel_spec, Path(from_db), shape)
+            except LookupError as exc:
+                _fail(str(exc))
+            console.print(f"{kernel_spec.name}: best recorded point {record['point']} "
+                          f"({record['tflops']:.2f} TFLOP/s, {record['scope'].split('|')[0]} at "
+                          f"{record['scope'].split('|')[2]})", markup=False, soft_wrap=True)
+            plans.append(plan)
+            continue
         if not kernel_spec.is_concrete and not kernel:
             console.print(f"skipped {kernel_spec.name}: a search space (run gemmgen tune)",
                           markup=False, soft_wrap=True)

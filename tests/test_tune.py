@@ -170,3 +170,48 @@ def test_dispatcher_holds_every_winner_behind_one_entry_point(tmp_path):
     with pytest.raises(ValueError, match="share layouts"):
         col = make_plan(load_one(SPECS / "warptile.gemm").with_values(layout_A="col"))
         dispatcher_source("mixed", [winners[0], (Case(1, 1, 1), col)])
+
+
+def test_build_takes_the_best_recorded_point_of_a_search_space(tmp_path):
+    from click.testing import CliRunner
+
+    from gemmgen.cli import main
+
+    spec = load_one(SPECS / "hopper_refine.gemm")
+    plans = expand(spec).plans[:2]
+    db = tmp_path / "tune.jsonl"
+    scope = db_scope("NVIDIA H100", "13.0", Case(4096, 4096, 4096), spec.name)
+    _write_db(db, scope, [{"key": point_key(p.spec), "status": "ok", "tflops": t, "point": f"p{i}"}
+                          for i, (p, t) in enumerate(zip(plans, (5.0, 7.0)))])
+    out = tmp_path / "best.cu"
+    result = CliRunner().invoke(main, ["build", str(SPECS / "hopper_refine.gemm"), "--from-db", str(db),
+                                       "--shape", "4096x4096x4096", "-o", str(out), "--no-compile"])
+    assert result.exit_code == 0, result.output
+    assert "best recorded point p1 (7.00 TFLOP/s" in result.output
+    from gemmgen.codegen import generate
+    assert out.read_text() == generate(plans[1])
+    missing = CliRunner().invoke(main, ["build", str(SPECS / "hopper_refine.gemm"), "--from-db", str(db),
+                                        "--shape", "64x64x64", "-o", str(out)])
+    assert missing.exit_code == 1 and "run gemmgen tune first" in missing.output
+
+
+def test_compile_cache_serves_a_second_compile_without_nvrtc(tmp_path, monkeypatch):
+    from gemmgen import compile as compile_mod
+
+    monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path))
+    plan = make_plan(load_one(SPECS / "naive.gemm"))
+    first = compile_mod.compile_plan(plan)
+
+    def no_nvrtc(*args, **kwargs):
+        raise AssertionError("NVRTC was called for a cached kernel")
+
+    real = compile_mod._nvrtc
+    monkeypatch.setattr(compile_mod, "_nvrtc", lambda: type("N", (), {
+        "nvrtcVersion": staticmethod(real().nvrtcVersion),
+        "nvrtcCreateProgram": staticmethod(no_nvrtc)})())
+    second = compile_mod.compile_plan(plan)
+    assert second.cubin == first.cubin and second.lowered_names == first.lowered_names
+    assert second.resources == first.resources
+    changed = make_plan(load_one(SPECS / "naive.gemm").with_values(target="sm_80"))
+    with pytest.raises(AssertionError, match="NVRTC was called"):
+        compile_mod.compile_plan(changed)  # another target is another key
