@@ -471,6 +471,11 @@ def make_plan(spec: Spec) -> Plan:
                          f"registers ({TM * TN * RM * RN} accumulators); a thread has at most "
                          f"{MAX_REGISTERS_PER_THREAD} registers, and the rest would spill to local memory",
                          "a smaller thread tile or repeat")
+    if registers * threads > arch.regs_per_sm:
+        raise spec.error(("thread.m", "block.m", "warp.m"), f"a block of {threads} threads needing about "
+                         f"{registers} registers each ({registers * threads}) does not fit the "
+                         f"{arch.regs_per_sm} registers of an SM: the compiler would cap registers and spill",
+                         "fewer threads per block (larger warp or thread tiles), or a smaller thread tile")
     if occupancy:
         cap = arch.regs_per_sm // (occupancy * threads)
         if registers > min(cap, MAX_REGISTERS_PER_THREAD):
