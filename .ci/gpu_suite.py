@@ -54,7 +54,7 @@ def _compile(plan):
 
 PROGRESSION = ("naive", "coalesced", "shared_tiles", "blocktile_1d", "blocktile_2d",
                "padded_transposed", "vectorized", "bank_swizzle", "warptile", "double_buffer",
-               "pingpong_async", "register_fragments", "smallest", "hopper_simt")
+               "pingpong_async", "register_fragments", "smallest", "split_k", "hopper_small", "hopper_simt")
 
 
 def _summary(spec) -> str:

@@ -25,6 +25,7 @@ def describe(spec: Spec) -> str:
     if spec.written("warp.m"):
         parts.append(f"warp={v('warp.m')}x{v('warp.n')}")
     parts.append(f"thread={v('thread.m')}x{v('thread.n')}r{v('repeat.m')}x{v('repeat.n')}")
+    parts.append(f"vec=A{v('load.A.vector')}B{v('load.B.vector')}")
     parts.append(f"stages={v('stages')}{'a' if v('stages.fill') == 'async' else ''}")
     parts.append(f"frag={v('fragments')}")
     if v("raster.group") > 1:
