@@ -83,6 +83,7 @@ class _Group(click.Group):
 
     def invoke(self, ctx):
         from .compile import CompileError
+        from .multigpu import MultiGpuError
         from .runtime import CudaError, ShapeError
         try:
             return super().invoke(ctx)
@@ -92,7 +93,7 @@ class _Group(click.Group):
         except CompileError as exc:
             _fail(f"the generated source did not compile (a gemmgen bug: please report it "
                   f"with the spec):\n{exc}")
-        except (CudaError, ShapeError) as exc:
+        except (CudaError, ShapeError, MultiGpuError) as exc:
             _fail(str(exc))
 
 
@@ -311,7 +312,10 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path):
 @click.option("--plot", "plot_path", type=click.Path(), help="Write a PNG: TFLOP/s per shape and a roofline.")
 @click.option("--budget", type=float, default=0.5, show_default=True,
               help="Seconds of timed runs per kernel and shape (median of at least 5).")
-def bench(spec, kernel, shapes, json_path, plot_path, budget):
+@click.option("--devices", metavar="all|0,1,...",
+              help="Split each GEMM over these GPUs by bands of C and report scaling against one GPU "
+                   "('0,0' splits into two parts on one GPU).")
+def bench(spec, kernel, shapes, json_path, plot_path, budget, devices):
     """Time SPEC beside cuBLAS (FP32, TF32 off) on the same buffers.
 
     CUDA events around each launch, warm-up first, L2 flushed before every run, median and
@@ -322,6 +326,8 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget):
 
     _require_gpu()
     cases = _parse_shapes(shapes, DEFAULT_SHAPES)
+    if devices:
+        return _bench_split(spec, kernel, cases, devices, json_path)
     info = device_info()
     flusher = L2Flusher(info)
     results = []
@@ -358,6 +364,45 @@ def _strategy_options(items: tuple[str, ...]) -> dict:
     return options
 
 
+def _bench_split(spec, kernel, cases, devices_text, json_path):
+    """bench --devices: each shape split over several GPUs, beside one GPU on the whole of it."""
+    from .multigpu import measure_scaling, parse_devices
+    from .runtime import device_count, device_info
+
+    try:
+        devices = parse_devices(devices_text, device_count())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--devices") from None
+    names = ", ".join(f"{d}: {device_info(d).name}" for d in sorted(set(devices)))
+    table = Table(title=f"split over devices {devices} ({names})")
+    for column in ("kernel", "shape", "per-GPU kernel ms", "1 GPU TFLOP/s", f"{len(devices)} GPUs TFLOP/s",
+                   "scaling", "end-to-end ms (TFLOP/s)", "check"):
+        table.add_column(column, justify="right")
+    records, failed = [], False
+    for plan in _plans(spec, kernel, None):
+        for case in cases:
+            report, worst = measure_scaling(plan, case.M, case.N, case.K, devices)
+            ok = worst <= 1.0
+            failed |= not ok
+            table.add_row(plan.name, str(case), " ".join(f"{ms:.2f}" for ms in report.split.kernel_ms.values()),
+                          f"{report.one_gpu_tflops:.1f}", f"{report.kernel_tflops:.1f}",
+                          f"{report.efficiency:.2f} x {len(devices)}",
+                          f"{report.split.end_to_end_ms:.2f} ({report.end_to_end_tflops:.1f})",
+                          "[green]ok[/]" if ok else f"[red]FAIL {worst:.2g}[/]")
+            records.append({"kernel": plan.name, "shape": str(case), "devices": devices,
+                            "parts": [vars(p) for p in report.split.parts],
+                            "kernel_ms": list(report.split.kernel_ms.values()),
+                            "one_gpu_ms": report.one_gpu_ms, "one_gpu_tflops": report.one_gpu_tflops,
+                            "kernel_tflops": report.kernel_tflops, "efficiency": report.efficiency,
+                            "end_to_end_ms": report.split.end_to_end_ms,
+                            "end_to_end_tflops": report.end_to_end_tflops, "worst_error_ratio": worst})
+    console.print(table)
+    if json_path:
+        Path(json_path).write_text(json.dumps(records, indent=2))
+    if failed:
+        _fail("the split result differs from the float64 reference")
+
+
 @main.command()
 @spec_argument
 @kernel_option
@@ -378,8 +423,10 @@ def _strategy_options(items: tuple[str, ...]) -> dict:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="PNG of the explored space: TFLOP/s against each searched setting, cuBLAS as a line.")
 @click.option("--top", type=int, default=10, show_default=True, help="Rows in the report table.")
+@click.option("--devices", metavar="all|0,1,...",
+              help="Evaluate candidates on these GPUs at once, one worker each (default: GPU 0).")
 def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, save, dispatcher,
-         json_path, plot_path, top):
+         json_path, plot_path, top, devices):
     """Search the sets of SPEC for the fastest correct kernel at one or more shapes.
 
     Impossible points are pruned by the Plan before compiling; the rest compile in parallel
@@ -407,6 +454,14 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
                                  param_hint="--strategy")
     _require_gpu()
     shapes = _parse_shapes(shapes_text, None)
+    device_list = None
+    if devices:
+        from .multigpu import parse_devices
+        from .runtime import device_count
+        try:
+            device_list = parse_devices(devices, device_count())
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--devices") from None
     space_spec = load_one(spec, kernel)
     space = expand(space_spec)
     pruned = ", ".join(f"{n} {why}" for why, n in space.pruned.most_common(4))
@@ -434,11 +489,15 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
                 bar.update(task, description=f"{shape}  best {best['tflops']:.2f} TFLOP/s")
 
             result = run_tune(space_spec, shape, strategy=strategy, options=options,
-                              max_points=max_points, db=Path(db), progress=progress)
+                              max_points=max_points, db=Path(db), progress=progress,
+                              devices=device_list)
         all_records += result.records
         good = sorted((r for r in result.records if r.get("status") == "ok"), key=lambda r: -r["tflops"])
+        gpus = len(device_list) if device_list else 1
+        rate = result.evaluated / result.seconds if result.seconds else 0.0
         table = Table(title=f"{space_spec.name} at {shape}: {len(result.records)} measured of "
-                            f"{space.valid} valid, {strategy}, {result.seconds:.0f} s; cuBLAS "
+                            f"{space.valid} valid, {strategy}; {result.evaluated} evaluated in "
+                            f"{result.seconds:.0f} s on {gpus} GPU(s) ({rate:.2f} points/s); cuBLAS "
                             f"{result.cublas_tflops:.2f} TFLOP/s")
         for column in ("rank", "TFLOP/s", "% cuBLAS", "ms", "point"):
             table.add_column(column)

@@ -76,8 +76,10 @@ def _time_setup(shape: Case):
 
 
 def _worker(jobs: list[tuple[Plan, str | None]], shape: Case, db: str, scope: str, state: str,
-            budget_s: float, with_cublas: bool) -> None:
+            budget_s: float, with_cublas: bool, device: int | None = None) -> None:
     """Validate and time candidates in order; runs in a child process that may die."""
+    if device is not None:  # before any CUDA call: this process sees only its own GPU
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
     from . import verify
     from .bench import L2Flusher, time_gpu
     from .runtime import Kernel, device_info
@@ -161,6 +163,7 @@ class Evaluator:
     progress: Callable[[dict], None] | None = None
     source_patch: Callable[[Plan, str], str] | None = None
     pool: ProcessPoolExecutor | None = None
+    devices: list[int] | None = None
     evaluated: int = 0
     keys: dict = field(default_factory=dict)
 
@@ -207,55 +210,76 @@ class Evaluator:
             else:
                 runnable.append((plan, source))
         context = multiprocessing.get_context("spawn")
-        state = Path(str(self.db) + ".inflight")
-        while runnable or with_cublas:
-            state.write_text("")
-            worker = context.Process(target=_worker, args=(runnable, self.shape, str(self.db),
-                                                            self.scope, str(state), self.budget_s,
-                                                            with_cublas))
-            worker.start()
-            seen = len(self.db.read_text().splitlines()) if self.db.exists() else 0
-            last_change = time.monotonic()
-            timed_out = False
-            while worker.is_alive():
-                worker.join(0.25)
-                lines = self.db.read_text().splitlines() if self.db.exists() else []
-                if len(lines) != seen:
-                    for line in lines[seen:]:
-                        try:
-                            self._report(json.loads(line))
-                        except ValueError:
-                            pass
-                    seen, last_change = len(lines), time.monotonic()
-                elif time.monotonic() - last_change > CANDIDATE_TIMEOUT_S:
-                    worker.terminate()
-                    worker.join()
-                    timed_out = True
+        devices = self.devices or [None]
+        # One worker per GPU, candidates dealt round-robin; each worker owns an in-flight file.
+        queues = {d: runnable[i::len(devices)] for i, d in enumerate(devices)}
+        states = {d: Path(f"{self.db}.inflight{'' if d is None else '.' + str(d)}") for d in devices}
+        while any(queues.values()) or with_cublas:
+            workers = {}
+            for device, jobs in queues.items():
+                if jobs or (with_cublas and device == devices[0]):
+                    states[device].write_text("")
+                    workers[device] = context.Process(
+                        target=_worker, args=(jobs, self.shape, str(self.db), self.scope,
+                                              str(states[device]), self.budget_s,
+                                              with_cublas and device == devices[0], device))
+                    workers[device].start()
             with_cublas = False
+            timed_out = self._watch(workers)
             done = load_records(self.db, self.scope)
-            in_flight = state.read_text().strip() if state.exists() else ""
-            if in_flight and in_flight not in done:
-                plan = next(p for p, _ in runnable if point_key(p.spec) == in_flight)
-                entry = {"scope": self.scope, "key": in_flight, "point": describe(plan.spec),
-                         "status": "timeout" if timed_out else "crash",
-                         "reason": (f"no result within {CANDIDATE_TIMEOUT_S:.0f} s" if timed_out else
-                                    f"the worker process died (exit code {worker.exitcode}); "
-                                    "the candidate faulted on the GPU")}
-                _append(self.db, entry)
-                self._report(entry)
-                done = load_records(self.db, self.scope)
-            remaining = [(p, s) for p, s in runnable if point_key(p.spec) not in done]
-            if len(remaining) == len(runnable) and worker.exitcode != 0:
-                raise RuntimeError(f"the tuning worker failed before any candidate (exit code "
-                                   f"{worker.exitcode}): is the GPU usable?")
-            runnable = remaining
-        state.unlink(missing_ok=True)
+            for device, worker in workers.items():
+                in_flight = states[device].read_text().strip() if states[device].exists() else ""
+                if in_flight and in_flight not in done:
+                    plan = next(p for p, _ in queues[device] if point_key(p.spec) == in_flight)
+                    entry = {"scope": self.scope, "key": in_flight, "point": describe(plan.spec),
+                             "status": "timeout" if device in timed_out else "crash",
+                             "reason": (f"no result within {CANDIDATE_TIMEOUT_S:.0f} s"
+                                        if device in timed_out else
+                                        f"the worker process died (exit code {worker.exitcode}); "
+                                        "the candidate faulted on the GPU")}
+                    _append(self.db, entry)
+                    self._report(entry)
+            done = load_records(self.db, self.scope)
+            for device, worker in workers.items():
+                remaining = [(p, s) for p, s in queues[device] if point_key(p.spec) not in done]
+                if remaining and len(remaining) == len(queues[device]) and worker.exitcode != 0:
+                    raise RuntimeError(f"the tuning worker{'' if device is None else ' on GPU ' + str(device)}"
+                                       f" failed before any candidate (exit code {worker.exitcode}): "
+                                       "is the GPU usable?")
+                queues[device] = remaining
+        for state in states.values():
+            state.unlink(missing_ok=True)
+
+    def _watch(self, workers: dict) -> set:
+        """Report results as they land; stop workers silent for CANDIDATE_TIMEOUT_S. Returns those."""
+        seen = len(self.db.read_text().splitlines()) if self.db.exists() else 0
+        last_change = time.monotonic()
+        timed_out = set()
+        while any(w.is_alive() for w in workers.values()):
+            for worker in workers.values():
+                worker.join(0.25 / len(workers))
+            lines = self.db.read_text().splitlines() if self.db.exists() else []
+            if len(lines) != seen:
+                for line in lines[seen:]:
+                    try:
+                        self._report(json.loads(line))
+                    except ValueError:
+                        pass
+                seen, last_change = len(lines), time.monotonic()
+            elif time.monotonic() - last_change > CANDIDATE_TIMEOUT_S:
+                for device, worker in workers.items():
+                    if worker.is_alive():
+                        worker.terminate()
+                        worker.join()
+                        timed_out.add(device)
+        return timed_out
 
 
 def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict | None = None,
          max_points: int | None = None, db: Path | None = None, budget_s: float = 0.2,
          progress: Callable[[dict], None] | None = None,
-         source_patch: Callable[[Plan, str], str] | None = None) -> TuneResult:
+         source_patch: Callable[[Plan, str], str] | None = None,
+         devices: list[int] | None = None) -> TuneResult:
     """Search `spec`'s space at `shape` with a strategy; every record of this device and shape."""
     from .runtime import device_info
 
@@ -271,7 +295,8 @@ def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict
     # NVRTC workers start fresh (spawn): forking a process that holds a CUDA context is unsafe.
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1,
                              mp_context=multiprocessing.get_context("spawn")) as pool:
-        evaluator = Evaluator(space, shape, db, scope, max_points, budget_s, progress, source_patch, pool)
+        evaluator = Evaluator(space, shape, db, scope, max_points, budget_s, progress, source_patch, pool,
+                              devices)
         try:
             module.tune(space, evaluator, settings)
         except strategies.Budget:
