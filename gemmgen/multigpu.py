@@ -102,6 +102,10 @@ def split_gemm(plan: Plan, A: Any, B: Any, C: Any, *, alpha: float = 1.0, beta: 
             streams[index] = layer.stream(device)
             placed[index] = tuple(layer.place(device, _band(x, part, name), layouts[name])
                                   for x, name in ((A, "A"), (B, "B"), (C, "C")))
+        # Every copy has landed, whichever stream the copy engine used, before any kernel starts.
+        for part in parts:
+            device = part.device
+            layer.synchronize(device)
         stage = "running the kernel"
         for index, part in enumerate(parts):
             device = part.device
@@ -132,8 +136,18 @@ class CupyLayer:
         self.streams: dict[int, Any] = {}
 
     def place(self, device: int, array: Any, layout: str) -> Any:
-        with self.cp.cuda.Device(device):
-            local = self.cp.asarray(array)  # a peer copy when the array lives on another GPU
+        # The caller's array may still be being written on its device's default stream, which
+        # our non-blocking streams do not wait for: finish that first.
+        source = getattr(getattr(array, "device", None), "id", None)
+        if source is not None:
+            with self.cp.cuda.Device(source):
+                self.cp.cuda.Device(source).synchronize()
+                array = self.cp.ascontiguousarray(array)  # CuPy copies only dense arrays between GPUs
+                self.cp.cuda.Device(source).synchronize()
+        # On the device's own stream, so that its kernel cannot start before its inputs landed.
+        with self.cp.cuda.Device(device), self.stream(device):
+            # Always a copy (a peer copy from another GPU): the caller's C is written only by gather.
+            local = self.cp.array(array, copy=True)
             return self.cp.ascontiguousarray(local) if layout == "row" else self.cp.asfortranarray(local)
 
     def stream(self, device: int) -> Any:
@@ -173,6 +187,7 @@ class CupyLayer:
     def gather(self, target, part: Part, band) -> None:
         with self.cp.cuda.Device(target.device.id):
             _band(target, part, "C")[...] = self.cp.asarray(band)
+            self.cp.cuda.Device(target.device.id).synchronize()
 
 
 @dataclass

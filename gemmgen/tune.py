@@ -52,6 +52,7 @@ def load_records(db: Path, scope: str | None = None) -> dict[str, dict]:
 
 
 def _append(db: Path, entry: dict) -> None:
+    entry = {**entry, "time": round(time.time(), 3)}
     with db.open("a") as handle:
         handle.write(json.dumps(entry) + "\n")
         handle.flush()
