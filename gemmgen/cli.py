@@ -43,7 +43,7 @@ def _load_specs(path: str, kernel: str | None, target: str | None):
 
 
 def _plans(path: str, kernel: str | None, target: str | None, layouts: str | None = None):
-    """Plans of the spec's kernels (a search space takes its best recorded point: none yet)."""
+    """Plans of the spec's kernels, in the given A/B layouts too (a search space is an error)."""
     from .plan import make_plan
     plans = []
     for spec in _load_specs(path, kernel, target):

@@ -86,8 +86,12 @@ def _band(array: Any, part: Part, which: str) -> Any:
 
 
 def split_gemm(plan: Plan, A: Any, B: Any, C: Any, *, alpha: float = 1.0, beta: float = 0.0,
-               devices: list[int], layer: DeviceLayer) -> SplitResult:
-    """C = alpha A B + beta C over `devices`; C is written only when every device has finished."""
+               devices: list[int], layer: DeviceLayer | None = None) -> SplitResult:
+    """C = alpha A B + beta C over `devices`; C is written only when every device has finished.
+
+    A, B and C are CuPy arrays (on any one GPU) unless another `layer` says otherwise.
+    """
+    layer = layer or CupyLayer()
     M, K = A.shape
     N = B.shape[1]
     parts = [p for p in partition(M, N, devices, plan) if p.size > 0]
