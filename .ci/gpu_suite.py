@@ -52,8 +52,8 @@ def _compile(plan):
         return plan.name, plan.layouts(), f"{type(exc).__name__}: {exc}", 0.0
 
 
-PROGRESSION = ("naive", "coalesced", "shared_tiles", "blocktile_1d", "blocktile_2d",
-               "padded_transposed", "vectorized", "bank_swizzle", "warptile", "double_buffer",
+PROGRESSION = ("naive", "coalesced", "shared_tiles", "blocktile_1d", "uncoalesced_loads", "blocktile_2d",
+               "padded_transposed", "staged_epilogue", "vectorized", "bank_swizzle", "warptile", "double_buffer",
                "pingpong_async", "register_fragments", "smallest", "split_k", "hopper_small", "hopper_simt")
 
 

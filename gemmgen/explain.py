@@ -222,9 +222,9 @@ def _access(op: Operand, kind: str, how: str, width: int,
 
 
 def _store_access(plan: Plan, op: Operand) -> BankAccess:
-    """Global tile → shared: chunk = p*THREADS + tid, row = chunk / chunks_per_row, col = ...*vector."""
+    """Global tile → shared: chunk = op.chunk_of(p, tid), row = chunk / chunks_per_row, col = ...*vector."""
     def coords(lane: int, p: int, v: int) -> dict[str, int]:
-        chunk = p * plan.threads + lane
+        chunk = op.chunk_of(p, lane, plan.threads)
         row = chunk // op.chunks_per_row
         col = chunk % op.chunks_per_row * op.vector + v
         return {op.outer_dim: row, op.inner_dim: col}

@@ -77,10 +77,21 @@ class Operand:
     frag_vector: int          # floats per shared → register load in the inner product
     rows_left: str            # C expression: rows of the global tile still inside the matrix
     cols_left: str
+    thread_runs: bool         # uncoalesced: each thread loads `passes` consecutive chunks
     tile_origin: str          # C expression: element offset of the block's first tile
     k_step: str               # C expression: element offset from one K tile to the next
     extent_outer: str         # matrix size along the outer dimension (M, N or K)
     extent_inner: str
+
+    @property
+    def chunk_index(self) -> str:
+        """C expression: which chunk of the tile a thread loads in pass p. Coalesced loaders give
+        a warp 32 neighbouring chunks per pass; uncoalesced ones give each thread a run of its own."""
+        return f"tid * {self.passes} + p" if self.thread_runs else "p * THREADS + tid"
+
+    def chunk_of(self, p: int, tid: int, threads: int) -> int:
+        """chunk_index in Python, for the explain report's bank-conflict simulation."""
+        return tid * self.passes + p if self.thread_runs else p * threads + tid
 
     @property
     def ld(self) -> str:
@@ -149,6 +160,11 @@ class Plan:
     beta: bool
     reduce_count: int
     split_k: int              # slices of K per C tile, each in its own block, summed into C
+    staged: bool              # C tile assembled in shared memory, then stored row by row
+    c_stage_rows: int         # staged C tile: rows along C's outer (non-contiguous) dimension
+    c_stage_cols: int
+    c_stage_ld: int           # floats between rows of the staged tile (cols + 4)
+    c_stage_vec: int          # floats per coalesced access of the staged store
     # operands and output
     a: Operand | None
     b: Operand | None
@@ -344,7 +360,8 @@ def _operand(spec: Spec, name: str, BM: int, BN: int, BK: int, threads: int) -> 
         transposed_store=transposed_store, smem_rows=smem_rows, smem_cols=smem_cols,
         smem_ld=smem_ld, pad=pad, swizzle=swizzle, swizzle_chunks=swizzle_chunks if swizzle else 0,
         stage_floats=stage_floats, smem_index=smem_index, frag_vector=frag_vector,
-        rows_left=left[outer_dim], cols_left=left[inner_dim], tile_origin=tile_origin,
+        rows_left=left[outer_dim], cols_left=left[inner_dim],
+        thread_runs=spec[f"load.{name}.uncoalesced"], tile_origin=tile_origin,
         k_step=k_step, extent_outer=extent[outer_dim], extent_inner=extent[inner_dim])
 
 
@@ -452,6 +469,14 @@ def make_plan(spec: Spec) -> Plan:
         raise spec.error("split", "a split K adds partial products into C after the blocks finish, "
                          "but the fused reduction needs each entry of C final inside its block",
                          "split 1 with reduce, or no reduce")
+    staged = spec["epilogue.staged"]
+    if staged and not uses_shared:
+        raise spec.error("epilogue.staged", "a staged epilogue assembles C in shared memory, which "
+                         "'shared off' turns off", "epilogue alpha beta, or shared memory on")
+    if staged and split_k > 1:
+        raise spec.error("epilogue.staged", "split K adds partial tiles into C one float at a time; "
+                         "staging whole tiles through shared memory gains nothing there",
+                         "split 1 with staged, or an epilogue without staged")
     if split_k > 1 and not uses_shared:
         raise spec.error("split", "split K cuts the K loop of shared-memory tiles, which 'shared off' "
                          "turns off", "split 1, or shared memory on")
@@ -460,6 +485,17 @@ def make_plan(spec: Spec) -> Plan:
         raise spec.error("occupancy", f"{occupancy} blocks of {threads} threads exceed the "
                          f"{arch.max_threads_per_sm} threads an SM of {arch.name} holds",
                          f"occupancy up to {arch.max_threads_per_sm // threads}")
+
+    # The staged C tile runs along C's contiguous dimension and reuses the operands' shared memory.
+    c_stage_rows, c_stage_cols = (BM, BN) if c_layout == "row" else (BN, BM)
+    c_stage_ld = c_stage_cols + 4
+    c_stage_vec = _largest_vector(c_stage_cols)
+    if staged:
+        smem_bytes = max(smem_bytes, 4 * c_stage_rows * c_stage_ld)
+        if smem_bytes > arch.smem_per_block:
+            raise spec.error("epilogue.staged", f"the staged {BM} x {BN} C tile needs {smem_bytes} "
+                             f"bytes of shared memory; a block on {arch.name} gets at most "
+                             f"{arch.smem_per_block}", "a smaller block tile, or no staged epilogue")
 
     staging = 0
     if uses_shared and not async_copy and stages == 2:
@@ -490,7 +526,8 @@ def make_plan(spec: Spec) -> Plan:
         lanes_n=lanes_n, threads=threads, order=spec["order"], stages=stages,
         async_copy=async_copy, fragments=fragments, raster_group=spec["raster.group"],
         occupancy=occupancy, beta=spec["epilogue.beta"], reduce_count=reduce_count,
-        split_k=split_k, a=a, b=b,
+        split_k=split_k, staged=staged, c_stage_rows=c_stage_rows, c_stage_cols=c_stage_cols,
+        c_stage_ld=c_stage_ld, c_stage_vec=c_stage_vec, a=a, b=b,
         c_layout=c_layout, c_vector=c_vector, smem_bytes=smem_bytes,
         registers_estimate=registers, notes=tuple(notes))
 

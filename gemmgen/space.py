@@ -103,7 +103,8 @@ def to_text(spec: Spec, name: str | None = None, comment: str = "") -> str:
         lines.append("  shared   off")
     else:
         for op in "AB":
-            lines.append(f"  load {op}   vector {v(f'load.{op}.vector')}{onoff(v(f'load.{op}.transpose'))}")
+            lines.append(f"  load {op}   vector {v(f'load.{op}.vector')}{onoff(v(f'load.{op}.transpose'))}"
+                         + (" uncoalesced" if v(f"load.{op}.uncoalesced") else ""))
         for op in "AB":
             mode = v(f"shared.{op}")
             if mode == "pad":

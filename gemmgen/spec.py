@@ -78,6 +78,8 @@ SETTINGS: dict[str, Setting] = {
     "load.B.vector": Setting(1, _WORDS(1, 2, 4), "1, 2 or 4 floats per load"),
     "load.A.transpose": Setting(False, lambda v: isinstance(v, bool), "on or off"),
     "load.B.transpose": Setting(False, lambda v: isinstance(v, bool), "on or off"),
+    "load.A.uncoalesced": Setting(False, lambda v: isinstance(v, bool), "on or off"),
+    "load.B.uncoalesced": Setting(False, lambda v: isinstance(v, bool), "on or off"),
     "shared": Setting(True, _WORDS(True, False), "on or off"),
     "shared.A": Setting("plain", _WORDS("plain", "pad", "swizzle"), "plain, pad N or swizzle xor"),
     "shared.B": Setting("plain", _WORDS("plain", "pad", "swizzle"), "plain, pad N or swizzle xor"),
@@ -90,6 +92,7 @@ SETTINGS: dict[str, Setting] = {
     "raster.group": Setting(1, lambda v: _positive(v) and v <= 64,
                             "row, or group N with N from 1 to 64"),
     "epilogue.beta": Setting(True, _WORDS(True, False), "alpha beta, or alpha"),
+    "epilogue.staged": Setting(False, _WORDS(True, False), "staged, or nothing"),
     "reduce.count": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 8,
                             "min N with N from 1 to 8"),
     "split": Setting(1, lambda v: isinstance(v, int) and 1 <= v <= 64,
@@ -191,12 +194,12 @@ USAGE = {
     "warp": "warp M x N             e.g. warp 64 x 32",
     "thread": "thread M x N [repeat M x N]   e.g. thread 8 x 4 repeat 1 x 4",
     "order": "order m | n",
-    "load": "load A|B [vector 1|2|4] [transpose]",
+    "load": "load A|B [vector 1|2|4] [transpose] [uncoalesced]",
     "shared": "shared A|B plain | pad N | swizzle xor,  or: shared off",
     "stages": "stages N [sync|async]",
     "fragments": "fragments 1 | 2",
     "raster": "raster row | group N",
-    "epilogue": "epilogue alpha beta | alpha",
+    "epilogue": "epilogue alpha beta | alpha [staged]",
     "reduce": "reduce min N",
     "math": "math simt | tf32 | 3xtf32",
     "occupancy": "occupancy N",
@@ -390,13 +393,20 @@ class _ToStatements(Transformer):
         return ("transpose", _Value(tuple(_on_off(v) for v in c[0].values), c[0].span))
 
     @v_args(meta=True)
+    def uncoalesced(self, meta, c):
+        if not c:
+            return ("uncoalesced", _Value((True,), _span(meta)))
+        return ("uncoalesced", _Value(tuple(_on_off(v) for v in c[0].values), c[0].span))
+
+    @v_args(meta=True)
     def load(self, meta, c):
         operand = str(c[0])
         if operand == "C":
             raise self._err(_span(c[0]), "C is not loaded through a tile loader", "load A or load B")
         stmt = self._statement("load", meta, **{
             f"load.{operand}.vector": _Value((1,), _span(meta)),
-            f"load.{operand}.transpose": _Value((False,), _span(meta))})
+            f"load.{operand}.transpose": _Value((False,), _span(meta)),
+            f"load.{operand}.uncoalesced": _Value((False,), _span(meta))})
         seen = set()
         for name, value in c[1:]:
             if name in seen:
@@ -462,13 +472,18 @@ class _ToStatements(Transformer):
     @v_args(meta=True)
     def epilogue(self, meta, c):
         words = [str(t) for t in c]
+        staged = words[-1:] == ["staged"]
+        if staged:
+            words = words[:-1]
         if words == ["alpha", "beta"]:
             beta = True
         elif words == ["alpha"]:
             beta = False
         else:
-            raise self._err(_span(c[0]), f"unknown epilogue '{' '.join(words)}'", USAGE["epilogue"])
-        return self._statement("epilogue", meta, **{"epilogue.beta": _Value((beta,), _span(meta))})
+            raise self._err(_span(c[0]), f"unknown epilogue '{' '.join(str(t) for t in c)}'",
+                            USAGE["epilogue"])
+        return self._statement("epilogue", meta, **{"epilogue.beta": _Value((beta,), _span(meta)),
+                                                    "epilogue.staged": _Value((staged,), _span(meta))})
 
     @v_args(meta=True)
     def reduce(self, meta, c):

@@ -266,6 +266,20 @@ CORPUS = [
                  id="shared-off-with-fragments"),
     pytest.param(k(*OK) + k("block 64 x 64 x 8", "warp 16 x 16", "thread 4 x 4", name="j"), 8, 10,
                  "a warp has 32 threads", "32-thread grid", id="second-kernel-of-file-impossible"),
+    # --- split K, staged epilogue, uncoalesced loads ---------------------------------------
+    pytest.param(k(*OK, "split 0"), 4, 9, "not a valid value for split", "1 to 64", id="split-zero"),
+    pytest.param(k(*OK, "split 2", "reduce min 2"), 4, 9, "fused reduction needs each entry of C final",
+                 "split 1 with reduce", id="split-with-reduce"),
+    pytest.param(k("block 32 x 32 x 1", "thread 1 x 1", "shared off", "split 2"), 5, 9,
+                 "'shared off' turns off", "split 1", id="split-without-shared-memory"),
+    pytest.param(k("block 32 x 32 x 1", "thread 1 x 1", "shared off", "epilogue alpha beta staged"), 5, 3,
+                 "assembles C in shared memory", "shared memory on", id="staged-without-shared-memory"),
+    pytest.param(k(*OK, "split 4", "epilogue alpha staged"), 5, 3, "split K adds partial tiles",
+                 "split 1 with staged", id="staged-with-split"),
+    pytest.param(k(*OK, "epilogue staged alpha"), 4, 12, "unknown epilogue 'staged alpha'",
+                 "alpha beta | alpha [staged]", id="staged-in-the-wrong-place"),
+    pytest.param(k(*OK, "load A vector 1 uncoalesced maybe"), 4, 31, "not a valid value for load.A.uncoalesced",
+                 "on or off", id="uncoalesced-with-a-bad-value"),
 ]
 
 
