@@ -49,6 +49,8 @@ SETTING_LINES = [
     "shared B swizzle xor", "shared {w} plain", "shared off", "stages {n}", "stages {n} sync",
     "stages {n} async", "fragments {n}", "raster group {n}", "raster row", "raster {w} {n}",
     "epilogue alpha", "epilogue alpha beta", "reduce min {n}", "math {w}", "occupancy {n}",
+    "split {n}", "load A vector {n} uncoalesced", "load B uncoalesced {w}", "epilogue alpha beta staged",
+    "epilogue {w} staged",
     "target {w}", "layout A {w}, B {w}, C {w}", "order {w}", "{w} {n}", "kernel {w} {{", "}}",
     "kernel {w} extends {w} {{",
 ]
