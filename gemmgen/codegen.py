@@ -137,7 +137,7 @@ def dispatcher_source(name: str, winners: list) -> str:
         if (plan.layouts(), plan.beta, plan.reduce_count) != (first.layouts(), first.beta, first.reduce_count):
             raise ValueError("a dispatcher's kernels must share layouts, epilogue and reduction")
     parts, calls = [], []
-    for index, (shape, plan) in enumerate(winners):
+    for shape, plan in winners:
         variant = make_plan(replace(plan.spec, name=f"{name}_{shape.M}x{shape.N}x{shape.K}"))
         parts.append(generate(variant))
         calls.append((shape, variant.launcher_name))

@@ -85,37 +85,33 @@ def _program_log(program) -> str:
     return buffer.rstrip(b"\0 ").decode(errors="replace")
 
 
-_FUNCTION = re.compile(r"Function properties for (\S+)")
+_ENTRY = re.compile(r"Compiling entry function '(\S+)'")
+_PROPERTIES = re.compile(r"Function properties for (\S+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_USED = re.compile(r"Compiling entry function '(\S+)'|Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
 
 
 def parse_ptxas_report(log: str) -> dict[str, Resources]:
     """Per-function registers, spills, stack and static shared memory from `ptxas -v` output."""
-    frames: dict[str, tuple[int, int, int]] = {}
-    current = None
+    frames: dict[str, tuple[int, int, int]] = {}   # stack, spill stores, spill loads
+    used: dict[str, tuple[int, int]] = {}          # registers, static shared memory
+    entry = properties = None
     for line in log.splitlines():
-        function = _FUNCTION.search(line)
-        if function:
-            current = function.group(1)
-            continue
-        frame = _FRAME.search(line)
-        if frame and current:
-            frames[current] = tuple(int(x) for x in frame.groups())
-    report: dict[str, Resources] = {}
-    entry = None
-    for line in log.splitlines():
-        compiling = re.search(r"Compiling entry function '(\S+)'", line)
-        if compiling:
-            entry = compiling.group(1)
-            continue
-        used = re.search(r"Used (\d+) registers", line)
-        if used and entry:
-            smem = re.search(r"(\d+) bytes smem", line)
-            stack, stores, loads = frames.get(entry, (0, 0, 0))
-            report[entry] = Resources(int(used.group(1)), stores, loads, stack,
-                                      int(smem.group(1)) if smem else 0)
+        if match := _ENTRY.search(line):
+            entry = match.group(1)
+        elif match := _PROPERTIES.search(line):
+            properties = match.group(1)
+        elif (match := _FRAME.search(line)) and properties:
+            frames[properties] = tuple(int(x) for x in match.groups())
+        elif (match := _USED.search(line)) and entry:
+            smem = _SMEM.search(line)
+            used[entry] = (int(match.group(1)), int(smem.group(1)) if smem else 0)
             entry = None
+    report = {}
+    for name, (registers, shared) in used.items():
+        stack, stores, loads = frames.get(name, (0, 0, 0))
+        report[name] = Resources(registers, stores, loads, stack, shared)
     return report
 
 

@@ -83,7 +83,7 @@ def test_split_result_equals_the_whole_product(plan, shape):
     assert sum(p.size for p in result.parts) == (M if M >= N else N)
     assert result.slowest_kernel_ms == 1.0 + max(p.device for p in result.parts)
     # each device got only its band of the split operand and all of the other one
-    for device, a_shape, b_shape, c_shape in devices.launched:
+    for _, a_shape, b_shape, c_shape in devices.launched:
         assert (a_shape[0] == c_shape[0]) and (b_shape[1] == c_shape[1])
 
 
