@@ -66,6 +66,13 @@ def _layout_pairs(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def _progress():
+    """A progress bar on stderr's console, for work that takes more than a moment."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=errors, transient=True)
+
+
 def _require_gpu() -> None:
     from .runtime import device_count
     if device_count() == 0:
@@ -284,9 +291,15 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path):
     table = Table(title=f"gemmgen check {spec}")
     for column in ("kernel", "layout", "case", "result", "max rel. error", "detail"):
         table.add_column(column)
-    for plan in _plans(spec, kernel, None, layouts):
-        kernel_obj = Kernel(plan)
-        report = run_check(kernel_obj, cases, seed=seed, problems=problems)
+    plans = _plans(spec, kernel, None, layouts)
+    reports = []
+    with _progress() as bar:
+        task = bar.add_task("checking", total=len(plans) * len(cases))
+        for plan in plans:
+            bar.update(task, description=f"checking {plan.name} [{plan.layouts()}]")
+            reports.append((plan, run_check(Kernel(plan), cases, seed=seed, problems=problems,
+                                            progress=lambda case: bar.advance(task))))
+    for plan, report in reports:
         for result in report.results:
             failed |= not result.ok
             table.add_row(plan.name, plan.layouts(), str(result.case),
@@ -336,13 +349,17 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices):
                         f"{info.fp32_peak_tflops(plans[0].arch.fp32_lanes_per_sm):.1f} TFLOP/s")
     for column in ("kernel", "shape", "ms", "TFLOP/s", "cuBLAS TFLOP/s", "% cuBLAS", "% peak"):
         table.add_column(column, justify="right")
-    for plan in plans:
-        kernel_obj = Kernel(plan)
-        for case in cases:
-            r = run_bench(kernel_obj, case, info=info, flusher=flusher, budget_s=budget)
-            results.append(r)
-            table.add_row(r.kernel, r.shape, f"{r.ms:.3f}", f"{r.tflops:.1f}", f"{r.cublas_tflops:.1f}",
-                          f"{r.percent_of_cublas:.0f}%", f"{r.percent_of_peak:.0f}%")
+    with _progress() as bar:
+        task = bar.add_task("timing", total=len(plans) * len(cases))
+        for plan in plans:
+            kernel_obj = Kernel(plan)
+            for case in cases:
+                bar.update(task, description=f"timing {plan.name} at {case}")
+                results.append(run_bench(kernel_obj, case, info=info, flusher=flusher, budget_s=budget))
+                bar.advance(task)
+    for r in results:
+        table.add_row(r.kernel, r.shape, f"{r.ms:.3f}", f"{r.tflops:.1f}", f"{r.cublas_tflops:.1f}",
+                      f"{r.percent_of_cublas:.0f}%", f"{r.percent_of_peak:.0f}%")
     console.print(table)
     if json_path:
         Path(json_path).write_text(json.dumps([r.as_dict() for r in results], indent=2))
