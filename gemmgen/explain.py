@@ -13,6 +13,13 @@ split into phases of 128 bytes (4 B: one phase of 32 lanes, 8 B: two of 16, 16 B
 Within a phase, lanes that read the same vector are served together (broadcast); a phase takes as
 many wavefronts as the largest number of distinct vectors that touch one bank (its n-way
 conflict). A conflict-free request takes one wavefront per phase.
+
+Global coalescing ("sectors per request" in Nsight Compute): warp 0's first request of each
+global access (pass 0 of the A and B tile loads, k = 0 of a kernel without shared memory, the
+first store of C) is replayed on a nominal problem, M = N = K = 4096 with every leading dimension
+4096, block (0, 0), and base pointers aligned to 128 bytes. The request touches every 32-byte
+sector that holds one of its bytes; the ideal is the distinct bytes it asks for / 32, rounded up
+(lanes reading the same float share it, as the hardware broadcasts it).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from .compile import Compiled, Resources
 from .plan import WARP, Operand, Plan
 
 BANKS = 32
+SECTOR_BYTES = 32                # global memory moves in 32-byte sectors
+NOMINAL_LD = 4096                # leading dimension of the nominal problem (M = N = K = 4096)
 REG_ALLOCATION_UNIT = 256        # registers are given to warps in multiples of 256
 SHARED_BYTES_PER_CLOCK = 128     # 32 banks x 4 bytes per SM per clock
 
@@ -111,6 +120,27 @@ class BankAccess:
 
 
 @dataclass(frozen=True)
+class GlobalAccess:
+    """Warp 0's first request of one global-memory access, in 32-byte sectors."""
+
+    name: str             # "A load", "B load" or "C store"
+    how: str              # e.g. "float4", "scalar, per-thread runs", "float4, staged"
+    bytes_per_lane: int
+    bytes: int            # distinct bytes the warp asks for (lanes on one float share it)
+    sectors: int          # distinct 32-byte sectors the request touches
+    ideal_sectors: int    # bytes / 32, rounded up
+
+    @property
+    def efficiency(self) -> float:
+        """Percent of the moved sectors' bytes that were asked for (100: fully coalesced)."""
+        return 100.0 * self.ideal_sectors / self.sectors if self.sectors else 100.0
+
+    @property
+    def uncoalesced(self) -> bool:
+        return self.sectors > 2 * self.ideal_sectors
+
+
+@dataclass(frozen=True)
 class Report:
     kernel: str
     arch: str
@@ -130,6 +160,7 @@ class Report:
     global_intensity: Intensity
     shared_intensity: Intensity | None
     bank_conflicts: tuple[BankAccess, ...]
+    global_accesses: tuple[GlobalAccess, ...]
     summary: str
     notes: tuple[str, ...]
 
@@ -285,6 +316,90 @@ def bank_conflicts(plan: Plan) -> tuple[BankAccess, ...]:
             _fragment_access(plan, plan.a), _fragment_access(plan, plan.b))
 
 
+# --- global coalescing -----------------------------------------------------------------
+
+def sectors_touched(addresses: Sequence[int | None], width: int) -> tuple[int, int]:
+    """(sectors, distinct bytes) of one warp request.
+
+    `addresses` holds each lane's float offset from a 128-byte-aligned base (None: lane
+    inactive), `width` the floats each lane moves from there.
+    """
+    sectors: set[int] = set()
+    floats: set[int] = set()
+    for address in addresses:
+        if address is None:
+            continue
+        first, last = 4 * address, 4 * (address + width) - 1
+        sectors.update(range(first // SECTOR_BYTES, last // SECTOR_BYTES + 1))
+        floats.update(range(address, address + width))
+    return len(sectors), 4 * len(floats)
+
+
+def _global(name: str, how: str, width: int, addresses: Sequence[int | None]) -> GlobalAccess:
+    sectors, requested = sectors_touched(addresses, width)
+    return GlobalAccess(name=name, how=how, bytes_per_lane=4 * width, bytes=requested,
+                        sectors=sectors, ideal_sectors=-(-requested // SECTOR_BYTES))
+
+
+def _tile_load(plan: Plan, op: Operand) -> GlobalAccess:
+    """Pass 0 of load_to_registers / async_copy: g = tile + row * ld + col (operand.cuh.j2)."""
+    width = op.vector
+    if plan.async_copy and op.transposed_store:
+        width = 1                          # one 4-byte cp.async per float (v = 0 first)
+        how = "cp.async 4 B, transposed"
+    elif plan.async_copy:
+        how = f"cp.async {4 * width} B"
+    else:
+        how = _vector_name(width)
+    if op.thread_runs:
+        how += ", per-thread runs"
+    addresses = []
+    for lane in range(min(WARP, plan.threads)):
+        chunk = op.chunk_of(0, lane, plan.threads)
+        row = chunk // op.chunks_per_row
+        col = chunk % op.chunks_per_row * op.vector
+        addresses.append(row * NOMINAL_LD + col)
+    return _global(f"{op.name} load", how, width, addresses)
+
+
+def _direct_loads(plan: Plan) -> tuple[GlobalAccess, GlobalAccess]:
+    """Without shared memory: A(m, k) and B(k, n) at k = 0, i = j = 0 (naive.cu.j2)."""
+    origins = _thread_origins(plan)
+    a_row = plan.spec["layout.A"] == "row"
+    b_row = plan.spec["layout.B"] == "row"
+    k = 0
+    a = [m * NOMINAL_LD + k if a_row else k * NOMINAL_LD + m for m, _ in origins]
+    b = [k * NOMINAL_LD + n if b_row else n * NOMINAL_LD + k for _, n in origins]
+    return _global("A load", "scalar, k = 0", 1, a), _global("B load", "scalar, k = 0", 1, b)
+
+
+def _c_store(plan: Plan) -> GlobalAccess:
+    """Each lane's first store of C (epilogue.cuh.j2); beta's loads of C read the same way."""
+    if plan.staged:
+        # store_staged: chunk = tid, row along C's outer dimension, col along its contiguous one.
+        width = plan.c_stage_vec
+        per_row = plan.c_stage_cols // width
+        addresses = [lane // per_row * NOMINAL_LD + lane % per_row * width
+                     for lane in range(min(WARP, plan.threads))]
+        return _global("C store", f"{_vector_name(width)}, staged", width, addresses)
+    width = plan.c_vector                  # 1 under split K: one atomicAdd per float
+    how = "atomicAdd" if plan.split_k > 1 else _vector_name(width)
+    if plan.c_layout == "row":
+        addresses = [m * NOMINAL_LD + n for m, n in _thread_origins(plan)]
+    else:
+        addresses = [n * NOMINAL_LD + m for m, n in _thread_origins(plan)]
+    return _global("C store", how, width, addresses)
+
+
+def global_accesses(plan: Plan) -> tuple[GlobalAccess, ...]:
+    """A load, B load, C store: warp 0's first request of each on the nominal problem."""
+    if plan.uses_shared:
+        loads = (_tile_load(plan, plan.a), _tile_load(plan, plan.b))
+    else:
+        loads = _direct_loads(plan)
+    return loads + (_c_store(plan),)
+
+
 # --- the report ------------------------------------------------------------------------
 
 def _resources(plan: Plan, compiled: Compiled | Resources | None) -> Resources:
@@ -334,6 +449,7 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
     occ = occupancy(plan, res)
     glob, shared = intensities(plan)
     banks = bank_conflicts(plan)
+    coalescing = global_accesses(plan)
 
     notes = []
     if res.spill_stores or res.spill_loads:
@@ -347,6 +463,10 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
             notes.append(f"{access.label} ({access.how}) is a {access.degree}-way bank conflict: "
                          f"{access.wavefronts_per_request:g} wavefronts per request where "
                          f"{access.phases} would do")
+    for g in coalescing:
+        if g.uncoalesced:
+            notes.append(f"{g.name}s ({g.how}) touch {g.sectors} sectors per request where "
+                         f"{g.ideal_sectors} would do: uncoalesced")
     return Report(
         kernel=plan.name, arch=plan.arch.name, tiling=_tiling(plan), fp32_lanes_per_sm=plan.arch.fp32_lanes_per_sm,
         threads=plan.threads, warps=plan.warps, registers=res.registers,
@@ -354,7 +474,7 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
         spill_loads=res.spill_loads, stack_frame=res.stack_frame, smem_bytes=plan.smem_bytes,
         shared_static=res.shared_static, requested_occupancy=plan.occupancy, occupancy=occ,
         global_intensity=glob, shared_intensity=shared, bank_conflicts=banks,
-        summary=_summary(occ), notes=tuple(notes))
+        global_accesses=coalescing, summary=_summary(occ), notes=tuple(notes))
 
 
 # --- output ----------------------------------------------------------------------------
@@ -435,6 +555,14 @@ def render_text(report: Report) -> str:
                          f"{a.degree}-way" if a.conflicted else "none"))
         out += _table(rows, right=(2, 3, 4, 5))
 
+    out += ["", "global memory coalescing (warp 0, first request), 32-byte sectors",
+            f"  M = N = K = leading dimensions = {NOMINAL_LD}, pointers 128-byte aligned"]
+    rows = [("access", "how", "width", "sectors", "ideal", "efficiency")]
+    for g in report.global_accesses:
+        rows.append((g.name, g.how, f"{g.bytes_per_lane} B", str(g.sectors),
+                     str(g.ideal_sectors), f"{g.efficiency:.1f}%"))
+    out += _table(rows, right=(2, 3, 4, 5))
+
     if report.notes:
         out += ["", "notes"]
         for note in report.notes:
@@ -486,6 +614,11 @@ def as_dict(report: Report) -> dict[str, Any]:
              "wavefronts_per_request": a.wavefronts_per_request, "ideal_wavefronts": a.phases,
              "worst_wavefronts": a.worst_wavefronts, "degree": a.degree}
             for a in report.bank_conflicts],
+        "global_coalescing": [
+            {"access": g.name, "how": g.how, "bytes_per_lane": g.bytes_per_lane,
+             "bytes": g.bytes, "sectors": g.sectors, "ideal_sectors": g.ideal_sectors,
+             "efficiency": g.efficiency}
+            for g in report.global_accesses],
         "summary": report.summary,
         "notes": list(report.notes),
     }

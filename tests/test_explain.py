@@ -14,8 +14,9 @@ import pytest
 
 from gemmgen.codegen import kernel_name_expressions
 from gemmgen.compile import Compiled, Resources
-from gemmgen.explain import (as_dict, bank_conflicts, bank_wavefronts, explain, occupancy,
-                             registers_per_warp, render_text, smem_offset)
+from gemmgen.explain import (as_dict, bank_conflicts, bank_wavefronts, explain,
+                             global_accesses, occupancy, registers_per_warp, render_text,
+                             sectors_touched, smem_offset)
 from gemmgen.plan import ARCHS, make_plan, try_plan
 from gemmgen.spec import load_one
 
@@ -315,3 +316,108 @@ def test_explain_compiles_when_given_no_compile(tmp_path, monkeypatch):
     assert report.threads == 1024
     assert report.occupancy.by_threads == 2
     assert report.occupancy.blocks <= 2
+
+
+# --- global coalescing (32-byte sectors per request) ------------------------------------
+
+def coalescing(plan, name: str):
+    return next(g for g in global_accesses(plan) if g.name == name)
+
+
+def test_sector_count_of_single_requests():
+    assert sectors_touched(list(range(32)), 1) == (4, 128)             # 128 adjacent bytes
+    assert sectors_touched([0] * 32, 1) == (1, 4)                      # one float, broadcast
+    assert sectors_touched([4096 * lane for lane in range(32)], 1) == (32, 128)  # a column
+    assert sectors_touched([4 * lane for lane in range(32)], 4) == (16, 512)     # float4 row
+    assert sectors_touched([8 * lane for lane in range(32)], 4) == (32, 512)     # half-sectors
+    assert sectors_touched([6, None], 4) == (2, 16)   # 16 bytes across a sector boundary
+
+
+def test_naive_order_m_loads_a_and_stores_c_a_column_apart_per_lane():
+    # Order m: lane l computes C(l, 0); row-major A(l, 0) and C(l, 0) are 4096 floats apart
+    # per lane, so each lane's 4 bytes cost a sector of their own. B(0, 0) is shared by all.
+    plan = plan_of("naive")
+    a, b, c = (coalescing(plan, name) for name in ("A load", "B load", "C store"))
+    assert (a.sectors, a.ideal_sectors, a.efficiency) == (32, 4, 12.5)
+    assert (c.sectors, c.ideal_sectors) == (32, 4)
+    assert (b.sectors, b.ideal_sectors, b.bytes) == (1, 1, 4)
+    assert a.uncoalesced and c.uncoalesced and not b.uncoalesced
+    notes = "\n".join(explain(plan, resources(32)).notes)
+    assert "A loads (scalar, k = 0) touch 32 sectors per request where 4 would do" in notes
+    assert "C stores (scalar) touch 32 sectors" in notes and "B loads" not in notes
+
+
+def test_coalesced_order_n_reads_b_and_writes_c_as_128_adjacent_bytes():
+    # Order n: lane l computes C(0, l): B(0, l) and C(0, l) are 32 adjacent floats = 4 sectors,
+    # and A(0, 0) is one float broadcast to the warp.
+    plan = plan_of("coalesced")
+    for name in ("B load", "C store"):
+        g = coalescing(plan, name)
+        assert (g.sectors, g.ideal_sectors, g.efficiency) == (4, 4, 100.0)
+    a = coalescing(plan, "A load")
+    assert (a.sectors, a.ideal_sectors) == (1, 1)
+    assert not any("uncoalesced" in note for note in explain(plan, resources(32)).notes)
+    # The layout decides too: order m with column-major A reads A(l, 0) at l, adjacent floats.
+    col_a = coalescing(plan_of("naive", layout_A="col"), "A load")
+    assert (col_a.sectors, col_a.ideal_sectors) == (4, 4)
+
+
+def test_per_thread_runs_load_a_quarter_of_each_sector_they_touch():
+    # uncoalesced_loads: 4 consecutive chunks per thread, so pass 0 reads every 4th float:
+    # A (64 x 16) rows 0..7 at cols 0, 4, 8, 12 and B (16 x 64) rows 0..1 at cols 0, 4, ..., 60.
+    plan = plan_of("uncoalesced_loads")
+    fixed = plan_of("uncoalesced_loads", load_A_uncoalesced=False, load_B_uncoalesced=False)
+    for name in ("A load", "B load"):
+        bad, good = coalescing(plan, name), coalescing(fixed, name)
+        assert (bad.sectors, bad.ideal_sectors, bad.efficiency) == (16, 4, 25.0)
+        assert (good.sectors, good.ideal_sectors, good.efficiency) == (4, 4, 100.0)
+        assert bad.efficiency < good.efficiency and bad.uncoalesced
+        assert "per-thread runs" in bad.how and "runs" not in good.how
+
+
+def test_warptile_float4_loads_and_stores_use_every_byte_of_their_sectors():
+    # A (128 x 16): 4 lanes cover one 64-byte row, 8 rows; B (16 x 128): one 512-byte row;
+    # C: 4 lanes x float4 = 64 adjacent bytes per row of the 8 x 4 lane grid.
+    plan = plan_of("warptile")
+    for g in global_accesses(plan):
+        assert (g.bytes_per_lane, g.sectors, g.ideal_sectors, g.efficiency) == (16, 16, 16, 100.0)
+
+
+def test_staged_c_stores_coalesce_while_direct_float4_stores_half_fill_sectors():
+    # staged_epilogue stores C row by row: 32 lanes x float4 = 512 adjacent bytes.
+    staged = coalescing(plan_of("staged_epilogue"), "C store")
+    assert (staged.how, staged.sectors, staged.ideal_sectors) == ("float4, staged", 16, 16)
+    # padded_transposed (thread 8 x 8, C_VEC 4): lane stores start 8 floats = 32 bytes apart,
+    # so each float4 fills half a sector (the other half is its own j = 4 store, the next
+    # request): twice the ideal, at the line where the report does not call it uncoalesced.
+    direct = coalescing(plan_of("padded_transposed"), "C store")
+    assert (direct.how, direct.bytes_per_lane) == ("float4", 16)
+    assert (direct.sectors, direct.ideal_sectors, direct.efficiency) == (32, 16, 50.0)
+    assert not direct.uncoalesced
+
+
+def test_transposed_cp_async_and_split_k_move_4_bytes_per_lane():
+    # pingpong_async copies transposed A one float per cp.async: 4 bytes 16 bytes apart.
+    a = coalescing(plan_of("pingpong_async"), "A load")
+    assert (a.how, a.bytes_per_lane, a.sectors, a.ideal_sectors) == (
+        "cp.async 4 B, transposed", 4, 16, 4)
+    assert coalescing(plan_of("pingpong_async"), "B load").efficiency == 100.0
+    c = coalescing(plan_of("split_k"), "C store")
+    assert (c.how, c.bytes_per_lane) == ("atomicAdd", 4)
+
+
+def test_render_text_and_json_show_the_coalescing_table():
+    report = explain(plan_of("naive"), resources(32))
+    lines = render_text(report).splitlines()
+    start = lines.index("global memory coalescing (warp 0, first request), 32-byte sectors")
+    table = lines[start + 2:start + 6]
+    assert table[0].split() == ["access", "how", "width", "sectors", "ideal", "efficiency"]
+    assert table[1].split() == ["A", "load", "scalar,", "k", "=", "0", "4", "B", "32", "4",
+                                "12.5%"]
+    assert table[2].split()[-3:] == ["1", "1", "100.0%"]
+    assert table[3].split()[:2] == ["C", "store"]
+    data = json.loads(json.dumps(as_dict(report)))
+    assert [g["access"] for g in data["global_coalescing"]] == ["A load", "B load", "C store"]
+    assert data["global_coalescing"][0] == {
+        "access": "A load", "how": "scalar, k = 0", "bytes_per_lane": 4, "bytes": 128,
+        "sectors": 32, "ideal_sectors": 4, "efficiency": 12.5}
