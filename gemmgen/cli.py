@@ -66,11 +66,11 @@ def _layout_pairs(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def _progress():
-    """A progress bar on stderr's console, for work that takes more than a moment."""
+def _progress(on: Console = errors, transient: bool = True):
+    """A progress bar for work that takes more than a moment (stderr, cleared when done)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=errors, transient=True)
+                    TimeElapsedColumn(), console=on, transient=transient)
 
 
 def _require_gpu() -> None:
@@ -458,8 +458,6 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
       gemmgen tune specs/warptile_search.gemm --shapes '1024x1024x1024;4096x4096x4096' \\
           --dispatcher generated/warptile_tuned.cu
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from . import strategies
     from .codegen import dispatcher_source
     from .space import expand, to_text
@@ -490,8 +488,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     for shape in shapes:
         total = min(space.valid, max_points or space.valid)
         best = {"tflops": 0.0, "point": ""}
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console) as bar:
+        with _progress(console, transient=False) as bar:  # stays, with the best found
             task = bar.add_task(f"{shape}", total=total)
 
             def progress(entry, bar=bar, task=task, best=best, shape=shape):

@@ -250,7 +250,7 @@ def measure_scaling(plan: Plan, M: int, N: int, K: int, devices: list[int], *, r
     import cupy as cp
 
     from .bench import time_gpu
-    from .verify import TOLERANCE_FACTOR, UNIT_ROUNDOFF
+    from .verify import tolerance
 
     layer = CupyLayer(compiled)
     home = devices[0]
@@ -263,8 +263,7 @@ def measure_scaling(plan: Plan, M: int, N: int, K: int, devices: list[int], *, r
         split_gemm(plan, A, B, C, devices=devices, layer=layer)
         reference = A.astype(cp.float64) @ B.astype(cp.float64)
         scale = cp.abs(A).astype(cp.float64) @ cp.abs(B).astype(cp.float64)
-        tolerance = TOLERANCE_FACTOR * (K + 1) ** 0.5 * UNIT_ROUNDOFF * scale + 1e-30
-        ratio = cp.abs(C.astype(cp.float64) - reference) / tolerance
+        ratio = cp.abs(C.astype(cp.float64) - reference) / tolerance(scale, K)
         worst = float(cp.nan_to_num(ratio, nan=cp.inf).max())
         del reference, scale, ratio
         kernel = layer.kernel(home, plan)

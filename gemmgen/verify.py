@@ -23,6 +23,12 @@ UNIT_ROUNDOFF = 2.0 ** -24
 TOLERANCE_FACTOR = 16.0           # x sqrt(K) x unit round-off x (|alpha| |A||B| + |beta| |C|)
 
 
+def tolerance(scale, K: int):
+    """Largest accepted |C - reference| per element, where scale = |alpha| |A||B| + |beta| |C|:
+    FP32 rounding grows about like sqrt(K) when the summands' signs are random."""
+    return TOLERANCE_FACTOR * math.sqrt(K + 1) * UNIT_ROUNDOFF * scale + 1e-30
+
+
 @dataclass(frozen=True)
 class Case:
     """One call: sizes, scalars, extra leading-dimension padding and a pointer offset in floats."""
@@ -188,9 +194,8 @@ def check_case(kernel: Kernel, problem: Problem) -> CaseResult:
     if case.M and case.N:
         out = _region(cp, c_buf, case.M, case.N, layout["C"], ldc, case.offset).astype(cp.float64)
         error = cp.abs(out - problem.reference)
-        tolerance = (TOLERANCE_FACTOR * math.sqrt(case.K + 1) * UNIT_ROUNDOFF * problem.scale
-                     + 1e-30)
-        ratio = error / tolerance
+        allowed = tolerance(problem.scale, case.K)
+        ratio = error / allowed
         bad = ~(ratio <= 1.0)  # NaN compares false, so NaN never passes
         ratio = cp.where(cp.isnan(ratio), cp.inf, ratio)
         worst = int(cp.argmax(ratio))
@@ -202,7 +207,7 @@ def check_case(kernel: Kernel, problem: Problem) -> CaseResult:
             result.ok = False
             result.message = (f"{int(bad.sum())} element(s) wrong; worst C[{i}, {j}] = "
                               f"{float(out[i, j])!r}, expected {float(problem.reference[i, j])!r} "
-                              f"(error {float(error[i, j]):.3g} > tolerance {float(tolerance[i, j]):.3g})")
+                              f"(error {float(error[i, j]):.3g} > tolerance {float(allowed[i, j]):.3g})")
         if smallest is not None and result.ok:
             result.message = _check_smallest(cp, out.astype(cp.float32), smallest, plan.reduce_count)
             result.ok = not result.message

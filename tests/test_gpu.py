@@ -16,7 +16,6 @@ only the CPU (specs are parsed at collection; nothing CUDA is imported).
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import re
 import shutil
@@ -168,7 +167,7 @@ def _tolerance(A, B, C, alpha: float, beta: float):
         reference += beta * C64
         scale += abs(beta) * np.abs(C64)
     K = A64.shape[1]
-    return reference, verify.TOLERANCE_FACTOR * math.sqrt(K + 1) * verify.UNIT_ROUNDOFF * scale + 1e-30
+    return reference, verify.tolerance(scale, K)
 
 
 def _assert_product(out, A, B, C, alpha: float, beta: float, what: str) -> None:
@@ -636,7 +635,7 @@ for item in sys.argv[2:]:
         if case.beta:
             reference += case.beta * C
             scale += abs(case.beta) * np.abs(C.astype(np.float64))
-        tolerance = verify.TOLERANCE_FACTOR * math.sqrt(K + 1) * verify.UNIT_ROUNDOFF * scale + 1e-30
+        tolerance = verify.tolerance(scale, K)
         bad = ~(np.abs(out - reference) <= tolerance)
         if bad.any():
             failed += 1
