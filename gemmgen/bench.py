@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from .runtime import DeviceInfo, Kernel, device_info
-from .verify import Case, _place, _region
+from .verify import Case, place_matrix, matrix_view
 
 os.environ.setdefault("CUPY_TF32", "0")  # cuBLAS baseline in true FP32
 
@@ -109,8 +109,8 @@ def bench(kernel: Kernel, case: Case, *, info: DeviceInfo | None = None,
     }
     buffers, lds, views = {}, {}, {}
     for name, shape in (("A", (case.M, case.K)), ("B", (case.K, case.N)), ("C", (case.M, case.N))):
-        buffers[name], lds[name] = _place(cp, values[name], layout[name], case.pad, case.offset)
-        views[name] = _region(cp, buffers[name], *shape, layout[name], lds[name], case.offset)
+        buffers[name], lds[name] = place_matrix(cp, values[name], layout[name], case.pad, case.offset)
+        views[name] = matrix_view(cp, buffers[name], *shape, layout[name], lds[name], case.offset)
     smallest = None
     if plan.reduce_count:
         smallest = tuple(cp.zeros(plan.reduce_count, dtype).data.ptr

@@ -196,7 +196,7 @@ import cupy as cp
 from gemmgen.plan import make_plan
 from gemmgen.runtime import Kernel, synchronize
 from gemmgen.spec import load_one
-from gemmgen.verify import _place, parse_case
+from gemmgen.verify import place_matrix, parse_case
 
 spec = load_one(sys.argv[2], sys.argv[3])
 case = parse_case(sys.argv[4])
@@ -205,7 +205,7 @@ kernel = Kernel(plan)
 layout = {x: spec["layout." + x] for x in "ABC"}
 shapes = {"A": (case.M, case.K), "B": (case.K, case.N), "C": (case.M, case.N)}
 generator = cp.random.default_rng(0)
-placed = {x: _place(cp, generator.uniform(-1, 1, shapes[x], dtype=cp.float32), layout[x],
+placed = {x: place_matrix(cp, generator.uniform(-1, 1, shapes[x], dtype=cp.float32), layout[x],
                     case.pad, case.offset) for x in "ABC"}
 pointer = {x: placed[x][0].data.ptr + 4 * case.offset for x in "ABC"}
 smallest = None

@@ -122,7 +122,7 @@ def _cupy():
     return cupy
 
 
-def _place(cp, values, layout: str, pad: int, offset: int):
+def place_matrix(cp, values, layout: str, pad: int, offset: int):
     """A device buffer holding `values` (rows x cols) in `layout`, guard cells all around it."""
     rows, cols = values.shape
     lines, length = (rows, cols) if layout == "row" else (cols, rows)
@@ -135,7 +135,7 @@ def _place(cp, values, layout: str, pad: int, offset: int):
     return buffer, ld
 
 
-def _region(cp, buffer, rows: int, cols: int, layout: str, ld: int, offset: int):
+def matrix_view(cp, buffer, rows: int, cols: int, layout: str, ld: int, offset: int):
     lines, length = (rows, cols) if layout == "row" else (cols, rows)
     body = buffer[offset: offset + lines * ld].reshape(lines, ld)[:, :length]
     return body if layout == "row" else body.T
@@ -166,14 +166,14 @@ def check_case(kernel: Kernel, problem: Problem) -> CaseResult:
     case, plan = problem.case, kernel.plan
     started = time.perf_counter()
     layout = {name: plan.spec[f"layout.{name}"] for name in "ABC"}
-    a_buf, lda = _place(cp, problem.A, layout["A"], case.pad, case.offset)
-    b_buf, ldb = _place(cp, problem.B, layout["B"], case.pad, case.offset)
+    a_buf, lda = place_matrix(cp, problem.A, layout["A"], case.pad, case.offset)
+    b_buf, ldb = place_matrix(cp, problem.B, layout["B"], case.pad, case.offset)
     # C starts as its input when beta is used, else poisoned with NaN: every element must be written.
     c_values = problem.C if case.beta != 0.0 else cp.full((case.M, case.N), cp.nan, dtype=cp.float32)
-    c_buf, ldc = _place(cp, c_values, layout["C"], case.pad, case.offset)
+    c_buf, ldc = place_matrix(cp, c_values, layout["C"], case.pad, case.offset)
     guard_before = c_buf.view(cp.uint32).copy()
     region_mask = cp.zeros(c_buf.size, dtype=cp.bool_)
-    _region(cp, region_mask, case.M, case.N, layout["C"], ldc, case.offset)[...] = True
+    matrix_view(cp, region_mask, case.M, case.N, layout["C"], ldc, case.offset)[...] = True
 
     smallest = None
     if plan.reduce_count:
@@ -192,7 +192,7 @@ def check_case(kernel: Kernel, problem: Problem) -> CaseResult:
         result.ok = False
         result.message = f"wrote outside C's {case.M} x {case.N} region (buffer element {where})"
     if case.M and case.N:
-        out = _region(cp, c_buf, case.M, case.N, layout["C"], ldc, case.offset).astype(cp.float64)
+        out = matrix_view(cp, c_buf, case.M, case.N, layout["C"], ldc, case.offset).astype(cp.float64)
         error = cp.abs(out - problem.reference)
         allowed = tolerance(problem.scale, case.K)
         ratio = error / allowed
