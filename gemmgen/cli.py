@@ -18,11 +18,10 @@ from rich.table import Table
 
 from . import __version__
 from .errors import SpecError
+from .spec import TARGETS
 
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
-
-TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90")
 
 
 def _fail(message: str, code: int = 1) -> None:

@@ -11,6 +11,9 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import subprocess
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,6 +55,37 @@ class Compiled:
 
     def resources_of(self, name_expression: str) -> Resources:
         return self.resources[self.lowered_names[name_expression]]
+
+    def sass(self) -> str:
+        """The cubin's machine code as text (nvdisasm)."""
+        return disassemble(self.cubin)
+
+
+def _nvdisasm() -> str:
+    """nvdisasm from PATH or from the nvidia-cuda-nvdisasm wheel (the test extra installs it)."""
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    try:
+        import nvidia
+        for root in nvidia.__path__:
+            for candidate in sorted(Path(root).glob("*/bin/nvdisasm")):
+                return str(candidate)
+    except ImportError:
+        pass
+    raise CompileError("nvdisasm was not found: install a CUDA toolkit or "
+                       "`pip install nvidia-cuda-nvdisasm` to read SASS")
+
+
+def disassemble(cubin: bytes) -> str:
+    """SASS of a cubin, to see which instructions (FFMA, HMMA, HGMMA) a kernel really runs."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "kernel.cubin"
+        path.write_bytes(cubin)
+        run = subprocess.run([_nvdisasm(), str(path)], capture_output=True, text=True)
+    if run.returncode:
+        raise CompileError(f"nvdisasm could not read the cubin: {run.stderr.strip()}")
+    return run.stdout
 
 
 def _nvrtc():

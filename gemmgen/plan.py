@@ -31,8 +31,13 @@ class Arch:
 
     @property
     def compute_capability(self) -> tuple[int, int]:
-        digits = self.name.removeprefix("sm_")
+        digits = self.name.removeprefix("sm_").rstrip("a")
         return int(digits[:-1]), int(digits[-1])
+
+    @property
+    def has_wgmma(self) -> bool:
+        """Warpgroup MMA and TMA exist only in the arch-specific sm_90a instruction set."""
+        return self.name == "sm_90a"
 
 
 ARCHS = {
@@ -40,7 +45,11 @@ ARCHS = {
     "sm_86": Arch("sm_86", 101376, 102400, 1024, 1536, 16, 65536, 128),
     "sm_89": Arch("sm_89", 101376, 102400, 1024, 1536, 24, 65536, 128),
     "sm_90": Arch("sm_90", 232448, 233472, 1024, 2048, 32, 65536, 128),
+    "sm_90a": Arch("sm_90a", 232448, 233472, 1024, 2048, 32, 65536, 128),
 }
+
+# Tensor-core math: the warp-level instruction shape (M, N, K) each math mode supports per path.
+MMA_SYNC_SHAPES = ((16, 8, 8),)
 
 MAX_THREADS_PER_BLOCK = 1024
 MAX_REGISTERS_PER_THREAD = 255
@@ -173,6 +182,12 @@ class Plan:
     smem_bytes: int
     registers_estimate: int
     notes: tuple[str, ...] = field(default=())
+    # tensor cores (math tf32 / 3xtf32): the instruction's tile and how fragments leave shared memory
+    math: str = "simt"
+    mma_shape: tuple[int, int, int] | None = None
+    m_step: int = 1           # rows between a thread's accumulator rows in a sub-tile (mma: 8)
+    ldmatrix_a: bool = False  # A fragments read with ldmatrix (shared rows run along k)
+    ldmatrix_b: bool = False
 
     @property
     def kernel_name(self) -> str:
@@ -185,6 +200,19 @@ class Plan:
     @property
     def warps(self) -> int:
         return self.threads // WARP
+
+    @property
+    def tensor_cores(self) -> bool:
+        return self.math != "simt"
+
+    @property
+    def split_terms(self) -> int:
+        """MMAs per product: 3xtf32 adds big*small and small*big to big*big."""
+        return 3 if self.math == "3xtf32" else 1
+
+    def acc_row(self, i: str) -> str:
+        """C expression: row of accumulator row `i` inside a thread's sub-tile."""
+        return i if self.m_step == 1 else f"{i} * M_STEP"
 
     @property
     def accumulators(self) -> int:
@@ -372,9 +400,6 @@ def make_plan(spec: Spec) -> Plan:
         raise spec.error(keys[0], f"this spec is a search space ({', '.join(keys)} hold sets); "
                          "building needs one value for each", "gemmgen tune, or one value per setting")
     arch = ARCHS[spec["target"]]
-    if spec["math"] != "simt":
-        raise spec.error("math", f"math {spec['math']} (tensor cores) is not generated yet; "
-                         "gemmgen emits FP32 FFMA (simt) kernels today", "math simt")
     if not spec.written("block.m"):
         raise spec.error("block.m", f"kernel '{spec.name}' has no block setting: the C tile of a "
                          "thread block must be given", "block M x N x K, e.g. block 128 x 128 x 16")
@@ -384,6 +409,18 @@ def make_plan(spec: Spec) -> Plan:
     warp_tiling = spec.written("warp.m")
     WM, WN = (spec["warp.m"], spec["warp.n"]) if warp_tiling else (BM, BN)
     notes: list[str] = []
+    math = spec["math"]
+    mma_shape, m_step = None, 1
+    if math == "simt":
+        if spec.written("mma.m"):
+            raise spec.error("mma.m", "mma picks a tensor-core instruction, but math simt multiplies "
+                             "with FP32 FFMA", "math tf32 or math 3xtf32, or no mma line")
+    else:
+        mma_shape = _mma_sync_shape(spec, arch, BK, WM, WN, warp_tiling, uses_shared)
+        # Each lane of an m16n8 tile holds C rows g and g + 8, columns 2t and 2t + 1 (g = lane / 4,
+        # t = lane % 4): a 2 x 2 "thread tile" whose rows are 8 apart, swept over the warp tile.
+        TM, TN, m_step = 2, 2, 8
+        RM, RN = WM // mma_shape[0], WN // mma_shape[1]
 
     if not uses_shared and (RM, RN) != (1, 1):
         raise spec.error("repeat.m", "sub-tile repeats sweep a warp tile held in shared memory, "
@@ -461,6 +498,8 @@ def make_plan(spec: Spec) -> Plan:
 
     c_layout = spec["layout.C"]
     c_vector = _largest_vector(TN if c_layout == "row" else TM)
+    if c_layout == "col" and m_step > 1:
+        c_vector = 1  # a lane's accumulator rows are m_step apart: no two adjacent along M
     if spec["split"] > 1:
         c_vector = 1  # split K adds into C with one atomicAdd per float
     reduce_count = spec["reduce.count"]
@@ -500,8 +539,11 @@ def make_plan(spec: Spec) -> Plan:
     staging = 0
     if uses_shared and not async_copy and stages == 2:
         staging = a.passes * a.vector + b.passes * b.vector
-    registers = (TM * TN * RM * RN + fragments * (TM * RM + TN * RN) + staging + 24
-                 + 2 * reduce_count)
+    if mma_shape:  # A fragments are 4 registers per m16 tile, B's 2 per n8 tile; 3xtf32 keeps big and small
+        fragment_registers = (2 if math == "3xtf32" else 1) * (4 * RM + 2 * RN)
+    else:
+        fragment_registers = fragments * (TM * RM + TN * RN)
+    registers = (TM * TN * RM * RN + fragment_registers + staging + 24 + 2 * reduce_count)
     if registers > MAX_REGISTERS_PER_THREAD:
         raise spec.error(("thread.m", "repeat.m", "stages", "block.m"), f"each thread would hold about {registers} values in "
                          f"registers ({TM * TN * RM * RN} accumulators); a thread has at most "
@@ -529,7 +571,53 @@ def make_plan(spec: Spec) -> Plan:
         split_k=split_k, staged=staged, c_stage_rows=c_stage_rows, c_stage_cols=c_stage_cols,
         c_stage_ld=c_stage_ld, c_stage_vec=c_stage_vec, a=a, b=b,
         c_layout=c_layout, c_vector=c_vector, smem_bytes=smem_bytes,
-        registers_estimate=registers, notes=tuple(notes))
+        registers_estimate=registers, notes=tuple(notes), math=math, mma_shape=mma_shape,
+        m_step=m_step, ldmatrix_a=bool(mma_shape) and _ldmatrix_fits(a, "m"),
+        ldmatrix_b=bool(mma_shape) and _ldmatrix_fits(b, "n"))
+
+
+def _ldmatrix_fits(op: Operand, free_dim: str) -> bool:
+    """ldmatrix moves 8 rows of 16 bytes per matrix: it fits where shared rows run along the free
+    dimension (so each row holds 4 consecutive k of one m or n) and rows start 16-byte aligned."""
+    return op.smem_row_dim == free_dim and op.smem_ld % 4 == 0
+
+
+def _mma_sync_shape(spec: Spec, arch: Arch, BK: int, WM: int, WN: int, warp_tiling: bool,
+                    uses_shared: bool) -> tuple[int, int, int]:
+    """The mma.sync instruction shape of a tensor-core spec, after checking the tiling fits it."""
+    math = spec["math"]
+    shape = ((spec["mma.m"], spec["mma.n"], spec["mma.k"]) if spec.written("mma.m")
+             else MMA_SYNC_SHAPES[0])
+    allowed = " or ".join(" x ".join(map(str, s)) for s in MMA_SYNC_SHAPES)
+    if shape not in MMA_SYNC_SHAPES:
+        raise spec.error("mma.m", f"mma.sync on {arch.name} multiplies TF32 in tiles of {allowed} "
+                         f"(M x N x K), not {' x '.join(map(str, shape))}",
+                         f"mma {allowed}, or target sm_90a for wgmma's 64 x N x 8")
+    if spec.written("thread.m"):
+        raise spec.error("thread.m", f"with math {math} each warp multiplies {shape[0]} x {shape[1]} "
+                         "tiles on the tensor cores, which fixes what a thread holds: the MMA "
+                         "instruction takes the place of the thread tile",
+                         "no thread line (warp M x N sets how many MMA tiles a warp sweeps)")
+    if not uses_shared:
+        raise spec.error("shared", "tensor-core fragments are read from shared-memory tiles, which "
+                         "'shared off' turns off", "shared memory on")
+    if not warp_tiling:
+        raise spec.error(("math", "block.m"), f"math {math} gives each warp its own C tile, so the "
+                         "spec needs a warp tile", "warp M x N, e.g. warp 64 x 32")
+    if WM % shape[0] or WN % shape[1]:
+        raise spec.error("warp.m", f"the warp tile {WM} x {WN} is not a whole number of "
+                         f"{shape[0]} x {shape[1]} MMA tiles",
+                         f"warp M a multiple of {shape[0]} and N a multiple of {shape[1]}")
+    if BK % shape[2]:
+        raise spec.error("block.k", f"block K = {BK} is not a whole number of the MMA's K steps "
+                         f"of {shape[2]}", f"block K a multiple of {shape[2]}")
+    if spec["fragments"] != 1:
+        raise spec.error("fragments", "double-buffered fragments are a simt technique; tensor-core "
+                         "fragments of one K step are read just before their MMAs", "fragments 1")
+    if spec["order"] != "n":
+        raise spec.error("order", "the MMA instruction fixes which lane holds which C values, so "
+                         "there is no thread order to choose", "no order line")
+    return shape
 
 
 def try_plan(spec: Spec) -> tuple[Plan | None, SpecError | None]:

@@ -19,7 +19,7 @@ from lark import Lark, Token, Transformer, v_args
 
 from .errors import Span, SpecError
 
-TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90")
+TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
 MATH_MODES = ("simt", "tf32", "3xtf32")
 
 
@@ -60,6 +60,9 @@ _WORDS = lambda *words: (lambda v: v in words)  # noqa: E731
 SETTINGS: dict[str, Setting] = {
     "target": Setting("sm_90", _WORDS(*TARGETS), ", ".join(TARGETS)),
     "math": Setting("simt", _WORDS(*MATH_MODES), ", ".join(MATH_MODES)),
+    "mma.m": Setting(None, _positive, "a positive integer (rows of the MMA instruction's tile)"),
+    "mma.n": Setting(None, _positive, "a positive integer (columns of the MMA instruction's tile)"),
+    "mma.k": Setting(None, _positive, "a positive integer (K of the MMA instruction)"),
     "layout.A": Setting("row", _WORDS("row", "col"), "row or col"),
     "layout.B": Setting("row", _WORDS("row", "col"), "row or col"),
     "layout.C": Setting("row", _WORDS("row", "col"), "row or col"),
@@ -188,7 +191,7 @@ def _parser() -> Lark:
 # What each statement looks like, quoted when a line does not parse.
 USAGE = {
     "kernel": "kernel NAME [extends PARENT] { ...settings, one per line... }",
-    "target": "target sm_80 | sm_86 | sm_89 | sm_90",
+    "target": "target sm_80 | sm_86 | sm_89 | sm_90 | sm_90a",
     "layout": "layout A row|col, B row|col, C row|col",
     "block": "block M x N x K        e.g. block 128 x 128 x 16",
     "warp": "warp M x N             e.g. warp 64 x 32",
@@ -202,13 +205,14 @@ USAGE = {
     "epilogue": "epilogue alpha beta | alpha [staged]",
     "reduce": "reduce min N",
     "math": "math simt | tf32 | 3xtf32",
+    "mma": "mma M x N x K          e.g. mma 16 x 8 x 8 (mma.sync), mma 64 x 128 x 8 (wgmma)",
     "occupancy": "occupancy N",
     "split": "split N          (K cut into N slices whose products are added into C)",
 }
 
 _TERMINAL_WORDS = {
     "_NL": "end of line", "INT": "a number", "WORD": "a word", "NAME": "a name",
-    "OPERAND": "A, B or C", "LBRACE": "'{'", "RBRACE": "'}'", "COMMA": "','", "X": "'x'",
+    "OPERAND": "A, B or C", "MODE": "3xtf32", "LBRACE": "'{'", "RBRACE": "'}'", "COMMA": "','", "X": "'x'",
     "$END": "end of file",
 }
 
@@ -341,6 +345,10 @@ class _ToStatements(Transformer):
     @v_args(meta=True)
     def math(self, meta, c):
         return self._statement("math", meta, math=c[0])
+
+    @v_args(meta=True)
+    def mma(self, meta, c):
+        return self._statement("mma", meta, **{"mma.m": c[0], "mma.n": c[1], "mma.k": c[2]})
 
     @v_args(meta=True)
     def operand_layout(self, meta, c):

@@ -152,7 +152,7 @@ def test_header_layout_line_follows_the_spec():
 
 # --- (e) every layout of the main kernel shapes ------------------------------------------
 
-LAYOUT_KERNELS = ["warptile", "vectorized", "pingpong_async", "naive"]
+LAYOUT_KERNELS = ["warptile", "vectorized", "pingpong_async", "naive", "tensorcore_3xtf32"]
 AB_LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
 
 
