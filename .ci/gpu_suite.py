@@ -5,9 +5,9 @@ Run by .ci/gpu (which installs the package first) on a machine with a GPU:
     python3 .ci/gpu_suite.py --out $OUT            # everything
     python3 .ci/gpu_suite.py --out $OUT --quick    # small shapes, default layouts, no 8192^3
 
-Writes to --out: check.json, bench.json, BENCHMARKS.md (the section for this run), bench.png
-and suite.log. A spec that fails to compile, fails a check or crashes is recorded as such and
-the run goes on.
+Writes to --out: check.json, bench.json (with the accuracy records), BENCHMARKS.md (the section
+for this run), bench.png and suite.log. A spec that fails to compile, fails a check or crashes is
+recorded as such and the run goes on.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import multiprocessing
 import os
 import subprocess
@@ -52,6 +53,15 @@ def _compile(plan):
         return plan.name, plan.layouts(), f"{type(exc).__name__}: {exc}", 0.0
 
 
+ACCURACY_SHAPE = "4096x4096x4096"
+BEST_SIMT = "hopper_simt"  # the simt kernel whose accuracy stands beside the tensor-core ones
+
+
+def accuracy_specs(specs):
+    """The specs whose accuracy the run records: every one that is not simt, and the best simt one."""
+    return [s for s in specs if s["math"] != "simt" or s.name == BEST_SIMT]
+
+
 PROGRESSION = ("naive", "coalesced", "shared_tiles", "blocktile_1d", "uncoalesced_loads", "blocktile_2d",
                "padded_transposed", "staged_epilogue", "vectorized", "bank_swizzle", "warptile", "double_buffer",
                "pingpong_async", "register_fragments", "smallest", "split_k", "hopper_small", "hopper_simt")
@@ -65,8 +75,16 @@ def _summary(spec) -> str:
     return ""
 
 
-def benchmarks_markdown(meta: dict, specs, checks: list, results: list) -> str:
-    """This run's section of BENCHMARKS.md: the seed progression, every shape, validation."""
+def _baseline(r: dict) -> str:
+    return r.get("baseline", "cuBLAS FP32")  # records from before baselines followed the math mode
+
+
+def _error(value) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.2e}"  # not measured
+
+
+def benchmarks_markdown(meta: dict, specs, checks: list, results: list, accuracy: list = ()) -> str:
+    """This run's section of BENCHMARKS.md: the seed progression, every shape, accuracy, validation."""
     by = {(r["kernel"].removeprefix("gemmgen_"), r["shape"]): r for r in results}
     shapes = list(dict.fromkeys(r["shape"] for r in results))
     focus = "4096x4096x4096" if "4096x4096x4096" in shapes else shapes[0]
@@ -76,27 +94,62 @@ def benchmarks_markdown(meta: dict, specs, checks: list, results: list) -> str:
              f"(CUDA {meta['driver']}), commit {meta['commit']}", "",
              f"Recorded by `bash .ci/gpu` at {meta['date']}. FP32 peak {meta['fp32_peak']:.1f} TFLOP/s "
              f"({meta['sm_count']} SMs x 128 FFMA lanes x 2 x {meta['clock_mhz']:.0f} MHz). cuBLAS is "
-             "CuPy's matmul in FP32 (TF32 off) on the same buffers in the same process. Times are medians "
-             "of CUDA-event-timed launches, L2 flushed before each; inputs random in [-1, 1].", "",
+             "cublasGemmEx through CuPy on the same buffers in the same process, with the kernel's input "
+             "precision: FP32 (CUBLAS_COMPUTE_32F) beside math simt and 3xtf32 kernels, TF32 "
+             "(CUBLAS_COMPUTE_32F_FAST_TF32) beside math tf32 ones. Times are medians of CUDA-event-timed "
+             "launches, L2 flushed before each; inputs random in [-1, 1]. Relative errors are "
+             "||C - C64||_F / ||C64||_F against a float64 product of the same inputs, the kernel's beside "
+             "cuBLAS FP32's.", "",
              f"### The seed progression at {focus}", "",
-             "| spec | what it shows | ms | TFLOP/s | % of cuBLAS | % of FP32 peak |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
+             "| spec | what it shows | ms | TFLOP/s | % of cuBLAS | cuBLAS | % of FP32 peak | rel. error | "
+             "cuBLAS FP32 rel. error |",
+             "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     spec_by_name = {s.name: s for s in specs}
     for name in names:
         r = by.get((name, focus))
         if r:
             lines.append(f"| {name} | {_summary(spec_by_name[name])} | {r['ms']:.3f} | {r['tflops']:.2f} | "
-                         f"{r['percent_of_cublas']:.1f}% | {r['percent_of_peak']:.1f}% |")
-    cublas = {shape: next(r["cublas_tflops"] for r in results if r["shape"] == shape) for shape in shapes}
-    lines += ["", "### Every spec at every shape: TFLOP/s (% of cuBLAS)", "",
+                         f"{r['percent_of_cublas']:.1f}% | {_baseline(r).removeprefix('cuBLAS ')} | "
+                         f"{r['percent_of_peak']:.1f}% | {_error(r.get('rel_error'))} | "
+                         f"{_error(r.get('cublas_fp32_rel_error'))} |")
+    baselines = list(dict.fromkeys(_baseline(r) for r in results))
+    cublas = {(_baseline(r), r["shape"]): r["cublas_tflops"] for r in results}
+    lines += ["", "### Every spec at every shape: TFLOP/s (% of cuBLAS in the spec's precision)", "",
+              "| spec | cuBLAS | " + " | ".join(shapes) + " |", "| --- | --- |" + " ---: |" * len(shapes)]
+    for name in names:
+        cells, baseline = [], "-"
+        for shape in shapes:
+            r = by.get((name, shape))
+            cells.append(f"{r['tflops']:.2f} ({r['percent_of_cublas']:.0f}%)" if r else "-")
+            baseline = _baseline(r).removeprefix("cuBLAS ") if r else baseline
+        lines.append(f"| {name} | {baseline} | " + " | ".join(cells) + " |")
+    for baseline in baselines:
+        lines.append(f"| **{baseline}** | | " + " | ".join(
+            f"{cublas[baseline, s]:.2f}" if (baseline, s) in cublas else "-" for s in shapes) + " |")
+    lines += ["", "### Every spec at every shape: relative error (cuBLAS FP32's on the same inputs)", "",
               "| spec | " + " | ".join(shapes) + " |", "| --- |" + " ---: |" * len(shapes)]
     for name in names:
         cells = []
         for shape in shapes:
             r = by.get((name, shape))
-            cells.append(f"{r['tflops']:.2f} ({r['percent_of_cublas']:.0f}%)" if r else "-")
+            cells.append(f"{_error(r.get('rel_error'))} ({_error(r.get('cublas_fp32_rel_error'))})" if r else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines.append("| **cuBLAS FP32** | " + " | ".join(f"{cublas[s]:.2f}" for s in shapes) + " |")
+    if accuracy:
+        lines += ["", f"### Accuracy at {ACCURACY_SHAPE}", "",
+                  "Every math mode beside cuBLAS on the same inputs (uniform in [-1, 1]): relative error "
+                  "||C - C64||_F / ||C64||_F against float64, and the kernel's in units of cuBLAS FP32's "
+                  "(1 = as accurate as FP32).", "",
+                  "| spec | math | rel. error | cuBLAS FP32 rel. error | ratio to cuBLAS FP32 | "
+                  "cuBLAS TF32 rel. error |",
+                  "| --- | --- | ---: | ---: | ---: | ---: |"]
+        for a in accuracy:
+            name = a["kernel"].removeprefix("gemmgen_")
+            if "error" in a:
+                lines.append(f"| {name} | {a['math']} | failed: {a['error']} | | | |")
+                continue
+            lines.append(f"| {name} | {a['math']} | {_error(a['rel_error'])} | "
+                         f"{_error(a['cublas_fp32_rel_error'])} | {a['ratio_to_fp32']:.2f} | "
+                         f"{_error(a['cublas_tf32_rel_error'])} |")
     passed = sum(1 for c in checks if c["ok"])
     cases = sum(len(c["cases"]) for c in checks)
     lines += ["", "### Validation", "",
@@ -202,7 +255,7 @@ def main() -> int:
         checks.append(record)
     (out / "check.json").write_text(json.dumps({"meta": meta, "checks": checks}, indent=1))
 
-    results = []
+    results, accuracy = [], []
     if not args.skip_bench:
         shapes = bench_mod.DEFAULT_SHAPES
         if args.bench_shapes:
@@ -219,15 +272,32 @@ def main() -> int:
                 r = bench_mod.bench(kernel, case, info=info, flusher=flusher, budget_s=args.budget)
                 results.append(r.as_dict())
                 say(f"bench {r.kernel:20s} {r.shape:14s} {r.ms:9.3f} ms {r.tflops:6.2f} TFLOP/s "
-                    f"cuBLAS {r.cublas_tflops:6.2f} ({r.percent_of_cublas:5.1f}%) peak {r.percent_of_peak:5.1f}%")
-        (out / "bench.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+                    f"{r.baseline} {r.cublas_tflops:6.2f} ({r.percent_of_cublas:5.1f}%) peak {r.percent_of_peak:5.1f}% "
+                    f"rel. error {r.rel_error:.2e} (cuBLAS FP32 {r.cublas_fp32_rel_error:.2e})")
+        for spec in accuracy_specs(specs):
+            if not all(c["ok"] for c in checks if c["kernel"] == spec.name):
+                say(f"skip accuracy {spec.name}: it failed its check")
+                continue
+            try:
+                a = verify.measure_accuracy(Kernel(make_plan(spec)), verify.parse_case(ACCURACY_SHAPE), seed=0)
+                accuracy.append(a.as_dict())
+                say(f"accuracy {a.kernel:20s} math {a.math:6s} rel. error {a.rel_error:.2e} "
+                    f"(cuBLAS FP32 {a.cublas_fp32_rel_error:.2e}, x {a.ratio_to_fp32:.2f}; "
+                    f"cuBLAS TF32 {a.cublas_tf32_rel_error:.2e})")
+            except Exception as exc:  # noqa: BLE001 - recorded; the benchmarks above are kept
+                accuracy.append({"kernel": spec.name, "math": spec["math"], "error": f"{type(exc).__name__}: {exc}"})
+                say(f"FAIL accuracy {spec.name}: {accuracy[-1]['error']}")
+                say(traceback.format_exc())
+                break  # a sticky CUDA error poisons the context for the rest of the process
+        (out / "bench.json").write_text(json.dumps({"meta": meta, "results": results, "accuracy": accuracy},
+                                                   indent=1))
         if results:
             lanes = make_plan(specs[0]).arch.fp32_lanes_per_sm
             bench_mod.plot([bench_mod.BenchResult(**{**r, "spread_ms": tuple(r["spread_ms"])})
                             for r in results], info, lanes, str(out / "bench.png"))
 
     if results:
-        (out / "BENCHMARKS.md").write_text(benchmarks_markdown(meta, specs, checks, results))
+        (out / "BENCHMARKS.md").write_text(benchmarks_markdown(meta, specs, checks, results, accuracy))
 
     failed = [c for c in checks if not c["ok"]]
     say(f"checks: {len(checks) - len(failed)} passed, {len(failed)} failed")

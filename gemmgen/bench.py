@@ -1,6 +1,9 @@
 """Time a kernel beside cuBLAS on the same buffers: CUDA events, warm-up, L2 flushed, median.
 
-TFLOP/s count 2*M*N*K flops. cuBLAS runs in FP32 (TF32 off) through CuPy in the same process.
+TFLOP/s count 2*M*N*K flops. cuBLAS runs in the same process, through cublasGemmEx with an
+explicit compute type: FP32 beside `math simt` and `math 3xtf32` kernels (which promise FP32
+accuracy), TF32 beside `math tf32` kernels (which round their inputs to TF32 as cuBLAS's TF32 mode
+does). Each bench also records the accuracy of the kernel and of cuBLAS FP32 on its own inputs.
 The FP32 peak is read off the device: FFMA lanes per SM x 2 x SMs x clock.
 """
 
@@ -9,12 +12,20 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import asdict, dataclass
+from math import nan
 from typing import Callable
 
-from .runtime import DeviceInfo, Kernel, device_info
-from .verify import Case, place_matrix, matrix_view
+import numpy as np
 
-os.environ.setdefault("CUPY_TF32", "0")  # cuBLAS baseline in true FP32
+from .runtime import DeviceInfo, Kernel, device_info
+from .verify import Case, accuracy_on, place_matrix
+
+# cublas_gemm names its compute type, so this only keeps other CuPy matmuls of the process (the
+# tuner's baseline) in FP32: CuPy reads CUPY_TF32 once, at its first float32 matmul.
+os.environ.setdefault("CUPY_TF32", "0")
+
+BASELINES = {"simt": "cuBLAS FP32", "3xtf32": "cuBLAS FP32", "tf32": "cuBLAS TF32"}
+CUDA_R_32F = 0  # cudaDataType_t of float (library_types.h), for A, B and C
 
 DEFAULT_SHAPES = (Case(1024, 1024, 1024), Case(2048, 2048, 2048), Case(4092, 4092, 4092),
                   Case(4096, 4096, 4096), Case(8192, 8192, 8192), Case(127, 4099, 1023))
@@ -44,6 +55,11 @@ class BenchResult:
     percent_of_cublas: float
     percent_of_peak: float
     runs: int
+    baseline: str = "cuBLAS FP32"          # what cublas_ms and percent_of_cublas refer to
+    rel_error: float = nan                 # the kernel's ||C - C64||_F / ||C64||_F
+    max_rel_error: float = nan             # the kernel's max |C - C64| / max |C64|
+    cublas_fp32_rel_error: float = nan     # cuBLAS FP32's, on the same inputs
+    cublas_tf32_rel_error: float = nan     # cuBLAS TF32's, on the same inputs
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -52,6 +68,43 @@ class BenchResult:
 def _cupy():
     import cupy
     return cupy
+
+
+def _cublas():
+    from cupy_backends.cuda.libs import cublas
+    return cublas
+
+
+def baseline_for(math: str) -> str:
+    """The cuBLAS mode a kernel of this math mode is timed against: the same input precision."""
+    if math not in BASELINES:
+        raise ValueError(f"unknown math mode {math!r}: one of {', '.join(BASELINES)}")
+    return BASELINES[math]
+
+
+def cublas_gemm(M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,
+                beta: float, C: int, ldc: int, layouts: dict[str, str], *, tf32: bool = False) -> None:
+    """C = alpha A@B + beta C by cublasGemmEx on raw device addresses, the launcher's ABI, with
+    `layouts` = {"A": "row" or "col", "B": ..., "C": ...}. The compute type is named,
+    CUBLAS_COMPUTE_32F or CUBLAS_COMPUTE_32F_FAST_TF32, so that neither CUPY_TF32 nor CuPy's
+    cached choice can change what the baseline computes."""
+    cp, cublas = _cupy(), _cublas()
+    if M == 0 or N == 0:
+        return
+    # cuBLAS is column-major. A column-major C is A@B as it stands; a row-major C, read
+    # column-major, is C^T = B^T A^T: the operands swap places and M swaps with N. An operand
+    # stored in C's order reads as the factor it must be (OP_N), one in the other order as its
+    # transpose (OP_T).
+    first, second = ((A, lda, "A"), (B, ldb, "B")) if layouts["C"] == "col" else ((B, ldb, "B"), (A, lda, "A"))
+    m, n = (M, N) if layouts["C"] == "col" else (N, M)
+    op = {name: cublas.CUBLAS_OP_N if layouts[name] == layouts["C"] else cublas.CUBLAS_OP_T
+          for name in "AB"}
+    compute = cublas.CUBLAS_COMPUTE_32F_FAST_TF32 if tf32 else cublas.CUBLAS_COMPUTE_32F
+    scalars = np.array([alpha, beta], dtype=np.float32)  # host pointers: read before gemmEx returns
+    cublas.gemmEx(cp.cuda.device.get_cublas_handle(), op[first[2]], op[second[2]], m, n, K,
+                  scalars.ctypes.data, first[0], CUDA_R_32F, first[1],
+                  second[0], CUDA_R_32F, second[1],
+                  scalars.ctypes.data + 4, C, CUDA_R_32F, ldc, compute, cublas.CUBLAS_GEMM_DEFAULT)
 
 
 def time_gpu(run: Callable[[], None], *, flush: Callable[[], None] | None = None,
@@ -107,29 +160,27 @@ def bench(kernel: Kernel, case: Case, *, info: DeviceInfo | None = None,
         "B": generator.uniform(-1, 1, (case.K, case.N), dtype=cp.float32),
         "C": generator.uniform(-1, 1, (case.M, case.N), dtype=cp.float32),
     }
-    buffers, lds, views = {}, {}, {}
-    for name, shape in (("A", (case.M, case.K)), ("B", (case.K, case.N)), ("C", (case.M, case.N))):
+    buffers, lds = {}, {}
+    for name in "ABC":
         buffers[name], lds[name] = place_matrix(cp, values[name], layout[name], case.pad, case.offset)
-        views[name] = matrix_view(cp, buffers[name], *shape, layout[name], lds[name], case.offset)
-    smallest = None
+    smallest, smallest_arrays = None, None  # the arrays stay referenced while the kernel writes them
     if plan.reduce_count:
-        smallest = tuple(cp.zeros(plan.reduce_count, dtype).data.ptr
-                         for dtype in (cp.float32, cp.int32, cp.int32))
+        smallest_arrays = [cp.zeros(plan.reduce_count, dtype) for dtype in (cp.float32, cp.int32, cp.int32)]
+        smallest = tuple(x.data.ptr for x in smallest_arrays)
     ptr = {name: buffers[name].data.ptr + 4 * case.offset for name in "ABC"}
 
     def ours() -> None:
         kernel.launch(case.M, case.N, case.K, case.alpha, ptr["A"], lds["A"], ptr["B"], lds["B"],
                       case.beta, ptr["C"], lds["C"], smallest=smallest)
 
-    a, b, c = views["A"], views["B"], views["C"]
+    baseline = baseline_for(plan.spec["math"])
 
     def cublas() -> None:
-        # cuBLAS writes C = A @ B; a column-major C is the row-major product B^T A^T.
-        if layout["C"] == "row":
-            cp.matmul(a, b, out=c)
-        else:
-            cp.matmul(b.T, a.T, out=c.T)
+        cublas_gemm(case.M, case.N, case.K, case.alpha, ptr["A"], lds["A"], ptr["B"], lds["B"],
+                    case.beta, ptr["C"], lds["C"], layout, tf32=baseline == "cuBLAS TF32")
 
+    # Once, before the timed runs overwrite C: errors on these inputs against float64.
+    accuracy = accuracy_on(kernel, case, values["A"], values["B"], values["C"])
     mine = time_gpu(ours, flush=flusher, budget_s=budget_s)
     theirs = time_gpu(cublas, flush=flusher, budget_s=budget_s)
     flops = 2.0 * case.M * case.N * case.K
@@ -142,7 +193,10 @@ def bench(kernel: Kernel, case: Case, *, info: DeviceInfo | None = None,
         tflops=tflops, spread_ms=(mine.p10_ms, mine.p90_ms), cublas_ms=theirs.median_ms,
         cublas_tflops=cublas_tflops,
         percent_of_cublas=100.0 * theirs.median_ms / mine.median_ms if mine.median_ms else 0.0,
-        percent_of_peak=100.0 * tflops / peak if peak else 0.0, runs=mine.runs)
+        percent_of_peak=100.0 * tflops / peak if peak else 0.0, runs=mine.runs,
+        baseline=baseline, rel_error=accuracy.rel_error, max_rel_error=accuracy.max_rel_error,
+        cublas_fp32_rel_error=accuracy.cublas_fp32_rel_error,
+        cublas_tf32_rel_error=accuracy.cublas_tf32_rel_error)
 
 
 def plot(results: list[BenchResult], info: DeviceInfo, lanes_per_sm: int, path: str,
@@ -157,14 +211,16 @@ def plot(results: list[BenchResult], info: DeviceInfo, lanes_per_sm: int, path: 
     bandwidth = info.memory_bandwidth_gbs / 1e3  # TB/s
     shapes = list(dict.fromkeys(r.shape for r in results))
     focus = focus if focus in shapes else ("4096x4096x4096" if "4096x4096x4096" in shapes else shapes[0])
-    cublas = {s: next(r.cublas_tflops for r in results if r.shape == s) for s in shapes}
+    best = {s: max((r for r in results if r.shape == s), key=lambda r: r.tflops) for s in shapes}
+    cublas = {s: best[s].cublas_tflops for s in shapes}  # the baseline of the best kernel's math mode
     fig, (kernels_ax, shapes_ax, roof) = plt.subplots(1, 3, figsize=(17, 5.5),
                                                       gridspec_kw={"width_ratios": [1.2, 1.2, 1]})
 
     at_focus = [r for r in results if r.shape == focus]
     names = [r.kernel.removeprefix("gemmgen_") for r in at_focus]
     kernels_ax.barh(range(len(at_focus)), [r.tflops for r in at_focus], color="tab:blue")
-    kernels_ax.axvline(cublas[focus], color="black", linestyle="--", label=f"cuBLAS {cublas[focus]:.1f}")
+    kernels_ax.axvline(cublas[focus], color="black", linestyle="--",
+                       label=f"{best[focus].baseline} {cublas[focus]:.1f}")
     kernels_ax.axvline(peak, color="grey", linestyle=":", label=f"FP32 peak {peak:.1f}")
     kernels_ax.set_yticks(range(len(at_focus)), names, fontsize=8)
     kernels_ax.invert_yaxis()
@@ -172,17 +228,18 @@ def plot(results: list[BenchResult], info: DeviceInfo, lanes_per_sm: int, path: 
     kernels_ax.set_title(f"every spec at {focus}")
     kernels_ax.legend(fontsize=8, loc="lower right")
 
-    best = {s: max((r for r in results if r.shape == s), key=lambda r: r.tflops) for s in shapes}
     xs = range(len(shapes))
     shapes_ax.bar([x - 0.2 for x in xs], [best[s].tflops for s in shapes], 0.4, label="best gemmgen spec")
-    shapes_ax.bar([x + 0.2 for x in xs], [cublas[s] for s in shapes], 0.4, color="black", label="cuBLAS FP32")
+    baselines = " / ".join(sorted({r.baseline for r in results}))
+    shapes_ax.bar([x + 0.2 for x in xs], [cublas[s] for s in shapes], 0.4, color="black", label=baselines)
     for x, s in zip(xs, shapes):
         shapes_ax.annotate(best[s].kernel.removeprefix("gemmgen_"), (x - 0.2, best[s].tflops),
                            rotation=90, fontsize=7, ha="center", va="bottom")
     shapes_ax.axhline(peak, color="grey", linestyle=":")
     shapes_ax.set_xticks(list(xs), shapes, rotation=20, fontsize=8)
     shapes_ax.set_ylabel("TFLOP/s")
-    shapes_ax.set_ylim(0, peak * 1.15)
+    # Tensor-core kernels and their TF32 baseline run past the FP32 peak.
+    shapes_ax.set_ylim(0, max([peak] + [best[s].tflops for s in shapes] + list(cublas.values())) * 1.15)
     shapes_ax.set_title(f"{info.name}: best spec per shape vs cuBLAS")
     shapes_ax.legend(fontsize=8, loc="upper left")
 

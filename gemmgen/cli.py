@@ -274,23 +274,27 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path):
     """Validate SPEC on the GPU against a float64 reference.
 
     Every case uses fresh random inputs, poisons the output and the guard cells around it, and
-    checks every element within a tolerance that grows with sqrt(K); NaN never passes. The
-    default matrix covers 1x1x1, primes, sizes below one tile and off the vector width,
-    alpha/beta other than (1, 0), padded leading dimensions, misaligned pointers and 4092^3.
-    Exits non-zero on any failure, printing the worst element.
+    checks every element within a tolerance that grows with sqrt(K) and follows the kernel's
+    math mode: 16 sqrt(K+1) u (|alpha| |A||B| + |beta| |C|), u = 2^-24 (FP32) for math simt and
+    3xtf32, 2^-11 for math tf32 (inputs rounded to TF32). NaN never passes. The default matrix
+    covers 1x1x1, primes, sizes below one tile and off the vector width, alpha/beta other than
+    (1, 0), padded leading dimensions, misaligned pointers and 4092^3. Each case shows the
+    largest error relative to max |C| and the worst element's error over its tolerance (err/tol,
+    at most 1 to pass). Exits non-zero on any failure, printing the worst element.
     """
     from .runtime import Kernel
-    from .verify import DEFAULT_CASES, QUICK_CASES, check as run_check
+    from .verify import DEFAULT_CASES, QUICK_CASES, check as run_check, tolerance_rule
 
     _require_gpu()
     cases = _parse_shapes(shapes, QUICK_CASES if quick else DEFAULT_CASES)
     problems: dict = {}
     failed = False
     records = []
-    table = Table(title=f"gemmgen check {spec}")
-    for column in ("kernel", "layout", "case", "result", "max rel. error", "detail"):
-        table.add_column(column)
     plans = _plans(spec, kernel, None, layouts)
+    rules = "; ".join(tolerance_rule(m) for m in dict.fromkeys(p.spec["math"] for p in plans))
+    table = Table(title=f"gemmgen check {spec}\ntolerance {rules}")
+    for column in ("kernel", "layout", "case", "result", "max rel. error", "err/tol", "detail"):
+        table.add_column(column)
     reports = []
     with _progress() as bar:
         task = bar.add_task("checking", total=len(plans) * len(cases))
@@ -303,10 +307,11 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path):
             failed |= not result.ok
             table.add_row(plan.name, plan.layouts(), str(result.case),
                           "[green]ok[/]" if result.ok else "[bold red]FAIL[/]",
-                          f"{result.max_relative_error:.2e}", result.message)
+                          f"{result.max_relative_error:.2e}", f"{result.worst_ratio:.2g}", result.message)
             records.append({"kernel": plan.name, "layout": plan.layouts(), "case": str(result.case),
                             "ok": result.ok, "max_relative_error": result.max_relative_error,
-                            "worst_ratio": result.worst_ratio, "message": result.message})
+                            "worst_ratio": result.worst_ratio, "message": result.message,
+                            "math": plan.spec["math"]})
     console.print(table)
     if json_path:
         Path(json_path).write_text(json.dumps(records, indent=2))
@@ -328,10 +333,15 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path):
               help="Split each GEMM over these GPUs by bands of C and report scaling against one GPU "
                    "('0,0' splits into two parts on one GPU).")
 def bench(spec, kernel, shapes, json_path, plot_path, budget, devices):
-    """Time SPEC beside cuBLAS (FP32, TF32 off) on the same buffers.
+    """Time SPEC beside cuBLAS on the same buffers, and measure its accuracy.
 
-    CUDA events around each launch, warm-up first, L2 flushed before every run, median and
-    10-90% spread. Reports TFLOP/s, % of cuBLAS and % of the device's FP32 peak.
+    The baseline has the kernel's input precision: math simt and 3xtf32 kernels run beside
+    cuBLAS FP32 (TF32 off), math tf32 kernels beside cuBLAS in TF32 mode
+    (CUBLAS_COMPUTE_32F_FAST_TF32). CUDA events around each launch, warm-up first, L2 flushed
+    before every run, median and 10-90% spread. Reports TFLOP/s, % of the baseline and % of
+    the device's FP32 peak, and, on the bench's own inputs (uniform in [-1, 1]), the relative
+    error ||C - C64||_F / ||C64||_F of the kernel against a float64 product beside cuBLAS
+    FP32's on the same inputs.
     """
     from .bench import DEFAULT_SHAPES, L2Flusher, bench as run_bench, plot
     from .runtime import Kernel, device_info
@@ -344,10 +354,6 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices):
     flusher = L2Flusher(info)
     results = []
     plans = _plans(spec, kernel, None)
-    table = Table(title=f"{info.name} (driver {info.driver_version}), FP32 peak "
-                        f"{info.fp32_peak_tflops(plans[0].arch.fp32_lanes_per_sm):.1f} TFLOP/s")
-    for column in ("kernel", "shape", "ms", "TFLOP/s", "cuBLAS TFLOP/s", "% cuBLAS", "% peak"):
-        table.add_column(column, justify="right")
     with _progress() as bar:
         task = bar.add_task("timing", total=len(plans) * len(cases))
         for plan in plans:
@@ -356,9 +362,26 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices):
                 bar.update(task, description=f"timing {plan.name} at {case}")
                 results.append(run_bench(kernel_obj, case, info=info, flusher=flusher, budget_s=budget))
                 bar.advance(task)
+    # One baseline (one math mode) names the columns; kernels of several math modes get a column.
+    baselines = list(dict.fromkeys(r.baseline for r in results))
+    baseline = baselines[0] if len(baselines) == 1 else "baseline"
+    table = Table(title=f"{info.name} (driver {info.driver_version}), FP32 peak "
+                        f"{info.fp32_peak_tflops(plans[0].arch.fp32_lanes_per_sm):.1f} TFLOP/s",
+                  caption="rel err: ||C - C64||_F / ||C64||_F against a float64 product, on the "
+                          "bench's inputs")
+    columns = ["kernel", "shape", "ms", "TFLOP/s", f"{baseline} TFLOP/s", f"% {baseline}", "% peak",
+               "rel err", "cuBLAS FP32 rel err"]
+    if len(baselines) > 1:
+        columns.insert(4, "baseline")
+    for column in columns:
+        table.add_column(column, justify="right")
     for r in results:
-        table.add_row(r.kernel, r.shape, f"{r.ms:.3f}", f"{r.tflops:.1f}", f"{r.cublas_tflops:.1f}",
-                      f"{r.percent_of_cublas:.0f}%", f"{r.percent_of_peak:.0f}%")
+        cells = [r.kernel, r.shape, f"{r.ms:.3f}", f"{r.tflops:.1f}", f"{r.cublas_tflops:.1f}",
+                 f"{r.percent_of_cublas:.0f}%", f"{r.percent_of_peak:.0f}%", f"{r.rel_error:.2e}",
+                 f"{r.cublas_fp32_rel_error:.2e}"]
+        if len(baselines) > 1:
+            cells.insert(4, r.baseline)
+        table.add_row(*cells)
     console.print(table)
     if json_path:
         Path(json_path).write_text(json.dumps([r.as_dict() for r in results], indent=2))

@@ -3,15 +3,19 @@
 Each case draws fresh random inputs in [-1, 1], poisons the output (NaN where beta is 0, so an
 unwritten element fails) and the guard cells around it (a NaN with a marker payload, checked
 bit for bit afterwards), places the matrices at the case's leading dimensions and pointer offset,
-and compares with alpha * A @ B + beta * C computed in float64. The tolerance grows with K.
+and compares with alpha * A @ B + beta * C computed in float64. The tolerance grows with K and
+follows the kernel's math mode (`math tf32` rounds its inputs to TF32 first).
+
+`measure_accuracy` records how far a kernel's result is from the float64 product beside cuBLAS's
+FP32 and TF32 results on the same inputs: relative errors, not pass or fail.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from math import inf, log2, sqrt
 from typing import Any
 
 import numpy as np
@@ -19,14 +23,34 @@ import numpy as np
 from .runtime import Kernel, synchronize
 
 GUARD_BITS = 0x7FC0DEAD          # a quiet NaN whose payload marks untouched guard cells
-UNIT_ROUNDOFF = 2.0 ** -24
 TOLERANCE_FACTOR = 16.0           # x sqrt(K) x unit round-off x (|alpha| |A||B| + |beta| |C|)
+UNIT_ROUNDOFF = {                 # of the rounding that dominates each math mode's error
+    "simt": 2.0 ** -24,           # FP32 products and sums
+    # tf32 rounds A and B to 10 stored mantissa bits (u = 2^-11) before the tensor cores multiply;
+    # that input rounding, not the FP32 accumulation, bounds the error, so it takes FP32's place.
+    "tf32": 2.0 ** -11,
+    "3xtf32": 2.0 ** -24,         # big + small TF32 parts carry FP32's 24 bits
+}
 
 
-def tolerance(scale, K: int):
-    """Largest accepted |C - reference| per element, where scale = |alpha| |A||B| + |beta| |C|:
-    FP32 rounding grows about like sqrt(K) when the summands' signs are random."""
-    return TOLERANCE_FACTOR * math.sqrt(K + 1) * UNIT_ROUNDOFF * scale + 1e-30
+def tolerance(scale, K: int, math: str = "simt"):
+    """Largest accepted |C - reference| per element, where scale = |alpha| |A||B| + |beta| |C|
+    and math is the kernel's math mode: the rounding error grows about like sqrt(K) when the
+    summands' signs are random."""
+    return TOLERANCE_FACTOR * sqrt(K + 1) * _unit_roundoff(math) * scale + 1e-30
+
+
+def tolerance_rule(math: str = "simt") -> str:
+    """The rule `tolerance` applies to a math mode, in words, for headers and reports."""
+    exponent = -round(log2(_unit_roundoff(math)))
+    return (f"math {math}: |C - C64| <= {TOLERANCE_FACTOR:g} sqrt(K+1) 2^-{exponent} "
+            "(|alpha| |A||B| + |beta| |C|) per element")
+
+
+def _unit_roundoff(math: str) -> float:
+    if math not in UNIT_ROUNDOFF:
+        raise ValueError(f"unknown math mode {math!r}: one of {', '.join(UNIT_ROUNDOFF)}")
+    return UNIT_ROUNDOFF[math]
 
 
 @dataclass(frozen=True)
@@ -194,7 +218,7 @@ def check_case(kernel: Kernel, problem: Problem) -> CaseResult:
     if case.M and case.N:
         out = matrix_view(cp, c_buf, case.M, case.N, layout["C"], ldc, case.offset).astype(cp.float64)
         error = cp.abs(out - problem.reference)
-        allowed = tolerance(problem.scale, case.K)
+        allowed = tolerance(problem.scale, case.K, plan.spec["math"])
         ratio = error / allowed
         bad = ~(ratio <= 1.0)  # NaN compares false, so NaN never passes
         ratio = cp.where(cp.isnan(ratio), cp.inf, ratio)
@@ -241,3 +265,86 @@ def check(kernel: Kernel, cases=DEFAULT_CASES, *, seed: int | None = None,
         if progress:
             progress(case)
     return report
+
+
+def relative_errors(cp, out, reference) -> tuple[float, float]:
+    """(||out - ref||_F / ||ref||_F, max |out - ref| / max |ref|); a NaN counts as infinitely wrong."""
+    if not reference.size:
+        return 0.0, 0.0
+    error = out.astype(cp.float64) - reference
+    error = cp.where(cp.isnan(error), cp.inf, error)
+    return (_ratio(float(cp.linalg.norm(error)), float(cp.linalg.norm(reference))),
+            _ratio(float(cp.abs(error).max()), float(cp.abs(reference).max())))
+
+
+def _ratio(error: float, size: float) -> float:
+    return error / size if size else (0.0 if error == 0.0 else inf)
+
+
+@dataclass
+class Accuracy:
+    """How close a kernel, cuBLAS FP32 and cuBLAS TF32 come to the float64 product on the same
+    inputs. rel: ||C - C64||_F / ||C64||_F; max rel: max |C - C64| / max |C64|."""
+
+    kernel: str
+    shape: str
+    math: str
+    rel_error: float
+    max_rel_error: float
+    cublas_fp32_rel_error: float
+    cublas_fp32_max_rel_error: float
+    cublas_tf32_rel_error: float
+    cublas_tf32_max_rel_error: float
+
+    @property
+    def ratio_to_fp32(self) -> float:
+        """The kernel's relative error in units of cuBLAS FP32's (1 = as accurate)."""
+        return _ratio(self.rel_error, self.cublas_fp32_rel_error)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "ratio_to_fp32": self.ratio_to_fp32}
+
+
+def accuracy_on(kernel: Kernel, case: Case, A, B, C) -> Accuracy:
+    """The Accuracy of `kernel` on the float32 device arrays A (M x K), B (K x N) and C (M x N),
+    placed in the kernel's layouts at the case's padding and offset, for alpha A@B + beta C.
+    cuBLAS runs on the same placed inputs through the launcher's ABI."""
+    from .bench import cublas_gemm  # bench builds on this module, so it comes in late
+
+    cp = _cupy()
+    plan = kernel.plan
+    layouts = {name: plan.spec[f"layout.{name}"] for name in "ABC"}
+    reference = case.alpha * (A.astype(cp.float64) @ B.astype(cp.float64))
+    if case.beta != 0.0:
+        reference += case.beta * C.astype(cp.float64)
+    a_buf, lda = place_matrix(cp, A, layouts["A"], case.pad, case.offset)
+    b_buf, ldb = place_matrix(cp, B, layouts["B"], case.pad, case.offset)
+    address = lambda buf: buf.data.ptr + 4 * case.offset  # noqa: E731
+    smallest, smallest_arrays = None, None  # the arrays stay referenced while the kernel writes them
+    if plan.reduce_count:
+        smallest_arrays = [cp.zeros(plan.reduce_count, dtype) for dtype in (cp.float32, cp.int32, cp.int32)]
+        smallest = tuple(x.data.ptr for x in smallest_arrays)
+
+    def errors(multiply) -> tuple[float, float]:
+        # A fresh C each time: its input when beta is used, else NaN, so unwritten elements count.
+        c_values = C if case.beta != 0.0 else cp.full((case.M, case.N), cp.nan, dtype=cp.float32)
+        c_buf, ldc = place_matrix(cp, c_values, layouts["C"], case.pad, case.offset)
+        multiply(address(c_buf), ldc)
+        synchronize()
+        out = matrix_view(cp, c_buf, case.M, case.N, layouts["C"], ldc, case.offset)
+        return relative_errors(cp, out, reference)
+
+    operands = (case.M, case.N, case.K, case.alpha, address(a_buf), lda, address(b_buf), ldb, case.beta)
+    mine = errors(lambda c, ldc: kernel.launch(*operands, c, ldc, smallest=smallest))
+    fp32 = errors(lambda c, ldc: cublas_gemm(*operands, c, ldc, layouts, tf32=False))
+    tf32 = errors(lambda c, ldc: cublas_gemm(*operands, c, ldc, layouts, tf32=True))
+    return Accuracy(kernel.name, str(case), plan.spec["math"], *mine, *fp32, *tf32)
+
+
+def measure_accuracy(kernel: Kernel, case: Case, *, seed: int | None = 0) -> Accuracy:
+    """The Accuracy of `kernel` at `case` on random inputs, uniform in [-1, 1]."""
+    cp = _cupy()
+    generator = cp.random.default_rng(seed)
+    A, B, C = (generator.uniform(-1, 1, shape, dtype=cp.float64).astype(cp.float32)
+               for shape in ((case.M, case.K), (case.K, case.N), (case.M, case.N)))
+    return accuracy_on(kernel, case, A, B, C)

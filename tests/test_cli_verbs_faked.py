@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import fake_device
 import gemmgen.bench
 import gemmgen.cli
 import gemmgen.runtime
@@ -87,3 +88,62 @@ def test_bad_shape_is_a_usage_error(fake_gpu):
     result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(SPECS / "naive.gemm"), "--shapes", "12x12"])
     assert result.exit_code == 2
     assert "expected MxNxK" in result.output
+
+
+# --- math modes: the real check and bench over tests/fake_device.py (CPU stand-ins for the GPU) ----
+
+@pytest.fixture
+def fake_device_gpu(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    return fake_device.install(monkeypatch)
+
+
+def test_bench_of_a_tf32_kernel_shows_its_tf32_baseline_and_both_errors(fake_device_gpu, tmp_path):
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(SPECS / "tensorcore_tf32.gemm"),
+                                                   "--shapes", "64x48x256;32x32x32,beta=0.5", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "cuBLAS TF32 TFLOP/s" in result.output and "% cuBLAS TF32" in result.output
+    assert "cuBLAS FP32 rel err" in result.output
+    records = json.loads(out.read_text())
+    assert [r["baseline"] for r in records] == ["cuBLAS TF32", "cuBLAS TF32"]
+    assert fake_device_gpu.cublas.compute_types[-1] == fake_device.CUBLAS_COMPUTE_32F_FAST_TF32
+    for r in records:
+        assert 1e-5 < r["rel_error"] < 1e-3 and 0 < r["cublas_fp32_rel_error"] < 1e-6
+        row = next(line for line in result.output.splitlines() if r["shape"] in line)
+        assert f"{r['rel_error']:.2e}" in row and f"{r['cublas_fp32_rel_error']:.2e}" in row
+
+
+def test_bench_of_a_simt_kernel_keeps_cublas_fp32(fake_device_gpu, tmp_path):
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(SPECS / "warptile.gemm"),
+                                                   "--shapes", "64x64x64", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "cuBLAS FP32 TFLOP/s" in result.output and "cuBLAS TF32" not in result.output
+    (record,) = json.loads(out.read_text())
+    assert record["baseline"] == "cuBLAS FP32" and record["percent_of_cublas"] == pytest.approx(50.0)
+    assert fake_device_gpu.cublas.compute_types[-1] == fake_device.CUBLAS_COMPUTE_32F
+
+
+def test_bench_of_kernels_of_two_math_modes_names_each_rows_baseline(fake_device_gpu, tmp_path):
+    both = tmp_path / "both.gemm"
+    both.write_text((SPECS / "warptile.gemm").read_text() + (SPECS / "tensorcore_tf32.gemm").read_text())
+    result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(both), "--shapes", "64x64x64"])
+    assert result.exit_code == 0, result.output
+    assert "% baseline" in result.output
+    rows = {name: next(line for line in result.output.splitlines() if f"gemmgen_{name} " in line)
+            for name in ("warptile", "tensorcore_tf32")}
+    assert "cuBLAS FP32" in rows["warptile"] and "cuBLAS TF32" in rows["tensorcore_tf32"]
+
+
+def test_check_header_states_the_tolerance_rule_of_the_math_mode(fake_device_gpu, tmp_path):
+    out = tmp_path / "check.json"
+    result = CliRunner().invoke(gemmgen.cli.main, ["check", str(SPECS / "tensorcore_tf32.gemm"),
+                                                   "--shapes", "127x131x137,beta=0.5,pad=3;5x7x3",
+                                                   "--seed", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert gemmgen.verify.tolerance_rule("tf32") in result.output.replace("\n", " ")
+    records = json.loads(out.read_text())
+    assert {r["math"] for r in records} == {"tf32"} and all(0 < r["worst_ratio"] <= 1 for r in records)
+    row = next(line for line in result.output.splitlines() if "127x131x137" in line)
+    assert f"{records[0]['max_relative_error']:.2e}" in row and f"{records[0]['worst_ratio']:.2g}" in row
