@@ -10,7 +10,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
-from .plan import Plan
+from .plan import WGMMA_MAX_REGISTERS, Plan
 
 
 def _template_dir() -> Path:
@@ -37,9 +37,33 @@ class LaunchChecks:
 
     ld_checks: tuple[str, ...]
     aligned_condition: str
+    internal: bool = False  # a fallback's launcher: static, called by the file's own entry point
 
 
-def _launch_checks(plan: Plan) -> LaunchChecks:
+@dataclass(frozen=True)
+class WgmmaOperands:
+    """The inline-PTX operand lists of one wgmma: a thread's BN / 2 accumulators, in the order the
+    instruction numbers them (per 8 columns j: row g cols 2t, 2t+1, then row g + 8), then A, B."""
+
+    placeholders: str
+    outputs: str
+    a_operand: int
+    b_operand: int
+    scale_operand: int
+    consumer_registers: int
+
+
+def _wgmma_operands(plan: Plan) -> WgmmaOperands:
+    order = [(i, 2 * j + v) for j in range(plan.BN // 8) for i in (0, 1) for v in (0, 1)]
+    count = len(order)
+    return WgmmaOperands(
+        placeholders=", ".join(f"%{n}" for n in range(count)),
+        outputs=", ".join(f'"+f"(acc[{i}][{j}])' for i, j in order),
+        a_operand=count, b_operand=count + 1, scale_operand=count + 2,
+        consumer_registers=WGMMA_MAX_REGISTERS)
+
+
+def _launch_checks(plan: Plan, internal: bool = False) -> LaunchChecks:
     ld_checks = tuple(f"{ld} < ({size} > 1 ? {size} : 1)"
                       for ld, size in plan.leading_dimension_minimums().items())
     terms = []
@@ -47,7 +71,7 @@ def _launch_checks(plan: Plan) -> LaunchChecks:
         terms.append(f"{size} % {vec} == 0 && {ld} % {vec} == 0 && "
                      f"reinterpret_cast<unsigned long long>({ptr}) % {4 * vec} == 0")
     condition = " &&\n        ".join(f"({t})" for t in terms) if terms else "true"
-    return LaunchChecks(ld_checks, condition)
+    return LaunchChecks(ld_checks, condition, internal)
 
 
 def abi_signature(plan: Plan) -> str:
@@ -58,8 +82,33 @@ def abi_signature(plan: Plan) -> str:
             f"{extra}cudaStream_t stream);")
 
 
+def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
+    per_stage = "A and B tiles" + (" and their TF32 remainders" if plan.math == "3xtf32" else "")
+    return [
+        ("target", f"{plan.arch.name} (wgmma + TMA)"),
+        ("block tile (BM x BN x BK)", f"{plan.BM} x {plan.BN} x {plan.BK}"),
+        ("math", f"{plan.math}, wgmma {' x '.join(map(str, plan.mma_shape))} per consumer warpgroup and K step"
+                 + (" (three per step: small*big, big*small, big*big)" if plan.math == "3xtf32" else "")),
+        ("threads per block", f"{plan.threads}: 1 producer warpgroup (TMA) + {plan.consumers} consumer "
+                              f"warpgroup(s) of 64 x {plan.BN}"),
+        ("accumulators", f"{plan.BN // 2} floats per consumer thread"),
+        ("shared memory", f"{plan.stages} stages of {per_stage}, K-major, 128-byte swizzle; "
+                          f"{plan.smem_bytes} bytes per block"),
+        ("raster", "row order" if plan.raster_group == 1 else f"groups of {plan.raster_group} block rows"),
+        ("epilogue", "alpha * A*B + beta * C" if plan.beta else "alpha * A*B"),
+        ("TMA path needs", "K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4"),
+        ("otherwise", f"the mma.sync fallback {plan.fallback.launcher_name} (block {plan.fallback.BM} x "
+                      f"{plan.fallback.BN} x {plan.fallback.BK}, warp {plan.fallback.WM} x {plan.fallback.WN}, "
+                      f"{plan.fallback.stages} cp.async stages)"),
+        ("vector C needs", ", ".join(f"{size} and {ld} multiples of {vec}, {ptr} {4 * vec}-byte aligned"
+                                     for ptr, size, ld, vec in plan.vector_requirements()) or "nothing"),
+    ]
+
+
 def derived_numbers(plan: Plan) -> list[tuple[str, str]]:
     """The Plan's numbers a reader of the kernel wants, as (label, value) rows."""
+    if plan.path == "wgmma":
+        return _wgmma_numbers(plan)
     rows = [
         ("target", plan.arch.name),
         ("block tile (BM x BN x BK)", f"{plan.BM} x {plan.BN} x {plan.BK}"),
@@ -67,9 +116,18 @@ def derived_numbers(plan: Plan) -> list[tuple[str, str]]:
     if plan.warp_tiling:
         rows.append(("warp tile (WM x WN)", f"{plan.WM} x {plan.WN}, "
                      f"{plan.warps_m} x {plan.warps_n} warps"))
+    if plan.mma_shape:
+        how = {True: "ldmatrix", False: "scalar shared loads"}
+        rows += [
+            ("math", f"{plan.math} on the tensor cores, mma.sync {' x '.join(map(str, plan.mma_shape))}"
+                     + (" (three per tile: small*big, big*small, big*big)" if plan.math == "3xtf32" else "")),
+            ("MMA tiles per warp", f"{plan.RM} x {plan.RN} = {plan.accumulators} accumulators per lane"),
+            ("fragments", f"A by {how[plan.ldmatrix_a]}, B by {how[plan.ldmatrix_b]}, rounded to TF32"),
+        ]
+    else:
+        rows.append(("thread tile (TM x TN) x repeat", f"{plan.TM} x {plan.TN} x {plan.RM} x {plan.RN} "
+                     f"= {plan.accumulators} accumulators"))
     rows += [
-        ("thread tile (TM x TN) x repeat", f"{plan.TM} x {plan.TN} x {plan.RM} x {plan.RN} "
-         f"= {plan.accumulators} accumulators"),
         ("threads per block", f"{plan.threads} ({plan.warps} warps), lanes {plan.lanes_m} x "
          f"{plan.lanes_n}, consecutive threads along {plan.order.upper()}"),
     ]
@@ -114,6 +172,13 @@ def header(plan: Plan) -> str:
 
 def generate(plan: Plan) -> str:
     """The complete .cu source of a Plan."""
+    if plan.path == "wgmma":
+        fallback = _environment().get_template("kernel.cu.j2").render(
+            plan=plan.fallback, header="", launch=_launch_checks(plan.fallback, internal=True),
+            c=plan.fallback.c)
+        return _environment().get_template("wgmma_kernel.cu.j2").render(
+            plan=plan, header=header(plan), launch=_launch_checks(plan), c=plan.c,
+            wgmma=_wgmma_operands(plan), fallback_source=fallback.strip("\n"))
     template = _environment().get_template("kernel.cu.j2")
     return template.render(plan=plan, header=header(plan), launch=_launch_checks(plan),
                            c=plan.c)

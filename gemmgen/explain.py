@@ -163,6 +163,7 @@ class Report:
     global_accesses: tuple[GlobalAccess, ...]
     summary: str
     notes: tuple[str, ...]
+    math: str = "simt"         # simt, or the tensor-core path: "tf32 via mma.sync 16 x 8 x 8", ...
 
     @property
     def spills(self) -> bool:
@@ -206,6 +207,12 @@ def intensities(plan: Plan) -> tuple[Intensity, Intensity | None]:
                           (plan.TM + plan.TN) * 4), None)
     BM, BN, BK = plan.BM, plan.BN, plan.BK
     glob = Intensity("global, per block per K step", 2 * BM * BN * BK, (BM * BK + BK * BN) * 4)
+    if plan.path == "wgmma":
+        return glob, None  # the tensor cores read shared memory themselves
+    if plan.path == "mma_sync":
+        mm, mn, mk = plan.mma_shape  # a warp's fragments of one K step feed RM x RN MMAs
+        return glob, Intensity("shared, per warp per MMA k step", 2 * mm * mn * mk * plan.RM * plan.RN,
+                               (mm * mk * plan.RM + mk * mn * plan.RN) * 4)
     a_run, b_run = plan.TM * plan.RM, plan.TN * plan.RN
     shared = Intensity("shared, per thread per k", 2 * a_run * b_run, (a_run + b_run) * 4)
     return glob, shared
@@ -276,6 +283,8 @@ def _store_access(plan: Plan, op: Operand) -> BankAccess:
 
 def _thread_origins(plan: Plan) -> list[tuple[int, int]]:
     """(thread_m0, thread_n0) of warp 0's lanes, as tiled.cu.j2 computes them."""
+    if plan.mma_shape:  # the MMA's lane layout: lane 4g + t holds row g, columns 2t and 2t + 1
+        return [(lane // 4, lane % 4 * plan.TN) for lane in range(WARP)]
     origins = []
     for lane in range(min(WARP, plan.threads)):
         if plan.order == "n":
@@ -304,16 +313,44 @@ def _fragment_access(plan: Plan, op: Operand) -> BankAccess:
     return _access(op, "fragment", _vector_name(width), width, requests)
 
 
+def _mma_fragment_access(plan: Plan, op: Operand) -> BankAccess:
+    """Shared → registers for one MMA K step at kk = 0 (mma_multiply.cuh.j2). ldmatrix moves 8 rows
+    of 16 bytes per phase, which is what a 4-float-wide request of 8 lanes per phase models."""
+    if op.name == "A":
+        ldmatrix, tiles, step = plan.ldmatrix_a, plan.RM, plan.mma_shape[0]
+    else:
+        ldmatrix, tiles, step = plan.ldmatrix_b, plan.RN, plan.mma_shape[1]
+    requests = []
+    for tile in range(tiles):
+        if ldmatrix and op.name == "A":  # x4: rows +0 / +8 of the tile, then k +0 / +4
+            requests.append([smem_offset(op, {"m": tile * step + lane // 8 % 2 * 8 + lane % 8,
+                                              "k": lane // 16 * 4}) for lane in range(WARP)])
+        elif ldmatrix:  # x2: lanes 0-15 name the rows, k +0 / +4
+            requests.append([smem_offset(op, {"n": tile * step + lane % 8, "k": lane // 8 * 4})
+                             if lane < 16 else None for lane in range(WARP)])
+        elif op.name == "A":  # a0..a3: (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+            for dm, dk in ((0, 0), (8, 0), (0, 4), (8, 4)):
+                requests.append([smem_offset(op, {"m": tile * step + lane // 4 + dm, "k": lane % 4 + dk})
+                                 for lane in range(WARP)])
+        else:  # b0, b1: (k = t, n = g), (t + 4, g)
+            for dk in (0, 4):
+                requests.append([smem_offset(op, {"n": tile * step + lane // 4, "k": lane % 4 + dk})
+                                 for lane in range(WARP)])
+    width = 4 if ldmatrix else 1
+    return _access(op, "fragment", "ldmatrix" if ldmatrix else "scalar", width, requests)
+
+
 def _vector_name(width: int) -> str:
     return "scalar" if width == 1 else f"float{width}"
 
 
 def bank_conflicts(plan: Plan) -> tuple[BankAccess, ...]:
     """A store, B store, A fragment, B fragment; empty for kernels without shared memory."""
-    if not plan.uses_shared:
-        return ()
+    if not plan.uses_shared or plan.path == "wgmma":
+        return ()  # wgmma: TMA writes and the tensor cores read the swizzled tiles themselves
+    fragments = _mma_fragment_access if plan.mma_shape else _fragment_access
     return (_store_access(plan, plan.a), _store_access(plan, plan.b),
-            _fragment_access(plan, plan.a), _fragment_access(plan, plan.b))
+            fragments(plan, plan.a), fragments(plan, plan.b))
 
 
 # --- global coalescing -----------------------------------------------------------------
@@ -393,7 +430,9 @@ def _c_store(plan: Plan) -> GlobalAccess:
 
 def global_accesses(plan: Plan) -> tuple[GlobalAccess, ...]:
     """A load, B load, C store: warp 0's first request of each on the nominal problem."""
-    if plan.uses_shared:
+    if plan.path == "wgmma":
+        loads = ()  # TMA moves whole boxes of 128-byte rows: full sectors by construction
+    elif plan.uses_shared:
         loads = (_tile_load(plan, plan.a), _tile_load(plan, plan.b))
     else:
         loads = _direct_loads(plan)
@@ -435,11 +474,28 @@ def _tiling(plan: Plan) -> str:
              else f"block {plan.BM}x{plan.BN}"]
     if plan.warp_tiling:
         parts.append(f"warp {plan.WM}x{plan.WN}")
+    if plan.path == "wgmma":
+        parts[-1] = f"{plan.consumers} x 64x{plan.BN} warpgroups"
+        parts.append(f"{plan.stages} TMA stages")
+        return ", ".join(parts)
+    if plan.mma_shape:
+        parts.append(f"mma {'x'.join(map(str, plan.mma_shape))} repeat {plan.RM}x{plan.RN}")
+        return ", ".join(parts)
     thread = f"thread {plan.TM}x{plan.TN}"
     if plan.RM * plan.RN > 1:
         thread += f" repeat {plan.RM}x{plan.RN}"
     parts.append(thread)
     return ", ".join(parts)
+
+
+def _math(plan: Plan) -> str:
+    if plan.path == "simt":
+        return "simt"
+    shape = "x".join(map(str, plan.mma_shape))
+    how = "wgmma" if plan.path == "wgmma" else "mma.sync"
+    if plan.math == "3xtf32":  # big*big + big*small + small*big
+        return f"3xtf32: 3 {how} {shape} per product"
+    return f"{plan.math}: {how} {shape}"
 
 
 def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
@@ -474,7 +530,7 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
         spill_loads=res.spill_loads, stack_frame=res.stack_frame, smem_bytes=plan.smem_bytes,
         shared_static=res.shared_static, requested_occupancy=plan.occupancy, occupancy=occ,
         global_intensity=glob, shared_intensity=shared, bank_conflicts=banks,
-        global_accesses=coalescing, summary=_summary(occ), notes=tuple(notes))
+        global_accesses=coalescing, summary=_summary(occ), notes=tuple(notes), math=_math(plan))
 
 
 # --- output ----------------------------------------------------------------------------
@@ -536,16 +592,21 @@ def render_text(report: Report) -> str:
     rows = [(report.global_intensity.scope, _flop_per_byte(report.global_intensity))]
     if report.shared_intensity is not None:
         rows.append((report.shared_intensity.scope, _flop_per_byte(report.shared_intensity)))
-    rows.append(("FP32 peak", f"{r.fp32_lanes_per_sm} FFMA lanes per SM = "
-                              f"{2 * r.fp32_lanes_per_sm} flop/clock"))
-    if report.shared_intensity is not None:
+    if r.math != "simt":
+        rows.append(("math", r.math))
+    else:
+        rows.append(("FP32 peak", f"{r.fp32_lanes_per_sm} FFMA lanes per SM = "
+                                  f"{2 * r.fp32_lanes_per_sm} flop/clock"))
+    if report.shared_intensity is not None and r.math == "simt":
         need = 2 * r.fp32_lanes_per_sm / SHARED_BYTES_PER_CLOCK
         rows.append(("shared bandwidth", f"{SHARED_BYTES_PER_CLOCK} B/clock/SM: "
                                          f">= {need:g} flop/B keeps FFMA fed"))
     out += _table(rows)
 
     out += ["", "shared-memory bank conflicts (warp 0, kk = 0), wavefronts per request"]
-    if not report.bank_conflicts:
+    if not report.bank_conflicts and "wgmma" in r.math:
+        out.append("  none to predict: TMA writes and wgmma reads 128-byte swizzled tiles")
+    elif not report.bank_conflicts:
         out.append("  none: no shared memory")
     else:
         rows = [("access", "how", "width", "requests", "wavefronts", "ideal", "n-way")]
@@ -584,6 +645,7 @@ def as_dict(report: Report) -> dict[str, Any]:
         "kernel": report.kernel,
         "arch": report.arch,
         "tiling": report.tiling,
+        "math": report.math,
         "fp32_lanes_per_sm": report.fp32_lanes_per_sm,
         "threads": report.threads,
         "warps": report.warps,

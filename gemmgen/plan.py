@@ -7,7 +7,7 @@ resources against the target's limits. Templates place these values; they comput
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import ceil
 
 from .errors import SpecError
@@ -188,6 +188,16 @@ class Plan:
     m_step: int = 1           # rows between a thread's accumulator rows in a sub-tile (mma: 8)
     ldmatrix_a: bool = False  # A fragments read with ldmatrix (shared rows run along k)
     ldmatrix_b: bool = False
+    # wgmma (sm_90a): warpgroups that multiply, and the mma.sync kernel for calls TMA cannot serve
+    consumers: int = 0
+    fallback: "Plan | None" = None
+
+    @property
+    def path(self) -> str:
+        """simt (FFMA), mma_sync (warp-level tensor cores) or wgmma (warpgroup tensor cores + TMA)."""
+        if self.consumers:
+            return "wgmma"
+        return "mma_sync" if self.mma_shape else "simt"
 
     @property
     def kernel_name(self) -> str:
@@ -258,6 +268,17 @@ class Plan:
         if self.grid(M, N) > 2**31 - 1:
             return "too many thread blocks for one launch"
         return None
+
+    @staticmethod
+    def swizzled_index(row: str, k: str) -> str:
+        """C expression: float offset of (row, k) in a K-major tile of 32-float (128-byte) rows as
+        TMA's 128-byte swizzle lays it out: 16-byte chunk c of row r lands at chunk c ^ (r % 8)."""
+        return f"{row} * 32 + ((({k} >> 2) ^ ({row} & 7)) << 2) + ({k} & 3)"
+
+    def tma_ready(self, M: int, N: int, K: int, lda: int, ldb: int, pointers: dict[str, int]) -> bool:
+        """Whether TMA can load A and B (wgmma path): 16-byte aligned bases and row strides."""
+        return (min(M, N, K) > 0 and lda % 4 == 0 and ldb % 4 == 0
+                and pointers["A"] % 16 == 0 and pointers["B"] % 16 == 0)
 
     def aligned(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
                 pointers: dict[str, int]) -> bool:
@@ -416,6 +437,8 @@ def make_plan(spec: Spec) -> Plan:
             raise spec.error("mma.m", "mma picks a tensor-core instruction, but math simt multiplies "
                              "with FP32 FFMA", "math tf32 or math 3xtf32, or no mma line")
     else:
+        if arch.has_wgmma:
+            return _wgmma_plan(spec, arch)
         mma_shape = _mma_sync_shape(spec, arch, BK, WM, WN, warp_tiling, uses_shared)
         # Each lane of an m16n8 tile holds C rows g and g + 8, columns 2t and 2t + 1 (g = lane / 4,
         # t = lane % 4): a 2 x 2 "thread tile" whose rows are 8 apart, swept over the warp tile.
@@ -543,7 +566,10 @@ def make_plan(spec: Spec) -> Plan:
         fragment_registers = (2 if math == "3xtf32" else 1) * (4 * RM + 2 * RN)
     else:
         fragment_registers = fragments * (TM * RM + TN * RN)
-    registers = (TM * TN * RM * RN + fragment_registers + staging + 24 + 2 * reduce_count)
+    # 3xtf32 keeps three sets of accumulators: the sum, the cross terms and one K tile's big*big
+    accumulator_sets = 3 if mma_shape and math == "3xtf32" else 1
+    registers = (accumulator_sets * TM * TN * RM * RN + fragment_registers + staging + 24
+                 + 2 * reduce_count)
     if registers > MAX_REGISTERS_PER_THREAD:
         raise spec.error(("thread.m", "repeat.m", "stages", "block.m"), f"each thread would hold about {registers} values in "
                          f"registers ({TM * TN * RM * RN} accumulators); a thread has at most "
@@ -626,3 +652,96 @@ def try_plan(spec: Spec) -> tuple[Plan | None, SpecError | None]:
         return make_plan(spec), None
     except SpecError as exc:
         return None, exc
+
+
+WARPGROUP = 128
+WGMMA_BK = 32             # floats in one 128-byte swizzled shared row: one TMA box along K
+WGMMA_MAX_REGISTERS = 232  # what setmaxnreg gives each consumer thread
+
+
+def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
+    """The sm_90a tensor-core kernel: TMA fills STAGES shared buffers (128-byte swizzle, K-major)
+    under mbarriers; one producer warpgroup loads, BM / 64 consumer warpgroups each multiply a
+    64 x BN slab with wgmma. Calls whose A or B TMA cannot describe go to an mma.sync fallback."""
+    math = spec["math"]
+    BM, BN, BK = spec["block.m"], spec["block.n"], spec["block.k"]
+    for key, default in (("load.A.vector", 1), ("load.B.vector", 1), ("load.A.transpose", False),
+                         ("load.B.transpose", False), ("load.A.uncoalesced", False),
+                         ("load.B.uncoalesced", False), ("shared.A", "plain"), ("shared.B", "plain")):
+        if spec[key] != default:
+            raise spec.error(key, "on the wgmma path TMA moves whole tiles into shared memory with a "
+                             "128-byte swizzle; load and shared lines do not apply",
+                             "no load or shared lines with target sm_90a and tensor-core math")
+    if not spec["shared"]:
+        raise spec.error("shared", "wgmma reads its operands from shared memory", "shared memory on")
+    if spec["layout.A"] != "row" or spec["layout.B"] != "col":
+        raise spec.error(("layout.A", "layout.B"), "wgmma reads TF32 operands from shared memory "
+                         "only K-major, and TMA copies tiles as they lie: A must be row-major and B "
+                         "column-major (K contiguous in both)",
+                         "layout A row, B col; or target sm_90 (mma.sync, any layout)")
+    if spec.written("thread.m"):
+        raise spec.error("thread.m", "with wgmma each warpgroup multiplies a 64 x N tile; there is no "
+                         "thread tile", "no thread line")
+    for key, default, why in (("split", 1, "split K"), ("reduce.count", 0, "the fused reduction"),
+                              ("epilogue.staged", False, "a staged epilogue"),
+                              ("fragments", 1, "fragment double buffering"), ("order", "n", "a thread order")):
+        if spec[key] != default:
+            raise spec.error(key, f"the wgmma path has no {why}", f"target sm_90 (mma.sync) for {why}")
+    if BK != WGMMA_BK:
+        raise spec.error("block.k", f"a wgmma K tile is one 128-byte swizzled row of {WGMMA_BK} floats "
+                         f"per TMA box, not {BK}", f"block M x N x {WGMMA_BK}")
+    if BM % 64 or not 1 <= BM // 64 <= 2:
+        raise spec.error("block.m", f"each consumer warpgroup multiplies 64 rows; block M = {BM} "
+                         "must be 64 or 128 (one or two consumer warpgroups)", "block 64 or 128 x N x 32")
+    if BN % 8 or not 8 <= BN <= 256:
+        raise spec.error("block.n", f"a wgmma tile is 64 x N with N a multiple of 8 up to 256, so "
+                         f"block N = {BN} cannot be one", "block N from 8 to 256, a multiple of 8")
+    if spec.written("warp.m") and (spec["warp.m"], spec["warp.n"]) != (64, BN):
+        raise spec.error("warp.m", f"a consumer warpgroup's tile is 64 x {BN} (64 rows of the block, "
+                         "all its columns)", f"warp 64 x {BN}, or no warp line")
+    shape = (spec["mma.m"], spec["mma.n"], spec["mma.k"]) if spec.written("mma.m") else (64, BN, 8)
+    if shape != (64, BN, 8):
+        raise spec.error("mma.m", f"with block N = {BN}, each warpgroup issues wgmma 64 x {BN} x 8 "
+                         f"(TF32 K step 8), not {' x '.join(map(str, shape))}", f"mma 64 x {BN} x 8")
+    stages = spec["stages"]
+    if stages < 2:
+        raise spec.error("stages", "the TMA pipeline loads tiles ahead of the math; it needs at least "
+                         "2 buffers", "stages 2 to 8, e.g. stages 4")
+    consumers = BM // 64
+    threads = (consumers + 1) * WARPGROUP
+    stage_bytes = 4 * BK * (BM + BN * (2 if math == "3xtf32" else 1))  # 3xtf32: B's remainders too
+    # + mbarriers per stage (full, empty; 3xtf32: ready), and the slack to start the buffers on a 1024-byte boundary
+    smem_bytes = stages * stage_bytes + (3 if math == "3xtf32" else 2) * 8 * stages + 1024
+    if smem_bytes > arch.smem_per_block:
+        raise spec.error(("stages", "block.m"), f"{stages} stages of {stage_bytes} bytes need {smem_bytes} "
+                         f"bytes of shared memory; a block on {arch.name} gets at most "
+                         f"{arch.smem_per_block}", f"stages {(arch.smem_per_block - 1024) // stage_bytes} "
+                         "or fewer, or a smaller block")
+    accumulators = BN // 2  # a 64 x BN fp32 tile over 128 threads
+    # 3xtf32: also one K tile's products and A's big and small fragments (see wgmma_kernel.cu.j2)
+    registers = accumulators * (2 if math == "3xtf32" else 1) + (32 if math == "3xtf32" else 0) + 40
+    if registers > WGMMA_MAX_REGISTERS:
+        raise spec.error("block.n", f"a consumer thread would hold about {registers} registers "
+                         f"({accumulators} accumulators); setmaxnreg gives it {WGMMA_MAX_REGISTERS}",
+                         "a smaller block N")
+    occupancy = spec["occupancy"]
+    if occupancy > 1:
+        raise spec.error("occupancy", "a wgmma block takes most of an SM's shared memory and registers",
+                         "occupancy 1, or no occupancy line")
+    # 3xtf32 keeps three accumulator sets, so its fallback takes smaller warp tiles.
+    fallback_n, fallback_warp_m = (64, 32) if math == "3xtf32" else (128, 64)
+    fallback_spec = replace(spec.with_values(
+        target="sm_90", block_m=128, block_n=fallback_n, block_k=32, warp_m=fallback_warp_m, warp_n=32,
+        mma_m=16, mma_n=8,
+        mma_k=8, stages=3, stages_fill="async", load_A_vector=4, load_B_vector=4, load_B_transpose=True,
+        shared_A="pad", shared_A_pad=4, shared_B="pad", shared_B_pad=4), name=f"{spec.name}_fallback")
+    return Plan(
+        spec=spec, name=spec.name, arch=arch, uses_shared=True, BM=BM, BN=BN, BK=BK, WM=64, WN=BN,
+        TM=2, TN=2, RM=1, RN=BN // 8, SUB_M=16, SUB_N=8, warp_tiling=True, warps_m=consumers,
+        warps_n=1, lanes_m=8, lanes_n=4, threads=threads, order="n", stages=stages, async_copy=True,
+        fragments=1, raster_group=spec["raster.group"], occupancy=1, beta=spec["epilogue.beta"],
+        reduce_count=0, split_k=1, staged=False, c_stage_rows=0, c_stage_cols=0, c_stage_ld=0,
+        c_stage_vec=1, a=None, b=None, c_layout=spec["layout.C"],
+        c_vector=2 if spec["layout.C"] == "row" else 1, smem_bytes=smem_bytes,
+        registers_estimate=registers, math=math, mma_shape=shape, m_step=8, consumers=consumers,
+        fallback=make_plan(fallback_spec))

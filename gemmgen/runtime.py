@@ -235,6 +235,8 @@ class Kernel:
                     driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     plan.smem_bytes), f"allowing {plan.smem_bytes} bytes of shared memory")
             self._functions[aligned] = function
+        # The wgmma file holds an mma.sync kernel for calls TMA cannot describe.
+        self._fallback = Kernel(plan.fallback, self.compiled, device) if plan.fallback else None
         if plan.split_k > 1:
             self._scale = _check(driver.cuModuleGetFunction(
                 self._module, f"{plan.launcher_name}_scale_c".encode()), "scale_c")
@@ -251,7 +253,8 @@ class Kernel:
     def _launch(self, function, grid: int | tuple[int, int], threads: int, smem: int, stream: int,
                 args: list, what: str) -> None:
         driver = _driver()
-        converters = {"i": ctypes.c_int, "f": ctypes.c_float, "p": ctypes.c_void_p}
+        converters = {"i": ctypes.c_int, "f": ctypes.c_float, "p": ctypes.c_void_p,
+                      "t": (ctypes.c_ubyte * 128).from_buffer_copy}  # a CUtensorMap's 128 bytes
         holders = [converters[kind](value) for kind, value in args]
         pointers = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
         grid_x, grid_y = grid if isinstance(grid, tuple) else (grid, 1)
@@ -277,7 +280,14 @@ class Kernel:
         if M and N:
             if not C or (K and (not A or not B)):
                 raise CudaError(f"{self.name}: null pointer for a matrix with elements", 1)
-            aligned = plan.aligned(M, N, K, lda, ldb, ldc, {"A": A, "B": B, "C": C})
+            pointers = {"A": A, "B": B, "C": C}
+            if plan.path == "wgmma":
+                if plan.tma_ready(M, N, K, lda, ldb, pointers):
+                    self._launch_wgmma(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, handle)
+                else:
+                    self._fallback.launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=handle)
+                return
+            aligned = plan.aligned(M, N, K, lda, ldb, ldc, pointers)
             grid = (plan.grid(M, N), plan.split_k)
             what = (f"launching {self.name} ({'vector' if aligned else 'scalar'} variant) on "
                     f"{grid[0]} x {grid[1]} blocks x {plan.threads} threads, {plan.smem_bytes} B shared, "
@@ -294,6 +304,33 @@ class Kernel:
             self._launch(self._reduce["finish"], 1, 32, 0, handle,
                          [("p", values), ("p", rows), ("p", cols), ("i", N)],
                          f"{self.name}_reduce_finish")
+
+    def _tensor_map(self, address: int, K: int, rows: int, ld: int, box_rows: int) -> bytes:
+        """TMA's description of a K-major operand: (K, rows), rows ld floats apart, boxes of
+        BK x box_rows with the 128-byte swizzle the wgmma descriptors expect."""
+        driver = _driver()
+        u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+        tensor_map = _check(driver.cuTensorMapEncodeTiled(
+            driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, address, [u64(K), u64(rows)],
+            [u64(ld * 4)], [u32(self.plan.BK), u32(box_rows)], [u32(1), u32(1)],
+            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+            f"describing a {rows} x {K} operand (ld {ld}) for TMA")
+        return ctypes.string_at(tensor_map.getPtr(), 128)
+
+    def _launch_wgmma(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, handle) -> None:
+        plan = self.plan
+        aligned = plan.aligned(M, N, K, lda, ldb, ldc, {"A": A, "B": B, "C": C})
+        map_a = self._tensor_map(A, K, M, lda, plan.BM)
+        map_b = self._tensor_map(B, K, N, ldb, plan.BN)
+        what = (f"launching {self.name} (wgmma, {'vector' if aligned else 'scalar'} C) on "
+                f"{plan.grid(M, N)} blocks x {plan.threads} threads, {plan.smem_bytes} B shared, "
+                f"M={M} N={N} K={K}")
+        self._launch(self._functions[aligned], plan.grid(M, N), plan.threads, plan.smem_bytes, handle,
+                     [("t", map_a), ("t", map_b), ("i", M), ("i", N), ("i", K), ("f", alpha),
+                      ("f", beta), ("p", C), ("i", ldc)], what)
 
     def __call__(self, A: Any, B: Any, C: Any, *, alpha: float = 1.0, beta: float = 0.0,
                  smallest: tuple[Any, Any, Any] | None = None, stream: Any = None) -> None:

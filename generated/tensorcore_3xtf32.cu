@@ -2,6 +2,8 @@
 //
 // spec:
 //   kernel tensorcore_3xtf32 extends tensorcore_tf32 {
+//     block    128 x 64 x 32
+//     warp     32 x 32
 //     math     3xtf32
 //   }
 //   (settings not given above come from 'tensorcore_tf32')
@@ -9,20 +11,22 @@
 // layout: A row, B row, C row
 //
 // derived by the Plan:
-//   target                          sm_90
-//   block tile (BM x BN x BK)       128 x 128 x 32
-//   warp tile (WM x WN)             64 x 32, 2 x 4 warps
-//   thread tile (TM x TN) x repeat  2 x 2 x 4 x 4 = 64 accumulators
-//   threads per block               256 (8 warps), lanes 8 x 4, consecutive threads along N
-//   A loads                         4 x 4 float(s) per thread per tile, as laid out
-//   shared A                        sA[m][k] 128 x 32 floats, XOR-swizzled in 16-byte chunks
-//   B loads                         4 x 4 float(s) per thread per tile, as laid out
-//   shared B                        sB[k][n] 32 x 136 floats, padded by 8
-//   stages                          4 (cp.async), fragments 1
-//   shared memory per block         135168 bytes
-//   raster                          groups of 8 block rows
-//   epilogue                        alpha * A*B + beta * C
-//   vector path needs               K and lda multiples of 4, A 16-byte aligned, N and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
+//   target                     sm_90
+//   block tile (BM x BN x BK)  128 x 64 x 32
+//   warp tile (WM x WN)        32 x 32, 4 x 2 warps
+//   math                       3xtf32 on the tensor cores, mma.sync 16 x 8 x 8 (three per tile: small*big, big*small, big*big)
+//   MMA tiles per warp         2 x 4 = 32 accumulators per lane
+//   fragments                  A by ldmatrix, B by scalar shared loads, rounded to TF32
+//   threads per block          256 (8 warps), lanes 8 x 4, consecutive threads along N
+//   A loads                    4 x 4 float(s) per thread per tile, as laid out
+//   shared A                   sA[m][k] 128 x 32 floats, XOR-swizzled in 16-byte chunks
+//   B loads                    2 x 4 float(s) per thread per tile, as laid out
+//   shared B                   sB[k][n] 32 x 72 floats, padded by 8
+//   stages                     3 (cp.async), fragments 1
+//   shared memory per block    76800 bytes
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C
+//   vector path needs          K and lda multiples of 4, A 16-byte aligned, N and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // C ABI:
 //   extern "C" int gemmgen_tensorcore_3xtf32(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -34,25 +38,25 @@
 namespace gemmgen_tensorcore_3xtf32_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block, K step
-constexpr int WM = 64, WN = 32;  // C tile per warp
+constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block, K step
+constexpr int WM = 32, WN = 32;  // C tile per warp
 constexpr int MMA_M = 16, MMA_N = 8, MMA_K = 8;  // mma.sync tile, 3xtf32
 constexpr int TM = 2, TN = 2;  // C values per lane per MMA tile: rows g, g + M_STEP; columns 2t, 2t + 1
 constexpr int M_STEP = 8;
-constexpr int RM = 4, RN = 4;  // sub-tiles each thread sweeps
+constexpr int RM = 2, RN = 4;  // sub-tiles each thread sweeps
 constexpr int SUB_M = 16, SUB_N = 8;  // sub-tile size = WM / RM, WN / RN
 constexpr int LANES_M = 8, LANES_N = 4;  // thread grid of a sub-tile
-constexpr int WARPS_N = 4;
+constexpr int WARPS_N = 2;
 constexpr int THREADS = 256;
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
 constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int STAGES = 4;
+constexpr int STAGES = 3;
 constexpr int FRAGMENTS = 1;
 constexpr int A_VEC = 4, A_CHUNKS_PER_ROW = 8, A_PASSES = 4;
 constexpr int A_STAGE_FLOATS = 4096, A_FRAG_VEC = 1;
-constexpr int B_VEC = 4, B_CHUNKS_PER_ROW = 32, B_PASSES = 4;
-constexpr int B_STAGE_FLOATS = 4352, B_FRAG_VEC = 1;
-constexpr int SMEM_BYTES = 135168;
+constexpr int B_VEC = 4, B_CHUNKS_PER_ROW = 16, B_PASSES = 2;
+constexpr int B_STAGE_FLOATS = 2304, B_FRAG_VEC = 1;
+constexpr int SMEM_BYTES = 76800;
 static_assert(SMEM_BYTES == 4 * STAGES * (A_STAGE_FLOATS + B_STAGE_FLOATS), "shared memory = stages x (A + B)");
 static_assert(WARPS_N == BN / WN && THREADS == (BM / WM) * WARPS_N * LANES_M * LANES_N, "one thread per lane of every warp tile");
 static_assert(SUB_M == LANES_M * TM && SUB_N == LANES_N * TN, "lanes x thread tile = sub-tile");
@@ -173,9 +177,9 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* ro
                  : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
 }
 
-// Shared tiles, one per stage. sA[m][k] 128 x 32 floats, XOR-swizzled in 16-byte chunks; sB[k][n] 32 x 136 floats, padded by 8.
+// Shared tiles, one per stage. sA[m][k] 128 x 32 floats, XOR-swizzled in 16-byte chunks; sB[k][n] 32 x 72 floats, padded by 8.
 __device__ __forceinline__ int sA_index(int m, int k) { return (m) * 32 + (k ^ (((m) % 8) << 2)); }
-__device__ __forceinline__ int sB_index(int k, int n) { return (k) * 136 + n; }
+__device__ __forceinline__ int sB_index(int k, int n) { return (k) * 72 + n; }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
@@ -213,6 +217,14 @@ gemmgen_tensorcore_3xtf32_kernel(int M, int N, int K, float alpha, const float* 
     for (int i = 0; i < RM * TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero. Long sums in them drift, so each K tile's
+    // big*big product starts from zero and is added into acc here, rounding to nearest; the cross
+    // terms, 2^-11 smaller, accumulate in the tensor cores all along.
+    float acc_small[RM * TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < RM * TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc_small[i][j] = 0.0f;
 
     // ---- pipeline: STAGES-1 tiles in flight while one is multiplied --------------------
 #pragma unroll
@@ -240,7 +252,7 @@ gemmgen_tensorcore_3xtf32_kernel(int M, int N, int K, float alpha, const float* 
                     }
                 }
             }
-            {   // B: 32 x 128 tile straight into shared memory
+            {   // B: 32 x 64 tile straight into shared memory
                 const float* src = B_tile + s * (BK * (long long)ldb);
                 float* dst = sB + s * B_STAGE_FLOATS;
             #pragma unroll
@@ -294,7 +306,7 @@ gemmgen_tensorcore_3xtf32_kernel(int M, int N, int K, float alpha, const float* 
                     }
                 }
             }
-            {   // B: 32 x 128 tile straight into shared memory
+            {   // B: 32 x 64 tile straight into shared memory
                 const float* src = B_tile + next * (BK * (long long)ldb);
                 float* dst = sB + slot * B_STAGE_FLOATS;
             #pragma unroll
@@ -319,9 +331,14 @@ gemmgen_tensorcore_3xtf32_kernel(int M, int N, int K, float alpha, const float* 
         cp_async_commit();
 
         const int stage = t % STAGES;
-        {   // C_warp += A_tile * B_tile: 4 x 4 MMA tiles of 16 x 8 x 8 per warp and K step (3xtf32)
+        {   // C_warp += A_tile * B_tile: 2 x 4 MMA tiles of 16 x 8 x 8 per warp and K step (3xtf32)
             const float* As = sA + stage * A_STAGE_FLOATS;
             const float* Bs = sB + stage * B_STAGE_FLOATS;
+            float tile_product[RM * TM][RN * TN];  // this K tile's big*big, added into acc rounding to nearest
+        #pragma unroll
+            for (int i = 0; i < RM * TM; ++i)
+        #pragma unroll
+                for (int j = 0; j < RN * TN; ++j) tile_product[i][j] = 0.0f;
         #pragma unroll
             for (int kk = 0; kk < BK; kk += MMA_K) {
                 unsigned a_big[RM][4], b_big[RN][2];
@@ -348,18 +365,26 @@ gemmgen_tensorcore_3xtf32_kernel(int M, int N, int K, float alpha, const float* 
                 for (int rm = 0; rm < RM; ++rm)
         #pragma unroll
                     for (int rn = 0; rn < RN; ++rn) {
-                        float& c0 = acc[rm * TM][rn * TN];
-                        float& c1 = acc[rm * TM][rn * TN + 1];
-                        float& c2 = acc[rm * TM + 1][rn * TN];
-                        float& c3 = acc[rm * TM + 1][rn * TN + 1];
-                        mma_tf32(c0, c1, c2, c3, a_small[rm], b_big[rn]);  // the small terms first, while c is small too
-                        mma_tf32(c0, c1, c2, c3, a_big[rm], b_small[rn]);
-                        mma_tf32(c0, c1, c2, c3, a_big[rm], b_big[rn]);
+                        mma_tf32(acc_small[rm * TM][rn * TN], acc_small[rm * TM][rn * TN + 1],
+                                 acc_small[rm * TM + 1][rn * TN], acc_small[rm * TM + 1][rn * TN + 1], a_small[rm], b_big[rn]);
+                        mma_tf32(acc_small[rm * TM][rn * TN], acc_small[rm * TM][rn * TN + 1],
+                                 acc_small[rm * TM + 1][rn * TN], acc_small[rm * TM + 1][rn * TN + 1], a_big[rm], b_small[rn]);
+                        mma_tf32(tile_product[rm * TM][rn * TN], tile_product[rm * TM][rn * TN + 1],
+                                 tile_product[rm * TM + 1][rn * TN], tile_product[rm * TM + 1][rn * TN + 1], a_big[rm], b_big[rn]);
                     }
             }
+        #pragma unroll
+            for (int i = 0; i < RM * TM; ++i)
+        #pragma unroll
+                for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
         }
     }
     cp_async_wait<0>();
+
+#pragma unroll
+    for (int i = 0; i < RM * TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] += acc_small[i][j];
 
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {

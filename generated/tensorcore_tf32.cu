@@ -12,7 +12,7 @@
 //     load B   vector 4
 //     shared A swizzle xor
 //     shared B pad 8
-//     stages   4 async
+//     stages   3 async
 //     raster   group 8
 //     epilogue alpha beta
 //   }
@@ -20,20 +20,22 @@
 // layout: A row, B row, C row
 //
 // derived by the Plan:
-//   target                          sm_90
-//   block tile (BM x BN x BK)       128 x 128 x 32
-//   warp tile (WM x WN)             64 x 32, 2 x 4 warps
-//   thread tile (TM x TN) x repeat  2 x 2 x 4 x 4 = 64 accumulators
-//   threads per block               256 (8 warps), lanes 8 x 4, consecutive threads along N
-//   A loads                         4 x 4 float(s) per thread per tile, as laid out
-//   shared A                        sA[m][k] 128 x 32 floats, XOR-swizzled in 16-byte chunks
-//   B loads                         4 x 4 float(s) per thread per tile, as laid out
-//   shared B                        sB[k][n] 32 x 136 floats, padded by 8
-//   stages                          4 (cp.async), fragments 1
-//   shared memory per block         135168 bytes
-//   raster                          groups of 8 block rows
-//   epilogue                        alpha * A*B + beta * C
-//   vector path needs               K and lda multiples of 4, A 16-byte aligned, N and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
+//   target                     sm_90
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   warp tile (WM x WN)        64 x 32, 2 x 4 warps
+//   math                       tf32 on the tensor cores, mma.sync 16 x 8 x 8
+//   MMA tiles per warp         4 x 4 = 64 accumulators per lane
+//   fragments                  A by ldmatrix, B by scalar shared loads, rounded to TF32
+//   threads per block          256 (8 warps), lanes 8 x 4, consecutive threads along N
+//   A loads                    4 x 4 float(s) per thread per tile, as laid out
+//   shared A                   sA[m][k] 128 x 32 floats, XOR-swizzled in 16-byte chunks
+//   B loads                    4 x 4 float(s) per thread per tile, as laid out
+//   shared B                   sB[k][n] 32 x 136 floats, padded by 8
+//   stages                     3 (cp.async), fragments 1
+//   shared memory per block    101376 bytes
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C
+//   vector path needs          K and lda multiples of 4, A 16-byte aligned, N and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // C ABI:
 //   extern "C" int gemmgen_tensorcore_tf32(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -57,13 +59,13 @@ constexpr int WARPS_N = 4;
 constexpr int THREADS = 256;
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
 constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int STAGES = 4;
+constexpr int STAGES = 3;
 constexpr int FRAGMENTS = 1;
 constexpr int A_VEC = 4, A_CHUNKS_PER_ROW = 8, A_PASSES = 4;
 constexpr int A_STAGE_FLOATS = 4096, A_FRAG_VEC = 1;
 constexpr int B_VEC = 4, B_CHUNKS_PER_ROW = 32, B_PASSES = 4;
 constexpr int B_STAGE_FLOATS = 4352, B_FRAG_VEC = 1;
-constexpr int SMEM_BYTES = 135168;
+constexpr int SMEM_BYTES = 101376;
 static_assert(SMEM_BYTES == 4 * STAGES * (A_STAGE_FLOATS + B_STAGE_FLOATS), "shared memory = stages x (A + B)");
 static_assert(WARPS_N == BN / WN && THREADS == (BM / WM) * WARPS_N * LANES_M * LANES_N, "one thread per lane of every warp tile");
 static_assert(SUB_M == LANES_M * TM && SUB_N == LANES_N * TN, "lanes x thread tile = sub-tile");
@@ -358,11 +360,8 @@ gemmgen_tensorcore_tf32_kernel(int M, int N, int K, float alpha, const float* __
                 for (int rm = 0; rm < RM; ++rm)
         #pragma unroll
                     for (int rn = 0; rn < RN; ++rn) {
-                        float& c0 = acc[rm * TM][rn * TN];
-                        float& c1 = acc[rm * TM][rn * TN + 1];
-                        float& c2 = acc[rm * TM + 1][rn * TN];
-                        float& c3 = acc[rm * TM + 1][rn * TN + 1];
-                        mma_tf32(c0, c1, c2, c3, a_big[rm], b_big[rn]);
+                        mma_tf32(acc[rm * TM][rn * TN], acc[rm * TM][rn * TN + 1],
+                                 acc[rm * TM + 1][rn * TN], acc[rm * TM + 1][rn * TN + 1], a_big[rm], b_big[rn]);
                     }
             }
         }

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SPEC_DIR = ROOT / "specs"
 SEED = 20240917
 LAYOUTS = (("row", "row"), ("row", "col"), ("col", "row"), ("col", "col"))
-C_COL_KERNELS = ("warptile", "naive")
+C_COL_KERNELS = ("warptile", "naive", "tensorcore_tf32", "hopper_tf32")
 CUDA_ERROR_INVALID_VALUE = 1
 
 
@@ -70,9 +70,15 @@ def _variant(name: str, layout_a: str | None = None, layout_b: str | None = None
                             layout_C=layout_c or spec["layout.C"], **values)
 
 
+def _layouts(name: str):
+    """The A/B layouts a spec can be built in: all four, except on the wgmma path, whose TMA
+    copies need both operands K-major (A row, B col)."""
+    return (("row", "col"),) if SPECS[name]["target"] == "sm_90a" else LAYOUTS
+
+
 LAYOUT_VARIANTS = [
     pytest.param(name, a, b, "row", id=f"{name}-A{a}-B{b}")
-    for name in SPECS for a, b in LAYOUTS
+    for name in SPECS for a, b in _layouts(name)
 ] + [
     pytest.param(name, SPECS[name]["layout.A"], SPECS[name]["layout.B"], "col", id=f"{name}-Ccol")
     for name in C_COL_KERNELS
@@ -81,7 +87,7 @@ LAYOUT_VARIANTS = [
 
 def _every_variant_tested():
     """Each spec variant a test here builds, so that they can be compiled in parallel first."""
-    variants = [_variant(name, a, b, "row") for name in SPECS for a, b in LAYOUTS]
+    variants = [_variant(name, a, b, "row") for name in SPECS for a, b in _layouts(name)]
     variants += [_variant(name, layout_c="col") for name in C_COL_KERNELS]
     variants += [_variant("warptile", layout_a="col"), _variant("warptile", epilogue_beta=False)]
     return variants
@@ -157,7 +163,7 @@ def _inputs(M: int, N: int, K: int, seed: int = SEED):
     return tuple(rng.uniform(-1, 1, shape).astype(np.float32) for shape in ((M, K), (K, N), (M, N)))
 
 
-def _tolerance(A, B, C, alpha: float, beta: float):
+def _tolerance(A, B, C, alpha: float, beta: float, math: str = "simt"):
     """float64 reference and per-element tolerance, exactly as gemmgen.verify computes them."""
     A64, B64 = np.asarray(A, np.float64), np.asarray(B, np.float64)
     reference = alpha * (A64 @ B64)
@@ -167,13 +173,13 @@ def _tolerance(A, B, C, alpha: float, beta: float):
         reference += beta * C64
         scale += abs(beta) * np.abs(C64)
     K = A64.shape[1]
-    return reference, verify.tolerance(scale, K)
+    return reference, verify.tolerance(scale, K, math)
 
 
-def _assert_product(out, A, B, C, alpha: float, beta: float, what: str) -> None:
+def _assert_product(out, A, B, C, alpha: float, beta: float, what: str, math: str = "simt") -> None:
     """out == alpha * A @ B + beta * C within verify's tolerance; NaN never passes."""
     out = np.asarray(out, np.float64)
-    reference, tolerance = _tolerance(A, B, C, alpha, beta)
+    reference, tolerance = _tolerance(A, B, C, alpha, beta, math)
     assert out.shape == reference.shape, f"{what}: shape {out.shape}, expected {reference.shape}"
     error = np.abs(out - reference)
     bad = ~(error <= tolerance)
@@ -401,7 +407,9 @@ def abi(tmp_path_factory, gpu):
         source = folder / f"{name}.cu"
         source.write_text(generate(plan))
         library = folder / f"lib{name}.so"
-        command = [nvcc, "-shared", "-Xcompiler", "-fPIC", f"-arch={arch}", "-std=c++17",
+        target = plan.arch.name if plan.arch.name == "sm_90a" else arch  # wgmma needs sm_90a itself
+        gencode = f"-gencode=arch=compute_{target[3:]},code={target}"
+        command = [nvcc, "-shared", "-Xcompiler", "-fPIC", gencode, "-std=c++17",
                    "-o", str(library), str(source), "-lcudart"]
         for folder_path in _cuda_library_dirs(nvcc):
             command += ["-Xlinker", f"-rpath={folder_path}"]
@@ -559,6 +567,40 @@ def test_c_abi_smallest_of_an_empty_product(cp, abi):
     assert np.all(found[1].get() == -1) and np.all(found[2].get() == -1)
 
 
+# --- d2. tensor cores: the wgmma kernels' TMA path and fallback, accuracy of the math modes -------
+
+@pytest.mark.parametrize("name", ["hopper_tf32", "hopper_3xtf32"])
+def test_wgmma_c_abi_takes_tma_when_aligned_and_the_fallback_otherwise(name, cp, abi):
+    plan, function = abi(name)
+    assert plan.path == "wgmma" and plan.layouts() == "A row, B col, C row"
+    M, N, K = 300, 260, 200  # no multiple of a tile; K a multiple of 4 floats: TMA can describe it
+    A, B, C = _inputs(M, N, K)
+    b = cp.asarray(np.ascontiguousarray(B.T))  # column-major B: N rows of K
+    for lda, path in ((K, "TMA"), (K + 1, "fallback (lda not a multiple of 4)")):
+        a = cp.zeros((M, lda), cp.float32)
+        a[:, :K] = cp.asarray(A)
+        c = cp.asarray(C)
+        status = _abi_call(function, plan, M, N, K, 0.75, a.data.ptr, lda, b.data.ptr, K, -0.5,
+                           c.data.ptr, N)
+        _sync(cp)
+        assert status == 0, f"{plan.launcher_name} ({path}) returned cudaError {status}"
+        _assert_product(cp.asnumpy(c), A, B, C, 0.75, -0.5, f"{plan.launcher_name}, {path}", plan.math)
+
+
+@pytest.mark.parametrize("name", ["tensorcore_3xtf32", "hopper_3xtf32"])
+def test_3xtf32_is_as_accurate_as_cublas_fp32(name, kernels):
+    accuracy = verify.measure_accuracy(kernels(SPECS[name]), verify.Case(2048, 2048, 4096), seed=SEED)
+    assert accuracy.rel_error <= accuracy.cublas_fp32_rel_error, accuracy.as_dict()
+
+
+@pytest.mark.parametrize("name", ["tensorcore_tf32", "hopper_tf32"])
+def test_tf32_has_tf32_error_like_cublas_tf32(name, kernels):
+    """TF32 keeps 10 mantissa bits: errors near 1e-4 of the result, as cuBLAS's TF32 mode gives
+    (an FP32-sized error would mean the tensor cores were not used)."""
+    accuracy = verify.measure_accuracy(kernels(SPECS[name]), verify.Case(1024, 1024, 2048), seed=SEED)
+    assert 1e-5 < accuracy.rel_error < 4 * accuracy.cublas_tf32_rel_error, accuracy.as_dict()
+
+
 # --- e. compute-sanitizer -----------------------------------------------------------------------
 
 SANITIZER_DRIVER = r'''
@@ -635,7 +677,7 @@ for item in sys.argv[2:]:
         if case.beta:
             reference += case.beta * C
             scale += abs(case.beta) * np.abs(C.astype(np.float64))
-        tolerance = verify.tolerance(scale, K)
+        tolerance = verify.tolerance(scale, K, spec["math"])
         bad = ~(np.abs(out - reference) <= tolerance)
         if bad.any():
             failed += 1

@@ -78,9 +78,12 @@ def test_tf32_rounds_and_3xtf32_splits():
     assert "to_tf32(" in tf32 and "split_tf32(" not in tf32.split("__global__")[1]
     body = three.split("__global__")[1]
     assert body.count("mma_tf32(") == 3 and "split_tf32(" in body
-    # the small cross terms go first, the big product last
-    first, second, third = re.findall(r"mma_tf32\(c0, c1, c2, c3, (\w+)\[rm\], (\w+)\[rn\]\)", body)
-    assert (first, second, third) == (("a_small", "b_big"), ("a_big", "b_small"), ("a_big", "b_big"))
+    # The cross terms go into acc_small; each K tile's big*big starts from zero in tile_product
+    # and is added into acc outside the tensor cores, which round sums toward zero.
+    products = re.findall(r"mma_tf32\((\w+)\[rm \* TM\]\[rn \* TN\],[^;]*?(\w+)\[rm\], (\w+)\[rn\]\)", body, re.S)
+    assert products == [("acc_small", "a_small", "b_big"), ("acc_small", "a_big", "b_small"),
+                        ("tile_product", "a_big", "b_big")]
+    assert "acc[i][j] += tile_product[i][j];" in body and "acc[i][j] += acc_small[i][j];" in body
 
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_90"])
@@ -97,3 +100,74 @@ def test_sass_runs_hmma_not_ffma_in_the_main_loop(name, target):
     assert ops["FFMA"] <= 2 * plan.accumulators, ops
     assert ops["LDSM"] > 0  # A's fragments come through ldmatrix
     assert not any(r.spills for r in compiled.resources.values())
+
+
+# --- sm_90a: wgmma fed by TMA ----------------------------------------------------------------
+
+WGMMA_KERNEL = """kernel wg {{
+  target sm_90a
+  layout A row, B col, C {c}
+  block {bm} x {bn} x 32
+  math {math}
+  stages {stages}
+}}
+"""
+
+
+def wgmma_plan(math="tf32", bm=128, bn=256, stages=4, c="row"):
+    return plan_of(WGMMA_KERNEL.format(math=math, bm=bm, bn=bn, stages=stages, c=c))
+
+
+def test_wgmma_plan_has_a_producer_and_consumer_warpgroups():
+    plan = wgmma_plan()
+    assert plan.path == "wgmma"
+    assert plan.consumers == 2 and plan.threads == 3 * 128
+    assert plan.mma_shape == (64, 256, 8)
+    # 4 stages of a 128 x 32 A tile and a 256 x 32 B tile, two mbarriers each, 1024 B of alignment
+    assert plan.smem_bytes == 4 * 4 * 32 * (128 + 256) + 2 * 8 * 4 + 1024
+    three = wgmma_plan("3xtf32", bn=128, stages=3)  # B's TF32 remainders take a third tile per stage
+    assert three.smem_bytes == 3 * 4 * 32 * (128 + 2 * 128) + 3 * 8 * 3 + 1024
+    assert plan.fallback.path == "mma_sync" and plan.fallback.arch.name == "sm_90"
+    assert plan.fallback.layouts() == plan.layouts() and plan.fallback.math == "tf32"
+
+
+@pytest.mark.parametrize("M,N,K,lda,ldb,a,b,ready", [
+    (4096, 4096, 4096, 4096, 4096, 0, 0, True),
+    (127, 4099, 1023, 1024, 1024, 0, 0, True),   # any M, N, K: TMA fills the edges with zeros
+    (127, 4099, 1023, 1023, 1023, 0, 0, False),  # a row stride that is no multiple of 16 bytes
+    (64, 64, 64, 64, 64, 4, 0, False),           # A 4 bytes past a 16-byte boundary
+    (64, 64, 0, 64, 64, 0, 0, False),            # K = 0: nothing to load, the fallback writes beta C
+])
+def test_tma_serves_aligned_calls_and_the_fallback_the_rest(M, N, K, lda, ldb, a, b, ready):
+    plan = wgmma_plan()
+    assert plan.tma_ready(M, N, K, lda, ldb, {"A": 1 << 20 | a, "B": 1 << 21 | b}) is ready
+
+
+def test_wgmma_source_launches_tma_kernel_or_fallback():
+    plan = wgmma_plan()
+    source = generate(plan)
+    assert "static int gemmgen_wg_fallback(" in source           # internal, not a second C entry point
+    assert source.count('\nextern "C" int gemmgen_wg(') == 1  # one definition (the header quotes it too)
+    assert "if (!tma_ready)\n        return gemmgen_wg_fallback(" in source
+    assert "CU_TENSOR_MAP_SWIZZLE_128B" in source and "cudaGetDriverEntryPoint" in source
+    assert "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in source
+    # the wgmma's inline-PTX operand list names each of a thread's 64 x 256 / 128 accumulators once
+    operands = re.search(r': ("\+f"\(acc\[\d\]\[\d+\]\)(, )?)+', source).group(0)
+    assert operands.count('"+f"') == 128 and '"+f"(acc[1][63])' in operands
+
+
+@pytest.mark.parametrize("name", ["hopper_tf32", "hopper_3xtf32"])
+def test_sass_runs_hgmma_fed_by_tma(name):
+    plan = make_plan(load_one(SPECS_DIR / f"{name}.gemm"))
+    compiled = compile_plan(plan)
+    ops = opcodes(compiled.sass())
+    per_k_tile = plan.BK // 8 * plan.split_terms
+    if plan.math == "3xtf32":
+        per_k_tile *= 2  # the K loop is unrolled by two: A's fragments alternate register sets
+    fallback = plan.fallback
+    fallback_mmas = (fallback.BK // 8) * fallback.RM * fallback.RN * fallback.split_terms
+    assert ops["HGMMA"] == 2 * per_k_tile, ops   # both C variants of the wgmma kernel
+    assert ops["HMMA"] == 2 * fallback_mmas, ops  # both variants of the mma.sync fallback
+    assert ops["UTMALDG"] > 0
+    assert not any(r.spills for r in compiled.resources.values())
+    assert "C7514" not in compiled.log, "ptxas serialized the wgmma pipeline"
