@@ -202,7 +202,8 @@ def bench(kernel: Kernel, case: Case, *, info: DeviceInfo | None = None,
 def plot(results: list[BenchResult], info: DeviceInfo, lanes_per_sm: int, path: str,
          focus: str | None = None) -> None:
     """PNG: every kernel at one shape (bars), the best kernel per shape beside cuBLAS, and the
-    results on a roofline."""
+    results on a roofline. Kernels are compared within their precision: FP32-accurate ones (simt,
+    3xtf32) with cuBLAS FP32, TF32 ones with cuBLAS TF32."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -211,50 +212,65 @@ def plot(results: list[BenchResult], info: DeviceInfo, lanes_per_sm: int, path: 
     bandwidth = info.memory_bandwidth_gbs / 1e3  # TB/s
     shapes = list(dict.fromkeys(r.shape for r in results))
     focus = focus if focus in shapes else ("4096x4096x4096" if "4096x4096x4096" in shapes else shapes[0])
-    best = {s: max((r for r in results if r.shape == s), key=lambda r: r.tflops) for s in shapes}
-    cublas = {s: best[s].cublas_tflops for s in shapes}  # the baseline of the best kernel's math mode
+    baselines = sorted({r.baseline for r in results})  # "cuBLAS FP32" before "cuBLAS TF32"
+    colours = {"cuBLAS FP32": "tab:blue", "cuBLAS TF32": "tab:orange"}
+    kind = {"cuBLAS FP32": "FP32-accurate", "cuBLAS TF32": "TF32"}
+    best = {(b, s): max(rs, key=lambda r: r.tflops) for b in baselines for s in shapes
+            if (rs := [r for r in results if r.shape == s and r.baseline == b])}
+    cublas = {key: r.cublas_tflops for key, r in best.items()}
     fig, (kernels_ax, shapes_ax, roof) = plt.subplots(1, 3, figsize=(17, 5.5),
                                                       gridspec_kw={"width_ratios": [1.2, 1.2, 1]})
 
     at_focus = [r for r in results if r.shape == focus]
     names = [r.kernel.removeprefix("gemmgen_") for r in at_focus]
-    kernels_ax.barh(range(len(at_focus)), [r.tflops for r in at_focus], color="tab:blue")
-    kernels_ax.axvline(cublas[focus], color="black", linestyle="--",
-                       label=f"{best[focus].baseline} {cublas[focus]:.1f}")
-    kernels_ax.axvline(peak, color="grey", linestyle=":", label=f"FP32 peak {peak:.1f}")
+    kernels_ax.barh(range(len(at_focus)), [r.tflops for r in at_focus],
+                    color=[colours.get(r.baseline, "tab:blue") for r in at_focus])
+    for b in baselines:
+        if (b, focus) in cublas:
+            kernels_ax.axvline(cublas[b, focus], color=colours.get(b, "black"), linestyle="--",
+                               label=f"{b} {cublas[b, focus]:.1f}")
+    kernels_ax.axvline(peak, color="grey", linestyle=":", label=f"FP32 (FFMA) peak {peak:.1f}")
     kernels_ax.set_yticks(range(len(at_focus)), names, fontsize=8)
     kernels_ax.invert_yaxis()
     kernels_ax.set_xlabel("TFLOP/s")
     kernels_ax.set_title(f"every spec at {focus}")
-    kernels_ax.legend(fontsize=8, loc="lower right")
+    kernels_ax.legend(fontsize=8, loc="center right")
 
     xs = range(len(shapes))
-    shapes_ax.bar([x - 0.2 for x in xs], [best[s].tflops for s in shapes], 0.4, label="best gemmgen spec")
-    baselines = " / ".join(sorted({r.baseline for r in results}))
-    shapes_ax.bar([x + 0.2 for x in xs], [cublas[s] for s in shapes], 0.4, color="black", label=baselines)
-    for x, s in zip(xs, shapes):
-        shapes_ax.annotate(best[s].kernel.removeprefix("gemmgen_"), (x - 0.2, best[s].tflops),
-                           rotation=90, fontsize=7, ha="center", va="bottom")
+    width = 0.8 / (2 * len(baselines))
+    for n, b in enumerate(baselines):
+        mine = [best[b, s].tflops if (b, s) in best else 0 for s in shapes]
+        theirs = [cublas.get((b, s), 0) for s in shapes]
+        offset = -0.4 + width * (2 * n + 0.5)
+        shapes_ax.bar([x + offset for x in xs], mine, width, color=colours.get(b, "tab:blue"),
+                      label=f"best {kind.get(b, b)} gemmgen spec")
+        shapes_ax.bar([x + offset + width for x in xs], theirs, width, color=colours.get(b, "black"),
+                      alpha=0.45, hatch="//", label=b)
+        for x, s in zip(xs, shapes):
+            if (b, s) in best:
+                shapes_ax.annotate(best[b, s].kernel.removeprefix("gemmgen_"), (x + offset, best[b, s].tflops),
+                                   rotation=90, fontsize=6, ha="center", va="bottom")
     shapes_ax.axhline(peak, color="grey", linestyle=":")
     shapes_ax.set_xticks(list(xs), shapes, rotation=20, fontsize=8)
     shapes_ax.set_ylabel("TFLOP/s")
-    # Tensor-core kernels and their TF32 baseline run past the FP32 peak.
-    shapes_ax.set_ylim(0, max([peak] + [best[s].tflops for s in shapes] + list(cublas.values())) * 1.15)
-    shapes_ax.set_title(f"{info.name}: best spec per shape vs cuBLAS")
-    shapes_ax.legend(fontsize=8, loc="upper left")
+    # Tensor-core kernels and the TF32 baseline run past the FP32 peak.
+    shapes_ax.set_ylim(0, max([peak] + [r.tflops for r in best.values()] + list(cublas.values())) * 1.2)
+    shapes_ax.set_title(f"{info.name}: best spec per shape vs cuBLAS, per precision")
+    shapes_ax.legend(fontsize=7, loc="upper left")
 
     def intensity(r):
         return 2 * r.M * r.N * r.K / (4 * (r.M * r.K + r.K * r.N + 2 * r.M * r.N))
 
     low, high = 1, max([intensity(r) for r in results] + [1e3]) * 2
     line = [low * (high / low) ** (i / 200) for i in range(201)]
-    roof.plot(line, [min(peak, bandwidth * x) for x in line], color="grey", label="roofline")
-    roof.scatter([intensity(r) for r in results], [r.tflops for r in results], s=10, color="lightsteelblue",
-                 label="gemmgen specs")
-    roof.scatter([intensity(best[s]) for s in shapes], [best[s].tflops for s in shapes], color="tab:blue",
-                 label="best gemmgen spec", zorder=3)
-    roof.scatter([intensity(best[s]) for s in shapes], [cublas[s] for s in shapes], marker="x",
-                 color="black", label="cuBLAS", zorder=3)
+    roof.plot(line, [min(peak, bandwidth * x) for x in line], color="grey", label="FP32 (FFMA) roofline")
+    for b in baselines:
+        mine = [r for r in results if r.baseline == b]
+        tops = [r for key, r in best.items() if key[0] == b]
+        roof.scatter([intensity(r) for r in mine], [r.tflops for r in mine], s=10, alpha=0.35,
+                     color=colours.get(b, "tab:blue"), label=f"{kind.get(b, b)} gemmgen specs")
+        roof.scatter([intensity(r) for r in tops], [r.cublas_tflops for r in tops], marker="x",
+                     color=colours.get(b, "black"), label=b, zorder=3)
     roof.set_xscale("log")
     roof.set_yscale("log")
     roof.set_xlabel("arithmetic intensity (flop per byte of ideal DRAM traffic)")
