@@ -1,4 +1,5 @@
-"""Time a kernel beside cuBLAS on the same buffers: CUDA events, warm-up, L2 flushed, median.
+"""Time a kernel beside cuBLAS on the same buffers: CUDA events, warm-up, L2 flushed, median;
+the kernel's launches and cuBLAS's take turns, so both run at the same clocks.
 
 TFLOP/s count 2*M*N*K flops. cuBLAS runs in the same process, through cublasGemmEx with an
 explicit compute type: FP32 beside `math simt` and `math 3xtf32` kernels (which promise FP32
@@ -132,6 +133,39 @@ def time_gpu(run: Callable[[], None], *, flush: Callable[[], None] | None = None
     return Timing(statistics.median(times), pick(0.1), pick(0.9), len(times))
 
 
+def time_alternating(runs: list[Callable[[], None]], *, flush: Callable[[], None] | None = None,
+                     warmup: int = 3, budget_s: float = 0.5, min_runs: int = 5,
+                     max_runs: int = 200) -> list[Timing]:
+    """time_gpu of several functions whose launches take turns (a, b, a, b, ...), so that each
+    sees the same clocks: a GPU that heats up and slows down under tensor-core work would
+    otherwise favour whichever was timed first."""
+    cp = _cupy()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    for run in runs:
+        for _ in range(warmup):
+            run()
+    cp.cuda.runtime.deviceSynchronize()
+    times: list[list[float]] = [[] for _ in runs]
+    spent = 0.0
+    while len(times[0]) < min_runs or (spent < budget_s * 1e3 * len(runs) and len(times[0]) < max_runs):
+        for run, samples in zip(runs, times):
+            if flush:
+                flush()
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            elapsed = cp.cuda.get_elapsed_time(start, end)
+            samples.append(elapsed)
+            spent += elapsed
+    timings = []
+    for samples in times:
+        samples.sort()
+        pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]  # noqa: E731
+        timings.append(Timing(statistics.median(samples), pick(0.1), pick(0.9), len(samples)))
+    return timings
+
+
 class L2Flusher:
     """Overwrites a buffer twice the L2's size, so each timed run starts with a cold cache."""
 
@@ -181,8 +215,7 @@ def bench(kernel: Kernel, case: Case, *, info: DeviceInfo | None = None,
 
     # Once, before the timed runs overwrite C: errors on these inputs against float64.
     accuracy = accuracy_on(kernel, case, values["A"], values["B"], values["C"])
-    mine = time_gpu(ours, flush=flusher, budget_s=budget_s)
-    theirs = time_gpu(cublas, flush=flusher, budget_s=budget_s)
+    mine, theirs = time_alternating([ours, cublas], flush=flusher, budget_s=budget_s)
     flops = 2.0 * case.M * case.N * case.K
     tflops = flops / (mine.median_ms * 1e-3) / 1e12 if mine.median_ms else 0.0
     cublas_tflops = flops / (theirs.median_ms * 1e-3) / 1e12 if theirs.median_ms else 0.0

@@ -484,7 +484,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     from .codegen import dispatcher_source
     from .space import expand, to_text
     from .spec import load_one
-    from .tune import plot_search, tune as run_tune
+    from .tune import plot_search, search_baseline, tune as run_tune
 
     if strategy not in strategies.names():
         raise click.BadParameter(f"{strategy!r}: one of {', '.join(strategies.names())}",
@@ -504,6 +504,8 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     pruned = ", ".join(f"{n} {why}" for why, n in space.pruned.most_common(4))
     console.print(f"{space_spec.name}: {space.total} points, {space.valid} valid after pruning"
                   + (f" (dropped: {pruned})" if pruned else ""))
+    if space.valid:
+        search_baseline(space)  # one precision per search: a SpecError before any GPU work
     options = _strategy_options(strategy_options)
     winners = []
     all_records = []
@@ -533,8 +535,8 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
         rate = result.evaluated / result.seconds if result.seconds else 0.0
         table = Table(title=f"{space_spec.name} at {shape}: {len(result.records)} measured of "
                             f"{space.valid} valid, {strategy}; {result.evaluated} evaluated in "
-                            f"{result.seconds:.0f} s on {gpus} GPU(s) ({rate:.2f} points/s); cuBLAS "
-                            f"{result.cublas_tflops:.2f} TFLOP/s")
+                            f"{result.seconds:.0f} s on {gpus} GPU(s) ({rate:.2f} points/s); "
+                            f"{result.baseline} {result.cublas_tflops:.2f} TFLOP/s")
         for column in ("rank", "TFLOP/s", "% cuBLAS", "ms", "point"):
             table.add_column(column)
         for rank, r in enumerate(good[:top], 1):

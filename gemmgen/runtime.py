@@ -307,7 +307,9 @@ class Kernel:
 
     def _tensor_map(self, address: int, K: int, rows: int, ld: int, box_rows: int) -> bytes:
         """TMA's description of a K-major operand: (K, rows), rows ld floats apart, boxes of
-        BK x box_rows with the 128-byte swizzle the wgmma descriptors expect."""
+        BK x box_rows with the 128-byte swizzle the wgmma descriptors expect. (L2 promotion of 128
+        bytes: rows that are not 128-byte aligned, e.g. ld = 4092, measured 20% faster than with
+        256, aligned ones the same.)"""
         driver = _driver()
         u64, u32 = driver.cuuint64_t, driver.cuuint32_t
         tensor_map = _check(driver.cuTensorMapEncodeTiled(
@@ -315,7 +317,7 @@ class Kernel:
             [u64(ld * 4)], [u32(self.plan.BK), u32(box_rows)], [u32(1), u32(1)],
             driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
             driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
             f"describing a {rows} x {K} operand (ld {ld}) for TMA")
         return ctypes.string_at(tensor_map.getPtr(), 128)

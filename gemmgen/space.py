@@ -24,7 +24,12 @@ def describe(spec: Spec) -> str:
     parts = [f"block={v('block.m')}x{v('block.n')}x{v('block.k')}"]
     if spec.written("warp.m"):
         parts.append(f"warp={v('warp.m')}x{v('warp.n')}")
-    parts.append(f"thread={v('thread.m')}x{v('thread.n')}r{v('repeat.m')}x{v('repeat.n')}")
+    if v("math") == "simt":
+        parts.append(f"thread={v('thread.m')}x{v('thread.n')}r{v('repeat.m')}x{v('repeat.n')}")
+    else:  # the MMA instruction takes the place of the thread tile
+        parts.append(f"math={v('math')}")
+        if spec.written("mma.m"):
+            parts.append(f"mma={v('mma.m')}x{v('mma.n')}x{v('mma.k')}")
     parts.append(f"vec=A{v('load.A.vector')}B{v('load.B.vector')}")
     parts.append(f"stages={v('stages')}{'a' if v('stages.fill') == 'async' else ''}")
     parts.append(f"frag={v('fragments')}")
@@ -96,7 +101,12 @@ def to_text(spec: Spec, name: str | None = None, comment: str = "") -> str:
     lines.append(f"  block    {v('block.m')} x {v('block.n')} x {v('block.k')}")
     if spec.written("warp.m"):
         lines.append(f"  warp     {v('warp.m')} x {v('warp.n')}")
-    lines.append(f"  thread   {v('thread.m')} x {v('thread.n')} repeat {v('repeat.m')} x {v('repeat.n')}")
+    if v("math") == "simt":
+        lines.append(f"  thread   {v('thread.m')} x {v('thread.n')} repeat {v('repeat.m')} x {v('repeat.n')}")
+    else:
+        lines.append(f"  math     {v('math')}")
+        if spec.written("mma.m"):
+            lines.append(f"  mma      {v('mma.m')} x {v('mma.n')} x {v('mma.k')}")
     if v("order") != "n":
         lines.append(f"  order    {v('order')}")
     if not v("shared"):

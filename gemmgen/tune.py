@@ -77,24 +77,26 @@ def _time_setup(shape: Case):
 
 
 def _worker(jobs: list[tuple[Plan, str | None]], shape: Case, db: str, scope: str, state: str,
-            budget_s: float, with_cublas: bool, device: int | None = None) -> None:
+            budget_s: float, with_cublas: bool, device: int | None = None,
+            baseline: str = "cuBLAS FP32", layouts: dict | None = None) -> None:
     """Validate and time candidates in order; runs in a child process that may die."""
     if device is not None:  # before any CUDA call: this process sees only its own GPU
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
     from . import verify
-    from .bench import L2Flusher, time_gpu
+    from .bench import L2Flusher, cublas_gemm, time_gpu
     from .runtime import Kernel, device_info
 
     info = device_info()
     flusher = L2Flusher(info)
     buffers = _time_setup(shape)
-    if with_cublas:
-        import cupy as cp
-        a = buffers["A"][:shape.M * shape.K].reshape(shape.M, shape.K)
-        b = buffers["B"][:shape.K * shape.N].reshape(shape.K, shape.N)
-        c = buffers["C"][:shape.M * shape.N].reshape(shape.M, shape.N)
-        timing = time_gpu(lambda: cp.matmul(a, b, out=c), flush=flusher, budget_s=budget_s)
-        _append(Path(db), {"scope": scope, "key": CUBLAS_KEY, "point": "cuBLAS FP32", "status": "ok",
+    if with_cublas:  # in the candidates' precision and layouts, on the same buffers
+        layouts = layouts or {"A": "row", "B": "row", "C": "row"}
+        lds = _leading_dimensions(shape, layouts)
+        timing = time_gpu(lambda: cublas_gemm(
+            shape.M, shape.N, shape.K, 1.0, buffers["A"].data.ptr, lds["A"], buffers["B"].data.ptr, lds["B"],
+            0.0, buffers["C"].data.ptr, lds["C"], layouts, tf32=baseline == "cuBLAS TF32"),
+            flush=flusher, budget_s=budget_s)
+        _append(Path(db), {"scope": scope, "key": CUBLAS_KEY, "point": baseline, "status": "ok",
                            "ms": timing.median_ms, "tflops": _tflops(shape, timing.median_ms)})
     problems: dict = {}
     for plan, source in jobs:
@@ -108,12 +110,10 @@ def _worker(jobs: list[tuple[Plan, str | None]], shape: Case, db: str, scope: st
                 bad = report.failures[0]
                 entry.update(status="invalid", reason=f"{bad.case}: {bad.message}")
             else:
-                lda = shape.K if plan.spec["layout.A"] == "row" else shape.M
-                ldb = shape.N if plan.spec["layout.B"] == "row" else shape.K
-                ldc = shape.N if plan.spec["layout.C"] == "row" else shape.M
+                lds = _leading_dimensions(shape, {x: plan.spec[f"layout.{x}"] for x in "ABC"})
                 run = lambda: kernel.launch(  # noqa: E731
-                    shape.M, shape.N, shape.K, 1.0, buffers["A"].data.ptr, max(1, lda),
-                    buffers["B"].data.ptr, max(1, ldb), 0.0, buffers["C"].data.ptr, max(1, ldc))
+                    shape.M, shape.N, shape.K, 1.0, buffers["A"].data.ptr, lds["A"],
+                    buffers["B"].data.ptr, lds["B"], 0.0, buffers["C"].data.ptr, lds["C"])
                 timing = time_gpu(run, flush=flusher, budget_s=budget_s)
                 entry.update(status="ok", ms=timing.median_ms, tflops=_tflops(shape, timing.median_ms))
             kernel.close()
@@ -123,6 +123,26 @@ def _worker(jobs: list[tuple[Plan, str | None]], shape: Case, db: str, scope: st
             os._exit(3)  # the parent starts a fresh worker (and context) for the rest
         _append(Path(db), entry)
     Path(state).write_text("")
+
+
+def _leading_dimensions(shape: Case, layouts: dict) -> dict:
+    """Tight leading dimensions of A, B and C in their layouts, as a caller's dense arrays have."""
+    rows = {"A": (shape.M, shape.K), "B": (shape.K, shape.N), "C": (shape.M, shape.N)}
+    return {x: max(1, rows[x][1] if layouts[x] == "row" else rows[x][0]) for x in "ABC"}
+
+
+def search_baseline(space: Space) -> str:
+    """The cuBLAS mode a space's candidates are timed against: one precision per search, since a
+    TF32 kernel is faster than an FP32-accurate one by giving up accuracy, not by being better."""
+    from .bench import baseline_for
+    maths = sorted({plan.math for plan in space.plans})
+    baselines = {baseline_for(m) for m in maths}
+    if len(baselines) > 1:
+        raise space.spec.error("math", f"math {{{', '.join(maths)}}} mixes TF32 (10-bit inputs) with "
+                               "FP32-accurate modes: the search would pick TF32 for its speed and lose "
+                               "the accuracy", "one search per precision: math tf32, or math "
+                               "{simt, 3xtf32}")
+    return baselines.pop()
 
 
 def _compiled(plan: Plan, source: str | None):
@@ -145,6 +165,7 @@ class TuneResult:
     cublas_tflops: float
     evaluated: int
     seconds: float
+    baseline: str = "cuBLAS FP32"  # the cuBLAS mode of cublas_tflops: the candidates' precision
 
     @property
     def failures(self) -> list[dict]:
@@ -167,9 +188,11 @@ class Evaluator:
     devices: list[int] | None = None
     evaluated: int = 0
     keys: dict = field(default_factory=dict)
+    baseline: str = "cuBLAS FP32"
 
     def __post_init__(self) -> None:
         self.keys = {coords: point_key(plan.spec) for coords, plan in self.space.plan_at.items()}
+        self.baseline = search_baseline(self.space)
 
     def _source(self, plan: Plan) -> str | None:
         if self.source_patch is None:
@@ -193,6 +216,10 @@ class Evaluator:
         if self.max_points is not None and self.evaluated >= self.max_points:
             raise strategies.Budget()
         return scores
+
+    def _layouts(self) -> dict:
+        spec = self.space.plans[0].spec  # a space's layouts are rarely searched; cuBLAS takes the first
+        return {x: spec[f"layout.{x}"] for x in "ABC"}
 
     def _report(self, entry: dict) -> None:
         if self.progress:
@@ -223,7 +250,8 @@ class Evaluator:
                     workers[device] = context.Process(
                         target=_worker, args=(jobs, self.shape, str(self.db), self.scope,
                                               str(states[device]), self.budget_s,
-                                              with_cublas and device == devices[0], device))
+                                              with_cublas and device == devices[0], device,
+                                              self.baseline, self._layouts()))
                     workers[device].start()
             with_cublas = False
             timed_out = self._watch(workers)
@@ -308,12 +336,13 @@ def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict
 def summarize(space: Space, shape: Case, db: Path, scope: str, evaluated: int = 0,
               seconds: float = 0.0) -> TuneResult:
     records = load_records(db, scope)
-    cublas = records.pop(CUBLAS_KEY, {}).get("tflops", 0.0)
+    baseline = records.pop(CUBLAS_KEY, {})
     by_key = {point_key(plan.spec): plan for plan in space.plans}
     good = [r for r in records.values() if r.get("status") == "ok" and r["key"] in by_key]
     best = max(good, key=lambda r: r["tflops"]) if good else None
     return TuneResult(shape, space, scope, list(records.values()), best,
-                      by_key[best["key"]] if best else None, cublas, evaluated, seconds)
+                      by_key[best["key"]] if best else None, baseline.get("tflops", 0.0), evaluated,
+                      seconds, baseline.get("point", "cuBLAS FP32"))
 
 
 def best_recorded(spec: Spec, db: Path, shape: Case | None = None) -> tuple[Plan, dict]:
@@ -355,7 +384,7 @@ def plot_search(result: TuneResult, path: str) -> None:
             ax.scatter([values.index(best_coords[index]) if result.space.keys else 0],
                        [result.best["tflops"]], marker="*", s=140, color="red", label="best")
         if result.cublas_tflops:
-            ax.axhline(result.cublas_tflops, color="black", linestyle="--", label="cuBLAS FP32")
+            ax.axhline(result.cublas_tflops, color="black", linestyle="--", label=result.baseline)
         ax.set_xticks(range(len(values)), [str(v) for v in values], fontsize=8)
         ax.set_title(key, fontsize=9)
         ax.set_ylabel("TFLOP/s", fontsize=8)

@@ -146,6 +146,11 @@ def fake_time_gpu(run, *, flush=None, **options) -> Timing:
     return Timing(ms, ms, ms, 1)
 
 
+def fake_time_alternating(runs, *, flush=None, **options) -> list[Timing]:
+    """Each run once, in turn: the kernel's first, cuBLAS's second."""
+    return [fake_time_gpu(run) for run in runs]
+
+
 def install(monkeypatch) -> SimpleNamespace:
     """Fake the GPU for gemmgen.verify, gemmgen.bench and the CLI; returns the fake cuBLAS."""
     import gemmgen.cli
@@ -154,6 +159,7 @@ def install(monkeypatch) -> SimpleNamespace:
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy())
     monkeypatch.setattr(gemmgen.bench, "_cublas", lambda: cublas)
     monkeypatch.setattr(gemmgen.bench, "time_gpu", fake_time_gpu)
+    monkeypatch.setattr(gemmgen.bench, "time_alternating", fake_time_alternating)
     monkeypatch.setattr(gemmgen.bench, "L2Flusher", lambda info: None)
     monkeypatch.setattr(gemmgen.verify, "synchronize", lambda: None)
     monkeypatch.setattr(gemmgen.runtime, "Kernel", ReferenceKernel)

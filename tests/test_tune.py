@@ -146,8 +146,9 @@ def test_best_recorded_point_rebuilds_the_same_kernel(tmp_path):
         best_recorded(spec, db, Case(1, 2, 3))
 
 
-def test_a_winner_written_as_spec_text_parses_back_to_the_same_point():
-    for plan in expand(load_one(SPECS / "hopper_refine.gemm")).plans[::37]:
+@pytest.mark.parametrize("space", ["hopper_refine", "skinny_tc_search", "hopper_tc_search"])
+def test_a_winner_written_as_spec_text_parses_back_to_the_same_point(space):
+    for plan in expand(load_one(SPECS / f"{space}.gemm")).plans[::37]:
         text = to_text(plan.spec, plan.name, "a comment")
         again = parse(text)[0]
         assert make_plan(again).smem_bytes == plan.smem_bytes
@@ -215,3 +216,26 @@ def test_compile_cache_serves_a_second_compile_without_nvrtc(tmp_path, monkeypat
     changed = make_plan(load_one(SPECS / "naive.gemm").with_values(target="sm_80"))
     with pytest.raises(AssertionError, match="NVRTC was called"):
         compile_mod.compile_plan(changed)  # another target is another key
+
+
+# --- the baseline follows the space's precision ------------------------------------------------
+
+def _space(math_line: str):
+    from gemmgen.space import expand
+    (spec,) = parse("kernel s {\n  block {64, 128} x 64 x 32\n  warp 32 x 32\n  " + math_line + "\n}\n", "s.gemm")
+    return expand(spec)
+
+
+def test_a_search_is_timed_against_cublas_in_its_own_precision():
+    from gemmgen.tune import search_baseline
+    assert search_baseline(_space("math tf32")) == "cuBLAS TF32"
+    assert search_baseline(_space("math 3xtf32")) == "cuBLAS FP32"
+
+
+def test_a_search_mixing_tf32_with_fp32_accurate_math_is_refused_at_the_math_line():
+    from gemmgen.errors import SpecError
+    from gemmgen.tune import search_baseline
+    with pytest.raises(SpecError) as info:
+        search_baseline(_space("math {tf32, 3xtf32}"))
+    assert (info.value.line, info.value.column) == (4, 8)
+    assert "mixes TF32" in info.value.message and "one search per precision" in info.value.allowed
