@@ -83,7 +83,26 @@ def abi_signature(plan: Plan) -> str:
 
 
 def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
-    per_stage = "A and B tiles" + (" and their TF32 remainders" if plan.math == "3xtf32" else "")
+    per_stage = "A and B tiles" + (" and B's TF32 remainders" if plan.math == "3xtf32" else "")
+    if plan.path == "wgmma_async":
+        return [
+            ("target", f"{plan.arch.name} (wgmma fed by cp.async)"),
+            ("block tile (BM x BN x BK)", f"{plan.BM} x {plan.BN} x {plan.BK}"),
+            ("math", f"{plan.math}, wgmma {' x '.join(map(str, plan.mma_shape))} per warpgroup and K step"
+                     + (" (three per step: small*big, big*small, big*big)" if plan.math == "3xtf32" else "")),
+            ("threads per block", f"{plan.threads}: {plan.consumers} warpgroup(s) of 64 x {plan.BN}, "
+                                  "each copying and multiplying"),
+            ("shared memory", f"{plan.stages} cp.async stages of {per_stage}, K-major, 128-byte swizzle; "
+                              f"{plan.smem_bytes} bytes per block"),
+            ("copies", ", ".join(f"{x}: " + ("16 B along K when aligned, else 4 B" if k_major else
+                                              "4 B along its contiguous rows, transposed into place")
+                                 for x, k_major in (("A", plan.spec["layout.A"] == "row"),
+                                                    ("B", plan.spec["layout.B"] == "col")))),
+            ("raster", "row order" if plan.raster_group == 1 else f"groups of {plan.raster_group} block rows"),
+            ("epilogue", "alpha * A*B + beta * C" if plan.beta else "alpha * A*B"),
+            ("vector path needs", ", ".join(f"{size} and {ld} multiples of {vec}, {ptr} {4 * vec}-byte aligned"
+                                            for ptr, size, ld, vec in plan.vector_requirements()) or "nothing"),
+        ]
     return [
         ("target", f"{plan.arch.name} (wgmma + TMA)"),
         ("block tile (BM x BN x BK)", f"{plan.BM} x {plan.BN} x {plan.BK}"),
@@ -97,9 +116,8 @@ def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
         ("raster", "row order" if plan.raster_group == 1 else f"groups of {plan.raster_group} block rows"),
         ("epilogue", "alpha * A*B + beta * C" if plan.beta else "alpha * A*B"),
         ("TMA path needs", "K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4"),
-        ("otherwise", f"the mma.sync fallback {plan.fallback.launcher_name} (block {plan.fallback.BM} x "
-                      f"{plan.fallback.BN} x {plan.fallback.BK}, warp {plan.fallback.WM} x {plan.fallback.WN}, "
-                      f"{plan.fallback.stages} cp.async stages)"),
+        ("otherwise", f"the same tiling fed by cp.async, {plan.fallback.launcher_name} "
+                      f"({plan.fallback.stages} stages)"),
         ("vector C needs", ", ".join(f"{size} and {ld} multiples of {vec}, {ptr} {4 * vec}-byte aligned"
                                      for ptr, size, ld, vec in plan.vector_requirements()) or "nothing"),
     ]
@@ -107,7 +125,7 @@ def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
 
 def derived_numbers(plan: Plan) -> list[tuple[str, str]]:
     """The Plan's numbers a reader of the kernel wants, as (label, value) rows."""
-    if plan.path == "wgmma":
+    if plan.consumers:
         return _wgmma_numbers(plan)
     rows = [
         ("target", plan.arch.name),
@@ -175,13 +193,13 @@ def generate(plan: Plan) -> str:
     if plan.path == "wgmma":
         fallback = _environment().get_template("kernel.cu.j2").render(
             plan=plan.fallback, header="", launch=_launch_checks(plan.fallback, internal=True),
-            c=plan.fallback.c)
+            c=plan.fallback.c, wgmma=_wgmma_operands(plan.fallback))
         return _environment().get_template("wgmma_kernel.cu.j2").render(
             plan=plan, header=header(plan), launch=_launch_checks(plan), c=plan.c,
             wgmma=_wgmma_operands(plan), fallback_source=fallback.strip("\n"))
     template = _environment().get_template("kernel.cu.j2")
     return template.render(plan=plan, header=header(plan), launch=_launch_checks(plan),
-                           c=plan.c)
+                           c=plan.c, wgmma=_wgmma_operands(plan) if plan.consumers else None)
 
 
 def kernel_name_expressions(plan: Plan) -> dict[bool, str]:

@@ -207,7 +207,7 @@ def intensities(plan: Plan) -> tuple[Intensity, Intensity | None]:
                           (plan.TM + plan.TN) * 4), None)
     BM, BN, BK = plan.BM, plan.BN, plan.BK
     glob = Intensity("global, per block per K step", 2 * BM * BN * BK, (BM * BK + BK * BN) * 4)
-    if plan.path == "wgmma":
+    if plan.path in ("wgmma", "wgmma_async"):
         return glob, None  # the tensor cores read shared memory themselves
     if plan.path == "mma_sync":
         mm, mn, mk = plan.mma_shape  # a warp's fragments of one K step feed RM x RN MMAs
@@ -346,7 +346,7 @@ def _vector_name(width: int) -> str:
 
 def bank_conflicts(plan: Plan) -> tuple[BankAccess, ...]:
     """A store, B store, A fragment, B fragment; empty for kernels without shared memory."""
-    if not plan.uses_shared or plan.path == "wgmma":
+    if not plan.uses_shared or plan.path in ("wgmma", "wgmma_async"):
         return ()  # wgmma: TMA writes and the tensor cores read the swizzled tiles themselves
     fragments = _mma_fragment_access if plan.mma_shape else _fragment_access
     return (_store_access(plan, plan.a), _store_access(plan, plan.b),
@@ -432,6 +432,8 @@ def global_accesses(plan: Plan) -> tuple[GlobalAccess, ...]:
     """A load, B load, C store: warp 0's first request of each on the nominal problem."""
     if plan.path == "wgmma":
         loads = ()  # TMA moves whole boxes of 128-byte rows: full sectors by construction
+    elif plan.path == "wgmma_async":
+        loads = ()  # copies of whole 128-byte K rows, or of rows along M or N: full sectors either way
     elif plan.uses_shared:
         loads = (_tile_load(plan, plan.a), _tile_load(plan, plan.b))
     else:
@@ -474,9 +476,9 @@ def _tiling(plan: Plan) -> str:
              else f"block {plan.BM}x{plan.BN}"]
     if plan.warp_tiling:
         parts.append(f"warp {plan.WM}x{plan.WN}")
-    if plan.path == "wgmma":
+    if plan.path in ("wgmma", "wgmma_async"):
         parts[-1] = f"{plan.consumers} x 64x{plan.BN} warpgroups"
-        parts.append(f"{plan.stages} TMA stages")
+        parts.append(f"{plan.stages} {'TMA' if plan.tma else 'cp.async'} stages")
         return ", ".join(parts)
     if plan.mma_shape:
         parts.append(f"mma {'x'.join(map(str, plan.mma_shape))} repeat {plan.RM}x{plan.RN}")
@@ -492,7 +494,7 @@ def _math(plan: Plan) -> str:
     if plan.path == "simt":
         return "simt"
     shape = "x".join(map(str, plan.mma_shape))
-    how = "wgmma" if plan.path == "wgmma" else "mma.sync"
+    how = "wgmma" if plan.path in ("wgmma", "wgmma_async") else "mma.sync"
     if plan.math == "3xtf32":  # big*big + big*small + small*big
         return f"3xtf32: 3 {how} {shape} per product"
     return f"{plan.math}: {how} {shape}"
@@ -605,7 +607,7 @@ def render_text(report: Report) -> str:
 
     out += ["", "shared-memory bank conflicts (warp 0, kk = 0), wavefronts per request"]
     if not report.bank_conflicts and "wgmma" in r.math:
-        out.append("  none to predict: TMA writes and wgmma reads 128-byte swizzled tiles")
+        out.append("  none predicted: wgmma reads 128-byte swizzled K-major tiles")
     elif not report.bank_conflicts:
         out.append("  none: no shared memory")
     else:

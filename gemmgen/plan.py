@@ -190,13 +190,15 @@ class Plan:
     ldmatrix_b: bool = False
     # wgmma (sm_90a): warpgroups that multiply, and the mma.sync kernel for calls TMA cannot serve
     consumers: int = 0
+    tma: bool = False         # wgmma fed by a TMA producer warpgroup (else by every thread's cp.async)
     fallback: "Plan | None" = None
 
     @property
     def path(self) -> str:
-        """simt (FFMA), mma_sync (warp-level tensor cores) or wgmma (warpgroup tensor cores + TMA)."""
+        """simt (FFMA), mma_sync (warp-level tensor cores), wgmma (warpgroup tensor cores fed by
+        TMA) or wgmma_async (fed by cp.async)."""
         if self.consumers:
-            return "wgmma"
+            return "wgmma" if self.tma else "wgmma_async"
         return "mma_sync" if self.mma_shape else "simt"
 
     @property
@@ -247,6 +249,11 @@ class Plan:
     def vector_requirements(self) -> list[tuple[str, str, str, int]]:
         """(pointer, size, leading dimension, vector) that the aligned variant needs divisible."""
         needs = []
+        if self.path == "wgmma_async":  # 16-byte copies of K-contiguous operands
+            if self.spec["layout.A"] == "row":
+                needs.append(("A", "K", "lda", 4))
+            if self.spec["layout.B"] == "col":
+                needs.append(("B", "K", "ldb", 4))
         for op in (self.a, self.b):
             if op is not None and op.vector > 1:
                 needs.append((op.name, op.extent_inner, op.ld, op.vector))
@@ -484,6 +491,10 @@ def make_plan(spec: Spec) -> Plan:
                          "leaving part of a warp idle", "a thread count that is a multiple of 32")
 
     stages, fill = spec["stages"], spec["stages.fill"]
+    if fill == "tma":
+        raise spec.error("stages.fill", f"TMA copies feed wgmma kernels: target sm_90a with math tf32 or "
+                         f"3xtf32 (this is {arch.name}, math {math})",
+                         "stages N sync or async, or target sm_90a and tensor-core math")
     async_copy = fill == "async"
     fragments = spec["fragments"]
     if not uses_shared:
@@ -660,25 +671,35 @@ WGMMA_MAX_REGISTERS = 232  # what setmaxnreg gives each consumer thread
 
 
 def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
-    """The sm_90a tensor-core kernel: TMA fills STAGES shared buffers (128-byte swizzle, K-major)
-    under mbarriers; one producer warpgroup loads, BM / 64 consumer warpgroups each multiply a
-    64 x BN slab with wgmma. Calls whose A or B TMA cannot describe go to an mma.sync fallback."""
+    """The sm_90a tensor-core kernels: BM / 64 consumer warpgroups each multiply a 64 x BN slab with
+    wgmma from STAGES shared buffers (K-major, 128-byte swizzle). `stages N tma`: a producer
+    warpgroup fills them with TMA under mbarriers, for K-major A and B (layout A row, B col); calls
+    TMA cannot describe go to the cp.async kernel of the same tiling. `stages N async`: every thread
+    fills them with cp.async, transposing on the way where an operand is not K-major (any layout,
+    any alignment)."""
     math = spec["math"]
     BM, BN, BK = spec["block.m"], spec["block.n"], spec["block.k"]
     for key, default in (("load.A.vector", 1), ("load.B.vector", 1), ("load.A.transpose", False),
                          ("load.B.transpose", False), ("load.A.uncoalesced", False),
                          ("load.B.uncoalesced", False), ("shared.A", "plain"), ("shared.B", "plain")):
         if spec[key] != default:
-            raise spec.error(key, "on the wgmma path TMA moves whole tiles into shared memory with a "
-                             "128-byte swizzle; load and shared lines do not apply",
+            raise spec.error(key, "on the wgmma path tiles land in shared memory K-major with a 128-byte "
+                             "swizzle, copied 16 bytes at a time where the data allow; load and shared "
+                             "lines do not apply",
                              "no load or shared lines with target sm_90a and tensor-core math")
     if not spec["shared"]:
         raise spec.error("shared", "wgmma reads its operands from shared memory", "shared memory on")
-    if spec["layout.A"] != "row" or spec["layout.B"] != "col":
+    fill = spec["stages.fill"]
+    if fill not in ("tma", "async"):
+        raise spec.error("stages.fill", "a wgmma kernel's shared buffers are filled by TMA (a producer "
+                         "warpgroup, K-major A and B) or by cp.async (every thread, any layout)",
+                         "stages N tma, or stages N async")
+    tma = fill == "tma"
+    if tma and (spec["layout.A"] != "row" or spec["layout.B"] != "col"):
         raise spec.error(("layout.A", "layout.B"), "wgmma reads TF32 operands from shared memory "
                          "only K-major, and TMA copies tiles as they lie: A must be row-major and B "
                          "column-major (K contiguous in both)",
-                         "layout A row, B col; or target sm_90 (mma.sync, any layout)")
+                         "layout A row, B col; or stages N async (cp.async transposes on the way)")
     if spec.written("thread.m"):
         raise spec.error("thread.m", "with wgmma each warpgroup multiplies a 64 x N tile; there is no "
                          "thread tile", "no thread line")
@@ -688,8 +709,8 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         if spec[key] != default:
             raise spec.error(key, f"the wgmma path has no {why}", f"target sm_90 (mma.sync) for {why}")
     if BK != WGMMA_BK:
-        raise spec.error("block.k", f"a wgmma K tile is one 128-byte swizzled row of {WGMMA_BK} floats "
-                         f"per TMA box, not {BK}", f"block M x N x {WGMMA_BK}")
+        raise spec.error("block.k", f"a wgmma K tile is one 128-byte swizzled row of {WGMMA_BK} floats, "
+                         f"not {BK}", f"block M x N x {WGMMA_BK}")
     if BM % 64 or not 1 <= BM // 64 <= 2:
         raise spec.error("block.m", f"each consumer warpgroup multiplies 64 rows; block M = {BM} "
                          "must be 64 or 128 (one or two consumer warpgroups)", "block 64 or 128 x N x 32")
@@ -705,13 +726,14 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
                          f"(TF32 K step 8), not {' x '.join(map(str, shape))}", f"mma 64 x {BN} x 8")
     stages = spec["stages"]
     if stages < 2:
-        raise spec.error("stages", "the TMA pipeline loads tiles ahead of the math; it needs at least "
+        raise spec.error("stages", "the pipeline loads tiles ahead of the math; it needs at least "
                          "2 buffers", "stages 2 to 8, e.g. stages 4")
     consumers = BM // 64
-    threads = (consumers + 1) * WARPGROUP
+    threads = (consumers + int(tma)) * WARPGROUP
     stage_bytes = 4 * BK * (BM + BN * (2 if math == "3xtf32" else 1))  # 3xtf32: B's remainders too
-    # + mbarriers per stage (full, empty; 3xtf32: ready), and the slack to start the buffers on a 1024-byte boundary
-    smem_bytes = stages * stage_bytes + (3 if math == "3xtf32" else 2) * 8 * stages + 1024
+    # TMA: + mbarriers per stage (full, empty; 3xtf32: ready). Both: slack to align buffers to 1024 B.
+    barriers = (3 if math == "3xtf32" else 2) * 8 * stages if tma else 0
+    smem_bytes = stages * stage_bytes + barriers + 1024
     if smem_bytes > arch.smem_per_block:
         raise spec.error(("stages", "block.m"), f"{stages} stages of {stage_bytes} bytes need {smem_bytes} "
                          f"bytes of shared memory; a block on {arch.name} gets at most "
@@ -720,21 +742,19 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     accumulators = BN // 2  # a 64 x BN fp32 tile over 128 threads
     # 3xtf32: also one K tile's products and A's big and small fragments (see wgmma_kernel.cu.j2)
     registers = accumulators * (2 if math == "3xtf32" else 1) + (32 if math == "3xtf32" else 0) + 40
-    if registers > WGMMA_MAX_REGISTERS:
+    limit = WGMMA_MAX_REGISTERS if tma else min(MAX_REGISTERS_PER_THREAD, arch.regs_per_sm // threads)
+    if registers > limit:
         raise spec.error("block.n", f"a consumer thread would hold about {registers} registers "
-                         f"({accumulators} accumulators); setmaxnreg gives it {WGMMA_MAX_REGISTERS}",
-                         "a smaller block N")
+                         f"({accumulators} accumulators); it can have {limit}", "a smaller block N")
     occupancy = spec["occupancy"]
     if occupancy > 1:
         raise spec.error("occupancy", "a wgmma block takes most of an SM's shared memory and registers",
                          "occupancy 1, or no occupancy line")
-    # 3xtf32 keeps three accumulator sets, so its fallback takes smaller warp tiles.
-    fallback_n, fallback_warp_m = (64, 32) if math == "3xtf32" else (128, 64)
-    fallback_spec = replace(spec.with_values(
-        target="sm_90", block_m=128, block_n=fallback_n, block_k=32, warp_m=fallback_warp_m, warp_n=32,
-        mma_m=16, mma_n=8,
-        mma_k=8, stages=3, stages_fill="async", load_A_vector=4, load_B_vector=4, load_B_transpose=True,
-        shared_A="pad", shared_A_pad=4, shared_B="pad", shared_B_pad=4), name=f"{spec.name}_fallback")
+    fallback = None
+    if tma:  # the same tiling, filled by cp.async, in as many stages as fit
+        fit = (arch.smem_per_block - 1024) // stage_bytes
+        fallback = make_plan(replace(spec.with_values(stages_fill="async", stages=min(stages, fit)),
+                                     name=f"{spec.name}_fallback"))
     return Plan(
         spec=spec, name=spec.name, arch=arch, uses_shared=True, BM=BM, BN=BN, BK=BK, WM=64, WN=BN,
         TM=2, TN=2, RM=1, RN=BN // 8, SUB_M=16, SUB_N=8, warp_tiling=True, warps_m=consumers,
@@ -744,4 +764,4 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         c_stage_vec=1, a=None, b=None, c_layout=spec["layout.C"],
         c_vector=2 if spec["layout.C"] == "row" else 1, smem_bytes=smem_bytes,
         registers_estimate=registers, math=math, mma_shape=shape, m_step=8, consumers=consumers,
-        fallback=make_plan(fallback_spec))
+        tma=tma, fallback=fallback)

@@ -90,6 +90,8 @@ def _every_variant_tested():
     variants = [_variant(name, a, b, "row") for name in SPECS for a, b in _layouts(name)]
     variants += [_variant(name, layout_c="col") for name in C_COL_KERNELS]
     variants += [_variant("warptile", layout_a="col"), _variant("warptile", epilogue_beta=False)]
+    variants += [_variant("hopper_3xtf32", a, b, "row", stages_fill="async", math=math)
+                 for a, b in LAYOUTS for math in ("tf32", "3xtf32")]
     return variants
 
 
@@ -585,6 +587,15 @@ def test_wgmma_c_abi_takes_tma_when_aligned_and_the_fallback_otherwise(name, cp,
         _sync(cp)
         assert status == 0, f"{plan.launcher_name} ({path}) returned cudaError {status}"
         _assert_product(cp.asnumpy(c), A, B, C, 0.75, -0.5, f"{plan.launcher_name}, {path}", plan.math)
+
+
+@pytest.mark.parametrize("a,b", LAYOUTS, ids=[f"A{a}-B{b}" for a, b in LAYOUTS])
+@pytest.mark.parametrize("math", ["tf32", "3xtf32"])
+def test_wgmma_fed_by_cp_async_passes_the_quick_cases_in_every_layout(math, a, b, kernels, problems):
+    kernel = kernels(_variant("hopper_3xtf32", a, b, "row", stages_fill="async", math=math))
+    assert kernel.plan.path == "wgmma_async"
+    report = verify.check(kernel, verify.QUICK_CASES, seed=SEED, problems=problems)
+    assert report.ok, _failures(report, kernel)
 
 
 @pytest.mark.parametrize("name", ["tensorcore_3xtf32", "hopper_3xtf32"])
