@@ -116,8 +116,9 @@ def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
         ("raster", "row order" if plan.raster_group == 1 else f"groups of {plan.raster_group} block rows"),
         ("epilogue", "alpha * A*B + beta * C" if plan.beta else "alpha * A*B"),
         ("TMA path needs", "K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4"),
-        ("otherwise", f"the same tiling fed by cp.async, {plan.fallback.launcher_name} "
-                      f"({plan.fallback.stages} stages)"),
+        ("otherwise", f"the mma.sync fallback {plan.fallback.launcher_name} (block {plan.fallback.BM} x "
+                      f"{plan.fallback.BN} x {plan.fallback.BK}, warp {plan.fallback.WM} x {plan.fallback.WN}, "
+                      f"{plan.fallback.stages} cp.async stages)"),
         ("vector C needs", ", ".join(f"{size} and {ld} multiples of {vec}, {ptr} {4 * vec}-byte aligned"
                                      for ptr, size, ld, vec in plan.vector_requirements()) or "nothing"),
     ]
@@ -193,7 +194,7 @@ def generate(plan: Plan) -> str:
     if plan.path == "wgmma":
         fallback = _environment().get_template("kernel.cu.j2").render(
             plan=plan.fallback, header="", launch=_launch_checks(plan.fallback, internal=True),
-            c=plan.fallback.c, wgmma=_wgmma_operands(plan.fallback))
+            c=plan.fallback.c, wgmma=None)
         return _environment().get_template("wgmma_kernel.cu.j2").render(
             plan=plan, header=header(plan), launch=_launch_checks(plan), c=plan.c,
             wgmma=_wgmma_operands(plan), fallback_source=fallback.strip("\n"))

@@ -751,10 +751,17 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         raise spec.error("occupancy", "a wgmma block takes most of an SM's shared memory and registers",
                          "occupancy 1, or no occupancy line")
     fallback = None
-    if tma:  # the same tiling, filled by cp.async, in as many stages as fit
-        fit = (arch.smem_per_block - 1024) // stage_bytes
-        fallback = make_plan(replace(spec.with_values(stages_fill="async", stages=min(stages, fit)),
-                                     name=f"{spec.name}_fallback"))
+    if tma:
+        # Calls TMA cannot describe go to mma.sync, which measured faster there than this tiling fed
+        # by cp.async on small or skinny problems (H100, 127x4099x1023: 14.8 against 8.9 TFLOP/s
+        # TF32) and nearly as fast on large ones (4096^3, ld + 1: 75.1 against 80.9). 3xtf32 keeps
+        # three accumulator sets, so its fallback takes smaller warp tiles.
+        fallback_n, fallback_warp_m = (64, 32) if math == "3xtf32" else (128, 64)
+        fallback = make_plan(replace(spec.with_values(
+            target="sm_90", block_m=128, block_n=fallback_n, block_k=32, warp_m=fallback_warp_m,
+            warp_n=32, mma_m=16, mma_n=8, mma_k=8, stages=3, stages_fill="async", load_A_vector=4,
+            load_B_vector=4, load_B_transpose=True, shared_A="pad", shared_A_pad=4, shared_B="pad",
+            shared_B_pad=4), name=f"{spec.name}_fallback"))
     return Plan(
         spec=spec, name=spec.name, arch=arch, uses_shared=True, BM=BM, BN=BN, BK=BK, WM=64, WN=BN,
         TM=2, TN=2, RM=1, RN=BN // 8, SUB_M=16, SUB_N=8, warp_tiling=True, warps_m=consumers,

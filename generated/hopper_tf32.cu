@@ -25,7 +25,7 @@
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the same tiling fed by cp.async, gemmgen_hopper_tf32_fallback (4 stages)
+//   otherwise                  the mma.sync fallback gemmgen_hopper_tf32_fallback (block 128 x 128 x 32, warp 64 x 32, 3 cp.async stages)
 //   vector C needs             N and ldc multiples of 2, C 8-byte aligned
 //
 // C ABI:
@@ -46,21 +46,28 @@
 namespace gemmgen_hopper_tf32_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups, 64 rows of the tile each
-constexpr int THREADS = 256;  // all of them copy tiles, then multiply
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int B_COPIES = 1;  // B's tile as copied
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 197632;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS),
-              "shared memory = 1024-byte alignment slack + stages");
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block, K step
+constexpr int WM = 64, WN = 32;  // C tile per warp
+constexpr int MMA_M = 16, MMA_N = 8, MMA_K = 8;  // mma.sync tile, tf32
+constexpr int TM = 2, TN = 2;  // C values per lane per MMA tile: rows g, g + M_STEP; columns 2t, 2t + 1
+constexpr int M_STEP = 8;
+constexpr int RM = 4, RN = 4;  // sub-tiles each thread sweeps
+constexpr int SUB_M = 16, SUB_N = 8;  // sub-tile size = WM / RM, WN / RN
+constexpr int LANES_M = 8, LANES_N = 4;  // thread grid of a sub-tile
+constexpr int WARPS_N = 4;
+constexpr int THREADS = 256;
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int STAGES = 3;
+constexpr int FRAGMENTS = 1;
+constexpr int A_VEC = 4, A_CHUNKS_PER_ROW = 8, A_PASSES = 4;
+constexpr int A_STAGE_FLOATS = 4608, A_FRAG_VEC = 1;
+constexpr int B_VEC = 4, B_CHUNKS_PER_ROW = 8, B_PASSES = 4;
+constexpr int B_STAGE_FLOATS = 4608, B_FRAG_VEC = 1;
+constexpr int SMEM_BYTES = 110592;
+static_assert(SMEM_BYTES == 4 * STAGES * (A_STAGE_FLOATS + B_STAGE_FLOATS), "shared memory = stages x (A + B)");
+static_assert(WARPS_N == BN / WN && THREADS == (BM / WM) * WARPS_N * LANES_M * LANES_N, "one thread per lane of every warp tile");
+static_assert(SUB_M == LANES_M * TM && SUB_N == LANES_N * TN, "lanes x thread tile = sub-tile");
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -137,195 +144,229 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
 }
 
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
 
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
 }
 
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
 }
 
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
+                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
+// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
+// which is exactly the TF32 fragment layout above when shared rows run along K.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
 }
 
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
 }
 
-// TMA: copy the box at (inner, outer) of a 2-D tensor into shared memory; rows and columns
-// outside the tensor arrive as zeros, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3 }], [%4];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(shared_address(barrier)) : "memory");
-}
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// One operand's ROWS x BK tile (rows along M for A, N for B) from `src`, its element (0, 0).
-template <bool VECTOR, bool K_CONTIGUOUS, int ROWS>
-__device__ __forceinline__ void copy_tile(float* tile, const float* src, int ld, int rows_left, int k_left,
-                                          const float* any_valid, int tid) {
-    if constexpr (K_CONTIGUOUS && VECTOR) {  // 16-byte chunks along k; K % 4 == 0, so a chunk is all in or out
-#pragma unroll
-        for (int q = tid; q < ROWS * BK / 4; q += THREADS) {
-            const int row = q / (BK / 4), k = q % (BK / 4) * 4;
-            const bool inside = row < rows_left && k < k_left;
-            cp_async<16>(&tile[swizzled(row, k)], inside ? src + (long long)row * ld + k : any_valid, inside);
-        }
-    } else if constexpr (K_CONTIGUOUS) {  // 4 bytes at a time along k
-#pragma unroll
-        for (int e = tid; e < ROWS * BK; e += THREADS) {
-            const int row = e / BK, k = e % BK;
-            const bool inside = row < rows_left && k < k_left;
-            cp_async<4>(&tile[swizzled(row, k)], inside ? src + (long long)row * ld + k : any_valid, inside);
-        }
-    } else {  // rows contiguous in memory: 4 bytes at a time along them, each float to its K-major place
-#pragma unroll
-        for (int e = tid; e < ROWS * BK; e += THREADS) {
-            const int k = e / ROWS, row = e % ROWS;
-            const bool inside = row < rows_left && k < k_left;
-            cp_async<4>(&tile[swizzled(row, k)], inside ? src + (long long)k * ld + row : any_valid, inside);
-        }
-    }
-}
+// Shared tiles, one per stage. sA[m][k] 128 x 36 floats, padded by 4; sB[n][k] 128 x 36 floats, padded by 4.
+__device__ __forceinline__ int sA_index(int m, int k) { return (m) * 36 + k; }
+__device__ __forceinline__ int sB_index(int k, int n) { return (n) * 36 + k; }
 
 template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
+__global__ void __launch_bounds__(THREADS)
 gemmgen_hopper_tf32_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc)
 {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    extern __shared__ __align__(16) float smem[];
+    float* sA = smem;                          // STAGES x A_STAGE_FLOATS
+    float* sB = smem + STAGES * A_STAGE_FLOATS;  // STAGES x B_STAGE_FLOATS
 
     int block_m0, block_n0;
     tile_of_block(M, N, block_m0, block_n0);
-    const int m_left = M - block_m0;
+    const int m_left = M - block_m0;  // rows of C still inside the matrix from this tile on
     const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
+
+    // Where this thread's C sub-tiles start inside the block tile.
     const int tid = threadIdx.x;
-    const int consumer = tid / 128;
+    const int warp_id = tid / 32;
     const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
+    const int warp_row = warp_id / WARPS_N;
+    const int warp_col = warp_id % WARPS_N;
+    // The MMA's lane layout: lane = 4 g + t holds C rows g + 8 i and columns 2t + j of each tile.
+    const int lane_row = lane / 4;
+    const int lane_col = lane % 4;
+    const int warp_m0 = warp_row * WM, warp_n0 = warp_col * WN;
+    const int thread_m0 = warp_m0 + lane_row;
+    const int thread_n0 = warp_n0 + lane_col * TN;
 
-    // Where the block's tiles start, and how far one K tile moves them.
-    const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-    const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-    const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-    const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-    auto copy_stage = [&](int t, int slot) {
-        const int k_left = K - t * BK;
-        copy_tile<ALIGNED && A_K_CONTIGUOUS, A_K_CONTIGUOUS, BM>(sA + slot * A_STAGE_FLOATS, A_tile + t * a_k_step,
-                                                                 lda, m_left, k_left, A, tid);
-        copy_tile<ALIGNED && B_K_CONTIGUOUS, B_K_CONTIGUOUS, BN>(sB + slot * B_STAGE_FLOATS, B_tile + t * b_k_step,
-                                                                 ldb, n_left, k_left, B, tid);
-    };
+    const float* A_tile = A + (long long)block_m0 * lda;
+    const float* B_tile = B + (long long)block_n0 * ldb;
+    const int k_tiles = (K + BK - 1) / BK;
 
+    float acc[RM * TM][RN * TN];
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {  // STAGES - 1 tiles in flight before the first multiply
-        if (s < k_tiles) copy_stage(s, s);
-        cp_async_commit();
-    }
-
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
+    for (int i = 0; i < RM * TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
 
+    // ---- pipeline: STAGES-1 tiles in flight while one is multiplied --------------------
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < k_tiles) {
+            const int k_left = K - s * BK;
+            {   // A: 128 x 32 tile straight into shared memory
+                const float* src = A_tile + s * (BK);
+                float* dst = sA + s * A_STAGE_FLOATS;
+            #pragma unroll
+                for (int p = 0; p < A_PASSES; ++p) {
+                    const int chunk = p * THREADS + tid;
+                    const int row = chunk / A_CHUNKS_PER_ROW;
+                    const int col = chunk % A_CHUNKS_PER_ROW * A_VEC;
+                    const float* g = src + (long long)row * lda + col;
+                    if constexpr (ALIGNED) {
+                        const bool inside = row < m_left && col < k_left;
+                        cp_async<4 * A_VEC>(&dst[sA_index(row, col)], inside ? g : A, inside);
+                    } else {
+            #pragma unroll
+                        for (int v = 0; v < A_VEC; ++v) {
+                            const bool inside = row < m_left && col + v < k_left;
+                            cp_async<4>(&dst[sA_index(row, col + v)], inside ? g + v : A, inside);
+                        }
+                    }
+                }
+            }
+            {   // B: 128 x 32 tile straight into shared memory
+                const float* src = B_tile + s * (BK);
+                float* dst = sB + s * B_STAGE_FLOATS;
+            #pragma unroll
+                for (int p = 0; p < B_PASSES; ++p) {
+                    const int chunk = p * THREADS + tid;
+                    const int row = chunk / B_CHUNKS_PER_ROW;
+                    const int col = chunk % B_CHUNKS_PER_ROW * B_VEC;
+                    const float* g = src + (long long)row * ldb + col;
+                    if constexpr (ALIGNED) {
+                        const bool inside = row < n_left && col < k_left;
+                        cp_async<4 * B_VEC>(&dst[sB_index(col, row)], inside ? g : B, inside);
+                    } else {
+            #pragma unroll
+                        for (int v = 0; v < B_VEC; ++v) {
+                            const bool inside = row < n_left && col + v < k_left;
+                            cp_async<4>(&dst[sB_index(col + v, row)], inside ? g + v : B, inside);
+                        }
+                    }
+                }
+            }
+        }
+        cp_async_commit();
+    }
+
     for (int t = 0; t < k_tiles; ++t) {
-        cp_async_wait<STAGES - 2>();  // this thread's copies of tile t have landed
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // ...where wgmma's reads see them
-        __syncthreads();              // every thread's, and tile t - 1's buffer is free (its MMAs completed)
+        cp_async_wait<STAGES - 2>();  // tile t has landed
+        __syncthreads();              // ...for every thread, and tile t-1's buffer is free
+
         const int next = t + STAGES - 1;
-        if (next < k_tiles) copy_stage(next, next % STAGES);
+        if (next < k_tiles) {
+            const int k_left = K - next * BK;
+            const int slot = next % STAGES;
+            {   // A: 128 x 32 tile straight into shared memory
+                const float* src = A_tile + next * (BK);
+                float* dst = sA + slot * A_STAGE_FLOATS;
+            #pragma unroll
+                for (int p = 0; p < A_PASSES; ++p) {
+                    const int chunk = p * THREADS + tid;
+                    const int row = chunk / A_CHUNKS_PER_ROW;
+                    const int col = chunk % A_CHUNKS_PER_ROW * A_VEC;
+                    const float* g = src + (long long)row * lda + col;
+                    if constexpr (ALIGNED) {
+                        const bool inside = row < m_left && col < k_left;
+                        cp_async<4 * A_VEC>(&dst[sA_index(row, col)], inside ? g : A, inside);
+                    } else {
+            #pragma unroll
+                        for (int v = 0; v < A_VEC; ++v) {
+                            const bool inside = row < m_left && col + v < k_left;
+                            cp_async<4>(&dst[sA_index(row, col + v)], inside ? g + v : A, inside);
+                        }
+                    }
+                }
+            }
+            {   // B: 128 x 32 tile straight into shared memory
+                const float* src = B_tile + next * (BK);
+                float* dst = sB + slot * B_STAGE_FLOATS;
+            #pragma unroll
+                for (int p = 0; p < B_PASSES; ++p) {
+                    const int chunk = p * THREADS + tid;
+                    const int row = chunk / B_CHUNKS_PER_ROW;
+                    const int col = chunk % B_CHUNKS_PER_ROW * B_VEC;
+                    const float* g = src + (long long)row * ldb + col;
+                    if constexpr (ALIGNED) {
+                        const bool inside = row < n_left && col < k_left;
+                        cp_async<4 * B_VEC>(&dst[sB_index(col, row)], inside ? g : B, inside);
+                    } else {
+            #pragma unroll
+                        for (int v = 0; v < B_VEC; ++v) {
+                            const bool inside = row < n_left && col + v < k_left;
+                            cp_async<4>(&dst[sB_index(col + v, row)], inside ? g + v : B, inside);
+                        }
+                    }
+                }
+            }
+        }
         cp_async_commit();
 
-        const int s = t % STAGES;
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<0>();  // before the next iteration's copies reuse a buffer
-        fence_accumulators(acc);
+        const int stage = t % STAGES;
+        {   // C_warp += A_tile * B_tile: 4 x 4 MMA tiles of 16 x 8 x 8 per warp and K step (tf32)
+            const float* As = sA + stage * A_STAGE_FLOATS;
+            const float* Bs = sB + stage * B_STAGE_FLOATS;
+        #pragma unroll
+            for (int kk = 0; kk < BK; kk += MMA_K) {
+                unsigned a_big[RM][4], b_big[RN][2];
+        #pragma unroll
+                for (int rm = 0; rm < RM; ++rm) {
+                    unsigned raw[4];  // matrices: rows +0 / +8 of the tile, then k +0 / +4
+                    ldmatrix_x4(raw, &As[sA_index(warp_m0 + rm * MMA_M + lane / 8 % 2 * M_STEP + lane % 8, kk + lane / 16 * 4)]);
+        #pragma unroll
+                    for (int v = 0; v < 4; ++v) {
+                        a_big[rm][v] = to_tf32(__uint_as_float(raw[v]));
+                    }
+                }
+        #pragma unroll
+                for (int rn = 0; rn < RN; ++rn) {
+                    unsigned raw[2];  // matrices: k +0 / +4
+                    ldmatrix_x2(raw, &Bs[sB_index(kk + lane / 8 % 2 * 4, warp_n0 + rn * MMA_N + lane % 8)]);
+        #pragma unroll
+                    for (int v = 0; v < 2; ++v) {
+                        b_big[rn][v] = to_tf32(__uint_as_float(raw[v]));
+                    }
+                }
+        #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+        #pragma unroll
+                    for (int rn = 0; rn < RN; ++rn) {
+                        mma_tf32(acc[rm * TM][rn * TN], acc[rm * TM][rn * TN + 1],
+                                 acc[rm * TM + 1][rn * TN], acc[rm * TM + 1][rn * TN + 1], a_big[rm], b_big[rn]);
+                    }
+            }
+        }
     }
     cp_async_wait<0>();
 
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
         constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
