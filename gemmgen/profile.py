@@ -45,6 +45,10 @@ METRICS = (
     Metric("fp32_pipe", "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
            "FP32 (FMA) pipe utilisation",
            "cycles the FMA pipe issued, % of its peak while SMs were active: the SGEMM roof", "pct"),
+    Metric("tensor_pipe", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+           "tensor pipe utilisation",
+           "cycles the tensor pipe ran HMMA/HGMMA, % of its peak while SMs were active: the roof of "
+           "math tf32 and 3xtf32 kernels (0 for simt ones)", "pct"),
     Metric("sm_throughput", "sm__throughput.avg.pct_of_peak_sustained_elapsed", "SM throughput",
            "busiest SM unit, % of its peak over the whole launch", "pct"),
     Metric("occupancy", "sm__warps_active.avg.pct_of_peak_sustained_active", "achieved occupancy",
