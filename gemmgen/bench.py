@@ -111,26 +111,8 @@ def cublas_gemm(M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, 
 def time_gpu(run: Callable[[], None], *, flush: Callable[[], None] | None = None,
              warmup: int = 3, budget_s: float = 0.5, min_runs: int = 5, max_runs: int = 200) -> Timing:
     """Median time of `run` between CUDA events, each run after `flush` (outside the events)."""
-    cp = _cupy()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    for _ in range(warmup):
-        run()
-    cp.cuda.runtime.deviceSynchronize()
-    times: list[float] = []
-    spent = 0.0
-    while len(times) < min_runs or (spent < budget_s * 1e3 and len(times) < max_runs):
-        if flush:
-            flush()
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        elapsed = cp.cuda.get_elapsed_time(start, end)
-        times.append(elapsed)
-        spent += elapsed
-    times.sort()
-    pick = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731
-    return Timing(statistics.median(times), pick(0.1), pick(0.9), len(times))
+    return time_alternating([run], flush=flush, warmup=warmup, budget_s=budget_s, min_runs=min_runs,
+                            max_runs=max_runs)[0]
 
 
 def time_alternating(runs: list[Callable[[], None]], *, flush: Callable[[], None] | None = None,

@@ -84,12 +84,24 @@ def abi_signature(plan: Plan) -> str:
 
 def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
     per_stage = "A and B tiles" + (" and B's TF32 remainders" if plan.math == "3xtf32" else "")
-    if plan.path == "wgmma_async":
-        return [
+    shape = " x ".join(map(str, plan.mma_shape))
+    terms = " (three per step: small*big, big*small, big*big)" if plan.math == "3xtf32" else ""
+    if plan.tma:
+        rows = [
+            ("target", f"{plan.arch.name} (wgmma + TMA)"),
+            ("block tile (BM x BN x BK)", f"{plan.BM} x {plan.BN} x {plan.BK}"),
+            ("math", f"{plan.math}, wgmma {shape} per consumer warpgroup and K step{terms}"),
+            ("threads per block", f"{plan.threads}: 1 producer warpgroup (TMA) + {plan.consumers} consumer "
+                                  f"warpgroup(s) of 64 x {plan.BN}"),
+            ("accumulators", f"{plan.BN // 2} floats per consumer thread"),
+            ("shared memory", f"{plan.stages} stages of {per_stage}, K-major, 128-byte swizzle; "
+                              f"{plan.smem_bytes} bytes per block"),
+        ]
+    else:
+        rows = [
             ("target", f"{plan.arch.name} (wgmma fed by cp.async)"),
             ("block tile (BM x BN x BK)", f"{plan.BM} x {plan.BN} x {plan.BK}"),
-            ("math", f"{plan.math}, wgmma {' x '.join(map(str, plan.mma_shape))} per warpgroup and K step"
-                     + (" (three per step: small*big, big*small, big*big)" if plan.math == "3xtf32" else "")),
+            ("math", f"{plan.math}, wgmma {shape} per warpgroup and K step{terms}"),
             ("threads per block", f"{plan.threads}: {plan.consumers} warpgroup(s) of 64 x {plan.BN}, "
                                   "each copying and multiplying"),
             ("shared memory", f"{plan.stages} cp.async stages of {per_stage}, K-major, 128-byte swizzle; "
@@ -98,30 +110,22 @@ def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
                                               "4 B along its contiguous rows, transposed into place")
                                  for x, k_major in (("A", plan.spec["layout.A"] == "row"),
                                                     ("B", plan.spec["layout.B"] == "col")))),
-            ("raster", "row order" if plan.raster_group == 1 else f"groups of {plan.raster_group} block rows"),
-            ("epilogue", "alpha * A*B + beta * C" if plan.beta else "alpha * A*B"),
-            ("vector path needs", ", ".join(f"{size} and {ld} multiples of {vec}, {ptr} {4 * vec}-byte aligned"
-                                            for ptr, size, ld, vec in plan.vector_requirements()) or "nothing"),
         ]
-    return [
-        ("target", f"{plan.arch.name} (wgmma + TMA)"),
-        ("block tile (BM x BN x BK)", f"{plan.BM} x {plan.BN} x {plan.BK}"),
-        ("math", f"{plan.math}, wgmma {' x '.join(map(str, plan.mma_shape))} per consumer warpgroup and K step"
-                 + (" (three per step: small*big, big*small, big*big)" if plan.math == "3xtf32" else "")),
-        ("threads per block", f"{plan.threads}: 1 producer warpgroup (TMA) + {plan.consumers} consumer "
-                              f"warpgroup(s) of 64 x {plan.BN}"),
-        ("accumulators", f"{plan.BN // 2} floats per consumer thread"),
-        ("shared memory", f"{plan.stages} stages of {per_stage}, K-major, 128-byte swizzle; "
-                          f"{plan.smem_bytes} bytes per block"),
+    rows += [
         ("raster", "row order" if plan.raster_group == 1 else f"groups of {plan.raster_group} block rows"),
         ("epilogue", "alpha * A*B + beta * C" if plan.beta else "alpha * A*B"),
-        ("TMA path needs", "K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4"),
-        ("otherwise", f"the mma.sync fallback {plan.fallback.launcher_name} (block {plan.fallback.BM} x "
-                      f"{plan.fallback.BN} x {plan.fallback.BK}, warp {plan.fallback.WM} x {plan.fallback.WN}, "
-                      f"{plan.fallback.stages} cp.async stages)"),
-        ("vector C needs", ", ".join(f"{size} and {ld} multiples of {vec}, {ptr} {4 * vec}-byte aligned"
-                                     for ptr, size, ld, vec in plan.vector_requirements()) or "nothing"),
     ]
+    if plan.tma:
+        rows += [
+            ("TMA path needs", "K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4"),
+            ("otherwise", f"the mma.sync fallback {plan.fallback.launcher_name} (block {plan.fallback.BM} x "
+                          f"{plan.fallback.BN} x {plan.fallback.BK}, warp {plan.fallback.WM} x "
+                          f"{plan.fallback.WN}, {plan.fallback.stages} cp.async stages)"),
+        ]
+    rows.append(("vector path needs", ", ".join(f"{size} and {ld} multiples of {vec}, {ptr} {4 * vec}-byte aligned"
+                                                for ptr, size, ld, vec in plan.vector_requirements())
+                 or "nothing"))
+    return rows
 
 
 def derived_numbers(plan: Plan) -> list[tuple[str, str]]:

@@ -26,7 +26,7 @@
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the mma.sync fallback gemmgen_hopper_3xtf32_fallback (block 128 x 64 x 32, warp 32 x 32, 3 cp.async stages)
-//   vector C needs             N and ldc multiples of 2, C 8-byte aligned
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // C ABI:
 //   extern "C" int gemmgen_hopper_3xtf32(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -572,6 +572,10 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(shared_address(barrier)) : "memory");
 }
 
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
 // Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
 // 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
 __device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
@@ -735,13 +739,13 @@ gemmgen_hopper_3xtf32_kernel(const __grid_constant__ TensorMap map_a, const __gr
     auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
         const int s = t % STAGES;
         barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS;
-#pragma unroll
+        const float* a_stage = sA + s * A_STAGE_FLOATS;
+        #pragma unroll
         for (int step = 0; step < BK / 8; ++step)
-#pragma unroll
+        #pragma unroll
             for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
                 const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
-                split_tf32(a_tile[row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3)], a_big[step][v], a_small[step][v]);
+                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
             }
     };
     auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
@@ -750,7 +754,7 @@ gemmgen_hopper_3xtf32_kernel(const __grid_constant__ TensorMap map_a, const __gr
         const float* b_small = sB_small + s * B_STAGE_FLOATS;
         fence_accumulators(tile_product);
         wgmma_fence();
-#pragma unroll
+        #pragma unroll
         for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
@@ -761,9 +765,9 @@ gemmgen_hopper_3xtf32_kernel(const __grid_constant__ TensorMap map_a, const __gr
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
         fence_accumulators(tile_product);
         if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
-#pragma unroll
+        #pragma unroll
         for (int i = 0; i < TM; ++i)
-#pragma unroll
+        #pragma unroll
             for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
     };
     if (k_tiles > 0) read_a(0, a_big_even, a_small_even);

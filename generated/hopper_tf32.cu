@@ -26,7 +26,7 @@
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the mma.sync fallback gemmgen_hopper_tf32_fallback (block 128 x 128 x 32, warp 64 x 32, 3 cp.async stages)
-//   vector C needs             N and ldc multiples of 2, C 8-byte aligned
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // C ABI:
 //   extern "C" int gemmgen_hopper_tf32(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -544,6 +544,10 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(shared_address(barrier)) : "memory");
 }
 
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
 // Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
 // 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
 __device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
@@ -649,7 +653,7 @@ gemmgen_hopper_tf32_kernel(const __grid_constant__ TensorMap map_a, const __grid
         const float* b_tile = sB + s * B_STAGE_FLOATS;
         fence_accumulators(acc);
         wgmma_fence();
-#pragma unroll
+        #pragma unroll
         for (int kk = 0; kk < BK; kk += 8)
             wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
         wgmma_commit();
