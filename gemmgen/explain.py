@@ -207,7 +207,7 @@ def intensities(plan: Plan) -> tuple[Intensity, Intensity | None]:
                           (plan.TM + plan.TN) * 4), None)
     BM, BN, BK = plan.BM, plan.BN, plan.BK
     glob = Intensity("global, per block per K step", 2 * BM * BN * BK, (BM * BK + BK * BN) * 4)
-    if plan.path in ("wgmma", "wgmma_async"):
+    if plan.consumers:  # a wgmma kernel
         return glob, None  # the tensor cores read shared memory themselves
     if plan.path == "mma_sync":
         mm, mn, mk = plan.mma_shape  # a warp's fragments of one K step feed RM x RN MMAs
@@ -346,7 +346,7 @@ def _vector_name(width: int) -> str:
 
 def bank_conflicts(plan: Plan) -> tuple[BankAccess, ...]:
     """A store, B store, A fragment, B fragment; empty for kernels without shared memory."""
-    if not plan.uses_shared or plan.path in ("wgmma", "wgmma_async"):
+    if not plan.uses_shared or plan.consumers:
         return ()  # wgmma: TMA writes and the tensor cores read the swizzled tiles themselves
     fragments = _mma_fragment_access if plan.mma_shape else _fragment_access
     return (_store_access(plan, plan.a), _store_access(plan, plan.b),
@@ -476,7 +476,7 @@ def _tiling(plan: Plan) -> str:
              else f"block {plan.BM}x{plan.BN}"]
     if plan.warp_tiling:
         parts.append(f"warp {plan.WM}x{plan.WN}")
-    if plan.path in ("wgmma", "wgmma_async"):
+    if plan.consumers:  # a wgmma kernel
         parts[-1] = f"{plan.consumers} x 64x{plan.BN} warpgroups"
         parts.append(f"{plan.stages} {'TMA' if plan.tma else 'cp.async'} stages")
         return ", ".join(parts)
@@ -494,7 +494,7 @@ def _math(plan: Plan) -> str:
     if plan.path == "simt":
         return "simt"
     shape = "x".join(map(str, plan.mma_shape))
-    how = "wgmma" if plan.path in ("wgmma", "wgmma_async") else "mma.sync"
+    how = "wgmma" if plan.consumers else "mma.sync"
     if plan.math == "3xtf32":  # big*big + big*small + small*big
         return f"3xtf32: 3 {how} {shape} per product"
     return f"{plan.math}: {how} {shape}"

@@ -637,7 +637,8 @@ __device__ __forceinline__ unsigned to_tf32(float x) {
     return tf32;
 }
 
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's.
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
 __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
     big = to_tf32(x);
     small = to_tf32(x - __uint_as_float(big));
