@@ -10,7 +10,7 @@ from pathlib import Path
 import jinja2
 
 from . import __version__
-from .plan import WGMMA_MAX_REGISTERS, Plan
+from .plan import Plan
 
 
 def _template_dir() -> Path:
@@ -50,7 +50,6 @@ class WgmmaOperands:
     a_operand: int
     b_operand: int
     scale_operand: int
-    consumer_registers: int
 
 
 def _wgmma_operands(plan: Plan) -> WgmmaOperands:
@@ -59,8 +58,7 @@ def _wgmma_operands(plan: Plan) -> WgmmaOperands:
     return WgmmaOperands(
         placeholders=", ".join(f"%{n}" for n in range(count)),
         outputs=", ".join(f'"+f"(acc[{i}][{j}])' for i, j in order),
-        a_operand=count, b_operand=count + 1, scale_operand=count + 2,
-        consumer_registers=WGMMA_MAX_REGISTERS)
+        a_operand=count, b_operand=count + 1, scale_operand=count + 2)
 
 
 def _launch_checks(plan: Plan, internal: bool = False) -> LaunchChecks:
@@ -83,7 +81,7 @@ def abi_signature(plan: Plan) -> str:
 
 
 def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
-    per_stage = "A and B tiles" + (" and B's TF32 remainders" if plan.math == "3xtf32" else "")
+    per_stage = "A and B tiles" + (" and B's TF32 remainders" if plan.math == "3xtf32" else "")  # TMA
     shape = " x ".join(map(str, plan.mma_shape))
     terms = " (three per step: small*big, big*small, big*big)" if plan.math == "3xtf32" else ""
     if plan.tma:
@@ -98,18 +96,22 @@ def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
                               f"{plan.smem_bytes} bytes per block"),
         ]
     else:
+        remainders = "A's and B's TF32 remainders" if plan.math == "3xtf32" else ""
         rows = [
-            ("target", f"{plan.arch.name} (wgmma fed by cp.async)"),
+            ("target", f"{plan.arch.name} (wgmma fed through registers)"),
             ("block tile (BM x BN x BK)", f"{plan.BM} x {plan.BN} x {plan.BK}"),
-            ("math", f"{plan.math}, wgmma {shape} per warpgroup and K step{terms}"),
-            ("threads per block", f"{plan.threads}: {plan.consumers} warpgroup(s) of 64 x {plan.BN}, "
-                                  "each copying and multiplying"),
-            ("shared memory", f"{plan.stages} cp.async stages of {per_stage}, K-major, 128-byte swizzle; "
-                              f"{plan.smem_bytes} bytes per block"),
-            ("copies", ", ".join(f"{x}: " + ("16 B along K when aligned, else 4 B" if k_major else
-                                              "4 B along its contiguous rows, transposed into place")
-                                 for x, k_major in (("A", plan.spec["layout.A"] == "row"),
-                                                    ("B", plan.spec["layout.B"] == "col")))),
+            ("math", f"{plan.math}, wgmma {shape} per consumer warpgroup and K step{terms}"),
+            ("threads per block", f"{plan.threads}: {plan.loaders} loader warpgroup(s), one K tile each, + "
+                                  f"{plan.consumers} consumer warpgroup(s) of 64 x {plan.BN}"),
+            ("registers", f"{plan.loader_registers} per loader thread, {plan.consumer_registers} per "
+                          f"consumer thread (setmaxnreg); {plan.BN // 2} accumulators"),
+            ("shared memory", f"{plan.stages} stages of A and B tiles rounded to TF32"
+                              + (f" and {remainders}" if remainders else "")
+                              + f", K-major, 128-byte swizzle; {plan.smem_bytes} bytes per block"),
+            ("loads", "; ".join(f"{x}: " + ("16 B along K when aligned, else 4 B" if k_major else
+                                            "4 B along its contiguous rows, transposed into place")
+                                for x, k_major in (("A", plan.spec["layout.A"] == "row"),
+                                                   ("B", plan.spec["layout.B"] == "col")))),
         ]
     rows += [
         ("raster", "row order" if plan.raster_group == 1 else f"groups of {plan.raster_group} block rows"),

@@ -190,13 +190,16 @@ class Plan:
     ldmatrix_b: bool = False
     # wgmma (sm_90a): warpgroups that multiply, and the mma.sync kernel for calls TMA cannot serve
     consumers: int = 0
-    tma: bool = False         # wgmma fed by a TMA producer warpgroup (else by every thread's cp.async)
+    tma: bool = False         # wgmma fed by a TMA producer warpgroup (else by loading warpgroups)
+    loaders: int = 0          # wgmma_async: warpgroups that load tiles through registers, one tile each
+    loader_registers: int = 0     # wgmma_async: setmaxnreg of loader and consumer threads
+    consumer_registers: int = 0   # (wgmma: of consumers; its producer keeps 40)
     fallback: "Plan | None" = None
 
     @property
     def path(self) -> str:
         """simt (FFMA), mma_sync (warp-level tensor cores), wgmma (warpgroup tensor cores fed by
-        TMA) or wgmma_async (fed by cp.async)."""
+        TMA) or wgmma_async (fed by loader warpgroups through registers)."""
         if self.consumers:
             return "wgmma" if self.tma else "wgmma_async"
         return "mma_sync" if self.mma_shape else "simt"
@@ -249,7 +252,7 @@ class Plan:
     def vector_requirements(self) -> list[tuple[str, str, str, int]]:
         """(pointer, size, leading dimension, vector) that the aligned variant needs divisible."""
         needs = []
-        if self.path == "wgmma_async":  # 16-byte copies of K-contiguous operands
+        if self.path == "wgmma_async":  # 16-byte loads of K-contiguous operands
             if self.spec["layout.A"] == "row":
                 needs.append(("A", "K", "lda", 4))
             if self.spec["layout.B"] == "col":
@@ -667,16 +670,18 @@ def try_plan(spec: Spec) -> tuple[Plan | None, SpecError | None]:
 
 WARPGROUP = 128
 WGMMA_BK = 32             # floats in one 128-byte swizzled shared row: one TMA box along K
-WGMMA_MAX_REGISTERS = 232  # what setmaxnreg gives each consumer thread
+WGMMA_MAX_REGISTERS = 232  # what setmaxnreg gives each consumer thread (TMA: beside a 40-register producer)
+SETMAXNREG_CAP = 240       # setmaxnreg takes multiples of 8; a thread addresses at most 255 registers
 
 
 def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     """The sm_90a tensor-core kernels: BM / 64 consumer warpgroups each multiply a 64 x BN slab with
     wgmma from STAGES shared buffers (K-major, 128-byte swizzle). `stages N tma`: a producer
     warpgroup fills them with TMA under mbarriers, for K-major A and B (layout A row, B col); calls
-    TMA cannot describe go to the cp.async kernel of the same tiling. `stages N async`: every thread
-    fills them with cp.async, transposing on the way where an operand is not K-major (any layout,
-    any alignment)."""
+    TMA cannot describe go to an mma.sync fallback. `stages N async`: loader warpgroups read
+    tiles into registers, round them to TF32 (3xtf32: split them) and store them K-major, for any
+    layout and alignment; with one consumer there are two loaders, so two tiles' loads are in
+    flight."""
     math = spec["math"]
     BM, BN, BK = spec["block.m"], spec["block.n"], spec["block.k"]
     for key, default in (("load.A.vector", 1), ("load.B.vector", 1), ("load.A.transpose", False),
@@ -729,10 +734,16 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         raise spec.error("stages", "the pipeline loads tiles ahead of the math; it needs at least "
                          "2 buffers", "stages 2 to 8, e.g. stages 4")
     consumers = BM // 64
-    threads = (consumers + int(tma)) * WARPGROUP
-    stage_bytes = 4 * BK * (BM + BN * (2 if math == "3xtf32" else 1))  # 3xtf32: B's remainders too
-    # TMA: + mbarriers per stage (full, empty; 3xtf32: ready). Both: slack to align buffers to 1024 B.
-    barriers = (3 if math == "3xtf32" else 2) * 8 * stages if tma else 0
+    # Loader warpgroups hold one K tile each in registers between its loads and its stores; a
+    # single consumer multiplies a tile faster than one loader's loads return, so it gets two.
+    loaders = 0 if tma else (2 if consumers == 1 else 1)
+    threads = (consumers + (1 if tma else loaders)) * WARPGROUP
+    if tma:  # 3xtf32: B's remainders too (A is split in registers)
+        stage_bytes = 4 * BK * (BM + BN * (2 if math == "3xtf32" else 1))
+    else:    # 3xtf32: A's and B's remainders too
+        stage_bytes = 4 * BK * (BM + BN) * (2 if math == "3xtf32" else 1)
+    # mbarriers per stage (full, empty; TMA 3xtf32: ready), and slack to align buffers to 1024 B.
+    barriers = (3 if tma and math == "3xtf32" else 2) * 8 * stages
     smem_bytes = stages * stage_bytes + barriers + 1024
     if smem_bytes > arch.smem_per_block:
         raise spec.error(("stages", "block.m"), f"{stages} stages of {stage_bytes} bytes need {smem_bytes} "
@@ -740,12 +751,32 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
                          f"{arch.smem_per_block}", f"stages {(arch.smem_per_block - 1024) // stage_bytes} "
                          "or fewer, or a smaller block")
     accumulators = BN // 2  # a 64 x BN fp32 tile over 128 threads
-    # 3xtf32: also one K tile's products and A's big and small fragments (see wgmma_kernel.cu.j2)
-    registers = accumulators * (2 if math == "3xtf32" else 1) + (32 if math == "3xtf32" else 0) + 40
-    limit = WGMMA_MAX_REGISTERS if tma else min(MAX_REGISTERS_PER_THREAD, arch.regs_per_sm // threads)
+    loaded_floats = (BM + BN) * BK // WARPGROUP  # a loader thread's share of one K tile
+    if tma:
+        loader_registers, limit = 0, WGMMA_MAX_REGISTERS
+    else:
+        # Each thread starts with `launch` registers. A lone consumer (64-row blocks) takes 8 from
+        # each of its two loaders with setmaxnreg, for wide tiles; the loaders still hold a K tile
+        # and its addresses (ptxas spilled some loaders at 152, none at 160).
+        launch = min(MAX_REGISTERS_PER_THREAD, arch.regs_per_sm // threads) // 8 * 8
+        loader_registers = launch - 8 if loaders > consumers else launch
+        limit = min(SETMAXNREG_CAP, (launch * (loaders + consumers) - loaders * loader_registers)
+                    // consumers // 8 * 8)
+    if math != "3xtf32":
+        registers = accumulators + 48
+    elif tma:  # also one K tile's products and A's big and small fragments (see wgmma_kernel.cu.j2)
+        registers = 2 * accumulators + 32 + 40
+    else:      # also one K tile's products (see wgmma_async.cu.j2)
+        registers = 2 * accumulators + 40
     if registers > limit:
         raise spec.error("block.n", f"a consumer thread would hold about {registers} registers "
-                         f"({accumulators} accumulators); it can have {limit}", "a smaller block N")
+                         f"({accumulators} accumulators); it can have {limit}"
+                         + ("" if tma else f" beside {loaders} loader warpgroup(s) of "
+                            f"{loader_registers}"), "a smaller block N")
+    if loaders and loaded_floats + 56 > loader_registers:
+        raise spec.error(("block.m", "block.n"), f"a loader thread would hold {loaded_floats} floats "
+                         f"of each K tile and their addresses in {loader_registers} registers",
+                         "a smaller block")
     occupancy = spec["occupancy"]
     if occupancy > 1:
         raise spec.error("occupancy", "a wgmma block takes most of an SM's shared memory and registers",
@@ -771,4 +802,5 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         c_stage_vec=1, a=None, b=None, c_layout=spec["layout.C"],
         c_vector=2 if spec["layout.C"] == "row" else 1, smem_bytes=smem_bytes,
         registers_estimate=registers, math=math, mma_shape=shape, m_step=8, consumers=consumers,
-        tma=tma, fallback=fallback)
+        tma=tma, loaders=loaders, loader_registers=loader_registers,
+        consumer_registers=limit, fallback=fallback)

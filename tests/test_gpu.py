@@ -71,9 +71,9 @@ def _variant(name: str, layout_a: str | None = None, layout_b: str | None = None
 
 
 def _layouts(name: str):
-    """The A/B layouts a spec can be built in: all four, except on the wgmma path, whose TMA
-    copies need both operands K-major (A row, B col)."""
-    return (("row", "col"),) if SPECS[name]["target"] == "sm_90a" else LAYOUTS
+    """The A/B layouts a spec can be built in: all four, except with TMA, whose copies need both
+    operands K-major (A row, B col)."""
+    return (("row", "col"),) if SPECS[name]["stages.fill"] == "tma" else LAYOUTS
 
 
 LAYOUT_VARIANTS = [
@@ -90,9 +90,18 @@ def _every_variant_tested():
     variants = [_variant(name, a, b, "row") for name in SPECS for a, b in _layouts(name)]
     variants += [_variant(name, layout_c="col") for name in C_COL_KERNELS]
     variants += [_variant("warptile", layout_a="col"), _variant("warptile", epilogue_beta=False)]
-    variants += [_variant("hopper_3xtf32", a, b, "row", stages_fill="async", math=math)
+    variants += [_register_fed(consumers, a, b, math) for consumers in REGISTER_FED
                  for a, b in LAYOUTS for math in ("tf32", "3xtf32")]
     return variants
+
+
+# `stages N async` on sm_90a: wgmma fed by loader warpgroups, with two consumer warpgroups and one
+# loader (hopper_3xtf32's tile), or one consumer and two loaders (the skinny-shape tile).
+REGISTER_FED = {2: {}, 1: {"block_m": 64, "block_n": 64, "warp_n": 64, "mma_n": 64, "stages": 4}}
+
+
+def _register_fed(consumers: int, a: str = "row", b: str = "row", math: str = "3xtf32"):
+    return _variant("hopper_3xtf32", a, b, "row", stages_fill="async", math=math, **REGISTER_FED[consumers])
 
 
 # --- fixtures ----------------------------------------------------------------------------
@@ -591,16 +600,19 @@ def test_wgmma_c_abi_takes_tma_when_aligned_and_the_fallback_otherwise(name, cp,
 
 @pytest.mark.parametrize("a,b", LAYOUTS, ids=[f"A{a}-B{b}" for a, b in LAYOUTS])
 @pytest.mark.parametrize("math", ["tf32", "3xtf32"])
-def test_wgmma_fed_by_cp_async_passes_the_quick_cases_in_every_layout(math, a, b, kernels, problems):
-    kernel = kernels(_variant("hopper_3xtf32", a, b, "row", stages_fill="async", math=math))
-    assert kernel.plan.path == "wgmma_async"
+@pytest.mark.parametrize("consumers", sorted(REGISTER_FED))
+def test_wgmma_fed_through_registers_passes_the_quick_cases_in_every_layout(consumers, math, a, b, kernels,
+                                                                            problems):
+    kernel = kernels(_register_fed(consumers, a, b, math))
+    assert kernel.plan.path == "wgmma_async" and kernel.plan.consumers == consumers
     report = verify.check(kernel, verify.QUICK_CASES, seed=SEED, problems=problems)
     assert report.ok, _failures(report, kernel)
 
 
-@pytest.mark.parametrize("name", ["tensorcore_3xtf32", "hopper_3xtf32"])
+@pytest.mark.parametrize("name", ["tensorcore_3xtf32", "hopper_3xtf32", "register-fed wgmma"])
 def test_3xtf32_is_as_accurate_as_cublas_fp32(name, kernels):
-    accuracy = verify.measure_accuracy(kernels(SPECS[name]), verify.Case(2048, 2048, 4096), seed=SEED)
+    spec = _register_fed(1) if name == "register-fed wgmma" else SPECS[name]
+    accuracy = verify.measure_accuracy(kernels(spec), verify.Case(2048, 2048, 4096), seed=SEED)
     assert accuracy.rel_error <= accuracy.cublas_fp32_rel_error, accuracy.as_dict()
 
 

@@ -12,6 +12,7 @@ from conftest import SPECS_DIR
 from gemmgen.codegen import generate
 from gemmgen.compile import compile_plan
 from gemmgen.plan import make_plan
+from gemmgen.errors import SpecError
 from gemmgen.spec import load_one, parse
 
 
@@ -135,17 +136,55 @@ def test_wgmma_plan_has_a_producer_and_consumer_warpgroups():
 
 
 @pytest.mark.parametrize("a,b", [("row", "row"), ("col", "row"), ("col", "col"), ("row", "col")])
-def test_wgmma_fed_by_cp_async_takes_any_layout(a, b):
-    """stages N async: every thread copies (and where needed transposes) the tiles itself."""
+def test_wgmma_fed_through_registers_takes_any_layout(a, b):
+    """stages N async: loader warpgroups read (and where needed transpose) the tiles themselves."""
     plan = wgmma_plan("3xtf32", bm=64, bn=64, stages=4, fill="async", a=a, b=b)
-    assert plan.path == "wgmma_async" and plan.threads == 128 and not plan.tma
-    assert plan.smem_bytes == 4 * 4 * 32 * (64 + 2 * 64) + 1024  # no mbarriers
-    # 16-byte copies only for K-contiguous operands (A row-major, B column-major)
+    assert plan.path == "wgmma_async" and not plan.tma
+    # a lone consumer gets two loaders, so that two K tiles' loads are in flight
+    assert (plan.consumers, plan.loaders, plan.threads) == (1, 2, 3 * 128)
+    # 4 stages of A, B and both their TF32 remainders; full and empty mbarriers; alignment slack
+    assert plan.smem_bytes == 4 * 4 * 32 * 2 * (64 + 64) + 2 * 8 * 4 + 1024
+    # 16-byte loads only for K-contiguous operands (A row-major, B column-major)
     assert [ptr for ptr, *_ in plan.vector_requirements()] == (
         (["A"] if a == "row" else []) + (["B"] if b == "col" else []) + ["C"])
     source = generate(plan)
     assert f"constexpr bool A_K_CONTIGUOUS = {'true' if a == 'row' else 'false'};" in source
     assert "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32" in source
+
+
+def test_loaders_and_consumers_share_out_the_launch_registers():
+    """setmaxnreg moves registers between warpgroups: never more than the block started with."""
+    for bm, bn, math in [(64, 64, "3xtf32"), (64, 128, "3xtf32"), (128, 128, "3xtf32"), (128, 192, "tf32")]:
+        plan = wgmma_plan(math, bm=bm, bn=bn, stages=3, fill="async", a="row", b="row")
+        launch = 65536 // plan.threads // 8 * 8
+        assert (plan.loaders * plan.loader_registers + plan.consumers * plan.consumer_registers
+                <= launch * (plan.loaders + plan.consumers))
+        assert plan.loader_registers <= launch <= plan.consumer_registers  # what ptxas requires
+        source = generate(plan)
+        assert f"setmaxnreg.dec.sync.aligned.u32 {plan.loader_registers};" in source
+        assert f"setmaxnreg.inc.sync.aligned.u32 {plan.consumer_registers};" in source
+
+
+def test_wgmma_tiles_too_wide_for_the_registers_are_refused_at_the_block_line():
+    with pytest.raises(SpecError, match="a consumer thread would hold about 200 registers") as info:
+        wgmma_plan("3xtf32", bm=64, bn=160, stages=3, fill="async")
+    assert (info.value.line, info.value.column) == (4, 14)  # at "160"
+
+
+@pytest.mark.parametrize("bm,bn,math,a,b", [
+    (64, 64, "3xtf32", "row", "row"),    # the skinny-shape kernel
+    (128, 64, "3xtf32", "row", "row"),   # two consumers, one loader
+    (128, 128, "tf32", "row", "row"),
+    (64, 256, "tf32", "col", "col"),     # the widest tiles the Plan lets through, whose
+    (128, 192, "tf32", "col", "col"),    # loaders spilled before they recomputed addresses
+])
+def test_register_fed_wgmma_compiles_without_spills_or_serialised_mmas(bm, bn, math, a, b):
+    plan = wgmma_plan(math, bm=bm, bn=bn, stages=3, fill="async", a=a, b=b)
+    compiled = compile_plan(plan)
+    assert not any(r.spills for r in compiled.resources.values()), compiled.resources
+    assert "C7514" not in compiled.log, "ptxas serialized the wgmma pipeline"
+    per_k_tile = plan.BK // 8 * plan.split_terms
+    assert opcodes(compiled.sass())["HGMMA"] == 2 * per_k_tile  # both C variants, one K tile each
 
 
 @pytest.mark.parametrize("M,N,K,lda,ldb,a,b,ready", [
