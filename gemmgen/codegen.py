@@ -120,9 +120,9 @@ def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
     if plan.tma:
         rows += [
             ("TMA path needs", "K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4"),
-            ("otherwise", f"the mma.sync fallback {plan.fallback.launcher_name} (block {plan.fallback.BM} x "
-                          f"{plan.fallback.BN} x {plan.fallback.BK}, warp {plan.fallback.WM} x "
-                          f"{plan.fallback.WN}, {plan.fallback.stages} cp.async stages)"),
+            ("otherwise", f"the fallback {plan.fallback.launcher_name}: wgmma fed through registers "
+                          f"(block {plan.fallback.BM} x {plan.fallback.BN} x {plan.fallback.BK}, "
+                          f"{plan.fallback.stages} stages, {plan.fallback.loaders} loader warpgroups)"),
         ]
     rows.append(("vector path needs", ", ".join(f"{size} and {ld} multiples of {vec}, {ptr} {4 * vec}-byte aligned"
                                                 for ptr, size, ld, vec in plan.vector_requirements())
@@ -200,7 +200,7 @@ def generate(plan: Plan) -> str:
     if plan.path == "wgmma":
         fallback = _environment().get_template("kernel.cu.j2").render(
             plan=plan.fallback, header="", launch=_launch_checks(plan.fallback, internal=True),
-            c=plan.fallback.c, wgmma=None)
+            c=plan.fallback.c, wgmma=_wgmma_operands(plan.fallback))
         return _environment().get_template("wgmma_kernel.cu.j2").render(
             plan=plan, header=header(plan), launch=_launch_checks(plan), c=plan.c,
             wgmma=_wgmma_operands(plan), fallback_source=fallback.strip("\n"))

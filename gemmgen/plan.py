@@ -678,7 +678,7 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     """The sm_90a tensor-core kernels: BM / 64 consumer warpgroups each multiply a 64 x BN slab with
     wgmma from STAGES shared buffers (K-major, 128-byte swizzle). `stages N tma`: a producer
     warpgroup fills them with TMA under mbarriers, for K-major A and B (layout A row, B col); calls
-    TMA cannot describe go to an mma.sync fallback. `stages N async`: loader warpgroups read
+    TMA cannot describe go to a `stages 4 async` fallback of 64 x 128 blocks. `stages N async`: loader warpgroups read
     tiles into registers, round them to TF32 (3xtf32: split them) and store them K-major, for any
     layout and alignment; with one consumer there are two loaders, so two tiles' loads are in
     flight."""
@@ -783,16 +783,14 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
                          "occupancy 1, or no occupancy line")
     fallback = None
     if tma:
-        # Calls TMA cannot describe go to mma.sync, which measured faster there than this tiling fed
-        # by cp.async on small or skinny problems (H100, 127x4099x1023: 14.8 against 8.9 TFLOP/s
-        # TF32) and nearly as fast on large ones (4096^3, ld + 1: 75.1 against 80.9). 3xtf32 keeps
-        # three accumulator sets, so its fallback takes smaller warp tiles.
-        fallback_n, fallback_warp_m = (64, 32) if math == "3xtf32" else (128, 64)
+        # Calls TMA cannot describe go to the register-fed kernel (stages N async) with 64 x 128
+        # blocks. On an H100 in TF32 it beat mma.sync, the fallback before it, at every shape
+        # measured: 4096^3 with ld + 1, 84.8 against 78.0 TFLOP/s; 2048^3 with ld + 1, 78.7
+        # against 74.9; 127x4099x1023, 28.6 against 12.4 (64-row blocks spread skinny C over
+        # the SMs).
         fallback = make_plan(replace(spec.with_values(
-            target="sm_90", block_m=128, block_n=fallback_n, block_k=32, warp_m=fallback_warp_m,
-            warp_n=32, mma_m=16, mma_n=8, mma_k=8, stages=3, stages_fill="async", load_A_vector=4,
-            load_B_vector=4, load_B_transpose=True, shared_A="pad", shared_A_pad=4, shared_B="pad",
-            shared_B_pad=4), name=f"{spec.name}_fallback"))
+            block_m=64, block_n=128, warp_m=64, warp_n=128, mma_m=64, mma_n=128, mma_k=8, stages=4,
+            stages_fill="async"), name=f"{spec.name}_fallback"))
     return Plan(
         spec=spec, name=spec.name, arch=arch, uses_shared=True, BM=BM, BN=BN, BK=BK, WM=64, WN=BN,
         TM=2, TN=2, RM=1, RN=BN // 8, SUB_M=16, SUB_N=8, warp_tiling=True, warps_m=consumers,

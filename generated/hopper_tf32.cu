@@ -25,7 +25,7 @@
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the mma.sync fallback gemmgen_hopper_tf32_fallback (block 128 x 128 x 32, warp 64 x 32, 3 cp.async stages)
+//   otherwise                  the fallback gemmgen_hopper_tf32_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // C ABI:
@@ -36,7 +36,7 @@
 #include <limits.h>
 #endif
 
-// ---- fallback: the mma.sync kernel (hopper_tf32_fallback) for calls TMA cannot describe:
+// ---- fallback: the register-fed wgmma kernel (hopper_tf32_fallback) for calls TMA cannot describe:
 // K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
@@ -46,28 +46,25 @@
 namespace gemmgen_hopper_tf32_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block, K step
-constexpr int WM = 64, WN = 32;  // C tile per warp
-constexpr int MMA_M = 16, MMA_N = 8, MMA_K = 8;  // mma.sync tile, tf32
-constexpr int TM = 2, TN = 2;  // C values per lane per MMA tile: rows g, g + M_STEP; columns 2t, 2t + 1
-constexpr int M_STEP = 8;
-constexpr int RM = 4, RN = 4;  // sub-tiles each thread sweeps
-constexpr int SUB_M = 16, SUB_N = 8;  // sub-tile size = WM / RM, WN / RN
-constexpr int LANES_M = 8, LANES_N = 4;  // thread grid of a sub-tile
-constexpr int WARPS_N = 4;
-constexpr int THREADS = 256;
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, one tile each at a time
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int STAGES = 3;
-constexpr int FRAGMENTS = 1;
-constexpr int A_VEC = 4, A_CHUNKS_PER_ROW = 8, A_PASSES = 4;
-constexpr int A_STAGE_FLOATS = 4608, A_FRAG_VEC = 1;
-constexpr int B_VEC = 4, B_CHUNKS_PER_ROW = 8, B_PASSES = 4;
-constexpr int B_STAGE_FLOATS = 4608, B_FRAG_VEC = 1;
-constexpr int SMEM_BYTES = 110592;
-static_assert(SMEM_BYTES == 4 * STAGES * (A_STAGE_FLOATS + B_STAGE_FLOATS), "shared memory = stages x (A + B)");
-static_assert(WARPS_N == BN / WN && THREADS == (BM / WM) * WARPS_N * LANES_M * LANES_N, "one thread per lane of every warp tile");
-static_assert(SUB_M == LANES_M * TM && SUB_N == LANES_N * TN, "lanes x thread tile = sub-tile");
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -117,34 +114,94 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     block_n0 = tile_n * BN;
 }
 
-// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
 
-// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
-// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
-template <int BYTES>
-__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    const int src_bytes = valid ? BYTES : 0;
-    if constexpr (BYTES == 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
-    } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
-                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
     }
 }
 
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
+// TMA: copy the box at (inner, outer) of a 2-D tensor into shared memory; rows and columns
+// outside the tensor arrive as zeros, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3 }], [%4];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(shared_address(barrier)) : "memory");
 }
 
-// Wait until at most PENDING committed groups are still in flight.
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
-// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
 
 // Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
 __device__ __forceinline__ unsigned to_tf32(float x) {
@@ -160,213 +217,148 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
-// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
-__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
-                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
-        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
 }
 
-// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
-// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
-// which is exactly the TF32 fragment layout above when shared rows run along K.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
 }
 
-__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
-                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
 }
-
-// Shared tiles, one per stage. sA[m][k] 128 x 36 floats, padded by 4; sB[n][k] 128 x 36 floats, padded by 4.
-__device__ __forceinline__ int sA_index(int m, int k) { return (m) * 36 + k; }
-__device__ __forceinline__ int sB_index(int k, int n) { return (n) * 36 + k; }
 
 template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS)
+__global__ void __launch_bounds__(THREADS, 1)
 gemmgen_hopper_tf32_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc)
 {
-    extern __shared__ __align__(16) float smem[];
-    float* sA = smem;                          // STAGES x A_STAGE_FLOATS
-    float* sB = smem + STAGES * A_STAGE_FLOATS;  // STAGES x B_STAGE_FLOATS
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
 
     int block_m0, block_n0;
     tile_of_block(M, N, block_m0, block_n0);
-    const int m_left = M - block_m0;  // rows of C still inside the matrix from this tile on
+    const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-
-    // Where this thread's C sub-tiles start inside the block tile.
-    const int tid = threadIdx.x;
-    const int warp_id = tid / 32;
-    const int lane = tid % 32;
-    const int warp_row = warp_id / WARPS_N;
-    const int warp_col = warp_id % WARPS_N;
-    // The MMA's lane layout: lane = 4 g + t holds C rows g + 8 i and columns 2t + j of each tile.
-    const int lane_row = lane / 4;
-    const int lane_col = lane % 4;
-    const int warp_m0 = warp_row * WM, warp_n0 = warp_col * WN;
-    const int thread_m0 = warp_m0 + lane_row;
-    const int thread_n0 = warp_n0 + lane_col * TN;
-
-    const float* A_tile = A + (long long)block_m0 * lda;
-    const float* B_tile = B + (long long)block_n0 * ldb;
     const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
 
-    float acc[RM * TM][RN * TN];
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: tile t's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        float a_loaded[A_LOADED], b_loaded[B_LOADED];
+        for (int t = warpgroup; t < k_tiles; t += LOADERS) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
 #pragma unroll
-    for (int i = 0; i < RM * TM; ++i)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
 
-    // ---- pipeline: STAGES-1 tiles in flight while one is multiplied --------------------
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < k_tiles) {
-            const int k_left = K - s * BK;
-            {   // A: 128 x 32 tile straight into shared memory
-                const float* src = A_tile + s * (BK);
-                float* dst = sA + s * A_STAGE_FLOATS;
-            #pragma unroll
-                for (int p = 0; p < A_PASSES; ++p) {
-                    const int chunk = p * THREADS + tid;
-                    const int row = chunk / A_CHUNKS_PER_ROW;
-                    const int col = chunk % A_CHUNKS_PER_ROW * A_VEC;
-                    const float* g = src + (long long)row * lda + col;
-                    if constexpr (ALIGNED) {
-                        const bool inside = row < m_left && col < k_left;
-                        cp_async<4 * A_VEC>(&dst[sA_index(row, col)], inside ? g : A, inside);
-                    } else {
-            #pragma unroll
-                        for (int v = 0; v < A_VEC; ++v) {
-                            const bool inside = row < m_left && col + v < k_left;
-                            cp_async<4>(&dst[sA_index(row, col + v)], inside ? g + v : A, inside);
-                        }
-                    }
-                }
-            }
-            {   // B: 128 x 32 tile straight into shared memory
-                const float* src = B_tile + s * (BK);
-                float* dst = sB + s * B_STAGE_FLOATS;
-            #pragma unroll
-                for (int p = 0; p < B_PASSES; ++p) {
-                    const int chunk = p * THREADS + tid;
-                    const int row = chunk / B_CHUNKS_PER_ROW;
-                    const int col = chunk % B_CHUNKS_PER_ROW * B_VEC;
-                    const float* g = src + (long long)row * ldb + col;
-                    if constexpr (ALIGNED) {
-                        const bool inside = row < n_left && col < k_left;
-                        cp_async<4 * B_VEC>(&dst[sB_index(col, row)], inside ? g : B, inside);
-                    } else {
-            #pragma unroll
-                        for (int v = 0; v < B_VEC; ++v) {
-                            const bool inside = row < n_left && col + v < k_left;
-                            cp_async<4>(&dst[sB_index(col + v, row)], inside ? g + v : B, inside);
-                        }
-                    }
-                }
-            }
-        }
-        cp_async_commit();
-    }
-
     for (int t = 0; t < k_tiles; ++t) {
-        cp_async_wait<STAGES - 2>();  // tile t has landed
-        __syncthreads();              // ...for every thread, and tile t-1's buffer is free
-
-        const int next = t + STAGES - 1;
-        if (next < k_tiles) {
-            const int k_left = K - next * BK;
-            const int slot = next % STAGES;
-            {   // A: 128 x 32 tile straight into shared memory
-                const float* src = A_tile + next * (BK);
-                float* dst = sA + slot * A_STAGE_FLOATS;
-            #pragma unroll
-                for (int p = 0; p < A_PASSES; ++p) {
-                    const int chunk = p * THREADS + tid;
-                    const int row = chunk / A_CHUNKS_PER_ROW;
-                    const int col = chunk % A_CHUNKS_PER_ROW * A_VEC;
-                    const float* g = src + (long long)row * lda + col;
-                    if constexpr (ALIGNED) {
-                        const bool inside = row < m_left && col < k_left;
-                        cp_async<4 * A_VEC>(&dst[sA_index(row, col)], inside ? g : A, inside);
-                    } else {
-            #pragma unroll
-                        for (int v = 0; v < A_VEC; ++v) {
-                            const bool inside = row < m_left && col + v < k_left;
-                            cp_async<4>(&dst[sA_index(row, col + v)], inside ? g + v : A, inside);
-                        }
-                    }
-                }
-            }
-            {   // B: 128 x 32 tile straight into shared memory
-                const float* src = B_tile + next * (BK);
-                float* dst = sB + slot * B_STAGE_FLOATS;
-            #pragma unroll
-                for (int p = 0; p < B_PASSES; ++p) {
-                    const int chunk = p * THREADS + tid;
-                    const int row = chunk / B_CHUNKS_PER_ROW;
-                    const int col = chunk % B_CHUNKS_PER_ROW * B_VEC;
-                    const float* g = src + (long long)row * ldb + col;
-                    if constexpr (ALIGNED) {
-                        const bool inside = row < n_left && col < k_left;
-                        cp_async<4 * B_VEC>(&dst[sB_index(col, row)], inside ? g : B, inside);
-                    } else {
-            #pragma unroll
-                        for (int v = 0; v < B_VEC; ++v) {
-                            const bool inside = row < n_left && col + v < k_left;
-                            cp_async<4>(&dst[sB_index(col + v, row)], inside ? g + v : B, inside);
-                        }
-                    }
-                }
-            }
-        }
-        cp_async_commit();
-
-        const int stage = t % STAGES;
-        {   // C_warp += A_tile * B_tile: 4 x 4 MMA tiles of 16 x 8 x 8 per warp and K step (tf32)
-            const float* As = sA + stage * A_STAGE_FLOATS;
-            const float* Bs = sB + stage * B_STAGE_FLOATS;
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
         #pragma unroll
-            for (int kk = 0; kk < BK; kk += MMA_K) {
-                unsigned a_big[RM][4], b_big[RN][2];
-        #pragma unroll
-                for (int rm = 0; rm < RM; ++rm) {
-                    unsigned raw[4];  // matrices: rows +0 / +8 of the tile, then k +0 / +4
-                    ldmatrix_x4(raw, &As[sA_index(warp_m0 + rm * MMA_M + lane / 8 % 2 * M_STEP + lane % 8, kk + lane / 16 * 4)]);
-        #pragma unroll
-                    for (int v = 0; v < 4; ++v) {
-                        a_big[rm][v] = to_tf32(__uint_as_float(raw[v]));
-                    }
-                }
-        #pragma unroll
-                for (int rn = 0; rn < RN; ++rn) {
-                    unsigned raw[2];  // matrices: k +0 / +4
-                    ldmatrix_x2(raw, &Bs[sB_index(kk + lane / 8 % 2 * 4, warp_n0 + rn * MMA_N + lane % 8)]);
-        #pragma unroll
-                    for (int v = 0; v < 2; ++v) {
-                        b_big[rn][v] = to_tf32(__uint_as_float(raw[v]));
-                    }
-                }
-        #pragma unroll
-                for (int rm = 0; rm < RM; ++rm)
-        #pragma unroll
-                    for (int rn = 0; rn < RN; ++rn) {
-                        mma_tf32(acc[rm * TM][rn * TN], acc[rm * TM][rn * TN + 1],
-                                 acc[rm * TM + 1][rn * TN], acc[rm * TM + 1][rn * TN + 1], a_big[rm], b_big[rn]);
-                    }
-            }
-        }
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
     }
-    cp_async_wait<0>();
+    wgmma_wait<0>();
+    fence_accumulators(acc);
 
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
         constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
@@ -704,7 +696,7 @@ gemmgen_hopper_tf32_kernel(const __grid_constant__ TensorMap map_a, const __grid
 // Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
 // dimensions below their minimum or null pointers where data is needed.
 // TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats; other calls
-// (and K = 0) run the mma.sync fallback in this file.
+// (and K = 0) run the register-fed fallback in this file.
 extern "C" int gemmgen_hopper_tf32(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {

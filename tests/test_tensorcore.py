@@ -129,10 +129,12 @@ def test_wgmma_plan_has_a_producer_and_consumer_warpgroups():
     assert plan.smem_bytes == 4 * 4 * 32 * (128 + 256) + 2 * 8 * 4 + 1024
     three = wgmma_plan("3xtf32", bn=128, stages=3)  # B's TF32 remainders take a third tile per stage
     assert three.smem_bytes == 3 * 4 * 32 * (128 + 2 * 128) + 3 * 8 * 3 + 1024
-    # calls TMA cannot describe go to an mma.sync kernel in the same layouts and math
+    # calls TMA cannot describe go to the register-fed kernel, in the same layouts and math
     fallback = plan.fallback
-    assert fallback.path == "mma_sync" and fallback.arch.name == "sm_90"
+    assert fallback.path == "wgmma_async" and fallback.arch.name == "sm_90a"
+    assert (fallback.BM, fallback.BN, fallback.stages, fallback.loaders) == (64, 128, 4, 2)
     assert fallback.layouts() == plan.layouts() and fallback.math == "tf32" and fallback.fallback is None
+    assert three.fallback.math == "3xtf32" and three.fallback.path == "wgmma_async"
 
 
 @pytest.mark.parametrize("a,b", [("row", "row"), ("col", "row"), ("col", "col"), ("row", "col")])
@@ -207,22 +209,25 @@ def test_wgmma_source_launches_tma_kernel_or_fallback():
     assert "if (!tma_ready)\n        return gemmgen_wg_fallback(" in source
     assert "CU_TENSOR_MAP_SWIZZLE_128B" in source and "cudaGetDriverEntryPoint" in source
     assert "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in source
-    # the wgmma's inline-PTX operand list names each of a thread's 64 x 256 / 128 accumulators once
-    operands = re.search(r': ("\+f"\(acc\[\d\]\[\d+\]\)(, )?)+', source).group(0)
-    assert operands.count('"+f"') == 128 and '"+f"(acc[1][63])' in operands
+    # each wgmma's inline-PTX operand list names each of a thread's accumulators once: 64 x 256 /
+    # 128 in the TMA kernel, 64 x 128 / 128 in the register-fed fallback (the file's first)
+    fallback_list, tma_list = (match.group(0) for match in
+                               re.finditer(r': ("\+f"\(acc\[\d\]\[\d+\]\)(, )?)+', source))
+    assert tma_list.count('"+f"') == 128 and '"+f"(acc[1][63])' in tma_list
+    assert fallback_list.count('"+f"') == 64 and '"+f"(acc[1][31])' in fallback_list
 
 
 @pytest.mark.parametrize("name", ["hopper_tf32", "hopper_3xtf32"])
-def test_sass_runs_hgmma_fed_by_tma(name):
+def test_sass_runs_hgmma_fed_by_tma_and_by_registers(name):
     plan = make_plan(load_one(SPECS_DIR / f"{name}.gemm"))
     compiled = compile_plan(plan)
     ops = opcodes(compiled.sass())
     per_k_tile = plan.BK // 8 * plan.split_terms
     tma_mmas = per_k_tile * (2 if plan.math == "3xtf32" else 1)  # 3xtf32's K loop is unrolled by two
-    fallback = plan.fallback
-    fallback_mmas = (fallback.BK // 8) * fallback.RM * fallback.RN * fallback.split_terms
-    assert ops["HGMMA"] == 2 * tma_mmas, ops       # both C variants of the TMA kernel
-    assert ops["HMMA"] == 2 * fallback_mmas, ops   # both variants of the mma.sync fallback
+    fallback_mmas = plan.fallback.BK // 8 * plan.fallback.split_terms
+    # both C variants of the TMA kernel, and both of the register-fed fallback
+    assert ops["HGMMA"] == 2 * tma_mmas + 2 * fallback_mmas, ops
+    assert ops["HMMA"] == 0, ops
     assert ops["UTMALDG"] > 0
     assert not any(r.spills for r in compiled.resources.values())
     assert "C7514" not in compiled.log, "ptxas serialized the wgmma pipeline"
