@@ -191,7 +191,8 @@ class Plan:
     # wgmma (sm_90a): warpgroups that multiply, and the mma.sync kernel for calls TMA cannot serve
     consumers: int = 0
     tma: bool = False         # wgmma fed by a TMA producer warpgroup (else by loading warpgroups)
-    loaders: int = 0          # wgmma_async: warpgroups that load tiles through registers, one tile each
+    loaders: int = 0          # wgmma_async: warpgroups that load tiles through registers
+    loader_depth: int = 1     # wgmma_async: K tiles each loader thread holds in flight
     loader_registers: int = 0     # wgmma_async: setmaxnreg of loader and consumer threads
     consumer_registers: int = 0   # (wgmma: of consumers; its producer keeps 40)
     fallback: "Plan | None" = None
@@ -773,6 +774,8 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
                          f"({accumulators} accumulators); it can have {limit}"
                          + ("" if tma else f" beside {loaders} loader warpgroup(s) of "
                             f"{loader_registers}"), "a smaller block N")
+    # Two tiles in flight per loader where their registers fit (loads wait on memory most of the time).
+    loader_depth = 2 if loaders and 2 * loaded_floats + 64 <= loader_registers else 1
     if loaders and loaded_floats + 56 > loader_registers:
         raise spec.error(("block.m", "block.n"), f"a loader thread would hold {loaded_floats} floats "
                          f"of each K tile and their addresses in {loader_registers} registers",
@@ -800,5 +803,5 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         c_stage_vec=1, a=None, b=None, c_layout=spec["layout.C"],
         c_vector=2 if spec["layout.C"] == "row" else 1, smem_bytes=smem_bytes,
         registers_estimate=registers, math=math, mma_shape=shape, m_step=8, consumers=consumers,
-        tma=tma, loaders=loaders, loader_registers=loader_registers,
+        tma=tma, loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
         consumer_registers=limit, fallback=fallback)

@@ -36,7 +36,7 @@ namespace gemmgen_hopper_skinny_impl {
 constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
 constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, one tile each at a time
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
@@ -318,15 +318,14 @@ gemmgen_hopper_skinny_kernel(int M, int N, int K, float alpha, const float* __re
     __syncthreads();
 
     if (warpgroup < LOADERS) {
-        // ---- loaders: tile t's loads go out before the wait for its stage to be free ----------
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
         const int loader_thread = tid % 128;
         const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
         const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
         const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
         const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        float a_loaded[A_LOADED], b_loaded[B_LOADED];
-        for (int t = warpgroup; t < k_tiles; t += LOADERS) {
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
             const int k_left = K - t * BK;
             // Left alone, ptxas keeps the address of every element of the tile in registers
             // from one tile to the next, and the loaders spill; hiding that the leading
@@ -335,6 +334,8 @@ gemmgen_hopper_skinny_kernel(int M, int N, int K, float alpha, const float* __re
             asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
             load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
             load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
             const int s = t % STAGES;
             if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
             float* stage = smem + s * STAGE_FLOATS;
@@ -343,6 +344,17 @@ gemmgen_hopper_skinny_kernel(int M, int N, int K, float alpha, const float* __re
             store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
             barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
         }
         return;
     }

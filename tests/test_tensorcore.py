@@ -167,6 +167,15 @@ def test_loaders_and_consumers_share_out_the_launch_registers():
         assert f"setmaxnreg.inc.sync.aligned.u32 {plan.consumer_registers};" in source
 
 
+def test_loaders_keep_two_tiles_in_flight_where_their_registers_hold_them():
+    narrow = wgmma_plan("3xtf32", bm=64, bn=64, stages=4, fill="async", a="row", b="row")
+    assert narrow.loader_depth == 2  # 2 x 32 floats of a 64 x 64 x 32 tile pair per loader thread
+    assert "load(t + LOADERS, a_odd, b_odd);" in generate(narrow)
+    wide = wgmma_plan("3xtf32", bm=128, bn=128, stages=3, fill="async", a="row", b="row")
+    assert wide.loader_depth == 1    # 64 floats per tile: two would not fit beside the addresses
+    assert "a_odd" not in generate(wide)
+
+
 def test_wgmma_tiles_too_wide_for_the_registers_are_refused_at_the_block_line():
     with pytest.raises(SpecError, match="a consumer thread would hold about 200 registers") as info:
         wgmma_plan("3xtf32", bm=64, bn=160, stages=3, fill="async")
