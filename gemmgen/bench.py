@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
 from dataclasses import asdict, dataclass
 from math import nan
 from typing import Callable
@@ -108,25 +109,38 @@ def cublas_gemm(M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, 
                   scalars.ctypes.data + 4, C, CUDA_R_32F, ldc, compute, cublas.CUBLAS_GEMM_DEFAULT)
 
 
+# Wall time the functions run, in turns, before they are timed. A GPU left idle (while kernels
+# compile, or between processes) drops its clocks, and short kernels timed at once measure that:
+# an H100 ran a 33 us GEMM and cuBLAS's both 3x slower that way. do_bench warms up 25 ms.
+WARMUP_S = 0.1
+
+
 def time_gpu(run: Callable[[], None], *, flush: Callable[[], None] | None = None,
-             warmup: int = 3, budget_s: float = 0.5, min_runs: int = 5, max_runs: int = 200) -> Timing:
+             warmup: int = 3, warmup_s: float = WARMUP_S, budget_s: float = 0.5, min_runs: int = 5,
+             max_runs: int = 200) -> Timing:
     """Median time of `run` between CUDA events, each run after `flush` (outside the events)."""
-    return time_alternating([run], flush=flush, warmup=warmup, budget_s=budget_s, min_runs=min_runs,
-                            max_runs=max_runs)[0]
+    return time_alternating([run], flush=flush, warmup=warmup, warmup_s=warmup_s, budget_s=budget_s,
+                            min_runs=min_runs, max_runs=max_runs)[0]
 
 
 def time_alternating(runs: list[Callable[[], None]], *, flush: Callable[[], None] | None = None,
-                     warmup: int = 3, budget_s: float = 0.5, min_runs: int = 5,
-                     max_runs: int = 200) -> list[Timing]:
+                     warmup: int = 3, warmup_s: float = WARMUP_S, budget_s: float = 0.5,
+                     min_runs: int = 5, max_runs: int = 200) -> list[Timing]:
     """time_gpu of several functions whose launches take turns (a, b, a, b, ...), so that each
     sees the same clocks: a GPU that heats up and slows down under tensor-core work would
-    otherwise favour whichever was timed first."""
+    otherwise favour whichever was timed first. First they run `warmup` times each, and on
+    until `warmup_s` seconds have passed."""
     cp = _cupy()
     start, end = cp.cuda.Event(), cp.cuda.Event()
-    for run in runs:
-        for _ in range(warmup):
+    deadline = time.perf_counter() + warmup_s
+    rounds = 0
+    while rounds < warmup or time.perf_counter() < deadline:
+        for run in runs:
+            if flush:
+                flush()
             run()
-    cp.cuda.runtime.deviceSynchronize()
+        cp.cuda.runtime.deviceSynchronize()  # wall time, not queued launches, counts to the deadline
+        rounds += 1
     times: list[list[float]] = [[] for _ in runs]
     spent = 0.0
     while len(times[0]) < min_runs or (spent < budget_s * 1e3 * len(runs) and len(times[0]) < max_runs):
