@@ -188,7 +188,7 @@ class Plan:
     m_step: int = 1           # rows between a thread's accumulator rows in a sub-tile (mma: 8)
     ldmatrix_a: bool = False  # A fragments read with ldmatrix (shared rows run along k)
     ldmatrix_b: bool = False
-    # wgmma (sm_90a): warpgroups that multiply, and the mma.sync kernel for calls TMA cannot serve
+    # wgmma (sm_90a): warpgroups that multiply and load, and the kernel for calls TMA cannot serve
     consumers: int = 0
     tma: bool = False         # wgmma fed by a TMA producer warpgroup (else by loading warpgroups)
     loaders: int = 0          # wgmma_async: warpgroups that load tiles through registers
@@ -679,10 +679,9 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     """The sm_90a tensor-core kernels: BM / 64 consumer warpgroups each multiply a 64 x BN slab with
     wgmma from STAGES shared buffers (K-major, 128-byte swizzle). `stages N tma`: a producer
     warpgroup fills them with TMA under mbarriers, for K-major A and B (layout A row, B col); calls
-    TMA cannot describe go to a `stages 4 async` fallback of 64 x 128 blocks. `stages N async`: loader warpgroups read
-    tiles into registers, round them to TF32 (3xtf32: split them) and store them K-major, for any
-    layout and alignment; with one consumer there are two loaders, so two tiles' loads are in
-    flight."""
+    TMA cannot describe go to a `stages 4 async` fallback of 64 x 128 blocks. `stages N async`:
+    loader warpgroups read tiles into registers, round them to TF32 (3xtf32: split them) and
+    store them K-major, for any layout and alignment."""
     math = spec["math"]
     BM, BN, BK = spec["block.m"], spec["block.n"], spec["block.k"]
     for key, default in (("load.A.vector", 1), ("load.B.vector", 1), ("load.A.transpose", False),
@@ -735,8 +734,8 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         raise spec.error("stages", "the pipeline loads tiles ahead of the math; it needs at least "
                          "2 buffers", "stages 2 to 8, e.g. stages 4")
     consumers = BM // 64
-    # Loader warpgroups hold one K tile each in registers between its loads and its stores; a
-    # single consumer multiplies a tile faster than one loader's loads return, so it gets two.
+    # Loader warpgroups hold K tiles in registers between their loads and their stores; a single
+    # consumer multiplies a tile faster than one loader's loads return, so it gets two loaders.
     loaders = 0 if tma else (2 if consumers == 1 else 1)
     threads = (consumers + (1 if tma else loaders)) * WARPGROUP
     if tma:  # 3xtf32: B's remainders too (A is split in registers)
