@@ -164,6 +164,8 @@ class Report:
     summary: str
     notes: tuple[str, ...]
     math: str = "simt"         # simt, or the tensor-core path: "tf32 via mma.sync 16 x 8 x 8", ...
+    register_split: str = ""   # wgmma: what setmaxnreg gives each kind of warpgroup
+    loaders: str = ""          # register-fed wgmma: its loader warpgroups
 
     @property
     def spills(self) -> bool:
@@ -347,7 +349,7 @@ def _vector_name(width: int) -> str:
 def bank_conflicts(plan: Plan) -> tuple[BankAccess, ...]:
     """A store, B store, A fragment, B fragment; empty for kernels without shared memory."""
     if not plan.uses_shared or plan.consumers:
-        return ()  # wgmma: TMA writes and the tensor cores read the swizzled tiles themselves
+        return ()  # wgmma: TMA or 16-byte loader stores fill swizzled tiles the tensor cores read
     fragments = _mma_fragment_access if plan.mma_shape else _fragment_access
     return (_store_access(plan, plan.a), _store_access(plan, plan.b),
             fragments(plan, plan.a), fragments(plan, plan.b))
@@ -433,7 +435,7 @@ def global_accesses(plan: Plan) -> tuple[GlobalAccess, ...]:
     if plan.path == "wgmma":
         loads = ()  # TMA moves whole boxes of 128-byte rows: full sectors by construction
     elif plan.path == "wgmma_async":
-        loads = ()  # copies of whole 128-byte K rows, or of rows along M or N: full sectors either way
+        loads = ()  # loads of whole 128-byte K rows, or of rows along M or N: full sectors either way
     elif plan.uses_shared:
         loads = (_tile_load(plan, plan.a), _tile_load(plan, plan.b))
     else:
@@ -478,7 +480,7 @@ def _tiling(plan: Plan) -> str:
         parts.append(f"warp {plan.WM}x{plan.WN}")
     if plan.consumers:  # a wgmma kernel
         parts[-1] = f"{plan.consumers} x 64x{plan.BN} warpgroups"
-        parts.append(f"{plan.stages} {'TMA' if plan.tma else 'cp.async'} stages")
+        parts.append(f"{plan.stages} TMA stages" if plan.tma else f"{plan.stages} stages")
         return ", ".join(parts)
     if plan.mma_shape:
         parts.append(f"mma {'x'.join(map(str, plan.mma_shape))} repeat {plan.RM}x{plan.RN}")
@@ -532,7 +534,18 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
         spill_loads=res.spill_loads, stack_frame=res.stack_frame, smem_bytes=plan.smem_bytes,
         shared_static=res.shared_static, requested_occupancy=plan.occupancy, occupancy=occ,
         global_intensity=glob, shared_intensity=shared, bank_conflicts=banks,
-        global_accesses=coalescing, summary=_summary(occ), notes=tuple(notes), math=_math(plan))
+        global_accesses=coalescing, summary=_summary(occ), notes=tuple(notes), math=_math(plan),
+        register_split=_register_split(plan),
+        loaders=(f"{plan.loaders} warpgroup(s) fill the stages, {plan.loader_depth} K tile(s) each"
+                 if plan.loaders else ""))
+
+
+def _register_split(plan: Plan) -> str:
+    if plan.path == "wgmma":
+        return f"setmaxnreg: producer 40, consumers {plan.consumer_registers}"
+    if plan.path == "wgmma_async":
+        return f"setmaxnreg: loaders {plan.loader_registers}, consumers {plan.consumer_registers}"
+    return ""
 
 
 # --- output ----------------------------------------------------------------------------
@@ -569,6 +582,8 @@ def render_text(report: Report) -> str:
         ("threads", f"{r.threads} ({r.warps} warps)"),
         ("registers per thread", f"{r.registers} (ptxas, aligned variant; the Plan estimated "
                                  f"{r.registers_estimate})"),
+        *([("register split", r.register_split)] if r.register_split else []),
+        *([("loaders", r.loaders)] if r.loaders else []),
         ("spills", spills),
         ("stack frame", f"{r.stack_frame} bytes"),
         ("shared memory", shared),
@@ -653,6 +668,8 @@ def as_dict(report: Report) -> dict[str, Any]:
         "warps": report.warps,
         "registers": report.registers,
         "registers_estimate": report.registers_estimate,
+        "register_split": report.register_split,
+        "loaders": report.loaders,
         "spill_stores": report.spill_stores,
         "spill_loads": report.spill_loads,
         "stack_frame": report.stack_frame,

@@ -280,6 +280,14 @@ def test_render_text_fits_80_columns(path):
     assert max(len(line) for line in text.splitlines()) <= 80, text
 
 
+def test_wgmma_kernels_show_how_setmaxnreg_shares_out_the_registers():
+    skinny = render_text(explain(plan_of("hopper_skinny"), resources(168)))
+    assert "register split        setmaxnreg: loaders 160, consumers 184" in skinny
+    assert "loaders               2 warpgroup(s) fill the stages, 2 K tile(s) each" in skinny
+    tma = render_text(explain(plan_of("hopper_tf32"), resources(168)))
+    assert "setmaxnreg: producer 40, consumers 232" in tma and "loaders  " not in tma
+
+
 def test_render_text_without_shared_memory():
     text = render_text(explain(plan_of("naive"), resources(32)))
     assert "none: no shared memory" in text
