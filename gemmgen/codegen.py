@@ -81,10 +81,10 @@ def abi_signature(plan: Plan) -> str:
 
 
 def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
-    per_stage = "A and B tiles" + (" and B's TF32 remainders" if plan.math == "3xtf32" else "")  # TMA
     shape = " x ".join(map(str, plan.mma_shape))
     terms = " (three per step: small*big, big*small, big*big)" if plan.math == "3xtf32" else ""
     if plan.tma:
+        per_stage = "A and B tiles" + (" and B's TF32 remainders" if plan.math == "3xtf32" else "")
         rows = [
             ("target", f"{plan.arch.name} (wgmma + TMA)"),
             ("block tile (BM x BN x BK)", f"{plan.BM} x {plan.BN} x {plan.BK}"),
@@ -101,8 +101,9 @@ def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
             ("target", f"{plan.arch.name} (wgmma fed through registers)"),
             ("block tile (BM x BN x BK)", f"{plan.BM} x {plan.BN} x {plan.BK}"),
             ("math", f"{plan.math}, wgmma {shape} per consumer warpgroup and K step{terms}"),
-            ("threads per block", f"{plan.threads}: {plan.loaders} loader warpgroup(s), one K tile each, + "
-                                  f"{plan.consumers} consumer warpgroup(s) of 64 x {plan.BN}"),
+            ("threads per block", f"{plan.threads}: {plan.loaders} loader warpgroup(s), {plan.loader_depth} K "
+                                  f"tile(s) in flight each, + {plan.consumers} consumer warpgroup(s) of "
+                                  f"64 x {plan.BN}"),
             ("registers", f"{plan.loader_registers} per loader thread, {plan.consumer_registers} per "
                           f"consumer thread (setmaxnreg); {plan.BN // 2} accumulators"),
             ("shared memory", f"{plan.stages} stages of A and B tiles rounded to TF32"

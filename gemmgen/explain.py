@@ -542,7 +542,7 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
 
 def _register_split(plan: Plan) -> str:
     if plan.path == "wgmma":
-        return f"setmaxnreg: producer 40, consumers {plan.consumer_registers}"
+        return f"setmaxnreg: producer {plan.loader_registers}, consumers {plan.consumer_registers}"
     if plan.path == "wgmma_async":
         return f"setmaxnreg: loaders {plan.loader_registers}, consumers {plan.consumer_registers}"
     return ""

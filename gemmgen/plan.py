@@ -193,8 +193,8 @@ class Plan:
     tma: bool = False         # wgmma fed by a TMA producer warpgroup (else by loading warpgroups)
     loaders: int = 0          # wgmma_async: warpgroups that load tiles through registers
     loader_depth: int = 1     # wgmma_async: K tiles each loader thread holds in flight
-    loader_registers: int = 0     # wgmma_async: setmaxnreg of loader and consumer threads
-    consumer_registers: int = 0   # (wgmma: of consumers; its producer keeps 40)
+    loader_registers: int = 0     # setmaxnreg of loader (wgmma: TMA producer) and consumer threads
+    consumer_registers: int = 0
     fallback: "Plan | None" = None
 
     @property
@@ -671,7 +671,8 @@ def try_plan(spec: Spec) -> tuple[Plan | None, SpecError | None]:
 
 WARPGROUP = 128
 WGMMA_BK = 32             # floats in one 128-byte swizzled shared row: one TMA box along K
-WGMMA_MAX_REGISTERS = 232  # what setmaxnreg gives each consumer thread (TMA: beside a 40-register producer)
+TMA_PRODUCER_REGISTERS = 40  # what setmaxnreg leaves the TMA producer: it only issues copies
+WGMMA_MAX_REGISTERS = 232  # what setmaxnreg gives each consumer thread beside such a producer
 SETMAXNREG_CAP = 240       # setmaxnreg takes multiples of 8; a thread addresses at most 255 registers
 
 
@@ -753,7 +754,7 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     accumulators = BN // 2  # a 64 x BN fp32 tile over 128 threads
     loaded_floats = (BM + BN) * BK // WARPGROUP  # a loader thread's share of one K tile
     if tma:
-        loader_registers, limit = 0, WGMMA_MAX_REGISTERS
+        loader_registers, limit = TMA_PRODUCER_REGISTERS, WGMMA_MAX_REGISTERS
     else:
         # Each thread starts with `launch` registers. A lone consumer (64-row blocks) takes 8 from
         # each of its two loaders with setmaxnreg, for wide tiles; the loaders still hold a K tile

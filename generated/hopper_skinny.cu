@@ -15,7 +15,7 @@
 //   target                     sm_90a (wgmma fed through registers)
 //   block tile (BM x BN x BK)  64 x 64 x 32
 //   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 2 loader warpgroup(s), one K tile each, + 1 consumer warpgroup(s) of 64 x 64
+//   threads per block          384: 2 loader warpgroup(s), 2 K tile(s) in flight each, + 1 consumer warpgroup(s) of 64 x 64
 //   registers                  160 per loader thread, 184 per consumer thread (setmaxnreg); 32 accumulators
 //   shared memory              4 stages of A and B tiles rounded to TF32 and A's and B's TF32 remainders, K-major, 128-byte swizzle; 132160 bytes per block
 //   loads                      A: 16 B along K when aligned, else 4 B; B: 4 B along its contiguous rows, transposed into place
