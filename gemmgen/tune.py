@@ -83,7 +83,8 @@ def _worker(jobs: list[tuple[Plan, str | None]], shape: Case, db: str, scope: st
     if device is not None:  # before any CUDA call: this process sees only its own GPU
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
     from . import verify
-    from .bench import L2Flusher, cublas_gemm, time_gpu
+    from .baseline import cublas_gemm
+    from .bench import L2Flusher, time_gpu
     from .runtime import Kernel, device_info
 
     info = device_info()
@@ -134,7 +135,7 @@ def _leading_dimensions(shape: Case, layouts: dict) -> dict:
 def search_baseline(space: Space) -> str:
     """The cuBLAS mode a space's candidates are timed against: one precision per search, since a
     TF32 kernel is faster than an FP32-accurate one by giving up accuracy, not by being better."""
-    from .bench import baseline_for
+    from .baseline import baseline_for
     maths = sorted({plan.math for plan in space.plans})
     baselines = {baseline_for(m) for m in maths}
     if len(baselines) > 1:

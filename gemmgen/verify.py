@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .baseline import cublas_gemm
 from .runtime import Kernel, synchronize
 
 GUARD_BITS = 0x7FC0DEAD          # a quiet NaN whose payload marks untouched guard cells
@@ -309,8 +310,6 @@ def accuracy_on(kernel: Kernel, case: Case, A, B, C) -> Accuracy:
     """The Accuracy of `kernel` on the float32 device arrays A (M x K), B (K x N) and C (M x N),
     placed in the kernel's layouts at the case's padding and offset, for alpha A@B + beta C.
     cuBLAS runs on the same placed inputs through the launcher's ABI."""
-    from .bench import cublas_gemm  # bench builds on this module, so it comes in late
-
     cp = _cupy()
     plan = kernel.plan
     layouts = {name: plan.spec[f"layout.{name}"] for name in "ABC"}

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+import gemmgen.baseline
 import gemmgen.bench
 import gemmgen.runtime
 import gemmgen.verify
@@ -157,7 +158,7 @@ def install(monkeypatch) -> SimpleNamespace:
     cublas = FakeCublas()
     fake_time_gpu.calls = 0
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy())
-    monkeypatch.setattr(gemmgen.bench, "_cublas", lambda: cublas)
+    monkeypatch.setattr(gemmgen.baseline, "_cublas", lambda: cublas)
     monkeypatch.setattr(gemmgen.bench, "time_gpu", fake_time_gpu)
     monkeypatch.setattr(gemmgen.bench, "time_alternating", fake_time_alternating)
     monkeypatch.setattr(gemmgen.bench, "L2Flusher", lambda info: None)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import gemmgen.baseline
 import gemmgen.bench
 import gemmgen.verify
 from fake_device import (CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32, INFO, ReferenceKernel,
@@ -91,7 +92,7 @@ def test_cublas_gemm_computes_c_in_every_layout(fake, a_layout, b_layout, c_layo
         buffers[name] = gemmgen.verify.place_matrix(cp, values, layout, case.pad, case.offset)
     address = {name: buf.data.ptr + 4 * case.offset for name, (buf, _) in buffers.items()}
     ld = {name: ld for name, (_, ld) in buffers.items()}
-    gemmgen.bench.cublas_gemm(case.M, case.N, case.K, case.alpha, address["A"], ld["A"], address["B"], ld["B"],
+    gemmgen.baseline.cublas_gemm(case.M, case.N, case.K, case.alpha, address["A"], ld["A"], address["B"], ld["B"],
                               case.beta, address["C"], ld["C"], {"A": a_layout, "B": b_layout, "C": c_layout})
     out = gemmgen.verify.matrix_view(cp, buffers["C"][0], 37, 23, c_layout, ld["C"], case.offset)
     expected = 0.5 * (A.astype(np.float64) @ B) + 2.0 * C
@@ -104,7 +105,7 @@ def test_cublas_gemm_asks_for_tf32_only_when_told(fake):
     a, b, c = (cp.zeros((4, 4), dtype=cp.float32) for _ in range(3))
     layouts = {"A": "row", "B": "row", "C": "row"}
     for tf32 in (False, True):
-        gemmgen.bench.cublas_gemm(4, 4, 4, 1.0, a.data.ptr, 4, b.data.ptr, 4, 0.0, c.data.ptr, 4, layouts, tf32=tf32)
+        gemmgen.baseline.cublas_gemm(4, 4, 4, 1.0, a.data.ptr, 4, b.data.ptr, 4, 0.0, c.data.ptr, 4, layouts, tf32=tf32)
     assert fake.cublas.compute_types == [CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32]
 
 
@@ -146,10 +147,10 @@ def test_bench_result_reads_records_from_before_the_accuracy_fields():
 
 
 def test_baseline_for_each_math_mode():
-    assert [gemmgen.bench.baseline_for(m) for m in ("simt", "tf32", "3xtf32")] == \
+    assert [gemmgen.baseline.baseline_for(m) for m in ("simt", "tf32", "3xtf32")] == \
         ["cuBLAS FP32", "cuBLAS TF32", "cuBLAS FP32"]
     with pytest.raises(ValueError):
-        gemmgen.bench.baseline_for("bf16")
+        gemmgen.baseline.baseline_for("bf16")
 
 
 # --- the accuracy record --------------------------------------------------------------------------
