@@ -118,6 +118,9 @@ def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
         ("raster", "row order" if plan.raster_group == 1 else f"groups of {plan.raster_group} block rows"),
         ("epilogue", "alpha * A*B + beta * C" if plan.beta else "alpha * A*B"),
     ]
+    if plan.split_k > 1:
+        rows.append(("split K", f"{plan.split_k} slices of the K tiles per C tile (blockIdx.y), added into C "
+                     "with atomicAdd after C = beta * C"))
     if plan.tma:
         rows += [
             ("TMA path needs", "K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4"),

@@ -709,9 +709,8 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     if spec.written("thread.m"):
         raise spec.error("thread.m", "with wgmma each warpgroup multiplies a 64 x N tile; there is no "
                          "thread tile", "no thread line")
-    for key, default, why in (("split", 1, "split K"), ("reduce.count", 0, "the fused reduction"),
-                              ("epilogue.staged", False, "a staged epilogue"),
-                              ("fragments", 1, "fragment double buffering"), ("order", "n", "a thread order")):
+    for key, default, why in (("reduce.count", 0, "fused reduction"), ("epilogue.staged", False, "staged epilogue"),
+                              ("fragments", 1, "fragment double buffering"), ("order", "n", "thread order")):
         if spec[key] != default:
             raise spec.error(key, f"the wgmma path has no {why}", f"target sm_90 (mma.sync) for {why}")
     if BK != WGMMA_BK:
@@ -784,6 +783,9 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     if occupancy > 1:
         raise spec.error("occupancy", "a wgmma block takes most of an SM's shared memory and registers",
                          "occupancy 1, or no occupancy line")
+    # Split K: blockIdx.y takes one slice of the K tiles, and the slices add their products into C
+    # with atomicAdd after the launcher has set C = beta * C (for small M x N with a long K).
+    split_k = spec["split"]
     fallback = None
     if tma:
         # Calls TMA cannot describe go to the register-fed kernel (stages N async) with 64 x 128
@@ -799,9 +801,9 @@ def _wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         TM=2, TN=2, RM=1, RN=BN // 8, SUB_M=16, SUB_N=8, warp_tiling=True, warps_m=consumers,
         warps_n=1, lanes_m=8, lanes_n=4, threads=threads, order="n", stages=stages, async_copy=True,
         fragments=1, raster_group=spec["raster.group"], occupancy=1, beta=spec["epilogue.beta"],
-        reduce_count=0, split_k=1, staged=False, c_stage_rows=0, c_stage_cols=0, c_stage_ld=0,
+        reduce_count=0, split_k=split_k, staged=False, c_stage_rows=0, c_stage_cols=0, c_stage_ld=0,
         c_stage_vec=1, a=None, b=None, c_layout=spec["layout.C"],
-        c_vector=2 if spec["layout.C"] == "row" else 1, smem_bytes=smem_bytes,
+        c_vector=2 if spec["layout.C"] == "row" and split_k == 1 else 1, smem_bytes=smem_bytes,
         registers_estimate=registers, math=math, mma_shape=shape, m_step=8, consumers=consumers,
         tma=tma, loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
         consumer_registers=limit, fallback=fallback)

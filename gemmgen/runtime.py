@@ -327,10 +327,14 @@ class Kernel:
         aligned = plan.aligned(M, N, K, lda, ldb, ldc, {"A": A, "B": B, "C": C})
         map_a = self._tensor_map(A, K, M, lda, plan.BM)
         map_b = self._tensor_map(B, K, N, ldb, plan.BN)
+        grid = (plan.grid(M, N), plan.split_k)
         what = (f"launching {self.name} (wgmma, {'vector' if aligned else 'scalar'} C) on "
-                f"{plan.grid(M, N)} blocks x {plan.threads} threads, {plan.smem_bytes} B shared, "
+                f"{grid[0]} x {grid[1]} blocks x {plan.threads} threads, {plan.smem_bytes} B shared, "
                 f"M={M} N={N} K={K}")
-        self._launch(self._functions[aligned], plan.grid(M, N), plan.threads, plan.smem_bytes, handle,
+        if plan.split_k > 1:
+            self._launch(self._scale, min(M * N // 256 + 1, 4096), 256, 0, handle,
+                         [("i", M), ("i", N), ("f", beta), ("p", C), ("i", ldc)], f"{self.name}_scale_c")
+        self._launch(self._functions[aligned], grid, plan.threads, plan.smem_bytes, handle,
                      [("t", map_a), ("t", map_b), ("i", M), ("i", N), ("i", K), ("f", alpha),
                       ("f", beta), ("p", C), ("i", ldc)], what)
 

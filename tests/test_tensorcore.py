@@ -111,12 +111,13 @@ WGMMA_KERNEL = """kernel wg {{
   block {bm} x {bn} x 32
   math {math}
   stages {stages} {fill}
+  {extra}
 }}
 """
 
 
-def wgmma_plan(math="tf32", bm=128, bn=256, stages=4, c="row", fill="tma", a="row", b="col"):
-    return plan_of(WGMMA_KERNEL.format(math=math, bm=bm, bn=bn, stages=stages, c=c, fill=fill)
+def wgmma_plan(math="tf32", bm=128, bn=256, stages=4, c="row", fill="tma", a="row", b="col", extra=""):
+    return plan_of(WGMMA_KERNEL.format(math=math, bm=bm, bn=bn, stages=stages, c=c, fill=fill, extra=extra)
                    .replace("layout A row, B col", f"layout A {a}, B {b}"))
 
 
@@ -240,3 +241,25 @@ def test_sass_runs_hgmma_fed_by_tma_and_by_registers(name):
     assert ops["UTMALDG"] > 0
     assert not any(r.spills for r in compiled.resources.values())
     assert "C7514" not in compiled.log, "ptxas serialized the wgmma pipeline"
+
+
+@pytest.mark.parametrize("fill,math,a,b", [("tma", "3xtf32", "row", "col"), ("async", "tf32", "col", "row")])
+def test_split_k_on_wgmma_slices_k_tiles_and_adds_into_c(fill, math, a, b):
+    """Split K on the wgmma paths (small M x N, long K): blockIdx.y picks a slice of the K tiles,
+    C = beta * C is set first, and each slice adds alpha times its product with atomicAdd."""
+    plan = wgmma_plan(math, bm=64, bn=64, stages=4, fill=fill, a=a, b=b, extra="split 8")
+    assert plan.split_k == 8 and plan.c_vector == 1
+    if fill == "tma":
+        assert plan.fallback.split_k == 8  # calls TMA cannot take are split the same way
+    source = generate(plan)
+    assert "constexpr int SPLIT_K = 8;" in source
+    assert "_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc);" in source
+    assert "dim3((unsigned)blocks, SPLIT_K)" in source
+    assert "atomicAdd(c, alpha * acc[" in source
+    if fill == "tma":
+        assert "(k_tile0 + t) * BK, block_m0" in source
+    compiled = compile_plan(plan)
+    assert not any(r.spills for r in compiled.resources.values()), compiled.resources
+    assert "C7514" not in compiled.log, "ptxas serialized the wgmma pipeline"
+    sass = compiled.sass()
+    assert opcodes(sass)["HGMMA"] > 0 and re.search(r"\bRED(G)?\.E\.ADD\.F32", sass), "atomic adds into C"
