@@ -199,17 +199,18 @@ def header(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def generate(plan: Plan) -> str:
-    """The complete .cu source of a Plan."""
+def generate(plan: Plan, *, internal: bool = False) -> str:
+    """The complete .cu source of a Plan. `internal`: its launcher is static, for a file (a
+    library) whose own entry point calls it."""
     if plan.path == "wgmma":
         fallback = _environment().get_template("kernel.cu.j2").render(
             plan=plan.fallback, header="", launch=_launch_checks(plan.fallback, internal=True),
             c=plan.fallback.c, wgmma=_wgmma_operands(plan.fallback))
         return _environment().get_template("wgmma_kernel.cu.j2").render(
-            plan=plan, header=header(plan), launch=_launch_checks(plan), c=plan.c,
+            plan=plan, header=header(plan), launch=_launch_checks(plan, internal), c=plan.c,
             wgmma=_wgmma_operands(plan), fallback_source=fallback.strip("\n"))
     template = _environment().get_template("kernel.cu.j2")
-    return template.render(plan=plan, header=header(plan), launch=_launch_checks(plan),
+    return template.render(plan=plan, header=header(plan), launch=_launch_checks(plan, internal),
                            c=plan.c, wgmma=_wgmma_operands(plan) if plan.consumers else None)
 
 

@@ -292,6 +292,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_hopper_skinny_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc)
 {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
     // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
@@ -430,6 +433,7 @@ gemmgen_hopper_skinny_kernel(int M, int N, int K, float alpha, const float* __re
                     }
             }
     }
+#endif
 }
 
 }  // namespace gemmgen_hopper_skinny_impl

@@ -273,6 +273,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_hopper_tf32_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc)
 {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
     // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
@@ -399,6 +402,7 @@ gemmgen_hopper_tf32_fallback_kernel(int M, int N, int K, float alpha, const floa
                     }
             }
     }
+#endif
 }
 
 }  // namespace gemmgen_hopper_tf32_fallback_impl
@@ -597,6 +601,9 @@ __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_hopper_tf32_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc)
 {
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
     // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
@@ -699,6 +706,7 @@ gemmgen_hopper_tf32_kernel(const __grid_constant__ TensorMap map_a, const __grid
                     }
             }
     }
+#endif
 }
 
 }  // namespace gemmgen_hopper_tf32_impl
