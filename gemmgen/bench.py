@@ -264,3 +264,34 @@ def plot(results: list[BenchResult], info: DeviceInfo, lanes_per_sm: int, path: 
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_library(rows: list[dict], baseline: str, title: str, path: str) -> None:
+    """PNG: a library's speed over cuBLAS per shape (bars, log scale), the member it ran named on
+    each; rows have "shape", "ratio" (cuBLAS time / library time), "member", and optionally
+    "best_ratio" (the best candidate timed) and "tuned" (False marks a shape tuning never saw)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(rows) + 2), 5.5))
+    xs = range(len(rows))
+    colours = ["tab:green" if r["ratio"] >= 1 else "tab:red" for r in rows]
+    hatches = ["" if r.get("tuned", True) else "//" for r in rows]
+    bars = ax.bar(xs, [r["ratio"] for r in rows], color=colours, alpha=0.8)
+    for bar, hatch in zip(bars, hatches):
+        bar.set_hatch(hatch)
+    if any("best_ratio" in r for r in rows):
+        ax.scatter(xs, [r.get("best_ratio", 0) for r in rows], marker="_", s=200, color="black",
+                   label="best candidate timed", zorder=3)
+    for x, r in zip(xs, rows):
+        ax.annotate(r["member"], (x, r["ratio"]), rotation=90, fontsize=6, ha="center", va="bottom")
+    ax.axhline(1.0, color="black", linestyle="--", label=baseline)
+    ax.set_yscale("log")
+    ax.set_xticks(list(xs), [r["shape"] for r in rows], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel(f"speed over {baseline} (x)")
+    ax.set_title(title + ("  (hatched: shapes tuning never saw)" if any(not r.get("tuned", True) for r in rows) else ""))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

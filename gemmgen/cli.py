@@ -65,6 +65,21 @@ def _layout_pairs(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def _libraries(path: str, kernel: str | None) -> bool:
+    """Whether this command acts on the file's libraries: it holds some, and --kernel names none
+    of its kernels."""
+    from .spec import load_file
+    parsed = load_file(path)
+    if not parsed.libraries:
+        return False
+    return kernel is None or any(lib.name == kernel for lib in parsed.libraries)
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
 def _progress(on: Console = errors, transient: bool = True):
     """A progress bar for work that takes more than a moment (stderr, cleared when done)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -162,7 +177,12 @@ target_option = click.option("--target", type=click.Choice(TARGETS),
               help="Build a search space as its fastest validated point in this `gemmgen tune` database.")
 @click.option("--shape", "db_shape", metavar="MxNxK",
               help="With --from-db: the best point tuned at this shape (default: at any shape).")
-def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape):
+@click.option("--manifest", "manifest_path", type=click.Path(dir_okay=False), metavar="FILE.json",
+              help="A library's manifest (what gemmgen.matmul and bench load). Default: beside its .cu.")
+@click.option("--device", "db_device", metavar="NAME",
+              help="With --from-db for a library: the GPU whose measurements to use (default: the one "
+                   "with the most).")
+def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, manifest_path, db_device):
     """Generate the kernel of SPEC as CUDA C (or PTX / cubin).
 
     The .cu is self-contained: a kernel, and an extern "C" launcher that checks its arguments
@@ -176,10 +196,31 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape):
       gemmgen build specs/warptile.gemm --target sm_80 -o kernels/
       gemmgen build specs/warptile.gemm --emit cubin
       gemmgen build specs/hopper_search.gemm --from-db tune.jsonl --shape 4096x4096x4096
+      gemmgen build specs/fp32.gemm --from-db benchmarks/tuning/fp32.jsonl   # a library
+
+    A library (a `library` block) is built from the measurements of `gemmgen tune` on it: one .cu
+    with a single entry point gemmgen_<library>, and its manifest (.json) beside it.
     """
     from .codegen import generate
     from .compile import compile_plan
     from .plan import make_plan
+
+    if _libraries(spec, kernel):
+        from . import cli_library
+        from .library import load_libraries
+        for library in load_libraries(spec, kernel):
+            if not from_db:
+                console.print(f"skipped {library.name}: a library is built from measurements (run gemmgen "
+                              "tune on it, or build --from-db TUNE.jsonl)", markup=False, soft_wrap=True)
+                continue
+            try:
+                cli_library.build(library, db=from_db, device=db_device, output=output,
+                                  manifest_path=manifest_path, console=console, write_file=_write_text)
+            except LookupError as exc:
+                _fail(str(exc))
+        if kernel:
+            return
+        from_db = None  # the database was the library's; the file's search spaces are skipped
 
     # A file may hold search spaces beside concrete kernels (or only those): they are skipped,
     # so `gemmgen build` can run over every file of a folder. Named with --kernel, a search
@@ -332,7 +373,9 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path):
 @click.option("--devices", metavar="all|0,1,...",
               help="Split each GEMM over these GPUs by bands of C and report scaling against one GPU "
                    "('0,0' splits into two parts on one GPU).")
-def bench(spec, kernel, shapes, json_path, plot_path, budget, devices):
+@click.option("--manifest", "manifest_path", type=click.Path(dir_okay=False), metavar="FILE.json",
+              help="A library's manifest (default: generated/<library>.json, as gemmgen tune wrote it).")
+def bench(spec, kernel, shapes, json_path, plot_path, budget, devices, manifest_path):
     """Time SPEC beside cuBLAS on the same buffers, and measure its accuracy.
 
     The baseline has the kernel's input precision: math simt and 3xtf32 kernels run beside
@@ -347,6 +390,8 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices):
     from .runtime import Kernel, device_info
 
     _require_gpu()
+    if _libraries(spec, kernel):
+        return _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifest_path)
     cases = _parse_shapes(shapes, DEFAULT_SHAPES)
     if devices:
         return _bench_split(spec, kernel, cases, devices, json_path)
@@ -387,6 +432,33 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices):
         Path(json_path).write_text(json.dumps([r.as_dict() for r in results], indent=2))
     if plot_path:
         plot(results, info, plans[0].arch.fp32_lanes_per_sm, plot_path)
+        console.print(f"wrote {plot_path}")
+
+
+def _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifest_path):
+    """bench of a library: per shape, the member it chooses beside cuBLAS (default: its tuned shapes)."""
+    from . import cli_library
+    from .bench import plot_library
+    from .library import load_libraries
+    from .verify import Case
+
+    rows = []
+    for library in load_libraries(spec, kernel):
+        path = Path(manifest_path) if manifest_path else Path("generated") / f"{library.name}.json"
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            _fail(f"cannot read the manifest of library {library.name} ({path}): "
+                  f"{getattr(exc, 'strerror', None) or exc}; run gemmgen tune on it, or build --from-db")
+        default = tuple(Case(s.M, s.N, s.K, pad=s.pad) for s in library.shapes)
+        rows += cli_library.bench(library, manifest, _parse_shapes(shapes, default), budget=budget,
+                                  console=console, progress_factory=_progress)
+    if json_path:
+        _write_text(Path(json_path), json.dumps(rows, indent=2))
+    if plot_path:
+        plot_library([{"shape": r["shape"], "ratio": r["cublas_ms"] / r["ms"], "member": r["member"],
+                       "tuned": r["tuned_shape"]} for r in rows], rows[0]["baseline"] if rows else "cuBLAS",
+                     f"{', '.join(dict.fromkeys(r['library'] for r in rows))}: bench", plot_path)
         console.print(f"wrote {plot_path}")
 
 
@@ -464,8 +536,16 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
 @click.option("--top", type=int, default=10, show_default=True, help="Rows in the report table.")
 @click.option("--devices", metavar="all|0,1,...",
               help="Evaluate candidates on these GPUs at once, one worker each (default: GPU 0).")
+@click.option("--output", "-o", type=click.Path(), metavar="PATH",
+              help="A library's .cu (file or folder; default generated/<library>.cu).")
+@click.option("--manifest", "manifest_path", type=click.Path(dir_okay=False), metavar="FILE.json",
+              help="A library's manifest (default: beside its .cu).")
+@click.option("--anchors", type=int, default=8, show_default=True,
+              help="A library's anchor shapes, where every candidate is timed.")
+@click.option("--per-shape", type=int, default=6, show_default=True,
+              help="At a library's other shapes, the candidates timed (those predicted fastest).")
 def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, save, dispatcher,
-         json_path, plot_path, top, devices):
+         json_path, plot_path, top, devices, output, manifest_path, anchors, per_shape):
     """Search the sets of SPEC for the fastest correct kernel at one or more shapes.
 
     Impossible points are pruned by the Plan before compiling; the rest compile in parallel
@@ -474,11 +554,18 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     with its reason and skipped; the search goes on. Interrupt it with Ctrl-C and run the same
     command again to resume.
 
+    A library (a `library` block; `gemmgen tune specs/fp32.gemm`) is tuned at its own shapes:
+    every candidate kernel of its members is validated once and timed at a few anchor shapes, the
+    candidates its model predicts fastest at the rest, and the members it keeps at all of them,
+    cuBLAS in its precision beside; then its .cu (one entry point) and manifest are written, with
+    the leave-one-out quality of its choice of member.
+
     \b
     Examples:
       gemmgen tune specs/hopper_search.gemm --strategy evolution --max-points 120
       gemmgen tune specs/warptile_search.gemm --shapes '1024x1024x1024;4096x4096x4096' \\
           --dispatcher generated/warptile_tuned.cu
+      gemmgen tune specs/fp32.gemm --db fp32.jsonl        # a library
     """
     from . import strategies
     from .codegen import dispatcher_source
@@ -490,6 +577,17 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
         raise click.BadParameter(f"{strategy!r}: one of {', '.join(strategies.names())}",
                                  param_hint="--strategy")
     _require_gpu()
+    if _libraries(spec, kernel):
+        from . import cli_library
+        from .library import load_libraries
+        for library in load_libraries(spec, kernel):
+            cli_library.tune(library, db=Path(db), output=output, manifest_path=manifest_path,
+                             strategy=strategy, options=_strategy_options(strategy_options),
+                             max_points=max_points, anchors=anchors, per_shape=per_shape,
+                             progress_factory=lambda: _progress(console, transient=False),
+                             console=console, write_file=_write_text, json_path=json_path,
+                             plot_path=plot_path)
+        return
     shapes = _parse_shapes(shapes_text, None)
     device_list = None
     if devices:

@@ -9,6 +9,7 @@ only that each value is one the language allows.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -208,7 +209,12 @@ USAGE = {
     "mma": "mma M x N x K          e.g. mma 16 x 8 x 8 (mma.sync), mma 64 x 128 x 8 (wgmma)",
     "occupancy": "occupancy N",
     "split": "split N          (K cut into N slices whose products are added into C)",
+    "library": "library NAME { members ...; shapes ... }",
+    "members": "members NAME, NAME, ...   kernels or search spaces in this file or in NAME.gemm beside it",
+    "shapes": 'shapes MxNxK [pad P], ...   e.g. shapes 4096x4096x4096, 127x4099x1023 pad 1; or shapes "FILE"',
+    "precision": "precision fp32 | tf32",
 }
+LIBRARY_SETTINGS = ("layout", "members", "shapes", "precision")
 
 _TERMINAL_WORDS = {
     "_NL": "end of line", "INT": "a number", "WORD": "a word", "NAME": "a name",
@@ -261,8 +267,14 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str, path: str) ->
                          text=text, span=Span(line, column, column + 1), allowed="'}' after the last setting")
     expected = getattr(exc, "expected", None) or getattr(exc, "allowed", None) or set()
     if "KERNEL" in expected:
-        return SpecError(f"{what}: a spec holds kernels", path=path, text=text,
-                         span=Span(line, column, column + width), allowed=USAGE["kernel"])
+        return SpecError(f"{what}: a spec holds kernels and libraries", path=path, text=text,
+                         span=Span(line, column, column + width),
+                         allowed=f"{USAGE['kernel']}, or {USAGE['library']}")
+    in_library = "MEMBERS" in expected or "SHAPES" in expected
+    if in_library and at_keyword and keyword and keyword not in LIBRARY_SETTINGS and keyword[0].isalpha():
+        return SpecError(f"'{keyword}' is not a library setting", path=path, text=text,
+                         span=Span(line, column, column + len(keyword)),
+                         allowed="a library setting: " + ", ".join(LIBRARY_SETTINGS))
     if keyword == "kernel" and at_keyword and "RBRACE" in expected:
         return SpecError("a kernel starts inside another one: the kernel before it is missing "
                          "its closing '}'", path=path, text=text,
@@ -507,6 +519,37 @@ class _ToStatements(Transformer):
     def split(self, meta, c):
         return self._statement("split", meta, split=c[0])
 
+    # --- libraries ---------------------------------------------------------------------
+
+    @v_args(meta=True)
+    def members(self, meta, c):
+        return ("members", _span(meta), [(str(token), _span(token)) for token in c])
+
+    @v_args(meta=True)
+    def shape(self, meta, c):
+        M, N, K = (int(x) for x in str(c[0]).split("x"))
+        pad = int(c[1]) if len(c) > 1 else 0
+        return LibraryShape(M, N, K, pad, _span(meta))
+
+    @v_args(meta=True)
+    def shapes(self, meta, c):
+        return ("shapes", _span(meta), list(c))
+
+    @v_args(meta=True)
+    def shapes_file(self, meta, c):
+        return ("shapes file", _span(meta), (str(c[0])[1:-1], _span(c[0])))
+
+    @v_args(meta=True)
+    def precision(self, meta, c):
+        word, span = str(c[0]), _span(c[0])
+        if word not in PRECISIONS:
+            raise self._err(span, f"unknown precision '{word}'", USAGE["precision"])
+        return ("precision", _span(meta), (word, span))
+
+    @v_args(meta=True)
+    def library(self, meta, c):
+        return _LibraryTree(c[0], _span(meta), meta, c[1:])
+
     def extends(self, c):
         return ("extends", c[0])
 
@@ -550,21 +593,170 @@ def parse(text: str, path: str = "<spec>", *, search_dirs: tuple[Path, ...] = ()
     """All kernels of a spec text, parents merged in. Raises SpecError, nothing else.
 
     `_loading`: the parent files whose parsing led here, to report a cycle of files."""
+    return parse_file(text, path, search_dirs=search_dirs, _loading=_loading).kernels
+
+
+@dataclass(frozen=True)
+class LibraryShape:
+    """A shape a library is tuned for: M x N x K, leading dimensions `pad` floats past tight."""
+
+    M: int
+    N: int
+    K: int
+    pad: int = 0
+    span: Span | None = field(default=None, compare=False)
+    origin: tuple[str, str] | None = field(default=None, compare=False, repr=False)  # (path, text) of a shapes file
+
+    def __str__(self) -> str:
+        return f"{self.M}x{self.N}x{self.K}" + (f" pad {self.pad}" if self.pad else "")
+
+
+@dataclass(frozen=True)
+class LibrarySpec:
+    """A library as written: its members (names of kernels or search spaces), the shapes to tune
+    them for, its layouts and optional precision, each with where it was written. Resolving the
+    members (library.py) is where they are checked against each other."""
+
+    name: str
+    members: tuple[tuple[str, Span], ...]
+    shapes: tuple[LibraryShape, ...]
+    layout: dict[str, Param]
+    precision: tuple[str, Span] | None
+    path: str = "<spec>"
+    text: str = ""
+    span: Span | None = None
+    source: str = ""
+
+    def error(self, span: Span | None, message: str, allowed: str = "",
+              origin: tuple[str, str] | None = None) -> SpecError:
+        path, text = origin or (self.path, self.text)
+        return SpecError(message, path=path, text=text, span=span or self.span, allowed=allowed)
+
+    def layouts(self) -> dict[str, str]:
+        return {x: self.layout[f"layout.{x}"].values[0] if f"layout.{x}" in self.layout else
+                SETTINGS[f"layout.{x}"].default for x in "ABC"}
+
+
+PRECISIONS = ("fp32", "tf32")
+
+
+@dataclass
+class _LibraryTree:
+    name: Token
+    span: Span
+    meta: Any
+    statements: list
+
+
+@dataclass
+class ParsedFile:
+    """What one spec file defines: kernels (and search spaces), and libraries."""
+
+    kernels: list[Spec]
+    libraries: list[LibrarySpec]
+
+
+def parse_file(text: str, path: str = "<spec>", *, search_dirs: tuple[Path, ...] = (),
+               _loading: tuple[Path, ...] = ()) -> ParsedFile:
+    """The kernels (parents merged in) and libraries of a spec text. Raises SpecError only."""
     try:
         tree = _parser().parse(text if text.endswith("\n") else text + "\n")
     except lark.exceptions.UnexpectedInput as exc:
         raise _syntax_error(exc, text, path) from None
     raw = _ToStatements(text, path)
     try:
-        kernels = raw.transform(tree)
+        items = raw.transform(tree)
     except lark.exceptions.VisitError as exc:
         if isinstance(exc.orig_exc, SpecError):
             raise exc.orig_exc from None
         raise
-    if not kernels:
+    kernels = [item for item in items if not isinstance(item, _LibraryTree)]
+    libraries = [_library(item, text, path) for item in items if isinstance(item, _LibraryTree)]
+    if not kernels and not libraries:
         raise SpecError("the spec defines no kernel", path=path, text=text,
                         span=Span(1, 1, 2), allowed=USAGE["kernel"])
+    names = [str(k[0]) for k in kernels] + [lib.name for lib in libraries]
+    for library in libraries:
+        if names.count(library.name) > 1:
+            raise SpecError(f"'{library.name}' names both a library and another definition in this file",
+                            path=path, text=text, span=library.span, allowed="one definition per name")
+    return ParsedFile(_kernels(kernels, text, path, search_dirs, _loading), libraries)
 
+
+def _library(tree: _LibraryTree, text: str, path: str) -> LibrarySpec:
+    """A library's statements, each setting at most once."""
+    seen: dict[str, Span] = {}
+    members, shapes, layout, precision = (), (), {}, None
+    for statement in tree.statements:
+        if isinstance(statement, _Statement):  # the layout line, shared with kernels
+            keyword, span = "layout", statement.span
+        else:
+            keyword, span, value = statement
+        base = "shapes" if keyword == "shapes file" else keyword
+        if base in seen:
+            raise SpecError(f"'{base}' is given twice in library '{tree.name}' (first at line "
+                            f"{seen[base].line})", path=path, text=text, span=span,
+                            allowed="each setting once per library")
+        seen[base] = span
+        if keyword == "layout":
+            _check_values(statement, path, text)
+            layout = {key: Param(v.values, v.span) for key, v in statement.params.items()}
+        elif keyword == "members":
+            for index, (name, name_span) in enumerate(value):
+                if name in [earlier for earlier, _ in value[:index]]:
+                    raise SpecError(f"member '{name}' is named twice", path=path, text=text,
+                                    span=name_span, allowed="each member once")
+            members = tuple(value)
+        elif keyword == "shapes":
+            shapes = tuple(value)
+        elif keyword == "shapes file":
+            shapes = tuple(_shapes_file(value[0], value[1], path, text))
+        else:
+            precision = value
+    library_span = _span(tree.name)
+    if not members:
+        raise SpecError(f"library '{tree.name}' names no members", path=path, text=text,
+                        span=library_span, allowed=USAGE["members"])
+    if not shapes:
+        raise SpecError(f"library '{tree.name}' names no shapes to tune for", path=path, text=text,
+                        span=library_span, allowed=USAGE["shapes"])
+    return LibrarySpec(str(tree.name), members, shapes, layout, precision, path, text, library_span,
+                       _kernel_source(text, tree.meta))
+
+
+_SHAPE_LINE = re.compile(r"^\s*(\d+)x(\d+)x(\d+)(?:\s+pad\s+(\d+))?\s*(?:#.*)?$")
+
+
+def _shapes_file(name: str, span: Span, path: str, text: str) -> list[LibraryShape]:
+    """Shapes from a file beside the spec: one `MxNxK [pad P]` per line, # comments."""
+    where = (Path(path).parent if not path.startswith("<") else Path(".")) / name
+    try:
+        content = where.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise SpecError(f"cannot read the shapes file {where}: {why}", path=path, text=text, span=span,
+                        allowed="a text file beside the spec, one MxNxK [pad P] per line") from None
+    shapes = []
+    origin = (str(where), content)
+    for number, line in enumerate(content.split("\n"), 1):
+        if not line.split("#")[0].strip():
+            continue
+        match = _SHAPE_LINE.match(line.rstrip("\r"))
+        if not match:
+            raise SpecError(f"not a shape: {line.strip()[:60]!r}", path=str(where), text=content,
+                            span=Span(number, 1, max(2, len(line.rstrip()) + 1)),
+                            allowed="MxNxK [pad P], e.g. 4096x4096x4096 or 127x4099x1023 pad 1")
+        M, N, K, pad = (int(g) if g else 0 for g in match.groups())
+        shapes.append(LibraryShape(M, N, K, pad, Span(number, 1, len(line.rstrip()) + 1), origin))
+    if not shapes:
+        raise SpecError(f"the shapes file {where} lists no shapes", path=path, text=text, span=span,
+                        allowed="one MxNxK [pad P] per line")
+    return shapes
+
+
+def _kernels(kernels: list, text: str, path: str, search_dirs: tuple[Path, ...],
+             _loading: tuple[Path, ...]) -> list[Spec]:
+    """Kernel statements as Specs, each setting once, parents merged in."""
     specs: dict[str, Spec] = {}
     pending = {}
     for name_token, parent, span, meta, statements in kernels:
@@ -646,7 +838,12 @@ def _load_parent(parent: Token, path: str, text: str, search_dirs: tuple[Path, .
 
 
 def load(path: str | Path) -> list[Spec]:
-    """Parse a spec file."""
+    """The kernels (and search spaces) of a spec file."""
+    return load_file(path).kernels
+
+
+def load_file(path: str | Path) -> ParsedFile:
+    """The kernels and libraries of a spec file."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -654,7 +851,7 @@ def load(path: str | Path) -> list[Spec]:
         raise SpecError(f"cannot read spec: {exc.strerror}", path=str(path)) from None
     except UnicodeDecodeError:
         raise SpecError("spec is not UTF-8 text", path=str(path)) from None
-    return parse(text, str(path))
+    return parse_file(text, str(path))
 
 
 def load_one(path: str | Path, name: str | None = None) -> Spec:

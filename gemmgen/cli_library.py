@@ -1,0 +1,168 @@
+"""The library side of `gemmgen build`, `tune` and `bench`: what they print and write for a
+`library` block. The work itself is in library.py (tuning, the manifest), codegen.py (the .cu),
+matmul.py (choosing and launching from Python) and bench.py (timing)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rich.table import Table
+
+from .library import Library, TuneReport, build_manifest, shape_key, tune_library
+
+
+def outputs(library: Library, output: str | None, manifest: str | None) -> tuple[Path, Path]:
+    """Where a library's .cu and manifest go: -o FILE.cu or a folder (default generated/), and the
+    manifest beside the .cu unless --manifest names it."""
+    out = Path(output) if output else Path("generated")
+    cu = out if out.suffix == ".cu" else out / f"{library.name}.cu"
+    return cu, Path(manifest) if manifest else cu.with_suffix(".json")
+
+
+def write(library: Library, manifest: dict, cu: Path, manifest_path: Path, console, write_file) -> None:
+    """The library's .cu (codegen) and its manifest (for gemmgen.matmul and bench)."""
+    from .codegen import library_source
+    origin = Path(library.spec.path).name
+    source = library_source(manifest, origin, library.spec.source.splitlines())
+    write_file(cu, source)
+    write_file(manifest_path, json.dumps(manifest, indent=1) + "\n")
+    loo = manifest["leave_one_out"]
+    console.print(f"wrote {cu} ({len(manifest['members'])} members) and {manifest_path}; leave-one-out "
+                  f"over {len(loo['per_shape'])} tuned shapes: chosen / best median {loo['median']:.3f}, "
+                  f"worst {loo['worst']:.3f}", markup=False, soft_wrap=True)
+
+
+def manifest_table(manifest: dict, title: str) -> Table:
+    """Per tuned shape: cuBLAS, the member chosen, the best candidate timed, and leave-one-out."""
+    table = Table(title=title)
+    for column in ("shape", "class", f"{manifest['baseline']} ms", "chosen member", "ms", "x cuBLAS",
+                   "best timed ms", "leave-one-out"):
+        table.add_column(column, justify="right")
+    names = [m["name"] for m in manifest["members"]]
+    loo = manifest["leave_one_out"]["per_shape"]
+    for row in manifest["shapes"]:
+        shape = f"{row['M']}x{row['N']}x{row['K']}" + (f" pad {row['pad']}" if row["pad"] else "")
+        ms = row["ms"].get(str(row["chosen"]))
+        cublas = row["cublas_ms"]
+        ratio = loo.get(f"{row['M']}x{row['N']}x{row['K']} {row['class']}")
+        table.add_row(shape, row["class"], f"{cublas:.4f}" if cublas else "-", names[row["chosen"]],
+                      f"{ms:.4f}" if ms else "-", f"{cublas / ms:.2f}" if ms and cublas else "-",
+                      f"{row['best_candidate_ms']:.4f}" if row["best_candidate_ms"] else "-",
+                      f"{ratio:.3f}" if ratio is not None and math.isfinite(ratio) else "-")
+    return table
+
+
+def tune(library: Library, *, db: Path, output: str | None, manifest_path: str | None, strategy: str,
+         options: dict, max_points: int | None, anchors: int, per_shape: int, progress_factory,
+         console, write_file, json_path: str | None, plot_path: str | None) -> TuneReport:
+    """gemmgen tune LIB.gemm: measure, then write the library."""
+    with progress_factory() as bar:
+        task = bar.add_task(f"{library.name}: validating and timing", total=None)
+        counts = {"ok": 0, "failed": 0}
+
+        def progress(entry: dict) -> None:
+            status = entry.get("status")
+            if entry.get("key") == "device":
+                return
+            counts["ok" if status == "ok" else "failed"] += 1
+            if status not in ("ok", "invalid", None):
+                bar.console.print(f"  [yellow]{status}[/] {entry.get('point', '')}: {entry.get('reason', '')[:160]}",
+                                  markup=True)
+            bar.update(task, advance=1, description=f"{library.name}: {counts['ok']} timed, "
+                                                    f"{counts['failed']} failed")
+
+        report = tune_library(library, db=db, progress=progress, strategy=strategy, options=options,
+                              max_points=max_points, anchors=anchors, per_shape=per_shape)
+    rate = report.evaluated / report.seconds if report.seconds else 0.0
+    console.print(f"{library.name}: {report.evaluated} validations and timings in {report.seconds:.0f} s "
+                  f"({rate:.2f}/s); {len(report.failures)} candidate(s) failed", markup=False)
+    manifest = build_manifest(library, db, device=report.device.split("|")[0])
+    manifest["database"] = str(db)
+    console.print(manifest_table(manifest, f"library {library.name} on {manifest['device']['name']}"))
+    cu, manifest_file = outputs(library, output, manifest_path)
+    write(library, manifest, cu, manifest_file, console, write_file)
+    if json_path:
+        records = [{"kernel": key, "shape": shape, "ms": ms} for (key, shape), ms in report.measurements.times.items()]
+        write_file(Path(json_path), json.dumps({"manifest": manifest, "timings": records}, indent=1))
+    if plot_path:
+        from .bench import plot_library
+        rows = [{"shape": shape_key_of(r), "ratio": r["cublas_ms"] / r["ms"][str(r["chosen"])]
+                 if r["cublas_ms"] and str(r["chosen"]) in r["ms"] else 0.0,
+                 "best_ratio": r["cublas_ms"] / r["best_candidate_ms"] if r["cublas_ms"] and r["best_candidate_ms"] else 0.0,
+                 "member": manifest["members"][r["chosen"]]["name"]} for r in manifest["shapes"]]
+        plot_library(rows, manifest["baseline"], f"library {library.name} (tuned shapes)", plot_path)
+        console.print(f"wrote {plot_path}")
+    return report
+
+
+def shape_key_of(row: dict) -> str:
+    return f"{row['M']}x{row['N']}x{row['K']}" + (f"+{row['pad']}" if row["pad"] else "")
+
+
+def build(library: Library, *, db: str, device: str | None, output: str | None, manifest_path: str | None,
+          console, write_file) -> None:
+    """gemmgen build LIB.gemm --from-db DB: the library from measurements, no GPU."""
+    manifest = build_manifest(library, Path(db), device=device)
+    manifest["database"] = str(db)
+    console.print(manifest_table(manifest, f"library {library.name} from {db} ({manifest['device']['name']})"))
+    cu, manifest_file = outputs(library, output, manifest_path)
+    write(library, manifest, cu, manifest_file, console, write_file)
+
+
+class LibraryCall:
+    """A library behind the interface bench times: .plan (layouts and precision), .launch, .name;
+    `.chosen` is the member the last call ran."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self.plan = runtime.plan
+        self.name = f"gemmgen_{runtime.name}"
+        self.device = runtime.device
+        self.chosen: int | None = None
+
+    def launch(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, smallest=None, stream=None) -> None:
+        self.chosen = self.runtime.launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=stream)
+
+
+def bench(library: Library, manifest: dict, cases, *, budget: float, console, progress_factory):
+    """gemmgen bench LIB.gemm: per shape, the member the library chooses, timed in turns with cuBLAS
+    in the library's precision, and its error beside cuBLAS FP32's."""
+    from .bench import L2Flusher, bench as run_bench
+    from .matmul import LibraryRuntime
+    from .runtime import device_info
+
+    info = device_info()
+    runtime = LibraryRuntime(manifest)
+    call = LibraryCall(runtime)
+    flusher = L2Flusher(info)
+    rows = []
+    tuned = {shape_key_of(r) for r in manifest["shapes"]}
+    with progress_factory() as bar:
+        task = bar.add_task("timing", total=len(cases))
+        for case in cases:
+            bar.update(task, description=f"timing {library.name} at {case}")
+            result = run_bench(call, case, info=info, flusher=flusher, budget_s=budget)
+            member = manifest["members"][call.chosen]
+            key = f"{case.M}x{case.N}x{case.K}" + (f"+{case.pad}" if case.pad else "")
+            rows.append({**result.as_dict(), "member": member["name"], "member_point": member["point"],
+                         "tuned_shape": key in tuned, "library": library.name})
+            bar.advance(task)
+    table = Table(title=f"library {library.name} on {info.name} (driver {info.driver_version}) beside "
+                        f"{manifest['baseline']}, in turns", caption="rel err: ||C - C64||_F / ||C64||_F")
+    for column in ("shape", "tuned", "member", "ms", "TFLOP/s", "cuBLAS ms", "x cuBLAS", "rel err",
+                   "cuBLAS FP32 rel err"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(r["shape"], "yes" if r["tuned_shape"] else "no", r["member"], f"{r['ms']:.4f}",
+                      f"{r['tflops']:.1f}", f"{r['cublas_ms']:.4f}", f"{r['cublas_ms'] / r['ms']:.2f}",
+                      f"{r['rel_error']:.2e}", f"{r['cublas_fp32_rel_error']:.2e}")
+    console.print(table)
+    speedups = [r["cublas_ms"] / r["ms"] for r in rows if r["ms"]]
+    if speedups:
+        geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+        slow = [r for r in rows if r["cublas_ms"] >= 0.020 and r["cublas_ms"] / r["ms"] < 1.0]
+        console.print(f"geometric mean {geo:.2f}x {manifest['baseline']} over {len(speedups)} shapes; "
+                      f"slower than cuBLAS where it takes >= 20 us: {len(slow)}", markup=False)
+    return rows

@@ -1,0 +1,226 @@
+"""Predict a library member's time at any shape, and choose the fastest member for a call.
+
+A library (library.py) measures its members at the shapes it is tuned for. For a shape nobody
+tuned, the choice rests on two things:
+
+- What the Plan knows about a member: its C tile (BM x BN), K step, split and how many blocks an
+  SM holds. From them, for any M, N, K: the blocks of a launch, the waves they take over the SMs,
+  and the K steps each block walks. A member's time is modelled as
+      t = c0 + c1 * waves * k_steps + c2 * waves + c3 * tile_bytes + c4 * split_bytes
+  (launch cost; the main loop of the busiest SM; each wave's prologue and epilogue; operand
+  traffic through L2; split K's extra pass over C), with c >= 0 fitted to the member's own
+  measurements, relative error minimised.
+- What was measured near the shape: the model's error at the tuned shapes, spread to their
+  neighbours (distance in log M, log N, log K), corrects the prediction. At a tuned shape the
+  measurement itself is the prediction.
+
+Calls are of two alignment classes, with separate data: "aligned" (lda, ldb, ldc multiples of 4
+floats and A, B, C 16-byte aligned: vector loads, TMA) and "unaligned" (the scalar or register-fed
+paths). The same arithmetic is emitted as C for the library's dispatcher (codegen), so the .cu
+and gemmgen.matmul choose alike.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+CLASSES = ("aligned", "unaligned")
+FEATURES = ("launch", "main loop (waves x K steps)", "waves", "operand traffic (GB)", "split K pass over C (GB)")
+# With fewer measurements than this in a class, only the first two terms are fitted.
+FULL_MODEL_POINTS = 8
+# Neighbour weights 1 / (1 + d^2 / BANDWIDTH^2), d the distance in (ln M, ln N, ln K); PRIOR is the
+# weight of "no correction", which takes over far from every tuned shape.
+BANDWIDTH = 0.5
+PRIOR = 0.25
+
+
+def alignment_class(lda: int, ldb: int, ldc: int, pointers: tuple[int, int, int] = (0, 0, 0)) -> str:
+    """The class of a call: whether every row starts 16-byte aligned (4 floats)."""
+    aligned = lda % 4 == 0 and ldb % 4 == 0 and ldc % 4 == 0 and all(p % 16 == 0 for p in pointers)
+    return "aligned" if aligned else "unaligned"
+
+
+def tight_leading_dimensions(M: int, N: int, K: int, layouts: dict[str, str], pad: int = 0) -> tuple[int, int, int]:
+    """lda, ldb, ldc of dense matrices in `layouts`, each `pad` floats longer."""
+    lda = (K if layouts["A"] == "row" else M)
+    ldb = (N if layouts["B"] == "row" else K)
+    ldc = (N if layouts["C"] == "row" else M)
+    return max(1, lda) + pad, max(1, ldb) + pad, max(1, ldc) + pad
+
+
+@dataclass
+class MemberShape:
+    """What a prediction needs to know of a member: its tiling and how many blocks an SM holds."""
+
+    BM: int
+    BN: int
+    BK: int
+    split: int
+    slots_per_sm: int
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def features(member: MemberShape, M: int, N: int, K: int, sm_count: int) -> list[float]:
+    """The model's terms for one call (see the module docstring)."""
+    tiles_m, tiles_n = _ceil_div(M, member.BM), _ceil_div(N, member.BN)
+    blocks = tiles_m * tiles_n * member.split
+    waves = _ceil_div(blocks, max(1, sm_count * member.slots_per_sm))
+    k_steps = _ceil_div(_ceil_div(K, member.BK), member.split)  # K tiles of one slice
+    operand_gb = 4.0 * (M * K * tiles_n + K * N * tiles_m) / 1e9
+    split_gb = 8.0 * M * N / 1e9 if member.split > 1 else 0.0
+    return [1.0, float(waves * k_steps), float(waves), operand_gb, split_gb]
+
+
+def _nonnegative_least_squares(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """min ||X c - y|| over c >= 0, exactly, by trying every set of active terms (at most 5)."""
+    best, best_error = np.zeros(X.shape[1]), float(np.sum(y * y))
+    for size in range(1, X.shape[1] + 1):
+        for active in itertools.combinations(range(X.shape[1]), size):
+            coef, *_ = np.linalg.lstsq(X[:, active], y, rcond=None)
+            if np.any(coef < 0):
+                continue
+            full = np.zeros(X.shape[1])
+            full[list(active)] = coef
+            error = float(np.sum((X @ full - y) ** 2))
+            if error < best_error - 1e-15:
+                best, best_error = full, error
+    return best
+
+
+@dataclass
+class Model:
+    """One member's fitted model in one alignment class, and the tuned shapes it was fitted to:
+    (M, N, K, measured ms, ln M, ln N, ln K, ln(measured / model)) each."""
+
+    coef: list[float]
+    points: list[tuple[int, int, int, float, float, float, float, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"coef": self.coef, "points": [list(p) for p in self.points]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Model":
+        return cls(list(data["coef"]), [tuple(p) for p in data["points"]])
+
+
+def fit(member: MemberShape, points: list[tuple[int, int, int, float]], sm_count: int) -> Model | None:
+    """The model of a member from (M, N, K, ms) measurements of one class; None without two."""
+    points = [p for p in points if p[3] > 0 and min(p[:3]) > 0]
+    if len(points) < 2:
+        return None
+    terms = 5 if len(points) >= FULL_MODEL_POINTS else 2
+    X = np.array([features(member, M, N, K, sm_count)[:terms] for M, N, K, _ in points])
+    y = np.array([ms for *_, ms in points])
+    coef = _nonnegative_least_squares(X / y[:, None], np.ones(len(points)))
+    coef = list(coef) + [0.0] * (5 - terms)
+    model = Model([float(c) for c in coef])
+    for M, N, K, ms in points:
+        base = float(np.dot(coef, features(member, M, N, K, sm_count)))
+        ratio = ms / base if base > 0 else 1.0
+        model.points.append((M, N, K, ms, math.log(M), math.log(N), math.log(K), math.log(ratio)))
+    return model
+
+
+def predict(member: MemberShape, model: Model, M: int, N: int, K: int, sm_count: int) -> float:
+    """Predicted ms of one call: the measurement at a tuned shape, else the model corrected by the
+    errors it made at the tuned shapes nearby."""
+    for pM, pN, pK, ms, *_ in model.points:
+        if (pM, pN, pK) == (M, N, K):
+            return ms
+    base = sum(c * f for c, f in zip(model.coef, features(member, M, N, K, sm_count)))
+    if M <= 0 or N <= 0 or K <= 0:
+        return base
+    q = (math.log(M), math.log(N), math.log(K))
+    weighted, total = 0.0, PRIOR
+    for *_, lm, ln, lk, log_ratio in model.points:
+        d2 = (q[0] - lm) ** 2 + (q[1] - ln) ** 2 + (q[2] - lk) ** 2
+        w = 1.0 / (1.0 + d2 / (BANDWIDTH * BANDWIDTH))
+        weighted += w * log_ratio
+        total += w
+    return base * math.exp(weighted / total)
+
+
+@dataclass
+class Candidate:
+    """A member as the chooser sees it: its shape, its models per class, and what it can take."""
+
+    shape: MemberShape
+    models: dict[str, Model | None]
+    beta: bool = True          # takes beta != 0 (epilogue alpha beta)
+    needs_sm90a: bool = False  # wgmma kernels run only where sm_90a code exists
+
+
+def choose(candidates: list[Candidate], M: int, N: int, K: int, klass: str, sm_count: int, *,
+           beta_used: bool = True, sm90a: bool = True) -> int:
+    """Index of the member predicted fastest for the call among those that can take it. A class
+    without data for any eligible member borrows the other class's models."""
+    def eligible(c: Candidate) -> bool:
+        return (c.beta or not beta_used) and (sm90a or not c.needs_sm90a)
+
+    for cls in (klass, *[c for c in CLASSES if c != klass]):
+        best, best_ms = -1, math.inf
+        for index, c in enumerate(candidates):
+            model = c.models.get(cls)
+            if model is None or not eligible(c):
+                continue
+            ms = predict(c.shape, model, M, N, K, sm_count)
+            if ms < best_ms:
+                best, best_ms = index, ms
+        if best >= 0:
+            return best
+    return next((i for i, c in enumerate(candidates) if eligible(c)), 0)
+
+
+def fit_all(shapes: list[MemberShape], measurements: list[dict[tuple[int, int, int, str], float]],
+            sm_count: int) -> list[dict[str, Model | None]]:
+    """Models of every member per class from {(M, N, K, class): ms}."""
+    result = []
+    for shape, measured in zip(shapes, measurements):
+        result.append({cls: fit(shape, [(M, N, K, ms) for (M, N, K, c), ms in measured.items() if c == cls],
+                                sm_count) for cls in CLASSES})
+    return result
+
+
+@dataclass
+class LeaveOneOut:
+    """For each tuned shape: the time of the member chosen without its measurements, over the best
+    measured one there (1.0 = the best was chosen)."""
+
+    ratios: dict[tuple[int, int, int, str], float]
+
+    @property
+    def median(self) -> float:
+        return float(np.median(list(self.ratios.values()))) if self.ratios else 1.0
+
+    @property
+    def worst(self) -> float:
+        return max(self.ratios.values(), default=1.0)
+
+
+def leave_one_out(shapes: list[MemberShape], measurements: list[dict[tuple[int, int, int, str], float]],
+                  sm_count: int, flags: list[tuple[bool, bool]] | None = None) -> LeaveOneOut:
+    """Choose at each tuned shape with that shape's measurements left out of every model."""
+    flags = flags or [(True, False)] * len(shapes)
+    keys = sorted({key for measured in measurements for key in measured})
+    ratios = {}
+    for key in keys:
+        M, N, K, cls = key
+        measured_here = [m.get(key) for m in measurements]
+        known = [ms for ms in measured_here if ms]
+        if not known:
+            continue
+        models = fit_all(shapes, [{k: v for k, v in m.items() if k != key} for m in measurements], sm_count)
+        candidates = [Candidate(s, models[i], beta=flags[i][0], needs_sm90a=flags[i][1])
+                      for i, s in enumerate(shapes)]
+        # Only members measured here can be judged (the rest are eligible but have no time to compare).
+        chosen = choose([c if measured_here[i] else Candidate(c.shape, {}) for i, c in enumerate(candidates)],
+                        M, N, K, cls, sm_count)
+        ratios[key] = measured_here[chosen] / min(known) if measured_here[chosen] else math.inf
+    return LeaveOneOut(ratios)

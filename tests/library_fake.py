@@ -1,0 +1,71 @@
+"""A CPU stand-in for the GPU side of library tuning: timings from a synthetic model of each
+candidate (waves of blocks, K steps, operand traffic; TMA slower on unaligned rows, mma.sync slower
+than wgmma), written to the database as the GPU worker would. Deterministic."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import gemmgen.library as library_module
+from gemmgen.runtime import DeviceInfo
+from gemmgen.selection import features
+
+INFO = DeviceInfo("Fake H100", 0, (9, 0), 132, 1980000, "13.0", 50 << 20, 2619000, 5120)
+LAYOUTS = {"A": "row", "B": "col", "C": "row"}
+
+
+def true_ms(plan, shape) -> float:
+    """The fake GPU's time for a candidate at a shape."""
+    m = library_module.member_shape(plan, 1)
+    f = features(m, shape.M, shape.N, shape.K, INFO.sm_count)
+    per_step = 0.0006 if plan.math == "3xtf32" else 0.0002
+    if not plan.arch.has_wgmma:
+        per_step *= 3
+    if library_module.shape_class(shape, LAYOUTS) == "unaligned" and plan.tma:
+        per_step *= 2.5  # the fallback
+    noise = 1 + 0.03 * ((zlib.crc32(f"{library_module.kernel_key(plan)}{shape}".encode()) % 1000) / 500 - 1)
+    return (0.004 + per_step * f[1] + 0.002 * f[2] + 0.2 * f[3] + 1.0 * f[4]) * noise
+
+
+def cublas_ms(shape) -> float:
+    return 2.0 * shape.M * shape.N * shape.K / 50e12 * 1e3 + 0.006
+
+
+class FakeGpu:
+    """Replaces library._run_tasks (and compiling, occupancy) for one test; counts what ran."""
+
+    def __init__(self, fail: set[str] = frozenset()):
+        self.tasks: list = []
+        self.fail = fail  # kernel keys whose validation fails
+
+    def run_tasks(self, tasks, db, library, budget_s, device, device_key, progress):
+        name, driver = device_key.split("|")
+        scope = lambda what: f"{name}|{driver}|{what}|{library.name}"  # noqa: E731
+        with open(db, "a") as handle:
+            handle.write(json.dumps({"scope": scope("device"), "key": "device", "sm_count": INFO.sm_count,
+                                     "compute_capability": [9, 0]}) + "\n")
+            for task in tasks:
+                self.tasks.append(task)
+                if task.kind == "validate":
+                    key = library_module.kernel_key(task.plan)
+                    entry = {"scope": scope("validation"), "key": key,
+                             "status": "invalid" if key in self.fail else "ok"}
+                elif task.kind == "cublas":
+                    entry = {"scope": scope(library_module.shape_key(task.shape)), "key": "cublas",
+                             "status": "ok", "ms": cublas_ms(task.shape)}
+                else:
+                    entry = {"scope": scope(library_module.shape_key(task.shape)),
+                             "key": library_module.kernel_key(task.plan), "status": "ok",
+                             "ms": true_ms(task.plan, task.shape)}
+                handle.write(json.dumps(entry) + "\n")
+                if progress:
+                    progress(entry)
+
+    def install(self, monkeypatch) -> "FakeGpu":
+        import gemmgen.runtime
+        monkeypatch.setattr(library_module, "_run_tasks", self.run_tasks)
+        monkeypatch.setattr(library_module, "_compile_all", lambda plans: None)
+        monkeypatch.setattr(library_module, "slots_per_sm", lambda plan: 1)
+        monkeypatch.setattr(gemmgen.runtime, "device_info", lambda ordinal=0: INFO)
+        return self

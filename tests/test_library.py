@@ -1,0 +1,345 @@
+"""Libraries on the CPU: the spec's library block and its errors, resolving members, tuning on a
+faked GPU (what gets timed, resuming), the manifest, the emitted .cu and its choice of member (the
+same in C as in Python), and the model's leave-one-out quality."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import GENERATED_DIR, SPECS_DIR
+from gemmgen.errors import SpecError
+from gemmgen.library import (Library, build_manifest, candidates_of, kernel_key, load_libraries, resolve,
+                             tune_library)
+from gemmgen.selection import (MemberShape, alignment_class, choose, features, fit, leave_one_out, predict)
+from gemmgen.spec import parse_file
+from library_fake import FakeGpu
+
+TMA = """kernel tma {
+  target sm_90a
+  layout A row, B col, C row
+  block 128 x 128 x 32
+  math 3xtf32
+  stages 3 tma
+}
+"""
+PORTABLE = """kernel portable {
+  target sm_80
+  layout A row, B col, C row
+  block 64 x 64 x 32
+  warp 32 x 32
+  math 3xtf32
+  stages 3 async
+}
+"""
+
+
+def library_of(text: str, path: Path | None = None) -> Library:
+    name = str(path) if path else "t.gemm"
+    parsed = parse_file(text, name)
+    return resolve(parsed.libraries[0], parsed.kernels)
+
+
+def lib(*lines: str) -> str:
+    """A library L; its first line is the layout of the kernels above unless the lines give one."""
+    if not any(line.startswith("layout") for line in lines):
+        lines = ("layout A row, B col, C row", *lines)
+    return "library L {\n" + "".join(f"  {line}\n" for line in lines) + "}\n"
+
+
+# --- the library block and its errors ------------------------------------------------------------
+
+ERRORS = [
+    pytest.param(TMA + PORTABLE + lib("members tma, nothere", "shapes 64x64x64"), 18, 16,
+                 "member 'nothere' is neither a kernel in this file", "a kernel or search space", id="missing-member"),
+    pytest.param(TMA + PORTABLE + lib("members tma, portable, tma", "shapes 64x64x64"), 18, 26,
+                 "member 'tma' is named twice", "each member once", id="member-twice"),
+    pytest.param(TMA + PORTABLE.replace("math 3xtf32", "math tf32") + lib("members tma, portable", "shapes 64x64x64"),
+                 18, 16, "member 'portable' is TF32 (math tf32), but member 'tma' is FP32-accurate",
+                 "members of FP32-accurate", id="mixed-precision"),
+    pytest.param(TMA + PORTABLE + lib("members tma, portable", "shapes 64x64x64", "precision tf32"), 18, 11,
+                 "member 'tma' is FP32-accurate (math simt or 3xtf32), but the library's precision line is TF32",
+                 "members of TF32", id="precision-line"),
+    pytest.param(TMA + lib("members tma", "shapes 64x64x64"), 8, 9, "every member of library 'L' needs sm_90a",
+                 "a portable member", id="no-portable-member"),
+    pytest.param(TMA + PORTABLE.replace("math 3xtf32\n", "math 3xtf32\n  epilogue alpha\n")
+                 + lib("members portable", "shapes 64x64x64"), 17, 9, "no member of library 'L' takes beta != 0",
+                 "epilogue alpha beta", id="no-member-takes-beta"),
+    pytest.param(TMA + PORTABLE + lib("layout A col", "members tma, portable", "shapes 64x64x64"), 18, 11,
+                 "member 'tma' cannot be built in this library's layout (A col, B row, C row)",
+                 "members that take the library's layout", id="member-layout"),
+    pytest.param(PORTABLE + lib("members portable", "shapes 64x64"), 12, 10, "unexpected", "shapes MxNxK",
+                 id="bad-shape"),
+    pytest.param(PORTABLE + lib("members portable"), 9, 9, "names no shapes", "shapes MxNxK", id="no-shapes"),
+    pytest.param(PORTABLE + lib("members portable", "shapes 64x64x64", "block 64 x 64 x 8"), 13, 3,
+                 "'block' is not a library setting", "layout, members, shapes, precision", id="kernel-setting"),
+    pytest.param(PORTABLE + lib("members portable", "shapes 64x64x64", "shapes 1x1x1"), 13, 3,
+                 "'shapes' is given twice", "each setting once", id="shapes-twice"),
+    pytest.param(PORTABLE + lib("members portable", "shapes 64x64x64", "precision bf16"), 13, 13,
+                 "unknown precision 'bf16'", "fp32 | tf32", id="unknown-precision"),
+    pytest.param(PORTABLE.replace("kernel portable", "kernel L") + lib("members L", "shapes 64x64x64"), 9, 9,
+                 "'L' names both a library and another definition", "one definition per name", id="name-clash"),
+]
+
+
+@pytest.mark.parametrize("text, line, column, message, allowed", ERRORS)
+def test_library_errors_point_at_their_line(text, line, column, message, allowed):
+    with pytest.raises(SpecError) as info:
+        library_of(text)
+    err = info.value
+    assert (err.line, err.column) == (line, column), str(err)
+    assert message in err.message, str(err)
+    assert allowed in err.allowed, str(err)
+    assert f"{line:5d} | " in str(err) and "^" in str(err)
+
+
+def test_a_member_from_another_file_and_a_shapes_file(tmp_path):
+    (tmp_path / "portable.gemm").write_text(PORTABLE)
+    (tmp_path / "shapes.txt").write_text("# tuned at\n4096x4096x4096\n127x4099x1023 pad 1  # awkward\n")
+    library = library_of(TMA + lib("members tma, portable", 'shapes "shapes.txt"'), tmp_path / "lib.gemm")
+    assert [m.name for m in library.members] == ["tma", "portable"]
+    assert [(s.M, s.N, s.K, s.pad) for s in library.shapes] == [(4096, 4096, 4096, 0), (127, 4099, 1023, 1)]
+    assert library.precision == "fp32" and library.baseline == "cuBLAS FP32"
+
+
+def test_a_bad_line_of_a_shapes_file_is_reported_in_that_file(tmp_path):
+    (tmp_path / "shapes.txt").write_text("4096x4096x4096\n\n4096 x 4096\n")
+    with pytest.raises(SpecError) as info:
+        library_of(PORTABLE + lib("members portable", 'shapes "shapes.txt"'), tmp_path / "lib.gemm")
+    assert info.value.path.endswith("shapes.txt") and info.value.line == 3
+    assert "not a shape: '4096 x 4096'" in str(info.value) and "    3 | 4096 x 4096" in str(info.value)
+
+
+def test_members_take_the_library_layout():
+    # portable is written row/row nowhere here: the library lays every member out as it says
+    library = library_of(PORTABLE.replace("layout A row, B col, C row", "layout A col, B row, C col")
+                         + TMA + lib("layout A row, B col, C row", "members portable, tma", "shapes 64x64x64"))
+    for member in library.members:
+        assert all(plan.layouts() == "A row, B col, C row" for plan in member.plans)
+
+
+@pytest.mark.parametrize("name, precision, count", [("fp32", "fp32", 47), ("tf32", "tf32", 59)])
+def test_shipped_libraries_resolve(name, precision, count):
+    (library,) = load_libraries(SPECS_DIR / f"{name}.gemm")
+    assert library.precision == precision
+    assert len(library.candidates()) == count
+    assert len(library.shapes) >= 24
+    assert any(not p.arch.has_wgmma for p in library.candidates())      # a portable member
+    assert any(p.split_k > 1 and p.tma for p in library.candidates())   # split K on the tensor cores
+    assert any(s.pad % 4 for s in library.shapes)                       # rows that forbid 16-byte loads
+    assert any(min(s.M, s.N) <= 128 and s.K >= 16384 or s.K >= 16384 and s.M * s.N <= 512 * 512
+               for s in library.shapes)
+
+
+# --- the model ------------------------------------------------------------------------------
+
+def test_waves_and_k_steps_follow_the_tiling():
+    member = MemberShape(128, 128, 32, 4, 1)
+    launch, main_loop, waves, operand_gb, split_gb = features(member, 1000, 1000, 4096, 132)
+    # 8 x 8 tiles x 4 slices = 256 blocks over 132 SMs: 2 waves; 4096 / 32 / 4 = 32 K steps each
+    assert (launch, waves, main_loop) == (1.0, 2.0, 64.0)
+    assert split_gb == pytest.approx(8e-9 * 1000 * 1000)
+
+
+def test_alignment_class():
+    assert alignment_class(4096, 4096, 4096, (256, 512, 1024)) == "aligned"
+    assert alignment_class(1023, 4096, 4096) == "unaligned"
+    assert alignment_class(4096, 4096, 4096, (256, 516, 1024)) == "unaligned"  # B 4 bytes off
+
+
+def test_fit_is_nonnegative_and_exact_at_tuned_shapes():
+    member = MemberShape(64, 64, 32, 1, 2)
+    points = [(M, N, K, 0.01 + 0.0003 * features(member, M, N, K, 132)[1])
+              for M, N, K in [(256, 256, 256), (1024, 512, 2048), (4096, 4096, 4096), (128, 8192, 1024),
+                              (2048, 64, 8192), (512, 512, 512), (8192, 8192, 256), (64, 64, 65536)]]
+    model = fit(member, points, 132)
+    assert all(c >= 0 for c in model.coef)
+    for M, N, K, ms in points:
+        assert predict(member, model, M, N, K, 132) == ms
+    # off the tuned shapes the model carries the law it was fitted to
+    truth = 0.01 + 0.0003 * features(member, 3000, 3000, 3000, 132)[1]
+    assert predict(member, model, 3000, 3000, 3000, 132) == pytest.approx(truth, rel=0.02)
+
+
+# --- tuning on a faked GPU, the manifest and the .cu ----------------------------------------------
+
+@pytest.fixture
+def fp32_manifest(monkeypatch, tmp_path):
+    gpu = FakeGpu().install(monkeypatch)
+    (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
+    db = tmp_path / "fp32.jsonl"
+    report = tune_library(library, db=db)
+    return library, db, report, gpu
+
+
+def test_tuning_times_less_than_every_candidate_at_every_shape(fp32_manifest):
+    library, db, report, gpu = fp32_manifest
+    candidates, shapes = len(library.candidates()), len(library.shapes)
+    timed = [t for t in gpu.tasks if t.kind == "time"]
+    assert sum(t.kind == "validate" for t in gpu.tasks) == candidates       # each validated once
+    assert sum(t.kind == "cublas" for t in gpu.tasks) == shapes
+    assert len(timed) < 0.6 * candidates * shapes
+    assert len({(kernel_key(t.plan), t.shape) for t in timed}) == len(timed)  # nothing twice
+
+
+def test_tuning_resumes_without_measuring_again(fp32_manifest, monkeypatch):
+    library, db, report, gpu = fp32_manifest
+    again = FakeGpu().install(monkeypatch)
+    tune_library(library, db=db)
+    assert again.tasks == []
+
+
+def test_a_candidate_that_fails_validation_is_never_timed(monkeypatch, tmp_path):
+    (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
+    bad = kernel_key(library.candidates()[0])
+    gpu = FakeGpu(fail={bad}).install(monkeypatch)
+    tune_library(library, db=tmp_path / "db.jsonl")
+    assert not [t for t in gpu.tasks if t.kind == "time" and kernel_key(t.plan) == bad]
+    manifest = build_manifest(library, tmp_path / "db.jsonl")
+    assert bad not in [m["key"] for m in manifest["members"]]
+
+
+def test_manifest_keeps_a_few_members_and_chooses_well(fp32_manifest):
+    library, db, report, _ = fp32_manifest
+    manifest = build_manifest(library, db)
+    assert 2 <= len(manifest["members"]) <= 10
+    portable = manifest["members"][manifest["portable"]]
+    assert not portable["needs_sm90a"] and portable["beta"]
+    for row in manifest["shapes"]:
+        chosen_ms = row["ms"][str(row["chosen"])]
+        assert chosen_ms <= 1.05 * row["best_candidate_ms"], row
+    loo = manifest["leave_one_out"]
+    assert len(loo["per_shape"]) == len(library.shapes)
+    assert loo["median"] <= 1.05 and loo["worst"] <= 1.25, loo
+
+
+def test_leave_one_out_scores_a_bad_chooser_badly():
+    """The quality measure itself: a member that is best everywhere but one shape, where a model
+    fitted without that shape cannot know, must show up as a worse-than-1 ratio there."""
+    a, b = MemberShape(128, 128, 32, 1, 1), MemberShape(64, 64, 32, 1, 1)
+    shapes = [(256 * i, 256 * i, 1024, "aligned") for i in range(1, 9)]
+    data_a = {s: 1.0 for s in shapes}
+    data_b = {s: 2.0 for s in shapes}
+    data_b[shapes[4]] = 0.5
+    loo = leave_one_out([a, b], [data_a, data_b], 132)
+    assert loo.ratios[shapes[4]] == pytest.approx(2.0) and loo.median == 1.0
+
+
+def test_emitted_cu_has_one_entry_point_and_static_members(fp32_manifest):
+    from gemmgen.codegen import library_source
+    library, db, _, _ = fp32_manifest
+    manifest = build_manifest(library, db)
+    source = library_source(manifest, "fp32.gemm", library.spec.source.splitlines())
+    assert source.count('\nextern "C" int gemmgen_fp32(') == 1
+    for member in manifest["members"]:
+        assert f"static int gemmgen_{member['name']}(" in source
+        assert f'extern "C" int gemmgen_{member["name"]}(' not in source
+    assert "cudaErrorInvalidValue" in source and "gemmgen_fp32_probe" in source
+
+
+def choices_in_c(source: str, name: str, cases, tmp_path: Path) -> list[int]:
+    """Compile the .cu's choice of member (plain C++) with the host compiler and run it."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    start = source.index(f"namespace gemmgen_{name}_choice {{")
+    end = source.index(f"}}  // namespace gemmgen_{name}_choice", start)
+    program = tmp_path / "choose.cpp"
+    program.write_text("#include <math.h>\n#include <stdio.h>\n" + source[start:end] + "}\n" + f"""
+int main() {{
+    int M, N, K, aligned, beta;
+    while (scanf("%d %d %d %d %d", &M, &N, &K, &aligned, &beta) == 5)
+        printf("%d\\n", gemmgen_{name}_choice::choose(M, N, K, aligned, 132, beta, true));
+}}
+""")
+    subprocess.run([compiler, "-O1", "-o", str(tmp_path / "choose"), str(program)], check=True)
+    feed = "\n".join(f"{M} {N} {K} {int(a)} {int(b)}" for M, N, K, a, b in cases)
+    return [int(x) for x in subprocess.run([str(tmp_path / "choose")], input=feed, capture_output=True,
+                                           text=True, check=True).stdout.split()]
+
+
+def test_the_cu_chooses_as_python_does(fp32_manifest, tmp_path):
+    from gemmgen.codegen import library_source
+    library, db, _, _ = fp32_manifest
+    manifest = build_manifest(library, db)
+    source = library_source(manifest, "fp32.gemm", [])
+    rng = random.Random(7)
+    cases = [(int(2 ** rng.uniform(0, 15)), int(2 ** rng.uniform(0, 15)), int(2 ** rng.uniform(0, 17)),
+              rng.random() < 0.7, rng.random() < 0.3) for _ in range(1500)]
+    cases += [(r["M"], r["N"], r["K"], r["class"] == "aligned", False) for r in manifest["shapes"]]
+    candidates = candidates_of(manifest)
+    python = [choose(candidates, M, N, K, "aligned" if a else "unaligned", 132, beta_used=b)
+              for M, N, K, a, b in cases]
+    assert choices_in_c(source, "fp32", cases, tmp_path) == python
+
+
+# --- the shipped libraries: generated files match their database ---------------------------------
+
+SHIPPED = [name for name in ("fp32", "tf32") if (GENERATED_DIR / f"{name}.json").is_file()]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_library_is_up_to_date_with_its_database(name):
+    from gemmgen.codegen import library_source
+    (library,) = load_libraries(SPECS_DIR / f"{name}.gemm")
+    shipped = json.loads((GENERATED_DIR / f"{name}.json").read_text())
+    db = Path(shipped["database"])
+    manifest = build_manifest(library, Path(__file__).resolve().parent.parent / db,
+                              device=shipped["device"]["name"])
+    manifest["database"] = shipped["database"]
+    assert manifest == shipped, (f"generated/{name}.json is stale: rebuild it with gemmgen build "
+                                 f"specs/{name}.gemm --from-db {db}")
+    source = library_source(manifest, f"{name}.gemm", library.spec.source.splitlines())
+    assert source == (GENERATED_DIR / f"{name}.cu").read_text(), f"generated/{name}.cu is stale"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_library_keeps_its_promises_at_the_tuned_shapes(name):
+    manifest = json.loads((GENERATED_DIR / f"{name}.json").read_text())
+    assert manifest["leave_one_out"]["median"] <= 1.05
+    assert not math.isinf(manifest["leave_one_out"]["worst"])
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+def test_build_skips_a_library_without_measurements():
+    from test_cli import assert_clean_exit, invoke
+    result = invoke("build", SPECS_DIR / "fp32.gemm", "--no-compile", "-o", "/nonexistent-never-written")
+    assert_clean_exit(result, 0)
+    assert "skipped fp32: a library is built from measurements" in result.output
+    assert "skipped lib_3xtf32_tma: a search space" in result.output
+
+
+def test_build_from_db_writes_the_library_and_its_manifest(fp32_manifest, tmp_path):
+    from test_cli import assert_clean_exit, invoke
+    library, db, _, _ = fp32_manifest
+    result = invoke("build", SPECS_DIR / "fp32.gemm", "--from-db", db, "-o", tmp_path / "out")
+    assert_clean_exit(result, 0)
+    source = (tmp_path / "out" / "fp32.cu").read_text()
+    manifest = json.loads((tmp_path / "out" / "fp32.json").read_text())
+    assert manifest["library"] == "fp32" and manifest["database"] == str(db)
+    assert source.startswith("// gemmgen_fp32: generated by gemmgen")
+    assert "leave-one-out over 28 tuned shapes" in result.output
+
+
+def test_build_from_a_db_without_the_library_says_so(tmp_path):
+    from test_cli import assert_clean_exit, invoke
+    db = tmp_path / "empty.jsonl"
+    db.write_text("")
+    result = invoke("build", SPECS_DIR / "fp32.gemm", "--from-db", db, "-o", tmp_path)
+    assert_clean_exit(result, 1)
+    assert "holds no measurements of library 'fp32': run gemmgen tune on it" in result.stderr
+
+
+def test_tune_and_bench_of_a_library_need_a_gpu():
+    from test_cli import assert_clean_exit, invoke
+    for verb in ("tune", "bench"):
+        result = invoke(verb, SPECS_DIR / "fp32.gemm")
+        assert_clean_exit(result, 2)
+        assert "no CUDA GPU found" in result.stderr
