@@ -130,7 +130,7 @@ def bench(library: Library, manifest: dict, cases, *, budget: float, console, pr
     """gemmgen bench LIB.gemm: per shape, the member the library chooses, timed in turns with cuBLAS
     in the library's precision, and its error beside cuBLAS FP32's."""
     from .bench import L2Flusher, bench as run_bench
-    from .matmul import LibraryRuntime
+    from .dispatch import LibraryRuntime
     from .runtime import device_info
 
     info = device_info()

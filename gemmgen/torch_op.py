@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .matmul import PRECISIONS, matmul
+from .dispatch import PRECISIONS, matmul
 
 
 @torch.library.custom_op("gemmgen::matmul", mutates_args=())

@@ -69,3 +69,24 @@ class FakeGpu:
         monkeypatch.setattr(library_module, "slots_per_sm", lambda plan: 1)
         monkeypatch.setattr(gemmgen.runtime, "device_info", lambda ordinal=0: INFO)
         return self
+
+
+def crashing_worker(tasks, db, library, layouts, baseline, state, budget_s, device):
+    """A stand-in for library._worker in its child process: records fake results in order and
+    dies (as a faulting kernel kills its process) at the first timing of a split-K candidate."""
+    import os
+    from pathlib import Path
+    scope = lambda what: f"{INFO.name}|{INFO.driver_version}|{what}|{library}"  # noqa: E731
+    for task in tasks:
+        Path(state).write_text(task.label)
+        if task.kind == "time" and task.plan.split_k > 1:
+            os._exit(3)
+        if task.kind == "validate":
+            entry = {"scope": scope("validation"), "key": library_module.kernel_key(task.plan), "status": "ok"}
+        else:
+            entry = {"scope": scope(library_module.shape_key(task.shape)),
+                     "key": "cublas" if task.kind == "cublas" else library_module.kernel_key(task.plan),
+                     "status": "ok", "ms": 1.0}
+        with open(db, "a") as handle:
+            handle.write(json.dumps(entry) + "\n")
+    Path(state).write_text("")

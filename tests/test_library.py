@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import GENERATED_DIR, SPECS_DIR
@@ -343,3 +344,101 @@ def test_tune_and_bench_of_a_library_need_a_gpu():
         result = invoke(verb, SPECS_DIR / "fp32.gemm")
         assert_clean_exit(result, 2)
         assert "no CUDA GPU found" in result.stderr
+
+
+# --- the GPU worker, on a faked device ------------------------------------------------------------
+
+def test_worker_validates_times_and_records_on_a_faked_device(monkeypatch, tmp_path):
+    """library._worker itself (in this process): each candidate validated against float64 by
+    verify.check, cuBLAS and the candidates timed at their shapes, all recorded in the database."""
+    import fake_device
+    import gemmgen.library as library_module
+    import gemmgen.tune
+    from gemmgen.library import Task, _worker, read_db
+    from gemmgen.spec import LibraryShape
+    fake_device.install(monkeypatch)
+    monkeypatch.setattr(gemmgen.tune, "_compiled", lambda plan, source: None)
+    (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
+    plans = library.candidates()[:2]
+    shapes = [LibraryShape(64, 48, 40), LibraryShape(33, 17, 9, pad=1)]
+    tasks = [Task("validate", p) for p in plans] + [Task("cublas", shape=s) for s in shapes] + \
+            [Task("time", p, s) for s in shapes for p in plans]
+    db = tmp_path / "db.jsonl"
+    _worker(tasks, str(db), "fp32", library.layouts, "cuBLAS FP32", str(tmp_path / "state"), 0.01, None)
+    (records,) = read_db(db, "fp32").values()
+    m = library_module.Measurements.of(records)
+    assert all(m.valid(kernel_key(p)) for p in plans)
+    assert set(m.cublas) == {"64x48x40", "33x17x9+1"}
+    assert len(m.times) == 4 and all(ms > 0 for ms in m.times.values())
+    assert (tmp_path / "state").read_text() == ""
+
+
+def test_a_worker_that_dies_costs_only_the_candidate_in_flight(monkeypatch, tmp_path):
+    import gemmgen.library as library_module
+    import library_fake
+    from gemmgen.library import Task, _run_tasks, read_db
+    from gemmgen.spec import LibraryShape
+    monkeypatch.setattr(library_module, "_worker", library_fake.crashing_worker)
+    (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
+    plain = [p for p in library.candidates() if p.split_k == 1][:2]
+    split = [p for p in library.candidates() if p.split_k > 1][:1]
+    shapes = [LibraryShape(64, 64, 64), LibraryShape(128, 128, 128)]
+    tasks = [Task("time", p, s) for s in shapes for p in split + plain]
+    db = tmp_path / "db.jsonl"
+    seen = []
+    _run_tasks(tasks, db, library, 0.01, None, "Fake H100|13.0", seen.append)
+    (records,) = read_db(db, "fp32").values()
+    m = library_module.Measurements.of(records)
+    crashed = m.status[kernel_key(split[0])]
+    assert crashed["status"] == "crash" and "died (exit code 3) during time at 64x64x64" in crashed["reason"]
+    assert not any(key == kernel_key(split[0]) for key, _ in m.times)  # never timed again
+    assert {(kernel_key(p), s) for p in plain for s in ("64x64x64", "128x128x128")} <= set(m.times)
+    assert any(entry.get("status") == "crash" for entry in seen)
+
+
+# --- gemmgen.matmul's handling of layouts, on host memory ------------------------------------------
+
+class HostArray:
+    """A float32 numpy array behind __cuda_array_interface__, as a device array would show it."""
+
+    def __init__(self, values):
+        self.values = values
+        self.shape = values.shape
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.values.shape, "typestr": "<f4", "version": 3,
+                "data": (self.values.__array_interface__["data"][0], False), "strides": self.values.strides}
+
+
+class LibraryOnHost:
+    """A library runtime in layout A row, B col, C row that multiplies on the host."""
+
+    layouts = {"A": "row", "B": "col", "C": "row"}
+
+    def launch(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=None):
+        from fake_device import matrix_at
+        a, b, c = matrix_at(A, M, K, lda, 1), matrix_at(B, K, N, 1, ldb), matrix_at(C, M, N, ldc, 1)
+        c[...] = alpha * (a.astype(np.float64) @ b) + (beta * c if beta else 0)
+        return 0
+
+
+@pytest.mark.parametrize("order_a", "CF")
+@pytest.mark.parametrize("order_b", "CF")
+@pytest.mark.parametrize("order_c", "CF")
+def test_matmul_maps_every_layout_onto_the_library(order_a, order_b, order_c, monkeypatch):
+    """A column-major out is computed as out^T = B^T A^T; operands in the other order are copied."""
+    import gemmgen
+    import gemmgen.dispatch as dispatch
+    monkeypatch.setattr(dispatch, "library", lambda precision, device: LibraryOnHost())
+    monkeypatch.setattr(dispatch, "use_device", lambda device: None)
+    monkeypatch.setattr(dispatch, "_current_stream", lambda array: 0)
+    monkeypatch.setattr(dispatch, "_transposed_copy", lambda x: HostArray(
+        np.asfortranarray(x.values) if x.values.flags.c_contiguous else np.ascontiguousarray(x.values)))
+    rng = np.random.default_rng(1)
+    A, B, C = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((37, 53), (53, 29), (37, 29)))
+    a, b = HostArray(np.array(A, order=order_a)), HostArray(np.array(B, order=order_b))
+    out = HostArray(np.array(C, order=order_c))
+    assert gemmgen.matmul(a, b, out, alpha=2.0, beta=0.5) is out
+    expected = 2.0 * (A.astype(np.float64) @ B) + 0.5 * C
+    np.testing.assert_allclose(out.values, expected, rtol=1e-5, atol=1e-5)

@@ -1,4 +1,4 @@
-"""gemmgen.matmul: C = alpha * A @ B + beta * C through a tuned library, from Python.
+"""Choosing a library member per call and launching it from Python: gemmgen.matmul.
 
 The shipped libraries (`fp32`, FP32-accurate; `tf32`) are manifests (library.py) tuned on one GPU.
 For each call the member predicted fastest for its shape and alignment is compiled with NVRTC (once:

@@ -1,0 +1,126 @@
+"""The libraries' GPU work, run by .ci/gpu: tune them, or bench them beside cuBLAS.
+
+    python3 .ci/gpu_libraries.py tune  --out $OUT fp32 tf32   # gemmgen tune specs/<lib>.gemm
+    python3 .ci/gpu_libraries.py bench --out $OUT fp32 tf32   # tuned and held-out shapes
+
+tune resumes from the library's database in benchmarks/tuning/ when there is one (copied to $OUT
+first) and leaves in $OUT the database (<lib>.jsonl) and a plot; the .cu and manifest are rebuilt
+from the database on the developer's machine (`gemmgen build specs/<lib>.gemm --from-db ...`), so
+that the files coming back stay few. bench times the library's committed manifest
+(generated/<lib>.json) at specs/library_shapes.txt and benchmarks/library_heldout.txt in one run,
+kernel and cuBLAS in turns, and writes library-bench.json, a plot per library and the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _shapes(path: Path):
+    from gemmgen.verify import Case
+    cases = []
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        mnk, _, pad = line.partition(" pad ")
+        M, N, K = (int(x) for x in mnk.split("x"))
+        cases.append(Case(M, N, K, pad=int(pad or 0)))
+    return cases
+
+
+def tune(libraries: list[str], out: Path) -> int:
+    status = 0
+    for name in libraries:
+        db = out / f"{name}.jsonl"
+        previous = sorted((ROOT / "benchmarks" / "tuning").glob(f"*-{name}-library.jsonl"))
+        if previous and not db.exists():
+            shutil.copy(previous[-1], db)
+            print(f"resuming from {previous[-1].name}", flush=True)
+        with tempfile.TemporaryDirectory() as scratch:
+            command = ["gemmgen", "tune", str(ROOT / "specs" / f"{name}.gemm"), "--db", str(db),
+                       "-o", str(Path(scratch) / f"{name}.cu"), "--plot", str(out / f"{name}-tuned.png")]
+            print("$ " + " ".join(command), flush=True)
+            status |= subprocess.run(command).returncode
+    return status
+
+
+def bench(libraries: list[str], out: Path) -> int:
+    from gemmgen import cli_library
+    from gemmgen.bench import plot_library
+    from gemmgen.library import load_libraries
+    from gemmgen.runtime import device_info
+    from rich.console import Console
+
+    console = Console(width=160)
+    info = device_info()
+    tuned = _shapes(ROOT / "specs" / "library_shapes.txt")
+    heldout = _shapes(ROOT / "benchmarks" / "library_heldout.txt")
+    meta = {"device": info.name, "driver": info.driver_version,
+            "commit": os.environ.get("GEMMGEN_COMMIT", "unknown"),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    results = {"meta": meta, "libraries": {}}
+    for name in libraries:
+        (library,) = load_libraries(ROOT / "specs" / f"{name}.gemm")
+        manifest = json.loads((ROOT / "generated" / f"{name}.json").read_text())
+        rows = cli_library.bench(library, manifest, tuned + heldout, budget=0.3, console=console,
+                                 progress_factory=nullcontext_progress)
+        heldout_keys = {f"{c.M}x{c.N}x{c.K}" + (f" ld+{c.pad}" if c.pad else "") for c in heldout}
+        for row in rows:
+            row["heldout"] = row["shape"] in heldout_keys
+        results["libraries"][name] = rows
+        plot_library([{"shape": r["shape"], "ratio": r["cublas_ms"] / r["ms"], "member": r["member"],
+                       "tuned": not r["heldout"]} for r in rows], manifest["baseline"],
+                     f"gemmgen_{name} on {info.name}, {meta['date']}", str(out / f"library-{name}.png"))
+        speedups = [r["cublas_ms"] / r["ms"] for r in rows]
+        console.print(f"{name}: geometric mean {math.exp(sum(map(math.log, speedups)) / len(speedups)):.3f}x "
+                      f"over {len(rows)} shapes ({sum(r['heldout'] for r in rows)} held out)")
+    (out / "library-bench.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+class nullcontext_progress:
+    """A stand-in for the CLI's progress bar in a log: prints each step on its own line."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add_task(self, description, total=None):
+        return 0
+
+    def update(self, task, description=None, **kwargs):
+        if description:
+            print(description, flush=True)
+
+    def advance(self, task, amount=1):
+        pass
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("tune", "bench"))
+    parser.add_argument("libraries", nargs="*", default=["fp32", "tf32"])
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return (tune if args.what == "tune" else bench)(args.libraries, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

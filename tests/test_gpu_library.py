@@ -1,0 +1,301 @@
+"""GPU tests of the library side: split K on the wgmma paths, gemmgen.matmul on CuPy and PyTorch
+against float64 in every layout, torch.ops.gemmgen.matmul under torch.compile, and a shipped
+library's .cu built by nvcc and called through its C ABI (results, bad arguments, host cost of
+choosing a member).
+
+Run with `pytest -m gpu`; skipped without a GPU and CuPy, and the shipped-library tests where no
+library has been tuned yet (generated/<precision>.json missing).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gemmgen import verify
+from gemmgen.plan import make_plan
+from gemmgen.spec import parse
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+GENERATED = ROOT / "generated"
+LIBRARIES = [p for p in ("fp32", "tf32") if (GENERATED / f"{p}.json").is_file()]
+MATH = {"fp32": "3xtf32", "tf32": "tf32"}
+CUDA_ERROR_INVALID_VALUE = 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu():
+    pytest.importorskip("cupy")
+    from gemmgen.runtime import device_count
+    if device_count() == 0:
+        pytest.skip("no CUDA GPU found")
+
+
+@pytest.fixture(scope="module")
+def cp(gpu):
+    import cupy
+    return cupy
+
+
+def _reference(A, B, C, alpha, beta, math):
+    A64, B64 = np.asarray(A, np.float64), np.asarray(B, np.float64)
+    reference = alpha * (A64 @ B64)
+    scale = abs(alpha) * (np.abs(A64) @ np.abs(B64))
+    if beta:
+        reference += beta * np.asarray(C, np.float64)
+        scale += abs(beta) * np.abs(np.asarray(C, np.float64))
+    return reference, verify.tolerance(scale, A64.shape[1], math)
+
+
+def _assert_close(out, A, B, C, alpha, beta, math, what):
+    reference, tolerance = _reference(A, B, C, alpha, beta, math)
+    out = np.asarray(out, np.float64)
+    bad = ~(np.abs(out - reference) <= tolerance)
+    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.size} elements wrong"
+
+
+def _inputs(M, N, K, seed=5):
+    rng = np.random.default_rng(seed + M * 3 + N * 5 + K)
+    return tuple(rng.uniform(-1, 1, s).astype(np.float32) for s in ((M, K), (K, N), (M, N)))
+
+
+# --- split K on the wgmma paths --------------------------------------------------------------------
+
+SPLIT = """kernel s {{
+  target sm_90a
+  layout A {a}, B {b}, C row
+  block {bm} x 64 x 32
+  math {math}
+  stages 4 {fill}
+  split {split}
+}}
+"""
+
+
+@pytest.mark.parametrize("fill,a,b", [("tma", "row", "col"), ("async", "row", "col"), ("async", "col", "row"),
+                                      ("async", "row", "row"), ("async", "col", "col")])
+@pytest.mark.parametrize("math", ["3xtf32", "tf32"])
+def test_split_k_wgmma_passes_the_quick_cases(fill, a, b, math):
+    from gemmgen.runtime import Kernel
+    (spec,) = parse(SPLIT.format(a=a, b=b, bm=64 if fill == "async" else 128, math=math, fill=fill, split=8))
+    kernel = Kernel(make_plan(spec))
+    cases = verify.QUICK_CASES + (verify.Case(64, 64, 20000, beta=0.5), verify.Case(130, 70, 9000, pad=1))
+    report = verify.check(kernel, cases, seed=11)
+    assert report.ok, "\n".join(f"{r.case}: {r.message}" for r in report.failures)
+
+
+# --- gemmgen.matmul ------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet (generated/fp32.json)")
+@pytest.mark.parametrize("precision", LIBRARIES)
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (127, 4099, 1023), (256, 256, 32768), (1000, 1000, 1000),
+                                   (4096, 4096, 4096), (3, 5000, 700)])
+def test_matmul_on_cupy_matches_float64(precision, M, N, K, cp):
+    import gemmgen
+    A, B, C = _inputs(M, N, K)
+    out = gemmgen.matmul(cp.asarray(A), cp.asarray(B), precision=precision)
+    _assert_close(out.get(), A, B, C, 1.0, 0.0, MATH[precision], f"{precision} {M}x{N}x{K}")
+
+
+@pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
+@pytest.mark.parametrize("order_a,order_b,order_c", [("C", "C", "C"), ("F", "F", "F"), ("C", "F", "F"),
+                                                     ("F", "C", "C")])
+def test_matmul_takes_every_layout_and_writes_out_in_place(order_a, order_b, order_c, cp):
+    import gemmgen
+    M, N, K = 301, 257, 1029
+    A, B, C = _inputs(M, N, K, seed=9)
+    out = cp.array(C, order=order_c)
+    result = gemmgen.matmul(cp.array(A, order=order_a), cp.array(B, order=order_b), out, alpha=0.5, beta=-2.0)
+    assert result is out
+    _assert_close(out.get(), A, B, C, 0.5, -2.0, "3xtf32", f"A {order_a} B {order_b} C {order_c}")
+
+
+@pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
+def test_matmul_on_torch_tensors_on_a_torch_stream(cp):
+    torch = pytest.importorskip("torch")
+    import gemmgen
+    M, N, K = 777, 1500, 640
+    A, B, C = _inputs(M, N, K, seed=3)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        a, b = torch.from_numpy(A).cuda(), torch.from_numpy(B).cuda()
+        out = gemmgen.matmul(a, b.t().contiguous().t())  # B column-major
+    stream.synchronize()
+    assert isinstance(out, torch.Tensor) and out.device == a.device
+    _assert_close(out.cpu().numpy(), A, B, C, 1.0, 0.0, "3xtf32", "torch")
+
+
+@pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
+def test_matmul_refuses_what_it_cannot_multiply(cp):
+    import gemmgen
+    from gemmgen.runtime import ShapeError
+    with pytest.raises(ShapeError, match="inner sizes differ"):
+        gemmgen.matmul(cp.ones((4, 5), cp.float32), cp.ones((6, 7), cp.float32))
+    with pytest.raises(ShapeError, match="float32"):
+        gemmgen.matmul(cp.ones((4, 5), cp.float64), cp.ones((5, 7), cp.float64))
+    with pytest.raises(ValueError, match="precision"):
+        gemmgen.matmul(cp.ones((4, 5), cp.float32), cp.ones((5, 7), cp.float32), precision="bf16")
+    with pytest.raises(ValueError, match="beta"):
+        gemmgen.matmul(cp.ones((4, 5), cp.float32), cp.ones((5, 7), cp.float32), beta=1.0)
+
+
+# --- torch.ops.gemmgen.matmul --------------------------------------------------------------------
+
+@pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
+def test_torch_operator_under_torch_compile_without_graph_breaks(cp):
+    torch = pytest.importorskip("torch")
+    import gemmgen.torch_op  # noqa: F401 - registers torch.ops.gemmgen.matmul
+
+    def layer(x, w, bias):
+        return torch.relu(torch.ops.gemmgen.matmul(x, w.t()) + bias)
+
+    compiled = torch.compile(layer, fullgraph=True)  # a graph break would raise here
+    x = torch.randn(300, 512, device="cuda")
+    w = torch.randn(256, 512, device="cuda")
+    bias = torch.randn(256, device="cuda")
+    got = compiled(x, w, bias)
+    expected = torch.relu(x.double() @ w.double().t() + bias.double())
+    error = (got.double() - expected).norm() / expected.norm()
+    assert error < 1e-6, error
+    # the fake implementation: shapes without running anything
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fake = torch.ops.gemmgen.matmul(torch.empty(7, 3, device="cuda"), torch.empty(3, 11, device="cuda"))
+    assert tuple(fake.shape) == (7, 11)
+
+
+# --- the C ABI of a shipped library ---------------------------------------------------------------
+
+HARNESS = r"""
+#include <chrono>
+#include <stdio.h>
+#include "{library}.cu"
+
+// Host time of one call of the library's entry point, and of its chosen member's own launcher,
+// on the same arguments (the kernels run on a stream nobody waits for; both launch the same one).
+extern "C" double host_us_per_call(int entry, int M, int N, int K, const float* A, const float* B, float* C,
+                                   cudaStream_t stream, int calls) {{
+    using namespace gemmgen_{library}_choice;
+    Device caps;
+    device_caps(caps);
+    const int pick = choose(M, N, K, true, caps.sm_count, false, caps.sm90a);
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) {{
+        if (entry) gemmgen_{library}(M, N, K, 1.0f, A, K, B, K, 0.0f, C, N, stream);
+        else switch (pick) {{
+{cases}
+        }}
+    }}
+    auto stop = std::chrono::steady_clock::now();
+    cudaStreamSynchronize(stream);
+    return std::chrono::duration<double, std::micro>(stop - start).count() / calls;
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def library_abi(tmp_path_factory, gpu):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    from test_gpu import _cuda_library_dirs
+    built = {}
+
+    def build(precision: str):
+        if precision in built:
+            return built[precision]
+        manifest = json.loads((GENERATED / f"{precision}.json").read_text())
+        folder = tmp_path_factory.mktemp(f"lib-{precision}")
+        shutil.copy(GENERATED / f"{precision}.cu", folder / f"{precision}.cu")
+        cases = "\n".join(f"        case {i}: gemmgen_{m['name']}(M, N, K, 1.0f, A, K, B, K, 0.0f, C, N, stream); break;"
+                          for i, m in enumerate(manifest["members"]))
+        (folder / "harness.cu").write_text(HARNESS.format(library=precision, cases=cases))
+        so = folder / f"lib{precision}.so"
+        command = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-std=c++17", "-O2",
+                   "-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_80,code=sm_80",
+                   "-o", str(so), str(folder / "harness.cu"), "-lcudart"]
+        for path in _cuda_library_dirs(nvcc):
+            command += ["-Xlinker", f"-rpath={path}"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, f"nvcc failed:\n{done.stderr[-4000:]}"
+        library = ctypes.CDLL(str(so))
+        entry = getattr(library, f"gemmgen_{precision}")
+        entry.restype = ctypes.c_int
+        entry.argtypes = ([ctypes.c_int] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                                ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+                                                ctypes.c_void_p])
+        timer = library.host_us_per_call
+        timer.restype = ctypes.c_double
+        timer.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p] * 4 + [ctypes.c_int]
+        built[precision] = (entry, timer, manifest)
+        return built[precision]
+
+    return build
+
+
+def _place(cp, values, layout, pad=0):
+    rows, cols = values.shape
+    lines, length = (rows, cols) if layout == "row" else (cols, rows)
+    ld = max(1, length) + pad
+    buffer = cp.full(max(1, lines) * ld + 16, cp.nan, dtype=cp.float32)
+    view = buffer[: lines * ld].reshape(lines, ld)[:, :length]
+    view[...] = cp.asarray(values if layout == "row" else values.T)
+    return buffer, ld
+
+
+@pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
+@pytest.mark.parametrize("precision", LIBRARIES)
+@pytest.mark.parametrize("M,N,K,pad", [(1, 1, 1, 0), (127, 4099, 1023, 0), (300, 300, 40000, 0),
+                                       (2047, 2047, 2047, 0), (1024, 1024, 1024, 3), (4096, 4096, 4096, 0),
+                                       (8192, 128, 8192, 0), (5, 7000, 3000, 1)])
+def test_library_c_abi_matches_float64(precision, M, N, K, pad, cp, library_abi):
+    entry, _, manifest = library_abi(precision)
+    A, B, C = _inputs(M, N, K, seed=13)
+    a, lda = _place(cp, A, "row", pad)
+    b, ldb = _place(cp, B, "col", pad)
+    c, ldc = _place(cp, C, "row", pad)
+    status = entry(M, N, K, 1.5, a.data.ptr, lda, b.data.ptr, ldb, 0.25, c.data.ptr, ldc, None)
+    cp.cuda.runtime.deviceSynchronize()
+    assert status == 0
+    out = c[: M * ldc].reshape(M, ldc)[:, :N].get()
+    _assert_close(out, A, B, C, 1.5, 0.25, MATH[precision], f"gemmgen_{precision} {M}x{N}x{K} pad {pad}")
+    assert bool(cp.isnan(c[M * ldc:]).all()), "wrote past C"
+
+
+@pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
+@pytest.mark.parametrize("precision", LIBRARIES)
+def test_library_c_abi_refuses_bad_arguments_and_writes_nothing(precision, cp, library_abi):
+    entry, _, _ = library_abi(precision)
+    a = cp.ones(64 * 64, cp.float32)
+    c = cp.full(64 * 64, 7.0, cp.float32)
+    for M, N, K, lda, ldb, ldc, A, C in [(-1, 8, 8, 8, 8, 8, a, c), (8, 8, 8, 7, 8, 8, a, c),
+                                         (8, 8, 8, 8, 7, 8, a, c), (8, 8, 8, 8, 8, 7, a, c),
+                                         (8, 8, 8, 8, 8, 8, None, c), (8, 8, 8, 8, 8, 8, a, None)]:
+        status = entry(M, N, K, 1.0, A.data.ptr if A is not None else None, lda, a.data.ptr, ldb, 0.0,
+                       C.data.ptr if C is not None else None, ldc, None)
+        assert status == CUDA_ERROR_INVALID_VALUE, (M, N, K, lda, ldb, ldc)
+    cp.cuda.runtime.deviceSynchronize()
+    assert bool((c == 7.0).all()), "a refused call wrote into C"
+
+
+@pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
+@pytest.mark.parametrize("precision", LIBRARIES)
+def test_library_entry_point_costs_at_most_3_us_over_its_member(precision, cp, library_abi):
+    _, timer, _ = library_abi(precision)
+    M = N = K = 512
+    a, b, c = (cp.ones(M * K, cp.float32) for _ in range(3))
+    stream = cp.cuda.Stream(non_blocking=True)
+    args = (M, N, K, a.data.ptr, b.data.ptr, c.data.ptr, stream.ptr, 2000)
+    timer(1, *args), timer(0, *args)  # warm: caps queried, modules loaded, tensor maps encoded once
+    entry = min(timer(1, *args) for _ in range(5))
+    member = min(timer(0, *args) for _ in range(5))
+    print(f"gemmgen_{precision}: {entry:.2f} us per call, its member's launcher {member:.2f} us")
+    assert entry - member <= 3.0, (entry, member)
