@@ -116,7 +116,7 @@ def main() -> int:
     parser.add_argument("what", choices=("tune", "bench"))
     parser.add_argument("libraries", nargs="*", default=["fp32", "tf32"])
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     return (tune if args.what == "tune" else bench)(args.libraries, out)
