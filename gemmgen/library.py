@@ -328,7 +328,7 @@ def slots_per_sm(plan: Plan) -> int:
     from .compile import compile_plan
     from .explain import occupancy
     resources = max(compile_plan(plan).resources.values(), key=lambda r: r.registers)
-    return max(1, occupancy(plan, resources).resident)
+    return max(1, occupancy(plan, resources).blocks)
 
 
 def shape_class(shape: LibraryShape, layouts: dict[str, str]) -> str:

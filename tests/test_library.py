@@ -442,3 +442,11 @@ def test_matmul_maps_every_layout_onto_the_library(order_a, order_b, order_c, mo
     assert gemmgen.matmul(a, b, out, alpha=2.0, beta=0.5) is out
     expected = 2.0 * (A.astype(np.float64) @ B) + 0.5 * C
     np.testing.assert_allclose(out.values, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_slots_per_sm_from_ptxas_registers_and_shared_memory():
+    from gemmgen.library import slots_per_sm
+    (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
+    portable = next(p for p in library.candidates() if not p.arch.has_wgmma)
+    assert slots_per_sm(portable) >= 1  # compiled: ptxas's registers, the Plan's shared memory
+    assert all(slots_per_sm(p) == 1 for p in library.candidates() if p.consumers)
