@@ -425,7 +425,12 @@ def tune_library(library: Library, *, db: Path, progress: Callable[[dict], None]
             continue
         cls = shape_class(shape, layouts)
         ranked = sorted(valid, key=lambda p: _predicted(p, models, slots, shape, cls, info.sm_count))
-        phase2 += [Task("time", p, shape) for p in ranked[:per_shape]]
+        # the best predicted overall, and the best two of each member (a model fitted at a few
+        # anchors can misjudge a whole kind of kernel, e.g. split K far from them)
+        picked = ranked[:per_shape]
+        for member in library.members:
+            picked += [p for p in ranked if p.spec.name == member.name and p not in picked][:2]
+        phase2 += [Task("time", p, shape) for p in picked]
     run(phase2)
     # 3. the members a library would keep, timed at every shape (the model's data).
     m = _only(measured(), phase1 + phase2)

@@ -99,8 +99,8 @@ SETTINGS: dict[str, Setting] = {
     "epilogue.staged": Setting(False, _WORDS(True, False), "staged, or nothing"),
     "reduce.count": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 8,
                             "min N with N from 1 to 8"),
-    "split": Setting(1, lambda v: isinstance(v, int) and 1 <= v <= 64,
-                     "1 to 64 slices of K per C tile"),
+    "split": Setting(1, lambda v: isinstance(v, int) and 1 <= v <= 256,
+                     "1 to 256 slices of K per C tile"),
     "occupancy": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 32,
                          "0 (compiler's choice) to 32 blocks per SM"),
 }

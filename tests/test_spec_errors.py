@@ -319,7 +319,7 @@ CORPUS = [
     pytest.param(k(*OK) + k("block 64 x 64 x 8", "warp 16 x 16", "thread 4 x 4", name="j"), 8, 10,
                  "a warp has 32 threads", "32-thread grid", id="second-kernel-of-file-impossible"),
     # --- split K, staged epilogue, uncoalesced loads ---------------------------------------
-    pytest.param(k(*OK, "split 0"), 4, 9, "not a valid value for split", "1 to 64", id="split-zero"),
+    pytest.param(k(*OK, "split 0"), 4, 9, "not a valid value for split", "1 to 256", id="split-zero"),
     pytest.param(k(*OK, "split 2", "reduce min 2"), 4, 9, "fused reduction needs each entry of C final",
                  "split 1 with reduce", id="split-with-reduce"),
     pytest.param(k("block 32 x 32 x 1", "thread 1 x 1", "shared off", "split 2"), 5, 9,
