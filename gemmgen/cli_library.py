@@ -135,6 +135,7 @@ def bench(library: Library, manifest: dict, cases, *, budget: float, console, pr
 
     info = device_info()
     runtime = LibraryRuntime(manifest)
+    runtime.compile_all()
     call = LibraryCall(runtime)
     flusher = L2Flusher(info)
     rows = []

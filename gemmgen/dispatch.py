@@ -85,16 +85,32 @@ class LibraryRuntime:
         return choose(self.candidates, M, N, K, klass, self.info.sm_count, beta_used=beta_used,
                       sm90a=self.info.compute_capability == (9, 0))
 
+    def compile_all(self) -> None:
+        """Compile every member at once (NVRTC in parallel processes, into the disk cache), so that
+        the first call of each does not wait for its compile."""
+        import multiprocessing
+        import os
+        from concurrent.futures import ProcessPoolExecutor
+
+        from .tune import _compile_one
+        plans = [self.kernel_plan(i) for i in range(len(self.plans))]
+        with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1),
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(_compile_one, [(plan, None) for plan in plans]))
+
+    def kernel_plan(self, index: int):
+        """The plan a member runs as here: its own, or (on a GPU the library was not tuned for)
+        the portable member's, planned for this GPU."""
+        plan = self.plans[index]
+        if self.tuned_gpu:
+            return plan
+        from .plan import make_plan
+        target = self.info.target if self.info.target in ("sm_80", "sm_86", "sm_89", "sm_90") else "sm_80"
+        return make_plan(self.plans[self.portable].spec.with_values(target=target))
+
     def kernel(self, index: int) -> Kernel:
         if index not in self._kernels:
-            plan = self.plans[index]
-            if not self.tuned_gpu:  # the portable member, planned and compiled for this GPU
-                from dataclasses import replace
-
-                from .plan import make_plan
-                target = self.info.target if self.info.target in ("sm_80", "sm_86", "sm_89", "sm_90") else "sm_80"
-                plan = make_plan(replace(plan.spec.with_values(target=target)))
-            self._kernels[index] = Kernel(plan, device=self.device)
+            self._kernels[index] = Kernel(self.kernel_plan(index), device=self.device)
         return self._kernels[index]
 
     def launch(self, M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,

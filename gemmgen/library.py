@@ -597,7 +597,10 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
     layouts = library.layouts
     shapes = [s for s in library.shapes if shape_key(s) in m.cublas or
               any((kernel_key(p), shape_key(s)) in m.times for p in plans)]
-    kept = select_members(plans, m, shapes, max_members)
+    # Members come from the candidates timed at every shape (tuning's last phase times those it
+    # keeps everywhere), so that each member's model and the table rest on complete data.
+    complete = [p for p in plans if all((kernel_key(p), shape_key(s)) in m.times for s in shapes)]
+    kept = select_members(complete if len(complete) >= 2 else plans, m, shapes, max_members)
     sm_count = _sm_count(by_device[device])
     slots = {kernel_key(p): slots_per_sm(p) for p in kept}
     member_shapes = [member_shape(p, slots[kernel_key(p)]) for p in kept]

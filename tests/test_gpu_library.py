@@ -219,7 +219,7 @@ def library_abi(tmp_path_factory, gpu):
                           for i, m in enumerate(manifest["members"]))
         (folder / "harness.cu").write_text(HARNESS.format(library=precision, cases=cases))
         so = folder / f"lib{precision}.so"
-        command = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-std=c++17", "-O2",
+        command = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-std=c++17", "-O2", "--threads", "2",
                    "-gencode=arch=compute_90a,code=sm_90a", "-gencode=arch=compute_80,code=sm_80",
                    "-o", str(so), str(folder / "harness.cu"), "-lcudart"]
         for path in _cuda_library_dirs(nvcc):
