@@ -126,11 +126,14 @@ def time_alternating(runs: list[Callable[[], None]], *, flush: Callable[[], None
 
 
 class L2Flusher:
-    """Overwrites a buffer twice the L2's size, so each timed run starts with a cold cache."""
+    """Overwrites a buffer four times the L2's size, so each timed run starts with a cold cache.
+    The size also keeps the GPU busy (about 70 us on an H100) while the host prepares the timed
+    launch, so that a launch's Python work (arguments, choosing a library member) is not counted
+    as the kernel's time, for gemmgen's kernels and cuBLAS alike."""
 
     def __init__(self, info: DeviceInfo):
         cp = _cupy()
-        self.buffer = cp.empty(max(2 * info.l2_bytes, 1 << 20) // 4, dtype=cp.float32)
+        self.buffer = cp.empty(max(4 * info.l2_bytes, 1 << 20) // 4, dtype=cp.float32)
 
     def __call__(self) -> None:
         self.buffer.fill(0.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -298,4 +299,8 @@ def test_library_entry_point_costs_at_most_3_us_over_its_member(precision, cp, l
     entry = min(timer(1, *args) for _ in range(5))
     member = min(timer(0, *args) for _ in range(5))
     print(f"gemmgen_{precision}: {entry:.2f} us per call, its member's launcher {member:.2f} us")
+    if os.environ.get("OUT"):  # .ci/gpu keeps the numbers for BENCHMARKS.md
+        with open(Path(os.environ["OUT"]) / "library_host_cost.txt", "a") as record:
+            record.write(f"gemmgen_{precision} 512^3: entry point {entry:.2f} us per call, "
+                         f"its member's launcher {member:.2f} us\n")
     assert entry - member <= 3.0, (entry, member)
