@@ -88,7 +88,54 @@ def bench(libraries: list[str], out: Path) -> int:
         console.print(f"{name}: geometric mean {math.exp(sum(map(math.log, speedups)) / len(speedups)):.3f}x "
                       f"over {len(rows)} shapes ({sum(r['heldout'] for r in rows)} held out)")
     (out / "library-bench.json").write_text(json.dumps(results, indent=1))
+    (out / "LIBRARIES.md").write_text(markdown(results))
     return 0
+
+
+MUST = {"fp32": 1.05, "tf32": 0.95}  # x cuBLAS in the library's precision, where cuBLAS takes >= 20 us
+
+
+def markdown(results: dict) -> str:
+    """BENCHMARKS.md's summary of a library bench: per shape, each library's member and speed beside
+    cuBLAS in its precision, its error beside cuBLAS FP32's; then the must-holds, as measured."""
+    meta, libraries = results["meta"], results["libraries"]
+    names = list(libraries)
+    shapes = list(dict.fromkeys(r["shape"] for rows in libraries.values() for r in rows))
+    by = {(name, r["shape"]): r for name, rows in libraries.items() for r in rows}
+    lines = [f"Measured by `.ci/gpu` (libraries part) on {meta['device']}, driver {meta['driver']}, commit "
+             f"{meta['commit']}, {meta['date']}: each shape timed in turns with cuBLAS in the library's "
+             "precision (median of CUDA-event timings, L2 flushed), through gemmgen.matmul's choice of "
+             "member; relative errors ||C - C64||_F / ||C64||_F on the bench's inputs.", "",
+             "| shape | tuned at | " + " | ".join(f"{n} member | {n} x cuBLAS {n.upper() if n == 'tf32' else 'FP32'} | "
+                                                  f"{n} rel. error (cuBLAS FP32's)" for n in names) + " |",
+             "| --- | --- | " + " | ".join("--- | ---: | ---:" for _ in names) + " |"]
+    for shape in shapes:
+        cells = [shape, "yes" if not by[(names[0], shape)]["heldout"] else "held out"]
+        for name in names:
+            r = by.get((name, shape))
+            if r is None:
+                cells += ["", "", ""]
+                continue
+            ratio = r["cublas_ms"] / r["ms"]
+            mark = "" if r["cublas_ms"] < 0.020 or ratio >= MUST[name] else " (below)"
+            cells += [r["member"], f"{ratio:.2f}{mark}", f"{r['rel_error']:.2e} ({r['cublas_fp32_rel_error']:.2e})"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for name in names:
+        rows = libraries[name]
+        ratios = [r["cublas_ms"] / r["ms"] for r in rows]
+        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        counted = [r for r in rows if r["cublas_ms"] >= 0.020]
+        below = [r["shape"] for r in counted if r["cublas_ms"] / r["ms"] < MUST[name]]
+        line = (f"- **{name}**: geometric mean {geo:.2f}x over {len(rows)} shapes "
+                f"({sum(r['heldout'] for r in rows)} held out); {len(counted) - len(below)} of {len(counted)} shapes "
+                f"where cuBLAS takes >= 20 us at >= {MUST[name]:.2f}x" + (f" (below: {', '.join(below)})" if below else ""))
+        if name == "fp32":
+            worse = [r["shape"] for r in rows if r["rel_error"] > r["cublas_fp32_rel_error"]]
+            line += (f"; relative error at most cuBLAS FP32's at {len(rows) - len(worse)} of {len(rows)} shapes"
+                     + (f" (above it: {', '.join(worse)})" if worse else ""))
+        lines.append(line + ".")
+    return "\n".join(lines) + "\n"
 
 
 class nullcontext_progress:
@@ -113,10 +160,13 @@ class nullcontext_progress:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("tune", "bench"))
+    parser.add_argument("what", choices=("tune", "bench", "markdown"))
     parser.add_argument("libraries", nargs="*", default=["fp32", "tf32"])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="output folder (markdown: the bench's JSON file)")
     args = parser.parse_intermixed_args()
+    if args.what == "markdown":  # the summary of a recorded bench, for BENCHMARKS.md
+        print(markdown(json.loads(Path(args.out).read_text())), end="")
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     return (tune if args.what == "tune" else bench)(args.libraries, out)
