@@ -330,8 +330,9 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path):
 @click.option("--budget", type=float, default=0.5, show_default=True,
               help="Seconds of timed runs per kernel and shape (median of at least 5).")
 @click.option("--devices", metavar="all|0,1,...",
-              help="Split each GEMM over these GPUs by bands of C and report scaling against one GPU "
-                   "('0,0' splits into two parts on one GPU).")
+              help="Split each GEMM over these GPUs (inputs on the first; rows, columns or K, whichever "
+                   "moves the fewest bytes) and report scaling against one GPU, end to end and from "
+                   "resident shards ('0,0' splits into two parts on one GPU).")
 def bench(spec, kernel, shapes, json_path, plot_path, budget, devices):
     """Time SPEC beside cuBLAS on the same buffers, and measure its accuracy.
 
@@ -405,7 +406,7 @@ def _strategy_options(items: tuple[str, ...]) -> dict:
 
 def _bench_split(spec, kernel, cases, devices_text, json_path):
     """bench --devices: each shape split over several GPUs, beside one GPU on the whole of it."""
-    from .multigpu import measure_scaling, parse_devices
+    from .multigpu import AXIS_NAMES, measure_scaling, parse_devices
     from .runtime import device_count, device_info
 
     try:
@@ -413,9 +414,12 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--devices") from None
     names = ", ".join(f"{d}: {device_info(d).name}" for d in sorted(set(devices)))
-    table = Table(title=f"split over devices {devices} ({names})")
-    for column in ("kernel", "shape", "per-GPU kernel ms", "1 GPU TFLOP/s", f"{len(devices)} GPUs TFLOP/s",
-                   "scaling", "end-to-end ms (TFLOP/s)", "check"):
+    n = len(devices)
+    table = Table(title=f"split over devices {devices} ({names}); inputs and C on GPU {devices[0]}",
+                  caption=f"scaling: TFLOP/s over {n} x one GPU's; end to end includes the copies, "
+                          "resident starts from shards already on each GPU")
+    for column in ("kernel", "shape", "split", "per-GPU kernel ms", "1 GPU TFLOP/s",
+                   f"{n} GPUs end to end TFLOP/s (scaling)", "resident TFLOP/s (scaling)", "check"):
         table.add_column(column, justify="right")
     records, failed = [], False
     for plan in _plans(spec, kernel, None):
@@ -423,18 +427,26 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
             report, worst = measure_scaling(plan, case.M, case.N, case.K, devices)
             ok = worst <= 1.0
             failed |= not ok
-            table.add_row(plan.name, str(case), " ".join(f"{ms:.2f}" for ms in report.split.kernel_ms.values()),
-                          f"{report.one_gpu_tflops:.1f}", f"{report.kernel_tflops:.1f}",
-                          f"{report.efficiency:.2f} x {len(devices)}",
-                          f"{report.split.end_to_end_ms:.2f} ({report.end_to_end_tflops:.1f})",
+            split = report.split
+            table.add_row(plan.name, str(case), f"{AXIS_NAMES[split.axis]}",
+                          " ".join(f"{ms:.2f}" for ms in split.kernel_ms.values()),
+                          f"{report.one_gpu_tflops:.1f}",
+                          f"{report.end_to_end_tflops:.1f} ({report.scaling(report.end_to_end_tflops):.2f} x {n})",
+                          f"{report.resident_tflops:.1f} ({report.scaling(report.resident_tflops):.2f} x {n})",
                           "[green]ok[/]" if ok else f"[red]FAIL {worst:.2g}[/]")
             records.append({"kernel": plan.name, "shape": str(case), "devices": devices,
-                            "parts": [vars(p) for p in report.split.parts],
-                            "kernel_ms": list(report.split.kernel_ms.values()),
+                            "layouts": plan.layouts(), "math": plan.math, "axis": split.axis,
+                            "parts": [vars(p) for p in split.parts], "steps": list(split.steps.values()),
+                            "kernel_ms": list(split.kernel_ms.values()), "bytes_moved": split.bytes_moved,
                             "one_gpu_ms": report.one_gpu_ms, "one_gpu_tflops": report.one_gpu_tflops,
                             "kernel_tflops": report.kernel_tflops, "efficiency": report.efficiency,
-                            "end_to_end_ms": report.split.end_to_end_ms,
-                            "end_to_end_tflops": report.end_to_end_tflops, "worst_error_ratio": worst})
+                            "end_to_end_ms": split.end_to_end_ms,
+                            "end_to_end_tflops": report.end_to_end_tflops,
+                            "end_to_end_scaling": report.scaling(report.end_to_end_tflops),
+                            "resident_ms": report.resident.end_to_end_ms,
+                            "resident_tflops": report.resident_tflops,
+                            "resident_scaling": report.scaling(report.resident_tflops),
+                            "worst_error_ratio": worst})
     console.print(table)
     if json_path:
         Path(json_path).write_text(json.dumps(records, indent=2))
