@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -475,9 +476,13 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
               help="PNG of the explored space: TFLOP/s against each searched setting, cuBLAS as a line.")
 @click.option("--top", type=int, default=10, show_default=True, help="Rows in the report table.")
 @click.option("--devices", metavar="all|0,1,...",
-              help="Evaluate candidates on these GPUs at once, one worker each (default: GPU 0).")
+              help="Evaluate candidates on these GPUs of this host at once: a local Dask cluster, one "
+                   "worker per GPU (default: GPU 0, no cluster). Needs gemmgen[distributed].")
+@click.option("--scheduler", metavar="ADDRESS",
+              help="Evaluate candidates on the GPU workers of this Dask cluster (e.g. tcp://host:8786; "
+                   "workers declare --resources GPU=1); the database stays here. Needs gemmgen[distributed].")
 def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, save, dispatcher,
-         json_path, plot_path, top, devices):
+         json_path, plot_path, top, devices, scheduler):
     """Search the sets of SPEC for the fastest correct kernel at one or more shapes.
 
     Impossible points are pruned by the Plan before compiling; the rest compile in parallel
@@ -496,15 +501,21 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     from .codegen import dispatcher_source
     from .space import expand, to_text
     from .spec import load_one
+    from .distributed import ClusterError
     from .tune import plot_search, search_baseline, tune as run_tune
 
     if strategy not in strategies.names():
         raise click.BadParameter(f"{strategy!r}: one of {', '.join(strategies.names())}",
                                  param_hint="--strategy")
-    _require_gpu()
+    if scheduler and devices:
+        raise click.BadParameter("a cluster's workers choose their GPUs: give --devices for a local "
+                                 "cluster, or --scheduler for one started already", param_hint="--devices")
+    if not scheduler:  # with a scheduler, the GPUs are the workers', and this host may have none
+        _require_gpu()
     shapes = _parse_shapes(shapes_text, None)
     device_list = None
     if devices:
+        scheduler = "local"
         from .multigpu import parse_devices
         from .runtime import device_count
         try:
@@ -521,6 +532,14 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     options = _strategy_options(strategy_options)
     winners = []
     all_records = []
+    if scheduler:  # one cluster (or connection) for every shape, closed when the command ends
+        from .distributed import connect
+        cluster = contextlib.ExitStack()
+        click.get_current_context().call_on_close(cluster.close)
+        try:
+            scheduler = cluster.enter_context(connect(scheduler, device_list))
+        except ClusterError as exc:
+            _fail(str(exc))
     for shape in shapes:
         total = min(space.valid, max_points or space.valid)
         best = {"tflops": 0.0, "point": ""}
@@ -538,12 +557,15 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
                                       f"{entry.get('reason', '')[:160]}", markup=True)
                 bar.update(task, description=f"{shape}  best {best['tflops']:.2f} TFLOP/s")
 
-            result = run_tune(space_spec, shape, strategy=strategy, options=options,
-                              max_points=max_points, db=Path(db), progress=progress,
-                              devices=device_list)
+            try:
+                result = run_tune(space_spec, shape, strategy=strategy, options=options,
+                                  max_points=max_points, db=Path(db), progress=progress,
+                                  devices=device_list, scheduler=scheduler)
+            except ClusterError as exc:
+                _fail(str(exc))
         all_records += result.records
         good = sorted((r for r in result.records if r.get("status") == "ok"), key=lambda r: -r["tflops"])
-        gpus = len(device_list) if device_list else 1
+        gpus = result.gpus
         rate = result.evaluated / result.seconds if result.seconds else 0.0
         table = Table(title=f"{space_spec.name} at {shape}: {len(result.records)} measured of "
                             f"{space.valid} valid, {strategy}; {result.evaluated} evaluated in "
