@@ -82,6 +82,15 @@ def _read(stream):
     return pickle.loads(stream.read(size))
 
 
+_retire = False  # set by a function whose failure poisoned this process (a CUDA fault)
+
+
+def retire_after_reply() -> None:
+    """Ends this child once its reply is sent: the next call gets a fresh process."""
+    global _retire
+    _retire = True
+
+
 def _serve() -> None:
     """A child's loop: run each (function, args) sent on stdin, send back the result."""
     out = os.fdopen(os.dup(1), "wb")
@@ -94,6 +103,8 @@ def _serve() -> None:
         except Exception as exc:  # noqa: BLE001 - sent back, the child lives on
             reply = ("error", f"{type(exc).__name__}: {str(exc)[:500]}")
         _write(out, reply)
+        if _retire:
+            os._exit(3)
 
 
 class Child:
@@ -212,11 +223,21 @@ def _compile_task(runner, plan, source):
     return runner.compile(plan, source)
 
 
-def _gpu_task(runner, method: str, *args):
-    """On a GPU worker: runner.<method>(*args) in the worker's GPU process. A candidate that kills
-    that process or hangs becomes a record; other failures raise."""
+def _guarded(function, *args):
+    """In the GPU process: an exception (a CUDA fault poisons the process's context) becomes a
+    `crash` record, and the process ends once it has replied."""
     try:
-        return _children.on_gpu(getattr(runner, method), args, CANDIDATE_TIMEOUT_S)
+        return function(*args)
+    except Exception as exc:  # noqa: BLE001
+        retire_after_reply()
+        return {"status": "crash", "reason": f"{type(exc).__name__}: {str(exc)[:400]}"}
+
+
+def _gpu_task(runner, method: str, *args):
+    """On a GPU worker: runner.<method>(*args) in the worker's GPU process. A candidate that
+    raises, kills that process or hangs becomes a record."""
+    try:
+        return _children.on_gpu(_guarded, (getattr(runner, method), *args), CANDIDATE_TIMEOUT_S)
     except ChildDied as exc:
         return {"status": "crash", "reason": f"the GPU process died (exit code {exc.code}); the "
                                              "candidate faulted on the GPU"}
@@ -273,7 +294,10 @@ def connect(scheduler, devices: list[int] | None = None):
 
 def gpu_workers(client) -> dict[str, dict]:
     """The workers that declare a GPU, by address."""
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    try:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+    except TypeError:  # distributed before 2025 lists every worker without being asked
+        workers = client.scheduler_info()["workers"]
     return {address: w for address, w in workers.items() if w.get("resources", {}).get("GPU", 0) >= 1}
 
 
@@ -377,11 +401,15 @@ class DaskEvaluator(Evaluator):
                 key, address = running.pop(future)
                 try:
                     entry = future.result()
-                except Exception as exc:  # noqa: BLE001 - KilledWorker: the worker died holding it
+                except distributed.KilledWorker as exc:  # the worker died holding it
                     if key != CUBLAS_KEY:  # the baseline is simply timed again with the next batch
                         self._record(key, plans, status="lost",
                                      reason=f"the worker {address} was lost while running it "
                                             f"({type(exc).__name__}); the search went on without it")
+                    continue
+                except Exception as exc:  # noqa: BLE001 - the worker could not run it at all
+                    if key != CUBLAS_KEY:
+                        self._record(key, plans, status="crash", reason=f"{type(exc).__name__}: {exc}")
                     continue
                 if key == CUBLAS_KEY:
                     if entry.get("status") == "ok":

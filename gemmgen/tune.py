@@ -6,7 +6,8 @@ the on-disk cache), then a worker process validates each candidate on small awkw
 times it at the target shape. The worker is disposable: a candidate that crashes the GPU context
 or hangs ends only that worker, is recorded with its reason, and a new worker carries on. Every
 result is appended to a JSON-lines database at once, so an interrupted search resumes where it
-stopped and a repeated one measures nothing twice.
+stopped and a repeated one measures nothing twice. On a Dask cluster (a scheduler's address, or a
+local one over several GPUs), gemmgen/distributed.py evaluates the same batches instead.
 """
 
 from __future__ import annotations

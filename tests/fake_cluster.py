@@ -4,7 +4,8 @@
 runs, as the real one does, in the Dask worker's GPU child process: it appends the point's key to
 a log file (so that a test counts measurements), then returns a timing derived from the key. A
 point listed in `kill_worker` kills its Dask worker process (the child's parent) mid-candidate, as
-a host dying would; one listed in `fault` kills the child, as a kernel faulting on the GPU does.
+a host dying would; one listed in `fault` kills the child, as a kernel faulting on the GPU may do;
+one listed in `raise_in` raises, as a CUDA error does.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ def tflops_of(key: str) -> float:
 
 
 class FakeRunner:
-    def __init__(self, log: str, kill_worker=(), fault=()):
-        self.log, self.kill_worker, self.fault = log, set(kill_worker), set(fault)
+    def __init__(self, log: str, kill_worker=(), fault=(), raise_in=()):
+        self.log, self.kill_worker, self.fault, self.raise_in = log, set(kill_worker), set(fault), set(raise_in)
 
     def compile(self, plan, source):
         return ("cubin", point_key(plan.spec))  # anything but a string, which would be a compile error
@@ -45,5 +46,7 @@ class FakeRunner:
             os._exit(0)
         if key in self.fault:
             os._exit(3)
+        if key in self.raise_in:
+            raise RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)")
         tflops = tflops_of(key)
         return {"status": "ok", "ms": 2.0 * shape.M * shape.N * shape.K / (tflops * 1e9), "tflops": tflops}

@@ -53,9 +53,9 @@ def test_a_search_survives_a_lost_worker_and_a_gpu_fault_and_resumes_measuring_n
 
     spec, keys = space
     assert len(keys) >= 6
-    lost, faulted = keys[1], keys[2]
+    lost, faulted, raised = keys[1], keys[2], keys[5]
     log = tmp_path / "measured.log"
-    runner = FakeRunner(str(log), kill_worker=[lost], fault=[faulted])
+    runner = FakeRunner(str(log), kill_worker=[lost], fault=[faulted], raise_in=[raised])
     monkeypatch.setattr(gemmgen.distributed, "default_runner", lambda: runner)
     db = tmp_path / "db" / "tune.jsonl"
     db.parent.mkdir()
@@ -70,7 +70,8 @@ def test_a_search_survives_a_lost_worker_and_a_gpu_fault_and_resumes_measuring_n
     assert set(records) == set(keys)
     assert records[lost]["status"] == "lost" and "was lost while running it" in records[lost]["reason"]
     assert records[faulted]["status"] == "crash" and "exit code 3" in records[faulted]["reason"]
-    survivors = [k for k in keys if k not in (lost, faulted)]
+    assert records[raised]["status"] == "crash" and "ILLEGAL_ADDRESS" in records[raised]["reason"]
+    survivors = [k for k in keys if k not in (lost, faulted, raised)]
     assert all(records[k]["status"] == "ok" and records[k]["tflops"] == tflops_of(k) for k in survivors)
     assert rest.best["key"] == max(survivors, key=tflops_of)
     assert rest.cublas_tflops == CUBLAS_TFLOPS and rest.scope.startswith("Fake GPU|13.0|256x256x256|")

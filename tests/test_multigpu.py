@@ -3,6 +3,7 @@ streams that run out of order, kept only by the events the split records)."""
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 from pathlib import Path
 
@@ -254,3 +255,48 @@ def test_device_lists_are_parsed_and_checked():
         parse_devices("gpu0", 2)
     with pytest.raises(ValueError, match="no CUDA device"):
         parse_devices("all", 0)
+
+
+# --- the CuPy layer's 2-D copies, on host memory -------------------------------------------------------
+
+class HostRuntime:
+    """cupy.cuda.runtime's calls CupyLayer.copy makes, done at once on host addresses."""
+
+    CUDARuntimeError = RuntimeError
+
+    def __init__(self):
+        self.peers = []
+
+    def memcpy2DAsync(self, dst, dpitch, src, spitch, width, height, kind, stream):
+        assert kind == 4 and width <= min(dpitch, spitch), "cudaMemcpyDefault, pitches >= width"
+        for line in range(height):
+            ctypes.memmove(dst + line * dpitch, src + line * spitch, width)
+
+    def deviceCanAccessPeer(self, a, b):
+        return True
+
+    def deviceEnablePeerAccess(self, peer):
+        self.peers.append(peer)
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+def test_the_cupy_layer_copies_a_block_with_its_leading_dimensions(layout, monkeypatch):
+    import contextlib
+    import sys
+    from types import SimpleNamespace
+
+    from gemmgen.multigpu import CupyLayer, Region
+    runtime = HostRuntime()
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(
+        cuda=SimpleNamespace(runtime=runtime, Device=lambda device: contextlib.nullcontext())))
+    layer = CupyLayer()
+    order = "C" if layout == "row" else "F"
+    source = np.array(np.arange(7 * 9, dtype=np.float32).reshape(7, 9), order=order)
+    target = np.array(np.full((4, 5), np.nan, np.float32), order=order)
+    src = Region(0, source.ctypes.data, 7, 9, layout, 9 if layout == "row" else 7)
+    dst = Region(1, target.ctypes.data, 4, 5, layout, 5 if layout == "row" else 4)
+    layer.copy(dst, src.sub((2, 6), (3, 8)), SimpleNamespace(ptr=0))
+    np.testing.assert_array_equal(target, source[2:6, 3:8])
+    assert sorted(runtime.peers) == [0, 1]     # peer access both ways, once
+    with pytest.raises(ValueError, match="copy between a 4 x 4"):
+        layer.copy(dst, src.sub((0, 4), (0, 4)), SimpleNamespace(ptr=0))
