@@ -39,6 +39,7 @@ from .space import describe, point_key
 from .tune import CANDIDATE_TIMEOUT_S, CUBLAS_KEY, Evaluator, GpuBench, _append, db_scope
 
 WORKER_WAIT_S = 60.0        # for a cluster's first GPU worker to join
+CONNECT_TIMEOUT_S = 30.0    # for a scheduler to answer
 COMPILE_ATTEMPTS = 2        # a compile whose helper process dies this often is recorded as failed
 
 
@@ -283,7 +284,7 @@ def connect(scheduler, devices: list[int] | None = None):
             yield client
         return
     try:
-        client = distributed.Client(scheduler, timeout=30)
+        client = distributed.Client(scheduler, timeout=CONNECT_TIMEOUT_S)
     except OSError as exc:
         raise ClusterError(f"no Dask scheduler answers at {scheduler} ({exc}): start one with "
                            "`dask scheduler`, and GPU workers with `dask worker ADDRESS --resources "

@@ -117,3 +117,17 @@ def test_without_dask_the_message_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "distributed", None)
     with pytest.raises(ClusterError, match=r"pip install 'gemmgen\[distributed\]'"):
         require_dask()
+
+
+def test_a_scheduler_that_does_not_answer_is_reported_with_how_to_start_one(monkeypatch):
+    import socket
+
+    import gemmgen.distributed
+    from gemmgen.distributed import ClusterError, connect
+    with socket.socket() as probe:  # a port of this machine that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(gemmgen.distributed, "CONNECT_TIMEOUT_S", 1.0)
+    with pytest.raises(ClusterError, match=r"no Dask scheduler answers at tcp://127.0.0.1:\d+.*dask scheduler"):
+        with connect(f"tcp://127.0.0.1:{port}"):
+            pass
