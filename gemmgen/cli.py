@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -371,8 +372,9 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path):
 @click.option("--budget", type=float, default=0.5, show_default=True,
               help="Seconds of timed runs per kernel and shape (median of at least 5).")
 @click.option("--devices", metavar="all|0,1,...",
-              help="Split each GEMM over these GPUs by bands of C and report scaling against one GPU "
-                   "('0,0' splits into two parts on one GPU).")
+              help="Split each GEMM over these GPUs (inputs on the first; rows, columns or K, whichever "
+                   "moves the fewest bytes) and report scaling against one GPU, end to end and from "
+                   "resident shards ('0,0' splits into two parts on one GPU).")
 @click.option("--manifest", "manifest_path", type=click.Path(dir_okay=False), metavar="FILE.json",
               help="A library's manifest (default: generated/<library>.json, as gemmgen tune wrote it).")
 def bench(spec, kernel, shapes, json_path, plot_path, budget, devices, manifest_path):
@@ -477,7 +479,7 @@ def _strategy_options(items: tuple[str, ...]) -> dict:
 
 def _bench_split(spec, kernel, cases, devices_text, json_path):
     """bench --devices: each shape split over several GPUs, beside one GPU on the whole of it."""
-    from .multigpu import measure_scaling, parse_devices
+    from .multigpu import AXIS_NAMES, measure_scaling, parse_devices
     from .runtime import device_count, device_info
 
     try:
@@ -485,9 +487,12 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--devices") from None
     names = ", ".join(f"{d}: {device_info(d).name}" for d in sorted(set(devices)))
-    table = Table(title=f"split over devices {devices} ({names})")
-    for column in ("kernel", "shape", "per-GPU kernel ms", "1 GPU TFLOP/s", f"{len(devices)} GPUs TFLOP/s",
-                   "scaling", "end-to-end ms (TFLOP/s)", "check"):
+    n = len(devices)
+    table = Table(title=f"split over devices {devices} ({names}); inputs and C on GPU {devices[0]}",
+                  caption=f"scaling: TFLOP/s over {n} x one GPU's; end to end includes the copies, "
+                          "resident starts from shards already on each GPU")
+    for column in ("kernel", "shape", "split", "per-GPU kernel ms", "1 GPU TFLOP/s",
+                   f"{n} GPUs end to end TFLOP/s (scaling)", "resident TFLOP/s (scaling)", "check"):
         table.add_column(column, justify="right")
     records, failed = [], False
     for plan in _plans(spec, kernel, None):
@@ -495,18 +500,26 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
             report, worst = measure_scaling(plan, case.M, case.N, case.K, devices)
             ok = worst <= 1.0
             failed |= not ok
-            table.add_row(plan.name, str(case), " ".join(f"{ms:.2f}" for ms in report.split.kernel_ms.values()),
-                          f"{report.one_gpu_tflops:.1f}", f"{report.kernel_tflops:.1f}",
-                          f"{report.efficiency:.2f} x {len(devices)}",
-                          f"{report.split.end_to_end_ms:.2f} ({report.end_to_end_tflops:.1f})",
+            split = report.split
+            table.add_row(plan.name, str(case), f"{AXIS_NAMES[split.axis]}",
+                          " ".join(f"{ms:.2f}" for ms in split.kernel_ms.values()),
+                          f"{report.one_gpu_tflops:.1f}",
+                          f"{report.end_to_end_tflops:.1f} ({report.scaling(report.end_to_end_tflops):.2f} x {n})",
+                          f"{report.resident_tflops:.1f} ({report.scaling(report.resident_tflops):.2f} x {n})",
                           "[green]ok[/]" if ok else f"[red]FAIL {worst:.2g}[/]")
             records.append({"kernel": plan.name, "shape": str(case), "devices": devices,
-                            "parts": [vars(p) for p in report.split.parts],
-                            "kernel_ms": list(report.split.kernel_ms.values()),
+                            "layouts": plan.layouts(), "math": plan.math, "axis": split.axis,
+                            "parts": [vars(p) for p in split.parts], "steps": list(split.steps.values()),
+                            "kernel_ms": list(split.kernel_ms.values()), "bytes_moved": split.bytes_moved,
                             "one_gpu_ms": report.one_gpu_ms, "one_gpu_tflops": report.one_gpu_tflops,
                             "kernel_tflops": report.kernel_tflops, "efficiency": report.efficiency,
-                            "end_to_end_ms": report.split.end_to_end_ms,
-                            "end_to_end_tflops": report.end_to_end_tflops, "worst_error_ratio": worst})
+                            "end_to_end_ms": split.end_to_end_ms,
+                            "end_to_end_tflops": report.end_to_end_tflops,
+                            "end_to_end_scaling": report.scaling(report.end_to_end_tflops),
+                            "resident_ms": report.resident.end_to_end_ms,
+                            "resident_tflops": report.resident_tflops,
+                            "resident_scaling": report.scaling(report.resident_tflops),
+                            "worst_error_ratio": worst})
     console.print(table)
     if json_path:
         Path(json_path).write_text(json.dumps(records, indent=2))
@@ -535,7 +548,11 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
               help="PNG of the explored space: TFLOP/s against each searched setting, cuBLAS as a line.")
 @click.option("--top", type=int, default=10, show_default=True, help="Rows in the report table.")
 @click.option("--devices", metavar="all|0,1,...",
-              help="Evaluate candidates on these GPUs at once, one worker each (default: GPU 0).")
+              help="Evaluate candidates on these GPUs of this host at once: a local Dask cluster, one "
+                   "worker per GPU (default: GPU 0, no cluster). Needs gemmgen[distributed].")
+@click.option("--scheduler", metavar="ADDRESS",
+              help="Evaluate candidates on the GPU workers of this Dask cluster (e.g. tcp://host:8786; "
+                   "workers declare --resources GPU=1); the database stays here. Needs gemmgen[distributed].")
 @click.option("--output", "-o", type=click.Path(), metavar="PATH",
               help="A library's .cu (file or folder; default generated/<library>.cu).")
 @click.option("--manifest", "manifest_path", type=click.Path(dir_okay=False), metavar="FILE.json",
@@ -545,7 +562,7 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
 @click.option("--per-shape", type=int, default=6, show_default=True,
               help="At a library's other shapes, the candidates timed (those predicted fastest).")
 def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, save, dispatcher,
-         json_path, plot_path, top, devices, output, manifest_path, anchors, per_shape):
+         json_path, plot_path, top, devices, scheduler, output, manifest_path, anchors, per_shape):
     """Search the sets of SPEC for the fastest correct kernel at one or more shapes.
 
     Impossible points are pruned by the Plan before compiling; the rest compile in parallel
@@ -571,13 +588,20 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     from .codegen import dispatcher_source
     from .space import expand, to_text
     from .spec import load_one
+    from .distributed import ClusterError
     from .tune import plot_search, search_baseline, tune as run_tune
 
     if strategy not in strategies.names():
         raise click.BadParameter(f"{strategy!r}: one of {', '.join(strategies.names())}",
                                  param_hint="--strategy")
-    _require_gpu()
+    if scheduler and devices:
+        raise click.BadParameter("a cluster's workers choose their GPUs: give --devices for a local "
+                                 "cluster, or --scheduler for one started already", param_hint="--devices")
     if _libraries(spec, kernel):
+        if scheduler or devices:
+            raise click.BadParameter("a library is tuned on this host's first GPU; --devices and "
+                                     "--scheduler are for search spaces", param_hint="--devices")
+        _require_gpu()
         from . import cli_library
         from .library import load_libraries
         for library in load_libraries(spec, kernel):
@@ -588,9 +612,12 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
                              console=console, write_file=_write_text, json_path=json_path,
                              plot_path=plot_path)
         return
+    if not scheduler:  # with a scheduler, the GPUs are the workers', and this host may have none
+        _require_gpu()
     shapes = _parse_shapes(shapes_text, None)
     device_list = None
     if devices:
+        scheduler = "local"
         from .multigpu import parse_devices
         from .runtime import device_count
         try:
@@ -607,6 +634,14 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     options = _strategy_options(strategy_options)
     winners = []
     all_records = []
+    if scheduler:  # one cluster (or connection) for every shape, closed when the command ends
+        from .distributed import connect
+        cluster = contextlib.ExitStack()
+        click.get_current_context().call_on_close(cluster.close)
+        try:
+            scheduler = cluster.enter_context(connect(scheduler, device_list))
+        except ClusterError as exc:
+            _fail(str(exc))
     for shape in shapes:
         total = min(space.valid, max_points or space.valid)
         best = {"tflops": 0.0, "point": ""}
@@ -624,12 +659,15 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
                                       f"{entry.get('reason', '')[:160]}", markup=True)
                 bar.update(task, description=f"{shape}  best {best['tflops']:.2f} TFLOP/s")
 
-            result = run_tune(space_spec, shape, strategy=strategy, options=options,
-                              max_points=max_points, db=Path(db), progress=progress,
-                              devices=device_list)
+            try:
+                result = run_tune(space_spec, shape, strategy=strategy, options=options,
+                                  max_points=max_points, db=Path(db), progress=progress,
+                                  devices=device_list, scheduler=scheduler)
+            except ClusterError as exc:
+                _fail(str(exc))
         all_records += result.records
         good = sorted((r for r in result.records if r.get("status") == "ok"), key=lambda r: -r["tflops"])
-        gpus = len(device_list) if device_list else 1
+        gpus = result.gpus
         rate = result.evaluated / result.seconds if result.seconds else 0.0
         table = Table(title=f"{space_spec.name} at {shape}: {len(result.records)} measured of "
                             f"{space.valid} valid, {strategy}; {result.evaluated} evaluated in "

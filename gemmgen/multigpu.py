@@ -1,30 +1,95 @@
-"""One GEMM split over several GPUs: C cut into bands of rows (or columns), one band per device.
+"""One GEMM split over several GPUs, the copies overlapping the kernels; or shards already in place.
 
-Each device gets its band of A (or B) and all of the other input, copied from where the inputs
-live (peer to peer where the GPUs allow it), runs the kernel on its own stream, and its band of C
-is gathered back. Nothing is written to the caller's C unless every device finished: a device that
-fails mid-run raises MultiGpuError naming it, and no partial result is presented as whole.
+`split_gemm` cuts C = alpha A B + beta C into parts, one per device, along whichever dimension
+moves the fewest bytes between devices among those that balance the work (`choose_axis`; the
+byte model is `split_traffic`):
 
-Everything that touches a device goes through a DeviceLayer (CuPy and the gemmgen runtime here),
-so the splitting and gathering logic can be tested on the CPU with a fake layer.
+- rows of C (axis 0): each device needs its band of A's rows and all of B;
+- columns of C (axis 1): its band of B's columns and all of A;
+- K (axis 2): a slab of A's columns and of B's rows; each device computes a partial C of full
+  size, and the partials are summed on C's device, beta applied once. Best when M·N is small and
+  K large.
+
+Each part runs as a schedule of steps (`schedule`): its first block of C is cut along K (later
+pieces accumulate with beta = 1), so its first kernel waits only for a thin slice of the inputs;
+the rest of the part's output blocks stream their inputs in while earlier blocks compute, and each
+finished block goes back while the next one computes. Copies run on a copy stream, kernels on a
+compute stream and gathers on a third, ordered by events. Every operand keeps the layout the kernel
+was built for (A, B and C row- or column-major): regions move as 2-D copies with their leading
+dimensions, and an operand already on a part's device is used where it is.
+
+Nothing is written to the caller's C unless every device finished: results land in a staging
+matrix on C's device, copied into C at the end. A device that fails raises MultiGpuError naming
+it. `resident_gemm` is the case with nothing to move: each device multiplies the shards it holds.
+
+What runs on a device is anything with the C ABI's `launch(M, N, K, alpha, A, lda, B, ldb, beta,
+C, ldc, stream=...)` and a `layouts` dict ({"A": "row" | "col", "B": ..., "C": ...}): a gemmgen
+Kernel, a library's dispatcher; or a Plan, which the layer compiles for each device. Everything
+that touches a device goes through a DeviceLayer (CuPy and the CUDA runtime in CupyLayer), so the
+planning, the schedules and their event ordering are tested on the CPU with a fake layer.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, NamedTuple, Protocol
 
 from .plan import Plan
+
+FLOAT_BYTES = 4
+AXIS_NAMES = ("rows of C (M)", "columns of C (N)", "K")
+# Device memory is about ten times faster than a GPU-to-GPU link (H200: ~4.8 TB/s against NVLink's
+# ~0.45 TB/s each way), so the K split's reduction on C's device counts a tenth of its bytes.
+LOCAL_WEIGHT = 0.1
+DEFAULT_CHUNKS = 4
 
 
 class MultiGpuError(RuntimeError):
     """A device failed during a split GEMM; the caller's C was not written."""
 
 
+class Launcher(Protocol):
+    """What a split launches on each device: a gemmgen Kernel, a library, anything alike."""
+
+    layouts: dict[str, str]
+
+    def launch(self, M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,
+               beta: float, C: int, ldc: int, *, stream: Any = None) -> None: ...
+
+
+# --- where matrices are ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Region:
+    """A matrix in device memory: its device, address, size, layout and leading dimension (in
+    floats). `sub` is a block of it at the same leading dimension: no copy, just arithmetic."""
+
+    device: int
+    ptr: int
+    rows: int
+    cols: int
+    layout: str  # "row" or "col"
+    ld: int
+
+    def sub(self, rows: tuple[int, int], cols: tuple[int, int]) -> Region:
+        (r0, r1), (c0, c1) = rows, cols
+        if not (0 <= r0 <= r1 <= self.rows and 0 <= c0 <= c1 <= self.cols):
+            raise IndexError(f"block rows {rows} cols {cols} outside a {self.rows} x {self.cols} matrix")
+        offset = r0 * self.ld + c0 if self.layout == "row" else c0 * self.ld + r0
+        return replace(self, ptr=self.ptr + FLOAT_BYTES * offset, rows=r1 - r0, cols=c1 - c0)
+
+    @property
+    def nbytes(self) -> int:
+        return FLOAT_BYTES * self.rows * self.cols
+
+
+# --- what to split and where: pure functions -----------------------------------------------------
+
 @dataclass(frozen=True)
 class Part:
-    """The band of C one device computes: rows [start, stop) (axis 0) or columns (axis 1)."""
+    """What one device computes: rows [start, stop) of C (axis 0), columns (axis 1), or a slab
+    of K (axis 2) whose partial product is summed with the others'."""
 
     device: int
     axis: int
@@ -36,129 +101,535 @@ class Part:
         return self.stop - self.start
 
 
-def partition(M: int, N: int, devices: list[int], plan: Plan) -> list[Part]:
-    """Bands along the longer side of C, each a whole number of block tiles where possible."""
+def partition(length: int, devices: list[int], granule: int) -> list[tuple[int, int]]:
+    """[start, stop) per device, in whole granules (the kernel's tile) spread as evenly as can be."""
     if not devices:
         raise ValueError("no devices to split over")
-    axis = 0 if M >= N else 1
-    length, tile = (M, plan.BM) if axis == 0 else (N, plan.BN)
-    tiles = -(-length // tile) if length else 0
-    parts, start = [], 0
-    for index, device in enumerate(devices):
-        share = tiles // len(devices) + (1 if index < tiles % len(devices) else 0)
-        stop = min(length, start + share * tile)
-        parts.append(Part(device, axis, start, stop))
+    granules = -(-length // granule) if length > 0 else 0
+    bounds, start = [], 0
+    for index in range(len(devices)):
+        share = granules // len(devices) + (1 if index < granules % len(devices) else 0)
+        stop = min(length, start + share * granule)
+        bounds.append((start, stop))
         start = stop
-    return parts
+    return bounds
 
+
+def make_parts(M: int, N: int, K: int, devices: list[int], axis: int, granule: int) -> list[Part]:
+    length = (M, N, K)[axis]
+    return [Part(d, axis, start, stop) for d, (start, stop) in zip(devices, partition(length, devices, granule))]
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """Bytes a split moves: over the links between devices, and on C's device to sum partials."""
+
+    link_bytes: int
+    reduction_bytes: int = 0
+
+    @property
+    def cost(self) -> float:
+        return self.link_bytes + LOCAL_WEIGHT * self.reduction_bytes
+
+
+def _owner(parts: list[Part], home: int) -> int:
+    """The K split's part that applies beta: the one on C's device where there is one."""
+    live = [p for p in parts if p.size]
+    return next((i for i, p in enumerate(parts) if p.size and p.device == home),
+                parts.index(live[0]) if live else 0)
+
+
+def split_traffic(M: int, N: int, K: int, parts: list[Part], home: int, beta: bool) -> Traffic:
+    """The byte model: what each part off C's device (`home`, where the inputs live) must receive
+    and send back, and for a K split the partial sums added on `home`."""
+    floats = 0
+    owner = _owner(parts, home)
+    live = [p for p in parts if p.size]
+    for index, part in enumerate(parts):
+        if not part.size or part.device == home:
+            continue
+        s = part.size
+        a, b, c = ((s * K, K * N, s * N), (M * K, K * s, M * s), (M * s, s * N, M * N))[part.axis]
+        reads_c = beta and (part.axis != 2 or index == owner)
+        floats += a + b + c + (c if reads_c else 0)
+    reduction = 3 * M * N * (len(live) - 1) if live and live[0].axis == 2 else 0
+    return Traffic(FLOAT_BYTES * floats, FLOAT_BYTES * reduction)
+
+
+def choose_axis(M: int, N: int, K: int, devices: list[int], home: int, beta: bool,
+                granules: tuple[int, int, int] = (128, 128, 128)) -> int:
+    """The split (0: rows of C, 1: columns, 2: K) that moves the fewest bytes among those that
+    balance the work best: the busiest device sets the time, so a split whose largest part is more
+    than 10% above the best one's is out (tiles make small differences) (127 rows in tiles of 128 would leave all but one device
+    idle). Ties go to rows, then columns (K adds a reduction and partial buffers)."""
+    options = []
+    for axis in (0, 1, 2):
+        length = (M, N, K)[axis]
+        if length == 0:
+            continue
+        parts = make_parts(M, N, K, devices, axis, granules[axis])
+        largest = max(p.size for p in parts) / length
+        options.append((largest, split_traffic(M, N, K, parts, home, beta).cost, axis))
+    if not options:
+        return 0
+    balanced = min(largest for largest, _, _ in options) * 1.1
+    return min((cost, axis) for largest, cost, axis in options if largest <= balanced)[1]
+
+
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One kernel of a part: C[rows, cols] (+)= A[rows, ks] B[ks, cols], in global coordinates,
+    with the copies it needs first and the block of C it completes (None: not yet complete)."""
+
+    rows: Span
+    cols: Span
+    ks: Span
+    beta: float
+    copy_a: tuple[Span, Span] | None = None   # (rows, ks) of A
+    copy_b: tuple[Span, Span] | None = None   # (ks, cols) of B
+    copy_c: tuple[Span, Span] | None = None   # (rows, cols) of C, read by beta
+    gather: tuple[Span, Span] | None = None   # (rows, cols) of the result to send back
+
+
+def _cuts(span: Span, pieces: int, granule: int) -> list[Span]:
+    start, stop = span
+    return [(start + a, start + b) for a, b in partition(stop - start, [0] * max(1, pieces), granule) if b > a]
+
+
+def schedule(part: Part, M: int, N: int, K: int, *, beta: float, copy_a: bool, copy_b: bool,
+             chunks: int, granule: int, k_granule: int, accumulate: bool, gather: bool) -> list[Step]:
+    """The steps of a part. Inputs that must travel (`copy_a`, `copy_b`) are streamed: the output
+    is cut into `chunks` blocks (of whole `granule`s) along the dimension the part does not split
+    (columns for a band of rows, rows for a band of columns), and the first block is also cut
+    along K (when the kernel can accumulate with beta = 1) so that the first kernel waits for
+    little. A K slab is cut along K. Each step copies only what no earlier step brought; C is
+    copied in where beta reads it, and `gather` sends each finished block back."""
+    pieces = chunks if copy_a or copy_b else 1
+    k_pieces = pieces if accumulate else 1
+    remote = {"A": copy_a, "B": copy_b, "C": beta != 0}
+    if part.axis == 2:
+        rows, cols = (0, M), (0, N)
+        ks_list = _cuts((part.start, part.stop), k_pieces, k_granule) or [(part.start, part.stop)]
+        steps = []
+        for i, ks in enumerate(ks_list):
+            steps.append(Step(rows, cols, ks, beta if i == 0 else 1.0,
+                              copy_a=(rows, ks) if remote["A"] else None,
+                              copy_b=(ks, cols) if remote["B"] else None,
+                              copy_c=(rows, cols) if i == 0 and beta != 0 and remote["C"] else None,
+                              gather=(rows, cols) if gather and i == len(ks_list) - 1 else None))
+        return steps
+    band = (part.start, part.stop)
+    full = (0, N) if part.axis == 0 else (0, M)
+    blocks = _cuts(full, pieces, granule) or [full]
+    steps = []
+    for j, block in enumerate(blocks):
+        rows, cols = (band, block) if part.axis == 0 else (block, band)
+        ks_list = (_cuts((0, K), k_pieces, k_granule) or [(0, K)]) if j == 0 else [(0, K)]
+        for i, ks in enumerate(ks_list):
+            # A band of rows streams B by columns: A's band comes with the first block's K pieces
+            # (and is then whole); a band of columns streams A by rows, B's band coming first.
+            needs_a = remote["A"] and (part.axis == 1 or j == 0)
+            needs_b = remote["B"] and (part.axis == 0 or j == 0)
+            steps.append(Step(rows, cols, ks, beta if i == 0 else 1.0,
+                              copy_a=(rows, ks) if needs_a else None,
+                              copy_b=(ks, cols) if needs_b else None,
+                              copy_c=(rows, cols) if i == 0 and beta != 0 and remote["C"] else None,
+                              gather=(rows, cols) if gather and i == len(ks_list) - 1 else None))
+    return steps
+
+
+# --- the devices ----------------------------------------------------------------------------------
 
 class DeviceLayer(Protocol):
-    """What a split GEMM needs from the devices."""
+    """What a split GEMM needs from the devices. Streams, events and copies are asynchronous;
+    `synchronize` waits for a device's work and raises if any of it failed."""
 
-    def place(self, device: int, array: Any, layout: str) -> Any: ...
-    def stream(self, device: int) -> Any: ...
-    def launch(self, device: int, plan: Plan, a: Any, b: Any, c: Any, alpha: float, beta: float,
-               stream: Any) -> None: ...
-    def start_timer(self, device: int, stream: Any) -> Any: ...
-    def stop_timer(self, device: int, stream: Any, timer: Any) -> float: ...
+    def locate(self, array: Any, layout: str, what: str) -> Region: ...
+    def device_of(self, array: Any) -> int: ...
+    def allocate(self, device: int, rows: int, cols: int, layout: str) -> Region: ...
+    def hand_over(self, region: Region) -> Any: ...   # an allocated buffer as the caller's array
+    def free(self, region: Region) -> None: ...
+    def kernel(self, device: int, plan: Plan) -> Launcher: ...
+    def stream(self, device: int, role: str) -> Any: ...
+    def record(self, device: int, stream: Any) -> Any: ...
+    def wait(self, device: int, stream: Any, event: Any) -> None: ...
+    def copy(self, dst: Region, src: Region, stream: Any) -> None: ...
+    def accumulate(self, dst: Region, src: Region, stream: Any) -> None: ...
+    def launch(self, kernel: Launcher, M: int, N: int, K: int, alpha: float, a: Region, b: Region,
+               beta: float, c: Region, stream: Any) -> None: ...
+    def elapsed_ms(self, start: Any, end: Any) -> float: ...
     def synchronize(self, device: int) -> None: ...
-    def gather(self, target: Any, part: Part, band: Any) -> None: ...
+
+
+def _kernels(kernels: Plan | Callable[[int], Launcher], layer: DeviceLayer) -> Callable[[int], Launcher]:
+    if isinstance(kernels, Plan):
+        if kernels.reduce_count:
+            raise ValueError(f"{kernels.name} fuses 'reduce min', which needs every entry of C on one "
+                             "device: it cannot be split")
+        return lambda device: layer.kernel(device, kernels)
+    return kernels
+
+
+def _accumulates(kernel: Launcher) -> bool:
+    """Whether the kernel reads C (beta), so that a K piece can add to the one before."""
+    plan = getattr(kernel, "plan", None)
+    return getattr(plan, "beta", True)
+
+
+def _granule(kernel: Launcher) -> tuple[int, int, int]:
+    """Band and chunk sizes along M, N and K: whole tiles of the kernel where it has a plan (K in
+    multiples of 32 at least, which keep every slab's address 16-byte aligned), else 128."""
+    plan = getattr(kernel, "plan", None)
+    if plan is None:
+        return 128, 128, 128
+    return plan.BM, plan.BN, max(32, plan.BK)
 
 
 @dataclass
 class SplitResult:
     parts: list[Part]
-    kernel_ms: dict[int, float] = field(default_factory=dict)   # per part index
+    axis: int = 0
+    kernel_ms: dict[int, float] = field(default_factory=dict)   # per part index: its kernels' time
     end_to_end_ms: float = 0.0
+    bytes_moved: int = 0            # between devices
+    steps: dict[int, int] = field(default_factory=dict)          # kernels per part
 
     @property
     def slowest_kernel_ms(self) -> float:
         return max(self.kernel_ms.values()) if self.kernel_ms else 0.0
 
 
-def _band(array: Any, part: Part, which: str) -> Any:
-    """The slice of A, B or C that a part needs (A rows for row bands, B columns for column bands)."""
-    if which == "C":
-        return array[part.start:part.stop, :] if part.axis == 0 else array[:, part.start:part.stop]
-    if which == "A":
-        return array[part.start:part.stop, :] if part.axis == 0 else array
-    return array if part.axis == 0 else array[:, part.start:part.stop]
+class _Failure:
+    """Which device and stage a split is at, for the error that names them."""
+
+    def __init__(self):
+        self.device, self.stage = None, "planning"
+
+    def at(self, device: int, stage: str) -> None:
+        self.device, self.stage = device, stage
 
 
-def split_gemm(plan: Plan, A: Any, B: Any, C: Any, *, alpha: float = 1.0, beta: float = 0.0,
-               devices: list[int], layer: DeviceLayer | None = None) -> SplitResult:
+def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any, *,
+               alpha: float = 1.0, beta: float = 0.0, devices: list[int],
+               layer: DeviceLayer | None = None, axis: int | None = None,
+               chunks: int = DEFAULT_CHUNKS, local_views: bool = True) -> SplitResult:
     """C = alpha A B + beta C over `devices`; C is written only when every device has finished.
 
-    A, B and C are CuPy arrays (on any one GPU) unless another `layer` says otherwise.
+    `kernels` is a Plan (compiled for each device) or a function giving the kernel to launch on
+    a device. A, B and C are device arrays (CuPy, PyTorch, ...) in the kernel's layouts, on any
+    GPUs; C's device gathers the result. `axis` forces the split (0 rows, 1 columns, 2 K; default:
+    the fewest bytes), `chunks` the blocks each part streams in. `local_views=False` copies even
+    operands already on a part's device (to exercise the copies on one GPU).
     """
     layer = layer or CupyLayer()
-    M, K = A.shape
-    N = B.shape[1]
-    parts = [p for p in partition(M, N, devices, plan) if p.size > 0]
-    result = SplitResult(parts)
-    layouts = {name: plan.spec[f"layout.{name}"] for name in "ABC"}
+    if not devices:
+        raise ValueError("no devices to split over")
+    kernel_on = _kernels(kernels, layer)
+    where = _Failure()
     started = time.perf_counter()
-    placed, streams, timers = {}, {}, {}
-    stage, device = "copying the inputs", parts[0].device if parts else None
+    result = SplitResult([])
+    run = None
     try:
-        for index, part in enumerate(parts):
-            device = part.device
-            streams[index] = layer.stream(device)
-            placed[index] = tuple(layer.place(device, _band(x, part, name), layouts[name])
-                                  for x, name in ((A, "A"), (B, "B"), (C, "C")))
-        # Every copy has landed, whichever stream the copy engine used, before any kernel starts.
-        for part in parts:
-            device = part.device
+        where.at(devices[0], "preparing the kernel")
+        first = kernel_on(devices[0])
+        layouts = first.layouts
+        a, b, c = (layer.locate(x, layouts[n], n) for x, n in ((A, "A"), (B, "B"), (C, "C")))
+        M, K, N = a.rows, a.cols, b.cols
+        if b.rows != K or (c.rows, c.cols) != (M, N):
+            raise ValueError(f"A is {a.rows} x {a.cols}, B {b.rows} x {b.cols} and C {c.rows} x "
+                             f"{c.cols}: C must be M x N for A M x K times B K x N")
+        if beta != 0 and not _accumulates(first):
+            raise ValueError("this kernel does not read C ('epilogue alpha'): beta must be 0")
+        if M == 0 or N == 0:
+            return result
+        granules = _granule(first)
+        home = c.device
+        if axis is None:
+            axis = choose_axis(M, N, K, devices, home, beta != 0, granules) if K else 0
+        parts = [p for p in make_parts(M, N, K, devices, axis, granules[axis]) if p.size]
+        if not parts:  # K = 0 along K: nothing to sum, C = beta C on one device
+            parts = [Part(devices[0], 0, 0, M)]
+        result = SplitResult(parts, parts[0].axis)
+        run = _SplitRun(layer, kernel_on, where, a, b, c, alpha, beta, chunks, local_views,
+                        granules, _accumulates(first))
+        run.issue(result)
+        for device in sorted({p.device for p in parts} | {home}):
+            where.at(device, "waiting for the results")
             layer.synchronize(device)
-        stage = "running the kernel"
-        for index, part in enumerate(parts):
-            device = part.device
-            a, b, c = placed[index]
-            timers[index] = layer.start_timer(device, streams[index])
-            layer.launch(device, plan, a, b, c, alpha, beta, streams[index])
-        stage = "waiting for the results"
-        for index, part in enumerate(parts):
-            device = part.device
-            result.kernel_ms[index] = layer.stop_timer(device, streams[index], timers[index])
-            layer.synchronize(device)
+        for index, timers in run.timers.items():
+            result.kernel_ms[index] = sum(layer.elapsed_ms(t0, t1) for t0, t1 in timers)
+        where.at(home, "writing C")
+        out = layer.stream(home, "out")
+        layer.copy(c, run.staging, out)
+        layer.synchronize(home)
+        run.free()
+    except ValueError:
+        raise  # arguments that cannot be split (ShapeError included): nothing was started
     except Exception as exc:  # noqa: BLE001 - any failure: say which device, write nothing
-        raise MultiGpuError(f"device {device} failed while {stage}: {exc}; C was not written") from exc
-    for index, part in enumerate(parts):
-        layer.gather(C, part, placed[index][2])
+        if run is not None:
+            run.drain()
+        raise MultiGpuError(f"device {where.device} failed while {where.stage}: {exc}; "
+                            "C was not written") from exc
+    result.bytes_moved = run.bytes_moved
     result.end_to_end_ms = (time.perf_counter() - started) * 1e3
     return result
 
 
+class _SplitRun:
+    """The buffers, streams and events of one split GEMM, issued part by part."""
+
+    def __init__(self, layer, kernel_on, where, a, b, c, alpha, beta, chunks, local_views, granules,
+                 accumulate):
+        self.layer, self.kernel_on, self.where = layer, kernel_on, where
+        self.a, self.b, self.c = a, b, c
+        self.alpha, self.beta, self.chunks = alpha, beta, chunks
+        self.local_views, self.granules, self.accumulate = local_views, granules, accumulate
+        self.timers: dict[int, list] = {}
+        self.bytes_moved = 0
+        self.devices: set[int] = {c.device}
+        self.allocated: list[Region] = []
+        where.at(c.device, "allocating the staging C")
+        self.staging = self._allocate(c.device, c.rows, c.cols, c.layout)
+
+    def _allocate(self, device: int, rows: int, cols: int, layout: str) -> Region:
+        region = self.layer.allocate(device, rows, cols, layout)
+        self.allocated.append(region)
+        return region
+
+    def free(self) -> None:
+        """Give the buffers back, once nothing in flight uses them."""
+        for region in self.allocated:
+            self.layer.free(region)
+        self.allocated = []
+
+    def _copy(self, dst: Region, src: Region, stream) -> None:
+        self.layer.copy(dst, src, stream)
+        if dst.device != src.device:
+            self.bytes_moved += dst.nbytes
+
+    def _local(self, operand: Region, device: int) -> bool:
+        return self.local_views and operand.device == device
+
+    def issue(self, result: SplitResult) -> None:
+        layer, home = self.layer, self.c.device
+        M, K, N = self.a.rows, self.a.cols, self.b.cols
+        parts = result.parts
+        owner = _owner(parts, home)
+        reduction = layer.stream(home, "compute")
+        pending = []   # (event, partial) the reduction waits for and adds; partial None: just wait
+        for index, part in enumerate(parts):
+            device = part.device
+            self.devices.add(device)
+            self.where.at(device, "preparing the kernel")
+            kernel = self.kernel_on(device)
+            self.where.at(device, "allocating its buffers")
+            rows, cols, ks = self._extent(part, M, N, K)
+            bufs = {"A": self._operand(self.a, device, rows, ks),
+                    "B": self._operand(self.b, device, ks, cols)}
+            part_beta = self.beta if part.axis != 2 or index == owner else 0.0
+            # The part writes straight into the staging C where it can: on C's device, and, for
+            # a K split, as the part that applies beta (the others' partials are added to it).
+            into_staging = device == home and self.local_views and (part.axis != 2 or index == owner)
+            partial = part.axis == 2 and index != owner
+            if into_staging:
+                bufs["C"] = (self.staging, (0, 0))
+            else:
+                bufs["C"] = (self._allocate(device, rows[1] - rows[0], cols[1] - cols[0], self.c.layout),
+                             (rows[0], cols[0]))
+            steps = schedule(part, M, N, K, beta=part_beta, copy_a=bufs["A"][0] is not self.a,
+                             copy_b=bufs["B"][0] is not self.b, chunks=self.chunks,
+                             granule=self.granules[1 - part.axis] if part.axis < 2 else self.granules[2],
+                             k_granule=self.granules[2], accumulate=self.accumulate,
+                             gather=not into_staging)
+            result.steps[index] = len(steps)
+            target = None
+            if partial:  # summed into the staging C on `home` once it is there
+                self.where.at(home, "allocating a partial C")
+                target = self._allocate(home, M, N, self.c.layout)
+            self.timers[index] = []
+            copies, compute, out = (layer.stream(device, role) for role in ("in", "compute", "out"))
+            for step in steps:
+                self.where.at(device, "copying its inputs")
+                copied = False
+                for name, block, source in (("A", step.copy_a, self.a), ("B", step.copy_b, self.b),
+                                            ("C", step.copy_c, self.c)):
+                    if block is not None:
+                        self._copy(self._in(bufs[name], *block), source.sub(*block), copies)
+                        copied = True
+                if copied:
+                    layer.wait(device, compute, layer.record(device, copies))
+                self.where.at(device, "running the kernel")
+                a = self._in(bufs["A"], step.rows, step.ks)
+                b = self._in(bufs["B"], step.ks, step.cols)
+                c = self._in(bufs["C"], step.rows, step.cols)
+                start = layer.record(device, compute)
+                layer.launch(kernel, c.rows, c.cols, a.cols, self.alpha, a, b, step.beta, c, compute)
+                self.timers[index].append((start, layer.record(device, compute)))
+                if step.gather is not None:
+                    self.where.at(device, "sending its C back")
+                    layer.wait(device, out, layer.record(device, compute))
+                    dst = (target if partial else self.staging).sub(*step.gather)
+                    self._copy(dst, self._in(bufs["C"], *step.gather), out)
+                    pending.append((layer.record(device, out), target if partial else None))
+            if into_staging:
+                pending.append((layer.record(device, compute), None))
+        self.where.at(home, "summing the partial products")
+        for event, partial in pending:
+            layer.wait(home, reduction, event)
+        for event, partial in pending:
+            if partial is not None:
+                layer.accumulate(self.staging, partial, reduction)
+        # The final copy into C (on home's "out" stream) waits for everything that wrote staging.
+        layer.wait(home, layer.stream(home, "out"), layer.record(home, reduction))
+
+    @staticmethod
+    def _extent(part: Part, M: int, N: int, K: int) -> tuple[Span, Span, Span]:
+        """Rows and columns of C and the K range a part covers."""
+        span = (part.start, part.stop)
+        return ((span, (0, N), (0, K)), ((0, M), span, (0, K)), ((0, M), (0, N), span))[part.axis]
+
+    def _operand(self, operand: Region, device: int, rows: Span, cols: Span):
+        """The operand itself where it is on the device, else a buffer for the part's block of it;
+        with the global (row, col) at which the buffer starts."""
+        if self._local(operand, device):
+            return operand, (0, 0)
+        return self._allocate(device, rows[1] - rows[0], cols[1] - cols[0], operand.layout), (rows[0], cols[0])
+
+    @staticmethod
+    def _in(buffer, rows: Span, cols: Span) -> Region:
+        region, (r0, c0) = buffer
+        return region.sub((rows[0] - r0, rows[1] - r0), (cols[0] - c0, cols[1] - c0))
+
+    def drain(self) -> None:
+        """After a failure: let whatever is still in flight finish before buffers are freed."""
+        for device in self.devices:
+            try:
+                self.layer.synchronize(device)
+            except Exception:  # noqa: BLE001 - the failure being reported is the one that matters
+                pass
+        self.free()
+
+
+# --- shards already on their devices ---------------------------------------------------------------
+
+class Shard(NamedTuple):
+    """One device's operands, already on it: C = alpha A B + beta C there (C made when None)."""
+
+    A: Any
+    B: Any
+    C: Any = None
+
+
+@dataclass
+class ResidentResult:
+    bands: list[Any]                 # each shard's C, on its device
+    kernel_ms: list[float]
+    end_to_end_ms: float
+
+    @property
+    def slowest_kernel_ms(self) -> float:
+        return max(self.kernel_ms, default=0.0)
+
+
+def resident_gemm(kernels: Plan | Callable[[int], Launcher], shards: list[Shard], *,
+                  alpha: float = 1.0, beta: float = 0.0,
+                  layer: DeviceLayer | None = None) -> ResidentResult:
+    """Each shard's C = alpha A B + beta C on the device that holds its A, with no copies: the
+    shards are, say, bands of A's rows with B on every device (giving bands of C's rows), or bands
+    of B's columns with A everywhere. Every kernel is launched before any is waited for."""
+    layer = layer or CupyLayer()
+    kernel_on = _kernels(kernels, layer)
+    where = _Failure()
+    started = time.perf_counter()
+    bands, timers, devices = [], [], []
+    try:
+        for shard in shards:
+            where.at(None, "reading a shard")
+            device = layer.device_of(shard.A)  # its kernel then says the layouts the shard must have
+            where.at(device, "preparing the kernel")
+            kernel = kernel_on(device)
+            layouts = kernel.layouts
+            a, b = layer.locate(shard.A, layouts["A"], "A"), layer.locate(shard.B, layouts["B"], "B")
+            if shard.C is None:
+                if beta != 0:
+                    raise ValueError("beta is not 0 but a shard has no C to read")
+                c = layer.allocate(device, a.rows, b.cols, layouts["C"])
+                bands.append(layer.hand_over(c))
+            else:
+                c = layer.locate(shard.C, layouts["C"], "C")
+                bands.append(shard.C)
+            for region, name in ((b, "B"), (c, "C")):
+                if region.device != device:
+                    raise ValueError(f"a shard's {name} is on device {region.device} and its A on "
+                                     f"{device}: resident_gemm moves nothing, so each shard lives on one device")
+            if b.rows != a.cols or (c.rows, c.cols) != (a.rows, b.cols):
+                raise ValueError(f"a shard on device {device}: A {a.rows} x {a.cols}, B {b.rows} x "
+                                 f"{b.cols}, C {c.rows} x {c.cols} do not multiply")
+            compute = layer.stream(device, "compute")
+            where.at(device, "running the kernel")
+            start = layer.record(device, compute)
+            layer.launch(kernel, a.rows, b.cols, a.cols, alpha, a, b, beta, c, compute)
+            timers.append((start, layer.record(device, compute)))
+            devices.append(device)
+        for device in sorted(set(devices)):
+            where.at(device, "waiting for the results")
+            layer.synchronize(device)
+        kernel_ms = [layer.elapsed_ms(t0, t1) for t0, t1 in timers]
+    except ValueError:
+        raise  # shards that do not multiply, or not on one device each
+    except Exception as exc:  # noqa: BLE001
+        raise MultiGpuError(f"device {where.device} failed while {where.stage}: {exc}") from exc
+    return ResidentResult(bands, kernel_ms, (time.perf_counter() - started) * 1e3)
+
+
+# --- CuPy and the CUDA runtime --------------------------------------------------------------------
+
 class CupyLayer:
-    """The real devices: CuPy arrays, gemmgen kernels, one non-blocking stream per device."""
+    """The real devices: CuPy buffers, non-blocking streams per device and role, CUDA events,
+    2-D copies through cudaMemcpy2DAsync (peer to peer where the GPUs allow it)."""
+
+    MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction (and peer copies) from unified addresses
 
     def __init__(self, compiled=None):
         import cupy
         self.cp = cupy
         self.compiled = compiled
         self.kernels: dict[tuple[int, str], Any] = {}
-        self.streams: dict[int, Any] = {}
+        self.streams: dict[tuple[int, str], Any] = {}
+        self.buffers: dict[int, Any] = {}
+        self.peers: set[tuple[int, int]] = set()
 
-    def place(self, device: int, array: Any, layout: str) -> Any:
-        # The caller's array may still be being written on its device's default stream, which
-        # our non-blocking streams do not wait for: finish that first.
-        source = getattr(getattr(array, "device", None), "id", None)
-        if source is not None:
-            with self.cp.cuda.Device(source):
-                self.cp.cuda.Device(source).synchronize()
-                array = self.cp.ascontiguousarray(array)  # CuPy copies only dense arrays between GPUs
-                self.cp.cuda.Device(source).synchronize()
-        # On the device's own stream, so that its kernel cannot start before its inputs landed.
-        with self.cp.cuda.Device(device), self.stream(device):
-            # Always a copy (a peer copy from another GPU): the caller's C is written only by gather.
-            local = self.cp.array(array, copy=True)
-            return self.cp.ascontiguousarray(local) if layout == "row" else self.cp.asfortranarray(local)
+    def locate(self, array: Any, layout: str, what: str) -> Region:
+        from .runtime import as_matrix
+        m = as_matrix(array, what, layout)
+        device = self.cp.cuda.runtime.pointerGetAttributes(m.ptr).device if m.ptr else 0
+        # The caller may still be writing it on its own stream, which ours do not wait for.
+        with self.cp.cuda.Device(device):
+            self.cp.cuda.Device(device).synchronize()
+        return Region(device, m.ptr, m.rows, m.cols, m.layout, m.ld)
 
-    def stream(self, device: int) -> Any:
-        if device not in self.streams:
-            with self.cp.cuda.Device(device):
-                self.streams[device] = self.cp.cuda.Stream(non_blocking=True)
-        return self.streams[device]
+    def device_of(self, array: Any) -> int:
+        interface = getattr(array, "__cuda_array_interface__", None)
+        if interface is None:
+            return self.cp.asarray(array).device.id  # DLPack, through CuPy
+        ptr = interface["data"][0]
+        return self.cp.cuda.runtime.pointerGetAttributes(ptr).device if ptr else 0
+
+    def allocate(self, device: int, rows: int, cols: int, layout: str) -> Region:
+        with self.cp.cuda.Device(device):
+            array = self.cp.empty((rows, cols), self.cp.float32, order="C" if layout == "row" else "F")
+        ptr = array.data.ptr
+        self.buffers[ptr] = array  # alive as long as this layer, i.e. the split
+        return Region(device, ptr, rows, cols, layout, max(1, cols if layout == "row" else rows))
+
+    def hand_over(self, region: Region) -> Any:
+        return self.buffers.pop(region.ptr)  # the caller's array now keeps the memory
+
+    def free(self, region: Region) -> None:
+        self.buffers.pop(region.ptr, None)  # back to CuPy's pool when nothing else holds it
 
     def kernel(self, device: int, plan: Plan):
         from .runtime import Kernel
@@ -167,32 +638,75 @@ class CupyLayer:
             self.kernels[key] = Kernel(plan, self.compiled, device=device)
         return self.kernels[key]
 
-    def launch(self, device, plan, a, b, c, alpha, beta, stream) -> None:
-        with self.cp.cuda.Device(device):
-            self.kernel(device, plan)(a, b, c, alpha=alpha, beta=beta, stream=stream)
+    def stream(self, device: int, role: str) -> Any:
+        if (device, role) not in self.streams:
+            with self.cp.cuda.Device(device):
+                self.streams[device, role] = self.cp.cuda.Stream(non_blocking=True)
+        return self.streams[device, role]
 
-    def start_timer(self, device, stream):
+    def record(self, device: int, stream: Any) -> Any:
         with self.cp.cuda.Device(device):
-            start, end = self.cp.cuda.Event(), self.cp.cuda.Event()
-            start.record(stream)
-            return start, end
+            event = self.cp.cuda.Event()
+            event.record(stream)
+            return event
 
-    def stop_timer(self, device, stream, timer) -> float:
-        start, end = timer
+    def wait(self, device: int, stream: Any, event: Any) -> None:
         with self.cp.cuda.Device(device):
-            end.record(stream)
-            end.synchronize()
-            return self.cp.cuda.get_elapsed_time(start, end)
+            stream.wait_event(event)
+
+    def _peer(self, dst: int, src: int) -> None:
+        runtime = self.cp.cuda.runtime
+        for a, b in ((dst, src), (src, dst)):
+            if a != b and (a, b) not in self.peers:
+                self.peers.add((a, b))
+                if runtime.deviceCanAccessPeer(a, b):
+                    with self.cp.cuda.Device(a):
+                        try:
+                            runtime.deviceEnablePeerAccess(b)
+                        except runtime.CUDARuntimeError:
+                            pass  # already enabled
+                # Without peer access the driver stages the copy through the host.
+
+    def copy(self, dst: Region, src: Region, stream: Any) -> None:
+        if (dst.rows, dst.cols, dst.layout) != (src.rows, src.cols, src.layout):
+            raise ValueError(f"copy between a {src.rows} x {src.cols} {src.layout}-major block and a "
+                             f"{dst.rows} x {dst.cols} {dst.layout}-major one")
+        if dst.rows == 0 or dst.cols == 0:
+            return
+        self._peer(dst.device, src.device)
+        lines, length = (src.rows, src.cols) if src.layout == "row" else (src.cols, src.rows)
+        with self.cp.cuda.Device(dst.device):
+            self.cp.cuda.runtime.memcpy2DAsync(dst.ptr, FLOAT_BYTES * dst.ld, src.ptr, FLOAT_BYTES * src.ld,
+                                               FLOAT_BYTES * length, lines, self.MEMCPY_DEFAULT, stream.ptr)
+
+    def _view(self, region: Region) -> Any:
+        cp = self.cp
+        lines, length = (region.rows, region.cols) if region.layout == "row" else (region.cols, region.rows)
+        extent = FLOAT_BYTES * ((lines - 1) * region.ld + length)
+        memory = cp.cuda.UnownedMemory(region.ptr, extent, self, region.device)
+        strides = ((FLOAT_BYTES * region.ld, FLOAT_BYTES) if region.layout == "row"
+                   else (FLOAT_BYTES, FLOAT_BYTES * region.ld))
+        return cp.ndarray((region.rows, region.cols), cp.float32, cp.cuda.MemoryPointer(memory, 0),
+                          strides=strides)
+
+    def accumulate(self, dst: Region, src: Region, stream: Any) -> None:
+        with self.cp.cuda.Device(dst.device), stream:
+            target = self._view(dst)
+            target += self._view(src)
+
+    def launch(self, kernel, M, N, K, alpha, a: Region, b: Region, beta, c: Region, stream) -> None:
+        with self.cp.cuda.Device(c.device):
+            kernel.launch(M, N, K, alpha, a.ptr, a.ld, b.ptr, b.ld, beta, c.ptr, c.ld, stream=stream)
+
+    def elapsed_ms(self, start, end) -> float:
+        return self.cp.cuda.get_elapsed_time(start, end)
 
     def synchronize(self, device: int) -> None:
         with self.cp.cuda.Device(device):
             self.cp.cuda.Device(device).synchronize()
 
-    def gather(self, target, part: Part, band) -> None:
-        with self.cp.cuda.Device(target.device.id):
-            _band(target, part, "C")[...] = self.cp.asarray(band)
-            self.cp.cuda.Device(target.device.id).synchronize()
 
+# --- measuring ------------------------------------------------------------------------------------
 
 @dataclass
 class ScalingReport:
@@ -202,28 +716,39 @@ class ScalingReport:
     K: int
     one_gpu_ms: float
     split: SplitResult
+    resident: ResidentResult | None = None
 
     @property
     def flops(self) -> float:
         return 2.0 * self.M * self.N * self.K
 
+    def _tflops(self, ms: float) -> float:
+        return self.flops / (ms * 1e-3) / 1e12 if ms else 0.0
+
     @property
     def one_gpu_tflops(self) -> float:
-        return self.flops / (self.one_gpu_ms * 1e-3) / 1e12
+        return self._tflops(self.one_gpu_ms)
 
     @property
     def kernel_tflops(self) -> float:
-        """All devices together, limited by the slowest one's kernel."""
-        return self.flops / (self.split.slowest_kernel_ms * 1e-3) / 1e12
+        """All devices together, limited by the slowest one's kernels."""
+        return self._tflops(self.split.slowest_kernel_ms)
 
     @property
     def end_to_end_tflops(self) -> float:
-        return self.flops / (self.split.end_to_end_ms * 1e-3) / 1e12
+        return self._tflops(self.split.end_to_end_ms)
+
+    @property
+    def resident_tflops(self) -> float:
+        return self._tflops(self.resident.end_to_end_ms) if self.resident else 0.0
+
+    def scaling(self, tflops: float) -> float:
+        """Throughput over N times one GPU's (1.0 is perfect)."""
+        return tflops / (len(self.devices) * self.one_gpu_tflops) if self.one_gpu_tflops else 0.0
 
     @property
     def efficiency(self) -> float:
-        """Kernel throughput over N times the one-GPU kernel throughput (1.0 is perfect)."""
-        return self.kernel_tflops / (len(self.devices) * self.one_gpu_tflops)
+        return self.scaling(self.kernel_tflops)
 
 
 def parse_devices(text: str, available: int) -> list[int]:
@@ -243,34 +768,59 @@ def parse_devices(text: str, available: int) -> list[int]:
     return devices
 
 
+def _inputs(cp, M: int, N: int, K: int, layouts: dict, seed: int):
+    """Random A and B in [-1, 1] and a NaN-poisoned C, each in its layout, on the current device."""
+    rng = cp.random.default_rng(seed)
+    place = {"row": cp.ascontiguousarray, "col": cp.asfortranarray}
+    A = place[layouts["A"]](rng.uniform(-1, 1, (M, K), dtype=cp.float32))
+    B = place[layouts["B"]](rng.uniform(-1, 1, (K, N), dtype=cp.float32))
+    C = place[layouts["C"]](cp.full((M, N), cp.nan, dtype=cp.float32))
+    return A, B, C
+
+
+def worst_error_ratio(cp, A, B, C, math: str) -> float:
+    """max |C - A B| over the tolerance of the kernel's math mode, against float64 (NaN: inf)."""
+    from .verify import tolerance
+    reference = A.astype(cp.float64) @ B.astype(cp.float64)
+    scale = cp.abs(A).astype(cp.float64) @ cp.abs(B).astype(cp.float64)
+    ratio = cp.abs(C.astype(cp.float64) - reference) / tolerance(scale, A.shape[1], math)
+    return float(cp.nan_to_num(ratio, nan=cp.inf).max())
+
+
 def measure_scaling(plan: Plan, M: int, N: int, K: int, devices: list[int], *, runs: int = 3,
-                    compiled=None) -> tuple[ScalingReport, float]:
-    """Time one GPU on the whole problem and the split over `devices` (median of `runs`), after
-    checking the split result against float64; returns the report and the worst error ratio."""
+                    compiled=None, axis: int | None = None, chunks: int = DEFAULT_CHUNKS,
+                    local_views: bool = True) -> tuple[ScalingReport, float]:
+    """One GPU on the whole problem against the split over `devices` (inputs starting on the
+    first, in the kernel's layouts) and against shards already resident (bands of A's rows, B on
+    each device); the split and the shards are checked against float64 first. Medians of `runs`.
+    Returns the report and the worst error ratio (<= 1 passes)."""
     import cupy as cp
 
     from .bench import time_gpu
-    from .verify import tolerance
 
     layer = CupyLayer(compiled)
     home = devices[0]
+    kernel = layer.kernel(home, plan)
     with cp.cuda.Device(home):
-        rng = cp.random.default_rng(M * 31 + N * 17 + K)
-        A = rng.uniform(-1, 1, (M, K), dtype=cp.float32)
-        B = rng.uniform(-1, 1, (K, N), dtype=cp.float32)
-        C = cp.full((M, N), cp.nan, dtype=cp.float32)
-        # Check first: the split result against float64, every element written.
-        split_gemm(plan, A, B, C, devices=devices, layer=layer)
-        reference = A.astype(cp.float64) @ B.astype(cp.float64)
-        scale = cp.abs(A).astype(cp.float64) @ cp.abs(B).astype(cp.float64)
-        ratio = cp.abs(C.astype(cp.float64) - reference) / tolerance(scale, K)
-        worst = float(cp.nan_to_num(ratio, nan=cp.inf).max())
-        del reference, scale, ratio
-        kernel = layer.kernel(home, plan)
-        whole = lambda: kernel(A, B, C)  # noqa: E731
-        one_gpu = time_gpu(whole, budget_s=0.2, min_runs=runs).median_ms
-    results = [split_gemm(plan, A, B, C, devices=devices, layer=layer) for _ in range(runs + 1)][1:]
-    results.sort(key=lambda r: r.slowest_kernel_ms)
+        A, B, C = _inputs(cp, M, N, K, kernel.layouts, M * 31 + N * 17 + K)
+        split = lambda: split_gemm(plan, A, B, C, devices=devices, layer=layer, axis=axis,  # noqa: E731
+                                   chunks=chunks, local_views=local_views)
+        split()
+        worst = worst_error_ratio(cp, A, B, C, plan.math)
+        one_gpu = time_gpu(lambda: kernel(A, B, C), budget_s=0.2, min_runs=runs).median_ms
+    results = sorted((split() for _ in range(runs + 1)), key=lambda r: r.end_to_end_ms)[:runs]
     median = results[len(results) // 2]
-    median.end_to_end_ms = sorted(r.end_to_end_ms for r in results)[len(results) // 2]
-    return ScalingReport(devices, M, N, K, one_gpu, median), worst
+    shards, rows = [], make_parts(M, N, K, devices, 0, plan.BM)
+    for part in rows:
+        with cp.cuda.Device(part.device):
+            shards.append(Shard(cp.array(A[part.start:part.stop], order="C" if kernel.layouts["A"] == "row" else "F"),
+                                cp.array(B, order="C" if kernel.layouts["B"] == "row" else "F")))
+    resident = lambda: resident_gemm(plan, shards, layer=layer)  # noqa: E731
+    first = resident()
+    for part, band in zip(rows, first.bands):
+        with cp.cuda.Device(home):
+            C[part.start:part.stop] = cp.asarray(band) if part.device == home else cp.array(band)
+    with cp.cuda.Device(home):
+        worst = max(worst, worst_error_ratio(cp, A, B, C, plan.math))
+    timed = sorted((resident() for _ in range(runs)), key=lambda r: r.end_to_end_ms)
+    return ScalingReport(devices, M, N, K, one_gpu, median, timed[len(timed) // 2]), worst

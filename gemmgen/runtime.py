@@ -217,6 +217,8 @@ class Kernel:
     def __init__(self, plan: Plan, compiled: Compiled | None = None, device: int = 0):
         self.plan = plan
         self.device = device
+        # The layout each operand must have: what a caller (a split over GPUs) places them in.
+        self.layouts = {"A": plan.spec["layout.A"], "B": plan.spec["layout.B"], "C": plan.c_layout}
         use_device(device)
         self.compiled = compiled or compile_plan(plan)
         driver = _driver()

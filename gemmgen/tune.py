@@ -6,11 +6,13 @@ the on-disk cache), then a worker process validates each candidate on small awkw
 times it at the target shape. The worker is disposable: a candidate that crashes the GPU context
 or hangs ends only that worker, is recorded with its reason, and a new worker carries on. Every
 result is appended to a JSON-lines database at once, so an interrupted search resumes where it
-stopped and a repeated one measures nothing twice.
+stopped and a repeated one measures nothing twice. On a Dask cluster (a scheduler's address, or a
+local one over several GPUs), gemmgen/distributed.py evaluates the same batches instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -82,48 +84,70 @@ def _worker(jobs: list[tuple[Plan, str | None]], shape: Case, db: str, scope: st
     """Validate and time candidates in order; runs in a child process that may die."""
     if device is not None:  # before any CUDA call: this process sees only its own GPU
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
-    from . import verify
-    from .baseline import cublas_gemm
-    from .bench import L2Flusher, time_gpu
-    from .runtime import Kernel, device_info
-
-    info = device_info()
-    flusher = L2Flusher(info)
-    buffers = _time_setup(shape)
-    if with_cublas:  # in the candidates' precision and layouts, on the same buffers
-        layouts = layouts or {"A": "row", "B": "row", "C": "row"}
-        lds = _leading_dimensions(shape, layouts)
-        timing = time_gpu(lambda: cublas_gemm(
-            shape.M, shape.N, shape.K, 1.0, buffers["A"].data.ptr, lds["A"], buffers["B"].data.ptr, lds["B"],
-            0.0, buffers["C"].data.ptr, lds["C"], layouts, tf32=baseline == "cuBLAS TF32"),
-            flush=flusher, budget_s=budget_s)
-        _append(Path(db), {"scope": scope, "key": CUBLAS_KEY, "point": baseline, "status": "ok",
-                           "ms": timing.median_ms, "tflops": _tflops(shape, timing.median_ms)})
-    problems: dict = {}
+    bench = GpuBench(shape, budget_s)
+    if with_cublas:
+        _append(Path(db), {"scope": scope, **bench.cublas(baseline, layouts)})
     for plan, source in jobs:
         key = point_key(plan.spec)
         Path(state).write_text(key)
         entry = {"scope": scope, "key": key, "point": describe(plan.spec)}
         try:
-            kernel = Kernel(plan, _compiled(plan, source))
-            report = verify.check(kernel, VALIDATION_CASES, problems=problems)
-            if not report.ok:
-                bad = report.failures[0]
-                entry.update(status="invalid", reason=f"{bad.case}: {bad.message}")
-            else:
-                lds = _leading_dimensions(shape, {x: plan.spec[f"layout.{x}"] for x in "ABC"})
-                run = lambda: kernel.launch(  # noqa: E731
-                    shape.M, shape.N, shape.K, 1.0, buffers["A"].data.ptr, lds["A"],
-                    buffers["B"].data.ptr, lds["B"], 0.0, buffers["C"].data.ptr, lds["C"])
-                timing = time_gpu(run, flush=flusher, budget_s=budget_s)
-                entry.update(status="ok", ms=timing.median_ms, tflops=_tflops(shape, timing.median_ms))
-            kernel.close()
+            entry.update(bench.candidate(plan, _compiled(plan, source)))
         except Exception as exc:  # noqa: BLE001 - a fault poisons this process's GPU context
             entry.update(status="crash", reason=f"{type(exc).__name__}: {str(exc)[:400]}")
             _append(Path(db), entry)
             os._exit(3)  # the parent starts a fresh worker (and context) for the rest
         _append(Path(db), entry)
     Path(state).write_text("")
+
+
+class GpuBench:
+    """What a GPU worker keeps between candidates at one shape: timing buffers, the L2 flusher,
+    the validation inputs. `candidate` validates and times one compiled point, `cublas` the
+    baseline; both return the fields of a record. Call them in the process that may die."""
+
+    def __init__(self, shape: Case, budget_s: float):
+        from .bench import L2Flusher
+        from .runtime import device_info
+        self.shape, self.budget_s = shape, budget_s
+        self.flusher = L2Flusher(device_info())
+        self.buffers = _time_setup(shape)
+        self.problems: dict = {}
+
+    def _pointers(self, layouts: dict) -> tuple:
+        lds = _leading_dimensions(self.shape, layouts)
+        return tuple(x for name in "ABC" for x in (self.buffers[name].data.ptr, lds[name]))
+
+    def cublas(self, baseline: str, layouts: dict | None) -> dict:
+        """cuBLAS in the candidates' precision and layouts, on the same buffers."""
+        from .baseline import cublas_gemm
+        from .bench import time_gpu
+        shape, layouts = self.shape, layouts or {"A": "row", "B": "row", "C": "row"}
+        a, lda, b, ldb, c, ldc = self._pointers(layouts)
+        timing = time_gpu(lambda: cublas_gemm(shape.M, shape.N, shape.K, 1.0, a, lda, b, ldb, 0.0, c, ldc,
+                                              layouts, tf32=baseline == "cuBLAS TF32"),
+                          flush=self.flusher, budget_s=self.budget_s)
+        return {"key": CUBLAS_KEY, "point": baseline, "status": "ok", "ms": timing.median_ms,
+                "tflops": _tflops(shape, timing.median_ms)}
+
+    def candidate(self, plan: Plan, compiled) -> dict:
+        """Validated on VALIDATION_CASES, then timed at the shape: status (ok or invalid) and more."""
+        from . import verify
+        from .bench import time_gpu
+        from .runtime import Kernel
+        shape = self.shape
+        kernel = Kernel(plan, compiled)
+        try:
+            report = verify.check(kernel, VALIDATION_CASES, problems=self.problems)
+            if not report.ok:
+                bad = report.failures[0]
+                return {"status": "invalid", "reason": f"{bad.case}: {bad.message}"}
+            a, lda, b, ldb, c, ldc = self._pointers({x: plan.spec[f"layout.{x}"] for x in "ABC"})
+            timing = time_gpu(lambda: kernel.launch(shape.M, shape.N, shape.K, 1.0, a, lda, b, ldb, 0.0, c, ldc),
+                              flush=self.flusher, budget_s=self.budget_s)
+            return {"status": "ok", "ms": timing.median_ms, "tflops": _tflops(shape, timing.median_ms)}
+        finally:
+            kernel.close()
 
 
 def _leading_dimensions(shape: Case, layouts: dict) -> dict:
@@ -167,6 +191,7 @@ class TuneResult:
     evaluated: int
     seconds: float
     baseline: str = "cuBLAS FP32"  # the cuBLAS mode of cublas_tflops: the candidates' precision
+    gpus: int = 1                  # the GPUs that evaluated candidates at once
 
     @property
     def failures(self) -> list[dict]:
@@ -190,6 +215,10 @@ class Evaluator:
     evaluated: int = 0
     keys: dict = field(default_factory=dict)
     baseline: str = "cuBLAS FP32"
+
+    @property
+    def gpus(self) -> int:
+        return len(self.devices or [None])
 
     def __post_init__(self) -> None:
         self.keys = {coords: point_key(plan.spec) for coords, plan in self.space.plan_at.items()}
@@ -309,9 +338,12 @@ def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict
          max_points: int | None = None, db: Path | None = None, budget_s: float = 0.2,
          progress: Callable[[dict], None] | None = None,
          source_patch: Callable[[Plan, str], str] | None = None,
-         devices: list[int] | None = None) -> TuneResult:
-    """Search `spec`'s space at `shape` with a strategy; every record of this device and shape."""
-    from .runtime import device_info
+         devices: list[int] | None = None, scheduler=None) -> TuneResult:
+    """Search `spec`'s space at `shape` with a strategy; every record of this device and shape.
+
+    Candidates run on this host's GPU 0, or one worker process per GPU of `devices`; with a
+    `scheduler` (a Dask scheduler's address, "local" for a local cluster over `devices`, or a
+    distributed.Client) on one Dask worker per GPU of a cluster (gemmgen/distributed.py)."""
 
     started = time.perf_counter()
     module = strategies.get(strategy)
@@ -320,18 +352,32 @@ def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict
     space = expand(spec)
     if not space.valid:
         raise ValueError(f"no point of {spec.name}'s space is valid: {dict(space.pruned)}")
-    info = device_info()
-    scope = db_scope(info.name, info.driver_version, shape, spec.name)
-    # NVRTC workers start fresh (spawn): forking a process that holds a CUDA context is unsafe.
-    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1,
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        evaluator = Evaluator(space, shape, db, scope, max_points, budget_s, progress, source_patch, pool,
-                              devices)
+    if scheduler is not None:
+        from .distributed import cluster_evaluator
+        backend = cluster_evaluator(scheduler, devices, space, shape, db, max_points, budget_s,
+                                    progress, source_patch)
+    else:
+        backend = _local_evaluator(space, shape, db, max_points, budget_s, progress, source_patch, devices)
+    with backend as evaluator:
         try:
             module.tune(space, evaluator, settings)
         except strategies.Budget:
             pass
-    return summarize(space, shape, db, scope, evaluator.evaluated, time.perf_counter() - started)
+    result = summarize(space, shape, db, evaluator.scope, evaluator.evaluated, time.perf_counter() - started)
+    result.gpus = evaluator.gpus
+    return result
+
+
+@contextlib.contextmanager
+def _local_evaluator(space, shape, db, max_points, budget_s, progress, source_patch, devices):
+    """This host: a worker process per GPU, compiles in a process pool."""
+    from .runtime import device_info
+    info = device_info()
+    scope = db_scope(info.name, info.driver_version, shape, space.spec.name)
+    # NVRTC workers start fresh (spawn): forking a process that holds a CUDA context is unsafe.
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1,
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield Evaluator(space, shape, db, scope, max_points, budget_s, progress, source_patch, pool, devices)
 
 
 def summarize(space: Space, shape: Case, db: Path, scope: str, evaluated: int = 0,

@@ -128,6 +128,7 @@ class ReferenceKernel:
 
     def __init__(self, plan, *args, tf32_inputs: bool | None = None, **kwargs):
         self.plan, self.name = plan, plan.launcher_name
+        self.layouts = {"A": plan.spec["layout.A"], "B": plan.spec["layout.B"], "C": plan.c_layout}
         self.tf32_inputs = plan.spec["math"] == "tf32" if tf32_inputs is None else tf32_inputs
 
     def launch(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, smallest=None, stream=None):

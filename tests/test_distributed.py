@@ -1,0 +1,133 @@
+"""Tuning on a Dask cluster, in CI on the CPU: a local cluster of two process workers, each with a
+GPU child process, and a fake runner (tests/fake_cluster.py) in place of NVRTC and the GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fake_cluster import CUBLAS_TFLOPS, FakeRunner, tflops_of
+from gemmgen.space import expand, point_key
+from gemmgen.spec import parse
+from gemmgen.verify import Case
+
+distributed = pytest.importorskip("distributed", reason="pip install 'gemmgen[distributed]'")
+
+SPACE = """
+kernel cluster_space {
+  block  {32, 64} x {32, 64} x 8
+  thread {4, 8} x 4
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def client():
+    from gemmgen.distributed import local_cluster
+    with local_cluster([0, 0], threads_per_worker=2) as cluster, distributed.Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture
+def space():
+    spec = parse(SPACE)[0]
+    return spec, [point_key(plan.spec) for plan in expand(spec).plans]
+
+
+def test_the_local_cluster_pins_one_worker_per_gpu_declared_as_a_resource():
+    from gemmgen.distributed import local_cluster
+    cluster = local_cluster([3, 5], threads_per_worker=2)
+    try:
+        specs = [w["options"] for w in cluster.worker_spec.values()]
+        assert [o["env"]["CUDA_VISIBLE_DEVICES"] for o in specs] == ["3", "5"]
+        assert all(o["resources"] == {"GPU": 1} for o in specs)
+    finally:
+        cluster.close()
+
+
+def test_a_search_survives_a_lost_worker_and_a_gpu_fault_and_resumes_measuring_nothing_twice(
+        client, space, tmp_path, monkeypatch):
+    import gemmgen.distributed
+    from gemmgen.tune import load_records, tune
+
+    spec, keys = space
+    assert len(keys) >= 6
+    lost, faulted, raised = keys[1], keys[2], keys[5]
+    log = tmp_path / "measured.log"
+    runner = FakeRunner(str(log), kill_worker=[lost], fault=[faulted], raise_in=[raised])
+    monkeypatch.setattr(gemmgen.distributed, "default_runner", lambda: runner)
+    db = tmp_path / "db" / "tune.jsonl"
+    db.parent.mkdir()
+    shape = Case(256, 256, 256)
+
+    first = tune(spec, shape, db=db, scheduler=client, max_points=4)  # interrupted after 4 points
+    assert first.evaluated == 4 and first.gpus == 2
+    rest = tune(spec, shape, db=db, scheduler=client)                 # resumed: the others
+    assert rest.evaluated == len(keys) - 4
+
+    records = {r["key"]: r for r in rest.records}
+    assert set(records) == set(keys)
+    assert records[lost]["status"] == "lost" and "was lost while running it" in records[lost]["reason"]
+    assert records[faulted]["status"] == "crash" and "exit code 3" in records[faulted]["reason"]
+    assert records[raised]["status"] == "crash" and "ILLEGAL_ADDRESS" in records[raised]["reason"]
+    survivors = [k for k in keys if k not in (lost, faulted, raised)]
+    assert all(records[k]["status"] == "ok" and records[k]["tflops"] == tflops_of(k) for k in survivors)
+    assert rest.best["key"] == max(survivors, key=tflops_of)
+    assert rest.cublas_tflops == CUBLAS_TFLOPS and rest.scope.startswith("Fake GPU|13.0|256x256x256|")
+
+    measured = [line.split("\t")[0] for line in log.read_text().splitlines()]
+    assert sorted(measured) == sorted(keys)                           # each point once, the lost one too
+    # The database stays with the client: one line per point and the baseline, nothing beside it.
+    assert len(db.read_text().splitlines()) == len(keys) + 1
+    assert [p.name for p in db.parent.iterdir()] == ["tune.jsonl"]
+    assert load_records(db, rest.scope)["cublas"]["tflops"] == CUBLAS_TFLOPS
+
+    again = tune(spec, shape, db=db, scheduler=client)
+    assert again.evaluated == 0 and len(log.read_text().splitlines()) == len(keys)
+
+
+def test_tune_on_a_cluster_from_the_command_line_needs_no_gpu_here(client, space, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    import gemmgen.distributed
+    from gemmgen.cli import main
+
+    spec, keys = space
+    path = tmp_path / "space.gemm"
+    path.write_text(SPACE)
+    runner = FakeRunner(str(tmp_path / "measured.log"))
+    monkeypatch.setattr(gemmgen.distributed, "default_runner", lambda: runner)
+    address = client.scheduler.address
+    result = CliRunner().invoke(main, ["tune", str(path), "--shapes", "128x128x128", "--scheduler", address,
+                                       "--db", str(tmp_path / "tune.jsonl"), "--json", str(tmp_path / "all.json"),
+                                       "--save", str(tmp_path / "best.gemm")])
+    assert result.exit_code == 0, result.output
+    records = json.loads((tmp_path / "all.json").read_text())
+    assert sorted(r["key"] for r in records) == sorted(keys) and all(r["status"] == "ok" for r in records)
+    best = max(keys, key=tflops_of)
+    assert f"Found by gemmgen tune {path} at 128x128x128: {tflops_of(best):.2f} TFLOP/s" in \
+        (tmp_path / "best.gemm").read_text()
+
+
+def test_without_dask_the_message_says_what_to_install(monkeypatch):
+    import sys
+
+    from gemmgen.distributed import ClusterError, require_dask
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    with pytest.raises(ClusterError, match=r"pip install 'gemmgen\[distributed\]'"):
+        require_dask()
+
+
+def test_a_scheduler_that_does_not_answer_is_reported_with_how_to_start_one(monkeypatch):
+    import socket
+
+    import gemmgen.distributed
+    from gemmgen.distributed import ClusterError, connect
+    with socket.socket() as probe:  # a port of this machine that nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(gemmgen.distributed, "CONNECT_TIMEOUT_S", 1.0)
+    with pytest.raises(ClusterError, match=r"no Dask scheduler answers at tcp://127.0.0.1:\d+.*dask scheduler"):
+        with connect(f"tcp://127.0.0.1:{port}"):
+            pass
