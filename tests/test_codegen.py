@@ -69,10 +69,15 @@ def test_generated_matches_the_spec(shipped_spec):
 
 
 def test_generated_has_no_orphans(shipped_specs):
-    names = {spec.name for spec in shipped_specs}
+    """Every generated .cu comes from a concrete kernel of specs/, or from a library there (whose
+    .cu and manifest test_library.py checks against its tuning database)."""
+    from gemmgen.spec import load_file
+    libraries = {lib.name for path in SPECS_DIR.glob("*.gemm") for lib in load_file(path).libraries}
+    names = {spec.name for spec in shipped_specs} | libraries
     orphans = sorted(p.name for p in GENERATED_DIR.glob("*.cu") if p.stem not in names)
-    assert not orphans, (f"generated/ holds {', '.join(orphans)}, made by no concrete kernel of "
-                         "specs/: delete them, or restore their specs")
+    orphans += sorted(p.name for p in GENERATED_DIR.glob("*.json") if p.stem not in libraries)
+    assert not orphans, (f"generated/ holds {', '.join(orphans)}, made by no concrete kernel or library "
+                         "of specs/: delete them, or restore their specs")
 
 
 # --- (b) every committed .cu compiles with nvcc, as a user's build would compile it ----
