@@ -18,6 +18,7 @@ from rich.table import Table
 
 from . import __version__
 from .errors import SpecError
+from .outputs import OutputError, check_outputs, marker_line, write_output
 from .spec import TARGETS
 
 console = Console(highlight=False)
@@ -39,6 +40,13 @@ def _load_specs(path: str, kernel: str | None, target: str | None):
     if target:
         specs = [s.with_values(target=target) for s in specs]
     return specs
+
+
+def _inputs(path: str, specs=(), *others) -> list:
+    """The files a command reads, which its outputs must not replace: the spec, the files its
+    kernels' parents came from, and any others given (a tuning database)."""
+    parents = {param.origin[0] for s in specs for param in s.params.values() if param.origin}
+    return [path, *sorted(parents), *others]
 
 
 def _plans(path: str, kernel: str | None, target: str | None, layouts: str | None = None):
@@ -99,7 +107,7 @@ class _Group(click.Group):
         except CompileError as exc:
             _fail(f"the generated source did not compile (a gemmgen bug: please report it "
                   f"with the spec):\n{exc}")
-        except (CudaError, ShapeError, MultiGpuError) as exc:
+        except (CudaError, ShapeError, MultiGpuError, OutputError) as exc:
             _fail(str(exc))
 
 
@@ -146,6 +154,10 @@ kernel_option = click.option("--kernel", "-k", metavar="NAME",
                              help="Only this kernel of a file that defines several.")
 target_option = click.option("--target", type=click.Choice(TARGETS),
                              help="Override the spec's target GPU architecture.")
+force_option = click.option("--force", is_flag=True,
+                            help="Replace existing output files that gemmgen did not write (a spec, a "
+                                 ".cu without gemmgen's first line, ...). The command's own inputs "
+                                 "are never replaced.")
 
 
 @main.command()
@@ -162,7 +174,8 @@ target_option = click.option("--target", type=click.Choice(TARGETS),
               help="Build a search space as its fastest validated point in this `gemmgen tune` database.")
 @click.option("--shape", "db_shape", metavar="MxNxK",
               help="With --from-db: the best point tuned at this shape (default: at any shape).")
-def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape):
+@force_option
+def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, force):
     """Generate the kernel of SPEC as CUDA C (or PTX / cubin).
 
     The .cu is self-contained: a kernel, and an extern "C" launcher that checks its arguments
@@ -185,7 +198,8 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape):
     # so `gemmgen build` can run over every file of a folder. Named with --kernel, a search
     # space is an error, as make_plan reports it.
     plans = []
-    for kernel_spec in _load_specs(spec, kernel, target):
+    kernel_specs = _load_specs(spec, kernel, target)
+    for kernel_spec in kernel_specs:
         if not kernel_spec.is_concrete and from_db:
             from .tune import best_recorded
             shape = _parse_shapes(db_shape, None)[0] if db_shape else None
@@ -204,10 +218,11 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape):
             continue
         plans.append(make_plan(kernel_spec))
     out = Path(output) if output else Path("generated")
-    for plan in plans:
+    targets = [(plan, out if (output and len(plans) == 1 and out.suffix) else out / f"{plan.name}.{emit}")
+               for plan in plans]
+    check_outputs([path for _, path in targets], inputs=_inputs(spec, kernel_specs, from_db), force=force)
+    for plan, path in targets:
         source = generate(plan)
-        path = out if (output and len(plans) == 1 and out.suffix) else out / f"{plan.name}.{emit}"
-        path.parent.mkdir(parents=True, exist_ok=True)
         summary = ""
         if not no_compile or emit != "cu":
             compiled = compile_plan(plan, source)
@@ -218,11 +233,12 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape):
         else:
             compiled = None
         if emit == "cu":
-            path.write_text(source, encoding="utf-8")
-        elif emit == "ptx":
-            path.write_text(compiled.ptx, encoding="utf-8")
+            write_output(path, source)
+        elif emit == "ptx":  # PTX takes // comments: the first line says whose it is
+            write_output(path, marker_line(plan.launcher_name, f": NVRTC's PTX for {compiled.target}")
+                         + "\n" + compiled.ptx)
         else:
-            path.write_bytes(compiled.cubin)
+            write_output(path, compiled.cubin)
         console.print(f"wrote {path}{summary}", markup=True, soft_wrap=True)
 
 
@@ -270,7 +286,8 @@ shapes_help = ("Cases separated by ';', each MxNxK with optional ,alpha=,beta=,p
 @click.option("--layouts", metavar="A/B,...", help="Also check these A/B layouts ('all' for the four).")
 @click.option("--seed", type=int, help="Random seed for the inputs (default: fresh each run).")
 @click.option("--json", "json_path", type=click.Path(), help="Write the results as JSON here.")
-def check(spec, kernel, shapes, quick, layouts, seed, json_path):
+@force_option
+def check(spec, kernel, shapes, quick, layouts, seed, json_path, force):
     """Validate SPEC on the GPU against a float64 reference.
 
     Every case uses fresh random inputs, poisons the output and the guard cells around it, and
@@ -291,6 +308,7 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path):
     failed = False
     records = []
     plans = _plans(spec, kernel, None, layouts)
+    check_outputs(filter(None, [json_path]), inputs=_inputs(spec, [p.spec for p in plans]), force=force)
     rules = "; ".join(tolerance_rule(m) for m in dict.fromkeys(p.spec["math"] for p in plans))
     table = Table(title=f"gemmgen check {spec}\ntolerance {rules}")
     for column in ("kernel", "layout", "case", "result", "max rel. error", "err/tol", "detail"):
@@ -314,7 +332,7 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path):
                             "math": plan.spec["math"]})
     console.print(table)
     if json_path:
-        Path(json_path).write_text(json.dumps(records, indent=2))
+        write_output(json_path, json.dumps(records, indent=2))
     if failed:
         _fail("some cases failed (see the table)")
     console.print("[green]all cases passed[/]")
@@ -332,7 +350,8 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path):
 @click.option("--devices", metavar="all|0,1,...",
               help="Split each GEMM over these GPUs by bands of C and report scaling against one GPU "
                    "('0,0' splits into two parts on one GPU).")
-def bench(spec, kernel, shapes, json_path, plot_path, budget, devices):
+@force_option
+def bench(spec, kernel, shapes, json_path, plot_path, budget, devices, force):
     """Time SPEC beside cuBLAS on the same buffers, and measure its accuracy.
 
     The baseline has the kernel's input precision: math simt and 3xtf32 kernels run beside
@@ -348,12 +367,14 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices):
 
     _require_gpu()
     cases = _parse_shapes(shapes, DEFAULT_SHAPES)
+    plans = _plans(spec, kernel, None)
+    check_outputs(filter(None, [json_path, plot_path]), inputs=_inputs(spec, [p.spec for p in plans]),
+                  force=force)
     if devices:
         return _bench_split(spec, kernel, cases, devices, json_path)
     info = device_info()
     flusher = L2Flusher(info)
     results = []
-    plans = _plans(spec, kernel, None)
     with _progress() as bar:
         task = bar.add_task("timing", total=len(plans) * len(cases))
         for plan in plans:
@@ -384,7 +405,7 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices):
         table.add_row(*cells)
     console.print(table)
     if json_path:
-        Path(json_path).write_text(json.dumps([r.as_dict() for r in results], indent=2))
+        write_output(json_path, json.dumps([r.as_dict() for r in results], indent=2))
     if plot_path:
         plot(results, info, plans[0].arch.fp32_lanes_per_sm, plot_path)
         console.print(f"wrote {plot_path}")
@@ -437,7 +458,7 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
                             "end_to_end_tflops": report.end_to_end_tflops, "worst_error_ratio": worst})
     console.print(table)
     if json_path:
-        Path(json_path).write_text(json.dumps(records, indent=2))
+        write_output(json_path, json.dumps(records, indent=2))
     if failed:
         _fail("the split result differs from the float64 reference")
 
@@ -464,8 +485,9 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
 @click.option("--top", type=int, default=10, show_default=True, help="Rows in the report table.")
 @click.option("--devices", metavar="all|0,1,...",
               help="Evaluate candidates on these GPUs at once, one worker each (default: GPU 0).")
+@force_option
 def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, save, dispatcher,
-         json_path, plot_path, top, devices):
+         json_path, plot_path, top, devices, force):
     """Search the sets of SPEC for the fastest correct kernel at one or more shapes.
 
     Impossible points are pruned by the Plan before compiling; the rest compile in parallel
@@ -500,6 +522,12 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--devices") from None
     space_spec = load_one(spec, kernel)
+    plot_paths = {shape: plot_path if len(shapes) == 1 else
+                  str(Path(plot_path).with_suffix("")) + f"_{shape.M}x{shape.N}x{shape.K}.png"
+                  for shape in shapes} if plot_path else {}
+    # Before the search, not after it: a refused output costs nothing yet. The database is an input.
+    check_outputs(filter(None, [save, dispatcher, json_path, *plot_paths.values()]),
+                  inputs=_inputs(spec, [space_spec], db), force=force)
     space = expand(space_spec)
     pruned = ", ".join(f"{n} {why}" for why, n in space.pruned.most_common(4))
     console.print(f"{space_spec.name}: {space.total} points, {space.valid} valid after pruning"
@@ -551,20 +579,18 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
             _fail(f"no candidate passed validation at {shape}")
         winners.append((shape, result.best_plan, result.best))
         if plot_path:
-            target = plot_path if len(shapes) == 1 else str(Path(plot_path).with_suffix("")) + f"_{shape.M}x{shape.N}x{shape.K}.png"
-            plot_search(result, target)
-            console.print(f"wrote {target}")
+            plot_search(result, plot_paths[shape])
+            console.print(f"wrote {plot_paths[shape]}")
     if save:
         shape, plan, best = winners[0]
-        Path(save).write_text(to_text(plan.spec, Path(save).stem,
-                                      f"Found by gemmgen tune {spec} at {shape}: {best['tflops']:.2f} TFLOP/s."))
+        write_output(save, to_text(plan.spec, Path(save).stem,
+                                   f"Found by gemmgen tune {spec} at {shape}: {best['tflops']:.2f} TFLOP/s."))
         console.print(f"wrote {save}")
     if dispatcher:
-        Path(dispatcher).parent.mkdir(parents=True, exist_ok=True)
-        Path(dispatcher).write_text(dispatcher_source(space_spec.name, [(s, p) for s, p, _ in winners]))
+        write_output(dispatcher, dispatcher_source(space_spec.name, [(s, p) for s, p, _ in winners]))
         console.print(f"wrote {dispatcher}")
     if json_path:
-        Path(json_path).write_text(json.dumps(all_records, indent=1))
+        write_output(json_path, json.dumps(all_records, indent=1))
 
 
 from .profile import profile_command  # noqa: E402
