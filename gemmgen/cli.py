@@ -166,10 +166,11 @@ force_option = click.option("--force", is_flag=True,
 @target_option
 @click.option("--output", "-o", type=click.Path(), metavar="PATH",
               help="Output file (one kernel) or folder. Default: generated/<name>.<ext>.")
-@click.option("--emit", type=click.Choice(["cu", "ptx", "cubin"]), default="cu", show_default=True,
-              help="CUDA C source for your build, or NVRTC's PTX or cubin for the target.")
+@click.option("--emit", type=click.Choice(["cu", "header", "ptx", "cubin"]), default="cu", show_default=True,
+              help="CUDA C source for your build (with its C/C++ header NAME.h beside it), the header "
+                   "alone, or NVRTC's PTX or cubin for the target.")
 @click.option("--no-compile", is_flag=True,
-              help="Write the .cu without compiling it with NVRTC first.")
+              help="Write the .cu (or .h) without compiling the kernel with NVRTC first.")
 @click.option("--from-db", type=click.Path(exists=True, dir_okay=False), metavar="TUNE.jsonl",
               help="Build a search space as its fastest validated point in this `gemmgen tune` database.")
 @click.option("--shape", "db_shape", metavar="MxNxK",
@@ -180,8 +181,9 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, for
 
     The .cu is self-contained: a kernel, and an extern "C" launcher that checks its arguments
     (cudaErrorInvalidValue for negative sizes, short leading dimensions or null pointers) and
-    handles any M, N, K and alignment. Before writing, gemmgen compiles it with NVRTC and reports
-    registers and spills, so a .cu that reaches you compiles.
+    handles any M, N, K and alignment. Beside it, NAME.h declares the launcher for C and C++
+    callers, with the layouts and what the fast path needs. Before writing, gemmgen compiles it
+    with NVRTC and reports registers and spills, so a .cu that reaches you compiles.
 
     \b
     Examples:
@@ -190,6 +192,7 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, for
       gemmgen build specs/warptile.gemm --emit cubin
       gemmgen build specs/hopper_search.gemm --from-db tune.jsonl --shape 4096x4096x4096
     """
+    from .c_header import header_source
     from .codegen import generate
     from .compile import compile_plan
     from .plan import make_plan
@@ -218,13 +221,18 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, for
             continue
         plans.append(make_plan(kernel_spec))
     out = Path(output) if output else Path("generated")
-    targets = [(plan, out if (output and len(plans) == 1 and out.suffix) else out / f"{plan.name}.{emit}")
+    suffix = "h" if emit == "header" else emit
+    targets = [(plan, out if (output and len(plans) == 1 and out.suffix) else out / f"{plan.name}.{suffix}")
                for plan in plans]
-    check_outputs([path for _, path in targets], inputs=_inputs(spec, kernel_specs, from_db), force=force)
+    # A .cu has its header beside it: NAME.h, or the -o file's name with .h.
+    headers = {plan.name: path.with_suffix(".h") if emit == "cu" else path for plan, path in targets
+               if emit in ("cu", "header")}
+    check_outputs([path for _, path in targets if emit != "header"] + list(headers.values()),
+                  inputs=_inputs(spec, kernel_specs, from_db), force=force)
     for plan, path in targets:
         source = generate(plan)
         summary = ""
-        if not no_compile or emit != "cu":
+        if not no_compile or emit not in ("cu", "header"):
             compiled = compile_plan(plan, source)
             fast = max(compiled.resources.values(), key=lambda r: r.registers)
             summary = (f" ({plan.arch.name}: {fast.registers} registers, "
@@ -234,12 +242,15 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, for
             compiled = None
         if emit == "cu":
             write_output(path, source)
+        if emit in ("cu", "header"):
+            write_output(headers[plan.name], header_source(plan, path.with_suffix(".cu").name))
         elif emit == "ptx":  # PTX takes // comments: the first line says whose it is
             write_output(path, marker_line(plan.launcher_name, f": NVRTC's PTX for {compiled.target}")
                          + "\n" + compiled.ptx)
         else:
             write_output(path, compiled.cubin)
-        console.print(f"wrote {path}{summary}", markup=True, soft_wrap=True)
+        written = f"{path} and {headers[plan.name].name}" if emit == "cu" else str(path)
+        console.print(f"wrote {written}{summary}", markup=True, soft_wrap=True)
 
 
 @main.command()
@@ -503,6 +514,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
           --dispatcher generated/warptile_tuned.cu
     """
     from . import strategies
+    from .c_header import dispatcher_header_source
     from .codegen import dispatcher_source
     from .space import expand, to_text
     from .spec import load_one
@@ -526,7 +538,8 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
                   str(Path(plot_path).with_suffix("")) + f"_{shape.M}x{shape.N}x{shape.K}.png"
                   for shape in shapes} if plot_path else {}
     # Before the search, not after it: a refused output costs nothing yet. The database is an input.
-    check_outputs(filter(None, [save, dispatcher, json_path, *plot_paths.values()]),
+    dispatcher_header = Path(dispatcher).with_suffix(".h") if dispatcher else None
+    check_outputs(filter(None, [save, dispatcher, dispatcher_header, json_path, *plot_paths.values()]),
                   inputs=_inputs(spec, [space_spec], db), force=force)
     space = expand(space_spec)
     pruned = ", ".join(f"{n} {why}" for why, n in space.pruned.most_common(4))
@@ -587,8 +600,10 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
                                    f"Found by gemmgen tune {spec} at {shape}: {best['tflops']:.2f} TFLOP/s."))
         console.print(f"wrote {save}")
     if dispatcher:
-        write_output(dispatcher, dispatcher_source(space_spec.name, [(s, p) for s, p, _ in winners]))
-        console.print(f"wrote {dispatcher}")
+        tuned = [(s, p) for s, p, _ in winners]
+        write_output(dispatcher, dispatcher_source(space_spec.name, tuned))
+        write_output(dispatcher_header, dispatcher_header_source(space_spec.name, tuned, Path(dispatcher).name))
+        console.print(f"wrote {dispatcher} and {dispatcher_header.name}")
     if json_path:
         write_output(json_path, json.dumps(all_records, indent=1))
 

@@ -72,12 +72,16 @@ def _launch_checks(plan: Plan, internal: bool = False) -> LaunchChecks:
     return LaunchChecks(ld_checks, condition, internal)
 
 
-def abi_signature(plan: Plan) -> str:
+def abi_parameters(plan: Plan) -> str:
+    """The launcher's parameters, as the C ABI has them (a fused reduction adds three outputs)."""
     extra = ("float *smallest_values, int *smallest_rows, int *smallest_cols, "
              if plan.reduce_count else "")
-    return (f'extern "C" int {plan.launcher_name}(int M, int N, int K, float alpha, '
-            f"const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, "
-            f"{extra}cudaStream_t stream);")
+    return ("int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, "
+            f"float beta, float *C, int ldc, {extra}cudaStream_t stream")
+
+
+def abi_signature(plan: Plan) -> str:
+    return f'extern "C" int {plan.launcher_name}({abi_parameters(plan)});'
 
 
 def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:

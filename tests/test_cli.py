@@ -117,7 +117,7 @@ def test_build_skips_search_spaces_beside_concrete_kernels(tmp_path):
     result = invoke("build", spec, "-o", out)
     assert_clean_exit(result, 0)
     assert "skipped open: a search space (run gemmgen tune)" in result.output
-    assert sorted(p.name for p in out.iterdir()) == ["small.cu"]
+    assert sorted(p.name for p in out.iterdir()) == ["small.cu", "small.h"]
 
 
 def test_build_of_a_named_search_space_is_an_error(tmp_path):
