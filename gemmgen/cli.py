@@ -88,7 +88,7 @@ def _require_gpu() -> None:
     try:
         import cupy  # noqa: F401
     except ImportError:
-        _fail("check, bench and tune keep their buffers in CuPy and time cuBLAS through it: "
+        _fail("check, bench, tune and profile keep their buffers in CuPy (and time cuBLAS through it): "
               "pip install 'gemmgen[gpu]' (cupy-cuda13x; cupy-cuda12x for CUDA 12 drivers)", code=2)
 
 

@@ -162,7 +162,7 @@ def test_missing_spec_file_is_a_usage_error(tmp_path):
 
 # --- GPU verbs without a GPU ---------------------------------------------------------------
 
-@pytest.mark.parametrize("verb", ["check", "bench"])
+@pytest.mark.parametrize("verb", ["check", "bench", "tune", "profile"])
 def test_gpu_verbs_need_a_gpu(monkeypatch, verb):
     monkeypatch.setattr(gemmgen.runtime, "device_count", lambda: 0)  # as on a machine without one
     result = invoke(verb, WARPTILE)
