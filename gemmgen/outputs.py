@@ -118,8 +118,8 @@ def check_outputs(outputs: Iterable[str | os.PathLike], *, inputs: Iterable[str 
         seen[real] = output
         if os.path.isdir(real):
             raise OutputError(f"{output} is a folder: name a file")
-        if force or not os.path.lexists(real):
-            continue
+        if force or not os.path.isfile(real):
+            continue  # nothing there, or a device or pipe (/dev/null): no file to lose, nothing to read
         try:
             why = not_ours(real)
         except OSError as exc:
@@ -145,8 +145,12 @@ def replacing(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary path beside `path` (same suffix, for writers that go by it) to write in full;
     on leaving the block it is flushed to disk and renamed over `path`, or removed on an error.
 
-    A symlink at `path` is followed: its target is replaced. Raises OSError."""
+    A symlink at `path` is followed: its target is replaced. A device or pipe there (/dev/null)
+    is written in place, never replaced. Raises OSError."""
     real = Path(_real(path))
+    if real.exists() and not real.is_file() and not real.is_dir():
+        yield real
+        return
     real.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=real.parent, prefix=f".{real.name}.", suffix=f".tmp{real.suffix}")
     os.close(handle)
