@@ -18,7 +18,7 @@ from rich.table import Table
 
 from . import __version__
 from .errors import SpecError
-from .outputs import OutputError, check_outputs, marker_line, write_output
+from .outputs import OutputError, check_database, check_outputs, marker_line, write_output
 from .spec import TARGETS
 
 console = Console(highlight=False)
@@ -541,6 +541,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     dispatcher_header = Path(dispatcher).with_suffix(".h") if dispatcher else None
     check_outputs(filter(None, [save, dispatcher, dispatcher_header, json_path, *plot_paths.values()]),
                   inputs=_inputs(spec, [space_spec], db), force=force)
+    check_database(db, inputs=_inputs(spec, [space_spec]))  # appended to, never replaced
     space = expand(space_spec)
     pruned = ", ".join(f"{n} {why}" for why, n in space.pruned.most_common(4))
     console.print(f"{space_spec.name}: {space.total} points, {space.valid} valid after pruning"

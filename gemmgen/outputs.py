@@ -13,6 +13,8 @@ Before a command does any work it checks the files it will write (`check_outputs
   no room for a comment), a PNG whose 'Software' tag names gemmgen, JSON that is an array of
   records (all that --json writes), and an empty file. A spec (.gemm) is a source, never
   recognised, even one that `tune --save` wrote: it may have been edited since.
+A tuning database is only ever appended to (`check_database`): never a spec or another input,
+and only a file that already holds JSON lines (or nothing).
 """
 
 from __future__ import annotations
@@ -127,6 +129,31 @@ def check_outputs(outputs: Iterable[str | os.PathLike], *, inputs: Iterable[str 
         if why:
             raise OutputError(f"refusing to overwrite {output}: gemmgen did not write it ({why}); "
                               "pass --force to replace it, or name another file")
+
+
+def check_database(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike] = ()) -> None:
+    """Raise OutputError unless `path` may take appended JSON lines (a tuning database): it does
+    not exist yet, is empty, or starts with a JSON object, and it is none of the command's inputs.
+    Anything else (a spec, say) would be spoiled by the lines added to it."""
+    real = _real(path)
+    if any(real == _real(p) for p in inputs if p):
+        raise OutputError(f"refusing to use {path} as the database: it is an input of this command")
+    if Path(path).suffix == ".gemm":
+        raise OutputError(f"refusing to use {path} as the database: it is a spec; name a .jsonl file")
+    if not os.path.isfile(real):
+        return
+    try:
+        with open(real, "rb") as handle:
+            first = handle.readline(1 << 20)
+    except OSError as exc:
+        raise OutputError(f"cannot read the database {path}: {exc.strerror}") from None
+    try:
+        ok = not first.strip() or isinstance(json.loads(first), dict)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise OutputError(f"refusing to append to {path}: it is not a gemmgen tuning database "
+                          "(JSON lines, one record per line); name another --db file")
 
 
 # --- writing -------------------------------------------------------------------------------------

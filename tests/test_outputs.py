@@ -321,6 +321,12 @@ def test_tune_checks_every_output_before_searching(gpu_verbs, tmp_path, monkeypa
     refused(invoke("tune", space, "--db", db, "--shapes", "32x32x32;64x64x64", "--plot", tmp_path / "p.png"),
             str(tmp_path / "p_64x64x64.png"))
     assert db.read_text() == "" and mine.read_text().startswith("kernel mine")
+    # The database is appended to: never the spec, nor a file that holds something else.
+    refused(invoke("tune", space, "--db", space), str(space), "input of this command")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    refused(invoke("tune", space, "--db", notes), str(notes), "not a gemmgen tuning database")
+    assert notes.read_text() == "my notes\n"
 
     calls = []
     monkeypatch.setattr(gemmgen.tune, "tune", fake_tune(calls))
