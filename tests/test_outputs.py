@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 import gemmgen.cli
 import gemmgen.outputs
+import gemmgen.runtime
 import gemmgen.tune
 import gemmgen.verify
 from conftest import SPECS_DIR
