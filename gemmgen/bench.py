@@ -18,6 +18,7 @@ from typing import Callable
 
 
 from .baseline import baseline_for, cublas_gemm
+from .outputs import save_figure
 from .runtime import DeviceInfo, Kernel, device_info
 from .verify import Case, accuracy_on, place_matrix
 
@@ -273,7 +274,7 @@ def plot(results: list[BenchResult], info: DeviceInfo, lanes_per_sm: int, path: 
     roof.set_title(f"roofline: {peak:.0f} TFLOP/s FP32, {bandwidth:.2f} TB/s")
     roof.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)  # atomically, tagged as gemmgen's
     plt.close(fig)
 
 
@@ -304,5 +305,5 @@ def plot_library(rows: list[dict], baseline: str, title: str, path: str) -> None
     ax.set_title(title + ("  (hatched: shapes tuning never saw)" if any(not r.get("tuned", True) for r in rows) else ""))
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)  # atomically, tagged as gemmgen's
     plt.close(fig)

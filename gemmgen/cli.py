@@ -19,6 +19,7 @@ from rich.table import Table
 
 from . import __version__
 from .errors import SpecError
+from .outputs import OutputError, check_database, check_outputs, marker_line, write_output
 from .spec import TARGETS
 
 console = Console(highlight=False)
@@ -40,6 +41,13 @@ def _load_specs(path: str, kernel: str | None, target: str | None):
     if target:
         specs = [s.with_values(target=target) for s in specs]
     return specs
+
+
+def _inputs(path: str, specs=(), *others) -> list:
+    """The files a command reads, which its outputs must not replace: the spec, the files its
+    kernels' parents came from, and any others given (a tuning database)."""
+    parents = {param.origin[0] for s in specs for param in s.params.values() if param.origin}
+    return [path, *sorted(parents), *others]
 
 
 def _plans(path: str, kernel: str | None, target: str | None, layouts: str | None = None):
@@ -76,11 +84,6 @@ def _libraries(path: str, kernel: str | None) -> bool:
     return kernel is None or any(lib.name == kernel for lib in parsed.libraries)
 
 
-def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-
-
 def _progress(on: Console = errors, transient: bool = True):
     """A progress bar for work that takes more than a moment (stderr, cleared when done)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -96,7 +99,7 @@ def _require_gpu() -> None:
     try:
         import cupy  # noqa: F401
     except ImportError:
-        _fail("check, bench and tune keep their buffers in CuPy and time cuBLAS through it: "
+        _fail("check, bench, tune and profile keep their buffers in CuPy (and time cuBLAS through it): "
               "pip install 'gemmgen[gpu]' (cupy-cuda13x; cupy-cuda12x for CUDA 12 drivers)", code=2)
 
 
@@ -115,7 +118,7 @@ class _Group(click.Group):
         except CompileError as exc:
             _fail(f"the generated source did not compile (a gemmgen bug: please report it "
                   f"with the spec):\n{exc}")
-        except (CudaError, ShapeError, MultiGpuError) as exc:
+        except (CudaError, ShapeError, MultiGpuError, OutputError) as exc:
             _fail(str(exc))
 
 
@@ -162,6 +165,10 @@ kernel_option = click.option("--kernel", "-k", metavar="NAME",
                              help="Only this kernel of a file that defines several.")
 target_option = click.option("--target", type=click.Choice(TARGETS),
                              help="Override the spec's target GPU architecture.")
+force_option = click.option("--force", is_flag=True,
+                            help="Replace existing output files that gemmgen did not write (a spec, a "
+                                 ".cu without gemmgen's first line, ...). The command's own inputs "
+                                 "are never replaced.")
 
 
 @main.command()
@@ -170,10 +177,11 @@ target_option = click.option("--target", type=click.Choice(TARGETS),
 @target_option
 @click.option("--output", "-o", type=click.Path(), metavar="PATH",
               help="Output file (one kernel) or folder. Default: generated/<name>.<ext>.")
-@click.option("--emit", type=click.Choice(["cu", "ptx", "cubin"]), default="cu", show_default=True,
-              help="CUDA C source for your build, or NVRTC's PTX or cubin for the target.")
+@click.option("--emit", type=click.Choice(["cu", "header", "ptx", "cubin"]), default="cu", show_default=True,
+              help="CUDA C source for your build (with its C/C++ header NAME.h beside it), the header "
+                   "alone, or NVRTC's PTX or cubin for the target.")
 @click.option("--no-compile", is_flag=True,
-              help="Write the .cu without compiling it with NVRTC first.")
+              help="Write the .cu (or .h) without compiling the kernel with NVRTC first.")
 @click.option("--from-db", type=click.Path(exists=True, dir_okay=False), metavar="TUNE.jsonl",
               help="Build a search space as its fastest validated point in this `gemmgen tune` database.")
 @click.option("--shape", "db_shape", metavar="MxNxK",
@@ -183,13 +191,15 @@ target_option = click.option("--target", type=click.Choice(TARGETS),
 @click.option("--device", "db_device", metavar="NAME",
               help="With --from-db for a library: the GPU whose measurements to use (default: the one "
                    "with the most).")
-def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, manifest_path, db_device):
+@force_option
+def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, manifest_path, db_device, force):
     """Generate the kernel of SPEC as CUDA C (or PTX / cubin).
 
     The .cu is self-contained: a kernel, and an extern "C" launcher that checks its arguments
     (cudaErrorInvalidValue for negative sizes, short leading dimensions or null pointers) and
-    handles any M, N, K and alignment. Before writing, gemmgen compiles it with NVRTC and reports
-    registers and spills, so a .cu that reaches you compiles.
+    handles any M, N, K and alignment. Beside it, NAME.h declares the launcher for C and C++
+    callers, with the layouts and what the fast path needs. Before writing, gemmgen compiles it
+    with NVRTC and reports registers and spills, so a .cu that reaches you compiles.
 
     \b
     Examples:
@@ -202,6 +212,7 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, man
     A library (a `library` block) is built from the measurements of `gemmgen tune` on it: one .cu
     with a single entry point gemmgen_<library>, and its manifest (.json) beside it.
     """
+    from .c_header import header_source
     from .codegen import generate
     from .compile import compile_plan
     from .plan import make_plan
@@ -214,9 +225,10 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, man
                 console.print(f"skipped {library.name}: a library is built from measurements (run gemmgen "
                               "tune on it, or build --from-db TUNE.jsonl)", markup=False, soft_wrap=True)
                 continue
+            cli_library.check(library, output, manifest_path, inputs=_inputs(spec, [], from_db), force=force)
             try:
                 cli_library.build(library, db=from_db, device=db_device, output=output,
-                                  manifest_path=manifest_path, console=console, write_file=_write_text)
+                                  manifest_path=manifest_path, console=console, write_file=write_output)
             except LookupError as exc:
                 _fail(str(exc))
         if kernel:
@@ -227,7 +239,8 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, man
     # so `gemmgen build` can run over every file of a folder. Named with --kernel, a search
     # space is an error, as make_plan reports it.
     plans = []
-    for kernel_spec in _load_specs(spec, kernel, target):
+    kernel_specs = _load_specs(spec, kernel, target)
+    for kernel_spec in kernel_specs:
         if not kernel_spec.is_concrete and from_db:
             from .tune import best_recorded
             shape = _parse_shapes(db_shape, None)[0] if db_shape else None
@@ -246,12 +259,18 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, man
             continue
         plans.append(make_plan(kernel_spec))
     out = Path(output) if output else Path("generated")
-    for plan in plans:
+    suffix = "h" if emit == "header" else emit
+    targets = [(plan, out if (output and len(plans) == 1 and out.suffix) else out / f"{plan.name}.{suffix}")
+               for plan in plans]
+    # A .cu has its header beside it: NAME.h, or the -o file's name with .h.
+    headers = {plan.name: path.with_suffix(".h") if emit == "cu" else path for plan, path in targets
+               if emit in ("cu", "header")}
+    check_outputs([path for _, path in targets if emit != "header"] + list(headers.values()),
+                  inputs=_inputs(spec, kernel_specs, from_db), force=force)
+    for plan, path in targets:
         source = generate(plan)
-        path = out if (output and len(plans) == 1 and out.suffix) else out / f"{plan.name}.{emit}"
-        path.parent.mkdir(parents=True, exist_ok=True)
         summary = ""
-        if not no_compile or emit != "cu":
+        if not no_compile or emit not in ("cu", "header"):
             compiled = compile_plan(plan, source)
             fast = max(compiled.resources.values(), key=lambda r: r.registers)
             summary = (f" ({plan.arch.name}: {fast.registers} registers, "
@@ -260,12 +279,16 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, man
         else:
             compiled = None
         if emit == "cu":
-            path.write_text(source, encoding="utf-8")
-        elif emit == "ptx":
-            path.write_text(compiled.ptx, encoding="utf-8")
+            write_output(path, source)
+        if emit in ("cu", "header"):
+            write_output(headers[plan.name], header_source(plan, path.with_suffix(".cu").name))
+        elif emit == "ptx":  # PTX takes // comments: the first line says whose it is
+            write_output(path, marker_line(plan.launcher_name, f": NVRTC's PTX for {compiled.target}")
+                         + "\n" + compiled.ptx)
         else:
-            path.write_bytes(compiled.cubin)
-        console.print(f"wrote {path}{summary}", markup=True, soft_wrap=True)
+            write_output(path, compiled.cubin)
+        written = f"{path} and {headers[plan.name].name}" if emit == "cu" else str(path)
+        console.print(f"wrote {written}{summary}", markup=True, soft_wrap=True)
 
 
 @main.command()
@@ -312,7 +335,8 @@ shapes_help = ("Cases separated by ';', each MxNxK with optional ,alpha=,beta=,p
 @click.option("--layouts", metavar="A/B,...", help="Also check these A/B layouts ('all' for the four).")
 @click.option("--seed", type=int, help="Random seed for the inputs (default: fresh each run).")
 @click.option("--json", "json_path", type=click.Path(), help="Write the results as JSON here.")
-def check(spec, kernel, shapes, quick, layouts, seed, json_path):
+@force_option
+def check(spec, kernel, shapes, quick, layouts, seed, json_path, force):
     """Validate SPEC on the GPU against a float64 reference.
 
     Every case uses fresh random inputs, poisons the output and the guard cells around it, and
@@ -333,6 +357,7 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path):
     failed = False
     records = []
     plans = _plans(spec, kernel, None, layouts)
+    check_outputs(filter(None, [json_path]), inputs=_inputs(spec, [p.spec for p in plans]), force=force)
     rules = "; ".join(tolerance_rule(m) for m in dict.fromkeys(p.spec["math"] for p in plans))
     table = Table(title=f"gemmgen check {spec}\ntolerance {rules}")
     for column in ("kernel", "layout", "case", "result", "max rel. error", "err/tol", "detail"):
@@ -356,7 +381,7 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path):
                             "math": plan.spec["math"]})
     console.print(table)
     if json_path:
-        Path(json_path).write_text(json.dumps(records, indent=2))
+        write_output(json_path, json.dumps(records, indent=2))
     if failed:
         _fail("some cases failed (see the table)")
     console.print("[green]all cases passed[/]")
@@ -377,7 +402,8 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path):
                    "resident shards ('0,0' splits into two parts on one GPU).")
 @click.option("--manifest", "manifest_path", type=click.Path(dir_okay=False), metavar="FILE.json",
               help="A library's manifest (default: generated/<library>.json, as gemmgen tune wrote it).")
-def bench(spec, kernel, shapes, json_path, plot_path, budget, devices, manifest_path):
+@force_option
+def bench(spec, kernel, shapes, json_path, plot_path, budget, devices, manifest_path, force):
     """Time SPEC beside cuBLAS on the same buffers, and measure its accuracy.
 
     The baseline has the kernel's input precision: math simt and 3xtf32 kernels run beside
@@ -393,14 +419,16 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices, manifest_
 
     _require_gpu()
     if _libraries(spec, kernel):
-        return _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifest_path)
+        return _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifest_path, force)
     cases = _parse_shapes(shapes, DEFAULT_SHAPES)
+    plans = _plans(spec, kernel, None)
+    check_outputs(filter(None, [json_path, plot_path]), inputs=_inputs(spec, [p.spec for p in plans]),
+                  force=force)
     if devices:
         return _bench_split(spec, kernel, cases, devices, json_path)
     info = device_info()
     flusher = L2Flusher(info)
     results = []
-    plans = _plans(spec, kernel, None)
     with _progress() as bar:
         task = bar.add_task("timing", total=len(plans) * len(cases))
         for plan in plans:
@@ -431,13 +459,13 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices, manifest_
         table.add_row(*cells)
     console.print(table)
     if json_path:
-        Path(json_path).write_text(json.dumps([r.as_dict() for r in results], indent=2))
+        write_output(json_path, json.dumps([r.as_dict() for r in results], indent=2))
     if plot_path:
         plot(results, info, plans[0].arch.fp32_lanes_per_sm, plot_path)
         console.print(f"wrote {plot_path}")
 
 
-def _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifest_path):
+def _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifest_path, force):
     """bench of a library: per shape, the member it chooses beside cuBLAS (default: its tuned shapes)."""
     from . import cli_library
     from .bench import plot_library
@@ -445,6 +473,7 @@ def _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifes
     from .verify import Case
 
     rows = []
+    check_outputs(filter(None, [json_path, plot_path]), inputs=_inputs(spec, [], manifest_path), force=force)
     for library in load_libraries(spec, kernel):
         path = Path(manifest_path) if manifest_path else Path("generated") / f"{library.name}.json"
         try:
@@ -456,7 +485,7 @@ def _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifes
         rows += cli_library.bench(library, manifest, _parse_shapes(shapes, default), budget=budget,
                                   console=console, progress_factory=_progress)
     if json_path:
-        _write_text(Path(json_path), json.dumps(rows, indent=2))
+        write_output(json_path, json.dumps(rows, indent=2))
     if plot_path:
         plot_library([{"shape": r["shape"], "ratio": r["cublas_ms"] / r["ms"], "member": r["member"],
                        "tuned": r["tuned_shape"]} for r in rows], rows[0]["baseline"] if rows else "cuBLAS",
@@ -522,7 +551,7 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
                             "worst_error_ratio": worst})
     console.print(table)
     if json_path:
-        Path(json_path).write_text(json.dumps(records, indent=2))
+        write_output(json_path, json.dumps(records, indent=2))
     if failed:
         _fail("the split result differs from the float64 reference")
 
@@ -561,8 +590,9 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
               help="A library's anchor shapes, where every candidate is timed.")
 @click.option("--per-shape", type=int, default=6, show_default=True,
               help="At a library's other shapes, the candidates timed (those predicted fastest).")
+@force_option
 def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, save, dispatcher,
-         json_path, plot_path, top, devices, scheduler, output, manifest_path, anchors, per_shape):
+         json_path, plot_path, top, devices, scheduler, output, manifest_path, anchors, per_shape, force):
     """Search the sets of SPEC for the fastest correct kernel at one or more shapes.
 
     Impossible points are pruned by the Plan before compiling; the rest compile in parallel
@@ -585,6 +615,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
       gemmgen tune specs/fp32.gemm --db fp32.jsonl        # a library
     """
     from . import strategies
+    from .c_header import dispatcher_header_source
     from .codegen import dispatcher_source
     from .space import expand, to_text
     from .spec import load_one
@@ -601,15 +632,20 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
         if scheduler or devices:
             raise click.BadParameter("a library is tuned on this host's first GPU; --devices and "
                                      "--scheduler are for search spaces", param_hint="--devices")
-        _require_gpu()
         from . import cli_library
         from .library import load_libraries
-        for library in load_libraries(spec, kernel):
+        libraries = load_libraries(spec, kernel)
+        check_database(db, inputs=[spec])
+        for library in libraries:
+            cli_library.check(library, output, manifest_path, inputs=_inputs(spec, [], db), force=force)
+        check_outputs(filter(None, [json_path, plot_path]), inputs=_inputs(spec, [], db), force=force)
+        _require_gpu()
+        for library in libraries:
             cli_library.tune(library, db=Path(db), output=output, manifest_path=manifest_path,
                              strategy=strategy, options=_strategy_options(strategy_options),
                              max_points=max_points, anchors=anchors, per_shape=per_shape,
                              progress_factory=lambda: _progress(console, transient=False),
-                             console=console, write_file=_write_text, json_path=json_path,
+                             console=console, write_file=write_output, json_path=json_path,
                              plot_path=plot_path)
         return
     if not scheduler:  # with a scheduler, the GPUs are the workers', and this host may have none
@@ -625,6 +661,14 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--devices") from None
     space_spec = load_one(spec, kernel)
+    plot_paths = {shape: plot_path if len(shapes) == 1 else
+                  str(Path(plot_path).with_suffix("")) + f"_{shape.M}x{shape.N}x{shape.K}.png"
+                  for shape in shapes} if plot_path else {}
+    # Before the search, not after it: a refused output costs nothing yet. The database is an input.
+    dispatcher_header = Path(dispatcher).with_suffix(".h") if dispatcher else None
+    check_outputs(filter(None, [save, dispatcher, dispatcher_header, json_path, *plot_paths.values()]),
+                  inputs=_inputs(spec, [space_spec], db), force=force)
+    check_database(db, inputs=_inputs(spec, [space_spec]))  # appended to, never replaced
     space = expand(space_spec)
     pruned = ", ".join(f"{n} {why}" for why, n in space.pruned.most_common(4))
     console.print(f"{space_spec.name}: {space.total} points, {space.valid} valid after pruning"
@@ -687,20 +731,20 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
             _fail(f"no candidate passed validation at {shape}")
         winners.append((shape, result.best_plan, result.best))
         if plot_path:
-            target = plot_path if len(shapes) == 1 else str(Path(plot_path).with_suffix("")) + f"_{shape.M}x{shape.N}x{shape.K}.png"
-            plot_search(result, target)
-            console.print(f"wrote {target}")
+            plot_search(result, plot_paths[shape])
+            console.print(f"wrote {plot_paths[shape]}")
     if save:
         shape, plan, best = winners[0]
-        Path(save).write_text(to_text(plan.spec, Path(save).stem,
-                                      f"Found by gemmgen tune {spec} at {shape}: {best['tflops']:.2f} TFLOP/s."))
+        write_output(save, to_text(plan.spec, Path(save).stem,
+                                   f"Found by gemmgen tune {spec} at {shape}: {best['tflops']:.2f} TFLOP/s."))
         console.print(f"wrote {save}")
     if dispatcher:
-        Path(dispatcher).parent.mkdir(parents=True, exist_ok=True)
-        Path(dispatcher).write_text(dispatcher_source(space_spec.name, [(s, p) for s, p, _ in winners]))
-        console.print(f"wrote {dispatcher}")
+        tuned = [(s, p) for s, p, _ in winners]
+        write_output(dispatcher, dispatcher_source(space_spec.name, tuned))
+        write_output(dispatcher_header, dispatcher_header_source(space_spec.name, tuned, Path(dispatcher).name))
+        console.print(f"wrote {dispatcher} and {dispatcher_header.name}")
     if json_path:
-        Path(json_path).write_text(json.dumps(all_records, indent=1))
+        write_output(json_path, json.dumps(all_records, indent=1))
 
 
 from .profile import profile_command  # noqa: E402

@@ -13,23 +13,33 @@ from rich.table import Table
 from .library import Library, TuneReport, build_manifest, shape_key, tune_library
 
 
-def outputs(library: Library, output: str | None, manifest: str | None) -> tuple[Path, Path]:
-    """Where a library's .cu and manifest go: -o FILE.cu or a folder (default generated/), and the
-    manifest beside the .cu unless --manifest names it."""
+def outputs(library: Library, output: str | None, manifest: str | None) -> tuple[Path, Path, Path]:
+    """Where a library's .cu, header and manifest go: -o FILE.cu or a folder (default generated/);
+    the header beside the .cu, and the manifest too unless --manifest names it."""
     out = Path(output) if output else Path("generated")
     cu = out if out.suffix == ".cu" else out / f"{library.name}.cu"
-    return cu, Path(manifest) if manifest else cu.with_suffix(".json")
+    return cu, cu.with_suffix(".h"), Path(manifest) if manifest else cu.with_suffix(".json")
 
 
-def write(library: Library, manifest: dict, cu: Path, manifest_path: Path, console, write_file) -> None:
-    """The library's .cu (codegen) and its manifest (for gemmgen.matmul and bench)."""
+def check(library: Library, output: str | None, manifest: str | None, *, inputs, force: bool) -> None:
+    """Before any work: the library's outputs may be written (outputs.check_outputs)."""
+    from .outputs import check_outputs
+    check_outputs(outputs(library, output, manifest), inputs=inputs, force=force)
+
+
+def write(library: Library, manifest: dict, paths: tuple[Path, Path, Path], console, write_file) -> None:
+    """The library's .cu (codegen), its header and its manifest (for gemmgen.matmul and bench)."""
+    from .c_header import library_header_source
     from .codegen import library_source
+    from .library import member_plans
+    cu, header, manifest_path = paths
     origin = Path(library.spec.path).name
     source = library_source(manifest, origin, library.spec.source.splitlines())
     write_file(cu, source)
+    write_file(header, library_header_source(manifest, member_plans(manifest)[0], cu.name))
     write_file(manifest_path, json.dumps(manifest, indent=1) + "\n")
     loo = manifest["leave_one_out"]
-    console.print(f"wrote {cu} ({len(manifest['members'])} members) and {manifest_path}; leave-one-out "
+    console.print(f"wrote {cu} ({len(manifest['members'])} members), {header} and {manifest_path}; leave-one-out "
                   f"over {len(loo['per_shape'])} tuned shapes: chosen / best median {loo['median']:.3f}, "
                   f"worst {loo['worst']:.3f}", markup=False, soft_wrap=True)
 
@@ -81,11 +91,12 @@ def tune(library: Library, *, db: Path, output: str | None, manifest_path: str |
     manifest = build_manifest(library, db, device=report.device.split("|")[0])
     manifest["database"] = str(db)
     console.print(manifest_table(manifest, f"library {library.name} on {manifest['device']['name']}"))
-    cu, manifest_file = outputs(library, output, manifest_path)
-    write(library, manifest, cu, manifest_file, console, write_file)
+    paths = outputs(library, output, manifest_path)
+    write(library, manifest, paths, console, write_file)
     if json_path:
-        records = [{"kernel": key, "shape": shape, "ms": ms} for (key, shape), ms in report.measurements.times.items()]
-        write_file(Path(json_path), json.dumps({"manifest": manifest, "timings": records}, indent=1))
+        records = [{"library": library.name, "kernel": key, "shape": shape, "ms": ms}
+                   for (key, shape), ms in report.measurements.times.items()]
+        write_file(Path(json_path), json.dumps(records, indent=1))
     if plot_path:
         from .bench import plot_library
         rows = [{"shape": shape_key_of(r), "ratio": r["cublas_ms"] / r["ms"][str(r["chosen"])]
@@ -107,8 +118,7 @@ def build(library: Library, *, db: str, device: str | None, output: str | None, 
     manifest = build_manifest(library, Path(db), device=device)
     manifest["database"] = str(db)
     console.print(manifest_table(manifest, f"library {library.name} from {db} ({manifest['device']['name']})"))
-    cu, manifest_file = outputs(library, output, manifest_path)
-    write(library, manifest, cu, manifest_file, console, write_file)
+    write(library, manifest, outputs(library, output, manifest_path), console, write_file)
 
 
 class LibraryCall:

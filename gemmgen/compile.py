@@ -3,6 +3,12 @@
 Results are cached on disk under a key made of everything that changes them: the source, the
 options, the target and the NVRTC version. A cubin (SASS), never PTX, is what runs: the NVRTC
 installed from PyPI may be newer than a machine's driver, which could not JIT its PTX.
+
+A cache entry is a folder: kernel.cubin, kernel.ptx and meta.json, which records the sha256 of
+the other two. Each file is written whole (a temporary file renamed into place), meta.json last,
+so that processes compiling the same kernel at once (the tuner's pool) never read a torn file;
+an entry that is incomplete, unreadable or differs from its hashes is a miss, compiled again
+and replaced. A cache that cannot be written only costs compiling again.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .outputs import write_atomic
 from .plan import Plan
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: meta.json holds the sha256 of kernel.cubin and kernel.ptx
 
 
 class CompileError(RuntimeError):
@@ -170,31 +177,39 @@ def cache_key(source: str, target: str, name_expressions: list[str]) -> str:
     return digest.hexdigest()[:32]
 
 
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def _from_cache(key: str) -> Compiled | None:
+    """The entry of `key`, or None (a miss) when it is missing, unreadable, not what gemmgen
+    writes, or its cubin or ptx differs from the hash that its meta.json recorded."""
     folder = cache_dir() / key
     try:
-        meta = json.loads((folder / "meta.json").read_text())
+        meta = json.loads((folder / "meta.json").read_bytes())
         cubin = (folder / "kernel.cubin").read_bytes()
-        ptx = (folder / "kernel.ptx").read_text()
-    except (OSError, ValueError):
-        return None
-    resources = {name: Resources(**fields) for name, fields in meta["resources"].items()}
-    return Compiled(meta["target"], cubin, ptx, meta["lowered_names"], resources, meta["log"],
-                    meta["nvrtc_version"])
+        ptx = (folder / "kernel.ptx").read_bytes()
+        if meta["sha256"] != {"cubin": _sha256(cubin), "ptx": _sha256(ptx)}:
+            return None  # cut short, overwritten, or from another writer: compile again
+        resources = {name: Resources(**fields) for name, fields in meta["resources"].items()}
+        lowered = {str(k): str(v) for k, v in meta["lowered_names"].items()}
+        return Compiled(str(meta["target"]), cubin, ptx.decode(), lowered, resources, str(meta["log"]),
+                        str(meta["nvrtc_version"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # no entry, or garbage where one was
 
 
 def _to_cache(key: str, compiled: Compiled) -> None:
     folder = cache_dir() / key
+    ptx = compiled.ptx.encode()
+    meta = {"target": compiled.target, "lowered_names": compiled.lowered_names,
+            "resources": {k: asdict(v) for k, v in compiled.resources.items()},
+            "log": compiled.log, "nvrtc_version": compiled.nvrtc_version,
+            "sha256": {"cubin": _sha256(compiled.cubin), "ptx": _sha256(ptx)}}
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f"meta.json.{os.getpid()}"
-        (folder / "kernel.cubin").write_bytes(compiled.cubin)
-        (folder / "kernel.ptx").write_text(compiled.ptx)
-        meta = {"target": compiled.target, "lowered_names": compiled.lowered_names,
-                "resources": {k: asdict(v) for k, v in compiled.resources.items()},
-                "log": compiled.log, "nvrtc_version": compiled.nvrtc_version}
-        tmp.write_text(json.dumps(meta))
-        tmp.replace(folder / "meta.json")  # meta.json last: a partial entry is never read
+        write_atomic(folder / "kernel.cubin", compiled.cubin)
+        write_atomic(folder / "kernel.ptx", ptx)
+        write_atomic(folder / "meta.json", json.dumps(meta))  # last: it vouches for the other two
     except OSError:
         pass  # a read-only or full cache only costs a recompile
 

@@ -29,8 +29,7 @@ def _libraries_dir() -> Path:
     source_tree = Path(__file__).resolve().parent.parent / "generated"
     if source_tree.is_dir():
         return source_tree
-    from importlib import resources
-    return Path(str(resources.files("gemmgen.libraries")))
+    return Path(__file__).resolve().parent / "libraries"  # the wheel's gemmgen.libraries
 
 
 def shipped_manifest(precision: str) -> dict:

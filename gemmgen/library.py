@@ -638,7 +638,7 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
     portable = next(i for i, p in enumerate(kept) if not p.arch.has_wgmma and p.beta) \
         if any(not p.arch.has_wgmma and p.beta for p in kept) else None
     return {
-        "format": MANIFEST_FORMAT, "library": library.name, "precision": library.precision,
+        "generator": "gemmgen", "format": MANIFEST_FORMAT, "library": library.name, "precision": library.precision,
         "baseline": library.baseline, "layout": layouts,
         "device": {"name": device_name, "driver": driver, "sm_count": sm_count,
                    "compute_capability": _compute_capability(kept)},

@@ -381,9 +381,11 @@ def profile_command(spec, kernel, shape, as_json):
     from rich.console import Console
     from rich.markup import escape
 
+    from . import cli
     from .errors import SpecError
     from .verify import parse_case
 
+    cli._require_gpu()  # first: without a GPU nothing else matters (exit 2, as check, bench, tune)
     console = Console(highlight=False)
     errors = Console(stderr=True, highlight=False)
     try:

@@ -9,6 +9,7 @@ only that each value is one the language allows.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -22,6 +23,10 @@ from .errors import Span, SpecError
 
 TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
 MATH_MODES = ("simt", "tf32", "3xtf32")
+
+# A kernel is a dozen lines. The parser takes about a second per 100 kB, so a file past this is
+# refused before it is read, not after half a minute of parsing (it is not a spec anyway).
+MAX_SPEC_BYTES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -588,6 +593,25 @@ def _kernel_source(text: str, meta) -> str:
     return "\n".join(line.rstrip("\r") for line in lines[meta.line - 1: meta.end_line])
 
 
+def _too_large(size: int) -> str:
+    return (f"the file is {size / 1e6:.1f} MB, too large for a spec (at most "
+            f"{MAX_SPEC_BYTES / 1e6:.0f} MB; a kernel is a few lines): is it the right file?")
+
+
+def read_spec_text(path: Path) -> str:
+    """A spec file's text, its size checked before it is read (a SpecError past MAX_SPEC_BYTES).
+
+    Raises OSError and UnicodeDecodeError as open() does, for the caller to word."""
+    with open(path, encoding="utf-8") as handle:  # text mode: '\r\n' reads as '\n'
+        size = os.fstat(handle.fileno()).st_size
+        if size > MAX_SPEC_BYTES:
+            raise SpecError(_too_large(size), path=str(path))
+        text = handle.read(MAX_SPEC_BYTES + 1)  # what is not a regular file has no size
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(_too_large(len(text.encode())), path=str(path))
+    return text
+
+
 def parse(text: str, path: str = "<spec>", *, search_dirs: tuple[Path, ...] = (),
           _loading: tuple[Path, ...] = ()) -> list[Spec]:
     """All kernels of a spec text, parents merged in. Raises SpecError, nothing else.
@@ -659,6 +683,8 @@ class ParsedFile:
 def parse_file(text: str, path: str = "<spec>", *, search_dirs: tuple[Path, ...] = (),
                _loading: tuple[Path, ...] = ()) -> ParsedFile:
     """The kernels (parents merged in) and libraries of a spec text. Raises SpecError only."""
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(_too_large(len(text.encode())), path=path)
     try:
         tree = _parser().parse(text if text.endswith("\n") else text + "\n")
     except lark.exceptions.UnexpectedInput as exc:
@@ -824,7 +850,9 @@ def _load_parent(parent: Token, path: str, text: str, search_dirs: tuple[Path, .
                 raise error(f"kernel extends '{name}' from {candidate}, whose parents lead back "
                             f"to a file being loaded ({files})", "a chain of files without loops")
             try:
-                parent_text = candidate.read_text()
+                parent_text = read_spec_text(candidate)
+            except SpecError as exc:
+                raise error(f"cannot read {candidate}: {exc.message}", "a NAME.gemm spec file") from None
             except OSError as exc:
                 raise error(f"cannot read {candidate}: {exc.strerror}", "a readable NAME.gemm file") from None
             except UnicodeDecodeError:
@@ -846,7 +874,7 @@ def load_file(path: str | Path) -> ParsedFile:
     """The kernels and libraries of a spec file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = read_spec_text(path)
     except OSError as exc:
         raise SpecError(f"cannot read spec: {exc.strerror}", path=str(path)) from None
     except UnicodeDecodeError:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import strategies
+from .outputs import save_figure, write_atomic
 from .plan import Plan
 from .space import Space, describe, expand, point_key
 from .spec import Spec
@@ -89,7 +90,7 @@ def _worker(jobs: list[tuple[Plan, str | None]], shape: Case, db: str, scope: st
         _append(Path(db), {"scope": scope, **bench.cublas(baseline, layouts)})
     for plan, source in jobs:
         key = point_key(plan.spec)
-        Path(state).write_text(key)
+        write_atomic(state, key)  # whole: the parent reads it if this process dies
         entry = {"scope": scope, "key": key, "point": describe(plan.spec)}
         try:
             entry.update(bench.candidate(plan, _compiled(plan, source)))
@@ -98,7 +99,7 @@ def _worker(jobs: list[tuple[Plan, str | None]], shape: Case, db: str, scope: st
             _append(Path(db), entry)
             os._exit(3)  # the parent starts a fresh worker (and context) for the rest
         _append(Path(db), entry)
-    Path(state).write_text("")
+    write_atomic(state, "")
 
 
 class GpuBench:
@@ -276,7 +277,7 @@ class Evaluator:
             workers = {}
             for device, jobs in queues.items():
                 if jobs or (with_cublas and device == devices[0]):
-                    states[device].write_text("")
+                    write_atomic(states[device], "")
                     workers[device] = context.Process(
                         target=_worker, args=(jobs, self.shape, str(self.db), self.scope,
                                               str(states[device]), self.budget_s,
@@ -441,5 +442,5 @@ def plot_search(result: TuneResult, path: str) -> None:
     shape = result.shape
     fig.suptitle(f"{result.space.spec.name} at {shape.M}x{shape.N}x{shape.K}: {len(good)} validated points")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)  # atomically, tagged as gemmgen's
     plt.close(fig)

@@ -117,7 +117,7 @@ def test_build_skips_search_spaces_beside_concrete_kernels(tmp_path):
     result = invoke("build", spec, "-o", out)
     assert_clean_exit(result, 0)
     assert "skipped open: a search space (run gemmgen tune)" in result.output
-    assert sorted(p.name for p in out.iterdir()) == ["small.cu"]
+    assert sorted(p.name for p in out.iterdir()) == ["small.cu", "small.h"]
 
 
 def test_build_of_a_named_search_space_is_an_error(tmp_path):
@@ -162,7 +162,7 @@ def test_missing_spec_file_is_a_usage_error(tmp_path):
 
 # --- GPU verbs without a GPU ---------------------------------------------------------------
 
-@pytest.mark.parametrize("verb", ["check", "bench"])
+@pytest.mark.parametrize("verb", ["check", "bench", "tune", "profile"])
 def test_gpu_verbs_need_a_gpu(monkeypatch, verb):
     monkeypatch.setattr(gemmgen.runtime, "device_count", lambda: 0)  # as on a machine without one
     result = invoke(verb, WARPTILE)

@@ -1,5 +1,5 @@
-"""The generated CUDA C: committed copies up to date, compiling with nvcc and NVRTC, no spills,
-and a header that says where it came from and how to call it.
+"""The generated CUDA C: committed copies (and their C headers) up to date, compiling with nvcc
+and NVRTC, no spills, and a header that says where it came from and how to call it.
 
 The NVRTC compiles are cached per session (see conftest.py), so a kernel compiled here is not
 compiled again by another test.
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import GENERATED_DIR, ROOT, SPECS_DIR, load_shipped_specs
+from gemmgen.c_header import header_source
 from gemmgen.codegen import generate, kernel_name_expressions
 from gemmgen.compile import compile_plan
 from gemmgen.plan import make_plan
@@ -53,12 +54,14 @@ def assert_compiled_without_spills(compiled, plan) -> None:
 
 # --- (a) generated/ holds exactly what the specs generate today ------------------------
 
-def test_generated_matches_the_spec(shipped_spec):
-    path = GENERATED_DIR / f"{shipped_spec.name}.cu"
+@pytest.mark.parametrize("suffix", [".cu", ".h"])
+def test_generated_matches_the_spec(shipped_spec, suffix):
+    path = GENERATED_DIR / f"{shipped_spec.name}{suffix}"
     fix = (f"regenerate it with `gemmgen build {spec_file(shipped_spec)}` (or all of them: "
            f"`{REGENERATE}`) and commit the result")
     assert path.is_file(), f"generated/{path.name} is missing: {fix}"
-    expected = generate(make_plan(shipped_spec))
+    plan = make_plan(shipped_spec)
+    expected = generate(plan) if suffix == ".cu" else header_source(plan, f"{shipped_spec.name}.cu")
     committed = path.read_bytes()
     if committed != expected.encode("utf-8"):
         diff = difflib.unified_diff(committed.decode("utf-8", errors="replace").splitlines(),
@@ -69,12 +72,12 @@ def test_generated_matches_the_spec(shipped_spec):
 
 
 def test_generated_has_no_orphans(shipped_specs):
-    """Every generated .cu comes from a concrete kernel of specs/, or from a library there (whose
-    .cu and manifest test_library.py checks against its tuning database)."""
+    """Every generated .cu and .h comes from a concrete kernel of specs/, or from a library there
+    (whose .cu and manifest test_library.py checks against its tuning database)."""
     from gemmgen.spec import load_file
     libraries = {lib.name for path in SPECS_DIR.glob("*.gemm") for lib in load_file(path).libraries}
     names = {spec.name for spec in shipped_specs} | libraries
-    orphans = sorted(p.name for p in GENERATED_DIR.glob("*.cu") if p.stem not in names)
+    orphans = sorted(p.name for p in GENERATED_DIR.glob("*.[ch]*") if p.stem not in names)
     orphans += sorted(p.name for p in GENERATED_DIR.glob("*.json") if p.stem not in libraries)
     assert not orphans, (f"generated/ holds {', '.join(orphans)}, made by no concrete kernel or library "
                          "of specs/: delete them, or restore their specs")
@@ -84,7 +87,10 @@ def test_generated_has_no_orphans(shipped_specs):
 
 @pytest.fixture(scope="session")
 def nvcc_results(tmp_path_factory):
-    """nvcc -c of every generated/<name>.cu (two at a time): name -> (returncode, log, symbols)."""
+    """nvcc -c of every generated/<name>.cu (two at a time): name -> (returncode, log, symbols).
+
+    Each compile includes generated/<name>.h first: a prototype there that differs from the .cu's
+    definition is an error ("more than one instance ... has "C" linkage")."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on PATH (install the CUDA toolkit to compile generated/*.cu; "
@@ -99,7 +105,9 @@ def nvcc_results(tmp_path_factory):
         obj = folder / f"{spec.name}.o"
         # sm_90a needs the arch-specific virtual target too (-arch=sm_90a alone emits compute_90)
         arch = [f"-gencode=arch=compute_{target},code=sm_{target}"]
-        run = subprocess.run([nvcc, "-c", *arch, "-std=c++17", "-o", str(obj), str(source)],
+        header = GENERATED_DIR / f"{spec.name}.h"
+        include = ["-include", str(header)] if header.is_file() else []  # missing: a staleness failure
+        run = subprocess.run([nvcc, "-c", *arch, "-std=c++17", *include, "-o", str(obj), str(source)],
                              capture_output=True, text=True)
         symbols = ""
         if run.returncode == 0 and shutil.which("nm"):

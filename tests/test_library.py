@@ -298,6 +298,10 @@ def test_shipped_library_is_up_to_date_with_its_database(name):
                                  f"specs/{name}.gemm --from-db {db}")
     source = library_source(manifest, f"{name}.gemm", library.spec.source.splitlines())
     assert source == (GENERATED_DIR / f"{name}.cu").read_text(), f"generated/{name}.cu is stale"
+    from gemmgen.c_header import library_header_source
+    from gemmgen.library import member_plans
+    header = library_header_source(manifest, member_plans(manifest)[0], f"{name}.cu")
+    assert header == (GENERATED_DIR / f"{name}.h").read_text(), f"generated/{name}.h is stale"
 
 
 @pytest.mark.parametrize("name", SHIPPED)

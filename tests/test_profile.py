@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import gemmgen.cli
+import gemmgen.runtime
 from gemmgen.profile import (METRICS, STALL_REASONS, ProfileError, metric_names, parse_ncu_csv,
                              profile, profile_command, render_table, stall_metric, summarise)
 
@@ -137,6 +139,7 @@ def fake_ncu(tmp_path, monkeypatch):
     (folder / "sample.csv").write_text(SAMPLE)
     (folder / "mode").write_text("ok")
     monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setattr(gemmgen.cli, "_require_gpu", lambda: None)  # the command checks for a GPU first
 
     class Fake:
         def set_mode(self, mode: str) -> None:
@@ -215,6 +218,14 @@ def test_profile_command_reports_errors_without_a_traceback(fake_ncu):
     assert "ERR_NVGPUCTRPERM" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(profile_command, [str(NAIVE), "--shape", "256"])
     assert result.exit_code == 2 and "--shape" in result.output
+
+
+def test_profile_command_without_a_gpu_exits_2_before_looking_for_ncu(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ncu either: the GPU is what it says is missing
+    monkeypatch.setattr(gemmgen.runtime, "device_count", lambda: 0)
+    result = CliRunner().invoke(gemmgen.cli.main, ["profile", str(NAIVE)])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
+    assert "no CUDA GPU found" in result.output and "ncu" not in result.output
 
 
 # --- the real ncu ----------------------------------------------------------------------------------

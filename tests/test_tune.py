@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gemmgen import strategies
+from gemmgen.c_header import dispatcher_header_source
 from gemmgen.codegen import dispatcher_source
 from gemmgen.plan import make_plan
 from gemmgen.space import expand, point_key, to_text
@@ -163,8 +164,10 @@ def test_dispatcher_holds_every_winner_behind_one_entry_point(tmp_path):
     source = dispatcher_source("tuned", winners)
     path = tmp_path / "tuned.cu"
     path.write_text(source)
-    subprocess.run(["nvcc", "-c", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "t.o"), str(path)],
-                   check=True, capture_output=True)
+    # Its header first: a prototype that differs from the definition would not compile.
+    (tmp_path / "tuned.h").write_text(dispatcher_header_source("tuned", winners, "tuned.cu"))
+    subprocess.run(["nvcc", "-c", "-arch=sm_90", "-std=c++17", "-include", str(tmp_path / "tuned.h"),
+                    "-o", str(tmp_path / "t.o"), str(path)], check=True, capture_output=True)
     symbols = subprocess.run(["nm", str(tmp_path / "t.o")], capture_output=True, text=True).stdout
     for name in ("gemmgen_tuned", "gemmgen_tuned_4096x4096x4096", "gemmgen_tuned_1024x1024x1024"):
         assert f" T {name}\n" in symbols

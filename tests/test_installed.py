@@ -1,0 +1,153 @@
+"""gemmgen as a user gets it: the wheel built from this checkout, installed into a fresh venv and
+run from a folder outside the checkout (where the source tree cannot stand in for a file the
+wheel lacks).
+
+The venv sees the packages of the interpreter running the tests (--system-site-packages: the
+wheel's dependencies, installed by `pip install '.[test]'`), and holds gemmgen itself, from the
+wheel only. The GPU verbs run with CUDA_VISIBLE_DEVICES empty, so they meet no GPU on any machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from conftest import GENERATED_DIR, ROOT, SPECS_DIR
+
+# What a build leaves in a checkout, and what the package does not need: not copied for the wheel.
+NOT_SOURCES = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".git", ".pytest_cache",
+                                     ".hypothesis", "out", ".whl", "benchmarks", "generated")
+
+
+class Installed:
+    def __init__(self, wheel: Path, venv: Path, workdir: Path, cache: Path):
+        self.wheel, self.venv, self.workdir = wheel, venv, workdir
+        self.bin = venv / ("Scripts" if os.name == "nt" else "bin")
+        self.env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        self.env.update(GEMMGEN_CACHE=str(cache), COLUMNS="200", PYTHONDONTWRITEBYTECODE="1")
+
+    def run(self, *args: str, no_gpu: bool = False, program: str = "gemmgen") -> subprocess.CompletedProcess:
+        env = {**self.env, "CUDA_VISIBLE_DEVICES": ""} if no_gpu else self.env
+        return subprocess.run([str(self.bin / program), *map(str, args)], cwd=self.workdir, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory, gemmgen_cache) -> Installed:
+    """Build the wheel from a clean copy of the checkout, install it alone into a fresh venv."""
+    root = tmp_path_factory.mktemp("installed")
+    source = root / "source"
+    shutil.copytree(ROOT, source, ignore=NOT_SOURCES)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(root / "dist"),
+                            str(source)], capture_output=True, text=True)
+    assert built.returncode == 0, f"pip wheel failed:\n{built.stdout}\n{built.stderr}"
+    (wheel,) = (root / "dist").glob("gemmgen-*.whl")
+    venv = root / "venv"
+    made = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+                          capture_output=True, text=True)
+    if made.returncode:
+        pytest.skip(f"python3 -m venv cannot create a venv here: {made.stderr.strip()[-300:]}")
+    python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+    # The interpreter's own pip, seen through --system-site-packages, installs into the venv.
+    install = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--no-index",
+                              "--ignore-installed", "-q", str(wheel)], capture_output=True, text=True)
+    assert install.returncode == 0, f"installing the wheel failed:\n{install.stdout}\n{install.stderr}"
+    workdir = root / "elsewhere"
+    shutil.copytree(SPECS_DIR, workdir / "specs")
+    return Installed(wheel, venv, workdir, gemmgen_cache)
+
+
+def assert_no_traceback(run: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in run.stdout + run.stderr, run.stdout + run.stderr
+
+
+def test_the_installed_package_is_the_wheels(installed):
+    run = installed.run("-c", "import gemmgen, gemmgen.strategies; print(gemmgen.__file__)", program="python")
+    assert run.returncode == 0, run.stderr
+    assert Path(run.stdout.strip()).is_relative_to(installed.venv), run.stdout
+    shipped = installed.run("-c", "from gemmgen.dispatch import shipped_manifest; "
+                            "print(shipped_manifest('fp32')['library'], shipped_manifest('tf32')['library'])",
+                            program="python")
+    assert shipped.stdout.split() == ["fp32", "tf32"], shipped.stderr  # gemmgen.matmul's libraries
+    checked = installed.run("-m", "pip", "check", program="python")
+    broken = [line for line in checked.stdout.splitlines() if line.startswith("gemmgen ")]
+    assert not broken, "the wheel's requirements are not met:\n" + "\n".join(broken)
+
+
+def test_the_wheel_holds_every_module_the_grammar_and_the_templates(installed):
+    package = ROOT / "gemmgen"
+    expected = {f"gemmgen/{p.relative_to(package).as_posix()}"
+                for pattern in ("*.py", "*.lark") for p in package.rglob(pattern) if "__pycache__" not in p.parts}
+    expected |= {f"gemmgen/templates/{p.name}" for pattern in ("*.py", "*.j2")
+                 for p in (ROOT / "templates").glob(pattern)}
+    expected |= {f"gemmgen/libraries/{p.name}" for p in GENERATED_DIR.glob("*.json")}  # the shipped manifests
+    assert "gemmgen/strategies/__init__.py" in expected and "gemmgen/templates/kernel.cu.j2" in expected
+    assert "gemmgen/libraries/fp32.json" in expected
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        shipped = {name for name in wheel.namelist() if ".dist-info/" not in name}
+    assert not expected - shipped, f"missing from the wheel: {sorted(expected - shipped)}"
+    assert not shipped - expected, f"in the wheel but not in the package: {sorted(shipped - expected)}"
+
+
+def verbs() -> list[str]:
+    from gemmgen.cli import main
+    return sorted(main.commands)
+
+
+def test_every_verb_has_help(installed):
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        runs = dict(zip([""] + verbs(), pool.map(lambda verb: installed.run(*filter(None, [verb, "--help"])),
+                                                  [""] + verbs())))
+    for verb, run in runs.items():
+        assert run.returncode == 0, f"gemmgen {verb} --help: {run.stderr}"
+        assert run.stdout.startswith(f"Usage: gemmgen {verb}".rstrip()), run.stdout[:200]
+        assert_no_traceback(run)
+    for verb in verbs():
+        assert re.search(rf"^\s+{verb}\s", runs[""].stdout, re.M), f"{verb} missing from gemmgen --help"
+
+
+SPEC_FILES = sorted(p.name for p in SPECS_DIR.glob("*.gemm"))
+
+
+def test_build_and_explain_every_shipped_spec(installed):
+    from gemmgen.spec import load
+
+    def run_both(name):
+        return installed.run("build", f"specs/{name}"), installed.run("explain", f"specs/{name}")
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        results = dict(zip(SPEC_FILES, pool.map(run_both, SPEC_FILES)))
+    for name, (build, explain) in results.items():
+        kernels = load(SPECS_DIR / name)
+        assert build.returncode == 0, f"gemmgen build specs/{name}:\n{build.stderr}"
+        assert_no_traceback(build)
+        for spec in kernels:
+            if spec.is_concrete:  # the wheel's templates generate what is committed
+                for suffix in (".cu", ".h"):
+                    written = installed.workdir / "generated" / f"{spec.name}{suffix}"
+                    assert written.read_bytes() == (GENERATED_DIR / f"{spec.name}{suffix}").read_bytes(), written
+            else:
+                assert f"skipped {spec.name}: a search space (run gemmgen tune)" in build.stdout
+        assert_no_traceback(explain)
+        if any(spec.is_concrete for spec in kernels):
+            assert explain.returncode == 0, f"gemmgen explain specs/{name}:\n{explain.stderr}"
+            assert all(spec.name in explain.stdout for spec in kernels if spec.is_concrete)
+        else:  # a search space has no single kernel to explain: a message, as for any spec error
+            assert explain.returncode == 1 and "is a search space" in explain.stderr, explain.stderr
+
+
+@pytest.mark.parametrize("verb,spec", [("check", "warptile.gemm"), ("bench", "warptile.gemm"),
+                                       ("tune", "small_search.gemm"), ("profile", "warptile.gemm")])
+def test_gpu_verbs_without_a_gpu_exit_2_with_a_message(installed, verb, spec):
+    run = installed.run(verb, f"specs/{spec}", no_gpu=True)
+    assert run.returncode == 2, f"gemmgen {verb}: exit {run.returncode}\n{run.stdout}\n{run.stderr}"
+    assert "no CUDA GPU found" in run.stderr and "need one" in run.stderr, run.stderr
+    assert_no_traceback(run)
