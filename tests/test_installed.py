@@ -22,9 +22,10 @@ import pytest
 
 from conftest import GENERATED_DIR, ROOT, SPECS_DIR
 
-# What a build leaves in a checkout, and what the package does not need: not copied for the wheel.
+# What a build leaves in a checkout, and what the package does not need: not copied for the wheel
+# (generated/ is: it holds the shipped libraries' manifests, which the wheel carries).
 NOT_SOURCES = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".git", ".pytest_cache",
-                                     ".hypothesis", "out", ".whl", "benchmarks", "generated")
+                                     ".hypothesis", "out", ".whl", "benchmarks")
 
 
 class Installed:
