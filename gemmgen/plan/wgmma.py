@@ -1,0 +1,151 @@
+"""The wgmma path (sm_90a, math tf32 / 3xtf32): consumer warpgroups multiplying 64 x N slabs from
+swizzled K-major shared tiles, filled by a TMA producer or by loader warpgroups through registers;
+setmaxnreg's register split, stages, split K and the TMA kernels' register-fed fallback."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..spec import Spec
+from .arch import MAX_REGISTERS_PER_THREAD, Arch
+from .base import Plan
+
+WARPGROUP = 128
+WGMMA_BK = 32             # floats in one 128-byte swizzled shared row: one TMA box along K
+TMA_PRODUCER_REGISTERS = 40  # what setmaxnreg leaves the TMA producer: it only issues copies
+WGMMA_MAX_REGISTERS = 232  # what setmaxnreg gives each consumer thread beside such a producer
+SETMAXNREG_CAP = 240       # setmaxnreg takes multiples of 8; a thread addresses at most 255 registers
+
+
+def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
+    """The sm_90a tensor-core kernels: BM / 64 consumer warpgroups each multiply a 64 x BN slab with
+    wgmma from STAGES shared buffers (K-major, 128-byte swizzle). `stages N tma`: a producer
+    warpgroup fills them with TMA under mbarriers, for K-major A and B (layout A row, B col); calls
+    TMA cannot describe go to a `stages 4 async` fallback of 64 x 128 blocks. `stages N async`:
+    loader warpgroups read tiles into registers, round them to TF32 (3xtf32: split them) and
+    store them K-major, for any layout and alignment."""
+    math = spec["math"]
+    BM, BN, BK = spec["block.m"], spec["block.n"], spec["block.k"]
+    for key, default in (("load.A.vector", 1), ("load.B.vector", 1), ("load.A.transpose", False),
+                         ("load.B.transpose", False), ("load.A.uncoalesced", False),
+                         ("load.B.uncoalesced", False), ("shared.A", "plain"), ("shared.B", "plain")):
+        if spec[key] != default:
+            raise spec.error(key, "on the wgmma path tiles land in shared memory K-major with a 128-byte "
+                             "swizzle, copied 16 bytes at a time where the data allow; load and shared "
+                             "lines do not apply",
+                             "no load or shared lines with target sm_90a and tensor-core math")
+    if not spec["shared"]:
+        raise spec.error("shared", "wgmma reads its operands from shared memory", "shared memory on")
+    fill = spec["stages.fill"]
+    if fill not in ("tma", "async"):
+        raise spec.error("stages.fill", "a wgmma kernel's shared buffers are filled by TMA (a producer "
+                         "warpgroup, K-major A and B) or by cp.async (every thread, any layout)",
+                         "stages N tma, or stages N async")
+    tma = fill == "tma"
+    if tma and (spec["layout.A"] != "row" or spec["layout.B"] != "col"):
+        raise spec.error(("layout.A", "layout.B"), "wgmma reads TF32 operands from shared memory "
+                         "only K-major, and TMA copies tiles as they lie: A must be row-major and B "
+                         "column-major (K contiguous in both)",
+                         "layout A row, B col; or stages N async (cp.async transposes on the way)")
+    if spec.written("thread.m"):
+        raise spec.error("thread.m", "with wgmma each warpgroup multiplies a 64 x N tile; there is no "
+                         "thread tile", "no thread line")
+    for key, default, why in (("reduce.count", 0, "fused reduction"), ("epilogue.staged", False, "staged epilogue"),
+                              ("fragments", 1, "fragment double buffering"), ("order", "n", "thread order")):
+        if spec[key] != default:
+            raise spec.error(key, f"the wgmma path has no {why}", f"target sm_90 (mma.sync) for {why}")
+    if BK != WGMMA_BK:
+        raise spec.error("block.k", f"a wgmma K tile is one 128-byte swizzled row of {WGMMA_BK} floats, "
+                         f"not {BK}", f"block M x N x {WGMMA_BK}")
+    if BM % 64 or not 1 <= BM // 64 <= 2:
+        raise spec.error("block.m", f"each consumer warpgroup multiplies 64 rows; block M = {BM} "
+                         "must be 64 or 128 (one or two consumer warpgroups)", "block 64 or 128 x N x 32")
+    if BN % 8 or not 8 <= BN <= 256:
+        raise spec.error("block.n", f"a wgmma tile is 64 x N with N a multiple of 8 up to 256, so "
+                         f"block N = {BN} cannot be one", "block N from 8 to 256, a multiple of 8")
+    if spec.written("warp.m") and (spec["warp.m"], spec["warp.n"]) != (64, BN):
+        raise spec.error("warp.m", f"a consumer warpgroup's tile is 64 x {BN} (64 rows of the block, "
+                         "all its columns)", f"warp 64 x {BN}, or no warp line")
+    shape = (spec["mma.m"], spec["mma.n"], spec["mma.k"]) if spec.written("mma.m") else (64, BN, 8)
+    if shape != (64, BN, 8):
+        raise spec.error("mma.m", f"with block N = {BN}, each warpgroup issues wgmma 64 x {BN} x 8 "
+                         f"(TF32 K step 8), not {' x '.join(map(str, shape))}", f"mma 64 x {BN} x 8")
+    stages = spec["stages"]
+    if stages < 2:
+        raise spec.error("stages", "the pipeline loads tiles ahead of the math; it needs at least "
+                         "2 buffers", "stages 2 to 8, e.g. stages 4")
+    consumers = BM // 64
+    # Loader warpgroups hold K tiles in registers between their loads and their stores; a single
+    # consumer multiplies a tile faster than one loader's loads return, so it gets two loaders.
+    loaders = 0 if tma else (2 if consumers == 1 else 1)
+    threads = (consumers + (1 if tma else loaders)) * WARPGROUP
+    if tma:  # 3xtf32: B's remainders too (A is split in registers)
+        stage_bytes = 4 * BK * (BM + BN * (2 if math == "3xtf32" else 1))
+    else:    # 3xtf32: A's and B's remainders too
+        stage_bytes = 4 * BK * (BM + BN) * (2 if math == "3xtf32" else 1)
+    # mbarriers per stage (full, empty; TMA 3xtf32: ready), and slack to align buffers to 1024 B.
+    barriers = (3 if tma and math == "3xtf32" else 2) * 8 * stages
+    smem_bytes = stages * stage_bytes + barriers + 1024
+    if smem_bytes > arch.smem_per_block:
+        raise spec.error(("stages", "block.m"), f"{stages} stages of {stage_bytes} bytes need {smem_bytes} "
+                         f"bytes of shared memory; a block on {arch.name} gets at most "
+                         f"{arch.smem_per_block}", f"stages {(arch.smem_per_block - 1024) // stage_bytes} "
+                         "or fewer, or a smaller block")
+    accumulators = BN // 2  # a 64 x BN fp32 tile over 128 threads
+    loaded_floats = (BM + BN) * BK // WARPGROUP  # a loader thread's share of one K tile
+    if tma:
+        loader_registers, limit = TMA_PRODUCER_REGISTERS, WGMMA_MAX_REGISTERS
+    else:
+        # Each thread starts with `launch` registers. A lone consumer (64-row blocks) takes 8 from
+        # each of its two loaders with setmaxnreg, for wide tiles; the loaders still hold a K tile
+        # and its addresses (ptxas spilled some loaders at 152, none at 160).
+        launch = min(MAX_REGISTERS_PER_THREAD, arch.regs_per_sm // threads) // 8 * 8
+        loader_registers = launch - 8 if loaders > consumers else launch
+        limit = min(SETMAXNREG_CAP, (launch * (loaders + consumers) - loaders * loader_registers)
+                    // consumers // 8 * 8)
+    if math != "3xtf32":
+        registers = accumulators + 48
+    elif tma:  # also one K tile's products and A's big and small fragments (see wgmma_kernel.cu.j2)
+        registers = 2 * accumulators + 32 + 40
+    else:      # also one K tile's products (see wgmma_async.cu.j2)
+        registers = 2 * accumulators + 40
+    if registers > limit:
+        raise spec.error("block.n", f"a consumer thread would hold about {registers} registers "
+                         f"({accumulators} accumulators); it can have {limit}"
+                         + ("" if tma else f" beside {loaders} loader warpgroup(s) of "
+                            f"{loader_registers}"), "a smaller block N")
+    # Two tiles in flight per loader where their registers fit (loads wait on memory most of the time).
+    loader_depth = 2 if loaders and 2 * loaded_floats + 64 <= loader_registers else 1
+    if loaders and loaded_floats + 56 > loader_registers:
+        raise spec.error(("block.m", "block.n"), f"a loader thread would hold {loaded_floats} floats "
+                         f"of each K tile and their addresses in {loader_registers} registers",
+                         "a smaller block")
+    occupancy = spec["occupancy"]
+    if occupancy > 1:
+        raise spec.error("occupancy", "a wgmma block takes most of an SM's shared memory and registers",
+                         "occupancy 1, or no occupancy line")
+    # Split K: blockIdx.y takes one slice of the K tiles, and the slices add their products into C
+    # with atomicAdd after the launcher has set C = beta * C (for small M x N with a long K).
+    split_k = spec["split"]
+    fallback = None
+    if tma:
+        # Calls TMA cannot describe go to the register-fed kernel (stages N async) with 64 x 128
+        # blocks. On an H100 in TF32 it beat mma.sync, the fallback before it, at every shape
+        # measured: 4096^3 with ld + 1, 84.8 against 78.0 TFLOP/s; 2048^3 with ld + 1, 78.7
+        # against 74.9; 127x4099x1023, 28.6 against 12.4 (64-row blocks spread skinny C over
+        # the SMs).
+        from . import make_plan  # the fallback is planned like any spec
+        fallback = make_plan(replace(spec.with_values(
+            block_m=64, block_n=128, warp_m=64, warp_n=128, mma_m=64, mma_n=128, mma_k=8, stages=4,
+            stages_fill="async"), name=f"{spec.name}_fallback"))
+    return Plan(
+        spec=spec, name=spec.name, arch=arch, uses_shared=True, BM=BM, BN=BN, BK=BK, WM=64, WN=BN,
+        TM=2, TN=2, RM=1, RN=BN // 8, SUB_M=16, SUB_N=8, warp_tiling=True, warps_m=consumers,
+        warps_n=1, lanes_m=8, lanes_n=4, threads=threads, order="n", stages=stages, async_copy=True,
+        fragments=1, raster_group=spec["raster.group"], occupancy=1, beta=spec["epilogue.beta"],
+        reduce_count=0, split_k=split_k, staged=False, c_stage_rows=0, c_stage_cols=0, c_stage_ld=0,
+        c_stage_vec=1, a=None, b=None, c_layout=spec["layout.C"],
+        c_vector=2 if spec["layout.C"] == "row" and split_k == 1 else 1, smem_bytes=smem_bytes,
+        registers_estimate=registers, math=math, mma_shape=shape, m_step=8, consumers=consumers,
+        tma=tma, loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
+        consumer_registers=limit, fallback=fallback)
