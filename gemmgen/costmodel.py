@@ -138,7 +138,8 @@ def features(plan: Plan, shape: Case, sms: int) -> Features:
         per_k = BK / (plan.mma_shape[2] if plan.mma_shape else 1)
         # one wavefront moves up to 128 bytes: a clock of the SM's shared-memory pipe
         shared_clocks = plan.warps * (per_k * (a_frag + b_frag) + a_store + b_store)
-        conflict = max(a_sc, b_sc, a_fc, b_fc)
+        ideal = plan.warps * (per_k * (a_frag / a_fc + b_frag / b_fc) + a_store / a_sc + b_store / b_sc)
+        conflict = shared_clocks / ideal  # wavefronts over those of a conflict-free layout
     math_clocks = flops / peak
     global_clocks = global_bytes / GLOBAL_BYTES_PER_CLOCK
     parts = (math_clocks, global_clocks, shared_clocks)

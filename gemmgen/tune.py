@@ -190,6 +190,7 @@ class Evaluator:
     evaluated: int = 0
     keys: dict = field(default_factory=dict)
     baseline: str = "cuBLAS FP32"
+    sms: int = 0  # the GPU's SM count, for strategies that model the kernels (strategies/model.py)
 
     def __post_init__(self) -> None:
         self.keys = {coords: point_key(plan.spec) for coords, plan in self.space.plan_at.items()}
@@ -326,7 +327,7 @@ def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1,
                              mp_context=multiprocessing.get_context("spawn")) as pool:
         evaluator = Evaluator(space, shape, db, scope, max_points, budget_s, progress, source_patch, pool,
-                              devices)
+                              devices, sms=info.sm_count)
         try:
             module.tune(space, evaluator, settings)
         except strategies.Budget:
