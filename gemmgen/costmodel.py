@@ -191,6 +191,7 @@ class Table:
         self.names = list(rows[0].names) if rows else []
         raw = np.array([r.values for r in rows], dtype=float).reshape(len(rows), len(self.names))
         self.prior = np.array([r.prior for r in rows])
+        self.prior_spread = float(self.prior.std()) if rows else 0.0
         spread = raw.std(axis=0)
         keep = spread > 1e-9
         numeric = (raw[:, keep] - raw[:, keep].mean(axis=0)) / spread[keep]
@@ -209,11 +210,13 @@ class Table:
 class Model:
     """Bayesian linear regression of log TFLOP/s on a Table's columns, around its prior.
 
-    y = prior + b + X w + noise, with w ~ N(0, I / alpha) and noise ~ N(0, 1 / beta); b (the
-    level, which the prior does not know) is fitted freely. With d columns, X w has a standard
-    deviation of about sqrt(d / alpha) before anything is measured: `SPREADS` are the values of
-    that spread (in log TFLOP/s) and `NOISES` of the noise's that the evidence (marginal
-    likelihood) of the measurements chooses between; `START` is the spread before any.
+    y = prior + b + X w + noise, with w ~ N(0, diag(1 / alpha)) and noise ~ N(0, 1 / beta); b (the
+    level, which the prior does not know) is fitted freely. The column holding the prior itself
+    gets a weight as uncertain as the prior's own spread, so that measurements that contradict the
+    prior can undo it. With d other columns, their part of X w has a standard deviation of about
+    sqrt(d / alpha) before anything is measured: `SPREADS` are the values of that spread (in log
+    TFLOP/s) and `NOISES` of the noise's that the evidence (marginal likelihood) of the
+    measurements chooses between; `START` is the spread before any.
     """
 
     SPREADS = (1.0, 0.5, 0.3, 0.2, 0.1, 0.05)
@@ -223,11 +226,15 @@ class Model:
     def __init__(self, table: Table):
         self.table = table
         d = table.X.shape[1]
+        self.own = np.array([name == "prior" for name in table.names])
         self.mean = np.zeros(d)
         self.level = 0.0
-        self.alpha = d / self.START ** 2
         self.noise = 0.1
-        self.cov = np.eye(d) / self.alpha
+        self.cov = np.diag(1 / self._alphas(d / self.START ** 2))
+
+    def _alphas(self, alpha: float) -> np.ndarray:
+        own = 1 / max(self.table.prior_spread, 1e-3) ** 2
+        return np.where(self.own, own, alpha)
 
     def fit(self, rows: list[int], y: np.ndarray) -> None:
         X = self.table.X[rows]
@@ -237,18 +244,20 @@ class Model:
         Xc = X - X.mean(axis=0) if len(rows) > 1 else X
         best = None
         n, d = Xc.shape
-        for alpha in (d / spread ** 2 for spread in self.SPREADS):
+        others = d - int(self.own.sum())
+        for spread in self.SPREADS:
+            alphas = self._alphas(max(others, 1) / spread ** 2)
             for noise in self.NOISES:
                 beta = 1 / noise ** 2
-                precision = alpha * np.eye(d) + beta * Xc.T @ Xc
+                precision = np.diag(alphas) + beta * Xc.T @ Xc
                 chol = np.linalg.cholesky(precision)
                 mean = beta * np.linalg.solve(precision, Xc.T @ r)
-                fit = beta * np.sum((r - Xc @ mean) ** 2) + alpha * mean @ mean
-                evidence = (d * math.log(alpha) + n * math.log(beta) - fit
+                fit = beta * np.sum((r - Xc @ mean) ** 2) + alphas @ mean ** 2
+                evidence = (np.sum(np.log(alphas)) + n * math.log(beta) - fit
                             - 2 * np.sum(np.log(np.diag(chol))))
                 if best is None or evidence > best[0]:
-                    best = (evidence, alpha, noise, mean, precision)
-        _, self.alpha, self.noise, self.mean, precision = best
+                    best = (evidence, noise, mean, precision)
+        _, self.noise, self.mean, precision = best
         self.cov = np.linalg.inv(precision)
         self.level -= float(X.mean(axis=0) @ self.mean) if len(rows) > 1 else 0.0
 
