@@ -449,7 +449,7 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
               help="Problem size(s) to tune for, separated by ';'. Several shapes give one winner each.")
 @click.option("--strategy", default="model", show_default=True,
               help="Search strategy, a module of gemmgen/strategies/: model (the cost model), exhaustive, "
-                   "random_sample, evolution, or Optuna's tpe, cmaes and gp.")
+                   "random_sample, or Optuna's tpe, cmaes and gp.")
 @click.option("--option", "strategy_options", multiple=True, metavar="NAME=VALUE",
               help="A strategy option, e.g. --option seed=3 --option population=24.")
 @click.option("--max-points", type=int, metavar="N", help="Evaluate at most N points per shape.")
@@ -477,7 +477,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
 
     \b
     Examples:
-      gemmgen tune specs/hopper_search.gemm --strategy evolution --max-points 120
+      gemmgen tune specs/hopper_search.gemm --max-points 120
       gemmgen tune specs/warptile_search.gemm --shapes '1024x1024x1024;4096x4096x4096' \\
           --dispatcher generated/warptile_tuned.cu
     """
@@ -665,7 +665,7 @@ def replay(spec, kernel, dbs, shape_text, testbed, names, strategy_options, seed
                       " ".join(f"{100 * r[f'random_sample_at_{f:g}']:.1f}" for f in rp.BUDGETS))
     console.print(table)
     if markdown_path:
-        Path(markdown_path).write_text(rp.markdown(rows))
+        Path(markdown_path).write_text(rp.summary_markdown(rows) + "\n" + rp.markdown(rows))
         console.print(f"wrote {markdown_path}")
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=1))

@@ -343,3 +343,23 @@ def markdown(rows: list[dict], baseline: str = "random_sample") -> str:
                      f"{_count(r['median_0.03'], valid)}, {_count(r['worst_0.03'], valid)} | "
                      f"{_count(r['median_0.01'], valid)}, {_count(r['worst_0.01'], valid)} | {at} | {base} |")
     return "\n".join(lines) + "\n"
+
+
+def summary_markdown(rows: list[dict]) -> str:
+    """One line per recording, one column per strategy: median (worst) evaluations to within 3%,
+    then to within 1%."""
+    strategies_seen = list(dict.fromkeys(r["strategy"] for r in rows))
+    spaces = list(dict.fromkeys((r["space"], r["valid"]) for r in rows))
+    cell = {(r["space"], r["strategy"]): r for r in rows}
+    count = lambda v: "never" if v is None else f"{v:g}"  # noqa: E731
+    lines = ["| space, shape (valid points) | " + " | ".join(strategies_seen) + " |",
+             "| --- |" + " --- |" * len(strategies_seen)]
+    for space, valid in spaces:
+        cells = []
+        for name in strategies_seen:
+            r = cell.get((space, name))
+            cells.append("-" if r is None else
+                         f"{count(r['median_0.03'])} ({count(r['worst_0.03'])}) / "
+                         f"{count(r['median_0.01'])} ({count(r['worst_0.01'])})")
+        lines.append(f"| {space} ({valid}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -35,7 +35,11 @@ OPTIONS = {
 def tune(space, evaluate, options):
     rng = random.Random(options["seed"])
     sms = options["sms"] or getattr(evaluate, "sms", 0) or 132
-    table = Table(space, evaluate.shape, sms)
+    shape = getattr(evaluate, "shape", None)
+    if shape is None:
+        raise ValueError("the model strategy derives its features at the problem size: "
+                         "evaluate.shape must be set (gemmgen.tune and gemmgen.replay set it)")
+    table = Table(space, shape, sms)
     model = Model(table)
     total = len(table.points)
     batch = options["batch"] or max(4, min(16, total // 25))
