@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -67,25 +68,20 @@ def running_plan(plan: Plan, shape: Case) -> tuple[Plan, bool]:
 
 @lru_cache(maxsize=None)
 def _store_wavefronts(op, threads: int, async_copy: bool) -> tuple[int, float]:
-    class _P:  # the fields _store_access reads
-        pass
-    p = _P()
-    p.threads, p.async_copy = threads, async_copy
-    access = _store_access(p, op)
+    """Wavefronts of warp 0's stores of one tile into shared memory, and their ratio to a
+    conflict-free layout's (explain.py's replay; it reads only these fields of the Plan)."""
+    access = _store_access(SimpleNamespace(threads=threads, async_copy=async_copy), op)
     return access.wavefronts, access.wavefronts / (access.requests * access.phases)
-
-
-def _fragment_wavefronts(plan: Plan, op) -> tuple[int, float]:
-    key = (op.name, op.smem_index, op.frag_vector, plan.TM, plan.TN, plan.RM, plan.RN, plan.SUB_M,
-           plan.SUB_N, plan.lanes_m, plan.lanes_n, plan.order, min(plan.threads, WARP),
-           plan.mma_shape, plan.ldmatrix_a, plan.ldmatrix_b)
-    return _fragment_cached(key, plan, op)
 
 
 _FRAGMENTS: dict = {}
 
 
-def _fragment_cached(key, plan: Plan, op) -> tuple[int, float]:
+def _fragment_wavefronts(plan: Plan, op) -> tuple[int, float]:
+    """The same for the inner product's fragment loads at one k, cached by what they depend on."""
+    key = (op.name, op.smem_index, op.frag_vector, plan.TM, plan.TN, plan.RM, plan.RN, plan.SUB_M,
+           plan.SUB_N, plan.lanes_m, plan.lanes_n, plan.order, min(plan.threads, WARP),
+           plan.mma_shape, plan.ldmatrix_a, plan.ldmatrix_b)
     if key not in _FRAGMENTS:
         access = (_mma_fragment_access if plan.mma_shape else _fragment_access)(plan, op)
         _FRAGMENTS[key] = (access.wavefronts, access.wavefronts / (access.requests * access.phases))
