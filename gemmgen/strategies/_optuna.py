@@ -26,7 +26,7 @@ def require():
     try:
         import optuna
     except ImportError as exc:
-        raise ImportError("this strategy uses Optuna: pip install 'gemmgen[search]' "
+        raise ImportError("it uses Optuna: pip install 'gemmgen[search]' "
                           "(or pip install optuna)") from exc
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna

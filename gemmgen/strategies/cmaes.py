@@ -12,6 +12,11 @@ import warnings
 from ._optuna import require, search
 
 optuna = require()
+try:
+    import cmaes  # noqa: F401
+except ImportError as exc:
+    raise ImportError("Optuna's CMA-ES needs the cmaes package: "
+                      "pip install 'gemmgen[search]' (or pip install cmaes)") from exc
 
 OPTIONS = {
     "seed": (0, "random seed"),
@@ -20,11 +25,6 @@ OPTIONS = {
 
 
 def tune(space, evaluate, options):
-    try:
-        import cmaes  # noqa: F401 - Optuna's CmaEsSampler imports it when it first samples
-    except ImportError as exc:
-        raise ImportError("the cmaes strategy uses Optuna's CMA-ES, which needs the cmaes package: "
-                          "pip install 'gemmgen[search]' (or pip install cmaes)") from exc
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # with_margin is marked experimental
         sampler = optuna.samplers.CmaEsSampler(

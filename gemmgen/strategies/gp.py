@@ -10,6 +10,12 @@ pip install 'gemmgen[search]' torch scipy (the CPU build of PyTorch is enough).
 from ._optuna import require, search
 
 optuna = require()
+try:
+    import scipy  # noqa: F401
+    import torch  # noqa: F401
+except ImportError as exc:
+    raise ImportError("Optuna's GPSampler needs PyTorch and SciPy: "
+                      "pip install torch scipy (the CPU build of PyTorch is enough)") from exc
 
 OPTIONS = {
     "seed": (0, "random seed"),
@@ -19,11 +25,5 @@ OPTIONS = {
 
 
 def tune(space, evaluate, options):
-    try:
-        import scipy  # noqa: F401
-        import torch  # noqa: F401
-    except ImportError as exc:
-        raise ImportError("the gp strategy uses Optuna's GPSampler, which needs PyTorch and SciPy: "
-                          "pip install torch scipy (the CPU build of PyTorch is enough)") from exc
     sampler = optuna.samplers.GPSampler(seed=options["seed"], n_startup_trials=options["startup"])
     search(space, evaluate, sampler, options["batch"], options["seed"])
