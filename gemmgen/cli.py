@@ -561,8 +561,9 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
 @kernel_option
 @click.option("--shapes", "shapes_text", default="4096x4096x4096", show_default=True, metavar="CASES",
               help="Problem size(s) to tune for, separated by ';'. Several shapes give one winner each.")
-@click.option("--strategy", default="exhaustive", show_default=True,
-              help="Search strategy: exhaustive, random_sample or evolution (gemmgen/strategies/).")
+@click.option("--strategy", default="model", show_default=True,
+              help="Search strategy, a module of gemmgen/strategies/: model (the cost model), exhaustive, "
+                   "random_sample, or Optuna's tpe, cmaes and gp.")
 @click.option("--option", "strategy_options", multiple=True, metavar="NAME=VALUE",
               help="A strategy option, e.g. --option seed=3 --option population=24.")
 @click.option("--max-points", type=int, metavar="N", help="Evaluate at most N points per shape.")
@@ -609,7 +610,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
 
     \b
     Examples:
-      gemmgen tune specs/hopper_search.gemm --strategy evolution --max-points 120
+      gemmgen tune specs/hopper_search.gemm --max-points 120
       gemmgen tune specs/warptile_search.gemm --shapes '1024x1024x1024;4096x4096x4096' \\
           --dispatcher generated/warptile_tuned.cu
       gemmgen tune specs/fp32.gemm --db fp32.jsonl        # a library
@@ -622,9 +623,10 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     from .distributed import ClusterError
     from .tune import plot_search, search_baseline, tune as run_tune
 
-    if strategy not in strategies.names():
-        raise click.BadParameter(f"{strategy!r}: one of {', '.join(strategies.names())}",
-                                 param_hint="--strategy")
+    try:
+        strategies.get(strategy)  # unknown, or its library is missing: said before any GPU work
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--strategy") from None
     if scheduler and devices:
         raise click.BadParameter("a cluster's workers choose their GPUs: give --devices for a local "
                                  "cluster, or --scheduler for one started already", param_hint="--devices")
@@ -745,6 +747,117 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
         console.print(f"wrote {dispatcher} and {dispatcher_header.name}")
     if json_path:
         write_output(json_path, json.dumps(all_records, indent=1))
+
+
+@main.command()
+@click.argument("spec", required=False, type=click.Path(exists=True, dir_okay=False))
+@kernel_option
+@click.option("--db", "dbs", multiple=True, type=click.Path(exists=True, dir_okay=False), metavar="FILE.jsonl",
+              help="Tuning database(s) holding an exhaustive search (repeatable; default: benchmarks/tuning/*.jsonl).")
+@click.option("--shape", "shape_text", metavar="MxNxK", help="The shape of the recording to replay (with SPEC).")
+@click.option("--testbed", "testbed", is_flag=False, flag_value="", default=None, metavar="[FILE.json]",
+              help="Replay every space and shape of the test bed (default benchmarks/testbed.json) instead of SPEC.")
+@click.option("--strategy", "names", multiple=True,
+              help="Strategy to replay (repeatable; default: all, random_sample always included).")
+@click.option("--option", "strategy_options", multiple=True, metavar="NAME=VALUE",
+              help="A strategy option, for every strategy replayed that has it.")
+@click.option("--seeds", type=int, default=20, show_default=True, help="Runs per strategy, with seeds 0 to N-1.")
+@click.option("--jobs", type=int, default=1, show_default=True, help="Processes to run seeds in.")
+@click.option("--markdown", "markdown_path", type=click.Path(dir_okay=False), help="Write the table as Markdown.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the table's rows as JSON.")
+@click.option("--check", "check_name", metavar="STRATEGY",
+              help="Exit 1 unless STRATEGY meets the test bed's bar (issue 15) on every recording.")
+def replay(spec, kernel, dbs, shape_text, testbed, names, strategy_options, seeds, jobs, markdown_path,
+           json_path, check_name):
+    """Replay search strategies against recorded exhaustive searches, with no GPU.
+
+    Each strategy's evaluate() is answered from the database (a failed point scores 0), over
+    --seeds runs: evaluations needed to come within 3% and 1% of the exhaustive best (median,
+    worst), and the median best found after 5%, 10% and 20% of the points beside random_sample's.
+
+    \b
+    Examples:
+      gemmgen replay specs/hopper_tc_search.gemm --shape 4096x4096x4096 --strategy model
+      gemmgen replay --testbed --markdown replay.md --check model
+    """
+    from . import replay as rp
+    from . import strategies
+    from .spec import load_one
+    from .verify import parse_case
+
+    chosen = list(dict.fromkeys(names or strategies.names()))
+    if "random_sample" not in chosen:
+        chosen.append("random_sample")
+    for name in list(chosen):
+        try:
+            strategies.get(name)
+        except ValueError as exc:
+            if names:
+                raise click.BadParameter(str(exc), param_hint="--strategy") from None
+            console.print(f"[yellow]skipped[/] {exc}")
+            chosen.remove(name)
+    names = chosen
+    db_paths = [Path(d) for d in dbs] if dbs else sorted(rp.TUNING.glob("*.jsonl"))
+    if testbed is not None:
+        if not Path(testbed or rp.TESTBED).exists():
+            _fail(f"no test bed at {testbed or rp.TESTBED}: give its path, --testbed FILE.json")
+        recordings, missing = rp.testbed_recordings(Path(testbed) if testbed else rp.TESTBED, db_paths)
+        for item in missing:
+            console.print(f"[yellow]not recorded yet:[/] {item} (benchmarks/record_testbed.py records it)")
+    elif spec and shape_text:
+        try:
+            shape = parse_case(shape_text)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--shape") from None
+        try:
+            recordings = [rp.load_recording(load_one(spec, kernel), db_paths, shape)]
+        except LookupError as exc:
+            _fail(str(exc))
+    else:
+        raise click.UsageError("give SPEC and --shape, or --testbed")
+    options = _strategy_options(strategy_options)
+    outcomes = []
+    with _progress() as bar:
+        task = bar.add_task("replaying", total=len(recordings) * len(names))
+        for recording in recordings:
+            if recording.missing or recording.stale:
+                console.print(f"{recording.label}: {recording.space.valid} recorded points replayed"
+                              + (f"; {recording.missing} valid point(s) of today's space not in "
+                                 f"{recording.db.name}" if recording.missing else "")
+                              + (f"; {recording.stale} record(s) of points no longer valid ignored"
+                                 if recording.stale else ""))
+            for name in names:
+                module = strategies.get(name)
+                mine = {k: v for k, v in options.items() if k in module.OPTIONS}
+                outcomes.append(rp.replay(name, recording, seeds, mine, jobs=jobs))
+                bar.advance(task)
+    rows = rp.table_rows(outcomes)
+    table = Table(title=f"replay over {seeds} seeds: evaluations to come within 3% and 1% of the "
+                        "exhaustive best (median / worst), best found at 5/10/20% of the points")
+    for column in ("space, shape (valid)", "strategy", "to 3%", "to 1%", "best at 5/10/20%", "random_sample"):
+        table.add_column(column)
+    for r in rows:
+        count = lambda v: "never" if v is None else f"{v:g}"  # noqa: E731
+        table.add_row(f"{r['space']} ({r['valid']})", r["strategy"],
+                      f"{count(r['median_0.03'])} / {count(r['worst_0.03'])}",
+                      f"{count(r['median_0.01'])} / {count(r['worst_0.01'])}",
+                      " ".join(f"{100 * r[f'best_at_{f:g}']:.1f}" for f in rp.BUDGETS),
+                      " ".join(f"{100 * r[f'random_sample_at_{f:g}']:.1f}" for f in rp.BUDGETS))
+    console.print(table)
+    if markdown_path:
+        Path(markdown_path).write_text(rp.summary_markdown(rows) + "\n" + rp.markdown(rows))
+        console.print(f"wrote {markdown_path}")
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1))
+        console.print(f"wrote {json_path}")
+    if check_name:
+        failures = rp.must_hold(outcomes, check_name)
+        for failure in failures:
+            console.print(f"[red]{failure}[/]")
+        if failures:
+            _fail(f"{check_name} misses the bar on {len(failures)} count(s)")
+        console.print(f"{check_name}: within 3% with at most 10% of the points and within 1% with at most "
+                      "20% (median), and ahead of random_sample, on every recording")
 
 
 from .profile import profile_command  # noqa: E402

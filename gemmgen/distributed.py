@@ -198,10 +198,10 @@ class GpuRunner:
         """The Compiled kernel, or why it did not compile (a string)."""
         return _children.helper(_compile_or_reason, (plan, source))
 
-    def describe(self) -> tuple[str, str]:
+    def describe(self) -> tuple[str, str, int]:
         from .runtime import device_info
         info = device_info()
-        return info.name, info.driver_version
+        return info.name, info.driver_version, info.sm_count
 
     def _bench(self, shape, budget_s) -> GpuBench:
         if (shape, budget_s) not in _benches:
@@ -313,8 +313,8 @@ def _wait_for_gpus(client, address_hint: str) -> dict[str, dict]:
     return workers
 
 
-def _describe(client, runner) -> tuple[str, str]:
-    """Device and driver, from every GPU worker (which starts each one's GPU process)."""
+def _describe(client, runner) -> tuple[str, str, int]:
+    """Device, driver and SM count, from every GPU worker (which starts each one's GPU process)."""
     distributed = require_dask()
     workers = _wait_for_gpus(client, str(client.scheduler.address))
     futures = [client.submit(_gpu_task, runner, "describe", workers=[address], resources={"GPU": 1},
@@ -434,7 +434,7 @@ def cluster_evaluator(scheduler, devices, space, shape, db, max_points, budget_s
     which device they hold (the database's scope), and yields a DaskEvaluator."""
     runner = runner or default_runner()
     with connect(scheduler, devices) as client:
-        name, driver = _describe(client, runner)
+        name, driver, sms = _describe(client, runner)
         scope = db_scope(name, driver, shape, space.spec.name)
         yield DaskEvaluator(space, shape, db, scope, max_points, budget_s, progress, source_patch,
-                            client=client, runner=runner, workers=len(gpu_workers(client)))
+                            sms=sms, client=client, runner=runner, workers=len(gpu_workers(client)))

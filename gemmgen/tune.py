@@ -216,6 +216,7 @@ class Evaluator:
     evaluated: int = 0
     keys: dict = field(default_factory=dict)
     baseline: str = "cuBLAS FP32"
+    sms: int = 0  # the GPU's SM count, for strategies that model the kernels (strategies/model.py)
 
     @property
     def gpus(self) -> int:
@@ -378,7 +379,8 @@ def _local_evaluator(space, shape, db, max_points, budget_s, progress, source_pa
     # NVRTC workers start fresh (spawn): forking a process that holds a CUDA context is unsafe.
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1,
                              mp_context=multiprocessing.get_context("spawn")) as pool:
-        yield Evaluator(space, shape, db, scope, max_points, budget_s, progress, source_patch, pool, devices)
+        yield Evaluator(space, shape, db, scope, max_points, budget_s, progress, source_patch, pool, devices,
+                        sms=info.sm_count)
 
 
 def summarize(space: Space, shape: Case, db: Path, scope: str, evaluated: int = 0,

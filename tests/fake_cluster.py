@@ -31,7 +31,7 @@ class FakeRunner:
         return ("cubin", point_key(plan.spec))  # anything but a string, which would be a compile error
 
     def describe(self):
-        return "Fake GPU", "13.0"
+        return "Fake GPU", "13.0", 132
 
     def cublas(self, shape, budget_s, baseline, layouts):
         return {"key": "cublas", "point": baseline, "status": "ok", "ms": 1.0, "tflops": CUBLAS_TFLOPS}

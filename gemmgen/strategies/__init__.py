@@ -24,7 +24,10 @@ def names() -> list[str]:
 def get(name: str) -> ModuleType:
     if name not in names():
         raise ValueError(f"unknown strategy {name!r}: one of {', '.join(names())}")
-    return importlib.import_module(f"{__name__}.{name}")
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ImportError as exc:  # a strategy built on an optional library that is missing
+        raise ValueError(f"strategy {name}: {exc}") from exc
 
 
 def options_with_defaults(module: ModuleType, given: dict) -> dict:
