@@ -302,9 +302,22 @@ def explain(spec, kernel, target, as_json):
     Threads and warps, registers and spills (from compiling it), shared memory, occupancy per SM
     and which limit binds it, arithmetic intensity of global and shared traffic, and the bank
     conflicts each shared-memory access pattern will cause.
+
+    For a library: its members, how many kernels each gives, which run on every GPU, its shapes,
+    and (once tuned) the members its manifest keeps.
     """
     from .explain import as_dict, explain as make_report, render_text
 
+    if _libraries(spec, kernel):
+        from . import cli_library
+        from .library import load_libraries
+        summaries = [cli_library.summary(library) for library in load_libraries(spec, kernel)]
+        if as_json:
+            console.print_json(json.dumps(summaries))
+        else:
+            for summary in summaries:
+                console.print(cli_library.render_summary(summary), markup=False, soft_wrap=True)
+        return
     reports = [make_report(plan) for plan in _plans(spec, kernel, target)]
     if as_json:
         console.print_json(json.dumps([as_dict(r) for r in reports]))

@@ -177,3 +177,43 @@ def bench(library: Library, manifest: dict, cases, *, budget: float, console, pr
         console.print(f"geometric mean {geo:.2f}x {manifest['baseline']} over {len(speedups)} shapes; "
                       f"slower than cuBLAS where it takes >= 20 us: {len(slow)}", markup=False)
     return rows
+
+
+def summary(library: Library, manifest_dir: Path = Path("generated")) -> dict:
+    """What `gemmgen explain` says of a library: its members and shapes, and the manifest's kept
+    members when one was built (generated/<library>.json)."""
+    members = [{"name": m.name, "kernels": len(m.plans), "searched per shape": m.searched,
+                "targets": sorted({p.arch.name for p in m.plans}),
+                "math": sorted({p.math for p in m.plans}),
+                "portable": any(not p.arch.has_wgmma for p in m.plans)} for m in library.members]
+    result = {"library": library.name, "precision": library.precision, "baseline": library.baseline,
+              "layout": library.layouts, "members": members, "candidates": len(library.candidates()),
+              "shapes": [str(s) for s in library.shapes]}
+    path = manifest_dir / f"{library.name}.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return result
+    result["manifest"] = {"path": str(path), "device": manifest["device"]["name"],
+                          "kept": [f"{m['name']}: {m['point']} ({m['target']})" for m in manifest["members"]],
+                          "leave_one_out": [manifest["leave_one_out"]["median"], manifest["leave_one_out"]["worst"]]}
+    return result
+
+
+def render_summary(s: dict) -> str:
+    lines = [f"library {s['library']}: {s['precision']} (timed against {s['baseline']}), layout "
+             + ", ".join(f"{x} {v}" for x, v in s["layout"].items()), "",
+             f"members ({s['candidates']} kernels timed whole)"]
+    for m in s["members"]:
+        how = "searched per shape" if m["searched per shape"] else f"{m['kernels']} kernel(s)"
+        lines.append(f"  {m['name']:24s} {how:22s} math {'/'.join(m['math'])}, {'/'.join(m['targets'])}"
+                     + ("  (runs on every GPU)" if m["portable"] else ""))
+    lines += ["", f"shapes ({len(s['shapes'])}): " + ", ".join(s["shapes"])]
+    if "manifest" in s:
+        m = s["manifest"]
+        lines += ["", f"tuned ({m['path']}, {m['device']}): leave-one-out median {m['leave_one_out'][0]:.3f}, "
+                      f"worst {m['leave_one_out'][1]:.3f}; members kept:"]
+        lines += [f"  {kept}" for kept in m["kept"]]
+    else:
+        lines += ["", "not tuned yet: gemmgen tune on it writes generated/<library>.cu and .json"]
+    return "\n".join(lines)

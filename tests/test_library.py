@@ -454,3 +454,16 @@ def test_slots_per_sm_from_ptxas_registers_and_shared_memory():
     portable = next(p for p in library.candidates() if not p.arch.has_wgmma)
     assert slots_per_sm(portable) >= 1  # compiled: ptxas's registers, the Plan's shared memory
     assert all(slots_per_sm(p) == 1 for p in library.candidates() if p.consumers)
+
+
+def test_explain_summarises_a_library_and_what_its_manifest_keeps():
+    from test_cli import assert_clean_exit, invoke
+    result = invoke("explain", SPECS_DIR / "fp32.gemm")
+    assert_clean_exit(result, 0)
+    assert "library fp32: fp32 (timed against cuBLAS FP32), layout A row, B col, C row" in result.output
+    assert "tensorcore_3xtf32" in result.output and "(runs on every GPU)" in result.output
+    assert "shapes (28):" in result.output
+    if (GENERATED_DIR / "fp32.json").is_file():
+        assert "leave-one-out median" in result.output and "members kept:" in result.output
+    data = json.loads(invoke("explain", SPECS_DIR / "fp32.gemm", "--json").output)
+    assert data[0]["library"] == "fp32" and data[0]["candidates"] == 59
