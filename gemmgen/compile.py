@@ -214,6 +214,22 @@ def _to_cache(key: str, compiled: Compiled) -> None:
         pass  # a read-only or full cache only costs a recompile
 
 
+# ptxas's register allocation at the 255-register cap is not the same from one compile to the next
+# under CPU load (seen: the scalar variant of double_buffer for sm_80 spilled 88 bytes in 1 compile
+# of 18 with the CPUs busy, and never on an idle machine): such a result is compiled again, and
+# the one that spills least is kept.
+SPILL_RETRIES = 2
+REGISTER_CAP = 255
+
+
+def _spilled_bytes(compiled: Compiled) -> int:
+    return sum(r.spill_stores + r.spill_loads for r in compiled.resources.values())
+
+
+def _spills_at_the_cap(compiled: Compiled) -> bool:
+    return any(r.spills and r.registers >= REGISTER_CAP for r in compiled.resources.values())
+
+
 def compile_source(source: str, target: str, name_expressions: list[str], *,
                    filename: str = "kernel.cu", use_cache: bool = True) -> Compiled:
     """Compile CUDA C to a cubin for `target` (e.g. "sm_90"), lowering the given kernel names."""
@@ -222,6 +238,20 @@ def compile_source(source: str, target: str, name_expressions: list[str], *,
         cached = _from_cache(key)
         if cached is not None:
             return cached
+    compiled = _compile_once(source, target, name_expressions, filename)
+    for _ in range(SPILL_RETRIES):
+        if not _spills_at_the_cap(compiled):
+            break
+        again = _compile_once(source, target, name_expressions, filename)
+        if _spilled_bytes(again) < _spilled_bytes(compiled):
+            compiled = again
+    if use_cache:
+        _to_cache(key, compiled)
+    return compiled
+
+
+def _compile_once(source: str, target: str, name_expressions: list[str], filename: str) -> Compiled:
+    """One NVRTC compile: the cubin, PTX, lowered names and ptxas's report."""
     nvrtc = _nvrtc()
     (program,) = _check(nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []),
                         "program creation")
@@ -246,11 +276,8 @@ def compile_source(source: str, target: str, name_expressions: list[str], *,
             lowered[name] = symbol.decode() if isinstance(symbol, bytes) else str(symbol)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
-    compiled = Compiled(target, bytes(cubin), ptx.rstrip(b"\0").decode(), lowered,
-                        parse_ptxas_report(log), log, nvrtc_version())
-    if use_cache:
-        _to_cache(key, compiled)
-    return compiled
+    return Compiled(target, bytes(cubin), ptx.rstrip(b"\0").decode(), lowered,
+                    parse_ptxas_report(log), log, nvrtc_version())
 
 
 def compile_plan(plan: Plan, source: str | None = None, *, target: str | None = None,
