@@ -29,16 +29,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def _shapes(path: Path):
+    """A shapes file (specs/library_shapes.txt's format) as bench cases."""
+    from gemmgen.spec import parse_shapes
     from gemmgen.verify import Case
-    cases = []
-    for line in path.read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if not line:
-            continue
-        mnk, _, pad = line.partition(" pad ")
-        M, N, K = (int(x) for x in mnk.split("x"))
-        cases.append(Case(M, N, K, pad=int(pad or 0)))
-    return cases
+    return [Case(s.M, s.N, s.K, pad=s.pad) for s in parse_shapes(path.read_text(), str(path))]
 
 
 def tune(libraries: list[str], out: Path) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from .library import Library, TuneReport, build_manifest, shape_key, tune_library
+from .library import Library, TuneReport, build_manifest, tune_library
 
 
 def outputs(library: Library, output: str | None, manifest: str | None) -> tuple[Path, Path, Path]:

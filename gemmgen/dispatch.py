@@ -87,15 +87,8 @@ class LibraryRuntime:
     def compile_all(self) -> None:
         """Compile every member at once (NVRTC in parallel processes, into the disk cache), so that
         the first call of each does not wait for its compile."""
-        import multiprocessing
-        import os
-        from concurrent.futures import ProcessPoolExecutor
-
-        from .tune import _compile_one
-        plans = [self.kernel_plan(i) for i in range(len(self.plans))]
-        with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1),
-                                 mp_context=multiprocessing.get_context("spawn")) as pool:
-            list(pool.map(_compile_one, [(plan, None) for plan in plans]))
+        from .library import compile_all
+        compile_all([self.kernel_plan(i) for i in range(len(self.plans))])
 
     def kernel_plan(self, index: int):
         """The plan a member runs as here: its own, or (on a GPU the library was not tuned for)

@@ -393,7 +393,7 @@ def tune_library(library: Library, *, db: Path, progress: Callable[[dict], None]
                 if plan is not None and all(kernel_key(plan) != kernel_key(c) for c in candidates):
                     candidates.append(plan)
     by_key = {kernel_key(p): p for p in candidates}
-    _compile_all(candidates)
+    compile_all(candidates)
     slots = {key: slots_per_sm(plan) for key, plan in by_key.items()}
 
     def measured() -> Measurements:
@@ -457,7 +457,9 @@ def _done(task: Task, m: Measurements) -> bool:
     return (key, shape_key(task.shape)) in m.times or (key in m.status and not m.valid(key))
 
 
-def _compile_all(plans: list[Plan]) -> None:
+def compile_all(plans: list[Plan]) -> None:
+    """NVRTC on every plan, one process per CPU core, into the disk cache (failures are left for
+    whoever loads the kernel to report)."""
     from .tune import _compile_one
     jobs = [(plan, None) for plan in plans]
     with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1),

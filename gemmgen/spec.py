@@ -762,21 +762,28 @@ def _shapes_file(name: str, span: Span, path: str, text: str) -> list[LibrarySha
         why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
         raise SpecError(f"cannot read the shapes file {where}: {why}", path=path, text=text, span=span,
                         allowed="a text file beside the spec, one MxNxK [pad P] per line") from None
+    shapes = parse_shapes(content, str(where))
+    if not shapes:
+        raise SpecError(f"the shapes file {where} lists no shapes", path=path, text=text, span=span,
+                        allowed="one MxNxK [pad P] per line")
+    return shapes
+
+
+def parse_shapes(content: str, path: str) -> list[LibraryShape]:
+    """The shapes of a shapes file's text (one `MxNxK [pad P]` per line, # comments); a line that is
+    no shape is a SpecError at that line of `path`."""
     shapes = []
-    origin = (str(where), content)
+    origin = (path, content)
     for number, line in enumerate(content.split("\n"), 1):
         if not line.split("#")[0].strip():
             continue
         match = _SHAPE_LINE.match(line.rstrip("\r"))
         if not match:
-            raise SpecError(f"not a shape: {line.strip()[:60]!r}", path=str(where), text=content,
+            raise SpecError(f"not a shape: {line.strip()[:60]!r}", path=path, text=content,
                             span=Span(number, 1, max(2, len(line.rstrip()) + 1)),
                             allowed="MxNxK [pad P], e.g. 4096x4096x4096 or 127x4099x1023 pad 1")
         M, N, K, pad = (int(g) if g else 0 for g in match.groups())
         shapes.append(LibraryShape(M, N, K, pad, Span(number, 1, len(line.rstrip()) + 1), origin))
-    if not shapes:
-        raise SpecError(f"the shapes file {where} lists no shapes", path=path, text=text, span=span,
-                        allowed="one MxNxK [pad P] per line")
     return shapes
 
 

@@ -65,7 +65,7 @@ class FakeGpu:
     def install(self, monkeypatch) -> "FakeGpu":
         import gemmgen.runtime
         monkeypatch.setattr(library_module, "_run_tasks", self.run_tasks)
-        monkeypatch.setattr(library_module, "_compile_all", lambda plans: None)
+        monkeypatch.setattr(library_module, "compile_all", lambda plans: None)
         monkeypatch.setattr(library_module, "slots_per_sm", lambda plan: 1)
         monkeypatch.setattr(gemmgen.runtime, "device_info", lambda ordinal=0: INFO)
         return self
