@@ -33,6 +33,7 @@ from .selection import (CLASSES, Candidate, MemberShape, Model, alignment_class,
                         fit_all, leave_one_out, predict, tight_leading_dimensions)
 from .space import describe, point_key, to_text
 from .spec import LibraryShape, LibrarySpec, Spec, load_file, parse
+from .tune import _append  # the database's one writer: a JSON line, flushed and synced
 
 MANIFEST_FORMAT = 1
 EXHAUSTIVE_LIMIT = 64      # a space with more valid points is searched per shape by a strategy
@@ -196,11 +197,6 @@ def _buffers(shape: LibraryShape, layouts: dict[str, str]):
              "C": shape.M if layouts["C"] == "row" else shape.N}
     rng = cp.random.default_rng(shape.M * 7 + shape.N * 13 + shape.K)
     return {x: rng.uniform(-1, 1, max(1, lines[x]) * lds[x] + 64, dtype=cp.float32) for x in "ABC"}, lds
-
-
-def _append(db: Path, entry: dict) -> None:
-    from .tune import _append as append
-    append(db, entry)
 
 
 @dataclass
