@@ -340,15 +340,42 @@ class Kernel:
         map_a = self._tensor_map(A, K, M, lda, plan.BM)
         map_b = self._tensor_map(B, K, N, ldb, plan.BN)
         grid = (plan.grid(M, N), plan.split_k)
+        args = [("t", map_a), ("t", map_b), ("i", M), ("i", N), ("i", K), ("f", alpha), ("f", beta),
+                ("p", C), ("i", ldc)]
+        if plan.scheduled:  # the launcher's arithmetic: see Plan.launch_blocks
+            grid = (plan.launch_blocks(M, N, K, self._sm_count()), 1)
+            if plan.schedule == "stream-k":
+                args.append(("p", self._workspace(handle, plan.workspace_bytes(grid[0]))))
         what = (f"launching {self.name} (wgmma, {'vector' if aligned else 'scalar'} C) on "
                 f"{grid[0]} x {grid[1]} blocks x {plan.threads} threads, {plan.smem_bytes} B shared, "
                 f"M={M} N={N} K={K}")
         if plan.split_k > 1:
             self._launch(self._scale, min(M * N // 256 + 1, 4096), 256, 0, handle,
                          [("i", M), ("i", N), ("f", beta), ("p", C), ("i", ldc)], f"{self.name}_scale_c")
-        self._launch(self._functions[aligned], grid, plan.threads, plan.smem_bytes, handle,
-                     [("t", map_a), ("t", map_b), ("i", M), ("i", N), ("i", K), ("f", alpha),
-                      ("f", beta), ("p", C), ("i", ldc)], what)
+        self._launch(self._functions[aligned], grid, plan.threads, plan.smem_bytes, handle, args, what)
+
+    def _sm_count(self) -> int:
+        if "_sms" not in self.__dict__:
+            self._sms = device_info(self.device).sm_count
+        return self._sms
+
+    def _workspace(self, stream: int, size: int) -> int:
+        """Stream-K's workspace for launches on `stream`, as the C launcher keeps one: per stream
+        (launches on one stream run in turn), grown when needed, zeroed when allocated; the kernels
+        leave its flags zeroed."""
+        driver = _driver()
+        spaces = self.__dict__.setdefault("_workspaces", {})
+        address, held = spaces.get(stream, (0, 0))
+        if held < size:
+            if address:
+                _check(driver.cuStreamSynchronize(stream), "waiting for the stream before growing a workspace")
+                _check(driver.cuMemFree(address), "freeing a stream-K workspace")
+                del spaces[stream]
+            held = size + size // 4
+            address = int(_check(driver.cuMemAlloc(held), f"allocating a {held}-byte stream-K workspace"))
+            spaces[stream] = (address, held)
+            _check(driver.cuMemsetD8Async(address, 0, held, stream), "zeroing a stream-K workspace")
+        return address
 
     def __call__(self, A: Any, B: Any, C: Any, *, alpha: float = 1.0, beta: float = 0.0,
                  smallest: tuple[Any, Any, Any] | None = None, stream: Any = None) -> None:
@@ -370,6 +397,11 @@ class Kernel:
                     smallest=pointers, stream=stream)
 
     def close(self) -> None:
+        spaces = self.__dict__.pop("_workspaces", {})
+        if spaces:
+            _check(_driver().cuCtxSynchronize(), "waiting for kernels before freeing their workspaces")
+            for address, _ in spaces.values():
+                _driver().cuMemFree(address)
         if getattr(self, "_module", None) is not None:
             _driver().cuModuleUnload(self._module)
             self._module = None

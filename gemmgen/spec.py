@@ -23,6 +23,9 @@ from .errors import Span, SpecError
 
 TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
 MATH_MODES = ("simt", "tf32", "3xtf32")
+# How blocks take the C tiles: one block per tile; one block per SM walking tiles; or the K steps
+# of all tiles dealt evenly over the SMs, partial tiles summed through a workspace in a fixed order.
+SCHEDULES = ("data-parallel", "persistent", "stream-k")
 
 # A kernel is a dozen lines. The parser takes about a second per 100 kB, so a file past this is
 # refused before it is read, not after half a minute of parsing (it is not a spec anyway).
@@ -108,6 +111,7 @@ SETTINGS: dict[str, Setting] = {
                      "1 to 256 slices of K per C tile"),
     "occupancy": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 32,
                          "0 (compiler's choice) to 32 blocks per SM"),
+    "schedule": Setting("data-parallel", _WORDS(*SCHEDULES), ", ".join(SCHEDULES)),
 }
 
 
@@ -214,6 +218,7 @@ USAGE = {
     "mma": "mma M x N x K          e.g. mma 16 x 8 x 8 (mma.sync), mma 64 x 128 x 8 (wgmma)",
     "occupancy": "occupancy N",
     "split": "split N          (K cut into N slices whose products are added into C)",
+    "schedule": "schedule data-parallel | persistent | stream-k",
     "library": "library NAME { members ...; shapes ... }",
     "members": "members NAME, NAME, ...   kernels or search spaces in this file or in NAME.gemm beside it",
     "shapes": 'shapes MxNxK [pad P], ...   e.g. shapes 4096x4096x4096, 127x4099x1023 pad 1; or shapes "FILE"',
@@ -523,6 +528,10 @@ class _ToStatements(Transformer):
     @v_args(meta=True)
     def split(self, meta, c):
         return self._statement("split", meta, split=c[0])
+
+    @v_args(meta=True)
+    def schedule(self, meta, c):
+        return self._statement("schedule", meta, schedule=c[0])
 
     # --- libraries ---------------------------------------------------------------------
 

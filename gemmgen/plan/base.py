@@ -151,6 +151,9 @@ class Plan:
     loader_registers: int = 0     # setmaxnreg of loader (wgmma: TMA producer) and consumer threads
     consumer_registers: int = 0
     fallback: "Plan | None" = None
+    # how blocks take C tiles: data-parallel (a block per tile), persistent (a block per SM walking
+    # the tiles) or stream-k (the K tiles of all C tiles dealt evenly over the SMs; see schedule.cuh.j2)
+    schedule: str = "data-parallel"
 
     @property
     def path(self) -> str:
@@ -192,6 +195,28 @@ class Plan:
     def grid(self, M: int, N: int) -> int:
         """C tiles (blocks along x) for an M x N output; each has split_k blocks along y."""
         return ceil(M / self.BM) * ceil(N / self.BN) if M > 0 and N > 0 else 0
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether blocks walk C tiles through a tile scheduler (schedule persistent / stream-k)."""
+        return self.schedule != "data-parallel"
+
+    def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
+        """Blocks along x the launcher starts on a GPU of `sms` SMs (the launcher's arithmetic):
+        a block per C tile; persistent, no more blocks than SMs; stream-k, as many as SMs unless
+        there are fewer K tiles in all."""
+        tiles = self.grid(M, N)
+        if self.schedule == "persistent":
+            return min(tiles, sms)
+        if self.schedule == "stream-k":
+            return min(sms, tiles * max(1, ceil(K / self.BK)))
+        return tiles
+
+    def workspace_bytes(self, blocks: int) -> int:
+        """stream-k: a slot of BM x BN partial sums per block, then a flag per block and consumer warp."""
+        if self.schedule != "stream-k":
+            return 0
+        return blocks * (4 * self.BM * self.BN + 4 * (self.consumers * 4))
 
     def layouts(self) -> str:
         return (f"A {self.spec['layout.A']}, B {self.spec['layout.B']}, C {self.c_layout}")

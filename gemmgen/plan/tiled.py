@@ -206,6 +206,10 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
         c_vector = 1  # split K adds into C with one atomicAdd per float
     reduce_count = spec["reduce.count"]
     split_k = spec["split"]
+    if spec["schedule"] != "data-parallel":
+        raise spec.error("schedule", f"schedule {spec['schedule']} is built for the TMA-fed wgmma "
+                         "kernels (target sm_90a, math tf32 or 3xtf32, stages N tma); this kernel takes "
+                         "one block per C tile", "schedule data-parallel, or no schedule line")
     if split_k > 1 and reduce_count:
         raise spec.error("split", "a split K adds partial products into C after the blocks finish, "
                          "but the fused reduction needs each entry of C final inside its block",

@@ -127,6 +127,16 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     # Split K: blockIdx.y takes one slice of the K tiles, and the slices add their products into C
     # with atomicAdd after the launcher has set C = beta * C (for small M x N with a long K).
     split_k = spec["split"]
+    schedule = spec["schedule"]
+    if schedule != "data-parallel":
+        if not tma:
+            raise spec.error("schedule", f"schedule {schedule} is built for the TMA-fed wgmma kernel, "
+                             "whose producer warpgroup runs ahead into the next tile",
+                             "stages N tma, or schedule data-parallel")
+        if split_k > 1:
+            raise spec.error(("schedule", "split"), f"schedule {schedule} and split {split_k} both divide "
+                             "the work among blocks; stream-k already splits K where tiles run short",
+                             "split 1 with a schedule, or schedule data-parallel with split")
     fallback = None
     if tma:
         # Calls TMA cannot describe go to the register-fed kernel (stages N async) with 64 x 128
@@ -137,7 +147,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         from . import make_plan  # the fallback is planned like any spec
         fallback = make_plan(replace(spec.with_values(
             block_m=64, block_n=128, warp_m=64, warp_n=128, mma_m=64, mma_n=128, mma_k=8, stages=4,
-            stages_fill="async"), name=f"{spec.name}_fallback"))
+            stages_fill="async", schedule="data-parallel"), name=f"{spec.name}_fallback"))
     return Plan(
         spec=spec, name=spec.name, arch=arch, uses_shared=True, BM=BM, BN=BN, BK=BK, WM=64, WN=BN,
         TM=2, TN=2, RM=1, RN=BN // 8, SUB_M=16, SUB_N=8, warp_tiling=True, warps_m=consumers,
@@ -148,4 +158,4 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         c_vector=2 if spec["layout.C"] == "row" and split_k == 1 else 1, smem_bytes=smem_bytes,
         registers_estimate=registers, math=math, mma_shape=shape, m_step=8, consumers=consumers,
         tma=tma, loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
-        consumer_registers=limit, fallback=fallback)
+        consumer_registers=limit, fallback=fallback, schedule=schedule)

@@ -1,0 +1,155 @@
+"""GPU tests of `schedule persistent | stream-k` (specs/hopper_{tf32,3xtf32}_{persistent,streamk}.gemm):
+results against float64 where tiles fill whole waves, part of one, or fewer than the SMs; stream-K's sums the same
+bits every run; and the nvcc-built C ABI with its per-stream workspace, on two streams at once.
+
+Run with `pytest -m gpu`; skipped without a GPU and CuPy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gemmgen import verify
+from gemmgen.codegen import generate
+from gemmgen.plan import make_plan
+from gemmgen.spec import load_one
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = {name: load_one(ROOT / "specs" / f"{name}.gemm") for name in (
+    "hopper_tf32_persistent", "hopper_tf32_streamk", "hopper_3xtf32_persistent", "hopper_3xtf32_streamk")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu():
+    pytest.importorskip("cupy")
+    from gemmgen.runtime import device_count, device_info
+    if device_count() == 0:
+        pytest.skip("no CUDA GPU found")
+    if device_info().compute_capability != (9, 0):
+        pytest.skip("the scheduled kernels are sm_90a (wgmma, TMA)")
+
+
+@pytest.fixture(scope="module")
+def cp(gpu):
+    import cupy
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def kernels(gpu):
+    from gemmgen.runtime import Kernel
+    built = {}
+
+    def get(name):
+        if name not in built:
+            built[name] = Kernel(make_plan(SPECS[name]))
+        return built[name]
+
+    yield get
+    for kernel in built.values():
+        kernel.close()
+
+
+# 128 x 256 tiles (tf32) or 128 x 128 (3xtf32) on 132 SMs: fewer tiles than SMs, whole waves with
+# one partial, beta, a leading dimension TMA cannot take (the fallback), a K of one partial tile.
+CASES = verify.QUICK_CASES + (
+    verify.Case(1024, 1024, 4096),
+    verify.Case(2000, 3000, 700, beta=0.5),
+    verify.Case(1536, 2816, 200),           # 132 tiles of 128 x 256: whole waves, no stream-K
+    verify.Case(8192, 128, 8192 // 4),
+    verify.Case(300, 300, 40000, alpha=-1.5),
+    verify.Case(777, 1500, 33),
+    verify.Case(515, 1031, 2049, pad=1),
+)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_scheduled_kernels_match_float64(name, kernels):
+    report = verify.check(kernels(name), CASES, seed=21)
+    assert report.ok, "\n".join(f"{r.case}: {r.message}" for r in report.failures)
+
+
+@pytest.mark.parametrize("name", ["hopper_tf32_streamk", "hopper_3xtf32_streamk"])
+@pytest.mark.parametrize("M,N,K", [(1024, 1024, 8192), (4092, 4092, 512), (64, 64, 131072 // 4)])
+def test_stream_k_gives_the_same_bits_every_run(name, M, N, K, cp, kernels):
+    kernel = kernels(name)
+    rng = np.random.default_rng(M + N + K)
+    a = cp.asarray(rng.uniform(-1, 1, (M, K)).astype(np.float32))
+    b = cp.asfortranarray(cp.asarray(rng.uniform(-1, 1, (K, N)).astype(np.float32)))
+    outputs = []
+    for _ in range(10):
+        c = cp.full((M, N), cp.nan, cp.float32)
+        kernel(a, b, c)
+        outputs.append(c.view(cp.uint32).get())
+    cp.cuda.runtime.deviceSynchronize()
+    different = [i for i, out in enumerate(outputs) if not np.array_equal(out, outputs[0])]
+    assert not different, f"runs {different} differ from run 0 in {name} at {M}x{N}x{K}"
+    product = np.asarray(a.get(), np.float64) @ np.asarray(b.get(), np.float64)
+    result = outputs[0].view(np.float32)
+    relative = np.linalg.norm(result - product) / np.linalg.norm(product)
+    assert relative < (1e-6 if "3xtf32" in name else 2e-3), relative
+
+
+def _build_abi(name: str, folder: Path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    plan = make_plan(SPECS[name])
+    source = folder / f"{name}.cu"
+    source.write_text(generate(plan))
+    library = folder / f"lib{name}.so"
+    command = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17",
+               "-o", str(library), str(source), "-lcudart"]
+    root = Path(nvcc).resolve().parent.parent
+    for sub in ("lib64", "targets/x86_64-linux/lib"):
+        if (root / sub).is_dir():
+            command += ["-Xlinker", f"-rpath={root / sub}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"nvcc failed:\n{done.stderr}"
+    function = getattr(ctypes.CDLL(str(library)), plan.launcher_name)
+    function.restype = ctypes.c_int
+    function.argtypes = ([ctypes.c_int] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                               ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+                                               ctypes.c_void_p])
+    return function
+
+
+@pytest.mark.parametrize("name", ["hopper_tf32_streamk", "hopper_3xtf32_streamk", "hopper_tf32_persistent"])
+def test_c_abi_on_two_streams_at_once_matches_float64(name, cp, tmp_path):
+    """Each stream gets its own workspace: two stream-K GEMMs in flight together stay right, call
+    after call (the flags the kernels leave zeroed), and growing the workspace works."""
+    function = _build_abi(name, tmp_path)
+    math = "3xtf32" if "3xtf32" in name else "tf32"
+    streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+    shapes = [(1024, 1024, 4096), (2000, 3000, 700), (4096, 4096, 1024)]  # the last grows the workspace
+    for M, N, K in shapes:
+        rng = np.random.default_rng(M * 7 + K)
+        A = rng.uniform(-1, 1, (M, K)).astype(np.float32)
+        B = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+        C = rng.uniform(-1, 1, (M, N)).astype(np.float32)
+        a, b = cp.asarray(A), cp.asfortranarray(cp.asarray(B))
+        outs = [cp.asarray(C) for _ in streams]
+        for _ in range(3):  # C = A B - C / 2, from C afresh each time
+            for out in outs:
+                out[...] = cp.asarray(C)
+            cp.cuda.runtime.deviceSynchronize()
+            for out, stream in zip(outs, streams):  # both in flight together
+                status = function(M, N, K, 1.0, a.data.ptr, K, b.data.ptr, K, -0.5, out.data.ptr, N, stream.ptr)
+                assert status == 0, f"{name} returned cudaError {status}"
+            cp.cuda.runtime.deviceSynchronize()
+        reference = A.astype(np.float64) @ B.astype(np.float64) - 0.5 * C
+        scale = np.abs(A.astype(np.float64)) @ np.abs(B.astype(np.float64)) + 0.5 * np.abs(C)
+        tolerance = verify.tolerance(scale, K, math)
+        for i, out in enumerate(outs):
+            bad = ~(np.abs(out.get() - reference) <= tolerance)
+            assert not bad.any(), f"{name} {M}x{N}x{K} on stream {i}: {int(bad.sum())} elements wrong"
+        if "streamk" in name:
+            assert np.array_equal(outs[0].get(), outs[1].get()), "the two streams' results differ"

@@ -1,0 +1,213 @@
+"""`schedule persistent | stream-k`: the spec line and its errors, the tile scheduler's dealing of
+work (the real template, compiled by the host compiler and walked for every block), the workspace
+arithmetic, and the kernels compiling without spills."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gemmgen.codegen import _environment, generate
+from gemmgen.errors import SpecError
+from gemmgen.plan import make_plan
+from gemmgen.spec import parse
+
+KERNEL = """kernel k {{
+  target   sm_90a
+  layout   A row, B col, C row
+  block    128 x {bn} x 32
+  math     {math}
+  stages   {stages} {fill}
+  schedule {schedule}{extra}
+}}
+"""
+
+
+def spec_of(schedule="stream-k", math="tf32", bn=256, stages=4, fill="tma", extra=""):
+    (spec,) = parse(KERNEL.format(schedule=schedule, math=math, bn=bn, stages=stages, fill=fill, extra=extra))
+    return spec
+
+
+# --- the spec line ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("schedule", ["data-parallel", "persistent", "stream-k"])
+def test_schedule_is_a_setting_and_a_search_set(schedule):
+    assert make_plan(spec_of(schedule)).schedule == schedule
+    (space,) = parse(KERNEL.format(schedule="{persistent, stream-k}", math="tf32", bn=256, stages=4,
+                                   fill="tma", extra=""))
+    assert [p["schedule"] for p in space.points()] == ["persistent", "stream-k"]
+
+
+def test_an_unknown_schedule_is_an_error_at_its_word():
+    with pytest.raises(SpecError) as error:
+        spec_of("streamk")
+    text = str(error.value)
+    assert "<spec>:7:12" in text and "'streamk' is not a valid value for schedule" in text
+    assert "data-parallel, persistent, stream-k" in text
+
+
+def test_a_schedule_needs_the_tma_kernel():
+    with pytest.raises(SpecError) as error:
+        make_plan(spec_of("persistent", fill="async", bn=128))
+    assert "<spec>:7:12" in str(error.value) and "TMA-fed wgmma kernel" in str(error.value)
+    (simt,) = parse("kernel s {\n  block 64 x 64 x 8\n  thread 4 x 4\n  schedule stream-k\n}\n")
+    with pytest.raises(SpecError) as error:
+        make_plan(simt)
+    assert "<spec>:4:12" in str(error.value) and "one block per C tile" in str(error.value)
+
+
+def test_a_schedule_and_split_k_do_not_mix():
+    with pytest.raises(SpecError) as error:
+        make_plan(spec_of("stream-k", extra="\n  split 4"))
+    assert "both divide the work among blocks" in str(error.value)
+
+
+def test_the_fallback_of_a_scheduled_kernel_takes_a_block_per_tile():
+    plan = make_plan(spec_of("stream-k"))
+    assert plan.fallback.schedule == "data-parallel" and plan.fallback.path == "wgmma_async"
+
+
+def test_blocks_and_workspace_the_launcher_asks_for():
+    plan = make_plan(spec_of("stream-k"))             # 128 x 256 tiles, BK 32
+    assert plan.launch_blocks(4096, 4096, 4096, 132) == 132
+    assert plan.launch_blocks(128, 256, 64, 132) == 2    # one tile of two K tiles: two blocks
+    assert plan.workspace_bytes(132) == 132 * (4 * 128 * 256 + 4 * 8)
+    persistent = make_plan(spec_of("persistent"))
+    assert persistent.launch_blocks(1024, 1024, 1024, 132) == 32 and persistent.workspace_bytes(32) == 0
+    assert make_plan(spec_of("data-parallel")).launch_blocks(8192, 8192, 64, 132) == 64 * 32
+
+
+# --- the tile scheduler, walked on the host ---------------------------------------------------------
+
+def _walk_program(plan) -> str:
+    """schedule.cuh.j2 as generated, with gridDim and blockIdx made host variables."""
+    scheduler = _environment().get_template("schedule.cuh.j2").render(plan=plan)
+    return f"""#include <stdio.h>
+#include <algorithm>
+using std::min; using std::max;
+#define __device__
+struct Dim {{ unsigned x; }};
+static Dim gridDim, blockIdx;
+constexpr int BM = {plan.BM}, BN = {plan.BN}, BK = {plan.BK};
+{scheduler}
+int main() {{
+    int M, N, K, blocks;
+    while (scanf("%d %d %d %d", &M, &N, &K, &blocks) == 4) {{
+        gridDim.x = blocks;
+        for (unsigned b = 0; b < (unsigned)blocks; ++b) {{
+            blockIdx.x = b;
+            Schedule schedule(M, N, K);
+            for (Segment s; schedule.next(s);) {{
+                int last = -1;
+{"                if (s.k_begin == 0 && s.k_end < schedule.k_tiles) last = schedule.last_block_of(s.tile);" if plan.schedule == "stream-k" else ""}
+                printf("%u %d %d %d %d\\n", b, s.tile, s.k_begin, s.k_end, last);
+            }}
+        }}
+        printf("end\\n");
+    }}
+}}
+"""
+
+
+def walk(plan, problems, tmp_path: Path) -> list[list[tuple[int, int, int, int, int]]]:
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    source = tmp_path / f"walk_{plan.schedule.replace('-', '_')}.cpp"
+    source.write_text(_walk_program(plan))
+    binary = tmp_path / source.stem
+    subprocess.run([compiler, "-std=c++17", "-O1", "-o", str(binary), str(source)], check=True)
+    feed = "\n".join(f"{M} {N} {K} {plan.launch_blocks(M, N, K, sms)}" for M, N, K, sms in problems)
+    out = subprocess.run([str(binary)], input=feed, capture_output=True, text=True, check=True).stdout
+    runs, segments = [], []
+    for line in out.splitlines():
+        if line == "end":
+            runs.append(segments)
+            segments = []
+        else:
+            segments.append(tuple(int(x) for x in line.split()))
+    return runs
+
+
+PROBLEMS = [(4096, 4096, 4096, 132),   # 512 tiles: 3 whole waves and 116 over
+            (4092, 4092, 4092, 132),
+            (4096, 4096, 512, 132),
+            (8192, 128, 8192, 132),    # 64 tiles, fewer than SMs
+            (1024, 1024, 1024, 132),
+            (1536, 2816, 1000, 132),   # 12 x 11 = 132 tiles: whole waves, no stream-K
+            (128, 256, 64, 132),       # one tile of two K tiles
+            (1, 1, 1, 132),
+            (127, 4099, 1023, 114),    # another GPU's SM count
+            (5003, 5003, 5003, 78)]
+
+
+@pytest.mark.parametrize("schedule", ["persistent", "stream-k"])
+def test_every_k_tile_of_every_tile_is_dealt_exactly_once(schedule, tmp_path):
+    plan = make_plan(spec_of(schedule))
+    for (M, N, K, sms), segments in zip(PROBLEMS, walk(plan, PROBLEMS, tmp_path)):
+        tiles = -(-M // plan.BM) * -(-N // plan.BN)
+        k_tiles = -(-K // plan.BK)
+        covered = {}
+        for block, tile, k_begin, k_end, _ in segments:
+            assert 0 <= tile < tiles and 0 <= k_begin < k_end <= k_tiles
+            for k in range(k_begin, k_end):
+                assert (tile, k) not in covered, f"{M}x{N}x{K}: tile {tile} K tile {k} dealt twice"
+                covered[tile, k] = block
+        assert len(covered) == tiles * k_tiles, f"{M}x{N}x{K}: {tiles * k_tiles - len(covered)} K tiles not dealt"
+        if schedule == "persistent":
+            assert all(k_begin == 0 and k_end == k_tiles for _, _, k_begin, k_end, _ in segments)
+
+
+def test_stream_k_partials_reach_the_block_that_finishes_their_tile(tmp_path):
+    """Every piece of a shared tile but its first is the first segment of its block (one workspace
+    slot per block), and the block holding the first piece waits for exactly the blocks holding the
+    others, all after it (no block waits on an earlier one: no deadlock, a fixed order of sums)."""
+    plan = make_plan(spec_of("stream-k"))
+    for (M, N, K, sms), segments in zip(PROBLEMS, walk(plan, PROBLEMS, tmp_path)):
+        k_tiles = -(-K // plan.BK)
+        first_of_block = {}
+        for block, tile, k_begin, k_end, _ in segments:
+            first_of_block.setdefault(block, (tile, k_begin))
+        pieces = {}
+        for block, tile, k_begin, k_end, last in segments:
+            if k_begin > 0:
+                assert first_of_block[block] == (tile, k_begin), f"{M}x{N}x{K}: block {block} holds two partials"
+                pieces.setdefault(tile, []).append(block)
+        finishers = {tile: (block, last) for block, tile, k_begin, k_end, last in segments
+                     if k_begin == 0 and k_end < k_tiles}
+        assert set(finishers) == set(pieces), f"{M}x{N}x{K}"
+        for tile, (block, last) in finishers.items():
+            assert sorted(pieces[tile]) == list(range(block + 1, last + 1)), f"{M}x{N}x{K}: tile {tile}"
+        tiles = -(-M // plan.BM) * -(-N // plan.BN)
+        if tiles >= sms:  # whole waves plus stream-K over one more: no tile in more than 3 pieces
+            assert all(len(p) <= 2 for p in pieces.values()), f"{M}x{N}x{K}"
+        blocks = plan.launch_blocks(M, N, K, sms)
+        work = [sum(e - b for blk, _, b, e, _ in segments if blk == x) for x in range(blocks)]
+        if tiles % sms == 0:
+            assert not pieces
+        elif tiles < sms:  # every block gets the same number of K tiles, give or take one
+            assert max(work) - min(work) <= 1, f"{M}x{N}x{K}: {min(work)} to {max(work)} K tiles"
+
+
+# --- the kernels ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("math", ["tf32", "3xtf32"])
+@pytest.mark.parametrize("schedule", ["persistent", "stream-k"])
+def test_scheduled_kernels_compile_without_spills(math, schedule):
+    from gemmgen.compile import compile_plan
+    plan = make_plan(spec_of(schedule, math=math, bn=256 if math == "tf32" else 128,
+                             stages=4 if math == "tf32" else 3))
+    compiled = compile_plan(plan)
+    assert not any(r.spills for r in compiled.resources.values()), compiled.resources
+    source = generate(plan)
+    assert "Schedule schedule(M, N, K);" in source
+    assert ("publish_partial(acc, workspace" in source) == (schedule == "stream-k")
+    assert ("stream_workspace(stream, device" in source) == (schedule == "stream-k")
+
+
+def test_data_parallel_kernels_hold_no_scheduler():
+    source = generate(make_plan(spec_of("data-parallel")))
+    assert "Schedule" not in source and "tile_of_block(M, N, block_m0, block_n0);" in source
