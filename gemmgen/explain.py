@@ -31,6 +31,8 @@ from typing import Any, Iterable, Sequence
 
 from .compile import Compiled, Resources
 from .plan import WARP, Operand, Plan
+from .plan.schedule import H100_SMS, deal
+from .plan.schedule import describe as describe_schedule
 
 BANKS = 32
 SECTOR_BYTES = 32                # global memory moves in 32-byte sectors
@@ -166,6 +168,8 @@ class Report:
     math: str = "simt"         # simt, or the tensor-core path: "tf32 via mma.sync 16 x 8 x 8", ...
     register_split: str = ""   # wgmma: what setmaxnreg gives each kind of warpgroup
     loaders: str = ""          # register-fed wgmma: its loader warpgroups
+    schedule: str = ""         # a tile scheduler (schedule persistent / stream-k), in words
+    dealings: tuple[tuple[str, Any], ...] = ()  # (shape, plan.schedule.Dealing) on SCHEDULE_SMS SMs
 
     @property
     def spills(self) -> bool:
@@ -537,7 +541,16 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
         global_accesses=coalescing, summary=_summary(occ), notes=tuple(notes), math=_math(plan),
         register_split=_register_split(plan),
         loaders=(f"{plan.loaders} warpgroup(s) fill the stages, {plan.loader_depth} K tile(s) each"
-                 if plan.loaders else ""))
+                 if plan.loaders else ""),
+        schedule=describe_schedule(plan) if plan.scheduled else "",
+        dealings=tuple((f"{M}x{N}x{K}", deal(plan, M, N, K, SCHEDULE_SMS)) for M, N, K in SCHEDULE_SHAPES)
+        if plan.scheduled else ())
+
+
+# Where explain shows a scheduled kernel's dealing of work (on an H100's SM count).
+SCHEDULE_SMS = H100_SMS
+SCHEDULE_SHAPES = ((4096, 4096, 4096), (4092, 4092, 4092), (2048, 2048, 2048), (1024, 1024, 1024),
+                   (4096, 4096, 512), (8192, 128, 8192), (64, 64, 131072))
 
 
 def _register_split(plan: Plan) -> str:
@@ -588,6 +601,19 @@ def render_text(report: Report) -> str:
         ("stack frame", f"{r.stack_frame} bytes"),
         ("shared memory", shared),
     ])
+
+    if r.schedule:
+        out += ["", f"schedule (dealt on {SCHEDULE_SMS} SMs, an H100)"]
+        out += textwrap.wrap(r.schedule, 76, initial_indent="  ", subsequent_indent="  ")
+        rows = [("shape", "blocks", "whole", "stream-K", "K tiles/block", "pieces", "workspace")]
+        for shape, d in r.dealings:
+            rows.append((shape, str(d.blocks), str(d.whole_tiles), str(d.stream_k_tiles),
+                         f"{d.least_k_tiles}-{d.most_k_tiles}", str(d.most_pieces),
+                         f"{d.workspace_bytes / 2**20:.1f} MiB" if d.workspace_bytes else "-"))
+        out += _table(rows, right=(1, 2, 3, 4, 5, 6))
+        out += textwrap.wrap("whole: C tiles one block multiplies; stream-K: tiles dealt out by K tile; "
+                             "pieces: most blocks sharing one tile", 76, initial_indent="  ",
+                             subsequent_indent="  ")
 
     out += ["", f"occupancy per SM ({r.arch})"]
     rows = [("limit", "blocks", "because")]
@@ -670,6 +696,8 @@ def as_dict(report: Report) -> dict[str, Any]:
         "registers_estimate": report.registers_estimate,
         "register_split": report.register_split,
         "loaders": report.loaders,
+        "schedule": report.schedule,
+        "dealings": {shape: {"sms": SCHEDULE_SMS, **vars(d)} for shape, d in report.dealings},
         "spill_stores": report.spill_stores,
         "spill_loads": report.spill_loads,
         "stack_frame": report.stack_frame,

@@ -15,6 +15,7 @@
 //   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
 //   shared memory              3 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 148552 bytes per block
+//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4

@@ -15,6 +15,7 @@
 //   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
 //   shared memory              3 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 148552 bytes per block
+//   schedule                   stream-k: min(SMs, K tiles in all) blocks; whole waves of C tiles stay whole, the last partial wave and one before it are dealt out by K tile; the block that began a shared tile adds the others' partial sums (workspace, block order: the same bits every run)
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4

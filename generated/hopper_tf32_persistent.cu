@@ -15,6 +15,7 @@
 //   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
 //   accumulators               128 floats per consumer thread
 //   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 197696 bytes per block
+//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4

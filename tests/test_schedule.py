@@ -13,6 +13,7 @@ import pytest
 from gemmgen.codegen import _environment, generate
 from gemmgen.errors import SpecError
 from gemmgen.plan import make_plan
+from gemmgen.plan.schedule import deal
 from gemmgen.spec import parse
 
 KERNEL = """kernel k {{
@@ -159,6 +160,16 @@ def test_every_k_tile_of_every_tile_is_dealt_exactly_once(schedule, tmp_path):
         assert len(covered) == tiles * k_tiles, f"{M}x{N}x{K}: {tiles * k_tiles - len(covered)} K tiles not dealt"
         if schedule == "persistent":
             assert all(k_begin == 0 and k_end == k_tiles for _, _, k_begin, k_end, _ in segments)
+        # explain's and the models' account of the dealing (plan/schedule.py) is the C scheduler's
+        dealing = deal(plan, M, N, K, sms)
+        blocks = plan.launch_blocks(M, N, K, sms)
+        work = [sum(e - b for blk, _, b, e, _ in segments if blk == x) for x in range(blocks)]
+        pieces = {}
+        for block, tile, _, _, _ in segments:
+            pieces.setdefault(tile, set()).add(block)
+        assert (dealing.blocks, dealing.tiles, dealing.k_tiles) == (blocks, tiles, k_tiles)
+        assert (dealing.most_k_tiles, dealing.least_k_tiles) == (max(work), min(work)), f"{M}x{N}x{K}"
+        assert dealing.most_pieces == max(len(b) for b in pieces.values()), f"{M}x{N}x{K}"
 
 
 def test_stream_k_partials_reach_the_block_that_finishes_their_tile(tmp_path):
@@ -211,3 +222,17 @@ def test_scheduled_kernels_compile_without_spills(math, schedule):
 def test_data_parallel_kernels_hold_no_scheduler():
     source = generate(make_plan(spec_of("data-parallel")))
     assert "Schedule" not in source and "tile_of_block(M, N, block_m0, block_n0);" in source
+
+
+def test_explain_shows_how_the_work_is_dealt():
+    from gemmgen.explain import as_dict, explain, render_text
+    from gemmgen.compile import Resources
+    plan = make_plan(spec_of("stream-k"))
+    report = explain(plan, Resources(168, 0, 0, 0, 0))
+    text = render_text(report)
+    assert "schedule (dealt on 132 SMs, an H100)" in text and "the same bits every run" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("1024x1024x1024"))
+    assert row.split() == ["1024x1024x1024", "132", "0", "32", "7-8", "6", "16.5", "MiB"]
+    assert as_dict(report)["dealings"]["4096x4096x4096"]["whole_tiles"] == 264
+    data_parallel = explain(make_plan(spec_of("data-parallel")), Resources(168, 0, 0, 0, 0))
+    assert "schedule (dealt" not in render_text(data_parallel)
