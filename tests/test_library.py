@@ -467,3 +467,42 @@ def test_explain_summarises_a_library_and_what_its_manifest_keeps():
         assert "leave-one-out median" in result.output and "members kept:" in result.output
     data = json.loads(invoke("explain", SPECS_DIR / "fp32.gemm", "--json").output)
     assert data[0]["library"] == "fp32" and data[0]["candidates"] == 59
+
+
+def test_a_stream_k_member_is_modelled_and_chosen_in_c_as_in_python(monkeypatch, tmp_path):
+    """A library with `schedule stream-k` candidates: the chooser's features deal the K tiles as the
+    kernel does (plan/schedule.py), and the .cu chooses exactly as Python."""
+    from gemmgen.codegen import library_source
+    FakeGpu().install(monkeypatch)
+    shutil.copy(SPECS_DIR / "tensorcore_tf32.gemm", tmp_path)
+    (tmp_path / "sk.gemm").write_text("""kernel sk_tma {
+  target   sm_90a
+  layout   A row, B col, C row
+  block    128 x {128, 256} x 32
+  math     tf32
+  stages   4 tma
+  raster   group 8
+  schedule {data-parallel, stream-k}
+}
+library sk {
+  layout   A row, B col, C row
+  members  sk_tma, tensorcore_tf32
+  shapes   4096x4096x4096, 4092x4092x4092, 2048x2048x2048, 1024x1024x1024, 4096x4096x512, 8192x128x8192,
+           3000x3000x3000, 1536x2816x1000, 300x300x40000, 127x4099x1023 pad 1
+  precision tf32
+}
+""".replace(",\n           ", ", "))
+    (library,) = load_libraries(tmp_path / "sk.gemm")
+    db = tmp_path / "sk.jsonl"
+    tune_library(library, db=db)
+    manifest = build_manifest(library, db)
+    assert any(m.get("stream_k") for m in manifest["members"]), "no stream-K member kept"
+    source = library_source(manifest, "sk.gemm", [])
+    assert "if (m.stream_k)" in source
+    rng = random.Random(3)
+    cases = [(int(2 ** rng.uniform(0, 14)), int(2 ** rng.uniform(0, 14)), int(2 ** rng.uniform(0, 16)),
+              rng.random() < 0.7, rng.random() < 0.3) for _ in range(800)]
+    candidates = candidates_of(manifest)
+    python = [choose(candidates, M, N, K, "aligned" if a else "unaligned", 132, beta_used=b)
+              for M, N, K, a, b in cases]
+    assert choices_in_c(source, "sk", cases, tmp_path) == python
