@@ -961,7 +961,8 @@ extern "C" int gemmgen_hopper_3xtf32_persistent(int M, int N, int K, float alpha
     cudaError_t error = cudaGetDevice(&device);
     if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (error != cudaSuccess) return (int)error;
-    const unsigned grid = (unsigned)(blocks < sms ? blocks : sms);
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
     kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc);
     return (int)cudaGetLastError();

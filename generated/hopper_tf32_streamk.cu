@@ -662,24 +662,26 @@ struct Schedule {
 // ---- stream-K fix-up: C tiles whose K tiles several blocks shared -----------------------------
 // The block that multiplied a tile's first K tiles finishes it: it adds the partial sums of the
 // blocks after it (each took its share as the first segment of its list) in block order, so the
-// sum is the same bits every run, and stores the tile. The partial sums go through the workspace:
-// slot b holds block b's BM x BN sums, each consumer thread's accumulators CONSUMER_THREADS apart
-// (a warp's accesses adjacent); after the slots, flag b * CONSUMER_WARPS + w says that consumer
-// warp w of block b has written its part. The launcher hands over the flags zeroed, and the
-// finishing block zeroes each flag it waited on, for the next launch on the same workspace.
+// sum is the same bits every run, and stores the tile. The partial sums go through the workspace.
+// It starts with the flags, MAX_BLOCKS x CONSUMER_WARPS of them wherever the grid: flag
+// b * CONSUMER_WARPS + w says that consumer warp w of block b has written its part. The launcher
+// hands them over zeroed, and the finishing block zeroes each flag it waited on, so they are zero
+// again for the next launch on the same workspace, whatever its grid. Then slot b holds block b's
+// BM x BN sums, each consumer thread's accumulators CONSUMER_THREADS apart (a warp's accesses adjacent).
 constexpr int CONSUMER_THREADS = CONSUMERS * 128;
 constexpr int CONSUMER_WARPS = CONSUMERS * 4;
 constexpr int SLOT_FLOATS = BM * BN;
+constexpr int MAX_BLOCKS = 1024;  // the launcher starts no more
+constexpr int FLAG_WORDS = MAX_BLOCKS * CONSUMER_WARPS;
 static_assert(SLOT_FLOATS == CONSUMER_THREADS * TM * RN * TN, "a slot holds every consumer thread's accumulators");
 
 __device__ __forceinline__ int* partial_flag(float* workspace, int block, int consumer_thread) {
-    int* flags = reinterpret_cast<int*>(workspace + (long long)gridDim.x * SLOT_FLOATS);
-    return flags + block * CONSUMER_WARPS + consumer_thread / 32;
+    return reinterpret_cast<int*>(workspace) + block * CONSUMER_WARPS + consumer_thread / 32;
 }
 
 __device__ __forceinline__ void publish_partial(const float (&acc)[TM][RN * TN], float* workspace,
                                                 int consumer_thread) {
-    float* slot = workspace + (long long)blockIdx.x * SLOT_FLOATS + consumer_thread;
+    float* slot = workspace + FLAG_WORDS + (long long)blockIdx.x * SLOT_FLOATS + consumer_thread;
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -704,7 +706,7 @@ __device__ __forceinline__ void add_partial(float (&acc)[TM][RN * TN], float* wo
         *flag = 0;
     }
     __syncwarp();
-    const float* slot = workspace + (long long)block * SLOT_FLOATS + consumer_thread;
+    const float* slot = workspace + FLAG_WORDS + (long long)block * SLOT_FLOATS + consumer_thread;
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -959,9 +961,10 @@ extern "C" int gemmgen_hopper_tf32_streamk(int M, int N, int K, float alpha, con
     if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (error != cudaSuccess) return (int)error;
     const long long k_steps = blocks * ((K + BK - 1) / BK);
-    const unsigned grid = (unsigned)(k_steps < sms ? k_steps : sms);
+    const int most = sms < MAX_BLOCKS ? sms : MAX_BLOCKS;
+    const unsigned grid = (unsigned)(k_steps < most ? k_steps : most);
     float* workspace = nullptr;
-    error = stream_workspace(stream, device, (size_t)grid * (4 * SLOT_FLOATS + 4 * CONSUMER_WARPS), &workspace);
+    error = stream_workspace(stream, device, 4 * ((size_t)FLAG_WORDS + (size_t)grid * SLOT_FLOATS), &workspace);
     if (error != cudaSuccess) return (int)error;
     kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace);

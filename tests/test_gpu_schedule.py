@@ -125,11 +125,13 @@ def _build_abi(name: str, folder: Path):
 @pytest.mark.parametrize("name", ["hopper_tf32_streamk", "hopper_3xtf32_streamk", "hopper_tf32_persistent"])
 def test_c_abi_on_two_streams_at_once_matches_float64(name, cp, tmp_path):
     """Each stream gets its own workspace: two stream-K GEMMs in flight together stay right, call
-    after call (the flags the kernels leave zeroed), and growing the workspace works."""
+    after call and grid after grid (the flags the kernels leave zeroed, in a fixed place), and
+    growing the workspace works."""
     function = _build_abi(name, tmp_path)
     math = "3xtf32" if "3xtf32" in name else "tf32"
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
-    shapes = [(1024, 1024, 4096), (2000, 3000, 700), (4096, 4096, 1024)]  # the last grows the workspace
+    # 4096^2 grows the workspace; then grids of 132, 2 and 132 blocks share it (the flags stay put)
+    shapes = [(1024, 1024, 4096), (2000, 3000, 700), (4096, 4096, 1024), (128, 100, 64), (300, 500, 9000)]
     for M, N, K in shapes:
         rng = np.random.default_rng(M * 7 + K)
         A = rng.uniform(-1, 1, (M, K)).astype(np.float32)

@@ -75,7 +75,7 @@ def test_blocks_and_workspace_the_launcher_asks_for():
     plan = make_plan(spec_of("stream-k"))             # 128 x 256 tiles, BK 32
     assert plan.launch_blocks(4096, 4096, 4096, 132) == 132
     assert plan.launch_blocks(128, 256, 64, 132) == 2    # one tile of two K tiles: two blocks
-    assert plan.workspace_bytes(132) == 132 * (4 * 128 * 256 + 4 * 8)
+    assert plan.workspace_bytes(132) == 4 * (1024 * 8 + 132 * 128 * 256)  # flags for 1024 blocks, slots
     persistent = make_plan(spec_of("persistent"))
     assert persistent.launch_blocks(1024, 1024, 1024, 132) == 32 and persistent.workspace_bytes(32) == 0
     assert make_plan(spec_of("data-parallel")).launch_blocks(8192, 8192, 64, 132) == 64 * 32

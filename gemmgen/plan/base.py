@@ -206,17 +206,23 @@ class Plan:
         a block per C tile; persistent, no more blocks than SMs; stream-k, as many as SMs unless
         there are fewer K tiles in all."""
         tiles = self.grid(M, N)
+        most = min(sms, self.max_scheduled_blocks)
         if self.schedule == "persistent":
-            return min(tiles, sms)
+            return min(tiles, most)
         if self.schedule == "stream-k":
-            return min(sms, tiles * max(1, ceil(K / self.BK)))
+            return min(most, tiles * max(1, ceil(K / self.BK)))
         return tiles
 
+    # A scheduled kernel starts at most this many blocks (one per SM): stream-K's flags take a fixed
+    # place for this many at the start of its workspace, whatever the grid of a launch.
+    max_scheduled_blocks = 1024
+
     def workspace_bytes(self, blocks: int) -> int:
-        """stream-k: a slot of BM x BN partial sums per block, then a flag per block and consumer warp."""
+        """stream-k: a flag per block (up to max_scheduled_blocks) and consumer warp, then a slot of
+        BM x BN partial sums per block."""
         if self.schedule != "stream-k":
             return 0
-        return blocks * (4 * self.BM * self.BN + 4 * (self.consumers * 4))
+        return 4 * (self.max_scheduled_blocks * self.consumers * 4 + blocks * self.BM * self.BN)
 
     def layouts(self) -> str:
         return (f"A {self.spec['layout.A']}, B {self.spec['layout.B']}, C {self.c_layout}")
