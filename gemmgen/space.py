@@ -39,6 +39,8 @@ def describe(spec: Spec) -> str:
         parts.append(f"occ={v('occupancy')}")
     if v("split") > 1:
         parts.append(f"split={v('split')}")
+    if v("schedule") != "data-parallel":
+        parts.append(f"schedule={v('schedule')}")
     return " ".join(parts)
 
 
@@ -129,6 +131,8 @@ def to_text(spec: Spec, name: str | None = None, comment: str = "") -> str:
         lines.append(f"  occupancy {v('occupancy')}")
     if v("split") > 1:
         lines.append(f"  split    {v('split')}")
+    if v("schedule") != "data-parallel":
+        lines.append(f"  schedule {v('schedule')}")
     lines.append(f"  epilogue {'alpha beta' if v('epilogue.beta') else 'alpha'}")
     if v("reduce.count"):
         lines.append(f"  reduce   min {v('reduce.count')}")

@@ -236,3 +236,12 @@ def test_explain_shows_how_the_work_is_dealt():
     assert as_dict(report)["dealings"]["4096x4096x4096"]["whole_tiles"] == 264
     data_parallel = explain(make_plan(spec_of("data-parallel")), Resources(168, 0, 0, 0, 0))
     assert "schedule (dealt" not in render_text(data_parallel)
+
+
+def test_a_scheduled_point_is_written_and_described_with_its_schedule():
+    from gemmgen.space import describe, point_key, to_text
+    spec = spec_of("stream-k")
+    assert describe(spec).endswith("schedule=stream-k") and "schedule" not in describe(spec_of("data-parallel"))
+    (again,) = parse(to_text(spec, "again"))
+    assert again["schedule"] == "stream-k" and make_plan(again).schedule == "stream-k"
+    assert point_key(spec) != point_key(spec_of("persistent"))
