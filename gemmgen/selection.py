@@ -71,7 +71,7 @@ def _ceil_div(a: int, b: int) -> int:
 def features(member: MemberShape, M: int, N: int, K: int, sm_count: int) -> list[float]:
     """The model's terms for one call (see the module docstring). A stream-K member's main loop is
     its busiest block's K tiles, its waves the tiles each block finishes, and its last term the
-    partial sums' round trip through the workspace."""
+    partial sums of a shared tile, which its finishing block reads one after another."""
     tiles_m, tiles_n = _ceil_div(M, member.BM), _ceil_div(N, member.BN)
     if member.stream_k:
         tiles, k_tiles = tiles_m * tiles_n, max(1, _ceil_div(K, member.BK))
@@ -80,7 +80,10 @@ def features(member: MemberShape, M: int, N: int, K: int, sm_count: int) -> list
         dealt = 0 if rest == 0 else (tiles if waves == 0 else blocks + rest)
         busiest = _ceil_div(tiles - dealt, blocks) * k_tiles + _ceil_div(dealt * k_tiles, blocks)
         operand_gb = 4.0 * (M * K * tiles_n + K * N * tiles_m) / 1e9
-        partial_gb = 8.0 * member.BM * member.BN * blocks / 1e9 if dealt else 0.0
+        # The block that finishes a shared tile reads the others' partial sums one after another.
+        share = dealt * k_tiles // blocks
+        pieces = min(blocks, 1 + _ceil_div(k_tiles - 1, max(share, 1))) if dealt else 1
+        partial_gb = 8.0 * member.BM * member.BN * (pieces - 1) / 1e9
         return [1.0, float(busiest), float(_ceil_div(tiles, blocks)), operand_gb, partial_gb]
     blocks = tiles_m * tiles_n * member.split
     waves = _ceil_div(blocks, max(1, sm_count * member.slots_per_sm))
