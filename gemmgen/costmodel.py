@@ -35,6 +35,14 @@ SHARED_BYTES_PER_CLOCK = 128     # 32 banks x 4 bytes per SM per clock
 TENSOR_FLOPS_PER_CLOCK = {"wgmma": 2048, "wgmma_async": 2048, "mma_sync": 1024}  # TF32 per SM
 BLOCK_OVERHEAD_CLOCKS = 2000     # launch, prologue and pipeline fill of one block
 ATOMIC_COST = 4                  # an atomicAdd of C (split K) against a plain store
+DRAM_BYTES_PER_CLOCK = 12.8      # HBM to one SM when all share it: 3.35 TB/s / (132 SMs x 1.98 GHz)
+# Split K's launcher first runs C = beta * C as a kernel of its own: its launch, the gap between the
+# two kernels and its pass over C. Measured on an H100 (testbed_small, 1024^3): split 2 took a median
+# 9 us more than split 1 on the same tiles; 6 us of it are charged here, the atomics in the epilogue.
+SPLIT_PASS_CLOCKS = 12000
+# FFMA issues from each of an SM's 4 schedulers every clock only with about 2 warps on each to
+# cover its latency: fewer resident warps leave issue slots empty.
+SIMT_WARPS_TO_ISSUE = 8
 
 
 @dataclass(frozen=True)
@@ -137,6 +145,8 @@ def features(plan: Plan, shape: Case, sms: int) -> Features:
         ideal = plan.warps * (per_k * (a_frag / a_fc + b_frag / b_fc) + a_store / a_sc + b_store / b_sc)
         conflict = shared_clocks / ideal  # wavefronts over those of a conflict-free layout
     math_clocks = flops / peak
+    if path == "simt":
+        math_clocks /= min(1.0, warps / SIMT_WARPS_TO_ISSUE)
     global_clocks = global_bytes / GLOBAL_BYTES_PER_CLOCK
     parts = (math_clocks, global_clocks, shared_clocks)
     # Loads overlap the math where the pipeline lets them: more so with cp.async and more stages.
@@ -147,6 +157,8 @@ def features(plan: Plan, shape: Case, sms: int) -> Features:
     # The busiest SM runs per_sm blocks, `resident` at a time sharing its pipes; resident
     # blocks hide each other's fixed costs but not their math.
     sm_clocks = per_sm * (k_steps * step + (epilogue + BLOCK_OVERHEAD_CLOCKS) / resident)
+    if split > 1:
+        sm_clocks += SPLIT_PASS_CLOCKS + 8 * M * N / (DRAM_BYTES_PER_CLOCK * sms)
     useful = 2.0 * M * N * K / sms
     prior = math.log(useful / sm_clocks)
 
