@@ -359,22 +359,28 @@ class Kernel:
             self._sms = device_info(self.device).sm_count
         return self._sms
 
+    WORKSPACES = 16  # streams whose stream-K workspace a Kernel keeps, as the C launcher does
+
     def _workspace(self, stream: int, size: int) -> int:
         """Stream-K's workspace for launches on `stream`, as the C launcher keeps one: per stream
-        (launches on one stream run in turn), grown when needed, zeroed when allocated; the kernels
-        leave its flags zeroed."""
+        (launches on one stream run in turn), grown when needed, zeroed when allocated (the kernels
+        leave its flags zeroed); the workspace of the stream used longest ago goes when a
+        seventeenth stream comes."""
         driver = _driver()
-        spaces = self.__dict__.setdefault("_workspaces", {})
-        address, held = spaces.get(stream, (0, 0))
+        spaces = self.__dict__.setdefault("_workspaces", {})  # stream -> (address, bytes), oldest use first
+        address, held = spaces.pop(stream, (0, 0))
         if held < size:
             if address:
                 _check(driver.cuStreamSynchronize(stream), "waiting for the stream before growing a workspace")
                 _check(driver.cuMemFree(address), "freeing a stream-K workspace")
-                del spaces[stream]
+            if len(spaces) >= self.WORKSPACES:
+                # Its stream may be gone: wait for the whole context before freeing what it used.
+                _check(driver.cuCtxSynchronize(), "waiting for kernels before freeing a workspace")
+                _check(driver.cuMemFree(spaces.pop(next(iter(spaces)))[0]), "freeing a stream-K workspace")
             held = size + size // 4
             address = int(_check(driver.cuMemAlloc(held), f"allocating a {held}-byte stream-K workspace"))
-            spaces[stream] = (address, held)
             _check(driver.cuMemsetD8Async(address, 0, held, stream), "zeroing a stream-K workspace")
+        spaces[stream] = (address, held)
         return address
 
     def __call__(self, A: Any, B: Any, C: Any, *, alpha: float = 1.0, beta: float = 0.0,

@@ -245,3 +245,55 @@ def test_a_scheduled_point_is_written_and_described_with_its_schedule():
     (again,) = parse(to_text(spec, "again"))
     assert again["schedule"] == "stream-k" and make_plan(again).schedule == "stream-k"
     assert point_key(spec) != point_key(spec_of("persistent"))
+
+
+def test_the_runtime_keeps_a_workspace_per_stream_grows_it_and_keeps_sixteen(monkeypatch):
+    """Kernel._workspace as the C launcher's stream_workspace: one per stream, reused, grown (the
+    stream waited for, the old one freed), zeroed when allocated, the least recently used of more
+    than sixteen streams freed after the context is waited for."""
+    import gemmgen.runtime as runtime
+
+    class Driver:
+        class CUresult:
+            CUDA_SUCCESS = 0
+
+        def __init__(self):
+            self.calls, self.next, self.live = [], 0x1000, {}
+
+        def cuMemAlloc(self, size):
+            self.next += 1 << 28
+            self.live[self.next] = size
+            self.calls.append(("alloc", size))
+            return 0, self.next
+
+        def cuMemFree(self, address):
+            self.calls.append(("free", self.live.pop(address)))
+            return 0
+
+        def cuMemsetD8Async(self, address, value, size, stream):
+            assert value == 0 and self.live[address] == size
+            self.calls.append(("zero", stream))
+            return 0
+
+        def cuStreamSynchronize(self, stream):
+            self.calls.append(("sync stream", stream))
+            return 0
+
+        def cuCtxSynchronize(self):
+            self.calls.append(("sync context",))
+            return 0
+
+    driver = Driver()
+    monkeypatch.setattr(runtime, "_driver", lambda: driver)
+    kernel = runtime.Kernel.__new__(runtime.Kernel)
+    a = kernel._workspace(7, 1000)
+    assert kernel._workspace(7, 1200) == a and driver.calls == [("alloc", 1250), ("zero", 7)]  # 1000 + 25%
+    b = kernel._workspace(7, 4000)
+    assert b != a and driver.calls[2:] == [("sync stream", 7), ("free", 1250), ("alloc", 5000), ("zero", 7)]
+    for stream in range(100, 115):  # 15 more streams: 16 in all
+        kernel._workspace(stream, 100)
+    kernel._workspace(7, 10)  # stream 7 used again: now the most recent
+    driver.calls.clear()
+    kernel._workspace(200, 100)  # a 17th: stream 100's goes, not 7's
+    assert driver.calls == [("sync context",), ("free", 125), ("alloc", 125), ("zero", 200)]
+    assert len(kernel._workspaces) == 16 and 7 in kernel._workspaces and 100 not in kernel._workspaces
