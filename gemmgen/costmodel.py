@@ -28,6 +28,7 @@ import numpy as np
 
 from .explain import _fragment_access, _mma_fragment_access, _store_access
 from .plan import WARP, Plan
+from .plan.schedule import deal
 from .verify import Case
 
 GLOBAL_BYTES_PER_CLOCK = 64      # L2 -> one SM, a round figure for Hopper-class GPUs
@@ -157,6 +158,13 @@ def features(plan: Plan, shape: Case, sms: int) -> Features:
     # The busiest SM runs per_sm blocks, `resident` at a time sharing its pipes; resident
     # blocks hide each other's fixed costs but not their math.
     sm_clocks = per_sm * (k_steps * step + (epilogue + BLOCK_OVERHEAD_CLOCKS) / resident)
+    if plan.schedule == "stream-k":
+        # K tiles dealt evenly (plan/schedule.py): the busiest block's K tiles, an epilogue per tile
+        # it finishes, and a shared tile's partial sums read back one piece after another.
+        dealt = deal(plan, M, N, K, sms)
+        per_sm, fill = math.ceil(dealt.tiles / dealt.blocks), dealt.balance
+        sm_clocks = (dealt.most_k_tiles * step + per_sm * (epilogue + BLOCK_OVERHEAD_CLOCKS)
+                     + (dealt.most_pieces - 1) * 8 * BM * BN / GLOBAL_BYTES_PER_CLOCK)
     if split > 1:
         sm_clocks += SPLIT_PASS_CLOCKS + 8 * M * N / (DRAM_BYTES_PER_CLOCK * sms)
     useful = 2.0 * M * N * K / sms

@@ -38,6 +38,18 @@ def test_tiles_over_the_sms_and_padding_follow_the_shape():
     assert math.exp(skinny["log SM fill"]) == pytest.approx(65 / 132)
 
 
+def test_stream_k_is_modelled_as_its_scheduler_deals_the_work():
+    data_parallel = _plan(TC.replace("128 x 256", "128 x 128"))
+    stream_k = _plan(TC.replace("128 x 256", "128 x 128").replace("stages 4 tma", "stages 4 tma; schedule stream-k"))
+    skinny = Case(8192, 128, 8192)   # 64 tiles on 132 SMs: half of them idle, one block per tile
+    dp, sk = features(data_parallel, skinny, 132), features(stream_k, skinny, 132)
+    assert math.exp(dp.as_dict()["log SM fill"]) == pytest.approx(64 / 132)
+    assert math.exp(sk.as_dict()["log SM fill"]) > 0.99       # every block 124 or 125 K tiles
+    assert sk.prior > dp.prior + math.log(1.5)                  # measured: 1.4x to 1.6x
+    whole = Case(1536, 1408, 4096)   # 12 x 11 = 132 tiles of 128 x 128: whole waves, nothing dealt
+    assert features(stream_k, whole, 132).prior == pytest.approx(features(data_parallel, whole, 132).prior, rel=0.01)
+
+
 def test_a_tma_kernel_is_modelled_as_its_fallback_where_tma_cannot_load():
     plan = _plan(TC)
     assert running_plan(plan, Case(4096, 4096, 4096))[0] is plan
