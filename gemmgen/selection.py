@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .plan.schedule import dealt_tiles
+
 CLASSES = ("aligned", "unaligned")
 FEATURES = ("launch", "main loop (waves x K steps)", "waves", "operand traffic (GB)", "split K pass over C (GB)")
 # With fewer measurements than this in a class, only the first two terms are fitted.
@@ -76,8 +78,7 @@ def features(member: MemberShape, M: int, N: int, K: int, sm_count: int) -> list
     if member.stream_k:
         tiles, k_tiles = tiles_m * tiles_n, max(1, _ceil_div(K, member.BK))
         blocks = max(1, min(sm_count, tiles * k_tiles))
-        waves, rest = divmod(tiles, blocks)
-        dealt = 0 if rest == 0 else (tiles if waves == 0 else blocks + rest)
+        dealt = dealt_tiles(tiles, blocks)
         busiest = _ceil_div(tiles - dealt, blocks) * k_tiles + _ceil_div(dealt * k_tiles, blocks)
         operand_gb = 4.0 * (M * K * tiles_n + K * N * tiles_m) / 1e9
         # The block that finishes a shared tile reads the others' partial sums one after another.

@@ -108,10 +108,9 @@ def _build_abi(name: str, folder: Path):
     library = folder / f"lib{name}.so"
     command = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17",
                "-o", str(library), str(source), "-lcudart"]
-    root = Path(nvcc).resolve().parent.parent
-    for sub in ("lib64", "targets/x86_64-linux/lib"):
-        if (root / sub).is_dir():
-            command += ["-Xlinker", f"-rpath={root / sub}"]
+    from test_gpu import _cuda_library_dirs
+    for folder in _cuda_library_dirs(nvcc):
+        command += ["-Xlinker", f"-rpath={folder}"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"nvcc failed:\n{done.stderr}"
     function = getattr(ctypes.CDLL(str(library)), plan.launcher_name)

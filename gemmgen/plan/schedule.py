@@ -32,6 +32,14 @@ class Dealing:
         return self.tiles * self.k_tiles / (self.blocks * self.most_k_tiles) if self.most_k_tiles else 1.0
 
 
+def dealt_tiles(tiles: int, blocks: int) -> int:
+    """How many of `tiles` C tiles stream-K deals out by K tile among `blocks` blocks (Schedule's
+    sk_tiles): none when they fill whole waves, all when there are fewer than blocks, else the last
+    partial wave and one whole wave before it."""
+    waves, rest = divmod(tiles, blocks)
+    return 0 if rest == 0 else (tiles if waves == 0 else blocks + rest)
+
+
 def deal(plan: Plan, M: int, N: int, K: int, sms: int) -> Dealing:
     """The dealing of an M x N x K call (the TMA path: K >= 1) among the blocks the launcher starts."""
     tiles = plan.grid(M, N)
@@ -39,11 +47,7 @@ def deal(plan: Plan, M: int, N: int, K: int, sms: int) -> Dealing:
     blocks = plan.launch_blocks(M, N, K, sms) if plan.scheduled else tiles * plan.split_k
     if not tiles:
         return Dealing(0, 0, k_tiles, 0, 0, 0, 0, 1, 0)
-    if plan.schedule == "stream-k":
-        waves, rest = divmod(tiles, blocks)
-        sk_tiles = 0 if rest == 0 else (tiles if waves == 0 else blocks + rest)
-    else:
-        sk_tiles = 0
+    sk_tiles = dealt_tiles(tiles, blocks) if plan.schedule == "stream-k" else 0
     whole = tiles - sk_tiles
     if plan.split_k > 1:
         per_slice = ceil(k_tiles / plan.split_k)
