@@ -81,7 +81,7 @@ def features(member: MemberShape, M: int, N: int, K: int, sm_count: int) -> list
         dealt = dealt_tiles(tiles, blocks)
         busiest = _ceil_div(tiles - dealt, blocks) * k_tiles + _ceil_div(dealt * k_tiles, blocks)
         operand_gb = 4.0 * (M * K * tiles_n + K * N * tiles_m) / 1e9
-        # The block that finishes a shared tile reads the others' partial sums one after another.
+        # The block that arrives last at a shared tile reads all its pieces, one after another.
         share = dealt * k_tiles // blocks
         pieces = min(blocks, 1 + _ceil_div(k_tiles - 1, max(share, 1))) if dealt else 1
         partial_gb = 8.0 * member.BM * member.BN * (pieces - 1) / 1e9

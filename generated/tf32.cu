@@ -66,7 +66,7 @@
 //   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
 //   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
-//   schedule                   stream-k: min(SMs, K tiles in all) blocks; whole waves of C tiles stay whole, the last partial wave and one before it are dealt out by K tile; the block that began a shared tile adds the others' partial sums (workspace, block order: the same bits every run)
+//   schedule                   stream-k: min(SMs, K tiles in all) blocks; whole waves of C tiles stay whole, the last partial wave and one before it are dealt out by K tile; the last block to write its piece of a shared tile adds all the pieces in K order (workspace, no waiting: the same bits every run)
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
@@ -688,7 +688,11 @@ struct Schedule {
         return i < long_part ? i / (sk_share + 1) : sk_extra + (i - long_part) / max(sk_share, 1);
     }
 
-    // The last block that multiplies some of tile `tile`'s K tiles.
+    // The first and the last block that multiply some of stream-K tile `tile`'s K tiles.
+    __device__ int first_block_of(int tile) const {
+        return block_of_iteration(tile * k_tiles);
+    }
+
     __device__ int last_block_of(int tile) const {
         return block_of_iteration((tile + 1) * k_tiles - 1);
     }
@@ -711,57 +715,67 @@ struct Schedule {
 };
 
 // ---- stream-K fix-up: C tiles whose K tiles several blocks shared -----------------------------
-// The block that multiplied a tile's first K tiles finishes it: it adds the partial sums of the
-// blocks after it (each took its share as the first segment of its list) in block order, so the
-// sum is the same bits every run, and stores the tile. The partial sums go through the workspace.
-// It starts with the flags, MAX_BLOCKS x CONSUMER_WARPS of them wherever the grid: flag
-// b * CONSUMER_WARPS + w says that consumer warp w of block b has written its part. The launcher
-// hands them over zeroed, and the finishing block zeroes each flag it waited on, so they are zero
-// again for the next launch on the same workspace, whatever its grid. Then slot b holds block b's
-// BM x BN sums, each consumer thread's accumulators CONSUMER_THREADS apart (a warp's accesses adjacent).
+// Every block that multiplied some of a shared tile's K tiles (a piece) writes its partial sums to
+// the workspace and counts itself in; the last to arrive, per consumer warp, adds all the pieces in
+// their order along K (first piece first), so the sum is the same bits every run whichever block
+// arrives last, and stores that warp's part of the tile. No block waits for another: the kernel
+// is safe however many of its blocks are resident at once.
+// The workspace starts with the counters, MAX_SHARED_TILES x CONSUMER_WARPS of them at a fixed
+// place whatever the grid; the launcher hands them over zeroed and the last arrival zeroes its
+// counter again, for the next launch on the same workspace. Then two slots per block of BM x BN
+// sums, each consumer thread's accumulators CONSUMER_THREADS apart (a warp's accesses adjacent):
+// slot 2b for the piece block b begins with (the end of a tile), slot 2b + 1 for the one it ends
+// with (the start of a tile).
 constexpr int CONSUMER_THREADS = CONSUMERS * 128;
 constexpr int CONSUMER_WARPS = CONSUMERS * 4;
 constexpr int SLOT_FLOATS = BM * BN;
 constexpr int MAX_BLOCKS = 1024;  // the launcher starts no more
-constexpr int FLAG_WORDS = MAX_BLOCKS * CONSUMER_WARPS;
+constexpr int MAX_SHARED_TILES = 2 * MAX_BLOCKS;  // stream-K deals at most blocks + (blocks - 1) tiles
+constexpr int COUNTER_WORDS = MAX_SHARED_TILES * CONSUMER_WARPS;
 static_assert(SLOT_FLOATS == CONSUMER_THREADS * TM * RN * TN, "a slot holds every consumer thread's accumulators");
 
-__device__ __forceinline__ int* partial_flag(float* workspace, int block, int consumer_thread) {
-    return reinterpret_cast<int*>(workspace) + block * CONSUMER_WARPS + consumer_thread / 32;
+__device__ __forceinline__ float* piece_slot(float* workspace, int block, bool starts_tile) {
+    return workspace + COUNTER_WORDS + (long long)(2 * block + (starts_tile ? 1 : 0)) * SLOT_FLOATS;
 }
 
-__device__ __forceinline__ void publish_partial(const float (&acc)[TM][RN * TN], float* workspace,
-                                                int consumer_thread) {
-    float* slot = workspace + FLAG_WORDS + (long long)blockIdx.x * SLOT_FLOATS + consumer_thread;
+// Write this thread's share of a piece of `tile` (one of `pieces`); true for every lane of the
+// warp that arrived last, which then sums the tile's pieces (sum_pieces) and stores it.
+__device__ __forceinline__ bool publish_piece(const float (&acc)[TM][RN * TN], float* workspace, int tile,
+                                              int pieces, bool starts_tile, int consumer_thread) {
+    float* slot = piece_slot(workspace, blockIdx.x, starts_tile) + consumer_thread;
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) __stcg(slot + (i * RN * TN + j) * CONSUMER_THREADS, acc[i][j]);
-    __threadfence();  // every lane's sums, visible to the whole GPU before its warp's flag
+    __threadfence();  // every lane's sums, visible to the whole GPU before the warp counts itself in
     __syncwarp();
-    if (consumer_thread % 32 == 0)
-        asm volatile("st.release.gpu.global.b32 [%0], %1;\n" :: "l"(partial_flag(workspace, blockIdx.x, consumer_thread)),
-                     "r"(1) : "memory");
+    int arrived = 0;
+    if (consumer_thread % 32 == 0) {
+        int* counter = reinterpret_cast<int*>(workspace) + tile * CONSUMER_WARPS + consumer_thread / 32;
+        arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == pieces) *counter = 0;  // the last: zero again for the next launch
+    }
+    arrived = __shfl_sync(0xffffffffu, arrived, 0);
+    if (arrived != pieces) return false;
+    __threadfence();  // the other pieces' sums, seen after their counts
+    return true;
 }
 
-__device__ __forceinline__ void add_partial(float (&acc)[TM][RN * TN], float* workspace, int block,
-                                            int consumer_thread) {
-    if (consumer_thread % 32 == 0) {
-        int* flag = partial_flag(workspace, block, consumer_thread);
-        int written = 0;
-        for (;;) {
-            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(written) : "l"(flag) : "memory");
-            if (written) break;
-            __nanosleep(64);
-        }
-        *flag = 0;
-    }
-    __syncwarp();
-    const float* slot = workspace + FLAG_WORDS + (long long)block * SLOT_FLOATS + consumer_thread;
+// acc = the tile's pieces added in order: the first block's last piece, then each later block's first.
+__device__ __forceinline__ void sum_pieces(float (&acc)[TM][RN * TN], float* workspace, int first_block,
+                                           int last_block, int consumer_thread) {
+    const float* head = piece_slot(workspace, first_block, true) + consumer_thread;
 #pragma unroll
     for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] += __ldcg(slot + (i * RN * TN + j) * CONSUMER_THREADS);
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = __ldcg(head + (i * RN * TN + j) * CONSUMER_THREADS);
+    for (int block = first_block + 1; block <= last_block; ++block) {
+        const float* tail = piece_slot(workspace, block, false) + consumer_thread;
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += __ldcg(tail + (i * RN * TN + j) * CONSUMER_THREADS);
+    }
 }
 
 template <bool ALIGNED>
@@ -853,14 +867,12 @@ gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         fence_accumulators(acc);
         if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
         it += k_tiles;
-        const int consumer_thread = tid - 128;
-        if (segment.k_begin > 0) {  // later K tiles of a tile: the block that began it finishes it
-            publish_partial(acc, workspace, consumer_thread);
-            continue;
-        }
-        if (segment.k_end < schedule.k_tiles) {  // this block began a tile the next blocks helped with
-            const int last = schedule.last_block_of(segment.tile);
-            for (int block = blockIdx.x + 1; block <= last; ++block) add_partial(acc, workspace, block, consumer_thread);
+        if (segment.k_begin > 0 || segment.k_end < schedule.k_tiles) {  // a piece of a shared tile
+            const int consumer_thread = tid - 128;
+            const int first = schedule.first_block_of(segment.tile), last = schedule.last_block_of(segment.tile);
+            if (!publish_piece(acc, workspace, segment.tile, last - first + 1, segment.k_begin == 0, consumer_thread))
+                continue;  // a piece still to come: the warp that writes it stores this part of the tile
+            sum_pieces(acc, workspace, first, last, consumer_thread);
         }
 
         // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
@@ -911,7 +923,7 @@ gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 namespace gemmgen_tf32_0_impl {
 // Stream-K's workspace (see the fix-up above): one per device and stream, since kernels on one
 // stream run one after another and can share it. It is grown when a call needs more and kept; it
-// is zeroed when allocated, and the kernels leave their flags zeroed. The first call on a stream
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
 // allocates, so it cannot be the first call inside a CUDA graph capture.
 static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
     struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
@@ -1015,7 +1027,7 @@ static int gemmgen_tf32_0(int M, int N, int K, float alpha, const float* A, int 
     const int most = sms < MAX_BLOCKS ? sms : MAX_BLOCKS;
     const unsigned grid = (unsigned)(k_steps < most ? k_steps : most);
     float* workspace = nullptr;
-    error = stream_workspace(stream, device, 4 * ((size_t)FLAG_WORDS + (size_t)grid * SLOT_FLOATS), &workspace);
+    error = stream_workspace(stream, device, 4 * ((size_t)COUNTER_WORDS + 2 * (size_t)grid * SLOT_FLOATS), &workspace);
     if (error != cudaSuccess) return (int)error;
     kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace);

@@ -75,7 +75,7 @@ def test_blocks_and_workspace_the_launcher_asks_for():
     plan = make_plan(spec_of("stream-k"))             # 128 x 256 tiles, BK 32
     assert plan.launch_blocks(4096, 4096, 4096, 132) == 132
     assert plan.launch_blocks(128, 256, 64, 132) == 2    # one tile of two K tiles: two blocks
-    assert plan.workspace_bytes(132) == 4 * (1024 * 8 + 132 * 128 * 256)  # flags for 1024 blocks, slots
+    assert plan.workspace_bytes(132) == 4 * (2048 * 8 + 2 * 132 * 128 * 256)  # counters, two slots a block
     persistent = make_plan(spec_of("persistent"))
     assert persistent.launch_blocks(1024, 1024, 1024, 132) == 32 and persistent.workspace_bytes(32) == 0
     assert make_plan(spec_of("data-parallel")).launch_blocks(8192, 8192, 64, 132) == 64 * 32
@@ -103,8 +103,9 @@ int main() {{
             Schedule schedule(M, N, K);
             for (Segment s; schedule.next(s);) {{
                 int last = -1;
-{"                if (s.k_begin == 0 && s.k_end < schedule.k_tiles) last = schedule.last_block_of(s.tile);" if plan.schedule == "stream-k" else ""}
-                printf("%u %d %d %d %d\\n", b, s.tile, s.k_begin, s.k_end, last);
+                int first = -1;
+{"                if (s.k_begin > 0 || s.k_end < schedule.k_tiles) { first = schedule.first_block_of(s.tile); last = schedule.last_block_of(s.tile); }" if plan.schedule == "stream-k" else ""}
+                printf("%u %d %d %d %d %d\\n", b, s.tile, s.k_begin, s.k_end, first, last);
             }}
         }}
         printf("end\\n");
@@ -113,7 +114,7 @@ int main() {{
 """
 
 
-def walk(plan, problems, tmp_path: Path) -> list[list[tuple[int, int, int, int, int]]]:
+def walk(plan, problems, tmp_path: Path) -> list[list[tuple[int, int, int, int, int, int]]]:
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         pytest.skip("no host C++ compiler")
@@ -152,51 +153,60 @@ def test_every_k_tile_of_every_tile_is_dealt_exactly_once(schedule, tmp_path):
         tiles = -(-M // plan.BM) * -(-N // plan.BN)
         k_tiles = -(-K // plan.BK)
         covered = {}
-        for block, tile, k_begin, k_end, _ in segments:
+        for block, tile, k_begin, k_end, _, _ in segments:
             assert 0 <= tile < tiles and 0 <= k_begin < k_end <= k_tiles
             for k in range(k_begin, k_end):
                 assert (tile, k) not in covered, f"{M}x{N}x{K}: tile {tile} K tile {k} dealt twice"
                 covered[tile, k] = block
         assert len(covered) == tiles * k_tiles, f"{M}x{N}x{K}: {tiles * k_tiles - len(covered)} K tiles not dealt"
         if schedule == "persistent":
-            assert all(k_begin == 0 and k_end == k_tiles for _, _, k_begin, k_end, _ in segments)
+            assert all(k_begin == 0 and k_end == k_tiles for _, _, k_begin, k_end, _, _ in segments)
         # explain's and the models' account of the dealing (plan/schedule.py) is the C scheduler's
         dealing = deal(plan, M, N, K, sms)
         blocks = plan.launch_blocks(M, N, K, sms)
-        work = [sum(e - b for blk, _, b, e, _ in segments if blk == x) for x in range(blocks)]
+        work = [sum(e - b for blk, _, b, e, _, _ in segments if blk == x) for x in range(blocks)]
         pieces = {}
-        for block, tile, _, _, _ in segments:
+        for block, tile, _, _, _, _ in segments:
             pieces.setdefault(tile, set()).add(block)
         assert (dealing.blocks, dealing.tiles, dealing.k_tiles) == (blocks, tiles, k_tiles)
         assert (dealing.most_k_tiles, dealing.least_k_tiles) == (max(work), min(work)), f"{M}x{N}x{K}"
         assert dealing.most_pieces == max(len(b) for b in pieces.values()), f"{M}x{N}x{K}"
 
 
-def test_stream_k_partials_reach_the_block_that_finishes_their_tile(tmp_path):
-    """Every piece of a shared tile but its first is the first segment of its block (one workspace
-    slot per block), and the block holding the first piece waits for exactly the blocks holding the
-    others, all after it (no block waits on an earlier one: no deadlock, a fixed order of sums)."""
+def test_stream_k_pieces_are_counted_and_summed_in_order(tmp_path):
+    """The pieces of a shared tile are held by consecutive blocks, which all agree on the first and
+    the last; the first piece is the last piece of its block and every other piece the first piece
+    of its block, so a block writes at most one piece that starts a tile and one that does not (its
+    two workspace slots), and the sum in block order is the sum in K order."""
     plan = make_plan(spec_of("stream-k"))
     for (M, N, K, sms), segments in zip(PROBLEMS, walk(plan, PROBLEMS, tmp_path)):
         k_tiles = -(-K // plan.BK)
-        first_of_block = {}
-        for block, tile, k_begin, k_end, _ in segments:
-            first_of_block.setdefault(block, (tile, k_begin))
+        by_block = {}  # each block's shared pieces, in its order (whole tiles, dealt or not, left out)
+        for segment in segments:
+            if not (segment[2] == 0 and segment[3] == k_tiles):
+                by_block.setdefault(segment[0], []).append(segment)
         pieces = {}
-        for block, tile, k_begin, k_end, last in segments:
-            if k_begin > 0:
-                assert first_of_block[block] == (tile, k_begin), f"{M}x{N}x{K}: block {block} holds two partials"
-                pieces.setdefault(tile, []).append(block)
-        finishers = {tile: (block, last) for block, tile, k_begin, k_end, last in segments
-                     if k_begin == 0 and k_end < k_tiles}
-        assert set(finishers) == set(pieces), f"{M}x{N}x{K}"
-        for tile, (block, last) in finishers.items():
-            assert sorted(pieces[tile]) == list(range(block + 1, last + 1)), f"{M}x{N}x{K}: tile {tile}"
+        for block, tile, k_begin, k_end, first, last in segments:
+            if k_begin == 0 and k_end == k_tiles:
+                continue
+            pieces.setdefault(tile, []).append((block, k_begin, k_end, first, last))
+            if k_begin == 0:
+                assert by_block[block][-1][1] == tile, f"{M}x{N}x{K}: block {block} starts tile {tile} early"
+            else:
+                assert by_block[block][0][1] == tile, f"{M}x{N}x{K}: block {block} ends tile {tile} late"
+        for tile, held in pieces.items():
+            held.sort(key=lambda p: p[1])  # along K
+            blocks = [p[0] for p in held]
+            assert blocks == list(range(blocks[0], blocks[-1] + 1)), f"{M}x{N}x{K}: tile {tile}"
+            assert all((p[3], p[4]) == (blocks[0], blocks[-1]) for p in held), f"{M}x{N}x{K}: tile {tile}"
+            assert held[0][1] == 0 and held[-1][2] == k_tiles
+            assert all(a[2] == b[1] for a, b in zip(held, held[1:])), f"{M}x{N}x{K}: tile {tile} has a gap"
+            assert tile < 2 * plan.launch_blocks(M, N, K, sms)  # its counter lies inside the workspace's
         tiles = -(-M // plan.BM) * -(-N // plan.BN)
         if tiles >= sms:  # whole waves plus stream-K over one more: no tile in more than 3 pieces
-            assert all(len(p) <= 2 for p in pieces.values()), f"{M}x{N}x{K}"
+            assert all(len(p) <= 3 for p in pieces.values()), f"{M}x{N}x{K}"
         blocks = plan.launch_blocks(M, N, K, sms)
-        work = [sum(e - b for blk, _, b, e, _ in segments if blk == x) for x in range(blocks)]
+        work = [sum(e - b for blk, _, b, e, _, _ in segments if blk == x) for x in range(blocks)]
         if tiles % sms == 0:
             assert not pieces
         elif tiles < sms:  # every block gets the same number of K tiles, give or take one
@@ -215,7 +225,7 @@ def test_scheduled_kernels_compile_without_spills(math, schedule):
     assert not any(r.spills for r in compiled.resources.values()), compiled.resources
     source = generate(plan)
     assert "Schedule schedule(M, N, K);" in source
-    assert ("publish_partial(acc, workspace" in source) == (schedule == "stream-k")
+    assert ("publish_piece(acc, workspace" in source) == (schedule == "stream-k")
     assert ("stream_workspace(stream, device" in source) == (schedule == "stream-k")
 
 
@@ -232,7 +242,7 @@ def test_explain_shows_how_the_work_is_dealt():
     text = render_text(report)
     assert "schedule (dealt on 132 SMs, an H100)" in text and "the same bits every run" in text
     row = next(line for line in text.splitlines() if line.strip().startswith("1024x1024x1024"))
-    assert row.split() == ["1024x1024x1024", "132", "0", "32", "7-8", "6", "16.5", "MiB"]
+    assert row.split() == ["1024x1024x1024", "132", "0", "32", "7-8", "6", "33.1", "MiB"]
     assert as_dict(report)["dealings"]["4096x4096x4096"]["whole_tiles"] == 264
     data_parallel = explain(make_plan(spec_of("data-parallel")), Resources(168, 0, 0, 0, 0))
     assert "schedule (dealt" not in render_text(data_parallel)

@@ -213,16 +213,16 @@ class Plan:
             return min(most, tiles * max(1, ceil(K / self.BK)))
         return tiles
 
-    # A scheduled kernel starts at most this many blocks (one per SM): stream-K's flags take a fixed
-    # place for this many at the start of its workspace, whatever the grid of a launch.
+    # A scheduled kernel starts at most this many blocks (one per SM): stream-K's counters take a
+    # fixed place for the tiles of this many at the start of its workspace, whatever the grid.
     max_scheduled_blocks = 1024
 
     def workspace_bytes(self, blocks: int) -> int:
-        """stream-k: a flag per block (up to max_scheduled_blocks) and consumer warp, then a slot of
-        BM x BN partial sums per block."""
+        """stream-k: a counter per shared tile (up to 2 x max_scheduled_blocks) and consumer warp, then
+        two slots of BM x BN partial sums per block (the pieces it begins and ends with)."""
         if self.schedule != "stream-k":
             return 0
-        return 4 * (self.max_scheduled_blocks * self.consumers * 4 + blocks * self.BM * self.BN)
+        return 4 * (2 * self.max_scheduled_blocks * self.consumers * 4 + 2 * blocks * self.BM * self.BN)
 
     def layouts(self) -> str:
         return (f"A {self.spec['layout.A']}, B {self.spec['layout.B']}, C {self.c_layout}")

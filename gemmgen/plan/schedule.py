@@ -75,6 +75,6 @@ def describe(plan: Plan) -> str:
                 "order; the producer runs on into the next tile while the consumers store the last")
     if plan.schedule == "stream-k":
         return ("stream-k: min(SMs, K tiles in all) blocks; whole waves of C tiles stay whole, the last partial "
-                "wave and one before it are dealt out by K tile; the block that began a shared tile adds "
-                "the others' partial sums (workspace, block order: the same bits every run)")
+                "wave and one before it are dealt out by K tile; the last block to write its piece of a "
+                "shared tile adds all the pieces in K order (workspace, no waiting: the same bits every run)")
     return "data-parallel: one block per C tile" + (f" and K slice ({plan.split_k})" if plan.split_k > 1 else "")
