@@ -302,7 +302,7 @@ def library_source(manifest: dict, origin: str, source_lines: list[str]) -> str:
                 models[cls] = SimpleNamespace(points=points, coef=[repr(float(c)) for c in model["coef"]])
             else:
                 models[cls] = None
-        members.append(SimpleNamespace(**{"stream_k": False, **member, "models": models}))
+        members.append(SimpleNamespace(**{"stream_k": False, "cluster": (1, 1), **member, "models": models}))
     first = plans[0]
     cc = manifest["device"]["compute_capability"]
     portable = manifest["portable"] if manifest["portable"] is not None else 0
@@ -314,6 +314,7 @@ def library_source(manifest: dict, origin: str, source_lines: list[str]) -> str:
         driver=manifest["device"]["driver"], shape_count=len(manifest["shapes"]),
         candidates=manifest["candidates_timed"], members=members,
         name_width=max(len(m.name) for m in members), stream_k=any(m.stream_k for m in members),
+        clusters=any(tuple(m.cluster) != (1, 1) for m in members),
         loo_median=manifest["leave_one_out"]["median"], loo_worst=manifest["leave_one_out"]["worst"],
         cc=f"{cc[0]}.{cc[1]}", cc_major=cc[0], cc_minor=cc[1], portable=portable,
         portable_name=members[portable].name, prior=repr(PRIOR), bandwidth=repr(BANDWIDTH),

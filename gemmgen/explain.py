@@ -170,6 +170,8 @@ class Report:
     loaders: str = ""          # register-fed wgmma: its loader warpgroups
     schedule: str = ""         # a tile scheduler (schedule persistent / stream-k), in words
     dealings: tuple[tuple[str, Any], ...] = ()  # (shape, plan.schedule.Dealing) on SCHEDULE_SMS SMs
+    cluster: str = ""          # thread-block clusters (cluster M x N), in words
+    cluster_launches: tuple[tuple[str, int, int], ...] = ()  # (shape, blocks launched, blocks past C's edge)
 
     @property
     def spills(self) -> bool:
@@ -544,7 +546,30 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
                  if plan.loaders else ""),
         schedule=describe_schedule(plan) if plan.scheduled else "",
         dealings=tuple((f"{M}x{N}x{K}", deal(plan, M, N, K, SCHEDULE_SMS)) for M, N, K in SCHEDULE_SHAPES)
-        if plan.scheduled else ())
+        if plan.scheduled else (),
+        cluster=_cluster(plan),
+        cluster_launches=tuple((f"{M}x{N}x{K}", plan.cluster_grid(M, N), plan.cluster_grid(M, N) - plan.grid(M, N))
+                               for M, N, K in SCHEDULE_SHAPES) if plan.cluster_blocks > 1 else ())
+
+
+def _cluster(plan: Plan) -> str:
+    """What the blocks of a cluster share, and the L2 reads it saves, in words."""
+    if plan.cluster_blocks == 1:
+        return ""
+    cm, cn, BM, BN, BK = plan.cluster_m, plan.cluster_n, plan.BM, plan.BN, plan.BK
+    shares = []
+    if cm > 1:
+        shares.append(f"the {cm} blocks along M share B's {BN} x {BK} tile, each loading {BN // cm} rows "
+                      "and multicasting them to the others")
+    if cn > 1:
+        shares.append(f"the {cn} blocks along N share A's {BM} x {BK} tile, each loading {BM // cn} rows "
+                      "and multicasting them to the others")
+    alone = 4 * BK * (BM + BN)
+    shared = 4 * BK * (BM // cn + BN // cm)
+    return (f"{cm} x {cn} blocks per cluster (__cluster_dims__({plan.cluster_blocks}, 1, 1)): "
+            + "; ".join(shares) + f". Each block reads {shared} bytes of each K tile from L2 instead of "
+            f"{alone}. A stage is refilled once every block that fills it has freed it; a launch takes "
+            "whole clusters, and blocks past C's edge multiply zeros and store nothing.")
 
 
 # Where explain shows a scheduled kernel's dealing of work (on an H100's SM count).
@@ -614,6 +639,13 @@ def render_text(report: Report) -> str:
         out += textwrap.wrap("whole: C tiles one block multiplies; stream-K: tiles dealt out by K tile; "
                              "pieces: most blocks sharing one tile", 76, initial_indent="  ",
                              subsequent_indent="  ")
+
+    if r.cluster:
+        out += ["", "cluster"]
+        out += textwrap.wrap(r.cluster, 76, initial_indent="  ", subsequent_indent="  ")
+        rows = [("shape", "blocks", "past C's edge")]
+        rows += [(shape, str(blocks), str(idle)) for shape, blocks, idle in r.cluster_launches]
+        out += _table(rows, right=(1, 2))
 
     out += ["", f"occupancy per SM ({r.arch})"]
     rows = [("limit", "blocks", "because")]
@@ -698,6 +730,9 @@ def as_dict(report: Report) -> dict[str, Any]:
         "loaders": report.loaders,
         "schedule": report.schedule,
         "dealings": {shape: {"sms": SCHEDULE_SMS, **vars(d)} for shape, d in report.dealings},
+        "cluster": report.cluster,
+        "cluster_launches": {shape: {"blocks": blocks, "past_edge": idle}
+                             for shape, blocks, idle in report.cluster_launches},
         "spill_stores": report.spill_stores,
         "spill_loads": report.spill_loads,
         "stack_frame": report.stack_frame,

@@ -314,7 +314,8 @@ class Measurements:
 
 
 def member_shape(plan: Plan, slots_per_sm: int = 1) -> MemberShape:
-    return MemberShape(plan.BM, plan.BN, plan.BK, plan.split_k, slots_per_sm, plan.schedule == "stream-k")
+    return MemberShape(plan.BM, plan.BN, plan.BK, plan.split_k, slots_per_sm, plan.schedule == "stream-k",
+                       plan.cluster_m, plan.cluster_n)
 
 
 def slots_per_sm(plan: Plan) -> int:
@@ -616,7 +617,9 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
                                                       f"{library.name}: {describe(plan.spec)}"),
             "target": plan.arch.name, "math": plan.math, "BM": shape.BM, "BN": shape.BN, "BK": shape.BK,
             "split": shape.split, "slots_per_sm": shape.slots_per_sm,
-            **({"stream_k": True} if shape.stream_k else {}), "beta": plan.beta,
+            **({"stream_k": True} if shape.stream_k else {}),
+            **({"cluster": [shape.cluster_m, shape.cluster_n]} if shape.cluster_m * shape.cluster_n > 1 else {}),
+            "beta": plan.beta,
             "needs_sm90a": plan.arch.has_wgmma,
             "models": {cls: model.to_dict() if model else None for cls, model in per_class.items()},
         })
@@ -672,6 +675,7 @@ def member_plans(manifest: dict) -> list[Plan]:
 
 
 def candidates_of(manifest: dict) -> list[Candidate]:
-    return [Candidate(MemberShape(m["BM"], m["BN"], m["BK"], m["split"], m["slots_per_sm"], m.get("stream_k", False)),
+    return [Candidate(MemberShape(m["BM"], m["BN"], m["BK"], m["split"], m["slots_per_sm"], m.get("stream_k", False),
+                                  *m.get("cluster", (1, 1))),
                       {cls: Model.from_dict(d) if d else None for cls, d in m["models"].items()},
                       beta=m["beta"], needs_sm90a=m["needs_sm90a"]) for m in manifest["members"]]

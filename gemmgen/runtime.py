@@ -337,9 +337,10 @@ class Kernel:
     def _launch_wgmma(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, handle) -> None:
         plan = self.plan
         aligned = plan.aligned(M, N, K, lda, ldb, ldc, {"A": A, "B": B, "C": C})
-        map_a = self._tensor_map(A, K, M, lda, plan.BM)
-        map_b = self._tensor_map(B, K, N, ldb, plan.BN)
-        grid = (plan.grid(M, N), plan.split_k)
+        # With clusters each block loads a slice of the tiles its cluster row and column share.
+        map_a = self._tensor_map(A, K, M, lda, plan.BM // plan.cluster_n)
+        map_b = self._tensor_map(B, K, N, ldb, plan.BN // plan.cluster_m)
+        grid = (plan.cluster_grid(M, N), plan.split_k)
         args = [("t", map_a), ("t", map_b), ("i", M), ("i", N), ("i", K), ("f", alpha), ("f", beta),
                 ("p", C), ("i", ldc)]
         if plan.scheduled:  # the launcher's arithmetic: see Plan.launch_blocks

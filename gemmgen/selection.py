@@ -64,6 +64,8 @@ class MemberShape:
     split: int
     slots_per_sm: int
     stream_k: bool = False  # schedule stream-k: K tiles dealt evenly over the SMs (plan/schedule.py)
+    cluster_m: int = 1      # clusters: a launch takes whole clusters of cluster_m x cluster_n tiles
+    cluster_n: int = 1
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -74,7 +76,8 @@ def features(member: MemberShape, M: int, N: int, K: int, sm_count: int) -> list
     """The model's terms for one call (see the module docstring). A stream-K member's main loop is
     its busiest block's K tiles, its waves the tiles each block finishes, and its last term the
     partial sums of a shared tile, which its finishing block reads one after another."""
-    tiles_m, tiles_n = _ceil_div(M, member.BM), _ceil_div(N, member.BN)
+    tiles_m = _ceil_div(M, member.BM * member.cluster_m) * member.cluster_m
+    tiles_n = _ceil_div(N, member.BN * member.cluster_n) * member.cluster_n
     if member.stream_k:
         tiles, k_tiles = tiles_m * tiles_n, max(1, _ceil_div(K, member.BK))
         blocks = max(1, min(sm_count, tiles * k_tiles))

@@ -41,6 +41,8 @@ def describe(spec: Spec) -> str:
         parts.append(f"split={v('split')}")
     if v("schedule") != "data-parallel":
         parts.append(f"schedule={v('schedule')}")
+    if v("cluster.m") * v("cluster.n") > 1:
+        parts.append(f"cluster={v('cluster.m')}x{v('cluster.n')}")
     return " ".join(parts)
 
 
@@ -133,6 +135,8 @@ def to_text(spec: Spec, name: str | None = None, comment: str = "") -> str:
         lines.append(f"  split    {v('split')}")
     if v("schedule") != "data-parallel":
         lines.append(f"  schedule {v('schedule')}")
+    if v("cluster.m") * v("cluster.n") > 1:
+        lines.append(f"  cluster  {v('cluster.m')} x {v('cluster.n')}")
     lines.append(f"  epilogue {'alpha beta' if v('epilogue.beta') else 'alpha'}")
     if v("reduce.count"):
         lines.append(f"  reduce   min {v('reduce.count')}")

@@ -112,6 +112,8 @@ SETTINGS: dict[str, Setting] = {
     "occupancy": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 32,
                          "0 (compiler's choice) to 32 blocks per SM"),
     "schedule": Setting("data-parallel", _WORDS(*SCHEDULES), ", ".join(SCHEDULES)),
+    "cluster.m": Setting(1, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 blocks along M"),
+    "cluster.n": Setting(1, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 blocks along N"),
 }
 
 
@@ -219,6 +221,7 @@ USAGE = {
     "occupancy": "occupancy N",
     "split": "split N          (K cut into N slices whose products are added into C)",
     "schedule": "schedule data-parallel | persistent | stream-k",
+    "cluster": "cluster M x N          e.g. cluster 2 x 1 (blocks of a cluster share A and B tiles by TMA multicast)",
     "library": "library NAME { members ...; shapes ... }",
     "members": "members NAME, NAME, ...   kernels or search spaces in this file or in NAME.gemm beside it",
     "shapes": 'shapes MxNxK [pad P], ...   e.g. shapes 4096x4096x4096, 127x4099x1023 pad 1; or shapes "FILE"',
@@ -532,6 +535,10 @@ class _ToStatements(Transformer):
     @v_args(meta=True)
     def schedule(self, meta, c):
         return self._statement("schedule", meta, schedule=c[0])
+
+    @v_args(meta=True)
+    def cluster(self, meta, c):
+        return self._statement("cluster", meta, **{"cluster.m": c[0], "cluster.n": c[1]})
 
     # --- libraries ---------------------------------------------------------------------
 

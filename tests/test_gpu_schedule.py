@@ -1,6 +1,8 @@
 """GPU tests of `schedule persistent | stream-k` (specs/hopper_{tf32,3xtf32}_{persistent,streamk}.gemm):
 results against float64 where tiles fill whole waves, part of one, or fewer than the SMs; stream-K's sums the same
-bits every run; and the nvcc-built C ABI with its per-stream workspace, on two streams at once.
+bits every run; and the nvcc-built C ABI with its per-stream workspace, on two streams at once. Also
+`cluster M x N` (specs/hopper_tf32_cluster.gemm and clusters of every shape on both TMA kernels): results
+against float64 where clusters run past C's edge, through the Python runtime and the C ABI.
 
 Run with `pytest -m gpu`; skipped without a GPU and CuPy.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +27,13 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = {name: load_one(ROOT / "specs" / f"{name}.gemm") for name in (
-    "hopper_tf32_persistent", "hopper_tf32_streamk", "hopper_3xtf32_persistent", "hopper_3xtf32_streamk")}
+    "hopper_tf32_persistent", "hopper_tf32_streamk", "hopper_3xtf32_persistent", "hopper_3xtf32_streamk",
+    "hopper_tf32_cluster")}
+# Clusters of each shape on both TMA kernels (hopper_tf32: 128 x 256 tiles, hopper_3xtf32: 128 x 128).
+CLUSTERED = {f"{math}_c{m}x{n}": replace(load_one(ROOT / "specs" / f"hopper_{math}.gemm").with_values(
+                 cluster_m=m, cluster_n=n), name=f"{math}_c{m}x{n}".replace("3xtf32", "x3tf32"))
+             for math in ("tf32", "3xtf32") for m, n in ((1, 2), (2, 2), (4, 1), (2, 1))}
+SPECS.update(CLUSTERED)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -71,7 +80,7 @@ CASES = verify.QUICK_CASES + (
 )
 
 
-@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("name", sorted(set(SPECS) - set(CLUSTERED)))
 def test_scheduled_kernels_match_float64(name, kernels):
     report = verify.check(kernels(name), CASES, seed=21)
     assert report.ok, "\n".join(f"{r.case}: {r.message}" for r in report.failures)
@@ -154,3 +163,37 @@ def test_c_abi_on_two_streams_at_once_matches_float64(name, cp, tmp_path):
             assert not bad.any(), f"{name} {M}x{N}x{K} on stream {i}: {int(bad.sum())} elements wrong"
         if "streamk" in name:
             assert np.array_equal(outs[0].get(), outs[1].get()), "the two streams' results differ"
+
+
+# Clusters past C's edge (M or N below one cluster of tiles, or one over), beta, the fallback.
+CLUSTER_CASES = verify.QUICK_CASES + (
+    verify.Case(100, 300, 200),
+    verify.Case(129, 257, 96, beta=0.5),
+    verify.Case(3 * 128 + 1, 5 * 256 + 3, 1000, alpha=-1.5),
+    verify.Case(4092, 4092, 4092),
+    verify.Case(8192, 128, 2048),
+)
+
+
+@pytest.mark.parametrize("name", sorted(CLUSTERED))
+def test_cluster_kernels_match_float64(name, kernels):
+    report = verify.check(kernels(name), CLUSTER_CASES, seed=5)
+    assert report.ok, "\n".join(f"{r.case}: {r.message}" for r in report.failures)
+
+
+def test_cluster_c_abi_matches_float64(cp, tmp_path):
+    """The nvcc-built launcher starts whole clusters (__cluster_dims__) with slice-sized TMA boxes."""
+    function = _build_abi("hopper_tf32_cluster", tmp_path)
+    for M, N, K in [(4092, 4092, 1024), (100, 300, 200), (129, 2000, 700), (1, 1, 1), (1000, 1000, 1000)]:
+        rng = np.random.default_rng(M + 3 * N + K)
+        A = rng.uniform(-1, 1, (M, K)).astype(np.float32)
+        B = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+        C = rng.uniform(-1, 1, (M, N)).astype(np.float32)
+        a, b, out = cp.asarray(A), cp.asfortranarray(cp.asarray(B)), cp.asarray(C)
+        status = function(M, N, K, 1.0, a.data.ptr, K, b.data.ptr, K, 0.25, out.data.ptr, N, 0)
+        assert status == 0, f"cudaError {status} at {M}x{N}x{K}"
+        cp.cuda.runtime.deviceSynchronize()
+        reference = A.astype(np.float64) @ B.astype(np.float64) + 0.25 * C
+        scale = np.abs(A.astype(np.float64)) @ np.abs(B.astype(np.float64)) + 0.25 * np.abs(C)
+        bad = ~(np.abs(out.get() - reference) <= verify.tolerance(scale, K, "tf32"))
+        assert not bad.any(), f"{M}x{N}x{K}: {int(bad.sum())} elements wrong"

@@ -154,6 +154,26 @@ class Plan:
     # how blocks take C tiles: data-parallel (a block per tile), persistent (a block per SM walking
     # the tiles) or stream-k (the K tiles of all C tiles dealt evenly over the SMs; see schedule.cuh.j2)
     schedule: str = "data-parallel"
+    # thread-block clusters (wgmma TMA kernels): cluster_m x cluster_n blocks share their A tiles
+    # along N and B tiles along M, each block loading a slice and multicasting it to the others
+    cluster_m: int = 1
+    cluster_n: int = 1
+
+    @property
+    def cluster_blocks(self) -> int:
+        """Blocks per thread-block cluster (1: no clusters)."""
+        return self.cluster_m * self.cluster_n
+
+    @property
+    def cluster_row_mask(self) -> int:
+        """Cluster ranks (bits) of the blocks that share block 0's A tile: rank = i + cluster_m * j
+        takes the tile (i, j) of its cluster, so A's sharers are ranks 0, cluster_m, 2 cluster_m, ..."""
+        return sum(1 << (self.cluster_m * j) for j in range(self.cluster_n))
+
+    @property
+    def cluster_column_mask(self) -> int:
+        """Cluster ranks (bits) of the blocks that share block 0's B tile: ranks 0 ... cluster_m - 1."""
+        return (1 << self.cluster_m) - 1
 
     @property
     def path(self) -> str:
@@ -196,6 +216,14 @@ class Plan:
         """C tiles (blocks along x) for an M x N output; each has split_k blocks along y."""
         return ceil(M / self.BM) * ceil(N / self.BN) if M > 0 and N > 0 else 0
 
+    def cluster_grid(self, M: int, N: int) -> int:
+        """Blocks a data-parallel launch starts: a block per C tile, or with clusters, whole
+        clusters of cluster_m x cluster_n tiles (the blocks past C's edge store nothing)."""
+        if M <= 0 or N <= 0:
+            return 0
+        return (ceil(M / (self.BM * self.cluster_m)) * ceil(N / (self.BN * self.cluster_n))
+                * self.cluster_blocks)
+
     @property
     def scheduled(self) -> bool:
         """Whether blocks walk C tiles through a tile scheduler (schedule persistent / stream-k)."""
@@ -211,7 +239,7 @@ class Plan:
             return min(tiles, most)
         if self.schedule == "stream-k":
             return min(most, tiles * max(1, ceil(K / self.BK)))
-        return tiles
+        return self.cluster_grid(M, N)
 
     # A scheduled kernel starts at most this many blocks (one per SM): stream-K's counters take a
     # fixed place for the tiles of this many at the start of its workspace, whatever the grid.
@@ -262,7 +290,7 @@ class Plan:
                 return f"{ld}={given[ld]} is below max(1, {size}={sizes[size]})"
         if self.reduce_count and M * N > 0xFFFFFFFF:
             return "the fused reduction numbers positions with 32 bits: M*N must be below 2^32"
-        if self.grid(M, N) > 2**31 - 1:
+        if self.cluster_grid(M, N) > 2**31 - 1:
             return "too many thread blocks for one launch"
         return None
 

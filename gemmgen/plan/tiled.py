@@ -210,6 +210,10 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
         raise spec.error("schedule", f"schedule {spec['schedule']} is built for the TMA-fed wgmma "
                          "kernels (target sm_90a, math tf32 or 3xtf32, stages N tma); this kernel takes "
                          "one block per C tile", "schedule data-parallel, or no schedule line")
+    if spec["cluster.m"] * spec["cluster.n"] > 1:
+        raise spec.error(("cluster.m", "cluster.n"), "thread-block clusters share tiles by TMA multicast, "
+                         "on the TMA-fed wgmma kernels (target sm_90a, math tf32 or 3xtf32, stages N "
+                         "tma); this kernel's blocks load their own tiles", "cluster 1 x 1, or no cluster line")
     if split_k > 1 and reduce_count:
         raise spec.error("split", "a split K adds partial products into C after the blocks finish, "
                          "but the fused reduction needs each entry of C final inside its block",

@@ -137,6 +137,32 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
             raise spec.error(("schedule", "split"), f"schedule {schedule} and split {split_k} both divide "
                              "the work among blocks; stream-k already splits K where tiles run short",
                              "split 1 with a schedule, or schedule data-parallel with split")
+    # Clusters: the cluster_m x cluster_n blocks of a cluster take neighbouring C tiles; those in one
+    # row of the cluster share A's tile, those in one column B's. Each loads a slice of each shared
+    # tile and multicasts it to the others (templates/wgmma_kernel.cu.j2).
+    cluster_m, cluster_n = spec["cluster.m"], spec["cluster.n"]
+    if cluster_m * cluster_n > 1:
+        cluster = ("cluster.m", "cluster.n")
+        if not tma:
+            raise spec.error(cluster, "the blocks of a cluster share tiles by TMA multicast; this kernel's "
+                             "loader warpgroups read their tiles through registers", "stages N tma")
+        if schedule != "data-parallel":
+            raise spec.error(cluster + ("schedule",), f"schedule {schedule} deals C tiles to single blocks; a "
+                             "cluster's blocks must take neighbouring tiles together",
+                             "cluster with schedule data-parallel, or no cluster line")
+        if split_k > 1:
+            raise spec.error(cluster + ("split",), "split K's blocks add into C with atomics; clusters are "
+                             "built for one block per C tile", "split 1 with a cluster")
+        if cluster_m * cluster_n > 8:
+            raise spec.error(cluster, f"a cluster of {cluster_m} x {cluster_n} = {cluster_m * cluster_n} "
+                             "blocks is more than the 8 every sm_90 GPU can schedule",
+                             "cluster M x N with M x N at most 8")
+        for blocks, rows, operand, along in ((cluster_m, BN, "B", "M"), (cluster_n, BM, "A", "N")):
+            if rows % (8 * blocks):
+                raise spec.error(cluster, f"the {blocks} blocks along {along} each load {rows}/{blocks} "
+                                 f"rows of the {operand} tile they share; the 128-byte swizzle needs "
+                                 "whole groups of 8 rows", f"a cluster that divides {operand}'s {rows} "
+                                 "rows into multiples of 8")
     fallback = None
     if tma:
         # Calls TMA cannot describe go to the register-fed kernel (stages N async) with 64 x 128
@@ -147,7 +173,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         from . import make_plan  # the fallback is planned like any spec
         fallback = make_plan(replace(spec.with_values(
             block_m=64, block_n=128, warp_m=64, warp_n=128, mma_m=64, mma_n=128, mma_k=8, stages=4,
-            stages_fill="async", schedule="data-parallel"), name=f"{spec.name}_fallback"))
+            stages_fill="async", schedule="data-parallel", cluster_m=1, cluster_n=1), name=f"{spec.name}_fallback"))
     return Plan(
         spec=spec, name=spec.name, arch=arch, uses_shared=True, BM=BM, BN=BN, BK=BK, WM=64, WN=BN,
         TM=2, TN=2, RM=1, RN=BN // 8, SUB_M=16, SUB_N=8, warp_tiling=True, warps_m=consumers,
@@ -158,4 +184,5 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         c_vector=2 if spec["layout.C"] == "row" and split_k == 1 else 1, smem_bytes=smem_bytes,
         registers_estimate=registers, math=math, mma_shape=shape, m_step=8, consumers=consumers,
         tma=tma, loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
-        consumer_registers=limit, fallback=fallback, schedule=schedule)
+        consumer_registers=limit, fallback=fallback, schedule=schedule, cluster_m=cluster_m,
+        cluster_n=cluster_n)

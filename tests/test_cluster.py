@@ -1,0 +1,216 @@
+"""`cluster M x N` on the TMA-fed wgmma kernels: the spec line and its errors at the line, the
+Plan's launch arithmetic, the generated kernel (multicast, cluster barriers, whole clusters in the
+launcher), and the tile each block takes (the real generated function, compiled by the host
+compiler and walked for every block)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gemmgen.codegen import generate
+from gemmgen.costmodel import features
+from gemmgen.errors import SpecError
+from gemmgen.explain import _cluster
+from gemmgen.plan import make_plan
+from gemmgen.space import describe, to_text
+from gemmgen.spec import parse
+from gemmgen.verify import Case
+
+KERNEL = """kernel k {{
+  target   sm_90a
+  layout   A row, B col, C row
+  block    {bm} x {bn} x 32
+  math     {math}
+  stages   {stages} {fill}
+  raster   group {group}
+  cluster  {cluster}{extra}
+}}
+"""
+
+
+def spec_of(cluster="2 x 1", math="tf32", bm=128, bn=256, stages=4, fill="tma", group=8, extra=""):
+    (spec,) = parse(KERNEL.format(cluster=cluster, math=math, bm=bm, bn=bn, stages=stages, fill=fill,
+                                  group=group, extra=extra))
+    return spec
+
+
+# --- the spec line and its errors -----------------------------------------------------------------
+
+def test_cluster_is_a_setting_and_a_search_set():
+    plan = make_plan(spec_of("2 x 1"))
+    assert (plan.cluster_m, plan.cluster_n, plan.cluster_blocks) == (2, 1, 2)
+    (space,) = parse(KERNEL.format(cluster="{1, 2} x {1, 2}", math="tf32", bm=128, bn=256, stages=4,
+                                   fill="tma", group=8, extra=""))
+    assert [(p["cluster.m"], p["cluster.n"]) for p in space.points()] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert "cluster=2x1" in describe(spec_of("2 x 1"))
+    assert "  cluster  2 x 1\n" in to_text(spec_of("2 x 1"))
+    assert "cluster" not in to_text(spec_of("1 x 1"))
+
+
+def test_a_cluster_size_that_is_no_power_of_two_is_an_error_at_its_number():
+    with pytest.raises(SpecError) as error:
+        spec_of("3 x 1")
+    text = str(error.value)
+    assert "<spec>:8:12" in text and "3 is not a valid value for cluster.m" in text
+    assert "1, 2, 4 or 8" in text
+
+
+@pytest.mark.parametrize("cluster, extra, fill, bn, message", [
+    ("4 x 4", "", "tma", 256, "more than the 8 every sm_90 GPU can schedule"),
+    ("2 x 1", "\n  schedule stream-k", "tma", 256, "deals C tiles to single blocks"),
+    ("2 x 1", "\n  split 4", "tma", 256, "clusters are built for one block per C tile"),
+    ("2 x 1", "", "async", 128, "this kernel's loader warpgroups read their tiles through registers"),
+    ("8 x 1", "", "tma", 32, "each load 32/8 rows of the B tile they share"),
+])
+def test_what_a_cluster_cannot_do_is_an_error_at_the_cluster_line(cluster, extra, fill, bn, message):
+    with pytest.raises(SpecError) as error:
+        make_plan(spec_of(cluster, extra=extra, fill=fill, bn=bn))
+    assert "<spec>:8:12" in str(error.value) and message in str(error.value), str(error.value)
+
+
+def test_simt_and_mma_sync_kernels_take_no_cluster():
+    (simt,) = parse("kernel s {\n  block 64 x 64 x 8\n  thread 4 x 4\n  cluster 2 x 1\n}\n")
+    with pytest.raises(SpecError) as error:
+        make_plan(simt)
+    assert "<spec>:4:11" in str(error.value) and "this kernel's blocks load their own tiles" in str(error.value)
+
+
+def test_the_fallback_has_no_cluster():
+    plan = make_plan(spec_of("2 x 2"))
+    assert plan.fallback.cluster_blocks == 1 and plan.fallback.path == "wgmma_async"
+
+
+# --- what the launcher starts -------------------------------------------------------------------
+
+def test_a_launch_takes_whole_clusters():
+    plan = make_plan(spec_of("2 x 1"))                     # 128 x 256 tiles
+    assert plan.cluster_grid(4096, 4096) == 512 == plan.grid(4096, 4096)
+    assert plan.cluster_grid(100, 300) == 4                # 1 x 2 tiles -> one cluster row of two
+    assert plan.launch_blocks(64, 64, 131072, 132) == 2
+    wide = make_plan(spec_of("2 x 2"))
+    assert wide.cluster_grid(129, 257) == 4 and wide.cluster_grid(1, 1) == 4
+    assert (wide.cluster_row_mask, wide.cluster_column_mask) == (0b0101, 0b0011)
+    four = make_plan(spec_of("1 x 4", bn=128))
+    assert (four.cluster_row_mask, four.cluster_column_mask) == (0b1111, 0b0001)
+
+
+def test_the_cost_model_charges_blocks_past_the_edge():
+    alone = make_plan(spec_of("1 x 1"))
+    paired = make_plan(spec_of("2 x 1"))
+    shape = Case(128 * 3, 256 * 4, 4096)                   # 3 tile rows: the pairs take 4
+    mine, theirs = features(paired, shape, 132).as_dict(), features(alone, shape, 132).as_dict()
+    assert mine["log tile efficiency"] < theirs["log tile efficiency"] == 0.0
+    # and counts the L2 reads a block saves: each loads half of B's tile
+    assert mine["log global flop per byte"] > theirs["log global flop per byte"]
+
+
+def test_explain_says_what_the_blocks_share():
+    words = _cluster(make_plan(spec_of("2 x 1")))
+    assert "the 2 blocks along M share B's 256 x 32 tile, each loading 128 rows" in words
+    assert "32768 bytes of each K tile from L2 instead of 49152" in words
+    assert _cluster(make_plan(spec_of("1 x 1"))) == ""
+
+
+# --- the generated kernel -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("math, bn, stages", [("tf32", 256, 4), ("3xtf32", 128, 3)])
+def test_the_kernel_multicasts_and_frees_stages_in_every_sharer(math, bn, stages):
+    source = generate(make_plan(spec_of("2 x 2", math=math, bn=bn, stages=stages)))
+    assert "__cluster_dims__(CLUSTER_BLOCKS, 1, 1)" in source
+    assert "constexpr int CLUSTER_M = 2, CLUSTER_N = 2" in source
+    assert source.count("tma_load_multicast(s") == 2                # A's slice and B's
+    assert "barrier_init(&empty[s], CONSUMERS * 4 * SHARERS)" in source
+    assert "cluster_sync();" in source
+    assert "barrier_arrive_in(&empty[" in source
+    assert "const cuuint32_t box_rows[2] = {A_SLICE_ROWS, B_SLICE_ROWS};" in source
+    # The producer stays until every sharer has freed each stage for the last time.
+    assert "barrier_wait_cluster(&empty[t % STAGES], (t / STAGES) & 1);" in source
+
+
+def test_a_kernel_without_cluster_is_unchanged():
+    source = generate(make_plan(spec_of("1 x 1")))
+    assert "cluster_dims" not in source and "multicast" not in source and "CLUSTER" not in source
+
+
+def test_one_by_two_loads_b_whole_and_multicasts_a():
+    source = generate(make_plan(spec_of("1 x 2")))
+    assert "tma_load_multicast(sA" in source and "tma_load(sB + s * B_STAGE_FLOATS, &map_b" in source
+
+
+# --- which tile each block takes, walked on the host ---------------------------------------------
+
+def _tile_function(plan) -> str:
+    source = generate(plan)
+    main = source[source.index(f"namespace {plan.launcher_name}_impl"):]
+    match = re.search(r"__device__ __forceinline__ void tile_of_block\(.*?\n}\n", main, re.S)
+    return match.group(0)
+
+
+def walk_tiles(plan, problems, tmp_path: Path):
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    program = f"""#include <stdio.h>
+#include <algorithm>
+using std::min;
+#define __device__
+#define __forceinline__ inline
+struct Dim {{ unsigned x; }};
+static Dim blockIdx;
+constexpr int BM = {plan.BM}, BN = {plan.BN};
+constexpr int CLUSTER_M = {plan.cluster_m}, CLUSTER_N = {plan.cluster_n}, CLUSTER_BLOCKS = CLUSTER_M * CLUSTER_N;
+constexpr int RASTER_GROUP = {plan.raster_group};
+{_tile_function(plan)}
+int main() {{
+    int M, N, blocks;
+    while (scanf("%d %d %d", &M, &N, &blocks) == 3) {{
+        for (unsigned b = 0; b < (unsigned)blocks; ++b) {{
+            int m0, n0;
+            blockIdx.x = b;
+            tile_of_block(M, N, m0, n0);
+            printf("%u %d %d\\n", b, m0, n0);
+        }}
+        printf("end\\n");
+    }}
+}}
+"""
+    source = tmp_path / "tiles.cpp"
+    source.write_text(program)
+    binary = tmp_path / "tiles"
+    subprocess.run([compiler, "-std=c++17", "-O1", "-o", str(binary), str(source)], check=True)
+    feed = "\n".join(f"{M} {N} {plan.cluster_grid(M, N)}" for M, N in problems)
+    out = subprocess.run([str(binary)], input=feed, capture_output=True, text=True, check=True).stdout
+    runs, rows = [], []
+    for line in out.splitlines():
+        if line == "end":
+            runs.append(rows)
+            rows = []
+        else:
+            rows.append(tuple(int(x) for x in line.split()))
+    return runs
+
+
+@pytest.mark.parametrize("cluster, bn, group", [("2 x 1", 256, 8), ("1 x 2", 256, 8), ("2 x 2", 128, 1),
+                                                ("4 x 2", 128, 8), ("1 x 8", 64, 4)])
+def test_every_tile_is_taken_once_and_sharers_share_their_tiles(cluster, bn, group, tmp_path):
+    plan = make_plan(spec_of(cluster, bn=bn, group=group))
+    problems = [(4096, 4096), (4092, 4092), (100, 300), (1, 1), (8192, 128), (5003, 777), (3 * 128 + 1, 5 * bn)]
+    for (M, N), rows in zip(problems, walk_tiles(plan, problems, tmp_path)):
+        inside = [(m0, n0) for _, m0, n0 in rows if m0 < M and n0 < N]
+        every = {(m * plan.BM, n * plan.BN) for m in range(-(-M // plan.BM)) for n in range(-(-N // plan.BN))}
+        assert sorted(inside) == sorted(every), f"{cluster} at {M}x{N}: a C tile missed or taken twice"
+        assert len(set((m0, n0) for _, m0, n0 in rows)) == len(rows), "two blocks take one tile"
+        for start in range(0, len(rows), plan.cluster_blocks):
+            cluster_rows = rows[start:start + plan.cluster_blocks]
+            for rank, (_, m0, n0) in enumerate(cluster_rows):
+                rank_m, rank_n = rank % plan.cluster_m, rank // plan.cluster_m
+                first_m0 = cluster_rows[rank_m][1]                     # rank (rank_m, 0)
+                first_n0 = cluster_rows[rank_n * plan.cluster_m][2]    # rank (0, rank_n)
+                assert m0 == first_m0, "blocks sharing A's tile must take the same rows of C"
+                assert n0 == first_n0, "blocks sharing B's tile must take the same columns of C"
+                assert m0 == cluster_rows[0][1] + rank_m * plan.BM and n0 == cluster_rows[0][2] + rank_n * plan.BN
