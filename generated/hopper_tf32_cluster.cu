@@ -660,7 +660,10 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 }
 
 template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1) __cluster_dims__(CLUSTER_BLOCKS, 1, 1)
+__global__ void __launch_bounds__(THREADS, 1)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (a multi-architecture build compiles it for older GPUs too)
+__cluster_dims__(CLUSTER_BLOCKS, 1, 1)
+#endif
 gemmgen_hopper_tf32_cluster_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc)
 {

@@ -121,7 +121,7 @@ def test_explain_says_what_the_blocks_share():
 @pytest.mark.parametrize("math, bn, stages", [("tf32", 256, 4), ("3xtf32", 128, 3)])
 def test_the_kernel_multicasts_and_frees_stages_in_every_sharer(math, bn, stages):
     source = generate(make_plan(spec_of("2 x 2", math=math, bn=bn, stages=stages)))
-    assert "__cluster_dims__(CLUSTER_BLOCKS, 1, 1)" in source
+    assert "\n__cluster_dims__(CLUSTER_BLOCKS, 1, 1)\n" in source
     assert "constexpr int CLUSTER_M = 2, CLUSTER_N = 2" in source
     assert source.count("tma_load_multicast(s") == 2                # A's slice and B's
     assert "barrier_init(&empty[s], CONSUMERS * 4 * SHARERS)" in source
@@ -214,3 +214,16 @@ def test_every_tile_is_taken_once_and_sharers_share_their_tiles(cluster, bn, gro
                 assert m0 == first_m0, "blocks sharing A's tile must take the same rows of C"
                 assert n0 == first_n0, "blocks sharing B's tile must take the same columns of C"
                 assert m0 == cluster_rows[0][1] + rank_m * plan.BM and n0 == cluster_rows[0][2] + rank_n * plan.BN
+
+
+def test_a_cluster_kernel_compiles_in_a_multi_architecture_build(tmp_path):
+    """A library's .cu is built for sm_80 and sm_90a at once; __cluster_dims__ only exists on the latter."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    source = tmp_path / "clustered.cu"
+    source.write_text(generate(make_plan(spec_of("2 x 1"))))
+    done = subprocess.run([nvcc, "-c", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
+                           "-gencode=arch=compute_80,code=sm_80", "-o", str(tmp_path / "clustered.o"), str(source)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
