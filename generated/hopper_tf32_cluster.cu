@@ -579,18 +579,6 @@ __device__ __forceinline__ void cluster_sync() {
                  "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-// The same as barrier_wait, seeing what the other blocks of the cluster did before they arrived.
-__device__ __forceinline__ void barrier_wait_cluster(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
 // One arrival on the barrier at the same place in the shared memory of each block in `blocks`
 // (bit r: cluster rank r), this one included if its bit is set.
 __device__ __forceinline__ void barrier_arrive_in(unsigned long long* barrier, unsigned blocks) {
@@ -710,7 +698,7 @@ gemmgen_hopper_tf32_cluster_kernel(const __grid_constant__ TensorMap map_a, cons
             const int a_slice = rank_n * A_SLICE_ROWS, b_slice = rank_m * B_SLICE_ROWS;
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait_cluster(&empty[s], (t / STAGES - 1) & 1);  // freed by every sharer
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);  // freed by every sharer
                 barrier_expect_bytes(&full[s], STAGE_BYTES);  // what the row and column deliver here
                 tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0);
                 tma_load_multicast(sB + s * B_STAGE_FLOATS + b_slice * BK, &map_b, &full[s], t * BK, block_n0 + b_slice, column_blocks);
@@ -718,7 +706,7 @@ gemmgen_hopper_tf32_cluster_kernel(const __grid_constant__ TensorMap map_a, cons
             // Stay until every sharer has freed each stage for the last time: no block may then
             // write into this one's shared memory or arrive on its barriers after it has exited.
             for (int t = k_tiles > STAGES ? k_tiles - STAGES : 0; t < k_tiles; ++t)
-                barrier_wait_cluster(&empty[t % STAGES], (t / STAGES) & 1);
+                barrier_wait(&empty[t % STAGES], (t / STAGES) & 1);
         }
         return;
     }
