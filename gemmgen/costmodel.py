@@ -116,9 +116,7 @@ def features(plan: Plan, shape: Case, sms: int) -> Features:
     plan, vectors = running_plan(plan, shape)
     M, N, K = shape.M, shape.N, shape.K
     BM, BN, BK, split = plan.BM, plan.BN, plan.BK, plan.split_k
-    # With clusters a launch takes whole clusters of cluster_m x cluster_n tiles.
-    tiles_m = math.ceil(M / (BM * plan.cluster_m)) * plan.cluster_m
-    tiles_n = math.ceil(N / (BN * plan.cluster_n)) * plan.cluster_n
+    tiles_m, tiles_n = plan.cluster_tiles(M, N)  # with clusters, whole clusters of tiles
     k_steps = max(1, math.ceil(K / (BK * split)))
     blocks = tiles_m * tiles_n * split
     padding = (M * N * K) / (tiles_m * BM * tiles_n * BN * k_steps * BK * split)
@@ -129,8 +127,7 @@ def features(plan: Plan, shape: Case, sms: int) -> Features:
     warps = resident * plan.warps
 
     flops = 2 * BM * BN * BK
-    # What a block reads from L2 per K tile; in a cluster it loads a slice of each shared tile.
-    global_bytes = 4 * (BM // plan.cluster_n + BN // plan.cluster_m) * BK
+    global_bytes = plan.block_load_bytes
     path = plan.path
     if path == "simt":
         peak = 2 * plan.arch.fp32_lanes_per_sm

@@ -564,11 +564,9 @@ def _cluster(plan: Plan) -> str:
     if cn > 1:
         shares.append(f"the {cn} blocks along N share A's {BM} x {BK} tile, each loading {BM // cn} rows "
                       "and multicasting them to the others")
-    alone = 4 * BK * (BM + BN)
-    shared = 4 * BK * (BM // cn + BN // cm)
     return (f"{cm} x {cn} blocks per cluster (__cluster_dims__({plan.cluster_blocks}, 1, 1)): "
-            + "; ".join(shares) + f". Each block reads {shared} bytes of each K tile from L2 instead of "
-            f"{alone}. A stage is refilled once every block that fills it has freed it; a launch takes "
+            + "; ".join(shares) + f". Each block reads {plan.block_load_bytes} bytes of each K tile from L2 "
+            f"instead of {4 * BK * (BM + BN)}. A stage is refilled once every block that fills it has freed it; a launch takes "
             "whole clusters, and blocks past C's edge multiply zeros and store nothing.")
 
 

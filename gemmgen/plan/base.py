@@ -216,13 +216,24 @@ class Plan:
         """C tiles (blocks along x) for an M x N output; each has split_k blocks along y."""
         return ceil(M / self.BM) * ceil(N / self.BN) if M > 0 and N > 0 else 0
 
+    def cluster_tiles(self, M: int, N: int) -> tuple[int, int]:
+        """Tiles along M and N that a data-parallel launch covers: C's, or with clusters, rounded
+        up to whole clusters of cluster_m x cluster_n tiles (the blocks past C's edge store nothing)."""
+        return (ceil(M / (self.BM * self.cluster_m)) * self.cluster_m,
+                ceil(N / (self.BN * self.cluster_n)) * self.cluster_n)
+
     def cluster_grid(self, M: int, N: int) -> int:
-        """Blocks a data-parallel launch starts: a block per C tile, or with clusters, whole
-        clusters of cluster_m x cluster_n tiles (the blocks past C's edge store nothing)."""
+        """Blocks a data-parallel launch starts: a block per tile of cluster_tiles."""
         if M <= 0 or N <= 0:
             return 0
-        return (ceil(M / (self.BM * self.cluster_m)) * ceil(N / (self.BN * self.cluster_n))
-                * self.cluster_blocks)
+        tiles_m, tiles_n = self.cluster_tiles(M, N)
+        return tiles_m * tiles_n
+
+    @property
+    def block_load_bytes(self) -> int:
+        """Bytes of A and B a block reads from L2 per K tile (TMA kernels in a cluster: a slice of
+        each tile it shares, multicast to the others)."""
+        return 4 * (self.BM // self.cluster_n + self.BN // self.cluster_m) * self.BK
 
     @property
     def scheduled(self) -> bool:
