@@ -17,7 +17,7 @@ from .outputs import marker_line
 from .plan import Plan
 
 # The rows of codegen.derived_numbers that say what a call needs to take the fast path.
-_FAST_PATH_ROWS = ("TMA path needs", "otherwise", "vector path needs")
+_FAST_PATH_ROWS = ("TMA path needs", "otherwise", "vector path needs", "TMA store path needs")
 
 
 def _comment(text: str, indent: str = "") -> list[str]:

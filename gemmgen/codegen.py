@@ -67,7 +67,7 @@ def _launch_checks(plan: Plan, internal: bool = False) -> LaunchChecks:
                       for ld, size in plan.leading_dimension_minimums().items())
     terms = []
     for ptr, size, ld, vec in plan.vector_requirements():
-        terms.append(f"{size} % {vec} == 0 && {ld} % {vec} == 0 && "
+        terms.append((f"{size} % {vec} == 0 && " if size else "") + f"{ld} % {vec} == 0 && "
                      f"reinterpret_cast<unsigned long long>({ptr}) % {4 * vec} == 0")
     condition = " &&\n        ".join(f"({t})" for t in terms) if terms else "true"
     return LaunchChecks(ld_checks, condition, internal)
@@ -123,7 +123,10 @@ def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
         rows.append(("schedule", describe_schedule(plan)))
     rows += [
         ("raster", "row order" if plan.raster_group == 1 else f"groups of {plan.raster_group} block rows"),
-        ("epilogue", "alpha * A*B + beta * C" if plan.beta else "alpha * A*B"),
+        ("epilogue", ("alpha * A*B + beta * C" if plan.beta else "alpha * A*B") + (
+            f"; through shared memory: each consumer warp writes its 16 rows in boxes of {plan.c_box_outer} x "
+            f"{plan.c_box_inner} floats ({plan.c_buffers} in turn, {plan.c_box_swizzle}-byte swizzle), "
+            "each stored by TMA" if plan.tma_store else "")),
     ]
     if plan.split_k > 1:
         rows.append(("split K", f"{plan.split_k} slices of the K tiles per C tile (blockIdx.y), added into C "
@@ -135,10 +138,14 @@ def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
                           f"(block {plan.fallback.BM} x {plan.fallback.BN} x {plan.fallback.BK}, "
                           f"{plan.fallback.stages} stages, {plan.fallback.loaders} loader warpgroups)"),
         ]
-    rows.append(("vector path needs", ", ".join(f"{size} and {ld} multiples of {vec}, {ptr} {4 * vec}-byte aligned"
-                                                for ptr, size, ld, vec in plan.vector_requirements())
-                 or "nothing"))
+    rows.append(("TMA store path needs" if plan.tma_store else "vector path needs",
+                 _vector_needs(plan) or "nothing"))
     return rows
+
+
+def _vector_needs(plan: Plan) -> str:
+    return ", ".join((f"{size} and {ld} multiples of {vec}" if size else f"{ld} a multiple of {vec}")
+                     + f", {ptr} {4 * vec}-byte aligned" for ptr, size, ld, vec in plan.vector_requirements())
 
 
 def derived_numbers(plan: Plan) -> list[tuple[str, str]]:
@@ -185,9 +192,7 @@ def derived_numbers(plan: Plan) -> list[tuple[str, str]]:
                      "atomicAdd after C = beta * C"))
     if plan.reduce_count:
         rows.append(("fused reduction", f"{plan.reduce_count} smallest entries of C with row and column"))
-    rows.append(("vector path needs", ", ".join(f"{size} and {ld} multiples of {vec}, {ptr} {4 * vec}-byte aligned"
-                                                for ptr, size, ld, vec in plan.vector_requirements())
-                 or "nothing (scalar accesses only)"))
+    rows.append(("vector path needs", _vector_needs(plan) or "nothing (scalar accesses only)"))
     return rows
 
 

@@ -420,6 +420,14 @@ def _direct_loads(plan: Plan) -> tuple[GlobalAccess, GlobalAccess]:
 
 def _c_store(plan: Plan) -> GlobalAccess:
     """Each lane's first store of C (epilogue.cuh.j2); beta's loads of C read the same way."""
+    if plan.tma_store:
+        # store_tma (aligned C): one warp's box, rows of c_box_inner floats along C's contiguous
+        # dimension, whole 32-byte sectors each (ld a multiple of 4 floats, as TMA requires).
+        row_bytes = 4 * plan.c_box_inner
+        sectors = plan.c_box_outer * -(-row_bytes // SECTOR_BYTES)
+        return GlobalAccess(name="C store", how=f"TMA, {plan.c_box_outer} x {plan.c_box_inner} box",
+                            bytes_per_lane=row_bytes, bytes=plan.c_box_outer * row_bytes, sectors=sectors,
+                            ideal_sectors=sectors)
     if plan.staged:
         # store_staged: chunk = tid, row along C's outer dimension, col along its contiguous one.
         width = plan.c_stage_vec

@@ -313,25 +313,38 @@ class Kernel:
         bytes: rows that are not 128-byte aligned, e.g. ld = 4092, measured 20% faster than with
         256, aligned ones the same.) The last few are kept: a caller that multiplies the same
         buffers again does not pay for encoding them (tens of microseconds through cuda-python)."""
-        key = (address, K, rows, ld, box_rows)
+        return self._cached_map((address, K, rows, ld, self.plan.BK, box_rows, 128, True),
+                                f"describing a {rows} x {K} operand (ld {ld}) for TMA")
+
+    def _c_tensor_map(self, address: int, M: int, N: int, ldc: int) -> bytes:
+        """TMA's description of C for the staged epilogue's stores: boxes of c_box_inner floats along
+        C's contiguous dimension by c_box_outer, in the swizzle the epilogue writes them with."""
+        plan = self.plan
+        inner, outer = (N, M) if plan.c_layout == "row" else (M, N)
+        return self._cached_map((address, inner, outer, ldc, plan.c_box_inner, plan.c_box_outer,
+                                 plan.c_box_swizzle, False), f"describing C ({M} x {N}, ldc {ldc}) for TMA stores")
+
+    def _cached_map(self, key: tuple, what: str) -> bytes:
         cache = self.__dict__.setdefault("_tensor_maps", {})
         if key not in cache:
             if len(cache) >= 64:
                 cache.pop(next(iter(cache)))
-            cache[key] = self._encode_tensor_map(*key)
+            cache[key] = self._encode_tensor_map(*key, what=what)
         return cache[key]
 
-    def _encode_tensor_map(self, address: int, K: int, rows: int, ld: int, box_rows: int) -> bytes:
+    @staticmethod
+    def _encode_tensor_map(address: int, inner: int, outer: int, ld: int, box_inner: int, box_outer: int,
+                           swizzle: int, promote: bool, what: str) -> bytes:
         driver = _driver()
         u64, u32 = driver.cuuint64_t, driver.cuuint32_t
         tensor_map = _check(driver.cuTensorMapEncodeTiled(
-            driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, address, [u64(K), u64(rows)],
-            [u64(ld * 4)], [u32(self.plan.BK), u32(box_rows)], [u32(1), u32(1)],
+            driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, address, [u64(inner), u64(outer)],
+            [u64(ld * 4)], [u32(box_inner), u32(box_outer)], [u32(1), u32(1)],
             driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-            f"describing a {rows} x {K} operand (ld {ld}) for TMA")
+            getattr(driver.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B"),
+            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B if promote
+            else driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE,
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), what)
         return ctypes.string_at(tensor_map.getPtr(), 128)
 
     def _launch_wgmma(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, handle) -> None:
@@ -343,11 +356,13 @@ class Kernel:
         grid = (plan.cluster_grid(M, N), plan.split_k)
         args = [("t", map_a), ("t", map_b), ("i", M), ("i", N), ("i", K), ("f", alpha), ("f", beta),
                 ("p", C), ("i", ldc)]
+        if plan.tma_store:  # the staged epilogue stores C with TMA where aligned (else from registers)
+            args.append(("t", self._c_tensor_map(C, M, N, ldc) if aligned else bytes(128)))
         if plan.scheduled:  # the launcher's arithmetic: see Plan.launch_blocks
             grid = (plan.launch_blocks(M, N, K, self._sm_count()), 1)
             if plan.schedule == "stream-k":
                 args.append(("p", self._workspace(handle, plan.workspace_bytes(grid[0]))))
-        what = (f"launching {self.name} (wgmma, {'vector' if aligned else 'scalar'} C) on "
+        what = (f"launching {self.name} (wgmma, {('TMA' if plan.tma_store else 'vector') if aligned else 'scalar'} C) on "
                 f"{grid[0]} x {grid[1]} blocks x {plan.threads} threads, {plan.smem_bytes} B shared, "
                 f"M={M} N={N} K={K}")
         if plan.split_k > 1:

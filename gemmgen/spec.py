@@ -104,7 +104,7 @@ SETTINGS: dict[str, Setting] = {
     "raster.group": Setting(1, lambda v: _positive(v) and v <= 64,
                             "row, or group N with N from 1 to 64"),
     "epilogue.beta": Setting(True, _WORDS(True, False), "alpha beta, or alpha"),
-    "epilogue.staged": Setting(False, _WORDS(True, False), "staged, or nothing"),
+    "epilogue.staged": Setting(False, _WORDS(True, False), "staged or direct"),
     "reduce.count": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 8,
                             "min N with N from 1 to 8"),
     "split": Setting(1, lambda v: isinstance(v, int) and 1 <= v <= 256,
@@ -214,7 +214,7 @@ USAGE = {
     "stages": "stages N [sync|async|tma]",
     "fragments": "fragments 1 | 2",
     "raster": "raster row | group N",
-    "epilogue": "epilogue alpha beta | alpha [staged]",
+    "epilogue": "epilogue alpha beta | alpha [staged | direct | {direct, staged}]",
     "reduce": "reduce min N",
     "math": "math simt | tf32 | 3xtf32",
     "mma": "mma M x N x K          e.g. mma 16 x 8 x 8 (mma.sync), mma 64 x 128 x 8 (wgmma)",
@@ -504,19 +504,26 @@ class _ToStatements(Transformer):
 
     @v_args(meta=True)
     def epilogue(self, meta, c):
-        words = [str(t) for t in c]
-        staged = words[-1:] == ["staged"]
-        if staged:
-            words = words[:-1]
+        # The last item says how C is stored: `staged`, `direct` (the default) or a set of them.
+        how = c[-1] if isinstance(c[-1], _Value) else None
+        words = [str(t) for t in (c[:-1] if how else c)]
+        if how is None and words[-1:] in (["staged"], ["direct"]):
+            how = _Value((words.pop() == "staged",), _span(c[len(words)]))
+        elif how is None:
+            how = _Value((False,), _span(meta))
+        else:
+            unknown = [v for v in how.values if v not in ("staged", "direct")]
+            if unknown:
+                raise self._err(how.span, f"unknown epilogue store '{unknown[0]}'", "staged or direct")
+            how = _Value(tuple(v == "staged" for v in how.values), how.span)
         if words == ["alpha", "beta"]:
             beta = True
         elif words == ["alpha"]:
             beta = False
         else:
-            raise self._err(_span(c[0]), f"unknown epilogue '{' '.join(str(t) for t in c)}'",
-                            USAGE["epilogue"])
+            raise self._err(_span(c[0]), f"unknown epilogue '{' '.join(words)}'", USAGE["epilogue"])
         return self._statement("epilogue", meta, **{"epilogue.beta": _Value((beta,), _span(meta)),
-                                                    "epilogue.staged": _Value((staged,), _span(meta))})
+                                                    "epilogue.staged": how})
 
     @v_args(meta=True)
     def reduce(self, meta, c):

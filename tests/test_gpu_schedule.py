@@ -107,11 +107,11 @@ def test_stream_k_gives_the_same_bits_every_run(name, M, N, K, cp, kernels):
     assert relative < (1e-6 if "3xtf32" in name else 2e-3), relative
 
 
-def _build_abi(name: str, folder: Path):
+def _build_abi(name: str, folder: Path, spec=None):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on PATH")
-    plan = make_plan(SPECS[name])
+    plan = make_plan(spec or SPECS[name])
     source = folder / f"{name}.cu"
     source.write_text(generate(plan))
     library = folder / f"lib{name}.so"

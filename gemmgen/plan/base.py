@@ -158,6 +158,13 @@ class Plan:
     # along N and B tiles along M, each block loading a slice and multicasting it to the others
     cluster_m: int = 1
     cluster_n: int = 1
+    # the TMA wgmma kernels' staged epilogue (`epilogue ... staged`): each consumer warp writes its
+    # 16 rows of the C tile into shared boxes of c_box_outer x c_box_inner floats (inner: along C's
+    # contiguous dimension), c_buffers of them in turn, and TMA stores each box
+    tma_store: bool = False
+    c_box_outer: int = 0
+    c_box_inner: int = 0
+    c_buffers: int = 0
 
     @property
     def cluster_blocks(self) -> int:
@@ -275,8 +282,9 @@ class Plan:
         return {f"ld{name.lower()}": rows[0] if layouts[name] == "row" else rows[1]
                 for name, rows in contiguous_rows.items()}
 
-    def vector_requirements(self) -> list[tuple[str, str, str, int]]:
-        """(pointer, size, leading dimension, vector) that the aligned variant needs divisible."""
+    def vector_requirements(self) -> list[tuple[str, str | None, str, int]]:
+        """(pointer, size, leading dimension, vector) that the aligned variant needs divisible (size
+        None: no size need be)."""
         needs = []
         if self.path == "wgmma_async":  # 16-byte loads of K-contiguous operands
             if self.spec["layout.A"] == "row":
@@ -288,6 +296,8 @@ class Plan:
                 needs.append((op.name, op.extent_inner, op.ld, op.vector))
         if self.c_vector > 1:
             needs.append(("C", "N" if self.c_layout == "row" else "M", "ldc", self.c_vector))
+        if self.tma_store:  # TMA stores boxes of C: 16-byte aligned base and row stride (any M, N)
+            needs.append(("C", None, "ldc", 4))
         return needs
 
     def argument_error(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int) -> str | None:
@@ -311,6 +321,21 @@ class Plan:
         TMA's 128-byte swizzle lays it out: 16-byte chunk c of row r lands at chunk c ^ (r % 8)."""
         return f"{row} * 32 + ((({k} >> 2) ^ ({row} & 7)) << 2) + ({k} & 3)"
 
+    @property
+    def c_box_swizzle(self) -> int:
+        """Bytes of TMA's swizzle for the staged C boxes: one box row (32, 64 or 128)."""
+        return 4 * self.c_box_inner
+
+    def c_box_index(self, outer: str, inner: str) -> str:
+        """C expression: float offset of (outer, inner) in a staged C box as TMA's swizzle of one
+        box row lays it out: 16-byte chunk c of each 128 bytes goes to c ^ (bits 7.. of the address),
+        so a warp's writes of a fragment spread over the banks."""
+        shift = {32: 0, 16: 1, 8: 2}[self.c_box_inner]  # box rows per 128 bytes: 2 ** shift
+        mask = self.c_box_swizzle // 16 - 1
+        outer = outer if outer.isidentifier() else f"({outer})"
+        row = outer if shift == 0 else f"({outer} >> {shift})"
+        return f"{outer} * {self.c_box_inner} + ({inner} ^ (({row} & {mask}) << 2))"
+
     def tma_ready(self, M: int, N: int, K: int, lda: int, ldb: int, pointers: dict[str, int]) -> bool:
         """Whether TMA can load A and B (wgmma path): 16-byte aligned bases and row strides."""
         return (min(M, N, K) > 0 and lda % 4 == 0 and ldb % 4 == 0
@@ -319,7 +344,7 @@ class Plan:
     def aligned(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
                 pointers: dict[str, int]) -> bool:
         """Whether the vector variant is safe for these sizes and device addresses."""
-        values = {"M": M, "N": N, "K": K, "lda": lda, "ldb": ldb, "ldc": ldc}
+        values = {"M": M, "N": N, "K": K, "lda": lda, "ldb": ldb, "ldc": ldc, None: 0}
         return all(values[size] % vec == 0 and values[ld] % vec == 0 and pointers[ptr] % (4 * vec) == 0
                    for ptr, size, ld, vec in self.vector_requirements())
 

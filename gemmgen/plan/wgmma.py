@@ -14,6 +14,7 @@ WARPGROUP = 128
 WGMMA_BK = 32             # floats in one 128-byte swizzled shared row: one TMA box along K
 TMA_PRODUCER_REGISTERS = 40  # what setmaxnreg leaves the TMA producer: it only issues copies
 WGMMA_MAX_REGISTERS = 232  # what setmaxnreg gives each consumer thread beside such a producer
+C_STORE_BUFFERS = 2        # staged epilogue: boxes per consumer warp, so one is written while TMA reads the other
 SETMAXNREG_CAP = 240       # setmaxnreg takes multiples of 8; a thread addresses at most 255 registers
 
 
@@ -50,7 +51,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     if spec.written("thread.m"):
         raise spec.error("thread.m", "with wgmma each warpgroup multiplies a 64 x N tile; there is no "
                          "thread tile", "no thread line")
-    for key, default, why in (("reduce.count", 0, "fused reduction"), ("epilogue.staged", False, "staged epilogue"),
+    for key, default, why in (("reduce.count", 0, "fused reduction"),
                               ("fragments", 1, "fragment double buffering"), ("order", "n", "thread order")):
         if spec[key] != default:
             raise spec.error(key, f"the wgmma path has no {why}", f"target sm_90 (mma.sync) for {why}")
@@ -75,6 +76,22 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         raise spec.error("stages", "the pipeline loads tiles ahead of the math; it needs at least "
                          "2 buffers", "stages 2 to 8, e.g. stages 4")
     consumers = BM // 64
+    tma_store = spec["epilogue.staged"]
+    if tma_store and not tma:
+        raise spec.error("epilogue.staged", "the wgmma staged epilogue writes C through shared memory and "
+                         "stores it with TMA; this kernel's loader warpgroups have no TMA",
+                         "stages N tma, or an epilogue without staged")
+    if tma_store and spec["split"] > 1:
+        raise spec.error(("epilogue.staged", "split"), "split K adds each slice's product into C with "
+                         "atomics; a TMA store would overwrite the other slices' sums",
+                         "split 1 with staged, or an epilogue without staged")
+    # The staged epilogue: each consumer warp owns 16 rows of the tile, so its boxes are 16 rows by
+    # up to 32 columns of C; along C's contiguous dimension a box row is 32, 64 or 128 bytes, which
+    # is the swizzle TMA applies (and what spreads the warp's writes over the banks).
+    box_n = next(width for width in (32, 16, 8) if BN % width == 0)
+    c_box_outer, c_box_inner = (16, box_n) if spec["layout.C"] == "row" else (box_n, 16)
+    c_buffers = C_STORE_BUFFERS if tma_store else 0
+    c_stage_bytes = consumers * 4 * c_buffers * 4 * c_box_outer * c_box_inner
     # Loader warpgroups hold K tiles in registers between their loads and their stores; a single
     # consumer multiplies a tile faster than one loader's loads return, so it gets two loaders.
     loaders = 0 if tma else (2 if consumers == 1 else 1)
@@ -85,11 +102,12 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         stage_bytes = 4 * BK * (BM + BN) * (2 if math == "3xtf32" else 1)
     # mbarriers per stage (full, empty; TMA 3xtf32: ready), and slack to align buffers to 1024 B.
     barriers = (3 if tma and math == "3xtf32" else 2) * 8 * stages
-    smem_bytes = stages * stage_bytes + barriers + 1024
+    smem_bytes = stages * stage_bytes + c_stage_bytes + barriers + 1024
     if smem_bytes > arch.smem_per_block:
-        raise spec.error(("stages", "block.m"), f"{stages} stages of {stage_bytes} bytes need {smem_bytes} "
-                         f"bytes of shared memory; a block on {arch.name} gets at most "
-                         f"{arch.smem_per_block}", f"stages {(arch.smem_per_block - 1024) // stage_bytes} "
+        staged = f" and the staged epilogue's {c_stage_bytes}" if c_stage_bytes else ""
+        raise spec.error(("stages", "block.m"), f"{stages} stages of {stage_bytes} bytes{staged} need "
+                         f"{smem_bytes} bytes of shared memory; a block on {arch.name} gets at most "
+                         f"{arch.smem_per_block}", f"stages {(arch.smem_per_block - 1024 - c_stage_bytes - barriers) // stage_bytes} "
                          "or fewer, or a smaller block")
     accumulators = BN // 2  # a 64 x BN fp32 tile over 128 threads
     loaded_floats = (BM + BN) * BK // WARPGROUP  # a loader thread's share of one K tile
@@ -173,7 +191,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         from . import make_plan  # the fallback is planned like any spec
         fallback = make_plan(replace(spec.with_values(
             block_m=64, block_n=128, warp_m=64, warp_n=128, mma_m=64, mma_n=128, mma_k=8, stages=4,
-            stages_fill="async", schedule="data-parallel", cluster_m=1, cluster_n=1), name=f"{spec.name}_fallback"))
+            stages_fill="async", schedule="data-parallel", cluster_m=1, cluster_n=1, epilogue_staged=False),
+            name=f"{spec.name}_fallback"))
     return Plan(
         spec=spec, name=spec.name, arch=arch, uses_shared=True, BM=BM, BN=BN, BK=BK, WM=64, WN=BN,
         TM=2, TN=2, RM=1, RN=BN // 8, SUB_M=16, SUB_N=8, warp_tiling=True, warps_m=consumers,
@@ -181,8 +200,9 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         fragments=1, raster_group=spec["raster.group"], occupancy=1, beta=spec["epilogue.beta"],
         reduce_count=0, split_k=split_k, staged=False, c_stage_rows=0, c_stage_cols=0, c_stage_ld=0,
         c_stage_vec=1, a=None, b=None, c_layout=spec["layout.C"],
-        c_vector=2 if spec["layout.C"] == "row" and split_k == 1 else 1, smem_bytes=smem_bytes,
+        c_vector=2 if spec["layout.C"] == "row" and split_k == 1 and not tma_store else 1, smem_bytes=smem_bytes,
         registers_estimate=registers, math=math, mma_shape=shape, m_step=8, consumers=consumers,
         tma=tma, loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
         consumer_registers=limit, fallback=fallback, schedule=schedule, cluster_m=cluster_m,
-        cluster_n=cluster_n)
+        cluster_n=cluster_n, tma_store=tma_store, c_box_outer=c_box_outer if tma_store else 0,
+        c_box_inner=c_box_inner if tma_store else 0, c_buffers=c_buffers)
