@@ -707,6 +707,9 @@ gemmgen_hopper_tf32_staged_kernel(const __grid_constant__ TensorMap map_a, const
             float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
             const float* C_tile = C + (long long)block_m0 * ldc + block_n0;
             const bool read_c = beta != 0.0f;
+            // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+            // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+            const bool swap = lane / 4 % 2;
             if (warp_m0 < m_left) {
         #pragma unroll
                 for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
@@ -715,20 +718,24 @@ gemmgen_hopper_tf32_staged_kernel(const __grid_constant__ TensorMap map_a, const
                     if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
                     __syncwarp();
         #pragma unroll
-                    for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)  // the box's groups of 8 columns
+                    for (int i = 0; i < TM; ++i) {
+                        const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                        float out[C_BOX_N / 8][TN];  // the row's 8-column groups
         #pragma unroll
-                        for (int i = 0; i < TM; ++i) {
-                            const int row = lane / 4 + i * 8, col = j8 * 8 + lane % 4 * TN;  // in the box; TN = 2 columns
-                            const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                            float out[TN];
+                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
         #pragma unroll
                             for (int v = 0; v < TN; ++v) {
-                                const int m = warp_m0 + row, n = box_n * C_BOX_N + col + v;
-                                out[v] = read_c && m < m_left && n < n_left
-                                    ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
                             }
-                            *reinterpret_cast<float2*>(&box[row * 32 + (col ^ ((row & 7) << 2))]) = make_float2(out[0], out[1]);
+        #pragma unroll
+                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                            const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now
+                            const float* values = swap ? out[j8 ^ 2] : out[j8];
+                            *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) = make_float2(values[0], values[1]);
                         }
+                    }
                     fence_shared_for_tma();
                     __syncwarp();
                     if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0);

@@ -102,14 +102,48 @@ def test_the_box_index_is_tmas_swizzle(c, bn):
     assert seen == set(range(outer * inner))
 
 
-def test_a_warps_fragment_writes_spread_over_the_banks():
-    """C row, 32-float rows: a warp's float2 writes (rows g, columns 2t of an 8-column group) land in
-    two 128-byte wavefronts, the least a 256-byte request can take."""
-    plan = make_plan(spec_of())
+def _wavefronts(addresses: list[int], width: int) -> int:
+    """Shared-memory wavefronts of one warp's store of `width` floats per lane at these float
+    offsets: 64-bit stores go a half-warp at a time; each bank serves one 4-byte word a wavefront."""
+    lanes_per_phase = 16 if width == 2 else 32
+    total = 0
+    for phase in range(0, 32, lanes_per_phase):
+        banks: dict[int, set[int]] = {}
+        for offset in addresses[phase:phase + lanes_per_phase]:
+            for word in range(offset, offset + width):
+                banks.setdefault(word % 32, set()).add(word)
+        total += max(len(words) for words in banks.values())
+    return total
+
+
+@pytest.mark.parametrize("c", ["row", "col"])
+def test_a_warps_box_writes_take_the_fewest_wavefronts(c):
+    """The store order the template uses (odd rows swap groups 0, 1 with 2, 3 in C row; odd t swap
+    their two columns in C col), evaluated on the Plan's box index: no bank conflicts."""
+    plan = make_plan(spec_of(c=c, bn=256 if c == "row" else 128))
     for j8 in range(4):
-        banks = [eval(plan.c_box_index("row", "col"), {"row": lane // 4, "col": j8 * 8 + lane % 4 * 2}) % 32
-                 for lane in range(32)]
-        assert max(banks.count(b) for b in set(banks)) == 2
+        for i in range(2):
+            if c == "row":
+                offsets = []
+                for lane in range(32):
+                    group = j8 ^ 2 if lane // 4 % 2 else j8
+                    offsets.append(eval(plan.c_box_index("row", "col"),
+                                        {"row": lane // 4 + 8 * i, "col": group * 8 + lane % 4 * 2}))
+                assert _wavefronts(offsets, 2) == 2        # 256 bytes: two 128-byte wavefronts
+            else:
+                for v in range(2):
+                    offsets = [eval(plan.c_box_index("n_box", "row"),
+                                    {"row": lane // 4 + 8 * i,
+                                     "n_box": j8 * 8 + lane % 4 * 2 + (1 - v if lane % 2 else v)})
+                               for lane in range(32)]
+                    assert _wavefronts(offsets, 1) == 1
+
+
+def test_without_the_swaps_the_writes_would_conflict():
+    """What the swaps buy (and that the wavefront count above can fail)."""
+    plan = make_plan(spec_of())
+    offsets = [eval(plan.c_box_index("row", "col"), {"row": lane // 4, "col": lane % 4 * 2}) for lane in range(32)]
+    assert _wavefronts(offsets, 2) == 4
 
 
 # --- the generated kernel ----------------------------------------------------------------------
