@@ -773,9 +773,10 @@ gemmgen_hopper_tf32_persistent_staged_kernel(const __grid_constant__ TensorMap m
                                 }
             #pragma unroll
                             for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now
-                                const float* values = swap ? out[j8 ^ 2] : out[j8];
-                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) = make_float2(values[0], values[1]);
+                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                                // addressed: a register array indexed at run time would go to local memory)
+                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
                             }
                         }
                         fence_shared_for_tma();

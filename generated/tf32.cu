@@ -2417,9 +2417,10 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                                 }
             #pragma unroll
                             for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now
-                                const float* values = swap ? out[j8 ^ 2] : out[j8];
-                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) = make_float2(values[0], values[1]);
+                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                                // addressed: a register array indexed at run time would go to local memory)
+                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
                             }
                         }
                         fence_shared_for_tma();
@@ -5762,9 +5763,10 @@ gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                             }
         #pragma unroll
                         for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                            const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now
-                            const float* values = swap ? out[j8 ^ 2] : out[j8];
-                            *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) = make_float2(values[0], values[1]);
+                            const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                            // addressed: a register array indexed at run time would go to local memory)
+                            *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
                         }
                     }
                     fence_shared_for_tma();

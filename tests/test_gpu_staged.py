@@ -30,8 +30,9 @@ def _staged(parent: str, name: str, **values):
 
 
 SPECS = {
-    "hopper_tf32_staged": load_one(ROOT / "specs" / "hopper_tf32_staged.gemm"),
-    "persistent_staged": _staged("hopper_tf32_persistent", "persistent_staged"),
+    name: load_one(ROOT / "specs" / "hopper_tf32_staged.gemm", name)
+    for name in ("hopper_tf32_staged", "hopper_tf32_persistent_staged")
+} | {
     "streamk_staged": _staged("hopper_tf32_streamk", "streamk_staged"),
     "cluster_staged": _staged("hopper_tf32_cluster", "cluster_staged"),
     "x3tf32_staged": _staged("hopper_3xtf32", "x3tf32_staged"),

@@ -202,3 +202,16 @@ def test_a_staged_kernel_compiles_in_a_multi_architecture_build(math, bn, stages
                            "-gencode=arch=compute_80,code=sm_80", "-o", str(tmp_path / "staged.o"), str(source)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("extra, math, bn, stages", [("\n  schedule persistent", "tf32", 256, 4),
+                                                     ("\n  schedule stream-k", "tf32", 256, 4),
+                                                     ("\n  schedule persistent", "3xtf32", 128, 2)])
+def test_the_staged_kernels_keep_everything_in_registers(extra, math, bn, stages):
+    """No local memory: an accumulator picked through a run-time index or pointer (as a first
+    conflict-free store order did) sends arrays to the stack, and the epilogue ran 20% slower."""
+    pytest.importorskip("cuda.bindings")
+    from gemmgen.compile import compile_plan
+    compiled = compile_plan(make_plan(spec_of(extra=extra, math=math, bn=bn, stages=stages)), use_cache=False)
+    assert ".local" not in compiled.ptx
+    assert all(r.spill_stores == 0 for r in compiled.resources.values())
