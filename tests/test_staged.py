@@ -52,6 +52,19 @@ def test_staged_is_a_setting_and_a_search_set():
     assert "  epilogue alpha beta\n" in to_text(spec_of("direct"))
 
 
+def test_the_frontier_search_space_holds_every_buildable_mix():
+    """specs/hopper_frontier_search.gemm: schedules x clusters x staged, what the Plan cannot build dropped."""
+    from pathlib import Path
+    from gemmgen.space import expand
+    from gemmgen.spec import load_one
+    space = expand(load_one(Path(__file__).resolve().parent.parent / "specs" / "hopper_frontier_search.gemm"))
+    mixes = {(p.schedule, p.cluster_blocks, p.tma_store) for p in space.plans}
+    assert mixes == {(schedule, blocks, staged) for schedule in ("data-parallel", "persistent", "stream-k")
+                     for blocks in (1, 2) for staged in (False, True)
+                     if blocks == 1 or schedule == "data-parallel"}
+    assert space.total == 48 and space.valid == 32
+
+
 def test_an_unknown_store_is_an_error_at_the_set():
     with pytest.raises(SpecError) as error:
         spec_of("{direct, tma}")

@@ -148,7 +148,7 @@ def test_best_recorded_point_rebuilds_the_same_kernel(tmp_path):
         best_recorded(spec, db, Case(1, 2, 3))
 
 
-@pytest.mark.parametrize("space", ["hopper_refine", "skinny_tc_search", "hopper_tc_search"])
+@pytest.mark.parametrize("space", ["hopper_refine", "skinny_tc_search", "hopper_tc_search", "hopper_frontier_search"])
 def test_a_winner_written_as_spec_text_parses_back_to_the_same_point(space):
     for plan in expand(load_one(SPECS / f"{space}.gemm")).plans[::37]:
         text = to_text(plan.spec, plan.name, "a comment")
