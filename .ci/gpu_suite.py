@@ -13,7 +13,6 @@ recorded as such and the run goes on.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import multiprocessing
@@ -28,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gemmgen.bench import run_meta  # noqa: E402
 from gemmgen.plan import ARCHS, make_plan  # noqa: E402
 from gemmgen.spec import load  # noqa: E402
 
@@ -199,18 +199,10 @@ def main() -> int:
     from gemmgen.runtime import Kernel, device_info
 
     info = device_info()
-    commit = os.environ.get("GEMMGEN_COMMIT") or git_commit()
-    try:
-        driver_full = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                     capture_output=True, text=True, check=True).stdout.split()[0]
-    except Exception:  # noqa: BLE001
-        driver_full = info.driver_version
-    meta = {"device": info.name, "driver": info.driver_version, "driver_full": driver_full,
-            "fp32_peak": info.fp32_peak_tflops(ARCHS[info.target].fp32_lanes_per_sm
-                                               if info.target in ARCHS else 128),
-            "sm_count": info.sm_count,
-            "clock_mhz": info.clock_khz / 1000, "commit": commit,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    # run_meta takes $GEMMGEN_COMMIT, else this checkout's HEAD (git_commit, as below).
+    os.environ.setdefault("GEMMGEN_COMMIT", git_commit())
+    meta = {**run_meta(info), "fp32_peak": info.fp32_peak_tflops(ARCHS[info.target].fp32_lanes_per_sm
+                                                                 if info.target in ARCHS else 128)}
     say(f"# {meta}")
 
     order = {name: i for i, name in enumerate(PROGRESSION)}

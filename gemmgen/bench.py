@@ -307,3 +307,37 @@ def plot_library(rows: list[dict], baseline: str, title: str, path: str) -> None
     fig.tight_layout()
     save_figure(fig, path, dpi=110)  # atomically, tagged as gemmgen's
     plt.close(fig)
+
+
+def run_meta(info: DeviceInfo) -> dict:
+    """What a record of timings must say to be read later: device, driver, gemmgen's version and
+    commit, date. The commit is $GEMMGEN_COMMIT, else the checkout's HEAD when gemmgen runs from
+    one, else unknown (an installed wheel)."""
+    import datetime
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from . import __version__
+
+    def first_line(command: list[str], cwd: Path | None = None) -> str | None:
+        try:
+            done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=10, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip().splitlines()[0] if done.stdout.strip() else None
+
+    checkout = Path(__file__).resolve().parent.parent
+    commit = os.environ.get("GEMMGEN_COMMIT") or (
+        first_line(["git", "rev-parse", "--short", "HEAD"], checkout) if (checkout / ".git").exists() else None)
+    return {"device": info.name, "driver": info.driver_version,
+            "driver_full": first_line(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+            or info.driver_version,
+            "sm_count": info.sm_count, "clock_mhz": info.clock_khz / 1000,
+            "gemmgen": __version__, "commit": commit or "unknown",
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def timing_record(info: DeviceInfo, results: list[dict]) -> dict:
+    """What `gemmgen bench --json` writes: who measured where and when (run_meta), then the results."""
+    return {"generator": "gemmgen", "meta": run_meta(info), "results": results}

@@ -427,7 +427,7 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices, manifest_
     error ||C - C64||_F / ||C64||_F of the kernel against a float64 product beside cuBLAS
     FP32's on the same inputs.
     """
-    from .bench import DEFAULT_SHAPES, L2Flusher, bench as run_bench, plot
+    from .bench import DEFAULT_SHAPES, L2Flusher, bench as run_bench, plot, timing_record
     from .runtime import Kernel, device_info
 
     _require_gpu()
@@ -472,7 +472,7 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices, manifest_
         table.add_row(*cells)
     console.print(table)
     if json_path:
-        write_output(json_path, json.dumps([r.as_dict() for r in results], indent=2))
+        write_output(json_path, json.dumps(timing_record(info, [r.as_dict() for r in results]), indent=2))
     if plot_path:
         plot(results, info, plans[0].arch.fp32_lanes_per_sm, plot_path)
         console.print(f"wrote {plot_path}")
@@ -498,7 +498,9 @@ def _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifes
         rows += cli_library.bench(library, manifest, _parse_shapes(shapes, default), budget=budget,
                                   console=console, progress_factory=_progress)
     if json_path:
-        write_output(json_path, json.dumps(rows, indent=2))
+        from .bench import timing_record
+        from .runtime import device_info
+        write_output(json_path, json.dumps(timing_record(device_info(), rows), indent=2))
     if plot_path:
         plot_library([{"shape": r["shape"], "ratio": r["cublas_ms"] / r["ms"], "member": r["member"],
                        "tuned": r["tuned_shape"]} for r in rows], rows[0]["baseline"] if rows else "cuBLAS",
@@ -564,7 +566,8 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
                             "worst_error_ratio": worst})
     console.print(table)
     if json_path:
-        write_output(json_path, json.dumps(records, indent=2))
+        from .bench import timing_record
+        write_output(json_path, json.dumps(timing_record(device_info(), records), indent=2))
     if failed:
         _fail("the split result differs from the float64 reference")
 

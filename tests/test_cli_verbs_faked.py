@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 import fake_device
+import gemmgen
 import gemmgen.bench
 import gemmgen.cli
 import gemmgen.runtime
@@ -81,7 +82,29 @@ def test_bench_tabulates_every_shape(fake_gpu, monkeypatch, tmp_path):
                                                    "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "Fake GPU" in result.output and "127x4099x1023" in result.output
-    assert [r["shape"] for r in json.loads(out.read_text())] == ["1024x1024x1024", "127x4099x1023"]
+    record = json.loads(out.read_text())
+    assert [r["shape"] for r in record["results"]] == ["1024x1024x1024", "127x4099x1023"]
+    # a record says where and when it was measured, and with what
+    meta = record["meta"]
+    assert record["generator"] == "gemmgen" and meta["device"] == "Fake GPU" and meta["driver"] == "13.0"
+    assert meta["gemmgen"] == gemmgen.__version__ and meta["commit"] and meta["date"].endswith(" UTC")
+    assert meta["sm_count"] == 132 and meta["clock_mhz"] == 1980.0
+
+
+def test_bench_records_the_commit_it_is_told(fake_gpu, monkeypatch, tmp_path):
+    monkeypatch.setattr(gemmgen.bench, "bench", lambda kernel, case, **_: BenchResult(
+        kernel.name, str(case), case.M, case.N, case.K, "A row, B row, C row", 2.0, 40.0, (1.9, 2.1), 1.8,
+        44.0, 90.0, 60.0, 10))
+    monkeypatch.setenv("GEMMGEN_COMMIT", "abc1234")
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(SPECS / "naive.gemm"), "--shapes", "64x64x64",
+                                                   "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["meta"]["commit"] == "abc1234"
+    # and a second run may replace it: it is gemmgen's own record
+    result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(SPECS / "naive.gemm"), "--shapes", "64x64x64",
+                                                   "--json", str(out)])
+    assert result.exit_code == 0, result.output
 
 
 def test_bad_shape_is_a_usage_error(fake_gpu):
@@ -105,7 +128,7 @@ def test_bench_of_a_tf32_kernel_shows_its_tf32_baseline_and_both_errors(fake_dev
     assert result.exit_code == 0, result.output
     assert "cuBLAS TF32 TFLOP/s" in result.output and "% cuBLAS TF32" in result.output
     assert "cuBLAS FP32 rel err" in result.output
-    records = json.loads(out.read_text())
+    records = json.loads(out.read_text())["results"]
     assert [r["baseline"] for r in records] == ["cuBLAS TF32", "cuBLAS TF32"]
     assert fake_device_gpu.cublas.compute_types[-1] == fake_device.CUBLAS_COMPUTE_32F_FAST_TF32
     for r in records:
@@ -120,7 +143,7 @@ def test_bench_of_a_simt_kernel_keeps_cublas_fp32(fake_device_gpu, tmp_path):
                                                    "--shapes", "64x64x64", "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "cuBLAS FP32 TFLOP/s" in result.output and "cuBLAS TF32" not in result.output
-    (record,) = json.loads(out.read_text())
+    (record,) = json.loads(out.read_text())["results"]
     assert record["baseline"] == "cuBLAS FP32" and record["percent_of_cublas"] == pytest.approx(50.0)
     assert fake_device_gpu.cublas.compute_types[-1] == fake_device.CUBLAS_COMPUTE_32F
 
