@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import hopper_gpu
 from gemmgen import verify
 from gemmgen.codegen import generate
 from gemmgen.plan import make_plan
@@ -38,12 +39,7 @@ SPECS.update(CLUSTERED)
 
 @pytest.fixture(scope="module", autouse=True)
 def gpu():
-    pytest.importorskip("cupy")
-    from gemmgen.runtime import device_count, device_info
-    if device_count() == 0:
-        pytest.skip("no CUDA GPU found")
-    if device_info().compute_capability != (9, 0):
-        pytest.skip("the scheduled kernels are sm_90a (wgmma, TMA)")
+    hopper_gpu.require_sm90("the scheduled kernels are sm_90a (wgmma, TMA)")
 
 
 @pytest.fixture(scope="module")
@@ -54,17 +50,7 @@ def cp(gpu):
 
 @pytest.fixture(scope="module")
 def kernels(gpu):
-    from gemmgen.runtime import Kernel
-    built = {}
-
-    def get(name):
-        if name not in built:
-            built[name] = Kernel(make_plan(SPECS[name]))
-        return built[name]
-
-    yield get
-    for kernel in built.values():
-        kernel.close()
+    yield from hopper_gpu.kernel_cache(SPECS)
 
 
 # 128 x 256 tiles (tf32) or 128 x 128 (3xtf32) on 132 SMs: fewer tiles than SMs, whole waves with

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import hopper_gpu
 from gemmgen import verify
-from gemmgen.plan import make_plan
 from gemmgen.spec import load_one
 
 pytestmark = pytest.mark.gpu
@@ -57,12 +57,7 @@ CASES = verify.QUICK_CASES + (
 
 @pytest.fixture(scope="module", autouse=True)
 def gpu():
-    pytest.importorskip("cupy")
-    from gemmgen.runtime import device_count, device_info
-    if device_count() == 0:
-        pytest.skip("no CUDA GPU found")
-    if device_info().compute_capability != (9, 0):
-        pytest.skip("the staged epilogue is on the sm_90a kernels (wgmma, TMA)")
+    hopper_gpu.require_sm90("the staged epilogue is on the sm_90a kernels (wgmma, TMA)")
 
 
 @pytest.fixture(scope="module")
@@ -73,17 +68,7 @@ def cp(gpu):
 
 @pytest.fixture(scope="module")
 def kernels(gpu):
-    from gemmgen.runtime import Kernel
-    built = {}
-
-    def get(name):
-        if name not in built:
-            built[name] = Kernel(make_plan(SPECS[name]))
-        return built[name]
-
-    yield get
-    for kernel in built.values():
-        kernel.close()
+    yield from hopper_gpu.kernel_cache(SPECS)
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

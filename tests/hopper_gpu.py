@@ -1,0 +1,33 @@
+"""What the sm_90a GPU tests (test_gpu_schedule.py, test_gpu_staged.py) share: the skip without an
+sm_90 GPU and CuPy, and a module's kernels built once each and closed at the end."""
+
+from __future__ import annotations
+
+import pytest
+
+from gemmgen.plan import make_plan
+
+
+def require_sm90(why: str) -> None:
+    """Skip the module unless CuPy and an sm_90 GPU are here; `why` says what needs sm_90a."""
+    pytest.importorskip("cupy")
+    from gemmgen.runtime import device_count, device_info
+    if device_count() == 0:
+        pytest.skip("no CUDA GPU found")
+    if device_info().compute_capability != (9, 0):
+        pytest.skip(why)
+
+
+def kernel_cache(specs: dict):
+    """Yield get(name): the Kernel of specs[name], built on first use; all closed afterwards."""
+    from gemmgen.runtime import Kernel
+    built = {}
+
+    def get(name):
+        if name not in built:
+            built[name] = Kernel(make_plan(specs[name]))
+        return built[name]
+
+    yield get
+    for kernel in built.values():
+        kernel.close()
