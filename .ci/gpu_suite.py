@@ -199,9 +199,8 @@ def main() -> int:
     from gemmgen.runtime import Kernel, device_info
 
     info = device_info()
-    # run_meta takes $GEMMGEN_COMMIT, else this checkout's HEAD (git_commit, as below).
-    os.environ.setdefault("GEMMGEN_COMMIT", git_commit())
-    meta = {**run_meta(info), "fp32_peak": info.fp32_peak_tflops(ARCHS[info.target].fp32_lanes_per_sm
+    # This checkout's commit: the gemmgen that runs may be an installed copy of it, outside git.
+    meta = {**run_meta(info, os.environ.get("GEMMGEN_COMMIT") or git_commit()), "fp32_peak": info.fp32_peak_tflops(ARCHS[info.target].fp32_lanes_per_sm
                                                                  if info.target in ARCHS else 128)}
     say(f"# {meta}")
 

@@ -309,10 +309,10 @@ def plot_library(rows: list[dict], baseline: str, title: str, path: str) -> None
     plt.close(fig)
 
 
-def run_meta(info: DeviceInfo) -> dict:
+def run_meta(info: DeviceInfo, commit: str | None = None) -> dict:
     """What a record of timings must say to be read later: device, driver, gemmgen's version and
-    commit, date. The commit is $GEMMGEN_COMMIT, else the checkout's HEAD when gemmgen runs from
-    one, else unknown (an installed wheel)."""
+    commit, date. The commit is `commit`, else $GEMMGEN_COMMIT, else the checkout's HEAD when
+    gemmgen runs from one, else unknown (an installed wheel)."""
     import datetime
     import os
     import subprocess
@@ -328,7 +328,7 @@ def run_meta(info: DeviceInfo) -> dict:
         return done.stdout.strip().splitlines()[0] if done.stdout.strip() else None
 
     checkout = Path(__file__).resolve().parent.parent
-    commit = os.environ.get("GEMMGEN_COMMIT") or (
+    commit = commit or os.environ.get("GEMMGEN_COMMIT") or (
         first_line(["git", "rev-parse", "--short", "HEAD"], checkout) if (checkout / ".git").exists() else None)
     return {"device": info.name, "driver": info.driver_version,
             "driver_full": first_line(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])

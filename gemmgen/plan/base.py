@@ -344,8 +344,9 @@ class Plan:
     def aligned(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
                 pointers: dict[str, int]) -> bool:
         """Whether the vector variant is safe for these sizes and device addresses."""
-        values = {"M": M, "N": N, "K": K, "lda": lda, "ldb": ldb, "ldc": ldc, None: 0}
-        return all(values[size] % vec == 0 and values[ld] % vec == 0 and pointers[ptr] % (4 * vec) == 0
+        values = {"M": M, "N": N, "K": K, "lda": lda, "ldb": ldb, "ldc": ldc}
+        return all((size is None or values[size] % vec == 0) and values[ld] % vec == 0
+                   and pointers[ptr] % (4 * vec) == 0
                    for ptr, size, ld, vec in self.vector_requirements())
 
     @property

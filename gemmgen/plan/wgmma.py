@@ -89,7 +89,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     # up to 32 columns of C; along C's contiguous dimension a box row is 32, 64 or 128 bytes, which
     # is the swizzle TMA applies (and what spreads the warp's writes over the banks).
     box_n = next(width for width in (32, 16, 8) if BN % width == 0)
-    c_box_outer, c_box_inner = (16, box_n) if spec["layout.C"] == "row" else (box_n, 16)
+    c_box_outer, c_box_inner = ((16, box_n) if spec["layout.C"] == "row" else (box_n, 16)) if tma_store else (0, 0)
     c_buffers = C_STORE_BUFFERS if tma_store else 0
     c_stage_bytes = consumers * 4 * c_buffers * 4 * c_box_outer * c_box_inner
     # Loader warpgroups hold K tiles in registers between their loads and their stores; a single
@@ -204,5 +204,5 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         registers_estimate=registers, math=math, mma_shape=shape, m_step=8, consumers=consumers,
         tma=tma, loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
         consumer_registers=limit, fallback=fallback, schedule=schedule, cluster_m=cluster_m,
-        cluster_n=cluster_n, tma_store=tma_store, c_box_outer=c_box_outer if tma_store else 0,
-        c_box_inner=c_box_inner if tma_store else 0, c_buffers=c_buffers)
+        cluster_n=cluster_n, tma_store=tma_store, c_box_outer=c_box_outer, c_box_inner=c_box_inner,
+        c_buffers=c_buffers)
