@@ -43,6 +43,8 @@ def describe(spec: Spec) -> str:
         parts.append(f"schedule={v('schedule')}")
     if v("cluster.m") * v("cluster.n") > 1:
         parts.append(f"cluster={v('cluster.m')}x{v('cluster.n')}")
+    if v("promote"):
+        parts.append(f"promote={v('promote')}")
     if v("epilogue.staged"):
         parts.append("staged")
     return " ".join(parts)
@@ -139,6 +141,8 @@ def to_text(spec: Spec, name: str | None = None, comment: str = "") -> str:
         lines.append(f"  schedule {v('schedule')}")
     if v("cluster.m") * v("cluster.n") > 1:
         lines.append(f"  cluster  {v('cluster.m')} x {v('cluster.n')}")
+    if v("promote"):
+        lines.append(f"  promote  {v('promote')}")
     lines.append(f"  epilogue {'alpha beta' if v('epilogue.beta') else 'alpha'}{' staged' if v('epilogue.staged') else ''}")
     if v("reduce.count"):
         lines.append(f"  reduce   min {v('reduce.count')}")

@@ -114,6 +114,8 @@ SETTINGS: dict[str, Setting] = {
     "schedule": Setting("data-parallel", _WORDS(*SCHEDULES), ", ".join(SCHEDULES)),
     "cluster.m": Setting(1, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 blocks along M"),
     "cluster.n": Setting(1, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 blocks along N"),
+    "promote": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 1024,
+                       "0 (every K tile) or a multiple of the K tile up to 1024"),
 }
 
 
@@ -222,6 +224,7 @@ USAGE = {
     "split": "split N          (K cut into N slices whose products are added into C)",
     "schedule": "schedule data-parallel | persistent | stream-k",
     "cluster": "cluster M x N          e.g. cluster 2 x 1 (blocks of a cluster share A and B tiles by TMA multicast)",
+    "promote": "promote K              e.g. promote 64 (3xtf32: K between adds of the tensor cores' sums into FP32)",
     "library": "library NAME { members ...; shapes ... }",
     "members": "members NAME, NAME, ...   kernels or search spaces in this file or in NAME.gemm beside it",
     "shapes": 'shapes MxNxK [pad P], ...   e.g. shapes 4096x4096x4096, 127x4099x1023 pad 1; or shapes "FILE"',
@@ -538,6 +541,10 @@ class _ToStatements(Transformer):
     @v_args(meta=True)
     def split(self, meta, c):
         return self._statement("split", meta, split=c[0])
+
+    @v_args(meta=True)
+    def promote(self, meta, c):
+        return self._statement("promote", meta, promote=c[0])
 
     @v_args(meta=True)
     def schedule(self, meta, c):

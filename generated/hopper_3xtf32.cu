@@ -8,8 +8,9 @@
 //     warp     64 x 128
 //     math     3xtf32
 //     mma      64 x 128 x 8
-//     stages   3 tma
+//     stages   4 tma
 //     raster   group 8
+//     promote  64
 //     epilogue alpha beta
 //   }
 //
@@ -21,7 +22,7 @@
 //   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
 //   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              3 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 148552 bytes per block
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
@@ -494,15 +495,16 @@ namespace gemmgen_hopper_3xtf32_impl {
 constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
-constexpr int STAGES = 3;
+constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int PROMOTE_TILES = 2;  // K tiles summed in the tensor cores before each add into acc
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 148552;
+constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
@@ -760,9 +762,10 @@ gemmgen_hopper_3xtf32_kernel(const __grid_constant__ TensorMap map_a, const __gr
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
-    // three products start from zero in tile_product, which is added into acc here, rounding to
-    // nearest. A is split into big and small in registers; B's remainders come from the producer.
+    // The tensor cores round their sums toward zero, so long sums in them drift. Each group of
+    // PROMOTE_TILES K tiles' three products start from zero in tile_product, which is added into
+    // acc here, rounding to nearest: the tensor pipe drains once a group, not once a tile. A is
+    // split into big and small in registers; B's remainders come from the producer.
     float tile_product[TM][RN * TN];
     const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
     // A's fragments of the next tile are read and split while this tile's MMAs run, so they
@@ -780,15 +783,17 @@ gemmgen_hopper_3xtf32_kernel(const __grid_constant__ TensorMap map_a, const __gr
                 split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
             }
     };
-    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
+    // `accumulate`: add to the sum of the group's earlier tiles (PROMOTE_TILES per group).
+    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4],
+                        bool accumulate) {
         const int s = t % STAGES;
         const float* b_tile = sB + s * B_STAGE_FLOATS;
         const float* b_small = sB_small + s * B_STAGE_FLOATS;
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; a group's first MMA zeroes the sum
+            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0 || accumulate);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
@@ -803,17 +808,17 @@ gemmgen_hopper_3xtf32_kernel(const __grid_constant__ TensorMap map_a, const __gr
             for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
     };
     if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-    for (int t = 0; t < k_tiles; t += 2) {
-        multiply(t, a_big_even, a_small_even);
+    for (int t = 0; t < k_tiles; t += PROMOTE_TILES) {  // a group: the sum of PROMOTE_TILES K tiles' products
+        multiply(t, a_big_even, a_small_even, false);  // starts the group's sum
         if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
-        wgmma_wait<0>();
-        add_product(t);
         if (t + 1 < k_tiles) {
-            multiply(t + 1, a_big_odd, a_small_odd);
+            multiply(t + 1, a_big_odd, a_small_odd, true);
+            wgmma_wait<1>();  // tile t's MMAs are done: its A registers and its buffer are free
+            if (lane == 0) barrier_arrive(&empty[t % STAGES]);
             if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-            wgmma_wait<0>();
-            add_product(t + 1);
         }
+        wgmma_wait<0>();
+        add_product(min(t + PROMOTE_TILES, k_tiles) - 1);  // frees the group's last tile
     }
 
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.

@@ -101,7 +101,8 @@ REGISTER_FED = {2: {}, 1: {"block_m": 64, "block_n": 64, "warp_n": 64, "mma_n": 
 
 
 def _register_fed(consumers: int, a: str = "row", b: str = "row", math: str = "3xtf32"):
-    return _variant("hopper_3xtf32", a, b, "row", stages_fill="async", math=math, **REGISTER_FED[consumers])
+    return _variant("hopper_3xtf32", a, b, "row", stages_fill="async", math=math, promote=0,
+                    **REGISTER_FED[consumers])
 
 
 # --- fixtures ----------------------------------------------------------------------------

@@ -165,6 +165,9 @@ class Plan:
     c_box_outer: int = 0
     c_box_inner: int = 0
     c_buffers: int = 0
+    # 3xtf32 TMA kernels (`promote K`): K tiles whose products the tensor cores sum before the
+    # consumers add that sum into acc in FP32
+    promote_tiles: int = 1
 
     @property
     def cluster_blocks(self) -> int:

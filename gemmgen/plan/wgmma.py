@@ -43,6 +43,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
                          "warpgroup, K-major A and B) or by cp.async (every thread, any layout)",
                          "stages N tma, or stages N async")
     tma = fill == "tma"
+    promote_tiles = _promote_tiles(spec, math, tma, BK)
     if tma and (spec["layout.A"] != "row" or spec["layout.B"] != "col"):
         raise spec.error(("layout.A", "layout.B"), "wgmma reads TF32 operands from shared memory "
                          "only K-major, and TMA copies tiles as they lie: A must be row-major and B "
@@ -191,7 +192,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         from . import make_plan  # the fallback is planned like any spec
         fallback = make_plan(replace(spec.with_values(
             block_m=64, block_n=128, warp_m=64, warp_n=128, mma_m=64, mma_n=128, mma_k=8, stages=4,
-            stages_fill="async", schedule="data-parallel", cluster_m=1, cluster_n=1, epilogue_staged=False),
+            stages_fill="async", schedule="data-parallel", cluster_m=1, cluster_n=1, epilogue_staged=False,
+            promote=0),
             name=f"{spec.name}_fallback"))
     return Plan(
         spec=spec, name=spec.name, arch=arch, uses_shared=True, BM=BM, BN=BN, BK=BK, WM=64, WN=BN,
@@ -205,4 +207,25 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         tma=tma, loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
         consumer_registers=limit, fallback=fallback, schedule=schedule, cluster_m=cluster_m,
         cluster_n=cluster_n, tma_store=tma_store, c_box_outer=c_box_outer, c_box_inner=c_box_inner,
-        c_buffers=c_buffers)
+        c_buffers=c_buffers, promote_tiles=promote_tiles)
+
+
+def _promote_tiles(spec: Spec, math: str, tma: bool, BK: int) -> int:
+    """K tiles whose three products the 3xtf32 consumers sum in the tensor cores before adding
+    them into acc in FP32 (`promote K`; default one tile). The tensor cores round their sums
+    toward zero, so the longer the sum the larger its drift; the shorter, the more often the
+    tensor pipe drains while the sum is added."""
+    promote = spec["promote"]
+    if not promote:
+        return 1
+    if math != "3xtf32":
+        raise spec.error("promote", f"math {math} sums in the tensor cores all along K; only 3xtf32 adds "
+                         "their sums into FP32 registers", "no promote line, or math 3xtf32")
+    if not tma:
+        raise spec.error("promote", "the register-fed 3xtf32 kernel (stages N async) adds the sums every "
+                         "K tile", "stages N tma, or no promote line")
+    if promote % BK or promote // BK not in (1, 2, 4, 8):
+        raise spec.error("promote", f"promote {promote} is not 1, 2, 4 or 8 K tiles of {BK} floats (the "
+                         "consumers alternate two sets of A registers, so a group keeps its parity)",
+                         f"promote {BK}, {2 * BK}, {4 * BK} or {8 * BK}")
+    return promote // BK
