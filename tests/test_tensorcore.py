@@ -263,3 +263,12 @@ def test_split_k_on_wgmma_slices_k_tiles_and_adds_into_c(fill, math, a, b):
     assert "C7514" not in compiled.log, "ptxas serialized the wgmma pipeline"
     sass = compiled.sass()
     assert opcodes(sass)["HGMMA"] > 0 and re.search(r"\bRED(G)?\.E\.ADD\.F32", sass), "atomic adds into C"
+
+
+def test_every_variant_the_gpu_tests_build_has_a_plan():
+    """tests/test_gpu.py derives variants from the shipped specs (layouts, the register-fed
+    kernel); one the Plan rejects fails every GPU test at collection, which only a GPU run shows.
+    (hopper_3xtf32 going to 4 stages made its register-fed variant need 257 KB of shared memory.)"""
+    import test_gpu
+    for spec in test_gpu._every_variant_tested():
+        make_plan(spec)
