@@ -9,26 +9,27 @@
 //   }
 //
 // FP32-accurate (timed against cuBLAS FP32); layout A row, B col, C row.
-// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 28 shapes; 85 candidate kernels
-// timed, 10 kept:
-//   fp32_0  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k promote=64  (sm_90a, from lib_3xtf32_streamk)
-//   fp32_1  block=64x64x32 math=3xtf32 vec=A1B1 stages=5 frag=1 group=8  (sm_90a, from lib_3xtf32_tma)
-//   fp32_2  block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_3xtf32_split)
-//   fp32_3  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_3xtf32_split)
-//   fp32_4  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 promote=64  (sm_90a, from lib_3xtf32_tma)
-//   fp32_5  block=64x64x32 math=3xtf32 vec=A1B1 stages=6a frag=1 group=8  (sm_90a, from lib_3xtf32_async)
-//   fp32_6  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=32  (sm_90a, from lib_3xtf32_split)
-//   fp32_7  block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_3xtf32_split)
-//   fp32_8  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 promote=64  (sm_90a, from lib_3xtf32_tma)
-//   fp32_9  block=128x64x32 warp=32x32 math=3xtf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_3xtf32)
+// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 28 shapes; 61 candidate kernels
+// timed, 11 kept:
+//   fp32_0   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k  (sm_90a, from lib_3xtf32_streamk)
+//   fp32_1   block=64x64x32 math=3xtf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_3xtf32_tma)
+//   fp32_2   block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_3xtf32_split)
+//   fp32_3   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=32  (sm_90a, from lib_3xtf32_split)
+//   fp32_4   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_3xtf32_split)
+//   fp32_5   block=64x64x32 math=3xtf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_3xtf32_async)
+//   fp32_6   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_3xtf32_tma)
+//   fp32_7   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_3xtf32_split)
+//   fp32_8   block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_3xtf32_tma)
+//   fp32_9   block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_3xtf32_split)
+//   fp32_10  block=128x64x32 warp=32x32 math=3xtf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_3xtf32)
 //
 // Each call runs the member predicted fastest for its M, N, K and alignment class (rows 16-byte
 // aligned or not): a model of waves of blocks over the SMs and K steps per block, fitted to each
 // member's measurements and corrected by them near the tuned shapes. Leave-one-out over the tuned
 // shapes, time of the member chosen without a shape's measurements over the best there: median
-// 1.000, worst 1.399.
+// 1.000, worst 1.396.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
-// compute capability 9.0; elsewhere fp32_9 runs.
+// compute capability 9.0; elsewhere fp32_10 runs.
 //
 // Build for Hopper and, if you like, other GPUs:
 //   nvcc -c -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 fp32.cu
@@ -53,7 +54,6 @@
 //     stages   4 tma
 //     raster   group 8
 //     schedule stream-k
-//     promote  64
 //     epilogue alpha beta
 //   }
 //
@@ -546,7 +546,6 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int PROMOTE_TILES = 2;  // K tiles summed in the tensor cores before each add into acc
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -944,10 +943,9 @@ gemmgen_fp32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
     float acc[TM][RN * TN];
-    // The tensor cores round their sums toward zero, so long sums in them drift. Each group of
-    // PROMOTE_TILES K tiles' three products start from zero in tile_product, which is added into
-    // acc here, rounding to nearest: the tensor pipe drains once a group, not once a tile. A is
-    // split into big and small in registers; B's remainders come from the producer.
+    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
+    // three products start from zero in tile_product, which is added into acc here, rounding to
+    // nearest. A is split into big and small in registers; B's remainders come from the producer.
     float tile_product[TM][RN * TN];
     const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
     // A's fragments of the next tile are read and split while this tile's MMAs run, so they
@@ -966,17 +964,15 @@ gemmgen_fp32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
             }
     };
-    // `accumulate`: add to the sum of the group's earlier tiles (PROMOTE_TILES per group).
-    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4],
-                        bool accumulate) {
+    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
         const int s = (it + t) % STAGES;
         const float* b_tile = sB + s * B_STAGE_FLOATS;
         const float* b_small = sB_small + s * B_STAGE_FLOATS;
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; a group's first MMA zeroes the sum
-            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0 || accumulate);
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
@@ -1001,17 +997,17 @@ gemmgen_fp32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 #pragma unroll
             for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
         if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-        for (int t = 0; t < k_tiles; t += PROMOTE_TILES) {  // a group: the sum of PROMOTE_TILES K tiles' products
-            multiply(t, a_big_even, a_small_even, false);  // starts the group's sum
+        for (int t = 0; t < k_tiles; t += 2) {
+            multiply(t, a_big_even, a_small_even);
             if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
-            if (t + 1 < k_tiles) {
-                multiply(t + 1, a_big_odd, a_small_odd, true);
-                wgmma_wait<1>();  // tile t's MMAs are done: its A registers and its buffer are free
-                if (lane == 0) barrier_arrive(&empty[(it + t) % STAGES]);
-                if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-            }
             wgmma_wait<0>();
-            add_product(min(t + PROMOTE_TILES, k_tiles) - 1);  // frees the group's last tile
+            add_product(t);
+            if (t + 1 < k_tiles) {
+                multiply(t + 1, a_big_odd, a_small_odd);
+                if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
+                wgmma_wait<0>();
+                add_product(t + 1);
+            }
         }
         it += k_tiles;
         if (segment.k_begin > 0 || segment.k_end < schedule.k_tiles) {  // a piece of a shared tile
@@ -1193,7 +1189,7 @@ static int gemmgen_fp32_0(int M, int N, int K, float alpha, const float* A, int 
 //     load A   vector 1
 //     load B   vector 1
 //     stages   5 tma
-//     raster   group 8
+//     raster   row
 //     epilogue alpha beta
 //   }
 //
@@ -1206,7 +1202,7 @@ static int gemmgen_fp32_0(int M, int N, int K, float alpha, const float* A, int 
 //   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
 //   accumulators               32 floats per consumer thread
 //   shared memory              5 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 124024 bytes per block
-//   raster                     groups of 8 block rows
+//   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_1_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
@@ -1248,7 +1244,6 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -1289,11 +1284,9 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
     const int block = blockIdx.x;
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    (void)tiles_m;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -1689,7 +1682,6 @@ constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 124024;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -1730,11 +1722,9 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
     const int block = blockIdx.x;
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    (void)tiles_m;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -3063,13 +3053,13 @@ static int gemmgen_fp32_2(int M, int N, int K, float alpha, const float* A, int 
 //   kernel fp32_3 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    128 x 128 x 32
 //     math     3xtf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    4
+//     split    32
 //     epilogue alpha beta
 //   }
 //
@@ -3077,14 +3067,14 @@ static int gemmgen_fp32_2(int M, int N, int K, float alpha, const float* A, int 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
+//   block tile (BM x BN x BK)  128 x 128 x 32
 //   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 164960 bytes per block
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    32 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_3_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
@@ -3125,7 +3115,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 32;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -3564,9 +3554,9 @@ static int gemmgen_fp32_3_fallback(int M, int N, int K, float alpha, const float
 namespace gemmgen_fp32_3_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
@@ -3575,10 +3565,10 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 164960;
+constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 32;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -4017,8 +4007,8 @@ static int gemmgen_fp32_3(int M, int N, int K, float alpha, const float* A, int 
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
-//     raster   group 8
-//     promote  64
+//     raster   row
+//     split    4
 //     epilogue alpha beta
 //   }
 //
@@ -4031,11 +4021,12 @@ static int gemmgen_fp32_3(int M, int N, int K, float alpha, const float* A, int 
 //   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
 //   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
-//   raster                     groups of 8 block rows
+//   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_4_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//   vector path needs          nothing
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_fp32_4(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -4062,7 +4053,7 @@ constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
 constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
@@ -4073,7 +4064,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -4114,11 +4105,9 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
     const int block = blockIdx.x;
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    (void)tiles_m;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -4256,6 +4245,17 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
     }
 }
 
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_4_fallback_scale_c(int M, int N, float beta, float* C, int ldc) {
+    const long long total = (long long)M * N;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += stride) {
+        float* c = C + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
 // A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
 // of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
 // so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
@@ -4332,6 +4332,14 @@ gemmgen_fp32_4_fallback_kernel(int M, int N, int K, float alpha, const float* __
     tile_of_block(M, N, block_m0, block_n0);
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
     const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
@@ -4432,9 +4440,8 @@ gemmgen_fp32_4_fallback_kernel(int M, int N, int K, float alpha, const float* __
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
         float* C_tile = C + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -4448,13 +4455,7 @@ gemmgen_fp32_4_fallback_kernel(int M, int N, int K, float alpha, const float* __
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
                     }
             }
     }
@@ -4484,15 +4485,17 @@ static int gemmgen_fp32_4_fallback(int M, int N, int K, float alpha, const float
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions and pointers.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int) =
         aligned ? gemmgen_fp32_4_fallback_kernel<true> : gemmgen_fp32_4_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    const long long elements = (long long)M * N;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_4_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return (int)cudaGetLastError();
 }
 #endif  // __CUDACC_RTC__
@@ -4506,16 +4509,15 @@ constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and wr
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int PROMOTE_TILES = 2;  // K tiles summed in the tensor cores before each add into acc
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -4556,11 +4558,9 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
     const int block = blockIdx.x;
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    (void)tiles_m;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -4698,6 +4698,17 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
     }
 }
 
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_4_scale_c(int M, int N, float beta, float* C, int ldc) {
+    const long long total = (long long)M * N;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += stride) {
+        float* c = C + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
@@ -4721,7 +4732,11 @@ gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     tile_of_block(M, N, block_m0, block_n0);
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
@@ -4743,8 +4758,8 @@ gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 const int s = t % STAGES;
                 if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
                 barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0);
             }
         }
         // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
@@ -4770,10 +4785,9 @@ gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift. Each group of
-    // PROMOTE_TILES K tiles' three products start from zero in tile_product, which is added into
-    // acc here, rounding to nearest: the tensor pipe drains once a group, not once a tile. A is
-    // split into big and small in registers; B's remainders come from the producer.
+    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
+    // three products start from zero in tile_product, which is added into acc here, rounding to
+    // nearest. A is split into big and small in registers; B's remainders come from the producer.
     float tile_product[TM][RN * TN];
     const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
     // A's fragments of the next tile are read and split while this tile's MMAs run, so they
@@ -4791,17 +4805,15 @@ gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
             }
     };
-    // `accumulate`: add to the sum of the group's earlier tiles (PROMOTE_TILES per group).
-    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4],
-                        bool accumulate) {
+    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
         const int s = t % STAGES;
         const float* b_tile = sB + s * B_STAGE_FLOATS;
         const float* b_small = sB_small + s * B_STAGE_FLOATS;
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; a group's first MMA zeroes the sum
-            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0 || accumulate);
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
@@ -4816,17 +4828,17 @@ gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
     };
     if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-    for (int t = 0; t < k_tiles; t += PROMOTE_TILES) {  // a group: the sum of PROMOTE_TILES K tiles' products
-        multiply(t, a_big_even, a_small_even, false);  // starts the group's sum
+    for (int t = 0; t < k_tiles; t += 2) {
+        multiply(t, a_big_even, a_small_even);
         if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
-        if (t + 1 < k_tiles) {
-            multiply(t + 1, a_big_odd, a_small_odd, true);
-            wgmma_wait<1>();  // tile t's MMAs are done: its A registers and its buffer are free
-            if (lane == 0) barrier_arrive(&empty[t % STAGES]);
-            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-        }
         wgmma_wait<0>();
-        add_product(min(t + PROMOTE_TILES, k_tiles) - 1);  // frees the group's last tile
+        add_product(t);
+        if (t + 1 < k_tiles) {
+            multiply(t + 1, a_big_odd, a_small_odd);
+            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
+            wgmma_wait<0>();
+            add_product(t + 1);
+        }
     }
 
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
@@ -4834,9 +4846,8 @@ gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
         float* C_tile = C + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -4850,13 +4861,7 @@ gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
                     }
             }
     }
@@ -4926,12 +4931,15 @@ static int gemmgen_fp32_4(int M, int N, int K, float alpha, const float* A, int 
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
     // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0);
+    const bool aligned = true;
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int) =
         aligned ? gemmgen_fp32_4_kernel<true> : gemmgen_fp32_4_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+    const long long elements = (long long)M * N;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_4_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc);
     return (int)cudaGetLastError();
 }
@@ -4947,7 +4955,7 @@ static int gemmgen_fp32_4(int M, int N, int K, float alpha, const float* A, int 
 //     math     3xtf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   6 async
+//     stages   4 async
 //     raster   group 8
 //     epilogue alpha beta
 //   }
@@ -4960,7 +4968,7 @@ static int gemmgen_fp32_4(int M, int N, int K, float alpha, const float* A, int 
 //   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
 //   threads per block          384: 2 loader warpgroup(s), 2 K tile(s) in flight each, + 1 consumer warpgroup(s) of 64 x 64
 //   registers                  160 per loader thread, 184 per consumer thread (setmaxnreg); 32 accumulators
-//   shared memory              6 stages of A and B tiles rounded to TF32 and A's and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
+//   shared memory              4 stages of A and B tiles rounded to TF32 and A's and B's TF32 remainders, K-major, 128-byte swizzle; 132160 bytes per block
 //   loads                      A: 16 B along K when aligned, else 4 B; B: 16 B along K when aligned, else 4 B
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C
@@ -4980,7 +4988,7 @@ constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 1
 constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
 constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
 constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 6;
+constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
@@ -4991,7 +4999,7 @@ constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a l
 
 constexpr bool A_K_CONTIGUOUS = true;  // A row-major
 constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 197728;
+constexpr int SMEM_BYTES = 132160;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
@@ -5429,8 +5437,7 @@ static int gemmgen_fp32_5(int M, int N, int K, float alpha, const float* A, int 
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
-//     raster   row
-//     split    32
+//     raster   group 8
 //     epilogue alpha beta
 //   }
 //
@@ -5443,12 +5450,11 @@ static int gemmgen_fp32_5(int M, int N, int K, float alpha, const float* A, int 
 //   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
 //   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
-//   raster                     row order
+//   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    32 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_6_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_fp32_6(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -5475,7 +5481,7 @@ constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
 constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
@@ -5486,7 +5492,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 32;  // slices of K per C tile (blockIdx.y)
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -5527,9 +5533,11 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
     const int block = blockIdx.x;
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    (void)tiles_m;
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -5667,17 +5675,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
     }
 }
 
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_6_fallback_scale_c(int M, int N, float beta, float* C, int ldc) {
-    const long long total = (long long)M * N;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += stride) {
-        float* c = C + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
 // A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
 // of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
 // so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
@@ -5754,14 +5751,6 @@ gemmgen_fp32_6_fallback_kernel(int M, int N, int K, float alpha, const float* __
     tile_of_block(M, N, block_m0, block_n0);
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
     const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
@@ -5862,8 +5851,9 @@ gemmgen_fp32_6_fallback_kernel(int M, int N, int K, float alpha, const float* __
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -5877,7 +5867,13 @@ gemmgen_fp32_6_fallback_kernel(int M, int N, int K, float alpha, const float* __
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
                     }
             }
     }
@@ -5907,17 +5903,15 @@ static int gemmgen_fp32_6_fallback(int M, int N, int K, float alpha, const float
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions and pointers.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int) =
         aligned ? gemmgen_fp32_6_fallback_kernel<true> : gemmgen_fp32_6_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    const long long elements = (long long)M * N;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_6_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return (int)cudaGetLastError();
 }
 #endif  // __CUDACC_RTC__
@@ -5931,7 +5925,7 @@ constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and wr
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
@@ -5939,7 +5933,7 @@ constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 32;  // slices of K per C tile (blockIdx.y)
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -5980,9 +5974,11 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
     const int block = blockIdx.x;
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    (void)tiles_m;
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -6120,17 +6116,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
     }
 }
 
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_6_scale_c(int M, int N, float beta, float* C, int ldc) {
-    const long long total = (long long)M * N;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += stride) {
-        float* c = C + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
@@ -6154,11 +6139,7 @@ gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     tile_of_block(M, N, block_m0, block_n0);
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
@@ -6180,8 +6161,8 @@ gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 const int s = t % STAGES;
                 if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
                 barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0);
             }
         }
         // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
@@ -6268,8 +6249,9 @@ gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -6283,7 +6265,13 @@ gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
                     }
             }
     }
@@ -6353,15 +6341,12 @@ static int gemmgen_fp32_6(int M, int N, int K, float alpha, const float* A, int 
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
     // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0);
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int) =
         aligned ? gemmgen_fp32_6_kernel<true> : gemmgen_fp32_6_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_6_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc);
     return (int)cudaGetLastError();
 }
@@ -6373,13 +6358,13 @@ static int gemmgen_fp32_6(int M, int N, int K, float alpha, const float* A, int 
 //   kernel fp32_7 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 64 x 32
+//     block    128 x 128 x 32
 //     math     3xtf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    4
+//     split    8
 //     epilogue alpha beta
 //   }
 //
@@ -6387,14 +6372,14 @@ static int gemmgen_fp32_6(int M, int N, int K, float alpha, const float* A, int 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 64 x 32
-//   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 132192 bytes per block
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    8 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_7_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
@@ -6435,7 +6420,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -6874,21 +6859,21 @@ static int gemmgen_fp32_7_fallback(int M, int N, int K, float alpha, const float
 namespace gemmgen_fp32_7_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 132192;
+constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -7009,11 +6994,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -7023,11 +7008,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsi
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
@@ -7328,7 +7313,6 @@ static int gemmgen_fp32_7(int M, int N, int K, float alpha, const float* A, int 
 //     load B   vector 1
 //     stages   4 tma
 //     raster   group 8
-//     promote  64
 //     epilogue alpha beta
 //   }
 //
@@ -7820,7 +7804,6 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int PROMOTE_TILES = 2;  // K tiles summed in the tensor cores before each add into acc
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 164960;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -8080,10 +8063,9 @@ gemmgen_fp32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift. Each group of
-    // PROMOTE_TILES K tiles' three products start from zero in tile_product, which is added into
-    // acc here, rounding to nearest: the tensor pipe drains once a group, not once a tile. A is
-    // split into big and small in registers; B's remainders come from the producer.
+    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
+    // three products start from zero in tile_product, which is added into acc here, rounding to
+    // nearest. A is split into big and small in registers; B's remainders come from the producer.
     float tile_product[TM][RN * TN];
     const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
     // A's fragments of the next tile are read and split while this tile's MMAs run, so they
@@ -8101,17 +8083,15 @@ gemmgen_fp32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
             }
     };
-    // `accumulate`: add to the sum of the group's earlier tiles (PROMOTE_TILES per group).
-    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4],
-                        bool accumulate) {
+    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
         const int s = t % STAGES;
         const float* b_tile = sB + s * B_STAGE_FLOATS;
         const float* b_small = sB_small + s * B_STAGE_FLOATS;
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; a group's first MMA zeroes the sum
-            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0 || accumulate);
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
@@ -8126,17 +8106,17 @@ gemmgen_fp32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
     };
     if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-    for (int t = 0; t < k_tiles; t += PROMOTE_TILES) {  // a group: the sum of PROMOTE_TILES K tiles' products
-        multiply(t, a_big_even, a_small_even, false);  // starts the group's sum
+    for (int t = 0; t < k_tiles; t += 2) {
+        multiply(t, a_big_even, a_small_even);
         if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
-        if (t + 1 < k_tiles) {
-            multiply(t + 1, a_big_odd, a_small_odd, true);
-            wgmma_wait<1>();  // tile t's MMAs are done: its A registers and its buffer are free
-            if (lane == 0) barrier_arrive(&empty[t % STAGES]);
-            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-        }
         wgmma_wait<0>();
-        add_product(min(t + PROMOTE_TILES, k_tiles) - 1);  // frees the group's last tile
+        add_product(t);
+        if (t + 1 < k_tiles) {
+            multiply(t + 1, a_big_odd, a_small_odd);
+            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
+            wgmma_wait<0>();
+            add_product(t + 1);
+        }
     }
 
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
@@ -8251,6 +8231,955 @@ static int gemmgen_fp32_8(int M, int N, int K, float alpha, const float* A, int 
 //
 // spec:
 //   kernel fp32_9 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    64 x 128 x 32
+//     math     3xtf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    4
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 164960 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_fp32_9_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_9(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (fp32_9_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_9_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    const int block = blockIdx.x;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    (void)tiles_m;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of a 2-D tensor into shared memory; rows and columns
+// outside the tensor arrive as zeros, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3 }], [%4];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
+// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
+// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
+// rounding it here measured only 15% more accurate and 8% slower on an H100.
+__device__ __forceinline__ unsigned tf32_remainder(float x) {
+    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+}
+
+__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<uint4*>(small + i) =
+            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+    }
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_9_fallback_scale_c(int M, int N, float beta, float* C, int ldc) {
+    const long long total = (long long)M * N;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += stride) {
+        float* c = C + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
+// same place in `small`.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        uint4 big_run, small_run;
+        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
+        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
+        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
+        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
+        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0;
+    tile_of_block(M, N, block_m0, block_n0);
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
+    // three products start from zero in tile_product, which is added into acc rounding to
+    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
+    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
+    float tile_product[TM][RN * TN];
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    }
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_9_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+static int gemmgen_fp32_9_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_9_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    if (M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions and pointers.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int) =
+        aligned ? gemmgen_fp32_9_fallback_kernel<true> : gemmgen_fp32_9_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_9_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return (int)cudaGetLastError();
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_fp32_9_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
+constexpr int SMEM_BYTES = 164960;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    const int block = blockIdx.x;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    (void)tiles_m;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of a 2-D tensor into shared memory; rows and columns
+// outside the tensor arrive as zeros, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3 }], [%4];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
+// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
+// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
+// rounding it here measured only 15% more accurate and 8% slower on an H100.
+__device__ __forceinline__ unsigned tf32_remainder(float x) {
+    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+}
+
+__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<uint4*>(small + i) =
+            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+    }
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_9_scale_c(int M, int N, float beta, float* C, int ldc) {
+    const long long total = (long long)M * N;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += stride) {
+        float* c = C + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
+    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
+
+    int block_m0, block_n0;
+    tile_of_block(M, N, block_m0, block_n0);
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0);
+            }
+        }
+        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        else if (tid >= 32) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                barrier_wait(&full[s], (t / STAGES) & 1);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+                barrier_arrive(&ready[s]);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
+    // three products start from zero in tile_product, which is added into acc here, rounding to
+    // nearest. A is split into big and small in registers; B's remainders come from the producer.
+    float tile_product[TM][RN * TN];
+    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
+    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
+    // alternate between two sets of registers (the MMAs read theirs until they complete).
+    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
+    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_stage = sA + s * A_STAGE_FLOATS;
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)
+        #pragma unroll
+            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
+                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
+            }
+    };
+    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        const float* b_small = sB_small + s * B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
+        }
+        wgmma_commit();
+    };
+    auto add_product = [&](int t) {  // once the tile's MMAs have completed
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    };
+    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
+    for (int t = 0; t < k_tiles; t += 2) {
+        multiply(t, a_big_even, a_small_even);
+        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
+        wgmma_wait<0>();
+        add_product(t);
+        if (t + 1 < k_tiles) {
+            multiply(t + 1, a_big_odd, a_small_odd);
+            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
+            wgmma_wait<0>();
+            add_product(t + 1);
+        }
+    }
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_9_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats; other calls
+// (and K = 0) run the register-fed fallback in this file.
+static int gemmgen_fp32_9(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_9_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    if (M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0;
+    if (!tma_ready)
+        return gemmgen_fp32_9_fallback(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 2-D tensor of (K, rows) with rows ld floats apart; boxes of
+    // BK x (BM or BN), swizzled by 128 bytes to match the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t strides[2] = {(cuuint64_t)lda * 4, (cuuint64_t)ldb * 4};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const cuuint64_t dims[2] = {(cuuint64_t)K, rows[i]};
+        const cuuint32_t box[2] = {BK, box_rows[i]};
+        const cuuint32_t element_strides[2] = {1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<void*>(bases[i]),
+                                       dims, &strides[i], box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int) =
+        aligned ? gemmgen_fp32_9_kernel<true> : gemmgen_fp32_9_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    const long long elements = (long long)M * N;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_9_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc);
+    return (int)cudaGetLastError();
+}
+#endif  // __CUDACC_RTC__
+// ==== member 10: fp32_10 ===========================================
+// gemmgen_fp32_10: generated by gemmgen 0.1.0 from <library fp32: fp32_10> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_10 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     block    128 x 64 x 32
@@ -8287,13 +9216,13 @@ static int gemmgen_fp32_8(int M, int N, int K, float alpha, const float* A, int 
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_fp32_9(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_fp32_10(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_fp32_9_impl {
+namespace gemmgen_fp32_10_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block, K step
@@ -8441,7 +9370,7 @@ __device__ __forceinline__ int sB_index(int k, int n) { return (k) * 72 + n; }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_fp32_9_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_fp32_10_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc)
 {
     extern __shared__ __align__(16) float smem[];
@@ -8666,16 +9595,16 @@ gemmgen_fp32_9_kernel(int M, int N, int K, float alpha, const float* __restrict_
     }
 }
 
-}  // namespace gemmgen_fp32_9_impl
+}  // namespace gemmgen_fp32_10_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
 // Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
 // dimensions below their minimum or null pointers where data is needed.
-static int gemmgen_fp32_9(int M, int N, int K, float alpha, const float* A, int lda,
+static int gemmgen_fp32_10(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_9_impl;
+    using namespace gemmgen_fp32_10_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -8692,7 +9621,7 @@ static int gemmgen_fp32_9(int M, int N, int K, float alpha, const float* A, int 
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int) =
-        aligned ? gemmgen_fp32_9_kernel<true> : gemmgen_fp32_9_kernel<false>;
+        aligned ? gemmgen_fp32_10_kernel<true> : gemmgen_fp32_10_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -8713,294 +9642,326 @@ struct Model { const Point* points; int count; double coef[5]; };  // count 0: n
 struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; bool stream_k; };
 
 static const Point fp32_0_aligned[] = {
-    {256, 256, 256, 0.015904000028967857, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.020495346579721054},
-    {512, 512, 512, 0.020287999883294106, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.06399328669202521},
-    {1024, 1024, 1024, 0.03292800113558769, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.014767651211667353},
-    {2048, 2048, 2048, 0.15879999846220016, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.044477011793194715},
-    {4096, 4096, 4096, 1.2502560019493103, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.012461169175149223},
-    {8192, 8192, 8192, 9.384175777435303, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.038544487842076994},
-    {4092, 4092, 4092, 1.277903974056244, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03434657539102406},
-    {3000, 3000, 3000, 0.5195199847221375, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0005385953238167188},
-    {1, 4096, 4096, 0.05323199927806854, 0.0, 8.317766166719343, 8.317766166719343, 0.006714716360410948},
-    {16, 8192, 4096, 0.08788799867033958, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.018724226128826637},
-    {64, 4096, 8192, 0.09030400216579437, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.004204738266138747},
-    {128, 8192, 8192, 0.16676799952983856, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.008326646576592042},
-    {8192, 128, 8192, 0.16438399255275726, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.00607186662020269},
-    {4096, 32, 4096, 0.05321599915623665, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.005847395308957275},
-    {4096, 4096, 512, 0.16678400337696075, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.05435822042810783},
-    {8192, 8192, 256, 0.3500639945268631, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.04902756235055107},
-    {2048, 2048, 128, 0.02534399926662445, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.08292274625577224},
-    {16384, 4096, 64, 0.143327996134758, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.017822379217372872},
-    {256, 256, 32768, 0.07132799923419952, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.05376619127729652},
-    {512, 512, 16384, 0.09750399738550186, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.04844115296833019},
-    {128, 1024, 65536, 0.17963200062513351, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.039452833571135645},
-    {64, 64, 131072, 0.12095999717712402, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.020079701972386125},
+    {256, 256, 256, 0.0163199994713068, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.03231570336115049},
+    {512, 512, 512, 0.020927999168634415, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08980680601027605},
+    {1024, 1024, 1024, 0.031199999153614044, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005742121141363768},
+    {2048, 2048, 2048, 0.1589440032839775, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.04197431970536522},
+    {4096, 4096, 4096, 1.2359520196914673, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.006724667167145098},
+    {8192, 8192, 8192, 9.507807731628418, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.03415607050139301},
+    {4092, 4092, 4092, 1.3254240155220032, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.06330751847480817},
+    {3000, 3000, 3000, 0.525952011346817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.00764818641746033},
+    {1, 4096, 4096, 0.051872000098228455, 0.0, 8.317766166719343, 8.317766166719343, 0.015511091364448644},
+    {16, 8192, 4096, 0.08348800241947174, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.037727781194590165},
+    {64, 4096, 8192, 0.0889119990170002, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.003271670158350932},
+    {128, 8192, 8192, 0.16731200367212296, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.011239374325230055},
+    {8192, 128, 8192, 0.16660799831151962, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.007022757174331741},
+    {4096, 32, 4096, 0.052000001072883606, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.011325080207073207},
+    {4096, 4096, 512, 0.16524799913167953, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06502662023149122},
+    {8192, 8192, 256, 0.36184000968933105, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.02576954791133142},
+    {2048, 2048, 128, 0.02284800074994564, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0435141669296507},
+    {16384, 4096, 64, 0.1446399986743927, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.015318696515138418},
+    {256, 256, 32768, 0.07558400183916092, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.03794610797357769},
+    {512, 512, 16384, 0.09742399677634239, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.040998577322001344},
+    {128, 1024, 65536, 0.1825760006904602, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.03900366079048838},
+    {64, 64, 131072, 0.1470559984445572, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0320907782678583},
 };
 static const Point fp32_0_unaligned[] = {
-    {2047, 2047, 2047, 0.2839199900627136, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.021079132979770515},
-    {1531, 1531, 1531, 0.16793599724769592, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.22649742741042672},
-    {5003, 5003, 5003, 4.137104034423828, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.002191753468245676},
-    {127, 4099, 1023, 0.04278400167822838, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.16281522024615724},
-    {4096, 4096, 4096, 2.1369760036468506, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.016013005075985808},
-    {1024, 1024, 1024, 0.04451199993491173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.18759208828014115},
+    {2047, 2047, 2047, 0.2844800055027008, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.024596779798355044},
+    {1531, 1531, 1531, 0.1642560064792633, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2005252358385509},
+    {5003, 5003, 5003, 4.271360158920288, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.022923692394149358},
+    {127, 4099, 1023, 0.04374400153756142, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.18957010762031684},
+    {4096, 4096, 4096, 2.140079975128174, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.021291312220617916},
+    {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.19759328220155342},
 };
 static const Point fp32_1_aligned[] = {
-    {256, 256, 256, 0.00902399979531765, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.040295937212411814},
-    {512, 512, 512, 0.013295999728143215, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.016964608495916862},
-    {1024, 1024, 1024, 0.037567999213933945, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.009077360228432684},
-    {2048, 2048, 2048, 0.24863999336957932, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.02516088278072417},
-    {4096, 4096, 4096, 1.914799988269806, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.021064505201067608},
-    {8192, 8192, 8192, 15.329375743865967, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.018115652621243632},
-    {4092, 4092, 4092, 1.9864799976348877, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.015794028128013456},
-    {3000, 3000, 3000, 0.7635200023651123, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.013200647833643865},
-    {1, 4096, 4096, 0.06310400366783142, 0.0, 8.317766166719343, 8.317766166719343, 0.0076604311767395315},
-    {16, 8192, 4096, 0.07487999647855759, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.15902229882649158},
-    {64, 4096, 8192, 0.12080000340938568, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.001863415859018152},
-    {128, 8192, 8192, 0.23340800404548645, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04695220124734693},
-    {8192, 128, 8192, 0.24143999814987183, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.013119226409165814},
-    {4096, 32, 4096, 0.06294400244951248, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.001362938591387205},
-    {4096, 4096, 512, 0.29180799424648285, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.015490106678076255},
-    {8192, 8192, 256, 0.6901760101318359, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.010027033892993536},
-    {2048, 2048, 128, 0.03465599939227104, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.05622477991839117},
-    {16384, 4096, 64, 0.32681600749492645, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.026544948553974806},
-    {256, 256, 32768, 0.4573439955711365, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.002106216719836879},
-    {512, 512, 16384, 0.2322240024805069, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.016871264994833015},
-    {128, 1024, 65536, 0.9342720210552216, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.022356483370510292},
-    {64, 64, 131072, 1.7212159633636475, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.042132337085838426},
+    {256, 256, 256, 0.009680000133812428, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.009111660264702648},
+    {512, 512, 512, 0.013024000450968742, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02935463846552177},
+    {1024, 1024, 1024, 0.03710399940609932, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03813606069045608},
+    {2048, 2048, 2048, 0.24958399683237076, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.057697379019220604},
+    {4096, 4096, 4096, 2.0448800325393677, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.005233271182938331},
+    {8192, 8192, 8192, 19.07100772857666, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.1941869760362195},
+    {4092, 4092, 4092, 2.0890560150146484, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0267946021475793},
+    {3000, 3000, 3000, 0.7929760217666626, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.013928551477964547},
+    {1, 4096, 4096, 0.06377600133419037, 0.0, 8.317766166719343, 8.317766166719343, 0.006370632645262693},
+    {16, 8192, 4096, 0.07427199929952621, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1234803146269704},
+    {64, 4096, 8192, 0.12113599851727486, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.020927404312290745},
+    {128, 8192, 8192, 0.26121601462364197, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.023557037238501836},
+    {8192, 128, 8192, 0.23875199258327484, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.06636534478884468},
+    {4096, 32, 4096, 0.0631839968264103, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.01459416360321298},
+    {4096, 4096, 512, 0.28380799293518066, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.060477309014235245},
+    {8192, 8192, 256, 0.6558399796485901, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.039574184419415445},
+    {2048, 2048, 128, 0.034623999148607254, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.06795865285888356},
+    {16384, 4096, 64, 0.3211359977722168, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.0071080089160940425},
+    {256, 256, 32768, 0.4615840017795563, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.007286475483076096},
+    {512, 512, 16384, 0.23660799860954285, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.019785186564130513},
+    {128, 1024, 65536, 0.9311680197715759, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.009179856280387666},
+    {64, 64, 131072, 1.7656640410423279, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.01468190227177781},
 };
 static const Point fp32_1_unaligned[] = {
-    {2047, 2047, 2047, 0.2831679880619049, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.022626016037501216},
-    {1531, 1531, 1531, 0.16790400445461273, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.1397075270925343},
-    {5003, 5003, 5003, 4.024688005447388, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.006440370103214721},
-    {127, 4099, 1023, 0.04342399910092354, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.1827350026723242},
-    {4096, 4096, 4096, 2.195039987564087, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.005834259351939658},
-    {1024, 1024, 1024, 0.04419200122356415, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.18307036896356857},
+    {2047, 2047, 2047, 0.28118398785591125, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.02856053747100916},
+    {1531, 1531, 1531, 0.16486400365829468, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.12235798912647158},
+    {5003, 5003, 5003, 4.1022560596466064, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.02679131548820264},
+    {127, 4099, 1023, 0.042367998510599136, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.15796942102177494},
+    {4096, 4096, 4096, 2.1626399755477905, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.007785765394408616},
+    {1024, 1024, 1024, 0.044895999133586884, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.16695995744432224},
 };
 static const Point fp32_2_aligned[] = {
-    {256, 256, 256, 0.050912000238895416, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.11645623700299697},
-    {512, 512, 512, 0.15227200090885162, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.16357022549075462},
-    {1024, 1024, 1024, 0.6020159721374512, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11783114141573792},
-    {2048, 2048, 2048, 2.6805120706558228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03583225547695925},
-    {4096, 4096, 4096, 14.176479816436768, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.16155489289294714},
-    {8192, 8192, 8192, 61.85740852355957, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.09628702952545948},
-    {4092, 4092, 4092, 17.104975700378418, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.34993972803209955},
-    {3000, 3000, 3000, 6.35643196105957, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.021797850823665834},
-    {1, 4096, 4096, 0.15961599349975586, 0.0, 8.317766166719343, 8.317766166719343, -0.0331053089685707},
-    {16, 8192, 4096, 0.35920000076293945, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.08097662761032606},
-    {64, 4096, 8192, 0.2561759948730469, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.07446356592110218},
-    {128, 8192, 8192, 0.9009760022163391, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.006034313946288173},
-    {8192, 128, 8192, 0.8969440162181854, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0015491391709597847},
-    {4096, 32, 4096, 0.18094400316476822, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.02471010510046148},
-    {4096, 4096, 512, 11.57585620880127, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.1152652549787891},
-    {8192, 8192, 256, 45.884239196777344, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.11954542083244157},
-    {2048, 2048, 128, 2.244399905204773, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.1254793712243875},
-    {16384, 4096, 64, 44.788368225097656, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.10460440089475108},
-    {256, 256, 32768, 0.10974400117993355, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.08157347977789896},
-    {512, 512, 16384, 0.27188800275325775, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.0988978622204852},
-    {128, 1024, 65536, 0.31652799248695374, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.09024343516244097},
-    {64, 64, 131072, 0.044863998889923096, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.26135087551893393},
+    {256, 256, 256, 0.0498879998922348, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1260078087586968},
+    {512, 512, 512, 0.1518079936504364, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.15588229398618075},
+    {1024, 1024, 1024, 0.5954560041427612, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11814254122411758},
+    {2048, 2048, 2048, 2.620863914489746, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.04822419581519148},
+    {4096, 4096, 4096, 13.94159984588623, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.15392735274842495},
+    {8192, 8192, 8192, 61.19455909729004, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.09297661052211378},
+    {4092, 4092, 4092, 16.7730712890625, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.33938828801136733},
+    {3000, 3000, 3000, 6.1684160232543945, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.0012640854900307493},
+    {1, 4096, 4096, 0.15996800363063812, 0.0, 8.317766166719343, 8.317766166719343, -0.043602219756253446},
+    {16, 8192, 4096, 0.3689279854297638, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.10023384513989564},
+    {64, 4096, 8192, 0.2556479871273041, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.07993673041788346},
+    {128, 8192, 8192, 0.885343998670578, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.003975222122564698},
+    {8192, 128, 8192, 0.8907520174980164, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0021145787570407905},
+    {4096, 32, 4096, 0.18140800297260284, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.023002554644711924},
+    {4096, 4096, 512, 11.553279876708984, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.12431901207676296},
+    {8192, 8192, 256, 45.86971092224121, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1303972497530625},
+    {2048, 2048, 128, 2.2252800464630127, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.12278124604920408},
+    {16384, 4096, 64, 44.837087631225586, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.116985169636656},
+    {256, 256, 32768, 0.10888000205159187, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.08548345122440873},
+    {512, 512, 16384, 0.2762719988822937, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07740199786423634},
+    {128, 1024, 65536, 0.3140000104904175, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.09686911450735247},
+    {64, 64, 131072, 0.04531199857592583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.27653479886933513},
 };
 static const Point fp32_2_unaligned[] = {
-    {2047, 2047, 2047, 3.2249600887298584, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.14812013185534553},
-    {1531, 1531, 1531, 1.8562719821929932, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.14249582301543925},
-    {5003, 5003, 5003, 24.759952545166016, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.2801655992506392},
-    {127, 4099, 1023, 0.40835200250148773, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.08349434919443864},
-    {4096, 4096, 4096, 15.910751819610596, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.3855661621475011},
-    {1024, 1024, 1024, 0.8376800119876862, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0801625281340925},
+    {2047, 2047, 2047, 3.2127360105514526, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.14782824829390104},
+    {1531, 1531, 1531, 1.8481119871139526, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.1418989756630662},
+    {5003, 5003, 5003, 24.675856590270996, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.28044298605643264},
+    {127, 4099, 1023, 0.4060800075531006, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.08337360175456661},
+    {4096, 4096, 4096, 15.913887977600098, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.3889597409169348},
+    {1024, 1024, 1024, 0.8340480029582977, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.08040487946512105},
 };
 static const Point fp32_3_aligned[] = {
-    {256, 256, 256, 0.011680000461637974, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.13906851181878255},
-    {512, 512, 512, 0.01759999990463257, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.04371098556945503},
-    {1024, 1024, 1024, 0.05344000086188316, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.029091629323186475},
-    {2048, 2048, 2048, 0.2566719949245453, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.06069606214818756},
-    {4096, 4096, 4096, 1.5874560475349426, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11297699498153209},
-    {8192, 8192, 8192, 13.617584228515625, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06506133588445225},
-    {4092, 4092, 4092, 1.6981920003890991, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.04522119473572181},
-    {3000, 3000, 3000, 0.7175840139389038, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.08838905477963388},
-    {1, 4096, 4096, 0.041999999433755875, 0.0, 8.317766166719343, 8.317766166719343, 0.21638485353628645},
-    {16, 8192, 4096, 0.07379200309515, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.20415498675914776},
-    {64, 4096, 8192, 0.07310399785637856, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.19725260808993267},
-    {128, 8192, 8192, 0.21369600296020508, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.002908561897500083},
-    {8192, 128, 8192, 0.20998400449752808, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.014614537519032895},
-    {4096, 32, 4096, 0.06359999999403954, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.07310579196946428},
-    {4096, 4096, 512, 0.4660319983959198, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.08286520398278058},
-    {8192, 8192, 256, 1.6442720293998718, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.012561986311923573},
-    {2048, 2048, 128, 0.10489600151777267, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.047260480166276195},
-    {16384, 4096, 64, 1.54339200258255, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.0723017925283178},
-    {256, 256, 32768, 0.18027199804782867, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.018764113584323335},
-    {512, 512, 16384, 0.10200000181794167, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.03907971954677793},
-    {128, 1024, 65536, 0.3508799970149994, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.037565126919017006},
-    {64, 64, 131072, 0.6564960181713104, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.038884483376128015},
+    {256, 256, 256, 0.025567999109625816, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.05858770929529586},
+    {512, 512, 512, 0.0488319993019104, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08968803312449497},
+    {1024, 1024, 1024, 0.16230399906635284, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05153769793618094},
+    {2048, 2048, 2048, 0.6280800104141235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.10597774264734924},
+    {4096, 4096, 4096, 3.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03456221988125862},
+    {8192, 8192, 8192, 16.47815990447998, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.012350890688092931},
+    {4092, 4092, 4092, 3.9570239782333374, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.2067764231723926},
+    {3000, 3000, 3000, 1.414784014225006, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.14674754132425472},
+    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, 0.03943794376363532},
+    {16, 8192, 4096, 0.13124799728393555, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.032316674665081827},
+    {64, 4096, 8192, 0.11611199751496315, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03990492813728623},
+    {128, 8192, 8192, 0.2704799920320511, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.03314491684792206},
+    {8192, 128, 8192, 0.26638399064540863, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.048404204103446764},
+    {4096, 32, 4096, 0.07286400347948074, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.057467127730298356},
+    {4096, 4096, 512, 3.067871928215027, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.2085663419341989},
+    {8192, 8192, 256, 12.241456031799316, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.21246533859103678},
+    {2048, 2048, 128, 0.5674239993095398, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.11244031928935293},
+    {16384, 4096, 64, 12.283215999603271, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.21661956526767742},
+    {256, 256, 32768, 0.05615999922156334, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.03495947421644017},
+    {512, 512, 16384, 0.11259200051426888, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.007710422049142275},
+    {128, 1024, 65536, 0.17228800058364868, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.09789804916727383},
+    {64, 64, 131072, 0.1340160071849823, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.022791728553447795},
 };
 static const Point fp32_3_unaligned[] = {
-    {2047, 2047, 2047, 0.3540480136871338, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.044166648306686124},
-    {1531, 1531, 1531, 0.17923200130462646, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.12260127485519015},
-    {5003, 5003, 5003, 4.422688007354736, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.06134760504837513},
-    {127, 4099, 1023, 0.043168000876903534, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.07511725108525114},
-    {4096, 4096, 4096, 2.3415520191192627, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.058116069479414396},
-    {1024, 1024, 1024, 0.07155200093984604, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.08051821461578754},
+    {2047, 2047, 2047, 0.9410719871520996, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.2110234826681326},
+    {1531, 1531, 1531, 0.5342880189418793, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.13513945037616207},
+    {5003, 5003, 5003, 8.367072105407715, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.210479656761988},
+    {127, 4099, 1023, 0.1199679970741272, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.15317390917988793},
+    {4096, 4096, 4096, 5.599711894989014, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.04570618006923154},
+    {1024, 1024, 1024, 0.2351519986987114, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.25617120345463595},
 };
 static const Point fp32_4_aligned[] = {
-    {256, 256, 256, 0.01470400020480156, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.03219119727248753},
-    {512, 512, 512, 0.0226879995316267, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0060050357022261285},
-    {1024, 1024, 1024, 0.038656000047922134, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0292339735577794},
-    {2048, 2048, 2048, 0.1420159935951233, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05296124807725552},
-    {4096, 4096, 4096, 1.1656959652900696, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.022408224299567264},
-    {8192, 8192, 8192, 9.610560417175293, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0683142904165596},
-    {4092, 4092, 4092, 1.1859520077705383, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03991954538875942},
-    {3000, 3000, 3000, 0.5182400047779083, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.004913504232611058},
-    {1, 4096, 4096, 0.12860800325870514, 0.0, 8.317766166719343, 8.317766166719343, 0.003953501054966921},
-    {16, 8192, 4096, 0.1316159963607788, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0022797754222821194},
-    {64, 4096, 8192, 0.25360000133514404, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.010459495938066807},
-    {128, 8192, 8192, 0.2537919878959656, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.03907461325310353},
-    {8192, 128, 8192, 0.253711998462677, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.039389840073388735},
-    {4096, 32, 4096, 0.1276800036430359, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.008170767833426146},
-    {4096, 4096, 512, 0.163455992937088, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.04494723088607994},
-    {8192, 8192, 256, 0.3948639929294586, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0014147408503758026},
-    {2048, 2048, 128, 0.022016000002622604, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09716896506569342},
-    {16384, 4096, 64, 0.1839519962668419, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.014750269882782078},
-    {256, 256, 32768, 0.9905119836330414, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.03693669686065604},
-    {512, 512, 16384, 0.4840959906578064, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.009991220341943084},
-    {128, 1024, 65536, 1.9764800071716309, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.03329671077111897},
-    {64, 64, 131072, 3.8075679540634155, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.008090518427739841},
+    {256, 256, 256, 0.02590399980545044, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.2605997294242411},
+    {512, 512, 512, 0.019967999309301376, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09766851393479115},
+    {1024, 1024, 1024, 0.04681599885225296, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.03226104367687542},
+    {2048, 2048, 2048, 0.21292799711227417, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05718080413108429},
+    {4096, 4096, 4096, 1.378767967224121, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.024676758413146416},
+    {8192, 8192, 8192, 10.789120197296143, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.10705485962222824},
+    {4092, 4092, 4092, 1.4892639517784119, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05258801720610999},
+    {3000, 3000, 3000, 0.6025759875774384, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.06896121957020687},
+    {1, 4096, 4096, 0.04556800052523613, 0.0, 8.317766166719343, 8.317766166719343, -0.08320353642266666},
+    {16, 8192, 4096, 0.08656000345945358, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.060575322137738766},
+    {64, 4096, 8192, 0.08177599683403969, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.013419690990141123},
+    {128, 8192, 8192, 0.17744000256061554, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.09016960118717257},
+    {8192, 128, 8192, 0.17401599884033203, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.07068430550009445},
+    {4096, 32, 4096, 0.04652800038456917, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07188376690623595},
+    {4096, 4096, 512, 0.43859198689460754, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.08756574824392971},
+    {8192, 8192, 256, 1.6270560026168823, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.024215583878090627},
+    {2048, 2048, 128, 0.09716800227761269, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.031763308671940334},
+    {16384, 4096, 64, 1.629759967327118, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.11717125284288031},
+    {256, 256, 32768, 0.2633119970560074, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.021631780468894888},
+    {512, 512, 16384, 0.1395680010318756, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.029569553623406835},
+    {128, 1024, 65536, 0.5123839974403381, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.014326137675913222},
+    {64, 64, 131072, 1.0160160064697266, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.053864902475399754},
 };
 static const Point fp32_4_unaligned[] = {
-    {2047, 2047, 2047, 0.2831360101699829, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.28106513620673174},
-    {1531, 1531, 1531, 0.16816000640392303, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.04773577037069466},
-    {5003, 5003, 5003, 4.249887943267822, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.22062074909866702},
-    {127, 4099, 1023, 0.04255999997258186, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.22765304178299053},
-    {4096, 4096, 4096, 2.12443208694458, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.21695600346558255},
-    {1024, 1024, 1024, 0.04495999962091446, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1727946890183387},
+    {2047, 2047, 2047, 0.35447999835014343, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.07397342241828618},
+    {1531, 1531, 1531, 0.1789119988679886, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.0067547424540370556},
+    {5003, 5003, 5003, 4.362975835800171, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.003993581812084627},
+    {127, 4099, 1023, 0.0817280001938343, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.21188797586134273},
+    {4096, 4096, 4096, 2.2733120918273926, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.008862349078118146},
+    {1024, 1024, 1024, 0.07105599716305733, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.16330778724079892},
 };
 static const Point fp32_5_aligned[] = {
-    {256, 256, 256, 0.010784000158309937, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.01389709311942019},
-    {512, 512, 512, 0.015936000272631645, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.013572447452423062},
-    {1024, 1024, 1024, 0.048448000103235245, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.010744588074146775},
-    {2048, 2048, 2048, 0.3444159924983978, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.01680835577696009},
-    {4096, 4096, 4096, 2.673551917076111, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.018843070675953776},
-    {8192, 8192, 8192, 20.66158390045166, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.01946408676413228},
-    {4092, 4092, 4092, 2.718623995780945, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0021250966346361543},
-    {3000, 3000, 3000, 1.0629760026931763, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.008690028148092938},
-    {1, 4096, 4096, 0.09247999638319016, 0.0, 8.317766166719343, 8.317766166719343, 0.035912888697999634},
-    {16, 8192, 4096, 0.0955359973013401, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.06842363444010174},
-    {64, 4096, 8192, 0.17838399857282639, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.03227052916703991},
-    {128, 8192, 8192, 0.35262399911880493, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.032854066482081876},
-    {8192, 128, 8192, 0.3498400002717972, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.024927643418294957},
-    {4096, 32, 4096, 0.0950080007314682, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.06288162916340219},
-    {4096, 4096, 512, 0.3681280016899109, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.04834272414843448},
-    {8192, 8192, 256, 0.8346720039844513, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.011857551253879092},
-    {2048, 2048, 128, 0.03824000060558319, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.029650067361423425},
-    {16384, 4096, 64, 0.3568960130214691, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.004311285129437368},
-    {256, 256, 32768, 0.6500640213489532, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.035757396438695},
-    {512, 512, 16384, 0.32206399738788605, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.053379214143143595},
-    {128, 1024, 65536, 1.3084480166435242, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.025127307468279934},
-    {64, 64, 131072, 2.7352319955825806, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.021232414604115603},
+    {256, 256, 256, 0.01732799969613552, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.23987440824548578},
+    {512, 512, 512, 0.015855999663472176, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.16837802903270174},
+    {1024, 1024, 1024, 0.047839999198913574, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06321115428840461},
+    {2048, 2048, 2048, 0.3402880132198334, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.018886087555923192},
+    {4096, 4096, 4096, 2.6412479877471924, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.014360562603188853},
+    {8192, 8192, 8192, 19.917375564575195, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.03895989194020781},
+    {4092, 4092, 4092, 2.7236639261245728, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.016365914843322605},
+    {3000, 3000, 3000, 1.0467519760131836, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.008837467740413244},
+    {1, 4096, 4096, 0.09204800054430962, 0.0, 8.317766166719343, 8.317766166719343, 0.015829206405732713},
+    {16, 8192, 4096, 0.09704000130295753, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.06864229843428117},
+    {64, 4096, 8192, 0.17772799730300903, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.028676369933399785},
+    {128, 8192, 8192, 0.3474719971418381, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.02670250937498056},
+    {8192, 128, 8192, 0.35411199927330017, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.04563167660514392},
+    {4096, 32, 4096, 0.09302400052547455, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.02637655039674305},
+    {4096, 4096, 512, 0.37118399143218994, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.025086151364029616},
+    {8192, 8192, 256, 0.8319360017776489, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.008680896918035988},
+    {2048, 2048, 128, 0.037856001406908035, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.027093949336803584},
+    {16384, 4096, 64, 0.35148799419403076, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.02245686317626245},
+    {256, 256, 32768, 0.6554720103740692, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.014900426664013639},
+    {512, 512, 16384, 0.32795199751853943, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.02693821723776867},
+    {128, 1024, 65536, 1.3148959875106812, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0054810890245389834},
+    {64, 64, 131072, 2.821280002593994, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.06802495728229743},
 };
 static const Point fp32_5_unaligned[] = {
-    {2047, 2047, 2047, 0.35419200360774994, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.004698554490156315},
-    {1531, 1531, 1531, 0.17660799622535706, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.025878228909429646},
-    {5003, 5003, 5003, 5.110783815383911, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.00185939758860347},
-    {127, 4099, 1023, 0.031039999797940254, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.01696463601684007},
-    {4096, 4096, 4096, 2.7048959732055664, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.026386340431597554},
-    {1024, 1024, 1024, 0.05446400120854378, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.023663095040862833},
+    {2047, 2047, 2047, 0.35705600678920746, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0015615656625890435},
+    {1531, 1531, 1531, 0.17299200594425201, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.001197234619540523},
+    {5003, 5003, 5003, 5.059776067733765, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.013890812708692229},
+    {127, 4099, 1023, 0.031328000128269196, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0037341188387929446},
+    {4096, 4096, 4096, 2.8278720378875732, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.012405429409952325},
+    {1024, 1024, 1024, 0.05352000147104263, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.006189011746856785},
 };
 static const Point fp32_6_aligned[] = {
-    {256, 256, 256, 0.019360000267624855, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.019828260261869308},
-    {512, 512, 512, 0.04899200052022934, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.005642681057910315},
-    {1024, 1024, 1024, 0.1621440052986145, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03423210936155646},
-    {2048, 2048, 2048, 0.6288320124149323, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.11157917676810325},
-    {4096, 4096, 4096, 3.104367971420288, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05676220824428118},
-    {8192, 8192, 8192, 16.206656455993652, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06061543612321279},
-    {4092, 4092, 4092, 3.956048011779785, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.18663895892635554},
-    {3000, 3000, 3000, 1.4332000017166138, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.14978438577984338},
-    {1, 4096, 4096, 0.06777600198984146, 0.0, 8.317766166719343, 8.317766166719343, 0.05174121163764492},
-    {16, 8192, 4096, 0.13022399693727493, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0017728479310812628},
-    {64, 4096, 8192, 0.11913599818944931, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.019991652993622322},
-    {128, 8192, 8192, 0.27321600914001465, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.03845272471399664},
-    {8192, 128, 8192, 0.27025599777698517, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.049345799590531446},
-    {4096, 32, 4096, 0.0732479989528656, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.04230851643273386},
-    {4096, 4096, 512, 3.0630719661712646, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.20239790203596447},
-    {8192, 8192, 256, 12.154831886291504, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.2001064122740898},
-    {2048, 2048, 128, 0.5719200074672699, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.10334882888813461},
-    {16384, 4096, 64, 12.236127853393555, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.20797318945174545},
-    {256, 256, 32768, 0.05750399827957153, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.1017825971703577},
-    {512, 512, 16384, 0.11347199976444244, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.016552132324204768},
-    {128, 1024, 65536, 0.17494399845600128, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.08733381720372846},
-    {64, 64, 131072, 0.13513599336147308, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.026770587580747844},
+    {256, 256, 256, 0.014832000248134136, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.03042647659651285},
+    {512, 512, 512, 0.022943999618291855, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0065845724289589685},
+    {1024, 1024, 1024, 0.03903999924659729, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.034135158611447204},
+    {2048, 2048, 2048, 0.14800000190734863, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.02833940837846476},
+    {4096, 4096, 4096, 1.1979680061340332, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.03186444668653847},
+    {8192, 8192, 8192, 9.122560024261475, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.0019387398869488799},
+    {4092, 4092, 4092, 1.2458879947662354, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.07136338514612853},
+    {3000, 3000, 3000, 0.5279040038585663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.004428854011823646},
+    {1, 4096, 4096, 0.13043199479579926, 0.0, 8.317766166719343, 8.317766166719343, -0.002062345741552101},
+    {16, 8192, 4096, 0.1327359974384308, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.008723515608018494},
+    {64, 4096, 8192, 0.2566239982843399, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.0016130978788856537},
+    {128, 8192, 8192, 0.2606079876422882, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.03199771468431254},
+    {8192, 128, 8192, 0.26080000400543213, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.03126118446268133},
+    {4096, 32, 4096, 0.13100799918174744, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.002414672972438549},
+    {4096, 4096, 512, 0.16704000532627106, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.038368211088157515},
+    {8192, 8192, 256, 0.3968000113964081, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.007596377125271664},
+    {2048, 2048, 128, 0.022016000002622604, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09152966021672986},
+    {16384, 4096, 64, 0.1860479936003685, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.012369088720713711},
+    {256, 256, 32768, 1.0031999945640564, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.02756931438333354},
+    {512, 512, 16384, 0.507504016160965, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.01580491795380719},
+    {128, 1024, 65536, 1.9789279699325562, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.012466241308259204},
+    {64, 64, 131072, 3.946928024291992, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.021627463287312593},
 };
 static const Point fp32_6_unaligned[] = {
-    {2047, 2047, 2047, 0.9428159892559052, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.2129190573822945},
-    {1531, 1531, 1531, 0.5314880013465881, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.13048867103737302},
-    {5003, 5003, 5003, 8.303215980529785, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.21891534889644929},
-    {127, 4099, 1023, 0.1194240003824234, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.1537320715269963},
-    {4096, 4096, 4096, 5.711935997009277, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.06483513156165173},
-    {1024, 1024, 1024, 0.23576000332832336, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.2616194281359706},
+    {2047, 2047, 2047, 0.28113600611686707, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.28267397745608536},
+    {1531, 1531, 1531, 0.16414400190114975, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03226159306221427},
+    {5003, 5003, 5003, 4.089792013168335, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.19091991401037645},
+    {127, 4099, 1023, 0.043168000876903534, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.20477072085815448},
+    {4096, 4096, 4096, 2.1574560403823853, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.2410789234957429},
+    {1024, 1024, 1024, 0.04390399903059006, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1878648111740391},
 };
 static const Point fp32_7_aligned[] = {
-    {256, 256, 256, 0.01152000017464161, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.14157335563397774},
-    {512, 512, 512, 0.01744000054895878, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.11119170199157329},
-    {1024, 1024, 1024, 0.05283199995756149, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.03729265758247665},
-    {2048, 2048, 2048, 0.2507999986410141, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08251920551937772},
-    {4096, 4096, 4096, 1.6715999841690063, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06012733403289466},
-    {8192, 8192, 8192, 13.549551963806152, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06286201036592953},
-    {4092, 4092, 4092, 1.755616009235382, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.010911960308562502},
-    {3000, 3000, 3000, 0.7387360036373138, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0614151200834206},
-    {1, 4096, 4096, 0.07295999675989151, 0.0, 8.317766166719343, 8.317766166719343, 0.20161039466294728},
-    {16, 8192, 4096, 0.12908799946308136, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.13690756017365144},
-    {64, 4096, 8192, 0.10697600245475769, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.003479849943683171},
-    {128, 8192, 8192, 0.2154719978570938, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.01859196271958612},
-    {8192, 128, 8192, 0.21345599740743637, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.009191712247864447},
-    {4096, 32, 4096, 0.04278400167822838, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.20392315950977954},
-    {4096, 4096, 512, 0.4696799963712692, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.08079328780100234},
-    {8192, 8192, 256, 1.6550559997558594, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.011470906882458762},
-    {2048, 2048, 128, 0.09860799834132195, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.016983361969487208},
-    {16384, 4096, 64, 1.5912319421768188, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.09174708221145032},
-    {256, 256, 32768, 0.1764480024576187, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.058318403371079255},
-    {512, 512, 16384, 0.10307200253009796, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.01386487793895706},
-    {128, 1024, 65536, 0.34646399319171906, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.060487763668960005},
-    {64, 64, 131072, 0.6675359904766083, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.05023822001500181},
+    {256, 256, 256, 0.025632000528275967, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.2722044799271805},
+    {512, 512, 512, 0.020896000787615776, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10241504167246936},
+    {1024, 1024, 1024, 0.06340799853205681, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.047135703868367004},
+    {2048, 2048, 2048, 0.2624799907207489, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.11474621902953831},
+    {4096, 4096, 4096, 1.6416640281677246, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.011929539583475321},
+    {8192, 8192, 8192, 11.07369613647461, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.07379574281199523},
+    {4092, 4092, 4092, 1.7184160351753235, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05796022636031174},
+    {3000, 3000, 3000, 0.6891999840736389, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.10356461045079539},
+    {1, 4096, 4096, 0.052400000393390656, 0.0, 8.317766166719343, 8.317766166719343, -0.03944925077718112},
+    {16, 8192, 4096, 0.09355199709534645, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.06212253547911128},
+    {64, 4096, 8192, 0.08767999708652496, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.016648677905786207},
+    {128, 8192, 8192, 0.193231999874115, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.0947146030014776},
+    {8192, 128, 8192, 0.19100800156593323, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.08313838430442826},
+    {4096, 32, 4096, 0.05241600051522255, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07349285614883569},
+    {4096, 4096, 512, 0.800544023513794, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.05112414913323416},
+    {8192, 8192, 256, 3.114400029182434, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.12789514704679864},
+    {2048, 2048, 128, 0.16388799995183945, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.11920394862376082},
+    {16384, 4096, 64, 3.150783896446228, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1435172389448016},
+    {256, 256, 32768, 0.1393599957227707, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.009611219636026234},
+    {512, 512, 16384, 0.08278399705886841, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.01047633388947271},
+    {128, 1024, 65536, 0.26393601298332214, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.007417235765673981},
+    {64, 64, 131072, 0.5082720220088959, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.03839337548492641},
 };
 static const Point fp32_7_unaligned[] = {
-    {2047, 2047, 2047, 0.3553119897842407, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.0610106641453028},
-    {1531, 1531, 1531, 0.17921599745750427, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.1342430347774987},
-    {5003, 5003, 5003, 4.356127977371216, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.061964656293823334},
-    {127, 4099, 1023, 0.04295999929308891, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.07519681876336215},
-    {4096, 4096, 4096, 2.279039978981018, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.07071677055059941},
-    {1024, 1024, 1024, 0.07046400010585785, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.07285593894901968},
+    {2047, 2047, 2047, 0.4261600077152252, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.11118712283881216},
+    {1531, 1531, 1531, 0.2231999933719635, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.1948668293479793},
+    {5003, 5003, 5003, 4.673135995864868, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.11079970656147707},
+    {127, 4099, 1023, 0.05423999950289726, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.11461862129405238},
+    {4096, 4096, 4096, 2.5513120889663696, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06826692728684883},
+    {1024, 1024, 1024, 0.09302400052547455, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.12378599988437038},
 };
 static const Point fp32_8_aligned[] = {
-    {256, 256, 256, 0.011552000418305397, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.011801931423300199},
-    {512, 512, 512, 0.017055999487638474, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.00428595322084857},
-    {1024, 1024, 1024, 0.028704000636935234, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.02116084263993567},
-    {2048, 2048, 2048, 0.1884320005774498, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03788798781394421},
-    {4096, 4096, 4096, 1.5243520140647888, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.01869709495335195},
-    {8192, 8192, 8192, 11.739168167114258, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.010731214753763221},
-    {4092, 4092, 4092, 1.5704160332679749, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.04869059060666291},
-    {3000, 3000, 3000, 0.6160160005092621, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.012487709969142688},
-    {1, 4096, 4096, 0.0883680023252964, 0.0, 8.317766166719343, 8.317766166719343, -0.0012361717252460738},
-    {16, 8192, 4096, 0.09425600245594978, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0386572573292549},
-    {64, 4096, 8192, 0.17260800302028656, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.003198438325607113},
-    {128, 8192, 8192, 0.19014399498701096, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.011183543815550517},
-    {8192, 128, 8192, 0.18742400407791138, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.0032246579953686834},
-    {4096, 32, 4096, 0.08848000317811966, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.009793696072244808},
-    {4096, 4096, 512, 0.21529600024223328, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.05039541113319356},
-    {8192, 8192, 256, 0.5241119861602783, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0019156769659541015},
-    {2048, 2048, 128, 0.02683199942111969, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.044651596363906476},
-    {16384, 4096, 64, 0.25331199169158936, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.005794803020780781},
-    {256, 256, 32768, 0.6599520146846771, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.011631469116354766},
-    {512, 512, 16384, 0.3360320031642914, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.0042666984067679424},
-    {128, 1024, 65536, 1.3135679960250854, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.003755526395430822},
-    {64, 64, 131072, 2.5152640342712402, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.021459895337647094},
+    {256, 256, 256, 0.012575999833643436, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.02564478286494068},
+    {512, 512, 512, 0.017343999817967415, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.014666258443144746},
+    {1024, 1024, 1024, 0.028432000428438187, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05153690152156531},
+    {2048, 2048, 2048, 0.19200000166893005, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.026081834527177574},
+    {4096, 4096, 4096, 1.499184012413025, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.002945395448679952},
+    {8192, 8192, 8192, 12.23641586303711, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.047491462179789404},
+    {4092, 4092, 4092, 1.54721599817276, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.028799782997479026},
+    {3000, 3000, 3000, 0.6114719808101654, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.025524562127057126},
+    {1, 4096, 4096, 0.0880960002541542, 0.0, 8.317766166719343, 8.317766166719343, -0.02051742878580118},
+    {16, 8192, 4096, 0.09504000097513199, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.03246020267043431},
+    {64, 4096, 8192, 0.1703680008649826, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.023068587630649978},
+    {128, 8192, 8192, 0.19571200013160706, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.032619396961349155},
+    {8192, 128, 8192, 0.19236800074577332, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.015385413531712832},
+    {4096, 32, 4096, 0.0891840010881424, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.017376536978995286},
+    {4096, 4096, 512, 0.219200000166893, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.0377984007867709},
+    {8192, 8192, 256, 0.5248800218105316, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0005512938994760026},
+    {2048, 2048, 128, 0.02687999978661537, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02616549920203316},
+    {16384, 4096, 64, 0.25492800772190094, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.00016856529686734017},
+    {256, 256, 32768, 0.6772480010986328, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.02453160363401226},
+    {512, 512, 16384, 0.34440000355243683, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.008347791274016258},
+    {128, 1024, 65536, 1.3348479866981506, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.007722192960528905},
+    {64, 64, 131072, 2.581920027732849, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.00830521252231605},
 };
 static const Point fp32_8_unaligned[] = {
-    {2047, 2047, 2047, 0.2831840068101883, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.023977684635984244},
-    {1531, 1531, 1531, 0.16811200231313705, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.04856541111172682},
-    {5003, 5003, 5003, 3.8103840351104736, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.0294616202136743},
-    {127, 4099, 1023, 0.042527999728918076, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.029714173551762264},
-    {4096, 4096, 4096, 2.0921759605407715, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.021566457330841653},
-    {1024, 1024, 1024, 0.04452800005674362, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.01624135634947245},
+    {2047, 2047, 2047, 0.28118398785591125, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.01120572883954058},
+    {1531, 1531, 1531, 0.1639840006828308, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.019130641474111275},
+    {5003, 5003, 5003, 3.9585120677948, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0015723621571063456},
+    {127, 4099, 1023, 0.04335999861359596, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.007872396314497522},
+    {4096, 4096, 4096, 2.1017760038375854, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.024002780729217618},
+    {1024, 1024, 1024, 0.043776001781225204, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0016760412179971805},
 };
 static const Point fp32_9_aligned[] = {
+    {256, 256, 256, 0.0225600004196167, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.13853199134198652},
+    {512, 512, 512, 0.017952000722289085, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.16378861444810136},
+    {1024, 1024, 1024, 0.05273599922657013, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.053091115062639124},
+    {2048, 2048, 2048, 0.2561440020799637, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.059768613390747655},
+    {4096, 4096, 4096, 1.6829599738121033, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03311148604125619},
+    {8192, 8192, 8192, 13.569407939910889, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.08693020294576123},
+    {4092, 4092, 4092, 1.7846239805221558, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.025702094628554998},
+    {3000, 3000, 3000, 0.7284160256385803, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.05957862321161652},
+    {1, 4096, 4096, 0.049855999648571014, 0.0, 8.317766166719343, 8.317766166719343, 0.21954608174865026},
+    {16, 8192, 4096, 0.07310399785637856, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.08702994676000618},
+    {64, 4096, 8192, 0.07215999811887741, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.13299792893771661},
+    {128, 8192, 8192, 0.21356799453496933, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.004958059255326904},
+    {8192, 128, 8192, 0.21359999477863312, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0051078843570395525},
+    {4096, 32, 4096, 0.06470400094985962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0182716500050182},
+    {4096, 4096, 512, 0.46404799818992615, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07877082473179788},
+    {8192, 8192, 256, 1.6441439986228943, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.02977197196645111},
+    {2048, 2048, 128, 0.10372800007462502, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.0008163229815961222},
+    {16384, 4096, 64, 1.5479360222816467, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.09183860528877816},
+    {256, 256, 32768, 0.1796480044722557, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.025543690714728326},
+    {512, 512, 16384, 0.10063999891281128, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07060308626874978},
+    {128, 1024, 65536, 0.35420800745487213, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.013872581843615957},
+    {64, 64, 131072, 0.655536025762558, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.015559316087005604},
+};
+static const Point fp32_9_unaligned[] = {
+    {2047, 2047, 2047, 0.35156799852848053, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.046834922496507496},
+    {1531, 1531, 1531, 0.17932799458503723, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.13273347047868006},
+    {5003, 5003, 5003, 4.412655830383301, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.05383846377311675},
+    {127, 4099, 1023, 0.04297599941492081, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.07043466823256993},
+    {4096, 4096, 4096, 2.294895887374878, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06846822011988377},
+    {1024, 1024, 1024, 0.06988800317049026, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.06631866625444324},
+};
+static const Point fp32_10_aligned[] = {
     {256, 256, 256, 0.01889600045979023, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.023052932513220516},
     {512, 512, 512, 0.03097599931061268, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.028875329993946593},
     {1024, 1024, 1024, 0.062063999474048615, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0049818452413953745},
@@ -9024,7 +9985,7 @@ static const Point fp32_9_aligned[] = {
     {128, 1024, 65536, 3.3595839738845825, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.009074302994084953},
     {64, 64, 131072, 6.614351987838745, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.007105498002096828},
 };
-static const Point fp32_9_unaligned[] = {
+static const Point fp32_10_unaligned[] = {
     {2047, 2047, 2047, 0.5801920294761658, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.020864847334320622},
     {1531, 1531, 1531, 0.3253439962863922, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.017608352574332395},
     {5003, 5003, 5003, 7.929776191711426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.009144717570377131},
@@ -9033,55 +9994,60 @@ static const Point fp32_9_unaligned[] = {
     {1024, 1024, 1024, 0.07804799824953079, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1863449315804441},
 };
 
-static const Member members[10] = {
+static const Member members[11] = {
     {128, 128, 32, 1, 1, true, true,
-     {fp32_0_aligned, 22, {0.009691007849254831, 0.0012116836352140678, 0.0016797745069699309, 0.001844179492526775, 3.977008837532084}},
-     {fp32_0_unaligned, 6, {0.01901459059901824, 0.0021676296744117768, 0.0, 0.0, 0.0}}
+     {fp32_0_aligned, 22, {0.007799033567342665, 0.0011395604905146846, 0.001765503544699868, 0.020968674617651086, 5.531259621489317}},
+     {fp32_0_unaligned, 6, {0.018728585562651463, 0.0021826838187241865, 0.0, 0.0, 0.0}}
      , true
     },
     {64, 64, 32, 1, 1, true, true,
-     {fp32_1_aligned, 22, {0.004150977649975326, 0.00043666201797168836, 0.0017244982816293193, 0.012533222800252633, 0.0}},
-     {fp32_1_unaligned, 6, {0.019273289414365045, 0.0005280755739874544, 0.0, 0.0, 0.0}}
+     {fp32_1_aligned, 22, {0.004514025164579443, 0.0004355926201225611, 0.001545570730292891, 0.022822864487351217, 0.0}},
+     {fp32_1_unaligned, 6, {0.01930011104520412, 0.0005274031713961372, 0.0, 0.0, 0.0}}
      , false
     },
     {64, 64, 32, 128, 1, true, true,
-     {fp32_2_aligned, 22, {0.016438994573433004, 0.0, 0.002099987465377639, 0.2323038353263225, 12.729809700556766}},
-     {fp32_2_unaligned, 6, {0.10117796574837883, 0.0026986846483847853, 0.0, 0.0, 0.0}}
-     , false
-    },
-    {64, 128, 32, 4, 1, true, true,
-     {fp32_3_aligned, 22, {0.008997754771697066, 0.0006539409273378163, 0.0024551957166533394, 0.02084012543179131, 1.199872157715279}},
-     {fp32_3_unaligned, 6, {0.02705451794087829, 0.001217565128422093, 0.0, 0.0, 0.0}}
-     , false
-    },
-    {128, 128, 32, 1, 1, true, true,
-     {fp32_4_aligned, 22, {0.004249721233440751, 0.0009195581412690139, 0.0035384048969501498, 0.03857556318847433, 0.0}},
-     {fp32_4_unaligned, 6, {0.0, 0.0016700139561544047, 0.0, 0.0, 0.0}}
-     , false
-    },
-    {64, 64, 32, 1, 1, true, true,
-     {fp32_5_aligned, 22, {0.004211580604974573, 0.0006523565814835697, 0.0015044793492443296, 0.0, 0.0}},
-     {fp32_5_unaligned, 6, {0.00995180505337446, 0.0006756021577313201, 0.0, 0.0, 0.0}}
+     {fp32_2_aligned, 22, {0.01624996972608906, 0.0, 0.002136906153719051, 0.23282166661090056, 10.793266212820342}},
+     {fp32_2_unaligned, 6, {0.0997120750541971, 0.0026903598678425303, 0.0, 0.0, 0.0}}
      , false
     },
     {128, 128, 32, 32, 1, true, true,
-     {fp32_6_aligned, 22, {0.009927928658765815, 0.0009747391895311747, 0.002731862138149224, 0.01482684917421577, 11.63030508828352}},
-     {fp32_6_unaligned, 6, {0.0970503996210546, 0.0052774111466728215, 0.0, 0.0, 0.0}}
+     {fp32_3_aligned, 22, {0.014358930729895273, 0.0009320173125807575, 0.002432310625625642, 0.009198789898694288, 12.169191512325753}},
+     {fp32_3_unaligned, 6, {0.09764216930381098, 0.0052729811592827506, 0.0, 0.0, 0.0}}
      , false
     },
-    {128, 64, 32, 4, 1, true, true,
-     {fp32_7_aligned, 22, {0.007664234176495097, 0.0006731941910085222, 0.003961814172535093, 0.013921122432174483, 0.529645516609038}},
-     {fp32_7_unaligned, 6, {0.02711720410212012, 0.0011998633140814664, 0.0, 0.0, 0.0}}
+    {128, 128, 32, 4, 1, true, true,
+     {fp32_4_aligned, 22, {0.007536604466716618, 0.0009205946757534055, 0.01055296185364816, 0.029172382577064688, 0.0}},
+     {fp32_4_unaligned, 6, {0.04858368612578217, 0.002192348466504276, 0.0, 0.0, 0.0}}
+     , false
+    },
+    {64, 64, 32, 1, 1, true, true,
+     {fp32_5_aligned, 22, {0.0070911662199374045, 0.0006414168811465911, 0.0014098980778656787, 0.0, 0.0}},
+     {fp32_5_unaligned, 6, {0.009700614124749042, 0.0006795183488852451, 0.0, 0.0, 0.0}}
+     , false
+    },
+    {128, 128, 32, 1, 1, true, true,
+     {fp32_6_aligned, 22, {0.004172982334811166, 0.0009404741154081437, 0.003553223295343583, 0.0383595286887942, 0.0}},
+     {fp32_6_unaligned, 6, {0.0, 0.0016555517192773954, 0.0, 0.0, 0.0}}
+     , false
+    },
+    {128, 128, 32, 8, 1, true, true,
+     {fp32_7_aligned, 22, {0.01131229955989211, 0.0009188245280258064, 0.00640948973250972, 0.013609917060748893, 1.657431268732077}},
+     {fp32_7_unaligned, 6, {0.039461309900659804, 0.0026707377709897302, 0.0, 0.0, 0.0}}
      , false
     },
     {64, 128, 32, 1, 1, true, true,
-     {fp32_8_aligned, 22, {0.00408516327553433, 0.0006253430527510058, 0.002559641145739817, 0.026445502999683793, 0.0}},
-     {fp32_8_unaligned, 6, {0.01057292860445692, 0.0010386786720326174, 0.0, 0.0, 0.0}}
+     {fp32_8_aligned, 22, {0.0046031402826816285, 0.0006334535377966857, 0.00254753319674494, 0.024979576267813365, 0.0}},
+     {fp32_8_unaligned, 6, {0.010224405473270168, 0.0010461964805052292, 0.0, 0.0, 0.0}}
+     , false
+    },
+    {64, 128, 32, 4, 1, true, true,
+     {fp32_9_aligned, 22, {0.01339434283767964, 0.0006308453015872956, 0.004950700349734, 0.02212597800901965, 0.0}},
+     {fp32_9_unaligned, 6, {0.02682082859159633, 0.0012057075943603009, 0.0, 0.0, 0.0}}
      , false
     },
     {128, 64, 32, 1, 1, true, false,
-     {fp32_9_aligned, 22, {0.004046999627488889, 0.0016011324989408104, 0.0015223087823244595, 0.05531724090942708, 0.0}},
-     {fp32_9_unaligned, 6, {0.026295654873922627, 0.0021168600532623493, 0.0, 0.0, 0.0}}
+     {fp32_10_aligned, 22, {0.004046999627488889, 0.0016011324989408104, 0.0015223087823244595, 0.05531724090942708, 0.0}},
+     {fp32_10_unaligned, 6, {0.026295654873922627, 0.0021168600532623493, 0.0, 0.0, 0.0}}
      , false
     },
 };
@@ -9144,7 +10110,7 @@ static int choose(int M, int N, int K, bool aligned, int sm_count, bool beta_use
         const bool use_aligned = pass == 0 ? aligned : !aligned;
         int best = -1;
         double best_ms = HUGE_VAL;
-        for (int i = 0; i < 10; ++i) {
+        for (int i = 0; i < 11; ++i) {
             const Member& m = members[i];
             const Model& model = use_aligned ? m.aligned : m.unaligned;
             if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
@@ -9153,7 +10119,7 @@ static int choose(int M, int N, int K, bool aligned, int sm_count, bool beta_use
         }
         if (best >= 0) return best;
     }
-    for (int i = 0; i < 10; ++i)
+    for (int i = 0; i < 11; ++i)
         if ((members[i].beta || !beta_used) && (!members[i].sm90a || sm90a)) return i;
     return 0;
 }
@@ -9226,7 +10192,7 @@ extern "C" int gemmgen_fp32(int M, int N, int K, float alpha, const float* A, in
     Device caps;
     const cudaError_t status = device_caps(caps);
     if (status != cudaSuccess) return (int)status;
-    int pick = 9;  // a GPU this library was not tuned for: the portable member
+    int pick = 10;  // a GPU this library was not tuned for: the portable member
     if (caps.tuned_gpu) {
         const bool aligned = lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 &&
             reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
@@ -9244,6 +10210,7 @@ extern "C" int gemmgen_fp32(int M, int N, int K, float alpha, const float* A, in
     case 7: return gemmgen_fp32_7(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
     case 8: return gemmgen_fp32_8(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
     case 9: return gemmgen_fp32_9(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    case 10: return gemmgen_fp32_10(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
     }
     return cudaErrorInvalidValue;
 }
