@@ -25,7 +25,7 @@ TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
 MATH_MODES = ("simt", "tf32", "3xtf32")
 # How blocks take the C tiles: one block per tile; one block per SM walking tiles; or the K steps
 # of all tiles dealt evenly over the SMs, partial tiles summed through a workspace in a fixed order.
-SCHEDULES = ("data-parallel", "persistent", "stream-k")
+SCHEDULES = ("data-parallel", "persistent", "stream-k", "pingpong")
 
 # A kernel is a dozen lines. The parser takes about a second per 100 kB, so a file past this is
 # refused before it is read, not after half a minute of parsing (it is not a spec anyway).
@@ -222,7 +222,7 @@ USAGE = {
     "mma": "mma M x N x K          e.g. mma 16 x 8 x 8 (mma.sync), mma 64 x 128 x 8 (wgmma)",
     "occupancy": "occupancy N",
     "split": "split N          (K cut into N slices whose products are added into C)",
-    "schedule": "schedule data-parallel | persistent | stream-k",
+    "schedule": "schedule data-parallel | persistent | stream-k | pingpong",
     "cluster": "cluster M x N          e.g. cluster 2 x 1 (blocks of a cluster share A and B tiles by TMA multicast)",
     "promote": "promote K              e.g. promote 64 (3xtf32: K between adds of the tensor cores' sums into FP32)",
     "library": "library NAME { members ...; shapes ... }",

@@ -35,6 +35,11 @@ CLUSTERED = {f"{math}_c{m}x{n}": replace(load_one(ROOT / "specs" / f"hopper_{mat
                  cluster_m=m, cluster_n=n), name=f"{math}_c{m}x{n}".replace("3xtf32", "x3tf32"))
              for math in ("tf32", "3xtf32") for m, n in ((1, 2), (2, 2), (4, 1), (2, 1))}
 SPECS.update(CLUSTERED)
+# Ping-pong: 64 x 256 tiles with C from registers and staged, and 64 x 128 tiles.
+PINGPONG = load_one(ROOT / "specs" / "hopper_tf32_pingpong.gemm")
+SPECS.update({"hopper_tf32_pingpong": PINGPONG,
+              "pingpong_staged": replace(PINGPONG.with_values(epilogue_staged=True), name="pingpong_staged"),
+              "pingpong_64x128": replace(PINGPONG.with_values(block_n=128, stages=6), name="pingpong_64x128")})
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -63,6 +68,7 @@ CASES = verify.QUICK_CASES + (
     verify.Case(300, 300, 40000, alpha=-1.5),
     verify.Case(777, 1500, 33),
     verify.Case(515, 1031, 2049, pad=1),
+    verify.Case(3392, 1280, 96),            # 265 tiles of 64 x 256: 2 or 3 per block, turns odd and even
 )
 
 
@@ -116,7 +122,8 @@ def _build_abi(name: str, folder: Path, spec=None):
     return function
 
 
-@pytest.mark.parametrize("name", ["hopper_tf32_streamk", "hopper_3xtf32_streamk", "hopper_tf32_persistent"])
+@pytest.mark.parametrize("name", ["hopper_tf32_streamk", "hopper_3xtf32_streamk", "hopper_tf32_persistent",
+                                  "hopper_tf32_pingpong"])
 def test_c_abi_on_two_streams_at_once_matches_float64(name, cp, tmp_path):
     """Each stream gets its own workspace: two stream-K GEMMs in flight together stay right, call
     after call and grid after grid (the flags the kernels leave zeroed, in a fixed place), and

@@ -250,13 +250,19 @@ class Plan:
         """Whether blocks walk C tiles through a tile scheduler (schedule persistent / stream-k)."""
         return self.schedule != "data-parallel"
 
+    @property
+    def pingpong(self) -> bool:
+        """schedule pingpong: the persistent walk, its tiles taken by the two consumer warpgroups in
+        turn, so that one's epilogue overlaps the other's MMAs (block M = one consumer's 64 rows)."""
+        return self.schedule == "pingpong"
+
     def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
         """Blocks along x the launcher starts on a GPU of `sms` SMs (the launcher's arithmetic):
         a block per C tile; persistent, no more blocks than SMs; stream-k, as many as SMs unless
         there are fewer K tiles in all."""
         tiles = self.grid(M, N)
         most = min(sms, self.max_scheduled_blocks)
-        if self.schedule == "persistent":
+        if self.schedule in ("persistent", "pingpong"):
             return min(tiles, most)
         if self.schedule == "stream-k":
             return min(most, tiles * max(1, ceil(K / self.BK)))

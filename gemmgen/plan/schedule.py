@@ -73,6 +73,10 @@ def describe(plan: Plan) -> str:
     if plan.schedule == "persistent":
         return ("persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster "
                 "order; the producer runs on into the next tile while the consumers store the last")
+    if plan.schedule == "pingpong":
+        return ("pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, "
+                "its two consumer warpgroups taking them in turn, so that one stores its tile while the "
+                "other multiplies the next")
     if plan.schedule == "stream-k":
         return ("stream-k: min(SMs, K tiles in all) blocks; whole waves of C tiles stay whole, the last partial "
                 "wave and one before it are dealt out by K tile; the last block to write its piece of a "

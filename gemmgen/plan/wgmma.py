@@ -59,6 +59,11 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     if BK != WGMMA_BK:
         raise spec.error("block.k", f"a wgmma K tile is one 128-byte swizzled row of {WGMMA_BK} floats, "
                          f"not {BK}", f"block M x N x {WGMMA_BK}")
+    pingpong = spec["schedule"] == "pingpong"
+    if pingpong and BM != 64:
+        raise spec.error(("block.m", "schedule"), f"schedule pingpong gives each of its two consumer "
+                         f"warpgroups whole tiles of 64 rows; block M = {BM} is the tile of one",
+                         "block 64 x N x 32 with schedule pingpong")
     if BM % 64 or not 1 <= BM // 64 <= 2:
         raise spec.error("block.m", f"each consumer warpgroup multiplies 64 rows; block M = {BM} "
                          "must be 64 or 128 (one or two consumer warpgroups)", "block 64 or 128 x N x 32")
@@ -76,7 +81,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     if stages < 2:
         raise spec.error("stages", "the pipeline loads tiles ahead of the math; it needs at least "
                          "2 buffers", "stages 2 to 8, e.g. stages 4")
-    consumers = BM // 64
+    consumers = 2 if pingpong else BM // 64  # pingpong: two consumers, each on its own tile
     tma_store = spec["epilogue.staged"]
     if tma_store and not tma:
         raise spec.error("epilogue.staged", "the wgmma staged epilogue writes C through shared memory and "
@@ -156,6 +161,10 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
             raise spec.error(("schedule", "split"), f"schedule {schedule} and split {split_k} both divide "
                              "the work among blocks; stream-k already splits K where tiles run short",
                              "split 1 with a schedule, or schedule data-parallel with split")
+        if pingpong and math != "tf32":
+            raise spec.error(("schedule", "math"), "schedule pingpong is built for math tf32: 3xtf32's "
+                             "producer writes B's remainders for the two consumers of one tile",
+                             "math tf32 with schedule pingpong, or schedule persistent")
     # Clusters: the cluster_m x cluster_n blocks of a cluster take neighbouring C tiles; those in one
     # row of the cluster share A's tile, those in one column B's. Each loads a slice of each shared
     # tile and multicasts it to the others (templates/wgmma_kernel.cu.j2).

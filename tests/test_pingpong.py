@@ -1,0 +1,85 @@
+"""`schedule pingpong` on the TMA tf32 kernel: the persistent walk with the block's tiles taken by
+its two consumer warpgroups in turn (each a whole 64-row tile), so that one's epilogue overlaps the
+other's MMAs. The spec line and its errors at the line, the Plan, and the generated hand-over: a
+consumer waits for its tile's stages only after the other has waited for all of the tile before
+(named barriers), and frees a stage alone. GPU results: tests/test_gpu_schedule.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from gemmgen.codegen import generate
+from gemmgen.errors import SpecError
+from gemmgen.plan import make_plan
+from gemmgen.spec import parse
+
+KERNEL = """kernel k {{
+  target   sm_90a
+  layout   A row, B col, C row
+  block    {bm} x {bn} x 32
+  math     {math}
+  stages   4 tma
+  schedule pingpong{extra}
+}}
+"""
+
+
+def spec_of(bm=64, bn=256, math="tf32", extra=""):
+    (spec,) = parse(KERNEL.format(bm=bm, bn=bn, math=math, extra=extra))
+    return spec
+
+
+def error_of(**settings) -> str:
+    with pytest.raises(SpecError) as error:
+        make_plan(spec_of(**settings))
+    return str(error.value)
+
+
+def test_two_consumers_each_on_a_64_row_tile():
+    plan = make_plan(spec_of())
+    assert plan.pingpong and plan.consumers == 2 and plan.BM == 64 and plan.threads == 384
+    assert plan.launch_blocks(4096, 4096, 512, 132) == 132 and plan.launch_blocks(128, 512, 512, 132) == 4
+
+
+def test_a_block_of_two_slabs_is_an_error_at_the_block():
+    text = error_of(bm=128)
+    assert "<spec>:4:12" in text and "each of its two consumer warpgroups whole tiles of 64 rows" in text
+
+
+def test_3xtf32_is_an_error_at_the_schedule():
+    text = error_of(math="3xtf32", bn=128)
+    assert "<spec>:7:12" in text and "schedule pingpong is built for math tf32" in text
+
+
+def test_clusters_are_an_error():
+    assert "deals C tiles to single blocks" in error_of(extra="\n  cluster  2 x 1")
+
+
+def _consumers(source: str) -> str:
+    start = source.index("// Ping-pong: the block's tiles go to the consumers in turn")
+    return source[start:source.index("#endif", start)]
+
+
+@pytest.mark.parametrize("extra", ["", "\n  epilogue alpha beta staged"])
+def test_the_consumers_take_turns(extra):
+    source = generate(make_plan(spec_of(extra=extra)))
+    consumers = _consumers(source)
+    assert "if (turn % CONSUMERS != consumer) {  // the other consumer's tile\n            it += k_tiles;" in consumers
+    assert "if (turn > 0) turn_wait(1 + consumer);" in consumers
+    assert "if (turn + 1 < block_tiles) turn_give(2 - consumer);" in consumers
+    # the hand-over comes after the tile's last stage is waited for, before its MMAs are waited for
+    assert consumers.index("barrier_wait(&ready[s]") < consumers.index("turn_give") < consumers.index("wgmma_wait<0>();")
+    assert "const float* a_tile = sA + s * A_STAGE_FLOATS;" in consumers  # the stage is this tile's
+    assert "consumer * 64" not in consumers  # rows count within the consumer's own tile
+    assert "barrier_init(&empty[s], 4);" in source  # one consumer frees a stage
+
+
+def test_the_register_fed_fallback_is_the_plain_kernel():
+    source = generate(make_plan(spec_of()))
+    fallback = source[:source.index("// Ping-pong")]
+    assert "turn_wait" not in fallback.split("setmaxnreg.inc", 1)[1].split("#endif", 1)[0]
+
+
+def test_explain_describes_the_turns():
+    from gemmgen.plan.schedule import describe
+    assert describe(make_plan(spec_of())).startswith("pingpong: min(C tiles, SMs) blocks")
