@@ -35,11 +35,13 @@ CLUSTERED = {f"{math}_c{m}x{n}": replace(load_one(ROOT / "specs" / f"hopper_{mat
                  cluster_m=m, cluster_n=n), name=f"{math}_c{m}x{n}".replace("3xtf32", "x3tf32"))
              for math in ("tf32", "3xtf32") for m, n in ((1, 2), (2, 2), (4, 1), (2, 1))}
 SPECS.update(CLUSTERED)
-# Ping-pong: 64 x 256 tiles with C from registers and staged, and 64 x 128 tiles.
+# Ping-pong: the shipped 64 x 128 tiles (6 stages), and 64 x 256 tiles (4 stages) with C from
+# registers and staged.
 PINGPONG = load_one(ROOT / "specs" / "hopper_tf32_pingpong.gemm")
 SPECS.update({"hopper_tf32_pingpong": PINGPONG,
-              "pingpong_staged": replace(PINGPONG.with_values(epilogue_staged=True), name="pingpong_staged"),
-              "pingpong_64x128": replace(PINGPONG.with_values(block_n=128, stages=6), name="pingpong_64x128")})
+              "pingpong_64x256": replace(PINGPONG.with_values(block_n=256, stages=4), name="pingpong_64x256"),
+              "pingpong_64x256_staged": replace(PINGPONG.with_values(block_n=256, stages=4, epilogue_staged=True),
+                                                name="pingpong_64x256_staged")})
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -68,7 +70,7 @@ CASES = verify.QUICK_CASES + (
     verify.Case(300, 300, 40000, alpha=-1.5),
     verify.Case(777, 1500, 33),
     verify.Case(515, 1031, 2049, pad=1),
-    verify.Case(3392, 1280, 96),            # 265 tiles of 64 x 256: 2 or 3 per block, turns odd and even
+    verify.Case(3392, 1280, 96),            # 265 tiles of 64 x 256 (530 of 64 x 128): turns odd and even
 )
 
 
