@@ -493,7 +493,8 @@ def _tiling(plan: Plan) -> str:
     if plan.warp_tiling:
         parts.append(f"warp {plan.WM}x{plan.WN}")
     if plan.consumers:  # a wgmma kernel
-        parts[-1] = f"{plan.consumers} x 64x{plan.BN} warpgroups"
+        parts[-1] = (f"{plan.consumers} consumers in turn" if plan.pingpong
+                     else f"{plan.consumers} x 64x{plan.BN} warpgroups")
         parts.append(f"{plan.stages} TMA stages" if plan.tma else f"{plan.stages} stages")
         return ", ".join(parts)
     if plan.mma_shape:

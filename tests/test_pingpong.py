@@ -81,5 +81,18 @@ def test_the_register_fed_fallback_is_the_plain_kernel():
 
 
 def test_explain_describes_the_turns():
+    from gemmgen.explain import _tiling
     from gemmgen.plan.schedule import describe
-    assert describe(make_plan(spec_of())).startswith("pingpong: min(C tiles, SMs) blocks")
+    plan = make_plan(spec_of())
+    assert describe(plan).startswith("pingpong: min(C tiles, SMs) blocks")
+    assert _tiling(plan) == "block 64x256x32, 2 consumers in turn, 4 TMA stages"
+
+
+@pytest.mark.parametrize("bn, extra", [(128, ""), (256, "\n  epilogue alpha beta staged")])
+def test_the_pingpong_kernels_compile_into_registers(bn, extra):
+    """NVRTC builds them for sm_90a with every accumulator in registers."""
+    pytest.importorskip("cuda.bindings")
+    from gemmgen.compile import compile_plan
+    compiled = compile_plan(make_plan(spec_of(bn=bn, extra=extra)), use_cache=False)
+    assert ".local" not in compiled.ptx
+    assert all(r.spill_stores == 0 for r in compiled.resources.values())
