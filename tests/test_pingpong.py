@@ -96,3 +96,17 @@ def test_the_pingpong_kernels_compile_into_registers(bn, extra):
     compiled = compile_plan(make_plan(spec_of(bn=bn, extra=extra)), use_cache=False)
     assert ".local" not in compiled.ptx
     assert all(r.spill_stores == 0 for r in compiled.resources.values())
+
+
+def test_the_pingpong_search_space_drops_what_does_not_fit():
+    """specs/hopper_pingpong_search.gemm: 64 x 256 tiles fit 6 stages only without staged C and
+    5 not with it; everything at 64 x 128 fits."""
+    from pathlib import Path
+    from gemmgen.space import expand
+    from gemmgen.spec import load_one
+    space = expand(load_one(Path(__file__).resolve().parent.parent / "specs" / "hopper_pingpong_search.gemm"))
+    assert (space.total, space.valid) == (24, 18)
+    mixes = {(p.BN, p.stages, p.tma_store) for p in space.plans}
+    assert (128, 6, False) in mixes and (256, 5, False) in mixes
+    assert (256, 6, False) not in mixes and (256, 5, True) not in mixes
+    assert all(p.pingpong and p.BM == 64 for p in space.plans)

@@ -119,3 +119,14 @@ def test_ptxas_keeps_the_groups_mmas_in_flight(promote, extra):
     from gemmgen.compile import compile_plan
     compiled = compile_plan(make_plan(spec_of(promote, extra=extra)), use_cache=False)
     assert "C7517" not in compiled.log and "C7514" not in compiled.log, compiled.log[-2000:]
+
+
+def test_the_3xtf32_search_space_holds_promote_stages_and_schedules():
+    """specs/hopper_3xtf32_search.gemm: every mix buildable, the measured best among them."""
+    from pathlib import Path
+    from gemmgen.space import expand
+    from gemmgen.spec import load_one
+    space = expand(load_one(Path(__file__).resolve().parent.parent / "specs" / "hopper_3xtf32_search.gemm"))
+    assert space.total == space.valid == 12
+    mixes = {(p.stages, p.schedule, p.promote_tiles) for p in space.plans}
+    assert (4, "persistent", 2) in mixes and len(mixes) == 12
