@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import SPECS_DIR
 from gemmgen.codegen import generate
 from gemmgen.errors import SpecError
 from gemmgen.plan import make_plan
-from gemmgen.spec import parse
+from gemmgen.space import expand
+from gemmgen.spec import load_one, parse
 
 KERNEL = """kernel k {{
   target   sm_90a
@@ -101,10 +103,7 @@ def test_the_pingpong_kernels_compile_into_registers(bn, extra):
 def test_the_pingpong_search_space_drops_what_does_not_fit():
     """specs/hopper_pingpong_search.gemm: 64 x 256 tiles fit 6 stages only without staged C and
     5 not with it; everything at 64 x 128 fits."""
-    from pathlib import Path
-    from gemmgen.space import expand
-    from gemmgen.spec import load_one
-    space = expand(load_one(Path(__file__).resolve().parent.parent / "specs" / "hopper_pingpong_search.gemm"))
+    space = expand(load_one(SPECS_DIR / "hopper_pingpong_search.gemm"))
     assert (space.total, space.valid) == (24, 18)
     mixes = {(p.BN, p.stages, p.tma_store) for p in space.plans}
     assert (128, 6, False) in mixes and (256, 5, False) in mixes

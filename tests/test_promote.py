@@ -10,11 +10,12 @@ import re
 
 import pytest
 
+from conftest import SPECS_DIR
 from gemmgen.codegen import generate
 from gemmgen.errors import SpecError
 from gemmgen.plan import make_plan
-from gemmgen.space import describe, to_text
-from gemmgen.spec import parse
+from gemmgen.space import describe, expand, to_text
+from gemmgen.spec import load_one, parse
 
 KERNEL = """kernel k {{
   target   {target}
@@ -123,10 +124,7 @@ def test_ptxas_keeps_the_groups_mmas_in_flight(promote, extra):
 
 def test_the_3xtf32_search_space_holds_promote_stages_and_schedules():
     """specs/hopper_3xtf32_search.gemm: every mix buildable, the measured best among them."""
-    from pathlib import Path
-    from gemmgen.space import expand
-    from gemmgen.spec import load_one
-    space = expand(load_one(Path(__file__).resolve().parent.parent / "specs" / "hopper_3xtf32_search.gemm"))
+    space = expand(load_one(SPECS_DIR / "hopper_3xtf32_search.gemm"))
     assert space.total == space.valid == 12
     mixes = {(p.stages, p.schedule, p.promote_tiles) for p in space.plans}
     assert (4, "persistent", 2) in mixes and len(mixes) == 12

@@ -10,12 +10,13 @@ import subprocess
 
 import pytest
 
+from conftest import SPECS_DIR
 from gemmgen.codegen import derived_numbers, generate
 from gemmgen.errors import SpecError
 from gemmgen.explain import _c_store
 from gemmgen.plan import make_plan
-from gemmgen.space import describe, to_text
-from gemmgen.spec import parse
+from gemmgen.space import describe, expand, to_text
+from gemmgen.spec import load_one, parse
 
 KERNEL = """kernel k {{
   target   sm_90a
@@ -54,10 +55,7 @@ def test_staged_is_a_setting_and_a_search_set():
 
 def test_the_frontier_search_space_holds_every_buildable_mix():
     """specs/hopper_frontier_search.gemm: schedules x clusters x staged, what the Plan cannot build dropped."""
-    from pathlib import Path
-    from gemmgen.space import expand
-    from gemmgen.spec import load_one
-    space = expand(load_one(Path(__file__).resolve().parent.parent / "specs" / "hopper_frontier_search.gemm"))
+    space = expand(load_one(SPECS_DIR / "hopper_frontier_search.gemm"))
     mixes = {(p.schedule, p.cluster_blocks, p.tma_store) for p in space.plans}
     assert mixes == {(schedule, blocks, staged) for schedule in ("data-parallel", "persistent", "stream-k")
                      for blocks in (1, 2) for staged in (False, True)

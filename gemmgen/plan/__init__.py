@@ -35,10 +35,6 @@ def make_plan(spec: Spec) -> Plan:
                          "thread block must be given", "block M x N x K, e.g. block 128 x 128 x 16")
     if spec["math"] != "simt" and arch.has_wgmma:
         return wgmma_plan(spec, arch)
-    if spec.written("promote"):
-        raise spec.error("promote", "promote sets how often the wgmma 3xtf32 kernel adds the tensor "
-                         "cores' sums into FP32 registers; this kernel has no wgmma",
-                         "no promote line, or target sm_90a with math 3xtf32")
     return tiled_plan(spec, arch)
 
 

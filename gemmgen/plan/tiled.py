@@ -101,6 +101,10 @@ def _operand(spec: Spec, name: str, BM: int, BN: int, BK: int, threads: int) -> 
 
 def tiled_plan(spec: Spec, arch: Arch) -> Plan:
     """The Plan of a tiled kernel: math simt, or tensor-core math on mma.sync (not sm_90a)."""
+    if spec.written("promote"):
+        raise spec.error("promote", "promote sets how often the wgmma 3xtf32 kernel adds the tensor "
+                         "cores' sums into FP32 registers; this kernel has no wgmma",
+                         "no promote line, or target sm_90a with math 3xtf32")
     BM, BN, BK = spec["block.m"], spec["block.n"], spec["block.k"]
     TM, TN, RM, RN = spec["thread.m"], spec["thread.n"], spec["repeat.m"], spec["repeat.n"]
     uses_shared = spec["shared"]
