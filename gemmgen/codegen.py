@@ -58,7 +58,7 @@ def _wgmma_operands(plan: Plan) -> WgmmaOperands:
     count = len(order)
     return WgmmaOperands(
         placeholders=", ".join(f"%{n}" for n in range(count)),
-        outputs=", ".join(f'"+f"(acc[{i}][{j}])' for i, j in order),
+        outputs=", ".join(f'"+f"(acc[{"SLAB * TM + " if plan.RM > 1 else ""}{i}][{j}])' for i, j in order),
         a_operand=count, b_operand=count + 1, scale_operand=count + 2)
 
 

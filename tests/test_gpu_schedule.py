@@ -41,7 +41,9 @@ PINGPONG = load_one(ROOT / "specs" / "hopper_tf32_pingpong.gemm")
 SPECS.update({"hopper_tf32_pingpong": PINGPONG,
               "pingpong_64x256": replace(PINGPONG.with_values(block_n=256, stages=4), name="pingpong_64x256"),
               "pingpong_64x256_staged": replace(PINGPONG.with_values(block_n=256, stages=4, epilogue_staged=True),
-                                                name="pingpong_64x256_staged")})
+                                                name="pingpong_64x256_staged"),
+              # two 64-row slabs per consumer (NOT YET RUN ON A GPU on branch pingpong-128)
+              "pingpong_128x128": replace(PINGPONG.with_values(block_m=128, stages=4), name="pingpong_128x128")})
 
 
 @pytest.fixture(scope="module", autouse=True)

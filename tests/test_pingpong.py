@@ -43,9 +43,30 @@ def test_two_consumers_each_on_a_64_row_tile():
     assert plan.launch_blocks(4096, 4096, 512, 132) == 132 and plan.launch_blocks(128, 512, 512, 132) == 4
 
 
-def test_a_block_of_two_slabs_is_an_error_at_the_block():
-    text = error_of(bm=128)
-    assert "<spec>:4:12" in text and "each of its two consumer warpgroups whole tiles of 64 rows" in text
+def test_a_block_of_three_slabs_is_an_error_at_the_block():
+    text = error_of(bm=192)
+    assert "<spec>:4:12" in text and "whole tiles of one or two 64-row slabs" in text
+
+
+def test_a_consumer_of_two_slabs_multiplies_both_per_k_step():
+    plan = make_plan(spec_of(bm=128, bn=128))
+    assert plan.RM == 2 and plan.SUB_M == 64 and plan.consumers == 2 and plan.accumulators == 128
+    source = generate(plan)
+    consumers = _consumers(source)
+    assert "wgmma_tf32<0>(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));" in consumers
+    assert "wgmma_tf32<1>(acc, smem_descriptor(a_tile + 64 * BK + kk), smem_descriptor(b_tile + kk));" in consumers
+    assert "for (int i = 0; i < RM * TM; ++i)" in consumers
+    assert "constexpr int M_STEP = 8, SUB_M = 64, SUB_N = 8;  // RM slabs of 64 rows" in source
+    assert '"+f"(acc[SLAB * TM + 1][0])' in source
+
+
+def test_two_slabs_of_256_columns_are_too_many_registers():
+    assert "a consumer thread would hold about 304 registers (256 accumulators)" in error_of(bm=128, bn=256)
+
+
+def test_two_slabs_and_the_staged_epilogue_is_an_error():
+    text = error_of(bm=128, bn=128, extra="\n  epilogue alpha beta staged")
+    assert "a ping-pong consumer of two slabs stores from registers" in text
 
 
 def test_3xtf32_is_an_error_at_the_schedule():
@@ -90,12 +111,13 @@ def test_explain_describes_the_turns():
     assert _tiling(plan) == "block 64x256x32, 2 consumers in turn, 4 TMA stages"
 
 
-@pytest.mark.parametrize("bn, extra", [(128, ""), (256, "\n  epilogue alpha beta staged")])
-def test_the_pingpong_kernels_compile_into_registers(bn, extra):
-    """NVRTC builds them for sm_90a with every accumulator in registers."""
+@pytest.mark.parametrize("bm, bn, extra", [(64, 128, ""), (64, 256, "\n  epilogue alpha beta staged"), (128, 128, "")])
+def test_the_pingpong_kernels_compile_into_registers(bm, bn, extra):
+    """NVRTC builds them for sm_90a, every accumulator in registers (a slab picked through a
+    run-time index would put acc in local memory)."""
     pytest.importorskip("cuda.bindings")
     from gemmgen.compile import compile_plan
-    compiled = compile_plan(make_plan(spec_of(bn=bn, extra=extra)), use_cache=False)
+    compiled = compile_plan(make_plan(spec_of(bm=bm, bn=bn, extra=extra)), use_cache=False)
     assert ".local" not in compiled.ptx
     assert all(r.spill_stores == 0 for r in compiled.resources.values())
 

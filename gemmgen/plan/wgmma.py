@@ -60,10 +60,12 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         raise spec.error("block.k", f"a wgmma K tile is one 128-byte swizzled row of {WGMMA_BK} floats, "
                          f"not {BK}", f"block M x N x {WGMMA_BK}")
     pingpong = spec["schedule"] == "pingpong"
-    if pingpong and BM != 64:
+    if pingpong and BM not in (64, 128):
         raise spec.error(("block.m", "schedule"), f"schedule pingpong gives each of its two consumer "
-                         f"warpgroups whole tiles of 64 rows; block M = {BM} is the tile of one",
-                         "block 64 x N x 32 with schedule pingpong")
+                         f"warpgroups whole tiles of one or two 64-row slabs; block M = {BM} is the tile of one",
+                         "block 64 x N x 32 or 128 x N x 32 with schedule pingpong")
+    # Slabs: 64-row wgmma tiles a consumer multiplies per K step (pingpong 128 x N: two).
+    slabs = BM // 64 if pingpong else 1
     if BM % 64 or not 1 <= BM // 64 <= 2:
         raise spec.error("block.m", f"each consumer warpgroup multiplies 64 rows; block M = {BM} "
                          "must be 64 or 128 (one or two consumer warpgroups)", "block 64 or 128 x N x 32")
@@ -83,6 +85,10 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
                          "2 buffers", "stages 2 to 8, e.g. stages 4")
     consumers = 2 if pingpong else BM // 64  # pingpong: two consumers, each on its own tile
     tma_store = spec["epilogue.staged"]
+    if tma_store and slabs > 1:
+        raise spec.error(("epilogue.staged", "block.m"), "the staged epilogue stores a consumer warp's 16 "
+                         "rows of one 64-row slab; a ping-pong consumer of two slabs stores from registers",
+                         "block 64 x N with staged, or an epilogue without staged")
     if tma_store and not tma:
         raise spec.error("epilogue.staged", "the wgmma staged epilogue writes C through shared memory and "
                          "stores it with TMA; this kernel's loader warpgroups have no TMA",
@@ -115,7 +121,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
                          f"{smem_bytes} bytes of shared memory; a block on {arch.name} gets at most "
                          f"{arch.smem_per_block}", f"stages {(arch.smem_per_block - 1024 - c_stage_bytes - barriers) // stage_bytes} "
                          "or fewer, or a smaller block")
-    accumulators = BN // 2  # a 64 x BN fp32 tile over 128 threads
+    accumulators = slabs * BN // 2  # a 64 x BN fp32 tile (per slab) over 128 threads
     loaded_floats = (BM + BN) * BK // WARPGROUP  # a loader thread's share of one K tile
     if tma:
         loader_registers, limit = TMA_PRODUCER_REGISTERS, WGMMA_MAX_REGISTERS
@@ -206,7 +212,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
             name=f"{spec.name}_fallback"))
     return Plan(
         spec=spec, name=spec.name, arch=arch, uses_shared=True, BM=BM, BN=BN, BK=BK, WM=64, WN=BN,
-        TM=2, TN=2, RM=1, RN=BN // 8, SUB_M=16, SUB_N=8, warp_tiling=True, warps_m=consumers,
+        TM=2, TN=2, RM=slabs, RN=BN // 8, SUB_M=64 if slabs > 1 else 16, SUB_N=8, warp_tiling=True, warps_m=consumers,
         warps_n=1, lanes_m=8, lanes_n=4, threads=threads, order="n", stages=stages, async_copy=True,
         fragments=1, raster_group=spec["raster.group"], occupancy=1, beta=spec["epilogue.beta"],
         reduce_count=0, split_k=split_k, staged=False, c_stage_rows=0, c_stage_cols=0, c_stage_ld=0,
