@@ -171,7 +171,7 @@ class Report:
     schedule: str = ""         # a tile scheduler (schedule persistent / stream-k), in words
     dealings: tuple[tuple[str, Any], ...] = ()  # (shape, plan.schedule.Dealing) on SCHEDULE_SMS SMs
     cluster: str = ""          # thread-block clusters (cluster M x N), in words
-    cluster_launches: tuple[tuple[str, int, int], ...] = ()  # (shape, blocks launched, blocks past C's edge)
+    cluster_launches: tuple[tuple[str, int, int], ...] = ()  # (shape, blocks launched, tiles past C's edge)
 
     @property
     def spills(self) -> bool:
@@ -561,7 +561,8 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
         dealings=tuple((f"{M}x{N}x{K}", deal(plan, M, N, K, SCHEDULE_SMS)) for M, N, K in SCHEDULE_SHAPES)
         if plan.scheduled else (),
         cluster=_cluster(plan),
-        cluster_launches=tuple((f"{M}x{N}x{K}", plan.cluster_grid(M, N), plan.cluster_grid(M, N) - plan.grid(M, N))
+        cluster_launches=tuple((f"{M}x{N}x{K}", plan.launch_blocks(M, N, K, SCHEDULE_SMS),
+                                plan.cluster_grid(M, N) - plan.grid(M, N))
                                for M, N, K in SCHEDULE_SHAPES) if plan.cluster_blocks > 1 else ())
 
 
@@ -654,7 +655,7 @@ def render_text(report: Report) -> str:
     if r.cluster:
         out += ["", "cluster"]
         out += textwrap.wrap(r.cluster, 76, initial_indent="  ", subsequent_indent="  ")
-        rows = [("shape", "blocks", "past C's edge")]
+        rows = [("shape", "blocks", "tiles past C's edge")]
         rows += [(shape, str(blocks), str(idle)) for shape, blocks, idle in r.cluster_launches]
         out += _table(rows, right=(1, 2))
 

@@ -62,7 +62,7 @@ def test_a_cluster_size_that_is_no_power_of_two_is_an_error_at_its_number():
 
 @pytest.mark.parametrize("cluster, extra, fill, bn, message", [
     ("4 x 4", "", "tma", 256, "more than the 8 every sm_90 GPU can schedule"),
-    ("2 x 1", "\n  schedule stream-k", "tma", 256, "deals C tiles to single blocks"),
+    ("2 x 1", "\n  schedule stream-k", "tma", 256, "deals K tiles to single blocks"),
     ("2 x 1", "\n  split 4", "tma", 256, "clusters are built for one block per C tile"),
     ("2 x 1", "", "async", 128, "this kernel's loader warpgroups read their tiles through registers"),
     ("8 x 1", "", "tma", 32, "each load 32/8 rows of the B tile they share"),
@@ -227,3 +227,102 @@ def test_a_cluster_kernel_compiles_in_a_multi_architecture_build(tmp_path):
                            "-gencode=arch=compute_80,code=sm_80", "-o", str(tmp_path / "clustered.o"), str(source)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+# --- persistent clusters: whole clusters walk cluster tiles ---------------------------------------
+
+def test_a_persistent_cluster_launch_takes_whole_clusters_up_to_the_sms():
+    plan = make_plan(spec_of("2 x 1", extra="\n  schedule persistent"))
+    assert plan.launch_blocks(4096, 4096, 4096, 132) == 132          # 256 cluster tiles, 66 clusters
+    assert plan.launch_blocks(100, 300, 64, 132) == 4                # two cluster tiles along N
+    assert make_plan(spec_of("4 x 2", bn=128, extra="\n  schedule persistent")).launch_blocks(8192, 8192, 64, 132) == 128
+    from gemmgen.plan.schedule import deal
+    dealing = deal(plan, 4096, 4096, 4096, 132)
+    assert dealing.blocks == 132 and dealing.most_k_tiles == 4 * 128   # 256 units over 66 clusters
+    source = generate(plan)
+    assert "next_tile = blockIdx.x / CLUSTER_BLOCKS;" in source and "next_tile += gridDim.x / CLUSTER_BLOCKS;" in source
+    assert "barrier_arrive_in(&empty[(it + k_tiles - 1) % STAGES], sharers);  // the segment's last buffer" in source
+    assert source.count("tma_load_multicast(sB") == 1 and "for (int t = it > STAGES ? it - STAGES : 0; t < it; ++t)" in source
+    assert "const unsigned grid = (unsigned)((clusters < fit ? clusters : fit) * CLUSTER_BLOCKS);" in source
+
+
+def walk_schedule(plan, problems, sms, tmp_path: Path):
+    """The generated Schedule and tile_origin, compiled for the host: every block's tiles, in order."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    source = generate(plan)
+    main = source[source.index(f"namespace {plan.launcher_name}_impl"):]
+    origin = re.search(r"__device__ __forceinline__ void tile_origin\(.*?\n}\n", main, re.S).group(0)
+    schedule = re.search(r"struct Segment \{.*?\nstruct Schedule \{.*?\n};\n", main, re.S).group(0)
+    program = f"""#include <stdio.h>
+#include <algorithm>
+using std::min; using std::max;
+#define __device__
+#define __forceinline__ inline
+struct Dim {{ unsigned x; }};
+static Dim blockIdx, gridDim;
+constexpr int BM = {plan.BM}, BN = {plan.BN}, BK = {plan.BK};
+constexpr int CLUSTER_M = {plan.cluster_m}, CLUSTER_N = {plan.cluster_n}, CLUSTER_BLOCKS = CLUSTER_M * CLUSTER_N;
+constexpr int RASTER_GROUP = {plan.raster_group};
+{origin}
+{schedule}
+int main() {{
+    int M, N, K, blocks;
+    while (scanf("%d %d %d %d", &M, &N, &K, &blocks) == 4) {{
+        gridDim.x = blocks;
+        for (unsigned b = 0; b < (unsigned)blocks; ++b) {{
+            blockIdx.x = b;
+            Schedule schedule(M, N, K);
+            for (Segment segment; schedule.next(segment);) {{
+                int m0, n0;
+                tile_origin(segment.tile, M, N, m0, n0);
+                printf("%u %d %d %d %d %d\\n", b, segment.tile, m0, n0, segment.k_begin, segment.k_end);
+            }}
+        }}
+        printf("end\\n");
+    }}
+}}
+"""
+    path = tmp_path / "schedule.cpp"
+    path.write_text(program)
+    binary = tmp_path / "schedule"
+    subprocess.run([compiler, "-std=c++17", "-O1", "-o", str(binary), str(path)], check=True)
+    feed = "\n".join(f"{M} {N} {K} {plan.launch_blocks(M, N, K, sms)}" for M, N, K in problems)
+    out = subprocess.run([str(binary)], input=feed, capture_output=True, text=True, check=True).stdout
+    runs, rows = [], []
+    for line in out.splitlines():
+        if line == "end":
+            runs.append(rows)
+            rows = []
+        else:
+            rows.append(tuple(int(x) for x in line.split()))
+    return runs
+
+
+@pytest.mark.parametrize("cluster, bn, group", [("2 x 1", 256, 8), ("1 x 2", 256, 1), ("2 x 2", 128, 8),
+                                                ("4 x 2", 128, 4)])
+def test_persistent_clusters_take_every_tile_once_together(cluster, bn, group, tmp_path):
+    plan = make_plan(spec_of(cluster, bn=bn, group=group, extra="\n  schedule persistent"))
+    problems = [(4096, 4096, 512), (4092, 4092, 64), (100, 300, 64), (1, 1, 1), (8192, 128, 64),
+                (5003, 777, 64), (3 * 128 + 1, 5 * bn, 64)]
+    for (M, N, K), rows in zip(problems, walk_schedule(plan, problems, 132, tmp_path)):
+        blocks = plan.launch_blocks(M, N, K, 132)
+        assert blocks % plan.cluster_blocks == 0
+        inside = [(m0, n0) for _, _, m0, n0, _, _ in rows if m0 < M and n0 < N]
+        every = {(m * plan.BM, n * plan.BN) for m in range(-(-M // plan.BM)) for n in range(-(-N // plan.BN))}
+        assert sorted(inside) == sorted(every), f"{cluster} at {M}x{N}: a C tile missed or taken twice"
+        walks = {b: [r for r in rows if r[0] == b] for b in range(blocks)}
+        for first in range(0, blocks, plan.cluster_blocks):
+            members = [walks[first + rank] for rank in range(plan.cluster_blocks)]
+            # the blocks of a cluster walk the same cluster tiles, whole, in the same order
+            units = [[(r[1], r[4], r[5]) for r in walk] for walk in members]
+            assert all(u == units[0] for u in units), "a cluster's blocks walk different tiles"
+            assert all(r[4] == 0 and r[5] == -(-K // plan.BK) for r in members[0])
+            for step in range(len(members[0])):
+                m0s = [walk[step][2] for walk in members]
+                n0s = [walk[step][3] for walk in members]
+                for rank in range(plan.cluster_blocks):
+                    rank_m, rank_n = rank % plan.cluster_m, rank // plan.cluster_m
+                    assert m0s[rank] == m0s[rank_m] and n0s[rank] == n0s[rank_n * plan.cluster_m]
+                    assert (m0s[rank], n0s[rank]) == (m0s[0] + rank_m * plan.BM, n0s[0] + rank_n * plan.BN)

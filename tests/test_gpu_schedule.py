@@ -42,8 +42,17 @@ SPECS.update({"hopper_tf32_pingpong": PINGPONG,
               "pingpong_64x256": replace(PINGPONG.with_values(block_n=256, stages=4), name="pingpong_64x256"),
               "pingpong_64x256_staged": replace(PINGPONG.with_values(block_n=256, stages=4, epilogue_staged=True),
                                                 name="pingpong_64x256_staged"),
-              # two 64-row slabs per consumer (NOT YET RUN ON A GPU on branch pingpong-128)
+              # two 64-row slabs per consumer
               "pingpong_128x128": replace(PINGPONG.with_values(block_m=128, stages=4), name="pingpong_128x128")})
+# Persistent clusters: whole clusters walking cluster tiles (staged C in one of them).
+PERSISTENT_CLUSTERED = {
+    "tf32_c2x1_persistent": replace(CLUSTERED["tf32_c2x1"].with_values(schedule="persistent"), name="tf32_c2x1_persistent"),
+    "tf32_c2x2_persistent_staged": replace(CLUSTERED["tf32_c2x2"].with_values(schedule="persistent", epilogue_staged=True),
+                                           name="tf32_c2x2_persistent_staged"),
+    "x3tf32_c1x2_persistent": replace(CLUSTERED["3xtf32_c1x2"].with_values(schedule="persistent"),
+                                      name="x3tf32_c1x2_persistent"),
+}
+SPECS.update(PERSISTENT_CLUSTERED)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -76,7 +85,7 @@ CASES = verify.QUICK_CASES + (
 )
 
 
-@pytest.mark.parametrize("name", sorted(set(SPECS) - set(CLUSTERED)))
+@pytest.mark.parametrize("name", sorted(set(SPECS) - set(CLUSTERED) - set(PERSISTENT_CLUSTERED)))
 def test_scheduled_kernels_match_float64(name, kernels):
     report = verify.check(kernels(name), CASES, seed=21)
     assert report.ok, "\n".join(f"{r.case}: {r.message}" for r in report.failures)
@@ -172,15 +181,17 @@ CLUSTER_CASES = verify.QUICK_CASES + (
 )
 
 
-@pytest.mark.parametrize("name", sorted(CLUSTERED))
+@pytest.mark.parametrize("name", sorted(CLUSTERED) + sorted(PERSISTENT_CLUSTERED))
 def test_cluster_kernels_match_float64(name, kernels):
     report = verify.check(kernels(name), CLUSTER_CASES, seed=5)
     assert report.ok, "\n".join(f"{r.case}: {r.message}" for r in report.failures)
 
 
-def test_cluster_c_abi_matches_float64(cp, tmp_path):
-    """The nvcc-built launcher starts whole clusters (__cluster_dims__) with slice-sized TMA boxes."""
-    function = _build_abi("hopper_tf32_cluster", tmp_path)
+@pytest.mark.parametrize("name", ["hopper_tf32_cluster", "tf32_c2x1_persistent"])
+def test_cluster_c_abi_matches_float64(name, cp, tmp_path):
+    """The nvcc-built launcher starts whole clusters (__cluster_dims__) with slice-sized TMA boxes
+    (persistent: no more clusters than fit the SMs, each walking cluster tiles)."""
+    function = _build_abi(name, tmp_path)
     for M, N, K in [(4092, 4092, 1024), (100, 300, 200), (129, 2000, 700), (1, 1, 1), (1000, 1000, 1000)]:
         rng = np.random.default_rng(M + 3 * N + K)
         A = rng.uniform(-1, 1, (M, K)).astype(np.float32)

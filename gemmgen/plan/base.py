@@ -258,10 +258,14 @@ class Plan:
 
     def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
         """Blocks along x the launcher starts on a GPU of `sms` SMs (the launcher's arithmetic):
-        a block per C tile; persistent, no more blocks than SMs; stream-k, as many as SMs unless
-        there are fewer K tiles in all."""
+        a block per C tile; persistent, no more blocks than SMs (with clusters, whole clusters of
+        them); stream-k, as many as SMs unless there are fewer K tiles in all."""
         tiles = self.grid(M, N)
         most = min(sms, self.max_scheduled_blocks)
+        if self.schedule in ("persistent", "pingpong") and self.cluster_blocks > 1:
+            # whole clusters, each walking cluster-sized groups of tiles (units)
+            units = self.cluster_grid(M, N) // self.cluster_blocks
+            return min(units, max(1, most // self.cluster_blocks)) * self.cluster_blocks
         if self.schedule in ("persistent", "pingpong"):
             return min(tiles, most)
         if self.schedule == "stream-k":

@@ -54,6 +54,9 @@ def deal(plan: Plan, M: int, N: int, K: int, sms: int) -> Dealing:
         return Dealing(blocks, tiles, k_tiles, 0, 0, per_slice, k_tiles - per_slice * (plan.split_k - 1),
                        ceil(k_tiles / per_slice), 0)
     whole_most, whole_least = ceil(whole / blocks), whole // blocks
+    if plan.cluster_blocks > 1:  # persistent clusters walk cluster-sized groups of tiles, edge ones too
+        units, clusters = plan.cluster_grid(M, N) // plan.cluster_blocks, blocks // plan.cluster_blocks
+        whole_most, whole_least = ceil(units / clusters), units // clusters
     share, extra = divmod(sk_tiles * k_tiles, blocks)
     most = whole_most * k_tiles + share + (1 if extra else 0)
     least = whole_least * k_tiles + share
@@ -70,6 +73,11 @@ def deal(plan: Plan, M: int, N: int, K: int, sms: int) -> Dealing:
 
 def describe(plan: Plan) -> str:
     """One line on the schedule for headers and explain."""
+    if plan.schedule == "persistent" and plan.cluster_blocks > 1:
+        return (f"persistent clusters: min(cluster tiles, SMs / {plan.cluster_blocks}) clusters of "
+                f"{plan.cluster_m} x {plan.cluster_n} blocks, cluster c multiplying cluster tiles c, c + clusters, "
+                "... in raster order, its blocks together; the producers run on into the next tile while "
+                "the consumers store the last")
     if plan.schedule == "persistent":
         return ("persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster "
                 "order; the producer runs on into the next tile while the consumers store the last")

@@ -180,10 +180,10 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         if not tma:
             raise spec.error(cluster, "the blocks of a cluster share tiles by TMA multicast; this kernel's "
                              "loader warpgroups read their tiles through registers", "stages N tma")
-        if schedule != "data-parallel":
-            raise spec.error(cluster + ("schedule",), f"schedule {schedule} deals C tiles to single blocks; a "
-                             "cluster's blocks must take neighbouring tiles together",
-                             "cluster with schedule data-parallel, or no cluster line")
+        if schedule == "stream-k":
+            raise spec.error(cluster + ("schedule",), "schedule stream-k deals K tiles to single blocks; a "
+                             "cluster's blocks must take neighbouring tiles together, whole",
+                             "cluster with schedule data-parallel or persistent, or no cluster line")
         if split_k > 1:
             raise spec.error(cluster + ("split",), "split K's blocks add into C with atomics; clusters are "
                              "built for one block per C tile", "split 1 with a cluster")
