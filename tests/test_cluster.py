@@ -185,13 +185,17 @@ int main() {{
     subprocess.run([compiler, "-std=c++17", "-O1", "-o", str(binary), str(source)], check=True)
     feed = "\n".join(f"{M} {N} {plan.cluster_grid(M, N)}" for M, N in problems)
     out = subprocess.run([str(binary)], input=feed, capture_output=True, text=True, check=True).stdout
-    runs, rows = [], []
+    runs, rows, counts = [], [], {}
     for line in out.splitlines():
-        if line == "end":
+        if line.startswith("tiles "):
+            block, count = (int(x) for x in line.split()[1:])
+            counts[len(runs), block] = count
+        elif line == "end":
             runs.append(rows)
             rows = []
         else:
             rows.append(tuple(int(x) for x in line.split()))
+    walk_schedule.block_tiles = counts  # (the problem's index, block) -> block_tiles
     return runs
 
 
@@ -243,7 +247,9 @@ def test_a_persistent_cluster_launch_takes_whole_clusters_up_to_the_sms():
     assert "next_tile = blockIdx.x / CLUSTER_BLOCKS;" in source and "next_tile += gridDim.x / CLUSTER_BLOCKS;" in source
     assert "barrier_arrive_in(&empty[(it + k_tiles - 1) % STAGES], sharers);  // the segment's last buffer" in source
     assert source.count("tma_load_multicast(sB") == 1 and "for (int t = it > STAGES ? it - STAGES : 0; t < it; ++t)" in source
-    assert "const unsigned grid = (unsigned)((clusters < fit ? clusters : fit) * CLUSTER_BLOCKS);" in source
+    grid = source.index("const unsigned grid = (unsigned)((clusters < fit ? clusters : fit) * CLUSTER_BLOCKS);")
+    # ... and launches the kernel on that grid (a launcher that computed it and returned ran nothing)
+    assert source.index("kernel<<<grid, THREADS, SMEM_BYTES, stream>>>", grid) < source.index("return (int)cudaGetLastError();", grid)
 
 
 def walk_schedule(plan, problems, sms, tmp_path: Path):
@@ -255,6 +261,9 @@ def walk_schedule(plan, problems, sms, tmp_path: Path):
     main = source[source.index(f"namespace {plan.launcher_name}_impl"):]
     origin = re.search(r"__device__ __forceinline__ void tile_origin\(.*?\n}\n", main, re.S).group(0)
     schedule = re.search(r"struct Segment \{.*?\nstruct Schedule \{.*?\n};\n", main, re.S).group(0)
+    # ping-pong: the consumers' count of the block's tiles (the turn that ends the hand-overs)
+    counted = re.search(r"\n( *const int clusters = .*?\n)?( *const int block_tiles = .*?;)\n", main)
+    count = "".join(line or "" for line in counted.groups()) if counted else "const int block_tiles = -1;"
     program = f"""#include <stdio.h>
 #include <algorithm>
 using std::min; using std::max;
@@ -274,6 +283,8 @@ int main() {{
         for (unsigned b = 0; b < (unsigned)blocks; ++b) {{
             blockIdx.x = b;
             Schedule schedule(M, N, K);
+            {count}
+            printf("tiles %u %d\\n", b, block_tiles);
             for (Segment segment; schedule.next(segment);) {{
                 int m0, n0;
                 tile_origin(segment.tile, M, N, m0, n0);
@@ -290,13 +301,17 @@ int main() {{
     subprocess.run([compiler, "-std=c++17", "-O1", "-o", str(binary), str(path)], check=True)
     feed = "\n".join(f"{M} {N} {K} {plan.launch_blocks(M, N, K, sms)}" for M, N, K in problems)
     out = subprocess.run([str(binary)], input=feed, capture_output=True, text=True, check=True).stdout
-    runs, rows = [], []
+    runs, rows, counts = [], [], {}
     for line in out.splitlines():
-        if line == "end":
+        if line.startswith("tiles "):
+            block, count = (int(x) for x in line.split()[1:])
+            counts[len(runs), block] = count
+        elif line == "end":
             runs.append(rows)
             rows = []
         else:
             rows.append(tuple(int(x) for x in line.split()))
+    walk_schedule.block_tiles = counts  # (the problem's index, block) -> block_tiles
     return runs
 
 
@@ -326,3 +341,30 @@ def test_persistent_clusters_take_every_tile_once_together(cluster, bn, group, t
                     rank_m, rank_n = rank % plan.cluster_m, rank // plan.cluster_m
                     assert m0s[rank] == m0s[rank_m] and n0s[rank] == n0s[rank_n * plan.cluster_m]
                     assert (m0s[rank], n0s[rank]) == (m0s[0] + rank_m * plan.BM, n0s[0] + rank_n * plan.BN)
+
+
+@pytest.mark.parametrize("cluster, bm, bn", [("1 x 2", 128, 128), ("2 x 1", 128, 128), ("2 x 1", 64, 128),
+                                             ("2 x 2", 64, 256)])
+def test_pingpong_clusters_take_every_tile_once_together_and_count_their_turns(cluster, bm, bn, tmp_path):
+    """schedule pingpong in clusters: the blocks of a cluster walk the same cluster tiles, and each
+    block's consumers count its tiles right (the last hand-over is skipped, none is left waiting)."""
+    plan = make_plan(spec_of(cluster, bm=bm, bn=bn, stages=4, extra="\n  schedule pingpong"))
+    assert plan.pingpong and plan.cluster_blocks == 2 * (cluster == "2 x 2") + 2
+    problems = [(4096, 4096, 512), (4092, 4092, 64), (100, 300, 64), (1, 1, 1), (8192, 128, 64),
+                (5003, 777, 64), (3 * 128 + 1, 5 * bn, 64)]
+    runs = walk_schedule(plan, problems, 132, tmp_path)
+    counts = walk_schedule.block_tiles
+    for index, ((M, N, K), rows) in enumerate(zip(problems, runs)):
+        blocks = plan.launch_blocks(M, N, K, 132)
+        assert blocks % plan.cluster_blocks == 0 and blocks <= 132
+        inside = [(m0, n0) for _, _, m0, n0, _, _ in rows if m0 < M and n0 < N]
+        every = {(m * plan.BM, n * plan.BN) for m in range(-(-M // plan.BM)) for n in range(-(-N // plan.BN))}
+        assert sorted(inside) == sorted(every), f"{cluster} at {M}x{N}: a C tile missed or taken twice"
+        for block in range(blocks):
+            walked = [r[1] for r in rows if r[0] == block]
+            peer = [r[1] for r in rows if r[0] == block - block % plan.cluster_blocks]
+            assert walked == peer, "a cluster's blocks walk different tiles"
+            assert len(walked) == counts[index, block], f"block {block} at {M}x{N} counts its tiles wrong"
+    source = generate(plan)
+    assert "barrier_init(&empty[s], 4 * SHARERS);" in source  # one consumer frees a stage, in every sharer
+    assert "pingpong clusters" in source

@@ -52,6 +52,14 @@ PERSISTENT_CLUSTERED = {
     "x3tf32_c1x2_persistent": replace(CLUSTERED["3xtf32_c1x2"].with_values(schedule="persistent"),
                                       name="x3tf32_c1x2_persistent"),
 }
+# Ping-pong in clusters: 128 x 128 per consumer in 1 x 2 and 2 x 1 (cuBLAS's at short K), 64 x 256
+# staged in 2 x 1.
+PERSISTENT_CLUSTERED.update({
+    "pingpong_128x128_c1x2": replace(SPECS["pingpong_128x128"].with_values(cluster_n=2, stages=6), name="pingpong_128x128_c1x2"),
+    "pingpong_128x128_c2x1": replace(SPECS["pingpong_128x128"].with_values(cluster_m=2), name="pingpong_128x128_c2x1"),
+    "pingpong_64x256_c2x1_staged": replace(SPECS["pingpong_64x256_staged"].with_values(cluster_m=2),
+                                           name="pingpong_64x256_c2x1_staged"),
+})
 SPECS.update(PERSISTENT_CLUSTERED)
 
 
@@ -187,7 +195,7 @@ def test_cluster_kernels_match_float64(name, kernels):
     assert report.ok, "\n".join(f"{r.case}: {r.message}" for r in report.failures)
 
 
-@pytest.mark.parametrize("name", ["hopper_tf32_cluster", "tf32_c2x1_persistent"])
+@pytest.mark.parametrize("name", ["hopper_tf32_cluster", "tf32_c2x1_persistent", "pingpong_128x128_c1x2"])
 def test_cluster_c_abi_matches_float64(name, cp, tmp_path):
     """The nvcc-built launcher starts whole clusters (__cluster_dims__) with slice-sized TMA boxes
     (persistent: no more clusters than fit the SMs, each walking cluster tiles)."""

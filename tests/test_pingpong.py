@@ -74,8 +74,12 @@ def test_3xtf32_is_an_error_at_the_schedule():
     assert "<spec>:7:12" in text and "schedule pingpong is built for math tf32" in text
 
 
-def test_clusters_are_an_error():
-    assert "deals C tiles to single blocks" in error_of(extra="\n  cluster  2 x 1")
+def test_clusters_walk_cluster_tiles():
+    from gemmgen.plan.schedule import describe
+    plan = make_plan(spec_of(extra="\n  cluster  2 x 1"))
+    assert plan.pingpong and plan.cluster_blocks == 2
+    assert describe(plan).startswith("pingpong clusters: min(cluster tiles, SMs / 2) clusters of 2 x 1 blocks")
+    assert plan.launch_blocks(4096, 4096, 512, 132) == 132 and plan.launch_blocks(100, 300, 64, 132) == 4
 
 
 def _consumers(source: str) -> str:
@@ -111,7 +115,8 @@ def test_explain_describes_the_turns():
     assert _tiling(plan) == "block 64x256x32, 2 consumers in turn, 4 TMA stages"
 
 
-@pytest.mark.parametrize("bm, bn, extra", [(64, 128, ""), (64, 256, "\n  epilogue alpha beta staged"), (128, 128, "")])
+@pytest.mark.parametrize("bm, bn, extra", [(64, 128, ""), (64, 256, "\n  epilogue alpha beta staged"), (128, 128, ""),
+                                           (128, 128, "\n  cluster 1 x 2"), (64, 256, "\n  cluster 2 x 1\n  epilogue alpha beta staged")])
 def test_the_pingpong_kernels_compile_into_registers(bm, bn, extra):
     """NVRTC builds them for sm_90a, every accumulator in registers (a slab picked through a
     run-time index would put acc in local memory)."""

@@ -81,6 +81,11 @@ def describe(plan: Plan) -> str:
     if plan.schedule == "persistent":
         return ("persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster "
                 "order; the producer runs on into the next tile while the consumers store the last")
+    if plan.schedule == "pingpong" and plan.cluster_blocks > 1:
+        return (f"pingpong clusters: min(cluster tiles, SMs / {plan.cluster_blocks}) clusters of "
+                f"{plan.cluster_m} x {plan.cluster_n} blocks, cluster c walking cluster tiles c, c + clusters, "
+                "... in raster order, its blocks together, each block's two consumer warpgroups taking its "
+                "tiles in turn, so that one stores its tile while the other multiplies the next")
     if plan.schedule == "pingpong":
         return ("pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, "
                 "its two consumer warpgroups taking them in turn, so that one stores its tile while the "
