@@ -179,11 +179,16 @@ int main() {{
     }}
 }}
 """
-    source = tmp_path / "tiles.cpp"
-    source.write_text(program)
-    binary = tmp_path / "tiles"
-    subprocess.run([compiler, "-std=c++17", "-O1", "-o", str(binary), str(source)], check=True)
     feed = "\n".join(f"{M} {N} {plan.cluster_grid(M, N)}" for M, N in problems)
+    runs, _ = run_on_host(compiler, program, feed, tmp_path / "tiles")
+    return runs
+
+
+def run_on_host(compiler: str, program: str, feed: str, binary: Path):
+    """Compile a host program, feed it problems, and read its lines back: a list of rows (tuples of
+    ints) per problem, each problem ended by "end", and "tiles B COUNT" lines as {(problem, B): COUNT}."""
+    binary.with_suffix(".cpp").write_text(program)
+    subprocess.run([compiler, "-std=c++17", "-O1", "-o", str(binary), str(binary.with_suffix(".cpp"))], check=True)
     out = subprocess.run([str(binary)], input=feed, capture_output=True, text=True, check=True).stdout
     runs, rows, counts = [], [], {}
     for line in out.splitlines():
@@ -195,8 +200,7 @@ int main() {{
             rows = []
         else:
             rows.append(tuple(int(x) for x in line.split()))
-    walk_schedule.block_tiles = counts  # (the problem's index, block) -> block_tiles
-    return runs
+    return runs, counts
 
 
 @pytest.mark.parametrize("cluster, bn, group", [("2 x 1", 256, 8), ("1 x 2", 256, 8), ("2 x 2", 128, 1),
@@ -253,7 +257,8 @@ def test_a_persistent_cluster_launch_takes_whole_clusters_up_to_the_sms():
 
 
 def walk_schedule(plan, problems, sms, tmp_path: Path):
-    """The generated Schedule and tile_origin, compiled for the host: every block's tiles, in order."""
+    """The generated Schedule and tile_origin, compiled for the host: every block's tiles, in order,
+    per problem, and the ping-pong consumers' count of them ({(problem, block): count})."""
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         pytest.skip("no host C++ compiler")
@@ -295,24 +300,8 @@ int main() {{
     }}
 }}
 """
-    path = tmp_path / "schedule.cpp"
-    path.write_text(program)
-    binary = tmp_path / "schedule"
-    subprocess.run([compiler, "-std=c++17", "-O1", "-o", str(binary), str(path)], check=True)
     feed = "\n".join(f"{M} {N} {K} {plan.launch_blocks(M, N, K, sms)}" for M, N, K in problems)
-    out = subprocess.run([str(binary)], input=feed, capture_output=True, text=True, check=True).stdout
-    runs, rows, counts = [], [], {}
-    for line in out.splitlines():
-        if line.startswith("tiles "):
-            block, count = (int(x) for x in line.split()[1:])
-            counts[len(runs), block] = count
-        elif line == "end":
-            runs.append(rows)
-            rows = []
-        else:
-            rows.append(tuple(int(x) for x in line.split()))
-    walk_schedule.block_tiles = counts  # (the problem's index, block) -> block_tiles
-    return runs
+    return run_on_host(compiler, program, feed, tmp_path / "schedule")
 
 
 @pytest.mark.parametrize("cluster, bn, group", [("2 x 1", 256, 8), ("1 x 2", 256, 1), ("2 x 2", 128, 8),
@@ -321,7 +310,8 @@ def test_persistent_clusters_take_every_tile_once_together(cluster, bn, group, t
     plan = make_plan(spec_of(cluster, bn=bn, group=group, extra="\n  schedule persistent"))
     problems = [(4096, 4096, 512), (4092, 4092, 64), (100, 300, 64), (1, 1, 1), (8192, 128, 64),
                 (5003, 777, 64), (3 * 128 + 1, 5 * bn, 64)]
-    for (M, N, K), rows in zip(problems, walk_schedule(plan, problems, 132, tmp_path)):
+    runs, _ = walk_schedule(plan, problems, 132, tmp_path)
+    for (M, N, K), rows in zip(problems, runs):
         blocks = plan.launch_blocks(M, N, K, 132)
         assert blocks % plan.cluster_blocks == 0
         inside = [(m0, n0) for _, _, m0, n0, _, _ in rows if m0 < M and n0 < N]
@@ -352,8 +342,7 @@ def test_pingpong_clusters_take_every_tile_once_together_and_count_their_turns(c
     assert plan.pingpong and plan.cluster_blocks == 2 * (cluster == "2 x 2") + 2
     problems = [(4096, 4096, 512), (4092, 4092, 64), (100, 300, 64), (1, 1, 1), (8192, 128, 64),
                 (5003, 777, 64), (3 * 128 + 1, 5 * bn, 64)]
-    runs = walk_schedule(plan, problems, 132, tmp_path)
-    counts = walk_schedule.block_tiles
+    runs, counts = walk_schedule(plan, problems, 132, tmp_path)
     for index, ((M, N, K), rows) in enumerate(zip(problems, runs)):
         blocks = plan.launch_blocks(M, N, K, 132)
         assert blocks % plan.cluster_blocks == 0 and blocks <= 132
