@@ -128,11 +128,14 @@ def test_the_pingpong_kernels_compile_into_registers(bm, bn, extra):
 
 
 def test_the_pingpong_search_space_drops_what_does_not_fit():
-    """specs/hopper_pingpong_search.gemm: 64 x 256 tiles fit 6 stages only without staged C and
-    5 not with it; everything at 64 x 128 fits."""
+    """specs/hopper_pingpong_search.gemm: 64 x 256 tiles fit 5 stages only without staged C and
+    6 not at all; everything at 64 x 128 fits; two slabs (128 rows) take 128 columns (256 would need
+    too many registers) and no staged C; each fits with or without a 2 x 1 cluster."""
     space = expand(load_one(SPECS_DIR / "hopper_pingpong_search.gemm"))
-    assert (space.total, space.valid) == (24, 18)
-    mixes = {(p.BN, p.stages, p.tma_store) for p in space.plans}
-    assert (128, 6, False) in mixes and (256, 5, False) in mixes
-    assert (256, 6, False) not in mixes and (256, 5, True) not in mixes
-    assert all(p.pingpong and p.BM == 64 for p in space.plans)
+    assert (space.total, space.valid) == (48, 24)
+    mixes = {(p.BM, p.BN, p.stages, p.tma_store) for p in space.plans}
+    assert (64, 128, 6, True) in mixes and (64, 256, 5, False) in mixes and (128, 128, 6, False) in mixes
+    assert (64, 256, 6, False) not in mixes and (64, 256, 5, True) not in mixes
+    assert not any(p.BM == 128 and (p.BN == 256 or p.tma_store) for p in space.plans)
+    assert {p.cluster_m for p in space.plans} == {1, 2}
+    assert all(p.pingpong for p in space.plans)
