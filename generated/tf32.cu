@@ -1788,6 +1788,12 @@ struct Schedule {
         next_tile += gridDim.x;
         return true;
     }
+
+    // The whole tiles this block has still to walk (ping-pong: its consumers' turns).
+    __device__ int tiles_left() const {
+        const int stride = gridDim.x;
+        return (tiles - next_tile + stride - 1) / stride;
+    }
 };
 
 template <bool ALIGNED>
@@ -1856,7 +1862,7 @@ gemmgen_tf32_1_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
     // other multiplies the next. A consumer waits for its tile's stages only once the other has
     // waited for all of the tile before (the turn), so that a stage's fills are awaited in order.
-    const int block_tiles = (schedule.tiles - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int block_tiles = schedule.tiles_left();
     for (Segment segment; schedule.next(segment); ++turn) {
         const int k_tiles = segment.k_end - segment.k_begin;
         if (turn % CONSUMERS != consumer) {  // the other consumer's tile

@@ -253,7 +253,8 @@ class Plan:
     @property
     def pingpong(self) -> bool:
         """schedule pingpong: the persistent walk, its tiles taken by the two consumer warpgroups in
-        turn, so that one's epilogue overlaps the other's MMAs (block M = one consumer's 64 rows)."""
+        turn, so that one's epilogue overlaps the other's MMAs (block M = one consumer's tile: one
+        or two 64-row slabs)."""
         return self.schedule == "pingpong"
 
     def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
@@ -262,11 +263,10 @@ class Plan:
         them); stream-k, as many as SMs unless there are fewer K tiles in all."""
         tiles = self.grid(M, N)
         most = min(sms, self.max_scheduled_blocks)
-        if self.schedule in ("persistent", "pingpong") and self.cluster_blocks > 1:
-            # whole clusters, each walking cluster-sized groups of tiles (units)
-            units = self.cluster_grid(M, N) // self.cluster_blocks
-            return min(units, max(1, most // self.cluster_blocks)) * self.cluster_blocks
         if self.schedule in ("persistent", "pingpong"):
+            if self.cluster_blocks > 1:  # whole clusters, each walking cluster-sized groups of tiles (units)
+                units = self.cluster_grid(M, N) // self.cluster_blocks
+                return min(units, max(1, most // self.cluster_blocks)) * self.cluster_blocks
             return min(tiles, most)
         if self.schedule == "stream-k":
             return min(most, tiles * max(1, ceil(K / self.BK)))
