@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .runtime import Kernel, ShapeError, as_matrix, device_info, stream_handle, use_device
+from .runtime import Kernel, ShapeError, as_matrix, device_info, stream_handle, on_device
 from .selection import alignment_class, choose
 
 PRECISIONS = ("fp32", "tf32")
@@ -228,8 +228,8 @@ def matmul(A: Any, B: Any, out: Any = None, *, alpha: float = 1.0, beta: float =
         A, a = _read(A, "A", "col" if layouts["B"] == "row" else "row")
         B, b = _read(B, "B", "col" if layouts["A"] == "row" else "row")
         first, second, m, n = b, a, N, M
-    use_device(device)
-    handle = stream_handle(stream) if stream is not None else _current_stream(out)
-    runtime.launch(m, n, K, alpha, first.ptr, first.ld, second.ptr, second.ld, beta, c.ptr, c.ld,
-                   stream=handle)
+    with on_device(device):
+        handle = stream_handle(stream) if stream is not None else _current_stream(out)
+        runtime.launch(m, n, K, alpha, first.ptr, first.ld, second.ptr, second.ld, beta, c.ptr, c.ld,
+                       stream=handle)
     return out

@@ -714,9 +714,10 @@ class ScalingReport:
     M: int
     N: int
     K: int
-    one_gpu_ms: float
+    one_gpu_ms: float                # the whole problem on the first device, host time of the call
     split: SplitResult
     resident: ResidentResult | None = None
+    one_gpu_kernel_ms: float = 0.0   # the same call's kernel, CUDA events
 
     @property
     def flops(self) -> float:
@@ -748,7 +749,10 @@ class ScalingReport:
 
     @property
     def efficiency(self) -> float:
-        return self.scaling(self.kernel_tflops)
+        """The slowest device's kernels against one GPU's kernel on the whole problem (events on
+        both sides): what the split costs the kernels, copies and launches left out."""
+        one = self._tflops(self.one_gpu_kernel_ms or self.one_gpu_ms)
+        return self.kernel_tflops / (len(self.devices) * one) if one else 0.0
 
 
 def parse_devices(text: str, available: int) -> list[int]:
@@ -787,16 +791,32 @@ def worst_error_ratio(cp, A, B, C, math: str) -> float:
     return float(cp.nan_to_num(ratio, nan=cp.inf).max())
 
 
+def _one_gpu(layer: CupyLayer, kernel: Launcher, device: int, A: Any, B: Any, C: Any) -> SplitResult:
+    """The whole problem on one GPU as a caller runs it: one launch, then wait for C."""
+    started = time.perf_counter()
+    compute = layer.stream(device, "compute")
+    start = layer.record(device, compute)
+    with layer.cp.cuda.Device(device):
+        kernel(A, B, C, stream=compute)
+    end = layer.record(device, compute)
+    layer.synchronize(device)
+    result = SplitResult([Part(device, 0, 0, A.shape[0])], 0, {0: layer.elapsed_ms(start, end)})
+    result.end_to_end_ms = (time.perf_counter() - started) * 1e3
+    return result
+
+
 def measure_scaling(plan: Plan, M: int, N: int, K: int, devices: list[int], *, runs: int = 3,
                     compiled=None, axis: int | None = None, chunks: int = DEFAULT_CHUNKS,
                     local_views: bool = True) -> tuple[ScalingReport, float]:
     """One GPU on the whole problem against the split over `devices` (inputs starting on the
     first, in the kernel's layouts) and against shards already resident (bands of A's rows, B on
-    each device); the split and the shards are checked against float64 first. Medians of `runs`.
-    Returns the report and the worst error ratio (<= 1 passes)."""
-    import cupy as cp
+    each device); the split and the shards are checked against float64 first.
 
-    from .bench import time_gpu
+    The three are timed alike and in turns, `runs` rounds after a warm-up round: host time of one
+    call until its C is complete (for one GPU: the kernel on the whole problem, launched and waited
+    for), so that each side pays its own launch costs, rests as long between calls, and a GPU's
+    clocks favour neither. Medians. Returns the report and the worst error ratio (<= 1 passes)."""
+    import cupy as cp
 
     layer = CupyLayer(compiled)
     home = devices[0]
@@ -805,11 +825,9 @@ def measure_scaling(plan: Plan, M: int, N: int, K: int, devices: list[int], *, r
         A, B, C = _inputs(cp, M, N, K, kernel.layouts, M * 31 + N * 17 + K)
         split = lambda: split_gemm(plan, A, B, C, devices=devices, layer=layer, axis=axis,  # noqa: E731
                                    chunks=chunks, local_views=local_views)
+        one_gpu = lambda: _one_gpu(layer, kernel, home, A, B, C)  # noqa: E731
         split()
         worst = worst_error_ratio(cp, A, B, C, plan.math)
-        one_gpu = time_gpu(lambda: kernel(A, B, C), budget_s=0.2, min_runs=runs).median_ms
-    results = sorted((split() for _ in range(runs)), key=lambda r: r.end_to_end_ms)
-    median = results[len(results) // 2]
     shards, rows = [], make_parts(M, N, K, devices, 0, plan.BM)
     for part in rows:
         with cp.cuda.Device(part.device):
@@ -817,10 +835,14 @@ def measure_scaling(plan: Plan, M: int, N: int, K: int, devices: list[int], *, r
                                 cp.array(B, order="C" if kernel.layouts["B"] == "row" else "F")))
     resident = lambda: resident_gemm(plan, shards, layer=layer)  # noqa: E731
     first = resident()
-    for part, band in zip(rows, first.bands):
-        with cp.cuda.Device(home):
-            C[part.start:part.stop] = cp.asarray(band) if part.device == home else cp.array(band)
     with cp.cuda.Device(home):
+        C.fill(cp.nan)
+        for part, band in zip(rows, first.bands):
+            C[part.start:part.stop] = cp.asarray(band) if part.device == home else cp.array(band)
         worst = max(worst, worst_error_ratio(cp, A, B, C, plan.math))
-    timed = sorted((resident() for _ in range(runs)), key=lambda r: r.end_to_end_ms)
-    return ScalingReport(devices, M, N, K, one_gpu, median, timed[len(timed) // 2]), worst
+    one_gpu()  # the warm-up round's last call
+    rounds = [(one_gpu(), split(), resident()) for _ in range(runs)]
+    median = lambda results: sorted(results, key=lambda r: r.end_to_end_ms)[len(results) // 2]  # noqa: E731
+    ones, splits, residents = (median([r[i] for r in rounds]) for i in range(3))
+    return ScalingReport(devices, M, N, K, ones.end_to_end_ms, splits, residents,
+                         one_gpu_kernel_ms=ones.slowest_kernel_ms), worst

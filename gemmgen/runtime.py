@@ -9,6 +9,7 @@ the kernel and the launch.
 from __future__ import annotations
 
 import ctypes
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,23 @@ def use_device(ordinal: int = 0):
     return _contexts[ordinal]
 
 
+@contextmanager
+def on_device(ordinal: int):
+    """The device's primary context current inside the block, and the caller's current again
+    after it: launching on GPU 1 from code that works on GPU 0 (CuPy's or PyTorch's current
+    device) leaves GPU 0 current, so the caller's next allocation lands where it meant."""
+    driver = _driver()
+    if not _contexts:
+        _check(driver.cuInit(0), "cuInit")
+    previous = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    context = use_device(ordinal)
+    try:
+        yield context
+    finally:
+        if int(previous) != int(context):
+            driver.cuCtxSetCurrent(previous)
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     name: str
@@ -107,7 +125,11 @@ class DeviceInfo:
 
 def device_info(ordinal: int = 0) -> DeviceInfo:
     driver = _driver()
-    use_device(ordinal)
+    with on_device(ordinal):
+        return _device_info(driver, ordinal)
+
+
+def _device_info(driver, ordinal: int) -> DeviceInfo:
     device = _check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
     raw = _check(driver.cuDeviceGetName(64, device), "cuDeviceGetName")
     name = raw.split(b"\0")[0].decode() if isinstance(raw, bytes) else str(raw)
@@ -219,7 +241,11 @@ class Kernel:
         self.device = device
         # The layout each operand must have: what a caller (a split over GPUs) places them in.
         self.layouts = {"A": plan.spec["layout.A"], "B": plan.spec["layout.B"], "C": plan.c_layout}
-        use_device(device)
+        with on_device(device):
+            self._load(plan, compiled)
+
+    def _load(self, plan: Plan, compiled: Compiled | None) -> None:
+        device = self.device
         self.compiled = compiled or compile_plan(plan)
         driver = _driver()
         self._module = _check(driver.cuModuleLoadData(self.compiled.cubin),
@@ -276,7 +302,12 @@ class Kernel:
         if plan.reduce_count and (smallest is None or not all(smallest)):
             raise CudaError(f"{self.name} has a fused reduction: pass smallest=(values, rows, cols)", 1)
         handle = stream_handle(stream)
-        use_device(self.device)
+        with on_device(self.device):
+            self._launch_here(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, smallest, handle)
+
+    def _launch_here(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, smallest, handle) -> None:
+        """launch's work, in the kernel's device context."""
+        plan = self.plan
         if plan.reduce_count:
             self._launch(self._reduce["clear"], 1, 32, 0, handle, [], f"{self.name}_reduce_clear")
         if M and N:
@@ -419,6 +450,10 @@ class Kernel:
                     smallest=pointers, stream=stream)
 
     def close(self) -> None:
+        with on_device(self.device):
+            self._close_here()
+
+    def _close_here(self) -> None:
         spaces = self.__dict__.pop("_workspaces", {})
         if spaces:
             _check(_driver().cuCtxSynchronize(), "waiting for kernels before freeing their workspaces")

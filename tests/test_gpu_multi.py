@@ -65,6 +65,32 @@ def test_a_gemm_split_over_every_gpu_matches_float64():
             assert report.split.bytes_moved > 0
 
 
+def test_a_split_and_a_kernel_on_another_gpu_leave_the_callers_device_current():
+    """A caller working on GPU 0 (CuPy's current device) stays there: its next array lands on
+    GPU 0 after a split over every GPU and after a kernel launched on GPU 1."""
+    import cupy as cp
+
+    from gemmgen.multigpu import split_gemm
+    from gemmgen.runtime import Kernel
+
+    devices = _several()
+    plan = make_plan(load_one(SPECS / "hopper_simt.gemm"))
+    with cp.cuda.Device(1):
+        A1, B1 = cp.ones((256, 64), cp.float32), cp.ones((64, 256), cp.float32)
+        C1 = cp.zeros((256, 256), cp.float32)
+    with cp.cuda.Device(0):
+        A, B = cp.ones((512, 64), cp.float32), cp.ones((64, 512), cp.float32)
+        C = cp.zeros((512, 512), cp.float32)
+        split_gemm(plan, A, B, C, devices=devices, axis=0)
+        assert cp.cuda.runtime.getDevice() == 0 and cp.empty(4).device.id == 0
+        Kernel(plan, device=1)(A1, B1, C1)
+        assert cp.cuda.runtime.getDevice() == 0 and cp.empty(4).device.id == 0
+        assert float(C.min()) == float(C.max()) == 64.0
+    with cp.cuda.Device(1):
+        cp.cuda.Device(1).synchronize()
+        assert float(C1.min()) == float(C1.max()) == 64.0
+
+
 @pytest.mark.parametrize("spec", ["hopper_simt", "hopper_3xtf32"])
 @pytest.mark.parametrize("shape", [(8192, 8192, 8192), (16384, 16384, 8192)], ids=["8192^3", "16384x16384x8192"])
 def test_end_to_end_scaling_and_resident_shards_hold_their_must(spec, shape):

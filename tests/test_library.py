@@ -4,6 +4,8 @@ same in C as in Python), and the model's leave-one-out quality."""
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import math
 import random
@@ -439,7 +441,7 @@ def test_matmul_maps_every_layout_onto_the_library(order_a, order_b, order_c, mo
     import gemmgen
     import gemmgen.dispatch as dispatch
     monkeypatch.setattr(dispatch, "library", lambda precision, device: LibraryOnHost())
-    monkeypatch.setattr(dispatch, "use_device", lambda device: None)
+    monkeypatch.setattr(dispatch, "on_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(dispatch, "_current_stream", lambda array: 0)
     monkeypatch.setattr(dispatch, "_transposed_copy", lambda x: HostArray(
         np.asfortranarray(x.values) if x.values.flags.c_contiguous else np.ascontiguousarray(x.values)))

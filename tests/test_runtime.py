@@ -69,3 +69,46 @@ def test_stream_handles():
     assert stream_handle(42) == 42
     assert stream_handle(CupyLike()) == 1234
     assert stream_handle(TorchLike()) == 5678
+
+
+class FakeDriver:
+    """The driver calls on_device makes, with one current context per thread (here: one)."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    def __init__(self, current=0):
+        self.current, self.calls = current, []
+
+    def cuInit(self, flags):
+        return (0,)
+
+    def cuDeviceGet(self, ordinal):
+        return 0, ordinal
+
+    def cuDevicePrimaryCtxRetain(self, device):
+        return 0, 100 + device  # a context handle per device
+
+    def cuCtxGetCurrent(self):
+        return 0, self.current
+
+    def cuCtxSetCurrent(self, context):
+        self.calls.append(context)
+        self.current = context
+        return (0,)
+
+
+@pytest.mark.parametrize("before", [0, 100, 101], ids=["no-context", "device-0-current", "device-1-current"])
+def test_on_device_makes_the_device_current_and_gives_the_callers_back(monkeypatch, before):
+    import gemmgen.runtime as runtime
+
+    driver = FakeDriver(before)
+    monkeypatch.setattr(runtime, "_driver", lambda: driver)
+    monkeypatch.setattr(runtime, "_contexts", {})
+    with runtime.on_device(1) as context:
+        assert context == 101 and driver.current == 101
+    assert driver.current == before
+    with pytest.raises(KeyError):
+        with runtime.on_device(1):
+            raise KeyError("a failure inside")
+    assert driver.current == before
