@@ -101,23 +101,87 @@ class Part:
         return self.stop - self.start
 
 
-def partition(length: int, devices: list[int], granule: int) -> list[tuple[int, int]]:
-    """[start, stop) per device, in whole granules (the kernel's tile) spread as evenly as can be."""
+def partition(length: int, devices: list[int], granule: int,
+              weights: list[float] | None = None) -> list[tuple[int, int]]:
+    """[start, stop) per device, in whole granules (the kernel's tile): spread as evenly as can be,
+    or in proportion to `weights` (largest remainders rounded up)."""
     if not devices:
         raise ValueError("no devices to split over")
     granules = -(-length // granule) if length > 0 else 0
+    if weights is None or len(weights) != len(devices) or sum(max(w, 0.0) for w in weights) <= 0:
+        shares = [granules // len(devices) + (1 if index < granules % len(devices) else 0)
+                  for index in range(len(devices))]
+    else:
+        total = sum(max(w, 0.0) for w in weights)
+        exact = [granules * max(w, 0.0) / total for w in weights]
+        shares = [int(x) for x in exact]
+        by_remainder = sorted(range(len(devices)), key=lambda i: (shares[i] - exact[i], i))
+        for index in by_remainder[:granules - sum(shares)]:
+            shares[index] += 1
     bounds, start = [], 0
-    for index in range(len(devices)):
-        share = granules // len(devices) + (1 if index < granules % len(devices) else 0)
+    for share in shares:
         stop = min(length, start + share * granule)
         bounds.append((start, stop))
         start = stop
     return bounds
 
 
-def make_parts(M: int, N: int, K: int, devices: list[int], axis: int, granule: int) -> list[Part]:
+def make_parts(M: int, N: int, K: int, devices: list[int], axis: int, granule: int,
+               weights: list[float] | None = None) -> list[Part]:
     length = (M, N, K)[axis]
-    return [Part(d, axis, start, stop) for d, (start, stop) in zip(devices, partition(length, devices, granule))]
+    return [Part(d, axis, start, stop)
+            for d, (start, stop) in zip(devices, partition(length, devices, granule, weights))]
+
+
+class Balance:
+    """How much of a GEMM each device takes, learned from the calls before it of the same shape.
+
+    A device that must first receive its inputs, or whose GPU is slower, finishes its equal part
+    later than C's own device. After each call the split reports, per part, its kernels' time and
+    its span (from the start of the call until its last block of C is back, CUDA events on its
+    device). That gives each device a cost per row (or column, or K step) `a` and a fixed cost `L`
+    (span minus kernels: waiting for the first inputs, sending the last block back); the next call
+    of the same shape, kernel, devices and split gives device i the size (T - L_i) / a_i that makes
+    every device finish at the same T. The first call of a shape splits evenly. Estimates are
+    averaged over calls (the newest weighing half), so that one noisy call moves little."""
+
+    def __init__(self):
+        self.seen: dict[tuple, list[tuple[float, float] | None]] = {}
+
+    def weights(self, key: tuple, count: int, length: int) -> list[float] | None:
+        """Target sizes per device (in rows, columns or K steps), or None: split evenly."""
+        costs = self.seen.get(key)
+        if not costs or len(costs) != count or all(c is None for c in costs):
+            return None
+        known = [c for c in costs if c is not None]
+        mean_a = sum(a for a, _ in known) / len(known)
+        costs = [c if c is not None else (mean_a, 0.0) for c in costs]
+        active = list(range(count))
+        while active:
+            # Equal finish T over the active devices: sum_i (T - L_i) / a_i = length.
+            inverse = sum(1.0 / costs[i][0] for i in active)
+            finish = (length + sum(costs[i][1] / costs[i][0] for i in active)) / inverse
+            late = [i for i in active if costs[i][1] >= finish]
+            if not late:
+                break
+            active = [i for i in active if i not in late]  # its fixed cost alone exceeds T: no part
+        return [max(0.0, (finish - costs[i][1]) / costs[i][0]) if i in active else 0.0 for i in range(count)]
+
+    def learn(self, key: tuple, count: int, parts: list[tuple[int, float, float]]) -> None:
+        """parts: (position among the devices, size, (kernel ms, span ms)) of each non-empty part."""
+        old = self.seen.get(key) or [None] * count
+        new = list(old)
+        for position, size, (kernel_ms, span_ms) in parts:
+            if size <= 0 or kernel_ms <= 0:
+                continue
+            estimate = (kernel_ms / size, max(0.0, span_ms - kernel_ms))
+            previous = old[position]
+            new[position] = estimate if previous is None else tuple(
+                (p + e) / 2 for p, e in zip(previous, estimate))
+        self.seen[key] = new
+
+
+BALANCE = Balance()   # what split_gemm learns in this process, unless given its own
 
 
 @dataclass(frozen=True)
@@ -293,6 +357,7 @@ class SplitResult:
     parts: list[Part]
     axis: int = 0
     kernel_ms: dict[int, float] = field(default_factory=dict)   # per part index: its kernels' time
+    span_ms: dict[int, float] = field(default_factory=dict)     # per part: call start to its C back
     end_to_end_ms: float = 0.0
     bytes_moved: int = 0            # between devices
     steps: dict[int, int] = field(default_factory=dict)          # kernels per part
@@ -315,14 +380,16 @@ class _Failure:
 def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any, *,
                alpha: float = 1.0, beta: float = 0.0, devices: list[int],
                layer: DeviceLayer | None = None, axis: int | None = None,
-               chunks: int = DEFAULT_CHUNKS, local_views: bool = True) -> SplitResult:
+               chunks: int = DEFAULT_CHUNKS, local_views: bool = True,
+               balance: Balance | None = BALANCE) -> SplitResult:
     """C = alpha A B + beta C over `devices`; C is written only when every device has finished.
 
     `kernels` is a Plan (compiled for each device) or a function giving the kernel to launch on
     a device. A, B and C are device arrays (CuPy, PyTorch, ...) in the kernel's layouts, on any
     GPUs; C's device gathers the result. `axis` forces the split (0 rows, 1 columns, 2 K; default:
     the fewest bytes), `chunks` the blocks each part streams in. `local_views=False` copies even
-    operands already on a part's device (to exercise the copies on one GPU).
+    operands already on a part's device (to exercise the copies on one GPU). `balance` sizes the
+    parts from the calls before of the same shape (see Balance; None: always evenly).
     """
     layer = layer or CupyLayer()
     if not devices:
@@ -349,7 +416,13 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
         home = c.device
         if axis is None:
             axis = choose_axis(M, N, K, devices, home, beta != 0, granules) if K else 0
-        parts = [p for p in make_parts(M, N, K, devices, axis, granules[axis]) if p.size]
+        key = (getattr(first, "name", type(first).__name__), M, N, K, tuple(devices), home, axis,
+               beta != 0, chunks, local_views)
+        length = (M, N, K)[axis]
+        weights = balance.weights(key, len(devices), length) if balance is not None else None
+        placed = [(position, p) for position, p in
+                  enumerate(make_parts(M, N, K, devices, axis, granules[axis], weights)) if p.size]
+        parts = [p for _, p in placed]
         if not parts:  # K = 0 along K: nothing to sum, C = beta C on one device
             parts = [Part(devices[0], 0, 0, M)]
         result = SplitResult(parts, parts[0].axis)
@@ -361,6 +434,10 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
             layer.synchronize(device)
         for index, timers in run.timers.items():
             result.kernel_ms[index] = sum(layer.elapsed_ms(t0, t1) for t0, t1 in timers)
+            result.span_ms[index] = layer.elapsed_ms(run.begins[parts[index].device], run.ends[index])
+        if balance is not None and placed:
+            balance.learn(key, len(devices), [(position, p.size, (result.kernel_ms[i], result.span_ms[i]))
+                                              for i, (position, p) in enumerate(placed)])
         where.at(home, "writing C")
         out = layer.stream(home, "out")
         layer.copy(c, run.staging, out)
@@ -388,6 +465,8 @@ class _SplitRun:
         self.alpha, self.beta, self.chunks = alpha, beta, chunks
         self.local_views, self.granules, self.accumulate = local_views, granules, accumulate
         self.timers: dict[int, list] = {}
+        self.begins: dict[int, Any] = {}   # per device: an event at the start of the call
+        self.ends: dict[int, Any] = {}     # per part: an event when its C is complete on C's device
         self.bytes_moved = 0
         self.devices: set[int] = {c.device}
         self.allocated: list[Region] = []
@@ -420,6 +499,8 @@ class _SplitRun:
         owner = _owner(parts, home)
         reduction = layer.stream(home, "compute")
         pending = []   # (event, partial) the reduction waits for and adds; partial None: just wait
+        for device in dict.fromkeys(p.device for p in parts):  # before any work: a common start
+            self.begins[device] = layer.record(device, layer.stream(device, "in"))
         for index, part in enumerate(parts):
             device = part.device
             self.devices.add(device)
@@ -474,8 +555,10 @@ class _SplitRun:
                     dst = (target if partial else self.staging).sub(*step.gather)
                     self._copy(dst, self._in(bufs["C"], *step.gather), out)
                     pending.append((layer.record(device, out), target if partial else None))
+                    self.ends[index] = pending[-1][0]
             if into_staging:
                 pending.append((layer.record(device, compute), None))
+                self.ends[index] = pending[-1][0]
         self.where.at(home, "summing the partial products")
         for event, partial in pending:
             layer.wait(home, reduction, event)

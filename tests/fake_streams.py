@@ -10,6 +10,11 @@ result, a kernel reading NaN before its copy landed, for some seed.
 Kernels are fake_device.ReferenceKernel (the C ABI computed on host addresses in the plan's
 layouts); a launch or copy whose operands sit on another device than its stream is refused. Every
 operation is kept with what it waited for, so a test can ask what a kernel depended on.
+
+Time is simulated too: an op starts when its stream's previous op and the event it waits for have
+ended; a kernel lasts its GFLOP (divided by its device's `speed`), a copy between devices its
+bytes over `link_bytes_per_ms`, anything else nothing. Events read those clocks (elapsed_ms), so a
+split's timings, and what a balance learns from them, follow the simulated machine.
 """
 
 from __future__ import annotations
@@ -51,8 +56,9 @@ class Op:
     waits_for: "Op | None" = None
     after: "Op | None" = None   # the previous op of its stream
     done: bool = False
-    flops: float = 0.0          # stream's launched flops when a record op ran
+    flops: float = 0.0          # a launch's floating-point operations
     moved: int = 0              # bytes a copy moves between devices
+    end: float = 0.0            # simulated ms at which it ended
 
 
 @dataclass(eq=False)
@@ -64,13 +70,14 @@ class SimulatedDevices:
     """The layer. fail_on=(device, stage) raises there: stage 'allocate', 'copy', 'launch' (when
     issued) or 'sync' (when the device is synchronized, as a kernel fault surfaces)."""
 
-    def __init__(self, seed: int = 0, fail_on: tuple[int, str] | None = None, tf32: bool = False):
+    def __init__(self, seed: int = 0, fail_on: tuple[int, str] | None = None, tf32: bool = False,
+                 speed: dict[int, float] | None = None, link_bytes_per_ms: float = float("inf")):
+        self.speed, self.link_bytes_per_ms = speed or {}, link_bytes_per_ms
         self.rng = random.Random(seed)
         self.fail_on = fail_on
         self.memory: list[np.ndarray] = []
         self.queues: dict[tuple[int, str], list[Op]] = {}
         self.last: dict[tuple[int, str], Op] = {}
-        self.flops: dict[tuple[int, str], float] = {}
         self.ops: list[Op] = []
         self.moved = 0
         self.kernels: dict = {}
@@ -167,7 +174,12 @@ class SimulatedDevices:
 
     def elapsed_ms(self, start, end):
         assert start.op.done and end.op.done, "elapsed time of events that have not completed"
-        return (end.op.flops - start.op.flops) / 1e9  # 1 GFLOP per fake millisecond
+        return end.op.end - start.op.end
+
+    def _duration(self, op: Op) -> float:
+        if op.kind == "launch":
+            return op.flops / 1e9 / self.speed.get(op.device, 1.0)  # 1 GFLOP per fake millisecond
+        return op.moved / self.link_bytes_per_ms
 
     # --- running ----------------------------------------------------------------------------------
     def _ready(self, op: Op) -> bool:
@@ -181,10 +193,8 @@ class SimulatedDevices:
                 raise RuntimeError("deadlock: every stream waits on an event that cannot complete")
             op = self.rng.choice(heads)
             self.queues[op.stream].pop(0)
-            if op.kind == "launch":
-                self.flops[op.stream] = self.flops.get(op.stream, 0.0) + op.flops
-            if op.kind == "record":
-                op.flops = self.flops.get(op.stream, 0.0)
+            op.end = max((x.end for x in (op.after, op.waits_for) if x is not None), default=0.0)
+            op.end += self._duration(op)
             if op.run is not None:
                 op.run()
             op.done = True

@@ -12,7 +12,7 @@ import pytest
 
 from fake_device import ReferenceKernel, to_tf32
 from fake_streams import SimulatedDevices, on_device
-from gemmgen.multigpu import (MultiGpuError, Part, Shard, choose_axis, make_parts, parse_devices,
+from gemmgen.multigpu import (Balance, MultiGpuError, Part, Shard, choose_axis, make_parts, parse_devices,
                               partition, resident_gemm, schedule, split_gemm, split_traffic)
 from gemmgen.plan import make_plan
 from gemmgen.spec import load_one, parse
@@ -199,6 +199,45 @@ def test_copies_can_be_forced_on_the_inputs_device_to_exercise_them_on_one_gpu()
     result = split_gemm(small_plan("col", "col"), dA, dB, dC, devices=[0, 0], layer=layer, local_views=False)
     np.testing.assert_allclose(dC, expected(A, B, C0, 1.0, 0.0), rtol=1e-4, atol=1e-4)
     assert result.bytes_moved == 0 and sum(op.kind == "copy" for op in layer.ops) > 4
+
+
+# --- balance: devices that start late or run slower take less ---------------------------------------
+
+def test_a_balance_gives_each_device_the_size_that_ends_all_together():
+    balance = Balance()
+    key = ("k", 1)
+    assert balance.weights(key, 2, 1000) is None  # nothing seen: evenly
+    # Device 0: 1 ms per 100 rows, nothing fixed; device 1 as fast but starting 2 ms late.
+    balance.learn(key, 2, [(0, 500, (5.0, 5.0)), (1, 500, (5.0, 7.0))])
+    w = balance.weights(key, 2, 1000)
+    assert w[0] + w[1] == pytest.approx(1000) and w[0] / 100 == pytest.approx(w[1] / 100 + 2)
+    # A device whose fixed cost alone outlasts the others' work gets nothing.
+    balance.learn(("k", 2), 2, [(0, 500, (5.0, 5.0)), (1, 500, (5.0, 50.0))])
+    assert balance.weights(("k", 2), 2, 1000) == [1000, 0.0]
+    assert partition(1000, [0, 1], 100, [600.0, 400.0]) == [(0, 600), (600, 1000)]
+    assert partition(1000, [0, 1, 2], 100, [1.0, 1.0, 1.0]) == [(0, 400), (400, 700), (700, 1000)]
+
+
+@pytest.mark.parametrize("case", ["slower GPU", "slow link"])
+def test_repeated_calls_learn_to_give_the_late_device_less_and_end_sooner(case):
+    """Simulated: GPU 1 computes at half speed, or its inputs cross a slow link. The first call
+    splits evenly; later calls of the same shape move rows to GPU 0 until both end together, and
+    every result stays right."""
+    M, N, K = 512, 256, 256
+    A, B, C0, (dA, dB, dC) = problem(M, N, K, ("row",) * 3)
+    options = {"speed": {1: 0.5}} if case == "slower GPU" else {"link_bytes_per_ms": 16e6}
+    balance, ends, sizes = Balance(), [], []
+    for call in range(6):
+        dC[...] = np.nan
+        result = split_gemm(small_plan(), dA, dB, dC, devices=[0, 1], layer=SimulatedDevices(call, **options),
+                            axis=0, balance=balance)
+        np.testing.assert_allclose(dC, expected(A, B, C0, 1.0, 0.0), rtol=1e-4, atol=1e-4)
+        ends.append(max(result.span_ms.values()))
+        sizes.append([p.size for p in result.parts])
+    assert sizes[0] == [256, 256] and sizes[-1][0] > sizes[-1][1]
+    assert ends[-1] < 0.85 * ends[0]
+    spans = list(result.span_ms.values())
+    assert max(spans) - min(spans) <= 0.25 * max(spans)   # within about a tile of ending together
 
 
 # --- failures ---------------------------------------------------------------------------------------
