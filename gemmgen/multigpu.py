@@ -142,11 +142,12 @@ class Balance:
     device). That gives each device a cost per row (or column, or K step) `a` and a fixed cost `L`
     (span minus kernels: waiting for the first inputs, sending the last block back); the next call
     of the same shape, kernel, devices and split gives device i the size (T - L_i) / a_i that makes
-    every device finish at the same T. The first call of a shape splits evenly. Estimates are
+    every device finish at the same T. The first two calls of a shape split evenly, and the first
+    teaches nothing (it pays once for loading kernels and enabling peer access). Estimates are
     averaged over calls (the newest weighing half), so that one noisy call moves little."""
 
     def __init__(self):
-        self.seen: dict[tuple, list[tuple[float, float] | None]] = {}
+        self.seen: dict[tuple, list[tuple[float, float] | None]] = {}  # [] after one call
 
     def weights(self, key: tuple, count: int, length: int) -> list[float] | None:
         """Target sizes per device (in rows, columns or K steps), or None: split evenly."""
@@ -169,8 +170,13 @@ class Balance:
 
     def learn(self, key: tuple, count: int, parts: list[tuple[int, float, float]]) -> None:
         """parts: (position among the devices, size, (kernel ms, span ms)) of each non-empty part."""
-        old = self.seen.get(key) or [None] * count
-        new = list(old)
+        if key not in self.seen:  # a first call pays once (loading kernels, enabling peer access)
+            self.seen[key] = []
+            return
+        old = self.seen[key] or [None] * count
+        # A device left out (its fixed cost seemed to outlast the others' work) is not measured
+        # again; shrinking that cost at each call it sits out brings it back if it was a fluke.
+        new = [(c[0], c[1] * 0.75) if c is not None else None for c in old]
         for position, size, (kernel_ms, span_ms) in parts:
             if size <= 0 or kernel_ms <= 0:
                 continue
@@ -499,8 +505,9 @@ class _SplitRun:
         owner = _owner(parts, home)
         reduction = layer.stream(home, "compute")
         pending = []   # (event, partial) the reduction waits for and adds; partial None: just wait
-        for device in dict.fromkeys(p.device for p in parts):  # before any work: a common start
-            self.begins[device] = layer.record(device, layer.stream(device, "in"))
+        # Everything the host must prepare first (kernels, which a first call compiles or loads;
+        # buffers), so that the start event of each device marks when its work can begin.
+        prepared = []
         for index, part in enumerate(parts):
             device = part.device
             self.devices.add(device)
@@ -530,6 +537,11 @@ class _SplitRun:
             if partial:  # summed into the staging C on `home` once it is there
                 self.where.at(home, "allocating a partial C")
                 target = self._allocate(home, M, N, self.c.layout)
+            prepared.append((kernel, bufs, steps, into_staging, partial, target))
+        for device in dict.fromkeys(p.device for p in parts):  # a common start, before any work
+            self.begins[device] = layer.record(device, layer.stream(device, "in"))
+        for index, (part, (kernel, bufs, steps, into_staging, partial, target)) in enumerate(zip(parts, prepared)):
+            device = part.device
             self.timers[index] = []
             copies, compute, out = (layer.stream(device, role) for role in ("in", "compute", "out"))
             for step in steps:
@@ -923,7 +935,7 @@ def measure_scaling(plan: Plan, M: int, N: int, K: int, devices: list[int], *, r
         for part, band in zip(rows, first.bands):
             C[part.start:part.stop] = cp.asarray(band) if part.device == home else cp.array(band)
         worst = max(worst, worst_error_ratio(cp, A, B, C, plan.math))
-    one_gpu()  # the warm-up round's last call
+    one_gpu(), split()  # the warm-up round (the split's second call, the first its balance learns from)
     rounds = [(one_gpu(), split(), resident()) for _ in range(runs)]
     median = lambda results: sorted(results, key=lambda r: r.end_to_end_ms)[len(results) // 2]  # noqa: E731
     ones, splits, residents = (median([r[i] for r in rounds]) for i in range(3))

@@ -208,11 +208,14 @@ def test_a_balance_gives_each_device_the_size_that_ends_all_together():
     key = ("k", 1)
     assert balance.weights(key, 2, 1000) is None  # nothing seen: evenly
     # Device 0: 1 ms per 100 rows, nothing fixed; device 1 as fast but starting 2 ms late.
+    balance.learn(key, 2, [(0, 500, (5.0, 5.0)), (1, 500, (5.0, 900.0))])  # a first call: not learnt
+    assert balance.weights(key, 2, 1000) is None
     balance.learn(key, 2, [(0, 500, (5.0, 5.0)), (1, 500, (5.0, 7.0))])
     w = balance.weights(key, 2, 1000)
     assert w[0] + w[1] == pytest.approx(1000) and w[0] / 100 == pytest.approx(w[1] / 100 + 2)
     # A device whose fixed cost alone outlasts the others' work gets nothing.
-    balance.learn(("k", 2), 2, [(0, 500, (5.0, 5.0)), (1, 500, (5.0, 50.0))])
+    for _ in range(2):
+        balance.learn(("k", 2), 2, [(0, 500, (5.0, 5.0)), (1, 500, (5.0, 50.0))])
     assert balance.weights(("k", 2), 2, 1000) == [1000, 0.0]
     assert partition(1000, [0, 1], 100, [600.0, 400.0]) == [(0, 600), (600, 1000)]
     assert partition(1000, [0, 1, 2], 100, [1.0, 1.0, 1.0]) == [(0, 400), (400, 700), (700, 1000)]
@@ -234,7 +237,7 @@ def test_repeated_calls_learn_to_give_the_late_device_less_and_end_sooner(case):
         np.testing.assert_allclose(dC, expected(A, B, C0, 1.0, 0.0), rtol=1e-4, atol=1e-4)
         ends.append(max(result.span_ms.values()))
         sizes.append([p.size for p in result.parts])
-    assert sizes[0] == [256, 256] and sizes[-1][0] > sizes[-1][1]
+    assert sizes[0] == sizes[1] == [256, 256] and sizes[-1][0] > sizes[-1][1]
     assert ends[-1] < 0.85 * ends[0]
     spans = list(result.span_ms.values())
     assert max(spans) - min(spans) <= 0.25 * max(spans)   # within about a tile of ending together
