@@ -18,9 +18,11 @@ compute stream and gathers on a third, ordered by events. Every operand keeps th
 was built for (A, B and C row- or column-major): regions move as 2-D copies with their leading
 dimensions, and an operand already on a part's device is used where it is.
 
-Nothing is written to the caller's C unless every device finished: results land in a staging
-matrix on C's device, copied into C at the end. A device that fails raises MultiGpuError naming
-it. `resident_gemm` is the case with nothing to move: each device multiplies the shards it holds.
+With beta != 0 nothing is written to the caller's C unless every device finished: results land
+in a staging matrix on C's device, copied into C at the end. With beta = 0 (C's old values no
+input) the devices write C itself, sparing that copy (0.45 ms of a 5 ms split at 8192^3 on two
+H200s). A device that fails raises MultiGpuError naming it. Repeated calls of one shape are
+balanced (`Balance`): a device that starts late or runs slower takes less. `resident_gemm` is the case with nothing to move: each device multiplies the shards it holds.
 
 What runs on a device is anything with the C ABI's `launch(M, N, K, alpha, A, lda, B, ldb, beta,
 C, ldc, stream=...)` and a `layouts` dict ({"A": "row" | "col", "B": ..., "C": ...}): a gemmgen
@@ -46,7 +48,7 @@ DEFAULT_CHUNKS = 4
 
 
 class MultiGpuError(RuntimeError):
-    """A device failed during a split GEMM; the caller's C was not written."""
+    """A device failed during a split GEMM; with beta != 0 the caller's C was not written."""
 
 
 class Launcher(Protocol):
@@ -388,7 +390,10 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
                layer: DeviceLayer | None = None, axis: int | None = None,
                chunks: int = DEFAULT_CHUNKS, local_views: bool = True,
                balance: Balance | None = BALANCE) -> SplitResult:
-    """C = alpha A B + beta C over `devices`; C is written only when every device has finished.
+    """C = alpha A B + beta C over `devices`. With beta != 0, C is written only once every device
+    has finished (results land in a staging C first), so a failure leaves C as it was; with beta =
+    0, C's old values are no input and the devices write C itself as their blocks finish (a
+    failure raises all the same, C then partly written).
 
     `kernels` is a Plan (compiled for each device) or a function giving the kernel to launch on
     a device. A, B and C are device arrays (CuPy, PyTorch, ...) in the kernel's layouts, on any
@@ -444,10 +449,10 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
         if balance is not None and placed:
             balance.learn(key, len(devices), [(position, p.size, (result.kernel_ms[i], result.span_ms[i]))
                                               for i, (position, p) in enumerate(placed)])
-        where.at(home, "writing C")
-        out = layer.stream(home, "out")
-        layer.copy(c, run.staging, out)
-        layer.synchronize(home)
+        if run.staging is not c:
+            where.at(home, "writing C")
+            layer.copy(c, run.staging, layer.stream(home, "out"))
+            layer.synchronize(home)
         run.free()
     except ValueError:
         raise  # arguments that cannot be split (ShapeError included): nothing was started
@@ -455,7 +460,8 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
         if run is not None:
             run.drain()
         raise MultiGpuError(f"device {where.device} failed while {where.stage}: {exc}; "
-                            "C was not written") from exc
+                            + ("C was not written" if beta != 0 else "C is partly written (beta = 0: "
+                               "its old values were not an input)")) from exc
     result.bytes_moved = run.bytes_moved
     result.end_to_end_ms = (time.perf_counter() - started) * 1e3
     return result
@@ -476,8 +482,10 @@ class _SplitRun:
         self.bytes_moved = 0
         self.devices: set[int] = {c.device}
         self.allocated: list[Region] = []
+        # With beta = 0 C's old values are no input: the parts write C itself. Otherwise a staging
+        # C takes the results, and C is written only once every device has finished.
         where.at(c.device, "allocating the staging C")
-        self.staging = self._allocate(c.device, c.rows, c.cols, c.layout)
+        self.staging = c if beta == 0 else self._allocate(c.device, c.rows, c.cols, c.layout)
 
     def _allocate(self, device: int, rows: int, cols: int, layout: str) -> Region:
         region = self.layer.allocate(device, rows, cols, layout)

@@ -53,16 +53,30 @@ def test_tensor_core_kernels_split_on_one_gpu_match_float64(spec):
         assert worst <= 1.0, (spec, axis)
 
 
-def test_a_gemm_split_over_every_gpu_matches_float64():
-    from gemmgen.multigpu import measure_scaling
+@pytest.mark.parametrize("beta", [0.0, 0.75], ids=["beta0-C-written-in-place", "beta-staged"])
+def test_a_gemm_split_over_every_gpu_matches_float64(beta):
+    import cupy as cp
+
+    from gemmgen.multigpu import CupyLayer, _inputs, split_gemm
+    from gemmgen.verify import tolerance
 
     devices = _several()
+    layer = CupyLayer()
     for spec in ("hopper_simt", "hopper_3xtf32"):
         plan = make_plan(load_one(SPECS / f"{spec}.gemm"))
+        kernel = layer.kernel(0, plan)
         for shape in ((1537, 1200, 333), (256, 4096, 1000), (512, 512, 20000)):
-            report, worst = measure_scaling(plan, *shape, devices, runs=1)
-            assert worst <= 1.0, (spec, shape)
-            assert report.split.bytes_moved > 0
+            with cp.cuda.Device(0):
+                A, B, C = _inputs(cp, *shape, kernel.layouts, sum(shape))
+                C0 = cp.random.default_rng(1).uniform(-1, 1, C.shape).astype(cp.float32)
+                C[...] = C0
+                result = split_gemm(plan, A, B, C, beta=beta, devices=devices, layer=layer, balance=None)
+                A64, B64, C64 = (x.astype(cp.float64) for x in (A, B, C0))
+                error = cp.abs(C.astype(cp.float64) - (A64 @ B64 + beta * C64))
+                scale = cp.abs(A64) @ cp.abs(B64) + abs(beta) * cp.abs(C64)
+                worst = float(cp.nan_to_num(error / tolerance(scale, shape[2], plan.math), nan=cp.inf).max())
+            assert worst <= 1.0, (spec, shape, beta)
+            assert result.bytes_moved > 0 and len(result.parts) == len(devices)
 
 
 def test_a_split_and_a_kernel_on_another_gpu_leave_the_callers_device_current():

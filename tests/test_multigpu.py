@@ -246,11 +246,23 @@ def test_repeated_calls_learn_to_give_the_late_device_less_and_end_sooner(case):
 # --- failures ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("stage", ["allocate", "copy", "launch", "sync"])
-def test_a_failing_device_is_named_and_C_is_left_alone(stage):
+def test_a_failing_device_is_named_and_a_C_that_beta_reads_is_left_alone(stage):
     A, B, C0, (dA, dB, dC) = problem(300, 40, 64, ("row",) * 3)
     with pytest.raises(MultiGpuError, match=r"device 1 failed while .*C was not written"):
-        split_gemm(small_plan(), dA, dB, dC, devices=[0, 1], layer=SimulatedDevices(0, fail_on=(1, stage)))
+        split_gemm(small_plan(), dA, dB, dC, beta=0.5, devices=[0, 1],
+                   layer=SimulatedDevices(0, fail_on=(1, stage)))
     assert (dC == C0).all()
+    with pytest.raises(MultiGpuError, match=r"device 1 failed while .*C is partly written \(beta = 0"):
+        split_gemm(small_plan(), dA, dB, dC, devices=[0, 1], layer=SimulatedDevices(0, fail_on=(1, stage)))
+
+
+def test_with_beta_0_the_devices_write_C_itself_and_nothing_is_staged():
+    A, B, C0, (dA, dB, dC) = problem(300, 40, 64, ("row",) * 3)
+    layer = SimulatedDevices(2)
+    split_gemm(small_plan(), dA, dB, dC, devices=[0, 1], layer=layer, axis=0)
+    np.testing.assert_allclose(dC, expected(A, B, C0, 1.0, 0.0), rtol=1e-4, atol=1e-4)
+    assert not [op for op in layer.ops if op.kind == "copy" and op.stream == (0, "out")]
+    assert all(region.device == 1 for region in layer.freed)  # buffers on GPU 1 only: no staging C
 
 
 def test_what_cannot_be_split_is_refused_before_any_work():
