@@ -910,7 +910,7 @@ def _one_gpu(layer: CupyLayer, kernel: Launcher, device: int, A: Any, B: Any, C:
 
 def measure_scaling(plan: Plan, M: int, N: int, K: int, devices: list[int], *, runs: int = 3,
                     compiled=None, axis: int | None = None, chunks: int = DEFAULT_CHUNKS,
-                    local_views: bool = True) -> tuple[ScalingReport, float]:
+                    local_views: bool = True, balance: Balance | None = BALANCE) -> tuple[ScalingReport, float]:
     """One GPU on the whole problem against the split over `devices` (inputs starting on the
     first, in the kernel's layouts) and against shards already resident (bands of A's rows, B on
     each device); the split and the shards are checked against float64 first.
@@ -927,7 +927,7 @@ def measure_scaling(plan: Plan, M: int, N: int, K: int, devices: list[int], *, r
     with cp.cuda.Device(home):
         A, B, C = _inputs(cp, M, N, K, kernel.layouts, M * 31 + N * 17 + K)
         split = lambda: split_gemm(plan, A, B, C, devices=devices, layer=layer, axis=axis,  # noqa: E731
-                                   chunks=chunks, local_views=local_views)
+                                   chunks=chunks, local_views=local_views, balance=balance)
         one_gpu = lambda: _one_gpu(layer, kernel, home, A, B, C)  # noqa: E731
         split()
         worst = worst_error_ratio(cp, A, B, C, plan.math)
