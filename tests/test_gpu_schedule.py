@@ -43,7 +43,10 @@ SPECS.update({"hopper_tf32_pingpong": PINGPONG,
               "pingpong_64x256_staged": replace(PINGPONG.with_values(block_n=256, stages=4, epilogue_staged=True),
                                                 name="pingpong_64x256_staged"),
               # two 64-row slabs per consumer
-              "pingpong_128x128": replace(PINGPONG.with_values(block_m=128, stages=4), name="pingpong_128x128")})
+              "pingpong_128x128": replace(PINGPONG.with_values(block_m=128, stages=4), name="pingpong_128x128"),
+              # two slabs, each stored through the warps' boxes and TMA
+              "pingpong_128x128_staged": replace(PINGPONG.with_values(block_m=128, epilogue_staged=True),
+                                                 name="pingpong_128x128_staged")})
 # Persistent clusters: whole clusters walking cluster tiles (staged C in one of them).
 PERSISTENT_CLUSTERED = {
     "tf32_c2x1_persistent": replace(CLUSTERED["tf32_c2x1"].with_values(schedule="persistent"), name="tf32_c2x1_persistent"),
@@ -57,6 +60,8 @@ PERSISTENT_CLUSTERED = {
 PERSISTENT_CLUSTERED.update({
     "pingpong_128x128_c1x2": replace(SPECS["pingpong_128x128"].with_values(cluster_n=2, stages=6), name="pingpong_128x128_c1x2"),
     "pingpong_128x128_c2x1": replace(SPECS["pingpong_128x128"].with_values(cluster_m=2), name="pingpong_128x128_c2x1"),
+    "pingpong_128x128_c2x1_staged": replace(SPECS["pingpong_128x128_staged"].with_values(cluster_m=2),
+                                            name="pingpong_128x128_c2x1_staged"),
     "pingpong_64x256_c2x1_staged": replace(SPECS["pingpong_64x256_staged"].with_values(cluster_m=2),
                                            name="pingpong_64x256_c2x1_staged"),
 })

@@ -64,9 +64,15 @@ def test_two_slabs_of_256_columns_are_too_many_registers():
     assert "a consumer thread would hold about 304 registers (256 accumulators)" in error_of(bm=128, bn=256)
 
 
-def test_two_slabs_and_the_staged_epilogue_is_an_error():
-    text = error_of(bm=128, bn=128, extra="\n  epilogue alpha beta staged")
-    assert "a ping-pong consumer of two slabs stores from registers" in text
+def test_a_consumer_of_two_slabs_stores_each_through_its_warps_boxes():
+    plan = make_plan(spec_of(bm=128, bn=128, extra="\n  epilogue alpha beta staged"))
+    assert plan.tma_store and plan.RM == 2 and plan.c_buffers == 2
+    assert plan.smem_bytes == 4 * (4 * 32 * 256) + 2 * 4 * 2 * 16 * 32 * 4 + 2 * 8 * 4 + 1024  # 4 stages + boxes
+    epilogue = generate(plan).split("epilogue through shared memory and TMA", 1)[1]
+    assert "for (int rm = 0; rm < RM; ++rm) {  // the consumer's slabs, one after the other" in epilogue
+    assert "const int warp_m0 = rm * SUB_M + warp_in_group * 16;" in epilogue
+    assert "alpha * acc[rm * TM + i][a + v]" in epilogue
+    assert "tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0);" in epilogue
 
 
 def test_3xtf32_is_an_error_at_the_schedule():
@@ -116,6 +122,7 @@ def test_explain_describes_the_turns():
 
 
 @pytest.mark.parametrize("bm, bn, extra", [(64, 128, ""), (64, 256, "\n  epilogue alpha beta staged"), (128, 128, ""),
+                                           (128, 128, "\n  epilogue alpha beta staged"),
                                            (128, 128, "\n  cluster 1 x 2"), (64, 256, "\n  cluster 2 x 1\n  epilogue alpha beta staged")])
 def test_the_pingpong_kernels_compile_into_registers(bm, bn, extra):
     """NVRTC builds them for sm_90a, every accumulator in registers (a slab picked through a
@@ -130,12 +137,13 @@ def test_the_pingpong_kernels_compile_into_registers(bm, bn, extra):
 def test_the_pingpong_search_space_drops_what_does_not_fit():
     """specs/hopper_pingpong_search.gemm: 64 x 256 tiles fit 5 stages only without staged C and
     6 not at all; everything at 64 x 128 fits; two slabs (128 rows) take 128 columns (256 would need
-    too many registers) and no staged C; each fits with or without a 2 x 1 cluster."""
+    too many registers), with C from registers or staged; each fits with or without a 2 x 1 cluster."""
     space = expand(load_one(SPECS_DIR / "hopper_pingpong_search.gemm"))
-    assert (space.total, space.valid) == (48, 24)
+    assert (space.total, space.valid) == (48, 30)
     mixes = {(p.BM, p.BN, p.stages, p.tma_store) for p in space.plans}
     assert (64, 128, 6, True) in mixes and (64, 256, 5, False) in mixes and (128, 128, 6, False) in mixes
+    assert (128, 128, 6, True) in mixes
     assert (64, 256, 6, False) not in mixes and (64, 256, 5, True) not in mixes
-    assert not any(p.BM == 128 and (p.BN == 256 or p.tma_store) for p in space.plans)
+    assert not any(p.BM == 128 and p.BN == 256 for p in space.plans)
     assert {p.cluster_m for p in space.plans} == {1, 2}
     assert all(p.pingpong for p in space.plans)

@@ -85,10 +85,6 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
                          "2 buffers", "stages 2 to 8, e.g. stages 4")
     consumers = 2 if pingpong else BM // 64  # pingpong: two consumers, each on its own tile
     tma_store = spec["epilogue.staged"]
-    if tma_store and slabs > 1:
-        raise spec.error(("epilogue.staged", "block.m"), "the staged epilogue stores a consumer warp's 16 "
-                         "rows of one 64-row slab; a ping-pong consumer of two slabs stores from registers",
-                         "block 64 x N with staged, or an epilogue without staged")
     if tma_store and not tma:
         raise spec.error("epilogue.staged", "the wgmma staged epilogue writes C through shared memory and "
                          "stores it with TMA; this kernel's loader warpgroups have no TMA",
