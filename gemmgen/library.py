@@ -8,8 +8,9 @@ class) and the shapes to tune them for. This module
   space, the winners of a strategy's search in a large one) is validated once and timed at the
   shapes, with cuBLAS in the library's precision, into one resumable database. To spend the GPU
   where it matters, all candidates are timed at a few diverse anchor shapes first; at the other
-  shapes only those the model (selection.py) predicts fastest are; the members finally chosen are
-  then timed at every shape;
+  shapes only those the model (selection.py) predicts fastest are; the members finally chosen,
+  and the few candidates much faster than all of them somewhere (`specialists`), are then timed
+  at every shape;
 - builds the manifest: which candidates the library keeps, each one's fitted model, the tuned
   table and the leave-one-out quality of the choice. codegen turns a manifest into one .cu with a
   single extern "C" entry point; gemmgen.matmul loads one to choose and launch from Python.
@@ -433,10 +434,36 @@ def tune_library(library: Library, *, db: Path, progress: Callable[[dict], None]
     m = _only(measured(), phase1 + phase2)
     valid = [p for p in valid if m.valid(kernel_key(p))]  # less any that crashed while timed
     chosen = select_members(valid, m, shapes, MAX_MEMBERS)
-    run([Task("time", p, s) for s in shapes for p in chosen])
+    run([Task("time", p, s) for s in shapes for p in chosen + specialists(valid, chosen, m, shapes)])
     m = measured()
     failures = [entry for entry in m.status.values() if entry.get("status") != "ok"]
     return TuneReport(library, device_key, m, evaluated, time.perf_counter() - started, failures)
+
+
+SPECIALIST_MARGIN = 1.05   # a candidate this much faster than every chosen one at some shape ...
+MAX_SPECIALISTS = 3        # ... is timed at every shape too (the fastest few such)
+
+
+def specialists(valid: list[Plan], chosen: list[Plan], m: Measurements, shapes: list[LibraryShape]) -> list[Plan]:
+    """Candidates that beat every chosen one by SPECIALIST_MARGIN at some shape where both were
+    timed: a kernel that wins only where the rest are weak (ping-pong at short K), which the greedy
+    choice over partly timed data can pass over. Timed at every shape, they are then open to the
+    build's choice among fully timed candidates. Largest gain first; decided from `m` alone."""
+    gains: dict[str, tuple[float, Plan]] = {}
+    for shape in shapes:
+        k = shape_key(shape)
+        kept = [m.times[(kernel_key(p), k)] for p in chosen if (kernel_key(p), k) in m.times]
+        if not kept:
+            continue
+        for plan in valid:
+            key = kernel_key(plan)
+            if plan in chosen or (key, k) not in m.times or not plan.beta:
+                continue
+            gain = min(kept) / m.times[(key, k)]
+            if gain >= SPECIALIST_MARGIN and gain > gains.get(key, (0.0, plan))[0]:
+                gains[key] = (gain, plan)
+    ranked = sorted(gains.values(), key=lambda g: (-g[0], valid.index(g[1])))
+    return [plan for _, plan in ranked[:MAX_SPECIALISTS]]
 
 
 def _only(m: Measurements, tasks: list[Task]) -> Measurements:

@@ -512,3 +512,20 @@ library sk {
     python = [choose(candidates, M, N, K, "aligned" if a else "unaligned", 132, beta_used=b)
               for M, N, K, a, b in cases]
     assert choices_in_c(source, "sk", cases, tmp_path) == python
+
+
+def test_a_candidate_much_faster_than_every_chosen_one_somewhere_is_timed_everywhere():
+    """A kernel that wins only where the rest are weak (ping-pong at short K): 5% faster than every
+    chosen member at one shape makes it a specialist; 3% does not; largest gain first."""
+    from gemmgen.library import Measurements, shape_key, specialists
+    (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
+    plans = [p for p in library.candidates() if p.beta][:4]
+    shapes = library.shapes[:2]
+    a, b = (shape_key(s) for s in shapes)
+    times = {(kernel_key(plans[0]), a): 1.0, (kernel_key(plans[0]), b): 1.0,
+             (kernel_key(plans[1]), a): 0.97,                                  # 3% faster: not enough
+             (kernel_key(plans[2]), b): 0.90,                                  # 11%
+             (kernel_key(plans[3]), a): 0.80, (kernel_key(plans[3]), b): 2.0}  # 25% at one shape
+    m = Measurements({}, times, {})
+    assert specialists(plans, [plans[0]], m, shapes) == [plans[3], plans[2]]
+    assert specialists(plans, [plans[0], plans[3]], m, shapes) == [plans[2]]
