@@ -12,12 +12,12 @@
 // Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 28 shapes; 113 candidate kernels
 // timed, 11 kept:
 //   tf32_0   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k staged  (sm_90a, from lib_tf32_streamk)
-//   tf32_1   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
+//   tf32_1   block=128x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
 //   tf32_2   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 cluster=2x1 staged  (sm_90a, from lib_tf32_cluster)
-//   tf32_3   block=64x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_tf32_split)
-//   tf32_4   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=16  (sm_90a, from lib_tf32_split)
-//   tf32_5   block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
-//   tf32_6   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
+//   tf32_3   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
+//   tf32_4   block=64x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_tf32_split)
+//   tf32_5   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=16  (sm_90a, from lib_tf32_split)
+//   tf32_6   block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
 //   tf32_7   block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
 //   tf32_8   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_tf32_split)
 //   tf32_9   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_tf32_split)
@@ -27,7 +27,7 @@
 // aligned or not): a model of waves of blocks over the SMs and K steps per block, fitted to each
 // member's measurements and corrected by them near the tuned shapes. Leave-one-out over the tuned
 // shapes, time of the member chosen without a shape's measurements over the best there: median
-// 1.000, worst 1.349.
+// 1.000, worst 1.281.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
 // compute capability 9.0; elsewhere tf32_10 runs.
 //
@@ -1133,7 +1133,7 @@ static int gemmgen_tf32_0(int M, int N, int K, float alpha, const float* A, int 
 //   kernel tf32_1 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    128 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
@@ -1147,11 +1147,11 @@ static int gemmgen_tf32_0(int M, int N, int K, float alpha, const float* A, int 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
+//   block tile (BM x BN x BK)  128 x 128 x 32
 //   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
 //   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 181344 bytes per block
+//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 230496 bytes per block
 //   schedule                   pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, its two consumer warpgroups taking them in turn, so that one stores its tile while the other multiplies the next
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
@@ -1575,12 +1575,12 @@ static int gemmgen_tf32_1_fallback(int M, int N, int K, float alpha, const float
 namespace gemmgen_tf32_1_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 6;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 2;  // per thread and slab: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 64, SUB_N = 8;  // RM slabs of 64 rows
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
@@ -1590,7 +1590,7 @@ constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
 constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
 constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
 
-constexpr int SMEM_BYTES = 181344;
+constexpr int SMEM_BYTES = 230496;
 static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
@@ -1732,9 +1732,10 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+// Slab SLAB of acc (this thread's part of the warpgroup's RM slabs of 64 x BN fp32) = A (64 x 8)
+// * B (8 x BN) + (accumulate ? it : 0), both TF32 read from shared memory (the top 19 bits of each float).
+template <int SLAB>
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[RM * TM][RN * TN], unsigned long long a_desc,
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
@@ -1742,7 +1743,7 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                  "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
                  "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[SLAB * TM + 0][0]), "+f"(acc[SLAB * TM + 0][1]), "+f"(acc[SLAB * TM + 1][0]), "+f"(acc[SLAB * TM + 1][1]), "+f"(acc[SLAB * TM + 0][2]), "+f"(acc[SLAB * TM + 0][3]), "+f"(acc[SLAB * TM + 1][2]), "+f"(acc[SLAB * TM + 1][3]), "+f"(acc[SLAB * TM + 0][4]), "+f"(acc[SLAB * TM + 0][5]), "+f"(acc[SLAB * TM + 1][4]), "+f"(acc[SLAB * TM + 1][5]), "+f"(acc[SLAB * TM + 0][6]), "+f"(acc[SLAB * TM + 0][7]), "+f"(acc[SLAB * TM + 1][6]), "+f"(acc[SLAB * TM + 1][7]), "+f"(acc[SLAB * TM + 0][8]), "+f"(acc[SLAB * TM + 0][9]), "+f"(acc[SLAB * TM + 1][8]), "+f"(acc[SLAB * TM + 1][9]), "+f"(acc[SLAB * TM + 0][10]), "+f"(acc[SLAB * TM + 0][11]), "+f"(acc[SLAB * TM + 1][10]), "+f"(acc[SLAB * TM + 1][11]), "+f"(acc[SLAB * TM + 0][12]), "+f"(acc[SLAB * TM + 0][13]), "+f"(acc[SLAB * TM + 1][12]), "+f"(acc[SLAB * TM + 1][13]), "+f"(acc[SLAB * TM + 0][14]), "+f"(acc[SLAB * TM + 0][15]), "+f"(acc[SLAB * TM + 1][14]), "+f"(acc[SLAB * TM + 1][15]), "+f"(acc[SLAB * TM + 0][16]), "+f"(acc[SLAB * TM + 0][17]), "+f"(acc[SLAB * TM + 1][16]), "+f"(acc[SLAB * TM + 1][17]), "+f"(acc[SLAB * TM + 0][18]), "+f"(acc[SLAB * TM + 0][19]), "+f"(acc[SLAB * TM + 1][18]), "+f"(acc[SLAB * TM + 1][19]), "+f"(acc[SLAB * TM + 0][20]), "+f"(acc[SLAB * TM + 0][21]), "+f"(acc[SLAB * TM + 1][20]), "+f"(acc[SLAB * TM + 1][21]), "+f"(acc[SLAB * TM + 0][22]), "+f"(acc[SLAB * TM + 0][23]), "+f"(acc[SLAB * TM + 1][22]), "+f"(acc[SLAB * TM + 1][23]), "+f"(acc[SLAB * TM + 0][24]), "+f"(acc[SLAB * TM + 0][25]), "+f"(acc[SLAB * TM + 1][24]), "+f"(acc[SLAB * TM + 1][25]), "+f"(acc[SLAB * TM + 0][26]), "+f"(acc[SLAB * TM + 0][27]), "+f"(acc[SLAB * TM + 1][26]), "+f"(acc[SLAB * TM + 1][27]), "+f"(acc[SLAB * TM + 0][28]), "+f"(acc[SLAB * TM + 0][29]), "+f"(acc[SLAB * TM + 1][28]), "+f"(acc[SLAB * TM + 1][29]), "+f"(acc[SLAB * TM + 0][30]), "+f"(acc[SLAB * TM + 0][31]), "+f"(acc[SLAB * TM + 1][30]), "+f"(acc[SLAB * TM + 1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -1752,9 +1753,9 @@ __device__ __forceinline__ void turn_wait(int turn) { asm volatile("bar.sync %0,
 __device__ __forceinline__ void turn_give(int turn) { asm volatile("bar.arrive %0, 256;\n" :: "r"(turn) : "memory"); }
 
 // Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+__device__ __forceinline__ void fence_accumulators(float (&acc)[RM * TM][RN * TN]) {
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+    for (int i = 0; i < RM * TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
@@ -1856,7 +1857,7 @@ gemmgen_tf32_1_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
     int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
-    float acc[TM][RN * TN];
+    float acc[RM * TM][RN * TN];  // slab r's rows in acc[r * TM] ... acc[r * TM + TM - 1]
     int it = 0;  // K tiles of earlier segments
     int turn = 0;  // the block's tiles so far: tile `turn` is consumer turn % CONSUMERS's
     // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
@@ -1875,7 +1876,7 @@ gemmgen_tf32_1_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         const int m_left = M - block_m0;
         const int n_left = N - block_n0;
 #pragma unroll
-        for (int i = 0; i < TM; ++i)
+        for (int i = 0; i < RM * TM; ++i)
 #pragma unroll
             for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
         for (int t = 0; t < k_tiles; ++t) {
@@ -1886,8 +1887,10 @@ gemmgen_tf32_1_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             fence_accumulators(acc);
             wgmma_fence();
             #pragma unroll
-            for (int kk = 0; kk < BK; kk += 8)
-                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+            for (int kk = 0; kk < BK; kk += 8) {  // each slab: its 64 rows of A, all of B
+                wgmma_tf32<0>(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+                wgmma_tf32<1>(acc, smem_descriptor(a_tile + 64 * BK + kk), smem_descriptor(b_tile + kk));
+            }
             wgmma_commit();
             wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
             fence_accumulators(acc);
@@ -1904,8 +1907,10 @@ gemmgen_tf32_1_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
             // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
             // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-            {
-                const int warp_m0 = warp_in_group * 16;  // the warp's first row in its consumer's tile
+            // (A consumer of two 64-row slabs stores them in turn, through the same boxes.)
+            #pragma unroll
+            for (int rm = 0; rm < RM; ++rm) {  // the consumer's slabs, one after the other through the same boxes
+                const int warp_m0 = rm * SUB_M + warp_in_group * 16;  // the warp's first row of slab rm in its consumer's tile
                 float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
                 const float* C_tile = C + (long long)block_m0 * ldc + block_n0;
                 const bool read_c = beta != 0.0f;
@@ -1927,9 +1932,9 @@ gemmgen_tf32_1_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                             for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
             #pragma unroll
                                 for (int v = 0; v < TN; ++v) {
-                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[rm * TM + i][a], acc[rm * TM + i][a + 1]
                                     const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[rm * TM + i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[rm * TM + i][a + v];
                                 }
             #pragma unroll
                             for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
@@ -1948,7 +1953,7 @@ gemmgen_tf32_1_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             }
         } else {
             // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile
+            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile (slab r: + r * SUB_M)
             const int thread_n0 = lane % 4 * TN;
             // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
             {
@@ -3029,31 +3034,31 @@ static int gemmgen_tf32_2(int M, int N, int K, float alpha, const float* A, int 
 //   kernel tf32_3 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 64 x 32
+//     block    64 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    128
-//     epilogue alpha beta
+//     stages   6 tma
+//     raster   group 8
+//     schedule pingpong
+//     epilogue alpha beta staged
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 64 x 32
-//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 66624 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    128 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 181344 bytes per block
+//   schedule                   pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, its two consumer warpgroups taking them in turn, so that one stores its tile while the other multiplies the next
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_3_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   TMA store path needs       ldc a multiple of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_3(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -3080,7 +3085,7 @@ constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr int COPIES = 1;  // each tile rounded to TF32
 constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
@@ -3091,7 +3096,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -3132,9 +3137,11 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
     const int block = blockIdx.x;
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    (void)tiles_m;
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -3228,17 +3235,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_3_fallback_scale_c(int M, int N, float beta, float* C, int ldc) {
-    const long long total = (long long)M * N;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += stride) {
-        float* c = C + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
 // Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
 __device__ __forceinline__ unsigned to_tf32(float x) {
     unsigned tf32;
@@ -3324,14 +3320,6 @@ gemmgen_tf32_3_fallback_kernel(int M, int N, int K, float alpha, const float* __
     tile_of_block(M, N, block_m0, block_n0);
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
     const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
@@ -3420,8 +3408,9 @@ gemmgen_tf32_3_fallback_kernel(int M, int N, int K, float alpha, const float* __
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -3435,7 +3424,13 @@ gemmgen_tf32_3_fallback_kernel(int M, int N, int K, float alpha, const float* __
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
                     }
             }
     }
@@ -3465,17 +3460,15 @@ static int gemmgen_tf32_3_fallback(int M, int N, int K, float alpha, const float
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions and pointers.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int) =
         aligned ? gemmgen_tf32_3_fallback_kernel<true> : gemmgen_tf32_3_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    const long long elements = (long long)M * N;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_3_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return (int)cudaGetLastError();
 }
 #endif  // __CUDACC_RTC__
@@ -3483,20 +3476,25 @@ static int gemmgen_tf32_3_fallback(int M, int N, int K, float alpha, const float
 namespace gemmgen_tf32_3_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 6;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 66624;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 181344;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -3531,15 +3529,17 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Which C tile this block computes. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0) {
+// Where C tile number `tile` starts. The tile scheduler deals tiles out in this order;
+// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0) {
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
-    const int block = blockIdx.x;
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    (void)tiles_m;
+    const int block = tile;
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -3589,6 +3589,28 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(shared_address(barrier)) : "memory");
 }
 
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of a 2-D tensor; parts of the box outside
+// the tensor are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, { %2, %3 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -3617,13 +3639,18 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
+
+// Ping-pong: the consumer warpgroups hand the turn to wait on the stages to each other with named
+// barriers (1: warpgroup 0's turn, 2: warpgroup 1's), 256 threads each: one arrives, the other syncs.
+__device__ __forceinline__ void turn_wait(int turn) { asm volatile("bar.sync %0, 256;\n" :: "r"(turn) : "memory"); }
+__device__ __forceinline__ void turn_give(int turn) { asm volatile("bar.arrive %0, 256;\n" :: "r"(turn) : "memory"); }
 
 // Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
 __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
@@ -3633,21 +3660,48 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_3_scale_c(int M, int N, float beta, float* C, int ldc) {
-    const long long total = (long long)M * N;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += stride) {
-        float* c = C + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
+// ---- the tile scheduler (schedule pingpong) -----------------------------------------
+// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
+// consumers walk the same list, so the producer's copies run on into the next tile while the
+// consumers store the last one.
+struct Segment {
+    int tile;     // C tile, numbered as tile_origin takes them
+    int k_begin;  // the first of its K tiles this block multiplies
+    int k_end;    // one past the last
+};
+
+struct Schedule {
+    int tiles;      // C tiles
+    int k_tiles;    // K tiles per C tile
+    int next_tile;  // this block's next whole tile
+
+    __device__ Schedule(int M, int N, int K) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+        k_tiles = (K + BK - 1) / BK;
+        next_tile = blockIdx.x;
     }
-}
+
+    __device__ bool next(Segment& segment) {
+        if (next_tile >= tiles) return false;
+        segment.tile = next_tile;
+        segment.k_begin = 0;
+        segment.k_end = k_tiles;
+        next_tile += gridDim.x;
+        return true;
+    }
+
+    // The whole tiles this block has still to walk (ping-pong: its consumers' turns).
+    __device__ int tiles_left() const {
+        const int stride = gridDim.x;
+        return (tiles - next_tile + stride - 1) / stride;
+    }
+};
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_3_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc)
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        const __grid_constant__ TensorMap map_c)
 {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
@@ -3658,26 +3712,20 @@ gemmgen_tf32_3_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
     float* sA = smem;                                 // STAGES x BM rows x BK floats
     float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
-    int block_m0, block_n0;
-    tile_of_block(M, N, block_m0, block_n0);
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
+    Schedule schedule(M, N, K);
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+            barrier_init(&empty[s], 4);  // one arrival per warp of the consumer whose tile it holds
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
@@ -3687,12 +3735,17 @@ gemmgen_tf32_3_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0);
+            int it = 0;
+            for (Segment segment; schedule.next(segment);) {
+                int block_m0, block_n0;
+                tile_origin(segment.tile, M, N, block_m0, block_n0);
+                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
+                    barrier_expect_bytes(&full[s], STAGE_BYTES);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0);
+                }
             }
         }
         return;
@@ -3703,54 +3756,132 @@ gemmgen_tf32_3_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int consumer = warpgroup - 1;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
+    int it = 0;  // K tiles of earlier segments
+    int turn = 0;  // the block's tiles so far: tile `turn` is consumer turn % CONSUMERS's
+    // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
+    // other multiplies the next. A consumer waits for its tile's stages only once the other has
+    // waited for all of the tile before (the turn), so that a stage's fills are awaited in order.
+    const int block_tiles = schedule.tiles_left();
+    for (Segment segment; schedule.next(segment); ++turn) {
+        const int k_tiles = segment.k_end - segment.k_begin;
+        if (turn % CONSUMERS != consumer) {  // the other consumer's tile
+            it += k_tiles;
+            continue;
+        }
+        if (turn > 0) turn_wait(1 + consumer);
+        int block_m0, block_n0;
+        tile_origin(segment.tile, M, N, block_m0, block_n0);
+        const int m_left = M - block_m0;
+        const int n_left = N - block_n0;
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+        for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+        for (int t = 0; t < k_tiles; ++t) {
+            const int s = (it + t) % STAGES;
+            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+            const float* a_tile = sA + s * A_STAGE_FLOATS;  // the stage holds this consumer's tile alone
+            const float* b_tile = sB + s * B_STAGE_FLOATS;
+            fence_accumulators(acc);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BK; kk += 8)
+                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+            wgmma_commit();
+            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+            fence_accumulators(acc);
+            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
+        }
+        // Every stage of this tile is waited for: the other consumer may wait for its tile's.
+        if (turn + 1 < block_tiles) turn_give(2 - consumer);  // the other consumer's barrier
+        wgmma_wait<0>();
         fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
+        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
+        it += k_tiles;
 
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            {
+                const int warp_m0 = warp_in_group * 16;  // the warp's first row in its consumer's tile
+                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+                const float* C_tile = C + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+                const bool swap = lane / 4 % 2;
+                if (warp_m0 < m_left) {
+            #pragma unroll
+                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                        if (box_n * C_BOX_N >= n_left) break;
+                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                        __syncwarp();
+            #pragma unroll
+                        for (int i = 0; i < TM; ++i) {
+                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+            #pragma unroll
+                                for (int v = 0; v < TN; ++v) {
+                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                                }
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                                // addressed: a register array indexed at run time would go to local memory)
+                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+                            }
+                        }
+                        fence_shared_for_tma();
+                        __syncwarp();
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0);
+                        ++stored_boxes;
+                    }
+                }
+            }
+        } else {
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile
+            const int thread_n0 = lane % 4 * TN;
+            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+            {
+                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+                float* C_tile = C + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                        if (m >= m_left) continue;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; j += CV) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                if (n + CV - 1 >= n_left) continue;
+                                float* c = C_tile + (long long)(m) * ldc + (n);
+                                float old[CV], out[CV];
+                                if (read_c) load_vec<CV>(old, c);
+            #pragma unroll
+                                for (int v = 0; v < CV; ++v) {
+                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                                }
+                                store_vec<CV>(c, out);
+                            }
                     }
             }
+        }
     }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
 #endif
 }
 
@@ -3816,17 +3947,34 @@ static int gemmgen_tf32_3(int M, int N, int K, float alpha, const float* A, int 
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int) =
+    // The staged epilogue's TMA stores need C and ldc 16-byte aligned; otherwise C is stored from
+    // registers. C's boxes: 32 floats along its contiguous dimension by 16, unswizzled in C.
+    const bool aligned = (ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M};
+        const cuuint64_t stride = (cuuint64_t)ldc * 4;
+        const cuuint32_t box[2] = {32, 16};
+        const cuuint32_t element_strides[2] = {1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, C, dims, &stride, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap) =
         aligned ? gemmgen_tf32_3_kernel<true> : gemmgen_tf32_3_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_3_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc);
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return (int)error;
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c));
     return (int)cudaGetLastError();
 }
 #endif  // __CUDACC_RTC__
@@ -3837,13 +3985,13 @@ static int gemmgen_tf32_3(int M, int N, int K, float alpha, const float* A, int 
 //   kernel tf32_4 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    64 x 64 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    16
+//     split    128
 //     epilogue alpha beta
 //   }
 //
@@ -3851,14 +3999,14 @@ static int gemmgen_tf32_3(int M, int N, int K, float alpha, const float* A, int 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
+//   block tile (BM x BN x BK)  64 x 64 x 32
+//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 66624 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    16 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    128 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_4_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
@@ -3899,7 +4047,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 16;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -4291,20 +4439,20 @@ static int gemmgen_tf32_4_fallback(int M, int N, int K, float alpha, const float
 namespace gemmgen_tf32_4_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 132160;
+constexpr int SMEM_BYTES = 66624;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 16;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -4425,11 +4573,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -4645,12 +4793,13 @@ static int gemmgen_tf32_4(int M, int N, int K, float alpha, const float* A, int 
 //   kernel tf32_5 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 64 x 32
+//     block    128 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   5 tma
+//     stages   4 tma
 //     raster   row
+//     split    16
 //     epilogue alpha beta
 //   }
 //
@@ -4658,16 +4807,17 @@ static int gemmgen_tf32_4(int M, int N, int K, float alpha, const float* A, int 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 64 x 32
-//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 83024 bytes per block
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
+//   split K                    16 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_5_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//   vector path needs          nothing
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_5(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -4694,7 +4844,7 @@ constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr int COPIES = 1;  // each tile rounded to TF32
 constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
@@ -4705,6 +4855,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 16;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -4841,6 +4992,17 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_5_fallback_scale_c(int M, int N, float beta, float* C, int ldc) {
+    const long long total = (long long)M * N;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += stride) {
+        float* c = C + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
 // Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
 __device__ __forceinline__ unsigned to_tf32(float x) {
     unsigned tf32;
@@ -4926,6 +5088,14 @@ gemmgen_tf32_5_fallback_kernel(int M, int N, int K, float alpha, const float* __
     tile_of_block(M, N, block_m0, block_n0);
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
     const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
@@ -5014,9 +5184,8 @@ gemmgen_tf32_5_fallback_kernel(int M, int N, int K, float alpha, const float* __
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
         float* C_tile = C + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -5030,13 +5199,7 @@ gemmgen_tf32_5_fallback_kernel(int M, int N, int K, float alpha, const float* __
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
                     }
             }
     }
@@ -5066,15 +5229,17 @@ static int gemmgen_tf32_5_fallback(int M, int N, int K, float alpha, const float
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions and pointers.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int) =
         aligned ? gemmgen_tf32_5_fallback_kernel<true> : gemmgen_tf32_5_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    const long long elements = (long long)M * N;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_5_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return (int)cudaGetLastError();
 }
 #endif  // __CUDACC_RTC__
@@ -5082,19 +5247,20 @@ static int gemmgen_tf32_5_fallback(int M, int N, int K, float alpha, const float
 namespace gemmgen_tf32_5_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 5;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 83024;
+constexpr int SMEM_BYTES = 132160;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 16;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -5215,11 +5381,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -5229,6 +5395,17 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_5_scale_c(int M, int N, float beta, float* C, int ldc) {
+    const long long total = (long long)M * N;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += stride) {
+        float* c = C + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
 }
 
 template <bool ALIGNED>
@@ -5253,7 +5430,11 @@ gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     tile_of_block(M, N, block_m0, block_n0);
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
@@ -5274,8 +5455,8 @@ gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 const int s = t % STAGES;
                 if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
                 barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0);
             }
         }
         return;
@@ -5315,9 +5496,8 @@ gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
         float* C_tile = C + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -5331,13 +5511,7 @@ gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
                     }
             }
     }
@@ -5407,12 +5581,15 @@ static int gemmgen_tf32_5(int M, int N, int K, float alpha, const float* A, int 
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
     // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0);
+    const bool aligned = true;
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int) =
         aligned ? gemmgen_tf32_5_kernel<true> : gemmgen_tf32_5_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+    const long long elements = (long long)M * N;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_5_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc);
     return (int)cudaGetLastError();
 }
@@ -5424,31 +5601,29 @@ static int gemmgen_tf32_5(int M, int N, int K, float alpha, const float* A, int 
 //   kernel tf32_6 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 256 x 32
+//     block    64 x 64 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   4 tma
-//     raster   group 8
-//     schedule persistent
-//     epilogue alpha beta staged
+//     stages   5 tma
+//     raster   row
+//     epilogue alpha beta
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 256 x 32
-//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
-//   accumulators               128 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 230464 bytes per block
-//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   block tile (BM x BN x BK)  64 x 64 x 32
+//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 83024 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_6_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       ldc a multiple of 4, C 16-byte aligned
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_6(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -5486,7 +5661,6 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -5527,11 +5701,9 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
     const int block = blockIdx.x;
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    (void)tiles_m;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -5866,25 +6038,19 @@ static int gemmgen_tf32_6_fallback(int M, int N, int K, float alpha, const float
 namespace gemmgen_tf32_6_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 5;
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
-// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
-constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
-constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
-
-constexpr int SMEM_BYTES = 230464;
-static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
+constexpr int SMEM_BYTES = 83024;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -5919,17 +6085,15 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Where C tile number `tile` starts. The tile scheduler deals tiles out in this order;
-// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
-__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0) {
+// Which C tile this block computes. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0) {
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
-    const int block = tile;
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int block = blockIdx.x;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    (void)tiles_m;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -5979,28 +6143,6 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(shared_address(barrier)) : "memory");
 }
 
-// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
-
-// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
-__device__ __forceinline__ void fence_shared_for_tma() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// TMA: copy a box from shared memory to (inner, outer) of a 2-D tensor; parts of the box outside
-// the tensor are not written, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer) {
-    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, { %2, %3 }], [%1];\n"
-                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
-                    "r"(inner), "r"(outer) : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
-template <int PENDING>
-__device__ __forceinline__ void tma_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
-}
-
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -6029,11 +6171,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -6045,42 +6187,10 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- the tile scheduler (schedule persistent) -----------------------------------------
-// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
-// consumers walk the same list, so the producer's copies run on into the next tile while the
-// consumers store the last one.
-struct Segment {
-    int tile;     // C tile, numbered as tile_origin takes them
-    int k_begin;  // the first of its K tiles this block multiplies
-    int k_end;    // one past the last
-};
-
-struct Schedule {
-    int tiles;      // C tiles
-    int k_tiles;    // K tiles per C tile
-    int next_tile;  // this block's next whole tile
-
-    __device__ Schedule(int M, int N, int K) {
-        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
-        k_tiles = (K + BK - 1) / BK;
-        next_tile = blockIdx.x;
-    }
-
-    __device__ bool next(Segment& segment) {
-        if (next_tile >= tiles) return false;
-        segment.tile = next_tile;
-        segment.k_begin = 0;
-        segment.k_end = k_tiles;
-        next_tile += gridDim.x;
-        return true;
-    }
-};
-
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        const __grid_constant__ TensorMap map_c)
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc)
 {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
@@ -6091,13 +6201,15 @@ gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
     float* sA = smem;                                 // STAGES x BM rows x BK floats
     float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
-    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
-    Schedule schedule(M, N, K);
+    int block_m0, block_n0;
+    tile_of_block(M, N, block_m0, block_n0);
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
@@ -6114,17 +6226,12 @@ gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            int it = 0;
-            for (Segment segment; schedule.next(segment);) {
-                int block_m0, block_n0;
-                tile_origin(segment.tile, M, N, block_m0, block_n0);
-                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
-                    const int s = it % STAGES;
-                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
-                    barrier_expect_bytes(&full[s], STAGE_BYTES);
-                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0);
-                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0);
-                }
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0);
             }
         }
         return;
@@ -6135,120 +6242,61 @@ gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int consumer = warpgroup - 1;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
-    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
-    int it = 0;  // K tiles of earlier segments
-    for (Segment segment; schedule.next(segment);) {
-        int block_m0, block_n0;
-        tile_origin(segment.tile, M, N, block_m0, block_n0);
-        const int m_left = M - block_m0;
-        const int n_left = N - block_n0;
-        const int k_tiles = segment.k_end - segment.k_begin;
 #pragma unroll
-        for (int i = 0; i < TM; ++i)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-        for (int t = 0; t < k_tiles; ++t) {
-            const int s = (it + t) % STAGES;
-            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
-            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-            const float* b_tile = sB + s * B_STAGE_FLOATS;
-            fence_accumulators(acc);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BK; kk += 8)
-                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-            wgmma_commit();
-            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-            fence_accumulators(acc);
-            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
-        }
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
-        it += k_tiles;
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
 
-        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-            {
-                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
-                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-                const float* C_tile = C + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-                const bool swap = lane / 4 % 2;
-                if (warp_m0 < m_left) {
-            #pragma unroll
-                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                        if (box_n * C_BOX_N >= n_left) break;
-                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                        __syncwarp();
-            #pragma unroll
-                        for (int i = 0; i < TM; ++i) {
-                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-            #pragma unroll
-                                for (int v = 0; v < TN; ++v) {
-                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
-                                }
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                                // addressed: a register array indexed at run time would go to local memory)
-                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
-                            }
-                        }
-                        fence_shared_for_tma();
-                        __syncwarp();
-                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0);
-                        ++stored_boxes;
-                    }
-                }
-            }
-        } else {
-            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-            const int thread_n0 = lane % 4 * TN;
-            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-            {
-                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-                float* C_tile = C + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-            #pragma unroll
-                for (int rm = 0; rm < RM; ++rm)
-            #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                        if (m >= m_left) continue;
-            #pragma unroll
-                        for (int rn = 0; rn < RN; ++rn)
-            #pragma unroll
-                            for (int j = 0; j < TN; j += CV) {
-                                const int n = thread_n0 + rn * SUB_N + j;
-                                if (n + CV - 1 >= n_left) continue;
-                                float* c = C_tile + (long long)(m) * ldc + (n);
-                                float old[CV], out[CV];
-                                if (read_c) load_vec<CV>(old, c);
-            #pragma unroll
-                                for (int v = 0; v < CV; ++v) {
-                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                                }
-                                store_vec<CV>(c, out);
-                            }
-                    }
-            }
-        }
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
     }
-    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
 #endif
 }
 
@@ -6314,34 +6362,14 @@ static int gemmgen_tf32_6(int M, int N, int K, float alpha, const float* A, int 
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C and ldc 16-byte aligned; otherwise C is stored from
-    // registers. C's boxes: 32 floats along its contiguous dimension by 16, unswizzled in C.
-    const bool aligned = (ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0);
-    CUtensorMap map_c = {};
-    if (aligned) {
-        const cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M};
-        const cuuint64_t stride = (cuuint64_t)ldc * 4;
-        const cuuint32_t box[2] = {32, 16};
-        const cuuint32_t element_strides[2] = {1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, C, dims, &stride, box, element_strides,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap) =
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int) =
         aligned ? gemmgen_tf32_6_kernel<true> : gemmgen_tf32_6_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
-    int device = 0, sms = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c));
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc);
     return (int)cudaGetLastError();
 }
 #endif  // __CUDACC_RTC__
@@ -8867,36 +8895,36 @@ static const Point tf32_0_unaligned[] = {
     {1024, 1024, 1024, 0.03484800085425377, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.17042302323158895},
 };
 static const Point tf32_1_aligned[] = {
-    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.03692588790443058},
-    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03114046991776623},
-    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1027424086153883},
-    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.19035721692492927},
-    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.13441953332393863},
-    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.11280033240660386},
-    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5485226174849241},
-    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.188442397016067},
-    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.3159491385595012},
-    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.5160912638612116},
-    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1989395653967843},
-    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3218034487109622},
-    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.32453669433029536},
-    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.547470152236535},
-    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.20494082280401588},
-    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.12451125793125734},
-    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.04318245667240116},
-    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.20996866700463407},
-    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.07805184993018406},
-    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1200836838634511},
-    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1353681245639111},
-    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.12635924370822071},
+    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0528012811320083},
+    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0033538734864685935},
+    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.039398228953443595},
+    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1318677653923024},
+    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.044519463290766746},
+    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.004848766864117284},
+    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.47871468203630274},
+    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.18106253822954527},
+    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, 0.07926776466338394},
+    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.46018423054576846},
+    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.02952456385919648},
+    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.12036045424534524},
+    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.11616578526857292},
+    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.006510176142110421},
+    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2502683857727058},
+    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.14215602246155065},
+    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.08500619903639256},
+    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23235201325404656},
+    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06550169180132466},
+    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08690167770391471},
+    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.08077350230572232},
+    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.043192853355526105},
 };
 static const Point tf32_1_unaligned[] = {
-    {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.022121675403234727},
-    {1531, 1531, 1531, 0.1167520023882389, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.009686418879700488},
-    {5003, 5003, 5003, 2.7174400091171265, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010510918212826032},
-    {127, 4099, 1023, 0.033904001116752625, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.012484143562531629},
-    {4096, 4096, 4096, 1.4770399928092957, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.013870069535474478},
-    {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.006679727172590606},
+    {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.24222254559738488},
+    {1531, 1531, 1531, 0.11404799669981003, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.030832911530850417},
+    {5003, 5003, 5003, 2.6757280826568604, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.06767753638390699},
+    {127, 4099, 1023, 0.03403199836611748, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.14153879588648088},
+    {4096, 4096, 4096, 1.4788640141487122, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.16445360489315972},
+    {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1252175965337337},
 };
 static const Point tf32_2_aligned[] = {
     {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07174065914335899},
@@ -8931,6 +8959,38 @@ static const Point tf32_2_unaligned[] = {
     {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.2770523547290929},
 };
 static const Point tf32_3_aligned[] = {
+    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.03692588790443058},
+    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03114046991776623},
+    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1027424086153883},
+    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.19035721692492927},
+    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.13441953332393863},
+    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.11280033240660386},
+    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5485226174849241},
+    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.188442397016067},
+    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.3159491385595012},
+    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.5160912638612116},
+    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1989395653967843},
+    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3218034487109622},
+    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.32453669433029536},
+    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.547470152236535},
+    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.20494082280401588},
+    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.12451125793125734},
+    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.04318245667240116},
+    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.20996866700463407},
+    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.07805184993018406},
+    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1200836838634511},
+    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1353681245639111},
+    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.12635924370822071},
+};
+static const Point tf32_3_unaligned[] = {
+    {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.022121675403234727},
+    {1531, 1531, 1531, 0.1167520023882389, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.009686418879700488},
+    {5003, 5003, 5003, 2.7174400091171265, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010510918212826032},
+    {127, 4099, 1023, 0.033904001116752625, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.012484143562531629},
+    {4096, 4096, 4096, 1.4770399928092957, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.013870069535474478},
+    {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.006679727172590606},
+};
+static const Point tf32_4_aligned[] = {
     {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1798767848618645},
     {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.14682013736452232},
     {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10715489932225468},
@@ -8954,7 +9014,7 @@ static const Point tf32_3_aligned[] = {
     {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.02773691625925101},
     {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.3216157727816861},
 };
-static const Point tf32_3_unaligned[] = {
+static const Point tf32_4_unaligned[] = {
     {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.1459769466729583},
     {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.14340940408903544},
     {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.2822426624101092},
@@ -8962,7 +9022,7 @@ static const Point tf32_3_unaligned[] = {
     {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.40443513123765135},
     {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.08371485458620956},
 };
-static const Point tf32_4_aligned[] = {
+static const Point tf32_5_aligned[] = {
     {256, 256, 256, 0.014864000026136637, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08437279887110763},
     {512, 512, 512, 0.028704000636935234, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.028381333804760156},
     {1024, 1024, 1024, 0.08524800091981888, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06002727353604831},
@@ -8986,7 +9046,7 @@ static const Point tf32_4_aligned[] = {
     {128, 1024, 65536, 0.12985600531101227, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.3272729115334561},
     {64, 64, 131072, 0.09724800288677216, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.053218205010126654},
 };
-static const Point tf32_4_unaligned[] = {
+static const Point tf32_5_unaligned[] = {
     {2047, 2047, 2047, 0.4866560101509094, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.2026945592633913},
     {1531, 1531, 1531, 0.27959999442100525, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.32477318410606254},
     {5003, 5003, 5003, 4.337647914886475, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.1774085075999527},
@@ -8994,7 +9054,7 @@ static const Point tf32_4_unaligned[] = {
     {4096, 4096, 4096, 2.5845439434051514, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04325201446591387},
     {1024, 1024, 1024, 0.12716799974441528, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.22275993121978935},
 };
-static const Point tf32_5_aligned[] = {
+static const Point tf32_6_aligned[] = {
     {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08747943776100678},
     {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02326147369711917},
     {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10645550593840643},
@@ -9018,45 +9078,13 @@ static const Point tf32_5_aligned[] = {
     {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.10823878888656537},
     {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.06491077621946086},
 };
-static const Point tf32_5_unaligned[] = {
+static const Point tf32_6_unaligned[] = {
     {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.018997481420522353},
     {1531, 1531, 1531, 0.11692799627780914, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.13022827005027887},
     {5003, 5003, 5003, 2.665616035461426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.008761920411036964},
     {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.14348592468395976},
     {4096, 4096, 4096, 1.476639986038208, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.004780120736282899},
     {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15726943007225358},
-};
-static const Point tf32_6_aligned[] = {
-    {256, 256, 256, 0.011711999773979187, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07132334818213104},
-    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.014112917427675335},
-    {1024, 1024, 1024, 0.02627200074493885, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.033079894008563086},
-    {2048, 2048, 2048, 0.04899200052022934, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1050305061404282},
-    {4096, 4096, 4096, 0.3819520026445389, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.026472368017517317},
-    {8192, 8192, 8192, 3.0774399042129517, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.012617525412623991},
-    {4092, 4092, 4092, 0.5530399978160858, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.34410138454443673},
-    {3000, 3000, 3000, 0.1987679973244667, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.046432912336041424},
-    {1, 4096, 4096, 0.07923199981451035, 0.0, 8.317766166719343, 8.317766166719343, -0.016064948495365317},
-    {16, 8192, 4096, 0.08595199882984161, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04012198292098704},
-    {64, 4096, 8192, 0.15084800124168396, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.01928030945335222},
-    {128, 8192, 8192, 0.1613280028104782, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.006984678821618445},
-    {8192, 128, 8192, 0.19182399660348892, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.15748069972993634},
-    {4096, 32, 4096, 0.07846400141716003, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.03139650835422435},
-    {4096, 4096, 512, 0.06159999966621399, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.10346472150245144},
-    {8192, 8192, 256, 0.15689599514007568, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.08123083481271988},
-    {2048, 2048, 128, 0.012959999963641167, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.16031046212960956},
-    {16384, 4096, 64, 0.11099200323224068, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.09662594868930031},
-    {256, 256, 32768, 0.5901599824428558, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.0258493188485161},
-    {512, 512, 16384, 0.2925119996070862, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.011015039492860514},
-    {128, 1024, 65536, 1.1408479809761047, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.005861934009949797},
-    {64, 64, 131072, 2.2789599895477295, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.005357471691716397},
-};
-static const Point tf32_6_unaligned[] = {
-    {2047, 2047, 2047, 0.20336000621318817, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.783588793559899},
-    {1531, 1531, 1531, 0.11952000111341476, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.5397767587181065},
-    {5003, 5003, 5003, 2.672144055366516, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.5159745306620063},
-    {127, 4099, 1023, 0.03340800106525421, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.32944643972758125},
-    {4096, 4096, 4096, 1.4909279942512512, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.6963234338907649},
-    {1024, 1024, 1024, 0.034912001341581345, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.28541121579578255},
 };
 static const Point tf32_7_aligned[] = {
     {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.050845639918792374},
@@ -9194,9 +9222,9 @@ static const Member members[11] = {
      , true
      , 1, 1
     },
-    {64, 128, 32, 1, 1, true, true,
-     {tf32_1_aligned, 22, {0.005478335240431224, 0.00021521345859741548, 0.0007313385625568253, 0.023848288093136903, 0.0}},
-     {tf32_1_unaligned, 6, {0.011102306146846963, 0.0007258628265779619, 0.0, 0.0, 0.0}}
+    {128, 128, 32, 1, 1, true, true,
+     {tf32_1_aligned, 22, {0.005413062711694651, 0.0003212960795034474, 0.0017082476957274708, 0.022901560132253758, 0.0}},
+     {tf32_1_unaligned, 6, {0.0, 0.0012252000092600238, 0.0, 0.0, 0.0}}
      , false
      , 1, 1
     },
@@ -9206,27 +9234,27 @@ static const Member members[11] = {
      , false
      , 2, 1
     },
+    {64, 128, 32, 1, 1, true, true,
+     {tf32_3_aligned, 22, {0.005478335240431224, 0.00021521345859741548, 0.0007313385625568253, 0.023848288093136903, 0.0}},
+     {tf32_3_unaligned, 6, {0.011102306146846963, 0.0007258628265779619, 0.0, 0.0, 0.0}}
+     , false
+     , 1, 1
+    },
     {64, 64, 32, 128, 1, true, true,
-     {tf32_3_aligned, 22, {0.02107672225237026, 0.0, 0.001584871150638753, 0.12213127147449221, 22.219860711423166}},
-     {tf32_3_unaligned, 6, {0.10103750058329039, 0.0026514209487985855, 0.0, 0.0, 0.0}}
+     {tf32_4_aligned, 22, {0.02107672225237026, 0.0, 0.001584871150638753, 0.12213127147449221, 22.219860711423166}},
+     {tf32_4_unaligned, 6, {0.10103750058329039, 0.0026514209487985855, 0.0, 0.0, 0.0}}
      , false
      , 1, 1
     },
     {128, 128, 32, 16, 1, true, true,
-     {tf32_4_aligned, 22, {0.00860937608924744, 0.0003294145283307148, 0.005283183283238119, 0.06292893698595259, 3.5945591250959503}},
-     {tf32_4_unaligned, 6, {0.059545630161893376, 0.0026392377800307076, 0.0, 0.0, 0.0}}
+     {tf32_5_aligned, 22, {0.00860937608924744, 0.0003294145283307148, 0.005283183283238119, 0.06292893698595259, 3.5945591250959503}},
+     {tf32_5_unaligned, 6, {0.059545630161893376, 0.0026392377800307076, 0.0, 0.0, 0.0}}
      , false
      , 1, 1
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_5_aligned, 22, {0.004545075419874153, 0.00021103583815920864, 0.0007757623996827967, 0.030172301785915106, 0.0}},
-     {tf32_5_unaligned, 6, {0.017570765512555712, 0.00035449891273011064, 0.0, 0.0, 0.0}}
-     , false
-     , 1, 1
-    },
-    {128, 256, 32, 1, 1, true, true,
-     {tf32_6_aligned, 22, {0.0035161341722930615, 0.0005509766134726509, 0.004632405189626808, 0.027335068140602707, 0.0}},
-     {tf32_6_unaligned, 6, {0.0, 0.001451367130824567, 0.0, 0.0, 0.0}}
+     {tf32_6_aligned, 22, {0.004545075419874153, 0.00021103583815920864, 0.0007757623996827967, 0.030172301785915106, 0.0}},
+     {tf32_6_unaligned, 6, {0.017570765512555712, 0.00035449891273011064, 0.0, 0.0, 0.0}}
      , false
      , 1, 1
     },
