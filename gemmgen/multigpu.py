@@ -172,7 +172,7 @@ class Balance:
             active = [i for i in active if i not in late]  # its fixed cost alone exceeds T: no part
         return [max(0.0, (finish - costs[i][1]) / costs[i][0]) if i in active else 0.0 for i in range(count)]
 
-    def learn(self, key: tuple, count: int, parts: list[tuple[int, float, float]]) -> None:
+    def learn(self, key: tuple, count: int, parts: list[tuple[int, int, tuple[float, float]]]) -> None:
         """parts: (position among the devices, size, (kernel ms, span ms)) of each non-empty part."""
         if key not in self.seen:  # a first call pays once (loading kernels, enabling peer access)
             self.seen[key] = []
@@ -189,8 +189,6 @@ class Balance:
             new[position] = estimate if previous is None else tuple(
                 (p + e) / 2 for p, e in zip(previous, estimate))
         self.seen[key] = new
-
-
 
 
 @dataclass(frozen=True)
@@ -947,7 +945,7 @@ def measure_scaling(plan: Plan, M: int, N: int, K: int, devices: list[int], *, r
         for part, band in zip(rows, first.bands):
             C[part.start:part.stop] = cp.asarray(band) if part.device == home else cp.array(band)
         worst = max(worst, worst_error_ratio(cp, A, B, C, plan.math))
-    one_gpu(), split()  # the warm-up round (the split's second call, the first its balance learns from)
+    one_gpu(), split()  # the warm-up round (the split's second call: with a balance, the first it learns from)
     rounds = [(one_gpu(), split(), resident()) for _ in range(runs)]
     median = lambda results: sorted(results, key=lambda r: r.end_to_end_ms)[len(results) // 2]  # noqa: E731
     ones, splits, residents = (median([r[i] for r in rounds]) for i in range(3))
