@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .runtime import Kernel, ShapeError, as_matrix, device_info, stream_handle, on_device
+from .runtime import Kernel, ShapeError, as_matrix, device_info, on_device, stream_handle
 from .selection import alignment_class, choose
 
 PRECISIONS = ("fp32", "tf32")

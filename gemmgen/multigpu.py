@@ -887,11 +887,15 @@ def _inputs(cp, M: int, N: int, K: int, layouts: dict, seed: int):
     return A, B, C
 
 
-def worst_error_ratio(cp, A, B, C, math: str) -> float:
-    """max |C - A B| over the tolerance of the kernel's math mode, against float64 (NaN: inf)."""
+def worst_error_ratio(cp, A, B, C, math: str, beta: float = 0.0, C0=None) -> float:
+    """max |C - (A B + beta C0)| over the tolerance of the kernel's math mode, against float64
+    (NaN: inf)."""
     from .verify import tolerance
     reference = A.astype(cp.float64) @ B.astype(cp.float64)
     scale = cp.abs(A).astype(cp.float64) @ cp.abs(B).astype(cp.float64)
+    if beta:
+        reference += beta * C0.astype(cp.float64)
+        scale += abs(beta) * cp.abs(C0).astype(cp.float64)
     ratio = cp.abs(C.astype(cp.float64) - reference) / tolerance(scale, A.shape[1], math)
     return float(cp.nan_to_num(ratio, nan=cp.inf).max())
 

@@ -126,29 +126,25 @@ class DeviceInfo:
 def device_info(ordinal: int = 0) -> DeviceInfo:
     driver = _driver()
     with on_device(ordinal):
-        return _device_info(driver, ordinal)
+        device = _check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
+        raw = _check(driver.cuDeviceGetName(64, device), "cuDeviceGetName")
+        name = raw.split(b"\0")[0].decode() if isinstance(raw, bytes) else str(raw)
+        attr = driver.CUdevice_attribute
 
+        def get(which) -> int:
+            return _check(driver.cuDeviceGetAttribute(which, device), f"cuDeviceGetAttribute({which})")
 
-def _device_info(driver, ordinal: int) -> DeviceInfo:
-    device = _check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
-    raw = _check(driver.cuDeviceGetName(64, device), "cuDeviceGetName")
-    name = raw.split(b"\0")[0].decode() if isinstance(raw, bytes) else str(raw)
-    attr = driver.CUdevice_attribute
-
-    def get(which) -> int:
-        return _check(driver.cuDeviceGetAttribute(which, device), f"cuDeviceGetAttribute({which})")
-
-    version = _check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
-    return DeviceInfo(
-        name=name, ordinal=ordinal,
-        compute_capability=(get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
-                            get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
-        sm_count=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
-        clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
-        driver_version=f"{version // 1000}.{version % 1000 // 10}",
-        l2_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
-        memory_clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
-        memory_bus_bits=get(attr.CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH))
+        version = _check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
+        return DeviceInfo(
+            name=name, ordinal=ordinal,
+            compute_capability=(get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                                get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+            sm_count=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+            clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
+            driver_version=f"{version // 1000}.{version % 1000 // 10}",
+            l2_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+            memory_clock_khz=get(attr.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
+            memory_bus_bits=get(attr.CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH))
 
 
 @dataclass(frozen=True)
@@ -241,38 +237,34 @@ class Kernel:
         self.device = device
         # The layout each operand must have: what a caller (a split over GPUs) places them in.
         self.layouts = {"A": plan.spec["layout.A"], "B": plan.spec["layout.B"], "C": plan.c_layout}
-        with on_device(device):
-            self._load(plan, compiled)
-
-    def _load(self, plan: Plan, compiled: Compiled | None) -> None:
-        device = self.device
-        self.compiled = compiled or compile_plan(plan)
-        driver = _driver()
-        self._module = _check(driver.cuModuleLoadData(self.compiled.cubin),
-                              f"loading the cubin of {plan.launcher_name} "
-                              f"(built for {self.compiled.target})")
-        names = kernel_name_expressions(plan)
-        self._functions = {}
-        for aligned, expression in names.items():
-            symbol = self.compiled.lowered_names[expression]
-            function = _check(driver.cuModuleGetFunction(self._module, symbol.encode()),
-                              f"finding {expression} in its cubin")
-            if plan.smem_bytes > 48 * 1024:
-                _check(driver.cuFuncSetAttribute(
-                    function,
-                    driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    plan.smem_bytes), f"allowing {plan.smem_bytes} bytes of shared memory")
-            self._functions[aligned] = function
-        # The wgmma file holds an mma.sync kernel for calls TMA cannot describe.
-        self._fallback = Kernel(plan.fallback, self.compiled, device) if plan.fallback else None
-        if plan.split_k > 1:
-            self._scale = _check(driver.cuModuleGetFunction(
-                self._module, f"{plan.launcher_name}_scale_c".encode()), "scale_c")
-        if plan.reduce_count:
-            self._reduce = {
-                step: _check(driver.cuModuleGetFunction(
-                    self._module, f"{plan.launcher_name}_reduce_{step}".encode()), step)
-                for step in ("clear", "finish")}
+        with on_device(device):  # loading and launching in the device's context, the caller's kept
+            self.compiled = compiled or compile_plan(plan)
+            driver = _driver()
+            self._module = _check(driver.cuModuleLoadData(self.compiled.cubin),
+                                  f"loading the cubin of {plan.launcher_name} "
+                                  f"(built for {self.compiled.target})")
+            names = kernel_name_expressions(plan)
+            self._functions = {}
+            for aligned, expression in names.items():
+                symbol = self.compiled.lowered_names[expression]
+                function = _check(driver.cuModuleGetFunction(self._module, symbol.encode()),
+                                  f"finding {expression} in its cubin")
+                if plan.smem_bytes > 48 * 1024:
+                    _check(driver.cuFuncSetAttribute(
+                        function,
+                        driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        plan.smem_bytes), f"allowing {plan.smem_bytes} bytes of shared memory")
+                self._functions[aligned] = function
+            # The wgmma file holds an mma.sync kernel for calls TMA cannot describe.
+            self._fallback = Kernel(plan.fallback, self.compiled, device) if plan.fallback else None
+            if plan.split_k > 1:
+                self._scale = _check(driver.cuModuleGetFunction(
+                    self._module, f"{plan.launcher_name}_scale_c".encode()), "scale_c")
+            if plan.reduce_count:
+                self._reduce = {
+                    step: _check(driver.cuModuleGetFunction(
+                        self._module, f"{plan.launcher_name}_reduce_{step}".encode()), step)
+                    for step in ("clear", "finish")}
 
     @property
     def name(self) -> str:
@@ -303,40 +295,35 @@ class Kernel:
             raise CudaError(f"{self.name} has a fused reduction: pass smallest=(values, rows, cols)", 1)
         handle = stream_handle(stream)
         with on_device(self.device):
-            self._launch_here(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, smallest, handle)
-
-    def _launch_here(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, smallest, handle) -> None:
-        """launch's work, in the kernel's device context."""
-        plan = self.plan
-        if plan.reduce_count:
-            self._launch(self._reduce["clear"], 1, 32, 0, handle, [], f"{self.name}_reduce_clear")
-        if M and N:
-            if not C or (K and (not A or not B)):
-                raise CudaError(f"{self.name}: null pointer for a matrix with elements", 1)
-            pointers = {"A": A, "B": B, "C": C}
-            if plan.path == "wgmma":
-                if plan.tma_ready(M, N, K, lda, ldb, pointers):
-                    self._launch_wgmma(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, handle)
-                else:
-                    self._fallback.launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=handle)
-                return
-            aligned = plan.aligned(M, N, K, lda, ldb, ldc, pointers)
-            grid = (plan.grid(M, N), plan.split_k)
-            what = (f"launching {self.name} ({'vector' if aligned else 'scalar'} variant) on "
-                    f"{grid[0]} x {grid[1]} blocks x {plan.threads} threads, {plan.smem_bytes} B shared, "
-                    f"M={M} N={N} K={K}")
-            if plan.split_k > 1:
-                self._launch(self._scale, min(M * N // 256 + 1, 4096), 256, 0, handle,
-                             [("i", M), ("i", N), ("f", beta), ("p", C), ("i", ldc)],
-                             f"{self.name}_scale_c")
-            self._launch(self._functions[aligned], grid, plan.threads, plan.smem_bytes, handle,
-                         [("i", M), ("i", N), ("i", K), ("f", alpha), ("p", A), ("i", lda),
-                          ("p", B), ("i", ldb), ("f", beta), ("p", C), ("i", ldc)], what)
-        if plan.reduce_count:
-            values, rows, cols = smallest
-            self._launch(self._reduce["finish"], 1, 32, 0, handle,
-                         [("p", values), ("p", rows), ("p", cols), ("i", N)],
-                         f"{self.name}_reduce_finish")
+            if plan.reduce_count:
+                self._launch(self._reduce["clear"], 1, 32, 0, handle, [], f"{self.name}_reduce_clear")
+            if M and N:
+                if not C or (K and (not A or not B)):
+                    raise CudaError(f"{self.name}: null pointer for a matrix with elements", 1)
+                pointers = {"A": A, "B": B, "C": C}
+                if plan.path == "wgmma":
+                    if plan.tma_ready(M, N, K, lda, ldb, pointers):
+                        self._launch_wgmma(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, handle)
+                    else:
+                        self._fallback.launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=handle)
+                    return
+                aligned = plan.aligned(M, N, K, lda, ldb, ldc, pointers)
+                grid = (plan.grid(M, N), plan.split_k)
+                what = (f"launching {self.name} ({'vector' if aligned else 'scalar'} variant) on "
+                        f"{grid[0]} x {grid[1]} blocks x {plan.threads} threads, {plan.smem_bytes} B shared, "
+                        f"M={M} N={N} K={K}")
+                if plan.split_k > 1:
+                    self._launch(self._scale, min(M * N // 256 + 1, 4096), 256, 0, handle,
+                                 [("i", M), ("i", N), ("f", beta), ("p", C), ("i", ldc)],
+                                 f"{self.name}_scale_c")
+                self._launch(self._functions[aligned], grid, plan.threads, plan.smem_bytes, handle,
+                             [("i", M), ("i", N), ("i", K), ("f", alpha), ("p", A), ("i", lda),
+                              ("p", B), ("i", ldb), ("f", beta), ("p", C), ("i", ldc)], what)
+            if plan.reduce_count:
+                values, rows, cols = smallest
+                self._launch(self._reduce["finish"], 1, 32, 0, handle,
+                             [("p", values), ("p", rows), ("p", cols), ("i", N)],
+                             f"{self.name}_reduce_finish")
 
     def _tensor_map(self, address: int, K: int, rows: int, ld: int, box_rows: int) -> bytes:
         """TMA's description of a K-major operand: (K, rows), rows ld floats apart, boxes of
@@ -451,17 +438,14 @@ class Kernel:
 
     def close(self) -> None:
         with on_device(self.device):
-            self._close_here()
-
-    def _close_here(self) -> None:
-        spaces = self.__dict__.pop("_workspaces", {})
-        if spaces:
-            _check(_driver().cuCtxSynchronize(), "waiting for kernels before freeing their workspaces")
-            for address, _ in spaces.values():
-                _driver().cuMemFree(address)
-        if getattr(self, "_module", None) is not None:
-            _driver().cuModuleUnload(self._module)
-            self._module = None
+            spaces = self.__dict__.pop("_workspaces", {})
+            if spaces:
+                _check(_driver().cuCtxSynchronize(), "waiting for kernels before freeing their workspaces")
+                for address, _ in spaces.values():
+                    _driver().cuMemFree(address)
+            if getattr(self, "_module", None) is not None:
+                _driver().cuModuleUnload(self._module)
+                self._module = None
 
 
 def _device_pointer(array: Any, what: str) -> int:

@@ -57,8 +57,7 @@ def test_tensor_core_kernels_split_on_one_gpu_match_float64(spec):
 def test_a_gemm_split_over_every_gpu_matches_float64(beta):
     import cupy as cp
 
-    from gemmgen.multigpu import CupyLayer, _inputs, split_gemm
-    from gemmgen.verify import tolerance
+    from gemmgen.multigpu import CupyLayer, _inputs, split_gemm, worst_error_ratio
 
     devices = _several()
     layer = CupyLayer()
@@ -71,10 +70,7 @@ def test_a_gemm_split_over_every_gpu_matches_float64(beta):
                 C0 = cp.random.default_rng(1).uniform(-1, 1, C.shape).astype(cp.float32)
                 C[...] = C0
                 result = split_gemm(plan, A, B, C, beta=beta, devices=devices, layer=layer, balance=None)
-                A64, B64, C64 = (x.astype(cp.float64) for x in (A, B, C0))
-                error = cp.abs(C.astype(cp.float64) - (A64 @ B64 + beta * C64))
-                scale = cp.abs(A64) @ cp.abs(B64) + abs(beta) * cp.abs(C64)
-                worst = float(cp.nan_to_num(error / tolerance(scale, shape[2], plan.math), nan=cp.inf).max())
+                worst = worst_error_ratio(cp, A, B, C, plan.math, beta, C0)
             assert worst <= 1.0, (spec, shape, beta)
             assert result.bytes_moved > 0 and len(result.parts) == len(devices)
 
