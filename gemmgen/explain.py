@@ -268,14 +268,17 @@ def _access(op: Operand, kind: str, how: str, width: int,
 
 
 def _store_access(plan: Plan, op: Operand) -> BankAccess:
-    """Global tile → shared: chunk = op.chunk_of(p, tid), row = chunk / chunks_per_row, col = ...*vector."""
+    """Global tile → shared at the positions op.position(p, tid) gives (the templates' own)."""
     def coords(lane: int, p: int, v: int) -> dict[str, int]:
-        chunk = op.chunk_of(p, lane, plan.threads)
-        row = chunk // op.chunks_per_row
-        col = chunk % op.chunks_per_row * op.vector + v
-        return {op.outer_dim: row, op.inner_dim: col}
+        row, col = op.position(p, lane, plan.threads)
+        return {op.outer_dim: row, op.inner_dim: col + v}
 
     lanes = range(min(WARP, plan.threads))
+    if op.blocked:            # a block's column v: one store of `vector` floats along the outer dim
+        requests = [[smem_offset(op, coords(lane, p, v)) for lane in lanes]
+                    for p in range(0, op.passes, op.vector) for v in range(op.vector)]
+        return _access(op, "store", f"{_vector_name(op.vector)}, transposed",
+                       op.vector, requests)
     if op.transposed_store:   # one scalar store per float, each to its own shared row
         requests = [[smem_offset(op, coords(lane, p, v)) for lane in lanes]
                     for p in range(op.passes) for v in range(op.vector)]
@@ -389,7 +392,9 @@ def _global(name: str, how: str, width: int, addresses: Sequence[int | None]) ->
 def _tile_load(plan: Plan, op: Operand) -> GlobalAccess:
     """Pass 0 of load_to_registers / async_copy: g = tile + row * ld + col (operand.cuh.j2)."""
     width = op.vector
-    if plan.async_copy and op.transposed_store:
+    if op.blocked:
+        how = f"{_vector_name(width)}, via registers"
+    elif plan.async_copy and op.transposed_store:
         width = 1                          # one 4-byte cp.async per float (v = 0 first)
         how = "cp.async 4 B, transposed"
     elif plan.async_copy:
@@ -400,9 +405,7 @@ def _tile_load(plan: Plan, op: Operand) -> GlobalAccess:
         how += ", per-thread runs"
     addresses = []
     for lane in range(min(WARP, plan.threads)):
-        chunk = op.chunk_of(0, lane, plan.threads)
-        row = chunk // op.chunks_per_row
-        col = chunk % op.chunks_per_row * op.vector
+        row, col = op.position(0, lane, plan.threads)
         addresses.append(row * NOMINAL_LD + col)
     return _global(f"{op.name} load", how, width, addresses)
 

@@ -31,6 +31,9 @@ def describe(spec: Spec) -> str:
         if spec.written("mma.m"):
             parts.append(f"mma={v('mma.m')}x{v('mma.n')}x{v('mma.k')}")
     parts.append(f"vec=A{v('load.A.vector')}B{v('load.B.vector')}")
+    via = "".join(op for op in "AB" if v(f"load.{op}.via") == "registers")
+    if via:
+        parts.append(f"via-registers={via}")
     parts.append(f"stages={v('stages')}{'a' if v('stages.fill') == 'async' else ''}")
     parts.append(f"frag={v('fragments')}")
     if v("raster.group") > 1:
@@ -122,7 +125,8 @@ def to_text(spec: Spec, name: str | None = None, comment: str = "") -> str:
     else:
         for op in "AB":
             lines.append(f"  load {op}   vector {v(f'load.{op}.vector')}{onoff(v(f'load.{op}.transpose'))}"
-                         + (" uncoalesced" if v(f"load.{op}.uncoalesced") else ""))
+                         + (" uncoalesced" if v(f"load.{op}.uncoalesced") else "")
+                         + (" via registers" if v(f"load.{op}.via") == "registers" else ""))
         for op in "AB":
             mode = v(f"shared.{op}")
             if mode == "pad":

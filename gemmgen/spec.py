@@ -66,6 +66,9 @@ class Setting:
 
 _WORDS = lambda *words: (lambda v: v in words)  # noqa: E731
 
+_VIA = ("copy (the stages' own copies: cp.async, or loads through registers) or registers "
+        "(always through registers, a transposing store done in 4 x 4 or 2 x 2 blocks there)")
+
 SETTINGS: dict[str, Setting] = {
     "target": Setting("sm_90", _WORDS(*TARGETS), ", ".join(TARGETS)),
     "math": Setting("simt", _WORDS(*MATH_MODES), ", ".join(MATH_MODES)),
@@ -92,6 +95,8 @@ SETTINGS: dict[str, Setting] = {
     "load.B.transpose": Setting(False, lambda v: isinstance(v, bool), "on or off"),
     "load.A.uncoalesced": Setting(False, lambda v: isinstance(v, bool), "on or off"),
     "load.B.uncoalesced": Setting(False, lambda v: isinstance(v, bool), "on or off"),
+    "load.A.via": Setting("copy", _WORDS("copy", "registers"), _VIA),
+    "load.B.via": Setting("copy", _WORDS("copy", "registers"), _VIA),
     "shared": Setting(True, _WORDS(True, False), "on or off"),
     "shared.A": Setting("plain", _WORDS("plain", "pad", "swizzle"), "plain, pad N or swizzle xor"),
     "shared.B": Setting("plain", _WORDS("plain", "pad", "swizzle"), "plain, pad N or swizzle xor"),
@@ -211,7 +216,7 @@ USAGE = {
     "warp": "warp M x N             e.g. warp 64 x 32",
     "thread": "thread M x N [repeat M x N]   e.g. thread 8 x 4 repeat 1 x 4",
     "order": "order m | n",
-    "load": "load A|B [vector 1|2|4] [transpose] [uncoalesced]",
+    "load": "load A|B [vector 1|2|4] [transpose] [uncoalesced] [via copy|registers]",
     "shared": "shared A|B plain | pad N | swizzle xor,  or: shared off",
     "stages": "stages N [sync|async|tma]",
     "fragments": "fragments 1 | 2",
@@ -435,6 +440,10 @@ class _ToStatements(Transformer):
         return ("uncoalesced", _Value(tuple(_on_off(v) for v in c[0].values), c[0].span))
 
     @v_args(meta=True)
+    def via(self, meta, c):
+        return ("via", c[0])
+
+    @v_args(meta=True)
     def load(self, meta, c):
         operand = str(c[0])
         if operand == "C":
@@ -442,7 +451,8 @@ class _ToStatements(Transformer):
         stmt = self._statement("load", meta, **{
             f"load.{operand}.vector": _Value((1,), _span(meta)),
             f"load.{operand}.transpose": _Value((False,), _span(meta)),
-            f"load.{operand}.uncoalesced": _Value((False,), _span(meta))})
+            f"load.{operand}.uncoalesced": _Value((False,), _span(meta)),
+            f"load.{operand}.via": _Value(("copy",), _span(meta))})
         seen = set()
         for name, value in c[1:]:
             if name in seen:

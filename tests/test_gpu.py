@@ -92,6 +92,7 @@ def _every_variant_tested():
     variants += [_variant("warptile", layout_a="col"), _variant("warptile", epilogue_beta=False)]
     variants += [_register_fed(consumers, a, b, math) for consumers in REGISTER_FED
                  for a, b in LAYOUTS for math in ("tf32", "3xtf32")]
+    variants += [_via_registers(a, b, stages) for a, b in LAYOUTS for stages in VIA_STAGES]
     return variants
 
 
@@ -104,6 +105,19 @@ REGISTER_FED = {2: {"stages": 3}, 1: {"block_m": 64, "block_n": 64, "warp_n": 64
 def _register_fed(consumers: int, a: str = "row", b: str = "row", math: str = "3xtf32"):
     return _variant("hopper_3xtf32", a, b, "row", stages_fill="async", math=math, promote=0,
                     **REGISTER_FED[consumers])
+
+
+# `load X ... via registers` on hopper_simt's tiling: A and B both stored transposed (4 x 4 blocks
+# transposed in registers), in a cp.async pipeline of 2 and 3 stages and through registers alone.
+VIA_STAGES = ((2, "async"), (3, "async"), (2, "sync"), (1, "sync"))
+
+
+def _via_registers(a: str, b: str, stages: tuple[int, str]):
+    # A is stored transposed when its shared rows run along k: row-major A with transpose, or
+    # column-major A without; B when its rows run along n: row-major B with transpose, or col without.
+    return _variant("hopper_simt", a, b, "row", load_A_transpose=a == "row", load_B_transpose=b == "row",
+                    load_A_via="registers", load_B_via="registers", load_A_vector=4, load_B_vector=4,
+                    stages=stages[0], stages_fill=stages[1])
 
 
 # --- fixtures ----------------------------------------------------------------------------
@@ -607,6 +621,16 @@ def test_wgmma_fed_through_registers_passes_the_quick_cases_in_every_layout(cons
                                                                             problems):
     kernel = kernels(_register_fed(consumers, a, b, math))
     assert kernel.plan.path == "wgmma_async" and kernel.plan.consumers == consumers
+    report = verify.check(kernel, verify.QUICK_CASES, seed=SEED, problems=problems)
+    assert report.ok, _failures(report, kernel)
+
+
+@pytest.mark.parametrize("stages", VIA_STAGES, ids=[f"{n}{fill}" for n, fill in VIA_STAGES])
+@pytest.mark.parametrize("a,b", LAYOUTS, ids=[f"A{a}-B{b}" for a, b in LAYOUTS])
+def test_operands_transposed_in_registers_pass_the_quick_cases_in_every_layout(a, b, stages, kernels,
+                                                                              problems):
+    kernel = kernels(_via_registers(a, b, stages))
+    assert kernel.plan.a.blocked and kernel.plan.b.blocked
     report = verify.check(kernel, verify.QUICK_CASES, seed=SEED, problems=problems)
     assert report.ok, _failures(report, kernel)
 

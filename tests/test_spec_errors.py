@@ -332,6 +332,23 @@ CORPUS = [
                  "alpha beta | alpha [staged | direct | {direct, staged}]", id="staged-in-the-wrong-place"),
     pytest.param(k(*OK, "load A vector 1 uncoalesced maybe"), 4, 31, "not a valid value for load.A.uncoalesced",
                  "on or off", id="uncoalesced-with-a-bad-value"),
+    # --- via registers: blocks transposed in registers ----------------------------------------
+    pytest.param(k(*OK, "load A vector 2 transpose via registers"), 4, 33,
+                 "1 load of 2 floats per thread; via registers transposes blocks of 2 x 2",
+                 "a tile of a multiple of 1024 floats", id="via-registers-with-too-few-loads"),
+    pytest.param(k("block 128 x 64 x 16", "thread 8 x 4", "load A vector 2 transpose via registers",
+                   "shared A pad 1"), 5, 3, "sA rows are 129 floats long, so the 2-float transposed stores",
+                 "a pad that is a multiple of 2", id="via-registers-with-a-misaligning-pad"),
+    pytest.param(k("block 128 x 64 x 16", "thread 8 x 4",
+                   "load A vector 2 transpose uncoalesced via registers"), 4, 45,
+                 "which uncoalesced would undo", "one of uncoalesced and via registers",
+                 id="via-registers-uncoalesced"),
+    pytest.param(k(*OK, "load B vector 4 via shared"), 4, 23, "'shared' is not a valid value for load.B.via",
+                 "copy (the stages' own copies", id="via-with-a-bad-value"),
+    pytest.param(k(*OK, "load A via registers via copy"), 4, 28, "'via' given twice for load A",
+                 "[via copy|registers]", id="via-given-twice"),
+    pytest.param(k(*OK, "target sm_90a", "math tf32", "stages 4 tma", "load A via registers"), 7, 14,
+                 "load and shared lines do not apply", "no load or shared lines", id="via-on-wgmma"),
 ]
 
 

@@ -46,6 +46,12 @@ class Operand:
     k_step: str               # C expression: element offset from one K tile to the next
     extent_outer: str         # matrix size along the outer dimension (M, N or K)
     extent_inner: str
+    # via registers: global → registers → shared even in a cp.async pipeline
+    via_registers: bool = False
+    # a transposing store via registers: vector x vector blocks (one per `vector` passes),
+    # transposed in registers and stored `vector` floats at a time
+    blocked: bool = False
+    bands_lo: int = 1         # neighbouring lanes take this many neighbouring blocks along outer_dim
 
     @property
     def chunk_index(self) -> str:
@@ -56,6 +62,35 @@ class Operand:
     def chunk_of(self, p: int, tid: int, threads: int) -> int:
         """chunk_index in Python, for the explain report's bank-conflict simulation."""
         return tid * self.passes + p if self.thread_runs else p * threads + tid
+
+    # Blocked loads (via registers): pass p reads row p % V of block q = p / V * THREADS + tid, a
+    # block being V rows by one V-float chunk. Lanes walk bands_lo blocks along the outer dimension
+    # first, then along the inner one, so a quarter warp's transposed 16-byte stores fill 32 banks
+    # and a warp's loads still read whole 32-byte sectors.
+    @property
+    def block_index(self) -> str:
+        return f"p / {self.name}_VEC * THREADS + tid"
+
+    @property
+    def block_band(self) -> str:
+        lo, cpr = self.bands_lo, self.chunks_per_row
+        return f"q % {lo} + q / {lo * cpr} * {lo}" if lo > 1 else f"q / {cpr}"
+
+    @property
+    def block_chunk(self) -> str:
+        lo, cpr = self.bands_lo, self.chunks_per_row
+        return f"q / {lo} % {cpr}" if lo > 1 else f"q % {cpr}"
+
+    def position(self, p: int, tid: int, threads: int) -> tuple[int, int]:
+        """(row, first column) of the global tile that pass p of thread tid reads, as the
+        templates compute it."""
+        if self.blocked:
+            v, lo, cpr = self.vector, self.bands_lo, self.chunks_per_row
+            q = p // v * threads + tid
+            band = q % lo + q // (lo * cpr) * lo
+            return band * v + p % v, q // lo % cpr * v
+        chunk = self.chunk_of(p, tid, threads)
+        return chunk // self.chunks_per_row, chunk % self.chunks_per_row * self.vector
 
     @property
     def ld(self) -> str:

@@ -4,6 +4,7 @@ instruction's fit). Operand tiles, loads per thread, shared layouts, pipeline an
 
 from __future__ import annotations
 
+from math import gcd
 
 from ..spec import Spec
 from .arch import MAX_REGISTERS_PER_THREAD, MAX_THREADS_PER_BLOCK, WARP, Arch
@@ -51,6 +52,13 @@ def _operand(spec: Spec, name: str, BM: int, BN: int, BK: int, threads: int) -> 
                          f"a tile of a multiple of {threads * vector} floats, or another vector width")
     passes = chunks // threads
 
+    # via registers: global → registers → shared even in a cp.async pipeline; a transposing store
+    # then goes in vector x vector blocks transposed in registers.
+    via_registers = spec[f"load.{name}.via"] == "registers"
+    blocked = via_registers and transposed_store and vector > 1
+    bands_lo = _check_blocks(spec, name, outer, inner, vector, passes, smem_cols + pad,
+                             threads) if blocked else 1
+
     swizzle = mode == "swizzle"
     swizzle_chunks = smem_cols // 4
     if swizzle:
@@ -96,7 +104,30 @@ def _operand(spec: Spec, name: str, BM: int, BN: int, BK: int, threads: int) -> 
         stage_floats=stage_floats, smem_index=smem_index, frag_vector=frag_vector,
         rows_left=left[outer_dim], cols_left=left[inner_dim],
         thread_runs=spec[f"load.{name}.uncoalesced"], tile_origin=tile_origin,
-        k_step=k_step, extent_outer=extent[outer_dim], extent_inner=extent[inner_dim])
+        k_step=k_step, extent_outer=extent[outer_dim], extent_inner=extent[inner_dim],
+        via_registers=via_registers, blocked=blocked, bands_lo=bands_lo)
+
+
+def _check_blocks(spec: Spec, name: str, outer: int, inner: int, vector: int, passes: int,
+                  smem_ld: int, threads: int) -> int:
+    """Checks a transposing `load X vector V ... via registers` (V x V blocks transposed in
+    registers); returns how many neighbouring blocks along the outer dimension neighbouring lanes
+    take (up to 8: a quarter warp's 16-byte stores then fill the 32 banks)."""
+    key = f"load.{name}.via"
+    if spec[f"load.{name}.uncoalesced"]:
+        raise spec.error(key, "via registers lays out its own coalesced loads (blocks of rows) for "
+                         f"{name}'s transposing store, which uncoalesced would undo",
+                         "one of uncoalesced and via registers")
+    if passes % vector or outer % vector:
+        raise spec.error(key, f"{name}'s {outer} x {inner} tile is {passes} load{'s' * (passes != 1)} "
+                         f"of {vector} floats per thread; via registers transposes blocks of {vector} x {vector}, so each "
+                         f"thread needs a multiple of {vector} loads", f"a tile of a multiple of "
+                         f"{threads * vector * vector} floats, or a narrower vector")
+    if smem_ld % vector:
+        raise spec.error(f"shared.{name}", f"s{name} rows are {smem_ld} floats long, so the "
+                         f"{vector}-float transposed stores of via registers would be misaligned",
+                         f"a pad that is a multiple of {vector}")
+    return gcd(outer // vector, 8)
 
 
 def tiled_plan(spec: Spec, arch: Arch) -> Plan:
@@ -172,7 +203,8 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
     if not uses_shared:
         for key, default in (("stages", 1), ("fragments", 1), ("load.A.vector", 1),
                              ("load.B.vector", 1), ("load.A.transpose", False),
-                             ("load.B.transpose", False), ("shared.A", "plain"), ("shared.B", "plain")):
+                             ("load.B.transpose", False), ("load.A.via", "copy"),
+                             ("load.B.via", "copy"), ("shared.A", "plain"), ("shared.B", "plain")):
             if spec[key] != default:
                 raise spec.error(key, f"'{key}' describes the shared-memory path, which 'shared off' "
                                  "turns off", "shared off with no load, shared A/B, stages or fragments")
@@ -253,6 +285,8 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
     staging = 0
     if uses_shared and not async_copy and stages == 2:
         staging = a.passes * a.vector + b.passes * b.vector
+    elif uses_shared and async_copy:  # an operand via registers holds its next tile there
+        staging = sum(op.passes * op.vector for op in (a, b) if op.via_registers)
     if mma_shape:  # A fragments are 4 registers per m16 tile, B's 2 per n8 tile; 3xtf32 keeps big and small
         fragment_registers = (2 if math == "3xtf32" else 1) * (4 * RM + 2 * RN)
     else:

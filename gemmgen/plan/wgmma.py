@@ -29,7 +29,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     BM, BN, BK = spec["block.m"], spec["block.n"], spec["block.k"]
     for key, default in (("load.A.vector", 1), ("load.B.vector", 1), ("load.A.transpose", False),
                          ("load.B.transpose", False), ("load.A.uncoalesced", False),
-                         ("load.B.uncoalesced", False), ("shared.A", "plain"), ("shared.B", "plain")):
+                         ("load.B.uncoalesced", False), ("load.A.via", "copy"),
+                         ("load.B.via", "copy"), ("shared.A", "plain"), ("shared.B", "plain")):
         if spec[key] != default:
             raise spec.error(key, "on the wgmma path tiles land in shared memory K-major with a 128-byte "
                              "swizzle, copied 16 bytes at a time where the data allow; load and shared "
