@@ -106,6 +106,8 @@ SETTINGS: dict[str, Setting] = {
     "stages.fill": Setting("sync", _WORDS("sync", "async", "tma"),
                            "sync (loads through registers), async (cp.async) or tma (sm_90a)"),
     "fragments": Setting(1, _WORDS(1, 2), "1 or 2 register fragment buffers"),
+    "unroll": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 256,
+                      "0 (the whole block K) or N k steps per unrolled loop body"),
     "raster.group": Setting(1, lambda v: _positive(v) and v <= 64,
                             "row, or group N with N from 1 to 64"),
     "epilogue.beta": Setting(True, _WORDS(True, False), "alpha beta, or alpha"),
@@ -220,6 +222,7 @@ USAGE = {
     "shared": "shared A|B plain | pad N | swizzle xor,  or: shared off",
     "stages": "stages N [sync|async|tma]",
     "fragments": "fragments 1 | 2",
+    "unroll": "unroll N               e.g. unroll 8 (the k loop over a shared tile, 8 steps per unrolled body)",
     "raster": "raster row | group N",
     "epilogue": "epilogue alpha beta | alpha [staged | direct | {direct, staged}]",
     "reduce": "reduce min N",
@@ -503,6 +506,10 @@ class _ToStatements(Transformer):
     @v_args(meta=True)
     def fragments(self, meta, c):
         return self._statement("fragments", meta, fragments=c[0])
+
+    @v_args(meta=True)
+    def unroll(self, meta, c):
+        return self._statement("unroll", meta, unroll=c[0])
 
     @v_args(meta=True)
     def raster(self, meta, c):

@@ -93,6 +93,7 @@ def _every_variant_tested():
     variants += [_register_fed(consumers, a, b, math) for consumers in REGISTER_FED
                  for a, b in LAYOUTS for math in ("tf32", "3xtf32")]
     variants += [_via_registers(a, b, stages) for a, b in LAYOUTS for stages in VIA_STAGES]
+    variants += [_unrolled(a, b, unroll) for a, b in LAYOUTS for unroll in UNROLLS]
     return variants
 
 
@@ -118,6 +119,15 @@ def _via_registers(a: str, b: str, stages: tuple[int, str]):
     return _variant("hopper_simt", a, b, "row", load_A_transpose=a == "row", load_B_transpose=b == "row",
                     load_A_via="registers", load_B_via="registers", load_A_vector=4, load_B_vector=4,
                     stages=stages[0], stages_fill=stages[1])
+
+
+# `unroll N`: the k loop over a shared tile unrolled N steps at a time; 2 keeps hopper_simt's
+# fragment double buffering on its minimum, 8 is the unroll its search chose.
+UNROLLS = (2, 8)
+
+
+def _unrolled(a: str, b: str, unroll: int):
+    return _variant("hopper_simt", a, b, "row", unroll=unroll)
 
 
 # --- fixtures ----------------------------------------------------------------------------
@@ -631,6 +641,15 @@ def test_operands_transposed_in_registers_pass_the_quick_cases_in_every_layout(a
                                                                               problems):
     kernel = kernels(_via_registers(a, b, stages))
     assert kernel.plan.a.blocked and kernel.plan.b.blocked
+    report = verify.check(kernel, verify.QUICK_CASES, seed=SEED, problems=problems)
+    assert report.ok, _failures(report, kernel)
+
+
+@pytest.mark.parametrize("unroll", UNROLLS)
+@pytest.mark.parametrize("a,b", LAYOUTS, ids=[f"A{a}-B{b}" for a, b in LAYOUTS])
+def test_a_partly_unrolled_k_loop_passes_the_quick_cases_in_every_layout(a, b, unroll, kernels, problems):
+    kernel = kernels(_unrolled(a, b, unroll))
+    assert kernel.plan.unroll == unroll < kernel.plan.BK
     report = verify.check(kernel, verify.QUICK_CASES, seed=SEED, problems=problems)
     assert report.ok, _failures(report, kernel)
 

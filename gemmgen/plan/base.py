@@ -154,6 +154,7 @@ class Plan:
     stages: int
     async_copy: bool
     fragments: int
+    unroll: int               # k steps per unrolled body of the inner product's loop (BK: all)
     raster_group: int
     occupancy: int
     beta: bool

@@ -49,6 +49,9 @@ def mma_sync_shape(spec: Spec, arch: Arch, BK: int, WM: int, WN: int, warp_tilin
     if spec["fragments"] != 1:
         raise spec.error("fragments", "double-buffered fragments are a simt technique; tensor-core "
                          "fragments of one K step are read just before their MMAs", "fragments 1")
+    if spec["unroll"]:
+        raise spec.error("unroll", "unroll sets how much of the FFMA inner product's k loop is one "
+                         "loop body; the MMA loop over a K tile is always unrolled whole", "no unroll line")
     if spec["order"] != "n":
         raise spec.error("order", "the MMA instruction fixes which lane holds which C values, so "
                          "there is no thread order to choose", "no order line")

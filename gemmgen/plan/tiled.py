@@ -108,6 +108,21 @@ def _operand(spec: Spec, name: str, BM: int, BN: int, BK: int, threads: int) -> 
         via_registers=via_registers, blocked=blocked, bands_lo=bands_lo)
 
 
+def _check_unroll(spec: Spec, unroll: int, BK: int, fragments: int, uses_shared: bool) -> None:
+    """`unroll N`: the k loop over a shared tile, N steps per unrolled body (a smaller body keeps
+    the instruction cache warm: BK 32 of 128 FFMAs each is 80 KB of code unrolled whole)."""
+    if not uses_shared:
+        raise spec.error("unroll", "unroll splits the k loop over a shared-memory tile, which 'shared "
+                         "off' turns off", "no unroll line, or shared memory on")
+    if unroll > BK or BK % unroll:
+        raise spec.error("unroll", f"unroll {unroll} does not divide the block K step of {BK}",
+                         f"a divisor of {BK}, e.g. {max(d for d in range(1, min(BK, 8) + 1) if BK % d == 0)}")
+    if fragments == 2 and unroll % 2:
+        raise spec.error("unroll", f"double-buffered fragments alternate between two register sets "
+                         f"every k; an unrolled body of {unroll} (odd) steps would index them at run "
+                         "time, from local memory", "an even unroll, or fragments 1")
+
+
 def _check_blocks(spec: Spec, name: str, outer: int, inner: int, vector: int, passes: int,
                   smem_ld: int, threads: int) -> int:
     """Checks a transposing `load X vector V ... via registers` (V x V blocks transposed in
@@ -234,6 +249,10 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
                              f"{smem_bytes} bytes of shared memory; a block on {arch.name} gets at most "
                              f"{arch.smem_per_block}", "fewer stages, or a smaller block tile")
 
+    unroll = spec["unroll"] or BK
+    if spec["unroll"]:
+        _check_unroll(spec, unroll, BK, fragments, uses_shared)
+
     c_layout = spec["layout.C"]
     c_vector = _largest_vector(TN if c_layout == "row" else TM)
     if c_layout == "col" and m_step > 1:
@@ -317,7 +336,7 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
         WM=WM, WN=WN, TM=TM, TN=TN, RM=RM, RN=RN, SUB_M=SUB_M, SUB_N=SUB_N,
         warp_tiling=warp_tiling, warps_m=warps_m, warps_n=warps_n, lanes_m=lanes_m,
         lanes_n=lanes_n, threads=threads, order=spec["order"], stages=stages,
-        async_copy=async_copy, fragments=fragments, raster_group=spec["raster.group"],
+        async_copy=async_copy, fragments=fragments, unroll=unroll, raster_group=spec["raster.group"],
         occupancy=occupancy, beta=spec["epilogue.beta"], reduce_count=reduce_count,
         split_k=split_k, staged=staged, c_stage_rows=c_stage_rows, c_stage_cols=c_stage_cols,
         c_stage_ld=c_stage_ld, c_stage_vec=c_stage_vec, a=a, b=b,

@@ -54,7 +54,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         raise spec.error("thread.m", "with wgmma each warpgroup multiplies a 64 x N tile; there is no "
                          "thread tile", "no thread line")
     for key, default, why in (("reduce.count", 0, "fused reduction"),
-                              ("fragments", 1, "fragment double buffering"), ("order", "n", "thread order")):
+                              ("fragments", 1, "fragment double buffering"), ("order", "n", "thread order"),
+                              ("unroll", 0, "FFMA k loop to unroll")):
         if spec[key] != default:
             raise spec.error(key, f"the wgmma path has no {why}", f"target sm_90 (mma.sync) for {why}")
     if BK != WGMMA_BK:
