@@ -212,7 +212,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         spec=spec, name=spec.name, arch=arch, uses_shared=True, BM=BM, BN=BN, BK=BK, WM=64, WN=BN,
         TM=2, TN=2, RM=slabs, RN=BN // 8, SUB_M=64 if slabs > 1 else 16, SUB_N=8, warp_tiling=True, warps_m=consumers,
         warps_n=1, lanes_m=8, lanes_n=4, threads=threads, order="n", stages=stages, async_copy=True,
-        fragments=1, raster_group=spec["raster.group"], occupancy=1, beta=spec["epilogue.beta"],
+        fragments=1, unroll=BK, raster_group=spec["raster.group"], occupancy=1, beta=spec["epilogue.beta"],
         reduce_count=0, split_k=split_k, staged=False, c_stage_rows=0, c_stage_cols=0, c_stage_ld=0,
         c_stage_vec=1, a=None, b=None, c_layout=spec["layout.C"],
         c_vector=2 if spec["layout.C"] == "row" and split_k == 1 and not tma_store else 1, smem_bytes=smem_bytes,
