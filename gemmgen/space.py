@@ -43,6 +43,8 @@ def describe(spec: Spec) -> str:
         parts.append(f"via-registers={via}")
     parts.append(f"stages={v('stages')}{'a' if v('stages.fill') == 'async' else ''}")
     parts.append(f"frag={v('fragments')}")
+    if v("unroll"):
+        parts.append(f"unroll={v('unroll')}")
     if v("raster.group") > 1:
         parts.append(f"group={v('raster.group')}")
     if v("occupancy"):
@@ -143,6 +145,8 @@ def to_text(spec: Spec, name: str | None = None, comment: str = "") -> str:
         lines.append(f"  stages   {v('stages')} {v('stages.fill')}")
         if v("fragments") != 1:
             lines.append(f"  fragments {v('fragments')}")
+        if v("unroll"):
+            lines.append(f"  unroll   {v('unroll')}")
     lines.append(f"  raster   {'row' if v('raster.group') == 1 else 'group %d' % v('raster.group')}")
     if v("occupancy"):
         lines.append(f"  occupancy {v('occupancy')}")

@@ -7,7 +7,7 @@
 //     block     128 x 256 x 32
 //     warp      64 x 64
 //     thread    8 x 4 repeat 2 x 2
-//     load A    vector 4 transpose
+//     load A    vector 4 transpose via registers
 //     load B    vector 4
 //     shared A  pad 4
 //     stages    2 async
@@ -181,24 +181,44 @@ gemmgen_hopper_simt_kernel(int M, int N, int K, float alpha, const float* __rest
         for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
 
     // ---- pipeline: STAGES-1 tiles in flight while one is multiplied --------------------
+    // A goes via registers: its next tile is read into them before the math and stored
+    // to shared memory, transposed 4 x 4 at a time, after it.
+    float a_regs[A_PASSES][A_VEC];
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < k_tiles) {
             const int k_left = K - s * BK;
-            {   // A: 128 x 32 tile straight into shared memory
+            {   // A: 128 x 32 tile (m x k), 4 float(s) per load
                 const float* src = A_tile + s * (BK);
-                float* dst = sA + s * A_STAGE_FLOATS;
             #pragma unroll
                 for (int p = 0; p < A_PASSES; ++p) {
-                    const int chunk = p * THREADS + tid;
-                    const int row = chunk / A_CHUNKS_PER_ROW;
-                    const int col = chunk % A_CHUNKS_PER_ROW * A_VEC;
+                    const int q = p / A_VEC * THREADS + tid;  // this thread's block: A_VEC rows of one chunk
+                    const int row = (q % 8 + q / 64 * 8) * A_VEC + p % A_VEC;
+                    const int col = q / 8 % 8 * A_VEC;
                     const float* g = src + (long long)row * lda + col;
-                    // Transposed on the way in: each float goes to its own shared row, 4 bytes per copy.
+                    if constexpr (ALIGNED) {
+                        if (row < m_left && col < k_left) load_vec<A_VEC>(a_regs[p], g);
+                        else fill_zero<A_VEC>(a_regs[p]);
+                    } else {
             #pragma unroll
-                    for (int v = 0; v < A_VEC; ++v) {
-                        const bool inside = row < m_left && col + v < k_left;
-                        cp_async<4>(&dst[sA_index(row, col + v)], inside ? g + v : A, inside);
+                        for (int v = 0; v < A_VEC; ++v)
+                            a_regs[p][v] = (row < m_left && col + v < k_left) ? g[v] : 0.0f;
+                    }
+                }
+            }
+            {
+                float* dst = sA + s * A_STAGE_FLOATS;
+            #pragma unroll
+                for (int p = 0; p < A_PASSES; p += A_VEC) {  // one block: its rows p .. p + A_VEC - 1
+                    const int q = p / A_VEC * THREADS + tid;  // this thread's block: A_VEC rows of one chunk
+                    const int row = (q % 8 + q / 64 * 8) * A_VEC + p % A_VEC;
+                    const int col = q / 8 % 8 * A_VEC;
+            #pragma unroll
+                    for (int v = 0; v < A_VEC; ++v) {  // column v of the block becomes a run of shared row col + v
+                        float run[A_VEC];
+            #pragma unroll
+                        for (int r = 0; r < A_VEC; ++r) run[r] = a_regs[p + r][v];
+                        store_vec<A_VEC>(&dst[sA_index(row, col + v)], run);
                     }
                 }
             }
@@ -235,20 +255,21 @@ gemmgen_hopper_simt_kernel(int M, int N, int K, float alpha, const float* __rest
         if (next < k_tiles) {
             const int k_left = K - next * BK;
             const int slot = next % STAGES;
-            {   // A: 128 x 32 tile straight into shared memory
+            {   // A: 128 x 32 tile (m x k), 4 float(s) per load
                 const float* src = A_tile + next * (BK);
-                float* dst = sA + slot * A_STAGE_FLOATS;
             #pragma unroll
                 for (int p = 0; p < A_PASSES; ++p) {
-                    const int chunk = p * THREADS + tid;
-                    const int row = chunk / A_CHUNKS_PER_ROW;
-                    const int col = chunk % A_CHUNKS_PER_ROW * A_VEC;
+                    const int q = p / A_VEC * THREADS + tid;  // this thread's block: A_VEC rows of one chunk
+                    const int row = (q % 8 + q / 64 * 8) * A_VEC + p % A_VEC;
+                    const int col = q / 8 % 8 * A_VEC;
                     const float* g = src + (long long)row * lda + col;
-                    // Transposed on the way in: each float goes to its own shared row, 4 bytes per copy.
+                    if constexpr (ALIGNED) {
+                        if (row < m_left && col < k_left) load_vec<A_VEC>(a_regs[p], g);
+                        else fill_zero<A_VEC>(a_regs[p]);
+                    } else {
             #pragma unroll
-                    for (int v = 0; v < A_VEC; ++v) {
-                        const bool inside = row < m_left && col + v < k_left;
-                        cp_async<4>(&dst[sA_index(row, col + v)], inside ? g + v : A, inside);
+                        for (int v = 0; v < A_VEC; ++v)
+                            a_regs[p][v] = (row < m_left && col + v < k_left) ? g[v] : 0.0f;
                     }
                 }
             }
@@ -318,6 +339,25 @@ gemmgen_hopper_simt_kernel(int M, int N, int K, float alpha, const float* __rest
                 #pragma unroll
                     for (int j = 0; j < RN * TN; ++j)
                         acc[i][j] = fmaf(frag_a[(kk & 1)][i], frag_b[(kk & 1)][j], acc[i][j]);
+            }
+        }
+        if (next < k_tiles) {  // the slot was last read before this iteration's barrier
+            const int slot = next % STAGES;
+            {
+                float* dst = sA + slot * A_STAGE_FLOATS;
+            #pragma unroll
+                for (int p = 0; p < A_PASSES; p += A_VEC) {  // one block: its rows p .. p + A_VEC - 1
+                    const int q = p / A_VEC * THREADS + tid;  // this thread's block: A_VEC rows of one chunk
+                    const int row = (q % 8 + q / 64 * 8) * A_VEC + p % A_VEC;
+                    const int col = q / 8 % 8 * A_VEC;
+            #pragma unroll
+                    for (int v = 0; v < A_VEC; ++v) {  // column v of the block becomes a run of shared row col + v
+                        float run[A_VEC];
+            #pragma unroll
+                        for (int r = 0; r < A_VEC; ++r) run[r] = a_regs[p + r][v];
+                        store_vec<A_VEC>(&dst[sA_index(row, col + v)], run);
+                    }
+                }
             }
         }
     }

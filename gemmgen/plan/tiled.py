@@ -115,8 +115,9 @@ def _check_unroll(spec: Spec, unroll: int, BK: int, fragments: int, uses_shared:
         raise spec.error("unroll", "unroll splits the k loop over a shared-memory tile, which 'shared "
                          "off' turns off", "no unroll line, or shared memory on")
     if unroll > BK or BK % unroll:
+        example = next((d for d in (8, 4, 2) if d < BK and BK % d == 0), BK)
         raise spec.error("unroll", f"unroll {unroll} does not divide the block K step of {BK}",
-                         f"a divisor of {BK}, e.g. {max(d for d in range(1, min(BK, 8) + 1) if BK % d == 0)}")
+                         f"a divisor of {BK}, e.g. unroll {example}")
     if fragments == 2 and unroll % 2:
         raise spec.error("unroll", f"double-buffered fragments alternate between two register sets "
                          f"every k; an unrolled body of {unroll} (odd) steps would index them at run "
