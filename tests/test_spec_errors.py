@@ -349,6 +349,17 @@ CORPUS = [
                  "[via copy|registers]", id="via-given-twice"),
     pytest.param(k(*OK, "target sm_90a", "math tf32", "stages 4 tma", "load A via registers"), 7, 14,
                  "load and shared lines do not apply", "no load or shared lines", id="via-on-wgmma"),
+    # --- unroll: the k loop over a shared tile -------------------------------------------------
+    pytest.param(k(*OK, "unroll 3"), 4, 10, "unroll 3 does not divide the block K step of 8",
+                 "a divisor of 8, e.g. unroll 4", id="unroll-not-dividing-block-k"),
+    pytest.param(k(*OK, "fragments 2", "unroll 1"), 5, 10, "an unrolled body of 1 (odd) steps",
+                 "an even unroll, or fragments 1", id="unroll-odd-with-double-buffered-fragments"),
+    pytest.param(k("block 32 x 32 x 1", "thread 1 x 1", "shared off", "unroll 1"), 5, 10,
+                 "'shared off' turns off", "no unroll line", id="unroll-without-shared-memory"),
+    pytest.param(k("block 64 x 64 x 8", "warp 32 x 32", "math tf32", "unroll 4"), 5, 10,
+                 "the MMA loop over a K tile is always unrolled whole", "no unroll line", id="unroll-with-mma"),
+    pytest.param(k(*OK, "unroll 300"), 4, 10, "300 is not a valid value for unroll",
+                 "0 (the whole block K)", id="unroll-too-large"),
 ]
 
 
