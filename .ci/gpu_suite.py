@@ -118,8 +118,11 @@ def benchmarks_markdown(meta: dict, specs, checks: list, results: list, accuracy
                          f"{r['percent_of_cublas']:.1f}% | {_baseline(r).removeprefix('cuBLAS ')} | "
                          f"{_peak(r, spec_by_name[name])} | {_error(r.get('rel_error'))} | "
                          f"{_error(r.get('cublas_fp32_rel_error'))} |")
-    baselines = list(dict.fromkeys(_baseline(r) for r in results))
-    cublas = {(_baseline(r), r["shape"]): r["cublas_tflops"] for r in results}
+    # cuBLAS runs in each kernel's layouts: one row per baseline and layout, named by the layout
+    # where a baseline ran in several (cuBLAS FP32 with B row-major is not cuBLAS FP32 with B col).
+    baselines = list(dict.fromkeys((_baseline(r), r.get("layout", "")) for r in results))
+    several = {b for b, _ in baselines if sum(1 for bb, _ in baselines if bb == b) > 1}
+    cublas = {(_baseline(r), r.get("layout", ""), r["shape"]): r["cublas_tflops"] for r in results}
     lines += ["", "### Every spec at every shape: TFLOP/s (% of cuBLAS in the spec's precision)", "",
               "| spec | cuBLAS | " + " | ".join(shapes) + " |", "| --- | --- |" + " ---: |" * len(shapes)]
     for name in names:
@@ -129,9 +132,11 @@ def benchmarks_markdown(meta: dict, specs, checks: list, results: list, accuracy
             cells.append(f"{r['tflops']:.2f} ({r['percent_of_cublas']:.0f}%)" if r else "-")
             baseline = _baseline(r).removeprefix("cuBLAS ") if r else baseline
         lines.append(f"| {name} | {baseline} | " + " | ".join(cells) + " |")
-    for baseline in baselines:
-        lines.append(f"| **{baseline}** | | " + " | ".join(
-            f"{cublas[baseline, s]:.2f}" if (baseline, s) in cublas else "-" for s in shapes) + " |")
+    for baseline, layout in baselines:
+        label = f"**{baseline}**, {layout}" if baseline in several else f"**{baseline}**"
+        lines.append(f"| {label} | | " + " | ".join(
+            f"{cublas[baseline, layout, s]:.2f}" if (baseline, layout, s) in cublas else "-"
+            for s in shapes) + " |")
     lines += ["", "### Every spec at every shape: relative error (cuBLAS FP32's on the same inputs)", "",
               "| spec | " + " | ".join(shapes) + " |", "| --- |" + " ---: |" * len(shapes)]
     for name in names:

@@ -72,6 +72,19 @@ def test_every_benchmark_shows_its_baseline_and_both_relative_errors(suite):
     assert "CUBLAS_COMPUTE_32F_FAST_TF32" in text
 
 
+def test_cublas_gets_a_row_per_layout_it_ran_in(suite):
+    # hopper_simt (B row-major) and hopper_3xtf32 (B col) both run beside cuBLAS FP32; each
+    # kernel's percentage is of cuBLAS in its own layout, and so is the row that shows it.
+    results = [dict(bench_record("hopper_simt", "4092x4092x4092", "cuBLAS FP32", 47.0, 47.9, 1e-6, 1e-6),
+                    layout="A row, B row, C row"),
+               dict(bench_record("tensorcore_3xtf32", "4092x4092x4092", "cuBLAS FP32", 120.0, 51.4, 5e-7, 1e-6),
+                    layout="A row, B col, C row")]
+    every = rows(suite.benchmarks_markdown(META, specs(), [], results), "### Every spec at every shape: TFLOP/s")
+    assert "| **cuBLAS FP32**, A row, B row, C row | | 47.90 |" in every
+    assert "| **cuBLAS FP32**, A row, B col, C row | | 51.40 |" in every
+    assert "47.00 (98%)" in next(r for r in every if r.startswith("| hopper_simt "))
+
+
 def test_accuracy_section_puts_each_math_mode_beside_cublas(suite):
     text = suite.benchmarks_markdown(META, specs(), [], RESULTS, ACCURACY)
     accuracy = rows(text, "### Accuracy at 4096x4096x4096")
