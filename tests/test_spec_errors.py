@@ -334,7 +334,7 @@ CORPUS = [
                  "on or off", id="uncoalesced-with-a-bad-value"),
     # --- via registers: blocks transposed in registers ----------------------------------------
     pytest.param(k(*OK, "load A vector 2 transpose via registers"), 4, 33,
-                 "1 load of 2 floats per thread; via registers transposes blocks of 2 x 2",
+                 "each thread loads 2 floats of A's 64 x 8 tile, 2 at a time; via registers transposes 2 x 2 blocks",
                  "a tile of a multiple of 1024 floats", id="via-registers-with-too-few-loads"),
     pytest.param(k("block 128 x 64 x 16", "thread 8 x 4", "load A vector 2 transpose via registers",
                    "shared A pad 1"), 5, 3, "sA rows are 129 floats long, so the 2-float transposed stores",

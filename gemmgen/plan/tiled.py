@@ -135,10 +135,10 @@ def _check_blocks(spec: Spec, name: str, outer: int, inner: int, vector: int, pa
                          f"{name}'s transposing store, which uncoalesced would undo",
                          "one of uncoalesced and via registers")
     if passes % vector or outer % vector:
-        raise spec.error(key, f"{name}'s {outer} x {inner} tile is {passes} load{'s' * (passes != 1)} "
-                         f"of {vector} floats per thread; via registers transposes blocks of {vector} x {vector}, so each "
-                         f"thread needs a multiple of {vector} loads", f"a tile of a multiple of "
-                         f"{threads * vector * vector} floats, or a narrower vector")
+        raise spec.error(key, f"each thread loads {passes * vector} floats of {name}'s {outer} x {inner} "
+                         f"tile, {vector} at a time; via registers transposes {vector} x {vector} blocks, "
+                         f"which needs a multiple of {vector * vector} floats per thread",
+                         f"a tile of a multiple of {threads * vector * vector} floats, or a narrower vector")
     if smem_ld % vector:
         raise spec.error(f"shared.{name}", f"s{name} rows are {smem_ld} floats long, so the "
                          f"{vector}-float transposed stores of via registers would be misaligned",
