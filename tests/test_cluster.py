@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from host_program import run_on_host
 
 from gemmgen.codegen import generate
 from gemmgen.costmodel import features
@@ -152,9 +153,6 @@ def _tile_function(plan) -> str:
 
 
 def walk_tiles(plan, problems, tmp_path: Path):
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler")
     program = f"""#include <stdio.h>
 #include <algorithm>
 using std::min;
@@ -180,27 +178,8 @@ int main() {{
 }}
 """
     feed = "\n".join(f"{M} {N} {plan.cluster_grid(M, N)}" for M, N in problems)
-    runs, _ = run_on_host(compiler, program, feed, tmp_path / "tiles")
+    runs, _ = run_on_host(program, feed, tmp_path / "tiles")
     return runs
-
-
-def run_on_host(compiler: str, program: str, feed: str, binary: Path):
-    """Compile a host program, feed it problems, and read its lines back: a list of rows (tuples of
-    ints) per problem, each problem ended by "end", and "tiles B COUNT" lines as {(problem, B): COUNT}."""
-    binary.with_suffix(".cpp").write_text(program)
-    subprocess.run([compiler, "-std=c++17", "-O1", "-o", str(binary), str(binary.with_suffix(".cpp"))], check=True)
-    out = subprocess.run([str(binary)], input=feed, capture_output=True, text=True, check=True).stdout
-    runs, rows, counts = [], [], {}
-    for line in out.splitlines():
-        if line.startswith("tiles "):
-            block, count = (int(x) for x in line.split()[1:])
-            counts[len(runs), block] = count
-        elif line == "end":
-            runs.append(rows)
-            rows = []
-        else:
-            rows.append(tuple(int(x) for x in line.split()))
-    return runs, counts
 
 
 @pytest.mark.parametrize("cluster, bn, group", [("2 x 1", 256, 8), ("1 x 2", 256, 8), ("2 x 2", 128, 1),
@@ -259,9 +238,6 @@ def test_a_persistent_cluster_launch_takes_whole_clusters_up_to_the_sms():
 def walk_schedule(plan, problems, sms, tmp_path: Path):
     """The generated Schedule and tile_origin, compiled for the host: every block's tiles, in order,
     per problem, and the ping-pong consumers' count of them ({(problem, block): count})."""
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler")
     source = generate(plan)
     main = source[source.index(f"namespace {plan.launcher_name}_impl"):]
     origin = re.search(r"__device__ __forceinline__ void tile_origin\(.*?\n}\n", main, re.S).group(0)
@@ -301,7 +277,7 @@ int main() {{
 }}
 """
     feed = "\n".join(f"{M} {N} {K} {plan.launch_blocks(M, N, K, sms)}" for M, N, K in problems)
-    return run_on_host(compiler, program, feed, tmp_path / "schedule")
+    return run_on_host(program, feed, tmp_path / "schedule")
 
 
 @pytest.mark.parametrize("cluster, bn, group", [("2 x 1", 256, 8), ("1 x 2", 256, 1), ("2 x 2", 128, 8),

@@ -4,11 +4,10 @@ arithmetic, and the kernels compiling without spills."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from host_program import run_on_host
 
 from gemmgen.codegen import _environment, generate
 from gemmgen.errors import SpecError
@@ -115,22 +114,8 @@ int main() {{
 
 
 def walk(plan, problems, tmp_path: Path) -> list[list[tuple[int, int, int, int, int, int]]]:
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler")
-    source = tmp_path / f"walk_{plan.schedule.replace('-', '_')}.cpp"
-    source.write_text(_walk_program(plan))
-    binary = tmp_path / source.stem
-    subprocess.run([compiler, "-std=c++17", "-O1", "-o", str(binary), str(source)], check=True)
     feed = "\n".join(f"{M} {N} {K} {plan.launch_blocks(M, N, K, sms)}" for M, N, K, sms in problems)
-    out = subprocess.run([str(binary)], input=feed, capture_output=True, text=True, check=True).stdout
-    runs, segments = [], []
-    for line in out.splitlines():
-        if line == "end":
-            runs.append(segments)
-            segments = []
-        else:
-            segments.append(tuple(int(x) for x in line.split()))
+    runs, _ = run_on_host(_walk_program(plan), feed, tmp_path / f"walk_{plan.schedule.replace('-', '_')}")
     return runs
 
 

@@ -114,7 +114,7 @@ def _check_unroll(spec: Spec, unroll: int, BK: int, fragments: int, uses_shared:
     if not uses_shared:
         raise spec.error("unroll", "unroll splits the k loop over a shared-memory tile, which 'shared "
                          "off' turns off", "no unroll line, or shared memory on")
-    if unroll > BK or BK % unroll:
+    if BK % unroll:
         example = next((d for d in (8, 4, 2) if d < BK and BK % d == 0), BK)
         raise spec.error("unroll", f"unroll {unroll} does not divide the block K step of {BK}",
                          f"a divisor of {BK}, e.g. unroll {example}")
