@@ -122,7 +122,7 @@ def _via_registers(a: str, b: str, stages: tuple[int, str]):
 
 
 # `unroll N`: the k loop over a shared tile unrolled N steps at a time; 2 keeps hopper_simt's
-# fragment double buffering on its minimum, 8 is the unroll its search chose.
+# fragment double buffering on its minimum, 8 is the middle of the unrolls the search measured.
 UNROLLS = (2, 8)
 
 
