@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from . import tuning_db
 from .errors import SpecError
 from .plan import Plan, try_plan
 from .selection import (CLASSES, Candidate, MemberShape, Model, alignment_class, choose,
@@ -269,16 +270,11 @@ def _worker(tasks: list[Task], db: str, library: str, layouts: dict, baseline: s
 
 
 def read_db(db: Path, library: str) -> dict[str, dict[str, dict]]:
-    """This library's records by device: {device|driver: {what|key: record}} (later lines win)."""
+    """This library's records by device: {device|driver: {what|key: record}} (later lines win).
+    Raises tuning_db.DatabaseError (file:line) for a malformed database."""
     by_device: dict[str, dict[str, dict]] = {}
-    if not db.exists():
-        return by_device
-    for line in db.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-            device, driver, what, name = entry["scope"].split("|")
-        except (ValueError, KeyError):
-            continue  # a line cut short, or another kind of record
+    for _, entry in tuning_db.read(db):
+        device, driver, what, name = entry["scope"].split("|")
         if name == library:
             by_device.setdefault(f"{device}|{driver}", {})[f"{what}|{entry['key']}"] = entry
     return by_device

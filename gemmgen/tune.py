@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import strategies
+from . import strategies, tuning_db
 from .outputs import save_figure, write_atomic
 from .plan import Plan
 from .space import Space, describe, expand, point_key
@@ -41,25 +41,29 @@ def db_scope(device: str, driver: str, shape: Case, space_name: str) -> str:
 
 
 def load_records(db: Path, scope: str | None = None) -> dict[str, dict]:
-    """Records of one scope (all scopes when None), by point key; later lines win."""
+    """Records of one scope (all scopes when None), by point key; later lines win.
+    Raises tuning_db.DatabaseError for a malformed database."""
     records: dict[str, dict] = {}
-    if db.exists():
-        for line in db.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by an interruption
-            if scope is None or entry.get("scope") == scope:
-                records[entry["key"] if scope else entry["scope"] + "|" + entry["key"]] = entry
+    for _, entry in tuning_db.read(db):
+        if scope is None or entry["scope"] == scope:
+            records[entry["key"] if scope else entry["scope"] + "|" + entry["key"]] = entry
     return records
 
 
-def _append(db: Path, entry: dict) -> None:
-    entry = {**entry, "time": round(time.time(), 3)}
-    with db.open("a") as handle:
-        handle.write(json.dumps(entry) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+def check_labels(db: Path, space: Space) -> None:
+    """DatabaseError at a record of `space` whose label contradicts the point its key names."""
+    labels = {point_key(plan.spec): describe(plan.spec) for plan in space.plans}
+    tuning_db.check_labels(db, tuning_db.read(db), labels, space=space.spec.name)
+
+
+_append = tuning_db.append  # the database's one writer (library.py and distributed.py use it)
+
+
+def ignore_interrupts() -> None:
+    """In a worker process: leave Ctrl-C to the parent, which stops the workers and exits with
+    one line (a worker taking SIGINT too would print a traceback of its own)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _compile_one(job: tuple[Plan, str | None]) -> str:
@@ -83,6 +87,7 @@ def _worker(jobs: list[tuple[Plan, str | None]], shape: Case, db: str, scope: st
             budget_s: float, with_cublas: bool, device: int | None = None,
             baseline: str = "cuBLAS FP32", layouts: dict | None = None) -> None:
     """Validate and time candidates in order; runs in a child process that may die."""
+    ignore_interrupts()
     if device is not None:  # before any CUDA call: this process sees only its own GPU
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
     bench = GpuBench(shape, budget_s)
@@ -286,7 +291,15 @@ class Evaluator:
                                               self.baseline, self._layouts()))
                     workers[device].start()
             with_cublas = False
-            timed_out = self._watch(workers)
+            try:
+                timed_out = self._watch(workers)
+            except BaseException:  # Ctrl-C reaches this process alone (workers ignore it): stop them
+                for worker in workers.values():
+                    worker.terminate()
+                    worker.join()
+                for state in states.values():
+                    state.unlink(missing_ok=True)
+                raise
             done = load_records(self.db, self.scope)
             for device, worker in workers.items():
                 in_flight = states[device].read_text().strip() if states[device].exists() else ""
@@ -354,6 +367,7 @@ def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict
     space = expand(spec)
     if not space.valid:
         raise ValueError(f"no point of {spec.name}'s space is valid: {dict(space.pruned)}")
+    check_labels(db, space)  # before any GPU work: the records it resumes from name their points
     if scheduler is not None:
         from .distributed import cluster_evaluator
         backend = cluster_evaluator(scheduler, devices, space, shape, db, max_points, budget_s,
@@ -377,8 +391,8 @@ def _local_evaluator(space, shape, db, max_points, budget_s, progress, source_pa
     info = device_info()
     scope = db_scope(info.name, info.driver_version, shape, space.spec.name)
     # NVRTC workers start fresh (spawn): forking a process that holds a CUDA context is unsafe.
-    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1,
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=ignore_interrupts) as pool:
         yield Evaluator(space, shape, db, scope, max_points, budget_s, progress, source_patch, pool, devices,
                         sms=info.sm_count)
 
@@ -389,24 +403,29 @@ def summarize(space: Space, shape: Case, db: Path, scope: str, evaluated: int = 
     baseline = records.pop(CUBLAS_KEY, {})
     by_key = {point_key(plan.spec): plan for plan in space.plans}
     good = [r for r in records.values() if r.get("status") == "ok" and r["key"] in by_key]
-    best = max(good, key=lambda r: r["tflops"]) if good else None
+    best = max(good, key=lambda r: r.get("tflops", 0.0)) if good else None
     return TuneResult(shape, space, scope, list(records.values()), best,
                       by_key[best["key"]] if best else None, baseline.get("tflops", 0.0), evaluated,
                       seconds, baseline.get("point", "cuBLAS FP32"))
 
 
 def best_recorded(spec: Spec, db: Path, shape: Case | None = None) -> tuple[Plan, dict]:
-    """The fastest validated point of `spec`'s space in the database (any device, or one shape)."""
+    """The fastest validated point of `spec`'s space in the database (any device, or one shape).
+    Raises tuning_db.DatabaseError for a malformed database or a record whose label
+    contradicts its point, LookupError when there is no such point."""
     space = expand(spec)
     by_key = {point_key(plan.spec): plan for plan in space.plans}
-    candidates = [r for r in load_records(db).values()
-                  if r.get("status") == "ok" and r.get("key") in by_key
-                  and r["scope"].endswith("|" + spec.name)
-                  and (shape is None or f"|{shape.M}x{shape.N}x{shape.K}|" in r["scope"])]
+    records = tuning_db.read(db)
+    tuning_db.check_labels(db, records, {k: describe(p.spec) for k, p in by_key.items()}, space=spec.name)
+    latest = {entry["scope"] + "|" + entry["key"]: entry for _, entry in records}
+    candidates = [r for r in latest.values()
+                  if r.get("status") == "ok" and r["key"] in by_key
+                  and r["scope"].split("|")[3] == spec.name
+                  and (shape is None or r["scope"].split("|")[2] == f"{shape.M}x{shape.N}x{shape.K}")]
     if not candidates:
         raise LookupError(f"{db} holds no validated point of '{spec.name}'"
-                          + (f" at {shape}" if shape else "") + "; run gemmgen tune first")
-    best = max(candidates, key=lambda r: r["tflops"])
+                          + (f" at {shape.M}x{shape.N}x{shape.K}" if shape else "") + "; run gemmgen tune first")
+    best = max(candidates, key=lambda r: r.get("tflops", 0.0))
     return by_key[best["key"]], best
 
 

@@ -14,7 +14,7 @@ from gemmgen import strategies
 from gemmgen.c_header import dispatcher_header_source
 from gemmgen.codegen import dispatcher_source
 from gemmgen.plan import make_plan
-from gemmgen.space import expand, point_key, to_text
+from gemmgen.space import describe, expand, point_key, to_text
 from gemmgen.spec import load_one, parse
 from gemmgen.tune import best_recorded, db_scope, load_records, summarize
 from gemmgen.verify import Case
@@ -122,7 +122,7 @@ def _write_db(path, scope, records):
 def test_database_resumes_ignoring_a_line_cut_short(tmp_path):
     db = tmp_path / "tune.jsonl"
     scope = db_scope("GPU", "13.0", Case(64, 64, 64), "s")
-    _write_db(db, scope, [{"key": "a", "status": "ok", "tflops": 1.0},
+    _write_db(db, scope, [{"key": "a", "status": "ok", "ms": 2.0, "tflops": 1.0},
                           {"key": "b", "status": "crash", "reason": "died"}])
     with db.open("a") as handle:
         handle.write('{"scope": "' + scope + '", "key": "c", "sta')  # interrupted mid-write
@@ -137,7 +137,7 @@ def test_best_recorded_point_rebuilds_the_same_kernel(tmp_path):
     plans = space.plans[:3]
     db = tmp_path / "tune.jsonl"
     scope = db_scope("GPU", "13.0", Case(4096, 4096, 4096), spec.name)
-    _write_db(db, scope, [{"key": point_key(p.spec), "status": "ok", "tflops": t, "point": ""}
+    _write_db(db, scope, [{"key": point_key(p.spec), "status": "ok", "ms": 1.0, "tflops": t, "point": ""}
                           for p, t in zip(plans, (10.0, 30.0, 20.0))]
               + [{"key": point_key(plans[0].spec), "status": "invalid", "tflops": 99.0}])
     plan, record = best_recorded(spec, db)
@@ -186,13 +186,13 @@ def test_build_takes_the_best_recorded_point_of_a_search_space(tmp_path):
     plans = expand(spec).plans[:2]
     db = tmp_path / "tune.jsonl"
     scope = db_scope("NVIDIA H100", "13.0", Case(4096, 4096, 4096), spec.name)
-    _write_db(db, scope, [{"key": point_key(p.spec), "status": "ok", "tflops": t, "point": f"p{i}"}
-                          for i, (p, t) in enumerate(zip(plans, (5.0, 7.0)))])
+    _write_db(db, scope, [{"key": point_key(p.spec), "status": "ok", "ms": 1.0, "tflops": t,
+                           "point": describe(p.spec)} for p, t in zip(plans, (5.0, 7.0))])
     out = tmp_path / "best.cu"
     result = CliRunner().invoke(main, ["build", str(SPECS / "hopper_refine.gemm"), "--from-db", str(db),
                                        "--shape", "4096x4096x4096", "-o", str(out), "--no-compile"])
     assert result.exit_code == 0, result.output
-    assert "best recorded point p1 (7.00 TFLOP/s" in result.output
+    assert f"best recorded point {describe(plans[1].spec)} (7.00 TFLOP/s" in result.output
     from gemmgen.codegen import generate
     assert out.read_text() == generate(plans[1])
     missing = CliRunner().invoke(main, ["build", str(SPECS / "hopper_refine.gemm"), "--from-db", str(db),
