@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from .outputs import complete_pending
 from .runtime import Kernel, ShapeError, as_matrix, device_info, on_device, stream_handle
 from .selection import alignment_class, choose
 
@@ -37,6 +38,7 @@ def shipped_manifest(precision: str) -> dict:
         raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
     path = _libraries_dir() / f"{precision}.json"
     try:
+        complete_pending(path)  # a build of the library killed while renaming its files: finish it
         return json.loads(path.read_text())
     except OSError as exc:
         raise FileNotFoundError(f"the shipped {precision} library ({path}) is missing: {exc.strerror}; "
