@@ -27,6 +27,8 @@ from gemmgen.replay import TESTBED, TUNING, load_recording, load_testbed, shape_
 from gemmgen.space import expand  # noqa: E402
 from gemmgen.spec import load_one  # noqa: E402
 
+TESTBED, TUNING = ROOT / TESTBED, ROOT / TUNING  # this checkout's, wherever the script runs from
+
 POINTS_PER_SECOND = 2.2  # exhaustive searches on one H100, compiles included (768 points in 357 s at cbec44c)
 
 

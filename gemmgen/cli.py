@@ -10,24 +10,26 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from . import __version__
+from . import __version__, terminal
 from .errors import SpecError
-from .outputs import OutputError, check_database, check_outputs, marker_line, write_output
+from .outputs import (OutputError, check_database, check_outputs, complete_pending, markdown_marker,
+                      marker_line, write_output)
 from .spec import TARGETS
+from .terminal import err as errors, line, out as console, say, styled
+from .tuning_db import DatabaseError
 
-console = Console(highlight=False)
-errors = Console(stderr=True, highlight=False)
+INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C (128 + SIGINT)
 
 
 def _fail(message: str, code: int = 1) -> None:
-    errors.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    terminal.error(message)
     sys.exit(code)
 
 
@@ -84,11 +86,9 @@ def _libraries(path: str, kernel: str | None) -> bool:
     return kernel is None or any(lib.name == kernel for lib in parsed.libraries)
 
 
-def _progress(on: Console = errors, transient: bool = True):
+def _progress(on=errors, transient: bool = True):
     """A progress bar for work that takes more than a moment (stderr, cleared when done)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=on, transient=transient)
+    return terminal.progress(on, transient)
 
 
 def _require_gpu() -> None:
@@ -104,22 +104,27 @@ def _require_gpu() -> None:
 
 
 class _Group(click.Group):
-    """Turns SpecErrors and compile errors into messages, never tracebacks."""
+    """Turns SpecErrors, compile errors, bad databases and Ctrl-C into messages, never tracebacks."""
 
     def invoke(self, ctx):
         from .compile import CompileError
         from .multigpu import MultiGpuError
+        from .replay import ReplayError
         from .runtime import CudaError, ShapeError
         try:
             return super().invoke(ctx)
         except SpecError as exc:
-            errors.print(str(exc), markup=False, soft_wrap=True)
+            errors.print(str(exc), soft_wrap=True)
             sys.exit(1)
         except CompileError as exc:
             _fail(f"the generated source did not compile (a gemmgen bug: please report it "
                   f"with the spec):\n{exc}")
-        except (CudaError, ShapeError, MultiGpuError, OutputError) as exc:
+        except (CudaError, ShapeError, MultiGpuError, OutputError, DatabaseError, ReplayError) as exc:
             _fail(str(exc))
+        except KeyboardInterrupt:
+            # Every output is written whole or not at all (outputs.py), so there is nothing to undo.
+            _fail("interrupted: no output was left half-written (a tune resumes from its database "
+                  "when run again)", code=INTERRUPTED)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -171,15 +176,60 @@ force_option = click.option("--force", is_flag=True,
                                  "are never replaced.")
 
 
+EMITS = {".cu": "cu", ".h": "header", ".ptx": "ptx", ".cubin": "cubin"}  # what a -o file's suffix holds
+
+
+def _build_target(output: str | None, emit: str | None, no_compile: bool) -> tuple[str, Path, bool]:
+    """What build writes and where: (emit, path, whether the path is one file). A -o that ends in
+    /, is a folder, or is a new name with no suffix is a folder; otherwise it is a file, and its
+    suffix says what it holds: a --emit that says otherwise, a suffix that is none of EMITS, or
+    --no-compile with NVRTC's output is a click.UsageError."""
+    if no_compile and emit in ("ptx", "cubin"):
+        raise click.UsageError(f"--emit {emit} is NVRTC's output, and --no-compile skips NVRTC: drop one")
+    if output is None:
+        return emit or "cu", Path("generated"), False
+    path = Path(output)
+    if output.endswith(("/", os.sep)) or path.is_dir() or not (path.suffix or path.exists()):
+        return emit or "cu", path, False
+    if not path.suffix:  # an existing file with no suffix (/dev/null): what --emit says
+        return emit or "cu", path, True
+    inferred = EMITS.get(path.suffix)
+    if inferred is None:
+        raise click.UsageError(f"-o {output}: a file's suffix says what it holds, one of "
+                               f"{', '.join(EMITS)}; or name a folder (-o kernels/)")
+    if emit and emit != inferred:
+        raise click.UsageError(f"-o {output} names a {path.suffix} file, and --emit {emit} writes "
+                               f"{'a C header' if emit == 'header' else 'a .' + emit + ' file'}: name a "
+                               f"file that ends in .{'h' if emit == 'header' else emit}, or drop --emit")
+    if no_compile and inferred in ("ptx", "cubin"):
+        raise click.UsageError(f"-o {output} is NVRTC's output, and --no-compile skips NVRTC: drop one")
+    return inferred, path, True
+
+
+def _resources_summary(plan, compiled) -> list:
+    """What build says of a compile: the registers of the kernel's aligned variant, as explain
+    reports them (from the same compile), the other variants' if they need more, shared memory,
+    spills."""
+    from .codegen import kernel_name_expressions
+    fast = compiled.resources_of(kernel_name_expressions(plan)[True])
+    most = max(r.registers for r in compiled.resources.values())
+    spilled = sum(r.spill_stores + r.spill_loads for r in compiled.resources.values())
+    registers = f"{fast.registers} registers" + (f" ({most} in its other variants)" if most > fast.registers else "")
+    return [f" ({plan.arch.name}: {registers}, {plan.smem_bytes} B shared, ",
+            (f"spills {spilled} B", "red") if spilled else "no spills", ")"]
+
+
 @main.command()
 @spec_argument
 @kernel_option
 @target_option
 @click.option("--output", "-o", type=click.Path(), metavar="PATH",
-              help="Output file (one kernel) or folder. Default: generated/<name>.<ext>.")
-@click.option("--emit", type=click.Choice(["cu", "header", "ptx", "cubin"]), default="cu", show_default=True,
+              help="Output file (one kernel; its suffix .cu, .h, .ptx or .cubin says what it holds) or "
+                   "folder (ends in /, or has no suffix). Default: generated/<name>.<ext>.")
+@click.option("--emit", type=click.Choice(["cu", "header", "ptx", "cubin"]), default=None,
               help="CUDA C source for your build (with its C/C++ header NAME.h beside it), the header "
-                   "alone, or NVRTC's PTX or cubin for the target.")
+                   "alone, or NVRTC's PTX or cubin for the target. Default: what -o FILE's suffix "
+                   "says, else cu.")
 @click.option("--no-compile", is_flag=True,
               help="Write the .cu (or .h) without compiling the kernel with NVRTC first.")
 @click.option("--from-db", type=click.Path(exists=True, dir_okay=False), metavar="TUNE.jsonl",
@@ -205,79 +255,94 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, man
     Examples:
       gemmgen build specs/warptile.gemm
       gemmgen build specs/warptile.gemm --target sm_80 -o kernels/
-      gemmgen build specs/warptile.gemm --emit cubin
-      gemmgen build specs/hopper_search.gemm --from-db tune.jsonl --shape 4096x4096x4096
-      gemmgen build specs/fp32.gemm --from-db benchmarks/tuning/fp32.jsonl   # a library
+      gemmgen build specs/warptile.gemm --emit cubin     # generated/warptile.cubin
+      gemmgen build specs/hopper_tc_search.gemm --shape 2048x2048x2048 \\
+          --from-db benchmarks/tuning/2026-11-23-h100-testbed-hopper_tc_search.jsonl
+      gemmgen build specs/fp32.gemm --from-db benchmarks/tuning/2026-11-23-h100-fp32-library.jsonl
 
-    A library (a `library` block) is built from the measurements of `gemmgen tune` on it: one .cu
-    with a single entry point gemmgen_<library>, and its manifest (.json) beside it.
+    A search space is built as its fastest validated point in a `gemmgen tune` database
+    (--from-db). A library (a `library` block) is built from the measurements of `gemmgen tune`
+    on it: one .cu with a single entry point gemmgen_<library>, its header and its manifest
+    (.json) beside it, written as one set.
     """
     from .c_header import header_source
     from .codegen import generate
     from .compile import compile_plan
     from .plan import make_plan
 
-    if _libraries(spec, kernel):
-        from . import cli_library
+    if output and not Path(output).is_dir():  # an input, or a file not ours, said before its suffix
+        check_outputs([output], inputs=[spec, from_db], force=force)
+    emit, out, one_file = _build_target(output, emit, no_compile)
+    libraries = []
+    of_libraries = _libraries(spec, kernel)
+    if of_libraries:
         from .library import load_libraries
         for library in load_libraries(spec, kernel):
-            if not from_db:
-                console.print(f"skipped {library.name}: a library is built from measurements (run gemmgen "
-                              "tune on it, or build --from-db TUNE.jsonl)", markup=False, soft_wrap=True)
-                continue
-            cli_library.check(library, output, manifest_path, inputs=_inputs(spec, [], from_db), force=force)
-            try:
-                cli_library.build(library, db=from_db, device=db_device, output=output,
-                                  manifest_path=manifest_path, console=console, write_file=write_output)
-            except LookupError as exc:
-                _fail(str(exc))
-        if kernel:
-            return
-        from_db = None  # the database was the library's; the file's search spaces are skipped
+            if from_db:
+                libraries.append(library)
+            else:
+                say(f"skipped {library.name}: a library is built from measurements (run gemmgen tune on "
+                    "it, or build --from-db TUNE.jsonl)")
+    library_db = from_db
+    if libraries:
+        from_db = None  # the database was the libraries'; the file's search spaces are skipped
 
     # A file may hold search spaces beside concrete kernels (or only those): they are skipped,
     # so `gemmgen build` can run over every file of a folder. Named with --kernel, a search
     # space is an error, as make_plan reports it.
     plans = []
-    kernel_specs = _load_specs(spec, kernel, target)
+    kernel_specs = [] if (kernel and of_libraries) else _load_specs(spec, kernel, target)
+    shape = _parse_shapes(db_shape, None)[0] if db_shape else None
     for kernel_spec in kernel_specs:
         if not kernel_spec.is_concrete and from_db:
             from .tune import best_recorded
-            shape = _parse_shapes(db_shape, None)[0] if db_shape else None
             try:
                 plan, record = best_recorded(kernel_spec, Path(from_db), shape)
             except LookupError as exc:
                 _fail(str(exc))
-            console.print(f"{kernel_spec.name}: best recorded point {record['point']} "
-                          f"({record['tflops']:.2f} TFLOP/s, {record['scope'].split('|')[0]} at "
-                          f"{record['scope'].split('|')[2]})", markup=False, soft_wrap=True)
+            where = record["scope"].split("|")
+            say(f"{kernel_spec.name}: best recorded point {record['point'] or record['key']} "
+                f"({record['tflops']:.2f} TFLOP/s, {where[0]} at {where[2]})")
             plans.append(plan)
             continue
         if not kernel_spec.is_concrete and not kernel:
-            console.print(f"skipped {kernel_spec.name}: a search space (run gemmgen tune)",
-                          markup=False, soft_wrap=True)
+            say(f"skipped {kernel_spec.name}: a search space (run gemmgen tune)")
             continue
         plans.append(make_plan(kernel_spec))
-    out = Path(output) if output else Path("generated")
+    built = [lib.name for lib in libraries] + [plan.name for plan in plans]
+    if one_file and len(built) > 1:
+        raise click.UsageError(f"-o {output} names one file, and {spec} gives {len(built)} kernels "
+                               f"({', '.join(built)}): name a folder (-o {out.with_suffix('')}/), "
+                               "or pick one with --kernel NAME")
+    if libraries and one_file and out.suffix != ".cu":
+        raise click.UsageError(f"-o {output}: a library is written as a .cu file (or into a folder)")
+    if libraries and emit != "cu":
+        raise click.UsageError("a library is built as CUDA source (its .cu, .h and manifest): "
+                               f"drop --emit {emit}")
     suffix = "h" if emit == "header" else emit
-    targets = [(plan, out if (output and len(plans) == 1 and out.suffix) else out / f"{plan.name}.{suffix}")
-               for plan in plans]
+    targets = [(plan, out if one_file else out / f"{plan.name}.{suffix}") for plan in plans]
     # A .cu has its header beside it: NAME.h, or the -o file's name with .h.
     headers = {plan.name: path.with_suffix(".h") if emit == "cu" else path for plan, path in targets
                if emit in ("cu", "header")}
+    # Every output is checked before anything is written.
+    from . import cli_library
+    for library in libraries:
+        cli_library.check(library, output, manifest_path, inputs=_inputs(spec, [], library_db), force=force)
     check_outputs([path for _, path in targets if emit != "header"] + list(headers.values()),
                   inputs=_inputs(spec, kernel_specs, from_db), force=force)
+    for library in libraries:
+        try:
+            cli_library.build(library, db=library_db, device=db_device, output=output,
+                              manifest_path=manifest_path, console=console)
+        except LookupError as exc:
+            _fail(str(exc))
     for plan, path in targets:
         source = generate(plan)
-        summary = ""
+        summary = []
+        compiled = None
         if not no_compile or emit not in ("cu", "header"):
             compiled = compile_plan(plan, source)
-            fast = max(compiled.resources.values(), key=lambda r: r.registers)
-            summary = (f" ({plan.arch.name}: {fast.registers} registers, "
-                       f"{plan.smem_bytes} B shared, "
-                       f"{'[red]spills ' + str(fast.spill_stores + fast.spill_loads) + ' B[/]' if fast.spills else 'no spills'})")
-        else:
-            compiled = None
+            summary = _resources_summary(plan, compiled)
         if emit == "cu":
             write_output(path, source)
         if emit in ("cu", "header"):
@@ -288,7 +353,7 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, man
         else:
             write_output(path, compiled.cubin)
         written = f"{path} and {headers[plan.name].name}" if emit == "cu" else str(path)
-        console.print(f"wrote {written}{summary}", markup=True, soft_wrap=True)
+        say(f"wrote {written}", *summary)
 
 
 @main.command()
@@ -305,6 +370,12 @@ def explain(spec, kernel, target, as_json):
 
     For a library: its members, how many kernels each gives, which run on every GPU, its shapes,
     and (once tuned) the members its manifest keeps.
+
+    \b
+    Examples:
+      gemmgen explain specs/warptile.gemm
+      gemmgen explain specs/warptile.gemm --target sm_80 --json
+      gemmgen explain specs/fp32.gemm          # a library
     """
     from .explain import as_dict, explain as make_report, render_text
 
@@ -316,14 +387,14 @@ def explain(spec, kernel, target, as_json):
             console.print_json(json.dumps(summaries))
         else:
             for summary in summaries:
-                console.print(cli_library.render_summary(summary), markup=False, soft_wrap=True)
+                console.print(cli_library.render_summary(summary), soft_wrap=True)
         return
     reports = [make_report(plan) for plan in _plans(spec, kernel, target)]
     if as_json:
         console.print_json(json.dumps([as_dict(r) for r in reports]))
     else:
         for report in reports:
-            console.print(render_text(report), markup=False)
+            console.print(render_text(report))
 
 
 def _parse_shapes(text: str | None, default):
@@ -360,6 +431,12 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path, force):
     (1, 0), padded leading dimensions, misaligned pointers and 4092^3. Each case shows the
     largest error relative to max |C| and the worst element's error over its tolerance (err/tol,
     at most 1 to pass). Exits non-zero on any failure, printing the worst element.
+
+    \b
+    Examples:
+      gemmgen check specs/warptile.gemm
+      gemmgen check specs/warptile.gemm --quick --layouts all
+      gemmgen check specs/warptile.gemm --shapes '127x131x137,beta=0.5,pad=3;4096x4096x4096'
     """
     from .runtime import Kernel
     from .verify import DEFAULT_CASES, QUICK_CASES, check as run_check, tolerance_rule
@@ -386,7 +463,7 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path, force):
         for result in report.results:
             failed |= not result.ok
             table.add_row(plan.name, plan.layouts(), str(result.case),
-                          "[green]ok[/]" if result.ok else "[bold red]FAIL[/]",
+                          styled("ok", "green") if result.ok else styled("FAIL", "bold red"),
                           f"{result.max_relative_error:.2e}", f"{result.worst_ratio:.2g}", result.message)
             records.append({"kernel": plan.name, "layout": plan.layouts(), "case": str(result.case),
                             "ok": result.ok, "max_relative_error": result.max_relative_error,
@@ -397,7 +474,7 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path, force):
         write_output(json_path, json.dumps(records, indent=2))
     if failed:
         _fail("some cases failed (see the table)")
-    console.print("[green]all cases passed[/]")
+    say(("all cases passed", "green"))
 
 
 @main.command()
@@ -426,6 +503,16 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices, manifest_
     the device's FP32 peak, and, on the bench's own inputs (uniform in [-1, 1]), the relative
     error ||C - C64||_F / ||C64||_F of the kernel against a float64 product beside cuBLAS
     FP32's on the same inputs.
+
+    A library (a `library` block) is timed per shape with the member it chooses, from its
+    manifest (gemmgen tune or build --from-db writes it).
+
+    \b
+    Examples:
+      gemmgen bench specs/warptile.gemm
+      gemmgen bench specs/warptile.gemm --shapes 4096x4096x4096 --json bench.json --plot bench.png
+      gemmgen bench specs/warptile.gemm --devices all
+      gemmgen bench specs/fp32.gemm            # a library
     """
     from .bench import DEFAULT_SHAPES, L2Flusher, bench as run_bench, plot, timing_record
     from .runtime import Kernel, device_info
@@ -475,7 +562,7 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices, manifest_
         write_output(json_path, json.dumps(timing_record(info, [r.as_dict() for r in results]), indent=2))
     if plot_path:
         plot(results, info, plans[0].arch.fp32_lanes_per_sm, plot_path)
-        console.print(f"wrote {plot_path}")
+        say(f"wrote {plot_path}")
 
 
 def _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifest_path, force):
@@ -489,6 +576,7 @@ def _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifes
     check_outputs(filter(None, [json_path, plot_path]), inputs=_inputs(spec, [], manifest_path), force=force)
     for library in load_libraries(spec, kernel):
         path = Path(manifest_path) if manifest_path else Path("generated") / f"{library.name}.json"
+        complete_pending(path)  # an interrupted build of the library is finished first
         try:
             manifest = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
@@ -505,7 +593,7 @@ def _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifes
         plot_library([{"shape": r["shape"], "ratio": r["cublas_ms"] / r["ms"], "member": r["member"],
                        "tuned": r["tuned_shape"]} for r in rows], rows[0]["baseline"] if rows else "cuBLAS",
                      f"{', '.join(dict.fromkeys(r['library'] for r in rows))}: bench", plot_path)
-        console.print(f"wrote {plot_path}")
+        say(f"wrote {plot_path}")
 
 
 def _strategy_options(items: tuple[str, ...]) -> dict:
@@ -551,7 +639,7 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
                           f"{report.one_gpu_tflops:.1f}",
                           f"{report.end_to_end_tflops:.1f} ({report.scaling(report.end_to_end_tflops):.2f} x {n})",
                           f"{report.resident_tflops:.1f} ({report.scaling(report.resident_tflops):.2f} x {n})",
-                          "[green]ok[/]" if ok else f"[red]FAIL {worst:.2g}[/]")
+                          styled("ok", "green") if ok else styled(f"FAIL {worst:.2g}", "red"))
             records.append({"kernel": plan.name, "shape": str(case), "devices": devices,
                             "layouts": plan.layouts(), "math": plan.math, "axis": split.axis,
                             "parts": [vars(p) for p in split.parts], "steps": list(split.steps.values()),
@@ -583,7 +671,8 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
               help="Search strategy, a module of gemmgen/strategies/: model (the cost model), exhaustive, "
                    "random_sample, or Optuna's tpe, cmaes and gp.")
 @click.option("--option", "strategy_options", multiple=True, metavar="NAME=VALUE",
-              help="A strategy option, e.g. --option seed=3 --option population=24.")
+              help="A strategy option, e.g. --option seed=3 --option batch=8 (each strategy's "
+                   "options: gemmgen/strategies/<name>.py, OPTIONS).")
 @click.option("--max-points", type=int, metavar="N", help="Evaluate at most N points per shape.")
 @click.option("--db", type=click.Path(dir_okay=False), default="tune.jsonl", show_default=True,
               help="Results database (JSON lines); a rerun skips points already measured.")
@@ -631,6 +720,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
       gemmgen tune specs/hopper_search.gemm --max-points 120
       gemmgen tune specs/warptile_search.gemm --shapes '1024x1024x1024;4096x4096x4096' \\
           --dispatcher generated/warptile_tuned.cu
+      gemmgen tune specs/small_search.gemm --strategy tpe --option seed=1 --max-points 60
       gemmgen tune specs/fp32.gemm --db fp32.jsonl        # a library
     """
     from . import strategies
@@ -639,7 +729,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     from .space import expand, to_text
     from .spec import load_one
     from .distributed import ClusterError
-    from .tune import plot_search, search_baseline, tune as run_tune
+    from .tune import check_labels, plot_search, search_baseline, tune as run_tune
 
     try:
         strategies.get(strategy)  # unknown, or its library is missing: said before any GPU work
@@ -690,6 +780,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
                   inputs=_inputs(spec, [space_spec], db), force=force)
     check_database(db, inputs=_inputs(spec, [space_spec]))  # appended to, never replaced
     space = expand(space_spec)
+    check_labels(Path(db), space)  # the records a search resumes from name their points
     pruned = ", ".join(f"{n} {why}" for why, n in space.pruned.most_common(4))
     console.print(f"{space_spec.name}: {space.total} points, {space.valid} valid after pruning"
                   + (f" (dropped: {pruned})" if pruned else ""))
@@ -719,8 +810,8 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
                 if entry.get("status") == "ok" and entry["tflops"] > best["tflops"]:
                     best.update(entry)
                 elif entry.get("status") != "ok":
-                    bar.console.print(f"  [yellow]{entry['status']}[/] {entry['point']}: "
-                                      f"{entry.get('reason', '')[:160]}", markup=True)
+                    bar.console.print(line("  ", (entry["status"], "yellow"), f" {entry['point']}: "
+                                           f"{entry.get('reason', '')[:160]}"), soft_wrap=True)
                 bar.update(task, description=f"{shape}  best {best['tflops']:.2f} TFLOP/s")
 
             try:
@@ -752,17 +843,17 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
         winners.append((shape, result.best_plan, result.best))
         if plot_path:
             plot_search(result, plot_paths[shape])
-            console.print(f"wrote {plot_paths[shape]}")
+            say(f"wrote {plot_paths[shape]}")
     if save:
         shape, plan, best = winners[0]
         write_output(save, to_text(plan.spec, Path(save).stem,
                                    f"Found by gemmgen tune {spec} at {shape}: {best['tflops']:.2f} TFLOP/s."))
-        console.print(f"wrote {save}")
+        say(f"wrote {save}")
     if dispatcher:
         tuned = [(s, p) for s, p, _ in winners]
         write_output(dispatcher, dispatcher_source(space_spec.name, tuned))
         write_output(dispatcher_header, dispatcher_header_source(space_spec.name, tuned, Path(dispatcher).name))
-        console.print(f"wrote {dispatcher} and {dispatcher_header.name}")
+        say(f"wrote {dispatcher} and {dispatcher_header.name}")
     if json_path:
         write_output(json_path, json.dumps(all_records, indent=1))
 
@@ -771,10 +862,12 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
 @click.argument("spec", required=False, type=click.Path(exists=True, dir_okay=False))
 @kernel_option
 @click.option("--db", "dbs", multiple=True, type=click.Path(exists=True, dir_okay=False), metavar="FILE.jsonl",
-              help="Tuning database(s) holding an exhaustive search (repeatable; default: benchmarks/tuning/*.jsonl).")
+              help="Tuning database(s) holding an exhaustive search (repeatable; default: "
+                   "benchmarks/tuning/*.jsonl of the current folder).")
 @click.option("--shape", "shape_text", metavar="MxNxK", help="The shape of the recording to replay (with SPEC).")
 @click.option("--testbed", "testbed", is_flag=False, flag_value="", default=None, metavar="[FILE.json]",
-              help="Replay every space and shape of the test bed (default benchmarks/testbed.json) instead of SPEC.")
+              help="Replay every space and shape of the test bed (default: benchmarks/testbed.json of the "
+                   "current folder; the spec paths it names are relative to the current folder) instead of SPEC.")
 @click.option("--strategy", "names", multiple=True,
               help="Strategy to replay (repeatable; default: all, random_sample always included).")
 @click.option("--option", "strategy_options", multiple=True, metavar="NAME=VALUE",
@@ -785,13 +878,17 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the table's rows as JSON.")
 @click.option("--check", "check_name", metavar="STRATEGY",
               help="Exit 1 unless STRATEGY meets the test bed's bar (issue 15) on every recording.")
+@force_option
 def replay(spec, kernel, dbs, shape_text, testbed, names, strategy_options, seeds, jobs, markdown_path,
-           json_path, check_name):
+           json_path, check_name, force):
     """Replay search strategies against recorded exhaustive searches, with no GPU.
 
     Each strategy's evaluate() is answered from the database (a failed point scores 0), over
     --seeds runs: evaluations needed to come within 3% and 1% of the exhaustive best (median,
     worst), and the median best found after 5%, 10% and 20% of the points beside random_sample's.
+
+    Run it in a gemmgen checkout: the default databases (benchmarks/tuning/*.jsonl) and test bed
+    (benchmarks/testbed.json) are read from the current folder.
 
     \b
     Examples:
@@ -812,16 +909,24 @@ def replay(spec, kernel, dbs, shape_text, testbed, names, strategy_options, seed
         except ValueError as exc:
             if names:
                 raise click.BadParameter(str(exc), param_hint="--strategy") from None
-            console.print(f"[yellow]skipped[/] {exc}")
+            say(("skipped", "yellow"), f" {exc}")
             chosen.remove(name)
     names = chosen
+    if testbed is None and not (spec and shape_text):
+        raise click.UsageError("give SPEC and --shape, or --testbed")
     db_paths = [Path(d) for d in dbs] if dbs else sorted(rp.TUNING.glob("*.jsonl"))
+    if not db_paths:
+        _fail(f"no tuning database: replay reads {rp.TUNING}/*.jsonl in the current folder ({Path.cwd()}), "
+              "as in a gemmgen checkout; run it there, or give --db FILE.jsonl")
+    inputs = [spec, *db_paths] + ([Path(testbed or rp.TESTBED)] if testbed is not None else [])
+    check_outputs(filter(None, [markdown_path, json_path]), inputs=inputs, force=force)
     if testbed is not None:
-        if not Path(testbed or rp.TESTBED).exists():
-            _fail(f"no test bed at {testbed or rp.TESTBED}: give its path, --testbed FILE.json")
+        if not Path(testbed or rp.TESTBED).is_file():
+            _fail(f"no test bed at {testbed or rp.TESTBED} (in {Path.cwd()}): run replay in a gemmgen "
+                  "checkout, or give its path, --testbed FILE.json")
         recordings, missing = rp.testbed_recordings(Path(testbed) if testbed else rp.TESTBED, db_paths)
         for item in missing:
-            console.print(f"[yellow]not recorded yet:[/] {item} (benchmarks/record_testbed.py records it)")
+            say(("not recorded yet:", "yellow"), f" {item} (benchmarks/record_testbed.py records it)")
     elif spec and shape_text:
         try:
             shape = parse_case(shape_text)
@@ -831,8 +936,6 @@ def replay(spec, kernel, dbs, shape_text, testbed, names, strategy_options, seed
             recordings = [rp.load_recording(load_one(spec, kernel), db_paths, shape)]
         except LookupError as exc:
             _fail(str(exc))
-    else:
-        raise click.UsageError("give SPEC and --shape, or --testbed")
     options = _strategy_options(strategy_options)
     outcomes = []
     with _progress() as bar:
@@ -863,19 +966,20 @@ def replay(spec, kernel, dbs, shape_text, testbed, names, strategy_options, seed
                       " ".join(f"{100 * r[f'random_sample_at_{f:g}']:.1f}" for f in rp.BUDGETS))
     console.print(table)
     if markdown_path:
-        Path(markdown_path).write_text(rp.summary_markdown(rows) + "\n" + rp.markdown(rows))
-        console.print(f"wrote {markdown_path}")
+        write_output(markdown_path, markdown_marker("replay") + "\n\n" + rp.summary_markdown(rows) + "\n"
+                     + rp.markdown(rows))
+        say(f"wrote {markdown_path}")
     if json_path:
-        Path(json_path).write_text(json.dumps(rows, indent=1))
-        console.print(f"wrote {json_path}")
+        write_output(json_path, json.dumps(rows, indent=1))
+        say(f"wrote {json_path}")
     if check_name:
         failures = rp.must_hold(outcomes, check_name)
         for failure in failures:
-            console.print(f"[red]{failure}[/]")
+            say((failure, "red"))
         if failures:
             _fail(f"{check_name} misses the bar on {len(failures)} count(s)")
-        console.print(f"{check_name}: within 3% with at most 10% of the points and within 1% with at most "
-                      "20% (median), and ahead of random_sample, on every recording")
+        say(f"{check_name}: within 3% with at most 10% of the points and within 1% with at most "
+            "20% (median), and ahead of random_sample, on every recording")
 
 
 from .profile import profile_command  # noqa: E402

@@ -6,42 +6,66 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
+import click
 from rich.table import Table
 
 from .library import Library, TuneReport, build_manifest, tune_library
+from .terminal import line
 
 
 def outputs(library: Library, output: str | None, manifest: str | None) -> tuple[Path, Path, Path]:
     """Where a library's .cu, header and manifest go: -o FILE.cu or a folder (default generated/);
-    the header beside the .cu, and the manifest too unless --manifest names it."""
+    the header beside the .cu, and the manifest too unless --manifest names it. A -o that names
+    a file of another kind is a click.UsageError (never a folder named like a file)."""
     out = Path(output) if output else Path("generated")
-    cu = out if out.suffix == ".cu" else out / f"{library.name}.cu"
+    folder = output is None or output.endswith(("/", os.sep)) or out.is_dir() or not out.suffix
+    if not folder and out.suffix != ".cu":
+        raise click.UsageError(f"-o {output}: library {library.name} is written as CUDA source: name a .cu file "
+                               "(its .h and .json go beside it) or a folder")
+    cu = out / f"{library.name}.cu" if folder else out
     return cu, cu.with_suffix(".h"), Path(manifest) if manifest else cu.with_suffix(".json")
 
 
 def check(library: Library, output: str | None, manifest: str | None, *, inputs, force: bool) -> None:
-    """Before any work: the library's outputs may be written (outputs.check_outputs)."""
-    from .outputs import check_outputs
-    check_outputs(outputs(library, output, manifest), inputs=inputs, force=force)
+    """Before any work: the library's outputs may be written (outputs.check_outputs), once an
+    interrupted write of the same library has been finished (outputs.complete_pending)."""
+    from .outputs import check_outputs, complete_pending
+    paths = outputs(library, output, manifest)
+    complete_pending(paths[2])
+    check_outputs(paths, inputs=inputs, force=force)
 
 
-def write(library: Library, manifest: dict, paths: tuple[Path, Path, Path], console, write_file) -> None:
-    """The library's .cu (codegen), its header and its manifest (for gemmgen.matmul and bench)."""
+def check_labels(library: Library, db: Path) -> None:
+    """tuning_db.DatabaseError at a record of the library whose label contradicts the candidate
+    its key names (see tuning_db); before any work that would trust the record."""
+    from . import tuning_db
+    from .library import kernel_key
+    from .space import describe
+    plans = library.candidates() + [p for m in library.members if m.searched for p in m.plans]
+    labels = {kernel_key(p): describe(p.spec) for p in plans}
+    tuning_db.check_labels(db, tuning_db.read(db), labels, space=library.name)
+
+
+def write(library: Library, manifest: dict, paths: tuple[Path, Path, Path], console) -> None:
+    """The library's .cu (codegen), its header and its manifest (for gemmgen.matmul and bench),
+    as one set (outputs.write_set): a reader never sees a new .cu beside an old manifest."""
     from .c_header import library_header_source
     from .codegen import library_source
     from .library import member_plans
+    from .outputs import write_set
     cu, header, manifest_path = paths
     origin = Path(library.spec.path).name
     source = library_source(manifest, origin, library.spec.source.splitlines())
-    write_file(cu, source)
-    write_file(header, library_header_source(manifest, member_plans(manifest)[0], cu.name))
-    write_file(manifest_path, json.dumps(manifest, indent=1) + "\n")
+    header_text = library_header_source(manifest, member_plans(manifest)[0], cu.name)
+    write_set([(cu, source), (header, header_text), (manifest_path, json.dumps(manifest, indent=1) + "\n")],
+              anchor=manifest_path)
     loo = manifest["leave_one_out"]
     console.print(f"wrote {cu} ({len(manifest['members'])} members), {header} and {manifest_path}; leave-one-out "
                   f"over {len(loo['per_shape'])} tuned shapes: chosen / best median {loo['median']:.3f}, "
-                  f"worst {loo['worst']:.3f}", markup=False, soft_wrap=True)
+                  f"worst {loo['worst']:.3f}", soft_wrap=True)
 
 
 def manifest_table(manifest: dict, title: str) -> Table:
@@ -78,21 +102,22 @@ def tune(library: Library, *, db: Path, output: str | None, manifest_path: str |
                 return
             counts["ok" if status == "ok" else "failed"] += 1
             if status not in ("ok", "invalid", None):
-                bar.console.print(f"  [yellow]{status}[/] {entry.get('point', '')}: {entry.get('reason', '')[:160]}",
-                                  markup=True)
+                bar.console.print(line("  ", (str(status), "yellow"), f" {entry.get('point', '')}: "
+                                       f"{entry.get('reason', '')[:160]}"), soft_wrap=True)
             bar.update(task, advance=1, description=f"{library.name}: {counts['ok']} timed, "
                                                     f"{counts['failed']} failed")
 
+        check_labels(library, db)
         report = tune_library(library, db=db, progress=progress, strategy=strategy, options=options,
                               max_points=max_points, anchors=anchors, per_shape=per_shape)
     rate = report.evaluated / report.seconds if report.seconds else 0.0
     console.print(f"{library.name}: {report.evaluated} validations and timings in {report.seconds:.0f} s "
-                  f"({rate:.2f}/s); {len(report.failures)} candidate(s) failed", markup=False)
+                  f"({rate:.2f}/s); {len(report.failures)} candidate(s) failed", soft_wrap=True)
     manifest = build_manifest(library, db, device=report.device.split("|")[0])
     manifest["database"] = str(db)
     console.print(manifest_table(manifest, f"library {library.name} on {manifest['device']['name']}"))
     paths = outputs(library, output, manifest_path)
-    write(library, manifest, paths, console, write_file)
+    write(library, manifest, paths, console)
     if json_path:
         records = [{"library": library.name, "kernel": key, "shape": shape, "ms": ms}
                    for (key, shape), ms in report.measurements.times.items()]
@@ -104,7 +129,7 @@ def tune(library: Library, *, db: Path, output: str | None, manifest_path: str |
                  "best_ratio": r["cublas_ms"] / r["best_candidate_ms"] if r["cublas_ms"] and r["best_candidate_ms"] else 0.0,
                  "member": manifest["members"][r["chosen"]]["name"]} for r in manifest["shapes"]]
         plot_library(rows, manifest["baseline"], f"library {library.name} (tuned shapes)", plot_path)
-        console.print(f"wrote {plot_path}")
+        console.print(f"wrote {plot_path}", soft_wrap=True)
     return report
 
 
@@ -113,12 +138,13 @@ def shape_key_of(row: dict) -> str:
 
 
 def build(library: Library, *, db: str, device: str | None, output: str | None, manifest_path: str | None,
-          console, write_file) -> None:
+          console) -> None:
     """gemmgen build LIB.gemm --from-db DB: the library from measurements, no GPU."""
+    check_labels(library, Path(db))
     manifest = build_manifest(library, Path(db), device=device)
     manifest["database"] = str(db)
     console.print(manifest_table(manifest, f"library {library.name} from {db} ({manifest['device']['name']})"))
-    write(library, manifest, outputs(library, output, manifest_path), console, write_file)
+    write(library, manifest, outputs(library, output, manifest_path), console)
 
 
 class LibraryCall:
@@ -175,7 +201,7 @@ def bench(library: Library, manifest: dict, cases, *, budget: float, console, pr
         geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
         slow = [r for r in rows if r["cublas_ms"] >= 0.020 and r["cublas_ms"] / r["ms"] < 1.0]
         console.print(f"geometric mean {geo:.2f}x {manifest['baseline']} over {len(speedups)} shapes; "
-                      f"slower than cuBLAS where it takes >= 20 us: {len(slow)}", markup=False)
+                      f"slower than cuBLAS where it takes >= 20 us: {len(slow)}", soft_wrap=True)
     return rows
 
 
@@ -189,10 +215,12 @@ def summary(library: Library, manifest_dir: Path = Path("generated")) -> dict:
     result = {"library": library.name, "precision": library.precision, "baseline": library.baseline,
               "layout": library.layouts, "members": members, "candidates": len(library.candidates()),
               "shapes": [str(s) for s in library.shapes]}
+    from .outputs import OutputError, complete_pending
     path = manifest_dir / f"{library.name}.json"
     try:
+        complete_pending(path)  # an interrupted build of it finished first
         manifest = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, OutputError):
         return result
     result["manifest"] = {"path": str(path), "device": manifest["device"]["name"],
                           "kept": [f"{m['name']}: {m['point']} ({m['target']})" for m in manifest["members"]],

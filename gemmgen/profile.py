@@ -378,16 +378,11 @@ def profile_command(spec, kernel, shape, as_json):
       gemmgen profile specs/warptile.gemm
       gemmgen profile specs/naive.gemm --shape 1024x1024x1024 --json
     """
-    from rich.console import Console
-    from rich.markup import escape
-
-    from . import cli
+    from . import cli, terminal
     from .errors import SpecError
     from .verify import parse_case
 
     cli._require_gpu()  # first: without a GPU nothing else matters (exit 2, as check, bench, tune)
-    console = Console(highlight=False)
-    errors = Console(stderr=True, highlight=False)
     try:
         parse_case(shape)
     except ValueError as exc:
@@ -395,12 +390,12 @@ def profile_command(spec, kernel, shape, as_json):
     try:
         report = profile(spec, kernel, shape)
     except SpecError as exc:
-        errors.print(str(exc), markup=False, soft_wrap=True)
+        terminal.err.print(str(exc), soft_wrap=True)
         sys.exit(1)
     except ProfileError as exc:
-        errors.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        terminal.error(str(exc))
         sys.exit(1)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
-        console.print(render_table(report))
+        terminal.out.print(render_table(report))

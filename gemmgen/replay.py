@@ -12,7 +12,9 @@ left out (the replay searches the recorded points only), and records of points t
 no longer accepts are ignored.
 
 The test bed (benchmarks/testbed.json) lists the spaces and shapes that every strategy is replayed
-on; benchmarks/record_testbed.py records the ones missing from benchmarks/tuning/.
+on; benchmarks/record_testbed.py records the ones missing from benchmarks/tuning/. Those default
+paths, and the spec paths a test bed names, are relative to the current folder (a checkout's
+root), never to where gemmgen is installed.
 """
 
 from __future__ import annotations
@@ -23,18 +25,21 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import strategies
-from .space import Space, expand, point_key
+from . import strategies, tuning_db
+from .space import Space, describe, expand, point_key
 from .spec import Spec, load_one
-from .tune import CUBLAS_KEY
+from .tune import CUBLAS_KEY, ignore_interrupts
 from .verify import Case, parse_case
 
 H100_SMS = 132                  # what the cost model assumes when a recording does not say
 THRESHOLDS = (0.03, 0.01)       # "within 3% / 1% of the exhaustive best"
 BUDGETS = (0.05, 0.10, 0.20)    # fractions of the valid points at which best-found is compared
-ROOT = Path(__file__).resolve().parent.parent
-TESTBED = ROOT / "benchmarks" / "testbed.json"
-TUNING = ROOT / "benchmarks" / "tuning"
+TESTBED = Path("benchmarks") / "testbed.json"   # relative to the current folder
+TUNING = Path("benchmarks") / "tuning"
+
+
+class ReplayError(Exception):
+    """A test bed that cannot be read, or a spec it names that is not there."""
 
 
 def shape_text(shape: Case) -> str:
@@ -63,16 +68,17 @@ class Recording:
         return f"{self.space.spec.name} {shape_text(self.shape)}"
 
 
-def _scopes(db: Path, shape: Case, name: str) -> dict[str, dict[str, dict]]:
-    """Records per scope of this space and shape in one database (later lines win)."""
+def _scopes(db: Path, shape: Case, space: Space) -> dict[str, dict[str, dict]]:
+    """Records per scope of this space and shape in one database (later lines win). Raises
+    tuning_db.DatabaseError for a malformed database, or a record of the space whose label
+    contradicts the point its key names."""
+    name = space.spec.name
+    records = tuning_db.read(db)
+    tuning_db.check_labels(db, records, {point_key(p.spec): describe(p.spec) for p in space.plans}, space=name)
     tail = f"|{shape_text(shape)}|{name}"
     found: dict[str, dict[str, dict]] = {}
-    for line in db.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by an interruption
-        if entry.get("scope", "").endswith(tail) and entry.get("key") != CUBLAS_KEY:
+    for _, entry in records:
+        if entry["scope"].endswith(tail) and entry["key"] != CUBLAS_KEY:
             found.setdefault(entry["scope"], {})[entry["key"]] = entry
     return found
 
@@ -85,7 +91,7 @@ def load_recording(spec: Spec, dbs: list[Path], shape: Case, space: Space | None
     coords_of = {point_key(plan.spec): coords for coords, plan in space.plan_at.items()}
     best = None
     for db in dbs:
-        for scope, records in _scopes(db, shape, spec.name).items():
+        for scope, records in _scopes(db, shape, space).items():
             matched = {coords_of[k]: r for k, r in records.items() if k in coords_of}
             # the most points, then the most recent recording
             rank = (len(matched), max((r.get("time", 0) for r in records.values()), default=0))
@@ -228,7 +234,7 @@ def replay(name: str, recording: Recording, seeds: int = 20, options: dict | Non
     """`name` replayed with seeds 0 .. seeds-1 (in `jobs` processes)."""
     work = [(name, recording, seed, options, max_points) for seed in range(seeds)]
     if jobs > 1:
-        with ProcessPoolExecutor(jobs) as pool:
+        with ProcessPoolExecutor(jobs, initializer=ignore_interrupts) as pool:
             runs = list(pool.map(_one, work))
     else:
         runs = [_one(w) for w in work]
@@ -242,25 +248,42 @@ class Bed:
     """One space of the test bed and the shapes it is recorded at."""
 
     kind: str
-    spec: str           # path, relative to the repository
+    spec: str           # path, relative to the current folder (a checkout's root)
     shapes: tuple[Case, ...]
 
 
 def load_testbed(path: Path = TESTBED) -> tuple[list[Bed], int]:
-    """The test bed's spaces and the SM count its recordings were made with."""
-    data = json.loads(Path(path).read_text())
-    beds = [Bed(b["kind"], b["spec"], tuple(parse_case(s) for s in b["shapes"])) for b in data["spaces"]]
-    return beds, int(data.get("sms", H100_SMS))
+    """The test bed's spaces and the SM count its recordings were made with (ReplayError, naming
+    the file, for one that is not a test bed)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ReplayError(f"cannot read the test bed {path}: {exc.strerror}") from None
+    except ValueError as exc:  # not UTF-8, or not JSON
+        raise ReplayError(f"{path}: not a test bed (JSON): {exc}") from None
+    try:
+        beds = [Bed(str(b["kind"]), str(b["spec"]), tuple(parse_case(s) for s in b["shapes"]))
+                for b in data["spaces"]]
+        sms = int(data.get("sms", H100_SMS))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ReplayError(f"{path}: not a test bed: it lists \"spaces\", each with a \"kind\", a \"spec\" "
+                          f"and \"shapes\" (MxNxK) ({type(exc).__name__}: {exc})") from None
+    return beds, sms
 
 
 def testbed_recordings(path: Path = TESTBED, dbs: list[Path] | None = None,
-                       root: Path = ROOT) -> tuple[list[Recording], list[str]]:
-    """Every (space, shape) of the test bed found in the databases, and what is missing."""
+                       root: Path = Path(".")) -> tuple[list[Recording], list[str]]:
+    """Every (space, shape) of the test bed found in the databases, and what is missing. The
+    test bed's spec paths are relative to `root` (default: the current folder)."""
     beds, sms = load_testbed(path)
     dbs = dbs if dbs is not None else sorted(TUNING.glob("*.jsonl"))
     found, missing = [], []
     for bed in beds:
-        spec = load_one(str(root / bed.spec))
+        spec_path = Path(root) / bed.spec
+        if not spec_path.is_file():
+            raise ReplayError(f"{path} names the spec {bed.spec}, which is not in {Path(root).resolve()}: "
+                              "a test bed's paths are relative to the folder gemmgen runs in (a checkout's root)")
+        spec = load_one(str(spec_path))
         space = expand(spec)
         for shape in bed.shapes:
             try:
