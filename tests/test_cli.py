@@ -128,6 +128,62 @@ def test_build_of_a_named_search_space_is_an_error(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+TWO_KERNELS = "kernel a {\n  block 64 x 64 x 8\n  thread 4 x 4\n}\nkernel b extends a {\n  block 128 x 64 x 8\n}\n"
+
+
+def test_build_of_two_kernels_into_one_file_is_refused_and_makes_no_folder(tmp_path):
+    spec = tmp_path / "two.gemm"
+    spec.write_text(TWO_KERNELS)
+    result = invoke("build", spec, "-o", tmp_path / "x.cu", "--no-compile")
+    assert result.exit_code == 2 and "names one file" in result.output and "(a, b)" in result.output
+    assert not (tmp_path / "x.cu").exists()
+    result = invoke("build", spec, "-o", tmp_path / "x.cu", "-k", "b", "--no-compile")  # one of them: a file
+    assert_clean_exit(result, 0)
+    assert (tmp_path / "x.cu").is_file() and (tmp_path / "x.h").is_file()
+    result = invoke("build", spec, "-o", f"{tmp_path / 'kernels.v2'}/", "--no-compile")  # a folder, said so
+    assert_clean_exit(result, 0)
+    assert sorted(p.name for p in (tmp_path / "kernels.v2").iterdir()) == ["a.cu", "a.h", "b.cu", "b.h"]
+
+
+@pytest.mark.parametrize("suffix,magic", [(".cubin", b"\x7fELF"), (".ptx", b"// gemmgen_warptile"),
+                                          (".h", b"// gemmgen_warptile"), (".cu", b"// gemmgen_warptile")])
+def test_build_writes_what_the_output_suffix_says(tmp_path, suffix, magic):
+    target = tmp_path / f"out{suffix}"
+    result = invoke("build", WARPTILE, "-o", target)
+    assert_clean_exit(result, 0)
+    assert target.read_bytes().startswith(magic)
+    if suffix == ".ptx":
+        assert ".entry" in target.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({target.name, "out.h"} if suffix == ".cu"
+                                                                else {target.name})
+
+
+@pytest.mark.parametrize("args,words", [
+    (["-o", "out.cubin", "--emit", "cu"], "names a .cubin file, and --emit cu"),
+    (["-o", "out.txt"], "a file's suffix says what it holds"),
+    (["--emit", "cubin", "--no-compile"], "--no-compile skips NVRTC"),
+    (["--emit", "ptx", "--no-compile"], "--no-compile skips NVRTC"),
+    (["-o", "out.cubin", "--no-compile"], "--no-compile skips NVRTC"),
+])
+def test_build_refuses_contradictory_outputs_before_writing(tmp_path, monkeypatch, args, words):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("build", WARPTILE, *args)
+    assert result.exit_code == 2 and words in result.output, result.output
+    assert not list(tmp_path.iterdir())
+
+
+def test_build_and_explain_report_the_same_registers_from_one_compile(tmp_path):
+    built = invoke("build", WARPTILE, "-o", tmp_path / "w.cubin")
+    assert_clean_exit(built, 0)
+    explained = json.loads(invoke("explain", WARPTILE, "--json").output)[0]
+    registers = int(re.search(r"sm_90: (\d+) registers", built.output).group(1))
+    assert registers == explained["registers"], built.output
+    from gemmgen.compile import compile_plan
+    others = max(r.registers for r in compile_plan(make_plan(load_one(WARPTILE))).resources.values())
+    if others > registers:  # the unaligned variant needs more: said beside it, never instead
+        assert f"({others} in its other variants)" in built.output
+
+
 # --- errors in a spec: file:line:col, the line, a caret; exit 1, no traceback -------------
 
 BAD_SPECS = {
