@@ -22,7 +22,7 @@ from conftest import SPECS_DIR
 from gemmgen.codegen import generate
 from gemmgen.outputs import OutputError, check_outputs, not_ours, replacing, save_figure, write_output
 from gemmgen.plan import make_plan
-from gemmgen.space import expand, point_key
+from gemmgen.space import describe, expand, point_key
 from gemmgen.spec import load_one
 from gemmgen.tune import TuneResult, db_scope
 from gemmgen.verify import Case
@@ -130,8 +130,9 @@ def test_build_writes_through_a_symlink_to_its_own_output(tmp_path):
 
 def test_build_from_a_database_never_writes_over_it(tmp_path):
     space = load_one(SPECS_DIR / "hopper_refine.gemm")
+    plan = expand(space).plans[0]
     record = {"scope": db_scope("GPU", "13.0", Case(64, 64, 64), space.name), "status": "ok",
-              "key": point_key(expand(space).plans[0].spec), "point": "p", "tflops": 1.0}
+              "key": point_key(plan.spec), "point": describe(plan.spec), "ms": 1.0, "tflops": 1.0}
     db = tmp_path / "tune.jsonl"
     db.write_text(json.dumps(record) + "\n")
     before = db.read_text()
