@@ -71,7 +71,7 @@
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_0_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       ldc a multiple of 4, C 16-byte aligned
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_0(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -1091,9 +1091,10 @@ static int gemmgen_tf32_0(int M, int N, int K, float alpha, const float* A, int 
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C and ldc 16-byte aligned; otherwise C is stored from
-    // registers. C's boxes: 32 floats along its contiguous dimension by 16, unswizzled in C.
-    const bool aligned = (ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0);
+    // The staged epilogue's TMA stores need C, ldc and C's N 16-byte aligned (TMA clips a box at C's
+    // edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16, unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0);
     CUtensorMap map_c = {};
     if (aligned) {
         const cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M};
@@ -1157,7 +1158,7 @@ static int gemmgen_tf32_0(int M, int N, int K, float alpha, const float* A, int 
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_1_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       ldc a multiple of 4, C 16-byte aligned
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_1(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -2051,9 +2052,10 @@ static int gemmgen_tf32_1(int M, int N, int K, float alpha, const float* A, int 
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C and ldc 16-byte aligned; otherwise C is stored from
-    // registers. C's boxes: 32 floats along its contiguous dimension by 16, unswizzled in C.
-    const bool aligned = (ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0);
+    // The staged epilogue's TMA stores need C, ldc and C's N 16-byte aligned (TMA clips a box at C's
+    // edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16, unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0);
     CUtensorMap map_c = {};
     if (aligned) {
         const cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M};
@@ -2112,7 +2114,7 @@ static int gemmgen_tf32_1(int M, int N, int K, float alpha, const float* A, int 
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_2_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       ldc a multiple of 4, C 16-byte aligned
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_2(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -3003,9 +3005,10 @@ static int gemmgen_tf32_2(int M, int N, int K, float alpha, const float* A, int 
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C and ldc 16-byte aligned; otherwise C is stored from
-    // registers. C's boxes: 32 floats along its contiguous dimension by 16, unswizzled in C.
-    const bool aligned = (ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0);
+    // The staged epilogue's TMA stores need C, ldc and C's N 16-byte aligned (TMA clips a box at C's
+    // edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16, unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0);
     CUtensorMap map_c = {};
     if (aligned) {
         const cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M};
@@ -3058,7 +3061,7 @@ static int gemmgen_tf32_2(int M, int N, int K, float alpha, const float* A, int 
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_3_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       ldc a multiple of 4, C 16-byte aligned
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_3(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -3947,9 +3950,10 @@ static int gemmgen_tf32_3(int M, int N, int K, float alpha, const float* A, int 
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C and ldc 16-byte aligned; otherwise C is stored from
-    // registers. C's boxes: 32 floats along its contiguous dimension by 16, unswizzled in C.
-    const bool aligned = (ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0);
+    // The staged epilogue's TMA stores need C, ldc and C's N 16-byte aligned (TMA clips a box at C's
+    // edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16, unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0);
     CUtensorMap map_c = {};
     if (aligned) {
         const cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M};
