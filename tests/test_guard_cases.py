@@ -55,7 +55,7 @@ def test_every_generated_kernel_and_library_is_a_target():
 
 
 @by_target
-def test_held_out_calls_are_issue_25s_on_the_tma_store_path(target):
+def test_held_out_calls_are_issue_25s_with_tma_loads(target):
     cases = guard_cases.held_out(target)
     assert {(c.M, c.N, c.K, c.ldc - c.N) for c in cases} == {(M, N, K, ldc - N) for M, N, K, ldc in ISSUE_25}
     assert {c.beta for c in cases} == ({-0.5, 0.0} if target.beta else {0.0})
@@ -64,9 +64,9 @@ def test_held_out_calls_are_issue_25s_on_the_tma_store_path(target):
     if target.layouts["C"] == "row":
         assert {(c.M, c.N, c.K, c.ldc) for c in cases} == ISSUE_25
     for plan in target.plans if target.kind != "library" else ():
-        if plan.tma_store:  # where the staged kernels wrote outside C: TMA loads and TMA-stored C
-            for case in cases:
-                assert _plan_paths(plan, case, _pointers(target, case)) == (True, True), case
+        if plan.tma_store:  # where the staged kernels wrote outside C: TMA loads, and C stored by TMA
+            for case in cases:  # only where N is a multiple of 4 (TMA clips a box to 16 bytes at C's edge)
+                assert _plan_paths(plan, case, _pointers(target, case)) == (case.N % 4 == 0, True), case
 
 
 @by_target
@@ -109,7 +109,7 @@ def test_leading_dimensions_lie_past_the_width_and_pointers_both_aligned_and_not
 @by_target
 def test_sweep_takes_each_path_of_the_launcher(target):
     """Vector and scalar variants (wgmma: TMA loads and the fallback; a staged epilogue: C stored by
-    TMA at every remainder of N mod 4 and each beta, and from registers)."""
+    TMA with each beta where N is a multiple of 4, and from registers at every other remainder)."""
     if target.kind == "library":
         pytest.skip("an entry point's paths are its members'")
     plan = target.plan
@@ -121,8 +121,11 @@ def test_sweep_takes_each_path_of_the_launcher(target):
         assert {tma for _, _, tma in paths} == {True, False}
     if plan.tma_store:
         stored = [case for case, vector, tma in paths if vector and tma]
-        assert {c.N % 4 for c in stored} == set(range(4))
+        assert {c.N % 4 for c in stored} == {0}
         assert {c.beta for c in stored} == {-0.5, 0.0}
+        beside = [case for case, vector, tma in paths
+                  if tma and not vector and case.ldc % 4 == 0 and case.offsets[2] == 0]
+        assert {c.N % 4 for c in beside} == {1, 2, 3}  # ldc aligned but C's edge not: from registers
         assert any(tma and not vector for _, vector, tma in paths)
 
 

@@ -154,3 +154,34 @@ def test_gpu_verbs_without_a_gpu_exit_2_with_a_message(installed, verb, spec):
     assert run.returncode == 2, f"gemmgen {verb}: exit {run.returncode}\n{run.stdout}\n{run.stderr}"
     assert "no CUDA GPU found" in run.stderr and "need one" in run.stderr, run.stderr
     assert_no_traceback(run)
+
+
+def test_replay_reads_the_benchmarks_of_the_folder_it_runs_in(installed, tmp_path):
+    """README's replay examples, run by the installed gemmgen in a folder holding specs/ and
+    benchmarks/ (not the package's folder); in a folder without them, a message, not a traceback."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(SPECS_DIR, checkout / "specs")
+    (checkout / "benchmarks").mkdir()
+    shutil.copy(ROOT / "benchmarks" / "testbed.json", checkout / "benchmarks")
+    shutil.copytree(ROOT / "benchmarks" / "tuning", checkout / "benchmarks" / "tuning")
+
+    def replay(*args, cwd=checkout):
+        return subprocess.run([str(installed.bin / "gemmgen"), "replay", *args], cwd=cwd, env=installed.env,
+                              capture_output=True, text=True, timeout=600)
+
+    one = replay("specs/hopper_tc_search.gemm", "--shape", "4096x4096x4096", "--strategy", "model",
+                 "--strategy", "tpe")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert "hopper_tc_search 4096x4096x4096 (108)" in one.stdout and "tpe" in one.stdout
+    bed = replay("--testbed", "--strategy", "model", "--check", "model", "--markdown", "replay.md")
+    assert bed.returncode == 0, bed.stdout + bed.stderr
+    assert "model: within 3% with at most 10% of the points" in bed.stdout
+    assert "| hopper_tc_search 4096x4096x4096 (108) | model |" in (checkout / "replay.md").read_text()
+    elsewhere = tmp_path / "empty"
+    elsewhere.mkdir()
+    for args in (["--testbed"], ["specs/hopper_tc_search.gemm", "--shape", "4096x4096x4096"]):
+        lost = replay(*args, cwd=elsewhere)
+        assert lost.returncode in (1, 2), lost.stdout + lost.stderr
+        assert_no_traceback(lost)
+    lost = replay("--testbed", cwd=elsewhere)
+    assert "replay reads benchmarks/tuning/*.jsonl in the current folder" in lost.stderr, lost.stderr
