@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -89,6 +90,28 @@ def _progress(on: Console = errors, transient: bool = True):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=on, transient=transient)
+
+
+@contextlib.contextmanager
+def _late_progress(description: str, total: int, delay_s: float = 0.5):
+    """`progress(done)` for work of `total` steps: a progress bar appears (stderr, cleared when
+    done) once the work has taken more than `delay_s`, and only where stderr is a terminal."""
+    started, bar = time.monotonic(), None
+
+    def progress(done: int) -> None:
+        nonlocal bar
+        if bar is None and errors.is_terminal and done < total and time.monotonic() - started > delay_s:
+            bar = _progress(errors)
+            bar.start()
+            bar.add_task(description, total=total)
+        if bar is not None:
+            bar.update(bar.task_ids[0], completed=done)
+
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.stop()
 
 
 def _require_gpu() -> None:
@@ -306,7 +329,7 @@ def explain(spec, kernel, target, as_json):
     For a library: its members, how many kernels each gives, which run on every GPU, its shapes,
     and (once tuned) the members its manifest keeps.
     """
-    from .explain import as_dict, explain as make_report, render_text
+    from .explain import as_dict, explain_all, kernels_to_explain, render_text
 
     if _libraries(spec, kernel):
         from . import cli_library
@@ -318,7 +341,13 @@ def explain(spec, kernel, target, as_json):
             for summary in summaries:
                 console.print(cli_library.render_summary(summary), markup=False, soft_wrap=True)
         return
-    reports = [make_report(plan) for plan in _plans(spec, kernel, target)]
+    from .plan import make_plan
+    specs, notes = kernels_to_explain(_load_specs(spec, kernel, target), named=kernel is not None)
+    for note in notes:
+        errors.print(note, markup=False, soft_wrap=True)
+    plans = [make_plan(s) for s in specs]
+    with _late_progress("explaining", len(plans)) as progress:
+        reports = explain_all(plans, progress)
     if as_json:
         console.print_json(json.dumps([as_dict(r) for r in reports]))
     else:
