@@ -211,3 +211,23 @@ def test_a_layouts_manifest_must_hold_the_layout_its_name_says(tmp_path, monkeyp
         assert dispatch.available_classes("fp32") == frozenset({("row", "col"), ("row", "row")})
     finally:
         dispatch.available_classes.cache_clear()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_the_layout_libraries_are_the_ones_the_dispatcher_looks_up(precision):
+    """specs/<precision>_layouts.gemm holds a library per class the base one does not take, named
+    as gemmgen.matmul looks it up, in that class's layout, with a member for every GPU, tuned at
+    the issue's must-hold shapes and a model's."""
+    from conftest import SPECS_DIR
+    from gemmgen.library import load_libraries
+    libraries = {lib.name: lib for lib in load_libraries(SPECS_DIR / f"{precision}_layouts.gemm")}
+    expected = {library_name(precision, klass): klass for klass in CLASSES if klass != ("row", "col")}
+    assert set(libraries) == set(expected)
+    for name, klass in expected.items():
+        library = libraries[name]
+        assert library.layouts == {"A": klass[0], "B": klass[1], "C": "row"} and library.precision == precision
+        assert any(not plan.arch.has_wgmma for plan in library.candidates())        # runs on every GPU
+        assert all(plan.path in ("wgmma_async", "mma_sync") for plan in library.candidates())
+        assert 2 <= len(library.candidates()) <= 20                                  # a small tuning
+        shapes = {(s.M, s.N, s.K) for s in library.shapes}
+        assert {(4096, 4096, 4096), (2048, 8192, 2048), (64, 64, 64), (16, 4096, 4096)} <= shapes
