@@ -200,17 +200,24 @@ def test_gradients_match_float64_and_the_backward_reads_transposed_views(a_layou
     (0.5 * a64 @ b64).backward(grad.double())
     torch.testing.assert_close(a.grad.double(), a64.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(b.grad.double(), b64.grad, rtol=1e-5, atol=1e-6)
+    # forward; grad_a and grad_b, each made in its input's layout (a column-major one as the
+    # transposed product: grad_a^T = b grad^T, grad_b^T = grad^T a)
+    grad_a = (7, 13, 5) if a_layout == "col" else (13, 7, 5)
+    grad_b = (5, 7, 13) if b_layout == "col" else (7, 5, 13)
     calls = [call for library in libraries.values() for call in library.calls]
-    assert sorted(calls) == sorted([(13, 5, 7), (13, 7, 5), (7, 5, 13)]) and copies == []  # forward, grad_a, grad_b
+    assert sorted(calls) == sorted([(13, 5, 7), grad_a, grad_b]) and copies == []
+    assert (a.grad.stride(0) == 1) == (a_layout == "col") and (b.grad.stride(0) == 1) == (b_layout == "col")
 
 
-def test_the_backward_computes_only_the_gradients_needed(host):
-    libraries, _, _ = host
+def test_the_backward_computes_only_the_gradients_needed_in_the_weights_layout(host):
+    libraries, copies, _ = host
     x, weight = rand(9, 4), torch.nn.Parameter(rand(6, 4, seed=1))
-    gtorch.matmul(x, weight.t()).sum().backward()
+    grad = rand(9, 6, seed=2)
+    gtorch.matmul(x, weight.t()).backward(grad)
     calls = [call for library in libraries.values() for call in library.calls]
-    assert sorted(calls) == [(4, 6, 9), (9, 6, 4)]  # forward and grad_w only (x needs none)
-    torch.testing.assert_close(weight.grad.double(), torch.ones(9, 6).double().t() @ x.double(), rtol=1e-5, atol=1e-6)
+    assert sorted(calls) == [(6, 4, 9), (9, 6, 4)] and copies == []  # forward and grad_w = grad^T x only
+    assert weight.grad.stride() == (4, 1)  # row-major like the weight: AccumulateGrad keeps it as it is
+    torch.testing.assert_close(weight.grad.double(), grad.double().t() @ x.double(), rtol=1e-5, atol=1e-6)
 
 
 def test_torch_compile_traces_forward_and_backward_without_a_break_or_a_copy(host):

@@ -8,7 +8,9 @@ torch.compile(fullgraph=True), forward and backward, and are captured by CUDA gr
 
 The backward's GEMMs are this operator again, in the forward's precision, on transposed views:
 grad_a = alpha * grad @ b.T and grad_b = alpha * a.T @ grad; gemmgen.matmul reads a transposed
-view as the other layout, so neither is copied.
+view as the other layout, so neither is copied. Each gradient comes out in its input's layout
+(for b = weight.t(), grad_b is computed as (grad^T a)^T, so weight.grad is row-major like the
+weight, and AccumulateGrad keeps it without a copy).
 """
 
 from __future__ import annotations
@@ -42,22 +44,38 @@ def _matmul_fake(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, precision
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
+def _column_major(x: torch.Tensor) -> bool:
+    """Whether a matrix lies column-major (a transposed view of a row-major one): its gradient is
+    made so too, as PyTorch's gradient layout contract wants (else AccumulateGrad copies it)."""
+    return x.stride(0) == 1 and x.stride(1) != 1
+
+
 def _setup_context(ctx, inputs, output) -> None:
     a, b, alpha, precision = inputs
     # grad_a needs b, grad_b needs a: keep only what the backward will read.
     needs_a, needs_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     ctx.save_for_backward(a if needs_b else None, b if needs_a else None)
     ctx.alpha, ctx.precision = alpha, precision
+    ctx.column_major = (_column_major(a), _column_major(b))
+
+
+def gradients(ctx, grad: torch.Tensor, multiply):
+    """(grad_a, grad_b, None, None): grad_a = alpha grad b^T and grad_b = alpha a^T grad by
+    `multiply` (alpha and precision applied), each only where needed, on transposed views, and
+    each in its input's layout: a column-major one as the transposed product (grad_a^T = b grad^T,
+    grad_b^T = grad^T a) seen through .t()."""
+    a, b = ctx.saved_tensors
+    a_column, b_column = ctx.column_major
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_a = multiply(b, grad.t()).t() if a_column else multiply(grad, b.t())
+    if ctx.needs_input_grad[1]:
+        grad_b = multiply(grad.t(), a).t() if b_column else multiply(a.t(), grad)
+    return grad_a, grad_b, None, None
 
 
 def _backward(ctx, grad: torch.Tensor):
-    a, b = ctx.saved_tensors
-    grad_a = grad_b = None
-    if ctx.needs_input_grad[0]:
-        grad_a = matmul_op(grad, b.t(), ctx.alpha, ctx.precision)
-    if ctx.needs_input_grad[1]:
-        grad_b = matmul_op(a.t(), grad, ctx.alpha, ctx.precision)
-    return grad_a, grad_b, None, None
+    return gradients(ctx, grad, lambda x, y: matmul_op(x, y, ctx.alpha, ctx.precision))
 
 
 _library.impl("matmul", _matmul_cuda, "CUDA")
