@@ -276,7 +276,7 @@ def _resolve_torch(torch, key, A, B, out, beta, precision, residues) -> _Call:
     else:
         call = _Call(_prepare(way, M, N, K, residues, precision, device, beta), way.swap, (M, N), A.device, device)
     if len(_calls) >= CALLS_KEPT:
-        _calls.pop(next(iter(_calls)))
+        _calls.pop(next(iter(_calls), None), None)
     _calls[key] = call
     return call
 

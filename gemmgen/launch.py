@@ -1,15 +1,15 @@
 """The launch decided once: what a call of a kernel starts, prepared per call key, run by one
-cuLaunchKernel per kernel.
+cuLaunchKernelEx per kernel.
 
 What a launch needs beyond the call's pointers and scalars depends only on its sizes, leading
 dimensions and the alignment of its pointers (address % 16): which kernels run (split K's pass over
 C, the vector or scalar variant, a TMA kernel's register-fed fallback), their grids, shared bytes and
 the stream-K workspace's size. `decide` makes that decision from the Plan (pure, testable without a
-GPU); runtime.Kernel renders it once per key into a PreparedLaunch: CUfunction handles as ints and,
-per kernel, an argument buffer laid out as the kernel's C parameters with the sizes already written.
-A call writes its pointers, alpha, beta and (TMA kernels) 128-byte tensor maps into the buffer and
-launches. The hot path calls libcuda through ctypes: cuda-python's wrappers cost tens of
-microseconds a call.
+GPU); runtime.Kernel renders it once per key into a PreparedLaunch: per kernel its CUfunction, a
+launch configuration and an argument buffer laid out as the kernel's C parameters with the sizes
+already written. A call writes its pointers, alpha, beta and (TMA kernels) 128-byte tensor maps
+into the buffer and launches. The hot path calls libcuda through ctypes: cuda-python's wrappers
+cost tens of microseconds a call.
 """
 
 from __future__ import annotations

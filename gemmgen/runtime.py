@@ -309,7 +309,7 @@ class Kernel:
                 steps.append(PreparedStep(step, function, what))
             found = PreparedLaunch(self._context, steps, lock, self._workspace, self.name)
         if len(prepared) >= self.PREPARED:
-            prepared.pop(next(iter(prepared)))
+            prepared.pop(next(iter(prepared), None), None)
         prepared[key] = found
         return found
 
