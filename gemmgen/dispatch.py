@@ -147,6 +147,7 @@ class LibraryRuntime:
     def launch(self, M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,
                beta: float, C: int, ldc: int, stream: Any = None, smallest=None) -> int:
         """The library's C ABI on raw device addresses; returns the index of the member that ran."""
+        A, B, C = int(A or 0), int(B or 0), int(C or 0)  # a null pointer may come as None
         index = self.choose(M, N, K, lda, ldb, ldc, (A, B, C), beta)
         self.kernel(index).launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=stream)
         return index

@@ -319,6 +319,7 @@ class Kernel:
         """The C ABI on raw device addresses; raises CudaError where the launcher returns an error."""
         if self.plan.reduce_count and (smallest is None or not all(smallest)):
             raise CudaError(f"{self.name} has a fused reduction: pass smallest=(values, rows, cols)", 1)
+        A, B, C = int(A or 0), int(B or 0), int(C or 0)  # a null pointer may come as None
         run = self.prepare(M, N, K, lda, ldb, ldc, (A % 16, B % 16, C % 16), beta != 0.0)
         if M and N and (not C or (K and (not A or not B))):
             raise CudaError(f"{self.name}: null pointer for a matrix with elements", 1)
