@@ -10,11 +10,15 @@ __version__ = "0.1.0"
 from .errors import SpecError  # noqa: E402
 
 
-def matmul(A, B, out=None, *, alpha: float = 1.0, beta: float = 0.0, precision: str = "fp32", stream=None):
-    """out = alpha * A @ B + beta * out on the GPU, by gemmgen's tuned library of `precision`
-    ("fp32": as accurate as FP32; "tf32"). See gemmgen.dispatch.matmul."""
-    from .dispatch import matmul as run
-    return run(A, B, out, alpha=alpha, beta=beta, precision=precision, stream=stream)
+def __getattr__(name: str):
+    """gemmgen.matmul (gemmgen.dispatch.matmul): out = alpha * A @ B + beta * out on the GPU, by
+    gemmgen's tuned library of a precision ("fp32": as accurate as FP32; "tf32"). Loaded on first
+    use, so that `import gemmgen` stays light, and then the function itself: no wrapper per call."""
+    if name == "matmul":
+        from .dispatch import matmul
+        globals()["matmul"] = matmul
+        return matmul
+    raise AttributeError(f"module 'gemmgen' has no attribute {name!r}")
 
 
 __all__ = ["SpecError", "__version__", "matmul"]

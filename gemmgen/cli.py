@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -89,6 +90,28 @@ def _libraries(path: str, kernel: str | None) -> bool:
 def _progress(on=errors, transient: bool = True):
     """A progress bar for work that takes more than a moment (stderr, cleared when done)."""
     return terminal.progress(on, transient)
+
+
+@contextlib.contextmanager
+def _late_progress(description: str, total: int, delay_s: float = 0.5):
+    """`progress(done)` for work of `total` steps: a progress bar appears (stderr, cleared when
+    done) once the work has taken more than `delay_s`, and only where stderr is a terminal."""
+    started, bar = time.monotonic(), None
+
+    def progress(done: int) -> None:
+        nonlocal bar
+        if bar is None and errors.is_terminal and done < total and time.monotonic() - started > delay_s:
+            bar = _progress(errors)
+            bar.start()
+            bar.add_task(description, total=total)
+        if bar is not None:
+            bar.update(bar.task_ids[0], completed=done)
+
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.stop()
 
 
 def _require_gpu() -> None:
@@ -377,7 +400,7 @@ def explain(spec, kernel, target, as_json):
       gemmgen explain specs/warptile.gemm --target sm_80 --json
       gemmgen explain specs/fp32.gemm          # a library
     """
-    from .explain import as_dict, explain as make_report, render_text
+    from .explain import as_dict, explain_all, kernels_to_explain, render_text
 
     if _libraries(spec, kernel):
         from . import cli_library
@@ -389,7 +412,13 @@ def explain(spec, kernel, target, as_json):
             for summary in summaries:
                 console.print(cli_library.render_summary(summary), soft_wrap=True)
         return
-    reports = [make_report(plan) for plan in _plans(spec, kernel, target)]
+    from .plan import make_plan
+    specs, notes = kernels_to_explain(_load_specs(spec, kernel, target), named=kernel is not None)
+    for note in notes:
+        errors.print(note, markup=False, soft_wrap=True)
+    plans = [make_plan(s) for s in specs]
+    with _late_progress("explaining", len(plans)) as progress:
+        reports = explain_all(plans, progress)
     if as_json:
         console.print_json(json.dumps([as_dict(r) for r in reports]))
     else:

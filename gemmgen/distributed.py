@@ -288,7 +288,7 @@ def connect(scheduler, devices: list[int] | None = None):
     except OSError as exc:
         raise ClusterError(f"no Dask scheduler answers at {scheduler} ({exc}): start one with "
                            "`dask scheduler`, and GPU workers with `dask worker ADDRESS --resources "
-                           "GPU=1` (see README)") from None
+                           "GPU=1` (see docs/multi-gpu.md)") from None
     with client:
         yield client
 
@@ -308,7 +308,7 @@ def _wait_for_gpus(client, address_hint: str) -> dict[str, dict]:
         if time.monotonic() > deadline:
             raise ClusterError(f"no worker of the cluster at {address_hint} declares a GPU after "
                                f"{WORKER_WAIT_S:.0f} s: start one worker per GPU with `dask worker "
-                               "ADDRESS --resources GPU=1` and CUDA_VISIBLE_DEVICES set (see README)")
+                               "ADDRESS --resources GPU=1` and CUDA_VISIBLE_DEVICES set (see docs/multi-gpu.md)")
         time.sleep(0.2)
     return workers
 

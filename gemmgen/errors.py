@@ -17,6 +17,25 @@ class Span:
         return f"{self.line}:{self.column}"
 
 
+QUOTE_WIDTH = 100  # characters of a source line an error quotes at most (a window around the caret)
+
+
+def quoted(line: str, span: Span) -> tuple[str, int, int]:
+    """The part of a source line an error quotes, the caret's column in it and the caret's width.
+
+    A line longer than QUOTE_WIDTH is cut to a window around the span, '...' marking each cut."""
+    line = "".join(ch if ch.isprintable() else " " for ch in line)
+    column, width = span.column, max(1, span.end_column - span.column)
+    if len(line) <= QUOTE_WIDTH:
+        return line, column, width
+    start = max(0, min(column - 1 - QUOTE_WIDTH // 4, len(line) - QUOTE_WIDTH))
+    head = "..." if start else ""
+    tail = "..." if start + QUOTE_WIDTH < len(line) else ""
+    column = column - start + len(head)
+    width = max(1, min(width, QUOTE_WIDTH - (span.column - 1 - start)))
+    return head + line[start:start + QUOTE_WIDTH] + tail, column, width
+
+
 class SpecError(Exception):
     """A spec that cannot be parsed or cannot work, with the place to fix it.
 
@@ -53,12 +72,10 @@ class SpecError(Exception):
         # character shows as one space, so the caret stays under its column.
         lines = self.text.split("\n")
         if self.span and 1 <= self.span.line <= len(lines):
-            source_line = "".join(ch if ch.isprintable() else " "
-                                  for ch in lines[self.span.line - 1].rstrip("\r"))
+            shown, column, width = quoted(lines[self.span.line - 1].rstrip("\r"), self.span)
             gutter = f"{self.span.line:5d} | "
-            width = max(1, self.span.end_column - self.span.column)
-            parts.append(gutter + source_line)
-            parts.append(" " * (len(gutter) - 2) + "| " + " " * (self.span.column - 1) + "^" * width)
+            parts.append(gutter + shown)
+            parts.append(" " * (len(gutter) - 2) + "| " + " " * (column - 1) + "^" * width)
         if self.allowed:
             parts.append(f"  allowed: {self.allowed}")
         return "\n".join(parts)

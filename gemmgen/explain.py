@@ -27,12 +27,14 @@ from __future__ import annotations
 import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from .compile import Compiled, Resources
 from .plan import WARP, Operand, Plan
 from .plan.schedule import H100_SMS, deal
 from .plan.schedule import describe as describe_schedule
+from .space import size
+from .spec import Spec
 
 BANKS = 32
 SECTOR_BYTES = 32                # global memory moves in 32-byte sectors
@@ -567,6 +569,30 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
         cluster_launches=tuple((f"{M}x{N}x{K}", plan.launch_blocks(M, N, K, SCHEDULE_SMS),
                                 plan.cluster_grid(M, N) - plan.grid(M, N))
                                for M, N, K in SCHEDULE_SHAPES) if plan.cluster_blocks > 1 else ())
+
+
+def explain_all(plans: Sequence[Plan], progress: Callable[[int], None] | None = None) -> list[Report]:
+    """The reports of several kernels (each compiled, or read from the compile cache), calling
+    `progress(done)` after each."""
+    reports = []
+    for done, plan in enumerate(plans, 1):
+        reports.append(explain(plan))
+        if progress:
+            progress(done)
+    return reports
+
+
+def kernels_to_explain(specs: Sequence[Spec], named: bool) -> tuple[list[Spec], list[str]]:
+    """The kernels of a file that `gemmgen explain` reports on, and a note for each search space it
+    leaves out. A file mixing kernels and spaces has its kernels explained; a space named alone
+    (`named`, with --kernel), or a file of spaces only, stays with make_plan's SpecError saying
+    it is a search space, as it is what the user asked about."""
+    kernels = [spec for spec in specs if spec.is_concrete]
+    if named or not kernels:
+        return list(specs), []
+    notes = [f"skipped {spec.name}: a search space of {size(spec):,} points (gemmgen tune searches it; "
+             "explain takes a kernel, one value per setting)" for spec in specs if not spec.is_concrete]
+    return kernels, notes
 
 
 def _cluster(plan: Plan) -> str:

@@ -33,7 +33,7 @@ from .errors import SpecError
 from .plan import Plan, try_plan
 from .selection import (CLASSES, Candidate, MemberShape, Model, alignment_class, choose,
                         fit_all, leave_one_out, predict, tight_leading_dimensions)
-from .space import describe, point_key, to_text
+from .space import MAX_POINTS, check_size, describe, point_key, to_text
 from .spec import LibraryShape, LibrarySpec, Spec, load_file, parse
 from .tune import _append  # the database's one writer: a JSON line, flushed and synced
 
@@ -41,6 +41,7 @@ MANIFEST_FORMAT = 1
 EXHAUSTIVE_LIMIT = 64      # a space with more valid points is searched per shape by a strategy
 WINNERS_PER_SHAPE = 3      # candidates a searched space gives per shape
 MAX_MEMBERS = 10           # kernels a library keeps (each costs compile time and .cu size)
+MAX_LISTED_MEMBERS = 64    # members a library may name (each is found, and its points planned)
 PRECISION_OF_MATH = {"simt": "fp32", "3xtf32": "fp32", "tf32": "tf32"}
 PRECISION_WORDS = {"fp32": "FP32-accurate (math simt or 3xtf32)", "tf32": "TF32 (math tf32)"}
 
@@ -118,6 +119,28 @@ def _find_member(name: str, span, lib: LibrarySpec, kernels: list[Spec]) -> Spec
                     "the name of a kernel or search space in this file or a NAME.gemm next to it")
 
 
+def _sized(lib: LibrarySpec, kernels: list[Spec]) -> list[tuple[str, object, Spec]]:
+    """The members found, each in the library's layouts, their points counted (not made): a member
+    over MAX_POINTS is a SpecError at its largest set, and so are members of more than MAX_POINTS
+    in all (at the first member past it)."""
+    if len(lib.members) > MAX_LISTED_MEMBERS:
+        name, span = lib.members[MAX_LISTED_MEMBERS]
+        raise lib.error(span, f"library '{lib.name}' names {len(lib.members)} members, more than "
+                        f"{MAX_LISTED_MEMBERS}", f"at most {MAX_LISTED_MEMBERS} members (it keeps {MAX_MEMBERS})")
+    layouts = lib.layouts()
+    found, total = [], 0
+    for name, span in lib.members:
+        spec = _find_member(name, span, lib, kernels)
+        spec = spec.with_values(layout_A=layouts["A"], layout_B=layouts["B"], layout_C=layouts["C"])
+        total += check_size(spec, what=f"member '{name}' of library '{lib.name}'")
+        if total > MAX_POINTS:
+            raise lib.error(span, f"the members of library '{lib.name}' up to '{name}' hold {total:,} points "
+                            f"in all, over the limit of {MAX_POINTS:,}",
+                            f"members of at most {MAX_POINTS:,} points in all: smaller search spaces")
+        found.append((name, span, spec))
+    return found
+
+
 def resolve(lib: LibrarySpec, kernels: list[Spec]) -> Library:
     """The library's members found, planned in its layouts and checked against each other."""
     layouts = lib.layouts()
@@ -125,9 +148,7 @@ def resolve(lib: LibrarySpec, kernels: list[Spec]) -> Library:
     precision_source: tuple[str, str] | None = None
     if lib.precision:
         precision_source = (lib.precision[0], "the library's precision line")
-    for name, span in lib.members:
-        spec = _find_member(name, span, lib, kernels)
-        spec = spec.with_values(layout_A=layouts["A"], layout_B=layouts["B"], layout_C=layouts["C"])
+    for name, span, spec in _sized(lib, kernels):
         maths = spec.param("math").values
         classes = {PRECISION_OF_MATH[m] for m in maths}
         if len(classes) > 1:

@@ -8,22 +8,15 @@ the kernel and the launch.
 
 from __future__ import annotations
 
-import ctypes
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from .compile import Compiled, compile_plan
 from .codegen import kernel_name_expressions
+from .launch import CudaError, PreparedLaunch, PreparedStep, decide
 from .plan import Plan
-
-
-class CudaError(RuntimeError):
-    """A CUDA driver call failed; `code` is the CUresult value."""
-
-    def __init__(self, message: str, code: int = 0):
-        super().__init__(message)
-        self.code = code
 
 
 class ShapeError(ValueError):
@@ -230,14 +223,21 @@ class Kernel:
         kernel = Kernel(plan)
         kernel(A, B, C, alpha=1.0, beta=0.0)          # device arrays, layouts per the spec
         kernel.launch(M, N, K, alpha, a_ptr, lda, ...)  # raw pointers, exactly the C ABI
-    """
+        run = kernel.prepare(M, N, K, lda, ldb, ldc)    # the launch of one call key, decided once:
+        run(a_ptr, b_ptr, c_ptr, alpha, beta, stream)   # writes the pointers and scalars, launches
+
+    Every launch goes through `prepare` (launch.py): the decision of what runs for a call key is
+    made once and kept (the last PREPARED keys)."""
+
+    PREPARED = 1024
 
     def __init__(self, plan: Plan, compiled: Compiled | None = None, device: int = 0):
         self.plan = plan
         self.device = device
         # The layout each operand must have: what a caller (a split over GPUs) places them in.
         self.layouts = {"A": plan.spec["layout.A"], "B": plan.spec["layout.B"], "C": plan.c_layout}
-        with on_device(device):  # loading and launching in the device's context, the caller's kept
+        with on_device(device) as context:  # loading and launching in the device's context, the caller's kept
+            self._context = int(context)
             self.compiled = compiled or compile_plan(plan)
             driver = _driver()
             self._module = _check(driver.cuModuleLoadData(self.compiled.cubin),
@@ -254,139 +254,76 @@ class Kernel:
                         function,
                         driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         plan.smem_bytes), f"allowing {plan.smem_bytes} bytes of shared memory")
-                self._functions[aligned] = function
+                self._functions[aligned] = int(function)
             # The wgmma file holds an mma.sync kernel for calls TMA cannot describe.
             self._fallback = Kernel(plan.fallback, self.compiled, device) if plan.fallback else None
             if plan.split_k > 1:
-                self._scale = _check(driver.cuModuleGetFunction(
-                    self._module, f"{plan.launcher_name}_scale_c".encode()), "scale_c")
+                self._functions["scale_c"] = int(_check(driver.cuModuleGetFunction(
+                    self._module, f"{plan.launcher_name}_scale_c".encode()), "scale_c"))
             if plan.reduce_count:
-                self._reduce = {
-                    step: _check(driver.cuModuleGetFunction(
-                        self._module, f"{plan.launcher_name}_reduce_{step}".encode()), step)
-                    for step in ("clear", "finish")}
+                for step in ("clear", "finish"):
+                    self._functions[f"reduce_{step}"] = int(_check(driver.cuModuleGetFunction(
+                        self._module, f"{plan.launcher_name}_reduce_{step}".encode()), step))
 
     @property
     def name(self) -> str:
         return self.plan.launcher_name
 
-    def _launch(self, function, grid: int | tuple[int, int], threads: int, smem: int, stream: int,
-                args: list, what: str) -> None:
-        driver = _driver()
-        converters = {"i": ctypes.c_int, "f": ctypes.c_float, "p": ctypes.c_void_p,
-                      "t": (ctypes.c_ubyte * 128).from_buffer_copy}  # a CUtensorMap's 128 bytes
-        holders = [converters[kind](value) for kind, value in args]
-        pointers = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
-        grid_x, grid_y = grid if isinstance(grid, tuple) else (grid, 1)
-        _check(driver.cuLaunchKernel(function, grid_x, grid_y, 1, threads, 1, 1, smem, stream,
-                                     ctypes.addressof(pointers), 0), what)
+    def _state(self):
+        """The lock that this kernel's launches share (their buffers, tensor maps and stream-K
+        workspaces) and its prepared launches by call key (made on first use, so that a Kernel
+        made without __init__ in a test has them too)."""
+        state = self.__dict__.get("_shared")
+        if state is None:
+            state = self.__dict__["_shared"] = (threading.Lock(), {})
+        return state
+
+    def prepare(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
+                align: tuple[int, int, int] = (0, 0, 0), beta_used: bool = False) -> PreparedLaunch:
+        """The launch of a call key, decided once: sizes, leading dimensions, A's, B's and C's
+        address % 16, and whether beta != 0. Raises CudaError for arguments the C launcher refuses."""
+        lock, prepared = self._state()
+        key = (M, N, K, lda, ldb, ldc, align, beta_used)
+        found = prepared.get(key)
+        if found is not None:
+            return found
+        plan = self.plan
+        problem = plan.argument_error(M, N, K, lda, ldb, ldc)
+        if problem:
+            raise CudaError(f"{self.name}: invalid arguments: {problem}", 1)
+        if not plan.beta and beta_used:
+            raise CudaError(f"{self.name} was built with 'epilogue alpha' and ignores C; beta must be 0", 1)
+        sms = self._sm_count() if plan.scheduled else 0
+        decision = decide(plan, M, N, K, lda, ldb, ldc, align, sms)
+        if decision.fallback:
+            found = self._fallback.prepare(M, N, K, lda, ldb, ldc, align, beta_used)
+        else:
+            steps = []
+            for step in decision.steps:
+                function = self._functions[step.aligned if step.kernel == "main" else step.kernel]
+                if step.kernel == "main":
+                    what = (f"launching {self.name} ({decision.variant}) on {step.grid[0]} x {step.grid[1]} blocks x "
+                            f"{step.threads} threads, {step.smem} B shared, M={M} N={N} K={K}")
+                else:
+                    what = f"launching {self.name}_{step.kernel}"
+                steps.append(PreparedStep(step, function, what))
+            found = PreparedLaunch(self._context, steps, lock, self._workspace, self.name)
+        if len(prepared) >= self.PREPARED:
+            prepared.pop(next(iter(prepared), None), None)
+        prepared[key] = found
+        return found
 
     def launch(self, M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,
                beta: float, C: int, ldc: int, smallest: tuple[int, int, int] | None = None,
                stream: Any = None) -> None:
         """The C ABI on raw device addresses; raises CudaError where the launcher returns an error."""
-        plan = self.plan
-        problem = plan.argument_error(M, N, K, lda, ldb, ldc)
-        if problem:
-            raise CudaError(f"{self.name}: invalid arguments: {problem}", 1)
-        if not plan.beta and beta != 0.0:
-            raise CudaError(f"{self.name} was built with 'epilogue alpha' and ignores C; beta must be 0", 1)
-        if plan.reduce_count and (smallest is None or not all(smallest)):
+        if self.plan.reduce_count and (smallest is None or not all(smallest)):
             raise CudaError(f"{self.name} has a fused reduction: pass smallest=(values, rows, cols)", 1)
-        handle = stream_handle(stream)
-        with on_device(self.device):
-            if plan.reduce_count:
-                self._launch(self._reduce["clear"], 1, 32, 0, handle, [], f"{self.name}_reduce_clear")
-            if M and N:
-                if not C or (K and (not A or not B)):
-                    raise CudaError(f"{self.name}: null pointer for a matrix with elements", 1)
-                pointers = {"A": A, "B": B, "C": C}
-                if plan.path == "wgmma":
-                    if plan.tma_ready(M, N, K, lda, ldb, pointers):
-                        self._launch_wgmma(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, handle)
-                    else:
-                        self._fallback.launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=handle)
-                    return
-                aligned = plan.aligned(M, N, K, lda, ldb, ldc, pointers)
-                grid = (plan.grid(M, N), plan.split_k)
-                what = (f"launching {self.name} ({'vector' if aligned else 'scalar'} variant) on "
-                        f"{grid[0]} x {grid[1]} blocks x {plan.threads} threads, {plan.smem_bytes} B shared, "
-                        f"M={M} N={N} K={K}")
-                if plan.split_k > 1:
-                    self._launch(self._scale, min(M * N // 256 + 1, 4096), 256, 0, handle,
-                                 [("i", M), ("i", N), ("f", beta), ("p", C), ("i", ldc)],
-                                 f"{self.name}_scale_c")
-                self._launch(self._functions[aligned], grid, plan.threads, plan.smem_bytes, handle,
-                             [("i", M), ("i", N), ("i", K), ("f", alpha), ("p", A), ("i", lda),
-                              ("p", B), ("i", ldb), ("f", beta), ("p", C), ("i", ldc)], what)
-            if plan.reduce_count:
-                values, rows, cols = smallest
-                self._launch(self._reduce["finish"], 1, 32, 0, handle,
-                             [("p", values), ("p", rows), ("p", cols), ("i", N)],
-                             f"{self.name}_reduce_finish")
-
-    def _tensor_map(self, address: int, K: int, rows: int, ld: int, box_rows: int) -> bytes:
-        """TMA's description of a K-major operand: (K, rows), rows ld floats apart, boxes of
-        BK x box_rows with the 128-byte swizzle the wgmma descriptors expect. (L2 promotion of 128
-        bytes: rows that are not 128-byte aligned, e.g. ld = 4092, measured 20% faster than with
-        256, aligned ones the same.) The last few are kept: a caller that multiplies the same
-        buffers again does not pay for encoding them (tens of microseconds through cuda-python)."""
-        return self._cached_map((address, K, rows, ld, self.plan.BK, box_rows, 128, True),
-                                f"describing a {rows} x {K} operand (ld {ld}) for TMA")
-
-    def _c_tensor_map(self, address: int, M: int, N: int, ldc: int) -> bytes:
-        """TMA's description of C for the staged epilogue's stores: boxes of c_box_inner floats along
-        C's contiguous dimension by c_box_outer, in the swizzle the epilogue writes them with."""
-        plan = self.plan
-        inner, outer = (N, M) if plan.c_layout == "row" else (M, N)
-        return self._cached_map((address, inner, outer, ldc, plan.c_box_inner, plan.c_box_outer,
-                                 plan.c_box_swizzle, False), f"describing C ({M} x {N}, ldc {ldc}) for TMA stores")
-
-    def _cached_map(self, key: tuple, what: str) -> bytes:
-        cache = self.__dict__.setdefault("_tensor_maps", {})
-        if key not in cache:
-            if len(cache) >= 64:
-                cache.pop(next(iter(cache)))
-            cache[key] = self._encode_tensor_map(*key, what=what)
-        return cache[key]
-
-    @staticmethod
-    def _encode_tensor_map(address: int, inner: int, outer: int, ld: int, box_inner: int, box_outer: int,
-                           swizzle: int, promote: bool, what: str) -> bytes:
-        driver = _driver()
-        u64, u32 = driver.cuuint64_t, driver.cuuint32_t
-        tensor_map = _check(driver.cuTensorMapEncodeTiled(
-            driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, address, [u64(inner), u64(outer)],
-            [u64(ld * 4)], [u32(box_inner), u32(box_outer)], [u32(1), u32(1)],
-            driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            getattr(driver.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}B"),
-            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B if promote
-            else driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE,
-            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), what)
-        return ctypes.string_at(tensor_map.getPtr(), 128)
-
-    def _launch_wgmma(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, handle) -> None:
-        plan = self.plan
-        aligned = plan.aligned(M, N, K, lda, ldb, ldc, {"A": A, "B": B, "C": C})
-        # With clusters each block loads a slice of the tiles its cluster row and column share.
-        map_a = self._tensor_map(A, K, M, lda, plan.BM // plan.cluster_n)
-        map_b = self._tensor_map(B, K, N, ldb, plan.BN // plan.cluster_m)
-        grid = (plan.cluster_grid(M, N), plan.split_k)
-        args = [("t", map_a), ("t", map_b), ("i", M), ("i", N), ("i", K), ("f", alpha), ("f", beta),
-                ("p", C), ("i", ldc)]
-        if plan.tma_store:  # the staged epilogue stores C with TMA where aligned (else from registers)
-            args.append(("t", self._c_tensor_map(C, M, N, ldc) if aligned else bytes(128)))
-        if plan.scheduled:  # the launcher's arithmetic: see Plan.launch_blocks
-            grid = (plan.launch_blocks(M, N, K, self._sm_count()), 1)
-            if plan.schedule == "stream-k":
-                args.append(("p", self._workspace(handle, plan.workspace_bytes(grid[0]))))
-        what = (f"launching {self.name} (wgmma, {('TMA' if plan.tma_store else 'vector') if aligned else 'scalar'} C) on "
-                f"{grid[0]} x {grid[1]} blocks x {plan.threads} threads, {plan.smem_bytes} B shared, "
-                f"M={M} N={N} K={K}")
-        if plan.split_k > 1:
-            self._launch(self._scale, min(M * N // 256 + 1, 4096), 256, 0, handle,
-                         [("i", M), ("i", N), ("f", beta), ("p", C), ("i", ldc)], f"{self.name}_scale_c")
-        self._launch(self._functions[aligned], grid, plan.threads, plan.smem_bytes, handle, args, what)
+        A, B, C = int(A or 0), int(B or 0), int(C or 0)  # a null pointer may come as None
+        run = self.prepare(M, N, K, lda, ldb, ldc, (A % 16, B % 16, C % 16), beta != 0.0)
+        if M and N and (not C or (K and (not A or not B))):
+            raise CudaError(f"{self.name}: null pointer for a matrix with elements", 1)
+        run(A, B, C, alpha, beta, stream_handle(stream), tuple(smallest) if smallest else (0, 0, 0))
 
     def _sm_count(self) -> int:
         if "_sms" not in self.__dict__:
@@ -399,22 +336,52 @@ class Kernel:
         """Stream-K's workspace for launches on `stream`, as the C launcher keeps one: per stream
         (launches on one stream run in turn), grown when needed, zeroed when allocated (the kernels
         leave its flags zeroed); the workspace of the stream used longest ago goes when a
-        seventeenth stream comes."""
-        driver = _driver()
+        seventeenth stream comes. Inside a CUDA graph capture (the first call on the capture
+        stream) it is allocated outside the capture and zeroed on a stream of its own; one it
+        outgrows there is kept until close(), since the capture's stream cannot be waited for."""
         spaces = self.__dict__.setdefault("_workspaces", {})  # stream -> (address, bytes), oldest use first
         address, held = spaces.pop(stream, (0, 0))
         if held < size:
+            driver = _driver()
+            capturing = int(_check(driver.cuStreamIsCapturing(stream), "asking whether the stream is capturing"))
             if address:
-                _check(driver.cuStreamSynchronize(stream), "waiting for the stream before growing a workspace")
-                _check(driver.cuMemFree(address), "freeing a stream-K workspace")
-            if len(spaces) >= self.WORKSPACES:
+                if capturing:
+                    self.__dict__.setdefault("_retired", []).append(address)
+                else:
+                    _check(driver.cuStreamSynchronize(stream), "waiting for the stream before growing a workspace")
+                    _check(driver.cuMemFree(address), "freeing a stream-K workspace")
+            if len(spaces) >= self.WORKSPACES and not capturing:
                 # Its stream may be gone: wait for the whole context before freeing what it used.
                 _check(driver.cuCtxSynchronize(), "waiting for kernels before freeing a workspace")
                 _check(driver.cuMemFree(spaces.pop(next(iter(spaces)))[0]), "freeing a stream-K workspace")
             held = size + size // 4
-            address = int(_check(driver.cuMemAlloc(held), f"allocating a {held}-byte stream-K workspace"))
-            _check(driver.cuMemsetD8Async(address, 0, held, stream), "zeroing a stream-K workspace")
+            if capturing:
+                address = self._allocate_outside_capture(held)
+            else:
+                address = int(_check(driver.cuMemAlloc(held), f"allocating a {held}-byte stream-K workspace"))
+                _check(driver.cuMemsetD8Async(address, 0, held, stream), "zeroing a stream-K workspace")
         spaces[stream] = (address, held)
+        return address
+
+    @staticmethod
+    def _allocate_outside_capture(size: int) -> int:
+        """A zeroed allocation made while this thread's stream captures a graph: in relaxed capture
+        mode (allocating is refused in the global mode PyTorch captures in), zeroed on a private
+        non-blocking stream that is waited for, so it is zero before any launch reads it."""
+        driver = _driver()
+        relaxed = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+        previous = _check(driver.cuThreadExchangeStreamCaptureMode(relaxed), "entering relaxed capture mode")
+        try:
+            address = int(_check(driver.cuMemAlloc(size), f"allocating a {size}-byte stream-K workspace"))
+            side = _check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value),
+                          "creating a stream to zero a workspace on")
+            try:
+                _check(driver.cuMemsetD8Async(address, 0, size, side), "zeroing a stream-K workspace")
+                _check(driver.cuStreamSynchronize(side), "waiting for a workspace to be zeroed")
+            finally:
+                driver.cuStreamDestroy(side)
+        finally:
+            driver.cuThreadExchangeStreamCaptureMode(previous)
         return address
 
     def __call__(self, A: Any, B: Any, C: Any, *, alpha: float = 1.0, beta: float = 0.0,
@@ -438,10 +405,11 @@ class Kernel:
 
     def close(self) -> None:
         with on_device(self.device):
-            spaces = self.__dict__.pop("_workspaces", {})
+            spaces = [address for address, _ in self.__dict__.pop("_workspaces", {}).values()]
+            spaces += self.__dict__.pop("_retired", [])
             if spaces:
                 _check(_driver().cuCtxSynchronize(), "waiting for kernels before freeing their workspaces")
-                for address, _ in spaces.values():
+                for address in spaces:
                     _driver().cuMemFree(address)
             if getattr(self, "_module", None) is not None:
                 _driver().cuModuleUnload(self._module)

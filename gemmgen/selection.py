@@ -97,17 +97,51 @@ def features(member: MemberShape, M: int, N: int, K: int, sm_count: int) -> list
     return [1.0, float(waves * k_steps), float(waves), operand_gb, split_gb]
 
 
-def _nonnegative_least_squares(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _least_squares(X: list[list[float]], y: list[float]) -> list[float] | None:
+    """min ||X c - y|| by Householder QR in plain Python floats, sums taken exactly (math.fsum):
+    the same bits on every machine, where numpy's lstsq follows the BLAS kernel of the CPU and
+    changes a fitted manifest in its last digits. None where the columns are dependent."""
+    rows, cols = len(X), len(X[0])
+    R = [list(row) for row in X]
+    b = list(y)
+    for j in range(cols):
+        norm = math.sqrt(math.fsum(R[i][j] ** 2 for i in range(j, rows)))
+        if norm == 0.0:
+            return None
+        alpha = -norm if R[j][j] >= 0 else norm
+        v = [0.0] * j + [R[j][j] - alpha] + [R[i][j] for i in range(j + 1, rows)]
+        vv = math.fsum(x * x for x in v[j:])
+        if vv == 0.0:
+            continue
+        for k in range(j, cols):
+            scale = 2 * math.fsum(v[i] * R[i][k] for i in range(j, rows)) / vv
+            for i in range(j, rows):
+                R[i][k] -= scale * v[i]
+        scale = 2 * math.fsum(v[i] * b[i] for i in range(j, rows)) / vv
+        for i in range(j, rows):
+            b[i] -= scale * v[i]
+    biggest = max(abs(R[j][j]) for j in range(cols))
+    if any(abs(R[j][j]) <= 1e-12 * biggest for j in range(cols)):
+        return None
+    coef = [0.0] * cols
+    for j in reversed(range(cols)):
+        coef[j] = (b[j] - math.fsum(R[j][k] * coef[k] for k in range(j + 1, cols))) / R[j][j]
+    return coef
+
+
+def _nonnegative_least_squares(X: list[list[float]], y: list[float]) -> list[float]:
     """min ||X c - y|| over c >= 0, exactly, by trying every set of active terms (at most 5)."""
-    best, best_error = np.zeros(X.shape[1]), float(np.sum(y * y))
-    for size in range(1, X.shape[1] + 1):
-        for active in itertools.combinations(range(X.shape[1]), size):
-            coef, *_ = np.linalg.lstsq(X[:, active], y, rcond=None)
-            if np.any(coef < 0):
+    terms = len(X[0])
+    best, best_error = [0.0] * terms, math.fsum(v * v for v in y)
+    for size in range(1, terms + 1):
+        for active in itertools.combinations(range(terms), size):
+            coef = _least_squares([[row[j] for j in active] for row in X], y)
+            if coef is None or any(c < 0 for c in coef):
                 continue
-            full = np.zeros(X.shape[1])
-            full[list(active)] = coef
-            error = float(np.sum((X @ full - y) ** 2))
+            full = [0.0] * terms
+            for j, c in zip(active, coef):
+                full[j] = c
+            error = math.fsum((math.fsum(c * x for c, x in zip(full, row)) - v) ** 2 for row, v in zip(X, y))
             if error < best_error - 1e-15:
                 best, best_error = full, error
     return best
@@ -135,13 +169,11 @@ def fit(member: MemberShape, points: list[tuple[int, int, int, float]], sm_count
     if len(points) < 2:
         return None
     terms = 5 if len(points) >= FULL_MODEL_POINTS else 2
-    X = np.array([features(member, M, N, K, sm_count)[:terms] for M, N, K, _ in points])
-    y = np.array([ms for *_, ms in points])
-    coef = _nonnegative_least_squares(X / y[:, None], np.ones(len(points)))
-    coef = list(coef) + [0.0] * (5 - terms)
+    X = [[f / ms for f in features(member, M, N, K, sm_count)[:terms]] for M, N, K, ms in points]
+    coef = _nonnegative_least_squares(X, [1.0] * len(points)) + [0.0] * (5 - terms)
     model = Model([float(c) for c in coef])
     for M, N, K, ms in points:
-        base = float(np.dot(coef, features(member, M, N, K, sm_count)))
+        base = math.fsum(c * f for c, f in zip(coef, features(member, M, N, K, sm_count)))
         ratio = ms / base if base > 0 else 1.0
         model.points.append((M, N, K, ms, math.log(M), math.log(N), math.log(K), math.log(ratio)))
     return model

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -90,15 +91,41 @@ class Space:
         return list(self.plan_at.values())
 
 
-def expand(spec: Spec, limit: int = 200_000) -> Space:
-    """Every point of `spec`'s sets, planned; impossible points counted by reason."""
+# Points a search space may hold: each is planned when the space is expanded (20 to 100 us each),
+# so this bounds expanding to seconds; the largest shipped space holds 82,944.
+MAX_POINTS = 200_000
+
+
+def size(spec: Spec) -> int:
+    """The number of points of `spec`: the product of its sets' sizes (1 for a kernel)."""
+    return math.prod(len(spec.params[key].values) for key in spec.set_keys)
+
+
+def check_size(spec: Spec, limit: int = MAX_POINTS, what: str = "") -> int:
+    """`spec`'s number of points, or a SpecError at its largest set when that is over `limit`:
+    counted before a single point is made. `what` says what the space is, for the message
+    (default: "kernel 'NAME'")."""
+    points = size(spec)
+    if points <= limit:
+        return points
+    keys = spec.set_keys
+    largest = max(keys, key=lambda key: len(spec.params[key].values))  # the first of the largest
+    factors = " x ".join(str(len(spec.params[key].values)) for key in keys)
+    raise spec.error(largest, f"{what or f'kernel {spec.name!r}'} is a search space of {points:,} points "
+                     f"({factors} values in its {len(keys)} sets), over the limit of {limit:,}",
+                     f"at most {limit:,} points: fewer values in the sets (this one has "
+                     f"{len(spec.params[largest].values)}), or several smaller spaces")
+
+
+def expand(spec: Spec, limit: int = MAX_POINTS) -> Space:
+    """Every point of `spec`'s sets, planned; impossible points counted by reason. A space of
+    more than `limit` points is a SpecError, raised before any point is made."""
+    check_size(spec, limit)
     keys = spec.set_keys
     space = Space(spec, keys, [list(spec.params[k].values) for k in keys])
     seen = set()
     for coords, point in zip(itertools.product(*space.dimensions), spec.points()):
         space.total += 1
-        if space.total > limit:
-            raise ValueError(f"the search space has more than {limit} points; narrow its sets")
         plan, error = try_plan(point)
         if plan is None:
             space.pruned[re.split(r"[(:;]", re.sub(r"\d+", "N", error.message))[0].strip()] += 1

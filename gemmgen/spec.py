@@ -9,8 +9,6 @@ only that each value is one the language allows.
 from __future__ import annotations
 
 import itertools
-import os
-import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +18,9 @@ import lark
 from lark import Lark, Token, Transformer, v_args
 
 from .errors import Span, SpecError
+# LibraryShape and parse_shapes stay importable from here, as library.py and .ci/ import them.
+from .shapes import LibraryShape, parse_shapes, read_shapes_file, shape_of  # noqa: F401
+from .textfile import FileRefused, read_text, too_large
 
 TARGETS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
 MATH_MODES = ("simt", "tf32", "3xtf32")
@@ -137,6 +138,7 @@ class Spec:
     span: Span | None = None
     parent: str | None = None
     source: str = ""  # the kernel's own lines, quoted in the generated header
+    depth: int = field(default=0, compare=False, repr=False)  # kernels above it through `extends`
 
     def param(self, key: str) -> Param:
         if key in self.params:
@@ -259,6 +261,11 @@ def _describe_expected(expected: set[str]) -> str:
     return ", ".join(dict.fromkeys(words))
 
 
+def _short(word: str, limit: int = 40) -> str:
+    """A word of the spec as a message repeats it: at most `limit` characters, then '...'."""
+    return word if len(word) <= limit else word[:limit] + "..."
+
+
 def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str, path: str) -> SpecError:
     line, column = exc.line, exc.column
     lines = [ln.rstrip("\r") for ln in text.split("\n")]  # as the parser counts lines
@@ -276,7 +283,7 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str, path: str) ->
     at_keyword = column - 1 <= start + len(source_line[start:]) - len(source_line[start:].lstrip())
     if isinstance(exc, lark.exceptions.UnexpectedToken) and exc.token.type != "$END":
         token = str(exc.token).strip()
-        what = "unexpected end of line" if exc.token.type == "_NL" else f"unexpected '{token}'"
+        what = "unexpected end of line" if exc.token.type == "_NL" else f"unexpected '{_short(token)}'"
         width = 1 if exc.token.type == "_NL" else max(1, len(token))
     elif isinstance(exc, lark.exceptions.UnexpectedCharacters):
         char = source_line[column - 1:column]
@@ -296,7 +303,7 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str, path: str) ->
                          allowed=f"{USAGE['kernel']}, or {USAGE['library']}")
     in_library = "MEMBERS" in expected or "SHAPES" in expected
     if in_library and at_keyword and keyword and keyword not in LIBRARY_SETTINGS and keyword[0].isalpha():
-        return SpecError(f"'{keyword}' is not a library setting", path=path, text=text,
+        return SpecError(f"'{_short(keyword)}' is not a library setting", path=path, text=text,
                          span=Span(line, column, column + len(keyword)),
                          allowed="a library setting: " + ", ".join(LIBRARY_SETTINGS))
     if keyword == "kernel" and at_keyword and "RBRACE" in expected:
@@ -308,7 +315,7 @@ def _syntax_error(exc: lark.exceptions.UnexpectedInput, text: str, path: str) ->
         message = f"{what} in '{keyword}' setting" if keyword != "kernel" else what
     elif keyword and at_keyword and (keyword[0].isalpha() or keyword[0] == "_"):
         allowed = "a setting: " + ", ".join(k for k in USAGE if k != "kernel")
-        message = f"'{keyword}' is not a setting"
+        message = f"'{_short(keyword)}' is not a setting"
         width = len(keyword)
     else:
         allowed = _describe_expected(set(expected)) if expected else USAGE["kernel"]
@@ -579,9 +586,7 @@ class _ToStatements(Transformer):
 
     @v_args(meta=True)
     def shape(self, meta, c):
-        M, N, K = (int(x) for x in str(c[0]).split("x"))
-        pad = int(c[1]) if len(c) > 1 else 0
-        return LibraryShape(M, N, K, pad, _span(meta))
+        return shape_of(str(c[0]), str(c[1]) if len(c) > 1 else None, _span(meta), self.path, self.text)
 
     @v_args(meta=True)
     def shapes(self, meta, c):
@@ -641,45 +646,19 @@ def _kernel_source(text: str, meta) -> str:
 
 
 def _too_large(size: int) -> str:
-    return (f"the file is {size / 1e6:.1f} MB, too large for a spec (at most "
-            f"{MAX_SPEC_BYTES / 1e6:.0f} MB; a kernel is a few lines): is it the right file?")
+    return too_large(size, MAX_SPEC_BYTES, "a spec", "a kernel is a few lines")
 
 
 def read_spec_text(path: Path) -> str:
-    """A spec file's text, its size checked before it is read (a SpecError past MAX_SPEC_BYTES).
-
-    Raises OSError and UnicodeDecodeError as open() does, for the caller to word."""
-    with open(path, encoding="utf-8") as handle:  # text mode: '\r\n' reads as '\n'
-        size = os.fstat(handle.fileno()).st_size
-        if size > MAX_SPEC_BYTES:
-            raise SpecError(_too_large(size), path=str(path))
-        text = handle.read(MAX_SPEC_BYTES + 1)  # what is not a regular file has no size
-    if len(text) > MAX_SPEC_BYTES:
-        raise SpecError(_too_large(len(text.encode())), path=str(path))
-    return text
+    """A spec file's text: a regular file (not a pipe or a device, which would block or never
+    end), its size checked before it is read (a SpecError past MAX_SPEC_BYTES), UTF-8 with or
+    without a byte-order mark. Raises SpecError, or OSError as opening does, for the caller to word."""
+    return read_text(path, MAX_SPEC_BYTES, "a spec", "a kernel is a few lines")
 
 
-def parse(text: str, path: str = "<spec>", *, search_dirs: tuple[Path, ...] = (),
-          _loading: tuple[Path, ...] = ()) -> list[Spec]:
-    """All kernels of a spec text, parents merged in. Raises SpecError, nothing else.
-
-    `_loading`: the parent files whose parsing led here, to report a cycle of files."""
-    return parse_file(text, path, search_dirs=search_dirs, _loading=_loading).kernels
-
-
-@dataclass(frozen=True)
-class LibraryShape:
-    """A shape a library is tuned for: M x N x K, leading dimensions `pad` floats past tight."""
-
-    M: int
-    N: int
-    K: int
-    pad: int = 0
-    span: Span | None = field(default=None, compare=False)
-    origin: tuple[str, str] | None = field(default=None, compare=False, repr=False)  # (path, text) of a shapes file
-
-    def __str__(self) -> str:
-        return f"{self.M}x{self.N}x{self.K}" + (f" pad {self.pad}" if self.pad else "")
+def parse(text: str, path: str = "<spec>", *, search_dirs: tuple[Path, ...] = ()) -> list[Spec]:
+    """All kernels of a spec text, parents merged in. Raises SpecError, nothing else."""
+    return parse_file(text, path, search_dirs=search_dirs).kernels
 
 
 @dataclass(frozen=True)
@@ -727,9 +706,28 @@ class ParsedFile:
     libraries: list[LibrarySpec]
 
 
-def parse_file(text: str, path: str = "<spec>", *, search_dirs: tuple[Path, ...] = (),
-               _loading: tuple[Path, ...] = ()) -> ParsedFile:
+def parse_file(text: str, path: str = "<spec>", *, search_dirs: tuple[Path, ...] = ()) -> ParsedFile:
     """The kernels (parents merged in) and libraries of a spec text. Raises SpecError only."""
+    text = text.removeprefix("\ufeff")  # a byte-order mark, as some editors write
+    kernels, trees = _statements(text, path)
+    libraries = [_library(tree, text, path) for tree in trees]
+    if not kernels and not libraries:
+        raise SpecError("the spec defines no kernel", path=path, text=text,
+                        span=Span(1, 1, 2), allowed=USAGE["kernel"])
+    names = [str(k[0]) for k in kernels] + [lib.name for lib in libraries]
+    for library in libraries:
+        if names.count(library.name) > 1:
+            raise SpecError(f"'{library.name}' names both a library and another definition in this file",
+                            path=path, text=text, span=library.span, allowed="one definition per name")
+    loader = _Loader(tuple(search_dirs), len(text.encode()))
+    file = _KernelFile(kernels, text, path, loader)
+    if not path.startswith("<"):
+        loader.files[Path(path).resolve()] = file  # a parent's parent may be in this file
+    return ParsedFile([file.resolve(name) for name in file.pending], libraries)
+
+
+def _statements(text: str, path: str) -> tuple[list, list]:
+    """The kernel statements and library trees of a spec text (its syntax and values checked)."""
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError(_too_large(len(text.encode())), path=path)
     try:
@@ -743,17 +741,8 @@ def parse_file(text: str, path: str = "<spec>", *, search_dirs: tuple[Path, ...]
         if isinstance(exc.orig_exc, SpecError):
             raise exc.orig_exc from None
         raise
-    kernels = [item for item in items if not isinstance(item, _LibraryTree)]
-    libraries = [_library(item, text, path) for item in items if isinstance(item, _LibraryTree)]
-    if not kernels and not libraries:
-        raise SpecError("the spec defines no kernel", path=path, text=text,
-                        span=Span(1, 1, 2), allowed=USAGE["kernel"])
-    names = [str(k[0]) for k in kernels] + [lib.name for lib in libraries]
-    for library in libraries:
-        if names.count(library.name) > 1:
-            raise SpecError(f"'{library.name}' names both a library and another definition in this file",
-                            path=path, text=text, span=library.span, allowed="one definition per name")
-    return ParsedFile(_kernels(kernels, text, path, search_dirs, _loading), libraries)
+    return ([item for item in items if not isinstance(item, _LibraryTree)],
+            [item for item in items if isinstance(item, _LibraryTree)])
 
 
 def _library(tree: _LibraryTree, text: str, path: str) -> LibrarySpec:
@@ -783,7 +772,7 @@ def _library(tree: _LibraryTree, text: str, path: str) -> LibrarySpec:
         elif keyword == "shapes":
             shapes = tuple(value)
         elif keyword == "shapes file":
-            shapes = tuple(_shapes_file(value[0], value[1], path, text))
+            shapes = tuple(read_shapes_file(value[0], value[1], path, text))
         else:
             precision = value
     library_span = _span(tree.name)
@@ -797,126 +786,146 @@ def _library(tree: _LibraryTree, text: str, path: str) -> LibrarySpec:
                        _kernel_source(text, tree.meta))
 
 
-_SHAPE_LINE = re.compile(r"^\s*(\d+)x(\d+)x(\d+)(?:\s+pad\s+(\d+))?\s*(?:#.*)?$")
+# Kernels a kernel may have above it through `extends` (its parent, the parent's parent, ...): a
+# chain longer than a few is a mistake, and each step costs a file read and a parse.
+MAX_EXTENDS_DEPTH = 32
+EXTENDS_LIMIT = f"at most {MAX_EXTENDS_DEPTH} kernels above a kernel through `extends`"
+# Files a spec may read, its own among them (each at most MAX_SPEC_BYTES), and bytes in all.
+MAX_SPEC_FILES = 64
+MAX_LOAD_BYTES = 4 * MAX_SPEC_BYTES
 
 
-def _shapes_file(name: str, span: Span, path: str, text: str) -> list[LibraryShape]:
-    """Shapes from a file beside the spec: one `MxNxK [pad P]` per line, # comments."""
-    where = (Path(path).parent if not path.startswith("<") else Path(".")) / name
-    try:
-        content = where.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise SpecError(f"cannot read the shapes file {where}: {why}", path=path, text=text, span=span,
-                        allowed="a text file beside the spec, one MxNxK [pad P] per line") from None
-    shapes = parse_shapes(content, str(where))
-    if not shapes:
-        raise SpecError(f"the shapes file {where} lists no shapes", path=path, text=text, span=span,
-                        allowed="one MxNxK [pad P] per line")
-    return shapes
+@dataclass
+class _Loader:
+    """What one parse has read: each file a kernel extends from, parsed once (by resolved path),
+    the kernels whose parents are being resolved (one chain of `extends`, to find a loop or a
+    chain past MAX_EXTENDS_DEPTH), and the bytes read."""
+
+    search_dirs: tuple[Path, ...]
+    bytes_read: int
+    files: dict[Path, "_KernelFile"] = field(default_factory=dict)
+    chain: list[tuple["_KernelFile", str]] = field(default_factory=list)
+
+    def file_with(self, parent: Token, child: "_KernelFile") -> "_KernelFile":
+        """The file NAME.gemm beside `child`'s file (or in a search folder) defining the kernel
+        NAME that `parent` names; a SpecError at `parent` when there is none or it cannot be read."""
+        name = str(parent)
+
+        def error(message: str, allowed: str) -> SpecError:
+            return SpecError(message, path=child.path, text=child.text, span=_span(parent), allowed=allowed)
+
+        dirs = list(self.search_dirs)
+        if not child.path.startswith("<"):
+            dirs.insert(0, Path(child.path).parent)
+        for directory in dirs:
+            candidate = directory / f"{name}.gemm"
+            if not candidate.is_file():
+                continue
+            key = candidate.resolve()
+            if key not in self.files:
+                if len(self.files) >= MAX_SPEC_FILES:
+                    raise error(f"kernel extends '{name}' from {candidate}, but this spec has read "
+                                f"{MAX_SPEC_FILES} files already, gemmgen's limit",
+                                f"kernels whose parents lie in at most {MAX_SPEC_FILES} files")
+                try:
+                    text = read_spec_text(candidate)
+                except SpecError as exc:
+                    raise error(f"cannot read {candidate}: {exc.message}", "a NAME.gemm spec file") from None
+                except OSError as exc:
+                    raise error(f"cannot read {candidate}: {exc.strerror}", "a readable NAME.gemm file") from None
+                self.bytes_read += len(text.encode())
+                if self.bytes_read > MAX_LOAD_BYTES:
+                    raise error(f"kernel extends '{name}' from {candidate}, but this spec and the files "
+                                f"of its parents would be more than {MAX_LOAD_BYTES / 1e6:g} MB in all",
+                                f"a spec and parents of at most {MAX_LOAD_BYTES / 1e6:g} MB in all")
+                kernels, _ = _statements(text, str(candidate))  # a parent file's libraries are not read
+                self.files[key] = _KernelFile(kernels, text, str(candidate), self)
+            if name in self.files[key].pending:
+                return self.files[key]
+        raise error(f"kernel extends '{name}', which is neither in this file nor in {name}.gemm beside it",
+                    "the name of a kernel in this file or a NAME.gemm file next to it")
 
 
-def parse_shapes(content: str, path: str) -> list[LibraryShape]:
-    """The shapes of a shapes file's text (one `MxNxK [pad P]` per line, # comments); a line that is
-    no shape is a SpecError at that line of `path`."""
-    shapes = []
-    origin = (path, content)
-    for number, line in enumerate(content.split("\n"), 1):
-        if not line.split("#")[0].strip():
-            continue
-        match = _SHAPE_LINE.match(line.rstrip("\r"))
-        if not match:
-            raise SpecError(f"not a shape: {line.strip()[:60]!r}", path=path, text=content,
-                            span=Span(number, 1, max(2, len(line.rstrip()) + 1)),
-                            allowed="MxNxK [pad P], e.g. 4096x4096x4096 or 127x4099x1023 pad 1")
-        M, N, K, pad = (int(g) if g else 0 for g in match.groups())
-        shapes.append(LibraryShape(M, N, K, pad, Span(number, 1, len(line.rstrip()) + 1), origin))
-    return shapes
+class _KernelFile:
+    """The kernels of one file as written (each setting once), resolved on demand: each kernel once,
+    its parents merged in, whether they are in this file or in another."""
 
+    def __init__(self, kernels: list, text: str, path: str, loader: _Loader):
+        self.text, self.path, self.loader = text, path, loader
+        self.specs: dict[str, Spec] = {}
+        self.pending: dict[str, tuple] = {}
+        for name_token, parent, span, meta, statements in kernels:
+            name = str(name_token)
+            if name in self.pending:
+                raise SpecError(f"kernel '{name}' is defined twice in this file", path=path, text=text,
+                                span=_span(name_token), allowed="one kernel per name")
+            params: dict[str, Param] = {}
+            first_seen: dict[str, Span] = {}
+            for stmt in statements:
+                _check_values(stmt, path, text)
+                for key, value in stmt.params.items():
+                    if key in first_seen:
+                        raise SpecError(
+                            f"'{stmt.keyword}' sets {key} again (first set at line {first_seen[key].line})",
+                            path=path, text=text, span=stmt.span, allowed="each setting once per kernel")
+                    first_seen[key] = stmt.span
+                    params[key] = Param(value.values, value.span)
+            self.pending[name] = (name_token, parent, span, meta, params)
 
-def _kernels(kernels: list, text: str, path: str, search_dirs: tuple[Path, ...],
-             _loading: tuple[Path, ...]) -> list[Spec]:
-    """Kernel statements as Specs, each setting once, parents merged in."""
-    specs: dict[str, Spec] = {}
-    pending = {}
-    for name_token, parent, span, meta, statements in kernels:
-        name = str(name_token)
-        if name in pending:
-            raise SpecError(f"kernel '{name}' is defined twice in this file", path=path, text=text,
-                            span=_span(name_token), allowed="one kernel per name")
-        params: dict[str, Param] = {}
-        first_seen: dict[str, Span] = {}
-        for stmt in statements:
-            _check_values(stmt, path, text)
-            for key, value in stmt.params.items():
-                if key in first_seen:
-                    raise SpecError(
-                        f"'{stmt.keyword}' sets {key} again (first set at line {first_seen[key].line})",
-                        path=path, text=text, span=stmt.span, allowed="each setting once per kernel")
-                first_seen[key] = stmt.span
-                params[key] = Param(value.values, value.span)
-        pending[name] = (name_token, parent, span, meta, params)
+    def _error(self, token: Token, message: str, allowed: str) -> SpecError:
+        return SpecError(message, path=self.path, text=self.text, span=_span(token), allowed=allowed)
 
-    def resolve(name: str, chain: tuple[str, ...]) -> Spec:
-        if name in specs:
-            return specs[name]
-        name_token, parent, span, meta, params = pending[name]
+    def resolve(self, name: str) -> Spec:
+        if name in self.specs:
+            return self.specs[name]
+        name_token, parent, span, meta, params = self.pending[name]
         merged: dict[str, Param] = {}
+        depth = 0
         if parent is not None:
-            parent_name = str(parent)
-            if parent_name in chain or parent_name == name:
-                raise SpecError(f"kernel '{name}' extends itself through {' -> '.join(chain + (name,))}",
-                                path=path, text=text, span=_span(parent), allowed="a chain without loops")
-            if parent_name in pending:
-                merged.update(resolve(parent_name, chain + (name,)).params)
-            else:
-                parent_spec = _load_parent(parent, path, text, search_dirs, _loading)
-                # Spans of the parent's own settings point into the parent's file.
-                merged.update({key: p if p.origin else replace(p, origin=(parent_spec.path,
-                                                                           parent_spec.text))
+            chain = self.loader.chain
+            chain.append((self, name))
+            try:
+                parent_spec = self._parent(parent)
+            finally:
+                chain.pop()
+            depth = parent_spec.depth + 1
+            if depth > MAX_EXTENDS_DEPTH:
+                raise self._error(parent, f"kernel '{name}' extends '{parent}', which has {parent_spec.depth} "
+                                  "kernels above it through `extends` already, gemmgen's limit", EXTENDS_LIMIT)
+            if parent_spec.path == self.path:
+                merged.update(parent_spec.params)
+            else:  # spans of the parent's own settings point into the parent's file
+                merged.update({key: p if p.origin else replace(p, origin=(parent_spec.path, parent_spec.text))
                                for key, p in parent_spec.params.items()})
         merged.update(params)
-        spec = Spec(name=name, params=merged, path=path, text=text, span=_span(name_token),
+        spec = Spec(name=name, params=merged, path=self.path, text=self.text, span=_span(name_token),
                     parent=str(parent) if parent is not None else None,
-                    source=_kernel_source(text, meta))
-        specs[name] = spec
+                    source=_kernel_source(self.text, meta), depth=depth)
+        self.specs[name] = spec
         return spec
 
-    return [resolve(name, ()) for name in pending]
-
-
-def _load_parent(parent: Token, path: str, text: str, search_dirs: tuple[Path, ...],
-                 loading: tuple[Path, ...] = ()) -> Spec:
-    name = str(parent)
-    dirs = list(search_dirs)
-    here: tuple[Path, ...] = ()
-    if path and not path.startswith("<"):
-        dirs.insert(0, Path(path).parent)
-        here = (Path(path).resolve(),)
-    for directory in dirs:
-        candidate = directory / f"{name}.gemm"
-        if candidate.is_file():
-            def error(message: str, allowed: str) -> SpecError:
-                return SpecError(message, path=path, text=text, span=_span(parent), allowed=allowed)
-            chain = loading + here
-            if candidate.resolve() in chain:
-                files = " -> ".join(p.name for p in chain + (candidate.resolve(),))
-                raise error(f"kernel extends '{name}' from {candidate}, whose parents lead back "
-                            f"to a file being loaded ({files})", "a chain of files without loops")
-            try:
-                parent_text = read_spec_text(candidate)
-            except SpecError as exc:
-                raise error(f"cannot read {candidate}: {exc.message}", "a NAME.gemm spec file") from None
-            except OSError as exc:
-                raise error(f"cannot read {candidate}: {exc.strerror}", "a readable NAME.gemm file") from None
-            except UnicodeDecodeError:
-                raise error(f"{candidate} is not UTF-8 text", "a UTF-8 NAME.gemm file") from None
-            for spec in parse(parent_text, str(candidate), search_dirs=search_dirs, _loading=chain):
-                if spec.name == name:
-                    return spec
-    raise SpecError(f"kernel extends '{name}', which is neither in this file nor in {name}.gemm "
-                    "beside it", path=path, text=text, span=_span(parent),
-                    allowed="the name of a kernel in this file or a NAME.gemm file next to it")
+    def _parent(self, parent: Token) -> Spec:
+        """The resolved parent kernel that `parent` names (the chain ends with its child)."""
+        chain = self.loader.chain
+        name = chain[-1][1]
+        if len(chain) > MAX_EXTENDS_DEPTH:
+            top_file, top = chain[0]
+            raise self._error(parent, f"kernel '{name}' extends '{parent}': the chain of `extends` from "
+                              f"kernel '{top}' ({top_file.path}) goes past {MAX_EXTENDS_DEPTH} kernels "
+                              "above it, gemmgen's limit", EXTENDS_LIMIT)
+        parent_name = str(parent)
+        file = self if parent_name in self.pending else self.loader.file_with(parent, self)
+        if (file, parent_name) in chain:
+            loop = chain[chain.index((file, parent_name)):]
+            if all(f is self for f, _ in loop):
+                raise self._error(parent, f"kernel '{name}' extends itself through "
+                                  f"{' -> '.join(n for _, n in loop)}", "a chain without loops")
+            files = " -> ".join(Path(f.path).name for f, _ in loop + [(file, parent_name)])
+            kernels = " -> ".join(n for _, n in loop + [(file, parent_name)])
+            raise self._error(parent, f"kernel '{name}' extends '{parent_name}' from {file.path}, whose "
+                              f"parents lead back to it ({files}: kernels {kernels})",
+                              "a chain of files without loops")
+        return file.resolve(parent_name)
 
 
 def load(path: str | Path) -> list[Spec]:
@@ -929,10 +938,12 @@ def load_file(path: str | Path) -> ParsedFile:
     path = Path(path)
     try:
         text = read_spec_text(path)
+    except FileRefused as exc:
+        if exc.reason != "not regular":
+            raise
+        raise SpecError(f"cannot read spec: {exc.message}", path=str(path), allowed=exc.allowed) from None
     except OSError as exc:
         raise SpecError(f"cannot read spec: {exc.strerror}", path=str(path)) from None
-    except UnicodeDecodeError:
-        raise SpecError("spec is not UTF-8 text", path=str(path)) from None
     return parse_file(text, str(path))
 
 

@@ -20,7 +20,7 @@
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_hopper_tf32_persistent_staged_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       ldc a multiple of 4, C 16-byte aligned
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // C ABI:
 //   extern "C" int gemmgen_hopper_tf32_persistent_staged(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -886,9 +886,10 @@ extern "C" int gemmgen_hopper_tf32_persistent_staged(int M, int N, int K, float 
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C and ldc 16-byte aligned; otherwise C is stored from
-    // registers. C's boxes: 32 floats along its contiguous dimension by 16, unswizzled in C.
-    const bool aligned = (ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0);
+    // The staged epilogue's TMA stores need C, ldc and C's N 16-byte aligned (TMA clips a box at C's
+    // edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16, unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0);
     CUtensorMap map_c = {};
     if (aligned) {
         const cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M};

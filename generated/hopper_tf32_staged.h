@@ -15,7 +15,7 @@
 //   TMA path needs: K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise: the fallback gemmgen_hopper_tf32_staged_fallback: wgmma fed through registers
 //     (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs: ldc a multiple of 4, C 16-byte aligned
+//   TMA store path needs: N and ldc multiples of 4, C 16-byte aligned
 
 #ifndef GEMMGEN_HOPPER_TF32_STAGED_H
 #define GEMMGEN_HOPPER_TF32_STAGED_H

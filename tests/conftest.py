@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SPECS_DIR = ROOT / "specs"
 GENERATED_DIR = ROOT / "generated"
 
-NO_GPU_REASON = "no CUDA GPU found (gpu tests need one: see README)"
+NO_GPU_REASON = "no CUDA GPU found (gpu tests need one: see docs/testing.md)"
 
 
 def load_shipped_specs():

@@ -8,6 +8,7 @@ test compiles for real.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -429,3 +430,111 @@ def test_render_text_and_json_show_the_coalescing_table():
     assert data["global_coalescing"][0] == {
         "access": "A load", "how": "scalar, k = 0", "bytes_per_lane": 4, "bytes": 128,
         "sectors": 32, "ideal_sectors": 4, "efficiency": 12.5}
+
+
+# --- the explain verb: files mixing kernels and spaces, and its progress bar ---------------------
+
+MIXED = """kernel a {
+  block 64 x 64 x 8
+  thread 4 x 4
+}
+kernel s {
+  block {64, 128} x 64 x 8
+  thread 4 x 4
+}
+"""
+
+
+@pytest.fixture
+def no_nvrtc(monkeypatch):
+    """explain() with a ptxas report made here, so that the verb's tests need no compile."""
+    import gemmgen.explain
+    real = gemmgen.explain.explain
+    monkeypatch.setattr(gemmgen.explain, "explain", lambda plan, compiled=None: real(plan, resources(40)))
+
+
+def invoke(*args):
+    from click.testing import CliRunner
+    from gemmgen.cli import main
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_explain_of_a_file_mixing_kernels_and_spaces_explains_the_kernels(tmp_path, no_nvrtc):
+    path = tmp_path / "mixed.gemm"
+    path.write_text(MIXED)
+    result = invoke("explain", path)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert result.stdout.startswith("a on sm_90\n")
+    assert "s on" not in result.stdout
+    assert result.stderr == ("skipped s: a search space of 2 points (gemmgen tune searches it; explain "
+                             "takes a kernel, one value per setting)\n")
+    as_json = invoke("explain", path, "--json")
+    assert as_json.exit_code == 0
+    assert [r["kernel"] for r in json.loads(as_json.stdout)] == ["a"]
+
+
+def test_explain_of_spaces_alone_says_they_are_spaces(tmp_path, no_nvrtc):
+    path = tmp_path / "mixed.gemm"
+    path.write_text(MIXED)
+    for args in ([path, "--kernel", "s"], [SPECS / "small_search.gemm"]):
+        result = invoke("explain", *args)
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+        assert "this spec is a search space" in result.output and "Traceback" not in result.output
+    assert invoke("explain", path, "--kernel", "a").exit_code == 0
+
+
+def terminal(monkeypatch, is_terminal: bool = True):
+    """The CLI's stderr console, replaced by one writing to a string (a terminal or not)."""
+    import io
+
+    from rich.console import Console
+
+    import gemmgen.cli
+    console = Console(file=io.StringIO(), force_terminal=is_terminal, width=100)
+    monkeypatch.setattr(gemmgen.cli, "errors", console)
+    return console.file
+
+
+@pytest.mark.parametrize("is_terminal, delay, shown", [(True, 0.0, True), (False, 0.0, False),
+                                                       (True, 60.0, False)])
+def test_the_progress_bar_shows_only_on_a_terminal_after_a_moment(monkeypatch, is_terminal, delay, shown):
+    from gemmgen.cli import _late_progress
+    written = terminal(monkeypatch, is_terminal)
+    with _late_progress("explaining", 3, delay_s=delay) as progress:
+        progress(1)
+        progress(2)
+        progress(3)
+    assert ("explaining" in written.getvalue()) == shown
+    assert ("3/3" in written.getvalue()) == shown
+
+
+def test_explain_of_many_kernels_shows_progress(tmp_path, monkeypatch):
+    import gemmgen.explain
+    written = terminal(monkeypatch)
+    real = gemmgen.explain.explain
+
+    def slow(plan, compiled=None):  # as a compile would take
+        time.sleep(0.3)
+        return real(plan, resources(40))
+
+    monkeypatch.setattr(gemmgen.explain, "explain", slow)
+    path = tmp_path / "many.gemm"
+    path.write_text("".join(f"kernel k{i} {{\n  block 64 x 64 x 8\n  thread 4 x 4\n}}\n" for i in range(4)))
+    result = invoke("explain", path)
+    assert result.exit_code == 0
+    assert result.stdout.count(" on sm_90\n") == 4
+    assert "explaining" in written.getvalue() and "/4" in written.getvalue()
+
+
+def test_explain_all_reports_progress_after_each_kernel():
+    from gemmgen.explain import explain_all
+    import gemmgen.explain
+    done = []
+    plans = [plan_of("naive"), plan_of("warptile")]
+    real = gemmgen.explain.explain
+    try:
+        gemmgen.explain.explain = lambda plan, compiled=None: real(plan, resources(40))
+        reports = explain_all(plans, done.append)
+    finally:
+        gemmgen.explain.explain = real
+    assert [r.kernel for r in reports] == ["naive", "warptile"] and done == [1, 2]

@@ -1,10 +1,13 @@
-"""gemmgen as a user gets it: the wheel built from this checkout, installed into a fresh venv and
-run from a folder outside the checkout (where the source tree cannot stand in for a file the
+"""gemmgen as a user gets it: the wheel built from this checkout, installed into a folder of its
+own and run from a folder outside the checkout (where the source tree cannot stand in for a file the
 wheel lacks).
 
-The venv sees the packages of the interpreter running the tests (--system-site-packages: the
-wheel's dependencies, installed by `pip install '.[test]'`), and holds gemmgen itself, from the
-wheel only. The GPU verbs run with CUDA_VISIBLE_DEVICES empty, so they meet no GPU on any machine.
+The wheel is installed with `pip install --target` and run by the interpreter running the tests,
+that folder first on its path: it sees that interpreter's packages (the wheel's dependencies,
+installed by `pip install '.[test]'`, in a venv or not) and gemmgen itself from the wheel only.
+(A venv made here with --system-site-packages would see the base interpreter's packages, not the
+venv's that README's set-up installs into; and the NVRTC wheel is found only from the environment
+it was installed in.) The GPU verbs run with CUDA_VISIBLE_DEVICES empty, so they meet no GPU on any machine.
 """
 
 from __future__ import annotations
@@ -29,21 +32,22 @@ NOT_SOURCES = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__
 
 
 class Installed:
-    def __init__(self, wheel: Path, venv: Path, workdir: Path, cache: Path):
-        self.wheel, self.venv, self.workdir = wheel, venv, workdir
-        self.bin = venv / ("Scripts" if os.name == "nt" else "bin")
-        self.env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        self.env.update(GEMMGEN_CACHE=str(cache), COLUMNS="200", PYTHONDONTWRITEBYTECODE="1")
+    def __init__(self, wheel: Path, site: Path, workdir: Path, cache: Path):
+        self.wheel, self.site, self.workdir = wheel, site, workdir  # site: the folder the wheel went into
+        self.bin = site / ("Scripts" if os.name == "nt" else "bin")
+        self.env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self.env.update(GEMMGEN_CACHE=str(cache), COLUMNS="200", PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(site))
 
     def run(self, *args: str, no_gpu: bool = False, program: str = "gemmgen") -> subprocess.CompletedProcess:
         env = {**self.env, "CUDA_VISIBLE_DEVICES": ""} if no_gpu else self.env
-        return subprocess.run([str(self.bin / program), *map(str, args)], cwd=self.workdir, env=env,
+        command = [sys.executable] if program == "python" else [sys.executable, str(self.bin / program)]
+        return subprocess.run([*command, *map(str, args)], cwd=self.workdir, env=env,
                               capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="session")
 def installed(tmp_path_factory, gemmgen_cache) -> Installed:
-    """Build the wheel from a clean copy of the checkout, install it alone into a fresh venv."""
+    """Build the wheel from a clean copy of the checkout, install it alone into a folder of its own."""
     root = tmp_path_factory.mktemp("installed")
     source = root / "source"
     shutil.copytree(ROOT, source, ignore=NOT_SOURCES)
@@ -51,19 +55,13 @@ def installed(tmp_path_factory, gemmgen_cache) -> Installed:
                             str(source)], capture_output=True, text=True)
     assert built.returncode == 0, f"pip wheel failed:\n{built.stdout}\n{built.stderr}"
     (wheel,) = (root / "dist").glob("gemmgen-*.whl")
-    venv = root / "venv"
-    made = subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-                          capture_output=True, text=True)
-    if made.returncode:
-        pytest.skip(f"python3 -m venv cannot create a venv here: {made.stderr.strip()[-300:]}")
-    python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
-    # The interpreter's own pip, seen through --system-site-packages, installs into the venv.
-    install = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--no-index",
-                              "--ignore-installed", "-q", str(wheel)], capture_output=True, text=True)
+    site = root / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
+                              "--target", str(site), str(wheel)], capture_output=True, text=True)
     assert install.returncode == 0, f"installing the wheel failed:\n{install.stdout}\n{install.stderr}"
     workdir = root / "elsewhere"
     shutil.copytree(SPECS_DIR, workdir / "specs")
-    return Installed(wheel, venv, workdir, gemmgen_cache)
+    return Installed(wheel, site, workdir, gemmgen_cache)
 
 
 def assert_no_traceback(run: subprocess.CompletedProcess) -> None:
@@ -73,7 +71,7 @@ def assert_no_traceback(run: subprocess.CompletedProcess) -> None:
 def test_the_installed_package_is_the_wheels(installed):
     run = installed.run("-c", "import gemmgen, gemmgen.strategies; print(gemmgen.__file__)", program="python")
     assert run.returncode == 0, run.stderr
-    assert Path(run.stdout.strip()).is_relative_to(installed.venv), run.stdout
+    assert Path(run.stdout.strip()).is_relative_to(installed.site), run.stdout
     shipped = installed.run("-c", "from gemmgen.dispatch import shipped_manifest; "
                             "print(shipped_manifest('fp32')['library'], shipped_manifest('tf32')['library'])",
                             program="python")

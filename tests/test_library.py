@@ -4,7 +4,6 @@ same in C as in Python), and the model's leave-one-out quality."""
 
 from __future__ import annotations
 
-import contextlib
 
 import json
 import math
@@ -404,54 +403,6 @@ def test_a_worker_that_dies_costs_only_the_candidate_in_flight(monkeypatch, tmp_
     assert not any(key == kernel_key(split[0]) for key, _ in m.times)  # never timed again
     assert {(kernel_key(p), s) for p in plain for s in ("64x64x64", "128x128x128")} <= set(m.times)
     assert any(entry.get("status") == "crash" for entry in seen)
-
-
-# --- gemmgen.matmul's handling of layouts, on host memory ------------------------------------------
-
-class HostArray:
-    """A float32 numpy array behind __cuda_array_interface__, as a device array would show it."""
-
-    def __init__(self, values):
-        self.values = values
-        self.shape = values.shape
-
-    @property
-    def __cuda_array_interface__(self):
-        return {"shape": self.values.shape, "typestr": "<f4", "version": 3,
-                "data": (self.values.__array_interface__["data"][0], False), "strides": self.values.strides}
-
-
-class LibraryOnHost:
-    """A library runtime in layout A row, B col, C row that multiplies on the host."""
-
-    layouts = {"A": "row", "B": "col", "C": "row"}
-
-    def launch(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=None):
-        from fake_device import matrix_at
-        a, b, c = matrix_at(A, M, K, lda, 1), matrix_at(B, K, N, 1, ldb), matrix_at(C, M, N, ldc, 1)
-        c[...] = alpha * (a.astype(np.float64) @ b) + (beta * c if beta else 0)
-        return 0
-
-
-@pytest.mark.parametrize("order_a", "CF")
-@pytest.mark.parametrize("order_b", "CF")
-@pytest.mark.parametrize("order_c", "CF")
-def test_matmul_maps_every_layout_onto_the_library(order_a, order_b, order_c, monkeypatch):
-    """A column-major out is computed as out^T = B^T A^T; operands in the other order are copied."""
-    import gemmgen
-    import gemmgen.dispatch as dispatch
-    monkeypatch.setattr(dispatch, "library", lambda precision, device: LibraryOnHost())
-    monkeypatch.setattr(dispatch, "on_device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(dispatch, "_current_stream", lambda array: 0)
-    monkeypatch.setattr(dispatch, "_transposed_copy", lambda x: HostArray(
-        np.asfortranarray(x.values) if x.values.flags.c_contiguous else np.ascontiguousarray(x.values)))
-    rng = np.random.default_rng(1)
-    A, B, C = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((37, 53), (53, 29), (37, 29)))
-    a, b = HostArray(np.array(A, order=order_a)), HostArray(np.array(B, order=order_b))
-    out = HostArray(np.array(C, order=order_c))
-    assert gemmgen.matmul(a, b, out, alpha=2.0, beta=0.5) is out
-    expected = 2.0 * (A.astype(np.float64) @ B) + 0.5 * C
-    np.testing.assert_allclose(out.values, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_slots_per_sm_from_ptxas_registers_and_shared_memory():

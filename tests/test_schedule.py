@@ -278,6 +278,9 @@ def test_the_runtime_keeps_a_workspace_per_stream_grows_it_and_keeps_sixteen(mon
             self.calls.append(("sync context",))
             return 0
 
+        def cuStreamIsCapturing(self, stream):
+            return 0, 0  # CU_STREAM_CAPTURE_STATUS_NONE
+
     driver = Driver()
     monkeypatch.setattr(runtime, "_driver", lambda: driver)
     kernel = runtime.Kernel.__new__(runtime.Kernel)
@@ -292,3 +295,64 @@ def test_the_runtime_keeps_a_workspace_per_stream_grows_it_and_keeps_sixteen(mon
     kernel._workspace(200, 100)  # a 17th: stream 100's goes, not 7's
     assert driver.calls == [("sync context",), ("free", 125), ("alloc", 125), ("zero", 200)]
     assert len(kernel._workspaces) == 16 and 7 in kernel._workspaces and 100 not in kernel._workspaces
+
+
+def test_a_workspace_first_needed_inside_a_graph_capture_is_made_outside_it(monkeypatch):
+    """In a CUDA graph capture (PyTorch's: global mode, where allocating is refused) the workspace
+    is allocated in relaxed mode and zeroed on a private stream that is waited for, never on the
+    capturing stream (a capture would only record the zeroing); nothing waits for the capturing
+    stream, and a workspace outgrown there is freed at close(), not while the graph may use it."""
+    import gemmgen.runtime as runtime
+    from cuda.bindings import driver as real
+
+    class Driver:
+        CUstreamCaptureMode = real.CUstreamCaptureMode
+        CUstream_flags = real.CUstream_flags
+
+        class CUresult:
+            CUDA_SUCCESS = 0
+
+        def __init__(self):
+            self.calls, self.mode, self.next = [], "global", 0x1000
+
+        def cuStreamIsCapturing(self, stream):
+            return 0, 1 if stream == 7 else 0  # CU_STREAM_CAPTURE_STATUS_ACTIVE on stream 7
+
+        def cuThreadExchangeStreamCaptureMode(self, mode):
+            previous, self.mode = self.mode, "relaxed" if mode == real.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED else mode
+            self.calls.append(("mode", self.mode))
+            return 0, previous
+
+        def cuMemAlloc(self, size):
+            assert self.mode == "relaxed", "allocated while the capture forbids it"
+            self.next += 1 << 28
+            self.calls.append(("alloc", size))
+            return 0, self.next
+
+        def cuStreamCreate(self, flags):
+            assert flags == real.CUstream_flags.CU_STREAM_NON_BLOCKING.value
+            return 0, 99
+
+        def cuMemsetD8Async(self, address, value, size, stream):
+            assert stream == 99, "zeroed on the capturing stream"
+            self.calls.append(("zero", stream))
+            return 0
+
+        def cuStreamSynchronize(self, stream):
+            assert stream == 99, "waited for the capturing stream"
+            self.calls.append(("sync", stream))
+            return 0
+
+        def cuStreamDestroy(self, stream):
+            return 0
+
+        def cuMemFree(self, address):
+            raise AssertionError("freed a workspace during the capture")
+
+    driver = Driver()
+    monkeypatch.setattr(runtime, "_driver", lambda: driver)
+    kernel = runtime.Kernel.__new__(runtime.Kernel)
+    first = kernel._workspace(7, 1000)
+    assert driver.calls == [("mode", "relaxed"), ("alloc", 1250), ("zero", 99), ("sync", 99), ("mode", "global")]
+    grown = kernel._workspace(7, 4000)
+    assert grown != first and kernel._retired == [first]

@@ -8,13 +8,12 @@ column, and that the hint says what would be accepted.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from gemmgen.errors import SpecError
 from gemmgen.plan import make_plan
 from gemmgen.spec import parse
+from spec_reports import assert_quotes_line_with_caret
 
 
 def parse_and_plan(text: str) -> None:
@@ -381,18 +380,3 @@ def test_broken_spec_is_reported_where_it_is_wrong(text, line, column, message, 
     assert allowed in err.allowed, str(err)
     assert_quotes_line_with_caret(err, text)
 
-
-def assert_quotes_line_with_caret(err: SpecError, text: str) -> None:
-    report = str(err).split("\n")
-    assert report[0].startswith(f"t.gemm:{err.line}:{err.column}: ")
-    # The quoted line as the parser counts lines (only '\n' ends one); unprintable characters
-    # show as spaces so that the caret stays under its column.
-    source = text.split("\n")[err.line - 1].rstrip("\r")
-    shown = "".join(ch if ch.isprintable() else " " for ch in source)
-    quote = f"{err.line:5d} | {shown}"
-    assert quote in report, str(err)
-    caret = report[report.index(quote) + 1]
-    match = re.fullmatch(r" {6}\| ( *)(\^+)", caret)
-    assert match, f"no caret line under the quote:\n{err}"
-    assert len(match.group(1)) == err.column - 1
-    assert report[-1] == f"  allowed: {err.allowed}"

@@ -66,6 +66,10 @@ def test_text_past_the_limit_is_refused_by_parse():
     assert time.perf_counter() - started < 0.5
 
 
-def test_a_device_without_a_size_is_read_up_to_the_limit_only(tmp_path):
-    with pytest.raises(SpecError, match="too large for a spec"):
-        load("/dev/zero")  # endless: st_size is 0, so only the bounded read can stop it
+def test_a_device_is_refused_before_it_is_read():
+    started = time.perf_counter()
+    with pytest.raises(SpecError) as info:
+        load("/dev/zero")  # endless, and st_size is 0: it must not be read at all
+    assert str(info.value).startswith("/dev/zero: cannot read spec: this is a character device, "
+                                      "not a regular file")
+    assert time.perf_counter() - started < 0.5

@@ -345,8 +345,11 @@ class Plan:
                 needs.append((op.name, op.extent_inner, op.ld, op.vector))
         if self.c_vector > 1:
             needs.append(("C", "N" if self.c_layout == "row" else "M", "ldc", self.c_vector))
-        if self.tma_store:  # TMA stores boxes of C: 16-byte aligned base and row stride (any M, N)
-            needs.append(("C", None, "ldc", 4))
+        if self.tma_store:
+            # TMA stores boxes of C: 16-byte aligned base and row stride, and C's contiguous extent a
+            # multiple of 4 floats: a box past C's edge is clipped there only to 16 bytes, so with
+            # N = 13 and ldc = 16 it wrote columns 13-15 (measured on an H100).
+            needs.append(("C", "N" if self.c_layout == "row" else "M", "ldc", 4))
         return needs
 
     def argument_error(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int) -> str | None:

@@ -1,0 +1,149 @@
+"""Which library serves a call, from how its operands lie in memory (pure decisions, no GPU).
+
+A library multiplies C (row-major) = A B with A and B in one fixed pair of layouts, its operand
+class. Four classes cover every layout of A, B and C without a copy: a column-major C is the
+row-major C^T = B^T A^T, so the call runs with A and B swapped, each transposed (a transposed
+row-major matrix is a column-major one, and back).
+
+    class (A, B)   library         K contiguous in
+    row, col       fp32 / tf32     A and B (TMA-fed wgmma)
+    row, row       <precision>_rr  A
+    col, col       <precision>_cc  B
+    col, row       <precision>_cr  neither
+
+A matrix can be read row-major when its elements along a row are adjacent (column stride 1), with
+the row stride as leading dimension, and column-major likewise; a single row or column reads
+either way. One with no unit stride (a strided slice, a broadcast) reads neither way and is copied,
+as is an operand whose class has no library built yet: `route` picks the way with fewest copies
+and says why it copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LAYOUTS = ("row", "col")
+CLASSES = (("row", "col"), ("row", "row"), ("col", "col"), ("col", "row"))
+SUFFIX = {("row", "col"): "", ("row", "row"): "_rr", ("col", "col"): "_cc", ("col", "row"): "_cr"}
+
+
+def library_name(precision: str, klass: tuple[str, str]) -> str:
+    """The library of a precision for an operand class: fp32, fp32_rr, fp32_cc, fp32_cr (tf32 alike)."""
+    return precision + SUFFIX[klass]
+
+
+def flip(layout: str) -> str:
+    return "col" if layout == "row" else "row"
+
+
+def readings(rows: int, cols: int, row_stride: int, col_stride: int) -> dict[str, int]:
+    """Each layout ("row", "col") a rows x cols matrix with these element strides can be read in,
+    with its leading dimension: row-major where elements of a row are adjacent and rows are ld >=
+    cols apart (column-major: transposed). A single row or column reads either way."""
+    found = {}
+    if col_stride == 1 or cols <= 1:
+        ld = row_stride if rows > 1 else max(1, cols)
+        if ld >= max(1, cols):
+            found["row"] = ld
+    if row_stride == 1 or rows <= 1:
+        ld = col_stride if cols > 1 else max(1, rows)
+        if ld >= max(1, rows):
+            found["col"] = ld
+    return found
+
+
+def transposed(reading: dict[str, int]) -> dict[str, int]:
+    """The readings of a matrix's transpose: the same memory, each layout the other."""
+    return {flip(layout): ld for layout, ld in reading.items()}
+
+
+@dataclass(frozen=True)
+class Operand:
+    """What routing needs of an operand: its shape, its readings, and its name in messages."""
+
+    name: str
+    rows: int
+    cols: int
+    strides: tuple[int, int]
+
+    @property
+    def reading(self) -> dict[str, int]:
+        return readings(self.rows, self.cols, *self.strides)
+
+    def describe(self) -> str:
+        return f"{self.name} of shape ({self.rows}, {self.cols}) with strides {tuple(self.strides)}"
+
+
+@dataclass(frozen=True)
+class Route:
+    """How a call runs: the library class, whether A and B swap places (C column-major: the
+    library computes C^T = B^T A^T), the leading dimensions the library gets (of its A, B and C),
+    the layout each of A and B must first be copied into (None: read as it lies) and whether C
+    is computed into a row-major copy and copied back; `reasons` says why each copy is made."""
+
+    klass: tuple[str, str]
+    swap: bool
+    lds: tuple[int, int, int]
+    copy_a: str | None = None
+    copy_b: str | None = None
+    copy_c: bool = False
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def copies(self) -> bool:
+        return bool(self.copy_a or self.copy_b or self.copy_c)
+
+
+def route(a: Operand, b: Operand, c: Operand, available: frozenset | set, precision: str = "fp32") -> Route:
+    """The way to run C = A B with the fewest copies over the classes whose libraries are built
+    (`available`; the base class must be among them). Among ways without a copy the base class
+    (TMA-fed, the best tuned) comes first, then C as it is (no swap)."""
+    if ("row", "col") not in available:
+        raise ValueError(f"the {precision} library (class A row, B col) must be available")
+    c_reading = c.reading
+    c_options = [(layout, c_reading[layout], False) for layout in LAYOUTS if layout in c_reading]
+    if not c_options:  # C has no unit stride: computed row-major into a copy
+        c_options = [("row", max(1, c.cols), True)]
+    a_reading, b_reading = a.reading, b.reading
+    best = None
+    for c_layout, ldc, copy_c in c_options:
+        swap = c_layout == "col"
+        # The library's operands: (A, B), or with C column-major (B^T, A^T).
+        first, second = (transposed(b_reading), transposed(a_reading)) if swap else (a_reading, b_reading)
+        for rank, klass in enumerate(CLASSES):
+            if klass not in available:
+                continue
+            copies = (klass[0] not in first) + (klass[1] not in second) + copy_c
+            score = (copies, rank, swap)
+            if best is None or score < best[0]:
+                best = (score, klass, swap, first, second, ldc, copy_c)
+    _, klass, swap, first, second, ldc, copy_c = best
+    # The layout each original operand is read in (the library's layout, transposed back if swapped).
+    need_a, need_b = (flip(klass[1]), flip(klass[0])) if swap else klass
+    copy_a = None if need_a in a_reading else need_a
+    copy_b = None if need_b in b_reading else need_b
+    reasons = []
+    for operand, reading, copy in ((a, a_reading, copy_a), (b, b_reading, copy_b)):
+        if copy is None:
+            continue
+        if not reading:
+            reasons.append(f"{operand.describe()} has no unit stride; copying it")
+        else:
+            missing = [library_name(precision, k) for k in CLASSES if k not in available]
+            reasons.append(f"{operand.describe()} is {' or '.join(sorted(reading))}-major, which no built library "
+                           f"takes in this call (not built: {', '.join(missing)}); copying it {copy}-major")
+    if copy_c:
+        reasons.append(f"{c.describe()} has no unit stride; computing into a row-major copy and copying it back")
+    lda = second_ld = 0
+    if not swap:
+        lda = a_reading.get(klass[0], _tight(klass[0], a.rows, a.cols))
+        second_ld = b_reading.get(klass[1], _tight(klass[1], b.rows, b.cols))
+    else:
+        lda = first.get(klass[0], _tight(klass[0], b.cols, b.rows))
+        second_ld = second.get(klass[1], _tight(klass[1], a.cols, a.rows))
+    return Route(klass, swap, (lda, second_ld, ldc), copy_a, copy_b, copy_c, tuple(reasons))
+
+
+def _tight(layout: str, rows: int, cols: int) -> int:
+    """The leading dimension of a dense copy in `layout`."""
+    return max(1, cols if layout == "row" else rows)

@@ -1,0 +1,27 @@
+"""The PyTorch stage: gemmgen's libraries as a differentiable PyTorch operator.
+
+    import gemmgen.torch                               # registers torch.ops.gemmgen.matmul
+    y = gemmgen.torch.matmul(x, w.t())                 # FP32-accurate, differentiable
+    y = gemmgen.torch.matmul(x, w.t(), 0.5, "tf32")    # alpha, precision
+    y = torch.ops.gemmgen.matmul(x, w.t())             # the same operator
+
+matmul(a, b, alpha=1.0, precision="fp32") -> Tensor
+    alpha * a @ b for float32 CUDA matrices a (M x K) and b (K x N), as a new row-major M x N
+    tensor on a's device and PyTorch's current stream. `precision` is "fp32" (as accurate as FP32:
+    3xTF32 tensor-core kernels) or "tf32" (inputs rounded to TF32, about 1e-3 relative error).
+    a and b may be any views with a unit stride: a transposed weight (w.t()) or activation is read
+    in place, never copied (a view with no unit stride is copied, and a warning says so once).
+    Parameters and tensors that require grad are taken as they are.
+
+Autograd: grad_a = alpha * grad @ b.T and grad_b = alpha * a.T @ grad, each computed by this
+operator in the same precision on transposed views (only the gradients an input needs).
+torch.compile(fullgraph=True) traces it, forward and backward, without a graph break (a fake
+implementation gives shapes without running anything), and CUDA graphs capture and replay it.
+
+For out=, beta, a column-major output or a stream of your choosing, without autograd, use
+gemmgen.matmul(A, B, out, alpha=, beta=, precision=, stream=), which takes the same fast path.
+"""
+
+from .ops import matmul, matmul_op
+
+__all__ = ["matmul", "matmul_op"]

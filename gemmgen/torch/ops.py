@@ -1,0 +1,90 @@
+"""torch.ops.gemmgen.matmul: gemmgen's libraries as a differentiable PyTorch operator.
+
+Registered with torch.library.Library("gemmgen", "DEF") and a CUDA kernel, a fake (meta)
+implementation and autograd through torch.library.register_autograd, rather than
+torch.library.custom_op: the same operator, about 2 us less host time a call (custom_op wraps the
+kernel in more Python; benchmarks/torch_host.py measures both). Both trace under
+torch.compile(fullgraph=True), forward and backward, and are captured by CUDA graphs.
+
+The backward's GEMMs are this operator again, in the forward's precision, on transposed views:
+grad_a = alpha * grad @ b.T and grad_b = alpha * a.T @ grad; gemmgen.matmul reads a transposed
+view as the other layout, so neither is copied. Each gradient comes out in its input's layout
+(for b = weight.t(), grad_b is computed as (grad^T a)^T, so weight.grad is row-major like the
+weight, and AccumulateGrad keeps it without a copy).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..dispatch import PRECISIONS, torch_matmul
+
+_library = torch.library.Library("gemmgen", "DEF")
+_library.define("matmul(Tensor a, Tensor b, float alpha=1.0, str precision='fp32') -> Tensor")
+
+
+def _check(a: torch.Tensor, b: torch.Tensor, precision: str) -> None:
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"gemmgen.matmul takes matrices, not tensors of shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"a is {a.shape[0]} x {a.shape[1]} but b is {b.shape[0]} x {b.shape[1]}: inner sizes differ")
+    if a.dtype != torch.float32 or b.dtype != torch.float32:
+        raise ValueError(f"gemmgen.matmul takes float32 tensors, not {a.dtype} and {b.dtype}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
+
+
+def _matmul_cuda(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, precision: str = "fp32") -> torch.Tensor:
+    # gemmgen.matmul's fast path checks what the fake implementation checks, once per call key.
+    return torch_matmul(a, b, alpha, precision)
+
+
+def _matmul_fake(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, precision: str = "fp32") -> torch.Tensor:
+    _check(a, b, precision)
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _column_major(x: torch.Tensor) -> bool:
+    """Whether a matrix lies column-major (a transposed view of a row-major one): its gradient is
+    made so too, as PyTorch's gradient layout contract wants (else AccumulateGrad copies it)."""
+    return x.stride(0) == 1 and x.stride(1) != 1
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    a, b, alpha, precision = inputs
+    # grad_a needs b, grad_b needs a: keep only what the backward will read.
+    needs_a, needs_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    ctx.save_for_backward(a if needs_b else None, b if needs_a else None)
+    ctx.alpha, ctx.precision = alpha, precision
+    ctx.column_major = (_column_major(a), _column_major(b))
+
+
+def gradients(ctx, grad: torch.Tensor, multiply):
+    """(grad_a, grad_b, None, None): grad_a = alpha grad b^T and grad_b = alpha a^T grad by
+    `multiply` (alpha and precision applied), each only where needed, on transposed views, and
+    each in its input's layout: a column-major one as the transposed product (grad_a^T = b grad^T,
+    grad_b^T = grad^T a) seen through .t()."""
+    a, b = ctx.saved_tensors
+    a_column, b_column = ctx.column_major
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_a = multiply(b, grad.t()).t() if a_column else multiply(grad, b.t())
+    if ctx.needs_input_grad[1]:
+        grad_b = multiply(grad.t(), a).t() if b_column else multiply(a.t(), grad)
+    return grad_a, grad_b, None, None
+
+
+def _backward(ctx, grad: torch.Tensor):
+    return gradients(ctx, grad, lambda x, y: matmul_op(x, y, ctx.alpha, ctx.precision))
+
+
+_library.impl("matmul", _matmul_cuda, "CUDA")
+torch.library.register_fake("gemmgen::matmul", _matmul_fake, lib=_library)
+torch.library.register_autograd("gemmgen::matmul", _backward, setup_context=_setup_context, lib=_library)
+
+matmul_op = torch.ops.gemmgen.matmul.default  # the overload itself: no overload resolution per call
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, precision: str = "fp32") -> torch.Tensor:
+    """alpha * a @ b by gemmgen's library of `precision` ("fp32" or "tf32"), differentiable."""
+    return matmul_op(a, b, alpha, precision)

@@ -1,0 +1,233 @@
+"""gemmgen.matmul's routing on the CPU: which library, swapped or not, and what is copied.
+
+Layouts are decided by layouts.route (pure); the general path (CuPy, __cuda_array_interface__) is
+run end to end on host memory, with libraries that multiply on the host in their operand class.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from gemmgen.layouts import CLASSES, Operand, library_name, readings, route, transposed
+from host_libraries import HostArray, LibraryOnHost
+
+ALL = frozenset(CLASSES)
+BASE = frozenset({("row", "col")})
+
+
+def matrix(name, rows, cols, layout, pad=0):
+    """An Operand dense in `layout` (rows `pad` floats longer)."""
+    if layout == "row":
+        return Operand(name, rows, cols, (cols + pad, 1))
+    return Operand(name, rows, cols, (1, rows + pad))
+
+
+# --- readings ------------------------------------------------------------------------------------
+
+def test_readings_of_dense_padded_single_line_and_strided_matrices():
+    assert readings(6, 5, 5, 1) == {"row": 5}
+    assert readings(6, 5, 9, 1) == {"row": 9}
+    assert readings(6, 5, 1, 6) == {"col": 6}
+    assert readings(6, 5, 1, 8) == {"col": 8}
+    assert readings(1, 7, 7, 1) == {"row": 7, "col": 1}     # a single row reads either way
+    assert readings(7, 1, 1, 7) == {"row": 1, "col": 7}
+    assert readings(6, 5, 10, 2) == {}                        # every other column: no unit stride
+    assert readings(6, 5, 0, 1) == {}                         # a broadcast row: rows overlap
+    assert readings(6, 5, 1, 3) == {}                         # columns overlap
+    assert transposed({"row": 9}) == {"col": 9}
+
+
+# --- routes --------------------------------------------------------------------------------------
+
+# (A, B, C) layouts -> (the library's class, swapped): a column-major C is C^T = B^T A^T.
+ROUTES = {("row", "col", "row"): (("row", "col"), False), ("row", "row", "row"): (("row", "row"), False),
+          ("col", "col", "row"): (("col", "col"), False), ("col", "row", "row"): (("col", "row"), False),
+          ("row", "col", "col"): (("row", "col"), True), ("row", "row", "col"): (("col", "col"), True),
+          ("col", "col", "col"): (("row", "row"), True), ("col", "row", "col"): (("col", "row"), True)}
+
+
+@pytest.mark.parametrize("layouts", list(ROUTES), ids=["A%s-B%s-C%s" % k for k in ROUTES])
+def test_every_layout_of_a_b_and_c_has_a_library_without_a_copy(layouts):
+    la, lb, lc = layouts
+    a, b, c = matrix("A", 37, 53, la, pad=3), matrix("B", 53, 29, lb, pad=1), matrix("out", 37, 29, lc, pad=2)
+    way = route(a, b, c, ALL)
+    assert (way.klass, way.swap) == ROUTES[layouts]
+    assert not way.copies and way.reasons == ()
+    # leading dimensions of the library's A, B and C: the operands' own (swapped with C^T)
+    lds = {"A": a.reading[la], "B": b.reading[lb], "C": c.reading[lc]}
+    assert way.lds == ((lds["B"], lds["A"], lds["C"]) if way.swap else (lds["A"], lds["B"], lds["C"]))
+
+
+def test_without_a_layouts_library_one_operand_is_copied_and_the_reason_names_it():
+    a, b, c = matrix("A", 37, 53, "row"), matrix("B", 53, 29, "row"), matrix("out", 37, 29, "row")
+    way = route(a, b, c, BASE, "tf32")
+    assert (way.klass, way.swap, way.copy_a, way.copy_b, way.copy_c) == (("row", "col"), False, None, "col", False)
+    (reason,) = way.reasons
+    assert reason == ("B of shape (53, 29) with strides (29, 1) is row-major, which no built library takes in this "
+                      "call (not built: tf32_rr, tf32_cc, tf32_cr); copying it col-major")
+    # C column-major over the base class's operands: C^T = B^T A^T is the base class again, no copy
+    way = route(matrix("A", 37, 53, "row"), matrix("B", 53, 29, "col"), matrix("out", 37, 29, "col"), BASE)
+    assert (way.klass, way.swap, way.copies) == (("row", "col"), True, False)
+    # A^T B^T written into C^T: both operands would need copying through the base class unless
+    # C is read the other way, so with C column-major the route copies one, not two
+    way = route(matrix("A", 37, 53, "col"), matrix("B", 53, 29, "row"), matrix("out", 37, 29, "row"), BASE)
+    assert (way.copy_a, way.copy_b) == ("row", "col")
+
+
+def test_an_operand_with_no_unit_stride_is_copied_whatever_is_built():
+    a = Operand("A", 8, 6, (12, 2))                     # every other column of an 8 x 12 matrix
+    b, c = matrix("B", 6, 5, "col"), matrix("out", 8, 5, "row")
+    way = route(a, b, c, ALL)
+    assert (way.klass, way.copy_a, way.copy_b) == (("row", "col"), "row", None)
+    assert way.reasons == ("A of shape (8, 6) with strides (12, 2) has no unit stride; copying it",)
+
+
+def test_an_output_with_no_unit_stride_is_computed_into_a_copy():
+    a, b = matrix("A", 8, 6, "row"), matrix("B", 6, 5, "col")
+    way = route(a, b, Operand("out", 8, 5, (20, 2)), ALL)
+    assert way.copy_c and not way.swap and way.klass == ("row", "col") and way.lds[2] == 5
+    assert "out of shape (8, 5) with strides (20, 2) has no unit stride" in way.reasons[0]
+
+
+def test_vectors_take_the_base_library_as_they_are():
+    # x (1 x K) times W^T: x reads either way, so no class but the base is needed, with or without the others
+    x, w_t, y = Operand("A", 1, 64, (64, 1)), matrix("B", 64, 32, "col"), Operand("out", 1, 32, (32, 1))
+    for available in (ALL, BASE):
+        way = route(x, w_t, y, available)
+        assert (way.klass, way.swap, way.copies) == (("row", "col"), False, False)
+
+
+def test_library_names_say_the_operand_class():
+    assert [library_name("fp32", k) for k in CLASSES] == ["fp32", "fp32_rr", "fp32_cc", "fp32_cr"]
+    with pytest.raises(ValueError, match="must be available"):
+        route(matrix("A", 2, 2, "row"), matrix("B", 2, 2, "col"), matrix("out", 2, 2, "row"), frozenset())
+
+
+# --- the general path, on host memory --------------------------------------------------------------
+
+@pytest.fixture
+def host_libraries(monkeypatch):
+    """Libraries of every class on the host; `copies` counts the copies gemmgen.matmul makes."""
+    import gemmgen.dispatch as dispatch
+    libraries = {klass: LibraryOnHost(klass) for klass in CLASSES}
+    copies = []
+
+    def copy(array, layout):
+        copies.append(layout)
+        return HostArray(np.ascontiguousarray(array.values) if layout == "row" else np.asfortranarray(array.values))
+
+    monkeypatch.setattr(dispatch, "library", lambda precision, device, klass: libraries[klass])
+    monkeypatch.setattr(dispatch, "available_classes", lambda precision: ALL)
+    monkeypatch.setattr(dispatch, "_current_stream", lambda array: 0)
+    monkeypatch.setattr(dispatch, "_copy", copy)
+    monkeypatch.setattr(dispatch, "_warned", set())
+    return libraries, copies
+
+
+@pytest.mark.parametrize("order_a", "CF")
+@pytest.mark.parametrize("order_b", "CF")
+@pytest.mark.parametrize("order_c", "CF")
+def test_matmul_runs_every_layout_on_its_library_without_a_copy(order_a, order_b, order_c, host_libraries):
+    import gemmgen
+    libraries, copies = host_libraries
+    rng = np.random.default_rng(1)
+    A, B, C = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((37, 53), (53, 29), (37, 29)))
+    a, b = HostArray(np.array(A, order=order_a)), HostArray(np.array(B, order=order_b))
+    out = HostArray(np.array(C, order=order_c))
+    assert gemmgen.matmul(a, b, out, alpha=2.0, beta=0.5) is out
+    np.testing.assert_allclose(out.values, 2.0 * (A.astype(np.float64) @ B) + 0.5 * C, rtol=1e-5, atol=1e-5)
+    layouts = tuple("row" if o == "C" else "col" for o in (order_a, order_b, order_c))
+    klass, swap = ROUTES[layouts]
+    assert libraries[klass].calls == [(29, 37, 53) if swap else (37, 29, 53)] and copies == []
+
+
+def test_matmul_without_the_layouts_libraries_copies_once_and_says_so_once(host_libraries, monkeypatch):
+    import gemmgen
+    import gemmgen.dispatch as dispatch
+    libraries, copies = host_libraries
+    monkeypatch.setattr(dispatch, "available_classes", lambda precision: BASE)
+    rng = np.random.default_rng(2)
+    A, B = rng.uniform(-1, 1, (20, 30)).astype(np.float32), rng.uniform(-1, 1, (30, 10)).astype(np.float32)
+    a, b = HostArray(np.ascontiguousarray(A)), HostArray(np.ascontiguousarray(B))   # B row-major
+    out = HostArray(np.zeros((20, 10), np.float32))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gemmgen.matmul(a, b, out)
+        gemmgen.matmul(a, b, out)
+    np.testing.assert_allclose(out.values, A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
+    assert copies == ["col", "col"]  # B, once per call
+    (warning,) = caught
+    assert "gemmgen: B of shape (30, 10) with strides (10, 1) is row-major, which no built library" in str(warning.message)
+    assert libraries[("row", "col")].calls == [(20, 10, 30)] * 2
+
+
+def test_matmul_copies_an_output_with_no_unit_stride_and_writes_it_back(host_libraries):
+    import gemmgen
+    _, copies = host_libraries
+    rng = np.random.default_rng(3)
+    A, B = rng.uniform(-1, 1, (8, 6)).astype(np.float32), rng.uniform(-1, 1, (6, 5)).astype(np.float32)
+    wide = rng.uniform(-1, 1, (8, 10)).astype(np.float32)
+    before = wide.copy()
+    out = HostArray(wide[:, ::2])
+    with pytest.warns(RuntimeWarning, match=r"out of shape \(8, 5\) with strides \(10, 2\) has no unit stride"):
+        gemmgen.matmul(HostArray(A), HostArray(np.asfortranarray(B)), out, beta=1.0)
+    np.testing.assert_allclose(wide[:, ::2], A.astype(np.float64) @ B + before[:, ::2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(wide[:, 1::2], before[:, 1::2])  # the columns between untouched
+    assert copies == ["row"]
+
+
+def test_matmul_refuses_what_it_cannot_multiply_before_any_work(host_libraries):
+    import gemmgen
+    from gemmgen.runtime import ShapeError
+    a = HostArray(np.zeros((4, 5), np.float32))
+    with pytest.raises(ShapeError, match="inner sizes differ"):
+        gemmgen.matmul(a, HostArray(np.zeros((6, 7), np.float32)))
+    with pytest.raises(ShapeError, match="must hold float32"):
+        gemmgen.matmul(a, HostArray(np.zeros((5, 7), np.float64)))
+    with pytest.raises(ValueError, match="precision 'bf16'"):
+        gemmgen.matmul(a, HostArray(np.zeros((5, 7), np.float32)), precision="bf16")
+    with pytest.raises(ValueError, match="beta != 0 needs an `out`"):
+        gemmgen.matmul(a, HostArray(np.zeros((5, 7), np.float32)), beta=1.0)
+    with pytest.raises(ShapeError, match="A is not a device array: this ndarray lives in host"):
+        gemmgen.matmul(np.zeros((4, 5), np.float32), a)
+
+
+def test_a_layouts_manifest_must_hold_the_layout_its_name_says(tmp_path, monkeypatch):
+    import json
+
+    import gemmgen.dispatch as dispatch
+    monkeypatch.setattr(dispatch, "_libraries_dir", lambda: tmp_path)
+    (tmp_path / "fp32_rr.json").write_text(json.dumps({"library": "fp32_rr", "layout": {"A": "row", "B": "col", "C": "row"}}))
+    with pytest.raises(ValueError, match=r"fp32_rr.json: library fp32_rr has layout .* not .*'B': 'row'"):
+        dispatch.shipped_manifest("fp32", ("row", "row"))
+    with pytest.raises(FileNotFoundError, match=r"fp32_cc library .* is missing.*gemmgen tune "
+                                                r"specs/fp32_layouts.gemm --kernel fp32_cc"):
+        dispatch.shipped_manifest("fp32", ("col", "col"))
+    dispatch.available_classes.cache_clear()
+    try:
+        assert dispatch.available_classes("fp32") == frozenset({("row", "col"), ("row", "row")})
+    finally:
+        dispatch.available_classes.cache_clear()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_the_layout_libraries_are_the_ones_the_dispatcher_looks_up(precision):
+    """specs/<precision>_layouts.gemm holds a library per class the base one does not take, named
+    as gemmgen.matmul looks it up, in that class's layout, with a member for every GPU, tuned at
+    the issue's must-hold shapes and a model's."""
+    from conftest import SPECS_DIR
+    from gemmgen.library import load_libraries
+    libraries = {lib.name: lib for lib in load_libraries(SPECS_DIR / f"{precision}_layouts.gemm")}
+    expected = {library_name(precision, klass): klass for klass in CLASSES if klass != ("row", "col")}
+    assert set(libraries) == set(expected)
+    for name, klass in expected.items():
+        library = libraries[name]
+        assert library.layouts == {"A": klass[0], "B": klass[1], "C": "row"} and library.precision == precision
+        assert any(not plan.arch.has_wgmma for plan in library.candidates())        # runs on every GPU
+        assert all(plan.path in ("wgmma_async", "mma_sync") for plan in library.candidates())
+        assert 2 <= len(library.candidates()) <= 20                                  # a small tuning
+        shapes = {(s.M, s.N, s.K) for s in library.shapes}
+        assert {(4096, 4096, 4096), (2048, 8192, 2048), (64, 64, 64), (16, 4096, 4096)} <= shapes
