@@ -1,5 +1,5 @@
-"""What README's own commands write into a checkout is ignored by git (or is a committed file they
-rewrite the same): `git status` stays clean after following the README."""
+"""What the commands of README and docs/ write into a checkout is ignored by git (or is a committed
+file they rewrite the same): `git status` stays clean after following them."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ pytestmark = pytest.mark.skipif(
 
 
 def readme_commands() -> list[list[str]]:
-    """The gemmgen commands in README.md's code blocks, as argument lists."""
-    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
+    """The gemmgen commands in the code blocks of README.md and docs/*.md, as argument lists."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # README and its docs/ pages
+    blocks = [block for page in pages
+              for block in re.findall(r"^```[^\n]*\n(.*?)^```", page.read_text(), re.S | re.M)]
     text = "\n".join(blocks).replace("\\\n", " ")
     commands = []
     for line in text.splitlines():
