@@ -182,17 +182,20 @@ def test_a_kernel_without_staged_is_unchanged():
     assert "map_c" not in source and "tma_store" not in source and "sC" not in source
 
 
-def test_the_fast_path_needs_c_and_ldc_aligned_but_no_size():
+def test_the_fast_path_needs_c_ldc_and_cs_width_aligned():
+    """TMA clips a stored box at C's contiguous edge only to 16 bytes (N = 13, ldc = 16 wrote
+    columns 13-15 on an H100): C's width must be a multiple of 4 too; its height may be anything."""
     plan = make_plan(spec_of())
-    assert plan.vector_requirements() == [("C", None, "ldc", 4)]
+    assert plan.vector_requirements() == [("C", "N", "ldc", 4)]
     pointers = {"A": 0, "B": 0, "C": 4096}
-    assert plan.aligned(1001, 1003, 999, 1000, 1000, 1004, pointers)          # odd M, N: TMA clips
-    assert not plan.aligned(1001, 1003, 999, 1000, 1000, 1003, pointers)      # ldc
-    assert not plan.aligned(1001, 1003, 999, 1000, 1000, 1004, {**pointers, "C": 4100})
+    assert plan.aligned(1001, 1004, 999, 1000, 1000, 1004, pointers)          # odd M: TMA clips rows
+    assert not plan.aligned(1001, 1003, 999, 1000, 1000, 1004, pointers)      # N
+    assert not plan.aligned(1001, 1004, 999, 1000, 1000, 1003, pointers)      # ldc
+    assert not plan.aligned(1001, 1004, 999, 1000, 1000, 1004, {**pointers, "C": 4100})
     source = generate(plan)
-    assert "(ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0)" in source
+    assert "(N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0)" in source
     rows = dict(derived_numbers(plan))
-    assert rows["TMA store path needs"] == "ldc a multiple of 4, C 16-byte aligned"
+    assert rows["TMA store path needs"] == "N and ldc multiples of 4, C 16-byte aligned"
     assert "boxes of 16 x 32 floats (2 in turn, 128-byte swizzle)" in rows["epilogue"]
 
 
