@@ -9,6 +9,13 @@ the other two. Each file is written whole (a temporary file renamed into place),
 so that processes compiling the same kernel at once (the tuner's pool) never read a torn file;
 an entry that is incomplete, unreadable or differs from its hashes is a miss, compiled again
 and replaced. A cache that cannot be written only costs compiling again.
+
+Reproducible builds: NVRTC names internal-linkage entities (the namespace-scope constexpr tiling
+constants, emitted as globals) `_INTERNAL_<...>_<file>_<id>`, and where a file has no
+external-linkage definition to derive <id> from (every gemmgen kernel is a template), <id> is the
+time and the process id. `-frandom-seed` replaces those with a seed; gemmgen's is a digest of the
+source, so one source gives one set of names, and the same cubin wherever NVRTC's optimizer is
+itself deterministic (see `options_for`, which also says why -lineinfo is off by default).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from pathlib import Path
 from .outputs import write_atomic
 from .plan import Plan
 
-CACHE_FORMAT = 2  # 2: meta.json holds the sha256 of kernel.cubin and kernel.ptx
+CACHE_FORMAT = 3  # 2: meta.json holds the sha256 of kernel.cubin and kernel.ptx; 3: NVRTC seeded
 
 
 class CompileError(RuntimeError):
@@ -157,8 +164,27 @@ def parse_ptxas_report(log: str) -> dict[str, Resources]:
 
 
 def options_for(target: str) -> list[str]:
-    return [f"--gpu-architecture={target}", "-std=c++17", "--ptxas-options=-v", "--diag-suppress=177",
-            "-fmad=true", "-lineinfo"]
+    """NVRTC's options for `target`, less the seed (`seed_option`), which depends on the source.
+
+    No -lineinfo unless GEMMGEN_LINEINFO=1 (for a profiler's source view): it leaves the SASS as it
+    is but embeds the PTX in the cubin (3x its size), and NVRTC 13.5's optimizer does not always
+    give the same PTX for the same source. For some SIMT kernels (double_buffer, hopper_simt,
+    hopper_small, pingpong_async, register_fragments, split_k, vectorized, warptile) the register
+    numbering and the placement of a few copies vary from compile to compile; ptxas nearly always
+    makes the same SASS of them (65 of 68 compiles), so without the embedded PTX their cubins
+    nearly always agree, and those of every other shipped kernel always did. The cache serves
+    one result per key, so builds on one machine agree."""
+    options = [f"--gpu-architecture={target}", "-std=c++17", "--ptxas-options=-v", "--diag-suppress=177",
+               "-fmad=true"]
+    return options + (["-lineinfo"] if os.environ.get("GEMMGEN_LINEINFO", "") == "1" else [])
+
+
+def seed_option(source: str) -> str:
+    """-frandom-seed from the source: internal-linkage names the same on every compile of it."""
+    return f"-frandom-seed=gemmgen-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
+
+
+_seed_supported = True  # False once an NVRTC has refused -frandom-seed (older than the option)
 
 
 def cache_dir() -> Path:
@@ -252,16 +278,33 @@ def compile_source(source: str, target: str, name_expressions: list[str], *,
 
 def _compile_once(source: str, target: str, name_expressions: list[str], filename: str) -> Compiled:
     """One NVRTC compile: the cubin, PTX, lowered names and ptxas's report."""
+    global _seed_supported
+    options = options_for(target) + ([seed_option(source)] if _seed_supported else [])
+    try:
+        return _nvrtc_compile(source, target, name_expressions, filename, options)
+    except _SeedRefused:
+        _seed_supported = False
+        return _nvrtc_compile(source, target, name_expressions, filename, options[:-1])
+
+
+class _SeedRefused(Exception):
+    """This NVRTC does not know -frandom-seed: compiled without (names carry a per-compile id)."""
+
+
+def _nvrtc_compile(source: str, target: str, name_expressions: list[str], filename: str,
+                   options: list[str]) -> Compiled:
     nvrtc = _nvrtc()
     (program,) = _check(nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []),
                         "program creation")
     try:
         for name in name_expressions:
             _check(nvrtc.nvrtcAddNameExpression(program, name.encode()), "name expression", program)
-        options = [o.encode() for o in options_for(target)]
-        status = nvrtc.nvrtcCompileProgram(program, len(options), options)[0]
+        encoded = [o.encode() for o in options]
+        status = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)[0]
         log = _program_log(program)
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            if status == nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_OPTION and "frandom-seed" in log:
+                raise _SeedRefused()
             raise CompileError(f"NVRTC could not compile {filename} for {target}:\n{log}")
         (size,) = _check(nvrtc.nvrtcGetCUBINSize(program), "cubin size", program)
         cubin = b" " * size
