@@ -1,14 +1,9 @@
 """Compile generated CUDA C with NVRTC to a cubin for the exact target, and read ptxas's report.
 
-Results are cached on disk under a key made of everything that changes them: the source, the
-options, the target and the NVRTC version. A cubin (SASS), never PTX, is what runs: the NVRTC
-installed from PyPI may be newer than a machine's driver, which could not JIT its PTX.
-
-A cache entry is a folder: kernel.cubin, kernel.ptx and meta.json, which records the sha256 of
-the other two. Each file is written whole (a temporary file renamed into place), meta.json last,
-so that processes compiling the same kernel at once (the tuner's pool) never read a torn file;
-an entry that is incomplete, unreadable or differs from its hashes is a miss, compiled again
-and replaced. A cache that cannot be written only costs compiling again.
+Results are cached on disk (compile_cache.py) under a key made of everything that changes them:
+the source, the options, the target and the NVRTC version; the cubin, its PTX and ptxas's report
+(registers, spills) are all under the entry's checksum. A cubin (SASS), never PTX, is what runs:
+the NVRTC installed from PyPI may be newer than a machine's driver, which could not JIT its PTX.
 
 Reproducible builds: NVRTC names internal-linkage entities (the namespace-scope constexpr tiling
 constants, emitted as globals) `_INTERNAL_<...>_<file>_<id>`, and where a file has no
@@ -21,19 +16,18 @@ itself deterministic (see `options_for`, which also says why -lineinfo is off by
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .outputs import write_atomic
+from . import compile_cache
 from .plan import Plan
 
-CACHE_FORMAT = 3  # 2: meta.json holds the sha256 of kernel.cubin and kernel.ptx; 3: NVRTC seeded
+CACHE_FORMAT = 3  # 3: one file per entry, ptxas's report under its checksum; NVRTC seeded
 
 
 class CompileError(RuntimeError):
@@ -187,13 +181,6 @@ def seed_option(source: str) -> str:
 _seed_supported = True  # False once an NVRTC has refused -frandom-seed (older than the option)
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("GEMMGEN_CACHE")
-    if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gemmgen"
-
-
 def cache_key(source: str, target: str, name_expressions: list[str]) -> str:
     digest = hashlib.sha256()
     for part in (str(CACHE_FORMAT), nvrtc_version(), target, " ".join(options_for(target)),
@@ -203,41 +190,32 @@ def cache_key(source: str, target: str, name_expressions: list[str]) -> str:
     return digest.hexdigest()[:32]
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _from_cache(key: str) -> Compiled | None:
-    """The entry of `key`, or None (a miss) when it is missing, unreadable, not what gemmgen
-    writes, or its cubin or ptx differs from the hash that its meta.json recorded."""
-    folder = cache_dir() / key
+    """The entry of `key`, or None (a miss) when it is missing, damaged, or not what gemmgen writes."""
+    entry = compile_cache.load(key)
+    if entry is None:
+        return None
+    meta, blobs = entry
     try:
-        meta = json.loads((folder / "meta.json").read_bytes())
-        cubin = (folder / "kernel.cubin").read_bytes()
-        ptx = (folder / "kernel.ptx").read_bytes()
-        if meta["sha256"] != {"cubin": _sha256(cubin), "ptx": _sha256(ptx)}:
-            return None  # cut short, overwritten, or from another writer: compile again
-        resources = {name: Resources(**fields) for name, fields in meta["resources"].items()}
-        lowered = {str(k): str(v) for k, v in meta["lowered_names"].items()}
-        return Compiled(str(meta["target"]), cubin, ptx.decode(), lowered, resources, str(meta["log"]),
-                        str(meta["nvrtc_version"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # no entry, or garbage where one was
+        resources = {}
+        for symbol, report in meta["resources"].items():
+            if set(report) != {f.name for f in fields(Resources)} or not all(
+                    type(value) is int for value in report.values()):
+                return None
+            resources[str(symbol)] = Resources(**report)
+        if not all(isinstance(v, str) for v in (*meta["lowered_names"], *meta["lowered_names"].values())):
+            return None
+        return Compiled(str(meta["target"]), blobs["cubin"], blobs["ptx"].decode(), dict(meta["lowered_names"]),
+                        resources, str(meta["log"]), str(meta["nvrtc_version"]))
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return None  # an entry of another layout (its checksum held): compiled again and replaced
 
 
 def _to_cache(key: str, compiled: Compiled) -> None:
-    folder = cache_dir() / key
-    ptx = compiled.ptx.encode()
     meta = {"target": compiled.target, "lowered_names": compiled.lowered_names,
             "resources": {k: asdict(v) for k, v in compiled.resources.items()},
-            "log": compiled.log, "nvrtc_version": compiled.nvrtc_version,
-            "sha256": {"cubin": _sha256(compiled.cubin), "ptx": _sha256(ptx)}}
-    try:
-        write_atomic(folder / "kernel.cubin", compiled.cubin)
-        write_atomic(folder / "kernel.ptx", ptx)
-        write_atomic(folder / "meta.json", json.dumps(meta))  # last: it vouches for the other two
-    except OSError:
-        pass  # a read-only or full cache only costs a recompile
+            "log": compiled.log, "nvrtc_version": compiled.nvrtc_version}
+    compile_cache.store(key, meta, {"cubin": compiled.cubin, "ptx": compiled.ptx.encode()})
 
 
 # ptxas's register allocation at the 255-register cap is not the same from one compile to the next
