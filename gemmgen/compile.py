@@ -1,32 +1,33 @@
 """Compile generated CUDA C with NVRTC to a cubin for the exact target, and read ptxas's report.
 
-Results are cached on disk under a key made of everything that changes them: the source, the
-options, the target and the NVRTC version. A cubin (SASS), never PTX, is what runs: the NVRTC
-installed from PyPI may be newer than a machine's driver, which could not JIT its PTX.
+Results are cached on disk (compile_cache.py) under a key made of everything that changes them:
+the source, the options, the target and the NVRTC version; the cubin, its PTX and ptxas's report
+(registers, spills) are all under the entry's checksum. A cubin (SASS), never PTX, is what runs:
+the NVRTC installed from PyPI may be newer than a machine's driver, which could not JIT its PTX.
 
-A cache entry is a folder: kernel.cubin, kernel.ptx and meta.json, which records the sha256 of
-the other two. Each file is written whole (a temporary file renamed into place), meta.json last,
-so that processes compiling the same kernel at once (the tuner's pool) never read a torn file;
-an entry that is incomplete, unreadable or differs from its hashes is a miss, compiled again
-and replaced. A cache that cannot be written only costs compiling again.
+Reproducible builds: NVRTC names internal-linkage entities (the namespace-scope constexpr tiling
+constants, emitted as globals) `_INTERNAL_<...>_<file>_<id>`, and where a file has no
+external-linkage definition to derive <id> from (every gemmgen kernel is a template), <id> is the
+time and the process id. `-frandom-seed` replaces those with a seed; gemmgen's is a digest of the
+source, so one source gives one set of names, and the same cubin wherever NVRTC's optimizer is
+itself deterministic (see `options_for`, which also says why -lineinfo is off by default).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .outputs import write_atomic
+from . import compile_cache
 from .plan import Plan
 
-CACHE_FORMAT = 2  # 2: meta.json holds the sha256 of kernel.cubin and kernel.ptx
+CACHE_FORMAT = 3  # 3: one file per entry, ptxas's report under its checksum; NVRTC seeded
 
 
 class CompileError(RuntimeError):
@@ -157,15 +158,28 @@ def parse_ptxas_report(log: str) -> dict[str, Resources]:
 
 
 def options_for(target: str) -> list[str]:
-    return [f"--gpu-architecture={target}", "-std=c++17", "--ptxas-options=-v", "--diag-suppress=177",
-            "-fmad=true", "-lineinfo"]
+    """NVRTC's options for `target`, less the seed (`seed_option`), which depends on the source.
+
+    No -lineinfo unless GEMMGEN_LINEINFO=1 (for a profiler's source view): it leaves the SASS as it
+    is but embeds the PTX in the cubin (3x its size), and NVRTC 13.5's optimizer does not always
+    give the same PTX for the same source. For some SIMT kernels (double_buffer, hopper_simt,
+    hopper_small, pingpong_async, register_fragments, split_k, vectorized, warptile) the register
+    numbering and the placement of a few copies vary from compile to compile. ptxas nearly always
+    makes the same SASS of them, so without the embedded PTX their cubins nearly always agree: of
+    158 compiles of the shipped kernels without -lineinfo, 4 gave another cubin (double_buffer,
+    split_k, vectorized, warptile, once each; warptile's SASS differed in register assignment). gemmgen
+    cannot seed that away. The cache serves one result per key, so builds on one machine agree."""
+    options = [f"--gpu-architecture={target}", "-std=c++17", "--ptxas-options=-v", "--diag-suppress=177",
+               "-fmad=true"]
+    return options + (["-lineinfo"] if os.environ.get("GEMMGEN_LINEINFO", "") == "1" else [])
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("GEMMGEN_CACHE")
-    if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gemmgen"
+def seed_option(source: str) -> str:
+    """-frandom-seed from the source: internal-linkage names the same on every compile of it."""
+    return f"-frandom-seed=gemmgen-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
+
+
+_seed_supported = True  # False once an NVRTC has refused -frandom-seed (older than the option)
 
 
 def cache_key(source: str, target: str, name_expressions: list[str]) -> str:
@@ -177,41 +191,32 @@ def cache_key(source: str, target: str, name_expressions: list[str]) -> str:
     return digest.hexdigest()[:32]
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _from_cache(key: str) -> Compiled | None:
-    """The entry of `key`, or None (a miss) when it is missing, unreadable, not what gemmgen
-    writes, or its cubin or ptx differs from the hash that its meta.json recorded."""
-    folder = cache_dir() / key
+    """The entry of `key`, or None (a miss) when it is missing, damaged, or not what gemmgen writes."""
+    entry = compile_cache.load(key)
+    if entry is None:
+        return None
+    meta, blobs = entry
     try:
-        meta = json.loads((folder / "meta.json").read_bytes())
-        cubin = (folder / "kernel.cubin").read_bytes()
-        ptx = (folder / "kernel.ptx").read_bytes()
-        if meta["sha256"] != {"cubin": _sha256(cubin), "ptx": _sha256(ptx)}:
-            return None  # cut short, overwritten, or from another writer: compile again
-        resources = {name: Resources(**fields) for name, fields in meta["resources"].items()}
-        lowered = {str(k): str(v) for k, v in meta["lowered_names"].items()}
-        return Compiled(str(meta["target"]), cubin, ptx.decode(), lowered, resources, str(meta["log"]),
-                        str(meta["nvrtc_version"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # no entry, or garbage where one was
+        resources = {}
+        for symbol, report in meta["resources"].items():
+            if set(report) != {f.name for f in fields(Resources)} or not all(
+                    type(value) is int for value in report.values()):
+                return None
+            resources[str(symbol)] = Resources(**report)
+        if not all(isinstance(v, str) for v in (*meta["lowered_names"], *meta["lowered_names"].values())):
+            return None
+        return Compiled(str(meta["target"]), blobs["cubin"], blobs["ptx"].decode(), dict(meta["lowered_names"]),
+                        resources, str(meta["log"]), str(meta["nvrtc_version"]))
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return None  # an entry of another layout (its checksum held): compiled again and replaced
 
 
 def _to_cache(key: str, compiled: Compiled) -> None:
-    folder = cache_dir() / key
-    ptx = compiled.ptx.encode()
     meta = {"target": compiled.target, "lowered_names": compiled.lowered_names,
             "resources": {k: asdict(v) for k, v in compiled.resources.items()},
-            "log": compiled.log, "nvrtc_version": compiled.nvrtc_version,
-            "sha256": {"cubin": _sha256(compiled.cubin), "ptx": _sha256(ptx)}}
-    try:
-        write_atomic(folder / "kernel.cubin", compiled.cubin)
-        write_atomic(folder / "kernel.ptx", ptx)
-        write_atomic(folder / "meta.json", json.dumps(meta))  # last: it vouches for the other two
-    except OSError:
-        pass  # a read-only or full cache only costs a recompile
+            "log": compiled.log, "nvrtc_version": compiled.nvrtc_version}
+    compile_cache.store(key, meta, {"cubin": compiled.cubin, "ptx": compiled.ptx.encode()})
 
 
 # ptxas's register allocation at the 255-register cap is not the same from one compile to the next
@@ -252,16 +257,33 @@ def compile_source(source: str, target: str, name_expressions: list[str], *,
 
 def _compile_once(source: str, target: str, name_expressions: list[str], filename: str) -> Compiled:
     """One NVRTC compile: the cubin, PTX, lowered names and ptxas's report."""
+    global _seed_supported
+    options = options_for(target) + ([seed_option(source)] if _seed_supported else [])
+    try:
+        return _nvrtc_compile(source, target, name_expressions, filename, options)
+    except _SeedRefused:
+        _seed_supported = False
+        return _nvrtc_compile(source, target, name_expressions, filename, options[:-1])
+
+
+class _SeedRefused(Exception):
+    """This NVRTC does not know -frandom-seed: compiled without (names carry a per-compile id)."""
+
+
+def _nvrtc_compile(source: str, target: str, name_expressions: list[str], filename: str,
+                   options: list[str]) -> Compiled:
     nvrtc = _nvrtc()
     (program,) = _check(nvrtc.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], []),
                         "program creation")
     try:
         for name in name_expressions:
             _check(nvrtc.nvrtcAddNameExpression(program, name.encode()), "name expression", program)
-        options = [o.encode() for o in options_for(target)]
-        status = nvrtc.nvrtcCompileProgram(program, len(options), options)[0]
+        encoded = [o.encode() for o in options]
+        status = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)[0]
         log = _program_log(program)
         if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            if status == nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_OPTION and "frandom-seed" in log:
+                raise _SeedRefused()
             raise CompileError(f"NVRTC could not compile {filename} for {target}:\n{log}")
         (size,) = _check(nvrtc.nvrtcGetCUBINSize(program), "cubin size", program)
         cubin = b" " * size

@@ -31,7 +31,7 @@ from typing import Any
 from .launch import PreparedLaunch
 from .layouts import CLASSES, Operand, Route, library_name, route
 from .outputs import complete_pending
-from .runtime import Kernel, ShapeError, as_matrix, device_info, stream_handle
+from .runtime import Kernel, ShapeError, as_matrix, device_array, device_info, require_cupy, stream_handle
 from .selection import alignment_class, choose
 
 PRECISIONS = ("fp32", "tf32")
@@ -333,17 +333,15 @@ def _copy(array: Any, layout: str):
     """The same matrix, dense in `layout` (a copy on the GPU)."""
     if _framework(array) == "torch":
         return _torch_copy(array, layout)
-    import cupy
+    cupy = require_cupy("copying an operand into the layout a library takes")
     return cupy.ascontiguousarray(array) if layout == "row" else cupy.asfortranarray(array)
 
 
 def _as_array(array: Any, name: str):
     """The array itself, or (a device array that only speaks DLPack) CuPy's view of it."""
-    if _framework(array) in ("torch", "cupy") or hasattr(array, "__cuda_array_interface__"):
+    if _framework(array) in ("torch", "cupy"):
         return array
-    _readable(array, name)  # raises why it is no device array (host memory; DLPack without CuPy)
-    import cupy
-    return cupy.from_dlpack(array)
+    return device_array(array, name)  # says why it is no device array (host memory; DLPack without CuPy)
 
 
 def _readable(array: Any, name: str) -> None:
@@ -393,7 +391,7 @@ def _array_matmul(A, B, out, alpha, beta, precision, stream):
             import torch
             out = torch.empty((M, N), dtype=torch.float32, device=A.device)
         else:
-            import cupy
+            cupy = require_cupy("gemmgen.matmul making `out` for a non-PyTorch array")
             with cupy.cuda.Device(_device_of(A)):
                 out = cupy.empty((M, N), dtype=cupy.float32)
     else:

@@ -4,6 +4,11 @@ Works in the device's primary context, the one CuPy and PyTorch use, so their ar
 passed straight in. Arrays are taken through `__cuda_array_interface__` (or DLPack, converted by
 CuPy); their strides become leading dimensions. Every CUDA error becomes a CudaError that names
 the kernel and the launch.
+
+What is missing says so, with what to do, before any other package's error can: no driver or no
+GPU is a NoGpuError, a host array (NumPy, a CPU tensor) a ShapeError, CuPy where it is needed but
+not installed a MissingPackageError. `device_array` and `require_cupy` are those checks for
+callers that take arrays from users (gemmgen.matmul).
 """
 
 from __future__ import annotations
@@ -19,16 +24,60 @@ from .launch import CudaError, PreparedLaunch, PreparedStep, decide
 from .plan import Plan
 
 
+class NoGpuError(CudaError):
+    """No NVIDIA driver, or a driver that sees no GPU (or not the one asked for): nothing can run."""
+
+
 class ShapeError(ValueError):
     """Arrays that a kernel cannot multiply (wrong dtype, rank, layout, sizes or device)."""
 
 
+class MissingPackageError(ImportError):
+    """An optional package that a call needs (CuPy) is not installed; the message says how to get it."""
+
+
+NO_DRIVER = ("no NVIDIA driver found (the CUDA driver library, libcuda.so.1, could not be loaded): "
+             "running a kernel needs an NVIDIA GPU and its driver; gemmgen build and explain work "
+             "without one")
+
+_driver_module = None
+
+
 def _driver():
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        from cuda import cuda as driver  # type: ignore[no-redef]
-    return driver
+    """cuda-python's driver bindings, once the driver library has loaded (NoGpuError where it can't)."""
+    global _driver_module
+    if _driver_module is None:
+        try:
+            from cuda.bindings import driver
+        except ImportError:
+            try:
+                from cuda import cuda as driver  # type: ignore[no-redef]  # cuda-python before 12.6
+            except ImportError:
+                raise NoGpuError("cuda-python's driver bindings are missing: pip install 'cuda-python>=12.8' "
+                                 "(gemmgen's own dependency)") from None
+        try:
+            driver.cuDriverGetVersion()  # the bindings load libcuda at their first call
+        except Exception:  # noqa: BLE001 - cuda.pathfinder's DynamicLibNotFoundError, or dlopen's OSError
+            raise NoGpuError(NO_DRIVER) from None
+        _driver_module = driver
+    return _driver_module
+
+
+_NO_DEVICE, _INSUFFICIENT_DRIVER, _INVALID_DEVICE = 100, 35, 101  # CUresult values
+
+
+def _init(driver) -> None:
+    """cuInit, with what to do where the driver sees no GPU or is too old."""
+    result = driver.cuInit(0)
+    status = int(result[0] if isinstance(result, tuple) else result)
+    if status == _NO_DEVICE:
+        raise NoGpuError("no CUDA GPU found: the NVIDIA driver sees none (CUDA_ERROR_NO_DEVICE); check "
+                         "nvidia-smi, and CUDA_VISIBLE_DEVICES where it is set", status)
+    if status == _INSUFFICIENT_DRIVER:
+        raise NoGpuError("the NVIDIA driver is too old for this cuda-python (CUDA_ERROR_INSUFFICIENT_DRIVER): "
+                         "update the driver, or with a CUDA 12 driver install cuda-python 12 and "
+                         "cupy-cuda12x", status)
+    _check(result, "cuInit")
 
 
 def _check(result, what: str):
@@ -64,8 +113,13 @@ def use_device(ordinal: int = 0):
     """Make the device's primary context current (creating it once) and return it."""
     driver = _driver()
     if ordinal not in _contexts:
-        _check(driver.cuInit(0), "cuInit")
-        device = _check(driver.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
+        _init(driver)
+        result = driver.cuDeviceGet(ordinal)
+        if int(result[0]) == _INVALID_DEVICE:
+            status, count = driver.cuDeviceGetCount()
+            raise NoGpuError(f"there is no GPU {ordinal}: the driver sees {count if not int(status) else 'no'} "
+                             f"GPU(s), numbered from 0", _INVALID_DEVICE)
+        device = _check(result, f"cuDeviceGet({ordinal})")
         _contexts[ordinal] = _check(driver.cuDevicePrimaryCtxRetain(device),
                                     f"retaining the primary context of device {ordinal}")
     _check(driver.cuCtxSetCurrent(_contexts[ordinal]), "cuCtxSetCurrent")
@@ -79,7 +133,7 @@ def on_device(ordinal: int):
     device) leaves GPU 0 current, so the caller's next allocation lands where it meant."""
     driver = _driver()
     if not _contexts:
-        _check(driver.cuInit(0), "cuInit")
+        _init(driver)
     previous = _check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
     context = use_device(ordinal)
     try:
@@ -163,24 +217,60 @@ def _dlpack_device_type(array: Any) -> int | None:
         return None
 
 
+def _kind(array: Any) -> str:
+    """'a NumPy array', 'a PyTorch tensor', or 'a <type>': what the user passed, in their words."""
+    package = type(array).__module__.split(".")[0]
+    return {"numpy": "a NumPy array", "torch": "a PyTorch tensor", "cupy": "a CuPy array",
+            "jax": "a JAX array", "jaxlib": "a JAX array"}.get(package, f"a {type(array).__name__}")
+
+
+def require_cupy(purpose: str):
+    """The cupy module, or a MissingPackageError saying that `purpose` needs it and how to get it."""
+    try:
+        import cupy
+    except ModuleNotFoundError as exc:
+        if exc.name != "cupy" and not str(exc).startswith("import of cupy halted"):
+            raise MissingPackageError(f"{purpose} needs CuPy, which is installed but cannot load ({exc}): "
+                                      "reinstall it for your CUDA (cupy-cuda13x, or cupy-cuda12x)") from None
+        raise MissingPackageError(f"{purpose} needs CuPy, which is not installed: pip install 'gemmgen[gpu]' "
+                                  "(cupy-cuda13x; cupy-cuda12x for a CUDA 12 driver), or pass PyTorch CUDA "
+                                  "tensors") from None
+    except ImportError as exc:
+        raise MissingPackageError(f"{purpose} needs CuPy, which is installed but cannot load ({exc}): "
+                                  "reinstall it for your CUDA (cupy-cuda13x, or cupy-cuda12x)") from None
+    return cupy
+
+
+def device_array(array: Any, what: str) -> Any:
+    """`array` where a kernel can read it: itself when it has `__cuda_array_interface__` (CuPy,
+    PyTorch CUDA tensors, Numba), else CuPy's view of a DLPack array on the GPU. A host array
+    (NumPy, a CPU tensor) is a ShapeError before CuPy is even imported; a GPU array that only
+    DLPack describes needs CuPy (MissingPackageError without it)."""
+    if getattr(array, "__cuda_array_interface__", None) is not None:
+        return array
+    device = _dlpack_device_type(array)
+    if device is not None and device not in _DLPACK_CUDA:
+        where = _DLPACK_NAMES.get(device, f"DLPack device type {device}")
+        kind = _kind(array)
+        how = {"a NumPy array": f"cupy.asarray({what}), or torch.from_numpy({what}).cuda()",
+               "a PyTorch tensor": f"{what}.cuda()"}.get(kind, f"e.g. cupy.asarray({what})")
+        raise ShapeError(f"{what} is not a device array: it is {kind} in {where} memory; copy it to the GPU "
+                         f"first ({how})")
+    if not hasattr(array, "__dlpack__"):
+        raise ShapeError(f"{what} is not a device array (no __cuda_array_interface__ or DLPack); "
+                         f"got {type(array).__name__}")
+    cupy = require_cupy(f"reading {what} ({_kind(array)}, by DLPack)")
+    try:
+        return cupy.from_dlpack(array)
+    except Exception as exc:  # noqa: BLE001 - any failure means: not a device array we can read
+        raise ShapeError(f"{what}: CuPy could not read {_kind(array)} by DLPack ({exc})") from None
+
+
 def as_matrix(array: Any, what: str, layout: str) -> Matrix:
     """A 2-D float32 device array (`__cuda_array_interface__` or DLPack) read in `layout`."""
     interface = getattr(array, "__cuda_array_interface__", None)
-    if interface is None and hasattr(array, "__dlpack__"):
-        device = _dlpack_device_type(array)
-        if device is not None and device not in _DLPACK_CUDA:
-            where = _DLPACK_NAMES.get(device, f"DLPack device type {device}")
-            raise ShapeError(f"{what} is not a device array: this {type(array).__name__} lives in "
-                             f"{where} memory; copy it to the GPU first (e.g. cupy.asarray)")
-        try:
-            import cupy
-            array = cupy.from_dlpack(array)
-            interface = array.__cuda_array_interface__
-        except Exception as exc:  # noqa: BLE001 - any failure means: not a device array we read
-            raise ShapeError(f"{what}: cannot read a DLPack array without CuPy ({exc})") from None
     if interface is None:
-        raise ShapeError(f"{what} is not a device array (no __cuda_array_interface__ or DLPack); "
-                         f"got {type(array).__name__}")
+        interface = device_array(array, what).__cuda_array_interface__
     if interface["typestr"] not in ("<f4", "=f4", "|f4"):
         raise ShapeError(f"{what} must hold float32, not {interface['typestr']}")
     shape = tuple(interface["shape"])

@@ -1,16 +1,18 @@
-"""The compile cache never serves a damaged entry: a cubin cut short, garbage, a missing file or
-a hash that does not match is a miss, compiled again and replaced; a cache that cannot be written
-only costs compiling; processes compiling one kernel at once read no torn files."""
+"""The compile cache never serves a damaged entry: an entry cut short, garbage, or changed in any
+byte (the cubin, the PTX or ptxas's register counts) is a miss, compiled again and replaced. A cache
+that cannot work says so once and only costs compiling; processes compiling at once read no torn
+entry; the least recently used entries go past a size cap, and only what the cache wrote."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import shutil
-import struct
+import re
 import subprocess
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,43 +21,30 @@ from click.testing import CliRunner
 import gemmgen.outputs
 from conftest import ROOT, SPECS_DIR
 from gemmgen import compile as compile_mod
+from gemmgen import compile_cache
 from gemmgen.cli import main
 
-# A kernel that NVRTC compiles in a tenth of a second: the cache does not care what it holds. With
-# no internal-linkage names (NVRTC gives those a fresh id per compile) its cubin is the same on every
-# compile, so a cached read can be compared with a fresh compile byte for byte.
+# A kernel that NVRTC compiles in a tenth of a second: the cache does not care what it holds.
 TINY = 'extern "C" __global__ void tiny(float *x) { x[threadIdx.x] = 2.0f * x[threadIdx.x]; }\n'
 
 
 def entry(cache: Path) -> Path:
-    (folder,) = [p for p in cache.iterdir() if p.is_dir()]
-    return folder
+    (path,) = [p for p in cache.iterdir() if p.name.endswith(".entry")]
+    return path
 
 
-def elf_is_whole(data: bytes) -> bool:
-    """A 64-bit little-endian ELF (a cubin) whose header tables and sections all lie in `data`."""
-    if len(data) < 64 or data[:4] != b"\x7fELF":
-        return False
-    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
-    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
-    if phoff + phentsize * phnum > len(data) or shoff + shentsize * shnum > len(data):
-        return False
-    for i in range(shnum):
-        kind, = struct.unpack_from("<I", data, shoff + i * shentsize + 4)
-        offset, size = struct.unpack_from("<QQ", data, shoff + i * shentsize + 24)
-        if kind != 8 and offset + size > len(data):  # 8: SHT_NOBITS, no bytes in the file
-            return False
-    return True
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def parts(path: Path) -> tuple[dict, dict[str, bytes]]:
+    decoded = compile_cache.decode(path.name[:-len(".entry")], path.read_bytes())
+    assert decoded is not None
+    return decoded
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     folder = tmp_path / "cache"
     monkeypatch.setenv("GEMMGEN_CACHE", str(folder))
+    monkeypatch.delenv("GEMMGEN_CACHE_SIZE", raising=False)
+    monkeypatch.setattr(compile_cache, "_warned", False)
     return folder
 
 
@@ -65,70 +54,151 @@ def fresh():
     return compile_mod.compile_source(TINY, "sm_80", [], use_cache=False)
 
 
-def test_meta_records_the_hash_of_the_cubin_and_the_ptx(cache, fresh):
+def same(a, b) -> bool:
+    """The same compile result: all but ptxas's log, which says how long it took."""
+    return a is not None and b is not None and replace(a, log="") == replace(b, log="")
+
+
+def count_nvrtc_calls(monkeypatch) -> list:
+    calls = []
+    real = compile_mod._nvrtc
+    monkeypatch.setattr(compile_mod, "_nvrtc", lambda: calls.append(1) or real())
+    return calls
+
+
+# --- what an entry holds ---------------------------------------------------------------------
+
+def test_an_entry_is_one_file_with_the_cubin_ptx_and_ptxas_report_under_one_checksum(cache, fresh):
     compile_mod.compile_source(TINY, "sm_80", [])
-    folder = entry(cache)
-    meta = json.loads((folder / "meta.json").read_text())
-    assert meta["sha256"] == {"cubin": sha256(folder / "kernel.cubin"), "ptx": sha256(folder / "kernel.ptx")}
-    assert (folder / "kernel.cubin").read_bytes() == fresh.cubin
-    assert sorted(p.name for p in folder.iterdir()) == ["kernel.cubin", "kernel.ptx", "meta.json"]
+    path = entry(cache)
+    data = path.read_bytes()
+    first, digest, body = data.split(b"\n", 2)
+    assert first == b"gemmgen compile cache, format 3" and hashlib.sha256(body).hexdigest().encode() == digest
+    meta, blobs = parts(path)
+    assert blobs == {"cubin": fresh.cubin, "ptx": fresh.ptx.encode()}
+    assert meta["resources"]["tiny"] == {"registers": fresh.resources["tiny"].registers, "spill_stores": 0,
+                                         "spill_loads": 0, "stack_frame": 0, "shared_static": 0}
+    assert os.listdir(cache) == [path.name]  # no temporary file left behind
 
 
-def test_build_after_the_cached_cubin_was_cut_short_writes_the_whole_cubin(cache, tmp_path, monkeypatch):
-    # The issue's case: a truncated kernel.cubin under an intact meta.json was served as it was.
+def test_build_after_the_cached_entry_was_cut_short_writes_the_whole_cubin(cache, tmp_path, monkeypatch):
+    # The issue's case: a truncated cubin under intact metadata was served as it was.
     monkeypatch.chdir(tmp_path)
     spec = SPECS_DIR / "vectorized.gemm"
     assert CliRunner().invoke(main, ["build", str(spec), "--emit", "cubin", "-o", "first.cubin"]).exit_code == 0
     whole = (tmp_path / "first.cubin").read_bytes()
-    cached = entry(cache) / "kernel.cubin"
-    assert cached.read_bytes() == whole and len(whole) > 1000
-    cached.write_bytes(whole[:1000])
+    path = entry(cache)
+    assert parts(path)[1]["cubin"] == whole and len(whole) > 1000
+    path.write_bytes(path.read_bytes()[:1000])
     result = CliRunner().invoke(main, ["build", str(spec), "--emit", "cubin", "-o", "v.cubin"])
     assert result.exit_code == 0, result.output
-    written = (tmp_path / "v.cubin").read_bytes()
-    # Compiled again (not byte for byte the first: internal names carry a per-compile id), whole,
-    # with the kernels' symbols in it; the entry was replaced by it.
-    assert elf_is_whole(written) and not elf_is_whole(whole[:1000])
-    meta = json.loads((entry(cache) / "meta.json").read_text())
-    assert all(symbol.encode() in written for symbol in meta["lowered_names"].values())
-    assert cached.read_bytes() == written and meta["sha256"]["cubin"] == sha256(cached)
+    # Compiled again, and (the build being reproducible) byte for byte the first; the entry replaced.
+    assert (tmp_path / "v.cubin").read_bytes() == whole
+    assert parts(path)[1]["cubin"] == whole
+
+
+def _flip(path: Path, where: bytes) -> None:
+    """Change one character right after the first occurrence of `where` in the entry."""
+    data = bytearray(path.read_bytes())
+    at = data.index(where) + len(where)
+    data[at] = ord("7") if data[at] != ord("7") else ord("8")
+    path.write_bytes(bytes(data))
+
+
+def _flip_blob(path: Path, name: str) -> None:
+    """Change one byte in the middle of blob `name` (the checksum left as it was)."""
+    data = bytearray(path.read_bytes())
+    body_at = data.index(b"\n", len(compile_cache.FORMAT_LINE)) + 1
+    header_end = data.index(b"\n", body_at)
+    offset = header_end + 1
+    for blob, size in json.loads(data[body_at:header_end])["blobs"]:
+        if blob == name:
+            data[offset + size // 2] ^= 1
+            path.write_bytes(bytes(data))
+            return
+        offset += size
+    raise AssertionError(f"no blob {name}")
+
+
+def _forge(path: Path, change) -> None:
+    """Rewrite the entry with `change(header)` applied and a checksum that matches it."""
+    data = path.read_bytes()
+    body = data.split(b"\n", 2)[2]
+    header, _, rest = body.partition(b"\n")
+    header = json.loads(header)
+    change(header)
+    body = json.dumps(header).encode() + b"\n" + rest
+    path.write_bytes(compile_cache.FORMAT_LINE + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
 
 
 DAMAGE = {
-    "cubin cut short": lambda f: (f / "kernel.cubin").write_bytes((f / "kernel.cubin").read_bytes()[:100]),
-    "cubin of garbage, same length": lambda f: (f / "kernel.cubin").write_bytes(
-        os.urandom((f / "kernel.cubin").stat().st_size)),
-    "ptx edited": lambda f: (f / "kernel.ptx").write_text((f / "kernel.ptx").read_text() + "// edited\n"),
-    "cubin missing": lambda f: (f / "kernel.cubin").unlink(),
-    "ptx missing": lambda f: (f / "kernel.ptx").unlink(),
-    "meta.json missing": lambda f: (f / "meta.json").unlink(),
-    "meta.json garbage": lambda f: (f / "meta.json").write_bytes(b"\x00\xff{not json"),
-    "meta.json a list": lambda f: (f / "meta.json").write_text("[]"),
-    "meta.json without hashes": lambda f: (f / "meta.json").write_text(json.dumps(
-        {k: v for k, v in json.loads((f / "meta.json").read_text()).items() if k != "sha256"})),
-    "meta.json with bad resources": lambda f: (f / "meta.json").write_text(json.dumps(
-        {**json.loads((f / "meta.json").read_text()), "resources": {"tiny": {"registers": "many"}}})),
-    "meta.json a folder": lambda f: ((f / "meta.json").unlink(), (f / "meta.json").mkdir()),
+    "cut short": lambda p: p.write_bytes(p.read_bytes()[:300]),
+    "garbage of the same length": lambda p: p.write_bytes(os.urandom(p.stat().st_size)),
+    "empty": lambda p: p.write_bytes(b""),
+    "one byte of the cubin changed": lambda p: _flip_blob(p, "cubin"),
+    "one byte of the ptx changed": lambda p: _flip_blob(p, "ptx"),
+    "the register count changed": lambda p: _flip(p, b'"registers": '),
+    "the spill count changed": lambda p: _flip(p, b'"spill_stores": '),
+    "a byte appended": lambda p: p.write_bytes(p.read_bytes() + b"\0"),
+    "another key's entry": lambda p: _forge(p, lambda h: h.update(key="0" * 32)),
+    "registers not a number, checksum matching": lambda p: _forge(
+        p, lambda h: h["meta"]["resources"]["tiny"].update(registers="many")),
+    "a blob longer than the file, checksum matching": lambda p: _forge(
+        p, lambda h: h.update(blobs=[["cubin", 10 ** 9], ["ptx", 1]])),
+    "no resources, checksum matching": lambda p: _forge(p, lambda h: h["meta"].pop("resources")),
+    "an older format": lambda p: p.write_bytes(p.read_bytes().replace(b"format 3", b"format 2", 1)),
 }
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_a_damaged_entry_is_a_miss_compiled_again_and_replaced(cache, fresh, damage, monkeypatch):
+def test_a_damaged_entry_is_never_served_but_compiled_again_and_replaced(cache, fresh, damage, monkeypatch, capsys):
     compile_mod.compile_source(TINY, "sm_80", [])
-    folder = entry(cache)
-    DAMAGE[damage](folder)
-    calls = []
-    real = compile_mod._nvrtc
-    monkeypatch.setattr(compile_mod, "_nvrtc", lambda: calls.append(1) or real())
+    path = entry(cache)
+    DAMAGE[damage](path)
+    calls = count_nvrtc_calls(monkeypatch)
     again = compile_mod.compile_source(TINY, "sm_80", [])
-    assert again.cubin == fresh.cubin and again.ptx == fresh.ptx
+    assert same(again, fresh)
     assert len(calls) > 1, "the damaged entry was served without compiling"  # 1: the version in the key
-    if damage != "meta.json a folder":  # a folder cannot be renamed over: that entry stays a miss
-        served = compile_mod._from_cache(folder.name)
-        assert served is not None and served.cubin == fresh.cubin, "the entry was not replaced"
+    served = compile_mod._from_cache(path.name[:-len(".entry")])
+    assert same(served, fresh), "the entry was not replaced"
+    assert capsys.readouterr().err == ""  # repaired: nothing to tell
 
 
-def test_a_read_only_cache_still_compiles(cache, fresh, monkeypatch):
+def test_the_register_counts_printed_by_build_are_the_compilers_not_an_edited_entry(cache, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = str(SPECS_DIR / "naive.gemm")
+    first = CliRunner().invoke(main, ["build", spec, "-o", "k.cu"])
+    assert first.exit_code == 0, first.output
+    (true_count,) = re.findall(r"(\d+) registers", first.output)
+    path = entry(cache)
+    edited = re.sub(rb'"registers": \d+', b'"registers": 250', path.read_bytes())
+    assert edited != path.read_bytes()
+    path.write_bytes(edited)
+    second = CliRunner().invoke(main, ["build", spec, "-o", "k.cu", "--force"])
+    assert second.exit_code == 0, second.output
+    assert f"{true_count} registers" in second.output and "250 registers" not in second.output
+
+
+# --- a cache that cannot work: one warning, and compiling goes on ------------------------------
+
+def test_an_entry_turned_into_a_folder_warns_once_naming_it_and_compiles(cache, fresh, monkeypatch, capsys):
+    compile_mod.compile_source(TINY, "sm_80", [])
+    path = entry(cache)
+    path.unlink()
+    path.mkdir()
+    (path / "something").write_text("the user's")
+    calls = count_nvrtc_calls(monkeypatch)
+    for _ in range(3):
+        assert same(compile_mod.compile_source(TINY, "sm_80", []), fresh)
+    assert len(calls) >= 3 * 2  # compiled each time (and one version query per key)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err  # one line, once per process
+    assert err.startswith("gemmgen: warning: ") and str(path) in err and "is a folder" in err
+    assert f"rm -r '{path}'" in err
+    assert (path / "something").read_text() == "the user's"  # never removed by gemmgen
+
+
+def test_an_unwritable_cache_warns_once_naming_the_folder_and_what_to_do(cache, fresh, monkeypatch, capsys):
     cache.mkdir()
     cache.chmod(0o500)
     try:
@@ -137,11 +207,139 @@ def test_a_read_only_cache_still_compiles(cache, fresh, monkeypatch):
                 raise PermissionError(13, "Permission denied")
             monkeypatch.setattr(Path, "mkdir", refuse)
             monkeypatch.setattr(gemmgen.outputs.tempfile, "mkstemp", refuse)
-        compiled = compile_mod.compile_source(TINY, "sm_80", [])
-        assert compiled.cubin == fresh.cubin
+        for source in (TINY, TINY.replace("2.0f", "3.0f")):
+            compiled = compile_mod.compile_source(source, "sm_80", [])
+        assert compiled.cubin != fresh.cubin and same(compile_mod.compile_source(TINY, "sm_80", []), fresh)
         assert list(cache.iterdir()) == []
     finally:
         cache.chmod(0o700)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"cannot write the compile cache in {cache} (Permission denied)" in err
+    assert "set GEMMGEN_CACHE to a writable folder" in err
+
+
+def test_an_unreadable_entry_warns(cache, fresh, monkeypatch, capsys):
+    compile_mod.compile_source(TINY, "sm_80", [])
+    path = entry(cache)
+
+    def refuse(self):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    assert same(compile_mod.compile_source(TINY, "sm_80", []), fresh)
+    err = capsys.readouterr().err
+    assert f"cannot read the compile cache entry {path} (Permission denied)" in err
+
+
+def test_a_pipe_in_place_of_an_entry_neither_hangs_nor_is_written_into(cache, fresh, capsys):
+    compile_mod.compile_source(TINY, "sm_80", [])
+    path = entry(cache)
+    path.unlink()
+    os.mkfifo(path)
+    assert same(compile_mod.compile_source(TINY, "sm_80", []), fresh)  # no open() of the pipe: no hang
+    assert "is not a regular file" in capsys.readouterr().err
+
+
+# --- the size cap ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,size", [("1073741824", 1 << 30), ("1G", 1 << 30), ("1GiB", 1 << 30),
+                                       ("512M", 512 << 20), ("512 MB", 512 << 20), ("100k", 100 << 10),
+                                       ("2T", 2 << 40), ("0", 0), ("4096B", 4096)])
+def test_cache_sizes_read_with_1024_based_units(text, size):
+    assert compile_cache.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "abc", "1.5G", "-1", "1X", "G"])
+def test_what_is_not_a_size(text):
+    assert compile_cache.parse_size(text) is None
+
+
+def test_an_unreadable_cap_warns_and_keeps_the_default(cache, monkeypatch, capsys):
+    monkeypatch.setenv("GEMMGEN_CACHE_SIZE", "lots")
+    assert compile_cache.size_cap() == compile_cache.DEFAULT_SIZE == 1 << 30
+    err = capsys.readouterr().err
+    assert "GEMMGEN_CACHE_SIZE='lots' is not a size" in err and "e.g. 2G" in err
+
+
+def test_a_cap_of_zero_turns_the_cache_off(cache, fresh, monkeypatch):
+    monkeypatch.setenv("GEMMGEN_CACHE_SIZE", "0")
+    calls = count_nvrtc_calls(monkeypatch)
+    for _ in range(2):
+        assert same(compile_mod.compile_source(TINY, "sm_80", []), fresh)
+    assert not cache.exists() or list(cache.iterdir()) == []
+    assert len(calls) >= 4
+
+
+def put(key: str, size: int, age: float) -> Path:
+    """An entry of about `size` bytes last used `age` seconds ago."""
+    compile_cache.store(key, {"note": "test"}, {"cubin": b"x" * size})
+    path = compile_cache.entry_path(key)
+    then = time.time() - age
+    os.utime(path, (then, then))
+    return path
+
+
+def key(n: int) -> str:
+    return f"{n:032x}"
+
+
+def test_past_the_cap_the_least_recently_used_entries_go_first(cache, monkeypatch):
+    monkeypatch.setenv("GEMMGEN_CACHE_SIZE", "10M")
+    paths = [put(key(n), 1 << 20, age=1000 - n) for n in range(9)]  # 9 MB, entry 0 the oldest
+    assert compile_cache.load(key(1)) is not None  # used just now: the most recent
+    put(key(9), 1 << 20, age=0)                     # 10 MB and some headers: over the cap
+    put(key(10), 1 << 20, age=0)
+    left = {p.name[:-6] for p in cache.iterdir()}
+    # Down to 90% of 10 MB: the oldest unused entries went, the one read stayed, the newest stayed.
+    assert key(1) in left and key(10) in left
+    assert key(0) not in left and key(2) not in left
+    total = sum(p.stat().st_size for p in cache.iterdir())
+    assert total <= 10 << 20
+    assert all(p.exists() == (p.name[:-6] in left) for p in paths)
+
+
+def test_eviction_removes_only_what_the_cache_wrote(cache, monkeypatch):
+    monkeypatch.setenv("GEMMGEN_CACHE_SIZE", "1M")
+    cache.mkdir()
+    mine = cache / "notes.txt"
+    mine.write_bytes(b"n" * (2 << 20))
+    folder = cache / "photos"
+    folder.mkdir()
+    (folder / "a.jpg").write_bytes(b"j" * (2 << 20))
+    odd = cache / f"{key(7)}.entry.bak"
+    odd.write_bytes(b"b" * 10)
+    writing = cache / f".{key(8)}.entry.abcd1234.tmp.entry"  # another process is writing this entry
+    writing.write_bytes(b"w" * (2 << 20))
+    dead = cache / f".{key(9)}.entry.zzzz9999.tmp.entry"     # a writer that died an hour ago
+    dead.write_bytes(b"d" * 100)
+    old = time.time() - 2 * compile_cache.STALE_TEMPORARY_SECONDS
+    os.utime(dead, (old, old))
+    # A format-2 entry folder (an older gemmgen's), and one that holds something of the user's.
+    legacy = cache / key(5)
+    legacy.mkdir()
+    for name in ("kernel.cubin", "kernel.ptx", "meta.json"):
+        (legacy / name).write_bytes(b"l" * (300 << 10))
+        os.utime(legacy / name, (old, old))
+    not_legacy = cache / key(6)
+    not_legacy.mkdir()
+    (not_legacy / "kernel.cubin").write_bytes(b"c" * (600 << 10))
+    (not_legacy / "mine.txt").write_text("keep")
+    for n in range(3):
+        put(key(n), 400 << 10, age=100 - n)
+    # The old format's entry went first (least recently used), then entry 0; the dead writer's file
+    # went at the first look. What is not the cache's stays, and so does a write under way.
+    names = sorted(p.name for p in cache.iterdir())
+    assert names == sorted(["notes.txt", "photos", odd.name, writing.name, key(6),
+                            f"{key(1)}.entry", f"{key(2)}.entry"])
+    assert (folder / "a.jpg").exists() and (not_legacy / "mine.txt").read_text() == "keep"
+
+
+def test_the_entry_just_written_stays_even_alone_over_the_cap(cache, monkeypatch):
+    monkeypatch.setenv("GEMMGEN_CACHE_SIZE", "1k")
+    put(key(1), 4096, age=10)
+    compile_cache.store(key(2), {}, {"cubin": b"y" * 4096})
+    assert [p.name for p in cache.iterdir()] == [f"{key(2)}.entry"]
+    assert compile_cache.load(key(2)) == ({}, {"cubin": b"y" * 4096})
 
 
 WORKER = r"""
@@ -152,14 +350,14 @@ from gemmgen.compile import compile_source
 cache, me, rounds, expected = Path(os.environ["GEMMGEN_CACHE"]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 source = sys.argv[5]
 for round in range(rounds):
-    # Between compiles, disturb the other process: clear the cache, or overwrite a file in place.
+    # Between compiles, disturb the other process: clear the cache, or overwrite an entry in place.
     step = (round + me) % 3
     if step == 0:
         shutil.rmtree(cache, ignore_errors=True)
     elif step == 1:
-        for entry in cache.glob("*/kernel.cubin"):
+        for entry in cache.glob("*.entry"):
             try:
-                entry.write_bytes(b"\x7fELF torn")
+                entry.write_bytes(b"gemmgen compile cache, format 3\ntorn")
             except OSError:
                 pass
     compiled = compile_source(source, "sm_80", [])
@@ -169,7 +367,7 @@ print("ok")
 """
 
 
-def test_two_processes_compiling_one_kernel_twenty_times_while_the_cache_churns(cache, fresh, tmp_path):
+def test_two_processes_compiling_one_kernel_twenty_times_while_the_cache_churns(cache, fresh):
     expected = hashlib.sha256(fresh.cubin).hexdigest()
     env = {**os.environ, "GEMMGEN_CACHE": str(cache)}
     workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(ROOT), str(me), "20", expected, TINY],
@@ -178,15 +376,46 @@ def test_two_processes_compiling_one_kernel_twenty_times_while_the_cache_churns(
     for worker in workers:
         out, err = worker.communicate(timeout=120)
         assert worker.returncode == 0 and out.strip() == "ok", f"exit {worker.returncode}:\n{out}\n{err}"
-    served = compile_mod._from_cache(entry(cache).name)
-    assert served is None or served.cubin == fresh.cubin
-    shutil.rmtree(cache, ignore_errors=True)
+    served = compile_mod._from_cache(entry(cache).name[:-len(".entry")])
+    assert served is None or same(served, fresh)
 
+
+EVICTING_WORKER = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from gemmgen import compile_cache
+me = int(sys.argv[2])
+for n in range(60):
+    key = f"{me:08x}{n:024x}"
+    blob = bytes([me, n]) * (20000 + 997 * n)
+    compile_cache.store(key, {"n": n}, {"cubin": blob})
+    for back in range(max(0, n - 3), n + 1):  # what is served is whole, or nothing
+        got = compile_cache.load(f"{me:08x}{back:024x}")
+        if got is not None and got != ({"n": back}, {"cubin": bytes([me, back]) * (20000 + 997 * back)}):
+            sys.exit(f"process {me}: entry {back} served wrong")
+print("ok")
+"""
+
+
+def test_processes_writing_reading_and_evicting_at_once_never_serve_a_wrong_entry(cache):
+    env = {**os.environ, "GEMMGEN_CACHE": str(cache), "GEMMGEN_CACHE_SIZE": "1M"}
+    workers = [subprocess.Popen([sys.executable, "-c", EVICTING_WORKER, str(ROOT), str(me)],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for me in range(1, 4)]
+    for worker in workers:
+        out, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0 and out.strip() == "ok", f"exit {worker.returncode}:\n{out}\n{err}"
+        assert err == ""  # no failure to warn about
+    total = sum(p.stat().st_size for p in cache.iterdir())
+    assert total <= (1 << 20) + 3 * 200_000  # each process keeps at most its last entry over the cap
+    assert not [p for p in cache.iterdir() if ".tmp" in p.name]
+
+
+# --- retries ---------------------------------------------------------------------------------
 
 def test_a_compile_that_spills_at_the_register_cap_is_compiled_again(monkeypatch):
     """ptxas's allocation at 255 registers varies under CPU load: the better of the compiles is kept,
     and a compile that spills below the cap (a real shortage) is not retried."""
-    import gemmgen.compile as compile_module
     from gemmgen.compile import Compiled, Resources
 
     def result(registers, spilled):
@@ -194,11 +423,11 @@ def test_a_compile_that_spills_at_the_register_cap_is_compiled_again(monkeypatch
 
     outcomes = [result(255, 88), result(255, 0)]
     calls = []
-    monkeypatch.setattr(compile_module, "_compile_once", lambda *args: calls.append(args) or outcomes.pop(0))
-    compiled = compile_module.compile_source("// source", "sm_80", [], use_cache=False)
+    monkeypatch.setattr(compile_mod, "_compile_once", lambda *args: calls.append(args) or outcomes.pop(0))
+    compiled = compile_mod.compile_source("// source", "sm_80", [], use_cache=False)
     assert len(calls) == 2 and not compiled.resources["k"].spills
 
     outcomes[:] = [result(200, 40)]
     calls.clear()
-    compiled = compile_module.compile_source("// other", "sm_80", [], use_cache=False)
+    compiled = compile_mod.compile_source("// other", "sm_80", [], use_cache=False)
     assert len(calls) == 1 and compiled.resources["k"].spill_stores == 40
