@@ -219,20 +219,21 @@ def _torch_matmul(torch, A, B, out, alpha, beta, precision, stream):
     pa, pb = A.data_ptr(), B.data_ptr()
     if out is None:
         pc = 0
-        key = (precision, A.dtype, B.dtype, A.is_cuda, B.is_cuda, A.get_device(), B.get_device(), A.shape, B.shape,
+        # get_device() is -1 for a CPU tensor: the device says CUDA or not
+        key = (precision, A.dtype, B.dtype, A.get_device(), B.get_device(), A.shape, B.shape,
                A.stride(), B.stride(), pa & 15, pb & 15, beta != 0.0)
     else:
         pc = out.data_ptr()
-        key = (precision, A.dtype, B.dtype, A.is_cuda, B.is_cuda, A.get_device(), B.get_device(), A.shape, B.shape,
+        key = (precision, A.dtype, B.dtype, A.get_device(), B.get_device(), A.shape, B.shape,
                A.stride(), B.stride(), pa & 15, pb & 15, beta != 0.0,
-               out.dtype, out.is_cuda, out.get_device(), out.shape, out.stride(), pc & 15)
+               out.dtype, out.get_device(), out.shape, out.stride(), pc & 15)
     call = _calls.get(key)
     if call is None:
         call = _resolve_torch(torch, key, A, B, out, beta, precision, (pa & 15, pb & 15, pc & 15))
     if call.route is not None:
         return _torch_with_copies(torch, call, A, B, out, alpha, beta, precision, stream)
     if out is None:
-        out = torch.empty(call.shape, dtype=torch.float32, device=call.device)
+        out = A.new_empty(call.shape)  # float32 on A's device (the key holds both); cheaper than torch.empty
         pc = out.data_ptr()
         if pc & 15:  # never from PyTorch's allocator; served all the same
             return _torch_matmul(torch, A, B, out, alpha, beta, precision, stream)

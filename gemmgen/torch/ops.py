@@ -1,10 +1,15 @@
 """torch.ops.gemmgen.matmul: gemmgen's libraries as a differentiable PyTorch operator.
 
-Registered with torch.library.Library("gemmgen", "DEF") and a CUDA kernel, a fake (meta)
-implementation and autograd through torch.library.register_autograd, rather than
-torch.library.custom_op: the same operator, about 2 us less host time a call (custom_op wraps the
-kernel in more Python; benchmarks/torch_host.py measures both). Both trace under
-torch.compile(fullgraph=True), forward and backward, and are captured by CUDA graphs.
+Registered with torch.library.Library("gemmgen", "DEF"): a CUDA kernel, a fake (meta)
+implementation, and an Autograd kernel of its own. That kernel is the whole host path of a call
+that needs no gradient: where only the CUDA kernel lies below it (plain CUDA tensors, no mode or
+functionalization active) it launches gemmgen at once, one Python call from the dispatcher; else
+it redispatches below autograd, as torch.library.register_autograd does. A call that needs a
+gradient goes through an autograd.Function whose forward redispatches the same way.
+register_autograd's wrapper redispatched every call, and with custom_op's it cost 20 us a call on
+an H100 host (39.8 us at 64x64x64 against gemmgen.matmul's 19.9 and torch.matmul's 23.7:
+benchmarks/torch_host.py). torch.compile(fullgraph=True) traces the operator, forward and backward
+(its fake tensors take the redispatch), and CUDA graphs capture and replay it.
 
 The backward's GEMMs are this operator again, in the forward's precision, on transposed views:
 grad_a = alpha * grad @ b.T and grad_b = alpha * a.T @ grad; gemmgen.matmul reads a transposed
@@ -50,8 +55,7 @@ def _column_major(x: torch.Tensor) -> bool:
     return x.stride(0) == 1 and x.stride(1) != 1
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    a, b, alpha, precision = inputs
+def _setup_context(ctx, a, b, alpha, precision) -> None:
     # grad_a needs b, grad_b needs a: keep only what the backward will read.
     needs_a, needs_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     ctx.save_for_backward(a if needs_b else None, b if needs_a else None)
@@ -74,13 +78,42 @@ def gradients(ctx, grad: torch.Tensor, multiply):
     return grad_a, grad_b, None, None
 
 
-def _backward(ctx, grad: torch.Tensor):
-    return gradients(ctx, grad, lambda x, y: matmul_op(x, y, ctx.alpha, ctx.precision))
+_BELOW_AUTOGRAD = torch._C._after_autograd_keyset
+_CUDA = torch._C.DispatchKey.CUDA
+
+
+def _redispatch(keyset, a, b, alpha, precision):
+    with torch._C._AutoDispatchBelowAutograd():
+        return matmul_op.redispatch(keyset & _BELOW_AUTOGRAD, a, b, alpha, precision)
+
+
+class _Matmul(torch.autograd.Function):
+    """The operator where a gradient is needed: the forward below autograd, the backward by the
+    operator again (so that it, too, is traced, captured and differentiated)."""
+
+    @staticmethod
+    def forward(ctx, a, b, alpha, precision, keyset):
+        out = _redispatch(keyset, a, b, alpha, precision)
+        _setup_context(ctx, a, b, alpha, precision)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_a, grad_b, _, _ = gradients(ctx, grad, lambda x, y: matmul_op(x, y, ctx.alpha, ctx.precision))
+        return grad_a, grad_b, None, None, None
+
+
+def _matmul_autograd(keyset, a, b, alpha=1.0, precision="fp32"):
+    if torch._C.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return _Matmul.apply(a, b, alpha, precision, keyset)
+    if (keyset & _BELOW_AUTOGRAD).highestPriorityTypeId() == _CUDA:
+        return torch_matmul(a, b, alpha, precision)  # what the CUDA kernel would do, one dispatch sooner
+    return _redispatch(keyset, a, b, alpha, precision)
 
 
 _library.impl("matmul", _matmul_cuda, "CUDA")
+_library.impl("matmul", _matmul_autograd, "Autograd", with_keyset=True)
 torch.library.register_fake("gemmgen::matmul", _matmul_fake, lib=_library)
-torch.library.register_autograd("gemmgen::matmul", _backward, setup_context=_setup_context, lib=_library)
 
 matmul_op = torch.ops.gemmgen.matmul.default  # the overload itself: no overload resolution per call
 
