@@ -60,9 +60,9 @@ def shipped_manifest(precision: str, klass: tuple[str, str] = BASE) -> dict:
         complete_pending(path)  # a build of the library killed while renaming its files: finish it
         manifest = json.loads(path.read_text())
     except OSError as exc:
-        spec = f"specs/{precision}.gemm" if klass == BASE else f"specs/{precision}_layouts.gemm --kernel {name}"
-        raise FileNotFoundError(f"the shipped {name} library ({path}) is missing: {exc.strerror}; "
-                                f"reinstall gemmgen, or tune one with gemmgen tune {spec}") from None
+        how = (f"reinstall gemmgen, or tune one with gemmgen tune specs/{precision}.gemm" if klass == BASE else
+               f"build a library {name} with layout A {klass[0]}, B {klass[1]}, C row (none ships yet)")
+        raise FileNotFoundError(f"the {name} library ({path}) is missing: {exc.strerror}; {how}") from None
     expected = {"A": klass[0], "B": klass[1], "C": "row"}
     if manifest.get("layout") != expected:
         raise ValueError(f"{path}: library {manifest.get('library')} has layout {manifest.get('layout')}, "
