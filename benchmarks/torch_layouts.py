@@ -28,7 +28,8 @@ import warnings
 
 import torch
 
-from torch_records import compile_libraries, elapsed_ms, meta, refuse_to_overwrite, table, write_record
+from torch_records import (compile_libraries, elapsed_ms, meta, refuse_to_overwrite, table, use_device,
+                           write_record)
 
 import gemmgen
 import gemmgen.dispatch as dispatch
@@ -176,8 +177,7 @@ def main(argv=None) -> dict:
     args = parse(argv)
     refuse_to_overwrite(args.out, args.force)
     device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    use_device(device)
     results, noted = [], []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

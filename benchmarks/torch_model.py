@@ -47,7 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch_records import compile_libraries, elapsed_ms, meta, refuse_to_overwrite, table, write_record
+from torch_records import (compile_libraries, elapsed_ms, meta, refuse_to_overwrite, table, use_device,
+                           write_record)
 
 import gemmgen.torch as gtorch
 from gemmgen.runtime import ShapeError
@@ -241,8 +242,7 @@ def train_step(model, optimizer, inputs, targets):
 
 def run(args) -> dict:
     device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    use_device(device)
     precisions = sorted({name.split("-")[1] for name in args.modes if name.startswith("gemmgen")})
     if args.precompile:
         compile_libraries(precisions, device)

@@ -1,6 +1,7 @@
 """What the PyTorch benchmarks (torch_model.py, torch_layouts.py) share: timing, the record's
 metadata, its output file, and a markdown table.
 
+- use_device(device): make a GPU named with its index (cuda:1) the current one;
 - elapsed_ms(work, device): one run of `work` in milliseconds, by CUDA events on a GPU (started
   with the GPU idle, so that host time the GPU waits for counts too), by the host clock on the CPU
   (the scripts' dry runs);
@@ -27,6 +28,13 @@ import gemmgen.dispatch as dispatch
 from gemmgen.bench import run_meta
 from gemmgen.outputs import OutputError, check_outputs, write_output
 from gemmgen.runtime import device_info
+
+
+def use_device(device: torch.device) -> None:
+    """torch.cuda.set_device for cuda:N; plain "cuda" is the current GPU already (and set_device
+    refuses a device without an index)."""
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device.index)
 
 
 def elapsed_ms(work, device: torch.device) -> float:

@@ -99,6 +99,23 @@ def test_bad_benchmark_arguments_are_refused_with_the_reason(capsys):
     assert "--shapes 4096x4096: write M x N x K as three whole numbers" in capsys.readouterr().err
 
 
+def test_a_gpu_is_made_current_only_when_named_with_its_index(monkeypatch):
+    import torch_records
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    for name in ("cuda", "cuda:1", "cpu"):
+        torch_records.use_device(torch.device(name))
+    assert chosen == [1]
+
+
+def test_without_a_gpu_the_benchmarks_say_so(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for script in (torch_model, torch_layouts):
+        with pytest.raises(SystemExit):
+            script.main(["--out", "x.json"])
+        assert "torch sees no CUDA GPU (--device cpu runs the script dry)" in capsys.readouterr().err
+
+
 ROUTES = {("row", "col", "row"): ("fp32", False), ("row", "row", "row"): ("fp32_rr", False),
           ("col", "col", "row"): ("fp32_cc", False), ("col", "row", "row"): ("fp32_cr", False),
           ("row", "col", "col"): ("fp32", True), ("row", "row", "col"): ("fp32_cc", True),

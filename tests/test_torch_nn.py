@@ -139,6 +139,15 @@ def test_linear_gradients_match_float64_and_the_weights_gradient_keeps_its_layou
     assert sorted(calls_made(libraries)) == [(3, 5, 8), (8, 3, 5), (8, 5, 3)] and copies == []
 
 
+def test_inputs_a_linear_cannot_take_are_refused_with_the_reason(host):
+    from gemmgen.runtime import ShapeError
+    layer = gtorch.Linear(5, 3)
+    with pytest.raises(ShapeError, match="A is 4 x 6 but B is 5 x 3: inner sizes differ"):
+        layer(torch.randn(2, 2, 6))
+    with pytest.raises(RuntimeError, match="both arguments to linear need to be at least 1D"):
+        layer(torch.tensor(1.0))
+
+
 def test_linear_runs_in_its_precision(host, monkeypatch):
     libraries, _, _ = host
     asked = []

@@ -60,6 +60,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """F.linear(x, weight, bias) through gemmgen: x (*, in) @ weight^T (weight out x in) + bias,
     differentiable. Runs F.linear itself (with a warning, once per reason) where gemmgen cannot:
     a tensor not float32 or not on a CUDA GPU, or under autocast."""
+    if x.dim() == 0:
+        return F.linear(x, weight, bias)  # which says why a scalar will not do
     if (x.dtype != _FLOAT32 or weight.dtype != _FLOAT32 or not _on_gpu(x) or not _on_gpu(weight)
             or torch.is_autocast_enabled("cuda")):
         reason = _fallback_reason(x, weight)
