@@ -21,12 +21,12 @@ import gemmgen.dispatch as dispatch  # noqa: E402
 import gemmgen.torch as gtorch  # noqa: E402
 from gemmgen.layouts import CLASSES  # noqa: E402
 from gemmgen.runtime import ShapeError  # noqa: E402
-from gemmgen.torch import ops  # noqa: E402
 from host_libraries import LibraryOnHost  # noqa: E402
+from torch_on_host import register_cpu_kernel  # noqa: E402
 
-# The operator's CUDA kernel (gemmgen.matmul's fast path) for CPU tensors too, for these tests.
-_cpu = torch.library.Library("gemmgen", "IMPL")
-_cpu.impl("matmul", ops._matmul_cuda, "CPU")
+# The operator's CUDA kernel (gemmgen.matmul's fast path) for CPU tensors too, for these tests
+# (once per process: test_torch_nn.py registers it too).
+register_cpu_kernel()
 
 
 @pytest.fixture

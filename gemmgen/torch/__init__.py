@@ -20,8 +20,20 @@ implementation gives shapes without running anything), and CUDA graphs capture a
 
 For out=, beta, a column-major output or a stream of your choosing, without autograd, use
 gemmgen.matmul(A, B, out, alpha=, beta=, precision=, stream=), which takes the same fast path.
+
+Models (nn.py):
+
+    layer = gemmgen.torch.Linear(1024, 4096, device="cuda")     # nn.Linear through gemmgen
+    routing = gemmgen.torch.use_gemmgen(model, "fp32")          # every nn.Linear of a model, in place
+    routing.undo()                                              # (or: with use_gemmgen(model): ...)
+
+Linear is an nn.Linear (same parameters, initialisation and state_dict) whose forward runs
+x @ weight^T through the operator for any leading batch dimensions, then adds the bias.
+use_gemmgen keeps every module and Parameter object (an optimizer built before it keeps working),
+leaves the layers it cannot take to PyTorch with their reasons (Routing.skipped), and undoes.
 """
 
+from .nn import Linear, Routing, linear, use_gemmgen
 from .ops import matmul, matmul_op
 
-__all__ = ["matmul", "matmul_op"]
+__all__ = ["Linear", "Routing", "linear", "matmul", "matmul_op", "use_gemmgen"]

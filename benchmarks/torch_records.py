@@ -1,0 +1,101 @@
+"""What the PyTorch benchmarks (torch_model.py, torch_layouts.py) share: timing, the record's
+metadata, its output file, and a markdown table.
+
+- use_device(device): make a GPU named with its index (cuda:1) the current one;
+- elapsed_ms(work, device): one run of `work` in milliseconds, by CUDA events on a GPU (started
+  with the GPU idle, so that host time the GPU waits for counts too), by the host clock on the CPU
+  (the scripts' dry runs);
+- meta(commit, device): device, driver, torch and gemmgen versions, commit, date;
+- refuse_to_overwrite / write_record: the output is checked before any work (an existing file
+  gemmgen did not write is kept unless --force) and written whole or not at all;
+- table(header, rows): a markdown table;
+- compile_libraries(precisions, device): every member of the libraries built for these precisions
+  (each operand class) compiled at once, in parallel, before the timing: otherwise each compiles
+  on its first call, one after another.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+import types
+
+import torch
+
+import gemmgen.dispatch as dispatch
+from gemmgen.bench import run_meta
+from gemmgen.outputs import OutputError, check_outputs, write_output
+from gemmgen.runtime import device_info
+
+
+def use_device(device: torch.device) -> None:
+    """torch.cuda.set_device for cuda:N; plain "cuda" is the current GPU already (and set_device
+    refuses a device without an index)."""
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device.index)
+
+
+def elapsed_ms(work, device: torch.device) -> float:
+    if device.type != "cuda":
+        start = time.perf_counter()
+        work()
+        return (time.perf_counter() - start) * 1e3
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    work()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def meta(commit: str | None, device: torch.device) -> dict:
+    """Who measured where and when: gemmgen's run_meta (device, driver, commit: `commit`, else
+    $GEMMGEN_COMMIT, else the checkout's HEAD), with torch's and CUDA's versions."""
+    found = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+             "host": platform.processor() or platform.machine()}
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return {**run_meta(device_info(index), commit), **found}
+    dry = types.SimpleNamespace(name=f"{device} (a dry run: no GPU timing)", driver_version=None, sm_count=0,
+                                clock_khz=0)
+    return {**run_meta(dry, commit), **found}
+
+
+def refuse_to_overwrite(path: str, force: bool) -> None:
+    """Exit with the reason (no traceback) if `path` may not be written: checked before the work."""
+    try:
+        check_outputs([path], force=force)
+    except OutputError as exc:
+        sys.exit(f"error: {exc}")
+
+
+def write_record(path: str, record: dict) -> None:
+    """The record as JSON, whole or not at all, marked as gemmgen's (so a later run may replace it)."""
+    try:
+        write_output(path, json.dumps({"generator": "gemmgen", **record}, indent=1) + "\n")
+    except OutputError as exc:
+        sys.exit(f"error: {exc}")
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |",
+             "| " + " | ".join("---" if i == 0 else "---:" for i in range(len(header))) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def compile_libraries(precisions, device: torch.device) -> None:
+    if device.type != "cuda":
+        return
+    start = time.perf_counter()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    names = []
+    for precision in precisions:
+        for klass in sorted(dispatch.available_classes(precision)):
+            runtime = dispatch.library(precision, index, klass)
+            runtime.compile_all()
+            names.append(runtime.name)
+    print(f"compiled the members of {', '.join(names)} in {time.perf_counter() - start:.1f} s", flush=True)
