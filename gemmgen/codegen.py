@@ -11,7 +11,6 @@ import jinja2
 
 from .outputs import marker_line
 from .plan import Plan
-from .plan.schedule import describe as describe_schedule
 
 
 def _template_dir() -> Path:
@@ -120,7 +119,7 @@ def _wgmma_numbers(plan: Plan) -> list[tuple[str, str]]:
                                                    ("B", plan.spec["layout.B"] == "col")))),
         ]
     if plan.scheduled:
-        rows.append(("schedule", describe_schedule(plan)))
+        rows.append(("schedule", plan.scheduler.describe()))
     rows += [
         ("raster", "row order" if plan.raster_group == 1 else f"groups of {plan.raster_group} block rows"),
         ("epilogue", ("alpha * A*B + beta * C" if plan.beta else "alpha * A*B") + (

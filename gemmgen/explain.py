@@ -32,7 +32,6 @@ from typing import Any, Callable, Iterable, Sequence
 from .compile import Compiled, Resources
 from .plan import WARP, Operand, Plan
 from .plan.schedule import H100_SMS, deal
-from .plan.schedule import describe as describe_schedule
 from .space import size
 from .spec import Spec
 
@@ -562,7 +561,7 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
         register_split=_register_split(plan),
         loaders=(f"{plan.loaders} warpgroup(s) fill the stages, {plan.loader_depth} K tile(s) each"
                  if plan.loaders else ""),
-        schedule=describe_schedule(plan) if plan.scheduled else "",
+        schedule=plan.scheduler.describe() if plan.scheduled else "",
         dealings=tuple((f"{M}x{N}x{K}", deal(plan, M, N, K, SCHEDULE_SMS)) for M, N, K in SCHEDULE_SHAPES)
         if plan.scheduled else (),
         cluster=_cluster(plan),

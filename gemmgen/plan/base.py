@@ -9,6 +9,12 @@ from math import ceil
 
 from ..spec import Spec
 from .arch import WARP, Arch
+from .parts.schedule import Schedule
+
+
+def _from(part: str, name: str, doc: str = "") -> property:
+    """A shorthand on the Plan for a part's number (or method): plan.split_k is plan.scheduler.split_k."""
+    return property(lambda plan: getattr(getattr(plan, part), name), doc=doc or f"{part}.{name}")
 
 
 @dataclass(frozen=True)
@@ -155,11 +161,10 @@ class Plan:
     async_copy: bool
     fragments: int
     unroll: int               # k steps per unrolled body of the inner product's loop (BK: all)
-    raster_group: int
     occupancy: int
+    scheduler: Schedule       # how blocks take C tiles: the schedule part (parts/schedule.py)
     beta: bool
     reduce_count: int
-    split_k: int              # slices of K per C tile, each in its own block, summed into C
     staged: bool              # C tile assembled in shared memory, then stored row by row
     c_stage_rows: int         # staged C tile: rows along C's outer (non-contiguous) dimension
     c_stage_cols: int
@@ -187,13 +192,6 @@ class Plan:
     loader_registers: int = 0     # setmaxnreg of loader (wgmma: TMA producer) and consumer threads
     consumer_registers: int = 0
     fallback: "Plan | None" = None
-    # how blocks take C tiles: data-parallel (a block per tile), persistent (a block per SM walking
-    # the tiles) or stream-k (the K tiles of all C tiles dealt evenly over the SMs; see schedule.cuh.j2)
-    schedule: str = "data-parallel"
-    # thread-block clusters (wgmma TMA kernels): cluster_m x cluster_n blocks share their A tiles
-    # along N and B tiles along M, each block loading a slice and multicasting it to the others
-    cluster_m: int = 1
-    cluster_n: int = 1
     # the TMA wgmma kernels' staged epilogue (`epilogue ... staged`): each consumer warp writes its
     # 16 rows of the C tile into shared boxes of c_box_outer x c_box_inner floats (inner: along C's
     # contiguous dimension), c_buffers of them in turn, and TMA stores each box
@@ -205,21 +203,25 @@ class Plan:
     # consumers add that sum into acc in FP32
     promote_tiles: int = 1
 
-    @property
-    def cluster_blocks(self) -> int:
-        """Blocks per thread-block cluster (1: no clusters)."""
-        return self.cluster_m * self.cluster_n
-
-    @property
-    def cluster_row_mask(self) -> int:
-        """Cluster ranks (bits) of the blocks that share block 0's A tile: rank = i + cluster_m * j
-        takes the tile (i, j) of its cluster, so A's sharers are ranks 0, cluster_m, 2 cluster_m, ..."""
-        return sum(1 << (self.cluster_m * j) for j in range(self.cluster_n))
-
-    @property
-    def cluster_column_mask(self) -> int:
-        """Cluster ranks (bits) of the blocks that share block 0's B tile: ranks 0 ... cluster_m - 1."""
-        return (1 << self.cluster_m) - 1
+    # The schedule's numbers, by their short names: how blocks take C tiles (data-parallel, split K,
+    # persistent, stream-k, pingpong) and thread-block clusters (cluster_m x cluster_n blocks share
+    # their A tiles along N and B tiles along M, each loading a slice and multicasting it).
+    schedule = _from("scheduler", "name", "data-parallel, persistent, stream-k or pingpong")
+    split_k = _from("scheduler", "split_k", "slices of K per C tile, each in its own block, summed into C")
+    raster_group = _from("scheduler", "raster_group")
+    cluster_m = _from("scheduler", "cluster_m")
+    cluster_n = _from("scheduler", "cluster_n")
+    cluster_blocks = _from("scheduler", "cluster_blocks")
+    cluster_row_mask = _from("scheduler", "cluster_row_mask")
+    cluster_column_mask = _from("scheduler", "cluster_column_mask")
+    scheduled = _from("scheduler", "scheduled")
+    pingpong = _from("scheduler", "pingpong")
+    max_scheduled_blocks = _from("scheduler", "max_scheduled_blocks")
+    grid = _from("scheduler", "grid")
+    cluster_tiles = _from("scheduler", "cluster_tiles")
+    cluster_grid = _from("scheduler", "cluster_grid")
+    launch_blocks = _from("scheduler", "launch_blocks")
+    workspace_bytes = _from("scheduler", "workspace_bytes")
 
     @property
     def path(self) -> str:
@@ -258,66 +260,11 @@ class Plan:
     def accumulators(self) -> int:
         return self.TM * self.TN * self.RM * self.RN
 
-    def grid(self, M: int, N: int) -> int:
-        """C tiles (blocks along x) for an M x N output; each has split_k blocks along y."""
-        return ceil(M / self.BM) * ceil(N / self.BN) if M > 0 and N > 0 else 0
-
-    def cluster_tiles(self, M: int, N: int) -> tuple[int, int]:
-        """Tiles along M and N that a data-parallel launch covers: C's, or with clusters, rounded
-        up to whole clusters of cluster_m x cluster_n tiles (the blocks past C's edge store nothing)."""
-        return (ceil(M / (self.BM * self.cluster_m)) * self.cluster_m,
-                ceil(N / (self.BN * self.cluster_n)) * self.cluster_n)
-
-    def cluster_grid(self, M: int, N: int) -> int:
-        """Blocks a data-parallel launch starts: a block per tile of cluster_tiles."""
-        if M <= 0 or N <= 0:
-            return 0
-        tiles_m, tiles_n = self.cluster_tiles(M, N)
-        return tiles_m * tiles_n
-
     @property
     def block_load_bytes(self) -> int:
         """Bytes of A and B a block reads from L2 per K tile (TMA kernels in a cluster: a slice of
         each tile it shares, multicast to the others)."""
         return 4 * (self.BM // self.cluster_n + self.BN // self.cluster_m) * self.BK
-
-    @property
-    def scheduled(self) -> bool:
-        """Whether blocks walk C tiles through a tile scheduler (schedule persistent / stream-k)."""
-        return self.schedule != "data-parallel"
-
-    @property
-    def pingpong(self) -> bool:
-        """schedule pingpong: the persistent walk, its tiles taken by the two consumer warpgroups in
-        turn, so that one's epilogue overlaps the other's MMAs (block M = one consumer's tile: one
-        or two 64-row slabs)."""
-        return self.schedule == "pingpong"
-
-    def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
-        """Blocks along x the launcher starts on a GPU of `sms` SMs (the launcher's arithmetic):
-        a block per C tile; persistent, no more blocks than SMs (with clusters, whole clusters of
-        them); stream-k, as many as SMs unless there are fewer K tiles in all."""
-        tiles = self.grid(M, N)
-        most = min(sms, self.max_scheduled_blocks)
-        if self.schedule in ("persistent", "pingpong"):
-            if self.cluster_blocks > 1:  # whole clusters, each walking cluster-sized groups of tiles (units)
-                units = self.cluster_grid(M, N) // self.cluster_blocks
-                return min(units, max(1, most // self.cluster_blocks)) * self.cluster_blocks
-            return min(tiles, most)
-        if self.schedule == "stream-k":
-            return min(most, tiles * max(1, ceil(K / self.BK)))
-        return self.cluster_grid(M, N)
-
-    # A scheduled kernel starts at most this many blocks (one per SM): stream-K's counters take a
-    # fixed place for the tiles of this many at the start of its workspace, whatever the grid.
-    max_scheduled_blocks = 1024
-
-    def workspace_bytes(self, blocks: int) -> int:
-        """stream-k: a counter per shared tile (up to 2 x max_scheduled_blocks) and consumer warp, then
-        two slots of BM x BN partial sums per block (the pieces it begins and ends with)."""
-        if self.schedule != "stream-k":
-            return 0
-        return 4 * (2 * self.max_scheduled_blocks * self.consumers * 4 + 2 * blocks * self.BM * self.BN)
 
     def layouts(self) -> str:
         return (f"A {self.spec['layout.A']}, B {self.spec['layout.B']}, C {self.c_layout}")

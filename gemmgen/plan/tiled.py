@@ -10,6 +10,7 @@ from ..spec import Spec
 from .arch import MAX_REGISTERS_PER_THREAD, MAX_THREADS_PER_BLOCK, WARP, Arch
 from .base import Operand, Plan
 from .mma_sync import ldmatrix_fits, mma_sync_shape
+from .parts.schedule import check_one_block_per_tile, check_split_cuts_shared_tiles, schedule_of
 
 
 def _largest_vector(run: int) -> int:
@@ -262,14 +263,7 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
         c_vector = 1  # split K adds into C with one atomicAdd per float
     reduce_count = spec["reduce.count"]
     split_k = spec["split"]
-    if spec["schedule"] != "data-parallel":
-        raise spec.error("schedule", f"schedule {spec['schedule']} is built for the TMA-fed wgmma "
-                         "kernels (target sm_90a, math tf32 or 3xtf32, stages N tma); this kernel takes "
-                         "one block per C tile", "schedule data-parallel, or no schedule line")
-    if spec["cluster.m"] * spec["cluster.n"] > 1:
-        raise spec.error(("cluster.m", "cluster.n"), "thread-block clusters share tiles by TMA multicast, "
-                         "on the TMA-fed wgmma kernels (target sm_90a, math tf32 or 3xtf32, stages N "
-                         "tma); this kernel's blocks load their own tiles", "cluster 1 x 1, or no cluster line")
+    check_one_block_per_tile(spec)
     if split_k > 1 and reduce_count:
         raise spec.error("split", "a split K adds partial products into C after the blocks finish, "
                          "but the fused reduction needs each entry of C final inside its block",
@@ -282,9 +276,7 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
         raise spec.error("epilogue.staged", "split K adds partial tiles into C one float at a time; "
                          "staging whole tiles through shared memory gains nothing there",
                          "split 1 with staged, or an epilogue without staged")
-    if split_k > 1 and not uses_shared:
-        raise spec.error("split", "split K cuts the K loop of shared-memory tiles, which 'shared off' "
-                         "turns off", "split 1, or shared memory on")
+    check_split_cuts_shared_tiles(spec, uses_shared)
     occupancy = spec["occupancy"]
     if occupancy and occupancy * threads > arch.max_threads_per_sm:
         raise spec.error("occupancy", f"{occupancy} blocks of {threads} threads exceed the "
@@ -337,9 +329,9 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
         WM=WM, WN=WN, TM=TM, TN=TN, RM=RM, RN=RN, SUB_M=SUB_M, SUB_N=SUB_N,
         warp_tiling=warp_tiling, warps_m=warps_m, warps_n=warps_n, lanes_m=lanes_m,
         lanes_n=lanes_n, threads=threads, order=spec["order"], stages=stages,
-        async_copy=async_copy, fragments=fragments, unroll=unroll, raster_group=spec["raster.group"],
-        occupancy=occupancy, beta=spec["epilogue.beta"], reduce_count=reduce_count,
-        split_k=split_k, staged=staged, c_stage_rows=c_stage_rows, c_stage_cols=c_stage_cols,
+        async_copy=async_copy, fragments=fragments, unroll=unroll, occupancy=occupancy,
+        scheduler=schedule_of(spec, BM, BN, BK), beta=spec["epilogue.beta"], reduce_count=reduce_count,
+        staged=staged, c_stage_rows=c_stage_rows, c_stage_cols=c_stage_cols,
         c_stage_ld=c_stage_ld, c_stage_vec=c_stage_vec, a=a, b=b,
         c_layout=c_layout, c_vector=c_vector, smem_bytes=smem_bytes,
         registers_estimate=registers, notes=tuple(notes), math=math, mma_shape=mma_shape,

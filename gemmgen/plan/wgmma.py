@@ -9,6 +9,7 @@ from dataclasses import replace
 from ..spec import Spec
 from .arch import MAX_REGISTERS_PER_THREAD, Arch
 from .base import Plan
+from .parts.schedule import check_cluster, check_pingpong_tile, check_walk, schedule_of
 
 WARPGROUP = 128
 WGMMA_BK = 32             # floats in one 128-byte swizzled shared row: one TMA box along K
@@ -61,11 +62,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     if BK != WGMMA_BK:
         raise spec.error("block.k", f"a wgmma K tile is one 128-byte swizzled row of {WGMMA_BK} floats, "
                          f"not {BK}", f"block M x N x {WGMMA_BK}")
+    check_pingpong_tile(spec, BM)
     pingpong = spec["schedule"] == "pingpong"
-    if pingpong and BM not in (64, 128):
-        raise spec.error(("block.m", "schedule"), f"schedule pingpong gives each of its two consumer "
-                         f"warpgroups whole tiles of one or two 64-row slabs; block M = {BM} is the tile of one",
-                         "block 64 x N x 32 or 128 x N x 32 with schedule pingpong")
     # Slabs: 64-row wgmma tiles a consumer multiplies per K step (pingpong 128 x N: two).
     slabs = BM // 64 if pingpong else 1
     if BM % 64 or not 1 <= BM // 64 <= 2:
@@ -152,49 +150,9 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     if occupancy > 1:
         raise spec.error("occupancy", "a wgmma block takes most of an SM's shared memory and registers",
                          "occupancy 1, or no occupancy line")
-    # Split K: blockIdx.y takes one slice of the K tiles, and the slices add their products into C
-    # with atomicAdd after the launcher has set C = beta * C (for small M x N with a long K).
+    check_walk(spec, tma, math)
+    check_cluster(spec, tma, BM, BN)
     split_k = spec["split"]
-    schedule = spec["schedule"]
-    if schedule != "data-parallel":
-        if not tma:
-            raise spec.error("schedule", f"schedule {schedule} is built for the TMA-fed wgmma kernel, "
-                             "whose producer warpgroup runs ahead into the next tile",
-                             "stages N tma, or schedule data-parallel")
-        if split_k > 1:
-            raise spec.error(("schedule", "split"), f"schedule {schedule} and split {split_k} both divide "
-                             "the work among blocks; stream-k already splits K where tiles run short",
-                             "split 1 with a schedule, or schedule data-parallel with split")
-        if pingpong and math != "tf32":
-            raise spec.error(("schedule", "math"), "schedule pingpong is built for math tf32: 3xtf32's "
-                             "producer writes B's remainders for the two consumers of one tile",
-                             "math tf32 with schedule pingpong, or schedule persistent")
-    # Clusters: the cluster_m x cluster_n blocks of a cluster take neighbouring C tiles; those in one
-    # row of the cluster share A's tile, those in one column B's. Each loads a slice of each shared
-    # tile and multicasts it to the others (templates/wgmma_kernel.cu.j2).
-    cluster_m, cluster_n = spec["cluster.m"], spec["cluster.n"]
-    if cluster_m * cluster_n > 1:
-        cluster = ("cluster.m", "cluster.n")
-        if not tma:
-            raise spec.error(cluster, "the blocks of a cluster share tiles by TMA multicast; this kernel's "
-                             "loader warpgroups read their tiles through registers", "stages N tma")
-        if schedule == "stream-k":
-            raise spec.error(cluster + ("schedule",), "schedule stream-k deals K tiles to single blocks; a "
-                             "cluster's blocks must take neighbouring tiles together, whole",
-                             "cluster with schedule data-parallel or persistent, or no cluster line")
-        if split_k > 1:
-            raise spec.error(cluster + ("split",), "split K's blocks add into C with atomics; clusters are "
-                             "built for one block per C tile", "split 1 with a cluster")
-        if cluster_m * cluster_n > 8:
-            raise spec.error(cluster, f"a cluster of {cluster_m} x {cluster_n} = {cluster_m * cluster_n} "
-                             "blocks is more than the 8 every sm_90 GPU can schedule",
-                             "cluster M x N with M x N at most 8")
-        for blocks, rows, operand, along in ((cluster_m, BN, "B", "M"), (cluster_n, BM, "A", "N")):
-            if rows % (8 * blocks):
-                raise spec.error(cluster, f"the {blocks} blocks along {along} each load {rows}/{blocks} "
-                                 f"rows of the {operand} tile they share; the 128-byte swizzle needs "
-                                 "whole groups of 8 rows", f"a cluster that divides {operand}'s {rows} "
-                                 "rows into multiples of 8")
     fallback = None
     if tma:
         # Calls TMA cannot describe go to the register-fed kernel (stages N async) with 64 x 128
@@ -212,14 +170,13 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         spec=spec, name=spec.name, arch=arch, uses_shared=True, BM=BM, BN=BN, BK=BK, WM=64, WN=BN,
         TM=2, TN=2, RM=slabs, RN=BN // 8, SUB_M=64 if slabs > 1 else 16, SUB_N=8, warp_tiling=True, warps_m=consumers,
         warps_n=1, lanes_m=8, lanes_n=4, threads=threads, order="n", stages=stages, async_copy=True,
-        fragments=1, unroll=BK, raster_group=spec["raster.group"], occupancy=1, beta=spec["epilogue.beta"],
-        reduce_count=0, split_k=split_k, staged=False, c_stage_rows=0, c_stage_cols=0, c_stage_ld=0,
+        fragments=1, unroll=BK, occupancy=1, scheduler=schedule_of(spec, BM, BN, BK, consumers),
+        beta=spec["epilogue.beta"], reduce_count=0, staged=False, c_stage_rows=0, c_stage_cols=0, c_stage_ld=0,
         c_stage_vec=1, a=None, b=None, c_layout=spec["layout.C"],
         c_vector=2 if spec["layout.C"] == "row" and split_k == 1 and not tma_store else 1, smem_bytes=smem_bytes,
         registers_estimate=registers, math=math, mma_shape=shape, m_step=8, consumers=consumers,
         tma=tma, loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
-        consumer_registers=limit, fallback=fallback, schedule=schedule, cluster_m=cluster_m,
-        cluster_n=cluster_n, tma_store=tma_store, c_box_outer=c_box_outer, c_box_inner=c_box_inner,
+        consumer_registers=limit, fallback=fallback, tma_store=tma_store, c_box_outer=c_box_outer, c_box_inner=c_box_inner,
         c_buffers=c_buffers, promote_tiles=promote_tiles)
 
 

@@ -1,0 +1,257 @@
+"""The schedule part: how a kernel's blocks take the C tiles (CUTLASS's tile scheduler).
+
+- DataParallel: a block per C tile, numbered in raster order (with clusters: whole clusters of
+  tiles, a block past C's edge storing nothing);
+- SplitK: the same, and a block per slice of the K tiles too (blockIdx.y), the slices adding into
+  C with atomics after the launcher has set C = beta * C;
+- Persistent: no more blocks than SMs, block b walking tiles b, b + grid, ... (clusters: whole
+  clusters walking cluster tiles); the TMA producer runs on into the next tile;
+- StreamK: as persistent, but the last partial wave and one before it dealt out by K tile, the
+  pieces of a shared tile summed in a workspace (plan/schedule.py deals the same in Python);
+- PingPong: persistent, the block's tiles taken by its two consumer warpgroups in turn.
+
+`schedule_of` picks the class from the spec; the planners call the `check_*` functions where a
+rule applies (each raises a SpecError at the setting).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+from typing import ClassVar
+
+from ...spec import Spec
+
+# A scheduled kernel starts at most this many blocks (one per SM): stream-K's counters take a
+# fixed place for the tiles of this many at the start of its workspace, whatever the grid.
+MAX_SCHEDULED_BLOCKS = 1024
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Data-parallel: a block per C tile (with clusters, whole clusters of cluster_m x cluster_n
+    tiles). The base of every schedule: its tile counts, cluster shape and raster order."""
+
+    BM: int
+    BN: int
+    BK: int
+    raster_group: int = 1     # block rows per raster group (1: row order)
+    cluster_m: int = 1        # thread-block clusters of cluster_m x cluster_n blocks (TMA kernels)
+    cluster_n: int = 1
+    consumers: int = 0        # consumer warpgroups of a wgmma kernel (stream-K counts per warp)
+    split_k: int = 1          # slices of K per C tile, each in its own block (SplitK)
+
+    name: ClassVar[str] = "data-parallel"
+    scheduled: ClassVar[bool] = False   # blocks walk C tiles through a tile scheduler (Schedule struct)
+    pingpong: ClassVar[bool] = False    # the block's tiles alternate between its two consumers
+    max_scheduled_blocks: ClassVar[int] = MAX_SCHEDULED_BLOCKS
+
+    @property
+    def cluster_blocks(self) -> int:
+        """Blocks per thread-block cluster (1: no clusters)."""
+        return self.cluster_m * self.cluster_n
+
+    @property
+    def cluster_row_mask(self) -> int:
+        """Cluster ranks (bits) of the blocks that share block 0's A tile: rank = i + cluster_m * j
+        takes the tile (i, j) of its cluster, so A's sharers are ranks 0, cluster_m, 2 cluster_m, ..."""
+        return sum(1 << (self.cluster_m * j) for j in range(self.cluster_n))
+
+    @property
+    def cluster_column_mask(self) -> int:
+        """Cluster ranks (bits) of the blocks that share block 0's B tile: ranks 0 ... cluster_m - 1."""
+        return (1 << self.cluster_m) - 1
+
+    def grid(self, M: int, N: int) -> int:
+        """C tiles (blocks along x) for an M x N output; each has split_k blocks along y."""
+        return ceil(M / self.BM) * ceil(N / self.BN) if M > 0 and N > 0 else 0
+
+    def cluster_tiles(self, M: int, N: int) -> tuple[int, int]:
+        """Tiles along M and N that a data-parallel launch covers: C's, or with clusters, rounded
+        up to whole clusters of cluster_m x cluster_n tiles (the blocks past C's edge store nothing)."""
+        return (ceil(M / (self.BM * self.cluster_m)) * self.cluster_m,
+                ceil(N / (self.BN * self.cluster_n)) * self.cluster_n)
+
+    def cluster_grid(self, M: int, N: int) -> int:
+        """Blocks a data-parallel launch starts: a block per tile of cluster_tiles."""
+        if M <= 0 or N <= 0:
+            return 0
+        tiles_m, tiles_n = self.cluster_tiles(M, N)
+        return tiles_m * tiles_n
+
+    def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
+        """Blocks along x the launcher starts on a GPU of `sms` SMs (the launcher's arithmetic)."""
+        return self.cluster_grid(M, N)
+
+    def workspace_bytes(self, blocks: int) -> int:
+        """Bytes of workspace a launch of `blocks` blocks needs (stream-K's; others none)."""
+        return 0
+
+    def describe(self) -> str:
+        """One line on the schedule for headers and explain."""
+        return "data-parallel: one block per C tile"
+
+
+@dataclass(frozen=True)
+class SplitK(Schedule):
+    """Data-parallel with K cut in split_k slices: blockIdx.y takes one slice of the K tiles, and the
+    slices add their products into C with atomicAdd after the launcher has set C = beta * C (for
+    small M x N with a long K)."""
+
+    def describe(self) -> str:
+        return f"data-parallel: one block per C tile and K slice ({self.split_k})"
+
+
+@dataclass(frozen=True)
+class Persistent(Schedule):
+    """No more blocks than SMs (clusters: whole clusters), each walking tiles in raster order."""
+
+    name: ClassVar[str] = "persistent"
+    scheduled: ClassVar[bool] = True
+
+    def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
+        most = min(sms, self.max_scheduled_blocks)
+        if self.cluster_blocks > 1:  # whole clusters, each walking cluster-sized groups of tiles (units)
+            units = self.cluster_grid(M, N) // self.cluster_blocks
+            return min(units, max(1, most // self.cluster_blocks)) * self.cluster_blocks
+        return min(self.grid(M, N), most)
+
+    def describe(self) -> str:
+        if self.cluster_blocks > 1:
+            return (f"persistent clusters: min(cluster tiles, SMs / {self.cluster_blocks}) clusters of "
+                    f"{self.cluster_m} x {self.cluster_n} blocks, cluster c multiplying cluster tiles c, c + clusters, "
+                    "... in raster order, its blocks together; the producers run on into the next tile while "
+                    "the consumers store the last")
+        return ("persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster "
+                "order; the producer runs on into the next tile while the consumers store the last")
+
+
+@dataclass(frozen=True)
+class PingPong(Persistent):
+    """schedule pingpong: the persistent walk, its tiles taken by the two consumer warpgroups in turn,
+    so that one's epilogue overlaps the other's MMAs (block M = one consumer's tile: one or two
+    64-row slabs)."""
+
+    name: ClassVar[str] = "pingpong"
+    pingpong: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        if self.cluster_blocks > 1:
+            return (f"pingpong clusters: min(cluster tiles, SMs / {self.cluster_blocks}) clusters of "
+                    f"{self.cluster_m} x {self.cluster_n} blocks, cluster c walking cluster tiles c, c + clusters, "
+                    "... in raster order, its blocks together, each block's two consumer warpgroups taking its "
+                    "tiles in turn, so that one stores its tile while the other multiplies the next")
+        return ("pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, "
+                "its two consumer warpgroups taking them in turn, so that one stores its tile while the "
+                "other multiplies the next")
+
+
+@dataclass(frozen=True)
+class StreamK(Persistent):
+    """The K tiles of the last partial wave and one whole wave before it dealt evenly over the
+    blocks; the last block to write its piece of a shared tile adds all the pieces in K order."""
+
+    name: ClassVar[str] = "stream-k"
+
+    def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
+        most = min(sms, self.max_scheduled_blocks)
+        return min(most, self.grid(M, N) * max(1, ceil(K / self.BK)))
+
+    def workspace_bytes(self, blocks: int) -> int:
+        """A counter per shared tile (up to 2 x max_scheduled_blocks) and consumer warp, then two
+        slots of BM x BN partial sums per block (the pieces it begins and ends with)."""
+        return 4 * (2 * self.max_scheduled_blocks * self.consumers * 4 + 2 * blocks * self.BM * self.BN)
+
+    def describe(self) -> str:
+        return ("stream-k: min(SMs, K tiles in all) blocks; whole waves of C tiles stay whole, the last partial "
+                "wave and one before it are dealt out by K tile; the last block to write its piece of a "
+                "shared tile adds all the pieces in K order (workspace, no waiting: the same bits every run)")
+
+
+SCHEDULES = {cls.name: cls for cls in (Schedule, Persistent, StreamK, PingPong)}
+
+
+def schedule_of(spec: Spec, BM: int, BN: int, BK: int, consumers: int = 0) -> Schedule:
+    """The schedule a (checked) spec asks for, dealing BM x BN tiles of BK-deep K tiles."""
+    split_k = spec["split"]
+    cls = SplitK if split_k > 1 else SCHEDULES[spec["schedule"]]
+    return cls(BM=BM, BN=BN, BK=BK, raster_group=spec["raster.group"], cluster_m=spec["cluster.m"],
+               cluster_n=spec["cluster.n"], consumers=consumers, split_k=split_k)
+
+
+# --- the rules, each raised at its setting --------------------------------------------------------
+
+def check_one_block_per_tile(spec: Spec) -> None:
+    """Kernels without a TMA producer (the tiled ones) take one block per C tile, unclustered."""
+    if spec["schedule"] != "data-parallel":
+        raise spec.error("schedule", f"schedule {spec['schedule']} is built for the TMA-fed wgmma "
+                         "kernels (target sm_90a, math tf32 or 3xtf32, stages N tma); this kernel takes "
+                         "one block per C tile", "schedule data-parallel, or no schedule line")
+    if spec["cluster.m"] * spec["cluster.n"] > 1:
+        raise spec.error(("cluster.m", "cluster.n"), "thread-block clusters share tiles by TMA multicast, "
+                         "on the TMA-fed wgmma kernels (target sm_90a, math tf32 or 3xtf32, stages N "
+                         "tma); this kernel's blocks load their own tiles", "cluster 1 x 1, or no cluster line")
+
+
+def check_split_cuts_shared_tiles(spec: Spec, uses_shared: bool) -> None:
+    if spec["split"] > 1 and not uses_shared:
+        raise spec.error("split", "split K cuts the K loop of shared-memory tiles, which 'shared off' "
+                         "turns off", "split 1, or shared memory on")
+
+
+def check_pingpong_tile(spec: Spec, BM: int) -> None:
+    """Ping-pong's consumers each take whole tiles of one or two 64-row slabs."""
+    if spec["schedule"] == "pingpong" and BM not in (64, 128):
+        raise spec.error(("block.m", "schedule"), f"schedule pingpong gives each of its two consumer "
+                         f"warpgroups whole tiles of one or two 64-row slabs; block M = {BM} is the tile of one",
+                         "block 64 x N x 32 or 128 x N x 32 with schedule pingpong")
+
+
+def check_walk(spec: Spec, tma: bool, math: str) -> None:
+    """A tile scheduler needs the TMA producer that runs ahead into the next tile, and divides the
+    work itself (no split K); ping-pong's producer feeds TF32 tiles only."""
+    schedule, split_k = spec["schedule"], spec["split"]
+    if schedule == "data-parallel":
+        return
+    if not tma:
+        raise spec.error("schedule", f"schedule {schedule} is built for the TMA-fed wgmma kernel, "
+                         "whose producer warpgroup runs ahead into the next tile",
+                         "stages N tma, or schedule data-parallel")
+    if split_k > 1:
+        raise spec.error(("schedule", "split"), f"schedule {schedule} and split {split_k} both divide "
+                         "the work among blocks; stream-k already splits K where tiles run short",
+                         "split 1 with a schedule, or schedule data-parallel with split")
+    if schedule == "pingpong" and math != "tf32":
+        raise spec.error(("schedule", "math"), "schedule pingpong is built for math tf32: 3xtf32's "
+                         "producer writes B's remainders for the two consumers of one tile",
+                         "math tf32 with schedule pingpong, or schedule persistent")
+
+
+def check_cluster(spec: Spec, tma: bool, BM: int, BN: int) -> None:
+    """Clusters: the cluster_m x cluster_n blocks of a cluster take neighbouring C tiles; those in
+    one row of the cluster share A's tile, those in one column B's. Each loads a slice of each
+    shared tile and multicasts it to the others (templates/wgmma_kernel.cu.j2)."""
+    cluster_m, cluster_n = spec["cluster.m"], spec["cluster.n"]
+    if cluster_m * cluster_n == 1:
+        return
+    cluster = ("cluster.m", "cluster.n")
+    if not tma:
+        raise spec.error(cluster, "the blocks of a cluster share tiles by TMA multicast; this kernel's "
+                         "loader warpgroups read their tiles through registers", "stages N tma")
+    if spec["schedule"] == "stream-k":
+        raise spec.error(cluster + ("schedule",), "schedule stream-k deals K tiles to single blocks; a "
+                         "cluster's blocks must take neighbouring tiles together, whole",
+                         "cluster with schedule data-parallel or persistent, or no cluster line")
+    if spec["split"] > 1:
+        raise spec.error(cluster + ("split",), "split K's blocks add into C with atomics; clusters are "
+                         "built for one block per C tile", "split 1 with a cluster")
+    if cluster_m * cluster_n > 8:
+        raise spec.error(cluster, f"a cluster of {cluster_m} x {cluster_n} = {cluster_m * cluster_n} "
+                         "blocks is more than the 8 every sm_90 GPU can schedule",
+                         "cluster M x N with M x N at most 8")
+    for blocks, rows, operand, along in ((cluster_m, BN, "B", "M"), (cluster_n, BM, "A", "N")):
+        if rows % (8 * blocks):
+            raise spec.error(cluster, f"the {blocks} blocks along {along} each load {rows}/{blocks} "
+                             f"rows of the {operand} tile they share; the 128-byte swizzle needs "
+                             "whole groups of 8 rows", f"a cluster that divides {operand}'s {rows} "
+                             "rows into multiples of 8")
