@@ -1,6 +1,5 @@
-"""What a Plan holds: every derived number of a kernel (the Plan), how each operand travels to
-shared memory (Operand) and how C is indexed (Output), with the arguments checks the launchers
-share. The planning itself is per path: tiled.py (SIMT and mma.sync), wgmma.py."""
+"""What a Plan holds: every derived number of a kernel (the Plan) and its parts (parts/), how each
+operand travels to shared memory (Operand), with the arguments checks the launchers share. The planning itself is per path: tiled.py (SIMT and mma.sync), wgmma.py."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ from math import ceil
 
 from ..spec import Spec
 from .arch import WARP, Arch
+from .parts.epilogue import Epilogue, Output  # noqa: F401 (Output: plan.Output)
 from .parts.schedule import Schedule
 
 
@@ -163,18 +163,10 @@ class Plan:
     unroll: int               # k steps per unrolled body of the inner product's loop (BK: all)
     occupancy: int
     scheduler: Schedule       # how blocks take C tiles: the schedule part (parts/schedule.py)
-    beta: bool
-    reduce_count: int
-    staged: bool              # C tile assembled in shared memory, then stored row by row
-    c_stage_rows: int         # staged C tile: rows along C's outer (non-contiguous) dimension
-    c_stage_cols: int
-    c_stage_ld: int           # floats between rows of the staged tile (cols + 4)
-    c_stage_vec: int          # floats per coalesced access of the staged store
-    # operands and output
+    epilogue: Epilogue        # how the accumulators reach C: the epilogue part (parts/epilogue.py)
+    # operands
     a: Operand | None
     b: Operand | None
-    c_layout: str
-    c_vector: int             # floats per store of C in the aligned variant
     smem_bytes: int
     registers_estimate: int
     notes: tuple[str, ...] = field(default=())
@@ -192,13 +184,6 @@ class Plan:
     loader_registers: int = 0     # setmaxnreg of loader (wgmma: TMA producer) and consumer threads
     consumer_registers: int = 0
     fallback: "Plan | None" = None
-    # the TMA wgmma kernels' staged epilogue (`epilogue ... staged`): each consumer warp writes its
-    # 16 rows of the C tile into shared boxes of c_box_outer x c_box_inner floats (inner: along C's
-    # contiguous dimension), c_buffers of them in turn, and TMA stores each box
-    tma_store: bool = False
-    c_box_outer: int = 0
-    c_box_inner: int = 0
-    c_buffers: int = 0
     # 3xtf32 TMA kernels (`promote K`): K tiles whose products the tensor cores sum before the
     # consumers add that sum into acc in FP32
     promote_tiles: int = 1
@@ -222,6 +207,24 @@ class Plan:
     cluster_grid = _from("scheduler", "cluster_grid")
     launch_blocks = _from("scheduler", "launch_blocks")
     workspace_bytes = _from("scheduler", "workspace_bytes")
+
+    # The epilogue's numbers, by their short names (the staged ones exist where the store is staged).
+    beta = _from("epilogue", "beta")
+    reduce_count = _from("epilogue", "reduce_count")
+    c_layout = _from("epilogue", "c_layout")
+    c_vector = _from("epilogue", "c_vector", "floats per store of C in the aligned variant")
+    c = _from("epilogue", "c", "index expressions for C (Output)")
+    staged = _from("epilogue", "staged", "C tile assembled in shared memory, then stored row by row")
+    c_stage_rows = _from("epilogue", "c_stage_rows")
+    c_stage_cols = _from("epilogue", "c_stage_cols")
+    c_stage_ld = _from("epilogue", "c_stage_ld")
+    c_stage_vec = _from("epilogue", "c_stage_vec")
+    tma_store = _from("epilogue", "tma_store", "the TMA wgmma kernels' staged epilogue: boxes stored by TMA")
+    c_box_outer = _from("epilogue", "c_box_outer")
+    c_box_inner = _from("epilogue", "c_box_inner")
+    c_buffers = _from("epilogue", "c_buffers")
+    c_box_swizzle = _from("epilogue", "c_box_swizzle")
+    c_box_index = _from("epilogue", "c_box_index")
 
     @property
     def path(self) -> str:
@@ -320,21 +323,6 @@ class Plan:
         TMA's 128-byte swizzle lays it out: 16-byte chunk c of row r lands at chunk c ^ (r % 8)."""
         return f"{row} * 32 + ((({k} >> 2) ^ ({row} & 7)) << 2) + ({k} & 3)"
 
-    @property
-    def c_box_swizzle(self) -> int:
-        """Bytes of TMA's swizzle for the staged C boxes: one box row (32, 64 or 128)."""
-        return 4 * self.c_box_inner
-
-    def c_box_index(self, outer: str, inner: str) -> str:
-        """C expression: float offset of (outer, inner) in a staged C box as TMA's swizzle of one
-        box row lays it out: 16-byte chunk c of each 128 bytes goes to c ^ (bits 7.. of the address),
-        so a warp's writes of a fragment spread over the banks."""
-        shift = {32: 0, 16: 1, 8: 2}[self.c_box_inner]  # box rows per 128 bytes: 2 ** shift
-        mask = self.c_box_swizzle // 16 - 1
-        outer = outer if outer.isidentifier() else f"({outer})"
-        row = outer if shift == 0 else f"({outer} >> {shift})"
-        return f"{outer} * {self.c_box_inner} + ({inner} ^ (({row} & {mask}) << 2))"
-
     def tma_ready(self, M: int, N: int, K: int, lda: int, ldb: int, pointers: dict[str, int]) -> bool:
         """Whether TMA can load A and B (wgmma path): 16-byte aligned bases and row strides."""
         return (min(M, N, K) > 0 and lda % 4 == 0 and ldb % 4 == 0
@@ -363,25 +351,3 @@ class Plan:
     @property
     def b_stride_n(self) -> str:
         return "1" if self.spec["layout.B"] == "row" else "ldb"
-
-    @property
-    def c(self) -> "Output":
-        return Output(self.c_layout)
-
-
-@dataclass(frozen=True)
-class Output:
-    """Index expressions for C, relative to the block's tile."""
-
-    layout: str
-
-    @property
-    def tile_origin(self) -> str:
-        if self.layout == "row":
-            return "(long long)block_m0 * ldc + block_n0"
-        return "(long long)block_n0 * ldc + block_m0"
-
-    def index(self, m: str, n: str) -> str:
-        if self.layout == "row":
-            return f"(long long)({m}) * ldc + ({n})"
-        return f"(long long)({n}) * ldc + ({m})"

@@ -9,13 +9,13 @@ from dataclasses import replace
 from ..spec import Spec
 from .arch import MAX_REGISTERS_PER_THREAD, Arch
 from .base import Plan
+from .parts.epilogue import check_no_reduce, check_tma_store, warpgroup_epilogue
 from .parts.schedule import check_cluster, check_pingpong_tile, check_walk, schedule_of
 
 WARPGROUP = 128
 WGMMA_BK = 32             # floats in one 128-byte swizzled shared row: one TMA box along K
 TMA_PRODUCER_REGISTERS = 40  # what setmaxnreg leaves the TMA producer: it only issues copies
 WGMMA_MAX_REGISTERS = 232  # what setmaxnreg gives each consumer thread beside such a producer
-C_STORE_BUFFERS = 2        # staged epilogue: boxes per consumer warp, so one is written while TMA reads the other
 SETMAXNREG_CAP = 240       # setmaxnreg takes multiples of 8; a thread addresses at most 255 registers
 
 
@@ -54,8 +54,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     if spec.written("thread.m"):
         raise spec.error("thread.m", "with wgmma each warpgroup multiplies a 64 x N tile; there is no "
                          "thread tile", "no thread line")
-    for key, default, why in (("reduce.count", 0, "fused reduction"),
-                              ("fragments", 1, "fragment double buffering"), ("order", "n", "thread order"),
+    check_no_reduce(spec)
+    for key, default, why in (("fragments", 1, "fragment double buffering"), ("order", "n", "thread order"),
                               ("unroll", 0, "FFMA k loop to unroll")):
         if spec[key] != default:
             raise spec.error(key, f"the wgmma path has no {why}", f"target sm_90 (mma.sync) for {why}")
@@ -84,22 +84,9 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         raise spec.error("stages", "the pipeline loads tiles ahead of the math; it needs at least "
                          "2 buffers", "stages 2 to 8, e.g. stages 4")
     consumers = 2 if pingpong else BM // 64  # pingpong: two consumers, each on its own tile
-    tma_store = spec["epilogue.staged"]
-    if tma_store and not tma:
-        raise spec.error("epilogue.staged", "the wgmma staged epilogue writes C through shared memory and "
-                         "stores it with TMA; this kernel's loader warpgroups have no TMA",
-                         "stages N tma, or an epilogue without staged")
-    if tma_store and spec["split"] > 1:
-        raise spec.error(("epilogue.staged", "split"), "split K adds each slice's product into C with "
-                         "atomics; a TMA store would overwrite the other slices' sums",
-                         "split 1 with staged, or an epilogue without staged")
-    # The staged epilogue: each consumer warp owns 16 rows of the tile, so its boxes are 16 rows by
-    # up to 32 columns of C; along C's contiguous dimension a box row is 32, 64 or 128 bytes, which
-    # is the swizzle TMA applies (and what spreads the warp's writes over the banks).
-    box_n = next(width for width in (32, 16, 8) if BN % width == 0)
-    c_box_outer, c_box_inner = ((16, box_n) if spec["layout.C"] == "row" else (box_n, 16)) if tma_store else (0, 0)
-    c_buffers = C_STORE_BUFFERS if tma_store else 0
-    c_stage_bytes = consumers * 4 * c_buffers * 4 * c_box_outer * c_box_inner
+    check_tma_store(spec, tma)
+    epilogue = warpgroup_epilogue(spec, BN)
+    c_stage_bytes = epilogue.smem_bytes(consumers) if epilogue.tma_store else 0
     # Loader warpgroups hold K tiles in registers between their loads and their stores; a single
     # consumer multiplies a tile faster than one loader's loads return, so it gets two loaders.
     loaders = 0 if tma else (2 if consumers == 1 else 1)
@@ -152,7 +139,6 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
                          "occupancy 1, or no occupancy line")
     check_walk(spec, tma, math)
     check_cluster(spec, tma, BM, BN)
-    split_k = spec["split"]
     fallback = None
     if tma:
         # Calls TMA cannot describe go to the register-fed kernel (stages N async) with 64 x 128
@@ -171,13 +157,10 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         TM=2, TN=2, RM=slabs, RN=BN // 8, SUB_M=64 if slabs > 1 else 16, SUB_N=8, warp_tiling=True, warps_m=consumers,
         warps_n=1, lanes_m=8, lanes_n=4, threads=threads, order="n", stages=stages, async_copy=True,
         fragments=1, unroll=BK, occupancy=1, scheduler=schedule_of(spec, BM, BN, BK, consumers),
-        beta=spec["epilogue.beta"], reduce_count=0, staged=False, c_stage_rows=0, c_stage_cols=0, c_stage_ld=0,
-        c_stage_vec=1, a=None, b=None, c_layout=spec["layout.C"],
-        c_vector=2 if spec["layout.C"] == "row" and split_k == 1 and not tma_store else 1, smem_bytes=smem_bytes,
+        epilogue=epilogue, a=None, b=None, smem_bytes=smem_bytes,
         registers_estimate=registers, math=math, mma_shape=shape, m_step=8, consumers=consumers,
         tma=tma, loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
-        consumer_registers=limit, fallback=fallback, tma_store=tma_store, c_box_outer=c_box_outer, c_box_inner=c_box_inner,
-        c_buffers=c_buffers, promote_tiles=promote_tiles)
+        consumer_registers=limit, fallback=fallback, promote_tiles=promote_tiles)
 
 
 def _promote_tiles(spec: Spec, math: str, tma: bool, BK: int) -> int:

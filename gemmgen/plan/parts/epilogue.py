@@ -1,0 +1,220 @@
+"""The epilogue part: how the accumulators reach C (CUTLASS's collective epilogue).
+
+- Direct: each thread writes its own values, C_VEC floats at a time where the call is aligned
+  (under split K, one atomicAdd per float);
+- Staged (`epilogue ... staged` on the tiled kernels): the block's C tile is assembled in shared
+  memory, then stored along C's contiguous dimension;
+- TmaStore (`epilogue ... staged` on the TMA-fed wgmma kernels): each consumer warp writes its rows
+  into swizzled shared boxes that TMA stores.
+
+Each computes C = act(alpha * acc + beta * C) per element (beta: `epilogue alpha beta`), `act` an
+entry of ACTIVATIONS, and may fuse the min-reduce (`reduce min N`: the N smallest entries of C).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ...spec import Spec
+from ..arch import Arch
+
+
+@dataclass(frozen=True)
+class Activation:
+    """An elementwise function applied to each value of C as it is stored: adding one is one entry
+    of ACTIVATIONS (every epilogue applies it through Epilogue.value)."""
+
+    name: str
+    cuda: str            # C expression of the value {x} (a float), e.g. "fmaxf({x}, 0.0f)"
+    derivative: str      # C expression of d act / dx at {x}, for the backward pass of autograd
+    words: str           # what a spec writes for it, as SpecErrors list the choices
+
+    def apply(self, x: str) -> str:
+        """The C expression of act(x)."""
+        return x if self.cuda == "{x}" else self.cuda.replace("{x}", f"({x})")
+
+
+ACTIVATIONS = {
+    "none": Activation("none", "{x}", "1.0f", "no activation"),
+}
+
+
+@dataclass(frozen=True)
+class Output:
+    """Index expressions for C, relative to the block's tile."""
+
+    layout: str
+
+    @property
+    def tile_origin(self) -> str:
+        if self.layout == "row":
+            return "(long long)block_m0 * ldc + block_n0"
+        return "(long long)block_n0 * ldc + block_m0"
+
+    def index(self, m: str, n: str) -> str:
+        if self.layout == "row":
+            return f"(long long)({m}) * ldc + ({n})"
+        return f"(long long)({n}) * ldc + ({m})"
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """Direct: each thread stores its accumulators to C, c_vector floats at a time when aligned."""
+
+    c_layout: str             # "row" or "col"
+    beta: bool                # C = alpha * A*B + beta * C (else alpha * A*B, C not read)
+    c_vector: int = 1         # floats per store of C in the aligned variant
+    reduce_count: int = 0     # the fused min-reduce: how many smallest entries of C (0: none)
+    activation: Activation = field(default=ACTIVATIONS["none"])
+
+    staged: ClassVar[bool] = False     # assembled in shared memory (the tiled kernels' staged store)
+    tma_store: ClassVar[bool] = False  # boxes stored by TMA (the TMA-fed wgmma kernels' staged store)
+
+    @property
+    def c(self) -> Output:
+        return Output(self.c_layout)
+
+    def value(self, product: str, old: str, read_c: str = "read_c") -> str:
+        """C expression of one stored value from `product` (alpha * A*B's) and `old` (C's, read where
+        `read_c` holds)."""
+        return self.activation.apply(f"{read_c} ? {product} + beta * {old} : {product}" if self.beta else product)
+
+
+@dataclass(frozen=True)
+class Staged(Epilogue):
+    """The block's C tile assembled in shared memory (reusing the operands'), then stored along C's
+    contiguous dimension, so each warp's stores (and beta's loads) are adjacent."""
+
+    c_stage_rows: int = 0     # rows along C's outer (non-contiguous) dimension
+    c_stage_cols: int = 0
+    c_stage_ld: int = 0       # floats between rows of the staged tile (cols + 4)
+    c_stage_vec: int = 1      # floats per coalesced access of the staged store
+
+    staged: ClassVar[bool] = True
+
+    @property
+    def smem_bytes(self) -> int:
+        return 4 * self.c_stage_rows * self.c_stage_ld
+
+
+C_STORE_BUFFERS = 2  # boxes per consumer warp, so one is written while TMA reads the other
+
+
+@dataclass(frozen=True)
+class TmaStore(Epilogue):
+    """Each consumer warp writes its 16 rows of the C tile into shared boxes of c_box_outer x
+    c_box_inner floats (inner: along C's contiguous dimension), c_buffers of them in turn, and TMA
+    stores each box."""
+
+    c_box_outer: int = 0
+    c_box_inner: int = 0
+    c_buffers: int = C_STORE_BUFFERS
+
+    tma_store: ClassVar[bool] = True
+
+    def smem_bytes(self, consumers: int) -> int:
+        """Shared bytes of every consumer warp's boxes."""
+        return consumers * 4 * self.c_buffers * 4 * self.c_box_outer * self.c_box_inner
+
+    @property
+    def c_box_swizzle(self) -> int:
+        """Bytes of TMA's swizzle for the staged C boxes: one box row (32, 64 or 128)."""
+        return 4 * self.c_box_inner
+
+    def c_box_index(self, outer: str, inner: str) -> str:
+        """C expression: float offset of (outer, inner) in a staged C box as TMA's swizzle of one
+        box row lays it out: 16-byte chunk c of each 128 bytes goes to c ^ (bits 7.. of the address),
+        so a warp's writes of a fragment spread over the banks."""
+        shift = {32: 0, 16: 1, 8: 2}[self.c_box_inner]  # box rows per 128 bytes: 2 ** shift
+        mask = self.c_box_swizzle // 16 - 1
+        outer = outer if outer.isidentifier() else f"({outer})"
+        row = outer if shift == 0 else f"({outer} >> {shift})"
+        return f"{outer} * {self.c_box_inner} + ({inner} ^ (({row} & {mask}) << 2))"
+
+
+def _largest_vector(run: int) -> int:
+    return 4 if run % 4 == 0 else 2 if run % 2 == 0 else 1
+
+
+def direct_vector(c_layout: str, TM: int, TN: int, m_step: int, split_k: int) -> int:
+    """Floats per store of C: a thread's run along C's contiguous dimension, none where a lane's
+    accumulator rows are m_step apart (no two adjacent along M) or under split K (one atomicAdd
+    per float)."""
+    if split_k > 1 or (c_layout == "col" and m_step > 1):
+        return 1
+    return _largest_vector(TN if c_layout == "row" else TM)
+
+
+def tiled_epilogue(spec: Spec, BM: int, BN: int, TM: int, TN: int, m_step: int) -> Epilogue:
+    """The epilogue of a tiled kernel (checked by check_on_tiles)."""
+    c_layout = spec["layout.C"]
+    common = dict(c_layout=c_layout, beta=spec["epilogue.beta"], reduce_count=spec["reduce.count"],
+                  c_vector=direct_vector(c_layout, TM, TN, m_step, spec["split"]))
+    if not spec["epilogue.staged"]:
+        return Epilogue(**common)
+    # The staged C tile runs along C's contiguous dimension and reuses the operands' shared memory.
+    rows, cols = (BM, BN) if c_layout == "row" else (BN, BM)
+    return Staged(**common, c_stage_rows=rows, c_stage_cols=cols, c_stage_ld=cols + 4,
+                  c_stage_vec=_largest_vector(cols))
+
+
+def warpgroup_epilogue(spec: Spec, BN: int) -> Epilogue:
+    """The epilogue of a wgmma kernel (checked by check_tma_store)."""
+    c_layout, beta = spec["layout.C"], spec["epilogue.beta"]
+    if not spec["epilogue.staged"]:
+        return Epilogue(c_layout=c_layout, beta=beta, c_vector=direct_vector(c_layout, 2, 2, 8, spec["split"]))
+    # Each consumer warp owns 16 rows of the tile, so its boxes are 16 rows by up to 32 columns of
+    # C; along C's contiguous dimension a box row is 32, 64 or 128 bytes, which is the swizzle TMA
+    # applies (and what spreads the warp's writes over the banks).
+    box_n = next(width for width in (32, 16, 8) if BN % width == 0)
+    outer, inner = (16, box_n) if c_layout == "row" else (box_n, 16)
+    return TmaStore(c_layout=c_layout, beta=beta, c_box_outer=outer, c_box_inner=inner)
+
+
+# --- the rules, each raised at its setting --------------------------------------------------------
+
+def check_on_tiles(spec: Spec, uses_shared: bool) -> None:
+    """The tiled kernels: the fused reduction needs each entry of C final in its block, and the
+    staged store needs shared memory and whole tiles."""
+    split_k = spec["split"]
+    if split_k > 1 and spec["reduce.count"]:
+        raise spec.error("split", "a split K adds partial products into C after the blocks finish, "
+                         "but the fused reduction needs each entry of C final inside its block",
+                         "split 1 with reduce, or no reduce")
+    staged = spec["epilogue.staged"]
+    if staged and not uses_shared:
+        raise spec.error("epilogue.staged", "a staged epilogue assembles C in shared memory, which "
+                         "'shared off' turns off", "epilogue alpha beta, or shared memory on")
+    if staged and split_k > 1:
+        raise spec.error("epilogue.staged", "split K adds partial tiles into C one float at a time; "
+                         "staging whole tiles through shared memory gains nothing there",
+                         "split 1 with staged, or an epilogue without staged")
+
+
+def check_staged_fits(spec: Spec, arch: Arch, BM: int, BN: int, smem_bytes: int) -> None:
+    if smem_bytes > arch.smem_per_block:
+        raise spec.error("epilogue.staged", f"the staged {BM} x {BN} C tile needs {smem_bytes} "
+                         f"bytes of shared memory; a block on {arch.name} gets at most "
+                         f"{arch.smem_per_block}", "a smaller block tile, or no staged epilogue")
+
+
+def check_no_reduce(spec: Spec) -> None:
+    """The wgmma kernels fuse no reduction."""
+    if spec["reduce.count"]:
+        raise spec.error("reduce.count", "the wgmma path has no fused reduction",
+                         "target sm_90 (mma.sync) for fused reduction")
+
+
+def check_tma_store(spec: Spec, tma: bool) -> None:
+    """The wgmma kernels' staged store goes through TMA, which whole tiles need."""
+    if not spec["epilogue.staged"]:
+        return
+    if not tma:
+        raise spec.error("epilogue.staged", "the wgmma staged epilogue writes C through shared memory and "
+                         "stores it with TMA; this kernel's loader warpgroups have no TMA",
+                         "stages N tma, or an epilogue without staged")
+    if spec["split"] > 1:
+        raise spec.error(("epilogue.staged", "split"), "split K adds each slice's product into C with "
+                         "atomics; a TMA store would overwrite the other slices' sums",
+                         "split 1 with staged, or an epilogue without staged")
