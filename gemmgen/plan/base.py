@@ -1,15 +1,17 @@
-"""What a Plan holds: every derived number of a kernel (the Plan) and its parts (parts/), how each
-operand travels to shared memory (Operand), with the arguments checks the launchers share. The planning itself is per path: tiled.py (SIMT and mma.sync), wgmma.py."""
+"""What a Plan holds: a kernel's parts (parts/: tile, mainloop, schedule, epilogue) and the numbers of
+the whole, with the argument checks the launchers share. The planning itself is per mainloop:
+tiled.py (SIMT and mma.sync), wgmma.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import ceil
 
 from ..spec import Spec
-from .arch import WARP, Arch
-from .parts.epilogue import Epilogue, Output  # noqa: F401 (Output: plan.Output)
+from .arch import Arch
+from .parts.epilogue import Epilogue
+from .parts.mainloop import Mainloop
 from .parts.schedule import Schedule
+from .parts.tile import Tile
 
 
 def _from(part: str, name: str, doc: str = "") -> property:
@@ -18,175 +20,69 @@ def _from(part: str, name: str, doc: str = "") -> property:
 
 
 @dataclass(frozen=True)
-class Operand:
-    """How one input matrix (A or B) travels: global tile → shared tile → register fragments.
-
-    The global tile is `outer` x `inner`, inner being the contiguous dimension in memory. The
-    shared tile has rows along `smem_row_dim`; index expressions are C expressions of the tile
-    coordinates, ready to paste into CUDA.
-    """
-
-    name: str                 # "A" or "B"
-    layout: str               # "row" or "col" in global memory
-    outer_dim: str            # math dimension of global rows: "m", "n" or "k"
-    inner_dim: str
-    outer: int                # tile extent along outer_dim
-    inner: int
-    vector: int               # floats per global load
-    chunks_per_row: int       # inner / vector
-    passes: int               # loads per thread per tile
-    transposed_store: bool    # shared rows run along the global inner dimension
-    smem_rows: int
-    smem_cols: int
-    smem_ld: int              # floats between shared rows (cols + pad)
-    pad: int
-    swizzle: bool
-    swizzle_chunks: int       # 4-float chunks per shared row when swizzled
-    stage_floats: int
-    smem_index: str           # C expression of (math coordinates) → float offset in one stage
-    frag_vector: int          # floats per shared → register load in the inner product
-    rows_left: str            # C expression: rows of the global tile still inside the matrix
-    cols_left: str
-    thread_runs: bool         # uncoalesced: each thread loads `passes` consecutive chunks
-    tile_origin: str          # C expression: element offset of the block's first tile
-    k_step: str               # C expression: element offset from one K tile to the next
-    extent_outer: str         # matrix size along the outer dimension (M, N or K)
-    extent_inner: str
-    # via registers: global → registers → shared even in a cp.async pipeline
-    via_registers: bool = False
-    # a transposing store via registers: vector x vector blocks (one per `vector` passes),
-    # transposed in registers and stored `vector` floats at a time
-    blocked: bool = False
-    bands_lo: int = 1         # neighbouring lanes take this many neighbouring blocks along outer_dim
-
-    @property
-    def chunk_index(self) -> str:
-        """C expression: which chunk of the tile a thread loads in pass p. Coalesced loaders give
-        a warp 32 neighbouring chunks per pass; uncoalesced ones give each thread a run of its own."""
-        return f"tid * {self.passes} + p" if self.thread_runs else "p * THREADS + tid"
-
-    def chunk_of(self, p: int, tid: int, threads: int) -> int:
-        """chunk_index in Python, for the explain report's bank-conflict simulation."""
-        return tid * self.passes + p if self.thread_runs else p * threads + tid
-
-    # Blocked loads (via registers): pass p reads row p % V of block q = p / V * THREADS + tid, a
-    # block being V rows by one V-float chunk. Lanes walk bands_lo blocks along the outer dimension
-    # first, then along the inner one, so a quarter warp's transposed 16-byte stores fill 32 banks
-    # and a warp's loads still read whole 32-byte sectors.
-    @property
-    def block_index(self) -> str:
-        return f"p / {self.name}_VEC * THREADS + tid"
-
-    @property
-    def block_band(self) -> str:
-        lo, cpr = self.bands_lo, self.chunks_per_row
-        return f"q % {lo} + q / {lo * cpr} * {lo}" if lo > 1 else f"q / {cpr}"
-
-    @property
-    def block_chunk(self) -> str:
-        lo, cpr = self.bands_lo, self.chunks_per_row
-        return f"q / {lo} % {cpr}" if lo > 1 else f"q % {cpr}"
-
-    def position(self, p: int, tid: int, threads: int) -> tuple[int, int]:
-        """(row, first column) of the global tile that pass p of thread tid reads, as the
-        templates compute it."""
-        if self.blocked:
-            v, lo, cpr = self.vector, self.bands_lo, self.chunks_per_row
-            q = p // v * threads + tid
-            band = q % lo + q // (lo * cpr) * lo
-            return band * v + p % v, q // lo % cpr * v
-        chunk = self.chunk_of(p, tid, threads)
-        return chunk // self.chunks_per_row, chunk % self.chunks_per_row * self.vector
-
-    @property
-    def ld(self) -> str:
-        return f"ld{self.name.lower()}"
-
-    def k_offset(self, k: str) -> str:
-        """C expression: element offset of column/row k of this operand (the K dimension)."""
-        return f"(long long)({k}) * {self.ld}" if self.outer_dim == "k" else f"({k})"
-
-    def smem_args(self, row: str, col: str) -> str:
-        """Arguments of s{A,B}_index (math order: A(m, k), B(k, n)) for global tile (row, col)."""
-        first = "m" if self.name == "A" else "k"
-        return f"{row}, {col}" if self.outer_dim == first else f"{col}, {row}"
-
-    def describe(self) -> str:
-        shape = f"{self.smem_rows} x {self.smem_ld}"
-        if self.swizzle:
-            how = "XOR-swizzled in 16-byte chunks"
-        elif self.pad:
-            how = f"padded by {self.pad}"
-        else:
-            how = "unpadded"
-        rows = self.smem_row_dim
-        return f"s{self.name}[{rows}][{self.smem_col_dim}] {shape} floats, {how}"
-
-    @property
-    def smem_row_dim(self) -> str:
-        return self.inner_dim if self.transposed_store else self.outer_dim
-
-    @property
-    def smem_col_dim(self) -> str:
-        return self.outer_dim if self.transposed_store else self.inner_dim
-
-
-@dataclass(frozen=True)
 class Plan:
+    """A kernel: its spec, target and parts, and the numbers of the whole (shared memory, registers)."""
+
     spec: Spec
     name: str
     arch: Arch
-    uses_shared: bool
-    # tiling
-    BM: int
-    BN: int
-    BK: int
-    WM: int
-    WN: int
-    TM: int
-    TN: int
-    RM: int
-    RN: int
-    SUB_M: int
-    SUB_N: int
-    warp_tiling: bool
-    warps_m: int
-    warps_n: int
-    lanes_m: int
-    lanes_n: int
-    threads: int
-    order: str
-    # pipeline
-    stages: int
-    async_copy: bool
-    fragments: int
-    unroll: int               # k steps per unrolled body of the inner product's loop (BK: all)
-    occupancy: int
+    tile: Tile                # block, warp and thread tiles: the tile part (parts/tile.py)
+    mainloop: Mainloop        # how A and B reach the math: the mainloop part (parts/mainloop.py)
     scheduler: Schedule       # how blocks take C tiles: the schedule part (parts/schedule.py)
     epilogue: Epilogue        # how the accumulators reach C: the epilogue part (parts/epilogue.py)
-    # operands
-    a: Operand | None
-    b: Operand | None
-    smem_bytes: int
-    registers_estimate: int
+    smem_bytes: int           # dynamic shared memory per block
+    registers_estimate: int   # live values per thread (consumer thread of a wgmma kernel)
     notes: tuple[str, ...] = field(default=())
-    # tensor cores (math tf32 / 3xtf32): the instruction's tile and how fragments leave shared memory
-    math: str = "simt"
-    mma_shape: tuple[int, int, int] | None = None
-    m_step: int = 1           # rows between a thread's accumulator rows in a sub-tile (mma: 8)
-    ldmatrix_a: bool = False  # A fragments read with ldmatrix (shared rows run along k)
-    ldmatrix_b: bool = False
-    # wgmma (sm_90a): warpgroups that multiply and load, and the kernel for calls TMA cannot serve
-    consumers: int = 0
-    tma: bool = False         # wgmma fed by a TMA producer warpgroup (else by loading warpgroups)
-    loaders: int = 0          # wgmma_async: warpgroups that load tiles through registers
-    loader_depth: int = 1     # wgmma_async: K tiles each loader thread holds in flight
-    loader_registers: int = 0     # setmaxnreg of loader (wgmma: TMA producer) and consumer threads
-    consumer_registers: int = 0
-    fallback: "Plan | None" = None
-    # 3xtf32 TMA kernels (`promote K`): K tiles whose products the tensor cores sum before the
-    # consumers add that sum into acc in FP32
-    promote_tiles: int = 1
+
+    # The tile's numbers, by their short names.
+    BM = _from("tile", "BM")
+    BN = _from("tile", "BN")
+    BK = _from("tile", "BK")
+    WM = _from("tile", "WM")
+    WN = _from("tile", "WN")
+    TM = _from("tile", "TM")
+    TN = _from("tile", "TN")
+    RM = _from("tile", "RM")
+    RN = _from("tile", "RN")
+    SUB_M = _from("tile", "SUB_M")
+    SUB_N = _from("tile", "SUB_N")
+    warp_tiling = _from("tile", "warp_tiling")
+    warps_m = _from("tile", "warps_m")
+    warps_n = _from("tile", "warps_n")
+    lanes_m = _from("tile", "lanes_m")
+    lanes_n = _from("tile", "lanes_n")
+    threads = _from("tile", "threads")
+    warps = _from("tile", "warps")
+    order = _from("tile", "order")
+    m_step = _from("tile", "m_step")
+    occupancy = _from("tile", "occupancy")
+    accumulators = _from("tile", "accumulators")
+    acc_row = _from("tile", "acc_row")
+
+    # The mainloop's numbers, by their short names (each path's own, or the base's "absent" values).
+    path = _from("mainloop", "name", "simt, mma_sync, wgmma_async (wgmma fed by loader warpgroups) or "
+                 "wgmma (fed by TMA)")
+    math = _from("mainloop", "math")
+    tensor_cores = _from("mainloop", "tensor_cores")
+    split_terms = _from("mainloop", "split_terms")
+    uses_shared = _from("mainloop", "uses_shared")
+    stages = _from("mainloop", "stages")
+    async_copy = _from("mainloop", "async_copy")
+    fragments = _from("mainloop", "fragments")
+    unroll = _from("mainloop", "unroll")
+    a = _from("mainloop", "a")
+    b = _from("mainloop", "b")
+    mma_shape = _from("mainloop", "mma_shape")
+    ldmatrix_a = _from("mainloop", "ldmatrix_a")
+    ldmatrix_b = _from("mainloop", "ldmatrix_b")
+    consumers = _from("mainloop", "consumers")
+    tma = _from("mainloop", "tma")
+    loaders = _from("mainloop", "loaders")
+    loader_depth = _from("mainloop", "loader_depth")
+    loader_registers = _from("mainloop", "loader_registers")
+    consumer_registers = _from("mainloop", "consumer_registers")
+    promote_tiles = _from("mainloop", "promote_tiles")
+    fallback = _from("mainloop", "fallback")
 
     # The schedule's numbers, by their short names: how blocks take C tiles (data-parallel, split K,
     # persistent, stream-k, pingpong) and thread-block clusters (cluster_m x cluster_n blocks share
@@ -227,41 +123,12 @@ class Plan:
     c_box_index = _from("epilogue", "c_box_index")
 
     @property
-    def path(self) -> str:
-        """simt (FFMA), mma_sync (warp-level tensor cores), wgmma (warpgroup tensor cores fed by
-        TMA) or wgmma_async (fed by loader warpgroups through registers)."""
-        if self.consumers:
-            return "wgmma" if self.tma else "wgmma_async"
-        return "mma_sync" if self.mma_shape else "simt"
-
-    @property
     def kernel_name(self) -> str:
         return f"gemmgen_{self.name}_kernel"
 
     @property
     def launcher_name(self) -> str:
         return f"gemmgen_{self.name}"
-
-    @property
-    def warps(self) -> int:
-        return self.threads // WARP
-
-    @property
-    def tensor_cores(self) -> bool:
-        return self.math != "simt"
-
-    @property
-    def split_terms(self) -> int:
-        """MMAs per product: 3xtf32 adds big*small and small*big to big*big."""
-        return 3 if self.math == "3xtf32" else 1
-
-    def acc_row(self, i: str) -> str:
-        """C expression: row of accumulator row `i` inside a thread's sub-tile."""
-        return i if self.m_step == 1 else f"{i} * M_STEP"
-
-    @property
-    def accumulators(self) -> int:
-        return self.TM * self.TN * self.RM * self.RN
 
     @property
     def block_load_bytes(self) -> int:

@@ -8,8 +8,11 @@ from math import gcd
 
 from ..spec import Spec
 from .arch import MAX_REGISTERS_PER_THREAD, MAX_THREADS_PER_BLOCK, WARP, Arch
-from .base import Operand, Plan
+from .base import Plan
+from .parts.operand import Operand
 from .mma_sync import ldmatrix_fits, mma_sync_shape
+from .parts.mainloop import Mainloop, MmaSync, Tiled
+from .parts.tile import Tile
 from .parts.epilogue import check_on_tiles as check_epilogue_on_tiles
 from .parts.epilogue import check_staged_fits, tiled_epilogue
 from .parts.schedule import check_one_block_per_tile, check_split_cuts_shared_tiles, schedule_of
@@ -302,13 +305,17 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
                              f"per thread, but this tiling needs about {registers}",
                              "a lower occupancy, or a smaller thread tile")
 
-    return Plan(
-        spec=spec, name=spec.name, arch=arch, uses_shared=uses_shared, BM=BM, BN=BN, BK=BK,
-        WM=WM, WN=WN, TM=TM, TN=TN, RM=RM, RN=RN, SUB_M=SUB_M, SUB_N=SUB_N,
-        warp_tiling=warp_tiling, warps_m=warps_m, warps_n=warps_n, lanes_m=lanes_m,
-        lanes_n=lanes_n, threads=threads, order=spec["order"], stages=stages,
-        async_copy=async_copy, fragments=fragments, unroll=unroll, occupancy=occupancy,
-        scheduler=schedule_of(spec, BM, BN, BK), epilogue=epilogue, a=a, b=b, smem_bytes=smem_bytes,
-        registers_estimate=registers, notes=tuple(notes), math=math, mma_shape=mma_shape,
-        m_step=m_step, ldmatrix_a=bool(mma_shape) and ldmatrix_fits(a, "m"),
-        ldmatrix_b=bool(mma_shape) and ldmatrix_fits(b, "n"))
+    tile = Tile(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, TM=TM, TN=TN, RM=RM, RN=RN, SUB_M=SUB_M, SUB_N=SUB_N,
+                warp_tiling=warp_tiling, warps_m=warps_m, warps_n=warps_n, lanes_m=lanes_m, lanes_n=lanes_n,
+                threads=threads, order=spec["order"], m_step=m_step, occupancy=occupancy)
+    pipeline = dict(math=math, stages=stages, async_copy=async_copy, fragments=fragments, unroll=unroll)
+    if mma_shape:
+        mainloop = MmaSync(**pipeline, a=a, b=b, mma_shape=mma_shape, ldmatrix_a=ldmatrix_fits(a, "m"),
+                           ldmatrix_b=ldmatrix_fits(b, "n"))
+    elif uses_shared:
+        mainloop = Tiled(**pipeline, a=a, b=b)
+    else:
+        mainloop = Mainloop(**pipeline)
+    return Plan(spec=spec, name=spec.name, arch=arch, tile=tile, mainloop=mainloop,
+                scheduler=schedule_of(spec, BM, BN, BK), epilogue=epilogue, smem_bytes=smem_bytes,
+                registers_estimate=registers, notes=tuple(notes))

@@ -10,7 +10,9 @@ from ..spec import Spec
 from .arch import MAX_REGISTERS_PER_THREAD, Arch
 from .base import Plan
 from .parts.epilogue import check_no_reduce, check_tma_store, warpgroup_epilogue
+from .parts.mainloop import WgmmaAsync, WgmmaTma
 from .parts.schedule import check_cluster, check_pingpong_tile, check_walk, schedule_of
+from .parts.tile import Tile
 
 WARPGROUP = 128
 WGMMA_BK = 32             # floats in one 128-byte swizzled shared row: one TMA box along K
@@ -152,15 +154,16 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
             stages_fill="async", schedule="data-parallel", cluster_m=1, cluster_n=1, epilogue_staged=False,
             promote=0),
             name=f"{spec.name}_fallback"))
-    return Plan(
-        spec=spec, name=spec.name, arch=arch, uses_shared=True, BM=BM, BN=BN, BK=BK, WM=64, WN=BN,
-        TM=2, TN=2, RM=slabs, RN=BN // 8, SUB_M=64 if slabs > 1 else 16, SUB_N=8, warp_tiling=True, warps_m=consumers,
-        warps_n=1, lanes_m=8, lanes_n=4, threads=threads, order="n", stages=stages, async_copy=True,
-        fragments=1, unroll=BK, occupancy=1, scheduler=schedule_of(spec, BM, BN, BK, consumers),
-        epilogue=epilogue, a=None, b=None, smem_bytes=smem_bytes,
-        registers_estimate=registers, math=math, mma_shape=shape, m_step=8, consumers=consumers,
-        tma=tma, loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
-        consumer_registers=limit, fallback=fallback, promote_tiles=promote_tiles)
+    tile = Tile(BM=BM, BN=BN, BK=BK, WM=64, WN=BN, TM=2, TN=2, RM=slabs, RN=BN // 8,
+                SUB_M=64 if slabs > 1 else 16, SUB_N=8, warp_tiling=True, warps_m=consumers, warps_n=1,
+                lanes_m=8, lanes_n=4, threads=threads, order="n", m_step=8, occupancy=1)
+    common = dict(math=math, stages=stages, async_copy=True, unroll=BK, mma_shape=shape, consumers=consumers,
+                  loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
+                  consumer_registers=limit)
+    mainloop = WgmmaTma(**common, promote_tiles=promote_tiles, fallback=fallback) if tma else WgmmaAsync(**common)
+    return Plan(spec=spec, name=spec.name, arch=arch, tile=tile, mainloop=mainloop,
+                scheduler=schedule_of(spec, BM, BN, BK, consumers), epilogue=epilogue, smem_bytes=smem_bytes,
+                registers_estimate=registers)
 
 
 def _promote_tiles(spec: Spec, math: str, tma: bool, BK: int) -> int:

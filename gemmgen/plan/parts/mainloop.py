@@ -1,0 +1,107 @@
+"""The mainloop part: how A and B reach the math, K tile by K tile (CUTLASS's collective mainloop).
+
+- Simt: FFMA on operands read straight from global memory (`shared off`);
+- Tiled: FFMA on tiles staged through shared memory (sync or cp.async pipeline, register fragments);
+- MmaSync: the same tiles multiplied by warp-level mma.sync on the tensor cores (math tf32 / 3xtf32);
+- WgmmaAsync: sm_90a warpgroup MMA on swizzled K-major tiles that loader warpgroups fill through
+  registers (any layout and alignment);
+- WgmmaTma: the same fed by a TMA producer warpgroup, with a WgmmaAsync kernel (`fallback`) for the
+  calls TMA cannot describe.
+
+The planners (plan/tiled.py, plan/mma_sync.py, plan/wgmma.py) check a spec's mainloop settings and
+make these; `name` is the path's name as tests, records and the cost model know it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .operand import Operand
+
+if TYPE_CHECKING:
+    from ..base import Plan
+
+
+@dataclass(frozen=True)
+class Mainloop:
+    """Simt without shared memory: each thread reads its rows of A and columns of B from global
+    memory, one k at a time."""
+
+    math: str = "simt"        # simt, tf32 or 3xtf32
+    stages: int = 1           # shared buffers of A and B tiles
+    async_copy: bool = False  # filled by cp.async (or the wgmma kernels' own loaders)
+    fragments: int = 1        # register sets of the inner product's fragments (2: double-buffered)
+    unroll: int = 1           # k steps per unrolled body of the inner product's loop (BK: all)
+
+    name = "simt"
+    uses_shared = False
+    # what the other paths hold, absent here
+    a = b = None                  # Operand: a tile's journey through shared memory
+    mma_shape = None              # the tensor-core instruction's (M, N, K)
+    ldmatrix_a = ldmatrix_b = False
+    consumers = loaders = loader_registers = consumer_registers = 0
+    loader_depth = 1
+    tma = False
+    promote_tiles = 1
+    fallback = None               # the Plan of the kernel for calls this one cannot take
+
+    @property
+    def tensor_cores(self) -> bool:
+        return self.math != "simt"
+
+    @property
+    def split_terms(self) -> int:
+        """MMAs per product: 3xtf32 adds big*small and small*big to big*big."""
+        return 3 if self.math == "3xtf32" else 1
+
+
+@dataclass(frozen=True)
+class Tiled(Mainloop):
+    """FFMA on A and B tiles staged through STAGES shared buffers: loaded through registers (sync,
+    1 or 2 buffers) or by cp.async, read into register fragments per k."""
+
+    a: Operand | None = None
+    b: Operand | None = None
+
+    uses_shared = True
+
+
+@dataclass(frozen=True)
+class MmaSync(Tiled):
+    """The tiled pipeline with each warp's tile multiplied by mma.sync: fragments per MMA K step,
+    read with ldmatrix where the shared rows allow."""
+
+    mma_shape: tuple[int, int, int] | None = None
+    ldmatrix_a: bool = False  # A fragments read with ldmatrix (shared rows run along k)
+    ldmatrix_b: bool = False
+
+    name = "mma_sync"
+
+
+@dataclass(frozen=True)
+class WgmmaAsync(Mainloop):
+    """sm_90a: consumer warpgroups multiply 64 x BN slabs with wgmma from swizzled K-major tiles that
+    `loaders` warpgroups read through registers, round to TF32 and store, loader_depth tiles each."""
+
+    mma_shape: tuple[int, int, int] | None = None
+    consumers: int = 0           # warpgroups that multiply
+    loaders: int = 0             # warpgroups that load tiles through registers
+    loader_depth: int = 1        # K tiles each loader thread holds in flight
+    loader_registers: int = 0    # setmaxnreg of loader (TMA: producer) and consumer threads
+    consumer_registers: int = 0
+
+    name = "wgmma_async"
+    uses_shared = True
+
+
+@dataclass(frozen=True)
+class WgmmaTma(WgmmaAsync):
+    """sm_90a: a producer warpgroup fills the stages with TMA under mbarriers (K-major A and B); the
+    register-fed `fallback` takes calls TMA cannot describe."""
+
+    promote_tiles: int = 1       # 3xtf32: K tiles summed in the tensor cores before each add into FP32
+    fallback: Plan | None = None
+
+    name = "wgmma"
+    tma = True
