@@ -123,6 +123,11 @@ class Plan:
     c_box_index = _from("epilogue", "c_box_index")
 
     @property
+    def extra_parameters(self) -> tuple:
+        """The kernel parameters the parts add after the main ones (parts/launch.py's Parameter)."""
+        return self.epilogue.parameters + self.scheduler.parameters
+
+    @property
     def kernel_name(self) -> str:
         return f"gemmgen_{self.name}_kernel"
 

@@ -18,6 +18,7 @@ from typing import ClassVar
 
 from ...spec import Spec
 from ..arch import Arch
+from .launch import Parameter
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class Epilogue:
 
     staged: ClassVar[bool] = False     # assembled in shared memory (the tiled kernels' staged store)
     tma_store: ClassVar[bool] = False  # boxes stored by TMA (the TMA-fed wgmma kernels' staged store)
+    template: ClassVar[str] = "epilogue_direct.cuh.j2"  # its store macros
+    parameters: ClassVar[tuple[Parameter, ...]] = ()   # kernel parameters after the main ones
 
     @property
     def c(self) -> Output:
@@ -92,6 +95,7 @@ class Staged(Epilogue):
     c_stage_vec: int = 1      # floats per coalesced access of the staged store
 
     staged: ClassVar[bool] = True
+    template: ClassVar[str] = "epilogue_staged.cuh.j2"
 
     @property
     def smem_bytes(self) -> int:
@@ -112,6 +116,8 @@ class TmaStore(Epilogue):
     c_buffers: int = C_STORE_BUFFERS
 
     tma_store: ClassVar[bool] = True
+    template: ClassVar[str] = "epilogue_tma.cuh.j2"
+    parameters: ClassVar[tuple[Parameter, ...]] = (Parameter("map_c", "t"),)
 
     def smem_bytes(self, consumers: int) -> int:
         """Shared bytes of every consumer warp's boxes."""

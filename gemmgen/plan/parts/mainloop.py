@@ -105,3 +105,8 @@ class WgmmaTma(WgmmaAsync):
 
     name = "wgmma"
     tma = True
+
+    @property
+    def math_template(self) -> str:
+        """The consumers' math: TF32 products, or 3xtf32's three with A split in registers."""
+        return "wgmma_3xtf32.cuh.j2" if self.math == "3xtf32" else "wgmma_tf32.cuh.j2"

@@ -21,6 +21,7 @@ from math import ceil
 from typing import ClassVar
 
 from ...spec import Spec
+from .launch import Parameter
 
 # A scheduled kernel starts at most this many blocks (one per SM): stream-K's counters take a
 # fixed place for the tiles of this many at the start of its workspace, whatever the grid.
@@ -45,6 +46,38 @@ class Schedule:
     scheduled: ClassVar[bool] = False   # blocks walk C tiles through a tile scheduler (Schedule struct)
     pingpong: ClassVar[bool] = False    # the block's tiles alternate between its two consumers
     max_scheduled_blocks: ClassVar[int] = MAX_SCHEDULED_BLOCKS
+    # templates: code the kernels include (after common.cuh.j2), and the TMA kernel's walk over tiles
+    helpers: ClassVar[tuple[str, ...]] = ()
+    walk_template: ClassVar[str] = "wgmma_tiles.cuh.j2"
+    parameters: ClassVar[tuple[Parameter, ...]] = ()  # kernel parameters after the main ones
+
+    @property
+    def cluster_template(self) -> str:
+        """The TMA kernel's loads and stage releases: by its own block, or shared in a cluster."""
+        return "wgmma_cluster.cuh.j2" if self.cluster_blocks > 1 else "wgmma_unclustered.cuh.j2"
+
+    @property
+    def raster_constants(self) -> list[tuple[str, int, str]]:
+        """(name, value, comment) of the constants the tile order adds to a kernel."""
+        return [("RASTER_GROUP", self.raster_group, "block rows per raster group")] if self.raster_group > 1 else []
+
+    @property
+    def split_constants(self) -> list[tuple[str, int, str]]:
+        return []
+
+    def k_tile_of(self, t: str) -> str:
+        """C expression: the K tile that a block's t-th K tile is (split K: of its slice)."""
+        return t
+
+    @property
+    def empty_arrivals(self) -> tuple[str, str]:
+        """(C expression, comment) of the arrivals that free a stage of a TMA kernel: one per consumer
+        warp (ping-pong: of the consumer whose tile the stage holds), from every block sharing it."""
+        count, whose = ("4", "per warp of the consumer whose tile it holds") if self.pingpong else \
+            ("CONSUMERS * 4", "per consumer warp")
+        if self.cluster_blocks == 1:
+            return count, f"one arrival {whose}"
+        return f"{count} * SHARERS", f"one arrival {whose}" + (", in each sharer" if self.pingpong else " of each sharer")
 
     @property
     def cluster_blocks(self) -> int:
@@ -98,6 +131,15 @@ class SplitK(Schedule):
     slices add their products into C with atomicAdd after the launcher has set C = beta * C (for
     small M x N with a long K)."""
 
+    helpers: ClassVar[tuple[str, ...]] = ("split_k.cuh.j2",)
+
+    @property
+    def split_constants(self) -> list[tuple[str, int, str]]:
+        return [("SPLIT_K", self.split_k, "slices of K per C tile (blockIdx.y)")]
+
+    def k_tile_of(self, t: str) -> str:
+        return f"(k_tile0 + {t})"
+
     def describe(self) -> str:
         return f"data-parallel: one block per C tile and K slice ({self.split_k})"
 
@@ -108,6 +150,8 @@ class Persistent(Schedule):
 
     name: ClassVar[str] = "persistent"
     scheduled: ClassVar[bool] = True
+    helpers: ClassVar[tuple[str, ...]] = ("schedule.cuh.j2",)
+    walk_template: ClassVar[str] = "wgmma_walk.cuh.j2"
 
     def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
         most = min(sms, self.max_scheduled_blocks)
@@ -152,6 +196,8 @@ class StreamK(Persistent):
     blocks; the last block to write its piece of a shared tile adds all the pieces in K order."""
 
     name: ClassVar[str] = "stream-k"
+    helpers: ClassVar[tuple[str, ...]] = ("schedule.cuh.j2", "stream_k.cuh.j2")
+    parameters: ClassVar[tuple[Parameter, ...]] = (Parameter("workspace", "p"),)
 
     def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
         most = min(sms, self.max_scheduled_blocks)

@@ -40,6 +40,16 @@ class Tile:
     def accumulators(self) -> int:
         return self.TM * self.TN * self.RM * self.RN
 
+    @property
+    def acc_rows(self) -> str:
+        """C expression: rows of a thread's accumulator array (wgmma slabs: RM sets of TM)."""
+        return "RM * TM" if self.RM > 1 else "TM"
+
+    @property
+    def acc_note(self) -> str:
+        """The comment on that array's declaration, if it holds slabs."""
+        return "  // slab r's rows in acc[r * TM] ... acc[r * TM + TM - 1]" if self.RM > 1 else ""
+
     def acc_row(self, i: str) -> str:
         """C expression: row of accumulator row `i` inside a thread's sub-tile."""
         return i if self.m_step == 1 else f"{i} * M_STEP"
