@@ -8,6 +8,7 @@ from importlib import resources
 from pathlib import Path
 
 import jinja2
+from jinja2.ext import Extension
 
 from .outputs import marker_line
 from .plan import Plan
@@ -20,6 +21,23 @@ def _template_dir() -> Path:
     return Path(str(resources.files("gemmgen.templates")))
 
 
+class Hook(Extension):
+    """`{% hook module.macro() | indented(4) %}`: the lines a part's macro gives (each indented by 4),
+    where the part has some to give. A tag, not an expression, so that a macro that gives nothing
+    leaves no blank line behind."""
+
+    tags = {"hook"}
+
+    def __init__(self, environment: jinja2.Environment):
+        super().__init__(environment)
+        environment.filters["indented"] = lambda text, width: "".join(
+            " " * width + line if line.strip() else line for line in str(text).splitlines(keepends=True))
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        return jinja2.nodes.Output([parser.parse_expression()], lineno=lineno)
+
+
 @lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
@@ -28,6 +46,7 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
+        extensions=[Hook],
     )
 
 

@@ -78,6 +78,11 @@ class Epilogue:
     def c(self) -> Output:
         return Output(self.c_layout)
 
+    @property
+    def fusion_template(self) -> str:
+        """What the stores do besides storing: keep the smallest values of C (`reduce min N`), or nothing."""
+        return "fusion_reduce_min.cuh.j2" if self.reduce_count else "fusion_none.cuh.j2"
+
     def value(self, product: str, old: str, read_c: str = "read_c") -> str:
         """C expression of one stored value from `product` (alpha * A*B's) and `old` (C's, read where
         `read_c` holds)."""
