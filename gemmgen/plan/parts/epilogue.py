@@ -67,6 +67,7 @@ class Epilogue:
     beta: bool                # C = alpha * A*B + beta * C (else alpha * A*B, C not read)
     c_vector: int = 1         # floats per store of C in the aligned variant
     reduce_count: int = 0     # the fused min-reduce: how many smallest entries of C (0: none)
+    atomic: bool = False      # split K: each slice adds its product into C, one atomicAdd per float
     activation: Activation = field(default=ACTIVATIONS["none"])
 
     staged: ClassVar[bool] = False     # assembled in shared memory (the tiled kernels' staged store)
@@ -77,6 +78,16 @@ class Epilogue:
     @property
     def c(self) -> Output:
         return Output(self.c_layout)
+
+    @property
+    def vector_constants(self) -> list[tuple[str, int, str]]:
+        """(name, value, comment) of the constants the direct store adds to a tiled kernel."""
+        return [] if self.atomic else [("C_VEC", self.c_vector, "floats per C access when aligned")]
+
+    @property
+    def helpers(self) -> tuple[str, ...]:
+        """Device code the kernel includes after common.cuh.j2."""
+        return ("reduce_min.cuh.j2",) if self.reduce_count else ()
 
     @property
     def fusion_template(self) -> str:
@@ -101,6 +112,10 @@ class Staged(Epilogue):
 
     staged: ClassVar[bool] = True
     template: ClassVar[str] = "epilogue_staged.cuh.j2"
+
+    @property
+    def vector_constants(self) -> list[tuple[str, int, str]]:
+        return []
 
     @property
     def smem_bytes(self) -> int:
@@ -161,7 +176,7 @@ def tiled_epilogue(spec: Spec, BM: int, BN: int, TM: int, TN: int, m_step: int) 
     """The epilogue of a tiled kernel (checked by check_on_tiles)."""
     c_layout = spec["layout.C"]
     common = dict(c_layout=c_layout, beta=spec["epilogue.beta"], reduce_count=spec["reduce.count"],
-                  c_vector=direct_vector(c_layout, TM, TN, m_step, spec["split"]))
+                  c_vector=direct_vector(c_layout, TM, TN, m_step, spec["split"]), atomic=spec["split"] > 1)
     if not spec["epilogue.staged"]:
         return Epilogue(**common)
     # The staged C tile runs along C's contiguous dimension and reuses the operands' shared memory.
@@ -174,7 +189,8 @@ def warpgroup_epilogue(spec: Spec, BN: int) -> Epilogue:
     """The epilogue of a wgmma kernel (checked by check_tma_store)."""
     c_layout, beta = spec["layout.C"], spec["epilogue.beta"]
     if not spec["epilogue.staged"]:
-        return Epilogue(c_layout=c_layout, beta=beta, c_vector=direct_vector(c_layout, 2, 2, 8, spec["split"]))
+        return Epilogue(c_layout=c_layout, beta=beta, c_vector=direct_vector(c_layout, 2, 2, 8, spec["split"]),
+                        atomic=spec["split"] > 1)
     # Each consumer warp owns 16 rows of the tile, so its boxes are 16 rows by up to 32 columns of
     # C; along C's contiguous dimension a box row is 32, 64 or 128 bytes, which is the swizzle TMA
     # applies (and what spreads the warp's writes over the banks).

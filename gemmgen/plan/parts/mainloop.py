@@ -36,6 +36,7 @@ class Mainloop:
 
     name = "simt"
     uses_shared = False
+    template = "naive.cu.j2"      # the kernel (kernel.cu.j2 includes it in its namespace)
     # what the other paths hold, absent here
     a = b = None                  # Operand: a tile's journey through shared memory
     mma_shape = None              # the tensor-core instruction's (M, N, K)
@@ -45,6 +46,11 @@ class Mainloop:
     tma = False
     promote_tiles = 1
     fallback = None               # the Plan of the kernel for calls this one cannot take
+
+    @property
+    def helpers(self) -> tuple[str, ...]:
+        """Device code the kernel includes after common.cuh.j2."""
+        return ()
 
     @property
     def tensor_cores(self) -> bool:
@@ -65,6 +71,17 @@ class Tiled(Mainloop):
     b: Operand | None = None
 
     uses_shared = True
+    template = "tiled.cu.j2"
+    math_template = "ffma.cuh.j2"  # the inner product over one shared tile
+
+    @property
+    def pipeline_template(self) -> str:
+        """The K loop: tiles in flight by cp.async, or through registers."""
+        return "pipeline_async.cuh.j2" if self.async_copy else "pipeline_registers.cuh.j2"
+
+    @property
+    def helpers(self) -> tuple[str, ...]:
+        return ("cp_async.cuh.j2",) if self.async_copy else ()
 
 
 @dataclass(frozen=True)
@@ -77,6 +94,11 @@ class MmaSync(Tiled):
     ldmatrix_b: bool = False
 
     name = "mma_sync"
+    math_template = "mma_multiply.cuh.j2"
+
+    @property
+    def helpers(self) -> tuple[str, ...]:
+        return super().helpers + ("mma_sync.cuh.j2",)
 
 
 @dataclass(frozen=True)
@@ -93,6 +115,16 @@ class WgmmaAsync(Mainloop):
 
     name = "wgmma_async"
     uses_shared = True
+    template = "wgmma_async.cu.j2"
+
+    @property
+    def math_template(self) -> str:
+        """The loaders' rounding and the consumers' products: TF32, or 3xtf32's big and small."""
+        return "wgmma_async_3xtf32.cuh.j2" if self.math == "3xtf32" else "wgmma_async_tf32.cuh.j2"
+
+    @property
+    def helpers(self) -> tuple[str, ...]:
+        return () if self.math == "3xtf32" else ("tf32.cuh.j2",)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,16 @@ class Tile:
         return self.TM * self.TN * self.RM * self.RN
 
     @property
+    def warp_note(self) -> str:
+        """What the warp tile's constants say when there is no warp tiling."""
+        return "" if self.warp_tiling else " (no warp tiling: the whole block)"
+
+    @property
+    def blocks_per_sm(self) -> str:
+        """__launch_bounds__'s second argument, where the spec asks for an occupancy."""
+        return f", {self.occupancy}" if self.occupancy else ""
+
+    @property
     def acc_rows(self) -> str:
         """C expression: rows of a thread's accumulator array (wgmma slabs: RM sets of TM)."""
         return "RM * TM" if self.RM > 1 else "TM"
