@@ -69,8 +69,7 @@ def running_plan(plan: Plan, shape: Case) -> tuple[Plan, bool]:
     describe to its fallback), and whether its vector variant does."""
     lds = _tight_lds(shape, plan)
     pointers = {"A": 0, "B": 0, "C": 0}
-    if plan.path == "wgmma" and plan.fallback is not None and not plan.tma_ready(
-            shape.M, shape.N, shape.K, lds["A"], lds["B"], pointers):
+    if plan.fallback is not None and plan.mainloop.hands_over(shape.M, shape.N, shape.K, lds["A"], lds["B"], pointers):
         plan = plan.fallback
     return plan, plan.aligned(shape.M, shape.N, shape.K, lds["A"], lds["B"], lds["C"], pointers)
 

@@ -347,13 +347,9 @@ class Kernel:
                 self._functions[aligned] = int(function)
             # The wgmma file holds an mma.sync kernel for calls TMA cannot describe.
             self._fallback = Kernel(plan.fallback, self.compiled, device) if plan.fallback else None
-            if plan.split_k > 1:
-                self._functions["scale_c"] = int(_check(driver.cuModuleGetFunction(
-                    self._module, f"{plan.launcher_name}_scale_c".encode()), "scale_c"))
-            if plan.reduce_count:
-                for step in ("clear", "finish"):
-                    self._functions[f"reduce_{step}"] = int(_check(driver.cuModuleGetFunction(
-                        self._module, f"{plan.launcher_name}_reduce_{step}".encode()), step))
+            for helper in plan.helper_launches:  # split K's pass over C, the reduction's kernels
+                self._functions[helper.kernel] = int(_check(driver.cuModuleGetFunction(
+                    self._module, f"{plan.launcher_name}_{helper.kernel}".encode()), helper.kernel))
 
     @property
     def name(self) -> str:

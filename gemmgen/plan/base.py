@@ -124,8 +124,18 @@ class Plan:
 
     @property
     def extra_parameters(self) -> tuple:
-        """The kernel parameters the parts add after the main ones (parts/launch.py's Parameter)."""
+        """The kernel parameters the parts add after the mainloop's (parts/launch.py's Parameter)."""
         return self.epilogue.parameters + self.scheduler.parameters
+
+    @property
+    def signature(self) -> tuple:
+        """The main kernel's parameters, (name, kind) in order."""
+        return self.mainloop.parameters + self.extra_parameters
+
+    @property
+    def helper_launches(self) -> tuple:
+        """The kernels the parts launch beside the main one (parts/launch.py's Helper), in order."""
+        return self.epilogue.launches + self.scheduler.launches
 
     @property
     def kernel_name(self) -> str:
@@ -194,11 +204,6 @@ class Plan:
         """C expression: float offset of (row, k) in a K-major tile of 32-float (128-byte) rows as
         TMA's 128-byte swizzle lays it out: 16-byte chunk c of row r lands at chunk c ^ (r % 8)."""
         return f"{row} * 32 + ((({k} >> 2) ^ ({row} & 7)) << 2) + ({k} & 3)"
-
-    def tma_ready(self, M: int, N: int, K: int, lda: int, ldb: int, pointers: dict[str, int]) -> bool:
-        """Whether TMA can load A and B (wgmma path): 16-byte aligned bases and row strides."""
-        return (min(M, N, K) > 0 and lda % 4 == 0 and ldb % 4 == 0
-                and pointers["A"] % 16 == 0 and pointers["B"] % 16 == 0)
 
     def aligned(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
                 pointers: dict[str, int]) -> bool:

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from ...spec import Spec
 from ..arch import Arch
-from .launch import Parameter
+from .launch import REDUCE_CLEAR, REDUCE_FINISH, Helper, Parameter, TensorMapSpec
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,35 @@ class Epilogue:
         """Device code the kernel includes after common.cuh.j2."""
         return ("reduce_min.cuh.j2",) if self.reduce_count else ()
 
+    # --- the launch: the min-reduce's kernels (its list cleared before, written out after, also for
+    # an empty C), a TMA store's map of C, and what stores C where the call is aligned
+    aligned_store: ClassVar[str] = "vector"
+
+    @property
+    def launches(self) -> tuple[Helper, ...]:
+        if not self.reduce_count:
+            return ()
+        return (Helper("reduce_clear", REDUCE_CLEAR, 32, empty_too=True),
+                Helper("reduce_finish", REDUCE_FINISH, 32, before=False, empty_too=True))
+
+    def tensor_maps(self, M: int, N: int, ldc: int, aligned: bool) -> tuple[list[TensorMapSpec], dict]:
+        """The maps a call encodes for C, and the values fixed in place of those it does not."""
+        return [], {}
+
     @property
     def fusion_template(self) -> str:
         """What the stores do besides storing: keep the smallest values of C (`reduce min N`), or nothing."""
         return "fusion_reduce_min.cuh.j2" if self.reduce_count else "fusion_none.cuh.j2"
+
+    @property
+    def beta_term(self) -> str:
+        """What C's formula adds to alpha * A * B, in the launcher's comment."""
+        return "+ beta * C" if self.beta else ""
+
+    @property
+    def beta_refusal(self) -> str:
+        """The launcher's refusal of a beta that this epilogue cannot apply, in its comment."""
+        return "" if self.beta else ", beta != 0 (this kernel has no beta)"
 
     def value(self, product: str, old: str, read_c: str = "read_c") -> str:
         """C expression of one stored value from `product` (alpha * A*B's) and `old` (C's, read where
@@ -138,6 +163,15 @@ class TmaStore(Epilogue):
     tma_store: ClassVar[bool] = True
     template: ClassVar[str] = "epilogue_tma.cuh.j2"
     parameters: ClassVar[tuple[Parameter, ...]] = (Parameter("map_c", "t"),)
+    aligned_store: ClassVar[str] = "TMA"
+
+    def tensor_maps(self, M: int, N: int, ldc: int, aligned: bool) -> tuple[list[TensorMapSpec], dict]:
+        """Where aligned, C's boxes (else C is stored from registers and the map is not read)."""
+        if not aligned:
+            return [], {"map_c": bytes(128)}
+        inner, outer = (N, M) if self.c_layout == "row" else (M, N)
+        return [TensorMapSpec("map_c", "C", inner, outer, ldc, self.c_box_inner, self.c_box_outer,
+                              self.c_box_swizzle, False)], {}
 
     def smem_bytes(self, consumers: int) -> int:
         """Shared bytes of every consumer warp's boxes."""

@@ -21,7 +21,7 @@ from math import ceil
 from typing import ClassVar
 
 from ...spec import Spec
-from .launch import Parameter
+from .launch import SCALE_C, Helper, Parameter
 
 # A scheduled kernel starts at most this many blocks (one per SM): stream-K's counters take a
 # fixed place for the tiles of this many at the start of its workspace, whatever the grid.
@@ -112,9 +112,33 @@ class Schedule:
         tiles_m, tiles_n = self.cluster_tiles(M, N)
         return tiles_m * tiles_n
 
+    # --- the launch: blocks along x (and y) for M x N x K on `sms` SMs, in Python and in C. The C
+    # launchers compute `blocks` (c_blocks, as cluster_grid), then from it and `sms` the grid
+    # (c_grid's statements, as launch_blocks), and launch c_dims blocks; tests/test_parts.py runs
+    # the C on the host against these methods.
+
+    launch_template: ClassVar[str] = "launch_data_parallel.cuh.j2"  # the launcher's code around it
+    launches: ClassVar[tuple[Helper, ...]] = ()  # kernels launched beside the main one
+    c_dims: ClassVar[str] = "(unsigned)blocks"  # the launch's grid, a C expression
+    c_grid: ClassVar[tuple[str, ...]] = ()      # C statements: `grid` from `blocks` and `sms`
+    c_grid_note: ClassVar[str] = ""
+
     def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
         """Blocks along x the launcher starts on a GPU of `sms` SMs (the launcher's arithmetic)."""
         return self.cluster_grid(M, N)
+
+    def launch_grid(self, M: int, N: int, K: int, sms: int) -> tuple[int, int]:
+        """The grid (x, y) of the main kernel's launch (M, N > 0)."""
+        return self.launch_blocks(M, N, K, sms), self.split_k
+
+    @property
+    def c_blocks(self) -> tuple[str, ...]:
+        """C statements: `blocks`, the C tiles (with clusters, of whole clusters) as cluster_grid."""
+        if self.cluster_blocks == 1:
+            return ("const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN);",)
+        return ("// Whole clusters of CLUSTER_M x CLUSTER_N C tiles (the blocks past C's edge store nothing).",
+                "const long long blocks = (long long)((M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM)) *",
+                "                         ((N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN)) * CLUSTER_BLOCKS;")
 
     def workspace_bytes(self, blocks: int) -> int:
         """Bytes of workspace a launch of `blocks` blocks needs (stream-K's; others none)."""
@@ -132,6 +156,8 @@ class SplitK(Schedule):
     small M x N with a long K)."""
 
     helpers: ClassVar[tuple[str, ...]] = ("split_k.cuh.j2",)
+    launches: ClassVar[tuple[Helper, ...]] = (Helper("scale_c", SCALE_C, 256, spread=True),)  # C = beta * C
+    c_dims: ClassVar[str] = "dim3((unsigned)blocks, SPLIT_K)"
 
     @property
     def split_constants(self) -> list[tuple[str, int, str]]:
@@ -152,6 +178,8 @@ class Persistent(Schedule):
     scheduled: ClassVar[bool] = True
     helpers: ClassVar[tuple[str, ...]] = ("schedule.cuh.j2",)
     walk_template: ClassVar[str] = "wgmma_walk.cuh.j2"
+    launch_template: ClassVar[str] = "launch_persistent.cuh.j2"
+    c_dims: ClassVar[str] = "grid"
 
     def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
         most = min(sms, self.max_scheduled_blocks)
@@ -159,6 +187,16 @@ class Persistent(Schedule):
             units = self.cluster_grid(M, N) // self.cluster_blocks
             return min(units, max(1, most // self.cluster_blocks)) * self.cluster_blocks
         return min(self.grid(M, N), most)
+
+    @property
+    def c_grid(self) -> tuple[str, ...]:
+        most = f"const int most = sms < {self.max_scheduled_blocks} ? sms : {self.max_scheduled_blocks};"
+        if self.cluster_blocks > 1:
+            return ("// Whole clusters, no more blocks than SMs: each cluster walks cluster tiles, its blocks together.",
+                    most,
+                    "const long long clusters = blocks / CLUSTER_BLOCKS, fit = most / CLUSTER_BLOCKS > 0 ? most / CLUSTER_BLOCKS : 1;",
+                    "const unsigned grid = (unsigned)((clusters < fit ? clusters : fit) * CLUSTER_BLOCKS);")
+        return most, "const unsigned grid = (unsigned)(blocks < most ? blocks : most);"
 
     def describe(self) -> str:
         if self.cluster_blocks > 1:
@@ -198,6 +236,11 @@ class StreamK(Persistent):
     name: ClassVar[str] = "stream-k"
     helpers: ClassVar[tuple[str, ...]] = ("schedule.cuh.j2", "stream_k.cuh.j2")
     parameters: ClassVar[tuple[Parameter, ...]] = (Parameter("workspace", "p"),)
+    launch_template: ClassVar[str] = "launch_stream_k.cuh.j2"
+    c_grid: ClassVar[tuple[str, ...]] = ("const long long k_steps = blocks * ((K + BK - 1) / BK);",
+                                         "const int most = sms < MAX_BLOCKS ? sms : MAX_BLOCKS;",
+                                         "const unsigned grid = (unsigned)(k_steps < most ? k_steps : most);")
+    c_grid_note: ClassVar[str] = " (nor than K tiles in all)"
 
     def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
         most = min(sms, self.max_scheduled_blocks)
