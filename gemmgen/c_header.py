@@ -64,7 +64,7 @@ def _contract(plan: Plan) -> list[str]:
 
 def _fast_path(plan: Plan, indent: str = "") -> list[str]:
     """What a call needs for the fast path, as the Plan derived it (none: scalar accesses only)."""
-    if not plan.vector_requirements() and not plan.tma:
+    if not plan.vector_requirements() and plan.mainloop.fallback is None:
         return _comment("nothing: every access is scalar, so every call runs the same kernel", indent)
     rows = dict(derived_numbers(plan))
     return [line for label in _FAST_PATH_ROWS if label in rows

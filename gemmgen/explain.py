@@ -173,6 +173,7 @@ class Report:
     dealings: tuple[tuple[str, Any], ...] = ()  # (shape, plan.schedule.Dealing) on SCHEDULE_SMS SMs
     cluster: str = ""          # thread-block clusters (cluster M x N), in words
     cluster_launches: tuple[tuple[str, int, int], ...] = ()  # (shape, blocks launched, tiles past C's edge)
+    no_conflicts: str = "none: no shared memory"  # what explain says where no access is replayed
 
     @property
     def spills(self) -> bool:
@@ -209,22 +210,10 @@ def occupancy(plan: Plan, resources: Resources) -> Occupancy:
 # --- arithmetic intensity --------------------------------------------------------------
 
 def intensities(plan: Plan) -> tuple[Intensity, Intensity | None]:
-    """(global, shared) flops per byte; shared is None for kernels without shared memory."""
-    if not plan.uses_shared:
-        # Each thread reads TM values of A and TN of B per k straight from global memory.
-        return (Intensity("global, per thread per k", 2 * plan.TM * plan.TN,
-                          (plan.TM + plan.TN) * 4), None)
-    BM, BN, BK = plan.BM, plan.BN, plan.BK
-    glob = Intensity("global, per block per K step", 2 * BM * BN * BK, (BM * BK + BK * BN) * 4)
-    if plan.consumers:  # a wgmma kernel
-        return glob, None  # the tensor cores read shared memory themselves
-    if plan.path == "mma_sync":
-        mm, mn, mk = plan.mma_shape  # a warp's fragments of one K step feed RM x RN MMAs
-        return glob, Intensity("shared, per warp per MMA k step", 2 * mm * mn * mk * plan.RM * plan.RN,
-                               (mm * mk * plan.RM + mk * mn * plan.RN) * 4)
-    a_run, b_run = plan.TM * plan.RM, plan.TN * plan.RN
-    shared = Intensity("shared, per thread per k", 2 * a_run * b_run, (a_run + b_run) * 4)
-    return glob, shared
+    """(global, shared) flops per byte (the mainloop's numbers); shared is None where threads read no
+    shared memory (none, or the tensor cores read it themselves)."""
+    glob, shared = plan.mainloop.intensities(plan)
+    return Intensity(*glob), (Intensity(*shared) if shared else None)
 
 
 # --- bank conflicts --------------------------------------------------------------------
@@ -294,17 +283,8 @@ def _store_access(plan: Plan, op: Operand) -> BankAccess:
 
 
 def _thread_origins(plan: Plan) -> list[tuple[int, int]]:
-    """(thread_m0, thread_n0) of warp 0's lanes, as tiled.cu.j2 computes them."""
-    if plan.mma_shape:  # the MMA's lane layout: lane 4g + t holds row g, columns 2t and 2t + 1
-        return [(lane // 4, lane % 4 * plan.TN) for lane in range(WARP)]
-    origins = []
-    for lane in range(min(WARP, plan.threads)):
-        if plan.order == "n":
-            lane_row, lane_col = lane // plan.lanes_n, lane % plan.lanes_n
-        else:
-            lane_row, lane_col = lane % plan.lanes_m, lane // plan.lanes_m
-        origins.append((lane_row * plan.TM, lane_col * plan.TN))  # warp_row = warp_col = 0
-    return origins
+    """(thread_m0, thread_n0) of warp 0's lanes, as tiled.cu.j2 computes them (the mainloop's)."""
+    return plan.mainloop.thread_origins(plan)
 
 
 def _fragment_access(plan: Plan, op: Operand) -> BankAccess:
@@ -356,11 +336,16 @@ def _vector_name(width: int) -> str:
     return "scalar" if width == 1 else f"float{width}"
 
 
+# How the mainloop's inner product reads its fragments (Mainloop.fragment_reads) -> their replay.
+FRAGMENT_ACCESS = {"ffma": _fragment_access, "mma": _mma_fragment_access}
+
+
 def bank_conflicts(plan: Plan) -> tuple[BankAccess, ...]:
     """A store, B store, A fragment, B fragment; empty for kernels without shared memory."""
-    if not plan.uses_shared or plan.consumers:
+    reads = plan.mainloop.fragment_reads
+    if reads is None:
         return ()  # wgmma: TMA or 16-byte loader stores fill swizzled tiles the tensor cores read
-    fragments = _mma_fragment_access if plan.mma_shape else _fragment_access
+    fragments = FRAGMENT_ACCESS[reads]
     return (_store_access(plan, plan.a), _store_access(plan, plan.b),
             fragments(plan, plan.a), fragments(plan, plan.b))
 
@@ -450,14 +435,13 @@ def _c_store(plan: Plan) -> GlobalAccess:
 
 def global_accesses(plan: Plan) -> tuple[GlobalAccess, ...]:
     """A load, B load, C store: warp 0's first request of each on the nominal problem."""
-    if plan.path == "wgmma":
-        loads = ()  # TMA moves whole boxes of 128-byte rows: full sectors by construction
-    elif plan.path == "wgmma_async":
-        loads = ()  # loads of whole 128-byte K rows, or of rows along M or N: full sectors either way
-    elif plan.uses_shared:
+    how = plan.mainloop.global_loads
+    if how == "tiles":
         loads = (_tile_load(plan, plan.a), _tile_load(plan, plan.b))
-    else:
+    elif how == "direct":
         loads = _direct_loads(plan)
+    else:
+        loads = ()  # TMA boxes, or loader warpgroups' 128-byte K rows or rows along M or N: full sectors
     return loads + (_c_store(plan),)
 
 
@@ -491,36 +475,6 @@ def _summary(occ: Occupancy) -> str:
             f"threads ({occ.warps_per_sm} warps/SM, {occ.percent:.1f}%)")
 
 
-def _tiling(plan: Plan) -> str:
-    parts = [f"block {plan.BM}x{plan.BN}x{plan.BK}" if plan.uses_shared
-             else f"block {plan.BM}x{plan.BN}"]
-    if plan.warp_tiling:
-        parts.append(f"warp {plan.WM}x{plan.WN}")
-    if plan.consumers:  # a wgmma kernel
-        parts[-1] = (f"{plan.consumers} consumers in turn" if plan.pingpong
-                     else f"{plan.consumers} x 64x{plan.BN} warpgroups")
-        parts.append(f"{plan.stages} TMA stages" if plan.tma else f"{plan.stages} stages")
-        return ", ".join(parts)
-    if plan.mma_shape:
-        parts.append(f"mma {'x'.join(map(str, plan.mma_shape))} repeat {plan.RM}x{plan.RN}")
-        return ", ".join(parts)
-    thread = f"thread {plan.TM}x{plan.TN}"
-    if plan.RM * plan.RN > 1:
-        thread += f" repeat {plan.RM}x{plan.RN}"
-    parts.append(thread)
-    return ", ".join(parts)
-
-
-def _math(plan: Plan) -> str:
-    if plan.path == "simt":
-        return "simt"
-    shape = "x".join(map(str, plan.mma_shape))
-    how = "wgmma" if plan.consumers else "mma.sync"
-    if plan.math == "3xtf32":  # big*big + big*small + small*big
-        return f"3xtf32: 3 {how} {shape} per product"
-    return f"{plan.math}: {how} {shape}"
-
-
 def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
     """The static report of a Plan. `compiled` is compile_plan(plan)'s result (compiled here when
     None), or directly the ptxas Resources of the aligned variant."""
@@ -551,16 +505,15 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
             notes.append(f"{g.name}s ({g.how}) touch {g.sectors} sectors per request where "
                          f"{g.ideal_sectors} would do: uncoalesced")
     return Report(
-        kernel=plan.name, arch=plan.arch.name, tiling=_tiling(plan), fp32_lanes_per_sm=plan.arch.fp32_lanes_per_sm,
+        kernel=plan.name, arch=plan.arch.name, tiling=plan.mainloop.tiling_words(plan), fp32_lanes_per_sm=plan.arch.fp32_lanes_per_sm,
         threads=plan.threads, warps=plan.warps, registers=res.registers,
         registers_estimate=plan.registers_estimate, spill_stores=res.spill_stores,
         spill_loads=res.spill_loads, stack_frame=res.stack_frame, smem_bytes=plan.smem_bytes,
         shared_static=res.shared_static, requested_occupancy=plan.occupancy, occupancy=occ,
         global_intensity=glob, shared_intensity=shared, bank_conflicts=banks,
-        global_accesses=coalescing, summary=_summary(occ), notes=tuple(notes), math=_math(plan),
-        register_split=_register_split(plan),
-        loaders=(f"{plan.loaders} warpgroup(s) fill the stages, {plan.loader_depth} K tile(s) each"
-                 if plan.loaders else ""),
+        global_accesses=coalescing, summary=_summary(occ), notes=tuple(notes), math=plan.mainloop.math_words,
+        register_split=plan.mainloop.register_split, loaders=plan.mainloop.loader_words,
+        no_conflicts=plan.mainloop.no_conflicts,
         schedule=plan.scheduler.describe() if plan.scheduled else "",
         dealings=tuple((f"{M}x{N}x{K}", deal(plan, M, N, K, SCHEDULE_SMS)) for M, N, K in SCHEDULE_SHAPES)
         if plan.scheduled else (),
@@ -616,14 +569,6 @@ def _cluster(plan: Plan) -> str:
 SCHEDULE_SMS = H100_SMS
 SCHEDULE_SHAPES = ((4096, 4096, 4096), (4092, 4092, 4092), (2048, 2048, 2048), (1024, 1024, 1024),
                    (4096, 4096, 512), (8192, 128, 8192), (64, 64, 131072))
-
-
-def _register_split(plan: Plan) -> str:
-    if plan.path == "wgmma":
-        return f"setmaxnreg: producer {plan.loader_registers}, consumers {plan.consumer_registers}"
-    if plan.path == "wgmma_async":
-        return f"setmaxnreg: loaders {plan.loader_registers}, consumers {plan.consumer_registers}"
-    return ""
 
 
 # --- output ----------------------------------------------------------------------------
@@ -719,10 +664,8 @@ def render_text(report: Report) -> str:
     out += _table(rows)
 
     out += ["", "shared-memory bank conflicts (warp 0, kk = 0), wavefronts per request"]
-    if not report.bank_conflicts and "wgmma" in r.math:
-        out.append("  none predicted: wgmma reads 128-byte swizzled K-major tiles")
-    elif not report.bank_conflicts:
-        out.append("  none: no shared memory")
+    if not report.bank_conflicts:
+        out.append(f"  {r.no_conflicts}")
     else:
         rows = [("access", "how", "width", "requests", "wavefronts", "ideal", "n-way")]
         for a in report.bank_conflicts:

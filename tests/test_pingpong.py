@@ -113,10 +113,9 @@ def test_the_register_fed_fallback_is_the_plain_kernel():
 
 
 def test_explain_describes_the_turns():
-    from gemmgen.explain import _tiling
     plan = make_plan(spec_of())
     assert plan.scheduler.describe().startswith("pingpong: min(C tiles, SMs) blocks")
-    assert _tiling(plan) == "block 64x256x32, 2 consumers in turn, 4 TMA stages"
+    assert plan.mainloop.tiling_words(plan) == "block 64x256x32, 2 consumers in turn, 4 TMA stages"
 
 
 @pytest.mark.parametrize("bm, bn, extra", [(64, 128, ""), (64, 256, "\n  epilogue alpha beta staged"), (128, 128, ""),

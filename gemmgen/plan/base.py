@@ -165,24 +165,22 @@ class Plan:
 
     def vector_requirements(self) -> list[tuple[str, str | None, str, int]]:
         """(pointer, size, leading dimension, vector) that the aligned variant needs divisible (size
-        None: no size need be)."""
-        needs = []
-        if self.path == "wgmma_async":  # 16-byte loads of K-contiguous operands
-            if self.spec["layout.A"] == "row":
-                needs.append(("A", "K", "lda", 4))
-            if self.spec["layout.B"] == "col":
-                needs.append(("B", "K", "ldb", 4))
-        for op in (self.a, self.b):
-            if op is not None and op.vector > 1:
-                needs.append((op.name, op.extent_inner, op.ld, op.vector))
-        if self.c_vector > 1:
-            needs.append(("C", "N" if self.c_layout == "row" else "M", "ldc", self.c_vector))
-        if self.tma_store:
-            # TMA stores boxes of C: 16-byte aligned base and row stride, and C's contiguous extent a
-            # multiple of 4 floats: a box past C's edge is clipped there only to 16 bytes, so with
-            # N = 13 and ldc = 16 it wrote columns 13-15 (measured on an H100).
-            needs.append(("C", "N" if self.c_layout == "row" else "M", "ldc", 4))
-        return needs
+        None: no size need be): the mainloop's loads', then the epilogue's stores'."""
+        return (self.mainloop.vector_requirements(self.spec["layout.A"], self.spec["layout.B"])
+                + self.epilogue.vector_requirements())
+
+    def vector_needs(self) -> str:
+        """vector_requirements in words."""
+        return ", ".join((f"{size} and {ld} multiples of {vec}" if size else f"{ld} a multiple of {vec}")
+                         + f", {ptr} {4 * vec}-byte aligned" for ptr, size, ld, vec in self.vector_requirements())
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The numbers a reader of the kernel wants, as (label, value) rows, from its parts: the
+        header of the generated .cu and `gemmgen explain` show them."""
+        mainloop, schedule, epilogue = self.mainloop, self.scheduler, self.epilogue
+        return (mainloop.rows(self) + schedule.order_rows() + epilogue.rows() + schedule.work_rows(mainloop.k_slices)
+                + epilogue.fusion_rows() + mainloop.path_rows(self)
+                + [(epilogue.needs_label, self.vector_needs() or mainloop.no_needs)])
 
     def argument_error(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int) -> str | None:
         """Why the launcher would return cudaErrorInvalidValue for these sizes, or None."""

@@ -109,6 +109,24 @@ class Epilogue:
         """What the stores do besides storing: keep the smallest values of C (`reduce min N`), or nothing."""
         return "fusion_reduce_min.cuh.j2" if self.reduce_count else "fusion_none.cuh.j2"
 
+    # --- rows: what the header of the .cu and explain say about the epilogue, and what its aligned
+    # variant needs of a call
+    needs_label: ClassVar[str] = "vector path needs"
+
+    def rows(self) -> list[tuple[str, str]]:
+        return [("epilogue", "alpha * A*B + beta * C" if self.beta else "alpha * A*B")]
+
+    def fusion_rows(self) -> list[tuple[str, str]]:
+        if not self.reduce_count:
+            return []
+        return [("fused reduction", f"{self.reduce_count} smallest entries of C with row and column")]
+
+    def vector_requirements(self) -> list[tuple[str, str | None, str, int]]:
+        """(pointer, size, leading dimension, vector) that the aligned variant's stores need divisible."""
+        if self.c_vector == 1:
+            return []
+        return [("C", "N" if self.c_layout == "row" else "M", "ldc", self.c_vector)]
+
     @property
     def beta_term(self) -> str:
         """What C's formula adds to alpha * A * B, in the launcher's comment."""
@@ -164,6 +182,19 @@ class TmaStore(Epilogue):
     template: ClassVar[str] = "epilogue_tma.cuh.j2"
     parameters: ClassVar[tuple[Parameter, ...]] = (Parameter("map_c", "t"),)
     aligned_store: ClassVar[str] = "TMA"
+    needs_label: ClassVar[str] = "TMA store path needs"
+
+    def rows(self) -> list[tuple[str, str]]:
+        ((label, formula),) = super().rows()
+        return [(label, f"{formula}; through shared memory: each consumer warp writes its 16 rows in boxes of "
+                        f"{self.c_box_outer} x {self.c_box_inner} floats ({self.c_buffers} in turn, "
+                        f"{self.c_box_swizzle}-byte swizzle), each stored by TMA")]
+
+    def vector_requirements(self) -> list[tuple[str, str | None, str, int]]:
+        # TMA stores boxes of C: 16-byte aligned base and row stride, and C's contiguous extent a
+        # multiple of 4 floats: a box past C's edge is clipped there only to 16 bytes, so with
+        # N = 13 and ldc = 16 it wrote columns 13-15 (measured on an H100).
+        return super().vector_requirements() + [("C", "N" if self.c_layout == "row" else "M", "ldc", 4)]
 
     def tensor_maps(self, M: int, N: int, ldc: int, aligned: bool) -> tuple[list[TensorMapSpec], dict]:
         """Where aligned, C's boxes (else C is stored from registers and the map is not read)."""

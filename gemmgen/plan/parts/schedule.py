@@ -148,6 +148,16 @@ class Schedule:
         """One line on the schedule for headers and explain."""
         return "data-parallel: one block per C tile"
 
+    # --- rows: what the header of the .cu and explain say about the schedule (around the epilogue's)
+    def order_rows(self) -> list[tuple[str, str]]:
+        """The walk over the tiles (a scheduler's) and the raster order."""
+        walk = [("schedule", self.describe())] if self.scheduled else []
+        return walk + [("raster", "row order" if self.raster_group == 1 else f"groups of {self.raster_group} block rows")]
+
+    def work_rows(self, k_slices: str) -> list[tuple[str, str]]:
+        """How a C tile's work is divided among blocks (split K: in `k_slices`, the mainloop's words)."""
+        return []
+
 
 @dataclass(frozen=True)
 class SplitK(Schedule):
@@ -168,6 +178,9 @@ class SplitK(Schedule):
 
     def describe(self) -> str:
         return f"data-parallel: one block per C tile and K slice ({self.split_k})"
+
+    def work_rows(self, k_slices: str) -> list[tuple[str, str]]:
+        return [("split K", f"{self.split_k} {k_slices} (blockIdx.y), added into C with atomicAdd after C = beta * C")]
 
 
 @dataclass(frozen=True)
