@@ -93,8 +93,7 @@ def _launch_checks(plan: Plan, internal: bool = False) -> LaunchChecks:
 
 def abi_parameters(plan: Plan) -> str:
     """The launcher's parameters, as the C ABI has them (a fused reduction adds three outputs)."""
-    extra = ("float *smallest_values, int *smallest_rows, int *smallest_cols, "
-             if plan.reduce_count else "")
+    extra = plan.epilogue.abi_parameters
     return ("int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, "
             f"float beta, float *C, int ldc, {extra}cudaStream_t stream")
 
@@ -160,9 +159,7 @@ def dispatcher_source(name: str, winners: list) -> str:
         variant = make_plan(replace(plan.spec, name=f"{name}_{shape.M}x{shape.N}x{shape.K}"))
         parts.append(generate(variant))
         calls.append((shape, variant.launcher_name))
-    extra_params = ("float *smallest_values, int *smallest_rows, int *smallest_cols, "
-                    if first.reduce_count else "")
-    extra_args = "smallest_values, smallest_rows, smallest_cols, " if first.reduce_count else ""
+    extra_params, extra_args = first.epilogue.abi_parameters, first.epilogue.abi_arguments
     table = "\n".join(f"        {{{s.M}, {s.N}, {s.K}}},  // -> {launcher}" for s, launcher in calls)
     cases = "\n".join(f"    case {i}: return {launcher}(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, "
                       f"{extra_args}stream);" for i, (_, launcher) in enumerate(calls))

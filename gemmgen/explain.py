@@ -407,30 +407,38 @@ def _direct_loads(plan: Plan) -> tuple[GlobalAccess, GlobalAccess]:
     return _global("A load", "scalar, k = 0", 1, a), _global("B load", "scalar, k = 0", 1, b)
 
 
-def _c_store(plan: Plan) -> GlobalAccess:
-    """Each lane's first store of C (epilogue.cuh.j2); beta's loads of C read the same way."""
-    if plan.tma_store:
-        # store_tma (aligned C): one warp's box, rows of c_box_inner floats along C's contiguous
-        # dimension, whole 32-byte sectors each (ld a multiple of 4 floats, as TMA requires).
-        row_bytes = 4 * plan.c_box_inner
-        sectors = plan.c_box_outer * -(-row_bytes // SECTOR_BYTES)
-        return GlobalAccess(name="C store", how=f"TMA, {plan.c_box_outer} x {plan.c_box_inner} box",
-                            bytes_per_lane=row_bytes, bytes=plan.c_box_outer * row_bytes, sectors=sectors,
-                            ideal_sectors=sectors)
-    if plan.staged:
-        # store_staged: chunk = tid, row along C's outer dimension, col along its contiguous one.
-        width = plan.c_stage_vec
-        per_row = plan.c_stage_cols // width
-        addresses = [lane // per_row * NOMINAL_LD + lane % per_row * width
-                     for lane in range(min(WARP, plan.threads))]
-        return _global("C store", f"{_vector_name(width)}, staged", width, addresses)
+def _tma_store(plan: Plan) -> GlobalAccess:
+    """store_tma (aligned C): one warp's box, rows of c_box_inner floats along C's contiguous
+    dimension, whole 32-byte sectors each (ld a multiple of 4 floats, as TMA requires)."""
+    row_bytes = 4 * plan.c_box_inner
+    sectors = plan.c_box_outer * -(-row_bytes // SECTOR_BYTES)
+    return GlobalAccess(name="C store", how=f"TMA, {plan.c_box_outer} x {plan.c_box_inner} box",
+                        bytes_per_lane=row_bytes, bytes=plan.c_box_outer * row_bytes, sectors=sectors,
+                        ideal_sectors=sectors)
+
+
+def _staged_store(plan: Plan) -> GlobalAccess:
+    """store_staged: chunk = tid, row along C's outer dimension, col along its contiguous one."""
+    width = plan.c_stage_vec
+    per_row = plan.c_stage_cols // width
+    addresses = [lane // per_row * NOMINAL_LD + lane % per_row * width
+                 for lane in range(min(WARP, plan.threads))]
+    return _global("C store", f"{_vector_name(width)}, staged", width, addresses)
+
+
+def _register_store(plan: Plan) -> GlobalAccess:
+    """Each lane's first store of C (epilogue_direct.cuh.j2); beta's loads of C read the same way."""
     width = plan.c_vector                  # 1 under split K: one atomicAdd per float
-    how = "atomicAdd" if plan.split_k > 1 else _vector_name(width)
+    how = "atomicAdd" if plan.epilogue.atomic else _vector_name(width)
     if plan.c_layout == "row":
         addresses = [m * NOMINAL_LD + n for m, n in _thread_origins(plan)]
     else:
         addresses = [n * NOMINAL_LD + m for m, n in _thread_origins(plan)]
     return _global("C store", how, width, addresses)
+
+
+# How the epilogue writes C (Epilogue.store) -> the replay of a warp's first store.
+C_STORES = {"registers": _register_store, "staged": _staged_store, "tma": _tma_store}
 
 
 def global_accesses(plan: Plan) -> tuple[GlobalAccess, ...]:
@@ -442,7 +450,7 @@ def global_accesses(plan: Plan) -> tuple[GlobalAccess, ...]:
         loads = _direct_loads(plan)
     else:
         loads = ()  # TMA boxes, or loader warpgroups' 128-byte K rows or rows along M or N: full sectors
-    return loads + (_c_store(plan),)
+    return loads + (C_STORES[plan.epilogue.store](plan),)
 
 
 # --- the report ------------------------------------------------------------------------
@@ -517,7 +525,7 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
         schedule=plan.scheduler.describe() if plan.scheduled else "",
         dealings=tuple((f"{M}x{N}x{K}", deal(plan, M, N, K, SCHEDULE_SMS)) for M, N, K in SCHEDULE_SHAPES)
         if plan.scheduled else (),
-        cluster=_cluster(plan),
+        cluster=plan.scheduler.cluster_words(),
         cluster_launches=tuple((f"{M}x{N}x{K}", plan.launch_blocks(M, N, K, SCHEDULE_SMS),
                                 plan.cluster_grid(M, N) - plan.grid(M, N))
                                for M, N, K in SCHEDULE_SHAPES) if plan.cluster_blocks > 1 else ())
@@ -545,24 +553,6 @@ def kernels_to_explain(specs: Sequence[Spec], named: bool) -> tuple[list[Spec], 
     notes = [f"skipped {spec.name}: a search space of {size(spec):,} points (gemmgen tune searches it; "
              "explain takes a kernel, one value per setting)" for spec in specs if not spec.is_concrete]
     return kernels, notes
-
-
-def _cluster(plan: Plan) -> str:
-    """What the blocks of a cluster share, and the L2 reads it saves, in words."""
-    if plan.cluster_blocks == 1:
-        return ""
-    cm, cn, BM, BN, BK = plan.cluster_m, plan.cluster_n, plan.BM, plan.BN, plan.BK
-    shares = []
-    if cm > 1:
-        shares.append(f"the {cm} blocks along M share B's {BN} x {BK} tile, each loading {BN // cm} rows "
-                      "and multicasting them to the others")
-    if cn > 1:
-        shares.append(f"the {cn} blocks along N share A's {BM} x {BK} tile, each loading {BM // cn} rows "
-                      "and multicasting them to the others")
-    return (f"{cm} x {cn} blocks per cluster (__cluster_dims__({plan.cluster_blocks}, 1, 1)): "
-            + "; ".join(shares) + f". Each block reads {plan.block_load_bytes} bytes of each K tile from L2 "
-            f"instead of {4 * BK * (BM + BN)}. A stage is refilled once every block that fills it has freed it; a launch takes "
-            "whole clusters, and blocks past C's edge multiply zeros and store nothing.")
 
 
 # Where explain shows a scheduled kernel's dealing of work (on an H100's SM count).

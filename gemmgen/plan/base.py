@@ -103,6 +103,7 @@ class Plan:
     cluster_grid = _from("scheduler", "cluster_grid")
     launch_blocks = _from("scheduler", "launch_blocks")
     workspace_bytes = _from("scheduler", "workspace_bytes")
+    block_load_bytes = _from("scheduler", "block_load_bytes", "bytes of A and B a block reads from L2 per K tile")
 
     # The epilogue's numbers, by their short names (the staged ones exist where the store is staged).
     beta = _from("epilogue", "beta")
@@ -144,12 +145,6 @@ class Plan:
     @property
     def launcher_name(self) -> str:
         return f"gemmgen_{self.name}"
-
-    @property
-    def block_load_bytes(self) -> int:
-        """Bytes of A and B a block reads from L2 per K tile (TMA kernels in a cluster: a slice of
-        each tile it shares, multicast to the others)."""
-        return 4 * (self.BM // self.cluster_n + self.BN // self.cluster_m) * self.BK
 
     def layouts(self) -> str:
         return (f"A {self.spec['layout.A']}, B {self.spec['layout.B']}, C {self.c_layout}")

@@ -73,6 +73,7 @@ class Epilogue:
     staged: ClassVar[bool] = False     # assembled in shared memory (the tiled kernels' staged store)
     tma_store: ClassVar[bool] = False  # boxes stored by TMA (the TMA-fed wgmma kernels' staged store)
     template: ClassVar[str] = "epilogue_direct.cuh.j2"  # its store macros
+    store: ClassVar[str] = "registers"   # how C is written: "registers", "staged" or "tma" (explain replays it)
     parameters: ClassVar[tuple[Parameter, ...]] = ()   # kernel parameters after the main ones
 
     @property
@@ -127,6 +128,25 @@ class Epilogue:
             return []
         return [("C", "N" if self.c_layout == "row" else "M", "ldc", self.c_vector)]
 
+    # --- the C ABI: what the entry point takes after ldc, and what its header says of it
+    @property
+    def abi_parameters(self) -> str:
+        return "float *smallest_values, int *smallest_rows, int *smallest_cols, " if self.reduce_count else ""
+
+    @property
+    def abi_arguments(self) -> str:
+        return "smallest_values, smallest_rows, smallest_cols, " if self.reduce_count else ""
+
+    @property
+    def abi_notes(self) -> list[str]:
+        if not self.reduce_count:
+            return []
+        n = self.reduce_count
+        return [f"smallest_values, smallest_rows, smallest_cols: device arrays of {n} floats, ints "
+                f"and ints that receive the {n} smallest entries of C with their row and column. "
+                "The running list lives in the kernel's device memory: two calls must not run "
+                "at the same time on different streams."]
+
     @property
     def beta_term(self) -> str:
         """What C's formula adds to alpha * A * B, in the launcher's comment."""
@@ -155,6 +175,7 @@ class Staged(Epilogue):
 
     staged: ClassVar[bool] = True
     template: ClassVar[str] = "epilogue_staged.cuh.j2"
+    store: ClassVar[str] = "staged"
 
     @property
     def vector_constants(self) -> list[tuple[str, int, str]]:
@@ -180,6 +201,7 @@ class TmaStore(Epilogue):
 
     tma_store: ClassVar[bool] = True
     template: ClassVar[str] = "epilogue_tma.cuh.j2"
+    store: ClassVar[str] = "tma"
     parameters: ClassVar[tuple[Parameter, ...]] = (Parameter("map_c", "t"),)
     aligned_store: ClassVar[str] = "TMA"
     needs_label: ClassVar[str] = "TMA store path needs"

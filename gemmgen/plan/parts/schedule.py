@@ -95,6 +95,31 @@ class Schedule:
         """Cluster ranks (bits) of the blocks that share block 0's B tile: ranks 0 ... cluster_m - 1."""
         return (1 << self.cluster_m) - 1
 
+    @property
+    def block_load_bytes(self) -> int:
+        """Bytes of A and B a block reads from L2 per K tile (TMA kernels in a cluster: a slice of
+        each tile it shares, multicast to the others)."""
+        return 4 * (self.BM // self.cluster_n + self.BN // self.cluster_m) * self.BK
+
+    def cluster_words(self) -> str:
+        """What the blocks of a cluster share, and the L2 reads it saves, in words ("": no clusters)."""
+        if self.cluster_blocks == 1:
+            return ""
+        cm, cn, BM, BN, BK = self.cluster_m, self.cluster_n, self.BM, self.BN, self.BK
+        shares = []
+        if cm > 1:
+            shares.append(f"the {cm} blocks along M share B's {BN} x {BK} tile, each loading {BN // cm} rows "
+                          "and multicasting them to the others")
+        if cn > 1:
+            shares.append(f"the {cn} blocks along N share A's {BM} x {BK} tile, each loading {BM // cn} rows "
+                          "and multicasting them to the others")
+        return (f"{cm} x {cn} blocks per cluster (__cluster_dims__({self.cluster_blocks}, 1, 1)): "
+                + "; ".join(shares) + f". Each block reads {self.block_load_bytes} bytes of each K tile from L2 "
+                f"instead of {4 * BK * (BM + BN)}. A stage is refilled once every block that fills it has freed it; "
+                "a launch takes whole clusters, and blocks past C's edge multiply zeros and store nothing.")
+
+    abi_notes: ClassVar[list[str]] = []  # what the C header says of the schedule's results
+
     def grid(self, M: int, N: int) -> int:
         """C tiles (blocks along x) for an M x N output; each has split_k blocks along y."""
         return ceil(M / self.BM) * ceil(N / self.BN) if M > 0 and N > 0 else 0
@@ -178,6 +203,11 @@ class SplitK(Schedule):
 
     def describe(self) -> str:
         return f"data-parallel: one block per C tile and K slice ({self.split_k})"
+
+    @property
+    def abi_notes(self) -> list[str]:
+        return [f"split K: {self.split_k} slices of K are added into C with atomicAdd, so results "
+                "may differ in the last bits from run to run."]
 
     def work_rows(self, k_slices: str) -> list[tuple[str, str]]:
         return [("split K", f"{self.split_k} {k_slices} (blockIdx.y), added into C with atomicAdd after C = beta * C")]
