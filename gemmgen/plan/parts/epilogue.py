@@ -58,6 +58,13 @@ class Output:
             return f"(long long)({m}) * ldc + ({n})"
         return f"(long long)({n}) * ldc + ({m})"
 
+    def position(self, outer: str, inner: str) -> tuple[str, str]:
+        """C expressions (m, n) in C of the tile's element at (outer, inner): along C's rows and its
+        contiguous dimension."""
+        if self.layout == "row":
+            return f"block_m0 + {outer}", f"block_n0 + {inner}"
+        return f"block_m0 + {inner}", f"block_n0 + {outer}"
+
 
 @dataclass(frozen=True)
 class Epilogue:
