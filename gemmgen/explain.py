@@ -492,11 +492,7 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
     banks = bank_conflicts(plan)
     coalescing = global_accesses(plan)
 
-    notes = []
-    if plan.promote_tiles > 1:
-        notes.append(f"The tensor cores sum {plan.promote_tiles} K tiles ({plan.promote_tiles * plan.BK} of K) of "
-                     "products before the consumers add them into FP32 (promote): the tensor pipe drains "
-                     "once per group, and the sums round toward zero over that span.")
+    notes = plan.mainloop.notes(plan)
     if res.spill_stores or res.spill_loads:
         notes.append(f"ptxas spills registers to local memory: {res.spill_stores} bytes stored, "
                      f"{res.spill_loads} bytes loaded")

@@ -10,7 +10,7 @@ from ..spec import Spec
 from .arch import MAX_REGISTERS_PER_THREAD, Arch
 from .base import Plan
 from .parts.epilogue import check_no_reduce, check_tma_store, warpgroup_epilogue
-from .parts.mainloop import WgmmaAsync, WgmmaTma
+from .parts.warpgroup_mainloop import WgmmaAsync, WgmmaTma
 from .parts.schedule import check_cluster, check_pingpong_tile, check_walk, schedule_of
 from .parts.tile import Tile
 
