@@ -331,3 +331,9 @@ def library_source(manifest: dict, origin: str, source_lines: list[str]) -> str:
     return _environment().get_template("library.cu.j2").render(
         lib=lib, first_line=marker_line(f"gemmgen_{manifest['library']}", f" from {origin} (edit the spec, not this file)"),
         member_sources=sources)
+
+
+def render_template(name: str, **values) -> str:
+    """A template of templates/ rendered with `values` (a kernel that no Plan describes, e.g. the
+    transposing copy of gemmgen/transpose.py)."""
+    return _environment().get_template(name).render(**values)

@@ -33,6 +33,7 @@ from .layouts import CLASSES, Operand, Route, library_name, route
 from .outputs import complete_pending
 from .runtime import Kernel, ShapeError, as_matrix, device_array, device_info, require_cupy, stream_handle
 from .selection import alignment_class, choose
+from .transpose import transpose
 
 PRECISIONS = ("fp32", "tf32")
 BASE = ("row", "col")
@@ -298,6 +299,23 @@ def _prepare(way: Route, M: int, N: int, K: int, residues: tuple[int, int, int],
 
 
 def _torch_copy(x, layout: str):
+    """x dense in `layout`: by gemmgen's transposing copy where x lies the other way on a GPU (with a
+    unit stride), else PyTorch's copy (no unit stride: a strided slice, a broadcast)."""
+    rows, cols = x.shape
+    row_stride, col_stride = x.stride()
+    other = "col" if layout == "row" else "row"
+    reads_other = (row_stride == 1 or cols <= 1) if other == "col" else (col_stride == 1 or rows <= 1)
+    if x.is_cuda and reads_other and rows > 1 and cols > 1:
+        import torch
+        device = x.get_device()
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        if layout == "row":  # x column-major: its transpose (cols x rows) lies row-major, ld its column stride
+            out = x.new_empty((rows, cols))
+            transpose(x.data_ptr(), cols, rows, col_stride, out.data_ptr(), cols, device, stream)
+            return out
+        out = x.new_empty((cols, rows))  # x row-major: written as its transpose, row-major, then seen as x
+        transpose(x.data_ptr(), rows, cols, row_stride, out.data_ptr(), rows, device, stream)
+        return out.t()
     return x.contiguous() if layout == "row" else x.t().contiguous().t()
 
 
