@@ -7,7 +7,7 @@ Pipeline (one direction): spec text → Spec (spec.py) → concrete points (spac
 
 __version__ = "0.1.0"
 
-from .errors import SpecError  # noqa: E402
+from .language.errors import SpecError  # noqa: E402
 
 
 def __getattr__(name: str):
@@ -15,7 +15,7 @@ def __getattr__(name: str):
     gemmgen's tuned library of a precision ("fp32": as accurate as FP32; "tf32"). Loaded on first
     use, so that `import gemmgen` stays light, and then the function itself: no wrapper per call."""
     if name == "matmul":
-        from .dispatch import matmul
+        from .library.dispatch import matmul
         globals()["matmul"] = matmul
         return matmul
     raise AttributeError(f"module 'gemmgen' has no attribute {name!r}")

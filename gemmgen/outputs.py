@@ -153,7 +153,7 @@ def check_database(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLik
     not exist yet, or is a regular file that tuning_db.read accepts (DatabaseError, at the line,
     otherwise), and it is none of the command's inputs. Anything else (a spec, notes, a FIFO)
     would be spoiled by the lines added to it, or never answer."""
-    from .tuning_db import read
+    from .tuning.database import read
     real = _real(path)
     if any(real == _real(p) for p in inputs if p):
         raise OutputError(f"refusing to use {path} as the database: it is an input of this command")

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import zlib
 
-import gemmgen.library as library_module
-from gemmgen.runtime import DeviceInfo
-from gemmgen.selection import features
+import gemmgen.library.tune as library_module
+from gemmgen.gpu.runtime import DeviceInfo
+from gemmgen.library.selection import features
 
 INFO = DeviceInfo("Fake H100", 0, (9, 0), 132, 1980000, "13.0", 50 << 20, 2619000, 5120)
 LAYOUTS = {"A": "row", "B": "col", "C": "row"}
@@ -63,11 +63,11 @@ class FakeGpu:
                     progress(entry)
 
     def install(self, monkeypatch) -> "FakeGpu":
-        import gemmgen.runtime
+        import gemmgen.gpu.runtime
         monkeypatch.setattr(library_module, "_run_tasks", self.run_tasks)
         monkeypatch.setattr(library_module, "compile_all", lambda plans: None)
         monkeypatch.setattr(library_module, "slots_per_sm", lambda plan: 1)
-        monkeypatch.setattr(gemmgen.runtime, "device_info", lambda ordinal=0: INFO)
+        monkeypatch.setattr(gemmgen.gpu.runtime, "device_info", lambda ordinal=0: INFO)
         return self
 
 

@@ -13,19 +13,19 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import gemmgen.cli
+import gemmgen.cli.app
 import gemmgen.outputs
-import gemmgen.runtime
-import gemmgen.tune
-import gemmgen.verify
+import gemmgen.gpu.runtime
+import gemmgen.tuning.tune
+import gemmgen.gpu.verify
 from conftest import SPECS_DIR
-from gemmgen.codegen import generate
+from gemmgen.codegen.cuda import generate
 from gemmgen.outputs import OutputError, check_outputs, not_ours, replacing, save_figure, write_output
 from gemmgen.plan import make_plan
-from gemmgen.space import describe, expand, point_key
-from gemmgen.spec import load_one
-from gemmgen.tune import TuneResult, db_scope
-from gemmgen.verify import Case
+from gemmgen.plan.space import describe, expand, point_key
+from gemmgen.language.spec import load_one
+from gemmgen.tuning.tune import TuneResult, db_scope
+from gemmgen.gpu.verify import Case
 
 WARPTILE = SPECS_DIR / "warptile.gemm"
 HAND_WRITTEN_CU = "// my own kernel, written by hand\n__global__ void mine() {}\n"
@@ -36,7 +36,7 @@ def invoke(*args):
         runner = CliRunner(mix_stderr=False)  # click 8.1: keep stderr apart
     except TypeError:
         runner = CliRunner()
-    return runner.invoke(gemmgen.cli.main, [str(a) for a in args])
+    return runner.invoke(gemmgen.cli.app.main, [str(a) for a in args])
 
 
 def refused(result, name: str, *words: str) -> None:
@@ -275,13 +275,13 @@ def test_matplotlib_tags_the_png(tmp_path):
 @pytest.fixture
 def gpu_verbs(monkeypatch):
     """check, bench and tune as if a GPU were there; any GPU work fails the test."""
-    monkeypatch.setattr(gemmgen.cli, "_require_gpu", lambda: None)
+    monkeypatch.setattr(gemmgen.cli.app, "_require_gpu", lambda: None)
 
     def no_gpu_work(*args, **kwargs):
         raise AssertionError("GPU work started before the outputs were checked")
-    monkeypatch.setattr(gemmgen.verify, "check", no_gpu_work)
-    monkeypatch.setattr(gemmgen.tune, "tune", no_gpu_work)
-    monkeypatch.setattr(gemmgen.runtime, "device_info", no_gpu_work)
+    monkeypatch.setattr(gemmgen.gpu.verify, "check", no_gpu_work)
+    monkeypatch.setattr(gemmgen.tuning.tune, "tune", no_gpu_work)
+    monkeypatch.setattr(gemmgen.gpu.runtime, "device_info", no_gpu_work)
 
 
 def test_check_json_refuses_a_file_that_is_not_gemmgens(gpu_verbs, tmp_path):
@@ -331,7 +331,7 @@ def test_tune_checks_every_output_before_searching(gpu_verbs, tmp_path, monkeypa
     assert notes.read_text() == "my notes\n"
 
     calls = []
-    monkeypatch.setattr(gemmgen.tune, "tune", fake_tune(calls))
+    monkeypatch.setattr(gemmgen.tuning.tune, "tune", fake_tune(calls))
     out = tmp_path / "tuned.cu"
     result = invoke("tune", space, "--db", db, "--shapes", "64x64x64", "--save", mine, "--force",
                     "--dispatcher", out, "--json", tmp_path / "all.json")

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 KEYS_BY_COORDS = """
 import json, sys
 sys.path.insert(0, '.')
-from gemmgen.spec import load_one
-from gemmgen.space import expand, point_key
+from gemmgen.language.spec import load_one
+from gemmgen.plan.space import expand, point_key
 space = expand(load_one(sys.argv[1]))
 print(json.dumps({"keys": space.keys,
                   "points": [[list(c), point_key(p.spec)] for c, p in space.plan_at.items()]}))

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .library import Library, TuneReport, build_manifest, tune_library
+from ..library.tune import Library, TuneReport, build_manifest, tune_library
 from .terminal import line
 
 
@@ -32,7 +32,7 @@ def outputs(library: Library, output: str | None, manifest: str | None) -> tuple
 def check(library: Library, output: str | None, manifest: str | None, *, inputs, force: bool) -> None:
     """Before any work: the library's outputs may be written (outputs.check_outputs), once an
     interrupted write of the same library has been finished (outputs.complete_pending)."""
-    from .outputs import check_outputs, complete_pending
+    from ..outputs import check_outputs, complete_pending
     paths = outputs(library, output, manifest)
     complete_pending(paths[2])
     check_outputs(paths, inputs=inputs, force=force)
@@ -41,9 +41,9 @@ def check(library: Library, output: str | None, manifest: str | None, *, inputs,
 def check_labels(library: Library, db: Path) -> None:
     """tuning_db.DatabaseError at a record of the library whose label contradicts the candidate
     its key names (see tuning_db); before any work that would trust the record."""
-    from . import tuning_db
-    from .library import kernel_key
-    from .space import describe
+    from ..tuning import database as tuning_db
+    from ..library.tune import kernel_key
+    from ..plan.space import describe
     plans = library.candidates() + [p for m in library.members if m.searched for p in m.plans]
     labels = {kernel_key(p): describe(p.spec) for p in plans}
     tuning_db.check_labels(db, tuning_db.read(db), labels, space=library.name)
@@ -52,10 +52,10 @@ def check_labels(library: Library, db: Path) -> None:
 def write(library: Library, manifest: dict, paths: tuple[Path, Path, Path], console) -> None:
     """The library's .cu (codegen), its header and its manifest (for gemmgen.matmul and bench),
     as one set (outputs.write_set): a reader never sees a new .cu beside an old manifest."""
-    from .c_header import library_header_source
-    from .codegen import library_source
-    from .library import member_plans
-    from .outputs import write_set
+    from ..codegen.c_header import library_header_source
+    from ..codegen.cuda import library_source
+    from ..library.tune import member_plans
+    from ..outputs import write_set
     cu, header, manifest_path = paths
     origin = Path(library.spec.path).name
     source = library_source(manifest, origin, library.spec.source.splitlines())
@@ -123,7 +123,7 @@ def tune(library: Library, *, db: Path, output: str | None, manifest_path: str |
                    for (key, shape), ms in report.measurements.times.items()]
         write_file(Path(json_path), json.dumps(records, indent=1))
     if plot_path:
-        from .bench import plot_library
+        from ..gpu.bench import plot_library
         rows = [{"shape": shape_key_of(r), "ratio": r["cublas_ms"] / r["ms"][str(r["chosen"])]
                  if r["cublas_ms"] and str(r["chosen"]) in r["ms"] else 0.0,
                  "best_ratio": r["cublas_ms"] / r["best_candidate_ms"] if r["cublas_ms"] and r["best_candidate_ms"] else 0.0,
@@ -165,9 +165,9 @@ class LibraryCall:
 def bench(library: Library, manifest: dict, cases, *, budget: float, console, progress_factory):
     """gemmgen bench LIB.gemm: per shape, the member the library chooses, timed in turns with cuBLAS
     in the library's precision, and its error beside cuBLAS FP32's."""
-    from .bench import L2Flusher, bench as run_bench
-    from .dispatch import LibraryRuntime
-    from .runtime import device_info
+    from ..gpu.bench import L2Flusher, bench as run_bench
+    from ..library.dispatch import LibraryRuntime
+    from ..gpu.runtime import device_info
 
     info = device_info()
     runtime = LibraryRuntime(manifest)
@@ -215,7 +215,7 @@ def summary(library: Library, manifest_dir: Path = Path("generated")) -> dict:
     result = {"library": library.name, "precision": library.precision, "baseline": library.baseline,
               "layout": library.layouts, "members": members, "candidates": len(library.candidates()),
               "shapes": [str(s) for s in library.shapes]}
-    from .outputs import OutputError, complete_pending
+    from ..outputs import OutputError, complete_pending
     path = manifest_dir / f"{library.name}.json"
     try:
         complete_pending(path)  # an interrupted build of it finished first

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import jinja2
 
-from .outputs import marker_line
-from .plan import Plan
-from .plan.schedule import describe as describe_schedule
+from ..outputs import marker_line
+from ..plan import Plan
+from ..plan.schedule import describe as describe_schedule
 
 
 def _template_dir() -> Path:
-    source_tree = Path(__file__).resolve().parent.parent / "templates"
+    source_tree = Path(__file__).resolve().parent.parent.parent / "templates"
     if source_tree.is_dir():
         return source_tree
     return Path(str(resources.files("gemmgen.templates")))
@@ -240,7 +240,7 @@ def dispatcher_source(name: str, winners: list) -> str:
     the shape it is called with, the winner tuned for the nearest shape (distance of log sizes)."""
     from dataclasses import replace
 
-    from .plan import make_plan
+    from ..plan import make_plan
 
     first = winners[0][1]
     for _, plan in winners[1:]:
@@ -293,8 +293,8 @@ def library_source(manifest: dict, origin: str, source_lines: list[str]) -> str:
     choice of member per call in C (selection.py's arithmetic), and extern "C" gemmgen_<library>."""
     from types import SimpleNamespace
 
-    from .library import member_plans
-    from .selection import BANDWIDTH, PRIOR
+    from ..library.tune import member_plans
+    from ..library.selection import BANDWIDTH, PRIOR
 
     plans = member_plans(manifest)
     members = []

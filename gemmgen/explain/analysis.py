@@ -29,12 +29,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from .compile import Compiled, Resources
-from .plan import WARP, Operand, Plan
-from .plan.schedule import H100_SMS, deal
-from .plan.schedule import describe as describe_schedule
-from .space import size
-from .spec import Spec
+from ..gpu.compile import Compiled, Resources
+from ..plan import WARP, Operand, Plan
+from ..plan.schedule import H100_SMS, deal
+from ..plan.schedule import describe as describe_schedule
+from ..plan.space import size
+from ..language.spec import Spec
 
 BANKS = 32
 SECTOR_BYTES = 32                # global memory moves in 32-byte sectors
@@ -468,9 +468,9 @@ def _resources(plan: Plan, compiled: Compiled | Resources | None) -> Resources:
     if isinstance(compiled, Resources):
         return compiled
     if compiled is None:
-        from .compile import compile_plan
+        from ..gpu.compile import compile_plan
         compiled = compile_plan(plan)
-    from .codegen import kernel_name_expressions
+    from ..codegen.cuda import kernel_name_expressions
     name = kernel_name_expressions(plan)[True]
     try:
         return compiled.resources_of(name)

@@ -18,7 +18,7 @@ from typing import Callable
 
 
 from .baseline import baseline_for, cublas_gemm
-from .outputs import save_figure
+from ..outputs import save_figure
 from .runtime import DeviceInfo, Kernel, device_info
 from .verify import Case, accuracy_on, place_matrix
 
@@ -318,7 +318,7 @@ def run_meta(info: DeviceInfo, commit: str | None = None) -> dict:
     import subprocess
     from pathlib import Path
 
-    from . import __version__
+    from .. import __version__
 
     def first_line(command: list[str], cwd: Path | None = None) -> str | None:
         try:
@@ -327,7 +327,7 @@ def run_meta(info: DeviceInfo, commit: str | None = None) -> dict:
             return None
         return done.stdout.strip().splitlines()[0] if done.stdout.strip() else None
 
-    checkout = Path(__file__).resolve().parent.parent
+    checkout = Path(__file__).resolve().parents[2]
     commit = commit or os.environ.get("GEMMGEN_COMMIT") or (
         first_line(["git", "rev-parse", "--short", "HEAD"], checkout) if (checkout / ".git").exists() else None)
     return {"device": info.name, "driver": info.driver_version,

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from . import compile_cache
-from .plan import Plan
+from ..plan import Plan
 
 CACHE_FORMAT = 3  # 3: one file per entry, ptxas's report under its checksum; NVRTC seeded
 
@@ -305,7 +305,7 @@ def _nvrtc_compile(source: str, target: str, name_expressions: list[str], filena
 def compile_plan(plan: Plan, source: str | None = None, *, target: str | None = None,
                  use_cache: bool = True) -> Compiled:
     """Compile a Plan's generated source (both variants) for its target or an override."""
-    from .codegen import generate, kernel_name_expressions
+    from ..codegen.cuda import generate, kernel_name_expressions
 
     source = source if source is not None else generate(plan)
     names = list(kernel_name_expressions(plan).values())

@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from .outputs import write_atomic
+from ..outputs import write_atomic
 
 FORMAT_LINE = b"gemmgen compile cache, format 3\n"
 DEFAULT_SIZE = 1 << 30          # bytes: 1 GiB

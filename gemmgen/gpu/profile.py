@@ -197,10 +197,10 @@ import sys
 sys.path.insert(0, sys.argv[1])
 import cupy as cp
 
+from gemmgen.gpu.runtime import Kernel, synchronize
+from gemmgen.gpu.verify import place_matrix, parse_case
+from gemmgen.language.spec import load_one
 from gemmgen.plan import make_plan
-from gemmgen.runtime import Kernel, synchronize
-from gemmgen.spec import load_one
-from gemmgen.verify import place_matrix, parse_case
 
 spec = load_one(sys.argv[2], sys.argv[3])
 case = parse_case(sys.argv[4])
@@ -259,8 +259,8 @@ def profile(spec_path: str | os.PathLike, kernel: str | None = None, shape: str 
     nothing; metrics that this ncu or GPU does not know are left out and listed in
     report["unavailable"].
     """
-    from .plan import make_plan
-    from .spec import load_one
+    from ..plan import make_plan
+    from ..language.spec import load_one
     from .verify import parse_case
 
     ncu = shutil.which("ncu")
@@ -276,7 +276,7 @@ def profile(spec_path: str | os.PathLike, kernel: str | None = None, shape: str 
     if not (case.M and case.N):
         raise ProfileError(f"{case} has an empty C: there is no kernel launch to profile")
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), environment.get("PYTHONPATH")]))
     requested = metric_names()
@@ -378,8 +378,9 @@ def profile_command(spec, kernel, shape, as_json):
       gemmgen profile specs/warptile.gemm
       gemmgen profile specs/naive.gemm --shape 1024x1024x1024 --json
     """
-    from . import cli, terminal
-    from .errors import SpecError
+    from ..cli import app as cli
+    from ..cli import terminal
+    from ..language.errors import SpecError
     from .verify import parse_case
 
     cli._require_gpu()  # first: without a GPU nothing else matters (exit 2, as check, bench, tune)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .compile import Compiled, compile_plan
-from .codegen import kernel_name_expressions
+from ..codegen.cuda import kernel_name_expressions
 from .launch import CudaError, PreparedLaunch, PreparedStep, decide
-from .plan import Plan
+from ..plan import Plan
 
 
 class NoGpuError(CudaError):

@@ -28,10 +28,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .launch import PreparedLaunch
+from ..gpu.launch import PreparedLaunch
 from .layouts import CLASSES, Operand, Route, library_name, route
-from .outputs import complete_pending
-from .runtime import Kernel, ShapeError, as_matrix, device_array, device_info, require_cupy, stream_handle
+from ..outputs import complete_pending
+from ..gpu.runtime import Kernel, ShapeError, as_matrix, device_array, device_info, require_cupy, stream_handle
 from .selection import alignment_class, choose
 
 PRECISIONS = ("fp32", "tf32")
@@ -40,10 +40,10 @@ BASE = ("row", "col")
 
 def _libraries_dir() -> Path:
     """generated/ of a source checkout, or the package's copy of the shipped manifests."""
-    source_tree = Path(__file__).resolve().parent.parent / "generated"
+    source_tree = Path(__file__).resolve().parents[2] / "generated"
     if source_tree.is_dir():
         return source_tree
-    return Path(__file__).resolve().parent / "libraries"  # the wheel's gemmgen.libraries
+    return Path(__file__).resolve().parents[1] / "libraries"  # the wheel's gemmgen.libraries
 
 
 def _check_precision(precision: str) -> None:
@@ -82,7 +82,7 @@ class LibraryRuntime:
     """A library manifest ready to run on one device: choose a member per call, launch it."""
 
     def __init__(self, manifest: dict, device: int = 0):
-        from .library import candidates_of, member_plans
+        from .tune import candidates_of, member_plans
 
         self.manifest = manifest
         self.name = manifest["library"]
@@ -122,7 +122,7 @@ class LibraryRuntime:
     def compile_all(self) -> None:
         """Compile every member at once (NVRTC in parallel processes, into the disk cache), so that
         the first call of each does not wait for its compile."""
-        from .library import compile_all
+        from .tune import compile_all
         compile_all([self.kernel_plan(i) for i in range(len(self.plans))])
 
     def kernel_plan(self, index: int):
@@ -131,7 +131,7 @@ class LibraryRuntime:
         plan = self.plans[index]
         if self.tuned_gpu:
             return plan
-        from .plan import make_plan
+        from ..plan import make_plan
         target = self.info.target if self.info.target in ("sm_80", "sm_86", "sm_89", "sm_90") else "sm_80"
         return make_plan(self.plans[self.portable].spec.with_values(target=target))
 

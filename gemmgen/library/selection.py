@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .plan.schedule import dealt_tiles
+from ..plan.schedule import dealt_tiles
 
 CLASSES = ("aligned", "unaligned")
 FEATURES = ("launch", "main loop (waves x K steps)", "waves", "operand traffic (GB)", "split K pass over C (GB)")

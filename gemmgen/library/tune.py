@@ -28,14 +28,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from . import tuning_db
-from .errors import SpecError
-from .plan import Plan, try_plan
+from ..tuning import database as tuning_db
+from ..language.errors import SpecError
+from ..plan import Plan, try_plan
 from .selection import (CLASSES, Candidate, MemberShape, Model, alignment_class, choose,
                         fit_all, leave_one_out, predict, tight_leading_dimensions)
-from .space import MAX_POINTS, check_size, describe, point_key, to_text
-from .spec import LibraryShape, LibrarySpec, Spec, load_file, parse
-from .tune import _append  # the database's one writer: a JSON line, flushed and synced
+from ..plan.space import MAX_POINTS, check_size, describe, point_key, to_text
+from ..language.spec import LibraryShape, LibrarySpec, Spec, load_file, parse
+from ..tuning.tune import _append  # the database's one writer: a JSON line, flushed and synced
 
 MANIFEST_FORMAT = 1
 EXHAUSTIVE_LIMIT = 64      # a space with more valid points is searched per shape by a strategy
@@ -204,7 +204,7 @@ def _scope(device: str, driver: str, what: str, library: str) -> str:
 
 
 def _case(shape: LibraryShape):
-    from .verify import Case
+    from ..gpu.verify import Case
     return Case(shape.M, shape.N, shape.K, pad=shape.pad)
 
 
@@ -241,11 +241,11 @@ def _worker(tasks: list[Task], db: str, library: str, layouts: dict, baseline: s
     """Validate and time in order; runs in a child process that may die (a faulting kernel)."""
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
-    from . import verify
-    from .baseline import cublas_gemm
-    from .bench import L2Flusher, time_gpu
-    from .runtime import Kernel, device_info
-    from .tune import VALIDATION_CASES, _compiled
+    from ..gpu import verify
+    from ..gpu.baseline import cublas_gemm
+    from ..gpu.bench import L2Flusher, time_gpu
+    from ..gpu.runtime import Kernel, device_info
+    from ..tuning.tune import VALIDATION_CASES, _compiled
 
     info = device_info()
     _append(Path(db), {"scope": _scope(info.name, info.driver_version, "device", library), "key": "device",
@@ -340,8 +340,8 @@ def slots_per_sm(plan: Plan) -> int:
     """Blocks of this kernel an SM holds at once (ptxas's registers, the Plan's shared memory)."""
     if plan.consumers:  # a wgmma block takes a whole SM (__launch_bounds__(THREADS, 1))
         return 1
-    from .compile import compile_plan
-    from .explain import occupancy
+    from ..gpu.compile import compile_plan
+    from ..explain.analysis import occupancy
     resources = max(compile_plan(plan).resources.values(), key=lambda r: r.registers)
     return max(1, occupancy(plan, resources).blocks)
 
@@ -384,8 +384,8 @@ def tune_library(library: Library, *, db: Path, progress: Callable[[dict], None]
                  anchors: int = 8, per_shape: int = 6, budget_s: float = 0.05,
                  device: int | None = None) -> TuneReport:
     """Measure what the library needs on this GPU (see the module docstring); resumable."""
-    from .runtime import device_info
-    from .tune import tune as tune_space
+    from ..gpu.runtime import device_info
+    from ..tuning.tune import tune as tune_space
 
     started = time.perf_counter()
     info = device_info(0 if device is None else device)
@@ -501,7 +501,7 @@ def _done(task: Task, m: Measurements) -> bool:
 def compile_all(plans: list[Plan]) -> None:
     """NVRTC on every plan, one process per CPU core, into the disk cache (failures are left for
     whoever loads the kernel to report)."""
-    from .tune import _compile_one
+    from ..tuning.tune import _compile_one
     jobs = [(plan, None) for plan in plans]
     with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1),
                              mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -511,7 +511,7 @@ def compile_all(plans: list[Plan]) -> None:
 def _run_tasks(tasks: list[Task], db: Path, library: Library, budget_s: float, device: int | None,
                device_key: str, progress: Callable[[dict], None] | None) -> None:
     """Tasks in disposable worker processes: a crash or a hang costs the candidate in flight."""
-    from .tune import CANDIDATE_TIMEOUT_S
+    from ..tuning.tune import CANDIDATE_TIMEOUT_S
     context = multiprocessing.get_context("spawn")
     state = Path(f"{db}.inflight")
     remaining = list(tasks)
@@ -710,7 +710,7 @@ def _compute_capability(plans: list[Plan]) -> list[int]:
 
 def member_plans(manifest: dict) -> list[Plan]:
     """The kept members of a manifest, planned from the spec text it carries."""
-    from .plan import make_plan
+    from ..plan import make_plan
     plans = []
     for member in manifest["members"]:
         (spec,) = parse(member["spec"], f"<library {manifest['library']}: {member['name']}>")

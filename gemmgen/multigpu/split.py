@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Protocol
 
-from .plan import Plan
+from ..plan import Plan
 
 FLOAT_BYTES = 4
 AXIS_NAMES = ("rows of C (M)", "columns of C (N)", "K")
@@ -708,7 +708,7 @@ class CupyLayer:
         self.peers: set[tuple[int, int]] = set()
 
     def locate(self, array: Any, layout: str, what: str) -> Region:
-        from .runtime import as_matrix
+        from ..gpu.runtime import as_matrix
         m = as_matrix(array, what, layout)
         device = self.cp.cuda.runtime.pointerGetAttributes(m.ptr).device if m.ptr else 0
         # The caller may still be writing it on its own stream, which ours do not wait for.
@@ -737,7 +737,7 @@ class CupyLayer:
         self.buffers.pop(region.ptr, None)  # back to CuPy's pool when nothing else holds it
 
     def kernel(self, device: int, plan: Plan):
-        from .runtime import Kernel
+        from ..gpu.runtime import Kernel
         key = (device, plan.name)
         if key not in self.kernels:
             self.kernels[key] = Kernel(plan, self.compiled, device=device)
@@ -890,7 +890,7 @@ def _inputs(cp, M: int, N: int, K: int, layouts: dict, seed: int):
 def worst_error_ratio(cp, A, B, C, math: str, beta: float = 0.0, C0=None) -> float:
     """max |C - (A B + beta C0)| over the tolerance of the kernel's math mode, against float64
     (NaN: inf)."""
-    from .verify import tolerance
+    from ..gpu.verify import tolerance
     reference = A.astype(cp.float64) @ B.astype(cp.float64)
     scale = cp.abs(A).astype(cp.float64) @ cp.abs(B).astype(cp.float64)
     if beta:

@@ -9,8 +9,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .plan import Plan, try_plan
-from .spec import Spec
+from . import Plan, try_plan
+from ..language.spec import Spec
 
 
 # Settings added after tuning databases were first recorded: at these values they leave a point's

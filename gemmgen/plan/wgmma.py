@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..spec import Spec
+from ..language.spec import Spec
 from .arch import MAX_REGISTERS_PER_THREAD, Arch
 from .base import Plan
 

@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from .space import describe, point_key
+from ..plan.space import describe, point_key
 from .tune import CANDIDATE_TIMEOUT_S, CUBLAS_KEY, Evaluator, GpuBench, _append, db_scope
 
 WORKER_WAIT_S = 60.0        # for a cluster's first GPU worker to join
@@ -116,7 +116,7 @@ class Child:
     def __init__(self):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "from gemmgen.distributed import _serve; _serve()"],
+            [sys.executable, "-c", "from gemmgen.tuning.distributed import _serve; _serve()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def call(self, function, args: tuple, timeout: float | None = None):
@@ -181,7 +181,7 @@ _children = _Children()
 # --- what a worker does with a candidate -------------------------------------------------------------
 
 def _compile_or_reason(plan, source):
-    from .compile import compile_plan
+    from ..gpu.compile import compile_plan
     try:
         return compile_plan(plan, source)
     except Exception as exc:  # noqa: BLE001 - the candidate's failure, recorded as such
@@ -199,7 +199,7 @@ class GpuRunner:
         return _children.helper(_compile_or_reason, (plan, source))
 
     def describe(self) -> tuple[str, str, int]:
-        from .runtime import device_info
+        from ..gpu.runtime import device_info
         info = device_info()
         return info.name, info.driver_version, info.sm_count
 
@@ -275,7 +275,7 @@ def connect(scheduler, devices: list[int] | None = None):
         return
     if scheduler == "local":
         if devices is None:
-            from .runtime import device_count
+            from ..gpu.runtime import device_count
             devices = list(range(device_count()))
         if not devices:
             raise ClusterError("no CUDA GPU found for a local cluster: name the devices, or start "

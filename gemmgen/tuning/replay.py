@@ -25,11 +25,12 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import strategies, tuning_db
-from .space import Space, describe, expand, point_key
-from .spec import Spec, load_one
+from . import strategies
+from . import database as tuning_db
+from ..plan.space import Space, describe, expand, point_key
+from ..language.spec import Spec, load_one
 from .tune import CUBLAS_KEY, ignore_interrupts
-from .verify import Case, parse_case
+from ..gpu.verify import Case, parse_case
 
 H100_SMS = 132                  # what the cost model assumes when a recording does not say
 THRESHOLDS = (0.03, 0.01)       # "within 3% / 1% of the exhaustive best"

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import strategies, tuning_db
-from .outputs import save_figure, write_atomic
-from .plan import Plan
-from .space import Space, describe, expand, point_key
-from .spec import Spec
-from .verify import Case
+from . import strategies
+from . import database as tuning_db
+from ..outputs import save_figure, write_atomic
+from ..plan import Plan
+from ..plan.space import Space, describe, expand, point_key
+from ..language.spec import Spec
+from ..gpu.verify import Case
 
 VALIDATION_CASES = (Case(127, 131, 137, pad=3), Case(257, 255, 253, alpha=0.5, beta=0.5, pad=5, offset=1),
                     Case(256, 256, 64, beta=1.0))
@@ -67,7 +68,7 @@ def ignore_interrupts() -> None:
 
 
 def _compile_one(job: tuple[Plan, str | None]) -> str:
-    from .compile import compile_plan
+    from ..gpu.compile import compile_plan
     plan, source = job
     try:
         compile_plan(plan, source)
@@ -113,8 +114,8 @@ class GpuBench:
     baseline; both return the fields of a record. Call them in the process that may die."""
 
     def __init__(self, shape: Case, budget_s: float):
-        from .bench import L2Flusher
-        from .runtime import device_info
+        from ..gpu.bench import L2Flusher
+        from ..gpu.runtime import device_info
         self.shape, self.budget_s = shape, budget_s
         self.flusher = L2Flusher(device_info())
         self.buffers = _time_setup(shape)
@@ -126,8 +127,8 @@ class GpuBench:
 
     def cublas(self, baseline: str, layouts: dict | None) -> dict:
         """cuBLAS in the candidates' precision and layouts, on the same buffers."""
-        from .baseline import cublas_gemm
-        from .bench import time_gpu
+        from ..gpu.baseline import cublas_gemm
+        from ..gpu.bench import time_gpu
         shape, layouts = self.shape, layouts or {"A": "row", "B": "row", "C": "row"}
         a, lda, b, ldb, c, ldc = self._pointers(layouts)
         timing = time_gpu(lambda: cublas_gemm(shape.M, shape.N, shape.K, 1.0, a, lda, b, ldb, 0.0, c, ldc,
@@ -138,9 +139,9 @@ class GpuBench:
 
     def candidate(self, plan: Plan, compiled) -> dict:
         """Validated on VALIDATION_CASES, then timed at the shape: status (ok or invalid) and more."""
-        from . import verify
-        from .bench import time_gpu
-        from .runtime import Kernel
+        from ..gpu import verify
+        from ..gpu.bench import time_gpu
+        from ..gpu.runtime import Kernel
         shape = self.shape
         kernel = Kernel(plan, compiled)
         try:
@@ -165,7 +166,7 @@ def _leading_dimensions(shape: Case, layouts: dict) -> dict:
 def search_baseline(space: Space) -> str:
     """The cuBLAS mode a space's candidates are timed against: one precision per search, since a
     TF32 kernel is faster than an FP32-accurate one by giving up accuracy, not by being better."""
-    from .baseline import baseline_for
+    from ..gpu.baseline import baseline_for
     maths = sorted({plan.math for plan in space.plans})
     baselines = {baseline_for(m) for m in maths}
     if len(baselines) > 1:
@@ -177,7 +178,7 @@ def search_baseline(space: Space) -> str:
 
 
 def _compiled(plan: Plan, source: str | None):
-    from .compile import compile_plan
+    from ..gpu.compile import compile_plan
     return compile_plan(plan, source)
 
 
@@ -234,7 +235,7 @@ class Evaluator:
     def _source(self, plan: Plan) -> str | None:
         if self.source_patch is None:
             return None
-        from .codegen import generate
+        from ..codegen.cuda import generate
         return self.source_patch(plan, generate(plan))
 
     def __call__(self, points: list[tuple]) -> list[float]:
@@ -387,7 +388,7 @@ def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict
 @contextlib.contextmanager
 def _local_evaluator(space, shape, db, max_points, budget_s, progress, source_patch, devices):
     """This host: a worker process per GPU, compiles in a process pool."""
-    from .runtime import device_info
+    from ..gpu.runtime import device_info
     info = device_info()
     scope = db_scope(info.name, info.driver_version, shape, space.spec.name)
     # NVRTC workers start fresh (spawn): forking a process that holds a CUDA context is unsafe.

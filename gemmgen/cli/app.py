@@ -18,13 +18,14 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from . import __version__, terminal
-from .errors import SpecError
-from .outputs import (OutputError, check_database, check_outputs, complete_pending, markdown_marker,
+from .. import __version__
+from . import terminal
+from ..language.errors import SpecError
+from ..outputs import (OutputError, check_database, check_outputs, complete_pending, markdown_marker,
                       marker_line, write_output)
-from .spec import TARGETS
+from ..language.spec import TARGETS
 from .terminal import err as errors, line, out as console, say, styled
-from .tuning_db import DatabaseError
+from ..tuning.database import DatabaseError
 
 INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C (128 + SIGINT)
 
@@ -35,7 +36,7 @@ def _fail(message: str, code: int = 1) -> None:
 
 
 def _load_specs(path: str, kernel: str | None, target: str | None):
-    from .spec import load
+    from ..language.spec import load
     specs = load(path)
     if kernel:
         specs = [s for s in specs if s.name == kernel]
@@ -55,7 +56,7 @@ def _inputs(path: str, specs=(), *others) -> list:
 
 def _plans(path: str, kernel: str | None, target: str | None, layouts: str | None = None):
     """Plans of the spec's kernels, in the given A/B layouts too (a search space is an error)."""
-    from .plan import make_plan
+    from ..plan import make_plan
     plans = []
     for spec in _load_specs(path, kernel, target):
         variants = [spec]
@@ -80,7 +81,7 @@ def _layout_pairs(text: str) -> list[tuple[str, str]]:
 def _libraries(path: str, kernel: str | None) -> bool:
     """Whether this command acts on the file's libraries: it holds some, and --kernel names none
     of its kernels."""
-    from .spec import load_file
+    from ..language.spec import load_file
     parsed = load_file(path)
     if not parsed.libraries:
         return False
@@ -115,7 +116,7 @@ def _late_progress(description: str, total: int, delay_s: float = 0.5):
 
 
 def _require_gpu() -> None:
-    from .runtime import device_count
+    from ..gpu.runtime import device_count
     if device_count() == 0:
         _fail("no CUDA GPU found (no driver or no device): check, bench, tune and profile run "
               "kernels and need one; build and explain work without", code=2)
@@ -130,10 +131,10 @@ class _Group(click.Group):
     """Turns SpecErrors, compile errors, bad databases and Ctrl-C into messages, never tracebacks."""
 
     def invoke(self, ctx):
-        from .compile import CompileError
-        from .multigpu import MultiGpuError
-        from .replay import ReplayError
-        from .runtime import CudaError, ShapeError
+        from ..gpu.compile import CompileError
+        from ..multigpu.split import MultiGpuError
+        from ..tuning.replay import ReplayError
+        from ..gpu.runtime import CudaError, ShapeError
         try:
             return super().invoke(ctx)
         except SpecError as exc:
@@ -233,7 +234,7 @@ def _resources_summary(plan, compiled) -> list:
     """What build says of a compile: the registers of the kernel's aligned variant, as explain
     reports them (from the same compile), the other variants' if they need more, shared memory,
     spills."""
-    from .codegen import kernel_name_expressions
+    from ..codegen.cuda import kernel_name_expressions
     fast = compiled.resources_of(kernel_name_expressions(plan)[True])
     most = max(r.registers for r in compiled.resources.values())
     spilled = sum(r.spill_stores + r.spill_loads for r in compiled.resources.values())
@@ -288,10 +289,10 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, man
     on it: one .cu with a single entry point gemmgen_<library>, its header and its manifest
     (.json) beside it, written as one set.
     """
-    from .c_header import header_source
-    from .codegen import generate
-    from .compile import compile_plan
-    from .plan import make_plan
+    from ..codegen.c_header import header_source
+    from ..codegen.cuda import generate
+    from ..gpu.compile import compile_plan
+    from ..plan import make_plan
 
     if output and not Path(output).is_dir():  # an input, or a file not ours, said before its suffix
         check_outputs([output], inputs=[spec, from_db], force=force)
@@ -299,7 +300,7 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, man
     libraries = []
     of_libraries = _libraries(spec, kernel)
     if of_libraries:
-        from .library import load_libraries
+        from ..library.tune import load_libraries
         for library in load_libraries(spec, kernel):
             if from_db:
                 libraries.append(library)
@@ -318,7 +319,7 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, man
     shape = _parse_shapes(db_shape, None)[0] if db_shape else None
     for kernel_spec in kernel_specs:
         if not kernel_spec.is_concrete and from_db:
-            from .tune import best_recorded
+            from ..tuning.tune import best_recorded
             try:
                 plan, record = best_recorded(kernel_spec, Path(from_db), shape)
             except LookupError as exc:
@@ -348,7 +349,7 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, man
     headers = {plan.name: path.with_suffix(".h") if emit == "cu" else path for plan, path in targets
                if emit in ("cu", "header")}
     # Every output is checked before anything is written.
-    from . import cli_library
+    from . import library as cli_library
     for library in libraries:
         cli_library.check(library, output, manifest_path, inputs=_inputs(spec, [], library_db), force=force)
     check_outputs([path for _, path in targets if emit != "header"] + list(headers.values()),
@@ -400,11 +401,11 @@ def explain(spec, kernel, target, as_json):
       gemmgen explain specs/warptile.gemm --target sm_80 --json
       gemmgen explain specs/fp32.gemm          # a library
     """
-    from .explain import as_dict, explain_all, kernels_to_explain, render_text
+    from ..explain.analysis import as_dict, explain_all, kernels_to_explain, render_text
 
     if _libraries(spec, kernel):
-        from . import cli_library
-        from .library import load_libraries
+        from . import library as cli_library
+        from ..library.tune import load_libraries
         summaries = [cli_library.summary(library) for library in load_libraries(spec, kernel)]
         if as_json:
             console.print_json(json.dumps(summaries))
@@ -412,7 +413,7 @@ def explain(spec, kernel, target, as_json):
             for summary in summaries:
                 console.print(cli_library.render_summary(summary), soft_wrap=True)
         return
-    from .plan import make_plan
+    from ..plan import make_plan
     specs, notes = kernels_to_explain(_load_specs(spec, kernel, target), named=kernel is not None)
     for note in notes:
         errors.print(note, markup=False, soft_wrap=True)
@@ -427,7 +428,7 @@ def explain(spec, kernel, target, as_json):
 
 
 def _parse_shapes(text: str | None, default):
-    from .verify import parse_case
+    from ..gpu.verify import parse_case
     if not text:
         return default
     try:
@@ -467,8 +468,8 @@ def check(spec, kernel, shapes, quick, layouts, seed, json_path, force):
       gemmgen check specs/warptile.gemm --quick --layouts all
       gemmgen check specs/warptile.gemm --shapes '127x131x137,beta=0.5,pad=3;4096x4096x4096'
     """
-    from .runtime import Kernel
-    from .verify import DEFAULT_CASES, QUICK_CASES, check as run_check, tolerance_rule
+    from ..gpu.runtime import Kernel
+    from ..gpu.verify import DEFAULT_CASES, QUICK_CASES, check as run_check, tolerance_rule
 
     _require_gpu()
     cases = _parse_shapes(shapes, QUICK_CASES if quick else DEFAULT_CASES)
@@ -543,8 +544,8 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices, manifest_
       gemmgen bench specs/warptile.gemm --devices all
       gemmgen bench specs/fp32.gemm            # a library
     """
-    from .bench import DEFAULT_SHAPES, L2Flusher, bench as run_bench, plot, timing_record
-    from .runtime import Kernel, device_info
+    from ..gpu.bench import DEFAULT_SHAPES, L2Flusher, bench as run_bench, plot, timing_record
+    from ..gpu.runtime import Kernel, device_info
 
     _require_gpu()
     if _libraries(spec, kernel):
@@ -596,10 +597,10 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices, manifest_
 
 def _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifest_path, force):
     """bench of a library: per shape, the member it chooses beside cuBLAS (default: its tuned shapes)."""
-    from . import cli_library
-    from .bench import plot_library
-    from .library import load_libraries
-    from .verify import Case
+    from . import library as cli_library
+    from ..gpu.bench import plot_library
+    from ..library.tune import load_libraries
+    from ..gpu.verify import Case
 
     rows = []
     check_outputs(filter(None, [json_path, plot_path]), inputs=_inputs(spec, [], manifest_path), force=force)
@@ -615,8 +616,8 @@ def _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifes
         rows += cli_library.bench(library, manifest, _parse_shapes(shapes, default), budget=budget,
                                   console=console, progress_factory=_progress)
     if json_path:
-        from .bench import timing_record
-        from .runtime import device_info
+        from ..gpu.bench import timing_record
+        from ..gpu.runtime import device_info
         write_output(json_path, json.dumps(timing_record(device_info(), rows), indent=2))
     if plot_path:
         plot_library([{"shape": r["shape"], "ratio": r["cublas_ms"] / r["ms"], "member": r["member"],
@@ -640,8 +641,8 @@ def _strategy_options(items: tuple[str, ...]) -> dict:
 
 def _bench_split(spec, kernel, cases, devices_text, json_path):
     """bench --devices: each shape split over several GPUs, beside one GPU on the whole of it."""
-    from .multigpu import AXIS_NAMES, measure_scaling, parse_devices
-    from .runtime import device_count, device_info
+    from ..multigpu.split import AXIS_NAMES, measure_scaling, parse_devices
+    from ..gpu.runtime import device_count, device_info
 
     try:
         devices = parse_devices(devices_text, device_count())
@@ -685,7 +686,7 @@ def _bench_split(spec, kernel, cases, devices_text, json_path):
                             "worst_error_ratio": worst})
     console.print(table)
     if json_path:
-        from .bench import timing_record
+        from ..gpu.bench import timing_record
         write_output(json_path, json.dumps(timing_record(device_info(), records), indent=2))
     if failed:
         _fail("the split result differs from the float64 reference")
@@ -752,13 +753,13 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
       gemmgen tune specs/small_search.gemm --strategy tpe --option seed=1 --max-points 60
       gemmgen tune specs/fp32.gemm --db fp32.jsonl        # a library
     """
-    from . import strategies
-    from .c_header import dispatcher_header_source
-    from .codegen import dispatcher_source
-    from .space import expand, to_text
-    from .spec import load_one
-    from .distributed import ClusterError
-    from .tune import check_labels, plot_search, search_baseline, tune as run_tune
+    from ..tuning import strategies
+    from ..codegen.c_header import dispatcher_header_source
+    from ..codegen.cuda import dispatcher_source
+    from ..plan.space import expand, to_text
+    from ..language.spec import load_one
+    from ..tuning.distributed import ClusterError
+    from ..tuning.tune import check_labels, plot_search, search_baseline, tune as run_tune
 
     try:
         strategies.get(strategy)  # unknown, or its library is missing: said before any GPU work
@@ -771,8 +772,8 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
         if scheduler or devices:
             raise click.BadParameter("a library is tuned on this host's first GPU; --devices and "
                                      "--scheduler are for search spaces", param_hint="--devices")
-        from . import cli_library
-        from .library import load_libraries
+        from . import library as cli_library
+        from ..library.tune import load_libraries
         libraries = load_libraries(spec, kernel)
         check_database(db, inputs=[spec])
         for library in libraries:
@@ -793,8 +794,8 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     device_list = None
     if devices:
         scheduler = "local"
-        from .multigpu import parse_devices
-        from .runtime import device_count
+        from ..multigpu.split import parse_devices
+        from ..gpu.runtime import device_count
         try:
             device_list = parse_devices(devices, device_count())
         except ValueError as exc:
@@ -819,7 +820,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     winners = []
     all_records = []
     if scheduler:  # one cluster (or connection) for every shape, closed when the command ends
-        from .distributed import connect
+        from ..tuning.distributed import connect
         cluster = contextlib.ExitStack()
         click.get_current_context().call_on_close(cluster.close)
         try:
@@ -924,10 +925,10 @@ def replay(spec, kernel, dbs, shape_text, testbed, names, strategy_options, seed
       gemmgen replay specs/hopper_tc_search.gemm --shape 4096x4096x4096 --strategy model
       gemmgen replay --testbed --markdown replay.md --check model
     """
-    from . import replay as rp
-    from . import strategies
-    from .spec import load_one
-    from .verify import parse_case
+    from ..tuning import replay as rp
+    from ..tuning import strategies
+    from ..language.spec import load_one
+    from ..gpu.verify import parse_case
 
     chosen = list(dict.fromkeys(names or strategies.names()))
     if "random_sample" not in chosen:
@@ -1011,9 +1012,6 @@ def replay(spec, kernel, dbs, shape_text, testbed, names, strategy_options, seed
             "20% (median), and ahead of random_sample, on every recording")
 
 
-from .profile import profile_command  # noqa: E402
+from ..gpu.profile import profile_command  # noqa: E402
 
 main.add_command(profile_command)
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,3 @@
+"""What a kernel will cost before it runs, with no GPU: the static analysis of a Plan and ptxas's report
+(occupancy, arithmetic intensity, bank conflicts, coalescing) and the report `gemmgen explain` prints.
+"""
