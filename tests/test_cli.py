@@ -226,10 +226,10 @@ def test_gpu_verbs_need_a_gpu(monkeypatch, verb):
     assert "GPU" in result.stderr and "need" in result.stderr
 
 
-# --- explain (being written alongside: skipped until gemmgen.explain.analysis imports) --------------
+# --- explain (being written alongside: skipped until gemmgen.explain.report imports) --------------
 
 def test_explain_prints_a_report():
-    pytest.importorskip("gemmgen.explain.analysis")
+    pytest.importorskip("gemmgen.explain.report")
     result = invoke("explain", WARPTILE)
     assert_clean_exit(result, 0)
     assert "warptile" in result.output and "sm_90" in result.output

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import gemmgen.gpu.bench
 import gemmgen.cli.app
 import gemmgen.codegen.cuda
-import gemmgen.explain.analysis
+import gemmgen.explain.report
 import gemmgen.gpu.profile
 import gemmgen.tuning.replay
 import gemmgen.gpu.runtime
@@ -35,7 +35,7 @@ def pressed(*args, **kwargs):
 # verb: (arguments, the function that is running when Ctrl-C comes)
 VERBS = {
     "build": (["build", SPECS_DIR / "warptile.gemm", "--no-compile"], (gemmgen.codegen.cuda, "generate")),
-    "explain": (["explain", SPECS_DIR / "warptile.gemm"], (gemmgen.explain.analysis, "explain")),
+    "explain": (["explain", SPECS_DIR / "warptile.gemm"], (gemmgen.explain.report, "explain")),
     "check": (["check", SPECS_DIR / "warptile.gemm", "--quick"], (gemmgen.gpu.verify, "check")),
     "bench": (["bench", SPECS_DIR / "warptile.gemm", "--shapes", "64x64x64"], (gemmgen.gpu.bench, "bench")),
     "tune": (["tune", "tiny_search.gemm", "--shapes", "64x64x64"], (gemmgen.tuning.tune, "tune")),

@@ -16,7 +16,7 @@ from host_program import run_on_host
 from gemmgen.codegen.cuda import generate
 from gemmgen.tuning.costmodel import features
 from gemmgen.language.errors import SpecError
-from gemmgen.explain.analysis import _cluster
+from gemmgen.explain.report import _cluster
 from gemmgen.plan import make_plan
 from gemmgen.plan.space import describe, to_text
 from gemmgen.language.spec import parse

@@ -15,9 +15,9 @@ import pytest
 
 from gemmgen.codegen.cuda import kernel_name_expressions
 from gemmgen.gpu.compile import Compiled, Resources
-from gemmgen.explain.analysis import (as_dict, bank_conflicts, bank_wavefronts, explain,
-                             global_accesses, occupancy, registers_per_warp, render_text,
-                             sectors_touched, smem_offset)
+from gemmgen.explain.analysis import (bank_conflicts, bank_wavefronts, global_accesses, occupancy,
+                                      registers_per_warp, sectors_touched, smem_offset)
+from gemmgen.explain.report import as_dict, explain, render_text
 from gemmgen.plan import ARCHS, make_plan, try_plan
 from gemmgen.language.spec import load, load_one
 
@@ -448,9 +448,9 @@ kernel s {
 @pytest.fixture
 def no_nvrtc(monkeypatch):
     """explain() with a ptxas report made here, so that the verb's tests need no compile."""
-    import gemmgen.explain.analysis
-    real = gemmgen.explain.analysis.explain
-    monkeypatch.setattr(gemmgen.explain.analysis, "explain", lambda plan, compiled=None: real(plan, resources(40)))
+    import gemmgen.explain.report
+    real = gemmgen.explain.report.explain
+    monkeypatch.setattr(gemmgen.explain.report, "explain", lambda plan, compiled=None: real(plan, resources(40)))
 
 
 def invoke(*args):
@@ -509,15 +509,15 @@ def test_the_progress_bar_shows_only_on_a_terminal_after_a_moment(monkeypatch, i
 
 
 def test_explain_of_many_kernels_shows_progress(tmp_path, monkeypatch):
-    import gemmgen.explain.analysis
+    import gemmgen.explain.report
     written = terminal(monkeypatch)
-    real = gemmgen.explain.analysis.explain
+    real = gemmgen.explain.report.explain
 
     def slow(plan, compiled=None):  # as a compile would take
         time.sleep(0.3)
         return real(plan, resources(40))
 
-    monkeypatch.setattr(gemmgen.explain.analysis, "explain", slow)
+    monkeypatch.setattr(gemmgen.explain.report, "explain", slow)
     path = tmp_path / "many.gemm"
     path.write_text("".join(f"kernel k{i} {{\n  block 64 x 64 x 8\n  thread 4 x 4\n}}\n" for i in range(4)))
     result = invoke("explain", path)
@@ -527,14 +527,14 @@ def test_explain_of_many_kernels_shows_progress(tmp_path, monkeypatch):
 
 
 def test_explain_all_reports_progress_after_each_kernel():
-    from gemmgen.explain.analysis import explain_all
-    import gemmgen.explain.analysis
+    from gemmgen.explain.report import explain_all
+    import gemmgen.explain.report
     done = []
     plans = [plan_of("naive"), plan_of("warptile")]
-    real = gemmgen.explain.analysis.explain
+    real = gemmgen.explain.report.explain
     try:
-        gemmgen.explain.analysis.explain = lambda plan, compiled=None: real(plan, resources(40))
+        gemmgen.explain.report.explain = lambda plan, compiled=None: real(plan, resources(40))
         reports = explain_all(plans, done.append)
     finally:
-        gemmgen.explain.analysis.explain = real
+        gemmgen.explain.report.explain = real
     assert [r.kernel for r in reports] == ["naive", "warptile"] and done == [1, 2]

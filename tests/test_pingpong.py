@@ -114,7 +114,7 @@ def test_the_register_fed_fallback_is_the_plain_kernel():
 
 
 def test_explain_describes_the_turns():
-    from gemmgen.explain.analysis import _tiling
+    from gemmgen.explain.report import _tiling
     from gemmgen.plan.schedule import describe
     plan = make_plan(spec_of())
     assert describe(plan).startswith("pingpong: min(C tiles, SMs) blocks")

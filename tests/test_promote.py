@@ -103,7 +103,7 @@ def test_a_persistent_kernel_frees_stages_counted_over_its_segments():
 
 
 def test_explain_says_how_long_the_tensor_cores_sum():
-    from gemmgen.explain.analysis import explain
+    from gemmgen.explain.report import explain
     from gemmgen.gpu.compile import Resources
     resources = Resources(registers=168, spill_stores=0, spill_loads=0, stack_frame=0, shared_static=0)
     (note,) = [n for n in explain(make_plan(spec_of("64")), resources).notes if "promote" in n]

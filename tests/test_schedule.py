@@ -220,7 +220,7 @@ def test_data_parallel_kernels_hold_no_scheduler():
 
 
 def test_explain_shows_how_the_work_is_dealt():
-    from gemmgen.explain.analysis import as_dict, explain, render_text
+    from gemmgen.explain.report import as_dict, explain, render_text
     from gemmgen.gpu.compile import Resources
     plan = make_plan(spec_of("stream-k"))
     report = explain(plan, Resources(168, 0, 0, 0, 0))

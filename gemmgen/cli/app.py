@@ -401,7 +401,7 @@ def explain(spec, kernel, target, as_json):
       gemmgen explain specs/warptile.gemm --target sm_80 --json
       gemmgen explain specs/fp32.gemm          # a library
     """
-    from ..explain.analysis import as_dict, explain_all, kernels_to_explain, render_text
+    from ..explain.report import as_dict, explain_all, kernels_to_explain, render_text
 
     if _libraries(spec, kernel):
         from . import library as cli_library
