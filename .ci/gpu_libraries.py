@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 def _shapes(path: Path):
     """A shapes file (specs/library_shapes.txt's format) as bench cases."""
-    from gemmgen.language.spec import parse_shapes
+    from gemmgen.language.shapes import parse_shapes
     from gemmgen.gpu.verify import Case
     return [Case(s.M, s.N, s.K, pad=s.pad) for s in parse_shapes(path.read_text(), str(path))]
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from gemmgen.gpu.bench import run_meta  # noqa: E402
 from gemmgen.plan import ARCHS, make_plan  # noqa: E402
-from gemmgen.language.spec import load  # noqa: E402
+from gemmgen.language.load import load  # noqa: E402
 
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
 

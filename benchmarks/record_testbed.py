@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from gemmgen.tuning.replay import TESTBED, TUNING, load_recording, load_testbed, shape_text  # noqa: E402
 from gemmgen.plan.space import expand  # noqa: E402
-from gemmgen.language.spec import load_one  # noqa: E402
+from gemmgen.language.load import load_one  # noqa: E402
 
 TESTBED, TUNING = ROOT / TESTBED, ROOT / TUNING  # this checkout's, wherever the script runs from
 

@@ -23,7 +23,7 @@ NO_GPU_REASON = "no CUDA GPU found (gpu tests need one: see docs/testing.md)"
 
 def load_shipped_specs():
     """Every concrete kernel of specs/*.gemm, in file order (search spaces left out)."""
-    from gemmgen.language.spec import load
+    from gemmgen.language.load import load
 
     return [spec for path in sorted(SPECS_DIR.glob("*.gemm")) for spec in load(path)
             if spec.is_concrete]
@@ -31,7 +31,7 @@ def load_shipped_specs():
 
 def load_search_specs():
     """The search spaces of specs/*.gemm (kernels holding sets)."""
-    from gemmgen.language.spec import load
+    from gemmgen.language.load import load
 
     return [spec for path in sorted(SPECS_DIR.glob("*.gemm")) for spec in load(path)
             if not spec.is_concrete]

@@ -13,7 +13,7 @@ from conftest import SPECS_DIR
 from gemmgen.cli import main
 from gemmgen.codegen.cuda import generate
 from gemmgen.plan import make_plan
-from gemmgen.language.spec import load_one
+from gemmgen.language.load import load_one
 
 WARPTILE = str(SPECS_DIR / "warptile.gemm")
 

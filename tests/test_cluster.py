@@ -19,7 +19,7 @@ from gemmgen.language.errors import SpecError
 from gemmgen.explain.report import _cluster
 from gemmgen.plan import make_plan
 from gemmgen.plan.space import describe, to_text
-from gemmgen.language.spec import parse
+from gemmgen.language.load import parse
 from gemmgen.gpu.verify import Case
 
 KERNEL = """kernel k {{

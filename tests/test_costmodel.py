@@ -12,7 +12,7 @@ from gemmgen.tuning import strategies
 from gemmgen.tuning.costmodel import Model, Table, features, running_plan
 from gemmgen.plan import make_plan
 from gemmgen.plan.space import expand
-from gemmgen.language.spec import load_one, parse
+from gemmgen.language.load import load_one, parse
 from gemmgen.gpu.verify import Case
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"

@@ -9,7 +9,7 @@ import pytest
 
 from fake_cluster import CUBLAS_TFLOPS, FakeRunner, tflops_of
 from gemmgen.plan.space import expand, point_key
-from gemmgen.language.spec import parse
+from gemmgen.language.load import parse
 from gemmgen.gpu.verify import Case
 
 distributed = pytest.importorskip("distributed", reason="pip install 'gemmgen[distributed]'")

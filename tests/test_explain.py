@@ -19,7 +19,7 @@ from gemmgen.explain.analysis import (bank_conflicts, bank_wavefronts, global_ac
                                       registers_per_warp, sectors_touched, smem_offset)
 from gemmgen.explain.report import as_dict, explain, render_text
 from gemmgen.plan import ARCHS, make_plan, try_plan
-from gemmgen.language.spec import load, load_one
+from gemmgen.language.load import load, load_one
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 

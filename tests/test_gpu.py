@@ -31,7 +31,7 @@ from gemmgen.gpu import verify
 from gemmgen.codegen.cuda import generate
 from gemmgen.language.errors import SpecError
 from gemmgen.plan import make_plan
-from gemmgen.language.spec import load
+from gemmgen.language.load import load
 
 pytestmark = pytest.mark.gpu
 
@@ -689,7 +689,7 @@ cp.cuda.set_allocator(None)  # one cudaMalloc per array: exact bounds for memche
 from gemmgen.gpu import verify
 from gemmgen.plan import make_plan
 from gemmgen.gpu.runtime import Kernel, synchronize
-from gemmgen.language.spec import load
+from gemmgen.language.load import load
 
 CASES = (verify.Case(37, 45, 29, beta=0.5, pad=1),      # odd: scalar path, partial tiles
          verify.Case(64, 64, 64),                        # aligned: vector path

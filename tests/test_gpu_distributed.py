@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gemmgen.plan.space import expand, point_key
-from gemmgen.language.spec import load_one, parse
+from gemmgen.language.load import load_one, parse
 from gemmgen.gpu.verify import Case
 
 pytestmark = pytest.mark.gpu

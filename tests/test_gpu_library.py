@@ -21,7 +21,7 @@ import pytest
 
 from gemmgen.gpu import verify
 from gemmgen.plan import make_plan
-from gemmgen.language.spec import parse
+from gemmgen.language.load import parse
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gemmgen.plan import make_plan
-from gemmgen.language.spec import load_one
+from gemmgen.language.load import load_one
 
 pytestmark = pytest.mark.gpu
 SPECS = Path(__file__).resolve().parent.parent / "specs"

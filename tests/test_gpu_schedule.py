@@ -22,7 +22,7 @@ import hopper_gpu
 from gemmgen.gpu import verify
 from gemmgen.codegen.cuda import generate
 from gemmgen.plan import make_plan
-from gemmgen.language.spec import load_one
+from gemmgen.language.load import load_one
 
 pytestmark = pytest.mark.gpu
 

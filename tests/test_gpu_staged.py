@@ -17,7 +17,7 @@ import pytest
 
 import hopper_gpu
 from gemmgen.gpu import verify
-from gemmgen.language.spec import load_one
+from gemmgen.language.load import load_one
 
 pytestmark = pytest.mark.gpu
 

@@ -189,7 +189,7 @@ def test_cuda_graph_capture_and_replay_of_forward_and_backward(precision):
 def test_a_stream_k_workspace_first_needed_inside_a_capture_is_made_outside_it():
     from gemmgen.plan import make_plan
     from gemmgen.gpu.runtime import Kernel
-    from gemmgen.language.spec import parse
+    from gemmgen.language.load import parse
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the stream-K TMA kernel needs sm_90a")
     (spec,) = parse("""kernel sk {

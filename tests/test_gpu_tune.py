@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gemmgen.plan.space import point_key
-from gemmgen.language.spec import parse
+from gemmgen.language.load import parse
 from gemmgen.gpu.verify import Case
 
 pytestmark = pytest.mark.gpu

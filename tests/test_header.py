@@ -15,7 +15,7 @@ from gemmgen.codegen.c_header import dispatcher_header_source, header_source
 from gemmgen.cli import main
 from gemmgen.codegen.cuda import abi_parameters, dispatcher_source
 from gemmgen.plan import make_plan
-from gemmgen.language.spec import load_one
+from gemmgen.language.load import load_one
 from gemmgen.gpu.verify import Case
 
 EXAMPLE = ROOT / "examples" / "cmake"

@@ -117,7 +117,7 @@ SPEC_FILES = sorted(p.name for p in SPECS_DIR.glob("*.gemm"))
 
 
 def test_build_and_explain_every_shipped_spec(installed):
-    from gemmgen.language.spec import load, load_file
+    from gemmgen.language.load import load, load_file
 
     def run_both(name):
         return installed.run("build", f"specs/{name}"), installed.run("explain", f"specs/{name}")

@@ -22,7 +22,7 @@ from gemmgen.gpu import launch
 from gemmgen.gpu.launch import (KINDS, MAIN, REDUCE_CLEAR, REDUCE_FINISH, SCALE_C, Arguments, CudaError, PreparedLaunch,
                             PreparedStep, Step, TensorMapSpec, decide, parameter_offsets, tma_signature)
 from gemmgen.plan import make_plan
-from gemmgen.language.spec import parse
+from gemmgen.language.load import parse
 
 TMA = """kernel t {{
   target   sm_90a
@@ -64,7 +64,7 @@ def test_a_tma_kernels_arguments_sit_where_the_compiler_put_its_parameters():
 
 def test_split_k_and_reduction_kernels_arguments_sit_where_the_compiler_put_them():
     from gemmgen.gpu.compile import compile_plan
-    from gemmgen.language.spec import load_one
+    from gemmgen.language.load import load_one
     from conftest import SPECS_DIR
     split = make_plan(load_one(SPECS_DIR / "split_k.gemm"))
     compiled = compile_plan(split)
@@ -134,7 +134,7 @@ def test_scheduled_tma_kernels_start_the_launchers_blocks_and_stream_k_asks_for_
 
 
 def test_split_k_scales_c_first_then_runs_the_slices():
-    from gemmgen.language.spec import load_one
+    from gemmgen.language.load import load_one
     from conftest import SPECS_DIR
     plan = make_plan(load_one(SPECS_DIR / "split_k.gemm"))
     scale, main = decide(plan, 300, 200, 5000, 5000, 200, 200, (0, 0, 0), 132).steps
@@ -148,7 +148,7 @@ def test_split_k_scales_c_first_then_runs_the_slices():
 
 
 def test_the_vector_variant_needs_every_vector_access_aligned():
-    from gemmgen.language.spec import load_one
+    from gemmgen.language.load import load_one
     from conftest import SPECS_DIR
     plan = make_plan(load_one(SPECS_DIR / "vectorized.gemm"))
     assert decide(plan, 256, 256, 256, 256, 256, 256, (0, 0, 0), 132).steps[0].aligned
@@ -157,7 +157,7 @@ def test_the_vector_variant_needs_every_vector_access_aligned():
 
 
 def test_a_fused_reduction_clears_before_and_finishes_after_even_with_nothing_to_multiply():
-    from gemmgen.language.spec import load_one
+    from gemmgen.language.load import load_one
     from conftest import SPECS_DIR
     plan = make_plan(load_one(SPECS_DIR / "smallest.gemm"))
     assert [s.kernel for s in decide(plan, 64, 64, 64, 64, 64, 64, (0, 0, 0), 132).steps] == \
@@ -266,7 +266,7 @@ def test_tensor_maps_are_kept_for_each_operands_last_few_addresses(monkeypatch):
 
 
 def test_a_split_k_launch_scales_c_then_multiplies_with_the_calls_pointers(monkeypatch):
-    from gemmgen.language.spec import load_one
+    from gemmgen.language.load import load_one
     from conftest import SPECS_DIR
     plan = make_plan(load_one(SPECS_DIR / "split_k.gemm"))
     decision = decide(plan, 300, 200, 5000, 5000, 200, 200, (0, 0, 0), 132)
@@ -281,7 +281,7 @@ def test_a_split_k_launch_scales_c_then_multiplies_with_the_calls_pointers(monke
 
 
 def test_a_failed_launch_is_a_cuda_error_naming_the_launch_and_the_callers_context_comes_back(monkeypatch):
-    from gemmgen.language.spec import load_one
+    from gemmgen.language.load import load_one
     from conftest import SPECS_DIR
     plan = make_plan(load_one(SPECS_DIR / "vectorized.gemm"))
     decision = decide(plan, 64, 64, 64, 64, 64, 64, (0, 0, 0), 132)

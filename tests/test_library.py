@@ -20,7 +20,7 @@ from gemmgen.language.errors import SpecError
 from gemmgen.library.tune import (Library, build_manifest, candidates_of, kernel_key, load_libraries, resolve,
                              tune_library)
 from gemmgen.library.selection import (MemberShape, alignment_class, choose, features, fit, leave_one_out, predict)
-from gemmgen.language.spec import parse_file
+from gemmgen.language.load import parse_file
 from library_fake import FakeGpu
 
 TMA = """kernel tma {
@@ -364,7 +364,7 @@ def test_worker_validates_times_and_records_on_a_faked_device(monkeypatch, tmp_p
     import gemmgen.library.tune as library_module
     import gemmgen.tuning.tune
     from gemmgen.library.tune import Task, _worker, read_db
-    from gemmgen.language.spec import LibraryShape
+    from gemmgen.language.shapes import LibraryShape
     fake_device.install(monkeypatch)
     monkeypatch.setattr(gemmgen.tuning.tune, "_compiled", lambda plan, source: None)
     (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
@@ -386,7 +386,7 @@ def test_a_worker_that_dies_costs_only_the_candidate_in_flight(monkeypatch, tmp_
     import gemmgen.library.tune as library_module
     import library_fake
     from gemmgen.library.tune import Task, _run_tasks, read_db
-    from gemmgen.language.spec import LibraryShape
+    from gemmgen.language.shapes import LibraryShape
     monkeypatch.setattr(library_module, "_worker", library_fake.crashing_worker)
     (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
     plain = [p for p in library.candidates() if p.split_k == 1][:2]

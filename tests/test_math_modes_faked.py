@@ -18,7 +18,7 @@ import gemmgen.gpu.verify
 from fake_device import (CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32, INFO, ReferenceKernel,
                          install, to_tf32)
 from gemmgen.plan import make_plan
-from gemmgen.language.spec import load_one
+from gemmgen.language.load import load_one
 from gemmgen.gpu.verify import Case
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"

@@ -15,7 +15,7 @@ from fake_streams import SimulatedDevices, on_device
 from gemmgen.multigpu.split import (Balance, MultiGpuError, Part, Shard, choose_axis, make_parts, parse_devices,
                               partition, resident_gemm, schedule, split_gemm, split_traffic)
 from gemmgen.plan import make_plan
-from gemmgen.language.spec import load_one, parse
+from gemmgen.language.load import load_one, parse
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 SMALL = "kernel small { block 32 x 32 x 8; thread 4 x 4 }"   # 32 x 32 tiles: several chunks at small sizes

@@ -12,7 +12,7 @@ import pytest
 from gemmgen.tuning import strategies
 from gemmgen.tuning.replay import load_recording, run_strategy
 from gemmgen.plan.space import expand
-from gemmgen.language.spec import load_one
+from gemmgen.language.load import load_one
 from gemmgen.gpu.verify import Case
 
 optuna = pytest.importorskip("optuna", reason="the Optuna strategies need optuna (pip install '.[test]')")

@@ -23,7 +23,7 @@ from gemmgen.codegen.cuda import generate
 from gemmgen.outputs import OutputError, check_outputs, not_ours, replacing, save_figure, write_output
 from gemmgen.plan import make_plan
 from gemmgen.plan.space import describe, expand, point_key
-from gemmgen.language.spec import load_one
+from gemmgen.language.load import load_one
 from gemmgen.tuning.tune import TuneResult, db_scope
 from gemmgen.gpu.verify import Case
 

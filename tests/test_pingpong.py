@@ -13,7 +13,7 @@ from gemmgen.codegen.cuda import generate
 from gemmgen.language.errors import SpecError
 from gemmgen.plan import make_plan
 from gemmgen.plan.space import expand
-from gemmgen.language.spec import load_one, parse
+from gemmgen.language.load import load_one, parse
 
 KERNEL = """kernel k {{
   target   sm_90a

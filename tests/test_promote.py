@@ -15,7 +15,7 @@ from gemmgen.codegen.cuda import generate
 from gemmgen.language.errors import SpecError
 from gemmgen.plan import make_plan
 from gemmgen.plan.space import describe, expand, to_text
-from gemmgen.language.spec import load_one, parse
+from gemmgen.language.load import load_one, parse
 
 KERNEL = """kernel k {{
   target   {target}

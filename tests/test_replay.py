@@ -16,7 +16,7 @@ from gemmgen.cli import main
 from gemmgen.tuning.replay import ReplayEvaluator, Run, load_recording, must_hold, replay, run_strategy
 from gemmgen.tuning.replay import testbed_recordings as recorded_test_bed
 from gemmgen.plan.space import expand, point_key
-from gemmgen.language.spec import load_one
+from gemmgen.language.load import load_one
 from gemmgen.gpu.verify import Case
 
 ROOT = Path(__file__).resolve().parent.parent

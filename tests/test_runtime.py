@@ -198,7 +198,7 @@ def test_without_a_driver_every_entry_point_says_no_driver_and_what_works(monkey
     """This machine has no libcuda.so.1: cuda-python's loader raises DynamicLibNotFoundError at the
     first driver call. The user hears gemmgen's NoGpuError instead, before any compile starts."""
     from gemmgen.plan import make_plan
-    from gemmgen.language.spec import load_one
+    from gemmgen.language.load import load_one
     from conftest import SPECS_DIR
 
     monkeypatch.setattr(runtime, "_driver_module", None)

@@ -13,7 +13,7 @@ from gemmgen.codegen.cuda import _environment, generate
 from gemmgen.language.errors import SpecError
 from gemmgen.plan import make_plan
 from gemmgen.plan.schedule import deal
-from gemmgen.language.spec import parse
+from gemmgen.language.load import parse
 
 KERNEL = """kernel k {{
   target   sm_90a

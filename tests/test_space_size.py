@@ -17,7 +17,7 @@ from gemmgen.cli import main
 from gemmgen.language.errors import SpecError
 from gemmgen.library.tune import MAX_LISTED_MEMBERS, load_libraries
 from gemmgen.plan.space import MAX_POINTS, check_size, expand, size
-from gemmgen.language.spec import load, parse
+from gemmgen.language.load import load, parse
 from gemmgen.tuning.tune import best_recorded, tune
 from gemmgen.gpu.verify import Case
 

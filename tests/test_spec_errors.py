@@ -12,7 +12,7 @@ import pytest
 
 from gemmgen.language.errors import SpecError
 from gemmgen.plan import make_plan
-from gemmgen.language.spec import parse
+from gemmgen.language.load import parse
 from spec_reports import assert_quotes_line_with_caret
 
 

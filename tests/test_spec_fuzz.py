@@ -38,7 +38,9 @@ from gemmgen.explain.report import as_dict, explain, render_text
 from gemmgen.library.tune import resolve
 from gemmgen.plan import make_plan, try_plan
 from gemmgen.plan.space import describe, expand, size, to_text
-from gemmgen.language.spec import SETTINGS, USAGE, parse, parse_file
+from gemmgen.language.load import parse, parse_file
+from gemmgen.language.spec import SETTINGS
+from gemmgen.language.syntax import USAGE
 from spec_reports import assert_good_report
 
 ROOT = Path(__file__).resolve().parent.parent

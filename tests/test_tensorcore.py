@@ -13,7 +13,7 @@ from gemmgen.codegen.cuda import generate
 from gemmgen.gpu.compile import compile_plan
 from gemmgen.plan import make_plan
 from gemmgen.language.errors import SpecError
-from gemmgen.language.spec import load_one, parse
+from gemmgen.language.load import load_one, parse
 
 
 def plan_of(text: str):

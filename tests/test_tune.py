@@ -15,7 +15,7 @@ from gemmgen.codegen.c_header import dispatcher_header_source
 from gemmgen.codegen.cuda import dispatcher_source
 from gemmgen.plan import make_plan
 from gemmgen.plan.space import describe, expand, point_key, to_text
-from gemmgen.language.spec import load_one, parse
+from gemmgen.language.load import load_one, parse
 from gemmgen.tuning.tune import best_recorded, db_scope, load_records, summarize
 from gemmgen.gpu.verify import Case
 

@@ -20,7 +20,7 @@ from conftest import ROOT, SPECS_DIR
 from gemmgen.tuning import database as tuning_db
 from gemmgen.cli import main
 from gemmgen.plan.space import describe, expand, point_key
-from gemmgen.language.spec import load
+from gemmgen.language.load import load
 
 BENCHMARK_DBS = sorted((ROOT / "benchmarks").rglob("*.jsonl"))
 TC_DB = ROOT / "benchmarks" / "tuning" / "2026-11-23-h100-testbed-hopper_tc_search.jsonl"  # at 2048^3

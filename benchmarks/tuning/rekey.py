@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KEYS_BY_COORDS = """
 import json, sys
 sys.path.insert(0, '.')
-from gemmgen.language.spec import load_one
+from gemmgen.language.load import load_one
 from gemmgen.plan.space import expand, point_key
 space = expand(load_one(sys.argv[1]))
 print(json.dumps({"keys": space.keys,

@@ -36,7 +36,7 @@ def _fail(message: str, code: int = 1) -> None:
 
 
 def _load_specs(path: str, kernel: str | None, target: str | None):
-    from ..language.spec import load
+    from ..language.load import load
     specs = load(path)
     if kernel:
         specs = [s for s in specs if s.name == kernel]
@@ -81,7 +81,7 @@ def _layout_pairs(text: str) -> list[tuple[str, str]]:
 def _libraries(path: str, kernel: str | None) -> bool:
     """Whether this command acts on the file's libraries: it holds some, and --kernel names none
     of its kernels."""
-    from ..language.spec import load_file
+    from ..language.load import load_file
     parsed = load_file(path)
     if not parsed.libraries:
         return False
@@ -757,7 +757,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     from ..codegen.c_header import dispatcher_header_source
     from ..codegen.cuda import dispatcher_source
     from ..plan.space import expand, to_text
-    from ..language.spec import load_one
+    from ..language.load import load_one
     from ..tuning.distributed import ClusterError
     from ..tuning.tune import check_labels, plot_search, search_baseline, tune as run_tune
 
@@ -927,7 +927,7 @@ def replay(spec, kernel, dbs, shape_text, testbed, names, strategy_options, seed
     """
     from ..tuning import replay as rp
     from ..tuning import strategies
-    from ..language.spec import load_one
+    from ..language.load import load_one
     from ..gpu.verify import parse_case
 
     chosen = list(dict.fromkeys(names or strategies.names()))

@@ -199,7 +199,7 @@ import cupy as cp
 
 from gemmgen.gpu.runtime import Kernel, synchronize
 from gemmgen.gpu.verify import place_matrix, parse_case
-from gemmgen.language.spec import load_one
+from gemmgen.language.load import load_one
 from gemmgen.plan import make_plan
 
 spec = load_one(sys.argv[2], sys.argv[3])
@@ -260,7 +260,7 @@ def profile(spec_path: str | os.PathLike, kernel: str | None = None, shape: str 
     report["unavailable"].
     """
     from ..plan import make_plan
-    from ..language.spec import load_one
+    from ..language.load import load_one
     from .verify import parse_case
 
     ncu = shutil.which("ncu")

@@ -34,7 +34,9 @@ from ..plan import Plan, try_plan
 from .selection import (CLASSES, Candidate, MemberShape, Model, alignment_class, choose,
                         fit_all, leave_one_out, predict, tight_leading_dimensions)
 from ..plan.space import MAX_POINTS, check_size, describe, point_key, to_text
-from ..language.spec import LibraryShape, LibrarySpec, Spec, load_file, parse
+from ..language.load import load_file, parse
+from ..language.shapes import LibraryShape
+from ..language.spec import LibrarySpec, Spec
 from ..tuning.tune import _append  # the database's one writer: a JSON line, flushed and synced
 
 MANIFEST_FORMAT = 1

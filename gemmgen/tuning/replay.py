@@ -28,7 +28,8 @@ from pathlib import Path
 from . import strategies
 from . import database as tuning_db
 from ..plan.space import Space, describe, expand, point_key
-from ..language.spec import Spec, load_one
+from ..language.load import load_one
+from ..language.spec import Spec
 from .tune import CUBLAS_KEY, ignore_interrupts
 from ..gpu.verify import Case, parse_case
 
