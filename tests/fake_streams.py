@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fake_device import ReferenceKernel, matrix_at
-from gemmgen.multigpu.split import Region
+from gemmgen.multigpu.parts import Region
 
 
 class SimArray(np.ndarray):

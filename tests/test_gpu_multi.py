@@ -32,7 +32,7 @@ def _several():
 def test_parts_on_one_gpu_with_their_copies_match_float64_in_every_layout(layouts, axis):
     """Two parts on GPU 0 that copy their inputs as if remote: the copies, events, chunks and the
     K split's reduction, on real streams."""
-    from gemmgen.multigpu.split import measure_scaling
+    from gemmgen.multigpu.scaling import measure_scaling
 
     a, b, c = layouts
     plan = make_plan(load_one(SPECS / "hopper_simt.gemm").with_values(layout_A=a, layout_B=b, layout_C=c))
@@ -45,7 +45,7 @@ def test_parts_on_one_gpu_with_their_copies_match_float64_in_every_layout(layout
 @pytest.mark.parametrize("spec", ["hopper_3xtf32", "hopper_tf32", "tensorcore_3xtf32", "hopper_skinny"])
 def test_tensor_core_kernels_split_on_one_gpu_match_float64(spec):
     """The TMA kernels (A row, B col) that issue 14 found could not be split."""
-    from gemmgen.multigpu.split import measure_scaling
+    from gemmgen.multigpu.scaling import measure_scaling
 
     plan = make_plan(load_one(SPECS / f"{spec}.gemm"))
     for axis in (0, 2):
@@ -57,7 +57,9 @@ def test_tensor_core_kernels_split_on_one_gpu_match_float64(spec):
 def test_a_gemm_split_over_every_gpu_matches_float64(beta):
     import cupy as cp
 
-    from gemmgen.multigpu.split import CupyLayer, _inputs, split_gemm, worst_error_ratio
+    from gemmgen.multigpu.cupy_layer import CupyLayer
+    from gemmgen.multigpu.scaling import _inputs, worst_error_ratio
+    from gemmgen.multigpu.split import split_gemm
 
     devices = _several()
     layer = CupyLayer()
@@ -106,7 +108,7 @@ def test_a_split_and_a_kernel_on_another_gpu_leave_the_callers_device_current():
 def test_end_to_end_scaling_and_resident_shards_hold_their_must(spec, shape):
     """Issue 14's must-holds: inputs on GPU 0, checked against float64: end to end >= 0.85 N,
     shards already resident >= 0.95 N."""
-    from gemmgen.multigpu.split import measure_scaling
+    from gemmgen.multigpu.scaling import measure_scaling
 
     devices = _several()
     plan = make_plan(load_one(SPECS / f"{spec}.gemm"))

@@ -641,7 +641,8 @@ def _strategy_options(items: tuple[str, ...]) -> dict:
 
 def _bench_split(spec, kernel, cases, devices_text, json_path):
     """bench --devices: each shape split over several GPUs, beside one GPU on the whole of it."""
-    from ..multigpu.split import AXIS_NAMES, measure_scaling, parse_devices
+    from ..multigpu.parts import AXIS_NAMES
+    from ..multigpu.scaling import measure_scaling, parse_devices
     from ..gpu.runtime import device_count, device_info
 
     try:
@@ -794,7 +795,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     device_list = None
     if devices:
         scheduler = "local"
-        from ..multigpu.split import parse_devices
+        from ..multigpu.scaling import parse_devices
         from ..gpu.runtime import device_count
         try:
             device_list = parse_devices(devices, device_count())
