@@ -54,7 +54,7 @@ def tune(libraries: list[str], out: Path) -> int:
 def bench(libraries: list[str], out: Path) -> int:
     from gemmgen.cli import library as cli_library
     from gemmgen.gpu.bench import plot_library
-    from gemmgen.library.tune import load_libraries
+    from gemmgen.library.resolve import load_libraries
     from gemmgen.gpu.runtime import device_info
     from rich.console import Console
 

@@ -146,7 +146,7 @@ class Target:
 
 
 def _library_targets(precision: str) -> list[Target]:
-    from gemmgen.library.tune import member_plans
+    from gemmgen.library.manifest import member_plans
     manifest_path = GENERATED_DIR / f"{precision}.json"
     if not manifest_path.is_file():
         return []

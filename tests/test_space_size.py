@@ -15,7 +15,8 @@ from click.testing import CliRunner
 import gemmgen.cli.app
 from gemmgen.cli import main
 from gemmgen.language.errors import SpecError
-from gemmgen.library.tune import MAX_LISTED_MEMBERS, load_libraries
+from gemmgen.library.model import MAX_LISTED_MEMBERS
+from gemmgen.library.resolve import load_libraries
 from gemmgen.plan.space import MAX_POINTS, check_size, expand, size
 from gemmgen.language.load import load, parse
 from gemmgen.tuning.tune import best_recorded, tune

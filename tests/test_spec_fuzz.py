@@ -35,7 +35,7 @@ from gemmgen.codegen.cuda import generate
 from gemmgen.gpu.compile import Resources
 from gemmgen.language.errors import SpecError
 from gemmgen.explain.report import as_dict, explain, render_text
-from gemmgen.library.tune import resolve
+from gemmgen.library.resolve import resolve
 from gemmgen.plan import make_plan, try_plan
 from gemmgen.plan.space import describe, expand, size, to_text
 from gemmgen.language.load import parse, parse_file

@@ -55,7 +55,7 @@ def search_spaces() -> dict:
 
 def test_every_database_in_benchmarks_reads_and_its_labels_hold():
     from gemmgen.cli import library as cli_library
-    from gemmgen.library.tune import load_libraries
+    from gemmgen.library.resolve import load_libraries
 
     assert len(BENCHMARK_DBS) >= 20
     spaces = search_spaces()

@@ -300,7 +300,7 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, man
     libraries = []
     of_libraries = _libraries(spec, kernel)
     if of_libraries:
-        from ..library.tune import load_libraries
+        from ..library.resolve import load_libraries
         for library in load_libraries(spec, kernel):
             if from_db:
                 libraries.append(library)
@@ -405,7 +405,7 @@ def explain(spec, kernel, target, as_json):
 
     if _libraries(spec, kernel):
         from . import library as cli_library
-        from ..library.tune import load_libraries
+        from ..library.resolve import load_libraries
         summaries = [cli_library.summary(library) for library in load_libraries(spec, kernel)]
         if as_json:
             console.print_json(json.dumps(summaries))
@@ -599,7 +599,7 @@ def _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifes
     """bench of a library: per shape, the member it chooses beside cuBLAS (default: its tuned shapes)."""
     from . import library as cli_library
     from ..gpu.bench import plot_library
-    from ..library.tune import load_libraries
+    from ..library.resolve import load_libraries
     from ..gpu.verify import Case
 
     rows = []
@@ -774,7 +774,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
             raise click.BadParameter("a library is tuned on this host's first GPU; --devices and "
                                      "--scheduler are for search spaces", param_hint="--devices")
         from . import library as cli_library
-        from ..library.tune import load_libraries
+        from ..library.resolve import load_libraries
         libraries = load_libraries(spec, kernel)
         check_database(db, inputs=[spec])
         for library in libraries:

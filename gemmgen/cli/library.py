@@ -12,7 +12,9 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from ..library.tune import Library, TuneReport, build_manifest, tune_library
+from ..library.manifest import build_manifest
+from ..library.model import Library
+from ..library.tune import TuneReport, tune_library
 from .terminal import line
 
 
@@ -42,7 +44,7 @@ def check_labels(library: Library, db: Path) -> None:
     """tuning_db.DatabaseError at a record of the library whose label contradicts the candidate
     its key names (see tuning_db); before any work that would trust the record."""
     from ..tuning import database as tuning_db
-    from ..library.tune import kernel_key
+    from ..library.model import kernel_key
     from ..plan.space import describe
     plans = library.candidates() + [p for m in library.members if m.searched for p in m.plans]
     labels = {kernel_key(p): describe(p.spec) for p in plans}
@@ -52,9 +54,9 @@ def check_labels(library: Library, db: Path) -> None:
 def write(library: Library, manifest: dict, paths: tuple[Path, Path, Path], console) -> None:
     """The library's .cu (codegen), its header and its manifest (for gemmgen.matmul and bench),
     as one set (outputs.write_set): a reader never sees a new .cu beside an old manifest."""
-    from ..codegen.c_header import library_header_source
-    from ..codegen.cuda import library_source
-    from ..library.tune import member_plans
+    from ..library.emit import library_header_source
+    from ..library.emit import library_source
+    from ..library.manifest import member_plans
     from ..outputs import write_set
     cu, header, manifest_path = paths
     origin = Path(library.spec.path).name

@@ -82,7 +82,7 @@ class LibraryRuntime:
     """A library manifest ready to run on one device: choose a member per call, launch it."""
 
     def __init__(self, manifest: dict, device: int = 0):
-        from .tune import candidates_of, member_plans
+        from .manifest import candidates_of, member_plans
 
         self.manifest = manifest
         self.name = manifest["library"]
