@@ -49,7 +49,8 @@ def test_the_local_cluster_pins_one_worker_per_gpu_declared_as_a_resource():
 def test_a_search_survives_a_lost_worker_and_a_gpu_fault_and_resumes_measuring_nothing_twice(
         client, space, tmp_path, monkeypatch):
     import gemmgen.tuning.distributed
-    from gemmgen.tuning.tune import load_records, tune
+    from gemmgen.tuning.runner import load_records
+    from gemmgen.tuning.tune import tune
 
     spec, keys = space
     assert len(keys) >= 6

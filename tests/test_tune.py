@@ -16,7 +16,8 @@ from gemmgen.codegen.cuda import dispatcher_source
 from gemmgen.plan import make_plan
 from gemmgen.plan.space import describe, expand, point_key, to_text
 from gemmgen.language.load import load_one, parse
-from gemmgen.tuning.tune import best_recorded, db_scope, load_records, summarize
+from gemmgen.tuning.runner import db_scope, load_records
+from gemmgen.tuning.tune import best_recorded, summarize
 from gemmgen.gpu.verify import Case
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
@@ -231,14 +232,14 @@ def _space(math_line: str):
 
 
 def test_a_search_is_timed_against_cublas_in_its_own_precision():
-    from gemmgen.tuning.tune import search_baseline
+    from gemmgen.tuning.measure import search_baseline
     assert search_baseline(_space("math tf32")) == "cuBLAS TF32"
     assert search_baseline(_space("math 3xtf32")) == "cuBLAS FP32"
 
 
 def test_a_search_mixing_tf32_with_fp32_accurate_math_is_refused_at_the_math_line():
     from gemmgen.language.errors import SpecError
-    from gemmgen.tuning.tune import search_baseline
+    from gemmgen.tuning.measure import search_baseline
     with pytest.raises(SpecError) as info:
         search_baseline(_space("math {tf32, 3xtf32}"))
     assert (info.value.line, info.value.column) == (4, 8)

@@ -760,7 +760,9 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     from ..plan.space import expand, to_text
     from ..language.load import load_one
     from ..tuning.distributed import ClusterError
-    from ..tuning.tune import check_labels, plot_search, search_baseline, tune as run_tune
+    from ..tuning.measure import search_baseline
+    from ..tuning.runner import check_labels
+    from ..tuning.tune import plot_search, tune as run_tune
 
     try:
         strategies.get(strategy)  # unknown, or its library is missing: said before any GPU work

@@ -24,7 +24,7 @@ from ..plan.space import describe, point_key
 from .model import (MAX_MEMBERS, WINNERS_PER_SHAPE, Library, Measurements, kernel_key, member_shape, read_db,
                     select_members, shape_class, shape_key, slots_per_sm)
 from .selection import CLASSES, Model, fit_all, predict, tight_leading_dimensions
-from ..tuning.tune import _append  # the database's one writer: a JSON line, flushed and synced
+from ..tuning.database import append as _append  # the database's one writer: a JSON line, flushed and synced
 
 
 # --- measuring --------------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def _worker(tasks: list[Task], db: str, library: str, layouts: dict, baseline: s
     from ..gpu.baseline import cublas_gemm
     from ..gpu.bench import L2Flusher, time_gpu
     from ..gpu.runtime import Kernel, device_info
-    from ..tuning.tune import VALIDATION_CASES, _compiled
+    from ..tuning.measure import VALIDATION_CASES, _compiled
 
     info = device_info()
     _append(Path(db), {"scope": _scope(info.name, info.driver_version, "device", library), "key": "device",
@@ -270,7 +270,7 @@ def _done(task: Task, m: Measurements) -> bool:
 def compile_all(plans: list[Plan]) -> None:
     """NVRTC on every plan, one process per CPU core, into the disk cache (failures are left for
     whoever loads the kernel to report)."""
-    from ..tuning.tune import _compile_one
+    from ..tuning.runner import _compile_one
     jobs = [(plan, None) for plan in plans]
     with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1),
                              mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -280,7 +280,7 @@ def compile_all(plans: list[Plan]) -> None:
 def _run_tasks(tasks: list[Task], db: Path, library: Library, budget_s: float, device: int | None,
                device_key: str, progress: Callable[[dict], None] | None) -> None:
     """Tasks in disposable worker processes: a crash or a hang costs the candidate in flight."""
-    from ..tuning.tune import CANDIDATE_TIMEOUT_S
+    from ..tuning.runner import CANDIDATE_TIMEOUT_S
     context = multiprocessing.get_context("spawn")
     state = Path(f"{db}.inflight")
     remaining = list(tasks)

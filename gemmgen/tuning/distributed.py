@@ -36,7 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..plan.space import describe, point_key
-from .tune import CANDIDATE_TIMEOUT_S, CUBLAS_KEY, Evaluator, GpuBench, _append, db_scope
+from .database import append as _append  # the database's one writer
+from .measure import CUBLAS_KEY, GpuBench
+from .runner import CANDIDATE_TIMEOUT_S, Evaluator, db_scope
 
 WORKER_WAIT_S = 60.0        # for a cluster's first GPU worker to join
 CONNECT_TIMEOUT_S = 30.0    # for a scheduler to answer

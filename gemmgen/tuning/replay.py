@@ -30,7 +30,8 @@ from . import database as tuning_db
 from ..plan.space import Space, describe, expand, point_key
 from ..language.load import load_one
 from ..language.spec import Spec
-from .tune import CUBLAS_KEY, ignore_interrupts
+from .measure import CUBLAS_KEY
+from .runner import ignore_interrupts
 from ..gpu.verify import Case, parse_case
 
 H100_SMS = 132                  # what the cost model assumes when a recording does not say
