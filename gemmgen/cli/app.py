@@ -18,11 +18,11 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .. import __version__
+from ..version import __version__
 from . import terminal
 from ..language.errors import SpecError
-from ..outputs import (OutputError, check_database, check_outputs, complete_pending, markdown_marker,
-                      marker_line, write_output)
+from ..outputs import OutputError, check_outputs, complete_pending, markdown_marker, marker_line, write_output
+from ..tuning.database import check_database
 from ..language.spec import TARGETS
 from .terminal import err as errors, line, out as console, say, styled
 from ..tuning.database import DatabaseError

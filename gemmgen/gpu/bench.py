@@ -318,7 +318,7 @@ def run_meta(info: DeviceInfo, commit: str | None = None) -> dict:
     import subprocess
     from pathlib import Path
 
-    from .. import __version__
+    from ..version import __version__
 
     def first_line(command: list[str], cwd: Path | None = None) -> str | None:
         try:

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Iterable
 
+from ..outputs import OutputError, real_path
+
 MAX_BYTES = 256 << 20   # a database past this is no tuning database (~500,000 records)
 NOT_A_SHAPE = ("validation", "device")  # a library's scopes whose records hold no timing
 _DEFAULTS = {"group": "1", "occ": "0", "unroll": "0", "split": "1", "schedule": "data-parallel",
@@ -198,3 +200,19 @@ def check_labels(db: str | os.PathLike, records: Iterable[tuple[int, dict]], lab
                 f"{db}:{number}: the record of point {entry['key']} is labelled '{entry['point']}', but "
                 f"that key is the point '{today}' ({why}): the line was edited or mixed up, and would "
                 "build a kernel other than the one it names; delete the line (or measure it again)")
+
+
+def check_database(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike] = ()) -> None:
+    """Raise OutputError unless `path` may take appended JSON lines (a tuning database): it does
+    not exist yet, or is a regular file that `read` accepts (DatabaseError, at the line,
+    otherwise), and it is none of the command's inputs. Anything else (a spec, notes, a FIFO)
+    would be spoiled by the lines added to it, or never answer."""
+    real = real_path(path)
+    if any(real == real_path(p) for p in inputs if p):
+        raise OutputError(f"refusing to use {path} as the database: it is an input of this command")
+    if Path(path).suffix == ".gemm":
+        raise OutputError(f"refusing to use {path} as the database: it is a spec; name a .jsonl file")
+    if os.path.exists(real) and not os.path.isfile(real):
+        raise OutputError(f"refusing to use {path} as the database: it is not a regular file; "
+                          "name a .jsonl file")
+    read(real)
