@@ -155,7 +155,7 @@ def fake_time_alternating(runs, *, flush=None, **options) -> list[Timing]:
 
 def install(monkeypatch) -> SimpleNamespace:
     """Fake the GPU for gemmgen.gpu.verify, gemmgen.gpu.bench and the CLI; returns the fake cuBLAS."""
-    import gemmgen.cli.app
+    import gemmgen.cli.common
     cublas = FakeCublas()
     fake_time_gpu.calls = 0
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy())
@@ -166,6 +166,6 @@ def install(monkeypatch) -> SimpleNamespace:
     monkeypatch.setattr(gemmgen.gpu.verify, "synchronize", lambda: None)
     monkeypatch.setattr(gemmgen.gpu.runtime, "Kernel", ReferenceKernel)
     monkeypatch.setattr(gemmgen.gpu.runtime, "device_info", lambda ordinal=0: INFO)
-    monkeypatch.setattr(gemmgen.cli.app, "_require_gpu", lambda: None)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
     return SimpleNamespace(cublas=cublas)
 

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import gemmgen.gpu.bench
-import gemmgen.cli.app
+import gemmgen.cli.common
 import gemmgen.codegen.cuda
 import gemmgen.explain.report
 import gemmgen.gpu.profile
@@ -55,7 +55,7 @@ def test_ctrl_c_exits_130_with_one_line(verb, monkeypatch, tmp_path):
     args, (module, name) = VERBS[verb]
     monkeypatch.chdir(tmp_path)  # outputs (generated/, tune.jsonl) land here, if anywhere
     (tmp_path / "tiny_search.gemm").write_text("kernel tiny_search {\n  block {32, 64} x 64 x 8\n  thread 4 x 4\n}\n")
-    monkeypatch.setattr(gemmgen.cli.app, "_require_gpu", lambda: None)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
     info = DeviceInfo("Fake GPU", 0, (9, 0), 132, 1980000, "13.0", 50 << 20, 2619000, 5120)
     monkeypatch.setattr(gemmgen.gpu.runtime, "device_info", lambda ordinal=0: info)
     monkeypatch.setattr(gemmgen.gpu.runtime, "Kernel", lambda plan, *a, **k: plan)

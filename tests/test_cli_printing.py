@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import gemmgen.gpu.bench
-import gemmgen.cli.app
+import gemmgen.cli.common
 import gemmgen.gpu.runtime
 import gemmgen.gpu.verify
 from conftest import ROOT, SPECS_DIR
@@ -77,7 +77,7 @@ def fake_gpu(monkeypatch):
         def __init__(self, plan, *args, **kwargs):
             self.plan, self.name = plan, plan.launcher_name
 
-    monkeypatch.setattr(gemmgen.cli.app, "_require_gpu", lambda: None)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
     monkeypatch.setattr(gemmgen.gpu.runtime, "Kernel", FakeKernel)
     info = DeviceInfo("Fake [b]GPU[/b] :x:", 0, (9, 0), 132, 1980000, "13.0", 50 << 20, 2619000, 5120)
     monkeypatch.setattr(gemmgen.gpu.runtime, "device_info", lambda ordinal=0: info)

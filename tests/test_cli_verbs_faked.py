@@ -11,7 +11,8 @@ from click.testing import CliRunner
 import fake_device
 import gemmgen
 import gemmgen.gpu.bench
-import gemmgen.cli.app
+import gemmgen.cli
+import gemmgen.cli.common
 import gemmgen.gpu.runtime
 import gemmgen.gpu.verify
 from gemmgen.gpu.bench import BenchResult
@@ -29,7 +30,7 @@ class FakeKernel:
 @pytest.fixture
 def fake_gpu(monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")  # rich tables wider than a terminal, so cells do not wrap
-    monkeypatch.setattr(gemmgen.cli.app, "_require_gpu", lambda: None)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
     monkeypatch.setattr(gemmgen.gpu.runtime, "Kernel", FakeKernel)
     info = DeviceInfo("Fake GPU", 0, (9, 0), 132, 1980000, "13.0", 50 << 20, 2619000, 5120)
     monkeypatch.setattr(gemmgen.gpu.runtime, "device_info", lambda ordinal=0: info)
@@ -52,7 +53,7 @@ def fake_check(failing_case=None):
 def test_check_prints_every_case_and_passes(fake_gpu, monkeypatch, tmp_path):
     monkeypatch.setattr(gemmgen.gpu.verify, "check", fake_check())
     out = tmp_path / "check.json"
-    result = CliRunner().invoke(gemmgen.cli.app.main, ["check", str(SPECS / "warptile.gemm"), "--quick",
+    result = CliRunner().invoke(gemmgen.cli.main, ["check", str(SPECS / "warptile.gemm"), "--quick",
                                                    "--layouts", "all", "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "all cases passed" in result.output
@@ -64,7 +65,7 @@ def test_check_prints_every_case_and_passes(fake_gpu, monkeypatch, tmp_path):
 
 def test_check_fails_with_the_worst_element(fake_gpu, monkeypatch):
     monkeypatch.setattr(gemmgen.gpu.verify, "check", fake_check(failing_case="17x29x31 a=1.5 b=-0.75"))
-    result = CliRunner().invoke(gemmgen.cli.app.main, ["check", str(SPECS / "naive.gemm"),
+    result = CliRunner().invoke(gemmgen.cli.main, ["check", str(SPECS / "naive.gemm"),
                                                    "--shapes", "5x7x3;17x29x31,alpha=1.5,beta=-0.75"])
     assert result.exit_code == 1
     assert "FAIL" in result.output and "worst C[3, 4] = nan" in result.output
@@ -77,7 +78,7 @@ def test_bench_tabulates_every_shape(fake_gpu, monkeypatch, tmp_path):
                            2.0, 40.0, (1.9, 2.1), 1.8, 44.0, 90.0, 60.0, 10)
     monkeypatch.setattr(gemmgen.gpu.bench, "bench", bench)
     out = tmp_path / "bench.json"
-    result = CliRunner().invoke(gemmgen.cli.app.main, ["bench", str(SPECS / "hopper_simt.gemm"),
+    result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(SPECS / "hopper_simt.gemm"),
                                                    "--shapes", "1024x1024x1024;127x4099x1023",
                                                    "--json", str(out)])
     assert result.exit_code == 0, result.output
@@ -97,18 +98,18 @@ def test_bench_records_the_commit_it_is_told(fake_gpu, monkeypatch, tmp_path):
         44.0, 90.0, 60.0, 10))
     monkeypatch.setenv("GEMMGEN_COMMIT", "abc1234")
     out = tmp_path / "bench.json"
-    result = CliRunner().invoke(gemmgen.cli.app.main, ["bench", str(SPECS / "naive.gemm"), "--shapes", "64x64x64",
+    result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(SPECS / "naive.gemm"), "--shapes", "64x64x64",
                                                    "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["meta"]["commit"] == "abc1234"
     # and a second run may replace it: it is gemmgen's own record
-    result = CliRunner().invoke(gemmgen.cli.app.main, ["bench", str(SPECS / "naive.gemm"), "--shapes", "64x64x64",
+    result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(SPECS / "naive.gemm"), "--shapes", "64x64x64",
                                                    "--json", str(out)])
     assert result.exit_code == 0, result.output
 
 
 def test_bad_shape_is_a_usage_error(fake_gpu):
-    result = CliRunner().invoke(gemmgen.cli.app.main, ["bench", str(SPECS / "naive.gemm"), "--shapes", "12x12"])
+    result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(SPECS / "naive.gemm"), "--shapes", "12x12"])
     assert result.exit_code == 2
     assert "expected MxNxK" in result.output
 
@@ -123,7 +124,7 @@ def fake_device_gpu(monkeypatch):
 
 def test_bench_of_a_tf32_kernel_shows_its_tf32_baseline_and_both_errors(fake_device_gpu, tmp_path):
     out = tmp_path / "bench.json"
-    result = CliRunner().invoke(gemmgen.cli.app.main, ["bench", str(SPECS / "tensorcore_tf32.gemm"),
+    result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(SPECS / "tensorcore_tf32.gemm"),
                                                    "--shapes", "64x48x256;32x32x32,beta=0.5", "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "cuBLAS TF32 TFLOP/s" in result.output and "% cuBLAS TF32" in result.output
@@ -139,7 +140,7 @@ def test_bench_of_a_tf32_kernel_shows_its_tf32_baseline_and_both_errors(fake_dev
 
 def test_bench_of_a_simt_kernel_keeps_cublas_fp32(fake_device_gpu, tmp_path):
     out = tmp_path / "bench.json"
-    result = CliRunner().invoke(gemmgen.cli.app.main, ["bench", str(SPECS / "warptile.gemm"),
+    result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(SPECS / "warptile.gemm"),
                                                    "--shapes", "64x64x64", "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "cuBLAS FP32 TFLOP/s" in result.output and "cuBLAS TF32" not in result.output
@@ -151,7 +152,7 @@ def test_bench_of_a_simt_kernel_keeps_cublas_fp32(fake_device_gpu, tmp_path):
 def test_bench_of_kernels_of_two_math_modes_names_each_rows_baseline(fake_device_gpu, tmp_path):
     both = tmp_path / "both.gemm"
     both.write_text((SPECS / "warptile.gemm").read_text() + (SPECS / "tensorcore_tf32.gemm").read_text())
-    result = CliRunner().invoke(gemmgen.cli.app.main, ["bench", str(both), "--shapes", "64x64x64"])
+    result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(both), "--shapes", "64x64x64"])
     assert result.exit_code == 0, result.output
     assert "% baseline" in result.output
     rows = {name: next(line for line in result.output.splitlines() if f"gemmgen_{name} " in line)
@@ -161,7 +162,7 @@ def test_bench_of_kernels_of_two_math_modes_names_each_rows_baseline(fake_device
 
 def test_check_header_states_the_tolerance_rule_of_the_math_mode(fake_device_gpu, tmp_path):
     out = tmp_path / "check.json"
-    result = CliRunner().invoke(gemmgen.cli.app.main, ["check", str(SPECS / "tensorcore_tf32.gemm"),
+    result = CliRunner().invoke(gemmgen.cli.main, ["check", str(SPECS / "tensorcore_tf32.gemm"),
                                                    "--shapes", "127x131x137,beta=0.5,pad=3;5x7x3",
                                                    "--seed", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output

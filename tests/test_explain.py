@@ -489,18 +489,18 @@ def terminal(monkeypatch, is_terminal: bool = True):
 
     from rich.console import Console
 
-    import gemmgen.cli.app
+    import gemmgen.cli.common
     console = Console(file=io.StringIO(), force_terminal=is_terminal, width=100)
-    monkeypatch.setattr(gemmgen.cli.app, "errors", console)
+    monkeypatch.setattr(gemmgen.cli.common, "errors", console)
     return console.file
 
 
 @pytest.mark.parametrize("is_terminal, delay, shown", [(True, 0.0, True), (False, 0.0, False),
                                                        (True, 60.0, False)])
 def test_the_progress_bar_shows_only_on_a_terminal_after_a_moment(monkeypatch, is_terminal, delay, shown):
-    from gemmgen.cli.app import _late_progress
+    from gemmgen.cli.common import late_progress
     written = terminal(monkeypatch, is_terminal)
-    with _late_progress("explaining", 3, delay_s=delay) as progress:
+    with late_progress("explaining", 3, delay_s=delay) as progress:
         progress(1)
         progress(2)
         progress(3)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import gemmgen.cli.app
+import gemmgen.cli
+import gemmgen.cli.common
 import gemmgen.outputs
 import gemmgen.gpu.runtime
 import gemmgen.tuning.tune
@@ -37,7 +38,7 @@ def invoke(*args):
         runner = CliRunner(mix_stderr=False)  # click 8.1: keep stderr apart
     except TypeError:
         runner = CliRunner()
-    return runner.invoke(gemmgen.cli.app.main, [str(a) for a in args])
+    return runner.invoke(gemmgen.cli.main, [str(a) for a in args])
 
 
 def refused(result, name: str, *words: str) -> None:
@@ -276,7 +277,7 @@ def test_matplotlib_tags_the_png(tmp_path):
 @pytest.fixture
 def gpu_verbs(monkeypatch):
     """check, bench and tune as if a GPU were there; any GPU work fails the test."""
-    monkeypatch.setattr(gemmgen.cli.app, "_require_gpu", lambda: None)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
 
     def no_gpu_work(*args, **kwargs):
         raise AssertionError("GPU work started before the outputs were checked")

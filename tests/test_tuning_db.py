@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import gemmgen.cli.app
+import gemmgen.cli.common
 import gemmgen.tuning.tune
 from conftest import ROOT, SPECS_DIR
 from gemmgen.tuning import database as tuning_db
@@ -142,7 +142,7 @@ def test_replay_names_the_file_and_line_of_a_malformed_database(tmp_path, case):
 
 @pytest.fixture
 def no_gpu_needed(monkeypatch):
-    monkeypatch.setattr(gemmgen.cli.app, "_require_gpu", lambda: None)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
 
 
 @pytest.mark.parametrize("case", ["random bytes", "a JSON array", "a time that is no number"])

@@ -4,4 +4,5 @@ console script's entry point (pyproject: gemmgen = gemmgen.cli:main).
 
 from .app import main
 
+
 __all__ = ["main"]

@@ -2,4 +2,5 @@
 
 from . import main
 
+
 main()

@@ -1,6 +1,6 @@
-"""The library side of `gemmgen build`, `tune` and `bench`: what they print and write for a
-`library` block. The work itself is in library.py (tuning, the manifest), codegen.py (the .cu),
-matmul.py (choosing and launching from Python) and bench.py (timing)."""
+"""The library side of `gemmgen build`, `tune`, `bench` and `explain`: what they print and write for a
+`library` block. The work itself is in gemmgen.library (tune.py, manifest.py, emit.py for the .cu
+and header, dispatch.py for choosing and launching from Python) and gemmgen.gpu.bench (timing)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,16 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from ..library.manifest import build_manifest
-from ..library.model import Library
+from ..gpu import bench as gpu_bench, runtime as gpu_runtime
+from ..gpu.bench import plot_library
+from ..library.dispatch import LibraryRuntime
+from ..library.emit import library_header_source, library_source
+from ..library.manifest import build_manifest, member_plans
+from ..library.model import Library, kernel_key
 from ..library.tune import TuneReport, tune_library
+from ..outputs import OutputError, check_outputs, complete_pending, write_set
+from ..plan.space import describe
+from ..tuning import database as tuning_db
 from .terminal import line
 
 
@@ -34,7 +41,6 @@ def outputs(library: Library, output: str | None, manifest: str | None) -> tuple
 def check(library: Library, output: str | None, manifest: str | None, *, inputs, force: bool) -> None:
     """Before any work: the library's outputs may be written (outputs.check_outputs), once an
     interrupted write of the same library has been finished (outputs.complete_pending)."""
-    from ..outputs import check_outputs, complete_pending
     paths = outputs(library, output, manifest)
     complete_pending(paths[2])
     check_outputs(paths, inputs=inputs, force=force)
@@ -43,9 +49,6 @@ def check(library: Library, output: str | None, manifest: str | None, *, inputs,
 def check_labels(library: Library, db: Path) -> None:
     """tuning_db.DatabaseError at a record of the library whose label contradicts the candidate
     its key names (see tuning_db); before any work that would trust the record."""
-    from ..tuning import database as tuning_db
-    from ..library.model import kernel_key
-    from ..plan.space import describe
     plans = library.candidates() + [p for m in library.members if m.searched for p in m.plans]
     labels = {kernel_key(p): describe(p.spec) for p in plans}
     tuning_db.check_labels(db, tuning_db.read(db), labels, space=library.name)
@@ -54,10 +57,6 @@ def check_labels(library: Library, db: Path) -> None:
 def write(library: Library, manifest: dict, paths: tuple[Path, Path, Path], console) -> None:
     """The library's .cu (codegen), its header and its manifest (for gemmgen.matmul and bench),
     as one set (outputs.write_set): a reader never sees a new .cu beside an old manifest."""
-    from ..library.emit import library_header_source
-    from ..library.emit import library_source
-    from ..library.manifest import member_plans
-    from ..outputs import write_set
     cu, header, manifest_path = paths
     origin = Path(library.spec.path).name
     source = library_source(manifest, origin, library.spec.source.splitlines())
@@ -125,7 +124,6 @@ def tune(library: Library, *, db: Path, output: str | None, manifest_path: str |
                    for (key, shape), ms in report.measurements.times.items()]
         write_file(Path(json_path), json.dumps(records, indent=1))
     if plot_path:
-        from ..gpu.bench import plot_library
         rows = [{"shape": shape_key_of(r), "ratio": r["cublas_ms"] / r["ms"][str(r["chosen"])]
                  if r["cublas_ms"] and str(r["chosen"]) in r["ms"] else 0.0,
                  "best_ratio": r["cublas_ms"] / r["best_candidate_ms"] if r["cublas_ms"] and r["best_candidate_ms"] else 0.0,
@@ -167,22 +165,18 @@ class LibraryCall:
 def bench(library: Library, manifest: dict, cases, *, budget: float, console, progress_factory):
     """gemmgen bench LIB.gemm: per shape, the member the library chooses, timed in turns with cuBLAS
     in the library's precision, and its error beside cuBLAS FP32's."""
-    from ..gpu.bench import L2Flusher, bench as run_bench
-    from ..library.dispatch import LibraryRuntime
-    from ..gpu.runtime import device_info
-
-    info = device_info()
+    info = gpu_runtime.device_info()
     runtime = LibraryRuntime(manifest)
     runtime.compile_all()
     call = LibraryCall(runtime)
-    flusher = L2Flusher(info)
+    flusher = gpu_bench.L2Flusher(info)
     rows = []
     tuned = {shape_key_of(r) for r in manifest["shapes"]}
     with progress_factory() as bar:
         task = bar.add_task("timing", total=len(cases))
         for case in cases:
             bar.update(task, description=f"timing {library.name} at {case}")
-            result = run_bench(call, case, info=info, flusher=flusher, budget_s=budget)
+            result = gpu_bench.bench(call, case, info=info, flusher=flusher, budget_s=budget)
             member = manifest["members"][call.chosen]
             key = f"{case.M}x{case.N}x{case.K}" + (f"+{case.pad}" if case.pad else "")
             rows.append({**result.as_dict(), "member": member["name"], "member_point": member["point"],
@@ -217,7 +211,6 @@ def summary(library: Library, manifest_dir: Path = Path("generated")) -> dict:
     result = {"library": library.name, "precision": library.precision, "baseline": library.baseline,
               "layout": library.layouts, "members": members, "candidates": len(library.candidates()),
               "shapes": [str(s) for s in library.shapes]}
-    from ..outputs import OutputError, complete_pending
     path = manifest_dir / f"{library.name}.json"
     try:
         complete_pending(path)  # an interrupted build of it finished first

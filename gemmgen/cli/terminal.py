@@ -12,6 +12,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
+
 out = Console(highlight=False, markup=False, emoji=False)
 err = Console(stderr=True, highlight=False, markup=False, emoji=False)
 

@@ -6,14 +6,13 @@
 
 A small driver script builds the kernel and launches it twice (a warm-up, then the measured
 launch); `ncu` runs it and profiles the second launch of the kernel only, at the GPU's own clocks
-(--clock-control none), and prints the raw page as CSV, which is parsed here. The CLI verb is
-`profile_command` (`gemmgen profile SPEC`).
+(--clock-control none), and prints the raw page as CSV, which is parsed here. The CLI verb
+(`gemmgen profile SPEC`) is gemmgen.cli.profile, which shows the report as a table.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import os
 import shutil
 import subprocess
@@ -23,7 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
+from ..language.load import load_one
+from ..plan import make_plan
+from . import runtime
+from .verify import parse_case
 
 DEFAULT_SHAPE = "4096x4096x4096"
 
@@ -242,8 +244,7 @@ def _failure(output: str, returncode: int) -> str:
                 "allow it (NVreg_RestrictProfilingToAdminUsers=0)")
     else:
         try:
-            from .runtime import device_count
-            if device_count() == 0:
+            if runtime.device_count() == 0:
                 hint = "\nno CUDA GPU found: profiling runs a kernel and needs one"
         except Exception:  # noqa: BLE001 - only a hint
             pass
@@ -259,10 +260,6 @@ def profile(spec_path: str | os.PathLike, kernel: str | None = None, shape: str 
     nothing; metrics that this ncu or GPU does not know are left out and listed in
     report["unavailable"].
     """
-    from ..plan import make_plan
-    from ..language.load import load_one
-    from .verify import parse_case
-
     ncu = shutil.which("ncu")
     if ncu is None:
         raise ProfileError("Nsight Compute's `ncu` is not on PATH (it comes with the CUDA toolkit, "
@@ -312,91 +309,3 @@ def profile(spec_path: str | os.PathLike, kernel: str | None = None, shape: str 
         raise ProfileError(_failure(output, done.returncode))
     return summarise(kernels[-1], name=plan.name, shape=str(case), M=case.M, N=case.N, K=case.K,
                      unavailable=unavailable)
-
-
-# --- showing it -----------------------------------------------------------------------------------
-
-def _show(value: Any, kind: str) -> str:
-    if value is None:
-        return "n/a"
-    if not isinstance(value, (int, float)):
-        return str(value)
-    if kind == "pct":
-        return f"{value:.1f} %"
-    if kind == "count":
-        return f"{value:,.0f}"
-    if kind == "time":
-        return f"{value / 1e3:.3f} ms" if value >= 1e3 else f"{value:.1f} µs"
-    return f"{value:g}"
-
-
-def render_table(report: dict[str, Any]):
-    """A rich Table: metric, value, what it means."""
-    from rich.table import Table
-
-    title = f"{report['kernel']} at {report['shape']}"
-    if report.get("block") or report.get("grid"):
-        title += f" (block {report['block']}, grid {report['grid']})"
-    table = Table(title=title)
-    for column in ("metric", "value", "meaning"):
-        table.add_column(column, overflow="fold")
-    metrics, derived = report["metrics"], report["derived"]
-    for metric in METRICS:
-        table.add_row(metric.label, _show(metrics.get(metric.key), metric.kind), metric.meaning)
-        if metric.key == "duration_us" and "tflops" in derived:
-            table.add_row("throughput", f"{derived['tflops']:.2f} TFLOP/s", "2*M*N*K / duration")
-        if metric.key == "smem_store_wavefronts":
-            for op in ("load", "store"):
-                if f"smem_{op}_conflict_pct" in derived:
-                    table.add_row(f"shared {op} conflict share",
-                                  f"{derived[f'smem_{op}_conflict_pct']:.1f} %",
-                                  f"bank conflicts / wavefronts of shared {op}s")
-    # Stall reasons: warps stalled for the reason, on average, per instruction issued.
-    for reason, value in report["stalls"].items():
-        table.add_row(f"stall: {reason}", f"{value:.2f} warps/inst", STALL_REASONS[reason])
-    if report.get("unavailable"):
-        table.add_row("not collected", ", ".join(report["unavailable"]), "unknown to this ncu or GPU")
-    return table
-
-
-@click.command("profile")
-@click.argument("spec", type=click.Path(exists=True, dir_okay=False))
-@click.option("--kernel", "-k", metavar="NAME", help="Only this kernel of a file that defines several.")
-@click.option("--shape", default=DEFAULT_SHAPE, show_default=True, metavar="MxNxK",
-              help="Problem size, with optional ,alpha=,beta=,pad=,offset= (e.g. 4096x4096x4096,beta=0.5).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def profile_command(spec, kernel, shape, as_json):
-    """Profile one launch of SPEC with Nsight Compute (needs a GPU and `ncu`).
-
-    Runs the kernel once to warm up, then once under ncu at the GPU's own clocks, and reports
-    what the seed worklogs looked at: FP32 pipe utilisation, SM and DRAM throughput, achieved
-    occupancy, registers per thread, shared-memory bank conflicts and wavefronts, global load
-    efficiency, duration, and the warp stall reasons, largest first.
-
-    \b
-    Examples:
-      gemmgen profile specs/warptile.gemm
-      gemmgen profile specs/naive.gemm --shape 1024x1024x1024 --json
-    """
-    from ..cli import app as cli
-    from ..cli import terminal
-    from ..language.errors import SpecError
-    from .verify import parse_case
-
-    cli._require_gpu()  # first: without a GPU nothing else matters (exit 2, as check, bench, tune)
-    try:
-        parse_case(shape)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--shape") from None
-    try:
-        report = profile(spec, kernel, shape)
-    except SpecError as exc:
-        terminal.err.print(str(exc), soft_wrap=True)
-        sys.exit(1)
-    except ProfileError as exc:
-        terminal.error(str(exc))
-        sys.exit(1)
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        terminal.out.print(render_table(report))
