@@ -182,9 +182,9 @@ class Builds:
 @pytest.fixture(scope="module")
 def builds(request, tmp_path_factory, capability):
     """Compile everything the selected items call, in parallel, before the first call: the nvcc
-    builds start in threads, then NVRTC compiles every runtime kernel (library.compile_all: one
+    builds start in threads, then NVRTC compiles every runtime kernel (gpu.compile.compile_all: one
     process per core, into the session's cache), while the nvcc builds go on."""
-    from gemmgen.library.tune import compile_all
+    from gemmgen.gpu.compile import compile_all
 
     chosen = _selected(request)
     runnable = {name for name, target in TARGETS.items() if not target.runs_on(capability)}

@@ -363,12 +363,12 @@ def test_worker_validates_times_and_records_on_a_faked_device(monkeypatch, tmp_p
     """library._worker itself (in this process): each candidate validated against float64 by
     verify.check, cuBLAS and the candidates timed at their shapes, all recorded in the database."""
     import fake_device
-    import gemmgen.tuning.measure
+    import gemmgen.library.tune
     from gemmgen.library.model import Measurements, read_db
     from gemmgen.library.tune import Task, _worker
     from gemmgen.language.shapes import LibraryShape
     fake_device.install(monkeypatch)
-    monkeypatch.setattr(gemmgen.tuning.measure, "_compiled", lambda plan, source: None)
+    monkeypatch.setattr(gemmgen.library.tune, "_compiled", lambda plan, source: None)
     (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
     plans = library.candidates()[:2]
     shapes = [LibraryShape(64, 48, 40), LibraryShape(33, 17, 9, pad=1)]

@@ -10,6 +10,7 @@ table and progress bar has markup and emoji off, and colour is applied to pieces
 from __future__ import annotations
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 
@@ -39,6 +40,5 @@ def error(message: str) -> None:
 
 def progress(on: Console = err, transient: bool = True):
     """A progress bar for work that takes more than a moment; its descriptions are plain text."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=on, transient=transient)

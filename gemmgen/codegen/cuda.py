@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -10,7 +10,7 @@ from pathlib import Path
 import jinja2
 
 from ..outputs import marker_line
-from ..plan import Plan
+from ..plan import Plan, make_plan
 from ..plan.schedule import describe as describe_schedule
 
 
@@ -238,10 +238,6 @@ def kernel_name_expressions(plan: Plan) -> dict[bool, str]:
 def dispatcher_source(name: str, winners: list) -> str:
     """One .cu holding each (shape, Plan) winner and an extern "C" gemmgen_<name> that picks, for
     the shape it is called with, the winner tuned for the nearest shape (distance of log sizes)."""
-    from dataclasses import replace
-
-    from ..plan import make_plan
-
     first = winners[0][1]
     for _, plan in winners[1:]:
         if (plan.layouts(), plan.beta, plan.reduce_count) != (first.layouts(), first.beta, first.reduce_count):

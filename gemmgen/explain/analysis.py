@@ -29,7 +29,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..gpu.compile import Compiled, Resources
+from ..codegen.cuda import kernel_name_expressions
+from ..gpu.compile import Compiled, Resources, compile_plan
 from ..plan import WARP, Operand, Plan
 
 BANKS = 32
@@ -425,9 +426,7 @@ def _resources(plan: Plan, compiled: Compiled | Resources | None) -> Resources:
     if isinstance(compiled, Resources):
         return compiled
     if compiled is None:
-        from ..gpu.compile import compile_plan
         compiled = compile_plan(plan)
-    from ..codegen.cuda import kernel_name_expressions
     name = kernel_name_expressions(plan)[True]
     try:
         return compiled.resources_of(name)

@@ -10,10 +10,14 @@ The FP32 peak is read off the device: FFMA lanes per SM x 2 x SMs x clock.
 
 from __future__ import annotations
 
+import datetime
+import os
 import statistics
+import subprocess
 import time
 from dataclasses import asdict, dataclass
 from math import nan
+from pathlib import Path
 from typing import Callable
 
 
@@ -21,6 +25,7 @@ from .baseline import baseline_for, cublas_gemm
 from ..outputs import save_figure
 from .runtime import DeviceInfo, Kernel, device_info
 from .verify import Case, accuracy_on, place_matrix
+from ..version import __version__
 
 DEFAULT_SHAPES = (Case(1024, 1024, 1024), Case(2048, 2048, 2048), Case(4092, 4092, 4092),
                   Case(4096, 4096, 4096), Case(8192, 8192, 8192), Case(127, 4099, 1023))
@@ -313,12 +318,6 @@ def run_meta(info: DeviceInfo, commit: str | None = None) -> dict:
     """What a record of timings must say to be read later: device, driver, gemmgen's version and
     commit, date. The commit is `commit`, else $GEMMGEN_COMMIT, else the checkout's HEAD when
     gemmgen runs from one, else unknown (an installed wheel)."""
-    import datetime
-    import os
-    import subprocess
-    from pathlib import Path
-
-    from ..version import __version__
 
     def first_line(command: list[str], cwd: Path | None = None) -> str | None:
         try:

@@ -16,16 +16,19 @@ itself deterministic (see `options_for`, which also says why -lineinfo is off by
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from . import compile_cache
+from ..codegen.cuda import generate, kernel_name_expressions
 from ..plan import Plan
+from . import compile_cache
 
 CACHE_FORMAT = 3  # 3: one file per entry, ptxas's report under its checksum; NVRTC seeded
 
@@ -305,7 +308,6 @@ def _nvrtc_compile(source: str, target: str, name_expressions: list[str], filena
 def compile_plan(plan: Plan, source: str | None = None, *, target: str | None = None,
                  use_cache: bool = True) -> Compiled:
     """Compile a Plan's generated source (both variants) for its target or an override."""
-    from ..codegen.cuda import generate, kernel_name_expressions
 
     source = source if source is not None else generate(plan)
     names = list(kernel_name_expressions(plan).values())
@@ -313,3 +315,22 @@ def compile_plan(plan: Plan, source: str | None = None, *, target: str | None = 
         names += list(kernel_name_expressions(plan.fallback).values())
     return compile_source(source, target or plan.arch.name, names,
                           filename=f"{plan.launcher_name}.cu", use_cache=use_cache)
+
+
+def compile_error(job: tuple[Plan, str | None]) -> str:
+    """Why a (plan, source) job does not compile, "" when it does (into the cache); for a process pool."""
+    plan, source = job
+    try:
+        compile_plan(plan, source)
+        return ""
+    except Exception as exc:  # noqa: BLE001 - the caller records it as the candidate's failure
+        return f"{type(exc).__name__}: {str(exc)[:500]}"
+
+
+def compile_all(plans: list[Plan]) -> None:
+    """NVRTC on every plan, one process per CPU core, into the disk cache (failures are left for
+    whoever loads the kernel to report)."""
+    jobs = [(plan, None) for plan in plans]
+    with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(compile_error, jobs))

@@ -33,6 +33,9 @@ from .layouts import CLASSES, Operand, Route, library_name, route
 from ..outputs import complete_pending
 from ..gpu.runtime import Kernel, ShapeError, as_matrix, device_array, device_info, require_cupy, stream_handle
 from .selection import alignment_class, choose
+from ..plan import make_plan
+from .manifest import candidates_of, member_plans
+from ..gpu.compile import compile_all
 
 PRECISIONS = ("fp32", "tf32")
 BASE = ("row", "col")
@@ -82,8 +85,6 @@ class LibraryRuntime:
     """A library manifest ready to run on one device: choose a member per call, launch it."""
 
     def __init__(self, manifest: dict, device: int = 0):
-        from .manifest import candidates_of, member_plans
-
         self.manifest = manifest
         self.name = manifest["library"]
         self.device = device
@@ -122,7 +123,6 @@ class LibraryRuntime:
     def compile_all(self) -> None:
         """Compile every member at once (NVRTC in parallel processes, into the disk cache), so that
         the first call of each does not wait for its compile."""
-        from .tune import compile_all
         compile_all([self.kernel_plan(i) for i in range(len(self.plans))])
 
     def kernel_plan(self, index: int):
@@ -131,7 +131,6 @@ class LibraryRuntime:
         plan = self.plans[index]
         if self.tuned_gpu:
             return plan
-        from ..plan import make_plan
         target = self.info.target if self.info.target in ("sm_80", "sm_86", "sm_89", "sm_90") else "sm_80"
         return make_plan(self.plans[self.portable].spec.with_values(target=target))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..language.load import parse
-from ..plan import Plan
+from ..plan import Plan, make_plan
 from ..plan.space import describe, to_text
 from .model import (MANIFEST_FORMAT, MAX_MEMBERS, Library, Measurements, kernel_key, member_shape, read_db,
                     select_members, shape_class, shape_key, slots_per_sm)
@@ -112,7 +112,6 @@ def _compute_capability(plans: list[Plan]) -> list[int]:
 
 def member_plans(manifest: dict) -> list[Plan]:
     """The kept members of a manifest, planned from the spec text it carries."""
-    from ..plan import make_plan
     plans = []
     for member in manifest["members"]:
         (spec,) = parse(member["spec"], f"<library {manifest['library']}: {member['name']}>")

@@ -14,6 +14,8 @@ from ..plan import Plan
 from ..plan.space import point_key
 from ..tuning import database as tuning_db
 from .selection import MemberShape, alignment_class, tight_leading_dimensions
+from ..explain.analysis import occupancy
+from ..gpu.compile import compile_plan
 
 
 MANIFEST_FORMAT = 1
@@ -130,8 +132,6 @@ def slots_per_sm(plan: Plan) -> int:
     """Blocks of this kernel an SM holds at once (ptxas's registers, the Plan's shared memory)."""
     if plan.consumers:  # a wgmma block takes a whole SM (__launch_bounds__(THREADS, 1))
         return 1
-    from ..gpu.compile import compile_plan
-    from ..explain.analysis import occupancy
     resources = max(compile_plan(plan).resources.values(), key=lambda r: r.registers)
     return max(1, occupancy(plan, resources).blocks)
 

@@ -13,7 +13,6 @@ import math
 import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,6 +24,13 @@ from .model import (MAX_MEMBERS, WINNERS_PER_SHAPE, Library, Measurements, kerne
                     select_members, shape_class, shape_key, slots_per_sm)
 from .selection import CLASSES, Model, fit_all, predict, tight_leading_dimensions
 from ..tuning.database import append as _append  # the database's one writer: a JSON line, flushed and synced
+from ..gpu import bench, runtime, verify
+from ..gpu.baseline import cublas_gemm
+from ..gpu.verify import Case
+from ..tuning.measure import VALIDATION_CASES, _compiled
+from ..tuning.runner import CANDIDATE_TIMEOUT_S
+from ..tuning.tune import tune as tune_space
+from ..gpu.compile import compile_all
 
 
 # --- measuring --------------------------------------------------------------------------------
@@ -34,7 +40,6 @@ def _scope(device: str, driver: str, what: str, library: str) -> str:
 
 
 def _case(shape: LibraryShape):
-    from ..gpu.verify import Case
     return Case(shape.M, shape.N, shape.K, pad=shape.pad)
 
 
@@ -71,24 +76,18 @@ def _worker(tasks: list[Task], db: str, library: str, layouts: dict, baseline: s
     """Validate and time in order; runs in a child process that may die (a faulting kernel)."""
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
-    from ..gpu import verify
-    from ..gpu.baseline import cublas_gemm
-    from ..gpu.bench import L2Flusher, time_gpu
-    from ..gpu.runtime import Kernel, device_info
-    from ..tuning.measure import VALIDATION_CASES, _compiled
-
-    info = device_info()
+    info = runtime.device_info()
     _append(Path(db), {"scope": _scope(info.name, info.driver_version, "device", library), "key": "device",
                        "sm_count": info.sm_count, "compute_capability": list(info.compute_capability)})
-    flusher = L2Flusher(info)
-    kernels: dict[str, Kernel] = {}
+    flusher = bench.L2Flusher(info)
+    kernels: dict[str, runtime.Kernel] = {}
     problems: dict = {}
     buffers = lds = None
     current_shape = None
     for task in tasks:
         Path(state).write_text(task.label)
         if task.kind == "validate":
-            kernel = kernels.setdefault(kernel_key(task.plan), Kernel(task.plan, _compiled(task.plan, None)))
+            kernel = kernels.setdefault(kernel_key(task.plan), runtime.Kernel(task.plan, _compiled(task.plan, None)))
             report = verify.check(kernel, VALIDATION_CASES, problems=problems)
             entry = {"scope": _scope(info.name, info.driver_version, "validation", library),
                      "key": kernel_key(task.plan), "point": describe(task.plan.spec),
@@ -106,12 +105,12 @@ def _worker(tasks: list[Task], db: str, library: str, layouts: dict, baseline: s
                 0.0, buffers["C"].data.ptr, lds["C"])
         if task.kind == "cublas":
             tf32 = baseline == "cuBLAS TF32"
-            timing = time_gpu(lambda: cublas_gemm(*args, layouts, tf32=tf32), flush=flusher, warmup_s=0.03,
+            timing = bench.time_gpu(lambda: cublas_gemm(*args, layouts, tf32=tf32), flush=flusher, warmup_s=0.03,
                               budget_s=budget_s)
             key, point = "cublas", baseline
         else:
-            kernel = kernels.setdefault(kernel_key(task.plan), Kernel(task.plan, _compiled(task.plan, None)))
-            timing = time_gpu(lambda: kernel.launch(*args), flush=flusher, warmup_s=0.03, budget_s=budget_s)
+            kernel = kernels.setdefault(kernel_key(task.plan), runtime.Kernel(task.plan, _compiled(task.plan, None)))
+            timing = bench.time_gpu(lambda: kernel.launch(*args), flush=flusher, warmup_s=0.03, budget_s=budget_s)
             key, point = kernel_key(task.plan), describe(task.plan.spec)
         flops = 2.0 * s.M * s.N * s.K
         _append(Path(db), {"scope": _scope(info.name, info.driver_version, shape_key(s), library),
@@ -153,11 +152,8 @@ def tune_library(library: Library, *, db: Path, progress: Callable[[dict], None]
                  anchors: int = 8, per_shape: int = 6, budget_s: float = 0.05,
                  device: int | None = None) -> TuneReport:
     """Measure what the library needs on this GPU (see the module docstring); resumable."""
-    from ..gpu.runtime import device_info
-    from ..tuning.tune import tune as tune_space
-
     started = time.perf_counter()
-    info = device_info(0 if device is None else device)
+    info = runtime.device_info(0 if device is None else device)
     device_key = f"{info.name}|{info.driver_version}"
     shapes = library.shapes
     layouts = library.layouts
@@ -267,20 +263,9 @@ def _done(task: Task, m: Measurements) -> bool:
     return (key, shape_key(task.shape)) in m.times or (key in m.status and not m.valid(key))
 
 
-def compile_all(plans: list[Plan]) -> None:
-    """NVRTC on every plan, one process per CPU core, into the disk cache (failures are left for
-    whoever loads the kernel to report)."""
-    from ..tuning.runner import _compile_one
-    jobs = [(plan, None) for plan in plans]
-    with ProcessPoolExecutor(max_workers=min(16, os.cpu_count() or 1),
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_compile_one, jobs))
-
-
 def _run_tasks(tasks: list[Task], db: Path, library: Library, budget_s: float, device: int | None,
                device_key: str, progress: Callable[[dict], None] | None) -> None:
     """Tasks in disposable worker processes: a crash or a hang costs the candidate in flight."""
-    from ..tuning.runner import CANDIDATE_TIMEOUT_S
     context = multiprocessing.get_context("spawn")
     state = Path(f"{db}.inflight")
     remaining = list(tasks)
@@ -343,4 +328,3 @@ def _predicted(plan: Plan, models: dict, slots: dict, shape: LibraryShape, cls: 
     if model is None:
         return math.inf
     return predict(member_shape(plan, slots[kernel_key(plan)]), model, shape.M, shape.N, shape.K, sm_count)
-

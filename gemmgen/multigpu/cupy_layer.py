@@ -7,6 +7,8 @@ from typing import Any
 
 from ..plan import Plan
 from .parts import FLOAT_BYTES, Region
+from ..gpu import runtime
+from ..gpu.runtime import as_matrix
 
 # --- CuPy and the CUDA runtime --------------------------------------------------------------------
 
@@ -26,7 +28,6 @@ class CupyLayer:
         self.peers: set[tuple[int, int]] = set()
 
     def locate(self, array: Any, layout: str, what: str) -> Region:
-        from ..gpu.runtime import as_matrix
         m = as_matrix(array, what, layout)
         device = self.cp.cuda.runtime.pointerGetAttributes(m.ptr).device if m.ptr else 0
         # The caller may still be writing it on its own stream, which ours do not wait for.
@@ -55,10 +56,9 @@ class CupyLayer:
         self.buffers.pop(region.ptr, None)  # back to CuPy's pool when nothing else holds it
 
     def kernel(self, device: int, plan: Plan):
-        from ..gpu.runtime import Kernel
         key = (device, plan.name)
         if key not in self.kernels:
-            self.kernels[key] = Kernel(plan, self.compiled, device=device)
+            self.kernels[key] = runtime.Kernel(plan, self.compiled, device=device)
         return self.kernels[key]
 
     def stream(self, device: int, role: str) -> Any:

@@ -11,6 +11,7 @@ from ..plan import Plan
 from .cupy_layer import CupyLayer
 from .parts import Balance, Part, make_parts
 from .split import DEFAULT_CHUNKS, Launcher, ResidentResult, Shard, SplitResult, resident_gemm, split_gemm
+from ..gpu.verify import tolerance
 
 # --- measuring ------------------------------------------------------------------------------------
 
@@ -91,7 +92,6 @@ def _inputs(cp, M: int, N: int, K: int, layouts: dict, seed: int):
 def worst_error_ratio(cp, A, B, C, math: str, beta: float = 0.0, C0=None) -> float:
     """max |C - (A B + beta C0)| over the tolerance of the kernel's math mode, against float64
     (NaN: inf)."""
-    from ..gpu.verify import tolerance
     reference = A.astype(cp.float64) @ B.astype(cp.float64)
     scale = cp.abs(A).astype(cp.float64) @ cp.abs(B).astype(cp.float64)
     if beta:

@@ -39,6 +39,8 @@ from ..plan.space import describe, point_key
 from .database import append as _append  # the database's one writer
 from .measure import CUBLAS_KEY, GpuBench
 from .runner import CANDIDATE_TIMEOUT_S, Evaluator, db_scope
+from ..gpu import runtime
+from ..gpu.compile import compile_plan
 
 WORKER_WAIT_S = 60.0        # for a cluster's first GPU worker to join
 CONNECT_TIMEOUT_S = 30.0    # for a scheduler to answer
@@ -183,7 +185,6 @@ _children = _Children()
 # --- what a worker does with a candidate -------------------------------------------------------------
 
 def _compile_or_reason(plan, source):
-    from ..gpu.compile import compile_plan
     try:
         return compile_plan(plan, source)
     except Exception as exc:  # noqa: BLE001 - the candidate's failure, recorded as such
@@ -201,8 +202,7 @@ class GpuRunner:
         return _children.helper(_compile_or_reason, (plan, source))
 
     def describe(self) -> tuple[str, str, int]:
-        from ..gpu.runtime import device_info
-        info = device_info()
+        info = runtime.device_info()
         return info.name, info.driver_version, info.sm_count
 
     def _bench(self, shape, budget_s) -> GpuBench:
@@ -277,8 +277,7 @@ def connect(scheduler, devices: list[int] | None = None):
         return
     if scheduler == "local":
         if devices is None:
-            from ..gpu.runtime import device_count
-            devices = list(range(device_count()))
+            devices = list(range(runtime.device_count()))
         if not devices:
             raise ClusterError("no CUDA GPU found for a local cluster: name the devices, or start "
                                "workers with GPUs and pass --scheduler ADDRESS")

@@ -7,6 +7,9 @@ from __future__ import annotations
 from ..gpu.verify import Case
 from ..plan import Plan
 from ..plan.space import Space
+from ..gpu import bench, runtime, verify
+from ..gpu.baseline import baseline_for, cublas_gemm
+from ..gpu.compile import compile_plan
 
 
 VALIDATION_CASES = (Case(127, 131, 137, pad=3), Case(257, 255, 253, alpha=0.5, beta=0.5, pad=5, offset=1),
@@ -29,10 +32,8 @@ class GpuBench:
     baseline; both return the fields of a record. Call them in the process that may die."""
 
     def __init__(self, shape: Case, budget_s: float):
-        from ..gpu.bench import L2Flusher
-        from ..gpu.runtime import device_info
         self.shape, self.budget_s = shape, budget_s
-        self.flusher = L2Flusher(device_info())
+        self.flusher = bench.L2Flusher(runtime.device_info())
         self.buffers = _time_setup(shape)
         self.problems: dict = {}
 
@@ -42,11 +43,9 @@ class GpuBench:
 
     def cublas(self, baseline: str, layouts: dict | None) -> dict:
         """cuBLAS in the candidates' precision and layouts, on the same buffers."""
-        from ..gpu.baseline import cublas_gemm
-        from ..gpu.bench import time_gpu
         shape, layouts = self.shape, layouts or {"A": "row", "B": "row", "C": "row"}
         a, lda, b, ldb, c, ldc = self._pointers(layouts)
-        timing = time_gpu(lambda: cublas_gemm(shape.M, shape.N, shape.K, 1.0, a, lda, b, ldb, 0.0, c, ldc,
+        timing = bench.time_gpu(lambda: cublas_gemm(shape.M, shape.N, shape.K, 1.0, a, lda, b, ldb, 0.0, c, ldc,
                                               layouts, tf32=baseline == "cuBLAS TF32"),
                           flush=self.flusher, budget_s=self.budget_s)
         return {"key": CUBLAS_KEY, "point": baseline, "status": "ok", "ms": timing.median_ms,
@@ -54,18 +53,15 @@ class GpuBench:
 
     def candidate(self, plan: Plan, compiled) -> dict:
         """Validated on VALIDATION_CASES, then timed at the shape: status (ok or invalid) and more."""
-        from ..gpu import verify
-        from ..gpu.bench import time_gpu
-        from ..gpu.runtime import Kernel
         shape = self.shape
-        kernel = Kernel(plan, compiled)
+        kernel = runtime.Kernel(plan, compiled)
         try:
             report = verify.check(kernel, VALIDATION_CASES, problems=self.problems)
             if not report.ok:
                 bad = report.failures[0]
                 return {"status": "invalid", "reason": f"{bad.case}: {bad.message}"}
             a, lda, b, ldb, c, ldc = self._pointers({x: plan.spec[f"layout.{x}"] for x in "ABC"})
-            timing = time_gpu(lambda: kernel.launch(shape.M, shape.N, shape.K, 1.0, a, lda, b, ldb, 0.0, c, ldc),
+            timing = bench.time_gpu(lambda: kernel.launch(shape.M, shape.N, shape.K, 1.0, a, lda, b, ldb, 0.0, c, ldc),
                               flush=self.flusher, budget_s=self.budget_s)
             return {"status": "ok", "ms": timing.median_ms, "tflops": _tflops(shape, timing.median_ms)}
         finally:
@@ -81,7 +77,6 @@ def _leading_dimensions(shape: Case, layouts: dict) -> dict:
 def search_baseline(space: Space) -> str:
     """The cuBLAS mode a space's candidates are timed against: one precision per search, since a
     TF32 kernel is faster than an FP32-accurate one by giving up accuracy, not by being better."""
-    from ..gpu.baseline import baseline_for
     maths = sorted({plan.math for plan in space.plans})
     baselines = {baseline_for(m) for m in maths}
     if len(baselines) > 1:
@@ -93,7 +88,6 @@ def search_baseline(space: Space) -> str:
 
 
 def _compiled(plan: Plan, source: str | None):
-    from ..gpu.compile import compile_plan
     return compile_plan(plan, source)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from ..outputs import write_atomic
 from ..plan import Plan
 from ..plan.space import Space, describe, point_key
 from .measure import CUBLAS_KEY, GpuBench, _compiled, search_baseline
+from ..codegen.cuda import generate
+from ..gpu.compile import compile_error
 
 
 CANDIDATE_TIMEOUT_S = 60.0
@@ -54,18 +57,7 @@ _append = tuning_db.append  # the database's one writer (library.py and distribu
 def ignore_interrupts() -> None:
     """In a worker process: leave Ctrl-C to the parent, which stops the workers and exits with
     one line (a worker taking SIGINT too would print a traceback of its own)."""
-    import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _compile_one(job: tuple[Plan, str | None]) -> str:
-    from ..gpu.compile import compile_plan
-    plan, source = job
-    try:
-        compile_plan(plan, source)
-        return ""
-    except Exception as exc:  # noqa: BLE001 - recorded as the candidate's failure
-        return f"{type(exc).__name__}: {str(exc)[:500]}"
 
 
 def _worker(jobs: list[tuple[Plan, str | None]], shape: Case, db: str, scope: str, state: str,
@@ -122,7 +114,6 @@ class Evaluator:
     def _source(self, plan: Plan) -> str | None:
         if self.source_patch is None:
             return None
-        from ..codegen.cuda import generate
         return self.source_patch(plan, generate(plan))
 
     def __call__(self, points: list[tuple]) -> list[float]:
@@ -152,7 +143,7 @@ class Evaluator:
 
     def _evaluate(self, points: list[tuple], with_cublas: bool) -> None:
         jobs = [(self.space.plan_at[p], self._source(self.space.plan_at[p])) for p in points]
-        errors = list(self.pool.map(_compile_one, jobs)) if self.pool else [_compile_one(j) for j in jobs]
+        errors = list(self.pool.map(compile_error, jobs)) if self.pool else [compile_error(j) for j in jobs]
         runnable = []
         for (plan, source), error in zip(jobs, errors):
             if error:

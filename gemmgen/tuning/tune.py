@@ -30,6 +30,8 @@ from ..plan import Plan
 from ..plan.space import Space, describe, expand, point_key
 from .measure import CUBLAS_KEY
 from .runner import Evaluator, check_labels, db_scope, ignore_interrupts, load_records
+from ..gpu import runtime
+from .distributed import cluster_evaluator
 
 
 @dataclass
@@ -71,7 +73,6 @@ def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict
         raise ValueError(f"no point of {spec.name}'s space is valid: {dict(space.pruned)}")
     check_labels(db, space)  # before any GPU work: the records it resumes from name their points
     if scheduler is not None:
-        from .distributed import cluster_evaluator
         backend = cluster_evaluator(scheduler, devices, space, shape, db, max_points, budget_s,
                                     progress, source_patch)
     else:
@@ -89,8 +90,7 @@ def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict
 @contextlib.contextmanager
 def _local_evaluator(space, shape, db, max_points, budget_s, progress, source_patch, devices):
     """This host: a worker process per GPU, compiles in a process pool."""
-    from ..gpu.runtime import device_info
-    info = device_info()
+    info = runtime.device_info()
     scope = db_scope(info.name, info.driver_version, shape, space.spec.name)
     # NVRTC workers start fresh (spawn): forking a process that holds a CUDA context is unsafe.
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn"),

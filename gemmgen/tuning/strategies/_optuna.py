@@ -20,6 +20,8 @@ from __future__ import annotations
 import random
 import warnings
 
+import numpy as np
+
 
 def require():
     """Optuna, or an ImportError that says how to install it."""
@@ -71,7 +73,6 @@ class Nearest:
     """The unmeasured valid point nearest to a proposal, valid or not."""
 
     def __init__(self, space, encoding, rng):
-        import numpy as np
         self.np = np
         self.points = space.valid_points
         self.slot = {p: i for i, p in enumerate(self.points)}
