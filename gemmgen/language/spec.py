@@ -202,7 +202,7 @@ def _key_from_name(name: str) -> str:
 class LibrarySpec:
     """A library as written: its members (names of kernels or search spaces), the shapes to tune
     them for, its layouts and optional precision, each with where it was written. Resolving the
-    members (library.py) is where they are checked against each other."""
+    members (gemmgen.library.resolve) is where they are checked against each other."""
 
     name: str
     members: tuple[tuple[str, Span], ...]

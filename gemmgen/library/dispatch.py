@@ -1,6 +1,6 @@
 """Choosing a library member per call and launching it from Python: gemmgen.matmul.
 
-The shipped libraries (`fp32`, FP32-accurate; `tf32`) are manifests (library.py) tuned on one GPU,
+The shipped libraries (`fp32`, FP32-accurate; `tf32`) are manifests (manifest.py) tuned on one GPU,
 each for one operand class (layouts.py): `fp32` takes A row-major and B column-major, `fp32_rr`,
 `fp32_cc` and `fp32_cr` the other three (tf32 alike), and a column-major C is computed as the
 row-major C^T = B^T A^T. For each call the member predicted fastest for its shape and alignment is

@@ -15,7 +15,7 @@ from .selection import BANDWIDTH, PRIOR
 
 
 def library_source(manifest: dict, origin: str, source_lines: list[str]) -> str:
-    """One .cu for a library manifest (library.py): every kept member with a static launcher, the
+    """One .cu for a library manifest (manifest.py): every kept member with a static launcher, the
     choice of member per call in C (selection.py's arithmetic), and extern "C" gemmgen_<library>."""
     plans = member_plans(manifest)
     members = []
@@ -55,7 +55,7 @@ def library_source(manifest: dict, origin: str, source_lines: list[str]) -> str:
 
 
 def library_header_source(manifest: dict, plan: Plan, source_name: str) -> str:
-    """The header of a library's .cu (library.py's manifest; `plan` any member, for the layouts)."""
+    """The header of a library's .cu (manifest.py's manifest; `plan` any member, for the layouts)."""
     launcher = f"gemmgen_{manifest['library']}"
     about = _comment(f"The entry point of {source_name} for C and C++ programs: compile {source_name} "
                      "with nvcc (-gencode arch=compute_90a,code=sm_90a, and any other targets), include "

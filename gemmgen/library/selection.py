@@ -1,6 +1,6 @@
 """Predict a library member's time at any shape, and choose the fastest member for a call.
 
-A library (library.py) measures its members at the shapes it is tuned for. For a shape nobody
+A library (tune.py) measures its members at the shapes it is tuned for. For a shape nobody
 tuned, the choice rests on two things:
 
 - What the Plan knows about a member: its C tile (BM x BN), K step, split and how many blocks an

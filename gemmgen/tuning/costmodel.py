@@ -3,7 +3,7 @@
 For one Plan at one problem shape on a GPU of `sms` SMs, `features` derives the numbers that bear
 on its speed: how much of the C tiles' work is padding, how evenly the tiles (times split K) fill
 the SMs, the blocks and warps resident per SM, flops per byte of global and shared memory traffic,
-the shared-memory bank conflicts that explain.py predicts, the K steps each block runs, stages,
+the shared-memory bank conflicts that explain/analysis.py predicts, the K steps each block runs, stages,
 vector widths the shape lets the kernel use, and so on. `prior` folds them into one estimate (log
 of a relative throughput): a roofline over the time of one block's K step (math, global loads,
 shared-memory wavefronts) plus each block's fixed cost, spread over the SMs in whole tiles.
@@ -11,7 +11,7 @@ shared-memory wavefronts) plus each block's fixed cost, spread over the SMs in w
 `Model` is Bayesian linear regression of log TFLOP/s on those features and on the one-hot values
 of each searched setting, around the prior: with nothing measured it ranks by the prior, and each
 measurement moves it. Its posterior gives every unmeasured point a mean and a standard deviation,
-so a strategy (gemmgen/strategies/model.py) can pick batches by an upper confidence bound.
+so a strategy (strategies/model.py) can pick batches by an upper confidence bound.
 
 `Table` computes the features of every valid point of a space at once (bank-conflict replays are
 cached by the operand layout they depend on, so tens of thousands of points take seconds).
@@ -78,7 +78,7 @@ def running_plan(plan: Plan, shape: Case) -> tuple[Plan, bool]:
 @lru_cache(maxsize=None)
 def _store_wavefronts(op, threads: int, async_copy: bool) -> tuple[int, float]:
     """Wavefronts of warp 0's stores of one tile into shared memory, and their ratio to a
-    conflict-free layout's (explain.py's replay; it reads only these fields of the Plan)."""
+    conflict-free layout's (explain/analysis.py's replay; it reads only these fields of the Plan)."""
     access = _store_access(SimpleNamespace(threads=threads, async_copy=async_copy), op)
     return access.wavefronts, access.wavefronts / (access.requests * access.phases)
 

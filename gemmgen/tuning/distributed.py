@@ -1,6 +1,6 @@
 """Tuning on a Dask cluster: one worker per GPU, on any number of hosts; the database stays here.
 
-`tune --scheduler ADDRESS` (or `--devices`, a local cluster) hands the evaluator of tune.py to
+`tune --scheduler ADDRESS` (or `--devices`, a local cluster) hands the evaluator of runner.py to
 this module. For each batch of points a strategy proposes:
 
 - every candidate compiles on the workers' CPUs (any worker, any thread; NVRTC runs in helper

@@ -51,7 +51,7 @@ def check_labels(db: Path, space: Space) -> None:
     tuning_db.check_labels(db, tuning_db.read(db), labels, space=space.spec.name)
 
 
-_append = tuning_db.append  # the database's one writer (library.py and distributed.py use it)
+_append = tuning_db.append  # the database's one writer
 
 
 def ignore_interrupts() -> None:

@@ -62,7 +62,7 @@ def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict
 
     Candidates run on this host's GPU 0, or one worker process per GPU of `devices`; with a
     `scheduler` (a Dask scheduler's address, "local" for a local cluster over `devices`, or a
-    distributed.Client) on one Dask worker per GPU of a cluster (gemmgen/distributed.py)."""
+    distributed.Client) on one Dask worker per GPU of a cluster (distributed.py)."""
 
     started = time.perf_counter()
     module = strategies.get(strategy)

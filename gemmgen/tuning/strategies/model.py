@@ -1,6 +1,6 @@
 """Cost-model search: measure the points the model ranks best, refit it to what was measured, repeat.
 
-The model (gemmgen/costmodel.py) starts from a roofline estimate of every valid point at the
+The model (gemmgen/tuning/costmodel.py) starts from a roofline estimate of every valid point at the
 shape (tiles over the SMs, flops per byte, bank conflicts, ...) and learns, by Bayesian linear
 regression, how the measurements differ from it. Points are ranked by an upper confidence bound,
 mean + explore x standard deviation of the predicted log TFLOP/s. A batch is filled one point at a
@@ -38,7 +38,7 @@ def tune(space, evaluate, options):
     shape = getattr(evaluate, "shape", None)
     if shape is None:
         raise ValueError("the model strategy derives its features at the problem size: "
-                         "evaluate.shape must be set (gemmgen.tune and gemmgen.replay set it)")
+                         "evaluate.shape must be set (gemmgen.tuning.tune and .replay set it)")
     table = Table(space, shape, sms)
     model = Model(table)
     total = len(table.points)

@@ -4,7 +4,7 @@ After `startup` random points, it models the settings of the best points and of 
 density each, over all settings jointly) and proposes points likely under the first and unlikely
 under the second; batches are proposed at once with a constant liar for the points in flight.
 Ordinal settings are integer parameters over their ordered values, the others categorical
-(gemmgen/strategies/_optuna.py). Needs Optuna: pip install 'gemmgen[search]'.
+(_optuna.py beside it). Needs Optuna: pip install 'gemmgen[search]'.
 """
 
 from ._optuna import require, search
