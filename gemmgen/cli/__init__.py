@@ -4,5 +4,4 @@ console script's entry point (pyproject: gemmgen = gemmgen.cli:main).
 
 from .app import main
 
-
 __all__ = ["main"]

@@ -2,5 +2,4 @@
 
 from . import main
 
-
 main()

@@ -16,8 +16,7 @@ from ..library.resolve import load_libraries
 from ..multigpu.parts import AXIS_NAMES
 from ..multigpu.scaling import measure_scaling, parse_devices
 from ..outputs import check_outputs, complete_pending, write_output
-from . import common
-from . import library as cli_library
+from . import common, library as cli_library
 from .common import (SHAPES_HELP, acts_on_libraries, fail, force_option, input_paths, kernel_option, parse_shapes,
                      plans_of, progress_bar, spec_argument)
 from .terminal import out as console, say, styled

@@ -21,7 +21,6 @@ from .common import (acts_on_libraries, fail, force_option, input_paths, kernel_
                      spec_argument, target_option)
 from .terminal import out as console, say
 
-
 EMITS = {".cu": "cu", ".h": "header", ".ptx": "ptx", ".cubin": "cubin"}  # what a -o file's suffix holds
 
 

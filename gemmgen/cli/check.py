@@ -11,7 +11,8 @@ from ..gpu import runtime, verify
 from ..gpu.verify import DEFAULT_CASES, QUICK_CASES, tolerance_rule
 from ..outputs import check_outputs, write_output
 from . import common
-from .common import SHAPES_HELP, fail, force_option, input_paths, kernel_option, parse_shapes, plans_of, progress_bar, spec_argument
+from .common import (SHAPES_HELP, fail, force_option, input_paths, kernel_option, parse_shapes, plans_of, progress_bar,
+                     spec_argument)
 from .terminal import out as console, say, styled
 
 

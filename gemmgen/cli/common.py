@@ -19,7 +19,6 @@ from ..plan import make_plan
 from . import terminal
 from .terminal import err as errors
 
-
 INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C (128 + SIGINT)
 
 

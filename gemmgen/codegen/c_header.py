@@ -12,9 +12,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from .cuda import abi_parameters, derived_numbers
 from ..outputs import marker_line
 from ..plan import Plan
+from .cuda import abi_parameters, derived_numbers
 
 # The rows of codegen.derived_numbers that say what a call needs to take the fast path.
 _FAST_PATH_ROWS = ("TMA path needs", "otherwise", "vector path needs", "TMA store path needs")

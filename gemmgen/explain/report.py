@@ -10,11 +10,10 @@ from typing import Any, Callable, Iterable, Sequence
 from ..gpu.compile import Compiled, Resources
 from ..language.spec import Spec
 from ..plan import WARP, Plan
-from ..plan.schedule import H100_SMS, deal
-from ..plan.schedule import describe as describe_schedule
+from ..plan.schedule import H100_SMS, deal, describe as describe_schedule
 from ..plan.space import size
-from .analysis import (NOMINAL_LD, SHARED_BYTES_PER_CLOCK, BankAccess, GlobalAccess, Intensity, Occupancy,
-                       _resources, bank_conflicts, global_accesses, intensities, occupancy)
+from .analysis import (NOMINAL_LD, SHARED_BYTES_PER_CLOCK, BankAccess, GlobalAccess, Intensity, Occupancy, _resources,
+                       bank_conflicts, global_accesses, intensities, occupancy)
 
 
 @dataclass(frozen=True)

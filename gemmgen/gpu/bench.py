@@ -20,12 +20,11 @@ from math import nan
 from pathlib import Path
 from typing import Callable
 
-
-from .baseline import baseline_for, cublas_gemm
 from ..outputs import save_figure
+from ..version import __version__
+from .baseline import baseline_for, cublas_gemm
 from .runtime import DeviceInfo, Kernel, device_info
 from .verify import Case, accuracy_on, place_matrix
-from ..version import __version__
 
 DEFAULT_SHAPES = (Case(1024, 1024, 1024), Case(2048, 2048, 2048), Case(4092, 4092, 4092),
                   Case(4096, 4096, 4096), Case(8192, 8192, 8192), Case(127, 4099, 1023))

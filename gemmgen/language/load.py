@@ -15,7 +15,6 @@ from .syntax import USAGE, _check_values, _kernel_source, _library, _span, _stat
 from .textfile import FileRefused, read_text
 
 
-
 def read_spec_text(path: Path) -> str:
     """A spec file's text: a regular file (not a pipe or a device, which would block or never
     end), its size checked before it is read (a SpecError past MAX_SPEC_BYTES), UTF-8 with or

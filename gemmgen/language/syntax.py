@@ -17,7 +17,6 @@ from .shapes import read_shapes_file, shape_of
 from .spec import MAX_SPEC_BYTES, PRECISIONS, SETTINGS, LibrarySpec, Param
 from .textfile import too_large
 
-
 # --- parsing ---------------------------------------------------------------------------
 
 @lru_cache(maxsize=1)

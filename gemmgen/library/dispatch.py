@@ -28,14 +28,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..gpu.launch import PreparedLaunch
-from .layouts import CLASSES, Operand, Route, library_name, route
-from ..outputs import complete_pending
-from ..gpu.runtime import Kernel, ShapeError, as_matrix, device_array, device_info, require_cupy, stream_handle
-from .selection import alignment_class, choose
-from ..plan import make_plan
-from .manifest import candidates_of, member_plans
 from ..gpu.compile import compile_all
+from ..gpu.launch import PreparedLaunch
+from ..gpu.runtime import Kernel, ShapeError, as_matrix, device_array, device_info, require_cupy, stream_handle
+from ..outputs import complete_pending
+from ..plan import make_plan
+from .layouts import CLASSES, Operand, Route, library_name, route
+from .manifest import candidates_of, member_plans
+from .selection import alignment_class, choose
 
 PRECISIONS = ("fp32", "tf32")
 BASE = ("row", "col")

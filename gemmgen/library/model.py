@@ -8,15 +8,14 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..explain.analysis import occupancy
+from ..gpu.compile import compile_plan
 from ..language.shapes import LibraryShape
 from ..language.spec import LibrarySpec, Spec
 from ..plan import Plan
 from ..plan.space import point_key
 from ..tuning import database as tuning_db
 from .selection import MemberShape, alignment_class, tight_leading_dimensions
-from ..explain.analysis import occupancy
-from ..gpu.compile import compile_plan
-
 
 MANIFEST_FORMAT = 1
 EXHAUSTIVE_LIMIT = 64      # a space with more valid points is searched per shape by a strategy

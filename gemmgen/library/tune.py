@@ -17,21 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..gpu import bench, runtime, verify
+from ..gpu.baseline import cublas_gemm
+from ..gpu.compile import compile_all
+from ..gpu.verify import Case
 from ..language.shapes import LibraryShape
 from ..plan import Plan
 from ..plan.space import describe, point_key
-from .model import (MAX_MEMBERS, WINNERS_PER_SHAPE, Library, Measurements, kernel_key, member_shape, read_db,
-                    select_members, shape_class, shape_key, slots_per_sm)
-from .selection import CLASSES, Model, fit_all, predict, tight_leading_dimensions
 from ..tuning.database import append as _append  # the database's one writer: a JSON line, flushed and synced
-from ..gpu import bench, runtime, verify
-from ..gpu.baseline import cublas_gemm
-from ..gpu.verify import Case
 from ..tuning.measure import VALIDATION_CASES, _compiled
 from ..tuning.runner import CANDIDATE_TIMEOUT_S
 from ..tuning.tune import tune as tune_space
-from ..gpu.compile import compile_all
-
+from .model import (MAX_MEMBERS, WINNERS_PER_SHAPE, Library, Measurements, kernel_key, member_shape, read_db,
+                    select_members, shape_class, shape_key, slots_per_sm)
+from .selection import CLASSES, Model, fit_all, predict, tight_leading_dimensions
 
 # --- measuring --------------------------------------------------------------------------------
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..plan import Plan
-from .parts import FLOAT_BYTES, Region
 from ..gpu import runtime
 from ..gpu.runtime import as_matrix
+from ..plan import Plan
+from .parts import FLOAT_BYTES, Region
 
 # --- CuPy and the CUDA runtime --------------------------------------------------------------------
 

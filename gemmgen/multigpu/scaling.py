@@ -7,11 +7,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..gpu.verify import tolerance
 from ..plan import Plan
 from .cupy_layer import CupyLayer
 from .parts import Balance, Part, make_parts
 from .split import DEFAULT_CHUNKS, Launcher, ResidentResult, Shard, SplitResult, resident_gemm, split_gemm
-from ..gpu.verify import tolerance
 
 # --- measuring ------------------------------------------------------------------------------------
 

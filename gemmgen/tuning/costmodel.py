@@ -27,9 +27,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..explain.analysis import _fragment_access, _mma_fragment_access, _store_access
+from ..gpu.verify import Case
 from ..plan import WARP, Plan
 from ..plan.schedule import deal
-from ..gpu.verify import Case
 
 GLOBAL_BYTES_PER_CLOCK = 64      # L2 -> one SM, a round figure for Hopper-class GPUs
 SHARED_BYTES_PER_CLOCK = 128     # 32 banks x 4 bytes per SM per clock

@@ -35,12 +35,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from ..gpu import runtime
+from ..gpu.compile import compile_plan
 from ..plan.space import describe, point_key
 from .database import append as _append  # the database's one writer
 from .measure import CUBLAS_KEY, GpuBench
 from .runner import CANDIDATE_TIMEOUT_S, Evaluator, db_scope
-from ..gpu import runtime
-from ..gpu.compile import compile_plan
 
 WORKER_WAIT_S = 60.0        # for a cluster's first GPU worker to join
 CONNECT_TIMEOUT_S = 30.0    # for a scheduler to answer

@@ -4,13 +4,12 @@ the candidates' precision (GpuBench), each a record for the database."""
 
 from __future__ import annotations
 
-from ..gpu.verify import Case
-from ..plan import Plan
-from ..plan.space import Space
 from ..gpu import bench, runtime, verify
 from ..gpu.baseline import baseline_for, cublas_gemm
 from ..gpu.compile import compile_plan
-
+from ..gpu.verify import Case
+from ..plan import Plan
+from ..plan.space import Space
 
 VALIDATION_CASES = (Case(127, 131, 137, pad=3), Case(257, 255, 253, alpha=0.5, beta=0.5, pad=5, offset=1),
                     Case(256, 256, 64, beta=1.0))

@@ -25,14 +25,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import strategies
-from . import database as tuning_db
-from ..plan.space import Space, describe, expand, point_key
+from ..gpu.verify import Case, parse_case
 from ..language.load import load_one
 from ..language.spec import Spec
+from ..plan.space import Space, describe, expand, point_key
+from . import database as tuning_db, strategies
 from .measure import CUBLAS_KEY
 from .runner import ignore_interrupts
-from ..gpu.verify import Case, parse_case
 
 H100_SMS = 132                  # what the cost model assumes when a recording does not say
 THRESHOLDS = (0.03, 0.01)       # "within 3% / 1% of the exhaustive best"

@@ -16,16 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import database as tuning_db
-from . import strategies
+from ..codegen.cuda import generate
+from ..gpu.compile import compile_error
 from ..gpu.verify import Case
 from ..outputs import write_atomic
 from ..plan import Plan
 from ..plan.space import Space, describe, point_key
+from . import database as tuning_db, strategies
 from .measure import CUBLAS_KEY, GpuBench, _compiled, search_baseline
-from ..codegen.cuda import generate
-from ..gpu.compile import compile_error
-
 
 CANDIDATE_TIMEOUT_S = 60.0
 

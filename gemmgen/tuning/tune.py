@@ -21,17 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import database as tuning_db
-from . import strategies
+from ..gpu import runtime
 from ..gpu.verify import Case
 from ..language.spec import Spec
 from ..outputs import save_figure
 from ..plan import Plan
 from ..plan.space import Space, describe, expand, point_key
+from . import database as tuning_db, strategies
+from .distributed import cluster_evaluator
 from .measure import CUBLAS_KEY
 from .runner import Evaluator, check_labels, db_scope, ignore_interrupts, load_records
-from ..gpu import runtime
-from .distributed import cluster_evaluator
 
 
 @dataclass
