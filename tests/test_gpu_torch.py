@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemmgen import verify
+from gemmgen.gpu import verify
 
 torch = pytest.importorskip("torch")
 
@@ -206,8 +206,8 @@ def test_cuda_graph_capture_and_replay_of_forward_and_backward(precision):
 
 def test_a_stream_k_workspace_first_needed_inside_a_capture_is_made_outside_it():
     from gemmgen.plan import make_plan
-    from gemmgen.runtime import Kernel
-    from gemmgen.spec import parse
+    from gemmgen.gpu.runtime import Kernel
+    from gemmgen.language.load import parse
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the stream-K TMA kernel needs sm_90a")
     (spec,) = parse("""kernel sk {
@@ -249,7 +249,7 @@ def _kernels_run(work) -> list[str]:
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_no_copy_kernel_runs_for_a_transposed_weight_or_its_gradients(precision):
-    import gemmgen.dispatch as dispatch
+    import gemmgen.library.dispatch as dispatch
     import gemmgen.torch as gtorch
     x = torch.randn(256, 512, device="cuda", requires_grad=True)
     weight = torch.nn.Parameter(torch.randn(384, 512, device="cuda"))
@@ -281,7 +281,7 @@ def test_a_tensor_on_another_gpu_runs_there_and_the_current_device_stays():
 
 def test_tensors_it_cannot_take_are_refused_with_the_reason():
     import gemmgen
-    from gemmgen.runtime import ShapeError
+    from gemmgen.gpu.runtime import ShapeError
     with pytest.raises(ShapeError, match=r"A is not on a GPU: a torch tensor on cpu; move it with .cuda\(\)"):
         gemmgen.matmul(torch.ones(4, 5), torch.ones(5, 3, device="cuda"))
     with pytest.raises(ShapeError, match="B must hold float32, not torch.float16"):

@@ -22,7 +22,7 @@ def _cuda():
     (1, 1, 0, 0), (7, 13, 3, 1), (31, 33, 0, 5), (32, 32, 4, 0), (257, 1029, 3, 7), (4096, 2048, 0, 0),
     (2_200_000, 3, 1, 0)])  # tile rows past the grid's 65535
 def test_a_transpose_is_exact_and_writes_only_its_destination(rows, cols, pad_src, pad_dst):
-    from gemmgen.transpose import transpose
+    from gemmgen.gpu.transpose import transpose
     src_buffer = torch.randn(rows, cols + pad_src, device="cuda")
     ld_dst = rows + pad_dst
     dst_buffer = torch.full((cols * ld_dst + 64,), SENTINEL, device="cuda")
@@ -36,7 +36,7 @@ def test_a_transpose_is_exact_and_writes_only_its_destination(rows, cols, pad_sr
 
 @pytest.mark.parametrize("layout", ["row", "col"])
 def test_matmul_copies_an_operand_the_other_way_with_it(layout):
-    from gemmgen import dispatch
+    from gemmgen.library import dispatch
     x = torch.randn(300, 517, device="cuda")
     other = x.t().contiguous().t() if layout == "row" else x  # x in the order that is not `layout`
     copied = dispatch._torch_copy(other, layout)

@@ -16,9 +16,9 @@ import sys
 import pytest
 
 from conftest import ROOT, SPECS_DIR
-from gemmgen import compile as compile_mod
+from gemmgen.gpu import compile as compile_mod
 from gemmgen.plan import make_plan
-from gemmgen.spec import load_one
+from gemmgen.language.load import load_one
 
 # Like every gemmgen kernel: a template in a namespace with constexpr constants, and no
 # external-linkage definition from which NVRTC could name the file's internal entities.
@@ -33,9 +33,9 @@ NAMES = ["k_impl::scale<true>", "k_impl::scale<false>"]
 ELSEWHERE = r"""
 import hashlib, sys
 sys.path.insert(0, sys.argv[1])
-from gemmgen import compile as compile_mod
+from gemmgen.gpu import compile as compile_mod
 from gemmgen.plan import make_plan
-from gemmgen.spec import load_one
+from gemmgen.language.load import load_one
 if sys.argv[2] == "source":
     compiled = compile_mod.compile_source(sys.argv[3], "sm_80", sys.argv[4:], use_cache=False)
 else:

@@ -1,13 +1,13 @@
-"""gemmgen's transposing copy (gemmgen/transpose.py) without a GPU: it compiles for every target,
+"""gemmgen's transposing copy (gemmgen/gpu/transpose.py) without a GPU: it compiles for every target,
 its grid covers any matrix, and bad leading dimensions are refused before any launch."""
 
 from __future__ import annotations
 
 import pytest
 
-from gemmgen import transpose
-from gemmgen.codegen import render_template
-from gemmgen.compile import compile_source
+from gemmgen.codegen.cuda import render_template
+from gemmgen.gpu import transpose
+from gemmgen.gpu.compile import compile_source
 
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_90"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import ceil
 
-from ..spec import Spec
+from ..language.spec import Spec
 from .arch import WARP, Arch
 
 
