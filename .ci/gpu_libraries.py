@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 def _shapes(path: Path):
     """A shapes file (specs/library_shapes.txt's format) as bench cases."""
-    from gemmgen.spec import parse_shapes
-    from gemmgen.verify import Case
+    from gemmgen.language.shapes import parse_shapes
+    from gemmgen.gpu.verify import Case
     return [Case(s.M, s.N, s.K, pad=s.pad) for s in parse_shapes(path.read_text(), str(path))]
 
 
@@ -52,10 +52,10 @@ def tune(libraries: list[str], out: Path) -> int:
 
 
 def bench(libraries: list[str], out: Path) -> int:
-    from gemmgen import cli_library
-    from gemmgen.bench import plot_library
-    from gemmgen.library import load_libraries
-    from gemmgen.runtime import device_info
+    from gemmgen.cli import library as cli_library
+    from gemmgen.gpu.bench import plot_library
+    from gemmgen.library.resolve import load_libraries
+    from gemmgen.gpu.runtime import device_info
     from rich.console import Console
 
     console = Console(width=160)

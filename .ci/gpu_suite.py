@@ -27,9 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gemmgen.bench import run_meta  # noqa: E402
+from gemmgen.gpu.bench import run_meta  # noqa: E402
 from gemmgen.plan import ARCHS, make_plan  # noqa: E402
-from gemmgen.spec import load  # noqa: E402
+from gemmgen.language.load import load  # noqa: E402
 
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
 
@@ -44,7 +44,7 @@ def shipped_specs(names=None):
 
 
 def _compile(plan):
-    from gemmgen.compile import compile_plan
+    from gemmgen.gpu.compile import compile_plan
     started = time.perf_counter()
     try:
         compile_plan(plan)
@@ -199,9 +199,9 @@ def main() -> int:
         log.write(text + "\n")
         log.flush()
 
-    from gemmgen import bench as bench_mod
-    from gemmgen import verify
-    from gemmgen.runtime import Kernel, device_info
+    from gemmgen.gpu import bench as bench_mod
+    from gemmgen.gpu import verify
+    from gemmgen.gpu.runtime import Kernel, device_info
 
     info = device_info()
     # This checkout's commit: the gemmgen that runs may be an installed copy of it, outside git.

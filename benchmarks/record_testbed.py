@@ -23,9 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gemmgen.replay import TESTBED, TUNING, load_recording, load_testbed, shape_text  # noqa: E402
-from gemmgen.space import expand  # noqa: E402
-from gemmgen.spec import load_one  # noqa: E402
+from gemmgen.tuning.replay import TESTBED, TUNING, load_recording, load_testbed, shape_text  # noqa: E402
+from gemmgen.plan.space import expand  # noqa: E402
+from gemmgen.language.load import load_one  # noqa: E402
 
 TESTBED, TUNING = ROOT / TESTBED, ROOT / TUNING  # this checkout's, wherever the script runs from
 
@@ -54,7 +54,7 @@ def missing(everything: bool) -> list[tuple[str, object, list, int]]:
 
 
 def gpu_tag() -> str:
-    from gemmgen.runtime import device_info
+    from gemmgen.gpu.runtime import device_info
     found = re.search(r"[A-Z]\d{2,3}", device_info().name)
     return found.group(0).lower() if found else "gpu"
 

@@ -45,7 +45,10 @@ def custom_op_variant():
     def backward(ctx, grad):
         return gradients(ctx, grad, lambda x, y: op(x, y, ctx.alpha, ctx.precision))
 
-    op.register_autograd(backward, setup_context=_setup_context)
+    def setup_context(ctx, inputs, output):
+        _setup_context(ctx, *inputs)
+
+    op.register_autograd(backward, setup_context=setup_context)
     return torch.ops.gemmgen_bench.matmul.default
 
 

@@ -32,10 +32,10 @@ from torch_records import (compile_libraries, elapsed_ms, meta, refuse_to_overwr
                            write_record)
 
 import gemmgen
-import gemmgen.dispatch as dispatch
-from gemmgen.dispatch import PRECISIONS
-from gemmgen.layouts import Operand, library_name, route
-from gemmgen.runtime import ShapeError
+import gemmgen.library.dispatch as dispatch
+from gemmgen.library.dispatch import PRECISIONS
+from gemmgen.library.layouts import Operand, library_name, route
+from gemmgen.gpu.runtime import ShapeError
 
 SHAPES = ((4096, 4096, 4096), (2048, 8192, 2048))
 LAYOUTS = tuple((a, b, c) for c in ("row", "col") for a in ("row", "col") for b in ("row", "col"))

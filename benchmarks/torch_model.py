@@ -51,7 +51,7 @@ from torch_records import (compile_libraries, elapsed_ms, meta, refuse_to_overwr
                            write_record)
 
 import gemmgen.torch as gtorch
-from gemmgen.runtime import ShapeError
+from gemmgen.gpu.runtime import ShapeError
 
 MODES = ("pytorch-fp32", "pytorch-tf32", "gemmgen-fp32", "gemmgen-tf32")
 

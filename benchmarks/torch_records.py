@@ -24,10 +24,10 @@ import types
 
 import torch
 
-import gemmgen.dispatch as dispatch
-from gemmgen.bench import run_meta
+import gemmgen.library.dispatch as dispatch
+from gemmgen.gpu.bench import run_meta
 from gemmgen.outputs import OutputError, check_outputs, write_output
-from gemmgen.runtime import device_info
+from gemmgen.gpu.runtime import device_info
 
 
 def use_device(device: torch.device) -> None:

@@ -23,7 +23,7 @@ NO_GPU_REASON = "no CUDA GPU found (gpu tests need one: see docs/testing.md)"
 
 def load_shipped_specs():
     """Every concrete kernel of specs/*.gemm, in file order (search spaces left out)."""
-    from gemmgen.spec import load
+    from gemmgen.language.load import load
 
     return [spec for path in sorted(SPECS_DIR.glob("*.gemm")) for spec in load(path)
             if spec.is_concrete]
@@ -31,7 +31,7 @@ def load_shipped_specs():
 
 def load_search_specs():
     """The search spaces of specs/*.gemm (kernels holding sets)."""
-    from gemmgen.spec import load
+    from gemmgen.language.load import load
 
     return [spec for path in sorted(SPECS_DIR.glob("*.gemm")) for spec in load(path)
             if not spec.is_concrete]
@@ -65,7 +65,7 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
-    from gemmgen.runtime import device_count
+    from gemmgen.gpu.runtime import device_count
 
     if device_count() == 0:
         skip = pytest.mark.skip(reason=NO_GPU_REASON)

@@ -1,4 +1,4 @@
-"""A gemmgen.distributed Runner that needs no GPU: deterministic timings, and candidates that fail.
+"""A gemmgen.tuning.distributed Runner that needs no GPU: deterministic timings, and candidates that fail.
 
 `compile` runs inline and returns a token (not a string: that would be a compile error); `describe` and `cublas` answer as a GPU would; `measure`
 runs, as the real one does, in the Dask worker's GPU child process: it appends the point's key to
@@ -14,7 +14,7 @@ import hashlib
 import os
 import signal
 
-from gemmgen.space import point_key
+from gemmgen.plan.space import point_key
 
 CUBLAS_TFLOPS = 10.0
 

@@ -19,12 +19,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
-import gemmgen.baseline
-import gemmgen.bench
-import gemmgen.runtime
-import gemmgen.verify
-from gemmgen.bench import Timing
-from gemmgen.runtime import DeviceInfo
+import gemmgen.gpu.baseline
+import gemmgen.gpu.bench
+import gemmgen.gpu.runtime
+import gemmgen.gpu.verify
+from gemmgen.gpu.bench import Timing
+from gemmgen.gpu.runtime import DeviceInfo
 
 CUBLAS_COMPUTE_32F = 68            # cublasComputeType_t (cublas_api.h)
 CUBLAS_COMPUTE_32F_FAST_TF32 = 77
@@ -123,7 +123,7 @@ class FakeCublas:
 
 
 class ReferenceKernel:
-    """gemmgen.runtime.Kernel whose launch computes the C ABI on the CPU, in the plan's layouts;
+    """gemmgen.gpu.runtime.Kernel whose launch computes the C ABI on the CPU, in the plan's layouts;
     it rounds its inputs to TF32 when its plan says math tf32 (or when told to)."""
 
     def __init__(self, plan, *args, tf32_inputs: bool | None = None, **kwargs):
@@ -154,18 +154,18 @@ def fake_time_alternating(runs, *, flush=None, **options) -> list[Timing]:
 
 
 def install(monkeypatch) -> SimpleNamespace:
-    """Fake the GPU for gemmgen.verify, gemmgen.bench and the CLI; returns the fake cuBLAS."""
-    import gemmgen.cli
+    """Fake the GPU for gemmgen.gpu.verify, gemmgen.gpu.bench and the CLI; returns the fake cuBLAS."""
+    import gemmgen.cli.common
     cublas = FakeCublas()
     fake_time_gpu.calls = 0
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy())
-    monkeypatch.setattr(gemmgen.baseline, "_cublas", lambda: cublas)
-    monkeypatch.setattr(gemmgen.bench, "time_gpu", fake_time_gpu)
-    monkeypatch.setattr(gemmgen.bench, "time_alternating", fake_time_alternating)
-    monkeypatch.setattr(gemmgen.bench, "L2Flusher", lambda info: None)
-    monkeypatch.setattr(gemmgen.verify, "synchronize", lambda: None)
-    monkeypatch.setattr(gemmgen.runtime, "Kernel", ReferenceKernel)
-    monkeypatch.setattr(gemmgen.runtime, "device_info", lambda ordinal=0: INFO)
-    monkeypatch.setattr(gemmgen.cli, "_require_gpu", lambda: None)
+    monkeypatch.setattr(gemmgen.gpu.baseline, "_cublas", lambda: cublas)
+    monkeypatch.setattr(gemmgen.gpu.bench, "time_gpu", fake_time_gpu)
+    monkeypatch.setattr(gemmgen.gpu.bench, "time_alternating", fake_time_alternating)
+    monkeypatch.setattr(gemmgen.gpu.bench, "L2Flusher", lambda info: None)
+    monkeypatch.setattr(gemmgen.gpu.verify, "synchronize", lambda: None)
+    monkeypatch.setattr(gemmgen.gpu.runtime, "Kernel", ReferenceKernel)
+    monkeypatch.setattr(gemmgen.gpu.runtime, "device_info", lambda ordinal=0: INFO)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
     return SimpleNamespace(cublas=cublas)
 

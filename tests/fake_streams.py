@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fake_device import ReferenceKernel, matrix_at
-from gemmgen.multigpu import Region
+from gemmgen.multigpu.parts import Region
 
 
 class SimArray(np.ndarray):
@@ -89,7 +89,7 @@ class SimulatedDevices:
 
     # --- memory -------------------------------------------------------------------------------
     def locate(self, array, layout, what):
-        from gemmgen.runtime import as_matrix
+        from gemmgen.gpu.runtime import as_matrix
         m = as_matrix(array, what, layout)
         return Region(array.device, m.ptr, m.rows, m.cols, m.layout, m.ld)
 

@@ -129,7 +129,7 @@ class Target:
     @property
     def math(self) -> str:
         """The math mode whose tolerance applies: the least precise of its plans'."""
-        from gemmgen.verify import UNIT_ROUNDOFF
+        from gemmgen.gpu.verify import UNIT_ROUNDOFF
         return max((p.spec["math"] for p in self.plans), key=lambda m: UNIT_ROUNDOFF[m])
 
     def runs_on(self, capability: tuple[int, int]) -> str:
@@ -146,7 +146,7 @@ class Target:
 
 
 def _library_targets(precision: str) -> list[Target]:
-    from gemmgen.library import member_plans
+    from gemmgen.library.manifest import member_plans
     manifest_path = GENERATED_DIR / f"{precision}.json"
     if not manifest_path.is_file():
         return []

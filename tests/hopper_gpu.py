@@ -11,7 +11,7 @@ from gemmgen.plan import make_plan
 def require_sm90(why: str) -> None:
     """Skip the module unless CuPy and an sm_90 GPU are here; `why` says what needs sm_90a."""
     pytest.importorskip("cupy")
-    from gemmgen.runtime import device_count, device_info
+    from gemmgen.gpu.runtime import device_count, device_info
     if device_count() == 0:
         pytest.skip("no CUDA GPU found")
     if device_info().compute_capability != (9, 0):
@@ -20,7 +20,7 @@ def require_sm90(why: str) -> None:
 
 def kernel_cache(specs: dict):
     """Yield get(name): the Kernel of specs[name], built on first use; all closed afterwards."""
-    from gemmgen.runtime import Kernel
+    from gemmgen.gpu.runtime import Kernel
     built = {}
 
     def get(name):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from gemmgen.errors import QUOTE_WIDTH, SpecError
+from gemmgen.language.errors import QUOTE_WIDTH, SpecError
 
 
 def assert_quotes_line_with_caret(err: SpecError, text: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import ROOT
-from gemmgen import strategies
+from gemmgen.tuning import strategies
 from gemmgen.cli import main
 
 NO_GPU = {"build", "explain", "replay"}  # the verbs that run here

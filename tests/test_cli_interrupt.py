@@ -12,18 +12,18 @@ import time
 import pytest
 from click.testing import CliRunner
 
-import gemmgen.bench
-import gemmgen.cli
-import gemmgen.codegen
-import gemmgen.explain
-import gemmgen.profile
-import gemmgen.replay
-import gemmgen.runtime
-import gemmgen.tune
-import gemmgen.verify
+import gemmgen.gpu.bench
+import gemmgen.cli.common
+import gemmgen.codegen.cuda
+import gemmgen.explain.report
+import gemmgen.gpu.profile
+import gemmgen.tuning.replay
+import gemmgen.gpu.runtime
+import gemmgen.tuning.tune
+import gemmgen.gpu.verify
 from conftest import ROOT, SPECS_DIR
 from gemmgen.cli import main
-from gemmgen.runtime import DeviceInfo
+from gemmgen.gpu.runtime import DeviceInfo
 
 MESSAGE = "error: interrupted: no output was left half-written"
 
@@ -34,15 +34,15 @@ def pressed(*args, **kwargs):
 
 # verb: (arguments, the function that is running when Ctrl-C comes)
 VERBS = {
-    "build": (["build", SPECS_DIR / "warptile.gemm", "--no-compile"], (gemmgen.codegen, "generate")),
-    "explain": (["explain", SPECS_DIR / "warptile.gemm"], (gemmgen.explain, "explain")),
-    "check": (["check", SPECS_DIR / "warptile.gemm", "--quick"], (gemmgen.verify, "check")),
-    "bench": (["bench", SPECS_DIR / "warptile.gemm", "--shapes", "64x64x64"], (gemmgen.bench, "bench")),
-    "tune": (["tune", "tiny_search.gemm", "--shapes", "64x64x64"], (gemmgen.tune, "tune")),
+    "build": (["build", SPECS_DIR / "warptile.gemm", "--no-compile"], (gemmgen.codegen.cuda, "generate")),
+    "explain": (["explain", SPECS_DIR / "warptile.gemm"], (gemmgen.explain.report, "explain")),
+    "check": (["check", SPECS_DIR / "warptile.gemm", "--quick"], (gemmgen.gpu.verify, "check")),
+    "bench": (["bench", SPECS_DIR / "warptile.gemm", "--shapes", "64x64x64"], (gemmgen.gpu.bench, "bench")),
+    "tune": (["tune", "tiny_search.gemm", "--shapes", "64x64x64"], (gemmgen.tuning.tune, "tune")),
     "replay": (["replay", SPECS_DIR / "hopper_tc_search.gemm", "--shape", "2048x2048x2048", "--strategy", "model",
                 "--db", ROOT / "benchmarks" / "tuning" / "2026-11-23-h100-testbed-hopper_tc_search.jsonl"],
-               (gemmgen.replay, "replay")),
-    "profile": (["profile", SPECS_DIR / "warptile.gemm"], (gemmgen.profile, "profile")),
+               (gemmgen.tuning.replay, "replay")),
+    "profile": (["profile", SPECS_DIR / "warptile.gemm"], (gemmgen.gpu.profile, "profile")),
 }
 
 
@@ -55,11 +55,11 @@ def test_ctrl_c_exits_130_with_one_line(verb, monkeypatch, tmp_path):
     args, (module, name) = VERBS[verb]
     monkeypatch.chdir(tmp_path)  # outputs (generated/, tune.jsonl) land here, if anywhere
     (tmp_path / "tiny_search.gemm").write_text("kernel tiny_search {\n  block {32, 64} x 64 x 8\n  thread 4 x 4\n}\n")
-    monkeypatch.setattr(gemmgen.cli, "_require_gpu", lambda: None)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
     info = DeviceInfo("Fake GPU", 0, (9, 0), 132, 1980000, "13.0", 50 << 20, 2619000, 5120)
-    monkeypatch.setattr(gemmgen.runtime, "device_info", lambda ordinal=0: info)
-    monkeypatch.setattr(gemmgen.runtime, "Kernel", lambda plan, *a, **k: plan)
-    monkeypatch.setattr(gemmgen.bench, "L2Flusher", lambda info: None)
+    monkeypatch.setattr(gemmgen.gpu.runtime, "device_info", lambda ordinal=0: info)
+    monkeypatch.setattr(gemmgen.gpu.runtime, "Kernel", lambda plan, *a, **k: plan)
+    monkeypatch.setattr(gemmgen.gpu.bench, "L2Flusher", lambda info: None)
     monkeypatch.setattr(module, name, pressed)
     result = CliRunner().invoke(main, [str(a) for a in args])
     assert result.exit_code == 130, (result.output, result.exception)

@@ -9,14 +9,14 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-import gemmgen.bench
-import gemmgen.cli
-import gemmgen.runtime
-import gemmgen.verify
+import gemmgen.gpu.bench
+import gemmgen.cli.common
+import gemmgen.gpu.runtime
+import gemmgen.gpu.verify
 from conftest import ROOT, SPECS_DIR
 from gemmgen.cli import main
-from gemmgen.runtime import DeviceInfo
-from gemmgen.verify import CaseResult, CheckReport
+from gemmgen.gpu.runtime import DeviceInfo
+from gemmgen.gpu.verify import CaseResult, CheckReport
 
 # A folder a shell makes without complaint, each of which rich would mangle or choke on.
 NAMES = ["br[/]x", "[draft]", "a:x:b", "[bold red]x[/] :thumbs_up:"]
@@ -77,10 +77,10 @@ def fake_gpu(monkeypatch):
         def __init__(self, plan, *args, **kwargs):
             self.plan, self.name = plan, plan.launcher_name
 
-    monkeypatch.setattr(gemmgen.cli, "_require_gpu", lambda: None)
-    monkeypatch.setattr(gemmgen.runtime, "Kernel", FakeKernel)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
+    monkeypatch.setattr(gemmgen.gpu.runtime, "Kernel", FakeKernel)
     info = DeviceInfo("Fake [b]GPU[/b] :x:", 0, (9, 0), 132, 1980000, "13.0", 50 << 20, 2619000, 5120)
-    monkeypatch.setattr(gemmgen.runtime, "device_info", lambda ordinal=0: info)
+    monkeypatch.setattr(gemmgen.gpu.runtime, "device_info", lambda ordinal=0: info)
 
 
 def test_check_prints_its_table_title_and_messages_as_given(tmp_path, fake_gpu, monkeypatch):
@@ -94,7 +94,7 @@ def test_check_prints_its_table_title_and_messages_as_given(tmp_path, fake_gpu, 
         report.results = [CaseResult(case, False, 9.0, 1.0, "worst C[3, 4] = nan [/] :x:") for case in cases]
         return report
 
-    monkeypatch.setattr(gemmgen.verify, "check", check)
+    monkeypatch.setattr(gemmgen.gpu.verify, "check", check)
     result = invoke("check", spec, "--shapes", "5x7x3")
     assert result.exit_code == 1, (result.output, result.exception)
     assert f"gemmgen check {spec}" in result.output

@@ -10,13 +10,14 @@ from click.testing import CliRunner
 
 import fake_device
 import gemmgen
-import gemmgen.bench
+import gemmgen.gpu.bench
 import gemmgen.cli
-import gemmgen.runtime
-import gemmgen.verify
-from gemmgen.bench import BenchResult
-from gemmgen.runtime import DeviceInfo
-from gemmgen.verify import CaseResult, CheckReport
+import gemmgen.cli.common
+import gemmgen.gpu.runtime
+import gemmgen.gpu.verify
+from gemmgen.gpu.bench import BenchResult
+from gemmgen.gpu.runtime import DeviceInfo
+from gemmgen.gpu.verify import CaseResult, CheckReport
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 
@@ -29,11 +30,11 @@ class FakeKernel:
 @pytest.fixture
 def fake_gpu(monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")  # rich tables wider than a terminal, so cells do not wrap
-    monkeypatch.setattr(gemmgen.cli, "_require_gpu", lambda: None)
-    monkeypatch.setattr(gemmgen.runtime, "Kernel", FakeKernel)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
+    monkeypatch.setattr(gemmgen.gpu.runtime, "Kernel", FakeKernel)
     info = DeviceInfo("Fake GPU", 0, (9, 0), 132, 1980000, "13.0", 50 << 20, 2619000, 5120)
-    monkeypatch.setattr(gemmgen.runtime, "device_info", lambda ordinal=0: info)
-    monkeypatch.setattr(gemmgen.bench, "L2Flusher", lambda info: None)
+    monkeypatch.setattr(gemmgen.gpu.runtime, "device_info", lambda ordinal=0: info)
+    monkeypatch.setattr(gemmgen.gpu.bench, "L2Flusher", lambda info: None)
 
 
 def fake_check(failing_case=None):
@@ -50,20 +51,20 @@ def fake_check(failing_case=None):
 
 
 def test_check_prints_every_case_and_passes(fake_gpu, monkeypatch, tmp_path):
-    monkeypatch.setattr(gemmgen.verify, "check", fake_check())
+    monkeypatch.setattr(gemmgen.gpu.verify, "check", fake_check())
     out = tmp_path / "check.json"
     result = CliRunner().invoke(gemmgen.cli.main, ["check", str(SPECS / "warptile.gemm"), "--quick",
                                                    "--layouts", "all", "--json", str(out)])
     assert result.exit_code == 0, result.output
     assert "all cases passed" in result.output
     records = json.loads(out.read_text())
-    assert len(records) == 4 * len(gemmgen.verify.QUICK_CASES)
+    assert len(records) == 4 * len(gemmgen.gpu.verify.QUICK_CASES)
     assert {r["layout"] for r in records} == {"A row, B row, C row", "A row, B col, C row",
                                               "A col, B row, C row", "A col, B col, C row"}
 
 
 def test_check_fails_with_the_worst_element(fake_gpu, monkeypatch):
-    monkeypatch.setattr(gemmgen.verify, "check", fake_check(failing_case="17x29x31 a=1.5 b=-0.75"))
+    monkeypatch.setattr(gemmgen.gpu.verify, "check", fake_check(failing_case="17x29x31 a=1.5 b=-0.75"))
     result = CliRunner().invoke(gemmgen.cli.main, ["check", str(SPECS / "naive.gemm"),
                                                    "--shapes", "5x7x3;17x29x31,alpha=1.5,beta=-0.75"])
     assert result.exit_code == 1
@@ -75,7 +76,7 @@ def test_bench_tabulates_every_shape(fake_gpu, monkeypatch, tmp_path):
     def bench(kernel, case, *, info=None, flusher=None, budget_s=0.5):
         return BenchResult(kernel.name, str(case), case.M, case.N, case.K, "A row, B row, C row",
                            2.0, 40.0, (1.9, 2.1), 1.8, 44.0, 90.0, 60.0, 10)
-    monkeypatch.setattr(gemmgen.bench, "bench", bench)
+    monkeypatch.setattr(gemmgen.gpu.bench, "bench", bench)
     out = tmp_path / "bench.json"
     result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(SPECS / "hopper_simt.gemm"),
                                                    "--shapes", "1024x1024x1024;127x4099x1023",
@@ -92,7 +93,7 @@ def test_bench_tabulates_every_shape(fake_gpu, monkeypatch, tmp_path):
 
 
 def test_bench_records_the_commit_it_is_told(fake_gpu, monkeypatch, tmp_path):
-    monkeypatch.setattr(gemmgen.bench, "bench", lambda kernel, case, **_: BenchResult(
+    monkeypatch.setattr(gemmgen.gpu.bench, "bench", lambda kernel, case, **_: BenchResult(
         kernel.name, str(case), case.M, case.N, case.K, "A row, B row, C row", 2.0, 40.0, (1.9, 2.1), 1.8,
         44.0, 90.0, 60.0, 10))
     monkeypatch.setenv("GEMMGEN_COMMIT", "abc1234")
@@ -165,7 +166,7 @@ def test_check_header_states_the_tolerance_rule_of_the_math_mode(fake_device_gpu
                                                    "--shapes", "127x131x137,beta=0.5,pad=3;5x7x3",
                                                    "--seed", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output
-    assert gemmgen.verify.tolerance_rule("tf32") in result.output.replace("\n", " ")
+    assert gemmgen.gpu.verify.tolerance_rule("tf32") in result.output.replace("\n", " ")
     records = json.loads(out.read_text())
     assert {r["math"] for r in records} == {"tf32"} and all(0 < r["worst_ratio"] <= 1 for r in records)
     row = next(line for line in result.output.splitlines() if "127x131x137" in line)

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from host_program import run_on_host
 
-from gemmgen.codegen import generate
-from gemmgen.costmodel import features
-from gemmgen.errors import SpecError
+from gemmgen.codegen.cuda import generate
+from gemmgen.tuning.costmodel import features
+from gemmgen.language.errors import SpecError
 from gemmgen.plan import make_plan
-from gemmgen.space import describe, to_text
-from gemmgen.spec import parse
-from gemmgen.verify import Case
+from gemmgen.plan.space import describe, to_text
+from gemmgen.language.load import parse
+from gemmgen.gpu.verify import Case
 
 KERNEL = """kernel k {{
   target   sm_90a

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from conftest import GENERATED_DIR, ROOT, SPECS_DIR, load_shipped_specs
-from gemmgen.c_header import header_source
-from gemmgen.codegen import generate, kernel_name_expressions
-from gemmgen.compile import compile_plan
+from gemmgen.codegen.c_header import header_source
+from gemmgen.codegen.cuda import generate, kernel_name_expressions
+from gemmgen.gpu.compile import compile_plan
 from gemmgen.plan import make_plan
-from gemmgen.spec import load_one
+from gemmgen.language.load import load_one
 
 REGENERATE = "for f in specs/*.gemm; do gemmgen build $f; done"
 
@@ -74,7 +74,7 @@ def test_generated_matches_the_spec(shipped_spec, suffix):
 def test_generated_has_no_orphans(shipped_specs):
     """Every generated .cu and .h comes from a concrete kernel of specs/, or from a library there
     (whose .cu and manifest test_library.py checks against its tuning database)."""
-    from gemmgen.spec import load_file
+    from gemmgen.language.load import load_file
     libraries = {lib.name for path in SPECS_DIR.glob("*.gemm") for lib in load_file(path).libraries}
     names = {spec.name for spec in shipped_specs} | libraries
     orphans = sorted(p.name for p in GENERATED_DIR.glob("*.[ch]*") if p.stem not in names)

@@ -20,8 +20,8 @@ from click.testing import CliRunner
 
 import gemmgen.outputs
 from conftest import ROOT, SPECS_DIR
-from gemmgen import compile as compile_mod
-from gemmgen import compile_cache
+from gemmgen.gpu import compile as compile_mod
+from gemmgen.gpu import compile_cache
 from gemmgen.cli import main
 
 # A kernel that NVRTC compiles in a tenth of a second: the cache does not care what it holds.
@@ -346,7 +346,7 @@ WORKER = r"""
 import hashlib, os, shutil, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from gemmgen.compile import compile_source
+from gemmgen.gpu.compile import compile_source
 cache, me, rounds, expected = Path(os.environ["GEMMGEN_CACHE"]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 source = sys.argv[5]
 for round in range(rounds):
@@ -383,7 +383,7 @@ def test_two_processes_compiling_one_kernel_twenty_times_while_the_cache_churns(
 EVICTING_WORKER = r"""
 import os, sys
 sys.path.insert(0, sys.argv[1])
-from gemmgen import compile_cache
+from gemmgen.gpu import compile_cache
 me = int(sys.argv[2])
 for n in range(60):
     key = f"{me:08x}{n:024x}"
@@ -416,7 +416,7 @@ def test_processes_writing_reading_and_evicting_at_once_never_serve_a_wrong_entr
 def test_a_compile_that_spills_at_the_register_cap_is_compiled_again(monkeypatch):
     """ptxas's allocation at 255 registers varies under CPU load: the better of the compiles is kept,
     and a compile that spills below the cap (a real shortage) is not retried."""
-    from gemmgen.compile import Compiled, Resources
+    from gemmgen.gpu.compile import Compiled, Resources
 
     def result(registers, spilled):
         return Compiled("sm_80", b"\x7fELF", "", {}, {"k": Resources(registers, spilled, spilled, 0, 0)}, "", "13.0")

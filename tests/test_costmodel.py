@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemmgen import strategies
-from gemmgen.costmodel import Model, Table, features, running_plan
+from gemmgen.tuning import strategies
+from gemmgen.tuning.costmodel import Model, Table, features, running_plan
 from gemmgen.plan import make_plan
-from gemmgen.space import expand
-from gemmgen.spec import load_one, parse
-from gemmgen.verify import Case
+from gemmgen.plan.space import expand
+from gemmgen.language.load import load_one, parse
+from gemmgen.gpu.verify import Case
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 

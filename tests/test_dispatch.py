@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from gemmgen.layouts import CLASSES, Operand, library_name, readings, route, transposed
+from gemmgen.library.layouts import CLASSES, Operand, library_name, readings, route, transposed
 from host_libraries import HostArray, LibraryOnHost
 
 ALL = frozenset(CLASSES)
@@ -111,7 +111,7 @@ def test_library_names_say_the_operand_class():
 @pytest.fixture
 def host_libraries(monkeypatch):
     """Libraries of every class on the host; `copies` counts the copies gemmgen.matmul makes."""
-    import gemmgen.dispatch as dispatch
+    import gemmgen.library.dispatch as dispatch
     libraries = {klass: LibraryOnHost(klass) for klass in CLASSES}
     copies = []
 
@@ -146,7 +146,7 @@ def test_matmul_runs_every_layout_on_its_library_without_a_copy(order_a, order_b
 
 def test_matmul_without_the_layouts_libraries_copies_once_and_says_so_once(host_libraries, monkeypatch):
     import gemmgen
-    import gemmgen.dispatch as dispatch
+    import gemmgen.library.dispatch as dispatch
     libraries, copies = host_libraries
     monkeypatch.setattr(dispatch, "available_classes", lambda precision: BASE)
     rng = np.random.default_rng(2)
@@ -181,7 +181,7 @@ def test_matmul_copies_an_output_with_no_unit_stride_and_writes_it_back(host_lib
 
 def test_matmul_refuses_what_it_cannot_multiply_before_any_work(host_libraries):
     import gemmgen
-    from gemmgen.runtime import ShapeError
+    from gemmgen.gpu.runtime import ShapeError
     a = HostArray(np.zeros((4, 5), np.float32))
     with pytest.raises(ShapeError, match="inner sizes differ"):
         gemmgen.matmul(a, HostArray(np.zeros((6, 7), np.float32)))
@@ -198,7 +198,7 @@ def test_matmul_refuses_what_it_cannot_multiply_before_any_work(host_libraries):
 def test_a_layouts_manifest_must_hold_the_layout_its_name_says(tmp_path, monkeypatch):
     import json
 
-    import gemmgen.dispatch as dispatch
+    import gemmgen.library.dispatch as dispatch
     monkeypatch.setattr(dispatch, "_libraries_dir", lambda: tmp_path)
     (tmp_path / "fp32_rr.json").write_text(json.dumps({"library": "fp32_rr", "layout": {"A": "row", "B": "col", "C": "row"}}))
     with pytest.raises(ValueError, match=r"fp32_rr.json: library fp32_rr has layout .* not .*'B': 'row'"):

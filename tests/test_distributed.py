@@ -8,9 +8,9 @@ import json
 import pytest
 
 from fake_cluster import CUBLAS_TFLOPS, FakeRunner, tflops_of
-from gemmgen.space import expand, point_key
-from gemmgen.spec import parse
-from gemmgen.verify import Case
+from gemmgen.plan.space import expand, point_key
+from gemmgen.language.load import parse
+from gemmgen.gpu.verify import Case
 
 distributed = pytest.importorskip("distributed", reason="pip install 'gemmgen[distributed]'")
 
@@ -24,7 +24,7 @@ kernel cluster_space {
 
 @pytest.fixture(scope="module")
 def client():
-    from gemmgen.distributed import local_cluster
+    from gemmgen.tuning.distributed import local_cluster
     with local_cluster([0, 0], threads_per_worker=2) as cluster, distributed.Client(cluster) as client:
         yield client
 
@@ -36,7 +36,7 @@ def space():
 
 
 def test_the_local_cluster_pins_one_worker_per_gpu_declared_as_a_resource():
-    from gemmgen.distributed import local_cluster
+    from gemmgen.tuning.distributed import local_cluster
     cluster = local_cluster([3, 5], threads_per_worker=2)
     try:
         specs = [w["options"] for w in cluster.worker_spec.values()]
@@ -48,15 +48,16 @@ def test_the_local_cluster_pins_one_worker_per_gpu_declared_as_a_resource():
 
 def test_a_search_survives_a_lost_worker_and_a_gpu_fault_and_resumes_measuring_nothing_twice(
         client, space, tmp_path, monkeypatch):
-    import gemmgen.distributed
-    from gemmgen.tune import load_records, tune
+    import gemmgen.tuning.distributed
+    from gemmgen.tuning.runner import load_records
+    from gemmgen.tuning.tune import tune
 
     spec, keys = space
     assert len(keys) >= 6
     lost, faulted, raised = keys[1], keys[2], keys[5]
     log = tmp_path / "measured.log"
     runner = FakeRunner(str(log), kill_worker=[lost], fault=[faulted], raise_in=[raised])
-    monkeypatch.setattr(gemmgen.distributed, "default_runner", lambda: runner)
+    monkeypatch.setattr(gemmgen.tuning.distributed, "default_runner", lambda: runner)
     db = tmp_path / "db" / "tune.jsonl"
     db.parent.mkdir()
     shape = Case(256, 256, 256)
@@ -90,14 +91,14 @@ def test_a_search_survives_a_lost_worker_and_a_gpu_fault_and_resumes_measuring_n
 def test_tune_on_a_cluster_from_the_command_line_needs_no_gpu_here(client, space, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    import gemmgen.distributed
+    import gemmgen.tuning.distributed
     from gemmgen.cli import main
 
     spec, keys = space
     path = tmp_path / "space.gemm"
     path.write_text(SPACE)
     runner = FakeRunner(str(tmp_path / "measured.log"))
-    monkeypatch.setattr(gemmgen.distributed, "default_runner", lambda: runner)
+    monkeypatch.setattr(gemmgen.tuning.distributed, "default_runner", lambda: runner)
     address = client.scheduler.address
     result = CliRunner().invoke(main, ["tune", str(path), "--shapes", "128x128x128", "--scheduler", address,
                                        "--db", str(tmp_path / "tune.jsonl"), "--json", str(tmp_path / "all.json"),
@@ -113,7 +114,7 @@ def test_tune_on_a_cluster_from_the_command_line_needs_no_gpu_here(client, space
 def test_without_dask_the_message_says_what_to_install(monkeypatch):
     import sys
 
-    from gemmgen.distributed import ClusterError, require_dask
+    from gemmgen.tuning.distributed import ClusterError, require_dask
     monkeypatch.setitem(sys.modules, "distributed", None)
     with pytest.raises(ClusterError, match=r"pip install 'gemmgen\[distributed\]'"):
         require_dask()
@@ -122,12 +123,12 @@ def test_without_dask_the_message_says_what_to_install(monkeypatch):
 def test_a_scheduler_that_does_not_answer_is_reported_with_how_to_start_one(monkeypatch):
     import socket
 
-    import gemmgen.distributed
-    from gemmgen.distributed import ClusterError, connect
+    import gemmgen.tuning.distributed
+    from gemmgen.tuning.distributed import ClusterError, connect
     with socket.socket() as probe:  # a port of this machine that nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    monkeypatch.setattr(gemmgen.distributed, "CONNECT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(gemmgen.tuning.distributed, "CONNECT_TIMEOUT_S", 1.0)
     with pytest.raises(ClusterError, match=r"no Dask scheduler answers at tcp://127.0.0.1:\d+.*dask scheduler"):
         with connect(f"tcp://127.0.0.1:{port}"):
             pass

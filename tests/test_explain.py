@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from gemmgen.codegen import kernel_name_expressions
-from gemmgen.compile import Compiled, Resources
-from gemmgen.explain import (as_dict, bank_conflicts, bank_wavefronts, explain,
-                             global_accesses, occupancy, registers_per_warp, render_text,
-                             sectors_touched, smem_offset)
+from gemmgen.codegen.cuda import kernel_name_expressions
+from gemmgen.gpu.compile import Compiled, Resources
+from gemmgen.explain.analysis import (bank_conflicts, bank_wavefronts, global_accesses, occupancy,
+                                      registers_per_warp, sectors_touched, smem_offset)
+from gemmgen.explain.report import as_dict, explain, render_text
 from gemmgen.plan import ARCHS, make_plan, try_plan
-from gemmgen.spec import load, load_one
+from gemmgen.language.load import load, load_one
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 
@@ -448,9 +448,9 @@ kernel s {
 @pytest.fixture
 def no_nvrtc(monkeypatch):
     """explain() with a ptxas report made here, so that the verb's tests need no compile."""
-    import gemmgen.explain
-    real = gemmgen.explain.explain
-    monkeypatch.setattr(gemmgen.explain, "explain", lambda plan, compiled=None: real(plan, resources(40)))
+    import gemmgen.explain.report
+    real = gemmgen.explain.report.explain
+    monkeypatch.setattr(gemmgen.explain.report, "explain", lambda plan, compiled=None: real(plan, resources(40)))
 
 
 def invoke(*args):
@@ -489,18 +489,18 @@ def terminal(monkeypatch, is_terminal: bool = True):
 
     from rich.console import Console
 
-    import gemmgen.cli
+    import gemmgen.cli.common
     console = Console(file=io.StringIO(), force_terminal=is_terminal, width=100)
-    monkeypatch.setattr(gemmgen.cli, "errors", console)
+    monkeypatch.setattr(gemmgen.cli.common, "errors", console)
     return console.file
 
 
 @pytest.mark.parametrize("is_terminal, delay, shown", [(True, 0.0, True), (False, 0.0, False),
                                                        (True, 60.0, False)])
 def test_the_progress_bar_shows_only_on_a_terminal_after_a_moment(monkeypatch, is_terminal, delay, shown):
-    from gemmgen.cli import _late_progress
+    from gemmgen.cli.common import late_progress
     written = terminal(monkeypatch, is_terminal)
-    with _late_progress("explaining", 3, delay_s=delay) as progress:
+    with late_progress("explaining", 3, delay_s=delay) as progress:
         progress(1)
         progress(2)
         progress(3)
@@ -509,15 +509,15 @@ def test_the_progress_bar_shows_only_on_a_terminal_after_a_moment(monkeypatch, i
 
 
 def test_explain_of_many_kernels_shows_progress(tmp_path, monkeypatch):
-    import gemmgen.explain
+    import gemmgen.explain.report
     written = terminal(monkeypatch)
-    real = gemmgen.explain.explain
+    real = gemmgen.explain.report.explain
 
     def slow(plan, compiled=None):  # as a compile would take
         time.sleep(0.3)
         return real(plan, resources(40))
 
-    monkeypatch.setattr(gemmgen.explain, "explain", slow)
+    monkeypatch.setattr(gemmgen.explain.report, "explain", slow)
     path = tmp_path / "many.gemm"
     path.write_text("".join(f"kernel k{i} {{\n  block 64 x 64 x 8\n  thread 4 x 4\n}}\n" for i in range(4)))
     result = invoke("explain", path)
@@ -527,14 +527,14 @@ def test_explain_of_many_kernels_shows_progress(tmp_path, monkeypatch):
 
 
 def test_explain_all_reports_progress_after_each_kernel():
-    from gemmgen.explain import explain_all
-    import gemmgen.explain
+    from gemmgen.explain.report import explain_all
+    import gemmgen.explain.report
     done = []
     plans = [plan_of("naive"), plan_of("warptile")]
-    real = gemmgen.explain.explain
+    real = gemmgen.explain.report.explain
     try:
-        gemmgen.explain.explain = lambda plan, compiled=None: real(plan, resources(40))
+        gemmgen.explain.report.explain = lambda plan, compiled=None: real(plan, resources(40))
         reports = explain_all(plans, done.append)
     finally:
-        gemmgen.explain.explain = real
+        gemmgen.explain.report.explain = real
     assert [r.kernel for r in reports] == ["naive", "warptile"] and done == [1, 2]

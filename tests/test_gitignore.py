@@ -36,7 +36,7 @@ def readme_commands() -> list[list[str]]:
 def kernels(spec: str, from_db: bool) -> list[str]:
     """The names of what `gemmgen build spec` writes: its kernels (its search spaces too, from a
     database); a library needs a database of its own, and none of README's builds gives one."""
-    from gemmgen.spec import load
+    from gemmgen.language.load import load
     return [k.name for k in load(ROOT / spec) if k.is_concrete or from_db]
 
 

@@ -5,7 +5,7 @@ and compute-sanitizer. Without a GPU or CuPy every test here is skipped; collect
 only the CPU (specs are parsed at collection; nothing CUDA is imported).
 
 - every concrete shipped spec, in each A/B layout (and C column-major for two), against the
-  quick case matrix of gemmgen.verify; the default layouts against the full matrix (4092^3);
+  quick case matrix of gemmgen.gpu.verify; the default layouts against the full matrix (4092^3);
 - the Python API on CuPy arrays, PyTorch tensors, column-major and padded arrays, and the
   ShapeErrors for arrays it cannot take;
 - the C ABI of the emitted .cu, built by nvcc into a shared library and called through ctypes;
@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemmgen import verify
-from gemmgen.codegen import generate
-from gemmgen.errors import SpecError
+from gemmgen.gpu import verify
+from gemmgen.codegen.cuda import generate
+from gemmgen.language.errors import SpecError
 from gemmgen.plan import make_plan
-from gemmgen.spec import load
+from gemmgen.language.load import load
 
 pytestmark = pytest.mark.gpu
 
@@ -136,7 +136,7 @@ def _unrolled(a: str, b: str, unroll: int):
 def gpu():
     """Skip the module unless CuPy imports and the driver sees a GPU."""
     pytest.importorskip("cupy")
-    from gemmgen.runtime import device_count
+    from gemmgen.gpu.runtime import device_count
     if device_count() == 0:
         pytest.skip("no CUDA GPU found")
 
@@ -160,8 +160,8 @@ def kernels(gpu):
     Every variant the module uses is compiled first on a thread pool (NVRTC releases the GIL);
     the compile cache then serves each Kernel, and the sanitizer's subprocesses too.
     """
-    from gemmgen.compile import compile_plan
-    from gemmgen.runtime import Kernel
+    from gemmgen.gpu.compile import compile_plan
+    from gemmgen.gpu.runtime import Kernel
 
     def compile_quietly(plan):
         try:
@@ -201,7 +201,7 @@ def _inputs(M: int, N: int, K: int, seed: int = SEED):
 
 
 def _tolerance(A, B, C, alpha: float, beta: float, math: str = "simt"):
-    """float64 reference and per-element tolerance, exactly as gemmgen.verify computes them."""
+    """float64 reference and per-element tolerance, exactly as gemmgen.gpu.verify computes them."""
     A64, B64 = np.asarray(A, np.float64), np.asarray(B, np.float64)
     reference = alpha * (A64 @ B64)
     scale = abs(alpha) * (np.abs(A64) @ np.abs(B64))
@@ -331,7 +331,7 @@ def test_call_on_a_column_major_array_for_a_layout_col_kernel(M, N, K, cp, kerne
 
 @pytest.mark.parametrize("M,N,K", API_SHAPES)
 def test_call_on_slices_of_wider_arrays_takes_leading_dimensions_from_strides(M, N, K, cp, kernels):
-    from gemmgen.runtime import as_matrix
+    from gemmgen.gpu.runtime import as_matrix
 
     kernel = kernels(SPECS["warptile"])
     A, B, C = _inputs(M, N, K)
@@ -351,7 +351,7 @@ def test_call_on_slices_of_wider_arrays_takes_leading_dimensions_from_strides(M,
 
 
 def _assert_rejected(cp, kernel, a, b, c, match: str) -> None:
-    from gemmgen.runtime import ShapeError
+    from gemmgen.gpu.runtime import ShapeError
 
     before = c.copy()
     with pytest.raises(ShapeError, match=match):
@@ -432,7 +432,7 @@ def abi(tmp_path_factory, gpu):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not on PATH")
-    from gemmgen.runtime import device_info
+    from gemmgen.gpu.runtime import device_info
     arch = device_info().target  # sm_90 on an H100
     built = {}
 
@@ -686,10 +686,10 @@ import cupy as cp
 
 cp.cuda.set_allocator(None)  # one cudaMalloc per array: exact bounds for memcheck
 
-from gemmgen import verify
+from gemmgen.gpu import verify
 from gemmgen.plan import make_plan
-from gemmgen.runtime import Kernel, synchronize
-from gemmgen.spec import load
+from gemmgen.gpu.runtime import Kernel, synchronize
+from gemmgen.language.load import load
 
 CASES = (verify.Case(37, 45, 29, beta=0.5, pad=1),      # odd: scalar path, partial tiles
          verify.Case(64, 64, 64),                        # aligned: vector path
@@ -792,7 +792,7 @@ def test_compute_sanitizer_finds_nothing_in_any_shipped_kernel(tool, tmp_path, k
 # --- f. a launch with invalid arguments raises and launches nothing -----------------------------
 
 def test_launch_with_invalid_arguments_raises_a_cuda_error_naming_the_kernel(cp, kernels):
-    from gemmgen.runtime import CudaError, synchronize
+    from gemmgen.gpu.runtime import CudaError, synchronize
 
     kernel = kernels(SPECS["warptile"])
     M, N, K = 64, 64, 64
@@ -826,7 +826,7 @@ def test_launch_with_invalid_arguments_raises_a_cuda_error_naming_the_kernel(cp,
 
 
 def test_launch_refuses_beta_for_an_alpha_only_kernel_and_a_reduction_without_outputs(cp, kernels):
-    from gemmgen.runtime import CudaError, synchronize
+    from gemmgen.gpu.runtime import CudaError, synchronize
 
     M = N = K = 32
     A, B, C = _inputs(M, N, K)

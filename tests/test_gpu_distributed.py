@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gemmgen.space import expand, point_key
-from gemmgen.spec import load_one, parse
-from gemmgen.verify import Case
+from gemmgen.plan.space import expand, point_key
+from gemmgen.language.load import load_one, parse
+from gemmgen.gpu.verify import Case
 
 pytestmark = pytest.mark.gpu
 distributed = pytest.importorskip("distributed", reason="pip install 'gemmgen[distributed]' (or carry "
@@ -30,12 +30,12 @@ kernel tiny_space {
 
 
 def _count():
-    from gemmgen.runtime import device_count
+    from gemmgen.gpu.runtime import device_count
     return device_count()
 
 
 def test_a_local_cluster_measures_every_point_and_a_fault_costs_only_its_candidate(tmp_path):
-    from gemmgen.tune import tune
+    from gemmgen.tuning.tune import tune
 
     spec = parse(SPACE)[0]
     victims = []
@@ -59,13 +59,13 @@ def test_a_local_cluster_measures_every_point_and_a_fault_costs_only_its_candida
 
 
 def _compile(plan):
-    from gemmgen.compile import compile_plan
+    from gemmgen.gpu.compile import compile_plan
     compile_plan(plan)
 
 
 def test_two_gpus_evaluate_at_least_1_8_times_the_points_per_second_of_one(tmp_path):
-    from gemmgen.distributed import local_cluster
-    from gemmgen.tune import tune
+    from gemmgen.tuning.distributed import local_cluster
+    from gemmgen.tuning.tune import tune
 
     if _count() < 2:
         pytest.skip(f"{_count()} GPU here: this needs two (nvidia-h200-x2 or larger)")

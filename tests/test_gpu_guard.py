@@ -2,8 +2,8 @@
 
 Every target of guard_cases (each concrete kernel of specs/, each member of generated/fp32.json and
 tf32.json, and each library's own entry point) is called both ways users call it:
-- runtime: the Python runtime on raw device pointers (gemmgen.runtime.Kernel.launch; an entry point
-  through gemmgen.dispatch's LibraryRuntime.launch, which chooses the member as gemmgen.matmul does);
+- runtime: the Python runtime on raw device pointers (gemmgen.gpu.runtime.Kernel.launch; an entry point
+  through gemmgen.library.dispatch's LibraryRuntime.launch, which chooses the member as gemmgen.matmul does);
 - abi: the emitted C ABI. The shipped generated/<name>.cu (a library's generated/<precision>.cu) is
   built by nvcc into a shared library, once per session, and called through ctypes on stream 0; a
   member's launcher, static in its library's .cu, through a few lines that include that .cu.
@@ -37,8 +37,8 @@ import pytest
 
 import guard_cases
 import hopper_gpu
-from gemmgen import verify
-from gemmgen.runtime import synchronize
+from gemmgen.gpu import verify
+from gemmgen.gpu.runtime import synchronize
 
 pytestmark = pytest.mark.gpu
 
@@ -72,7 +72,7 @@ extern "C" int gemmgen_guard_member(int member, int M, int N, int K, float alpha
 def gpu():
     """Skip the module unless CuPy imports and the driver sees a GPU."""
     pytest.importorskip("cupy")
-    from gemmgen.runtime import device_count
+    from gemmgen.gpu.runtime import device_count
     if device_count() == 0:
         pytest.skip("no CUDA GPU found")
 
@@ -85,7 +85,7 @@ def cp(gpu):
 
 @pytest.fixture(scope="module")
 def capability(gpu) -> tuple[int, int]:
-    from gemmgen.runtime import device_info
+    from gemmgen.gpu.runtime import device_info
     return device_info().compute_capability
 
 
@@ -182,9 +182,9 @@ class Builds:
 @pytest.fixture(scope="module")
 def builds(request, tmp_path_factory, capability):
     """Compile everything the selected items call, in parallel, before the first call: the nvcc
-    builds start in threads, then NVRTC compiles every runtime kernel (library.compile_all: one
+    builds start in threads, then NVRTC compiles every runtime kernel (gpu.compile.compile_all: one
     process per core, into the session's cache), while the nvcc builds go on."""
-    from gemmgen.library import compile_all
+    from gemmgen.gpu.compile import compile_all
 
     chosen = _selected(request)
     runnable = {name for name, target in TARGETS.items() if not target.runs_on(capability)}
@@ -250,7 +250,7 @@ def call(request, cp, capability, builds, kernels):
             return (case.M, case.N, case.K, case.alpha, a, case.lda, b, case.ldb, case.beta, c, case.ldc)
 
         if path == "runtime" and target.kind == "library":
-            from gemmgen.dispatch import library
+            from gemmgen.library.dispatch import library
             runtime = library(target.library)
 
             def function(case, a, b, c):

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemmgen import verify
+from gemmgen.gpu import verify
 from gemmgen.plan import make_plan
-from gemmgen.spec import parse
+from gemmgen.language.load import parse
 
 pytestmark = pytest.mark.gpu
 
@@ -35,7 +35,7 @@ CUDA_ERROR_INVALID_VALUE = 1
 @pytest.fixture(scope="module", autouse=True)
 def gpu():
     pytest.importorskip("cupy")
-    from gemmgen.runtime import device_count
+    from gemmgen.gpu.runtime import device_count
     if device_count() == 0:
         pytest.skip("no CUDA GPU found")
 
@@ -85,7 +85,7 @@ SPLIT = """kernel s {{
                                       ("async", "row", "row"), ("async", "col", "col")])
 @pytest.mark.parametrize("math", ["3xtf32", "tf32"])
 def test_split_k_wgmma_passes_the_quick_cases(fill, a, b, math):
-    from gemmgen.runtime import Kernel
+    from gemmgen.gpu.runtime import Kernel
     (spec,) = parse(SPLIT.format(a=a, b=b, bm=64 if fill == "async" else 128, math=math, fill=fill, split=8))
     kernel = Kernel(make_plan(spec))
     cases = verify.QUICK_CASES + (verify.Case(64, 64, 20000, beta=0.5), verify.Case(130, 70, 9000, pad=1))
@@ -137,7 +137,7 @@ def test_matmul_on_torch_tensors_on_a_torch_stream(cp):
 @pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
 def test_matmul_refuses_what_it_cannot_multiply(cp):
     import gemmgen
-    from gemmgen.runtime import ShapeError
+    from gemmgen.gpu.runtime import ShapeError
     with pytest.raises(ShapeError, match="inner sizes differ"):
         gemmgen.matmul(cp.ones((4, 5), cp.float32), cp.ones((6, 7), cp.float32))
     with pytest.raises(ShapeError, match="float32"):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gemmgen.plan import make_plan
-from gemmgen.spec import load_one
+from gemmgen.language.load import load_one
 
 pytestmark = pytest.mark.gpu
 SPECS = Path(__file__).resolve().parent.parent / "specs"
@@ -16,7 +16,7 @@ LAYOUTS = [("row", "row", "row"), ("row", "col", "col"), ("col", "row", "row"), 
 
 
 def _devices():
-    from gemmgen.runtime import device_count
+    from gemmgen.gpu.runtime import device_count
     return device_count()
 
 
@@ -32,7 +32,7 @@ def _several():
 def test_parts_on_one_gpu_with_their_copies_match_float64_in_every_layout(layouts, axis):
     """Two parts on GPU 0 that copy their inputs as if remote: the copies, events, chunks and the
     K split's reduction, on real streams."""
-    from gemmgen.multigpu import measure_scaling
+    from gemmgen.multigpu.scaling import measure_scaling
 
     a, b, c = layouts
     plan = make_plan(load_one(SPECS / "hopper_simt.gemm").with_values(layout_A=a, layout_B=b, layout_C=c))
@@ -45,7 +45,7 @@ def test_parts_on_one_gpu_with_their_copies_match_float64_in_every_layout(layout
 @pytest.mark.parametrize("spec", ["hopper_3xtf32", "hopper_tf32", "tensorcore_3xtf32", "hopper_skinny"])
 def test_tensor_core_kernels_split_on_one_gpu_match_float64(spec):
     """The TMA kernels (A row, B col) that issue 14 found could not be split."""
-    from gemmgen.multigpu import measure_scaling
+    from gemmgen.multigpu.scaling import measure_scaling
 
     plan = make_plan(load_one(SPECS / f"{spec}.gemm"))
     for axis in (0, 2):
@@ -57,7 +57,9 @@ def test_tensor_core_kernels_split_on_one_gpu_match_float64(spec):
 def test_a_gemm_split_over_every_gpu_matches_float64(beta):
     import cupy as cp
 
-    from gemmgen.multigpu import CupyLayer, _inputs, split_gemm, worst_error_ratio
+    from gemmgen.multigpu.cupy_layer import CupyLayer
+    from gemmgen.multigpu.scaling import _inputs, worst_error_ratio
+    from gemmgen.multigpu.split import split_gemm
 
     devices = _several()
     layer = CupyLayer()
@@ -80,8 +82,8 @@ def test_a_split_and_a_kernel_on_another_gpu_leave_the_callers_device_current():
     GPU 0 after a split over every GPU and after a kernel launched on GPU 1."""
     import cupy as cp
 
-    from gemmgen.multigpu import split_gemm
-    from gemmgen.runtime import Kernel
+    from gemmgen.multigpu.split import split_gemm
+    from gemmgen.gpu.runtime import Kernel
 
     devices = _several()
     plan = make_plan(load_one(SPECS / "hopper_simt.gemm"))
@@ -106,7 +108,7 @@ def test_a_split_and_a_kernel_on_another_gpu_leave_the_callers_device_current():
 def test_end_to_end_scaling_and_resident_shards_hold_their_must(spec, shape):
     """Issue 14's must-holds: inputs on GPU 0, checked against float64: end to end >= 0.85 N,
     shards already resident >= 0.95 N."""
-    from gemmgen.multigpu import measure_scaling
+    from gemmgen.multigpu.scaling import measure_scaling
 
     devices = _several()
     plan = make_plan(load_one(SPECS / f"{spec}.gemm"))

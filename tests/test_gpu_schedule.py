@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import hopper_gpu
-from gemmgen import verify
-from gemmgen.codegen import generate
+from gemmgen.gpu import verify
+from gemmgen.codegen.cuda import generate
 from gemmgen.plan import make_plan
-from gemmgen.spec import load_one
+from gemmgen.language.load import load_one
 
 pytestmark = pytest.mark.gpu
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import hopper_gpu
-from gemmgen import verify
-from gemmgen.spec import load_one
+from gemmgen.gpu import verify
+from gemmgen.language.load import load_one
 
 pytestmark = pytest.mark.gpu
 

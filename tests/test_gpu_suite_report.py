@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gemmgen.spec import load_one
+from gemmgen.language.load import load_one
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gemmgen.space import point_key
-from gemmgen.spec import parse
-from gemmgen.verify import Case
+from gemmgen.plan.space import point_key
+from gemmgen.language.load import parse
+from gemmgen.gpu.verify import Case
 
 pytestmark = pytest.mark.gpu
 
@@ -22,7 +22,7 @@ kernel tiny_space {
 
 
 def test_a_faulting_candidate_is_recorded_and_the_search_goes_on(tmp_path):
-    from gemmgen.tune import tune
+    from gemmgen.tuning.tune import tune
 
     spec = parse(SPACE)[0]
     victims = []
@@ -48,7 +48,7 @@ def test_a_faulting_candidate_is_recorded_and_the_search_goes_on(tmp_path):
 
 
 def test_a_rerun_resumes_and_measures_nothing_twice(tmp_path):
-    from gemmgen.tune import tune
+    from gemmgen.tuning.tune import tune
 
     spec = parse(SPACE)[0]
     db = tmp_path / "tune.jsonl"

@@ -11,12 +11,12 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import GENERATED_DIR, ROOT, SPECS_DIR, load_shipped_specs
-from gemmgen.c_header import dispatcher_header_source, header_source
+from gemmgen.codegen.c_header import dispatcher_header_source, header_source
 from gemmgen.cli import main
-from gemmgen.codegen import abi_parameters, dispatcher_source
+from gemmgen.codegen.cuda import abi_parameters, dispatcher_source
 from gemmgen.plan import make_plan
-from gemmgen.spec import load_one
-from gemmgen.verify import Case
+from gemmgen.language.load import load_one
+from gemmgen.gpu.verify import Case
 
 EXAMPLE = ROOT / "examples" / "cmake"
 

@@ -69,10 +69,10 @@ def assert_no_traceback(run: subprocess.CompletedProcess) -> None:
 
 
 def test_the_installed_package_is_the_wheels(installed):
-    run = installed.run("-c", "import gemmgen, gemmgen.strategies; print(gemmgen.__file__)", program="python")
+    run = installed.run("-c", "import gemmgen, gemmgen.tuning.strategies; print(gemmgen.__file__)", program="python")
     assert run.returncode == 0, run.stderr
     assert Path(run.stdout.strip()).is_relative_to(installed.site), run.stdout
-    shipped = installed.run("-c", "from gemmgen.dispatch import shipped_manifest; "
+    shipped = installed.run("-c", "from gemmgen.library.dispatch import shipped_manifest; "
                             "print(shipped_manifest('fp32')['library'], shipped_manifest('tf32')['library'])",
                             program="python")
     assert shipped.stdout.split() == ["fp32", "tf32"], shipped.stderr  # gemmgen.matmul's libraries
@@ -88,7 +88,7 @@ def test_the_wheel_holds_every_module_the_grammar_and_the_templates(installed):
     expected |= {f"gemmgen/templates/{p.name}" for pattern in ("*.py", "*.j2")
                  for p in (ROOT / "templates").glob(pattern)}
     expected |= {f"gemmgen/libraries/{p.name}" for p in GENERATED_DIR.glob("*.json")}  # the shipped manifests
-    assert "gemmgen/strategies/__init__.py" in expected and "gemmgen/templates/kernel.cu.j2" in expected
+    assert "gemmgen/tuning/strategies/__init__.py" in expected and "gemmgen/templates/kernel.cu.j2" in expected
     assert "gemmgen/libraries/fp32.json" in expected
     with zipfile.ZipFile(installed.wheel) as wheel:
         shipped = {name for name in wheel.namelist() if ".dist-info/" not in name}
@@ -117,7 +117,7 @@ SPEC_FILES = sorted(p.name for p in SPECS_DIR.glob("*.gemm"))
 
 
 def test_build_and_explain_every_shipped_spec(installed):
-    from gemmgen.spec import load, load_file
+    from gemmgen.language.load import load, load_file
 
     def run_both(name):
         return installed.run("build", f"specs/{name}"), installed.run("explain", f"specs/{name}")

@@ -1,4 +1,4 @@
-"""gemmgen.launch on the CPU: the launch decided once per call key, and what a call hands the driver.
+"""gemmgen.gpu.launch on the CPU: the launch decided once per call key, and what a call hands the driver.
 
 - The argument buffers are laid out as the compiler lays out each kernel's parameters (read back
   from the cubins NVRTC builds here), so what a call writes is what the kernel reads.
@@ -18,11 +18,11 @@ import threading
 import pytest
 
 from cubin_params import kernel_parameters
-from gemmgen import launch
-from gemmgen.launch import (KINDS, MAIN, REDUCE_CLEAR, REDUCE_FINISH, SCALE_C, Arguments, CudaError, PreparedLaunch,
+from gemmgen.gpu import launch
+from gemmgen.gpu.launch import (KINDS, MAIN, REDUCE_CLEAR, REDUCE_FINISH, SCALE_C, Arguments, CudaError, PreparedLaunch,
                             PreparedStep, Step, TensorMapSpec, decide, parameter_offsets, tma_signature)
 from gemmgen.plan import make_plan
-from gemmgen.spec import parse
+from gemmgen.language.load import parse
 
 TMA = """kernel t {{
   target   sm_90a
@@ -50,8 +50,8 @@ def expected_table(signature) -> list[tuple[int, int]]:
 def test_a_tma_kernels_arguments_sit_where_the_compiler_put_its_parameters():
     """map_a, map_b (64-byte aligned, 128 bytes), sizes and scalars, C, ldc, map_c, workspace: the
     cubin's table for the staged stream-K kernel, and the register-fed fallback's (the C ABI)."""
-    from gemmgen.compile import compile_plan
-    from gemmgen.codegen import kernel_name_expressions
+    from gemmgen.gpu.compile import compile_plan
+    from gemmgen.codegen.cuda import kernel_name_expressions
     plan = plan_of(TMA.format(extra="schedule stream-k\n  epilogue alpha beta staged"))
     compiled = compile_plan(plan)
     for aligned, expression in kernel_name_expressions(plan).items():
@@ -63,8 +63,8 @@ def test_a_tma_kernels_arguments_sit_where_the_compiler_put_its_parameters():
 
 
 def test_split_k_and_reduction_kernels_arguments_sit_where_the_compiler_put_them():
-    from gemmgen.compile import compile_plan
-    from gemmgen.spec import load_one
+    from gemmgen.gpu.compile import compile_plan
+    from gemmgen.language.load import load_one
     from conftest import SPECS_DIR
     split = make_plan(load_one(SPECS_DIR / "split_k.gemm"))
     compiled = compile_plan(split)
@@ -134,7 +134,7 @@ def test_scheduled_tma_kernels_start_the_launchers_blocks_and_stream_k_asks_for_
 
 
 def test_split_k_scales_c_first_then_runs_the_slices():
-    from gemmgen.spec import load_one
+    from gemmgen.language.load import load_one
     from conftest import SPECS_DIR
     plan = make_plan(load_one(SPECS_DIR / "split_k.gemm"))
     scale, main = decide(plan, 300, 200, 5000, 5000, 200, 200, (0, 0, 0), 132).steps
@@ -148,7 +148,7 @@ def test_split_k_scales_c_first_then_runs_the_slices():
 
 
 def test_the_vector_variant_needs_every_vector_access_aligned():
-    from gemmgen.spec import load_one
+    from gemmgen.language.load import load_one
     from conftest import SPECS_DIR
     plan = make_plan(load_one(SPECS_DIR / "vectorized.gemm"))
     assert decide(plan, 256, 256, 256, 256, 256, 256, (0, 0, 0), 132).steps[0].aligned
@@ -157,7 +157,7 @@ def test_the_vector_variant_needs_every_vector_access_aligned():
 
 
 def test_a_fused_reduction_clears_before_and_finishes_after_even_with_nothing_to_multiply():
-    from gemmgen.spec import load_one
+    from gemmgen.language.load import load_one
     from conftest import SPECS_DIR
     plan = make_plan(load_one(SPECS_DIR / "smallest.gemm"))
     assert [s.kernel for s in decide(plan, 64, 64, 64, 64, 64, 64, (0, 0, 0), 132).steps] == \
@@ -266,7 +266,7 @@ def test_tensor_maps_are_kept_for_each_operands_last_few_addresses(monkeypatch):
 
 
 def test_a_split_k_launch_scales_c_then_multiplies_with_the_calls_pointers(monkeypatch):
-    from gemmgen.spec import load_one
+    from gemmgen.language.load import load_one
     from conftest import SPECS_DIR
     plan = make_plan(load_one(SPECS_DIR / "split_k.gemm"))
     decision = decide(plan, 300, 200, 5000, 5000, 200, 200, (0, 0, 0), 132)
@@ -281,7 +281,7 @@ def test_a_split_k_launch_scales_c_then_multiplies_with_the_calls_pointers(monke
 
 
 def test_a_failed_launch_is_a_cuda_error_naming_the_launch_and_the_callers_context_comes_back(monkeypatch):
-    from gemmgen.spec import load_one
+    from gemmgen.language.load import load_one
     from conftest import SPECS_DIR
     plan = make_plan(load_one(SPECS_DIR / "vectorized.gemm"))
     decision = decide(plan, 64, 64, 64, 64, 64, 64, (0, 0, 0), 132)

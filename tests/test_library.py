@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 
 from conftest import GENERATED_DIR, SPECS_DIR
-from gemmgen.errors import SpecError
-from gemmgen.library import (Library, build_manifest, candidates_of, kernel_key, load_libraries, resolve,
-                             tune_library)
-from gemmgen.selection import (MemberShape, alignment_class, choose, features, fit, leave_one_out, predict)
-from gemmgen.spec import parse_file
+from gemmgen.language.errors import SpecError
+from gemmgen.library.manifest import build_manifest, candidates_of
+from gemmgen.library.model import Library, kernel_key
+from gemmgen.library.resolve import load_libraries, resolve
+from gemmgen.library.tune import tune_library
+from gemmgen.library.selection import (MemberShape, alignment_class, choose, features, fit, leave_one_out, predict)
+from gemmgen.language.load import parse_file
 from library_fake import FakeGpu
 
 TMA = """kernel tma {
@@ -238,7 +240,7 @@ def test_leave_one_out_scores_a_bad_chooser_badly():
 
 
 def test_emitted_cu_has_one_entry_point_and_static_members(fp32_manifest):
-    from gemmgen.codegen import library_source
+    from gemmgen.library.emit import library_source
     library, db, _, _ = fp32_manifest
     manifest = build_manifest(library, db)
     source = library_source(manifest, "fp32.gemm", library.spec.source.splitlines())
@@ -271,7 +273,7 @@ int main() {{
 
 
 def test_the_cu_chooses_as_python_does(fp32_manifest, tmp_path):
-    from gemmgen.codegen import library_source
+    from gemmgen.library.emit import library_source
     library, db, _, _ = fp32_manifest
     manifest = build_manifest(library, db)
     source = library_source(manifest, "fp32.gemm", [])
@@ -292,7 +294,7 @@ SHIPPED = [name for name in ("fp32", "tf32") if (GENERATED_DIR / f"{name}.json")
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_library_is_up_to_date_with_its_database(name):
-    from gemmgen.codegen import library_source
+    from gemmgen.library.emit import library_source
     (library,) = load_libraries(SPECS_DIR / f"{name}.gemm")
     shipped = json.loads((GENERATED_DIR / f"{name}.json").read_text())
     db = Path(shipped["database"])
@@ -303,8 +305,8 @@ def test_shipped_library_is_up_to_date_with_its_database(name):
                                  f"specs/{name}.gemm --from-db {db}")
     source = library_source(manifest, f"{name}.gemm", library.spec.source.splitlines())
     assert source == (GENERATED_DIR / f"{name}.cu").read_text(), f"generated/{name}.cu is stale"
-    from gemmgen.c_header import library_header_source
-    from gemmgen.library import member_plans
+    from gemmgen.library.emit import library_header_source
+    from gemmgen.library.manifest import member_plans
     header = library_header_source(manifest, member_plans(manifest)[0], f"{name}.cu")
     assert header == (GENERATED_DIR / f"{name}.h").read_text(), f"generated/{name}.h is stale"
 
@@ -361,12 +363,12 @@ def test_worker_validates_times_and_records_on_a_faked_device(monkeypatch, tmp_p
     """library._worker itself (in this process): each candidate validated against float64 by
     verify.check, cuBLAS and the candidates timed at their shapes, all recorded in the database."""
     import fake_device
-    import gemmgen.library as library_module
-    import gemmgen.tune
-    from gemmgen.library import Task, _worker, read_db
-    from gemmgen.spec import LibraryShape
+    import gemmgen.library.tune
+    from gemmgen.library.model import Measurements, read_db
+    from gemmgen.library.tune import Task, _worker
+    from gemmgen.language.shapes import LibraryShape
     fake_device.install(monkeypatch)
-    monkeypatch.setattr(gemmgen.tune, "_compiled", lambda plan, source: None)
+    monkeypatch.setattr(gemmgen.library.tune, "_compiled", lambda plan, source: None)
     (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
     plans = library.candidates()[:2]
     shapes = [LibraryShape(64, 48, 40), LibraryShape(33, 17, 9, pad=1)]
@@ -375,7 +377,7 @@ def test_worker_validates_times_and_records_on_a_faked_device(monkeypatch, tmp_p
     db = tmp_path / "db.jsonl"
     _worker(tasks, str(db), "fp32", library.layouts, "cuBLAS FP32", str(tmp_path / "state"), 0.01, None)
     (records,) = read_db(db, "fp32").values()
-    m = library_module.Measurements.of(records)
+    m = Measurements.of(records)
     assert all(m.valid(kernel_key(p)) for p in plans)
     assert set(m.cublas) == {"64x48x40", "33x17x9+1"}
     assert len(m.times) == 4 and all(ms > 0 for ms in m.times.values())
@@ -383,10 +385,11 @@ def test_worker_validates_times_and_records_on_a_faked_device(monkeypatch, tmp_p
 
 
 def test_a_worker_that_dies_costs_only_the_candidate_in_flight(monkeypatch, tmp_path):
-    import gemmgen.library as library_module
+    import gemmgen.library.tune as library_module
     import library_fake
-    from gemmgen.library import Task, _run_tasks, read_db
-    from gemmgen.spec import LibraryShape
+    from gemmgen.library.model import Measurements, read_db
+    from gemmgen.library.tune import Task, _run_tasks
+    from gemmgen.language.shapes import LibraryShape
     monkeypatch.setattr(library_module, "_worker", library_fake.crashing_worker)
     (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
     plain = [p for p in library.candidates() if p.split_k == 1][:2]
@@ -397,7 +400,7 @@ def test_a_worker_that_dies_costs_only_the_candidate_in_flight(monkeypatch, tmp_
     seen = []
     _run_tasks(tasks, db, library, 0.01, None, "Fake H100|13.0", seen.append)
     (records,) = read_db(db, "fp32").values()
-    m = library_module.Measurements.of(records)
+    m = Measurements.of(records)
     crashed = m.status[kernel_key(split[0])]
     assert crashed["status"] == "crash" and "died (exit code 3) during time at 64x64x64" in crashed["reason"]
     assert not any(key == kernel_key(split[0]) for key, _ in m.times)  # never timed again
@@ -406,7 +409,7 @@ def test_a_worker_that_dies_costs_only_the_candidate_in_flight(monkeypatch, tmp_
 
 
 def test_slots_per_sm_from_ptxas_registers_and_shared_memory():
-    from gemmgen.library import slots_per_sm
+    from gemmgen.library.model import slots_per_sm
     (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
     portable = next(p for p in library.candidates() if not p.arch.has_wgmma)
     assert slots_per_sm(portable) >= 1  # compiled: ptxas's registers, the Plan's shared memory
@@ -429,7 +432,7 @@ def test_explain_summarises_a_library_and_what_its_manifest_keeps():
 def test_a_stream_k_member_is_modelled_and_chosen_in_c_as_in_python(monkeypatch, tmp_path):
     """A library with `schedule stream-k` candidates: the chooser's features deal the K tiles as the
     kernel does (plan/schedule.py), and the .cu chooses exactly as Python."""
-    from gemmgen.codegen import library_source
+    from gemmgen.library.emit import library_source
     FakeGpu().install(monkeypatch)
     shutil.copy(SPECS_DIR / "tensorcore_tf32.gemm", tmp_path)
     (tmp_path / "sk.gemm").write_text("""kernel sk_tma {
@@ -468,7 +471,8 @@ library sk {
 def test_a_candidate_much_faster_than_every_chosen_one_somewhere_is_timed_everywhere():
     """A kernel that wins only where the rest are weak (ping-pong at short K): 5% faster than every
     chosen member at one shape makes it a specialist; 3% does not; largest gain first."""
-    from gemmgen.library import Measurements, shape_key, specialists
+    from gemmgen.library.model import Measurements, shape_key
+    from gemmgen.library.tune import specialists
     (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
     plans = [p for p in library.candidates() if p.beta][:4]
     shapes = library.shapes[:2]

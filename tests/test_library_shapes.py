@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from gemmgen.cli import main
-from gemmgen.errors import QUOTE_WIDTH, SpecError
-from gemmgen.shapes import MAX_SHAPES_BYTES, parse_shapes
-from gemmgen.spec import load_file
+from gemmgen.language.errors import QUOTE_WIDTH, SpecError
+from gemmgen.language.shapes import MAX_SHAPES_BYTES, parse_shapes
+from gemmgen.language.load import load_file
 
 PORTABLE = """kernel portable {
   target sm_80

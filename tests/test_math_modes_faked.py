@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import gemmgen.baseline
-import gemmgen.bench
-import gemmgen.verify
+import gemmgen.gpu.baseline
+import gemmgen.gpu.bench
+import gemmgen.gpu.verify
 from fake_device import (CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32, INFO, ReferenceKernel,
                          install, to_tf32)
 from gemmgen.plan import make_plan
-from gemmgen.spec import load_one
-from gemmgen.verify import Case
+from gemmgen.language.load import load_one
+from gemmgen.gpu.verify import Case
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 
@@ -42,35 +42,35 @@ def plan_of(math_mode: str):
 # --- tolerance ---------------------------------------------------------------------------------
 
 def test_tf32_tolerance_is_2_to_the_13_times_fp32s_and_3xtf32_keeps_fp32s():
-    simt = gemmgen.verify.tolerance(1.0, 1023)
-    assert gemmgen.verify.tolerance(1.0, 1023, "tf32") == pytest.approx(simt * 2 ** 13)
-    assert gemmgen.verify.tolerance(1.0, 1023, math="3xtf32") == simt
-    assert gemmgen.verify.tolerance(1.0, 4 * 1023 + 3) == pytest.approx(2 * simt)  # sqrt(K + 1) growth
+    simt = gemmgen.gpu.verify.tolerance(1.0, 1023)
+    assert gemmgen.gpu.verify.tolerance(1.0, 1023, "tf32") == pytest.approx(simt * 2 ** 13)
+    assert gemmgen.gpu.verify.tolerance(1.0, 1023, math="3xtf32") == simt
+    assert gemmgen.gpu.verify.tolerance(1.0, 4 * 1023 + 3) == pytest.approx(2 * simt)  # sqrt(K + 1) growth
 
 
 def test_tolerance_rejects_an_unknown_math_mode_naming_the_known_ones():
     with pytest.raises(ValueError, match="simt, tf32, 3xtf32"):
-        gemmgen.verify.tolerance(1.0, 10, "fp16")
+        gemmgen.gpu.verify.tolerance(1.0, 10, "fp16")
 
 
 def test_tolerance_rule_states_each_modes_unit_roundoff():
-    assert "2^-24" in gemmgen.verify.tolerance_rule("simt")
-    assert "2^-11" in gemmgen.verify.tolerance_rule("tf32")
-    assert "2^-24" in gemmgen.verify.tolerance_rule("3xtf32")
-    assert "math tf32" in gemmgen.verify.tolerance_rule("tf32")
+    assert "2^-24" in gemmgen.gpu.verify.tolerance_rule("simt")
+    assert "2^-11" in gemmgen.gpu.verify.tolerance_rule("tf32")
+    assert "2^-24" in gemmgen.gpu.verify.tolerance_rule("3xtf32")
+    assert "math tf32" in gemmgen.gpu.verify.tolerance_rule("tf32")
 
 
 def test_check_judges_a_tf32_result_by_the_tf32_rule(fake):
     # The same TF32-rounded results pass as a tf32 kernel and fail as an FP32 (simt) one.
     case = Case(127, 131, 137, alpha=1.5, beta=-0.5, pad=3, offset=1)
-    tf32 = gemmgen.verify.check(ReferenceKernel(plan_of("tf32")), [case], seed=1)
+    tf32 = gemmgen.gpu.verify.check(ReferenceKernel(plan_of("tf32")), [case], seed=1)
     assert tf32.ok, tf32.failures
-    simt = gemmgen.verify.check(ReferenceKernel(plan_of("simt"), tf32_inputs=True), [case], seed=1)
+    simt = gemmgen.gpu.verify.check(ReferenceKernel(plan_of("simt"), tf32_inputs=True), [case], seed=1)
     assert not simt.ok and "tolerance" in simt.failures[0].message
 
 
 def test_check_passes_an_fp32_result_under_3xtf32(fake):
-    report = gemmgen.verify.check(ReferenceKernel(plan_of("3xtf32")), [Case(33, 65, 17, offset=1)], seed=2)
+    report = gemmgen.gpu.verify.check(ReferenceKernel(plan_of("3xtf32")), [Case(33, 65, 17, offset=1)], seed=2)
     assert report.ok, report.failures
 
 
@@ -89,12 +89,12 @@ def test_cublas_gemm_computes_c_in_every_layout(fake, a_layout, b_layout, c_layo
     A, B, C = (rng.uniform(-1, 1, shape).astype(np.float32) for shape in ((37, 19), (19, 23), (37, 23)))
     buffers = {}
     for name, values, layout in (("A", A, a_layout), ("B", B, b_layout), ("C", C, c_layout)):
-        buffers[name] = gemmgen.verify.place_matrix(cp, values, layout, case.pad, case.offset)
+        buffers[name] = gemmgen.gpu.verify.place_matrix(cp, values, layout, case.pad, case.offset)
     address = {name: buf.data.ptr + 4 * case.offset for name, (buf, _) in buffers.items()}
     ld = {name: ld for name, (_, ld) in buffers.items()}
-    gemmgen.baseline.cublas_gemm(case.M, case.N, case.K, case.alpha, address["A"], ld["A"], address["B"], ld["B"],
+    gemmgen.gpu.baseline.cublas_gemm(case.M, case.N, case.K, case.alpha, address["A"], ld["A"], address["B"], ld["B"],
                               case.beta, address["C"], ld["C"], {"A": a_layout, "B": b_layout, "C": c_layout})
-    out = gemmgen.verify.matrix_view(cp, buffers["C"][0], 37, 23, c_layout, ld["C"], case.offset)
+    out = gemmgen.gpu.verify.matrix_view(cp, buffers["C"][0], 37, 23, c_layout, ld["C"], case.offset)
     expected = 0.5 * (A.astype(np.float64) @ B) + 2.0 * C
     np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5)
     assert fake.cublas.compute_types == [CUBLAS_COMPUTE_32F]
@@ -105,7 +105,7 @@ def test_cublas_gemm_asks_for_tf32_only_when_told(fake):
     a, b, c = (cp.zeros((4, 4), dtype=cp.float32) for _ in range(3))
     layouts = {"A": "row", "B": "row", "C": "row"}
     for tf32 in (False, True):
-        gemmgen.baseline.cublas_gemm(4, 4, 4, 1.0, a.data.ptr, 4, b.data.ptr, 4, 0.0, c.data.ptr, 4, layouts, tf32=tf32)
+        gemmgen.gpu.baseline.cublas_gemm(4, 4, 4, 1.0, a.data.ptr, 4, b.data.ptr, 4, 0.0, c.data.ptr, 4, layouts, tf32=tf32)
     assert fake.cublas.compute_types == [CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32]
 
 
@@ -118,7 +118,7 @@ def test_cublas_gemm_asks_for_tf32_only_when_told(fake):
 ])
 def test_bench_times_the_baseline_of_the_math_mode(fake, math_mode, baseline, compute_type):
     kernel = ReferenceKernel(plan_of(math_mode))
-    result = gemmgen.bench.bench(kernel, Case(96, 80, 64), info=INFO)
+    result = gemmgen.gpu.bench.bench(kernel, Case(96, 80, 64), info=INFO)
     assert result.baseline == baseline
     assert fake.cublas.compute_types[-1] == compute_type  # the timed call comes last
     assert result.percent_of_cublas == pytest.approx(50.0)  # baseline 1 ms, kernel 2 ms
@@ -126,8 +126,8 @@ def test_bench_times_the_baseline_of_the_math_mode(fake, math_mode, baseline, co
 
 
 def test_bench_reports_the_kernels_error_beside_cublas_fp32s_on_its_inputs(fake):
-    tf32 = gemmgen.bench.bench(ReferenceKernel(plan_of("tf32")), Case(128, 96, 256, beta=0.5, pad=2), info=INFO)
-    fp32 = gemmgen.bench.bench(ReferenceKernel(plan_of("simt")), Case(128, 96, 256, beta=0.5, pad=2), info=INFO)
+    tf32 = gemmgen.gpu.bench.bench(ReferenceKernel(plan_of("tf32")), Case(128, 96, 256, beta=0.5, pad=2), info=INFO)
+    fp32 = gemmgen.gpu.bench.bench(ReferenceKernel(plan_of("simt")), Case(128, 96, 256, beta=0.5, pad=2), info=INFO)
     for r in (tf32, fp32):
         assert 0 < r.cublas_fp32_rel_error < 1e-6
         assert 1e-5 < r.cublas_tf32_rel_error < 1e-3
@@ -142,23 +142,23 @@ def test_bench_result_reads_records_from_before_the_accuracy_fields():
     old = {"kernel": "k", "shape": "8x8x8", "M": 8, "N": 8, "K": 8, "layout": "A row, B row, C row", "ms": 1.0,
            "tflops": 1.0, "spread_ms": (1.0, 1.0), "cublas_ms": 1.0, "cublas_tflops": 1.0,
            "percent_of_cublas": 100.0, "percent_of_peak": 1.0, "runs": 5}
-    result = gemmgen.bench.BenchResult(**old)
+    result = gemmgen.gpu.bench.BenchResult(**old)
     assert result.baseline == "cuBLAS FP32" and math.isnan(result.rel_error)
 
 
 def test_baseline_for_each_math_mode():
-    assert [gemmgen.baseline.baseline_for(m) for m in ("simt", "tf32", "3xtf32")] == \
+    assert [gemmgen.gpu.baseline.baseline_for(m) for m in ("simt", "tf32", "3xtf32")] == \
         ["cuBLAS FP32", "cuBLAS TF32", "cuBLAS FP32"]
     with pytest.raises(ValueError):
-        gemmgen.baseline.baseline_for("bf16")
+        gemmgen.gpu.baseline.baseline_for("bf16")
 
 
 # --- the accuracy record --------------------------------------------------------------------------
 
 def test_measure_accuracy_puts_tf32_beside_cublas_tf32_and_simt_beside_fp32(fake):
     shape = Case(64, 48, 512)
-    tf32 = gemmgen.verify.measure_accuracy(ReferenceKernel(plan_of("tf32")), shape, seed=3)
-    simt = gemmgen.verify.measure_accuracy(ReferenceKernel(plan_of("simt")), shape, seed=3)
+    tf32 = gemmgen.gpu.verify.measure_accuracy(ReferenceKernel(plan_of("tf32")), shape, seed=3)
+    simt = gemmgen.gpu.verify.measure_accuracy(ReferenceKernel(plan_of("simt")), shape, seed=3)
     assert tf32.math == "tf32" and simt.math == "simt" and tf32.shape == "64x48x512"
     # The same inputs for all three, so a TF32 kernel lands on cuBLAS TF32's error, far above FP32's.
     assert tf32.rel_error == pytest.approx(tf32.cublas_tf32_rel_error, rel=0.2)
@@ -178,7 +178,7 @@ def test_an_unwritten_element_makes_the_error_infinite(fake):
             super().launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, **kwargs)
             from fake_device import matrix_at
             matrix_at(C, 1, 1, 1, 1)[0, 0] = np.nan
-    accuracy = gemmgen.verify.measure_accuracy(SkipsOneElement(plan_of("simt")), Case(8, 8, 8))
+    accuracy = gemmgen.gpu.verify.measure_accuracy(SkipsOneElement(plan_of("simt")), Case(8, 8, 8))
     assert math.isinf(accuracy.rel_error) and math.isinf(accuracy.max_rel_error)
     assert accuracy.cublas_fp32_rel_error < 1e-6
 
@@ -187,8 +187,8 @@ def test_relative_errors_are_frobenius_and_max_norm_ratios(fake):
     cp = __import__("cupy")
     reference = np.array([[3.0, 0.0], [0.0, 4.0]])
     out = np.array([[3.0, 0.5], [0.0, 4.0]], dtype=np.float32)
-    assert gemmgen.verify.relative_errors(cp, out, reference) == pytest.approx((0.5 / 5.0, 0.5 / 4.0))
-    assert gemmgen.verify.relative_errors(cp, np.zeros((0, 3), np.float32), np.zeros((0, 3))) == (0.0, 0.0)
+    assert gemmgen.gpu.verify.relative_errors(cp, out, reference) == pytest.approx((0.5 / 5.0, 0.5 / 4.0))
+    assert gemmgen.gpu.verify.relative_errors(cp, np.zeros((0, 3), np.float32), np.zeros((0, 3))) == (0.0, 0.0)
 
 
 def test_tf32_rounding_of_the_fake_keeps_10_mantissa_bits():

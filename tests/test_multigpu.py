@@ -12,10 +12,11 @@ import pytest
 
 from fake_device import ReferenceKernel, to_tf32
 from fake_streams import SimulatedDevices, on_device
-from gemmgen.multigpu import (Balance, MultiGpuError, Part, Shard, choose_axis, make_parts, parse_devices,
-                              partition, resident_gemm, schedule, split_gemm, split_traffic)
+from gemmgen.multigpu.parts import Balance, Part, choose_axis, make_parts, partition, schedule, split_traffic
+from gemmgen.multigpu.scaling import parse_devices
+from gemmgen.multigpu.split import MultiGpuError, Shard, resident_gemm, split_gemm
 from gemmgen.plan import make_plan
-from gemmgen.spec import load_one, parse
+from gemmgen.language.load import load_one, parse
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 SMALL = "kernel small { block 32 x 32 x 8; thread 4 x 4 }"   # 32 x 32 tiles: several chunks at small sizes
@@ -339,7 +340,8 @@ def test_the_cupy_layer_copies_a_block_with_its_leading_dimensions(layout, monke
     import sys
     from types import SimpleNamespace
 
-    from gemmgen.multigpu import CupyLayer, Region
+    from gemmgen.multigpu.cupy_layer import CupyLayer
+    from gemmgen.multigpu.parts import Region
     runtime = HostRuntime()
     monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(
         cuda=SimpleNamespace(runtime=runtime, Device=lambda device: contextlib.nullcontext())))

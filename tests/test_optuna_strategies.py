@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from gemmgen import strategies
-from gemmgen.replay import load_recording, run_strategy
-from gemmgen.space import expand
-from gemmgen.spec import load_one
-from gemmgen.verify import Case
+from gemmgen.tuning import strategies
+from gemmgen.tuning.replay import load_recording, run_strategy
+from gemmgen.plan.space import expand
+from gemmgen.language.load import load_one
+from gemmgen.gpu.verify import Case
 
 optuna = pytest.importorskip("optuna", reason="the Optuna strategies need optuna (pip install '.[test]')")
-from gemmgen.strategies._optuna import Encoding  # noqa: E402
+from gemmgen.tuning.strategies._optuna import Encoding  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TUNING = ROOT / "benchmarks" / "tuning"
@@ -90,9 +90,9 @@ def test_the_gp_strategy_runs_where_pytorch_is_installed(tc_recording):
 
 def test_without_optuna_the_strategy_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)
-    for name in ("gemmgen.strategies.tpe", "gemmgen.strategies._optuna"):
+    for name in ("gemmgen.tuning.strategies.tpe", "gemmgen.tuning.strategies._optuna"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     with pytest.raises(ValueError, match=r"strategy tpe: .*pip install 'gemmgen\[search\]'"):
         strategies.get("tpe")
     monkeypatch.undo()
-    importlib.import_module("gemmgen.strategies.tpe")
+    importlib.import_module("gemmgen.tuning.strategies.tpe")

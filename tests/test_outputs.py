@@ -14,18 +14,20 @@ import pytest
 from click.testing import CliRunner
 
 import gemmgen.cli
+import gemmgen.cli.common
 import gemmgen.outputs
-import gemmgen.runtime
-import gemmgen.tune
-import gemmgen.verify
+import gemmgen.gpu.runtime
+import gemmgen.tuning.tune
+import gemmgen.gpu.verify
 from conftest import SPECS_DIR
-from gemmgen.codegen import generate
+from gemmgen.codegen.cuda import generate
 from gemmgen.outputs import OutputError, check_outputs, not_ours, replacing, save_figure, write_output
 from gemmgen.plan import make_plan
-from gemmgen.space import describe, expand, point_key
-from gemmgen.spec import load_one
-from gemmgen.tune import TuneResult, db_scope
-from gemmgen.verify import Case
+from gemmgen.plan.space import describe, expand, point_key
+from gemmgen.language.load import load_one
+from gemmgen.tuning.runner import db_scope
+from gemmgen.tuning.tune import TuneResult
+from gemmgen.gpu.verify import Case
 
 WARPTILE = SPECS_DIR / "warptile.gemm"
 HAND_WRITTEN_CU = "// my own kernel, written by hand\n__global__ void mine() {}\n"
@@ -275,13 +277,13 @@ def test_matplotlib_tags_the_png(tmp_path):
 @pytest.fixture
 def gpu_verbs(monkeypatch):
     """check, bench and tune as if a GPU were there; any GPU work fails the test."""
-    monkeypatch.setattr(gemmgen.cli, "_require_gpu", lambda: None)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
 
     def no_gpu_work(*args, **kwargs):
         raise AssertionError("GPU work started before the outputs were checked")
-    monkeypatch.setattr(gemmgen.verify, "check", no_gpu_work)
-    monkeypatch.setattr(gemmgen.tune, "tune", no_gpu_work)
-    monkeypatch.setattr(gemmgen.runtime, "device_info", no_gpu_work)
+    monkeypatch.setattr(gemmgen.gpu.verify, "check", no_gpu_work)
+    monkeypatch.setattr(gemmgen.tuning.tune, "tune", no_gpu_work)
+    monkeypatch.setattr(gemmgen.gpu.runtime, "device_info", no_gpu_work)
 
 
 def test_check_json_refuses_a_file_that_is_not_gemmgens(gpu_verbs, tmp_path):
@@ -331,7 +333,7 @@ def test_tune_checks_every_output_before_searching(gpu_verbs, tmp_path, monkeypa
     assert notes.read_text() == "my notes\n"
 
     calls = []
-    monkeypatch.setattr(gemmgen.tune, "tune", fake_tune(calls))
+    monkeypatch.setattr(gemmgen.tuning.tune, "tune", fake_tune(calls))
     out = tmp_path / "tuned.cu"
     result = invoke("tune", space, "--db", db, "--shapes", "64x64x64", "--save", mine, "--force",
                     "--dispatcher", out, "--json", tmp_path / "all.json")

@@ -4,7 +4,7 @@ every path, choose what a kernel's templates say.
 - The templates branch at most BRANCH_LIMIT times: a `{% if %}` or `{% elif %}` tag, however its
   whitespace control is written, counts once per line (the way `grep -c "{% if\\|{% elif"` counts).
 - The launch is decided once: the C launcher's grid (the schedule's C, compiled for the host) and
-  gemmgen/launch.py's (the schedule's Python) agree on many shapes and SM counts.
+  gemmgen/gpu/launch.py's (the schedule's Python) agree on many shapes and SM counts.
 - An activation is one entry of the epilogue's ACTIVATIONS table, and every store applies it.
 """
 
@@ -17,10 +17,10 @@ from dataclasses import replace
 import pytest
 
 from conftest import ROOT, SPECS_DIR
-from gemmgen.codegen import _environment, generate
+from gemmgen.codegen.cuda import _environment, generate
 from gemmgen.plan import make_plan
 from gemmgen.plan.parts.epilogue import ACTIVATIONS, Activation
-from gemmgen.spec import load_one, parse
+from gemmgen.language.load import load_one, parse
 from host_program import run_on_host
 
 TEMPLATES = ROOT / "templates"
@@ -147,7 +147,7 @@ def _problems(count: int = 300) -> list[tuple[int, int, int, int]]:
 @pytest.mark.parametrize("name", list(LAUNCHES))
 def test_the_c_launcher_starts_the_grid_the_python_launch_decides(name, tmp_path):
     """The schedule part gives its grid as C (what the launcher runs) and in Python (what
-    gemmgen/launch.py and explain use): on many shapes and SM counts, the same blocks along x and y,
+    gemmgen/gpu/launch.py and explain use): on many shapes and SM counts, the same blocks along x and y,
     the same stream-K workspace and the same grids for the kernels launched beside the main one."""
     (spec,) = parse(LAUNCHES[name])
     plan = make_plan(spec)

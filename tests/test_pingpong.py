@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 
 from conftest import SPECS_DIR
-from gemmgen.codegen import generate
-from gemmgen.errors import SpecError
+from gemmgen.codegen.cuda import generate
+from gemmgen.language.errors import SpecError
 from gemmgen.plan import make_plan
-from gemmgen.space import expand
-from gemmgen.spec import load_one, parse
+from gemmgen.plan.space import expand
+from gemmgen.language.load import load_one, parse
 
 KERNEL = """kernel k {{
   target   sm_90a
@@ -125,7 +125,7 @@ def test_the_pingpong_kernels_compile_into_registers(bm, bn, extra):
     """NVRTC builds them for sm_90a, every accumulator in registers (a slab picked through a
     run-time index would put acc in local memory)."""
     pytest.importorskip("cuda.bindings")
-    from gemmgen.compile import compile_plan
+    from gemmgen.gpu.compile import compile_plan
     compiled = compile_plan(make_plan(spec_of(bm=bm, bn=bn, extra=extra)), use_cache=False)
     assert ".local" not in compiled.ptx
     assert all(r.spill_stores == 0 for r in compiled.resources.values())

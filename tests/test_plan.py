@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from gemmgen.codegen import generate
-from gemmgen.errors import SpecError
+from gemmgen.codegen.cuda import generate
+from gemmgen.language.errors import SpecError
 from gemmgen.plan import ARCHS, MAX_THREADS_PER_BLOCK, make_plan, try_plan
-from gemmgen.spec import load_one, parse
+from gemmgen.language.load import load_one, parse
 
 SPECS_DIR = Path(__file__).resolve().parent.parent / "specs"
 

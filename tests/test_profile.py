@@ -1,4 +1,5 @@
-"""gemmgen.profile: parsing ncu's CSV, running ncu (a stand-in on the CPU), and the real thing.
+"""gemmgen.gpu.profile and the profile verb (gemmgen.cli.profile): parsing ncu's CSV, running ncu
+(a stand-in on the CPU), and the real thing.
 
 The CPU tests replace `ncu` with a small script on PATH that records its arguments and prints
 what ncu prints (`--csv --page raw`: ncu's own lines, a header of quoted metric names, a row of
@@ -17,9 +18,11 @@ import pytest
 from click.testing import CliRunner
 
 import gemmgen.cli
-import gemmgen.runtime
-from gemmgen.profile import (METRICS, STALL_REASONS, ProfileError, metric_names, parse_ncu_csv,
-                             profile, profile_command, render_table, stall_metric, summarise)
+import gemmgen.cli.common
+import gemmgen.gpu.runtime
+from gemmgen.cli.profile import profile_command, render_table
+from gemmgen.gpu.profile import (METRICS, STALL_REASONS, ProfileError, metric_names, parse_ncu_csv, profile,
+                                 stall_metric, summarise)
 
 ROOT = Path(__file__).resolve().parent.parent
 WARPTILE = ROOT / "specs" / "warptile.gemm"
@@ -139,7 +142,7 @@ def fake_ncu(tmp_path, monkeypatch):
     (folder / "sample.csv").write_text(SAMPLE)
     (folder / "mode").write_text("ok")
     monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ.get('PATH', '')}")
-    monkeypatch.setattr(gemmgen.cli, "_require_gpu", lambda: None)  # the command checks for a GPU first
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)  # the command checks for a GPU first
 
     class Fake:
         def set_mode(self, mode: str) -> None:
@@ -222,7 +225,7 @@ def test_profile_command_reports_errors_without_a_traceback(fake_ncu):
 
 def test_profile_command_without_a_gpu_exits_2_before_looking_for_ncu(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no ncu either: the GPU is what it says is missing
-    monkeypatch.setattr(gemmgen.runtime, "device_count", lambda: 0)
+    monkeypatch.setattr(gemmgen.gpu.runtime, "device_count", lambda: 0)
     result = CliRunner().invoke(gemmgen.cli.main, ["profile", str(NAIVE)])
     assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
     assert "no CUDA GPU found" in result.output and "ncu" not in result.output

@@ -11,11 +11,11 @@ import re
 import pytest
 
 from conftest import SPECS_DIR
-from gemmgen.codegen import generate
-from gemmgen.errors import SpecError
+from gemmgen.codegen.cuda import generate
+from gemmgen.language.errors import SpecError
 from gemmgen.plan import make_plan
-from gemmgen.space import describe, expand, to_text
-from gemmgen.spec import load_one, parse
+from gemmgen.plan.space import describe, expand, to_text
+from gemmgen.language.load import load_one, parse
 
 KERNEL = """kernel k {{
   target   {target}
@@ -103,8 +103,8 @@ def test_a_persistent_kernel_frees_stages_counted_over_its_segments():
 
 
 def test_explain_says_how_long_the_tensor_cores_sum():
-    from gemmgen.explain import explain
-    from gemmgen.compile import Resources
+    from gemmgen.explain.report import explain
+    from gemmgen.gpu.compile import Resources
     resources = Resources(registers=168, spill_stores=0, spill_loads=0, stack_frame=0, shared_static=0)
     (note,) = [n for n in explain(make_plan(spec_of("64")), resources).notes if "promote" in n]
     assert note.startswith("The tensor cores sum 2 K tiles (64 of K) of products before the consumers add")
@@ -117,7 +117,7 @@ def test_ptxas_keeps_the_groups_mmas_in_flight(promote, extra):
     """ptxas waits for in-flight MMAs itself (C7517) where a path may reach a use of their
     accumulators; a group loop that left MMAs in flight across its back edge got such a wait."""
     pytest.importorskip("cuda.bindings")
-    from gemmgen.compile import compile_plan
+    from gemmgen.gpu.compile import compile_plan
     compiled = compile_plan(make_plan(spec_of(promote, extra=extra)), use_cache=False)
     assert "C7517" not in compiled.log and "C7514" not in compiled.log, compiled.log[-2000:]
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gemmgen import strategies
+from gemmgen.tuning import strategies
 from gemmgen.cli import main
-from gemmgen.replay import ReplayEvaluator, Run, load_recording, must_hold, replay, run_strategy
-from gemmgen.replay import testbed_recordings as recorded_test_bed
-from gemmgen.space import expand, point_key
-from gemmgen.spec import load_one
-from gemmgen.verify import Case
+from gemmgen.tuning.replay import ReplayEvaluator, Run, load_recording, must_hold, replay, run_strategy
+from gemmgen.tuning.replay import testbed_recordings as recorded_test_bed
+from gemmgen.plan.space import expand, point_key
+from gemmgen.language.load import load_one
+from gemmgen.gpu.verify import Case
 
 ROOT = Path(__file__).resolve().parent.parent
 TUNING = ROOT / "benchmarks" / "tuning"

@@ -16,9 +16,9 @@ import sys
 import pytest
 
 from conftest import ROOT, SPECS_DIR
-from gemmgen import compile as compile_mod
+from gemmgen.gpu import compile as compile_mod
 from gemmgen.plan import make_plan
-from gemmgen.spec import load_one
+from gemmgen.language.load import load_one
 
 # Like every gemmgen kernel: a template in a namespace with constexpr constants, and no
 # external-linkage definition from which NVRTC could name the file's internal entities.
@@ -33,9 +33,9 @@ NAMES = ["k_impl::scale<true>", "k_impl::scale<false>"]
 ELSEWHERE = r"""
 import hashlib, sys
 sys.path.insert(0, sys.argv[1])
-from gemmgen import compile as compile_mod
+from gemmgen.gpu import compile as compile_mod
 from gemmgen.plan import make_plan
-from gemmgen.spec import load_one
+from gemmgen.language.load import load_one
 if sys.argv[2] == "source":
     compiled = compile_mod.compile_source(sys.argv[3], "sm_80", sys.argv[4:], use_cache=False)
 else:
@@ -59,7 +59,9 @@ def test_internal_names_carry_no_process_id_or_time():
     assert hashlib.sha256(here.cubin).hexdigest() == compiled_in_another_process("source", TEMPLATED, *NAMES)
 
 
-@pytest.mark.parametrize("spec", ["blocktile_2d", "tensorcore_tf32", "hopper_tf32_pingpong"],
+# A small SIMT kernel: NVRTC 13.5's optimizer varies the code of a few large SIMT kernels from one
+# process to another on some hosts (blocktile_2d on CI's machine; docs/python.md says so).
+@pytest.mark.parametrize("spec", ["naive", "tensorcore_tf32", "hopper_tf32_pingpong"],
                          ids=["simt", "mma.sync", "wgmma"])
 def test_two_compiles_of_a_spec_give_the_same_cubin(spec):
     path = SPECS_DIR / f"{spec}.gemm"

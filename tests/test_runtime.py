@@ -1,4 +1,4 @@
-"""gemmgen.runtime on the CPU: how arrays become (pointer, rows, cols, leading dimension), and what a
+"""gemmgen.gpu.runtime on the CPU: how arrays become (pointer, rows, cols, leading dimension), and what a
 user hears where there is no driver, no GPU, no CuPy or an array on the host.
 
 Device arrays are stood in for by objects with a `__cuda_array_interface__`; nothing is launched.
@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-import gemmgen.runtime as runtime
-from gemmgen.runtime import MissingPackageError, NoGpuError, ShapeError, as_matrix, stream_handle
+import gemmgen.gpu.runtime as runtime
+from gemmgen.gpu.runtime import MissingPackageError, NoGpuError, ShapeError, as_matrix, stream_handle
 
 
 class FakeDeviceArray:
@@ -164,7 +164,7 @@ class FakeDriver:
 
 @pytest.mark.parametrize("before", [0, 100, 101], ids=["no-context", "device-0-current", "device-1-current"])
 def test_on_device_makes_the_device_current_and_gives_the_callers_back(monkeypatch, before):
-    import gemmgen.runtime as runtime
+    import gemmgen.gpu.runtime as runtime
 
     driver = FakeDriver(before)
     monkeypatch.setattr(runtime, "_driver", lambda: driver)
@@ -198,7 +198,7 @@ def test_without_a_driver_every_entry_point_says_no_driver_and_what_works(monkey
     """This machine has no libcuda.so.1: cuda-python's loader raises DynamicLibNotFoundError at the
     first driver call. The user hears gemmgen's NoGpuError instead, before any compile starts."""
     from gemmgen.plan import make_plan
-    from gemmgen.spec import load_one
+    from gemmgen.language.load import load_one
     from conftest import SPECS_DIR
 
     monkeypatch.setattr(runtime, "_driver_module", None)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from host_program import run_on_host
 
-from gemmgen.codegen import _environment, generate
-from gemmgen.errors import SpecError
+from gemmgen.codegen.cuda import _environment, generate
+from gemmgen.language.errors import SpecError
 from gemmgen.plan import make_plan
 from gemmgen.plan.schedule import deal
-from gemmgen.spec import parse
+from gemmgen.language.load import parse
 
 KERNEL = """kernel k {{
   target   sm_90a
@@ -203,7 +203,7 @@ def test_stream_k_pieces_are_counted_and_summed_in_order(tmp_path):
 @pytest.mark.parametrize("math", ["tf32", "3xtf32"])
 @pytest.mark.parametrize("schedule", ["persistent", "stream-k"])
 def test_scheduled_kernels_compile_without_spills(math, schedule):
-    from gemmgen.compile import compile_plan
+    from gemmgen.gpu.compile import compile_plan
     plan = make_plan(spec_of(schedule, math=math, bn=256 if math == "tf32" else 128,
                              stages=4 if math == "tf32" else 3))
     compiled = compile_plan(plan)
@@ -220,8 +220,8 @@ def test_data_parallel_kernels_hold_no_scheduler():
 
 
 def test_explain_shows_how_the_work_is_dealt():
-    from gemmgen.explain import as_dict, explain, render_text
-    from gemmgen.compile import Resources
+    from gemmgen.explain.report import as_dict, explain, render_text
+    from gemmgen.gpu.compile import Resources
     plan = make_plan(spec_of("stream-k"))
     report = explain(plan, Resources(168, 0, 0, 0, 0))
     text = render_text(report)
@@ -234,7 +234,7 @@ def test_explain_shows_how_the_work_is_dealt():
 
 
 def test_a_scheduled_point_is_written_and_described_with_its_schedule():
-    from gemmgen.space import describe, point_key, to_text
+    from gemmgen.plan.space import describe, point_key, to_text
     spec = spec_of("stream-k")
     assert describe(spec).endswith("schedule=stream-k") and "schedule" not in describe(spec_of("data-parallel"))
     (again,) = parse(to_text(spec, "again"))
@@ -246,7 +246,7 @@ def test_the_runtime_keeps_a_workspace_per_stream_grows_it_and_keeps_sixteen(mon
     """Kernel._workspace as the C launcher's stream_workspace: one per stream, reused, grown (the
     stream waited for, the old one freed), zeroed when allocated, the least recently used of more
     than sixteen streams freed after the context is waited for."""
-    import gemmgen.runtime as runtime
+    import gemmgen.gpu.runtime as runtime
 
     class Driver:
         class CUresult:
@@ -302,7 +302,7 @@ def test_a_workspace_first_needed_inside_a_graph_capture_is_made_outside_it(monk
     is allocated in relaxed mode and zeroed on a private stream that is waited for, never on the
     capturing stream (a capture would only record the zeroing); nothing waits for the capturing
     stream, and a workspace outgrown there is freed at close(), not while the graph may use it."""
-    import gemmgen.runtime as runtime
+    import gemmgen.gpu.runtime as runtime
     from cuda.bindings import driver as real
 
     class Driver:

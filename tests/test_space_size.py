@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import gemmgen.cli
+import gemmgen.cli.common
 from gemmgen.cli import main
-from gemmgen.errors import SpecError
-from gemmgen.library import MAX_LISTED_MEMBERS, load_libraries
-from gemmgen.space import MAX_POINTS, check_size, expand, size
-from gemmgen.spec import load, parse
-from gemmgen.tune import best_recorded, tune
-from gemmgen.verify import Case
+from gemmgen.language.errors import SpecError
+from gemmgen.library.model import MAX_LISTED_MEMBERS
+from gemmgen.library.resolve import load_libraries
+from gemmgen.plan.space import MAX_POINTS, check_size, expand, size
+from gemmgen.language.load import load, parse
+from gemmgen.tuning.tune import best_recorded, tune
+from gemmgen.gpu.verify import Case
 
 # 4^7 x 2^2 x 3^2 x 4 x 5 = 11,796,480 points; its largest set (5 values) is split's, line 8
 BIG = """kernel big {
@@ -132,7 +133,7 @@ def test_tune_and_build_from_db_refuse_before_any_gpu_work(tmp_path):
 
 @pytest.mark.parametrize("verb", ["replay", "tune", "build"])
 def test_verbs_refuse_a_space_over_the_limit_at_once(tmp_path, monkeypatch, verb):
-    monkeypatch.setattr(gemmgen.cli, "_require_gpu", lambda: None)  # tune checks before any GPU work
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)  # tune checks before any GPU work
     path = tmp_path / "big.gemm"
     path.write_text(BIG)
     db = tmp_path / "t.jsonl"
@@ -197,7 +198,7 @@ def test_a_library_naming_too_many_members_is_refused(tmp_path):
 @pytest.mark.parametrize("verb", ["build", "explain", "tune"])
 def test_verbs_refuse_a_library_with_a_huge_member_at_once(tmp_path, monkeypatch, verb):
     # the issue: build, explain and tune ran on past 60 s, at 440 MB and growing
-    monkeypatch.setattr(gemmgen.cli, "_require_gpu", lambda: None)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
     path = tmp_path / "lib.gemm"
     path.write_text(HUGE + PORTABLE + library("portable", "huge"))
     extra = {"build": ["--from-db", path, "-o", tmp_path / "out"], "tune": ["--db", tmp_path / "t.jsonl"]}

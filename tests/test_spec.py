@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gemmgen.errors import SpecError
+from gemmgen.language.errors import SpecError
 from gemmgen.plan import make_plan
-from gemmgen.spec import SETTINGS, Spec, load, load_file, load_one, parse
+from gemmgen.language.load import load, load_file, load_one, parse
+from gemmgen.language.spec import SETTINGS, Spec
 
 SPECS_DIR = Path(__file__).resolve().parent.parent / "specs"
 SPEC_FILES = sorted(SPECS_DIR.glob("*.gemm"))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from gemmgen.errors import SpecError
+from gemmgen.language.errors import SpecError
 from gemmgen.plan import make_plan
-from gemmgen.spec import parse
+from gemmgen.language.load import parse
 from spec_reports import assert_quotes_line_with_caret
 
 

@@ -31,19 +31,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gemmgen.codegen import generate
-from gemmgen.compile import Resources
-from gemmgen.errors import SpecError
-from gemmgen.explain import as_dict, explain, render_text
-from gemmgen.library import resolve
+from gemmgen.codegen.cuda import generate
+from gemmgen.gpu.compile import Resources
+from gemmgen.language.errors import SpecError
+from gemmgen.explain.report import as_dict, explain, render_text
+from gemmgen.library.resolve import resolve
 from gemmgen.plan import make_plan, try_plan
-from gemmgen.space import describe, expand, size, to_text
-from gemmgen.spec import SETTINGS, USAGE, parse, parse_file
+from gemmgen.plan.space import describe, expand, size, to_text
+from gemmgen.language.load import parse, parse_file
+from gemmgen.language.spec import SETTINGS
+from gemmgen.language.syntax import USAGE
 from spec_reports import assert_good_report
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_FILES = sorted((ROOT / "specs").glob("*.gemm"))
-GRAMMAR = (ROOT / "gemmgen" / "grammar.lark").read_text()
+GRAMMAR = (ROOT / "gemmgen" / "language" / "grammar.lark").read_text()
 DEADLINE = timedelta(seconds=2)  # per example: parse, plan, generate, expand, resolve
 EXPANDED = 512                   # spaces up to this many points are expanded whole, larger ones sampled
 RESOLVED = 2_000                 # libraries whose members hold up to this many points are resolved

@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from gemmgen.cli import main
-from gemmgen.errors import SpecError
-from gemmgen.spec import MAX_EXTENDS_DEPTH, MAX_LOAD_BYTES, MAX_SPEC_FILES, load, parse
+from gemmgen.language.errors import SpecError
+from gemmgen.language.load import MAX_EXTENDS_DEPTH, MAX_LOAD_BYTES, MAX_SPEC_FILES, load, parse
 
 KERNEL = "kernel k {\n  block 64 x 64 x 8\n  thread 4 x 4\n}\n"
 

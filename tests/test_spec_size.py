@@ -8,8 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from gemmgen.cli import main
-from gemmgen.errors import SpecError
-from gemmgen.spec import MAX_SPEC_BYTES, load, parse
+from gemmgen.language.errors import SpecError
+from gemmgen.language.load import load, parse
+from gemmgen.language.spec import MAX_SPEC_BYTES
 
 SMALL_KERNEL = "kernel small {\n  block 64 x 64 x 8\n  thread 4 x 4\n}\n"
 

@@ -11,12 +11,12 @@ import subprocess
 import pytest
 
 from conftest import SPECS_DIR
-from gemmgen.codegen import derived_numbers, generate
-from gemmgen.errors import SpecError
-from gemmgen.explain import global_accesses
+from gemmgen.codegen.cuda import derived_numbers, generate
+from gemmgen.language.errors import SpecError
+from gemmgen.explain.analysis import global_accesses
 from gemmgen.plan import make_plan
-from gemmgen.space import describe, expand, to_text
-from gemmgen.spec import load_one, parse
+from gemmgen.plan.space import describe, expand, to_text
+from gemmgen.language.load import load_one, parse
 
 KERNEL = """kernel k {{
   target   sm_90a
@@ -225,7 +225,7 @@ def test_the_staged_kernels_keep_everything_in_registers(extra, math, bn, stages
     """No local memory: an accumulator picked through a run-time index or pointer (as a first
     conflict-free store order did) sends arrays to the stack, and the epilogue ran 20% slower."""
     pytest.importorskip("cuda.bindings")
-    from gemmgen.compile import compile_plan
+    from gemmgen.gpu.compile import compile_plan
     compiled = compile_plan(make_plan(spec_of(extra=extra, math=math, bn=bn, stages=stages)), use_cache=False)
     assert ".local" not in compiled.ptx
     assert all(r.spill_stores == 0 for r in compiled.resources.values())

@@ -9,11 +9,11 @@ from collections import Counter
 import pytest
 
 from conftest import SPECS_DIR
-from gemmgen.codegen import generate
-from gemmgen.compile import compile_plan
+from gemmgen.codegen.cuda import generate
+from gemmgen.gpu.compile import compile_plan
 from gemmgen.plan import make_plan
-from gemmgen.errors import SpecError
-from gemmgen.spec import load_one, parse
+from gemmgen.language.errors import SpecError
+from gemmgen.language.load import load_one, parse
 
 
 def plan_of(text: str):

@@ -17,10 +17,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import gemmgen  # noqa: E402
-import gemmgen.dispatch as dispatch  # noqa: E402
+import gemmgen.library.dispatch as dispatch  # noqa: E402
 import gemmgen.torch as gtorch  # noqa: E402
-from gemmgen.layouts import CLASSES  # noqa: E402
-from gemmgen.runtime import ShapeError  # noqa: E402
+from gemmgen.library.layouts import CLASSES  # noqa: E402
+from gemmgen.gpu.runtime import ShapeError  # noqa: E402
 from host_libraries import LibraryOnHost  # noqa: E402
 from torch_on_host import register_cpu_kernel  # noqa: E402
 

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-import gemmgen.dispatch as dispatch  # noqa: E402
+import gemmgen.library.dispatch as dispatch  # noqa: E402
 import gemmgen.torch as gtorch  # noqa: E402
 from gemmgen.torch import nn as gnn  # noqa: E402
 from torch_on_host import fast_path_on_host  # noqa: E402
@@ -140,7 +140,7 @@ def test_linear_gradients_match_float64_and_the_weights_gradient_keeps_its_layou
 
 
 def test_inputs_a_linear_cannot_take_are_refused_with_the_reason(host):
-    from gemmgen.runtime import ShapeError
+    from gemmgen.gpu.runtime import ShapeError
     layer = gtorch.Linear(5, 3)
     with pytest.raises(ShapeError, match="A is 4 x 6 but B is 5 x 3: inner sizes differ"):
         layer(torch.randn(2, 2, 6))

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from gemmgen import strategies
-from gemmgen.c_header import dispatcher_header_source
-from gemmgen.codegen import dispatcher_source
+from gemmgen.tuning import strategies
+from gemmgen.codegen.c_header import dispatcher_header_source
+from gemmgen.codegen.cuda import dispatcher_source
 from gemmgen.plan import make_plan
-from gemmgen.space import describe, expand, point_key, to_text
-from gemmgen.spec import load_one, parse
-from gemmgen.tune import best_recorded, db_scope, load_records, summarize
-from gemmgen.verify import Case
+from gemmgen.plan.space import describe, expand, point_key, to_text
+from gemmgen.language.load import load_one, parse
+from gemmgen.tuning.runner import db_scope, load_records
+from gemmgen.tuning.tune import best_recorded, summarize
+from gemmgen.gpu.verify import Case
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 
@@ -193,7 +194,7 @@ def test_build_takes_the_best_recorded_point_of_a_search_space(tmp_path):
                                        "--shape", "4096x4096x4096", "-o", str(out), "--no-compile"])
     assert result.exit_code == 0, result.output
     assert f"best recorded point {describe(plans[1].spec)} (7.00 TFLOP/s" in result.output
-    from gemmgen.codegen import generate
+    from gemmgen.codegen.cuda import generate
     assert out.read_text() == generate(plans[1])
     missing = CliRunner().invoke(main, ["build", str(SPECS / "hopper_refine.gemm"), "--from-db", str(db),
                                         "--shape", "64x64x64", "-o", str(out)])
@@ -201,7 +202,7 @@ def test_build_takes_the_best_recorded_point_of_a_search_space(tmp_path):
 
 
 def test_compile_cache_serves_a_second_compile_without_nvrtc(tmp_path, monkeypatch):
-    from gemmgen import compile as compile_mod
+    from gemmgen.gpu import compile as compile_mod
 
     monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path))
     plan = make_plan(load_one(SPECS / "naive.gemm"))
@@ -225,20 +226,20 @@ def test_compile_cache_serves_a_second_compile_without_nvrtc(tmp_path, monkeypat
 # --- the baseline follows the space's precision ------------------------------------------------
 
 def _space(math_line: str):
-    from gemmgen.space import expand
+    from gemmgen.plan.space import expand
     (spec,) = parse("kernel s {\n  block {64, 128} x 64 x 32\n  warp 32 x 32\n  " + math_line + "\n}\n", "s.gemm")
     return expand(spec)
 
 
 def test_a_search_is_timed_against_cublas_in_its_own_precision():
-    from gemmgen.tune import search_baseline
+    from gemmgen.tuning.measure import search_baseline
     assert search_baseline(_space("math tf32")) == "cuBLAS TF32"
     assert search_baseline(_space("math 3xtf32")) == "cuBLAS FP32"
 
 
 def test_a_search_mixing_tf32_with_fp32_accurate_math_is_refused_at_the_math_line():
-    from gemmgen.errors import SpecError
-    from gemmgen.tune import search_baseline
+    from gemmgen.language.errors import SpecError
+    from gemmgen.tuning.measure import search_baseline
     with pytest.raises(SpecError) as info:
         search_baseline(_space("math {tf32, 3xtf32}"))
     assert (info.value.line, info.value.column) == (4, 8)

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import gemmgen.cli
-import gemmgen.tune
+import gemmgen.cli.common
+import gemmgen.tuning.tune
 from conftest import ROOT, SPECS_DIR
-from gemmgen import tuning_db
+from gemmgen.tuning import database as tuning_db
 from gemmgen.cli import main
-from gemmgen.space import describe, expand, point_key
-from gemmgen.spec import load
+from gemmgen.plan.space import describe, expand, point_key
+from gemmgen.language.load import load
 
 BENCHMARK_DBS = sorted((ROOT / "benchmarks").rglob("*.jsonl"))
 TC_DB = ROOT / "benchmarks" / "tuning" / "2026-11-23-h100-testbed-hopper_tc_search.jsonl"  # at 2048^3
@@ -54,8 +54,8 @@ def search_spaces() -> dict:
 # --- every database we ship reads, and its labels name its points ---------------------------------
 
 def test_every_database_in_benchmarks_reads_and_its_labels_hold():
-    from gemmgen import cli_library
-    from gemmgen.library import load_libraries
+    from gemmgen.cli import library as cli_library
+    from gemmgen.library.resolve import load_libraries
 
     assert len(BENCHMARK_DBS) >= 20
     spaces = search_spaces()
@@ -142,14 +142,14 @@ def test_replay_names_the_file_and_line_of_a_malformed_database(tmp_path, case):
 
 @pytest.fixture
 def no_gpu_needed(monkeypatch):
-    monkeypatch.setattr(gemmgen.cli, "_require_gpu", lambda: None)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
 
 
 @pytest.mark.parametrize("case", ["random bytes", "a JSON array", "a time that is no number"])
 def test_tune_refuses_a_malformed_database_before_any_work(tmp_path, no_gpu_needed, monkeypatch, case):
     content, message = MALFORMED[case]
     db = write(tmp_path / "bad.jsonl", content)
-    monkeypatch.setattr(gemmgen.tune, "tune", lambda *a, **k: pytest.fail("tuned with a malformed database"))
+    monkeypatch.setattr(gemmgen.tuning.tune, "tune", lambda *a, **k: pytest.fail("tuned with a malformed database"))
     refused(invoke("tune", TC_SPEC, "--db", db), f"{db}{message}")
     refused(invoke("tune", SPECS_DIR / "fp32.gemm", "--db", db, "-o", tmp_path / "out/"), f"{db}{message}")
     assert db.read_bytes() == (content if isinstance(content, bytes) else content.encode())

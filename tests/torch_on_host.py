@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-import gemmgen.dispatch as dispatch
-from gemmgen.layouts import CLASSES
-from gemmgen.runtime import ShapeError
+import gemmgen.library.dispatch as dispatch
+from gemmgen.library.layouts import CLASSES
+from gemmgen.gpu.runtime import ShapeError
 from gemmgen.torch import ops
 from host_libraries import LibraryOnHost
 

@@ -2,10 +2,10 @@
 file, or cuBLAS TF32, same A (row), B (col), C (row) buffers."""
 import sys
 import cupy as cp
-from gemmgen.baseline import cublas_gemm
+from gemmgen.gpu.baseline import cublas_gemm
 from gemmgen.plan import make_plan
-from gemmgen.runtime import Kernel
-from gemmgen.spec import load
+from gemmgen.gpu.runtime import Kernel
+from gemmgen.language.load import load
 what, M, N, K = sys.argv[1], *map(int, sys.argv[2:5])
 b_layout = sys.argv[5] if len(sys.argv) > 5 else "col"
 A = cp.ascontiguousarray(cp.random.default_rng(0).uniform(-1, 1, (M, K), dtype=cp.float32))

@@ -1,6 +1,6 @@
 """Carry a tuning database recorded at an older commit over to today's point keys.
 
-A point's key hashes every setting of its concrete spec (gemmgen/space.py: point_key), so a new
+A point's key hashes every setting of its concrete spec (gemmgen/plan/space.py: point_key), so a new
 setting in the language, or a spec line spelled differently (`stages {2, 3}` becoming
 `stages {2, 3} tma` for the same kernels), changes the keys of points that did not change.
 This script expands SPACE with the code of COMMIT (from `git archive`, in a temporary folder) and
@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 KEYS_BY_COORDS = """
 import json, sys
 sys.path.insert(0, '.')
-from gemmgen.spec import load_one
-from gemmgen.space import expand, point_key
+from gemmgen.language.load import load_one
+from gemmgen.plan.space import expand, point_key
 space = expand(load_one(sys.argv[1]))
 print(json.dumps({"keys": space.keys,
                   "points": [[list(c), point_key(p.spec)] for c, p in space.plan_at.items()]}))

@@ -16,8 +16,8 @@ mainloop, make_plan choosing:
 
 from __future__ import annotations
 
-from ..errors import SpecError
-from ..spec import Spec
+from ..language.errors import SpecError
+from ..language.spec import Spec
 from .arch import (ARCHS, MAX_REGISTERS_PER_THREAD, MAX_THREADS_PER_BLOCK, STATIC_SMEM_LIMIT, WARP,  # noqa: F401
                    Arch)
 from .base import Plan  # noqa: F401

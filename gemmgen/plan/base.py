@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..spec import Spec
+from ..language.spec import Spec
 from .arch import Arch
 from .parts.epilogue import Epilogue
 from .parts.mainloop import Mainloop

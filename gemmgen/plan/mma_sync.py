@@ -3,7 +3,7 @@ tiling fits it, and when fragments can be read with ldmatrix. The rest of the ke
 
 from __future__ import annotations
 
-from ..spec import Spec
+from ..language.spec import Spec
 from .arch import Arch
 from .parts.operand import Operand
 

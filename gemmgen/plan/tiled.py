@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from math import gcd
 
-from ..spec import Spec
+from ..language.spec import Spec
 from .arch import MAX_REGISTERS_PER_THREAD, MAX_THREADS_PER_BLOCK, WARP, Arch
 from .base import Plan
 from .parts.operand import Operand

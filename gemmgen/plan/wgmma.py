@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..spec import Spec
+from ..language.spec import Spec
 from .arch import MAX_REGISTERS_PER_THREAD, Arch
 from .base import Plan
 from .parts.epilogue import check_no_reduce, check_tma_store, warpgroup_epilogue
@@ -148,12 +148,11 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         # measured: 4096^3 with ld + 1, 84.8 against 78.0 TFLOP/s; 2048^3 with ld + 1, 78.7
         # against 74.9; 127x4099x1023, 28.6 against 12.4 (64-row blocks spread skinny C over
         # the SMs).
-        from . import make_plan  # the fallback is planned like any spec
-        fallback = make_plan(replace(spec.with_values(
+        fallback = wgmma_plan(replace(spec.with_values(
             block_m=64, block_n=128, warp_m=64, warp_n=128, mma_m=64, mma_n=128, mma_k=8, stages=4,
             stages_fill="async", schedule="data-parallel", cluster_m=1, cluster_n=1, epilogue_staged=False,
             promote=0),
-            name=f"{spec.name}_fallback"))
+            name=f"{spec.name}_fallback"), arch)  # make_plan's choice for it: the register-fed path
     tile = Tile(BM=BM, BN=BN, BK=BK, WM=64, WN=BN, TM=2, TN=2, RM=slabs, RN=BN // 8,
                 SUB_M=64 if slabs > 1 else 16, SUB_N=8, warp_tiling=True, warps_m=consumers, warps_n=1,
                 lanes_m=8, lanes_n=4, threads=threads, order="n", m_step=8, occupancy=1)

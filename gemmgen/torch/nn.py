@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..dispatch import PRECISIONS
+from ..library.dispatch import PRECISIONS
 from .ops import matmul_op
 
 _FLOAT32 = torch.float32

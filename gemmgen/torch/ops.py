@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ..dispatch import PRECISIONS, torch_matmul
+from ..library.dispatch import PRECISIONS, torch_matmul
 
 _library = torch.library.Library("gemmgen", "DEF")
 _library.define("matmul(Tensor a, Tensor b, float alpha=1.0, str precision='fp32') -> Tensor")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ...spec import Spec
+from ...language.spec import Spec
 from ..arch import Arch
 from .launch import REDUCE_CLEAR, REDUCE_FINISH, Helper, Parameter, TensorMapSpec
 

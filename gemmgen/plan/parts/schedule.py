@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from math import ceil
 from typing import ClassVar
 
-from ...spec import Spec
+from ...language.spec import Spec
 from .launch import SCALE_C, Helper, Parameter
 
 # A scheduled kernel starts at most this many blocks (one per SM): stream-K's counters take a

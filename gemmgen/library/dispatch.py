@@ -1,0 +1,442 @@
+"""Choosing a library member per call and launching it from Python: gemmgen.matmul.
+
+The shipped libraries (`fp32`, FP32-accurate; `tf32`) are manifests (manifest.py) tuned on one GPU,
+each for one operand class (layouts.py): `fp32` takes A row-major and B column-major, `fp32_rr`,
+`fp32_cc` and `fp32_cr` the other three (tf32 alike), and a column-major C is computed as the
+row-major C^T = B^T A^T. For each call the member predicted fastest for its shape and alignment is
+compiled with NVRTC (once: cubins are cached on disk) and launched on the caller's current stream.
+On a GPU the library was not tuned for, its portable member, compiled for that GPU, serves every
+call, and a warning says so once.
+
+PyTorch tensors take the fast path: everything that decides a launch (shapes, strides, pointer
+alignment, dtype, device, beta != 0, precision) is one dictionary key, resolved once into the
+chosen member's prepared launch (launch.py) and whether A and B swap; a call then reads its
+tensors' addresses, allocates the output and launches. Parameters and tensors that require grad
+work (no autograd is recorded: see gemmgen.torch for the differentiable operator); no CuPy is
+needed. CuPy arrays and anything with __cuda_array_interface__ or DLPack take the general path.
+
+An operand with no unit stride, or whose class has no library built yet (generated/fp32_rr.json
+...), is copied once per call into a layout a built library takes, and a warning says so, once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ..gpu.compile import compile_all
+from ..gpu.launch import PreparedLaunch
+from ..gpu.runtime import Kernel, ShapeError, as_matrix, device_array, device_info, require_cupy, stream_handle
+from ..gpu.transpose import transpose
+from ..outputs import complete_pending
+from ..plan import make_plan
+from .layouts import CLASSES, Operand, Route, library_name, route
+from .manifest import candidates_of, member_plans
+from .selection import alignment_class, choose
+
+PRECISIONS = ("fp32", "tf32")
+BASE = ("row", "col")
+
+
+def _libraries_dir() -> Path:
+    """generated/ of a source checkout, or the package's copy of the shipped manifests."""
+    source_tree = Path(__file__).resolve().parents[2] / "generated"
+    if source_tree.is_dir():
+        return source_tree
+    return Path(__file__).resolve().parents[1] / "libraries"  # the wheel's gemmgen.libraries
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
+
+
+def shipped_manifest(precision: str, klass: tuple[str, str] = BASE) -> dict:
+    """The manifest of the shipped library of a precision and operand class."""
+    _check_precision(precision)
+    name = library_name(precision, klass)
+    path = _libraries_dir() / f"{name}.json"
+    try:
+        complete_pending(path)  # a build of the library killed while renaming its files: finish it
+        manifest = json.loads(path.read_text())
+    except OSError as exc:
+        how = (f"reinstall gemmgen, or tune one with gemmgen tune specs/{precision}.gemm" if klass == BASE else
+               f"build a library {name} with layout A {klass[0]}, B {klass[1]}, C row (none ships yet)")
+        raise FileNotFoundError(f"the {name} library ({path}) is missing: {exc.strerror}; {how}") from None
+    expected = {"A": klass[0], "B": klass[1], "C": "row"}
+    if manifest.get("layout") != expected:
+        raise ValueError(f"{path}: library {manifest.get('library')} has layout {manifest.get('layout')}, "
+                         f"not {expected} as {name} must")
+    return manifest
+
+
+@lru_cache(maxsize=None)
+def available_classes(precision: str) -> frozenset:
+    """The operand classes whose libraries of this precision are built (their manifests exist);
+    the base class always counts (its absence is an error when it is loaded)."""
+    folder = _libraries_dir()
+    return frozenset(k for k in CLASSES if k == BASE or (folder / f"{library_name(precision, k)}.json").is_file())
+
+
+class LibraryRuntime:
+    """A library manifest ready to run on one device: choose a member per call, launch it."""
+
+    def __init__(self, manifest: dict, device: int = 0):
+        self.manifest = manifest
+        self.name = manifest["library"]
+        self.device = device
+        self.info = device_info(device)
+        self.plans = member_plans(manifest)
+        self.candidates = candidates_of(manifest)
+        self.layouts = manifest["layout"]
+        tuned = manifest["device"]["compute_capability"]
+        self.tuned_gpu = list(self.info.compute_capability) == list(tuned)
+        self.portable = manifest["portable"] if manifest["portable"] is not None else 0
+        self._kernels: dict[int, Kernel] = {}
+        if not self.tuned_gpu:
+            warnings.warn(f"gemmgen library '{self.name}' was tuned for compute capability "
+                          f"{tuned[0]}.{tuned[1]} ({manifest['device']['name']}); this {self.info.name} is "
+                          f"{self.info.target}: every call runs its portable member "
+                          f"{manifest['members'][self.portable]['name']} ({manifest['members'][self.portable]['point']})",
+                          RuntimeWarning, stacklevel=3)
+
+    @property
+    def plan(self):
+        """The layouts and precision every member shares (bench reads them here)."""
+        return self.plans[self.portable]
+
+    def choose(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
+               pointers: tuple[int, int, int] = (0, 0, 0), beta: float = 0.0) -> int:
+        """Index of the member that runs this call (pointers: addresses, or their residues mod 16)."""
+        if not self.tuned_gpu:
+            return self.portable
+        return self._choose(M, N, K, alignment_class(lda, ldb, ldc, pointers), beta != 0.0)
+
+    @lru_cache(maxsize=4096)  # noqa: B019 - one runtime per library and device, kept for the process
+    def _choose(self, M: int, N: int, K: int, klass: str, beta_used: bool) -> int:
+        return choose(self.candidates, M, N, K, klass, self.info.sm_count, beta_used=beta_used,
+                      sm90a=self.info.compute_capability == (9, 0))
+
+    def compile_all(self) -> None:
+        """Compile every member at once (NVRTC in parallel processes, into the disk cache), so that
+        the first call of each does not wait for its compile."""
+        compile_all([self.kernel_plan(i) for i in range(len(self.plans))])
+
+    def kernel_plan(self, index: int):
+        """The plan a member runs as here: its own, or (on a GPU the library was not tuned for)
+        the portable member's, planned for this GPU."""
+        plan = self.plans[index]
+        if self.tuned_gpu:
+            return plan
+        target = self.info.target if self.info.target in ("sm_80", "sm_86", "sm_89", "sm_90") else "sm_80"
+        return make_plan(self.plans[self.portable].spec.with_values(target=target))
+
+    def kernel(self, index: int) -> Kernel:
+        if index not in self._kernels:
+            self._kernels[index] = Kernel(self.kernel_plan(index), device=self.device)
+        return self._kernels[index]
+
+    def prepare(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
+                align: tuple[int, int, int] = (0, 0, 0), beta_used: bool = False) -> PreparedLaunch:
+        """The chosen member's prepared launch for a call key (see Kernel.prepare)."""
+        index = self.choose(M, N, K, lda, ldb, ldc, align, 1.0 if beta_used else 0.0)
+        return self.kernel(index).prepare(M, N, K, lda, ldb, ldc, align, beta_used)
+
+    def launch(self, M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,
+               beta: float, C: int, ldc: int, stream: Any = None, smallest=None) -> int:
+        """The library's C ABI on raw device addresses; returns the index of the member that ran."""
+        A, B, C = int(A or 0), int(B or 0), int(C or 0)  # a null pointer may come as None
+        index = self.choose(M, N, K, lda, ldb, ldc, (A, B, C), beta)
+        self.kernel(index).launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=stream)
+        return index
+
+
+_runtimes: dict[tuple[str, int], LibraryRuntime] = {}
+
+
+def library(precision: str = "fp32", device: int = 0, klass: tuple[str, str] = BASE) -> LibraryRuntime:
+    """The shipped library of this precision and operand class on a device (built once per process)."""
+    key = (library_name(precision, klass), device)
+    if key not in _runtimes:
+        _runtimes[key] = LibraryRuntime(shipped_manifest(precision, klass), device)
+    return _runtimes[key]
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(reasons: tuple[str, ...]) -> None:
+    for reason in reasons:
+        if reason not in _warned:
+            _warned.add(reason)
+            warnings.warn(f"gemmgen: {reason}", RuntimeWarning, stacklevel=4)
+
+
+def matmul(A: Any, B: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
+           precision: str = "fp32", stream: Any = None):
+    """out = alpha * A @ B + beta * out, by the shipped library of `precision` for this GPU.
+
+    A (M x K) and B (K x N) are float32 device arrays (PyTorch, CuPy or DLPack) in any layout with
+    a unit stride; `out` (M x N, row- or column-major) is written in place, or made (same kind as A,
+    row-major) when None, in which case beta must be 0. `precision`: "fp32" (as accurate as FP32:
+    3xTF32 tensor-core kernels) or "tf32" (inputs rounded to TF32, about 1e-3 relative error). Runs
+    on `stream` (default: the framework's current one). No autograd: gemmgen.torch.matmul is the
+    differentiable operator."""
+    torch = sys.modules.get("torch")
+    if (torch is not None and isinstance(A, torch.Tensor) and isinstance(B, torch.Tensor)
+            and (out is None or isinstance(out, torch.Tensor))):
+        return _torch_matmul(torch, A, B, out, alpha, beta, precision, stream)
+    return _array_matmul(A, B, out, alpha, beta, precision, stream)
+
+
+# --- PyTorch tensors: one lookup, one launch -------------------------------------------------------
+
+def torch_matmul(A, B, alpha: float = 1.0, precision: str = "fp32"):
+    """alpha * A @ B for two torch tensors: the fast path without gemmgen.matmul's argument
+    handling (torch.ops.gemmgen.matmul's CUDA kernel)."""
+    return _torch_matmul(sys.modules["torch"], A, B, None, alpha, 0.0, precision, None)
+
+
+class _Call:
+    """A resolved call key: the prepared launch, whether A and B swap, the output's shape and
+    device; or (`route` with copies) the copies to make first."""
+
+    __slots__ = ("run", "swap", "shape", "device", "index", "route")
+
+    def __init__(self, run, swap, shape, device, index, route_=None):
+        self.run, self.swap, self.shape, self.device, self.index, self.route = run, swap, shape, device, index, route_
+
+
+_calls: dict[tuple, _Call] = {}
+CALLS_KEPT = 4096  # call keys resolved and kept (the oldest goes)
+
+
+def _torch_matmul(torch, A, B, out, alpha, beta, precision, stream):
+    pa, pb = A.data_ptr(), B.data_ptr()
+    if out is None:
+        pc = 0
+        # get_device() is -1 for a CPU tensor: the device says CUDA or not
+        key = (precision, A.dtype, B.dtype, A.get_device(), B.get_device(), A.shape, B.shape,
+               A.stride(), B.stride(), pa & 15, pb & 15, beta != 0.0)
+    else:
+        pc = out.data_ptr()
+        key = (precision, A.dtype, B.dtype, A.get_device(), B.get_device(), A.shape, B.shape,
+               A.stride(), B.stride(), pa & 15, pb & 15, beta != 0.0,
+               out.dtype, out.get_device(), out.shape, out.stride(), pc & 15)
+    call = _calls.get(key)
+    if call is None:
+        call = _resolve_torch(torch, key, A, B, out, beta, precision, (pa & 15, pb & 15, pc & 15))
+    if call.route is not None:
+        return _torch_with_copies(torch, call, A, B, out, alpha, beta, precision, stream)
+    if out is None:
+        out = A.new_empty(call.shape)  # float32 on A's device (the key holds both); cheaper than torch.empty
+        pc = out.data_ptr()
+        if pc & 15:  # never from PyTorch's allocator; served all the same
+            return _torch_matmul(torch, A, B, out, alpha, beta, precision, stream)
+    handle = torch._C._cuda_getCurrentRawStream(call.index) if stream is None else stream_handle(stream)
+    if call.swap:
+        call.run(pb, pa, pc, alpha, beta, handle)
+    else:
+        call.run(pa, pb, pc, alpha, beta, handle)
+    return out
+
+
+def _torch_operand(torch, x, name: str) -> Operand:
+    if x.dtype != torch.float32:
+        raise ShapeError(f"{name} must hold float32, not {x.dtype}")
+    if x.dim() != 2:
+        raise ShapeError(f"{name} must be a matrix (2-D), not {x.dim()}-D of shape {tuple(x.shape)}")
+    if not x.is_cuda:
+        raise ShapeError(f"{name} is not on a GPU: a torch tensor on {x.device}; move it with .cuda()")
+    return Operand(name, x.shape[0], x.shape[1], tuple(x.stride()))
+
+
+def _resolve_torch(torch, key, A, B, out, beta, precision, residues) -> _Call:
+    _check_precision(precision)
+    a, b = _torch_operand(torch, A, "A"), _torch_operand(torch, B, "B")
+    M, K, N = a.rows, a.cols, b.cols
+    if b.rows != K:
+        raise ShapeError(f"A is {M} x {K} but B is {b.rows} x {N}: inner sizes differ")
+    device = A.get_device()
+    if B.get_device() != device:
+        raise ShapeError(f"A is on GPU {device} but B on GPU {B.get_device()}")
+    if out is None:
+        if beta != 0.0:
+            raise ValueError("beta != 0 needs an `out` to read C from")
+        c = Operand("out", M, N, (N, 1))
+    else:
+        c = _torch_operand(torch, out, "out")
+        if (c.rows, c.cols) != (M, N):
+            raise ShapeError(f"out must be {M} x {N} for A {M} x {K} times B {K} x {N}, not {tuple(out.shape)}")
+        if out.get_device() != device:
+            raise ShapeError(f"A is on GPU {device} but out on GPU {out.get_device()}")
+    way = route(a, b, c, available_classes(precision), precision)
+    if way.copies:
+        call = _Call(None, False, (M, N), A.device, device, way)
+    else:
+        call = _Call(_prepare(way, M, N, K, residues, precision, device, beta), way.swap, (M, N), A.device, device)
+    if len(_calls) >= CALLS_KEPT:
+        _calls.pop(next(iter(_calls), None), None)
+    _calls[key] = call
+    return call
+
+
+def _prepare(way: Route, M: int, N: int, K: int, residues: tuple[int, int, int], precision: str, device: int,
+             beta: float) -> PreparedLaunch:
+    """The library's prepared launch for a route without copies (residues: A's, B's and C's
+    address % 16; a new output's is 0)."""
+    a16, b16, c16 = residues
+    runtime = library(precision, device, way.klass)
+    lda, ldb, ldc = way.lds
+    if way.swap:
+        return runtime.prepare(N, M, K, lda, ldb, ldc, (b16, a16, c16), beta != 0.0)
+    return runtime.prepare(M, N, K, lda, ldb, ldc, (a16, b16, c16), beta != 0.0)
+
+
+def _torch_copy(x, layout: str):
+    """x dense in `layout`: by gemmgen's transposing copy where x lies the other way on a GPU (with a
+    unit stride), else PyTorch's copy (no unit stride: a strided slice, a broadcast)."""
+    rows, cols = x.shape
+    row_stride, col_stride = x.stride()
+    other = "col" if layout == "row" else "row"
+    reads_other = (row_stride == 1 or cols <= 1) if other == "col" else (col_stride == 1 or rows <= 1)
+    if x.is_cuda and reads_other and rows > 1 and cols > 1:
+        import torch
+        device = x.get_device()
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        if layout == "row":  # x column-major: its transpose (cols x rows) lies row-major, ld its column stride
+            out = x.new_empty((rows, cols))
+            transpose(x.data_ptr(), cols, rows, col_stride, out.data_ptr(), cols, device, stream)
+            return out
+        out = x.new_empty((cols, rows))  # x row-major: written as its transpose, row-major, then seen as x
+        transpose(x.data_ptr(), rows, cols, row_stride, out.data_ptr(), rows, device, stream)
+        return out.t()
+    return x.contiguous() if layout == "row" else x.t().contiguous().t()
+
+
+def _torch_with_copies(torch, call: _Call, A, B, out, alpha, beta, precision, stream):
+    way = call.route
+    _warn_once(way.reasons)
+    if way.copy_a:
+        A = _torch_copy(A, way.copy_a)
+    if way.copy_b:
+        B = _torch_copy(B, way.copy_b)
+    if not way.copy_c:
+        return _torch_matmul(torch, A, B, out, alpha, beta, precision, stream)
+    staged = out.contiguous() if beta != 0.0 else torch.empty(call.shape, dtype=torch.float32, device=call.device)
+    _torch_matmul(torch, A, B, staged, alpha, beta, precision, stream)
+    out.copy_(staged)
+    return out
+
+
+# --- CuPy, DLPack, __cuda_array_interface__ ------------------------------------------------------
+
+def _framework(array: Any) -> str:
+    module = type(array).__module__.split(".")[0]
+    return module if module in ("torch", "cupy") else "other"
+
+
+def _device_of(array: Any) -> int:
+    if _framework(array) == "torch":
+        return array.device.index or 0
+    device = getattr(array, "device", None)
+    return int(getattr(device, "id", 0) or 0)
+
+
+def _copy(array: Any, layout: str):
+    """The same matrix, dense in `layout` (a copy on the GPU)."""
+    if _framework(array) == "torch":
+        return _torch_copy(array, layout)
+    cupy = require_cupy("copying an operand into the layout a library takes")
+    return cupy.ascontiguousarray(array) if layout == "row" else cupy.asfortranarray(array)
+
+
+def _as_array(array: Any, name: str):
+    """The array itself, or (a device array that only speaks DLPack) CuPy's view of it."""
+    if _framework(array) in ("torch", "cupy"):
+        return array
+    return device_array(array, name)  # says why it is no device array (host memory; DLPack without CuPy)
+
+
+def _readable(array: Any, name: str) -> None:
+    """as_matrix's checks that an array can be read at all (device memory, float32, 2-D), with
+    the layout left to routing."""
+    try:
+        as_matrix(array, name, "row")
+    except ShapeError as exc:
+        if "-major" not in str(exc):
+            raise
+
+
+def _current_stream(array: Any) -> int:
+    if _framework(array) == "torch":
+        import torch
+        return torch.cuda.current_stream(array.device).cuda_stream
+    try:
+        import cupy
+        return cupy.cuda.get_current_stream().ptr
+    except ImportError:
+        return 0
+
+
+def _array_operand(array: Any, name: str) -> tuple[Operand, int]:
+    """The operand as routing sees it, and its address. as_matrix says why an array cannot be read
+    at all (a host array, a wrong dtype, not 2-D); whether it reads row- or column-major, or
+    neither (then it is copied), is routing's question."""
+    _readable(array, name)
+    interface = array.__cuda_array_interface__
+    rows, cols = interface["shape"]
+    strides = interface.get("strides") or (cols * 4, 4)
+    return Operand(name, rows, cols, (strides[0] // 4, strides[1] // 4)), interface["data"][0]
+
+
+def _array_matmul(A, B, out, alpha, beta, precision, stream):
+    _check_precision(precision)
+    A, B = _as_array(A, "A"), _as_array(B, "B")
+    a, pa = _array_operand(A, "A")
+    b, pb = _array_operand(B, "B")
+    if a.cols != b.rows:
+        raise ShapeError(f"A is {a.rows} x {a.cols} but B is {b.rows} x {b.cols}: inner sizes differ")
+    M, K, N = a.rows, a.cols, b.cols
+    if out is None:
+        if beta != 0.0:
+            raise ValueError("beta != 0 needs an `out` to read C from")
+        if _framework(A) == "torch":
+            import torch
+            out = torch.empty((M, N), dtype=torch.float32, device=A.device)
+        else:
+            cupy = require_cupy("gemmgen.matmul making `out` for a non-PyTorch array")
+            with cupy.cuda.Device(_device_of(A)):
+                out = cupy.empty((M, N), dtype=cupy.float32)
+    else:
+        out = _as_array(out, "out")
+    c, pc = _array_operand(out, "out")
+    if (c.rows, c.cols) != (M, N):
+        raise ShapeError(f"out must be {M} x {N} for A {M} x {K} times B {K} x {N}, not {(c.rows, c.cols)}")
+    device = _device_of(A)
+    for x, what in ((B, "B"), (out, "out")):
+        if _device_of(x) != device:
+            raise ShapeError(f"A is on GPU {device} but {what} on GPU {_device_of(x)}")
+    way = route(a, b, c, available_classes(precision), precision)
+    if way.copies:
+        _warn_once(way.reasons)
+        A = _copy(A, way.copy_a) if way.copy_a else A
+        B = _copy(B, way.copy_b) if way.copy_b else B
+        if not way.copy_c:
+            return _array_matmul(A, B, out, alpha, beta, precision, stream)
+        staged = _copy(out, "row")
+        _array_matmul(A, B, staged, alpha, beta, precision, stream)
+        out[...] = staged
+        return out
+    runtime = library(precision, device, way.klass)
+    handle = stream_handle(stream) if stream is not None else _current_stream(out)
+    lda, ldb, ldc = way.lds
+    if way.swap:
+        runtime.launch(N, M, K, alpha, pb, lda, pa, ldb, beta, pc, ldc, stream=handle)
+    else:
+        runtime.launch(M, N, K, alpha, pa, lda, pb, ldb, beta, pc, ldc, stream=handle)
+    return out

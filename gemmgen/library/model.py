@@ -1,0 +1,176 @@
+"""What a library is: its members and candidate kernels (Library, Member, resolved by resolve.py),
+the database keys of a candidate and a shape, what the database holds of it on one device
+(read_db, Measurements), and the choice of the members it keeps from those measurements."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..explain.analysis import occupancy
+from ..gpu.compile import compile_plan
+from ..language.shapes import LibraryShape
+from ..language.spec import LibrarySpec, Spec
+from ..plan import Plan
+from ..plan.space import point_key
+from ..tuning import database as tuning_db
+from .selection import MemberShape, alignment_class, tight_leading_dimensions
+
+MANIFEST_FORMAT = 1
+EXHAUSTIVE_LIMIT = 64      # a space with more valid points is searched per shape by a strategy
+WINNERS_PER_SHAPE = 3      # candidates a searched space gives per shape
+MAX_MEMBERS = 10           # kernels a library keeps (each costs compile time and .cu size)
+MAX_LISTED_MEMBERS = 64    # members a library may name (each is found, and its points planned)
+PRECISION_OF_MATH = {"simt": "fp32", "3xtf32": "fp32", "tf32": "tf32"}
+PRECISION_WORDS = {"fp32": "FP32-accurate (math simt or 3xtf32)", "tf32": "TF32 (math tf32)"}
+
+
+@dataclass
+class Member:
+    """A member as the library uses it: its spec in the library's layouts, and its valid points."""
+
+    name: str
+    spec: Spec
+    plans: list[Plan]
+    searched: bool   # a space too large to time whole: a strategy searches it per shape
+
+
+@dataclass
+class Library:
+    spec: LibrarySpec
+    members: list[Member]
+    precision: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def layouts(self) -> dict[str, str]:
+        return self.spec.layouts()
+
+    @property
+    def shapes(self) -> list[LibraryShape]:
+        return list(dict.fromkeys(self.spec.shapes))
+
+    @property
+    def baseline(self) -> str:
+        return "cuBLAS TF32" if self.precision == "tf32" else "cuBLAS FP32"
+
+    def candidates(self) -> list[Plan]:
+        """Every kernel the library times whole: concrete members and the points of small spaces,
+        each once."""
+        seen, plans = set(), []
+        for member in self.members:
+            if member.searched:
+                continue
+            for plan in member.plans:
+                if kernel_key(plan) not in seen:
+                    seen.add(kernel_key(plan))
+                    plans.append(plan)
+        return plans
+
+
+def kernel_key(plan: Plan) -> str:
+    """The database key of a candidate: its settings, whatever member or library it came from."""
+    return point_key(replace(plan.spec, name="kernel"))
+
+
+def shape_key(shape: LibraryShape) -> str:
+    return f"{shape.M}x{shape.N}x{shape.K}" + (f"+{shape.pad}" if shape.pad else "")
+
+
+def read_db(db: Path, library: str) -> dict[str, dict[str, dict]]:
+    """This library's records by device: {device|driver: {what|key: record}} (later lines win).
+    Raises tuning_db.DatabaseError (file:line) for a malformed database."""
+    by_device: dict[str, dict[str, dict]] = {}
+    for _, entry in tuning_db.read(db):
+        device, driver, what, name = entry["scope"].split("|")
+        if name == library:
+            by_device.setdefault(f"{device}|{driver}", {})[f"{what}|{entry['key']}"] = entry
+    return by_device
+
+
+@dataclass
+class Measurements:
+    """What the database holds for one device: validation status and times per (candidate, shape)."""
+
+    status: dict[str, dict] = field(default_factory=dict)       # kernel key -> validation record
+    times: dict[tuple[str, str], float] = field(default_factory=dict)  # (kernel key, shape key) -> ms
+    cublas: dict[str, float] = field(default_factory=dict)      # shape key -> ms
+
+    @classmethod
+    def of(cls, records: dict[str, dict]) -> "Measurements":
+        m = cls()
+        for label, entry in records.items():
+            what, key = label.split("|")
+            if what == "device":
+                continue
+            if what == "validation":
+                m.status[key] = entry
+            elif entry.get("status") == "ok":
+                if key == "cublas":
+                    m.cublas[what] = entry["ms"]
+                else:
+                    m.times[(key, what)] = entry["ms"]
+            else:  # a crash or timeout while timing: the candidate is out
+                m.status[key] = entry
+        return m
+
+    def valid(self, key: str) -> bool:
+        return self.status.get(key, {}).get("status") == "ok"
+
+
+def member_shape(plan: Plan, slots_per_sm: int = 1) -> MemberShape:
+    return MemberShape(plan.BM, plan.BN, plan.BK, plan.split_k, slots_per_sm, plan.schedule == "stream-k",
+                       plan.cluster_m, plan.cluster_n)
+
+
+def slots_per_sm(plan: Plan) -> int:
+    """Blocks of this kernel an SM holds at once (ptxas's registers, the Plan's shared memory)."""
+    if plan.mainloop.owns_sm:  # a wgmma block takes a whole SM (__launch_bounds__(THREADS, 1))
+        return 1
+    resources = max(compile_plan(plan).resources.values(), key=lambda r: r.registers)
+    return max(1, occupancy(plan, resources).blocks)
+
+
+def shape_class(shape: LibraryShape, layouts: dict[str, str]) -> str:
+    lda, ldb, ldc = tight_leading_dimensions(shape.M, shape.N, shape.K, layouts, shape.pad)
+    return alignment_class(lda, ldb, ldc)
+
+
+def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape], limit: int) -> list[Plan]:
+    """Greedy: add the candidate that most lowers the sum over shapes of log(kept best / best), where
+    a shape no kept candidate was timed at counts as 4x slower; stop at `limit` or when nothing
+    gains 0.2% a shape. Always keeps a portable (non-sm_90a) candidate that takes beta."""
+    keys = [shape_key(s) for s in shapes]
+    best = {k: min((m.times[(kernel_key(p), k)] for p in plans if (kernel_key(p), k) in m.times), default=None)
+            for k in keys}
+
+    def cost(kept: list[Plan]) -> float:
+        total = 0.0
+        for k in keys:
+            if best[k] is None:
+                continue
+            times = [m.times[(kernel_key(p), k)] for p in kept if (kernel_key(p), k) in m.times]
+            total += math.log(min(times) / best[k]) if times else math.log(4.0)
+        return total
+
+    kept: list[Plan] = []
+    current = cost(kept)
+    while len(kept) < limit:
+        options = [(cost(kept + [p]), i, p) for i, p in enumerate(plans) if p not in kept and p.beta]
+        if not options:
+            break
+        value, _, plan = min(options, key=lambda o: (o[0], o[1]))
+        if kept and current - value < 0.002 * len(keys):
+            break
+        kept.append(plan)
+        current = value
+    if not any(not p.arch.has_wgmma for p in kept):
+        portable = [p for p in plans if not p.arch.has_wgmma and p.beta]
+        if portable:
+            kept.append(max(portable, key=lambda p: (sum((kernel_key(p), k) in m.times for k in keys),
+                                                     -plans.index(p))))
+    return kept

@@ -1,0 +1,277 @@
+"""Predict a library member's time at any shape, and choose the fastest member for a call.
+
+A library (tune.py) measures its members at the shapes it is tuned for. For a shape nobody
+tuned, the choice rests on two things:
+
+- What the Plan knows about a member: its C tile (BM x BN), K step, split and how many blocks an
+  SM holds. From them, for any M, N, K: the blocks of a launch, the waves they take over the SMs,
+  and the K steps each block walks. A member's time is modelled as
+      t = c0 + c1 * waves * k_steps + c2 * waves + c3 * tile_bytes + c4 * split_bytes
+  (launch cost; the main loop of the busiest SM; each wave's prologue and epilogue; operand
+  traffic through L2; split K's extra pass over C), with c >= 0 fitted to the member's own
+  measurements, relative error minimised.
+- What was measured near the shape: the model's error at the tuned shapes, spread to their
+  neighbours (distance in log M, log N, log K), corrects the prediction. At a tuned shape the
+  measurement itself is the prediction.
+
+Calls are of two alignment classes, with separate data: "aligned" (lda, ldb, ldc multiples of 4
+floats and A, B, C 16-byte aligned: vector loads, TMA) and "unaligned" (the scalar or register-fed
+paths). The same arithmetic is emitted as C for the library's dispatcher (codegen), so the .cu
+and gemmgen.matmul choose alike.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..plan.schedule import dealt_tiles
+
+CLASSES = ("aligned", "unaligned")
+FEATURES = ("launch", "main loop (waves x K steps)", "waves", "operand traffic (GB)", "split K pass over C (GB)")
+# With fewer measurements than this in a class, only the first two terms are fitted.
+FULL_MODEL_POINTS = 8
+# Neighbour weights 1 / (1 + d^2 / BANDWIDTH^2), d the distance in (ln M, ln N, ln K); PRIOR is the
+# weight of "no correction", which takes over far from every tuned shape.
+BANDWIDTH = 0.5
+PRIOR = 0.25
+
+
+def alignment_class(lda: int, ldb: int, ldc: int, pointers: tuple[int, int, int] = (0, 0, 0)) -> str:
+    """The class of a call: whether every row starts 16-byte aligned (4 floats)."""
+    aligned = lda % 4 == 0 and ldb % 4 == 0 and ldc % 4 == 0 and all(p % 16 == 0 for p in pointers)
+    return "aligned" if aligned else "unaligned"
+
+
+def tight_leading_dimensions(M: int, N: int, K: int, layouts: dict[str, str], pad: int = 0) -> tuple[int, int, int]:
+    """lda, ldb, ldc of dense matrices in `layouts`, each `pad` floats longer."""
+    lda = (K if layouts["A"] == "row" else M)
+    ldb = (N if layouts["B"] == "row" else K)
+    ldc = (N if layouts["C"] == "row" else M)
+    return max(1, lda) + pad, max(1, ldb) + pad, max(1, ldc) + pad
+
+
+@dataclass
+class MemberShape:
+    """What a prediction needs to know of a member: its tiling and how many blocks an SM holds."""
+
+    BM: int
+    BN: int
+    BK: int
+    split: int
+    slots_per_sm: int
+    stream_k: bool = False  # schedule stream-k: K tiles dealt evenly over the SMs (plan/schedule.py)
+    cluster_m: int = 1      # clusters: a launch takes whole clusters of cluster_m x cluster_n tiles
+    cluster_n: int = 1
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def features(member: MemberShape, M: int, N: int, K: int, sm_count: int) -> list[float]:
+    """The model's terms for one call (see the module docstring). A stream-K member's main loop is
+    its busiest block's K tiles, its waves the tiles each block finishes, and its last term the
+    partial sums of a shared tile, which its finishing block reads one after another."""
+    tiles_m = _ceil_div(M, member.BM * member.cluster_m) * member.cluster_m
+    tiles_n = _ceil_div(N, member.BN * member.cluster_n) * member.cluster_n
+    if member.stream_k:
+        tiles, k_tiles = tiles_m * tiles_n, max(1, _ceil_div(K, member.BK))
+        blocks = max(1, min(sm_count, tiles * k_tiles))
+        dealt = dealt_tiles(tiles, blocks)
+        busiest = _ceil_div(tiles - dealt, blocks) * k_tiles + _ceil_div(dealt * k_tiles, blocks)
+        operand_gb = 4.0 * (M * K * tiles_n + K * N * tiles_m) / 1e9
+        # The block that arrives last at a shared tile reads all its pieces, one after another.
+        share = dealt * k_tiles // blocks
+        pieces = min(blocks, 1 + _ceil_div(k_tiles - 1, max(share, 1))) if dealt else 1
+        partial_gb = 8.0 * member.BM * member.BN * (pieces - 1) / 1e9
+        return [1.0, float(busiest), float(_ceil_div(tiles, blocks)), operand_gb, partial_gb]
+    blocks = tiles_m * tiles_n * member.split
+    waves = _ceil_div(blocks, max(1, sm_count * member.slots_per_sm))
+    k_steps = _ceil_div(_ceil_div(K, member.BK), member.split)  # K tiles of one slice
+    operand_gb = 4.0 * (M * K * tiles_n + K * N * tiles_m) / 1e9
+    split_gb = 8.0 * M * N / 1e9 if member.split > 1 else 0.0
+    return [1.0, float(waves * k_steps), float(waves), operand_gb, split_gb]
+
+
+def _least_squares(X: list[list[float]], y: list[float]) -> list[float] | None:
+    """min ||X c - y|| by Householder QR in plain Python floats, sums taken exactly (math.fsum):
+    the same bits on every machine, where numpy's lstsq follows the BLAS kernel of the CPU and
+    changes a fitted manifest in its last digits. None where the columns are dependent."""
+    rows, cols = len(X), len(X[0])
+    R = [list(row) for row in X]
+    b = list(y)
+    for j in range(cols):
+        norm = math.sqrt(math.fsum(R[i][j] ** 2 for i in range(j, rows)))
+        if norm == 0.0:
+            return None
+        alpha = -norm if R[j][j] >= 0 else norm
+        v = [0.0] * j + [R[j][j] - alpha] + [R[i][j] for i in range(j + 1, rows)]
+        vv = math.fsum(x * x for x in v[j:])
+        if vv == 0.0:
+            continue
+        for k in range(j, cols):
+            scale = 2 * math.fsum(v[i] * R[i][k] for i in range(j, rows)) / vv
+            for i in range(j, rows):
+                R[i][k] -= scale * v[i]
+        scale = 2 * math.fsum(v[i] * b[i] for i in range(j, rows)) / vv
+        for i in range(j, rows):
+            b[i] -= scale * v[i]
+    biggest = max(abs(R[j][j]) for j in range(cols))
+    if any(abs(R[j][j]) <= 1e-12 * biggest for j in range(cols)):
+        return None
+    coef = [0.0] * cols
+    for j in reversed(range(cols)):
+        coef[j] = (b[j] - math.fsum(R[j][k] * coef[k] for k in range(j + 1, cols))) / R[j][j]
+    return coef
+
+
+def _nonnegative_least_squares(X: list[list[float]], y: list[float]) -> list[float]:
+    """min ||X c - y|| over c >= 0, exactly, by trying every set of active terms (at most 5)."""
+    terms = len(X[0])
+    best, best_error = [0.0] * terms, math.fsum(v * v for v in y)
+    for size in range(1, terms + 1):
+        for active in itertools.combinations(range(terms), size):
+            coef = _least_squares([[row[j] for j in active] for row in X], y)
+            if coef is None or any(c < 0 for c in coef):
+                continue
+            full = [0.0] * terms
+            for j, c in zip(active, coef):
+                full[j] = c
+            error = math.fsum((math.fsum(c * x for c, x in zip(full, row)) - v) ** 2 for row, v in zip(X, y))
+            if error < best_error - 1e-15:
+                best, best_error = full, error
+    return best
+
+
+@dataclass
+class Model:
+    """One member's fitted model in one alignment class, and the tuned shapes it was fitted to:
+    (M, N, K, measured ms, ln M, ln N, ln K, ln(measured / model)) each."""
+
+    coef: list[float]
+    points: list[tuple[int, int, int, float, float, float, float, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"coef": self.coef, "points": [list(p) for p in self.points]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Model":
+        return cls(list(data["coef"]), [tuple(p) for p in data["points"]])
+
+
+def fit(member: MemberShape, points: list[tuple[int, int, int, float]], sm_count: int) -> Model | None:
+    """The model of a member from (M, N, K, ms) measurements of one class; None without two."""
+    points = [p for p in points if p[3] > 0 and min(p[:3]) > 0]
+    if len(points) < 2:
+        return None
+    terms = 5 if len(points) >= FULL_MODEL_POINTS else 2
+    X = [[f / ms for f in features(member, M, N, K, sm_count)[:terms]] for M, N, K, ms in points]
+    coef = _nonnegative_least_squares(X, [1.0] * len(points)) + [0.0] * (5 - terms)
+    model = Model([float(c) for c in coef])
+    for M, N, K, ms in points:
+        base = math.fsum(c * f for c, f in zip(coef, features(member, M, N, K, sm_count)))
+        ratio = ms / base if base > 0 else 1.0
+        model.points.append((M, N, K, ms, math.log(M), math.log(N), math.log(K), math.log(ratio)))
+    return model
+
+
+def predict(member: MemberShape, model: Model, M: int, N: int, K: int, sm_count: int) -> float:
+    """Predicted ms of one call: the measurement at a tuned shape, else the model corrected by the
+    errors it made at the tuned shapes nearby."""
+    for pM, pN, pK, ms, *_ in model.points:
+        if (pM, pN, pK) == (M, N, K):
+            return ms
+    base = sum(c * f for c, f in zip(model.coef, features(member, M, N, K, sm_count)))
+    if M <= 0 or N <= 0 or K <= 0:
+        return base
+    q = (math.log(M), math.log(N), math.log(K))
+    weighted, total = 0.0, PRIOR
+    for *_, lm, ln, lk, log_ratio in model.points:
+        d2 = (q[0] - lm) ** 2 + (q[1] - ln) ** 2 + (q[2] - lk) ** 2
+        w = 1.0 / (1.0 + d2 / (BANDWIDTH * BANDWIDTH))
+        weighted += w * log_ratio
+        total += w
+    return base * math.exp(weighted / total)
+
+
+@dataclass
+class Candidate:
+    """A member as the chooser sees it: its shape, its models per class, and what it can take."""
+
+    shape: MemberShape
+    models: dict[str, Model | None]
+    beta: bool = True          # takes beta != 0 (epilogue alpha beta)
+    needs_sm90a: bool = False  # wgmma kernels run only where sm_90a code exists
+
+
+def choose(candidates: list[Candidate], M: int, N: int, K: int, klass: str, sm_count: int, *,
+           beta_used: bool = True, sm90a: bool = True) -> int:
+    """Index of the member predicted fastest for the call among those that can take it. A class
+    without data for any eligible member borrows the other class's models."""
+    def eligible(c: Candidate) -> bool:
+        return (c.beta or not beta_used) and (sm90a or not c.needs_sm90a)
+
+    for cls in (klass, *[c for c in CLASSES if c != klass]):
+        best, best_ms = -1, math.inf
+        for index, c in enumerate(candidates):
+            model = c.models.get(cls)
+            if model is None or not eligible(c):
+                continue
+            ms = predict(c.shape, model, M, N, K, sm_count)
+            if ms < best_ms:
+                best, best_ms = index, ms
+        if best >= 0:
+            return best
+    return next((i for i, c in enumerate(candidates) if eligible(c)), 0)
+
+
+def fit_all(shapes: list[MemberShape], measurements: list[dict[tuple[int, int, int, str], float]],
+            sm_count: int) -> list[dict[str, Model | None]]:
+    """Models of every member per class from {(M, N, K, class): ms}."""
+    result = []
+    for shape, measured in zip(shapes, measurements):
+        result.append({cls: fit(shape, [(M, N, K, ms) for (M, N, K, c), ms in measured.items() if c == cls],
+                                sm_count) for cls in CLASSES})
+    return result
+
+
+@dataclass
+class LeaveOneOut:
+    """For each tuned shape: the time of the member chosen without its measurements, over the best
+    measured one there (1.0 = the best was chosen)."""
+
+    ratios: dict[tuple[int, int, int, str], float]
+
+    @property
+    def median(self) -> float:
+        return float(np.median(list(self.ratios.values()))) if self.ratios else 1.0
+
+    @property
+    def worst(self) -> float:
+        return max(self.ratios.values(), default=1.0)
+
+
+def leave_one_out(shapes: list[MemberShape], measurements: list[dict[tuple[int, int, int, str], float]],
+                  sm_count: int, flags: list[tuple[bool, bool]] | None = None) -> LeaveOneOut:
+    """Choose at each tuned shape with that shape's measurements left out of every model."""
+    flags = flags or [(True, False)] * len(shapes)
+    keys = sorted({key for measured in measurements for key in measured})
+    ratios = {}
+    for key in keys:
+        M, N, K, cls = key
+        measured_here = [m.get(key) for m in measurements]
+        known = [ms for ms in measured_here if ms]
+        if not known:
+            continue
+        models = fit_all(shapes, [{k: v for k, v in m.items() if k != key} for m in measurements], sm_count)
+        candidates = [Candidate(s, models[i], beta=flags[i][0], needs_sm90a=flags[i][1])
+                      for i, s in enumerate(shapes)]
+        # Only members measured here can be judged (the rest are eligible but have no time to compare).
+        chosen = choose([c if measured_here[i] else Candidate(c.shape, {}) for i, c in enumerate(candidates)],
+                        M, N, K, cls, sm_count)
+        ratios[key] = measured_here[chosen] / min(known) if measured_here[chosen] else math.inf
+    return LeaveOneOut(ratios)

@@ -1,0 +1,4 @@
+"""One GEMM split over several GPUs of a host, the copies overlapping the kernels: the split and
+resident shards (split.py), what to cut and where as pure functions (parts.py), the devices through
+CuPy and the CUDA runtime (cupy_layer.py), and how it scales against one GPU (scaling.py).
+"""

@@ -1,0 +1,129 @@
+"""The DeviceLayer of split.py on real GPUs: CuPy's memory, streams and events and the CUDA runtime's
+2-D and peer copies (CupyLayer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..gpu import runtime
+from ..gpu.runtime import as_matrix
+from ..plan import Plan
+from .parts import FLOAT_BYTES, Region
+
+# --- CuPy and the CUDA runtime --------------------------------------------------------------------
+
+class CupyLayer:
+    """The real devices: CuPy buffers, non-blocking streams per device and role, CUDA events,
+    2-D copies through cudaMemcpy2DAsync (peer to peer where the GPUs allow it)."""
+
+    MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction (and peer copies) from unified addresses
+
+    def __init__(self, compiled=None):
+        import cupy
+        self.cp = cupy
+        self.compiled = compiled
+        self.kernels: dict[tuple[int, str], Any] = {}
+        self.streams: dict[tuple[int, str], Any] = {}
+        self.buffers: dict[int, Any] = {}
+        self.peers: set[tuple[int, int]] = set()
+
+    def locate(self, array: Any, layout: str, what: str) -> Region:
+        m = as_matrix(array, what, layout)
+        device = self.cp.cuda.runtime.pointerGetAttributes(m.ptr).device if m.ptr else 0
+        # The caller may still be writing it on its own stream, which ours do not wait for.
+        with self.cp.cuda.Device(device):
+            self.cp.cuda.Device(device).synchronize()
+        return Region(device, m.ptr, m.rows, m.cols, m.layout, m.ld)
+
+    def device_of(self, array: Any) -> int:
+        interface = getattr(array, "__cuda_array_interface__", None)
+        if interface is None:
+            return self.cp.asarray(array).device.id  # DLPack, through CuPy
+        ptr = interface["data"][0]
+        return self.cp.cuda.runtime.pointerGetAttributes(ptr).device if ptr else 0
+
+    def allocate(self, device: int, rows: int, cols: int, layout: str) -> Region:
+        with self.cp.cuda.Device(device):
+            array = self.cp.empty((rows, cols), self.cp.float32, order="C" if layout == "row" else "F")
+        ptr = array.data.ptr
+        self.buffers[ptr] = array  # alive as long as this layer, i.e. the split
+        return Region(device, ptr, rows, cols, layout, max(1, cols if layout == "row" else rows))
+
+    def hand_over(self, region: Region) -> Any:
+        return self.buffers.pop(region.ptr)  # the caller's array now keeps the memory
+
+    def free(self, region: Region) -> None:
+        self.buffers.pop(region.ptr, None)  # back to CuPy's pool when nothing else holds it
+
+    def kernel(self, device: int, plan: Plan):
+        key = (device, plan.name)
+        if key not in self.kernels:
+            self.kernels[key] = runtime.Kernel(plan, self.compiled, device=device)
+        return self.kernels[key]
+
+    def stream(self, device: int, role: str) -> Any:
+        if (device, role) not in self.streams:
+            with self.cp.cuda.Device(device):
+                self.streams[device, role] = self.cp.cuda.Stream(non_blocking=True)
+        return self.streams[device, role]
+
+    def record(self, device: int, stream: Any) -> Any:
+        with self.cp.cuda.Device(device):
+            event = self.cp.cuda.Event()
+            event.record(stream)
+            return event
+
+    def wait(self, device: int, stream: Any, event: Any) -> None:
+        with self.cp.cuda.Device(device):
+            stream.wait_event(event)
+
+    def _peer(self, dst: int, src: int) -> None:
+        runtime = self.cp.cuda.runtime
+        for a, b in ((dst, src), (src, dst)):
+            if a != b and (a, b) not in self.peers:
+                self.peers.add((a, b))
+                if runtime.deviceCanAccessPeer(a, b):
+                    with self.cp.cuda.Device(a):
+                        try:
+                            runtime.deviceEnablePeerAccess(b)
+                        except runtime.CUDARuntimeError:
+                            pass  # already enabled
+                # Without peer access the driver stages the copy through the host.
+
+    def copy(self, dst: Region, src: Region, stream: Any) -> None:
+        if (dst.rows, dst.cols, dst.layout) != (src.rows, src.cols, src.layout):
+            raise ValueError(f"copy between a {src.rows} x {src.cols} {src.layout}-major block and a "
+                             f"{dst.rows} x {dst.cols} {dst.layout}-major one")
+        if dst.rows == 0 or dst.cols == 0:
+            return
+        self._peer(dst.device, src.device)
+        lines, length = (src.rows, src.cols) if src.layout == "row" else (src.cols, src.rows)
+        with self.cp.cuda.Device(dst.device):
+            self.cp.cuda.runtime.memcpy2DAsync(dst.ptr, FLOAT_BYTES * dst.ld, src.ptr, FLOAT_BYTES * src.ld,
+                                               FLOAT_BYTES * length, lines, self.MEMCPY_DEFAULT, stream.ptr)
+
+    def _view(self, region: Region) -> Any:
+        cp = self.cp
+        lines, length = (region.rows, region.cols) if region.layout == "row" else (region.cols, region.rows)
+        extent = FLOAT_BYTES * ((lines - 1) * region.ld + length)
+        memory = cp.cuda.UnownedMemory(region.ptr, extent, self, region.device)
+        strides = ((FLOAT_BYTES * region.ld, FLOAT_BYTES) if region.layout == "row"
+                   else (FLOAT_BYTES, FLOAT_BYTES * region.ld))
+        return cp.ndarray((region.rows, region.cols), cp.float32, cp.cuda.MemoryPointer(memory, 0),
+                          strides=strides)
+
+    def accumulate(self, dst: Region, src: Region, stream: Any) -> None:
+        with self.cp.cuda.Device(dst.device), stream:
+            target = self._view(dst)
+            target += self._view(src)
+
+    def launch(self, kernel, M, N, K, alpha, a: Region, b: Region, beta, c: Region, stream) -> None:
+        with self.cp.cuda.Device(c.device):
+            kernel.launch(M, N, K, alpha, a.ptr, a.ld, b.ptr, b.ld, beta, c.ptr, c.ld, stream=stream)
+
+    def elapsed_ms(self, start, end) -> float:
+        return self.cp.cuda.get_elapsed_time(start, end)
+
+    def synchronize(self, device: int) -> None:
+        with self.cp.cuda.Device(device):
+            self.cp.cuda.Device(device).synchronize()

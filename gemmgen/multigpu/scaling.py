@@ -1,0 +1,158 @@
+"""How a split GEMM scales (`gemmgen bench --devices`): the devices a user names, random inputs, the
+error against float64, and one GPU on the whole problem beside the split and the resident shards."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..gpu.verify import tolerance
+from ..plan import Plan
+from .cupy_layer import CupyLayer
+from .parts import Balance, Part, make_parts
+from .split import DEFAULT_CHUNKS, Launcher, ResidentResult, Shard, SplitResult, resident_gemm, split_gemm
+
+# --- measuring ------------------------------------------------------------------------------------
+
+@dataclass
+class ScalingReport:
+    devices: list[int]
+    M: int
+    N: int
+    K: int
+    one_gpu_ms: float                # the whole problem on the first device, host time of the call
+    split: SplitResult
+    resident: ResidentResult | None = None
+    one_gpu_kernel_ms: float = 0.0   # the same call's kernel, CUDA events
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.M * self.N * self.K
+
+    def _tflops(self, ms: float) -> float:
+        return self.flops / (ms * 1e-3) / 1e12 if ms else 0.0
+
+    @property
+    def one_gpu_tflops(self) -> float:
+        return self._tflops(self.one_gpu_ms)
+
+    @property
+    def kernel_tflops(self) -> float:
+        """All devices together, limited by the slowest one's kernels."""
+        return self._tflops(self.split.slowest_kernel_ms)
+
+    @property
+    def end_to_end_tflops(self) -> float:
+        return self._tflops(self.split.end_to_end_ms)
+
+    @property
+    def resident_tflops(self) -> float:
+        return self._tflops(self.resident.end_to_end_ms) if self.resident else 0.0
+
+    def scaling(self, tflops: float) -> float:
+        """Throughput over N times one GPU's (1.0 is perfect)."""
+        return tflops / (len(self.devices) * self.one_gpu_tflops) if self.one_gpu_tflops else 0.0
+
+    @property
+    def efficiency(self) -> float:
+        """The slowest device's kernels against one GPU's kernel on the whole problem (events on
+        both sides): what the split costs the kernels, copies and launches left out."""
+        one = self._tflops(self.one_gpu_kernel_ms or self.one_gpu_ms)
+        return self.kernel_tflops / (len(self.devices) * one) if one else 0.0
+
+
+def parse_devices(text: str, available: int) -> list[int]:
+    """'all' or '0,1,...' (repeats allowed: '0,0' splits into two parts on one GPU)."""
+    if text == "all":
+        if available < 1:
+            raise ValueError("no CUDA device found")
+        return list(range(available))
+    try:
+        devices = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"bad device list {text!r}: 'all' or comma-separated ordinals like 0,1") from None
+    bad = [d for d in devices if not 0 <= d < available]
+    if bad or not devices:
+        raise ValueError(f"device(s) {bad or text} not present: this machine has {available} "
+                         f"(ordinals 0 to {available - 1})")
+    return devices
+
+
+def _inputs(cp, M: int, N: int, K: int, layouts: dict, seed: int):
+    """Random A and B in [-1, 1] and a NaN-poisoned C, each in its layout, on the current device."""
+    rng = cp.random.default_rng(seed)
+    place = {"row": cp.ascontiguousarray, "col": cp.asfortranarray}
+    A = place[layouts["A"]](rng.uniform(-1, 1, (M, K), dtype=cp.float32))
+    B = place[layouts["B"]](rng.uniform(-1, 1, (K, N), dtype=cp.float32))
+    C = place[layouts["C"]](cp.full((M, N), cp.nan, dtype=cp.float32))
+    return A, B, C
+
+
+def worst_error_ratio(cp, A, B, C, math: str, beta: float = 0.0, C0=None) -> float:
+    """max |C - (A B + beta C0)| over the tolerance of the kernel's math mode, against float64
+    (NaN: inf)."""
+    reference = A.astype(cp.float64) @ B.astype(cp.float64)
+    scale = cp.abs(A).astype(cp.float64) @ cp.abs(B).astype(cp.float64)
+    if beta:
+        reference += beta * C0.astype(cp.float64)
+        scale += abs(beta) * cp.abs(C0).astype(cp.float64)
+    ratio = cp.abs(C.astype(cp.float64) - reference) / tolerance(scale, A.shape[1], math)
+    return float(cp.nan_to_num(ratio, nan=cp.inf).max())
+
+
+def _one_gpu(layer: CupyLayer, kernel: Launcher, device: int, A: Any, B: Any, C: Any) -> SplitResult:
+    """The whole problem on one GPU as a caller runs it: one launch, then wait for C."""
+    started = time.perf_counter()
+    compute = layer.stream(device, "compute")
+    start = layer.record(device, compute)
+    with layer.cp.cuda.Device(device):
+        kernel(A, B, C, stream=compute)
+    end = layer.record(device, compute)
+    layer.synchronize(device)
+    result = SplitResult([Part(device, 0, 0, A.shape[0])], 0, {0: layer.elapsed_ms(start, end)})
+    result.end_to_end_ms = (time.perf_counter() - started) * 1e3
+    return result
+
+
+def measure_scaling(plan: Plan, M: int, N: int, K: int, devices: list[int], *, runs: int = 3,
+                    compiled=None, axis: int | None = None, chunks: int = DEFAULT_CHUNKS,
+                    local_views: bool = True, balance: Balance | None = None) -> tuple[ScalingReport, float]:
+    """One GPU on the whole problem against the split over `devices` (inputs starting on the
+    first, in the kernel's layouts) and against shards already resident (bands of A's rows, B on
+    each device); the split and the shards are checked against float64 first.
+
+    The three are timed alike and in turns, `runs` rounds after a warm-up round: host time of one
+    call until its C is complete (for one GPU: the kernel on the whole problem, launched and waited
+    for), so that each side pays its own launch costs, rests as long between calls, and a GPU's
+    clocks favour neither. Medians. Returns the report and the worst error ratio (<= 1 passes)."""
+    import cupy as cp
+
+    layer = CupyLayer(compiled)
+    home = devices[0]
+    kernel = layer.kernel(home, plan)
+    with cp.cuda.Device(home):
+        A, B, C = _inputs(cp, M, N, K, kernel.layouts, M * 31 + N * 17 + K)
+        split = lambda: split_gemm(plan, A, B, C, devices=devices, layer=layer, axis=axis,  # noqa: E731
+                                   chunks=chunks, local_views=local_views, balance=balance)
+        one_gpu = lambda: _one_gpu(layer, kernel, home, A, B, C)  # noqa: E731
+        split()
+        worst = worst_error_ratio(cp, A, B, C, plan.math)
+    shards, rows = [], make_parts(M, N, K, devices, 0, plan.BM)
+    for part in rows:
+        with cp.cuda.Device(part.device):
+            shards.append(Shard(cp.array(A[part.start:part.stop], order="C" if kernel.layouts["A"] == "row" else "F"),
+                                cp.array(B, order="C" if kernel.layouts["B"] == "row" else "F")))
+    resident = lambda: resident_gemm(plan, shards, layer=layer)  # noqa: E731
+    first = resident()
+    with cp.cuda.Device(home):
+        C.fill(cp.nan)
+        for part, band in zip(rows, first.bands):
+            C[part.start:part.stop] = cp.asarray(band) if part.device == home else cp.array(band)
+        worst = max(worst, worst_error_ratio(cp, A, B, C, plan.math))
+    one_gpu(), split()  # the warm-up round (the split's second call: with a balance, the first it learns from)
+    rounds = [(one_gpu(), split(), resident()) for _ in range(runs)]
+    median = lambda results: sorted(results, key=lambda r: r.end_to_end_ms)[len(results) // 2]  # noqa: E731
+    ones, splits, residents = (median([r[i] for r in rounds]) for i in range(3))
+    return ScalingReport(devices, M, N, K, ones.end_to_end_ms, splits, residents,
+                         one_gpu_kernel_ms=ones.slowest_kernel_ms), worst

@@ -1,0 +1,34 @@
+"""gemmgen's transposing copy (gemmgen/gpu/transpose.py) without a GPU: it compiles for every target,
+its grid covers any matrix, and bad leading dimensions are refused before any launch."""
+
+from __future__ import annotations
+
+import pytest
+
+from gemmgen.codegen.cuda import render_template
+from gemmgen.gpu import transpose
+from gemmgen.gpu.compile import compile_source
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_90"])
+def test_the_kernel_compiles_with_nvrtc_for_each_target(target):
+    compiled = compile_source(render_template("transpose.cu.j2"), target, ["gemmgen_transpose"],
+                              filename="transpose.cu", use_cache=False)
+    assert compiled.lowered_names["gemmgen_transpose"] == "gemmgen_transpose"
+    assert compiled.cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (31, 33), (32, 32), (4096, 2048), (3_000_000, 2)])
+def test_the_grid_covers_every_tile_and_walks_rows_past_the_grid_limit(rows, cols):
+    gx, gy = transpose.grid(rows, cols)
+    assert gx * transpose.TILE >= cols > (gx - 1) * transpose.TILE
+    assert 1 <= gy <= 65535
+    tiles_down = -(-rows // transpose.TILE)
+    walked = {t for y in range(gy) for t in range(y, tiles_down, gy)}  # the kernel's loop over tile rows
+    assert walked == set(range(tiles_down))
+
+
+def test_short_leading_dimensions_are_refused_before_a_launch():
+    with pytest.raises(ValueError, match="leading dimensions 3, 5 below 4, 5"):
+        transpose.transpose(0, 5, 4, 3, 0, 5, device=0, stream=0)
+    transpose.transpose(0, 0, 4, 4, 0, 1, device=0, stream=0)  # empty: nothing to launch, no GPU asked
