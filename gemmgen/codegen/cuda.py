@@ -12,6 +12,7 @@ from jinja2.ext import Extension
 
 from ..outputs import marker_line
 from ..plan import Plan, make_plan
+from ..plan.parts.warpgroup_mainloop import TMA_BATCH_CHECKS
 
 
 def _template_dir() -> Path:
@@ -57,6 +58,19 @@ class LaunchChecks:
     ld_checks: tuple[str, ...]
     aligned_condition: str
     internal: bool = False  # a fallback's launcher: static, called by the file's own entry point
+    c_extent: str = "0"     # C expression: floats from C's first element past its last (batches at least this far apart)
+    exported_batched: bool = True  # the batched launcher is an entry point (else only the single GEMM's calls it)
+
+    tma_batch_conditions: tuple[str, ...] = TMA_BATCH_CHECKS  # TMA can step through A's and B's batches
+
+    @property
+    def single_linkage(self) -> str:
+        """The single GEMM's entry point: static inline in a file whose own entry point calls it."""
+        return "static inline int" if self.internal else 'extern "C" int'
+
+    @property
+    def batched_linkage(self) -> str:
+        return 'extern "C" int' if self.exported_batched and not self.internal else "static inline int"
 
 
 @dataclass(frozen=True)
@@ -84,11 +98,11 @@ def _launch_checks(plan: Plan, internal: bool = False) -> LaunchChecks:
     ld_checks = tuple(f"{ld} < ({size} > 1 ? {size} : 1)"
                       for ld, size in plan.leading_dimension_minimums().items())
     terms = []
-    for ptr, size, ld, vec in plan.vector_requirements():
+    for ptr, size, ld, vec in plan.vector_requirements():  # every batch's pointer aligned as the first
         terms.append((f"{size} % {vec} == 0 && " if size else "") + f"{ld} % {vec} == 0 && "
-                     f"reinterpret_cast<unsigned long long>({ptr}) % {4 * vec} == 0")
+                     f"reinterpret_cast<unsigned long long>({ptr}) % {4 * vec} == 0 && stride{ptr} % {vec} == 0")
     condition = " &&\n        ".join(f"({t})" for t in terms) if terms else "true"
-    return LaunchChecks(ld_checks, condition, internal)
+    return LaunchChecks(ld_checks, condition, internal, plan.c.c_extent, exported_batched=not plan.reduce_count)
 
 
 def abi_parameters(plan: Plan) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from ..language.spec import Spec
 from .arch import Arch
 from .parts.epilogue import Epilogue
+from .parts.launch import BATCH
 from .parts.mainloop import Mainloop
 from .parts.schedule import Schedule
 from .parts.tile import Tile
@@ -125,8 +126,9 @@ class Plan:
 
     @property
     def extra_parameters(self) -> tuple:
-        """The kernel parameters the parts add after the mainloop's (parts/launch.py's Parameter)."""
-        return self.epilogue.parameters + self.scheduler.parameters
+        """The kernel parameters the parts add after the mainloop's (parts/launch.py's Parameter),
+        then the batches' (BATCH: count and strides)."""
+        return self.epilogue.parameters + self.scheduler.parameters + BATCH
 
     @property
     def signature(self) -> tuple:

@@ -49,9 +49,21 @@ class Output:
 
     @property
     def tile_origin(self) -> str:
+        """Offset of the block's tile in C: in its batch's C (batch_index * strideC floats on)."""
         if self.layout == "row":
-            return "(long long)block_m0 * ldc + block_n0"
-        return "(long long)block_n0 * ldc + block_m0"
+            return "batch_index * strideC + (long long)block_m0 * ldc + block_n0"
+        return "batch_index * strideC + (long long)block_n0 * ldc + block_m0"
+
+    @property
+    def c_extent(self) -> str:
+        """C expression: the floats C spans, its first element to one past its last (0: empty)."""
+        rows, length = ("M", "N") if self.layout == "row" else ("N", "M")
+        return f"(M > 0 && N > 0 ? (long long)({rows} - 1) * ldc + {length} : 0)"
+
+    def extent(self, M: int, N: int, ldc: int) -> int:
+        """c_extent in Python."""
+        rows, length = (M, N) if self.layout == "row" else (N, M)
+        return (rows - 1) * ldc + length if M > 0 and N > 0 else 0
 
     def index(self, m: str, n: str) -> str:
         if self.layout == "row":

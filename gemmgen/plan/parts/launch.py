@@ -18,12 +18,13 @@ from typing import NamedTuple
 # kind -> (C type in the kernel's declaration, its type in the launcher, how the launcher passes a
 # local of that name: a map on a line of its own)
 _C = {"t": ("const __grid_constant__ TensorMap", "TensorMap", ",\n        *reinterpret_cast<const TensorMap*>(&{})"),
-      "p": ("float* __restrict__", "float*", ", {}")}
+      "p": ("float* __restrict__", "float*", ", {}"), "i": ("int", "int", ", {}"),
+      "l": ("long long", "long long", ", {}")}
 
 
 class Parameter(NamedTuple):
-    """A kernel parameter: `kind` as gemmgen/launch.py's KINDS (i: int, f: float, p: a pointer,
-    t: a CUtensorMap). A signature is a tuple of them, (name, kind) pairs."""
+    """A kernel parameter: `kind` as gemmgen/launch.py's KINDS (i: int, l: long long, f: float,
+    p: a pointer, t: a CUtensorMap). A signature is a tuple of them, (name, kind) pairs."""
 
     name: str
     kind: str
@@ -47,12 +48,16 @@ def signature(*pairs: tuple[str, str]) -> tuple[Parameter, ...]:
 
 
 # The kernels' parameter lists (templates: tiled/naive/wgmma_async kernels, split_k.cuh, reduce_min.cuh,
-# wgmma_kernel.cu): (name, kind) in order.
+# wgmma_kernel.cu): (name, kind) in order. Every main kernel multiplies strided batches (BATCH, last,
+# named as the C ABI names them): `batch` of them, batch b's A, B and C at A + b * strideA, ... (in
+# floats; a stride of 0 shares the operand); the single GEMM is the launch of one batch.
+BATCH = signature(("batch", "i"), ("strideA", "l"), ("strideB", "l"), ("strideC", "l"))
 MAIN = signature(("M", "i"), ("N", "i"), ("K", "i"), ("alpha", "f"), ("A", "p"), ("lda", "i"), ("B", "p"),
                  ("ldb", "i"), ("beta", "f"), ("C", "p"), ("ldc", "i"))
 TMA_MAIN = signature(("map_a", "t"), ("map_b", "t"), ("M", "i"), ("N", "i"), ("K", "i"), ("alpha", "f"),
                      ("beta", "f"), ("C", "p"), ("ldc", "i"))
-SCALE_C = signature(("M", "i"), ("N", "i"), ("beta", "f"), ("C", "p"), ("ldc", "i"))
+SCALE_C = signature(("M", "i"), ("N", "i"), ("beta", "f"), ("C", "p"), ("ldc", "i"), ("batch", "i"),
+                    ("strideC", "l"))
 REDUCE_CLEAR: tuple[Parameter, ...] = ()
 REDUCE_FINISH = signature(("values", "p"), ("rows", "p"), ("cols", "p"), ("N", "i"))
 
@@ -63,7 +68,7 @@ _LAUNCHER_LOCALS = {"values": "smallest_values", "rows": "smallest_rows", "cols"
 @dataclass(frozen=True)
 class Helper:
     """A kernel gemmgen_NAME_<kernel> that a part launches before (or after) the main one, with a
-    grid of one block, or (spread) one per 256 floats of C up to 4096, in C `c_grid`."""
+    grid of one block, or (spread) one per 256 floats of C (of every batch) up to 4096, in C `c_grid`."""
 
     kernel: str
     params: tuple[Parameter, ...]
@@ -76,15 +81,15 @@ class Helper:
         """Whether it runs "before" or "after" the main kernel, or for an "empty" C."""
         return {"before": self.before, "after": not self.before, "empty": self.empty_too}[when]
 
-    def grid(self, M: int, N: int) -> tuple[int, int]:
-        return (min(M * N // 256 + 1, 4096) if self.spread else 1), 1
+    def grid(self, M: int, N: int, batch: int = 1) -> tuple[int, int]:
+        return (min(M * N * batch // 256 + 1, 4096) if self.spread else 1), 1
 
     @property
     def c_setup(self) -> tuple[str, ...]:
-        """C statements the launcher runs before the launch: grid(M, N)'s x where spread."""
+        """C statements the launcher runs before the launch: grid(M, N, batch)'s x where spread."""
         if not self.spread:
             return ()
-        return ("const long long elements = (long long)M * N;",
+        return ("const long long elements = (long long)M * N * batch;",
                 "const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);")
 
     @property
@@ -100,7 +105,9 @@ class Helper:
 @dataclass(frozen=True)
 class TensorMapSpec:
     """A tensor map a call encodes for one operand: where it goes, whose address it describes, and
-    the rest of its key (dims, row stride, box, swizzle, L2 promotion), fixed by the call key."""
+    the rest of its key (dims, row stride, box, swizzle, L2 promotion), fixed by the call key. A map
+    is 3-D: (inner, outer, batches), the batches `batch_stride` floats apart; one matrix (a stride
+    of 0, or one batch) is a batch dimension of 1, stepped over by its own extent."""
 
     param: str
     operand: str      # "A", "B" or "C"
@@ -111,3 +118,12 @@ class TensorMapSpec:
     box_outer: int
     swizzle: int      # bytes: 32, 64 or 128
     promote: bool     # L2 promotion of 128 bytes
+    batches: int = 1
+    batch_stride: int = 0
+
+    @property
+    def batch_dims(self) -> tuple[int, int]:
+        """(size, stride in floats) of the batch dimension, as the C launcher encodes it."""
+        if self.batches > 1 and self.batch_stride:
+            return self.batches, self.batch_stride
+        return 1, self.outer * self.ld

@@ -58,11 +58,14 @@ class Mainloop:
     # another kernel, the tensor maps a call encodes, and the words for the variant that runs
     parameters = MAIN
 
-    def hands_over(self, M: int, N: int, K: int, lda: int, ldb: int, pointers: dict[str, int]) -> bool:
-        """Whether this call goes to the fallback kernel instead (pointers: address % 16 of A, B, C)."""
+    def hands_over(self, M: int, N: int, K: int, lda: int, ldb: int, pointers: dict[str, int],
+                   batch: int = 1, strides: tuple[int, int] = (0, 0)) -> bool:
+        """Whether this call goes to the fallback kernel instead (pointers: address % 16 of A, B, C;
+        `batch` products, A's and B's strides)."""
         return False
 
-    def tensor_maps(self, plan: Plan, M: int, N: int, K: int, lda: int, ldb: int) -> list[TensorMapSpec]:
+    def tensor_maps(self, plan: Plan, M: int, N: int, K: int, lda: int, ldb: int, batch: int = 1,
+                    strides: tuple[int, int] = (0, 0)) -> list[TensorMapSpec]:
         return []
 
     def variant(self, aligned: bool, aligned_store: str) -> str:

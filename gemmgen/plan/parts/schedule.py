@@ -137,10 +137,11 @@ class Schedule:
         tiles_m, tiles_n = self.cluster_tiles(M, N)
         return tiles_m * tiles_n
 
-    # --- the launch: blocks along x (and y) for M x N x K on `sms` SMs, in Python and in C. The C
-    # launchers compute `blocks` (c_blocks, as cluster_grid), then from it and `sms` the grid
-    # (c_grid's statements, as launch_blocks), and launch c_dims blocks; tests/test_parts.py runs
-    # the C on the host against these methods.
+    # --- the launch: blocks along x (and y) for `batch` products M x N x K on `sms` SMs, in Python
+    # and in C. The C launchers compute `blocks` (c_blocks, as cluster_grid times batch: the tiles of
+    # every batch, one after another), then from it and `sms` the grid (c_grid's statements, as
+    # launch_blocks), and launch c_dims blocks; tests/test_parts.py runs the C on the host against
+    # these methods.
 
     launch_template: ClassVar[str] = "launch_data_parallel.cuh.j2"  # the launcher's code around it
     launches: ClassVar[tuple[Helper, ...]] = ()  # kernels launched beside the main one
@@ -148,22 +149,23 @@ class Schedule:
     c_grid: ClassVar[tuple[str, ...]] = ()      # C statements: `grid` from `blocks` and `sms`
     c_grid_note: ClassVar[str] = ""
 
-    def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
+    def launch_blocks(self, M: int, N: int, K: int, sms: int, batch: int = 1) -> int:
         """Blocks along x the launcher starts on a GPU of `sms` SMs (the launcher's arithmetic)."""
-        return self.cluster_grid(M, N)
+        return self.cluster_grid(M, N) * batch
 
-    def launch_grid(self, M: int, N: int, K: int, sms: int) -> tuple[int, int]:
-        """The grid (x, y) of the main kernel's launch (M, N > 0)."""
-        return self.launch_blocks(M, N, K, sms), self.split_k
+    def launch_grid(self, M: int, N: int, K: int, sms: int, batch: int = 1) -> tuple[int, int]:
+        """The grid (x, y) of the main kernel's launch (M, N, batch > 0)."""
+        return self.launch_blocks(M, N, K, sms, batch), self.split_k
 
     @property
     def c_blocks(self) -> tuple[str, ...]:
-        """C statements: `blocks`, the C tiles (with clusters, of whole clusters) as cluster_grid."""
+        """C statements: `blocks`, the C tiles (with clusters, of whole clusters) as cluster_grid, of
+        every batch."""
         if self.cluster_blocks == 1:
-            return ("const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN);",)
+            return ("const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;",)
         return ("// Whole clusters of CLUSTER_M x CLUSTER_N C tiles (the blocks past C's edge store nothing).",
                 "const long long blocks = (long long)((M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM)) *",
-                "                         ((N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN)) * CLUSTER_BLOCKS;")
+                "                         ((N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN)) * CLUSTER_BLOCKS * batch;")
 
     def workspace_bytes(self, blocks: int) -> int:
         """Bytes of workspace a launch of `blocks` blocks needs (stream-K's; others none)."""
@@ -224,12 +226,12 @@ class Persistent(Schedule):
     launch_template: ClassVar[str] = "launch_persistent.cuh.j2"
     c_dims: ClassVar[str] = "grid"
 
-    def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
+    def launch_blocks(self, M: int, N: int, K: int, sms: int, batch: int = 1) -> int:
         most = min(sms, self.max_scheduled_blocks)
         if self.cluster_blocks > 1:  # whole clusters, each walking cluster-sized groups of tiles (units)
-            units = self.cluster_grid(M, N) // self.cluster_blocks
+            units = self.cluster_grid(M, N) // self.cluster_blocks * batch
             return min(units, max(1, most // self.cluster_blocks)) * self.cluster_blocks
-        return min(self.grid(M, N), most)
+        return min(self.grid(M, N) * batch, most)
 
     @property
     def c_grid(self) -> tuple[str, ...]:
@@ -285,9 +287,9 @@ class StreamK(Persistent):
                                          "const unsigned grid = (unsigned)(k_steps < most ? k_steps : most);")
     c_grid_note: ClassVar[str] = " (nor than K tiles in all)"
 
-    def launch_blocks(self, M: int, N: int, K: int, sms: int) -> int:
+    def launch_blocks(self, M: int, N: int, K: int, sms: int, batch: int = 1) -> int:
         most = min(sms, self.max_scheduled_blocks)
-        return min(most, self.grid(M, N) * max(1, ceil(K / self.BK)))
+        return min(most, self.grid(M, N) * batch * max(1, ceil(K / self.BK)))
 
     def workspace_bytes(self, blocks: int) -> int:
         """A counter per shared tile (up to 2 x max_scheduled_blocks) and consumer warp, then two

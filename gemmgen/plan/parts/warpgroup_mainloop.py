@@ -15,6 +15,12 @@ from typing import TYPE_CHECKING
 from .launch import TMA_MAIN, TensorMapSpec
 from .mainloop import Mainloop, mma_lanes, tensor_math_words
 
+# TMA steps through batches of A and B (stride not 0) 16 bytes apart or more, below 2^40 bytes, and
+# (the launcher's own rule) past the whole matrix; the C launcher's test of the same, per operand:
+TMA_STRIDE_LIMIT = 1 << 38  # floats
+TMA_BATCH_CHECKS = tuple(f"({s} == 0 || ({s} % 4 == 0 && {s} >= (long long){rows} * {ld} && {s} < (1LL << 38)))"
+                         for s, rows, ld in (("strideA", "M", "lda"), ("strideB", "N", "ldb")))
+
 if TYPE_CHECKING:
     from ..base import Plan
 
@@ -138,16 +144,25 @@ class WgmmaTma(WgmmaAsync):
         return (min(M, N, K) > 0 and lda % 4 == 0 and ldb % 4 == 0
                 and pointers["A"] % 16 == 0 and pointers["B"] % 16 == 0)
 
-    def hands_over(self, M: int, N: int, K: int, lda: int, ldb: int, pointers: dict[str, int]) -> bool:
-        return not self.tma_ready(M, N, K, lda, ldb, pointers)
+    @staticmethod
+    def batches_ready(M: int, N: int, lda: int, ldb: int, batch: int, strides: tuple[int, int]) -> bool:
+        """Whether TMA can step through the batches of A and B (TMA_BATCH_CHECKS in Python)."""
+        return batch <= 1 or all(stride == 0 or (stride % 4 == 0 and rows * ld <= stride < TMA_STRIDE_LIMIT)
+                                 for stride, rows, ld in ((strides[0], M, lda), (strides[1], N, ldb)))
 
-    def tensor_maps(self, plan: Plan, M: int, N: int, K: int, lda: int, ldb: int) -> list[TensorMapSpec]:
+    def hands_over(self, M: int, N: int, K: int, lda: int, ldb: int, pointers: dict[str, int],
+                   batch: int = 1, strides: tuple[int, int] = (0, 0)) -> bool:
+        return not (self.tma_ready(M, N, K, lda, ldb, pointers) and self.batches_ready(M, N, lda, ldb, batch, strides))
+
+    def tensor_maps(self, plan: Plan, M: int, N: int, K: int, lda: int, ldb: int, batch: int = 1,
+                    strides: tuple[int, int] = (0, 0)) -> list[TensorMapSpec]:
         # With clusters each block loads a slice of the tiles its cluster row and column share. TMA's
         # view of a K-major operand: (K, rows), rows ld floats apart, boxes of BK x slice rows with the
         # 128-byte swizzle the wgmma descriptors expect (L2 promotion of 128 bytes: rows that are not
         # 128-byte aligned, e.g. ld = 4092, measured 20% faster than with 256, aligned ones the same).
-        return [TensorMapSpec("map_a", "A", K, M, lda, plan.BK, plan.BM // plan.cluster_n, 128, True),
-                TensorMapSpec("map_b", "B", K, N, ldb, plan.BK, plan.BN // plan.cluster_m, 128, True)]
+        # Batches: a third dimension, the stride apart (tma_batches_ready).
+        return [TensorMapSpec("map_a", "A", K, M, lda, plan.BK, plan.BM // plan.cluster_n, 128, True, batch, strides[0]),
+                TensorMapSpec("map_b", "B", K, N, ldb, plan.BK, plan.BN // plan.cluster_m, 128, True, batch, strides[1])]
 
     def variant(self, aligned: bool, aligned_store: str) -> str:
         return f"wgmma, {aligned_store if aligned else 'scalar'} C"
