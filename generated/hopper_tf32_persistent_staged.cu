@@ -24,6 +24,7 @@
 //
 // C ABI:
 //   extern "C" int gemmgen_hopper_tf32_persistent_staged(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   extern "C" int gemmgen_hopper_tf32_persistent_staged_batched(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, int batch, long long strideA, long long strideB, long long strideC, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -93,12 +94,15 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Which C tile this block computes. Blocks are numbered along a 1-D grid;
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
 // raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0) {
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
-    const int block = blockIdx.x;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
     const int blocks_per_group = RASTER_GROUP * tiles_n;
     const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
     const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
@@ -143,14 +147,15 @@ __device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsign
     }
 }
 
-// TMA: copy the box at (inner, outer) of a 2-D tensor into shared memory; rows and columns
-// outside the tensor arrive as zeros, so edge tiles need no code of their own.
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
 __device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3 }], [%4];\n"
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
                  :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(shared_address(barrier)) : "memory");
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
 }
 
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
@@ -265,7 +270,11 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_hopper_tf32_persistent_staged_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc)
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
 {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
@@ -278,8 +287,10 @@ gemmgen_hopper_tf32_persistent_staged_fallback_kernel(int M, int N, int K, float
     unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
     unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
 
-    int block_m0, block_n0;
-    tile_of_block(M, N, block_m0, block_n0);
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
     const int k_tiles = (K + BK - 1) / BK;
@@ -371,7 +382,7 @@ gemmgen_hopper_tf32_persistent_staged_fallback_kernel(int M, int N, int K, float
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
         constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + (long long)block_m0 * ldc + block_n0;
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
         const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
@@ -405,33 +416,51 @@ gemmgen_hopper_tf32_persistent_staged_fallback_kernel(int M, int N, int K, float
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
 // Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
 // dimensions below their minimum or null pointers where data is needed.
-static int gemmgen_hopper_tf32_persistent_staged_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_hopper_tf32_persistent_staged_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
     using namespace gemmgen_hopper_tf32_persistent_staged_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    if (M == 0 || N == 0) {
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
         return cudaSuccess;
     }
     if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
 
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions and pointers.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int) =
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_hopper_tf32_persistent_staged_fallback_kernel<true> : gemmgen_hopper_tf32_persistent_staged_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_hopper_tf32_persistent_staged_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_hopper_tf32_persistent_staged_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
@@ -491,12 +520,15 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Where C tile number `tile` starts. The tile scheduler deals tiles out in this order;
+// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
 // raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
-__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0) {
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
-    const int block = tile;
+    int block = tile;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
     const int blocks_per_group = RASTER_GROUP * tiles_n;
     const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
     const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
@@ -541,14 +573,15 @@ __device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsign
     }
 }
 
-// TMA: copy the box at (inner, outer) of a 2-D tensor into shared memory; rows and columns
-// outside the tensor arrive as zeros, so edge tiles need no code of their own.
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
 __device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3 }], [%4];\n"
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
                  :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(shared_address(barrier)) : "memory");
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
 }
 
 // ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
@@ -558,12 +591,12 @@ __device__ __forceinline__ void fence_shared_for_tma() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// TMA: copy a box from shared memory to (inner, outer) of a 2-D tensor; parts of the box outside
-// the tensor are not written, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer) {
-    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, { %2, %3 }], [%1];\n"
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
                  :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
-                    "r"(inner), "r"(outer) : "memory");
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 
@@ -628,12 +661,12 @@ struct Segment {
 };
 
 struct Schedule {
-    int tiles;      // C tiles
+    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
     int k_tiles;    // K tiles per C tile
     int next_tile;  // this block's next whole tile
 
-    __device__ Schedule(int M, int N, int K) {
-        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+    __device__ Schedule(int M, int N, int K, int batch) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
         k_tiles = (K + BK - 1) / BK;
         next_tile = blockIdx.x;
     }
@@ -652,7 +685,11 @@ template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_hopper_tf32_persistent_staged_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        const __grid_constant__ TensorMap map_c)
+        const __grid_constant__ TensorMap map_c,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
 {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
     __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
@@ -669,7 +706,7 @@ gemmgen_hopper_tf32_persistent_staged_kernel(const __grid_constant__ TensorMap m
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
     // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
-    Schedule schedule(M, N, K);
+    Schedule schedule(M, N, K, batch);
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
@@ -688,14 +725,16 @@ gemmgen_hopper_tf32_persistent_staged_kernel(const __grid_constant__ TensorMap m
         if (tid == 0) {
             int it = 0;
             for (Segment segment; schedule.next(segment);) {
-                int block_m0, block_n0;
-                tile_origin(segment.tile, M, N, block_m0, block_n0);
+                int block_m0, block_n0, batch_index;
+                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
                 for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
                     const int s = it % STAGES;
                     if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
                     barrier_expect_bytes(&full[s], STAGE_BYTES);
-                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0);
-                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
                 }
             }
         }
@@ -711,8 +750,8 @@ gemmgen_hopper_tf32_persistent_staged_kernel(const __grid_constant__ TensorMap m
     float acc[TM][RN * TN];
     int it = 0;  // K tiles of earlier segments
     for (Segment segment; schedule.next(segment);) {
-        int block_m0, block_n0;
-        tile_origin(segment.tile, M, N, block_m0, block_n0);
+        int block_m0, block_n0, batch_index;
+        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
         const int m_left = M - block_m0;
         const int n_left = N - block_n0;
         const int k_tiles = segment.k_end - segment.k_begin;
@@ -747,7 +786,7 @@ gemmgen_hopper_tf32_persistent_staged_kernel(const __grid_constant__ TensorMap m
             {
                 const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
                 float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-                const float* C_tile = C + (long long)block_m0 * ldc + block_n0;
+                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
                 const bool read_c = beta != 0.0f;
                 // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
                 // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
@@ -781,7 +820,7 @@ gemmgen_hopper_tf32_persistent_staged_kernel(const __grid_constant__ TensorMap m
                         }
                         fence_shared_for_tma();
                         __syncwarp();
-                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0);
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
                         ++stored_boxes;
                     }
                 }
@@ -793,7 +832,7 @@ gemmgen_hopper_tf32_persistent_staged_kernel(const __grid_constant__ TensorMap m
             // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
             {
                 constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-                float* C_tile = C + (long long)block_m0 * ldc + block_n0;
+                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
                 const bool read_c = beta != 0.0f;
             #pragma unroll
                 for (int rm = 0; rm < RM; ++rm)
@@ -830,24 +869,38 @@ gemmgen_hopper_tf32_persistent_staged_kernel(const __grid_constant__ TensorMap m
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
 // Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
 // dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats; other calls
-// (and K = 0) run the register-fed fallback in this file.
-extern "C" int gemmgen_hopper_tf32_persistent_staged(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+extern "C" int gemmgen_hopper_tf32_persistent_staged_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
 {
     using namespace gemmgen_hopper_tf32_persistent_staged_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    if (M == 0 || N == 0) return cudaSuccess;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
     if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
     const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0;
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) && (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_hopper_tf32_persistent_staged_fallback(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+        return gemmgen_hopper_tf32_persistent_staged_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
 
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
 
     // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
@@ -869,39 +922,44 @@ extern "C" int gemmgen_hopper_tf32_persistent_staged(int M, int N, int K, float 
             return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
         }
     }
-    // Both operands are K-major: a 2-D tensor of (K, rows) with rows ld floats apart; boxes of
-    // BK x (BM or BN), swizzled by 128 bytes to match the wgmma descriptors.
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
     CUtensorMap maps[2];
     const void* bases[2] = {A, B};
     const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t strides[2] = {(cuuint64_t)lda * 4, (cuuint64_t)ldb * 4};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
     const cuuint32_t box_rows[2] = {BM, BN};
     for (int i = 0; i < 2; ++i) {
-        const cuuint64_t dims[2] = {(cuuint64_t)K, rows[i]};
-        const cuuint32_t box[2] = {BK, box_rows[i]};
-        const cuuint32_t element_strides[2] = {1, 1};
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<void*>(bases[i]),
-                                       dims, &strides[i], box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C, ldc and C's N 16-byte aligned (TMA clips a box at C's
-    // edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
-    // along its contiguous dimension by 16, unswizzled in C.
-    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0);
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
     CUtensorMap map_c = {};
     if (aligned) {
-        const cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M};
-        const cuuint64_t stride = (cuuint64_t)ldc * 4;
-        const cuuint32_t box[2] = {32, 16};
-        const cuuint32_t element_strides[2] = {1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, C, dims, &stride, box, element_strides,
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {32, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                        CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap) =
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
         aligned ? gemmgen_hopper_tf32_persistent_staged_kernel<true> : gemmgen_hopper_tf32_persistent_staged_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
@@ -914,7 +972,14 @@ extern "C" int gemmgen_hopper_tf32_persistent_staged(int M, int N, int K, float 
     const unsigned grid = (unsigned)(blocks < most ? blocks : most);
     kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c));
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+extern "C" int gemmgen_hopper_tf32_persistent_staged(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_hopper_tf32_persistent_staged_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__

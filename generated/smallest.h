@@ -13,8 +13,11 @@
 //   receive the 2 smallest entries of C with their row and column. The running list lives in the
 //   kernel's device memory: two calls must not run at the same time on different streams.
 //
+// no batched entry point: the fused reduction ranks the entries of one C.
+//
 // Any M, N, K >= 0, pointer alignment and leading dimension works; a call takes the fast path when
-//   it meets these, and a slower variant of the kernel otherwise:
+//   it meets these (batches: with strides that keep every batch's pointers so aligned), and a slower
+//   variant of the kernel otherwise:
 //   vector path needs: K and lda multiples of 4, A 16-byte aligned, N and ldb multiples of 4, B
 //     16-byte aligned, N and ldc multiples of 4, C 16-byte aligned
 

@@ -27,6 +27,7 @@
 //
 // C ABI:
 //   extern "C" int gemmgen_split_k(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   extern "C" int gemmgen_split_k_batched(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, int batch, long long strideA, long long strideB, long long strideC, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
@@ -89,12 +90,15 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Which C tile this block computes. Blocks are numbered along a 1-D grid;
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
 // raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0) {
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
-    const int block = blockIdx.x;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
     const int blocks_per_group = RASTER_GROUP * tiles_n;
     const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
     const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
@@ -133,11 +137,13 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_split_k_scale_c(int M, int N, float beta, float* C, int ldc) {
-    const long long total = (long long)M * N;
+extern "C" __global__ void gemmgen_split_k_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += stride) {
-        float* c = C + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
         *c = beta == 0.0f ? 0.0f : beta * *c;
     }
 }
@@ -149,14 +155,20 @@ __device__ __forceinline__ int sB_index(int k, int n) { return (k) * 128 + n; }
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
 gemmgen_split_k_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc)
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
 {
     extern __shared__ __align__(16) float smem[];
     float* sA = smem;                          // STAGES x A_STAGE_FLOATS
     float* sB = smem + STAGES * A_STAGE_FLOATS;  // STAGES x B_STAGE_FLOATS
 
-    int block_m0, block_n0;
-    tile_of_block(M, N, block_m0, block_n0);
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
     const int m_left = M - block_m0;  // rows of C still inside the matrix from this tile on
     const int n_left = N - block_n0;
 
@@ -316,7 +328,7 @@ gemmgen_split_k_kernel(int M, int N, int K, float alpha, const float* __restrict
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
         constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + (long long)block_m0 * ldc + block_n0;
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -342,34 +354,52 @@ gemmgen_split_k_kernel(int M, int N, int K, float alpha, const float* __restrict
 // C = alpha * A * B + beta * C, layouts A row, B row, C row; lda, ldb, ldc in elements.
 // Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
 // dimensions below their minimum or null pointers where data is needed.
-extern "C" int gemmgen_split_k(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+extern "C" int gemmgen_split_k_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
     using namespace gemmgen_split_k_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
     if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    if (M == 0 || N == 0) {
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
         return cudaSuccess;
     }
     if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
 
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions and pointers.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0) &&
-        (N % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int) =
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (N % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_split_k_kernel<true> : gemmgen_split_k_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    const long long elements = (long long)M * N;
+    const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_split_k_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemmgen_split_k_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+extern "C" int gemmgen_split_k(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_split_k_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__

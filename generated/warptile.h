@@ -10,8 +10,16 @@
 // returns a cudaError_t: cudaSuccess (0), or cudaErrorInvalidValue, launching nothing, for
 //   negative sizes, null pointers or leading dimensions below these.
 //
+// gemmgen_warptile_batched: strided batches, as cuBLAS's SgemmStridedBatched: `batch` products,
+//   batch b's A, B and C at A + b * strideA, B + b * strideB, C + b * strideC (strides in elements).
+//   A stride of 0 gives every batch the same A (or B); batch 0 does nothing and returns cudaSuccess.
+//   cudaErrorInvalidValue, launching nothing, for the single GEMM's reasons, a negative batch or
+//   stride, or batches of C that overlap (batch > 1 with strideC below C's extent, (M - 1) * ldc +
+//   N). The single GEMM is its call with batch 1.
+//
 // Any M, N, K >= 0, pointer alignment and leading dimension works; a call takes the fast path when
-//   it meets these, and a slower variant of the kernel otherwise:
+//   it meets these (batches: with strides that keep every batch's pointers so aligned), and a slower
+//   variant of the kernel otherwise:
 //   vector path needs: K and lda multiples of 4, A 16-byte aligned, N and ldb multiples of 4, B
 //     16-byte aligned, N and ldc multiples of 4, C 16-byte aligned
 
@@ -26,6 +34,11 @@ extern "C" {
 
 int gemmgen_warptile(int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                      int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+
+int gemmgen_warptile_batched(int M, int N, int K, float alpha, const float *A, int lda,
+                             const float *B, int ldb, float beta, float *C, int ldc, int batch,
+                             long long strideA, long long strideB, long long strideC,
+                             cudaStream_t stream);
 
 #ifdef __cplusplus
 }

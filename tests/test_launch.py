@@ -19,7 +19,7 @@ import pytest
 
 from cubin_params import kernel_parameters
 from gemmgen.gpu import launch
-from gemmgen.gpu.launch import (KINDS, MAIN, REDUCE_CLEAR, REDUCE_FINISH, SCALE_C, Arguments, CudaError, PreparedLaunch,
+from gemmgen.gpu.launch import (BATCH, KINDS, MAIN, REDUCE_CLEAR, REDUCE_FINISH, SCALE_C, Arguments, CudaError, PreparedLaunch,
                             PreparedStep, Step, TensorMapSpec, decide, parameter_offsets, tma_signature)
 from gemmgen.plan import make_plan
 from gemmgen.language.load import parse
@@ -59,7 +59,7 @@ def test_a_tma_kernels_arguments_sit_where_the_compiler_put_its_parameters():
         assert table == expected_table(tma_signature(tma_store=True, stream_k=True)), aligned
     assert expected_table(tma_signature(True, True))[9] == (320, 128)  # map_c after ldc, on 64 bytes
     for expression in kernel_name_expressions(plan.fallback).values():
-        assert kernel_parameters(compiled.cubin, compiled.lowered_names[expression]) == expected_table(MAIN)
+        assert kernel_parameters(compiled.cubin, compiled.lowered_names[expression]) == expected_table(MAIN + BATCH)
 
 
 def test_split_k_and_reduction_kernels_arguments_sit_where_the_compiler_put_them():
@@ -78,7 +78,7 @@ def test_an_argument_buffer_holds_each_value_at_its_offset_and_points_the_driver
     signature = tma_signature(tma_store=True, stream_k=True)
     arguments = Arguments(signature)
     map_a, map_b, map_c = bytes(range(128)), bytes(range(128, 256)), b"\x07" * 128
-    values = (map_a, map_b, 7, -3, 11, 1.5, -0.25, 0xDEAD0000, 40, map_c, 0xBEEF00)
+    values = (map_a, map_b, 7, -3, 11, 1.5, -0.25, 0xDEAD0000, 40, map_c, 0xBEEF00, 3, 1 << 40, 0, 5 << 33)
     for (name, _), value in zip(signature, values):
         arguments.set(name, value)
     offsets, size = parameter_offsets(signature)
@@ -88,6 +88,8 @@ def test_an_argument_buffer_holds_each_value_at_its_offset_and_points_the_driver
     assert struct.unpack_from("<iiiff", raw, offsets["M"]) == (7, -3, 11, 1.5, -0.25)
     assert struct.unpack_from("<Qi", raw, offsets["C"]) == (0xDEAD0000, 40)
     assert struct.unpack_from("<Q", raw, offsets["workspace"]) == (0xBEEF00,)
+    assert struct.unpack_from("<i", raw, offsets["batch"]) == (3,)  # the batches' count and strides, 64-bit
+    assert struct.unpack_from("<qqq", raw, offsets["strideA"]) == (1 << 40, 0, 5 << 33)
     pointers = (ctypes.c_void_p * len(signature)).from_address(arguments.kernel_params)
     assert [p for p in pointers] == [arguments.address + offsets[name] for name, _ in signature]
 
@@ -110,7 +112,7 @@ def test_the_tma_step_encodes_a_and_b_in_slices_of_their_clusters_tiles():
             for m in step.maps] == [("map_a", "A", 300, 1000, 300, 32, 128, 128, True),
                                     ("map_b", "B", 300, 700, 304, 32, 64, 128, True)]
     assert step.grid == (plan.cluster_grid(1000, 700), 1) == (8 * 6, 1)  # tiles rounded up to whole clusters
-    assert step.fixed == {"M": 1000, "N": 700, "K": 300, "ldc": 700}
+    assert step.fixed == {"M": 1000, "N": 700, "K": 300, "ldc": 700, "batch": 1, "strideA": 0, "strideB": 0, "strideC": 0}
     assert step.per_call == ("alpha", "beta", "C")
 
 
@@ -176,7 +178,7 @@ class FakeCuda:
 
     def __init__(self, signatures: dict[int, tuple], current: int = 0x100, fail: int = 0):
         self.signatures, self.current, self.fail = signatures, current, fail
-        self.launches, self.encoded, self.switches = [], [], []
+        self.launches, self.encoded, self.switches, self.batch_dims = [], [], [], []
 
     def cuCtxGetCurrent(self, ref):
         ref._obj.value = self.current or None
@@ -205,8 +207,10 @@ class FakeCuda:
 
     def cuTensorMapEncodeTiled(self, out, dtype, rank, address, dims, strides, box, ones, interleave, swizzle,
                                promotion, fill):
-        assert (dtype.value, rank.value, interleave.value, fill.value) == (7, 2, 0, 0) and list(ones) == [1, 1]
+        assert (dtype.value, rank.value, interleave.value, fill.value) == (7, 3, 0, 0) and list(ones) == [1, 1, 1]
+        assert box[2] == 1  # one matrix of the batches at a time
         self.encoded.append(address.value)
+        self.batch_dims.append((dims[2], strides[1]))
         described = struct.pack("<QQQQIIii", address.value, dims[0], dims[1], strides[0], box[0], box[1],
                                 swizzle.value, promotion.value)
         ctypes.memmove(out, described, len(described))
@@ -270,13 +274,13 @@ def test_a_split_k_launch_scales_c_then_multiplies_with_the_calls_pointers(monke
     from conftest import SPECS_DIR
     plan = make_plan(load_one(SPECS_DIR / "split_k.gemm"))
     decision = decide(plan, 300, 200, 5000, 5000, 200, 200, (0, 0, 0), 132)
-    fake = FakeCuda({1: SCALE_C, 2: MAIN}, current=0x200)
+    fake = FakeCuda({1: SCALE_C, 2: MAIN + BATCH}, current=0x200)
     monkeypatch.setattr(launch, "_cuda", fake)
     prepared(decision, {"scale_c": 1, "main": 2})(0xA0, 0xB0, 0xC0, 1.5, -1.0, 5)
     scale, main = fake.launches
-    assert scale["args"] == {"M": 300, "N": 200, "beta": -1.0, "C": 0xC0, "ldc": 200}
+    assert scale["args"] == {"M": 300, "N": 200, "beta": -1.0, "C": 0xC0, "ldc": 200, "batch": 1, "strideC": 0}
     assert main["args"] == {"M": 300, "N": 200, "K": 5000, "alpha": 1.5, "A": 0xA0, "lda": 5000, "B": 0xB0,
-                            "ldb": 200, "beta": -1.0, "C": 0xC0, "ldc": 200}
+                            "ldb": 200, "beta": -1.0, "C": 0xC0, "ldc": 200, "batch": 1, "strideA": 0, "strideB": 0, "strideC": 0}
     assert main["grid"] == (plan.grid(300, 200), plan.split_k, 1) and fake.switches == []
 
 

@@ -114,7 +114,7 @@ static cudaError_t stream_workspace(cudaStream_t, int, size_t bytes, float** wor
     return cudaSuccess;
 }}
 {_constants(generate(plan))}
-static int launch(int M, int N, int K, cudaStream_t stream) {{
+static int launch(int M, int N, int K, int batch, cudaStream_t stream) {{
 {blocks}
 {schedule}
     const dim3 dims = {plan.scheduler.c_dims};
@@ -124,24 +124,30 @@ static int launch(int M, int N, int K, cudaStream_t stream) {{
     return 0;
 }}
 int main() {{
-    int M, N, K;
-    while (scanf("%d %d %d %d", &M, &N, &K, &sms_given) == 4) {{
+    int M, N, K, batch;
+    while (scanf("%d %d %d %d %d", &M, &N, &K, &sms_given, &batch) == 5) {{
         workspace_asked = 0;
-        launch(M, N, K, nullptr);
+        launch(M, N, K, batch, nullptr);
         printf("end\\n");
     }}
 }}
 """
 
 
-def _problems(count: int = 300) -> list[tuple[int, int, int, int]]:
+def _problems(count: int = 300) -> list[tuple[int, int, int, int, int]]:
+    """(M, N, K, SMs, batch): one product in most, strided batches in the rest (the grid of a batched
+    launch counts the tiles of every batch; the launcher refuses more than INT_MAX blocks)."""
     rng = random.Random(29)
     edges = [(1, 1, 1, 132), (4096, 4096, 4096, 132), (4092, 4092, 4092, 132), (8192, 128, 8192, 132),
              (64, 64, 131072, 132), (1536, 2816, 1000, 132), (127, 4099, 1023, 114), (5003, 5003, 5003, 78),
              (65536, 65536, 32, 1), (300, 200, 7, 7), (100000, 100000, 1, 2048)]
+    batched = [(128, 128, 128, 132, 256), (512, 512, 512, 132, 64), (1024, 1024, 128, 132, 32), (1, 1, 1, 132, 3),
+               (100, 300, 64, 132, 5), (63, 65, 5000, 7, 2), (64, 64, 131072, 132, 9)]
     sizes = [1, 2, 31, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1000, 1024, 3000, 4096, 8191, 20000]
-    return edges + [(rng.choice(sizes) + rng.randrange(3), rng.choice(sizes), rng.choice(sizes) + rng.randrange(40),
-                     rng.choice([1, 2, 3, 7, 16, 78, 114, 132, 1024, 5000])) for _ in range(count)]
+    random_ones = [(rng.choice(sizes) + rng.randrange(3), rng.choice(sizes), rng.choice(sizes) + rng.randrange(40),
+                    rng.choice([1, 2, 3, 7, 16, 78, 114, 132, 1024, 5000]), rng.choice([1, 1, 1, 2, 3, 17, 1000]))
+                   for _ in range(count)]
+    return [p + (1,) for p in edges] + batched + [p if p[0] * p[1] * p[4] < 2**34 else p[:4] + (1,) for p in random_ones]
 
 
 @pytest.mark.parametrize("name", list(LAUNCHES))
@@ -155,10 +161,10 @@ def test_the_c_launcher_starts_the_grid_the_python_launch_decides(name, tmp_path
     runs, _ = run_on_host(_launch_program(plan), "\n".join(" ".join(map(str, p)) for p in problems),
                           tmp_path / "launch")
     assert len(runs) == len(problems)
-    for (M, N, K, sms), rows in zip(problems, runs):
-        x, y = plan.scheduler.launch_grid(M, N, K, sms)
-        helpers = tuple(h.grid(M, N)[0] for h in plan.helper_launches)
-        assert rows == [(x, y, plan.scheduler.workspace_bytes(x)) + helpers], (name, M, N, K, sms)
+    for (M, N, K, sms, batch), rows in zip(problems, runs):
+        x, y = plan.scheduler.launch_grid(M, N, K, sms, batch)
+        helpers = tuple(h.grid(M, N, batch)[0] for h in plan.helper_launches)
+        assert rows == [(x, y, plan.scheduler.workspace_bytes(x)) + helpers], (name, M, N, K, sms, batch)
 
 
 def test_the_launches_cover_every_schedule_and_a_helper_kernel():

@@ -214,9 +214,11 @@ def test_tma_serves_aligned_calls_and_the_fallback_the_rest(M, N, K, lda, ldb, a
 def test_wgmma_source_launches_tma_kernel_or_fallback():
     plan = wgmma_plan()
     source = generate(plan)
-    assert "static int gemmgen_wg_fallback(" in source           # internal, not a second C entry point
+    assert "static inline int gemmgen_wg_fallback_batched(" in source  # internal, not a second C entry point
+    assert "static inline int gemmgen_wg_fallback(" in source
     assert source.count('\nextern "C" int gemmgen_wg(') == 1  # one definition (the header quotes it too)
-    assert "if (!tma_ready)\n        return gemmgen_wg_fallback(" in source
+    assert source.count('\nextern "C" int gemmgen_wg_batched(') == 1
+    assert "if (!tma_ready)\n        return gemmgen_wg_fallback_batched(" in source
     assert "CU_TENSOR_MAP_SWIZZLE_128B" in source and "cudaGetDriverEntryPoint" in source
     assert "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" in source
     # each wgmma's inline-PTX operand list names each of a thread's accumulators once: 64 x 256 /
@@ -253,7 +255,7 @@ def test_split_k_on_wgmma_slices_k_tiles_and_adds_into_c(fill, math, a, b):
         assert plan.fallback.split_k == 8  # calls TMA cannot take are split the same way
     source = generate(plan)
     assert "constexpr int SPLIT_K = 8;" in source
-    assert "_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc);" in source
+    assert "_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);" in source
     assert "dim3((unsigned)blocks, SPLIT_K)" in source
     assert "atomicAdd(c, alpha * acc[" in source
     if fill == "tma":

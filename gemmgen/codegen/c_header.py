@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..outputs import marker_line
 from ..plan import Plan
-from .cuda import abi_parameters, derived_numbers
+from .cuda import abi_parameters, batched_abi_parameters, derived_numbers
 
 # The rows of codegen.derived_numbers that say what a call needs to take the fast path.
 _FAST_PATH_ROWS = ("TMA path needs", "otherwise", "vector path needs", "TMA store path needs")
@@ -55,6 +55,22 @@ def _contract(plan: Plan) -> list[str]:
     return lines
 
 
+def _batched_contract(plan: Plan) -> list[str]:
+    """What the batched entry point adds (none: a fused reduction's kernel has none)."""
+    if batched_abi_parameters(plan) is None:
+        return _comment("no batched entry point: the fused reduction ranks the entries of one C.")
+    return _comment(f"{plan.launcher_name}_batched: strided batches, as cuBLAS's SgemmStridedBatched: "
+                    "`batch` products, batch b's A, B and C at A + b * strideA, B + b * strideB, "
+                    "C + b * strideC (strides in elements). A stride of 0 gives every batch the same A "
+                    "(or B); batch 0 does nothing and returns cudaSuccess. cudaErrorInvalidValue, "
+                    "launching nothing, for the single GEMM's reasons, a negative batch or stride, or "
+                    "batches of C that overlap (batch > 1 with strideC below C's extent, "
+                    + ("(M - 1) * ldc + N" if plan.c_layout == "row" else "(N - 1) * ldc + M")
+                    + "). The single GEMM is its call with batch 1."
+                    + (" TMA loads batches of A (B) whose stride is 0, or a multiple of 4 and at least "
+                       "M * lda (N * ldb); other batched calls run the fallback." if plan.mainloop.tma else ""))
+
+
 def _fast_path(plan: Plan, indent: str = "") -> list[str]:
     """What a call needs for the fast path, as the Plan derived it (none: scalar accesses only)."""
     if not plan.vector_requirements() and plan.mainloop.fallback is None:
@@ -64,11 +80,15 @@ def _fast_path(plan: Plan, indent: str = "") -> list[str]:
             for line in _comment(f"{label}: {rows[label]}", indent)]
 
 
-def _assemble(launcher: str, first_line: str, about: list[str], parameters: str) -> str:
+def _assemble(launcher: str, first_line: str, about: list[str], parameters: str,
+              batched: str | None = None) -> str:
     guard = f"{launcher.upper()}_H"
+    prototypes = _prototype(launcher, parameters)
+    if batched:
+        prototypes += ["", *_prototype(f"{launcher}_batched", batched)]
     lines = [first_line, "//", *about, f"#ifndef {guard}", f"#define {guard}", "",
              "#include <cuda_runtime.h>", "", "#ifdef __cplusplus", 'extern "C" {', "#endif", "",
-             *_prototype(launcher, parameters), "", "#ifdef __cplusplus", "}", "#endif", "",
+             *prototypes, "", "#ifdef __cplusplus", "}", "#endif", "",
              f"#endif  // {guard}", ""]
     return "\n".join(lines)
 
@@ -80,14 +100,15 @@ def header_source(plan: Plan, source_name: str) -> str:
     about = _comment(f"The entry point of {source_name} for C and C++ programs: compile {source_name} "
                      "with nvcc (it is self-contained), include this header, and link both with the "
                      "CUDA runtime.")
-    about += ["//", *_contract(plan), "//"]
+    about += ["//", *_contract(plan), "//", *_batched_contract(plan), "//"]
     about += _comment("Any M, N, K >= 0, pointer alignment and leading dimension works; a call takes "
-                      "the fast path when it meets these, and a slower variant of the kernel otherwise:")
+                      "the fast path when it meets these (batches: with strides that keep every "
+                      "batch's pointers so aligned), and a slower variant of the kernel otherwise:")
     about += _fast_path(plan, "  ")
     about.append("")
     return _assemble(plan.launcher_name,
                      marker_line(plan.launcher_name, f" from {origin} (edit the spec, not this file)"),
-                     about, abi_parameters(plan))
+                     about, abi_parameters(plan), batched_abi_parameters(plan))
 
 
 def dispatcher_header_source(name: str, winners: list, source_name: str) -> str:

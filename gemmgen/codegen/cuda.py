@@ -116,6 +116,17 @@ def abi_signature(plan: Plan) -> str:
     return f'extern "C" int {plan.launcher_name}({abi_parameters(plan)});'
 
 
+BATCH_ABI = "int batch, long long strideA, long long strideB, long long strideC, "
+
+
+def batched_abi_parameters(plan: Plan) -> str | None:
+    """The batched entry point's parameters (the single GEMM's, then the batches' before the
+    stream), or None where there is none (a fused reduction ranks the entries of one C)."""
+    if plan.reduce_count:
+        return None
+    return abi_parameters(plan).replace("cudaStream_t stream", BATCH_ABI + "cudaStream_t stream")
+
+
 def derived_numbers(plan: Plan) -> list[tuple[str, str]]:
     """The Plan's numbers a reader of the kernel wants, as (label, value) rows (its parts')."""
     return plan.rows()
@@ -136,6 +147,9 @@ def header(plan: Plan, internal: bool = False) -> str:
         lines += ["//", "// launcher (called by this file's entry point):", f"//   {static}"]
     else:
         lines += ["//", "// C ABI:", f"//   {abi_signature(plan)}"]
+        batched = batched_abi_parameters(plan)
+        if batched:
+            lines.append(f'//   extern "C" int {plan.launcher_name}_batched({batched});')
     return "\n".join(lines)
 
 

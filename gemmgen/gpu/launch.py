@@ -2,7 +2,7 @@
 cuLaunchKernelEx per kernel.
 
 What a launch needs beyond the call's pointers and scalars depends only on its sizes, leading
-dimensions and the alignment of its pointers (address % 16): which kernels run (split K's pass over
+dimensions, batches (count and strides) and the alignment of its pointers (address % 16): which kernels run (split K's pass over
 C, the vector or scalar variant, a TMA kernel's register-fed fallback), their grids, shared bytes and
 the stream-K workspace's size. `decide` makes that decision from the Plan (pure, testable without a
 GPU); runtime.Kernel renders it once per key into a PreparedLaunch: per kernel its CUfunction, a
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 # The kernels' parameter lists, (name, kind) in order: the parts describe them (plan/parts/launch.py).
-from ..plan.parts.launch import MAIN, REDUCE_CLEAR, REDUCE_FINISH, SCALE_C, TMA_MAIN  # noqa: F401
+from ..plan.parts.launch import BATCH, MAIN, REDUCE_CLEAR, REDUCE_FINISH, SCALE_C, TMA_MAIN  # noqa: F401
 from ..plan.parts.launch import Helper, TensorMapSpec
 
 
@@ -37,15 +37,16 @@ class CudaError(RuntimeError):
 
 TENSOR_MAP_BYTES = 128
 # kind: (ctypes type, size, alignment); "t" is a CUtensorMap (struct __align__(64) TensorMap in wgmma.cuh.j2)
-KINDS = {"i": (ctypes.c_int, 4, 4), "f": (ctypes.c_float, 4, 4), "p": (ctypes.c_void_p, 8, 8),
-         "t": (ctypes.c_ubyte * TENSOR_MAP_BYTES, TENSOR_MAP_BYTES, 64)}
+KINDS = {"i": (ctypes.c_int, 4, 4), "l": (ctypes.c_longlong, 8, 8), "f": (ctypes.c_float, 4, 4),
+         "p": (ctypes.c_void_p, 8, 8), "t": (ctypes.c_ubyte * TENSOR_MAP_BYTES, TENSOR_MAP_BYTES, 64)}
 
 
 
 def tma_signature(tma_store: bool, stream_k: bool) -> tuple:
     """A TMA wgmma kernel's parameters: A's and B's tensor maps first, C's map (staged epilogue) and
-    stream-K's workspace last (as a Plan's `signature` has them)."""
-    return TMA_MAIN + ((("map_c", "t"),) if tma_store else ()) + ((("workspace", "p"),) if stream_k else ())
+    stream-K's workspace, then the batches' (as a Plan's `signature` has them)."""
+    return (TMA_MAIN + ((("map_c", "t"),) if tma_store else ()) + ((("workspace", "p"),) if stream_k else ())
+            + BATCH)
 
 
 def parameter_offsets(signature: tuple) -> tuple[dict[str, int], int]:
@@ -68,7 +69,7 @@ class Arguments:
     kernelParams, and views through which a parameter is written in place (memoryview item
     assignment: the cheapest write Python has)."""
 
-    _VIEW_FORMAT = {"i": "i", "f": "f", "p": "Q"}
+    _VIEW_FORMAT = {"i": "i", "l": "q", "f": "f", "p": "Q"}
 
     def __init__(self, signature: tuple):
         self.signature = signature
@@ -136,38 +137,41 @@ class Decision:
 
 
 def decide(plan, M: int, N: int, K: int, lda: int, ldb: int, ldc: int, align: tuple[int, int, int],
-           sms: int) -> Decision:
-    """The launch of `plan` for these sizes, leading dimensions and pointer residues (address % 16
-    of A, B, C): the same decision as the C launcher (launcher.cu.j2, wgmma_launcher.cu.j2), both
-    made of what the Plan's parts describe: the mainloop's parameters, tensor maps and fallback, the
-    schedule's grid, workspace and pass over C, the epilogue's map of C and reduction kernels. The
-    arguments must be valid (Plan.argument_error)."""
+           sms: int, batch: int = 1, strides: tuple[int, int, int] = (0, 0, 0)) -> Decision:
+    """The launch of `plan` for these sizes, leading dimensions, pointer residues (address % 16
+    of A, B, C) and `batch` products with A's, B's and C's strides: the same decision as the C
+    launcher (launcher.cu.j2, wgmma_launcher.cu.j2), both made of what the Plan's parts describe:
+    the mainloop's parameters, tensor maps and fallback, the schedule's grid, workspace and pass
+    over C, the epilogue's map of C and reduction kernels. The arguments must be valid
+    (Plan.argument_error)."""
     residues = {"A": align[0], "B": align[1], "C": align[2]}
-    sizes = {"M": M, "N": N, "K": K, "lda": lda, "ldb": ldb, "ldc": ldc}
+    sizes = {"M": M, "N": N, "K": K, "lda": lda, "ldb": ldb, "ldc": ldc, "batch": batch,
+             "strideA": strides[0], "strideB": strides[1], "strideC": strides[2]}
     helpers = plan.helper_launches
     steps = [_helper_step(h, sizes) for h in helpers if h.before and h.empty_too]
     variant = ""
-    if M and N:
+    if M and N and batch:
         mainloop = plan.mainloop
-        if mainloop.hands_over(M, N, K, lda, ldb, residues):
+        if mainloop.hands_over(M, N, K, lda, ldb, residues, batch, strides[:2]):
             return Decision(fallback=True, variant=mainloop.fallback_words)
-        aligned = plan.aligned(M, N, K, lda, ldb, ldc, residues)
+        aligned = plan.aligned(M, N, K, lda, ldb, ldc, residues, dict(zip("ABC", strides)))
         steps += [_helper_step(h, sizes) for h in helpers if h.before and not h.empty_too]
-        maps = mainloop.tensor_maps(plan, M, N, K, lda, ldb)
-        c_maps, fixed = plan.epilogue.tensor_maps(M, N, ldc, aligned)
+        maps = mainloop.tensor_maps(plan, M, N, K, lda, ldb, batch, strides[:2])
+        c_maps, fixed = plan.epilogue.tensor_maps(M, N, ldc, aligned, batch, strides[2])
         signature = plan.signature
         fixed = {**{p.name: sizes[p.name] for p in signature if p.name in sizes}, **fixed}
-        grid = plan.scheduler.launch_grid(M, N, K, sms)
+        grid = plan.scheduler.launch_grid(M, N, K, sms, batch)
         steps.append(Step("main", aligned, grid, plan.threads, plan.smem_bytes, signature, fixed,
                           tuple(maps + c_maps), plan.scheduler.workspace_bytes(grid[0])))
         variant = mainloop.variant(aligned, plan.epilogue.aligned_store)
-    steps += [_helper_step(h, sizes) for h in helpers if not h.before and (h.empty_too or (M and N))]
+    steps += [_helper_step(h, sizes) for h in helpers if not h.before and (h.empty_too or (M and N and batch))]
     return Decision(tuple(steps), variant=variant)
 
 
 def _helper_step(helper: Helper, sizes: dict[str, int]) -> Step:
     fixed = {p.name: sizes[p.name] for p in helper.params if p.name in sizes}
-    return Step(helper.kernel, False, helper.grid(sizes["M"], sizes["N"]), helper.threads, 0, helper.params, fixed)
+    return Step(helper.kernel, False, helper.grid(sizes["M"], sizes["N"], sizes["batch"]), helper.threads, 0,
+                helper.params, fixed)
 
 
 # --- libcuda through ctypes ------------------------------------------------------------------------
@@ -202,14 +206,16 @@ def error_text(status: int) -> str:
 
 
 def encode_tensor_map(spec: TensorMapSpec, address: int, what: str) -> bytes:
-    """cuTensorMapEncodeTiled of a 2-D float32 tensor (inner, outer) at `address`, rows ld floats
-    apart, boxes of box_inner x box_outer: its 128 bytes, ready to be written into an argument."""
+    """cuTensorMapEncodeTiled of a 3-D float32 tensor (inner, outer, batches) at `address`, rows ld
+    floats apart and batches as spec.batch_dims has them, boxes of box_inner x box_outer x 1: its
+    128 bytes, ready to be written into an argument (as the C launcher encodes it)."""
     out = (ctypes.c_ubyte * TENSOR_MAP_BYTES)()
-    dims = (ctypes.c_uint64 * 2)(spec.inner, spec.outer)
-    strides = (ctypes.c_uint64 * 1)(spec.ld * 4)
-    box = (ctypes.c_uint32 * 2)(spec.box_inner, spec.box_outer)
-    ones = (ctypes.c_uint32 * 2)(1, 1)
-    status = cuda().cuTensorMapEncodeTiled(out, ctypes.c_int(_FLOAT32), ctypes.c_uint(2), ctypes.c_void_p(address),
+    batches, batch_stride = spec.batch_dims
+    dims = (ctypes.c_uint64 * 3)(spec.inner, spec.outer, batches)
+    strides = (ctypes.c_uint64 * 2)(spec.ld * 4, batch_stride * 4)
+    box = (ctypes.c_uint32 * 3)(spec.box_inner, spec.box_outer, 1)
+    ones = (ctypes.c_uint32 * 3)(1, 1, 1)
+    status = cuda().cuTensorMapEncodeTiled(out, ctypes.c_int(_FLOAT32), ctypes.c_uint(3), ctypes.c_void_p(address),
                                            dims, strides, box, ones, ctypes.c_int(0), ctypes.c_int(_SWIZZLE[spec.swizzle]),
                                            ctypes.c_int(_L2_128B if spec.promote else _L2_NONE), ctypes.c_int(0))
     if status:

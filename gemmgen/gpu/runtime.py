@@ -266,18 +266,64 @@ def device_array(array: Any, what: str) -> Any:
         raise ShapeError(f"{what}: CuPy could not read {_kind(array)} by DLPack ({exc})") from None
 
 
-def as_matrix(array: Any, what: str, layout: str) -> Matrix:
-    """A 2-D float32 device array (`__cuda_array_interface__` or DLPack) read in `layout`."""
+def _float32_interface(array: Any, what: str) -> dict:
     interface = getattr(array, "__cuda_array_interface__", None)
     if interface is None:
         interface = device_array(array, what).__cuda_array_interface__
     if interface["typestr"] not in ("<f4", "=f4", "|f4"):
         raise ShapeError(f"{what} must hold float32, not {interface['typestr']}")
+    return interface
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Byte strides of a C-contiguous float32 array (what a None `strides` means)."""
+    strides, step = [], 4
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def as_matrix(array: Any, what: str, layout: str) -> Matrix:
+    """A 2-D float32 device array (`__cuda_array_interface__` or DLPack) read in `layout`."""
+    interface = _float32_interface(array, what)
     shape = tuple(interface["shape"])
     if len(shape) != 2:
         raise ShapeError(f"{what} must be a matrix (2-D), not {len(shape)}-D of shape {shape}")
+    strides = interface.get("strides") or _contiguous_strides(shape)
+    return _matrix(interface["data"][0], shape, strides, what, layout)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A device array as a batched kernel sees it: its matrix (the first, for a 3-D array), the
+    batches it holds (None: a 2-D array, one matrix for every batch) and their stride in floats."""
+
+    matrix: Matrix
+    count: int | None
+    stride: int
+
+
+def as_batch(array: Any, what: str, layout: str) -> Batch:
+    """A 2-D float32 device array, or a 3-D one of (batch, rows, cols) whose matrices are read in
+    `layout` and lie a whole number of floats apart (not backwards)."""
+    interface = _float32_interface(array, what)
+    shape = tuple(interface["shape"])
+    if len(shape) not in (2, 3):
+        raise ShapeError(f"{what} must be a matrix (2-D) or a batch of matrices (3-D: batch, rows, cols), "
+                         f"not {len(shape)}-D of shape {shape}")
+    strides = interface.get("strides") or _contiguous_strides(shape)
+    if len(shape) == 2:
+        return Batch(_matrix(interface["data"][0], shape, strides, what, layout), None, 0)
+    if strides[0] % 4 or strides[0] < 0:
+        raise ShapeError(f"{what}: batch stride {strides[0]} bytes is not a whole, non-negative number of "
+                         "float32 elements")
+    matrix = _matrix(interface["data"][0], shape[1:], strides[1:], f"{what} (each batch)", layout)
+    return Batch(matrix, shape[0], strides[0] // 4 if shape[0] > 1 else 0)
+
+
+def _matrix(address: int, shape: tuple[int, ...], strides: tuple[int, ...], what: str, layout: str) -> Matrix:
     rows, cols = shape
-    strides = interface.get("strides") or (cols * 4, 4)
     if any(s % 4 for s in strides):
         raise ShapeError(f"{what}: strides {strides} are not whole float32 elements")
     row_stride, col_stride = strides[0] // 4, strides[1] // 4
@@ -289,9 +335,9 @@ def as_matrix(array: Any, what: str, layout: str) -> Matrix:
     if lines <= 1:
         ld = max(1, length)
     if not contiguous or ld < max(1, length):
-        raise ShapeError(f"{what} of shape {shape} with element strides ({row_stride}, {col_stride}) "
-                         f"is not {layout}-major, which this kernel was built for (layout {what} {layout})")
-    return Matrix(interface["data"][0], rows, cols, layout, ld)
+        raise ShapeError(f"{what} of shape {tuple(shape)} with element strides ({row_stride}, {col_stride}) "
+                         f"is not {layout}-major, which this kernel was built for (layout {what.split()[0]} {layout})")
+    return Matrix(address, rows, cols, layout, ld)
 
 
 def stream_handle(stream: Any) -> int:
@@ -312,7 +358,9 @@ class Kernel:
 
         kernel = Kernel(plan)
         kernel(A, B, C, alpha=1.0, beta=0.0)          # device arrays, layouts per the spec
+        kernel(A3, B3, C3)                            # 3-D arrays: strided batches (2-D: shared)
         kernel.launch(M, N, K, alpha, a_ptr, lda, ...)  # raw pointers, exactly the C ABI
+        kernel.launch(..., batch=8, strides=(sa, sb, sc))  # the batched entry point's
         run = kernel.prepare(M, N, K, lda, ldb, ldc)    # the launch of one call key, decided once:
         run(a_ptr, b_ptr, c_ptr, alpha, beta, stream)   # writes the pointers and scalars, launches
 
@@ -366,31 +414,35 @@ class Kernel:
         return state
 
     def prepare(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
-                align: tuple[int, int, int] = (0, 0, 0), beta_used: bool = False) -> PreparedLaunch:
+                align: tuple[int, int, int] = (0, 0, 0), beta_used: bool = False, batch: int = 1,
+                strides: tuple[int, int, int] = (0, 0, 0)) -> PreparedLaunch:
         """The launch of a call key, decided once: sizes, leading dimensions, A's, B's and C's
-        address % 16, and whether beta != 0. Raises CudaError for arguments the C launcher refuses."""
+        address % 16, whether beta != 0, and the batches (count; A's, B's and C's strides in
+        floats). Raises CudaError for arguments the C launcher refuses."""
         lock, prepared = self._state()
-        key = (M, N, K, lda, ldb, ldc, align, beta_used)
+        strides = tuple(strides)
+        key = (M, N, K, lda, ldb, ldc, align, beta_used) + ((batch, strides) if (batch, strides) != (1, (0, 0, 0)) else ())
         found = prepared.get(key)
         if found is not None:
             return found
         plan = self.plan
-        problem = plan.argument_error(M, N, K, lda, ldb, ldc)
+        problem = plan.argument_error(M, N, K, lda, ldb, ldc, batch, strides)
         if problem:
             raise CudaError(f"{self.name}: invalid arguments: {problem}", 1)
         if not plan.beta and beta_used:
             raise CudaError(f"{self.name} was built with 'epilogue alpha' and ignores C; beta must be 0", 1)
         sms = self._sm_count() if plan.scheduled else 0
-        decision = decide(plan, M, N, K, lda, ldb, ldc, align, sms)
+        decision = decide(plan, M, N, K, lda, ldb, ldc, align, sms, batch, strides)
         if decision.fallback:
-            found = self._fallback.prepare(M, N, K, lda, ldb, ldc, align, beta_used)
+            found = self._fallback.prepare(M, N, K, lda, ldb, ldc, align, beta_used, batch, strides)
         else:
             steps = []
             for step in decision.steps:
                 function = self._functions[step.aligned if step.kernel == "main" else step.kernel]
                 if step.kernel == "main":
                     what = (f"launching {self.name} ({decision.variant}) on {step.grid[0]} x {step.grid[1]} blocks x "
-                            f"{step.threads} threads, {step.smem} B shared, M={M} N={N} K={K}")
+                            f"{step.threads} threads, {step.smem} B shared, M={M} N={N} K={K}"
+                            + (f" batch={batch}" if batch != 1 else ""))
                 else:
                     what = f"launching {self.name}_{step.kernel}"
                 steps.append(PreparedStep(step, function, what))
@@ -402,13 +454,14 @@ class Kernel:
 
     def launch(self, M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,
                beta: float, C: int, ldc: int, smallest: tuple[int, int, int] | None = None,
-               stream: Any = None) -> None:
-        """The C ABI on raw device addresses; raises CudaError where the launcher returns an error."""
+               stream: Any = None, batch: int = 1, strides: tuple[int, int, int] = (0, 0, 0)) -> None:
+        """The C ABI on raw device addresses (with `batch` and `strides`, A's, B's and C's in
+        floats: the batched entry point's); raises CudaError where the launcher returns an error."""
         if self.plan.reduce_count and (smallest is None or not all(smallest)):
             raise CudaError(f"{self.name} has a fused reduction: pass smallest=(values, rows, cols)", 1)
         A, B, C = int(A or 0), int(B or 0), int(C or 0)  # a null pointer may come as None
-        run = self.prepare(M, N, K, lda, ldb, ldc, (A % 16, B % 16, C % 16), beta != 0.0)
-        if M and N and (not C or (K and (not A or not B))):
+        run = self.prepare(M, N, K, lda, ldb, ldc, (A % 16, B % 16, C % 16), beta != 0.0, batch, strides)
+        if M and N and batch and (not C or (K and (not A or not B))):
             raise CudaError(f"{self.name}: null pointer for a matrix with elements", 1)
         run(A, B, C, alpha, beta, stream_handle(stream), tuple(smallest) if smallest else (0, 0, 0))
 
@@ -473,9 +526,13 @@ class Kernel:
 
     def __call__(self, A: Any, B: Any, C: Any, *, alpha: float = 1.0, beta: float = 0.0,
                  smallest: tuple[Any, Any, Any] | None = None, stream: Any = None) -> None:
-        """C = alpha * A @ B + beta * C on device arrays whose layouts match the spec."""
+        """C = alpha * A @ B + beta * C on device arrays whose layouts match the spec. 3-D arrays
+        (batch, rows, cols) multiply strided batches, C[b] = alpha * A[b] @ B[b] + beta * C[b]; a
+        2-D A or B (or one of batch 1) serves every batch."""
         spec = self.plan.spec
-        a, b, c = (as_matrix(x, name, spec[f"layout.{name}"]) for x, name in ((A, "A"), (B, "B"), (C, "C")))
+        batches = [as_batch(x, name, spec[f"layout.{name}"]) for x, name in ((A, "A"), (B, "B"), (C, "C"))]
+        a, b, c = (x.matrix for x in batches)
+        batch, strides = _batches(*batches)
         M, K = a.rows, a.cols
         if b.rows != K:
             raise ShapeError(f"A is {a.rows} x {a.cols} but B is {b.rows} x {b.cols}: inner sizes differ")
@@ -488,7 +545,7 @@ class Kernel:
             pointers = tuple(_device_pointer(x, what) for x, what in
                              zip(smallest, ("smallest values", "smallest rows", "smallest cols")))
         self.launch(M, N, K, alpha, a.ptr, a.ld, b.ptr, b.ld, beta, c.ptr, c.ld,
-                    smallest=pointers, stream=stream)
+                    smallest=pointers, stream=stream, batch=batch, strides=strides)
 
     def close(self) -> None:
         with on_device(self.device):
@@ -501,6 +558,25 @@ class Kernel:
             if getattr(self, "_module", None) is not None:
                 _driver().cuModuleUnload(self._module)
                 self._module = None
+
+
+def _batches(a: Batch, b: Batch, c: Batch) -> tuple[int, tuple[int, int, int]]:
+    """The batch count and strides of A, B and C as a call passes them: the 3-D arrays' batches
+    agree (or are 1: one matrix for all), C holds every batch, a 2-D operand serves them all."""
+    counts = {name: x.count for name, x in zip("ABC", (a, b, c)) if x.count is not None}
+    if not counts:
+        return 1, (0, 0, 0)
+    batch = max(counts.values())
+    for name, count in counts.items():
+        if count not in (batch, 1):
+            raise ShapeError("batch sizes differ: " + ", ".join(f"{n} holds {k}" for n, k in counts.items())
+                             + f" (each must be {batch}, or 1 to serve every batch)")
+    if batch > 1 and counts.get("C", 1) != batch:
+        raise ShapeError(f"C must hold all {batch} batches (a 3-D array of {batch} matrices): only A and B "
+                         "may serve every batch with one matrix")
+    if batch > 1 and c.stride == 0:
+        raise ShapeError(f"C's {batch} batches share one matrix (batch stride 0): each batch needs its own C")
+    return batch, (a.stride if batch > 1 else 0, b.stride if batch > 1 else 0, c.stride if batch > 1 else 0)
 
 
 def _device_pointer(array: Any, what: str) -> int:

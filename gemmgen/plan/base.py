@@ -179,8 +179,13 @@ class Plan:
                 + epilogue.fusion_rows() + mainloop.path_rows(self)
                 + [(epilogue.needs_label, self.vector_needs() or mainloop.no_needs)])
 
-    def argument_error(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int) -> str | None:
-        """Why the launcher would return cudaErrorInvalidValue for these sizes, or None."""
+    def argument_error(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int, batch: int = 1,
+                       strides: tuple[int, int, int] = (0, 0, 0)) -> str | None:
+        """Why the launcher would return cudaErrorInvalidValue for these sizes (and `batch`
+        products, A's, B's and C's strides), or None."""
+        problem = self.batch_error(M, N, ldc, batch, strides)
+        if problem:
+            return problem
         if min(M, N, K) < 0:
             return f"sizes must be >= 0 (M={M}, N={N}, K={K})"
         sizes = {"M": M, "N": N, "K": K}
@@ -190,8 +195,22 @@ class Plan:
                 return f"{ld}={given[ld]} is below max(1, {size}={sizes[size]})"
         if self.reduce_count and M * N > 0xFFFFFFFF:
             return "the fused reduction numbers positions with 32 bits: M*N must be below 2^32"
-        if self.cluster_grid(M, N) > 2**31 - 1:
+        if self.cluster_grid(M, N) * max(batch, 1) > 2**31 - 1:
             return "too many thread blocks for one launch"
+        return None
+
+    def batch_error(self, M: int, N: int, ldc: int, batch: int, strides: tuple[int, int, int]) -> str | None:
+        """The batched launcher's checks of `batch` and the strides (launcher_checks.cuh.j2)."""
+        if batch < 0 or min(strides) < 0:
+            return f"batch and strides must be >= 0 (batch={batch}, strides={tuple(strides)})"
+        if batch > 1 and self.reduce_count:
+            return "the fused reduction ranks the entries of one C: it multiplies one batch"
+        extent = self.c.extent(M, N, ldc)
+        if batch > 1 and strides[2] < extent:
+            return (f"strideC={strides[2]} is below C's extent of {extent} floats: the batches of C "
+                    "would overlap")
+        if batch > 1 and max(strides) > (2**63 - 1) // batch:
+            return "batch * stride overflows 64 bits"
         return None
 
     @staticmethod
@@ -201,11 +220,13 @@ class Plan:
         return f"{row} * 32 + ((({k} >> 2) ^ ({row} & 7)) << 2) + ({k} & 3)"
 
     def aligned(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
-                pointers: dict[str, int]) -> bool:
-        """Whether the vector variant is safe for these sizes and device addresses."""
+                pointers: dict[str, int], strides: dict[str, int] | None = None) -> bool:
+        """Whether the vector variant is safe for these sizes, device addresses and (batches) the
+        strides of A, B and C."""
         values = {"M": M, "N": N, "K": K, "lda": lda, "ldb": ldb, "ldc": ldc}
+        strides = strides or {}
         return all((size is None or values[size] % vec == 0) and values[ld] % vec == 0
-                   and pointers[ptr] % (4 * vec) == 0
+                   and pointers[ptr] % (4 * vec) == 0 and strides.get(ptr, 0) % vec == 0
                    for ptr, size, ld, vec in self.vector_requirements())
 
     @property

@@ -120,8 +120,10 @@ class Epilogue:
         return (Helper("reduce_clear", REDUCE_CLEAR, 32, empty_too=True),
                 Helper("reduce_finish", REDUCE_FINISH, 32, before=False, empty_too=True))
 
-    def tensor_maps(self, M: int, N: int, ldc: int, aligned: bool) -> tuple[list[TensorMapSpec], dict]:
-        """The maps a call encodes for C, and the values fixed in place of those it does not."""
+    def tensor_maps(self, M: int, N: int, ldc: int, aligned: bool, batch: int = 1,
+                    stride_c: int = 0) -> tuple[list[TensorMapSpec], dict]:
+        """The maps a call encodes for C (of `batch` products, stride_c apart), and the values fixed
+        in place of those it does not."""
         return [], {}
 
     @property
@@ -237,13 +239,14 @@ class TmaStore(Epilogue):
         # N = 13 and ldc = 16 it wrote columns 13-15 (measured on an H100).
         return super().vector_requirements() + [("C", "N" if self.c_layout == "row" else "M", "ldc", 4)]
 
-    def tensor_maps(self, M: int, N: int, ldc: int, aligned: bool) -> tuple[list[TensorMapSpec], dict]:
+    def tensor_maps(self, M: int, N: int, ldc: int, aligned: bool, batch: int = 1,
+                    stride_c: int = 0) -> tuple[list[TensorMapSpec], dict]:
         """Where aligned, C's boxes (else C is stored from registers and the map is not read)."""
         if not aligned:
             return [], {"map_c": bytes(128)}
         inner, outer = (N, M) if self.c_layout == "row" else (M, N)
         return [TensorMapSpec("map_c", "C", inner, outer, ldc, self.c_box_inner, self.c_box_outer,
-                              self.c_box_swizzle, False)], {}
+                              self.c_box_swizzle, False, batch, stride_c)], {}
 
     def smem_bytes(self, consumers: int) -> int:
         """Shared bytes of every consumer warp's boxes."""
