@@ -167,16 +167,16 @@ int main() {{
     int M, N, blocks;
     while (scanf("%d %d %d", &M, &N, &blocks) == 3) {{
         for (unsigned b = 0; b < (unsigned)blocks; ++b) {{
-            int m0, n0;
+            int m0, n0, batch;
             blockIdx.x = b;
-            tile_of_block(M, N, m0, n0);
-            printf("%u %d %d\\n", b, m0, n0);
+            tile_of_block(M, N, m0, n0, batch);
+            printf("%u %d %d %d\\n", b, m0, n0, batch);
         }}
         printf("end\\n");
     }}
 }}
 """
-    feed = "\n".join(f"{M} {N} {plan.cluster_grid(M, N)}" for M, N in problems)
+    feed = "\n".join(f"{M} {N} {plan.cluster_grid(M, N) * batch}" for M, N, batch in problems)
     runs, _ = run_on_host(program, feed, tmp_path / "tiles")
     return runs
 
@@ -185,15 +185,19 @@ int main() {{
                                                 ("4 x 2", 128, 8), ("1 x 8", 64, 4)])
 def test_every_tile_is_taken_once_and_sharers_share_their_tiles(cluster, bn, group, tmp_path):
     plan = make_plan(spec_of(cluster, bn=bn, group=group))
-    problems = [(4096, 4096), (4092, 4092), (100, 300), (1, 1), (8192, 128), (5003, 777), (3 * 128 + 1, 5 * bn)]
-    for (M, N), rows in zip(problems, walk_tiles(plan, problems, tmp_path)):
-        inside = [(m0, n0) for _, m0, n0 in rows if m0 < M and n0 < N]
-        every = {(m * plan.BM, n * plan.BN) for m in range(-(-M // plan.BM)) for n in range(-(-N // plan.BN))}
-        assert sorted(inside) == sorted(every), f"{cluster} at {M}x{N}: a C tile missed or taken twice"
-        assert len(set((m0, n0) for _, m0, n0 in rows)) == len(rows), "two blocks take one tile"
+    # (M, N, batch): a batched launch numbers the tiles of batch b after those of batch b - 1
+    problems = [(4096, 4096, 1), (4092, 4092, 1), (100, 300, 1), (1, 1, 1), (8192, 128, 1), (5003, 777, 1),
+                (3 * 128 + 1, 5 * bn, 1), (100, 300, 5), (1, 1, 3), (3 * 128 + 1, 5 * bn, 2), (1000, 999, 4)]
+    for (M, N, batch), rows in zip(problems, walk_tiles(plan, problems, tmp_path)):
+        inside = [(k, m0, n0) for _, m0, n0, k in rows if m0 < M and n0 < N]
+        every = {(k, m * plan.BM, n * plan.BN) for m in range(-(-M // plan.BM)) for n in range(-(-N // plan.BN))
+                 for k in range(batch)}
+        assert sorted(inside) == sorted(every), f"{cluster} at {M}x{N}x{batch}: a C tile missed or taken twice"
+        assert len(set((k, m0, n0) for _, m0, n0, k in rows)) == len(rows), "two blocks take one tile"
         for start in range(0, len(rows), plan.cluster_blocks):
             cluster_rows = rows[start:start + plan.cluster_blocks]
-            for rank, (_, m0, n0) in enumerate(cluster_rows):
+            assert len({k for *_, k in cluster_rows}) == 1, "a cluster's blocks multiply one batch"
+            for rank, (_, m0, n0, _) in enumerate(cluster_rows):
                 rank_m, rank_n = rank % plan.cluster_m, rank // plan.cluster_m
                 first_m0 = cluster_rows[rank_m][1]                     # rank (rank_m, 0)
                 first_n0 = cluster_rows[rank_n * plan.cluster_m][2]    # rank (0, rank_n)

@@ -43,8 +43,8 @@ def test_a_local_cluster_measures_every_point_and_a_fault_costs_only_its_candida
     def inject_fault(plan, source):
         if not victims:  # the first candidate writes far outside any allocation
             victims.append(point_key(plan.spec))
-            return source.replace("tile_of_block(M, N, block_m0, block_n0);",
-                                  "tile_of_block(M, N, block_m0, block_n0);\n"
+            return source.replace("tile_of_block(M, N, block_m0, block_n0, batch_index);",
+                                  "tile_of_block(M, N, block_m0, block_n0, batch_index);\n"
                                   "    if (threadIdx.x == 0) *(volatile float*)(C + (1ll << 40)) = 1.0f;", 1)
         return source
 

@@ -30,8 +30,8 @@ def test_a_faulting_candidate_is_recorded_and_the_search_goes_on(tmp_path):
     def inject_fault(plan, source):
         if not victims:  # the first candidate writes far outside any allocation
             victims.append(point_key(plan.spec))
-            return source.replace("tile_of_block(M, N, block_m0, block_n0);",
-                                  "tile_of_block(M, N, block_m0, block_n0);\n"
+            return source.replace("tile_of_block(M, N, block_m0, block_n0, batch_index);",
+                                  "tile_of_block(M, N, block_m0, block_n0, batch_index);\n"
                                   "    if (threadIdx.x == 0) *(volatile float*)(C + (1ll << 40)) = 1.0f;", 1)
         return source
 

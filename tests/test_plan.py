@@ -180,7 +180,7 @@ def test_column_major_c_indexes_and_vectorises_along_m():
     assert p.leading_dimension_minimums()["ldc"] == "M"
     assert p.c_vector == 4 and ("C", "M", "ldc", 4) in p.vector_requirements()
     assert p.c.index("m", "n") == "(long long)(n) * ldc + (m)"
-    assert p.c.tile_origin == "(long long)block_n0 * ldc + block_m0"
+    assert p.c.tile_origin == "batch_index * strideC + (long long)block_n0 * ldc + block_m0"
     assert plan_of("warptile").c.index("m", "n") == "(long long)(m) * ldc + (n)"
 
 

@@ -209,14 +209,14 @@ def test_scheduled_kernels_compile_without_spills(math, schedule):
     compiled = compile_plan(plan)
     assert not any(r.spills for r in compiled.resources.values()), compiled.resources
     source = generate(plan)
-    assert "Schedule schedule(M, N, K);" in source
+    assert "Schedule schedule(M, N, K, batch);" in source
     assert ("publish_piece(acc, workspace" in source) == (schedule == "stream-k")
     assert ("stream_workspace(stream, device" in source) == (schedule == "stream-k")
 
 
 def test_data_parallel_kernels_hold_no_scheduler():
     source = generate(make_plan(spec_of("data-parallel")))
-    assert "Schedule" not in source and "tile_of_block(M, N, block_m0, block_n0);" in source
+    assert "Schedule" not in source and "tile_of_block(M, N, block_m0, block_n0, batch_index);" in source
 
 
 def test_explain_shows_how_the_work_is_dealt():
