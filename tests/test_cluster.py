@@ -261,25 +261,25 @@ constexpr int RASTER_GROUP = {plan.raster_group};
 {origin}
 {schedule}
 int main() {{
-    int M, N, K, blocks;
-    while (scanf("%d %d %d %d", &M, &N, &K, &blocks) == 4) {{
+    int M, N, K, blocks, batch;
+    while (scanf("%d %d %d %d %d", &M, &N, &K, &blocks, &batch) == 5) {{
         gridDim.x = blocks;
         for (unsigned b = 0; b < (unsigned)blocks; ++b) {{
             blockIdx.x = b;
-            Schedule schedule(M, N, K);
+            Schedule schedule(M, N, K, batch);
             {count}
             printf("tiles %u %d\\n", b, block_tiles);
             for (Segment segment; schedule.next(segment);) {{
-                int m0, n0;
-                tile_origin(segment.tile, M, N, m0, n0);
-                printf("%u %d %d %d %d %d\\n", b, segment.tile, m0, n0, segment.k_begin, segment.k_end);
+                int m0, n0, batch_index;
+                tile_origin(segment.tile, M, N, m0, n0, batch_index);
+                printf("%u %d %d %d %d %d %d\\n", b, segment.tile, m0, n0, segment.k_begin, segment.k_end, batch_index);
             }}
         }}
         printf("end\\n");
     }}
 }}
 """
-    feed = "\n".join(f"{M} {N} {K} {plan.launch_blocks(M, N, K, sms)}" for M, N, K in problems)
+    feed = "\n".join(f"{M} {N} {K} {plan.launch_blocks(M, N, K, sms, batch)} {batch}" for M, N, K, batch in problems)
     return run_on_host(program, feed, tmp_path / "schedule")
 
 
@@ -287,20 +287,21 @@ int main() {{
                                                 ("4 x 2", 128, 4)])
 def test_persistent_clusters_take_every_tile_once_together(cluster, bn, group, tmp_path):
     plan = make_plan(spec_of(cluster, bn=bn, group=group, extra="\n  schedule persistent"))
-    problems = [(4096, 4096, 512), (4092, 4092, 64), (100, 300, 64), (1, 1, 1), (8192, 128, 64),
-                (5003, 777, 64), (3 * 128 + 1, 5 * bn, 64)]
+    problems = [(4096, 4096, 512, 1), (4092, 4092, 64, 1), (100, 300, 64, 1), (1, 1, 1, 1), (8192, 128, 64, 1),
+                (5003, 777, 64, 1), (3 * 128 + 1, 5 * bn, 64, 1), (100, 300, 64, 7), (1000, 1000, 64, 3)]
     runs, _ = walk_schedule(plan, problems, 132, tmp_path)
-    for (M, N, K), rows in zip(problems, runs):
-        blocks = plan.launch_blocks(M, N, K, 132)
+    for (M, N, K, batch), rows in zip(problems, runs):
+        blocks = plan.launch_blocks(M, N, K, 132, batch)
         assert blocks % plan.cluster_blocks == 0
-        inside = [(m0, n0) for _, _, m0, n0, _, _ in rows if m0 < M and n0 < N]
-        every = {(m * plan.BM, n * plan.BN) for m in range(-(-M // plan.BM)) for n in range(-(-N // plan.BN))}
-        assert sorted(inside) == sorted(every), f"{cluster} at {M}x{N}: a C tile missed or taken twice"
+        inside = [(k, m0, n0) for _, _, m0, n0, _, _, k in rows if m0 < M and n0 < N]
+        every = {(k, m * plan.BM, n * plan.BN) for m in range(-(-M // plan.BM)) for n in range(-(-N // plan.BN))
+                 for k in range(batch)}
+        assert sorted(inside) == sorted(every), f"{cluster} at {M}x{N}x{batch}: a C tile missed or taken twice"
         walks = {b: [r for r in rows if r[0] == b] for b in range(blocks)}
         for first in range(0, blocks, plan.cluster_blocks):
             members = [walks[first + rank] for rank in range(plan.cluster_blocks)]
             # the blocks of a cluster walk the same cluster tiles, whole, in the same order
-            units = [[(r[1], r[4], r[5]) for r in walk] for walk in members]
+            units = [[(r[1], r[4], r[5], r[6]) for r in walk] for walk in members]
             assert all(u == units[0] for u in units), "a cluster's blocks walk different tiles"
             assert all(r[4] == 0 and r[5] == -(-K // plan.BK) for r in members[0])
             for step in range(len(members[0])):
@@ -319,15 +320,16 @@ def test_pingpong_clusters_take_every_tile_once_together_and_count_their_turns(c
     block's consumers count its tiles right (the last hand-over is skipped, none is left waiting)."""
     plan = make_plan(spec_of(cluster, bm=bm, bn=bn, stages=4, extra="\n  schedule pingpong"))
     assert plan.pingpong and plan.cluster_blocks == 2 * (cluster == "2 x 2") + 2
-    problems = [(4096, 4096, 512), (4092, 4092, 64), (100, 300, 64), (1, 1, 1), (8192, 128, 64),
-                (5003, 777, 64), (3 * 128 + 1, 5 * bn, 64)]
+    problems = [(4096, 4096, 512, 1), (4092, 4092, 64, 1), (100, 300, 64, 1), (1, 1, 1, 1), (8192, 128, 64, 1),
+                (5003, 777, 64, 1), (3 * 128 + 1, 5 * bn, 64, 1), (100, 300, 64, 9), (1, 1, 1, 4)]
     runs, counts = walk_schedule(plan, problems, 132, tmp_path)
-    for index, ((M, N, K), rows) in enumerate(zip(problems, runs)):
-        blocks = plan.launch_blocks(M, N, K, 132)
+    for index, ((M, N, K, batch), rows) in enumerate(zip(problems, runs)):
+        blocks = plan.launch_blocks(M, N, K, 132, batch)
         assert blocks % plan.cluster_blocks == 0 and blocks <= 132
-        inside = [(m0, n0) for _, _, m0, n0, _, _ in rows if m0 < M and n0 < N]
-        every = {(m * plan.BM, n * plan.BN) for m in range(-(-M // plan.BM)) for n in range(-(-N // plan.BN))}
-        assert sorted(inside) == sorted(every), f"{cluster} at {M}x{N}: a C tile missed or taken twice"
+        inside = [(k, m0, n0) for _, _, m0, n0, _, _, k in rows if m0 < M and n0 < N]
+        every = {(k, m * plan.BM, n * plan.BN) for m in range(-(-M // plan.BM)) for n in range(-(-N // plan.BN))
+                 for k in range(batch)}
+        assert sorted(inside) == sorted(every), f"{cluster} at {M}x{N}x{batch}: a C tile missed or taken twice"
         for block in range(blocks):
             walked = [r[1] for r in rows if r[0] == block]
             peer = [r[1] for r in rows if r[0] == block - block % plan.cluster_blocks]

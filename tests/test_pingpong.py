@@ -72,7 +72,7 @@ def test_a_consumer_of_two_slabs_stores_each_through_its_warps_boxes():
     assert "for (int rm = 0; rm < RM; ++rm) {  // the consumer's slabs, one after the other" in epilogue
     assert "const int warp_m0 = rm * SUB_M + warp_in_group * 16;" in epilogue
     assert "alpha * acc[rm * TM + i][a + v]" in epilogue
-    assert "tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0);" in epilogue
+    assert "tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);" in epilogue
 
 
 def test_3xtf32_is_an_error_at_the_schedule():

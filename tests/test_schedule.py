@@ -94,12 +94,12 @@ static Dim gridDim, blockIdx;
 constexpr int BM = {plan.BM}, BN = {plan.BN}, BK = {plan.BK};
 {scheduler}
 int main() {{
-    int M, N, K, blocks;
-    while (scanf("%d %d %d %d", &M, &N, &K, &blocks) == 4) {{
+    int M, N, K, blocks, batch;
+    while (scanf("%d %d %d %d %d", &M, &N, &K, &blocks, &batch) == 5) {{
         gridDim.x = blocks;
         for (unsigned b = 0; b < (unsigned)blocks; ++b) {{
             blockIdx.x = b;
-            Schedule schedule(M, N, K);
+            Schedule schedule(M, N, K, batch);
             for (Segment s; schedule.next(s);) {{
                 int last = -1;
                 int first = -1;
@@ -113,8 +113,9 @@ int main() {{
 """
 
 
-def walk(plan, problems, tmp_path: Path) -> list[list[tuple[int, int, int, int, int, int]]]:
-    feed = "\n".join(f"{M} {N} {K} {plan.launch_blocks(M, N, K, sms)}" for M, N, K, sms in problems)
+def walk(plan, problems, tmp_path: Path, batch: int = 1) -> list[list[tuple[int, int, int, int, int, int]]]:
+    """Every block's segments per problem, for `batch` products of M x N x K (tiles of every batch)."""
+    feed = "\n".join(f"{M} {N} {K} {plan.launch_blocks(M, N, K, sms, batch)} {batch}" for M, N, K, sms in problems)
     runs, _ = run_on_host(_walk_program(plan), feed, tmp_path / f"walk_{plan.schedule.replace('-', '_')}")
     return runs
 
@@ -156,6 +157,29 @@ def test_every_k_tile_of_every_tile_is_dealt_exactly_once(schedule, tmp_path):
         assert (dealing.blocks, dealing.tiles, dealing.k_tiles) == (blocks, tiles, k_tiles)
         assert (dealing.most_k_tiles, dealing.least_k_tiles) == (max(work), min(work)), f"{M}x{N}x{K}"
         assert dealing.most_pieces == max(len(b) for b in pieces.values()), f"{M}x{N}x{K}"
+
+
+@pytest.mark.parametrize("schedule", ["persistent", "stream-k"])
+def test_a_batched_walk_deals_every_k_tile_of_every_batchs_tiles_once(schedule, tmp_path):
+    """Strided batches: the scheduler walks the tiles of every batch (batch b's numbered after batch
+    b - 1's), so stream-K deals its last wave over K tiles whichever batch they belong to."""
+    plan = make_plan(spec_of(schedule))
+    batch = 5
+    problems = [(1024, 1024, 1024, 132), (128, 256, 64, 132), (300, 200, 1000, 7), (1, 1, 1, 132)]
+    for (M, N, K, sms), segments in zip(problems, walk(plan, problems, tmp_path, batch)):
+        tiles = -(-M // plan.BM) * -(-N // plan.BN) * batch
+        k_tiles = -(-K // plan.BK)
+        covered = set()
+        for block, tile, k_begin, k_end, _, _ in segments:
+            assert 0 <= tile < tiles and 0 <= k_begin < k_end <= k_tiles
+            for k in range(k_begin, k_end):
+                assert (tile, k) not in covered, f"{M}x{N}x{K} x {batch}: tile {tile} K tile {k} dealt twice"
+                covered.add((tile, k))
+        assert len(covered) == tiles * k_tiles, f"{M}x{N}x{K} x {batch}: K tiles not dealt"
+        blocks = plan.launch_blocks(M, N, K, sms, batch)
+        assert blocks == min(sms, tiles * (k_tiles if schedule == "stream-k" else 1))
+        assert all(tile < 2 * blocks for _, tile, k_begin, k_end, _, _ in segments
+                   if k_begin > 0 or k_end < k_tiles)  # stream-K's counters stay inside the workspace's
 
 
 def test_stream_k_pieces_are_counted_and_summed_in_order(tmp_path):

@@ -164,17 +164,17 @@ def test_the_kernel_stores_boxes_with_tma_where_aligned(extra):
     source = generate(make_plan(spec_of(extra=extra)))
     assert "const __grid_constant__ TensorMap map_c" in source
     assert "if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA" in source
-    assert "tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0);" in source
+    assert "tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);" in source
     assert "tma_store_wait_read<C_BUFFERS - 1>();" in source and "fence_shared_for_tma();" in source
     assert "if (ALIGNED && lane == 0) tma_store_wait_read<0>();" in source
     assert "CU_TENSOR_MAP_SWIZZLE_128B,\n                                       CU_TENSOR_MAP_L2_PROMOTION_NONE" in source
-    assert "const cuuint32_t box[2] = {32, 16};" in source
+    assert "const cuuint32_t box[3] = {32, 16, 1};" in source  # one batch's box
 
 
 def test_column_major_c_is_stored_along_m():
     source = generate(make_plan(spec_of(c="col", bn=128)))
-    assert "tma_store(&map_c, box, block_m0 + warp_m0, block_n0 + box_n * C_BOX_N);" in source
-    assert "const cuuint32_t box[2] = {16, 32};" in source and "CU_TENSOR_MAP_SWIZZLE_64B" in source
+    assert "tma_store(&map_c, box, block_m0 + warp_m0, block_n0 + box_n * C_BOX_N, batch_index);" in source
+    assert "const cuuint32_t box[3] = {16, 32, 1};" in source and "CU_TENSOR_MAP_SWIZZLE_64B" in source
 
 
 def test_a_kernel_without_staged_is_unchanged():
@@ -193,7 +193,9 @@ def test_the_fast_path_needs_c_ldc_and_cs_width_aligned():
     assert not plan.aligned(1001, 1004, 999, 1000, 1000, 1003, pointers)      # ldc
     assert not plan.aligned(1001, 1004, 999, 1000, 1000, 1004, {**pointers, "C": 4100})
     source = generate(plan)
-    assert "(N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0)" in source
+    assert ("(N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0)"
+            in source)  # every batch's C as aligned as the first
+    assert not plan.aligned(1001, 1004, 999, 1000, 1000, 1004, pointers, {"C": 1001 * 1004 + 2})
     rows = dict(derived_numbers(plan))
     assert rows["TMA store path needs"] == "N and ldc multiples of 4, C 16-byte aligned"
     assert "boxes of 16 x 32 floats (2 in turn, 128-byte swizzle)" in rows["epilogue"]
