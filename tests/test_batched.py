@@ -313,3 +313,24 @@ def test_the_prepared_launch_of_a_batched_call_is_kept_apart_from_the_single_one
     kernel, _ = _kernel()
     with pytest.raises(runtime.CudaError, match="overlap"):
         Kernel.prepare(kernel, 4, 4, 4, 4, 4, 4, batch=2, strides=(0, 0, 8))
+
+
+# --- the kernels NVRTC builds take the batches --------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["naive", "warptile", "tensorcore_tf32", "hopper_skinny", "split_k"])
+def test_every_paths_kernel_takes_the_batch_count_and_64_bit_strides(name):
+    """SIMT (naive, tiles, split K), mma.sync and register-fed wgmma kernels, built by NVRTC (the
+    shipped specs, compiled once a session): their parameters end with batch (int) and the three
+    strides (64-bit), where gemmgen/gpu/launch.py writes them (test_launch.py checks the TMA kernel's)."""
+    from cubin_params import kernel_parameters
+    from gemmgen.codegen.cuda import kernel_name_expressions
+    from gemmgen.gpu.compile import compile_plan
+    from gemmgen.gpu.launch import BATCH, KINDS, MAIN, parameter_offsets
+    plan = make_plan(load_one(SPECS_DIR / f"{name}.gemm"))
+    compiled = compile_plan(plan)
+    offsets, _ = parameter_offsets(MAIN + BATCH)
+    expected = [(offsets[p], KINDS[kind][1]) for p, kind in MAIN + BATCH]
+    assert expected[-4:] == [(offsets["batch"], 4), (offsets["strideA"], 8), (offsets["strideB"], 8),
+                             (offsets["strideC"], 8)]
+    for expression in kernel_name_expressions(plan).values():
+        assert kernel_parameters(compiled.cubin, compiled.lowered_names[expression]) == expected
