@@ -1117,7 +1117,8 @@ extern "C" int gemmgen_hopper_3xtf32_streamk_batched(int M, int N, int K, float 
     if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
     const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
         reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) && (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
         return gemmgen_hopper_3xtf32_streamk_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
