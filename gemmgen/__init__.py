@@ -11,9 +11,10 @@ The compiler runs one way, a package per stage, each importing only the stages b
 - explain: what a kernel costs before it runs (no GPU);
 - tuning: the search for the fastest correct point, its database, strategies, cost model, Dask
   cluster and replays;
-- library: one entry point per precision over several tuned kernels, and gemmgen.matmul;
+- multigpu: one GEMM split over several GPUs, whatever launches on each (a kernel, a library);
+- library: one entry point per precision over several tuned kernels, and gemmgen.matmul (on one
+  GPU, or split over several through multigpu);
 - torch: the PyTorch operator and nn.Linear through gemmgen;
-- multigpu: one GEMM split over several GPUs;
 - cli: the command line's verbs, which only call the stages.
 
 Beside them: version.py (__version__) and outputs.py (files written whole or not at all, never over
