@@ -145,3 +145,45 @@ def test_bench_devices_writes_its_results_beside_the_gpus_links(spec, fake_machi
 def test_bench_devices_refuses_a_gpu_that_is_not_there(fake_machine):
     result = CliRunner().invoke(gemmgen.cli.main, ["bench", str(ROOT / "specs" / "fp32.gemm"), "--devices", "0,5"])
     assert result.exit_code == 2 and "device(s) [5] not present: this machine has 3" in result.output
+
+
+# --- .ci/gpu_multigpu.py: the must-holds' command --------------------------------------------------------
+
+@pytest.fixture
+def musthold_script():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpu_multigpu", ROOT / ".ci" / "gpu_multigpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_musthold_command_measures_each_subject_and_count_it_can_and_says_what_it_could_not(
+        musthold_script, fake_machine, monkeypatch, tmp_path):
+    """On three simulated GPUs: 2 GPUs measured for the fp32 library and hopper_simt, 4 listed as not
+    run, the batched must pending issue 29; the made-up end to end (0.8 x N) fails its must."""
+    import gemmgen.multigpu.cupy_layer
+    import gemmgen.multigpu.scaling
+    monkeypatch.setattr(gemmgen.multigpu.cupy_layer, "CupyLayer", lambda: fake_machine)
+    monkeypatch.setattr(gemmgen.multigpu.scaling, "measure_scaling", fake_measure(fake_machine))
+    monkeypatch.setattr(dispatch, "_runtimes", {})
+    status = musthold_script.main(["--out", str(tmp_path), "--shapes", "384x256x128", "512x384x256"])
+    assert status == 1
+    written = json.loads((tmp_path / "multigpu.json").read_text())
+    assert [(r["subject"], len(r["devices"]), r["shape"]) for r in written["rows"]] == [
+        ("fp32", 2, "384x256x128"), ("fp32", 2, "512x384x256"),
+        ("hopper_simt", 2, "384x256x128"), ("hopper_simt", 2, "512x384x256")]
+    assert all(r["verdict"] == {"end_to_end >= 0.85 x N": False, "resident >= 0.95 x N": True,
+                                "matches float64": True} for r in written["rows"])
+    assert written["not_run"] == ["4 GPUs: this machine has 3"]
+    assert written["links"]["topology"]["error"] == "nvidia-smi is not on PATH"
+    text = (tmp_path / "multigpu.md").read_text()
+    assert "| fp32 | 2 | 512x384x256 | rows of C (M) |" in text and "| 0.80 **below** |" in text
+    assert "- a batched call (batch 64 of 1024^3) >= 0.90 x N: pending issue 29" in text
+    assert "Must-holds: failed: fp32 on 2 GPUs at 384x256x128: end_to_end >= 0.85 x N;" in text
+    assert "| GPU 1 | 400.0 | 2000.0 | 25.0 |" in text and "not recorded: nvidia-smi is not on PATH" in text
+    # Rows from an honest machine pass; one that measured nothing fails, saying why.
+    assert musthold_script.verdict({"end_to_end_scaling": 0.9, "resident_scaling": 0.97,
+                                    "worst_error_ratio": 0.2}) == dict.fromkeys(
+        ("end_to_end >= 0.85 x N", "resident >= 0.95 x N", "matches float64"), True)
+    assert musthold_script.main(["--out", str(tmp_path), "--counts", "4"]) == 1

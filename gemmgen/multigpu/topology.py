@@ -33,12 +33,13 @@ def nvidia_smi_topology(run: Callable = subprocess.run, timeout_s: float = 30.0)
     return {"command": command, "text": done.stdout.rstrip("\n"), "error": None}
 
 
-def peer_bandwidth(layer: Any, devices: list[int], nbytes: int = PROBE_BYTES, repeats: int = 5) -> dict:
-    """GB/s of one copy of `nbytes` from each device (rows) to each device (columns), the median of
-    `repeats` timed by CUDA events on a stream of the destination after one untimed copy (which
-    enables peer access). The diagonal is a copy within one device's memory. A copy too fast for
-    the events to time reads None."""
+def peer_bandwidth(layer: Any, devices: list[int], nbytes: int | None = None, repeats: int = 5) -> dict:
+    """GB/s of one copy of `nbytes` (default PROBE_BYTES) from each device (rows) to each device
+    (columns), the median of `repeats` timed by CUDA events on a stream of the destination after
+    one untimed copy (which enables peer access). The diagonal is a copy within one device's
+    memory. A copy too fast for the events to time reads None."""
     devices = sorted(set(devices))
+    nbytes = nbytes or PROBE_BYTES
     cols = max(1, nbytes // (FLOAT_BYTES * PROBE_LINES))
     nbytes = FLOAT_BYTES * PROBE_LINES * cols
     sources, targets = {}, {}
