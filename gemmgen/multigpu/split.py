@@ -282,8 +282,11 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
     with prepared.lock:
         result = SplitResult(prepared.parts, prepared.axis, steps=prepared.steps,
                              bytes_moved=prepared.bytes_moved)
-        call = THREADS.run(SplitCall(prepared, {"A": a.ptr, "B": b.ptr, "C": c.ptr}, alpha, beta, result),
-                           prepared.home)
+        call = SplitCall(prepared, {"A": a.ptr, "B": b.ptr, "C": c.ptr}, alpha, beta, result)
+        try:
+            THREADS.run(call, prepared.home)
+        finally:  # interrupted (Ctrl-C): the devices still finish before another call reuses the buffers
+            call.done.wait()
         if not call.errors and prepared.beta_used:
             try:
                 where.at(prepared.home, "writing C")
