@@ -50,21 +50,14 @@ def _contract(plan: Plan) -> list[str]:
                       "for negative sizes, null pointers or leading dimensions below these"
                       + ("" if plan.beta else ", or a beta other than 0 (epilogue alpha: C is not read)")
                       + ".")
-    if plan.reduce_count:
-        n = plan.reduce_count
-        lines += _comment(f"smallest_values, smallest_rows, smallest_cols: device arrays of {n} floats, ints "
-                          f"and ints that receive the {n} smallest entries of C with their row and column. "
-                          "The running list lives in the kernel's device memory: two calls must not run "
-                          "at the same time on different streams.")
-    if plan.split_k > 1:
-        lines += _comment(f"split K: {plan.split_k} slices of K are added into C with atomicAdd, so results "
-                          "may differ in the last bits from run to run.")
+    for note in plan.epilogue.abi_notes + plan.scheduler.abi_notes:  # extra outputs, split K's atomics
+        lines += _comment(note)
     return lines
 
 
 def _fast_path(plan: Plan, indent: str = "") -> list[str]:
     """What a call needs for the fast path, as the Plan derived it (none: scalar accesses only)."""
-    if not plan.vector_requirements() and not plan.tma:
+    if not plan.vector_requirements() and plan.mainloop.fallback is None:
         return _comment("nothing: every access is scalar, so every call runs the same kernel", indent)
     rows = dict(derived_numbers(plan))
     return [line for label in _FAST_PATH_ROWS if label in rows

@@ -345,15 +345,12 @@ class Kernel:
                         driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         plan.smem_bytes), f"allowing {plan.smem_bytes} bytes of shared memory")
                 self._functions[aligned] = int(function)
-            # The wgmma file holds an mma.sync kernel for calls TMA cannot describe.
-            self._fallback = Kernel(plan.fallback, self.compiled, device) if plan.fallback else None
-            if plan.split_k > 1:
-                self._functions["scale_c"] = int(_check(driver.cuModuleGetFunction(
-                    self._module, f"{plan.launcher_name}_scale_c".encode()), "scale_c"))
-            if plan.reduce_count:
-                for step in ("clear", "finish"):
-                    self._functions[f"reduce_{step}"] = int(_check(driver.cuModuleGetFunction(
-                        self._module, f"{plan.launcher_name}_reduce_{step}".encode()), step))
+            # A TMA kernel's file holds a register-fed kernel for calls TMA cannot describe.
+            fallback = plan.mainloop.fallback
+            self._fallback = Kernel(fallback, self.compiled, device) if fallback else None
+            for helper in plan.helper_launches:  # split K's pass over C, the reduction's kernels
+                self._functions[helper.kernel] = int(_check(driver.cuModuleGetFunction(
+                    self._module, f"{plan.launcher_name}_{helper.kernel}".encode()), helper.kernel))
 
     @property
     def name(self) -> str:
