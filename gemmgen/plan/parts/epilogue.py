@@ -35,8 +35,25 @@ class Activation:
     words: str           # what a spec writes for it, as SpecErrors list the choices
 
     def apply(self, x: str) -> str:
-        """The C expression of act(x)."""
-        return x if self.cuda == "{x}" else self.cuda.replace("{x}", f"({x})")
+        """The C expression of act(x): `cuda` itself where it names x once, else a call of its
+        device function (`definition`), so that x is computed once and the code stays readable."""
+        if self.cuda == "{x}":
+            return x
+        if self.cuda.count("{x}") == 1:
+            return self.cuda.replace("{x}", f"({x})")
+        return f"{self.function}({x})"
+
+    @property
+    def function(self) -> str:
+        return f"activation_{self.name}"
+
+    @property
+    def definition(self) -> str | None:
+        """The device function that `apply` calls (None where it writes the expression inline)."""
+        if self.cuda.count("{x}") <= 1:
+            return None
+        return (f"// {self.words}\n__device__ __forceinline__ float {self.function}(float x) "
+                f"{{ return {self.cuda.replace('{x}', 'x')}; }}")
 
 
 ACTIVATIONS = {
@@ -128,6 +145,12 @@ class Epilogue:
         return f"{by}[{index}]"
 
     @property
+    def device_functions(self) -> tuple[str, ...]:
+        """Device code the kernel defines after its helpers: the activation's function, if it has one."""
+        definition = self.activation.definition
+        return (definition,) if definition else ()
+
+    @property
     def vectors_by(self) -> dict[str, str]:
         return dict(self.vectors)
 
@@ -207,12 +230,17 @@ class Epilogue:
                      for name, by in self.vectors)
 
     @property
+    def contract(self) -> str:
+        """What the C header says the entry point computes (for row i and column j of C)."""
+        if not self.fused:
+            return "C = alpha * A*B + beta * C"
+        return f"{self.formula} for row i and column j of C,"
+
+    @property
     def abi_notes(self) -> list[str]:
-        notes = []
-        if self.fused:
-            notes.append(f"epilogue: {self.formula}, for row i and column j of C"
-                         + "".join(f"; {name}: a device array of {VECTOR_LENGTH[by]} floats (null: "
-                                   "cudaErrorInvalidValue)" for name, by in self.vectors) + ".")
+        notes = [f"{name}: a device array of {VECTOR_LENGTH[by]} floats, {name}[{VECTOR_INDEX[by]}] for "
+                 f"{'row i' if by == 'row' else 'column j'} of C; a null {name} is cudaErrorInvalidValue."
+                 for name, by in self.vectors]
         if not self.reduce_count:
             return notes
         n = self.reduce_count
@@ -249,13 +277,16 @@ class Epilogue:
             return rows + [("traffic saved", "none: no bias, scale or activation to fuse")]
         per_element = 8 * len(passes)  # each pass reads and writes a float of C
         sizes = ", ".join(f"{per_element * M * N / 1e6:.1f} MB at {M}x{N}" for M, N in shapes)
-        return rows + [("traffic saved", f"{len(passes)} pass(es) over C not run ({', '.join(passes)}): "
-                                         f"{per_element} bytes per element of C ({sizes})")]
+        count = "1 pass" if len(passes) == 1 else f"{len(passes)} passes"
+        return rows + [("traffic saved", f"{count} over C not run ({', '.join(passes)}), each reading and "
+                                         f"writing C: {per_element} bytes per element of C ({sizes})")]
 
     @property
     def beta_term(self) -> str:
-        """What C's formula adds to alpha * A * B, in the launcher's comment."""
-        return "+ beta * C" if self.beta else ""
+        """What C's formula adds to alpha * A * B, in the launcher's comment (with the fused epilogue's
+        whole formula)."""
+        term = "+ beta * C" if self.beta else ""
+        return f"{term} (with the fused epilogue: {self.formula} at row i, column j)" if self.fused else term
 
     @property
     def beta_refusal(self) -> str:
