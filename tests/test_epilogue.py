@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -323,7 +322,7 @@ def test_explain_shows_the_epilogue_and_the_traffic_of_c_it_saves():
     text = render_text(report)
     assert "C = gelu(alpha * A*B + beta * C + bias[j])" in text
     # two passes (bias, gelu), each reading and writing C: 16 bytes per element of a 2048 x 5632 C
-    assert f"2 passes over C not run (bias, gelu)" in text and f"{16 * 2048 * 5632 / 1e6:.1f} MB at 2048x5632" in text
+    assert "2 passes over C not run (bias, gelu)" in text and f"{16 * 2048 * 5632 / 1e6:.1f} MB at 2048x5632" in text
     assert as_dict(report)["epilogue"]["computes"] == "C = gelu(alpha * A*B + beta * C + bias[j])"
     plain = render_text(explain(make_plan(load_one(SPECS_DIR / "naive.gemm")), Resources(32, 0, 0, 0, 0)))
     assert "C = alpha * A*B + beta * C" in plain and "none: no bias, scale or activation" in plain
