@@ -319,12 +319,12 @@ def test_the_raw_launch_refuses_a_missing_vector_before_deciding_anything():
 def test_explain_shows_the_epilogue_and_the_traffic_of_c_it_saves():
     plan = make_plan(load_one(SPECS_DIR / "epilogue_wgmma_async.gemm"))  # bias col, gelu
     report = explain(plan, Resources(128, 0, 0, 0, 0))
-    text = render_text(report)
+    text = " ".join(render_text(report).split())  # wrapped at 80 columns
     assert "C = gelu(alpha * A*B + beta * C + bias[j])" in text
     # two passes (bias, gelu), each reading and writing C: 16 bytes per element of a 2048 x 5632 C
     assert "2 passes over C not run (bias, gelu)" in text and f"{16 * 2048 * 5632 / 1e6:.1f} MB at 2048x5632" in text
     assert as_dict(report)["epilogue"]["computes"] == "C = gelu(alpha * A*B + beta * C + bias[j])"
-    plain = render_text(explain(make_plan(load_one(SPECS_DIR / "naive.gemm")), Resources(32, 0, 0, 0, 0)))
+    plain = " ".join(render_text(explain(make_plan(load_one(SPECS_DIR / "naive.gemm")), Resources(32, 0, 0, 0, 0))).split())
     assert "C = alpha * A*B + beta * C" in plain and "none: no bias, scale or activation" in plain
 
 

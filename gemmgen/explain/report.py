@@ -187,7 +187,10 @@ def render_text(report: Report) -> str:
 
     if r.epilogue:
         out += ["", "epilogue"]
-        out += _table(r.epilogue)
+        width = max(len(label) for label, _ in r.epilogue)
+        for label, value in r.epilogue:
+            out += textwrap.wrap(value, 78, initial_indent=f"  {label.ljust(width)}  ",
+                                 subsequent_indent=" " * (width + 4), break_on_hyphens=False)
 
     if r.schedule:
         out += ["", f"schedule (dealt on {SCHEDULE_SMS} SMs, an H100)"]
