@@ -36,6 +36,7 @@ REFERENCE = {
     "relu": lambda x: np.maximum(x, 0.0),
     "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
     "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3))),
+    "silu": lambda x: x / (1.0 + np.exp(-x)),
 }
 SLOPE = 1.2  # no activation's slope passes this: an error in its input grows at most so much
 

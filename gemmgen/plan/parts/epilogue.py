@@ -68,6 +68,10 @@ ACTIVATIONS = {
                             "(0.5f * (1.0f + tanhf(0.79788456f * ({x} + 0.044715f * {x} * {x} * {x}))) + 0.5f * {x} * 0.79788456f"
                             " * (1.0f + 0.134145f * {x} * {x}) * (1.0f - tanhf(0.79788456f * ({x} + 0.044715f * {x} * {x} * {x}))"
                             " * tanhf(0.79788456f * ({x} + 0.044715f * {x} * {x} * {x}))))", "gelu_tanh (GELU's tanh approximation)"),
+    # SiLU (swish): x * sigmoid(x).
+    "silu": Activation("silu", "{x} / (1.0f + expf(-{x}))",
+                       "(1.0f / (1.0f + expf(-{x})) * (1.0f + {x} * (1.0f - 1.0f / (1.0f + expf(-{x})))))",
+                       "silu (x * sigmoid(x))"),
 }
 
 # Where a vector of the epilogue is indexed: by C's row (M floats) or its column (N floats).
