@@ -18,12 +18,13 @@ from typing import NamedTuple
 # kind -> (C type in the kernel's declaration, its type in the launcher, how the launcher passes a
 # local of that name: a map on a line of its own)
 _C = {"t": ("const __grid_constant__ TensorMap", "TensorMap", ",\n        *reinterpret_cast<const TensorMap*>(&{})"),
-      "p": ("float* __restrict__", "float*", ", {}")}
+      "p": ("float* __restrict__", "float*", ", {}"),
+      "v": ("const float* __restrict__", "const float*", ", {}")}
 
 
 class Parameter(NamedTuple):
     """A kernel parameter: `kind` as gemmgen/launch.py's KINDS (i: int, f: float, p: a pointer,
-    t: a CUtensorMap). A signature is a tuple of them, (name, kind) pairs."""
+    v: a pointer to a vector the kernel reads (bias, scale), t: a CUtensorMap). A signature is a tuple of them, (name, kind) pairs."""
 
     name: str
     kind: str
