@@ -38,6 +38,9 @@ LAZY_INTERNAL = {
     ("gemmgen", "gemmgen.library.dispatch"):
         "gemmgen.matmul is loaded on first use (the package's __getattr__), so that `import gemmgen` "
         "reads no library manifest and loads neither NVRTC nor CuPy",
+    ("gemmgen", "gemmgen.torch.fused"):
+        "gemmgen.linear is loaded on first use (the package's __getattr__): it needs PyTorch, which "
+        "`import gemmgen` must not load",
 }
 MAX_LINES = 700
 
