@@ -226,3 +226,10 @@ def test_a_missing_vector_is_refused_before_anything_runs(cp, kernels):
     with pytest.raises(ShapeError, match="pass scale="):
         kernel(a, b, c, bias=cp.zeros(64, cp.float32))
     assert bool((c == 7.0).all())
+
+
+@pytest.mark.parametrize("name", ["naive", "split_k", "tma", "tma_staged"])
+def test_gemmgen_check_validates_an_epilogue_kernel(name, cp, kernels):
+    # what `gemmgen check` runs: its own vectors, and the reference from gpu/epilogue_inputs.py
+    report = verify.check(kernels[name], verify.DEFAULT_CASES[:6], seed=3)
+    assert report.ok, [f"{r.case}: {r.message}" for r in report.failures]
