@@ -231,5 +231,5 @@ def test_a_missing_vector_is_refused_before_anything_runs(cp, kernels):
 @pytest.mark.parametrize("name", ["naive", "split_k", "tma", "tma_staged"])
 def test_gemmgen_check_validates_an_epilogue_kernel(name, cp, kernels):
     # what `gemmgen check` runs: its own vectors, and the reference from gpu/epilogue_inputs.py
-    report = verify.check(kernels[name], verify.DEFAULT_CASES[:6], seed=3)
+    report = verify.check(kernels(name), verify.DEFAULT_CASES[:6], seed=3)
     assert report.ok, [f"{r.case}: {r.message}" for r in report.failures]

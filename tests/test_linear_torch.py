@@ -45,6 +45,12 @@ class HostFusedKernel:
         c[...] = NUMPY[self.activation](value)
         self.launches.append((M, N, K, lda, ldb, ldc, bias is not None, self.activation))
 
+    def prepare(self, M, N, K, lda, ldb, ldc, align=(0, 0, 0), beta_used=False):
+        """A call key's launch, as Kernel.prepare gives it: run(A, B, C, alpha, beta, stream, smallest, vectors)."""
+        def run(A, B, C, alpha, beta, stream, smallest=(0, 0, 0), vectors=(0, 0)):
+            self.launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias=vectors[0] or None)
+        return run
+
 
 class HostLibrary:
     """What _linear_cuda reads of a library runtime: the member it chooses, and its plain launch."""
@@ -66,6 +72,7 @@ class HostLibrary:
 class HostMembers:
     def __init__(self, library):
         self.library = library
+        library.members = self
 
     def kernel(self, index, bias, activation):
         assert index == 3
@@ -90,6 +97,7 @@ def host(monkeypatch):
     monkeypatch.setattr(tfused, "library", lambda precision, device: library)
     monkeypatch.setattr(tfused, "fused_members", lambda runtime: HostMembers(runtime))
     monkeypatch.setattr(tfused, "_warned", set())
+    monkeypatch.setattr(tfused, "_calls", {})
     monkeypatch.setattr(tfused, "_check", lambda *args: None)  # CPU tensors: the device checks aside
     return library
 
@@ -168,3 +176,16 @@ def test_bad_calls_say_what_is_wrong():
 def test_gemmgen_linear_is_the_torch_stage_function():
     assert gemmgen.linear is tfused.linear
     assert "linear" in gemmgen.__all__
+
+
+def test_a_call_key_is_resolved_once(host, monkeypatch):
+    resolved = []
+    real = tfused._resolve
+    monkeypatch.setattr(tfused, "_resolve", lambda *args: resolved.append(args[0]) or real(*args))
+    x, weight, bias = torch.randn(6, 4), torch.randn(3, 4), torch.randn(3)
+    with torch.no_grad():
+        for _ in range(3):
+            gemmgen.linear(x, weight, bias, "relu")
+        gemmgen.linear(x, weight, None, "relu")    # another key: no bias
+        gemmgen.linear(x[:, :3], weight[:, :3], bias, "relu")  # another: shapes and strides
+    assert len(resolved) == 3 and len(host.launches) == 5

@@ -64,30 +64,62 @@ def _row_major(x: torch.Tensor, what: str) -> torch.Tensor:
     return x.contiguous()
 
 
+_calls: dict[tuple, tuple] = {}   # call key -> (prepared launch or None, M, N, K, lda, ldb, runtime, index)
+CALLS_KEPT = 4096
+
+
 def _linear_cuda(x, weight, bias=None, activation="none", precision="fp32"):
-    M, K = x.shape
-    N = weight.shape[0]
+    pa, pb = x.data_ptr(), weight.data_ptr()
+    # What decides the launch: shapes, strides, pointer alignment, device, the epilogue, precision.
+    key = (precision, activation, bias is None, x.get_device(), x.shape, weight.shape, x.stride(), weight.stride(),
+           pa & 15, pb & 15)
+    call = _calls.get(key)
+    if call is None:
+        call = _resolve(key, x, weight, bias, activation, precision)
+    run, M, N, K, lda, ldb, runtime, index = call
     out = x.new_empty((M, N))
     if M == 0 or N == 0:
         return out
-    device = x.get_device()
-    runtime = library(precision, device)
-    stream = torch._C._cuda_getCurrentRawStream(device)
-    lda, ldb = max(x.stride(0), K, 1), max(weight.stride(0), K, 1)
-    index = runtime.choose(M, N, K, lda, ldb, N, (x.data_ptr(), weight.data_ptr(), out.data_ptr()))
-    kernel = fused_members(runtime).kernel(index, bias is not None, activation)
-    if kernel is None:  # this member cannot take the epilogue: the GEMM, then the epilogue's passes
-        runtime.launch(M, N, K, 1.0, x.data_ptr(), lda, weight.data_ptr(), ldb, 0.0, out.data_ptr(), N,
-                       stream=stream)
-        if bias is not None:
-            out.add_(bias)
-        if activation not in _FORWARD:
-            raise ValueError(f"{kernel_name(runtime, index)} cannot fuse activation {activation!r}, and "
-                             "gemmgen.linear knows no PyTorch pass for it")
-        return _FORWARD[activation](out)
-    kernel.launch(M, N, K, 1.0, x.data_ptr(), lda, weight.data_ptr(), ldb, 0.0, out.data_ptr(), N,
-                  stream=stream, bias=None if bias is None else bias.data_ptr())
+    pc = out.data_ptr()
+    stream = torch._C._cuda_getCurrentRawStream(key[3])
+    if run is None or pc & 15:  # unfused (this member cannot take the epilogue), or an odd output
+        return _unfused(runtime, index, x, weight, bias, activation, out, M, N, K, lda, ldb, stream)
+    run(pa, pb, pc, 1.0, 0.0, stream, (0, 0, 0), (0 if bias is None else bias.data_ptr(), 0))
     return out
+
+
+def _resolve(key, x, weight, bias, activation, precision) -> tuple:
+    """The call key's launch: the library's member for the shape, its fused kernel's prepared launch."""
+    M, K = x.shape
+    N = weight.shape[0]
+    runtime = library(precision, key[3])
+    lda, ldb = max(x.stride(0), K, 1), max(weight.stride(0), K, 1)
+    run = index = None
+    if M and N:
+        index = runtime.choose(M, N, K, lda, ldb, N, (key[8], key[9], 0))
+        kernel = fused_members(runtime).kernel(index, bias is not None, activation)
+        if kernel is not None:
+            run = kernel.prepare(M, N, K, lda, ldb, N, (key[8], key[9], 0), False)
+    if len(_calls) >= CALLS_KEPT:
+        _calls.pop(next(iter(_calls), None), None)
+    call = _calls[key] = (run, M, N, K, lda, ldb, runtime, index)
+    return call
+
+
+def _unfused(runtime, index, x, weight, bias, activation, out, M, N, K, lda, ldb, stream):
+    """The plain member, then the bias and the activation as PyTorch's passes over the output."""
+    kernel = fused_members(runtime).kernel(index, bias is not None, activation)
+    if kernel is not None:  # fused all the same: only the output's address was odd
+        kernel.launch(M, N, K, 1.0, x.data_ptr(), lda, weight.data_ptr(), ldb, 0.0, out.data_ptr(), N,
+                      stream=stream, bias=None if bias is None else bias.data_ptr())
+        return out
+    runtime.launch(M, N, K, 1.0, x.data_ptr(), lda, weight.data_ptr(), ldb, 0.0, out.data_ptr(), N, stream=stream)
+    if bias is not None:
+        out.add_(bias)
+    if activation not in _FORWARD:
+        raise ValueError(f"{kernel_name(runtime, index)} cannot fuse activation {activation!r}, and "
+                         "gemmgen.linear knows no PyTorch pass for it")
+    return _FORWARD[activation](out)
 
 
 def kernel_name(runtime, index: int) -> str:
