@@ -6,25 +6,36 @@ NVRTC and takes the bias after ldc. tests/test_linear_torch.py has the PyTorch s
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from gemmgen.codegen.cuda import generate
 from gemmgen.gpu.compile import compile_plan
 from gemmgen.library import fused
 from gemmgen.library.dispatch import shipped_manifest
-from gemmgen.library.manifest import member_plans
+from gemmgen.library import selection
+from gemmgen.library.manifest import candidates_of, member_plans
 from gemmgen.plan.parts.epilogue import ACTIVATIONS
 
 
 class RuntimeOf:
-    """What FusedMembers reads of a LibraryRuntime: its members' plans and device (no GPU)."""
+    """What FusedMembers reads of a LibraryRuntime (no GPU): its members' plans and models, and an
+    H100's SM count."""
 
     def __init__(self, precision):
-        self.plans = member_plans(shipped_manifest(precision))
-        self.device = 0
+        manifest = shipped_manifest(precision)
+        self.plans = member_plans(manifest)
+        self.candidates = candidates_of(manifest)
+        self.device, self.tuned_gpu = 0, True
+        self.info = types.SimpleNamespace(sm_count=132, compute_capability=(9, 0))
 
     def kernel_plan(self, index):
         return self.plans[index]
+
+    def choose(self, M, N, K, lda, ldb, ldc, pointers=(0, 0, 0), beta=0.0):
+        return selection.choose(self.candidates, M, N, K, selection.alignment_class(lda, ldb, ldc, pointers),
+                                132, beta_used=False, sm90a=True)
 
 
 class KernelRecorder:
@@ -71,3 +82,22 @@ def test_a_fused_member_compiles_and_takes_the_bias_after_ldc(monkeypatch):
     launcher = " ".join(source[source.index('extern "C"'):].split())
     assert "int ldc, const float* bias" in launcher, launcher[:600]
     assert "erff" in source  # the GELU in the store
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("M, N, K", [(1, 4096, 4096), (16, 4096, 4096), (64, 64, 64), (2048, 5632, 2048)])
+def test_a_call_runs_a_member_that_can_fuse(precision, M, N, K, monkeypatch):
+    monkeypatch.setattr(fused, "Kernel", KernelRecorder)
+    runtime = RuntimeOf(precision)
+    members = fused.FusedMembers(runtime)
+    library_choice = runtime.choose(M, N, K, K, K, N)
+    index = members.choose(M, N, K, K, K, N, (0, 0, 0), True, "gelu")
+    assert members.kernel(index, True, "gelu") is not None
+    if runtime.plans[library_choice].split_k == 1:
+        assert index == library_choice  # the library's own choice where it can fuse
+    else:  # split K (decode-sized M): the fastest member that can, by the same models
+        able = [i for i, plan in enumerate(runtime.plans) if plan.split_k == 1]
+        predicted = {i: selection.predict(runtime.candidates[i].shape, runtime.candidates[i].models["aligned"],
+                                          M, N, K, 132) for i in able if runtime.candidates[i].models.get("aligned")}
+        assert index == min(predicted, key=predicted.get)
+    assert members.choose(M, N, K, K, K, N, (0, 0, 0), True, "none") == library_choice  # a bias alone fuses anywhere

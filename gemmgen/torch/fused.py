@@ -96,8 +96,9 @@ def _resolve(key, x, weight, bias, activation, precision) -> tuple:
     lda, ldb = max(x.stride(0), K, 1), max(weight.stride(0), K, 1)
     run = index = None
     if M and N:
-        index = runtime.choose(M, N, K, lda, ldb, N, (key[8], key[9], 0))
-        kernel = fused_members(runtime).kernel(index, bias is not None, activation)
+        members = fused_members(runtime)
+        index = members.choose(M, N, K, lda, ldb, N, (key[8], key[9], 0), bias is not None, activation)
+        kernel = members.kernel(index, bias is not None, activation)
         if kernel is not None:
             run = kernel.prepare(M, N, K, lda, ldb, N, (key[8], key[9], 0), False)
     if len(_calls) >= CALLS_KEPT:
