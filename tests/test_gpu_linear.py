@@ -96,3 +96,15 @@ def test_gradients_match_float64():
     assert relative_error(y, y64.detach()) <= TOLERANCE["fp32"]
     for mine, theirs in ((x.grad, x64.grad), (weight.grad, w64.grad), (bias.grad, b64.grad)):
         assert relative_error(mine, theirs) <= 1e-5
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_a_decode_sized_call_is_fused(precision):
+    # the libraries choose split-K members for a few tokens: the call runs a member that can fuse
+    import gemmgen
+    from gemmgen.torch import fused
+    x, weight, bias = uniform(16, 4096, seed=14), uniform(1024, 4096, seed=15), uniform(1024, seed=16)
+    y = gemmgen.linear(x, weight, bias, "gelu", precision=precision)
+    assert relative_error(y, reference(x, weight, bias, "gelu")) <= TOLERANCE[precision]
+    runs = [call[0] for key, call in fused._calls.items() if key[:3] == (precision, "gelu", False) and key[4] == (16, 4096)]
+    assert runs and all(run is not None for run in runs)
