@@ -26,7 +26,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from torch_records import elapsed_ms, meta, refuse_to_overwrite, table, use_device, write_record
+from torch_records import elapsed_ms, meta, parse_shapes, refuse_to_overwrite, table, use_device, write_record
 
 import gemmgen
 import gemmgen.library.dispatch as dispatch
@@ -132,16 +132,7 @@ def parse(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda", help="cuda (default) or cuda:N")
     args = parser.parse_args(argv)
-    shapes = []
-    for text in args.shapes:
-        try:
-            M, N, K = (int(x) for x in text.lower().split("x"))
-        except ValueError:
-            parser.error(f"--shapes {text}: write M x N x K as three whole numbers, like 4096x4096x4096")
-        if min(M, N, K) < 1:
-            parser.error(f"--shapes {text}: every size must be at least 1")
-        shapes.append((M, N, K))
-    args.shapes = shapes
+    args.shapes = parse_shapes(parser, args.shapes)
     for name in ("rounds", "calls", "warmup"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
@@ -168,7 +159,8 @@ def main(argv=None) -> dict:
             sys.exit(f"error: {exc}")
     settings = {"shapes": ["x".join(map(str, s)) for s in args.shapes], "precisions": args.precisions,
                 "rounds": args.rounds, "calls": args.calls, "warmup": args.warmup, "seed": args.seed,
-                "activation": ACTIVATION, "timing": "CUDA events over a batch of calls, median batch over rounds in turns"}
+                "activation": ACTIVATION,
+                "timing": "CUDA events over a batch of calls, median batch over rounds in turns"}
     record = {"meta": meta(args.commit, device), "settings": settings, "results": results}
     record["markdown"] = markdown(record)
     write_record(args.out, record)

@@ -106,5 +106,6 @@ def test_a_decode_sized_call_is_fused(precision):
     x, weight, bias = uniform(16, 4096, seed=14), uniform(1024, 4096, seed=15), uniform(1024, seed=16)
     y = gemmgen.linear(x, weight, bias, "gelu", precision=precision)
     assert relative_error(y, reference(x, weight, bias, "gelu")) <= TOLERANCE[precision]
-    runs = [call[0] for key, call in fused._calls.items() if key[:3] == (precision, "gelu", False) and key[4] == (16, 4096)]
+    runs = [call[0] for key, call in fused._calls.items()
+            if key[:3] == (precision, "gelu", False) and key[4] == (16, 4096)]
     assert runs and all(run is not None for run in runs)
