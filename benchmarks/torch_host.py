@@ -17,7 +17,9 @@ Ways of calling:
 - the same operator registered with torch.library.custom_op (here, for comparison), which
   gemmgen.torch does not use;
 - with `grad` in the name: A requiring grad and B a Parameter's transpose, as in training
-  (torch.matmul and the operator record autograd; gemmgen.matmul does not and is left out).
+  (torch.matmul and the operator record autograd; gemmgen.matmul does not and is left out);
+- the layer with a bias and GELU, no autograd: PyTorch's F.gelu(F.linear(x, w, b)) (two kernels)
+  beside gemmgen.linear(x, w, b, "gelu") (one, the bias and GELU in its store).
 """
 
 from __future__ import annotations
@@ -93,6 +95,12 @@ def main() -> None:
         grad = (a.clone().requires_grad_(), weight.t())
         cases = [(name, call, plain) for name, call in calls.items()]
         cases += [(f"{name}, grad", call, grad) for name, call in calls.items() if name != "gemmgen.matmul"]
+        # the fused layer beside PyTorch's: act(x @ w^T + b), no autograd recorded (inference)
+        bias = torch.randn(N, device="cuda")
+        fused = {"F.gelu(F.linear(x, w, b))": lambda a, b: torch.nn.functional.gelu(torch.nn.functional.linear(a, b.t(), bias)),
+                 "gemmgen.linear(x, w, b, 'gelu')": lambda a, b: gemmgen.linear(a, b.t(), bias, "gelu",
+                                                                                precision=args.precision)}
+        cases += [(name, call, plain) for name, call in fused.items()]
         for _, call, operands in cases:  # warm: kernels compiled and loaded, call keys resolved
             for _ in range(3):
                 call(*operands)

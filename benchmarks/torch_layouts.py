@@ -28,8 +28,8 @@ import warnings
 
 import torch
 
-from torch_records import (compile_libraries, elapsed_ms, meta, refuse_to_overwrite, table, use_device,
-                           write_record)
+from torch_records import (compile_libraries, elapsed_ms, meta, parse_shapes, refuse_to_overwrite, table,
+                           use_device, write_record)
 
 import gemmgen
 import gemmgen.library.dispatch as dispatch
@@ -153,16 +153,7 @@ def parse(argv=None):
                         help="compile gemmgen's kernels on first use rather than all at once, in parallel, first")
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu for a dry run")
     args = parser.parse_args(argv)
-    shapes = []
-    for text in args.shapes:
-        try:
-            M, N, K = (int(x) for x in text.lower().split("x"))
-        except ValueError:
-            parser.error(f"--shapes {text}: write M x N x K as three whole numbers, like 4096x4096x4096")
-        if min(M, N, K) < 1:
-            parser.error(f"--shapes {text}: every size must be at least 1")
-        shapes.append((M, N, K))
-    args.shapes = shapes
+    args.shapes = parse_shapes(parser, args.shapes)
     for name in ("rounds", "calls"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")

@@ -9,6 +9,7 @@ metadata, its output file, and a markdown table.
 - refuse_to_overwrite / write_record: the output is checked before any work (an existing file
   gemmgen did not write is kept unless --force) and written whole or not at all;
 - table(header, rows): a markdown table;
+- parse_shapes(parser, texts): --shapes' MxNxK words as (M, N, K), a parser error for a bad one;
 - compile_libraries(precisions, device): every member of the libraries built for these precisions
   (each operand class) compiled at once, in parallel, before the timing: otherwise each compiles
   on its first call, one after another.
@@ -78,6 +79,19 @@ def write_record(path: str, record: dict) -> None:
         write_output(path, json.dumps({"generator": "gemmgen", **record}, indent=1) + "\n")
     except OutputError as exc:
         sys.exit(f"error: {exc}")
+
+
+def parse_shapes(parser, texts) -> list[tuple[int, int, int]]:
+    shapes = []
+    for text in texts:
+        try:
+            M, N, K = (int(x) for x in text.lower().split("x"))
+        except ValueError:
+            parser.error(f"--shapes {text}: write M x N x K as three whole numbers, like 4096x4096x4096")
+        if min(M, N, K) < 1:
+            parser.error(f"--shapes {text}: every size must be at least 1")
+        shapes.append((M, N, K))
+    return shapes
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

@@ -211,7 +211,6 @@ def test_an_activation_is_one_entry_that_every_epilogue_applies(store, monkeypat
     assert relu == [f"fmaxf(({value}), 0.0f)" for value in plain]
 
 
-def test_the_identity_is_the_only_activation_so_far():
-    (entry,) = ACTIVATIONS.values()
-    assert (entry.name, entry.apply("alpha * x")) == ("none", "alpha * x")
+def test_the_identity_applies_nothing_and_an_activation_wraps_the_whole_value():
+    assert ACTIVATIONS["none"].apply("alpha * x") == "alpha * x"
     assert RELU.apply("a ? b : c") == "fmaxf((a ? b : c), 0.0f)"

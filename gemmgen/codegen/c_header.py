@@ -42,7 +42,7 @@ def _prototype(launcher: str, parameters: str) -> list[str]:
 def _contract(plan: Plan) -> list[str]:
     """What the entry point computes, its arguments' rules and its return value."""
     minimums = ", ".join(f"{ld} >= max(1, {size})" for ld, size in plan.leading_dimension_minimums().items())
-    lines = _comment("C = alpha * A*B + beta * C on device pointers, A M x K, B K x N, C M x N, on `stream` "
+    lines = _comment(f"{plan.epilogue.contract} on device pointers, A M x K, B K x N, C M x N, on `stream` "
                      "(0: the default stream); lda, ldb and ldc are leading dimensions in elements.")
     lines += _comment(f"layout: {plan.layouts()} (row: X(i, j) at X[i * ldx + j]; col: at X[i + j * ldx])")
     lines += _comment(f"leading dimensions: {minimums}")

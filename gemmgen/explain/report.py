@@ -47,6 +47,7 @@ class Report:
     cluster: str = ""          # thread-block clusters (cluster M x N), in words
     cluster_launches: tuple[tuple[str, int, int], ...] = ()  # (shape, blocks launched, tiles past C's edge)
     no_conflicts: str = "none: no shared memory"  # what explain says where no access is replayed
+    epilogue: tuple[tuple[str, str], ...] = ()  # the epilogue part's rows: what it computes, the traffic it saves
 
     @property
     def spills(self) -> bool:
@@ -103,7 +104,7 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
         global_intensity=glob, shared_intensity=shared, bank_conflicts=banks,
         global_accesses=coalescing, summary=_summary(occ), notes=tuple(notes), math=plan.mainloop.math_words,
         register_split=plan.mainloop.register_split, loaders=plan.mainloop.loader_words,
-        no_conflicts=plan.mainloop.no_conflicts,
+        no_conflicts=plan.mainloop.no_conflicts, epilogue=tuple(plan.epilogue.explain_rows()),
         schedule=plan.scheduler.describe() if plan.scheduled else "",
         dealings=tuple((f"{M}x{N}x{K}", deal(plan, M, N, K, SCHEDULE_SMS)) for M, N, K in SCHEDULE_SHAPES)
         if plan.scheduled else (),
@@ -183,6 +184,13 @@ def render_text(report: Report) -> str:
         ("stack frame", f"{r.stack_frame} bytes"),
         ("shared memory", shared),
     ])
+
+    if r.epilogue:
+        out += ["", "epilogue"]
+        width = max(len(label) for label, _ in r.epilogue)
+        for label, value in r.epilogue:
+            out += textwrap.wrap(value, 78, initial_indent=f"  {label.ljust(width)}  ",
+                                 subsequent_indent=" " * (width + 4), break_on_hyphens=False)
 
     if r.schedule:
         out += ["", f"schedule (dealt on {SCHEDULE_SMS} SMs, an H100)"]
@@ -286,6 +294,7 @@ def as_dict(report: Report) -> dict[str, Any]:
         "schedule": report.schedule,
         "dealings": {shape: {"sms": SCHEDULE_SMS, **vars(d)} for shape, d in report.dealings},
         "cluster": report.cluster,
+        "epilogue": dict(report.epilogue),
         "cluster_launches": {shape: {"blocks": blocks, "past_edge": idle}
                              for shape, blocks, idle in report.cluster_launches},
         "spill_stores": report.spill_stores,

@@ -38,7 +38,8 @@ class CudaError(RuntimeError):
 TENSOR_MAP_BYTES = 128
 # kind: (ctypes type, size, alignment); "t" is a CUtensorMap (struct __align__(64) TensorMap in wgmma.cuh.j2)
 KINDS = {"i": (ctypes.c_int, 4, 4), "l": (ctypes.c_longlong, 8, 8), "f": (ctypes.c_float, 4, 4),
-         "p": (ctypes.c_void_p, 8, 8), "t": (ctypes.c_ubyte * TENSOR_MAP_BYTES, TENSOR_MAP_BYTES, 64)}
+         "p": (ctypes.c_void_p, 8, 8), "v": (ctypes.c_void_p, 8, 8),
+         "t": (ctypes.c_ubyte * TENSOR_MAP_BYTES, TENSOR_MAP_BYTES, 64)}
 
 
 
@@ -69,7 +70,7 @@ class Arguments:
     kernelParams, and views through which a parameter is written in place (memoryview item
     assignment: the cheapest write Python has)."""
 
-    _VIEW_FORMAT = {"i": "i", "l": "q", "f": "f", "p": "Q"}
+    _VIEW_FORMAT = {"i": "i", "l": "q", "f": "f", "p": "Q", "v": "Q"}
 
     def __init__(self, signature: tuple):
         self.signature = signature
@@ -260,10 +261,11 @@ class LaunchConfig(ctypes.Structure):
                 ("attribute_count", ctypes.c_uint)]
 
 
-# Where each per-call value sits in a call's values: A, B, C, alpha, beta, then the fused
-# reduction's three pointers.
-_SOURCES = {"A": 0, "B": 1, "C": 2, "alpha": 3, "beta": 4, "values": 5, "rows": 6, "cols": 7}
+# Where each per-call value sits in a call's values: A, B, C, alpha, beta, the fused
+# reduction's three pointers, then the epilogue's vectors.
+_SOURCES = {"A": 0, "B": 1, "C": 2, "alpha": 3, "beta": 4, "values": 5, "rows": 6, "cols": 7, "bias": 8, "scale": 9}
 _NO_SMALLEST = (0, 0, 0)
+_NO_VECTORS = (0, 0)
 
 
 class PreparedStep:
@@ -290,7 +292,7 @@ class PreparedStep:
 
 
 class PreparedLaunch:
-    """A call key's launch, ready: `launch(A, B, C, alpha, beta, stream)` writes the call's values
+    """A call key's launch, ready: `launch(A, B, C, alpha, beta, stream, smallest, vectors)` writes the call's values
     into the prepared buffers and launches each kernel once, in the device's context (made current
     for the launch, and the caller's given back, when another is current).
 
@@ -310,11 +312,12 @@ class PreparedLaunch:
         self._current_ref = ctypes.byref(self._current)
 
     def __call__(self, A: int, B: int, C: int, alpha: float, beta: float, stream: int,
-                 smallest: tuple[int, int, int] = _NO_SMALLEST) -> None:
+                 smallest: tuple[int, int, int] = _NO_SMALLEST, vectors: tuple[int, int] = _NO_VECTORS) -> None:
+        """`vectors`: the epilogue's (bias, scale) addresses (0 where it has none)."""
         if not self.steps:
             return
         lib = _cuda or cuda()
-        values = (A, B, C, alpha, beta) + smallest
+        values = (A, B, C, alpha, beta) + smallest + vectors
         lock = self.lock
         lock.acquire()
         try:

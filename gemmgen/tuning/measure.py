@@ -7,6 +7,7 @@ from __future__ import annotations
 from ..gpu import bench, runtime, verify
 from ..gpu.baseline import baseline_for, cublas_gemm
 from ..gpu.compile import compile_plan
+from ..gpu.epilogue_inputs import epilogue_vectors, vector_pointers
 from ..gpu.verify import Case
 from ..plan import Plan
 from ..plan.space import Space
@@ -18,8 +19,13 @@ VALIDATION_CASES = (Case(127, 131, 137, pad=3), Case(257, 255, 253, alpha=0.5, b
 CUBLAS_KEY = "cublas"
 
 
+def _cupy():
+    import cupy
+    return cupy
+
+
 def _time_setup(shape: Case):
-    import cupy as cp
+    cp = _cupy()
     rng = cp.random.default_rng(12345)
     return {name: rng.uniform(-1, 1, size + 64, dtype=cp.float32)
             for name, size in (("A", shape.M * shape.K), ("B", shape.K * shape.N), ("C", shape.M * shape.N))}
@@ -60,7 +66,10 @@ class GpuBench:
                 bad = report.failures[0]
                 return {"status": "invalid", "reason": f"{bad.case}: {bad.message}"}
             a, lda, b, ldb, c, ldc = self._pointers({x: plan.spec[f"layout.{x}"] for x in "ABC"})
-            timing = bench.time_gpu(lambda: kernel.launch(shape.M, shape.N, shape.K, 1.0, a, lda, b, ldb, 0.0, c, ldc),
+            vectors = epilogue_vectors(_cupy(), plan, shape.M, shape.N)  # a fused epilogue's, kept referenced
+            extra = vector_pointers(vectors)
+            timing = bench.time_gpu(lambda: kernel.launch(shape.M, shape.N, shape.K, 1.0, a, lda, b, ldb, 0.0, c, ldc,
+                                                          **extra),
                               flush=self.flusher, budget_s=self.budget_s)
             return {"status": "ok", "ms": timing.median_ms, "tflops": _tflops(shape, timing.median_ms)}
         finally:

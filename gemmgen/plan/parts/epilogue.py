@@ -7,8 +7,11 @@
 - TmaStore (`epilogue ... staged` on the TMA-fed wgmma kernels): each consumer warp writes its rows
   into swizzled shared boxes that TMA stores.
 
-Each computes C = act(alpha * acc + beta * C) per element (beta: `epilogue alpha beta`), `act` an
-entry of ACTIVATIONS, and may fuse the min-reduce (`reduce min N`: the N smallest entries of C).
+Each computes C = act(alpha * scale ⊙ acc + beta * C + bias) per element (beta: `epilogue alpha
+beta`; bias and scale: `bias row|col`, `scale row|col`, vectors indexed by C's row or column; `act`:
+`activation NAME`, an entry of ACTIVATIONS), and may fuse the min-reduce (`reduce min N`: the N
+smallest entries of C). Epilogue.value writes that expression for every store; the vectors are
+kernel parameters after the main ones and launcher arguments after ldc.
 """
 
 from __future__ import annotations
@@ -32,13 +35,48 @@ class Activation:
     words: str           # what a spec writes for it, as SpecErrors list the choices
 
     def apply(self, x: str) -> str:
-        """The C expression of act(x)."""
-        return x if self.cuda == "{x}" else self.cuda.replace("{x}", f"({x})")
+        """The C expression of act(x): `cuda` itself where it names x once, else a call of its
+        device function (`definition`), so that x is computed once and the code stays readable."""
+        if self.cuda == "{x}":
+            return x
+        if self.cuda.count("{x}") == 1:
+            return self.cuda.replace("{x}", f"({x})")
+        return f"{self.function}({x})"
+
+    @property
+    def function(self) -> str:
+        return f"activation_{self.name}"
+
+    @property
+    def definition(self) -> str | None:
+        """The device function that `apply` calls (None where it writes the expression inline)."""
+        if self.cuda.count("{x}") <= 1:
+            return None
+        return (f"// {self.words}\n__device__ __forceinline__ float {self.function}(float x) "
+                f"{{ return {self.cuda.replace('{x}', 'x')}; }}")
 
 
 ACTIVATIONS = {
     "none": Activation("none", "{x}", "1.0f", "no activation"),
+    "relu": Activation("relu", "fmaxf({x}, 0.0f)", "({x} > 0.0f ? 1.0f : 0.0f)", "relu"),
+    # GELU, the erf form: x * Phi(x), Phi the normal distribution's CDF.
+    "gelu": Activation("gelu", "0.5f * {x} * (1.0f + erff({x} * 0.70710678f))",
+                       "(0.5f * (1.0f + erff({x} * 0.70710678f)) + {x} * 0.39894228f * expf(-0.5f * {x} * {x}))",
+                       "gelu (x * Phi(x), with erf)"),
+    # GELU's tanh approximation: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+    "gelu_tanh": Activation("gelu_tanh", "0.5f * {x} * (1.0f + tanhf(0.79788456f * ({x} + 0.044715f * {x} * {x} * {x})))",
+                            "(0.5f * (1.0f + tanhf(0.79788456f * ({x} + 0.044715f * {x} * {x} * {x}))) + 0.5f * {x} * 0.79788456f"
+                            " * (1.0f + 0.134145f * {x} * {x}) * (1.0f - tanhf(0.79788456f * ({x} + 0.044715f * {x} * {x} * {x}))"
+                            " * tanhf(0.79788456f * ({x} + 0.044715f * {x} * {x} * {x}))))", "gelu_tanh (GELU's tanh approximation)"),
+    # SiLU (swish): x * sigmoid(x).
+    "silu": Activation("silu", "{x} / (1.0f + expf(-{x}))",
+                       "(1.0f / (1.0f + expf(-{x})) * (1.0f + {x} * (1.0f - 1.0f / (1.0f + expf(-{x})))))",
+                       "silu (x * sigmoid(x))"),
 }
+
+# Where a vector of the epilogue is indexed: by C's row (M floats) or its column (N floats).
+VECTOR_LENGTH = {"row": "M", "col": "N"}
+VECTOR_INDEX = {"row": "i", "col": "j"}
 
 
 @dataclass(frozen=True)
@@ -88,12 +126,49 @@ class Epilogue:
     reduce_count: int = 0     # the fused min-reduce: how many smallest entries of C (0: none)
     atomic: bool = False      # split K: each slice adds its product into C, one atomicAdd per float
     activation: Activation = field(default=ACTIVATIONS["none"])
+    bias: str = "none"        # "row": C += bias[i] (M floats), "col": C += bias[j] (N floats), or "none"
+    scale: str = "none"       # "row" or "col": alpha times scale[i] or scale[j] (M or N floats), or "none"
 
     staged: ClassVar[bool] = False     # assembled in shared memory (the tiled kernels' staged store)
     tma_store: ClassVar[bool] = False  # boxes stored by TMA (the TMA-fed wgmma kernels' staged store)
     template: ClassVar[str] = "epilogue_direct.cuh.j2"  # its store macros
     store: ClassVar[str] = "registers"   # how C is written: "registers", "staged" or "tma" (explain replays it)
-    parameters: ClassVar[tuple[Parameter, ...]] = ()   # kernel parameters after the main ones
+    store_parameters: ClassVar[tuple[Parameter, ...]] = ()   # what the store adds to the kernel's parameters
+
+    # --- the vectors (bias, scale) and the activation
+    @property
+    def vectors(self) -> tuple[tuple[str, str], ...]:
+        """(name, "row" or "col") of each vector the epilogue reads, in the order of the ABI: bias,
+        then scale."""
+        return tuple((name, by) for name, by in (("bias", self.bias), ("scale", self.scale)) if by != "none")
+
+    @property
+    def fused(self) -> bool:
+        """Whether the epilogue does more than alpha and beta: a vector or an activation."""
+        return bool(self.vectors) or self.activation.name != "none"
+
+    @property
+    def parameters(self) -> tuple[Parameter, ...]:
+        """Kernel parameters after the main ones: the store's (a TMA store's map of C), then the vectors."""
+        return self.store_parameters + tuple(Parameter(name, "v") for name, _ in self.vectors)
+
+    def _element(self, by: str, m: str, n: str, clamp: bool) -> str:
+        """C expression of the vector `by`'s element at C's (m, n); clamped inside C where the store
+        computes values past C's edge (a TMA box), which it then drops."""
+        index = m if self.vectors_by[by] == "row" else n
+        if clamp:
+            index = f"min({index}, {VECTOR_LENGTH[self.vectors_by[by]]} - 1)"
+        return f"{by}[{index}]"
+
+    @property
+    def device_functions(self) -> tuple[str, ...]:
+        """Device code the kernel defines after its helpers: the activation's function, if it has one."""
+        definition = self.activation.definition
+        return (definition,) if definition else ()
+
+    @property
+    def vectors_by(self) -> dict[str, str]:
+        return dict(self.vectors)
 
     @property
     def c(self) -> Output:
@@ -136,7 +211,7 @@ class Epilogue:
     needs_label: ClassVar[str] = "vector path needs"
 
     def rows(self) -> list[tuple[str, str]]:
-        return [("epilogue", "alpha * A*B + beta * C" if self.beta else "alpha * A*B")]
+        return [("epilogue", self.expression)]
 
     def fusion_rows(self) -> list[tuple[str, str]]:
         if not self.reduce_count:
@@ -152,36 +227,111 @@ class Epilogue:
     # --- the C ABI: what the entry point takes after ldc, and what its header says of it
     @property
     def abi_parameters(self) -> str:
-        return "float *smallest_values, int *smallest_rows, int *smallest_cols, " if self.reduce_count else ""
+        vectors = "".join(f"const float *{name}, " for name, _ in self.vectors)
+        return vectors + ("float *smallest_values, int *smallest_rows, int *smallest_cols, " if self.reduce_count else "")
 
     @property
     def abi_arguments(self) -> str:
-        return "smallest_values, smallest_rows, smallest_cols, " if self.reduce_count else ""
+        vectors = "".join(f"{name}, " for name, _ in self.vectors)
+        return vectors + ("smallest_values, smallest_rows, smallest_cols, " if self.reduce_count else "")
+
+    @property
+    def launcher_parameters(self) -> str:
+        """The vectors in the launcher's definition, after ldc (a fused reduction's outputs follow)."""
+        return "".join(f" const float* {name}," for name, _ in self.vectors)
+
+    @property
+    def pointer_checks(self) -> tuple[tuple[str, str], ...]:
+        """(C condition that refuses the call, comment) of each vector, checked with C's pointer."""
+        return tuple((f"!{name}", f"{name}: {VECTOR_LENGTH[by]} floats, {name}[{VECTOR_INDEX[by]}] for "
+                                  f"{'row i' if by == 'row' else 'column j'} of C")
+                     for name, by in self.vectors)
+
+    @property
+    def contract(self) -> str:
+        """What the C header says the entry point computes (for row i and column j of C)."""
+        if not self.fused:
+            return "C = alpha * A*B + beta * C"
+        return f"{self.formula} for row i and column j of C,"
 
     @property
     def abi_notes(self) -> list[str]:
+        notes = [f"{name}: a device array of {VECTOR_LENGTH[by]} floats, {name}[{VECTOR_INDEX[by]}] for "
+                 f"{'row i' if by == 'row' else 'column j'} of C; a null {name} is cudaErrorInvalidValue."
+                 for name, by in self.vectors]
         if not self.reduce_count:
-            return []
+            return notes
         n = self.reduce_count
-        return [f"smallest_values, smallest_rows, smallest_cols: device arrays of {n} floats, ints "
-                f"and ints that receive the {n} smallest entries of C with their row and column. "
-                "The running list lives in the kernel's device memory: two calls must not run "
-                "at the same time on different streams."]
+        return notes + [f"smallest_values, smallest_rows, smallest_cols: device arrays of {n} floats, ints "
+                        f"and ints that receive the {n} smallest entries of C with their row and column. "
+                        "The running list lives in the kernel's device memory: two calls must not run "
+                        "at the same time on different streams."]
+
+    @property
+    def formula(self) -> str:
+        """What the epilogue computes, in words: C = act(alpha * scale[i] * (A*B) + beta * C + bias[j])."""
+        return f"C = {self.expression}"
+
+    @property
+    def expression(self) -> str:
+        """The right-hand side of `formula`."""
+        product = "alpha * A*B"
+        if self.scale != "none":
+            product = f"alpha * scale[{VECTOR_INDEX[self.scale]}] * (A*B)"
+        value = f"{product} + beta * C" if self.beta else product
+        if self.bias != "none":
+            value += f" + bias[{VECTOR_INDEX[self.bias]}]"
+        if self.activation.name != "none":
+            value = f"{self.activation.name}({value})"
+        return value
+
+    def explain_rows(self, shapes: tuple[tuple[int, int], ...] = ((2048, 5632), (4096, 4096))) -> list[tuple[str, str]]:
+        """`gemmgen explain`'s rows: the formula, and the traffic of C that separate passes (a bias
+        add, an activation: each reads C and writes it back) would cost at some shapes of C."""
+        rows = [("computes", self.formula)]
+        passes = [word for word, done in (("scale", self.scale != "none"), ("bias", self.bias != "none"),
+                                          (self.activation.name, self.activation.name != "none")) if done]
+        if not passes:
+            return rows + [("traffic saved", "none: no bias, scale or activation to fuse")]
+        per_element = 8 * len(passes)  # each pass reads and writes a float of C
+        sizes = ", ".join(f"{per_element * M * N / 1e6:.1f} MB at {M}x{N}" for M, N in shapes)
+        count = "1 pass" if len(passes) == 1 else f"{len(passes)} passes"
+        return rows + [("traffic saved", f"{count} over C not run ({', '.join(passes)}), each reading and "
+                                         f"writing C: {per_element} bytes per element of C ({sizes})")]
 
     @property
     def beta_term(self) -> str:
-        """What C's formula adds to alpha * A * B, in the launcher's comment."""
-        return "+ beta * C" if self.beta else ""
+        """What C's formula adds to alpha * A * B, in the launcher's comment (with the fused epilogue's
+        whole formula)."""
+        term = "+ beta * C" if self.beta else ""
+        return f"{term} (with the fused epilogue: {self.formula} at row i, column j)" if self.fused else term
 
     @property
     def beta_refusal(self) -> str:
         """The launcher's refusal of a beta that this epilogue cannot apply, in its comment."""
         return "" if self.beta else ", beta != 0 (this kernel has no beta)"
 
-    def value(self, product: str, old: str, read_c: str = "read_c") -> str:
+    def value(self, product: str, old: str, read_c: str = "read_c", m: str = "m", n: str = "n",
+              clamp: bool = False) -> str:
         """C expression of one stored value from `product` (alpha * A*B's) and `old` (C's, read where
-        `read_c` holds)."""
-        return self.activation.apply(f"{read_c} ? {product} + beta * {old} : {product}" if self.beta else product)
+        `read_c` holds) at C's row m and column n (read the vectors there; `clamp`: m or n may lie
+        past C's edge)."""
+        if self.scale != "none":
+            product = f"{product} * {self._element('scale', m, n, clamp)}"
+        value = f"{read_c} ? {product} + beta * {old} : {product}" if self.beta else product
+        if self.bias != "none":
+            value = f"({value}) + {self._element('bias', m, n, clamp)}" if self.beta else \
+                f"{value} + {self._element('bias', m, n, clamp)}"
+        return self.activation.apply(value)
+
+    def added(self, product: str, m: str, n: str) -> str:
+        """C expression that a slice of split K adds into C at (m, n) by atomicAdd: its product
+        (scaled), and the bias once, by the first slice."""
+        if self.scale != "none":
+            product = f"{product} * {self._element('scale', m, n, False)}"
+        if self.bias != "none":
+            product += f" + (blockIdx.y == 0 ? {self._element('bias', m, n, False)} : 0.0f)"
+        return product
 
 
 @dataclass(frozen=True)
@@ -223,7 +373,7 @@ class TmaStore(Epilogue):
     tma_store: ClassVar[bool] = True
     template: ClassVar[str] = "epilogue_tma.cuh.j2"
     store: ClassVar[str] = "tma"
-    parameters: ClassVar[tuple[Parameter, ...]] = (Parameter("map_c", "t"),)
+    store_parameters: ClassVar[tuple[Parameter, ...]] = (Parameter("map_c", "t"),)
     aligned_store: ClassVar[str] = "TMA"
     needs_label: ClassVar[str] = "TMA store path needs"
 
@@ -285,7 +435,8 @@ def tiled_epilogue(spec: Spec, BM: int, BN: int, TM: int, TN: int, m_step: int) 
     """The epilogue of a tiled kernel (checked by check_on_tiles)."""
     c_layout = spec["layout.C"]
     common = dict(c_layout=c_layout, beta=spec["epilogue.beta"], reduce_count=spec["reduce.count"],
-                  c_vector=direct_vector(c_layout, TM, TN, m_step, spec["split"]), atomic=spec["split"] > 1)
+                  c_vector=direct_vector(c_layout, TM, TN, m_step, spec["split"]), atomic=spec["split"] > 1,
+                  **fused_settings(spec))
     if not spec["epilogue.staged"]:
         return Epilogue(**common)
     # The staged C tile runs along C's contiguous dimension and reuses the operands' shared memory.
@@ -296,16 +447,31 @@ def tiled_epilogue(spec: Spec, BM: int, BN: int, TM: int, TN: int, m_step: int) 
 
 def warpgroup_epilogue(spec: Spec, BN: int) -> Epilogue:
     """The epilogue of a wgmma kernel (checked by check_tma_store)."""
-    c_layout, beta = spec["layout.C"], spec["epilogue.beta"]
+    c_layout, beta, fused = spec["layout.C"], spec["epilogue.beta"], fused_settings(spec)
     if not spec["epilogue.staged"]:
         return Epilogue(c_layout=c_layout, beta=beta, c_vector=direct_vector(c_layout, 2, 2, 8, spec["split"]),
-                        atomic=spec["split"] > 1)
+                        atomic=spec["split"] > 1, **fused)
     # Each consumer warp owns 16 rows of the tile, so its boxes are 16 rows by up to 32 columns of
     # C; along C's contiguous dimension a box row is 32, 64 or 128 bytes, which is the swizzle TMA
     # applies (and what spreads the warp's writes over the banks).
     box_n = next(width for width in (32, 16, 8) if BN % width == 0)
     outer, inner = (16, box_n) if c_layout == "row" else (box_n, 16)
-    return TmaStore(c_layout=c_layout, beta=beta, c_box_outer=outer, c_box_inner=inner)
+    return TmaStore(c_layout=c_layout, beta=beta, c_box_outer=outer, c_box_inner=inner, **fused)
+
+
+def fused_settings(spec: Spec) -> dict:
+    """The bias, scale and activation a spec asks for (every path takes them), checked: a known
+    activation, and none but the identity where split K sums slices into C after their epilogues."""
+    name = spec["activation"]
+    if name not in ACTIVATIONS:
+        raise spec.error("activation", f"unknown activation '{name}'",
+                         "; ".join(f"{key}: {entry.words}" for key, entry in ACTIVATIONS.items()))
+    if name != "none" and spec["split"] > 1:
+        raise spec.error(("activation", "split"), f"split K adds each slice's partial product into C with "
+                         f"atomicAdd, after that slice's epilogue; {name} of a partial sum is not {name} "
+                         "of the whole", f"split 1 (or schedule stream-k, which sums a tile's slices before "
+                         f"its epilogue) with activation {name}, or no activation with split")
+    return dict(bias=spec["bias"], scale=spec["scale"], activation=ACTIVATIONS[name])
 
 
 # --- the rules, each raised at its setting --------------------------------------------------------

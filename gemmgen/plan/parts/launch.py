@@ -19,12 +19,14 @@ from typing import NamedTuple
 # local of that name: a map on a line of its own)
 _C = {"t": ("const __grid_constant__ TensorMap", "TensorMap", ",\n        *reinterpret_cast<const TensorMap*>(&{})"),
       "p": ("float* __restrict__", "float*", ", {}"), "i": ("int", "int", ", {}"),
-      "l": ("long long", "long long", ", {}")}
+      "l": ("long long", "long long", ", {}"),
+      "v": ("const float* __restrict__", "const float*", ", {}")}
 
 
 class Parameter(NamedTuple):
     """A kernel parameter: `kind` as gemmgen/launch.py's KINDS (i: int, l: long long, f: float,
-    p: a pointer, t: a CUtensorMap). A signature is a tuple of them, (name, kind) pairs."""
+    p: a pointer, v: a pointer to a vector the kernel reads (bias, scale), t: a CUtensorMap). A
+    signature is a tuple of them, (name, kind) pairs."""
 
     name: str
     kind: str
