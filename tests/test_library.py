@@ -17,7 +17,7 @@ import pytest
 
 from conftest import GENERATED_DIR, SPECS_DIR
 from gemmgen.language.errors import SpecError
-from gemmgen.library.manifest import build_manifest, candidates_of
+from gemmgen.library.manifest import Manifest, build_manifest
 from gemmgen.library.model import Library, kernel_key
 from gemmgen.library.resolve import load_libraries, resolve
 from gemmgen.library.tune import tune_library
@@ -210,21 +210,20 @@ def test_a_candidate_that_fails_validation_is_never_timed(monkeypatch, tmp_path)
     tune_library(library, db=tmp_path / "db.jsonl")
     assert not [t for t in gpu.tasks if t.kind == "time" and kernel_key(t.plan) == bad]
     manifest = build_manifest(library, tmp_path / "db.jsonl")
-    assert bad not in [m["key"] for m in manifest["members"]]
+    assert bad not in [m.key for m in manifest.members]
 
 
 def test_manifest_keeps_a_few_members_and_chooses_well(fp32_manifest):
     library, db, report, _ = fp32_manifest
     manifest = build_manifest(library, db)
-    assert 2 <= len(manifest["members"]) <= 10
-    portable = manifest["members"][manifest["portable"]]
-    assert not portable["needs_sm90a"] and portable["beta"]
-    for row in manifest["shapes"]:
-        chosen_ms = row["ms"][str(row["chosen"])]
-        assert chosen_ms <= 1.05 * row["best_candidate_ms"], row
-    loo = manifest["leave_one_out"]
-    assert len(loo["per_shape"]) == len(library.shapes)
-    assert loo["median"] <= 1.05 and loo["worst"] <= 1.25, loo
+    assert 2 <= len(manifest.members) <= 10
+    portable = manifest.members[manifest.portable]
+    assert not portable.needs_sm90a and portable.beta
+    for row in manifest.shapes:
+        assert row.chosen_ms <= 1.05 * row.best_candidate_ms, row
+    loo = manifest.leave_one_out
+    assert len(loo.per_shape) == len(library.shapes)
+    assert loo.median <= 1.05 and loo.worst <= 1.25, loo
 
 
 def test_leave_one_out_scores_a_bad_chooser_badly():
@@ -245,9 +244,9 @@ def test_emitted_cu_has_one_entry_point_and_static_members(fp32_manifest):
     manifest = build_manifest(library, db)
     source = library_source(manifest, "fp32.gemm", library.spec.source.splitlines())
     assert source.count('\nextern "C" int gemmgen_fp32(') == 1
-    for member in manifest["members"]:
-        assert f"static int gemmgen_{member['name']}(" in source
-        assert f'extern "C" int gemmgen_{member["name"]}(' not in source
+    for member in manifest.members:
+        assert f"static int gemmgen_{member.name}(" in source
+        assert f'extern "C" int gemmgen_{member.name}(' not in source
     assert "cudaErrorInvalidValue" in source and "gemmgen_fp32_probe" in source
 
 
@@ -280,8 +279,8 @@ def test_the_cu_chooses_as_python_does(fp32_manifest, tmp_path):
     rng = random.Random(7)
     cases = [(int(2 ** rng.uniform(0, 15)), int(2 ** rng.uniform(0, 15)), int(2 ** rng.uniform(0, 17)),
               rng.random() < 0.7, rng.random() < 0.3) for _ in range(1500)]
-    cases += [(r["M"], r["N"], r["K"], r["class"] == "aligned", False) for r in manifest["shapes"]]
-    candidates = candidates_of(manifest)
+    cases += [(r.M, r.N, r.K, r.klass == "aligned", False) for r in manifest.shapes]
+    candidates = manifest.candidates()
     python = [choose(candidates, M, N, K, "aligned" if a else "unaligned", 132, beta_used=b)
               for M, N, K, a, b in cases]
     assert choices_in_c(source, "fp32", cases, tmp_path) == python
@@ -296,18 +295,18 @@ SHIPPED = [name for name in ("fp32", "tf32") if (GENERATED_DIR / f"{name}.json")
 def test_shipped_library_is_up_to_date_with_its_database(name):
     from gemmgen.library.emit import library_source
     (library,) = load_libraries(SPECS_DIR / f"{name}.gemm")
-    shipped = json.loads((GENERATED_DIR / f"{name}.json").read_text())
-    db = Path(shipped["database"])
-    manifest = build_manifest(library, Path(__file__).resolve().parent.parent / db,
-                              device=shipped["device"]["name"])
-    manifest["database"] = shipped["database"]
-    assert manifest == shipped, (f"generated/{name}.json is stale: rebuild it with gemmgen build "
-                                 f"specs/{name}.gemm --from-db {db}")
+    text = (GENERATED_DIR / f"{name}.json").read_text()
+    shipped = Manifest.from_json(text)
+    assert shipped.to_json() == text  # read and written back, the file is the same to the byte
+    db = Path(shipped.database)
+    manifest = build_manifest(library, Path(__file__).resolve().parent.parent / db, device=shipped.device.name)
+    manifest.database = shipped.database
+    assert manifest.to_json() == text, (f"generated/{name}.json is stale: rebuild it with gemmgen build "
+                                        f"specs/{name}.gemm --from-db {db}")
     source = library_source(manifest, f"{name}.gemm", library.spec.source.splitlines())
     assert source == (GENERATED_DIR / f"{name}.cu").read_text(), f"generated/{name}.cu is stale"
     from gemmgen.library.emit import library_header_source
-    from gemmgen.library.manifest import member_plans
-    header = library_header_source(manifest, member_plans(manifest)[0], f"{name}.cu")
+    header = library_header_source(manifest, manifest.plans()[0], f"{name}.cu")
     assert header == (GENERATED_DIR / f"{name}.h").read_text(), f"generated/{name}.h is stale"
 
 
@@ -456,13 +455,13 @@ library sk {
     db = tmp_path / "sk.jsonl"
     tune_library(library, db=db)
     manifest = build_manifest(library, db)
-    assert any(m.get("stream_k") for m in manifest["members"]), "no stream-K member kept"
+    assert any(m.stream_k for m in manifest.members), "no stream-K member kept"
     source = library_source(manifest, "sk.gemm", [])
     assert "if (m.stream_k)" in source
     rng = random.Random(3)
     cases = [(int(2 ** rng.uniform(0, 14)), int(2 ** rng.uniform(0, 14)), int(2 ** rng.uniform(0, 16)),
               rng.random() < 0.7, rng.random() < 0.3) for _ in range(800)]
-    candidates = candidates_of(manifest)
+    candidates = manifest.candidates()
     python = [choose(candidates, M, N, K, "aligned" if a else "unaligned", 132, beta_used=b)
               for M, N, K, a, b in cases]
     assert choices_in_c(source, "sk", cases, tmp_path) == python

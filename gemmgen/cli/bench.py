@@ -12,6 +12,7 @@ from rich.table import Table
 from ..gpu import bench as gpu_bench, runtime
 from ..gpu.bench import DEFAULT_SHAPES, plot, plot_library, timing_record
 from ..gpu.verify import Case
+from ..library.manifest import Manifest
 from ..library.resolve import load_libraries
 from ..multigpu.parts import AXIS_NAMES
 from ..multigpu.scaling import measure_scaling, parse_devices
@@ -116,7 +117,7 @@ def _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifes
         path = Path(manifest_path) if manifest_path else Path("generated") / f"{library.name}.json"
         complete_pending(path)  # an interrupted build of the library is finished first
         try:
-            manifest = json.loads(path.read_text())
+            manifest = Manifest.read(path)
         except (OSError, ValueError) as exc:
             fail(f"cannot read the manifest of library {library.name} ({path}): "
                   f"{getattr(exc, 'strerror', None) or exc}; run gemmgen tune on it, or build --from-db")

@@ -10,61 +10,61 @@ from ..codegen.c_header import _assemble, _comment, _contract
 from ..codegen.cuda import _environment, _launch_checks, abi_parameters, generate
 from ..outputs import marker_line
 from ..plan import Plan
-from .manifest import member_plans
+from .manifest import Manifest
 from .selection import BANDWIDTH, PRIOR
 
 
-def library_source(manifest: dict, origin: str, source_lines: list[str]) -> str:
+def library_source(manifest: Manifest, origin: str, source_lines: list[str]) -> str:
     """One .cu for a library manifest (manifest.py): every kept member with a static launcher, the
     choice of member per call in C (selection.py's arithmetic), and extern "C" gemmgen_<library>."""
-    plans = member_plans(manifest)
+    plans = manifest.plans()
     members = []
-    for plan, member in zip(plans, manifest["members"]):
+    for member in manifest.members:
         models = {}
-        for cls, model in member["models"].items():
+        for cls, model in member.models.items():
             if model:
                 points = [[int(M), int(N), int(K)] + [repr(float(x)) for x in rest]
-                          for M, N, K, *rest in model["points"]]
-                models[cls] = SimpleNamespace(points=points, coef=[repr(float(c)) for c in model["coef"]])
+                          for M, N, K, *rest in model.points]
+                models[cls] = SimpleNamespace(points=points, coef=[repr(float(c)) for c in model.coef])
             else:
                 models[cls] = None
-        members.append(SimpleNamespace(**{"stream_k": False, "cluster": (1, 1), **member, "models": models}))
+        members.append(SimpleNamespace(**{**vars(member), "models": models}))
     first = plans[0]
-    cc = manifest["device"]["compute_capability"]
-    portable = manifest["portable"] if manifest["portable"] is not None else 0
+    cc = manifest.device.compute_capability
+    portable = manifest.portable_index
     lib = SimpleNamespace(
-        name=manifest["library"], source_lines=source_lines,
-        precision_words=("FP32-accurate (timed against cuBLAS FP32)" if manifest["precision"] == "fp32"
+        name=manifest.library, source_lines=source_lines,
+        precision_words=("FP32-accurate (timed against cuBLAS FP32)" if manifest.precision == "fp32"
                          else "TF32 inputs (timed against cuBLAS TF32)"),
-        layouts=first.layouts(), device=manifest["device"]["name"], sm_count=manifest["device"]["sm_count"],
-        driver=manifest["device"]["driver"], shape_count=len(manifest["shapes"]),
-        candidates=manifest["candidates_timed"], members=members,
+        layouts=first.layouts(), device=manifest.device.name, sm_count=manifest.device.sm_count,
+        driver=manifest.device.driver, shape_count=len(manifest.shapes),
+        candidates=manifest.candidates_timed, members=members,
         name_width=max(len(m.name) for m in members), stream_k=any(m.stream_k for m in members),
         clusters=any(tuple(m.cluster) != (1, 1) for m in members),
-        loo_median=manifest["leave_one_out"]["median"], loo_worst=manifest["leave_one_out"]["worst"],
+        loo_median=manifest.leave_one_out.median, loo_worst=manifest.leave_one_out.worst,
         cc=f"{cc[0]}.{cc[1]}", cc_major=cc[0], cc_minor=cc[1], portable=portable,
         portable_name=members[portable].name, prior=repr(PRIOR), bandwidth=repr(BANDWIDTH),
         ld_checks=_launch_checks(first).ld_checks,
-        signature=(f'extern "C" int gemmgen_{manifest["library"]}(int M, int N, int K, float alpha, '
+        signature=(f'extern "C" int gemmgen_{manifest.library}(int M, int N, int K, float alpha, '
                    "const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, "
                    "cudaStream_t stream);"))
     sources = [generate(plan, internal=True).strip("\n") for plan in plans]
     return _environment().get_template("library.cu.j2").render(
-        lib=lib, first_line=marker_line(f"gemmgen_{manifest['library']}", f" from {origin} (edit the spec, not this file)"),
+        lib=lib, first_line=marker_line(f"gemmgen_{manifest.library}", f" from {origin} (edit the spec, not this file)"),
         member_sources=sources)
 
 
-def library_header_source(manifest: dict, plan: Plan, source_name: str) -> str:
+def library_header_source(manifest: Manifest, plan: Plan, source_name: str) -> str:
     """The header of a library's .cu (manifest.py's manifest; `plan` any member, for the layouts)."""
-    launcher = f"gemmgen_{manifest['library']}"
+    launcher = f"gemmgen_{manifest.library}"
     about = _comment(f"The entry point of {source_name} for C and C++ programs: compile {source_name} "
                      "with nvcc (-gencode arch=compute_90a,code=sm_90a, and any other targets), include "
                      "this header, and link both with the CUDA runtime. Each call runs the member "
                      "predicted fastest for its shape and alignment on this GPU; a GPU of another "
                      "compute capability than the one tuned for runs the portable member.")
     about += ["//", *_contract(plan), "//"]
-    about += _comment(f"Tuned on {manifest['device']['name']} at {len(manifest['shapes'])} shapes; "
-                      f"{manifest['precision']} ({manifest['baseline']}'s precision). Any M, N, K >= 0, "
+    about += _comment(f"Tuned on {manifest.device.name} at {len(manifest.shapes)} shapes; "
+                      f"{manifest.precision} ({manifest.baseline}'s precision). Any M, N, K >= 0, "
                       "pointer alignment and leading dimension works.")
     about.append("")
     return _assemble(launcher, marker_line(launcher, ": a library (tune it again, do not edit this file)"),
