@@ -10,10 +10,9 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from ..codegen.c_header import dispatcher_header_source
-from ..codegen.cuda import dispatcher_source
 from ..gpu import runtime
 from ..language.load import load_one
+from ..library.emit import dispatcher_header_source, dispatcher_source
 from ..library.resolve import load_libraries
 from ..multigpu.scaling import parse_devices
 from ..outputs import check_outputs, write_output
