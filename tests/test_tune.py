@@ -15,7 +15,7 @@ from gemmgen.library.emit import dispatcher_header_source, dispatcher_source
 from gemmgen.plan import make_plan
 from gemmgen.plan.space import describe, expand, point_key, to_text
 from gemmgen.language.load import load_one, parse
-from gemmgen.tuning.runner import db_scope, load_records
+from gemmgen.tuning.database import db_scope, load_records
 from gemmgen.tuning.tune import best_recorded, summarize
 from gemmgen.gpu.verify import Case
 

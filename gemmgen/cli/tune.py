@@ -21,8 +21,7 @@ from ..tuning import strategies, tune as search
 from ..tuning.database import check_database
 from ..tuning.distributed import ClusterError, connect
 from ..tuning.measure import search_baseline
-from ..tuning.runner import check_labels
-from ..tuning.tune import plot_search
+from ..tuning.tune import check_labels, plot_search
 from . import common, library as cli_library
 from .common import (acts_on_libraries, fail, force_option, input_paths, kernel_option, parse_options, parse_shapes,
                      progress_bar, spec_argument)
