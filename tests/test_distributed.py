@@ -145,6 +145,29 @@ def test_a_library_tunes_on_two_workers_of_a_cluster_recording_what_one_gpu_reco
     assert tune_library(library, db=tmp_path / "two.jsonl", scheduler=client).evaluated == 0 and not again.tasks
 
 
+def test_a_library_tunes_on_every_gpu_of_this_host_from_the_command_line(tmp_path, monkeypatch):
+    """`gemmgen tune LIB.gemm --devices all`: a local cluster of one worker per GPU (two here,
+    faked), each measuring on its own GPU; then the library's .cu, header and manifest."""
+    from click.testing import CliRunner
+
+    import gemmgen.cli.common
+    import gemmgen.gpu.runtime
+    from gemmgen.cli import main
+    from library_fake import FakeGpu
+
+    gpu = FakeGpu(tmp_path / "measured.log").install(monkeypatch)
+    monkeypatch.setattr(gemmgen.gpu.runtime, "device_count", lambda: 2)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["tune", str(SPECS / "fp32.gemm"), "--devices", "all",
+                                       "--db", str(tmp_path / "fp32.jsonl"), "-o", f"{out}/"])
+    assert result.exit_code == 0, result.output
+    assert "on 2 GPU(s)" in result.output
+    assert {t.device for t in gpu.tasks} == {"0", "1"}
+    assert sorted(p.name for p in out.iterdir()) == ["fp32.cu", "fp32.h", "fp32.json"]
+    assert json.loads((out / "fp32.json").read_text())["database"] == str(tmp_path / "fp32.jsonl")
+
+
 def test_without_dask_the_message_says_what_to_install(monkeypatch):
     import sys
 

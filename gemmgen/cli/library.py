@@ -90,8 +90,9 @@ def manifest_table(manifest: Manifest, title: str) -> Table:
 
 def tune(library: Library, *, db: Path, output: str | None, manifest_path: str | None, strategy: str,
          options: dict, max_points: int | None, anchors: int, per_shape: int, progress_factory,
-         console, write_file, json_path: str | None, plot_path: str | None) -> TuneReport:
-    """gemmgen tune LIB.gemm: measure, then write the library."""
+         console, write_file, json_path: str | None, plot_path: str | None, scheduler=None) -> TuneReport:
+    """gemmgen tune LIB.gemm: measure (on this host's first GPU, or a Dask cluster's GPU workers
+    with `scheduler`, a distributed.Client), then write the library."""
     with progress_factory() as bar:
         task = bar.add_task(f"{library.name}: validating and timing", total=None)
         counts = {"ok": 0, "failed": 0}
@@ -109,10 +110,11 @@ def tune(library: Library, *, db: Path, output: str | None, manifest_path: str |
 
         check_labels(library, db)
         report = tune_library(library, db=db, progress=progress, strategy=strategy, options=options,
-                              max_points=max_points, anchors=anchors, per_shape=per_shape)
+                              max_points=max_points, anchors=anchors, per_shape=per_shape, scheduler=scheduler)
     rate = report.evaluated / report.seconds if report.seconds else 0.0
     console.print(f"{library.name}: {report.evaluated} validations and timings in {report.seconds:.0f} s "
-                  f"({rate:.2f}/s); {len(report.failures)} candidate(s) failed", soft_wrap=True)
+                  f"({rate:.2f}/s) on {report.gpus} GPU(s); {len(report.failures)} candidate(s) failed",
+                  soft_wrap=True)
     manifest = build_manifest(library, db, device=report.device.split("|")[0])
     manifest.database = str(db)
     console.print(manifest_table(manifest, f"library {library.name} on {manifest.device.name}"))
