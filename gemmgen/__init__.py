@@ -11,9 +11,10 @@ The compiler runs one way, a package per stage, each importing only the stages b
 - explain: what a kernel costs before it runs (no GPU);
 - tuning: the search for the fastest correct point, its database, strategies, cost model, Dask
   cluster and replays;
-- library: one entry point per precision over several tuned kernels, and gemmgen.matmul;
+- multigpu: one GEMM split over several GPUs, whatever launches on each (a kernel, a library);
+- library: one entry point per precision over several tuned kernels, and gemmgen.matmul (on one
+  GPU, or split over several through multigpu);
 - torch: the PyTorch operator and nn.Linear through gemmgen;
-- multigpu: one GEMM split over several GPUs;
 - cli: the command line's verbs, which only call the stages.
 
 Beside them: version.py (__version__) and outputs.py (files written whole or not at all, never over
@@ -27,13 +28,19 @@ from .version import __version__
 
 def __getattr__(name: str):
     """gemmgen.matmul (gemmgen.library.dispatch.matmul): out = alpha * A @ B + beta * out on the GPU, by
-    gemmgen's tuned library of a precision ("fp32": as accurate as FP32; "tf32"). Loaded on first
-    use, so that `import gemmgen` stays light, and then the function itself: no wrapper per call."""
+    gemmgen's tuned library of a precision ("fp32": as accurate as FP32; "tf32"); gemmgen.linear
+    (gemmgen.torch.fused.linear): act(x @ weight^T + bias) for PyTorch tensors, the bias and the
+    activation fused into the GEMM's store. Loaded on first use, so that `import gemmgen` stays
+    light, and then the function itself: no wrapper per call."""
     if name == "matmul":
         from .library.dispatch import matmul
         globals()["matmul"] = matmul
         return matmul
+    if name == "linear":  # act(x @ weight^T + bias) in one GEMM, differentiable: needs PyTorch
+        from .torch.fused import linear
+        globals()["linear"] = linear
+        return linear
     raise AttributeError(f"module 'gemmgen' has no attribute {name!r}")
 
 
-__all__ = ["SpecError", "__version__", "matmul"]
+__all__ = ["SpecError", "__version__", "linear", "matmul"]

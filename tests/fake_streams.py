@@ -13,25 +13,36 @@ operation is kept with what it waited for, so a test can ask what a kernel depen
 
 Time is simulated too: an op starts when its stream's previous op and the event it waits for have
 ended; a kernel lasts its GFLOP (divided by its device's `speed`), a copy between devices its
-bytes over `link_bytes_per_ms`, anything else nothing. Events read those clocks (elapsed_ms), so a
-split's timings, and what a balance learns from them, follow the simulated machine.
+bytes over `link_bytes_per_ms` (or that pair's entry in `links`), a copy on one device its bytes
+over `local_bytes_per_ms`, anything else nothing. Events read those clocks (elapsed_ms), so a
+split's timings, what a balance learns from them and a measured peer bandwidth follow the
+simulated machine.
+
+The split issues from one thread per device, so the layer takes a lock around its queues, and each
+op records the thread that issued it. An event may be recorded again (as a CUDA event is): a wait
+waits for its latest record at the time of the wait.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from fake_device import ReferenceKernel, matrix_at
 from gemmgen.multigpu.parts import Region
+from gemmgen.multigpu.prepared import PreparedCache
 
 
 class SimArray(np.ndarray):
     """A host array standing for device memory: `.device` and `__cuda_array_interface__`."""
 
     device: int = 0
+
+    def __array_finalize__(self, obj):
+        self.device = getattr(obj, "device", 0)  # a view (A.T) stays on its array's device
 
     @property
     def __cuda_array_interface__(self):
@@ -59,6 +70,9 @@ class Op:
     flops: float = 0.0          # a launch's floating-point operations
     moved: int = 0              # bytes a copy moves between devices
     end: float = 0.0            # simulated ms at which it ended
+    link: tuple[int, int] | None = None   # a copy's (source, destination) devices
+    nbytes: int = 0             # a copy's bytes
+    thread: int = 0             # the host thread that issued it
 
 
 @dataclass(eq=False)
@@ -71,8 +85,14 @@ class SimulatedDevices:
     issued) or 'sync' (when the device is synchronized, as a kernel fault surfaces)."""
 
     def __init__(self, seed: int = 0, fail_on: tuple[int, str] | None = None, tf32: bool = False,
-                 speed: dict[int, float] | None = None, link_bytes_per_ms: float = float("inf")):
+                 speed: dict[int, float] | None = None, link_bytes_per_ms: float = float("inf"),
+                 links: dict[tuple[int, int], float] | None = None, local_bytes_per_ms: float = float("inf"),
+                 count: int = 8):
         self.speed, self.link_bytes_per_ms = speed or {}, link_bytes_per_ms
+        self.links, self.local_bytes_per_ms, self.count = links or {}, local_bytes_per_ms, count
+        self.lock = threading.RLock()
+        self.prepared = PreparedCache()
+        self.allocated: list[Region] = []
         self.rng = random.Random(seed)
         self.fail_on = fail_on
         self.memory: list[np.ndarray] = []
@@ -96,11 +116,17 @@ class SimulatedDevices:
     def device_of(self, array) -> int:
         return array.device
 
+    def device_count(self) -> int:
+        return self.count
+
     def allocate(self, device, rows, cols, layout):
         self._maybe_fail(device, "allocate")
         array = on_device(np.full((rows, cols), np.nan, np.float32), device, layout)
-        self.memory.append(array)
-        return self.locate(array, layout, "buffer")
+        with self.lock:
+            self.memory.append(array)
+        region = self.locate(array, layout, "buffer")
+        self.allocated.append(region)
+        return region
 
     def hand_over(self, region):
         for array in self.memory:
@@ -129,15 +155,23 @@ class SimulatedDevices:
         return (device, role)
 
     def _issue(self, op: Op) -> Op:
-        op.after = self.last.get(op.stream)
-        self.last[op.stream] = op
-        self.queues.setdefault(op.stream, []).append(op)
-        self.ops.append(op)
+        with self.lock:
+            op.thread = threading.get_ident()
+            op.after = self.last.get(op.stream)
+            self.last[op.stream] = op
+            self.queues.setdefault(op.stream, []).append(op)
+            self.ops.append(op)
+            self.moved += op.moved
         return op
 
-    def record(self, device, stream):
+    def event(self, device):
+        return Event()
+
+    def record(self, device, stream, event=None):
         assert stream[0] == device, "an event is recorded on a stream of its own device"
-        return Event(self._issue(Op("record", device, stream)))
+        event = event if event is not None else Event()
+        event.op = self._issue(Op("record", device, stream))
+        return event
 
     def wait(self, device, stream, event):
         assert stream[0] == device
@@ -151,8 +185,8 @@ class SimulatedDevices:
         def run():
             self.view(dst)[...] = self.view(src)
         moved = dst.nbytes if dst.device != src.device else 0
-        self.moved += moved
-        self._issue(Op("copy", stream[0], stream, run, moved=moved))
+        self._issue(Op("copy", stream[0], stream, run, moved=moved, link=(src.device, dst.device),
+                       nbytes=dst.nbytes))
 
     def accumulate(self, dst, src, stream):
         assert dst.device == src.device == stream[0], "accumulate adds on one device"
@@ -179,7 +213,11 @@ class SimulatedDevices:
     def _duration(self, op: Op) -> float:
         if op.kind == "launch":
             return op.flops / 1e9 / self.speed.get(op.device, 1.0)  # 1 GFLOP per fake millisecond
-        return op.moved / self.link_bytes_per_ms
+        if op.kind != "copy":
+            return 0.0
+        if op.link[0] == op.link[1]:
+            return op.nbytes / self.local_bytes_per_ms
+        return op.nbytes / self.links.get(op.link, self.link_bytes_per_ms)
 
     # --- running ----------------------------------------------------------------------------------
     def _ready(self, op: Op) -> bool:
@@ -187,6 +225,10 @@ class SimulatedDevices:
 
     def synchronize(self, device):
         self._maybe_fail(device, "sync")
+        with self.lock:
+            self._run_until_idle(device)
+
+    def _run_until_idle(self, device):
         while any(q for (d, _), q in self.queues.items() if d == device):
             heads = [q[0] for q in self.queues.values() if q and self._ready(q[0])]
             if not heads:

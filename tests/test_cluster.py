@@ -16,7 +16,6 @@ from host_program import run_on_host
 from gemmgen.codegen.cuda import generate
 from gemmgen.tuning.costmodel import features
 from gemmgen.language.errors import SpecError
-from gemmgen.explain.report import _cluster
 from gemmgen.plan import make_plan
 from gemmgen.plan.space import describe, to_text
 from gemmgen.language.load import parse
@@ -111,10 +110,10 @@ def test_the_cost_model_charges_blocks_past_the_edge():
 
 
 def test_explain_says_what_the_blocks_share():
-    words = _cluster(make_plan(spec_of("2 x 1")))
+    words = make_plan(spec_of("2 x 1")).scheduler.cluster_words()
     assert "the 2 blocks along M share B's 256 x 32 tile, each loading 128 rows" in words
     assert "32768 bytes of each K tile from L2 instead of 49152" in words
-    assert _cluster(make_plan(spec_of("1 x 1"))) == ""
+    assert make_plan(spec_of("1 x 1")).scheduler.cluster_words() == ""
 
 
 # --- the generated kernel -----------------------------------------------------------------------

@@ -32,8 +32,9 @@ def spec_file(spec) -> str:
 
 def design_signature(spec) -> str:
     """The extern "C" entry point that DESIGN.md promises, written out independently of codegen."""
-    extra = ("float *smallest_values, int *smallest_rows, int *smallest_cols, "
-             if spec["reduce.count"] else "")
+    vectors = "".join(f"const float *{name}, " for name in ("bias", "scale") if spec[name] != "none")
+    extra = vectors + ("float *smallest_values, int *smallest_rows, int *smallest_cols, "
+                       if spec["reduce.count"] else "")
     return (f'extern "C" int gemmgen_{spec.name}(int M, int N, int K, float alpha, '
             "const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, "
             f"{extra}cudaStream_t stream);")

@@ -1,5 +1,6 @@
-"""Several GPUs (or several parts on one): a split GEMM is right in every layout, axis and math
-mode, and on machines with two GPUs or more, it scales (the must-holds of issue 14)."""
+"""Several GPUs (or several parts on one): a split GEMM, a kernel's or a library's (gemmgen.matmul(...,
+devices=...)), is right in every layout, axis and math mode; the links between GPUs are measured; and
+on machines with two GPUs or more, it scales (the must-holds of issues 14 and 30, on 2 and 4 GPUs)."""
 
 from __future__ import annotations
 
@@ -103,18 +104,106 @@ def test_a_split_and_a_kernel_on_another_gpu_leave_the_callers_device_current():
         assert float(C1.min()) == float(C1.max()) == 64.0
 
 
-@pytest.mark.parametrize("spec", ["hopper_simt", "hopper_3xtf32"])
-@pytest.mark.parametrize("shape", [(8192, 8192, 8192), (16384, 16384, 8192)], ids=["8192^3", "16384x16384x8192"])
-def test_end_to_end_scaling_and_resident_shards_hold_their_must(spec, shape):
-    """Issue 14's must-holds: inputs on GPU 0, checked against float64: end to end >= 0.85 N,
-    shards already resident >= 0.95 N."""
-    from gemmgen.multigpu.scaling import measure_scaling
+def _count(n):
+    count = _devices()
+    if count < n:
+        pytest.skip(f"{count} GPU(s) here: this needs {n} (nvidia-h100-x{n} or larger)")
+    return list(range(n))
+
+
+def _subject(name, devices):
+    """A Plan, or the fp32 library as a LibraryRuntime per device (and its math)."""
+    if name == "fp32":
+        from gemmgen.library.dispatch import library
+        runtimes = {d: library("fp32", d) for d in devices}
+        runtimes[0].compile_all()
+        return runtimes.__getitem__, "3xtf32"
+    plan = make_plan(load_one(SPECS / f"{name}.gemm"))
+    return plan, plan.math
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("c_layout", ["row", "col"])
+def test_the_library_split_into_parts_on_one_gpu_matches_float64(precision, c_layout):
+    """gemmgen.matmul(devices=[0, 0]): two parts on GPU 0, each launched by the library's runtime,
+    which chooses its member per block; a second call of the same key reuses the prepared split."""
+    import cupy as cp
+
+    import gemmgen
+    from gemmgen.multigpu.scaling import worst_error_ratio
+    from gemmgen.multigpu.split import default_layer
+
+    rng = cp.random.default_rng(3)
+    for M, N, K in ((1537, 1200, 333), (4096, 256, 2048)):
+        A = rng.uniform(-1, 1, (M, K), dtype=cp.float32)
+        B = cp.asfortranarray(rng.uniform(-1, 1, (K, N), dtype=cp.float32))
+        C0 = rng.uniform(-1, 1, (M, N), dtype=cp.float32)
+        prepared = []
+        for _ in range(2):  # a new C each time: the same key
+            C = C0.copy(order="C" if c_layout == "row" else "F")
+            gemmgen.matmul(A, B, C, beta=0.5, precision=precision, devices=[0, 0])
+            assert worst_error_ratio(cp, A, B, C, "tf32" if precision == "tf32" else "3xtf32", 0.5, C0) <= 1.0
+            prepared.append(list(default_layer().prepared.entries.values())[-1])  # the newest used
+        assert prepared[0] is prepared[1]
+        new = gemmgen.matmul(A, B, precision=precision, devices=[0, 0])
+        assert new.device.id == 0 and worst_error_ratio(cp, A, B, new, "tf32" if precision == "tf32" else "3xtf32") <= 1.0
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_the_library_split_over_every_gpu_from_inputs_anywhere_matches_float64(precision):
+    """A on GPU 1, B on the last GPU, C on GPU 0 (A row, B row: a library class by copy or by its own)."""
+    import cupy as cp
+
+    import gemmgen
+    from gemmgen.multigpu.scaling import worst_error_ratio
 
     devices = _several()
-    plan = make_plan(load_one(SPECS / f"{spec}.gemm"))
-    report, worst = measure_scaling(plan, *shape, devices, runs=3)
+    math = "tf32" if precision == "tf32" else "3xtf32"
+    for M, N, K in ((3000, 2000, 1000), (512, 512, 20000), (256, 8192, 1024)):
+        with cp.cuda.Device(1):
+            A = cp.random.default_rng(1).uniform(-1, 1, (M, K), dtype=cp.float32)
+        with cp.cuda.Device(devices[-1]):
+            B = cp.asfortranarray(cp.random.default_rng(2).uniform(-1, 1, (K, N), dtype=cp.float32))
+        with cp.cuda.Device(0):
+            C = cp.full((M, N), cp.nan, cp.float32)
+        gemmgen.matmul(A, B, C, precision=precision, devices="all")
+        with cp.cuda.Device(0):
+            assert worst_error_ratio(cp, cp.asarray(A), cp.asarray(B), C, math) <= 1.0, (M, N, K)
+        made = gemmgen.matmul(A, B, precision=precision, devices=devices)
+        assert made.device.id == 1  # on A's GPU
+        with cp.cuda.Device(1):
+            assert worst_error_ratio(cp, A, cp.asarray(B), made, math) <= 1.0, (M, N, K)
+
+
+def test_the_links_between_the_gpus_are_measured_and_nvidia_smi_read():
+    import shutil
+
+    from gemmgen.multigpu.cupy_layer import CupyLayer
+    from gemmgen.multigpu.topology import record_links
+
+    devices = list(range(_devices()))
+    links = record_links(CupyLayer(), devices, nbytes=64 << 20, repeats=3)
+    gbps = links["peer_bandwidth"]["gbps"]
+    print(links["topology"]["text"], gbps)
+    assert len(gbps) == len(devices) and all(v is not None and v > 5.0 for row in gbps for v in row)
+    if shutil.which("nvidia-smi"):
+        assert links["topology"]["error"] is None and "GPU0" in links["topology"]["text"]
+
+
+@pytest.mark.parametrize("count", [2, 4])
+@pytest.mark.parametrize("subject", ["fp32", "hopper_simt", "hopper_3xtf32"])
+@pytest.mark.parametrize("shape", [(8192, 8192, 8192), (16384, 16384, 8192)], ids=["8192^3", "16384x16384x8192"])
+def test_end_to_end_scaling_and_resident_shards_hold_their_must(subject, shape, count):
+    """Issue 30's must-holds (14's on 2): inputs on GPU 0, checked against float64: end to end >=
+    0.85 N, shards already resident >= 0.95 N, on 2 and on 4 GPUs, for the fp32 library (a runtime
+    per GPU) and the kernels. (The batched must waits for issue 29's batched calls.)"""
+    from gemmgen.multigpu.scaling import measure_scaling
+
+    devices = _count(count)
+    kernels, math = _subject(subject, devices)
+    report, worst = measure_scaling(kernels, *shape, devices, runs=3, math=math)
     n = len(devices)
-    print(f"{spec} {shape}: 1 GPU {report.one_gpu_tflops:.1f} TFLOP/s; {n} GPUs end to end "
+    print(f"{subject} {shape}: 1 GPU {report.one_gpu_tflops:.1f} TFLOP/s; {n} GPUs end to end "
           f"{report.end_to_end_tflops:.1f} ({report.scaling(report.end_to_end_tflops):.2f} x {n}, split along "
           f"axis {report.split.axis}, {report.split.bytes_moved / 2**20:.0f} MiB moved), resident "
           f"{report.resident_tflops:.1f} ({report.scaling(report.resident_tflops):.2f} x {n})")

@@ -34,7 +34,7 @@ def _plan_paths(plan, case, pointers) -> tuple[bool, bool]:
     """(vector variant, TMA loads) as the launcher decides them for this call."""
     M, N, K = case.M, case.N, case.K
     return (plan.aligned(M, N, K, case.lda, case.ldb, case.ldc, pointers),
-            plan.path == "wgmma" and plan.tma_ready(M, N, K, case.lda, case.ldb, pointers))
+            plan.path == "wgmma" and plan.mainloop.tma_ready(M, N, K, case.lda, case.ldb, pointers))
 
 
 def test_every_generated_kernel_and_library_is_a_target():

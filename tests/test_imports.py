@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "gemmgen"
 
 # The stages in the order data flows through them: each may import only itself and those before it.
-STAGES = ("language", "plan", "codegen", "gpu", "explain", "tuning", "library", "torch", "multigpu", "cli")
+# multigpu splits any launcher over devices and comes before library, whose gemmgen.matmul(devices=...)
+# splits a library's calls with it.
+STAGES = ("language", "plan", "codegen", "gpu", "explain", "tuning", "multigpu", "library", "torch", "cli")
 # Top-level modules beside the stages, which any stage may import.
 SHARED = ("version", "outputs")
 # The old import paths of documented entry points: they import the stages, and nothing imports them.
@@ -36,6 +38,9 @@ LAZY_INTERNAL = {
     ("gemmgen", "gemmgen.library.dispatch"):
         "gemmgen.matmul is loaded on first use (the package's __getattr__), so that `import gemmgen` "
         "reads no library manifest and loads neither NVRTC nor CuPy",
+    ("gemmgen", "gemmgen.torch.fused"):
+        "gemmgen.linear is loaded on first use (the package's __getattr__): it needs PyTorch, which "
+        "`import gemmgen` must not load",
 }
 MAX_LINES = 700
 

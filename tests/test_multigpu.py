@@ -263,7 +263,7 @@ def test_with_beta_0_the_devices_write_C_itself_and_nothing_is_staged():
     split_gemm(small_plan(), dA, dB, dC, devices=[0, 1], layer=layer, axis=0)
     np.testing.assert_allclose(dC, expected(A, B, C0, 1.0, 0.0), rtol=1e-4, atol=1e-4)
     assert not [op for op in layer.ops if op.kind == "copy" and op.stream == (0, "out")]
-    assert all(region.device == 1 for region in layer.freed)  # buffers on GPU 1 only: no staging C
+    assert layer.allocated and all(region.device == 1 for region in layer.allocated)  # no staging C on GPU 0
 
 
 def test_what_cannot_be_split_is_refused_before_any_work():

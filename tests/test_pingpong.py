@@ -81,10 +81,9 @@ def test_3xtf32_is_an_error_at_the_schedule():
 
 
 def test_clusters_walk_cluster_tiles():
-    from gemmgen.plan.schedule import describe
     plan = make_plan(spec_of(extra="\n  cluster  2 x 1"))
     assert plan.pingpong and plan.cluster_blocks == 2
-    assert describe(plan).startswith("pingpong clusters: min(cluster tiles, SMs / 2) clusters of 2 x 1 blocks")
+    assert plan.scheduler.describe().startswith("pingpong clusters: min(cluster tiles, SMs / 2) clusters of 2 x 1 blocks")
     assert plan.launch_blocks(4096, 4096, 512, 132) == 132 and plan.launch_blocks(100, 300, 64, 132) == 4
 
 
@@ -114,11 +113,9 @@ def test_the_register_fed_fallback_is_the_plain_kernel():
 
 
 def test_explain_describes_the_turns():
-    from gemmgen.explain.report import _tiling
-    from gemmgen.plan.schedule import describe
     plan = make_plan(spec_of())
-    assert describe(plan).startswith("pingpong: min(C tiles, SMs) blocks")
-    assert _tiling(plan) == "block 64x256x32, 2 consumers in turn, 4 TMA stages"
+    assert plan.scheduler.describe().startswith("pingpong: min(C tiles, SMs) blocks")
+    assert plan.mainloop.tiling_words(plan) == "block 64x256x32, 2 consumers in turn, 4 TMA stages"
 
 
 @pytest.mark.parametrize("bm, bn, extra", [(64, 128, ""), (64, 256, "\n  epilogue alpha beta staged"), (128, 128, ""),

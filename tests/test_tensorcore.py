@@ -208,7 +208,7 @@ def test_register_fed_wgmma_compiles_without_spills_or_serialised_mmas(bm, bn, m
 ])
 def test_tma_serves_aligned_calls_and_the_fallback_the_rest(M, N, K, lda, ldb, a, b, ready):
     plan = wgmma_plan()
-    assert plan.tma_ready(M, N, K, lda, ldb, {"A": 1 << 20 | a, "B": 1 << 21 | b}) is ready
+    assert plan.mainloop.tma_ready(M, N, K, lda, ldb, {"A": 1 << 20 | a, "B": 1 << 21 | b}) is ready
 
 
 def test_wgmma_source_launches_tma_kernel_or_fallback():

@@ -180,6 +180,25 @@ def test_dispatcher_holds_every_winner_behind_one_entry_point(tmp_path):
         dispatcher_source("mixed", [winners[0], (Case(1, 1, 1), col)])
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_a_dispatcher_over_fused_epilogues_passes_their_vectors_to_each_winner(tmp_path):
+    """Winners with a bias take it in the entry point, after ldc, and hand it to the kernel chosen;
+    winners whose epilogues differ cannot share one entry point."""
+    fused = make_plan(load_one(SPECS / "epilogue_naive.gemm"))
+    winners = [(Case(4096, 4096, 4096), fused), (Case(64, 64, 64), fused)]
+    source = dispatcher_source("fused", winners)
+    header = dispatcher_header_source("fused", winners, "fused.cu")
+    assert "int ldc, const float *bias, cudaStream_t stream" in header
+    assert "gemmgen_fused_0(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, stream)" in source
+    (tmp_path / "fused.cu").write_text(source)
+    (tmp_path / "fused.h").write_text(header)
+    subprocess.run(["nvcc", "-c", "-arch=sm_90", "-std=c++17", "-include", str(tmp_path / "fused.h"),
+                    "-o", str(tmp_path / "f.o"), str(tmp_path / "fused.cu")], check=True, capture_output=True)
+    with pytest.raises(ValueError, match="share layouts, epilogue"):
+        naive = make_plan(load_one(SPECS / "naive.gemm"))
+        dispatcher_source("mixed", [(Case(64, 64, 64), fused), (Case(1, 1, 1), naive)])
+
+
 def test_the_dispatcher_runs_the_kernel_tuned_for_the_nearest_shape(tmp_path):
     """The .cu's choice, compiled for the host and run: each call goes to the winner of the shape
     nearest in log M, log N, log K."""

@@ -42,7 +42,7 @@ def _prototype(launcher: str, parameters: str) -> list[str]:
 def contract_lines(plan: Plan) -> list[str]:
     """What the entry point computes, its arguments' rules and its return value."""
     minimums = ", ".join(f"{ld} >= max(1, {size})" for ld, size in plan.leading_dimension_minimums().items())
-    lines = comment_lines("C = alpha * A*B + beta * C on device pointers, A M x K, B K x N, C M x N, on `stream` "
+    lines = comment_lines(f"{plan.epilogue.contract} on device pointers, A M x K, B K x N, C M x N, on `stream` "
                           "(0: the default stream); lda, ldb and ldc are leading dimensions in elements.")
     lines += comment_lines(f"layout: {plan.layouts()} (row: X(i, j) at X[i * ldx + j]; col: at X[i + j * ldx])")
     lines += comment_lines(f"leading dimensions: {minimums}")
@@ -50,21 +50,14 @@ def contract_lines(plan: Plan) -> list[str]:
                            "for negative sizes, null pointers or leading dimensions below these"
                            + ("" if plan.beta else ", or a beta other than 0 (epilogue alpha: C is not read)")
                            + ".")
-    if plan.reduce_count:
-        n = plan.reduce_count
-        lines += comment_lines(f"smallest_values, smallest_rows, smallest_cols: device arrays of {n} floats, ints "
-                               f"and ints that receive the {n} smallest entries of C with their row and column. "
-                               "The running list lives in the kernel's device memory: two calls must not run "
-                               "at the same time on different streams.")
-    if plan.split_k > 1:
-        lines += comment_lines(f"split K: {plan.split_k} slices of K are added into C with atomicAdd, so results "
-                               "may differ in the last bits from run to run.")
+    for note in plan.epilogue.abi_notes + plan.scheduler.abi_notes:  # extra outputs, split K's atomics
+        lines += comment_lines(note)
     return lines
 
 
 def fast_path_lines(plan: Plan, indent: str = "") -> list[str]:
     """What a call needs for the fast path, as the Plan derived it (none: scalar accesses only)."""
-    if not plan.vector_requirements() and not plan.tma:
+    if not plan.vector_requirements() and plan.mainloop.fallback is None:
         return comment_lines("nothing: every access is scalar, so every call runs the same kernel", indent)
     rows = dict(derived_numbers(plan))
     return [line for label in _FAST_PATH_ROWS if label in rows

@@ -170,22 +170,10 @@ def occupancy(plan: Plan, resources: Resources) -> Occupancy:
 # --- arithmetic intensity --------------------------------------------------------------
 
 def intensities(plan: Plan) -> tuple[Intensity, Intensity | None]:
-    """(global, shared) flops per byte; shared is None for kernels without shared memory."""
-    if not plan.uses_shared:
-        # Each thread reads TM values of A and TN of B per k straight from global memory.
-        return (Intensity("global, per thread per k", 2 * plan.TM * plan.TN,
-                          (plan.TM + plan.TN) * 4), None)
-    BM, BN, BK = plan.BM, plan.BN, plan.BK
-    glob = Intensity("global, per block per K step", 2 * BM * BN * BK, (BM * BK + BK * BN) * 4)
-    if plan.consumers:  # a wgmma kernel
-        return glob, None  # the tensor cores read shared memory themselves
-    if plan.path == "mma_sync":
-        mm, mn, mk = plan.mma_shape  # a warp's fragments of one K step feed RM x RN MMAs
-        return glob, Intensity("shared, per warp per MMA k step", 2 * mm * mn * mk * plan.RM * plan.RN,
-                               (mm * mk * plan.RM + mk * mn * plan.RN) * 4)
-    a_run, b_run = plan.TM * plan.RM, plan.TN * plan.RN
-    shared = Intensity("shared, per thread per k", 2 * a_run * b_run, (a_run + b_run) * 4)
-    return glob, shared
+    """(global, shared) flops per byte (the mainloop's numbers); shared is None where threads read no
+    shared memory (none, or the tensor cores read it themselves)."""
+    glob, shared = plan.mainloop.intensities(plan)
+    return Intensity(*glob), (Intensity(*shared) if shared else None)
 
 
 # --- bank conflicts --------------------------------------------------------------------
@@ -255,17 +243,8 @@ def _store_access(plan: Plan, op: Operand) -> BankAccess:
 
 
 def _thread_origins(plan: Plan) -> list[tuple[int, int]]:
-    """(thread_m0, thread_n0) of warp 0's lanes, as tiled.cu.j2 computes them."""
-    if plan.mma_shape:  # the MMA's lane layout: lane 4g + t holds row g, columns 2t and 2t + 1
-        return [(lane // 4, lane % 4 * plan.TN) for lane in range(WARP)]
-    origins = []
-    for lane in range(min(WARP, plan.threads)):
-        if plan.order == "n":
-            lane_row, lane_col = lane // plan.lanes_n, lane % plan.lanes_n
-        else:
-            lane_row, lane_col = lane % plan.lanes_m, lane // plan.lanes_m
-        origins.append((lane_row * plan.TM, lane_col * plan.TN))  # warp_row = warp_col = 0
-    return origins
+    """(thread_m0, thread_n0) of warp 0's lanes, as tiled.cu.j2 computes them (the mainloop's)."""
+    return plan.mainloop.thread_origins(plan)
 
 
 def _fragment_access(plan: Plan, op: Operand) -> BankAccess:
@@ -317,11 +296,16 @@ def _vector_name(width: int) -> str:
     return "scalar" if width == 1 else f"float{width}"
 
 
+# How the mainloop's inner product reads its fragments (Mainloop.fragment_reads) -> their replay.
+FRAGMENT_ACCESS = {"ffma": _fragment_access, "mma": _mma_fragment_access}
+
+
 def bank_conflicts(plan: Plan) -> tuple[BankAccess, ...]:
     """A store, B store, A fragment, B fragment; empty for kernels without shared memory."""
-    if not plan.uses_shared or plan.consumers:
+    reads = plan.mainloop.fragment_reads
+    if reads is None:
         return ()  # wgmma: TMA or 16-byte loader stores fill swizzled tiles the tensor cores read
-    fragments = _mma_fragment_access if plan.mma_shape else _fragment_access
+    fragments = FRAGMENT_ACCESS[reads]
     return (_store_access(plan, plan.a), _store_access(plan, plan.b),
             fragments(plan, plan.a), fragments(plan, plan.b))
 
@@ -383,25 +367,29 @@ def _direct_loads(plan: Plan) -> tuple[GlobalAccess, GlobalAccess]:
     return _global("A load", "scalar, k = 0", 1, a), _global("B load", "scalar, k = 0", 1, b)
 
 
-def _c_store(plan: Plan) -> GlobalAccess:
-    """Each lane's first store of C (epilogue.cuh.j2); beta's loads of C read the same way."""
-    if plan.tma_store:
-        # store_tma (aligned C): one warp's box, rows of c_box_inner floats along C's contiguous
-        # dimension, whole 32-byte sectors each (ld a multiple of 4 floats, as TMA requires).
-        row_bytes = 4 * plan.c_box_inner
-        sectors = plan.c_box_outer * -(-row_bytes // SECTOR_BYTES)
-        return GlobalAccess(name="C store", how=f"TMA, {plan.c_box_outer} x {plan.c_box_inner} box",
-                            bytes_per_lane=row_bytes, bytes=plan.c_box_outer * row_bytes, sectors=sectors,
-                            ideal_sectors=sectors)
-    if plan.staged:
-        # store_staged: chunk = tid, row along C's outer dimension, col along its contiguous one.
-        width = plan.c_stage_vec
-        per_row = plan.c_stage_cols // width
-        addresses = [lane // per_row * NOMINAL_LD + lane % per_row * width
-                     for lane in range(min(WARP, plan.threads))]
-        return _global("C store", f"{_vector_name(width)}, staged", width, addresses)
+def _tma_store(plan: Plan) -> GlobalAccess:
+    """store_tma (aligned C): one warp's box, rows of c_box_inner floats along C's contiguous
+    dimension, whole 32-byte sectors each (ld a multiple of 4 floats, as TMA requires)."""
+    row_bytes = 4 * plan.c_box_inner
+    sectors = plan.c_box_outer * -(-row_bytes // SECTOR_BYTES)
+    return GlobalAccess(name="C store", how=f"TMA, {plan.c_box_outer} x {plan.c_box_inner} box",
+                        bytes_per_lane=row_bytes, bytes=plan.c_box_outer * row_bytes, sectors=sectors,
+                        ideal_sectors=sectors)
+
+
+def _staged_store(plan: Plan) -> GlobalAccess:
+    """store_staged: chunk = tid, row along C's outer dimension, col along its contiguous one."""
+    width = plan.c_stage_vec
+    per_row = plan.c_stage_cols // width
+    addresses = [lane // per_row * NOMINAL_LD + lane % per_row * width
+                 for lane in range(min(WARP, plan.threads))]
+    return _global("C store", f"{_vector_name(width)}, staged", width, addresses)
+
+
+def _register_store(plan: Plan) -> GlobalAccess:
+    """Each lane's first store of C (epilogue_direct.cuh.j2); beta's loads of C read the same way."""
     width = plan.c_vector                  # 1 under split K: one atomicAdd per float
-    how = "atomicAdd" if plan.split_k > 1 else _vector_name(width)
+    how = "atomicAdd" if plan.epilogue.atomic else _vector_name(width)
     if plan.c_layout == "row":
         addresses = [m * NOMINAL_LD + n for m, n in _thread_origins(plan)]
     else:
@@ -409,17 +397,20 @@ def _c_store(plan: Plan) -> GlobalAccess:
     return _global("C store", how, width, addresses)
 
 
+# How the epilogue writes C (Epilogue.store) -> the replay of a warp's first store.
+C_STORES = {"registers": _register_store, "staged": _staged_store, "tma": _tma_store}
+
+
 def global_accesses(plan: Plan) -> tuple[GlobalAccess, ...]:
     """A load, B load, C store: warp 0's first request of each on the nominal problem."""
-    if plan.path == "wgmma":
-        loads = ()  # TMA moves whole boxes of 128-byte rows: full sectors by construction
-    elif plan.path == "wgmma_async":
-        loads = ()  # loads of whole 128-byte K rows, or of rows along M or N: full sectors either way
-    elif plan.uses_shared:
+    how = plan.mainloop.global_loads
+    if how == "tiles":
         loads = (_tile_load(plan, plan.a), _tile_load(plan, plan.b))
-    else:
+    elif how == "direct":
         loads = _direct_loads(plan)
-    return loads + (_c_store(plan),)
+    else:
+        loads = ()  # TMA boxes, or loader warpgroups' 128-byte K rows or rows along M or N: full sectors
+    return loads + (C_STORES[plan.epilogue.store](plan),)
 
 
 def _resources(plan: Plan, compiled: Compiled | Resources | None) -> Resources:

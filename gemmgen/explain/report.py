@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Sequence
 from ..gpu.compile import Compiled, Resources
 from ..language.spec import Spec
 from ..plan import WARP, Plan
-from ..plan.schedule import H100_SMS, deal, describe as describe_schedule
+from ..plan.schedule import H100_SMS, deal
 from ..plan.space import size
 from .analysis import (NOMINAL_LD, SHARED_BYTES_PER_CLOCK, BankAccess, GlobalAccess, Intensity, Occupancy, _resources,
                        bank_conflicts, global_accesses, intensities, occupancy)
@@ -46,6 +46,8 @@ class Report:
     dealings: tuple[tuple[str, Any], ...] = ()  # (shape, plan.schedule.Dealing) on SCHEDULE_SMS SMs
     cluster: str = ""          # thread-block clusters (cluster M x N), in words
     cluster_launches: tuple[tuple[str, int, int], ...] = ()  # (shape, blocks launched, tiles past C's edge)
+    no_conflicts: str = "none: no shared memory"  # what explain says where no access is replayed
+    epilogue: tuple[tuple[str, str], ...] = ()  # the epilogue part's rows: what it computes, the traffic it saves
 
     @property
     def spills(self) -> bool:
@@ -68,36 +70,6 @@ def _summary(occ: Occupancy) -> str:
             f"threads ({occ.warps_per_sm} warps/SM, {occ.percent:.1f}%)")
 
 
-def _tiling(plan: Plan) -> str:
-    parts = [f"block {plan.BM}x{plan.BN}x{plan.BK}" if plan.uses_shared
-             else f"block {plan.BM}x{plan.BN}"]
-    if plan.warp_tiling:
-        parts.append(f"warp {plan.WM}x{plan.WN}")
-    if plan.consumers:  # a wgmma kernel
-        parts[-1] = (f"{plan.consumers} consumers in turn" if plan.pingpong
-                     else f"{plan.consumers} x 64x{plan.BN} warpgroups")
-        parts.append(f"{plan.stages} TMA stages" if plan.tma else f"{plan.stages} stages")
-        return ", ".join(parts)
-    if plan.mma_shape:
-        parts.append(f"mma {'x'.join(map(str, plan.mma_shape))} repeat {plan.RM}x{plan.RN}")
-        return ", ".join(parts)
-    thread = f"thread {plan.TM}x{plan.TN}"
-    if plan.RM * plan.RN > 1:
-        thread += f" repeat {plan.RM}x{plan.RN}"
-    parts.append(thread)
-    return ", ".join(parts)
-
-
-def _math(plan: Plan) -> str:
-    if plan.path == "simt":
-        return "simt"
-    shape = "x".join(map(str, plan.mma_shape))
-    how = "wgmma" if plan.consumers else "mma.sync"
-    if plan.math == "3xtf32":  # big*big + big*small + small*big
-        return f"3xtf32: 3 {how} {shape} per product"
-    return f"{plan.math}: {how} {shape}"
-
-
 def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
     """The static report of a Plan. `compiled` is compile_plan(plan)'s result (compiled here when
     None), or directly the ptxas Resources of the aligned variant."""
@@ -107,11 +79,7 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
     banks = bank_conflicts(plan)
     coalescing = global_accesses(plan)
 
-    notes = []
-    if plan.promote_tiles > 1:
-        notes.append(f"The tensor cores sum {plan.promote_tiles} K tiles ({plan.promote_tiles * plan.BK} of K) of "
-                     "products before the consumers add them into FP32 (promote): the tensor pipe drains "
-                     "once per group, and the sums round toward zero over that span.")
+    notes = plan.mainloop.notes(plan)
     if res.spill_stores or res.spill_loads:
         notes.append(f"ptxas spills registers to local memory: {res.spill_stores} bytes stored, "
                      f"{res.spill_loads} bytes loaded")
@@ -128,20 +96,19 @@ def explain(plan: Plan, compiled: Compiled | Resources | None = None) -> Report:
             notes.append(f"{g.name}s ({g.how}) touch {g.sectors} sectors per request where "
                          f"{g.ideal_sectors} would do: uncoalesced")
     return Report(
-        kernel=plan.name, arch=plan.arch.name, tiling=_tiling(plan), fp32_lanes_per_sm=plan.arch.fp32_lanes_per_sm,
+        kernel=plan.name, arch=plan.arch.name, tiling=plan.mainloop.tiling_words(plan), fp32_lanes_per_sm=plan.arch.fp32_lanes_per_sm,
         threads=plan.threads, warps=plan.warps, registers=res.registers,
         registers_estimate=plan.registers_estimate, spill_stores=res.spill_stores,
         spill_loads=res.spill_loads, stack_frame=res.stack_frame, smem_bytes=plan.smem_bytes,
         shared_static=res.shared_static, requested_occupancy=plan.occupancy, occupancy=occ,
         global_intensity=glob, shared_intensity=shared, bank_conflicts=banks,
-        global_accesses=coalescing, summary=_summary(occ), notes=tuple(notes), math=_math(plan),
-        register_split=_register_split(plan),
-        loaders=(f"{plan.loaders} warpgroup(s) fill the stages, {plan.loader_depth} K tile(s) each"
-                 if plan.loaders else ""),
-        schedule=describe_schedule(plan) if plan.scheduled else "",
+        global_accesses=coalescing, summary=_summary(occ), notes=tuple(notes), math=plan.mainloop.math_words,
+        register_split=plan.mainloop.register_split, loaders=plan.mainloop.loader_words,
+        no_conflicts=plan.mainloop.no_conflicts, epilogue=tuple(plan.epilogue.explain_rows()),
+        schedule=plan.scheduler.describe() if plan.scheduled else "",
         dealings=tuple((f"{M}x{N}x{K}", deal(plan, M, N, K, SCHEDULE_SMS)) for M, N, K in SCHEDULE_SHAPES)
         if plan.scheduled else (),
-        cluster=_cluster(plan),
+        cluster=plan.scheduler.cluster_words(),
         cluster_launches=tuple((f"{M}x{N}x{K}", plan.launch_blocks(M, N, K, SCHEDULE_SMS),
                                 plan.cluster_grid(M, N) - plan.grid(M, N))
                                for M, N, K in SCHEDULE_SHAPES) if plan.cluster_blocks > 1 else ())
@@ -171,36 +138,10 @@ def kernels_to_explain(specs: Sequence[Spec], named: bool) -> tuple[list[Spec], 
     return kernels, notes
 
 
-def _cluster(plan: Plan) -> str:
-    """What the blocks of a cluster share, and the L2 reads it saves, in words."""
-    if plan.cluster_blocks == 1:
-        return ""
-    cm, cn, BM, BN, BK = plan.cluster_m, plan.cluster_n, plan.BM, plan.BN, plan.BK
-    shares = []
-    if cm > 1:
-        shares.append(f"the {cm} blocks along M share B's {BN} x {BK} tile, each loading {BN // cm} rows "
-                      "and multicasting them to the others")
-    if cn > 1:
-        shares.append(f"the {cn} blocks along N share A's {BM} x {BK} tile, each loading {BM // cn} rows "
-                      "and multicasting them to the others")
-    return (f"{cm} x {cn} blocks per cluster (__cluster_dims__({plan.cluster_blocks}, 1, 1)): "
-            + "; ".join(shares) + f". Each block reads {plan.block_load_bytes} bytes of each K tile from L2 "
-            f"instead of {4 * BK * (BM + BN)}. A stage is refilled once every block that fills it has freed it; a launch takes "
-            "whole clusters, and blocks past C's edge multiply zeros and store nothing.")
-
-
 # Where explain shows a scheduled kernel's dealing of work (on an H100's SM count).
 SCHEDULE_SMS = H100_SMS
 SCHEDULE_SHAPES = ((4096, 4096, 4096), (4092, 4092, 4092), (2048, 2048, 2048), (1024, 1024, 1024),
                    (4096, 4096, 512), (8192, 128, 8192), (64, 64, 131072))
-
-
-def _register_split(plan: Plan) -> str:
-    if plan.path == "wgmma":
-        return f"setmaxnreg: producer {plan.loader_registers}, consumers {plan.consumer_registers}"
-    if plan.path == "wgmma_async":
-        return f"setmaxnreg: loaders {plan.loader_registers}, consumers {plan.consumer_registers}"
-    return ""
 
 
 # --- output ----------------------------------------------------------------------------
@@ -243,6 +184,13 @@ def render_text(report: Report) -> str:
         ("stack frame", f"{r.stack_frame} bytes"),
         ("shared memory", shared),
     ])
+
+    if r.epilogue:
+        out += ["", "epilogue"]
+        width = max(len(label) for label, _ in r.epilogue)
+        for label, value in r.epilogue:
+            out += textwrap.wrap(value, 78, initial_indent=f"  {label.ljust(width)}  ",
+                                 subsequent_indent=" " * (width + 4), break_on_hyphens=False)
 
     if r.schedule:
         out += ["", f"schedule (dealt on {SCHEDULE_SMS} SMs, an H100)"]
@@ -296,10 +244,8 @@ def render_text(report: Report) -> str:
     out += _table(rows)
 
     out += ["", "shared-memory bank conflicts (warp 0, kk = 0), wavefronts per request"]
-    if not report.bank_conflicts and "wgmma" in r.math:
-        out.append("  none predicted: wgmma reads 128-byte swizzled K-major tiles")
-    elif not report.bank_conflicts:
-        out.append("  none: no shared memory")
+    if not report.bank_conflicts:
+        out.append(f"  {r.no_conflicts}")
     else:
         rows = [("access", "how", "width", "requests", "wavefronts", "ideal", "n-way")]
         for a in report.bank_conflicts:
@@ -348,6 +294,7 @@ def as_dict(report: Report) -> dict[str, Any]:
         "schedule": report.schedule,
         "dealings": {shape: {"sms": SCHEDULE_SMS, **vars(d)} for shape, d in report.dealings},
         "cluster": report.cluster,
+        "epilogue": dict(report.epilogue),
         "cluster_launches": {shape: {"blocks": blocks, "past_edge": idle}
                              for shape, blocks, idle in report.cluster_launches},
         "spill_stores": report.spill_stores,

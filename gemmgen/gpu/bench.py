@@ -23,6 +23,7 @@ from typing import Callable
 from ..outputs import save_figure
 from ..version import __version__
 from .baseline import baseline_for, cublas_gemm
+from .epilogue_inputs import epilogue_vectors, vector_pointers
 from .runtime import DeviceInfo, Kernel, device_info
 from .verify import Case, accuracy_on, place_matrix
 
@@ -169,10 +170,12 @@ def bench(kernel: Kernel, case: Case, *, info: DeviceInfo | None = None,
         smallest_arrays = [cp.zeros(plan.reduce_count, dtype) for dtype in (cp.float32, cp.int32, cp.int32)]
         smallest = tuple(x.data.ptr for x in smallest_arrays)
     ptr = {name: buffers[name].data.ptr + 4 * case.offset for name in "ABC"}
+    vectors = epilogue_vectors(cp, plan, case.M, case.N)  # a fused epilogue's bias and scale (kept referenced)
+    extra = vector_pointers(vectors)
 
     def ours() -> None:
         kernel.launch(case.M, case.N, case.K, case.alpha, ptr["A"], lds["A"], ptr["B"], lds["B"],
-                      case.beta, ptr["C"], lds["C"], smallest=smallest)
+                      case.beta, ptr["C"], lds["C"], smallest=smallest, **extra)
 
     baseline = baseline_for(plan.spec["math"])
 

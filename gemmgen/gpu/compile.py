@@ -311,8 +311,9 @@ def compile_plan(plan: Plan, source: str | None = None, *, target: str | None = 
 
     source = source if source is not None else generate(plan)
     names = list(kernel_name_expressions(plan).values())
-    if plan.fallback is not None:  # the TMA file also holds its register-fed fallback
-        names += list(kernel_name_expressions(plan.fallback).values())
+    fallback = plan.mainloop.fallback
+    if fallback is not None:  # the TMA file also holds its register-fed fallback
+        names += list(kernel_name_expressions(fallback).values())
     return compile_source(source, target or plan.arch.name, names,
                           filename=f"{plan.launcher_name}.cu", use_cache=use_cache)
 

@@ -20,6 +20,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
+# The kernels' parameter lists, (name, kind) in order: the parts describe them (plan/parts/launch.py).
+from ..plan.parts.launch import MAIN, REDUCE_CLEAR, REDUCE_FINISH, SCALE_C, TMA_MAIN  # noqa: F401
+from ..plan.parts.launch import Helper, TensorMapSpec
+
 
 class CudaError(RuntimeError):
     """A CUDA driver call failed; `code` is the CUresult value."""
@@ -34,23 +38,14 @@ class CudaError(RuntimeError):
 TENSOR_MAP_BYTES = 128
 # kind: (ctypes type, size, alignment); "t" is a CUtensorMap (struct __align__(64) TensorMap in wgmma.cuh.j2)
 KINDS = {"i": (ctypes.c_int, 4, 4), "f": (ctypes.c_float, 4, 4), "p": (ctypes.c_void_p, 8, 8),
-         "t": (ctypes.c_ubyte * TENSOR_MAP_BYTES, TENSOR_MAP_BYTES, 64)}
+         "v": (ctypes.c_void_p, 8, 8), "t": (ctypes.c_ubyte * TENSOR_MAP_BYTES, TENSOR_MAP_BYTES, 64)}
 
-# The kernels' parameter lists (templates: tiled/naive/wgmma_async kernels, split_k.cuh, reduce_min.cuh,
-# wgmma_kernel.cu): (name, kind) in order.
-MAIN = (("M", "i"), ("N", "i"), ("K", "i"), ("alpha", "f"), ("A", "p"), ("lda", "i"), ("B", "p"),
-        ("ldb", "i"), ("beta", "f"), ("C", "p"), ("ldc", "i"))
-SCALE_C = (("M", "i"), ("N", "i"), ("beta", "f"), ("C", "p"), ("ldc", "i"))
-REDUCE_CLEAR: tuple = ()
-REDUCE_FINISH = (("values", "p"), ("rows", "p"), ("cols", "p"), ("N", "i"))
 
 
 def tma_signature(tma_store: bool, stream_k: bool) -> tuple:
     """A TMA wgmma kernel's parameters: A's and B's tensor maps first, C's map (staged epilogue) and
-    stream-K's workspace last."""
-    return ((("map_a", "t"), ("map_b", "t"), ("M", "i"), ("N", "i"), ("K", "i"), ("alpha", "f"),
-             ("beta", "f"), ("C", "p"), ("ldc", "i"))
-            + ((("map_c", "t"),) if tma_store else ()) + ((("workspace", "p"),) if stream_k else ()))
+    stream-K's workspace last (as a Plan's `signature` has them)."""
+    return TMA_MAIN + ((("map_c", "t"),) if tma_store else ()) + ((("workspace", "p"),) if stream_k else ())
 
 
 def parameter_offsets(signature: tuple) -> tuple[dict[str, int], int]:
@@ -73,7 +68,7 @@ class Arguments:
     kernelParams, and views through which a parameter is written in place (memoryview item
     assignment: the cheapest write Python has)."""
 
-    _VIEW_FORMAT = {"i": "i", "f": "f", "p": "Q"}
+    _VIEW_FORMAT = {"i": "i", "f": "f", "p": "Q", "v": "Q"}
 
     def __init__(self, signature: tuple):
         self.signature = signature
@@ -106,22 +101,6 @@ class Arguments:
 
 
 # --- the decision --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TensorMapSpec:
-    """A tensor map a call encodes for one operand: where it goes, whose address it describes, and
-    the rest of its key (dims, row stride, box, swizzle, L2 promotion), fixed by the call key."""
-
-    param: str
-    operand: str      # "A", "B" or "C"
-    inner: int
-    outer: int
-    ld: int
-    box_inner: int
-    box_outer: int
-    swizzle: int      # bytes: 32, 64 or 128
-    promote: bool     # L2 promotion of 128 bytes
-
 
 @dataclass(frozen=True)
 class Step:
@@ -159,56 +138,36 @@ class Decision:
 def decide(plan, M: int, N: int, K: int, lda: int, ldb: int, ldc: int, align: tuple[int, int, int],
            sms: int) -> Decision:
     """The launch of `plan` for these sizes, leading dimensions and pointer residues (address % 16
-    of A, B, C): the same decision as the C launcher (launcher.cu.j2, wgmma_launcher.cu.j2). The
+    of A, B, C): the same decision as the C launcher (launcher.cu.j2, wgmma_launcher.cu.j2), both
+    made of what the Plan's parts describe: the mainloop's parameters, tensor maps and fallback, the
+    schedule's grid, workspace and pass over C, the epilogue's map of C and reduction kernels. The
     arguments must be valid (Plan.argument_error)."""
     residues = {"A": align[0], "B": align[1], "C": align[2]}
-    steps: list[Step] = []
-    if plan.reduce_count:
-        steps.append(Step("reduce_clear", False, (1, 1), 32, 0, REDUCE_CLEAR))
+    sizes = {"M": M, "N": N, "K": K, "lda": lda, "ldb": ldb, "ldc": ldc}
+    helpers = plan.helper_launches
+    steps = [_helper_step(h, sizes) for h in helpers if h.before and h.empty_too]
     variant = ""
     if M and N:
-        if plan.path == "wgmma" and not plan.tma_ready(M, N, K, lda, ldb, residues):
-            return Decision(fallback=True, variant="register-fed fallback (TMA cannot describe A or B)")
+        mainloop = plan.mainloop
+        if mainloop.hands_over(M, N, K, lda, ldb, residues):
+            return Decision(fallback=True, variant=mainloop.fallback_words)
         aligned = plan.aligned(M, N, K, lda, ldb, ldc, residues)
-        if plan.split_k > 1:
-            steps.append(Step("scale_c", False, (min(M * N // 256 + 1, 4096), 1), 256, 0, SCALE_C,
-                              {"M": M, "N": N, "ldc": ldc}))
-        if plan.path == "wgmma":
-            steps.append(_tma_step(plan, M, N, K, lda, ldb, ldc, aligned, sms))
-            store = "TMA" if plan.tma_store else "vector"
-            variant = f"wgmma, {store if aligned else 'scalar'} C"
-        else:
-            steps.append(Step("main", aligned, (plan.grid(M, N), plan.split_k), plan.threads, plan.smem_bytes,
-                              MAIN, {"M": M, "N": N, "K": K, "lda": lda, "ldb": ldb, "ldc": ldc}))
-            variant = "vector variant" if aligned else "scalar variant"
-    if plan.reduce_count:
-        steps.append(Step("reduce_finish", False, (1, 1), 32, 0, REDUCE_FINISH, {"N": N}))
+        steps += [_helper_step(h, sizes) for h in helpers if h.before and not h.empty_too]
+        maps = mainloop.tensor_maps(plan, M, N, K, lda, ldb)
+        c_maps, fixed = plan.epilogue.tensor_maps(M, N, ldc, aligned)
+        signature = plan.signature
+        fixed = {**{p.name: sizes[p.name] for p in signature if p.name in sizes}, **fixed}
+        grid = plan.scheduler.launch_grid(M, N, K, sms)
+        steps.append(Step("main", aligned, grid, plan.threads, plan.smem_bytes, signature, fixed,
+                          tuple(maps + c_maps), plan.scheduler.workspace_bytes(grid[0])))
+        variant = mainloop.variant(aligned, plan.epilogue.aligned_store)
+    steps += [_helper_step(h, sizes) for h in helpers if not h.before and (h.empty_too or (M and N))]
     return Decision(tuple(steps), variant=variant)
 
 
-def _tma_step(plan, M: int, N: int, K: int, lda: int, ldb: int, ldc: int, aligned: bool, sms: int) -> Step:
-    # With clusters each block loads a slice of the tiles its cluster row and column share. TMA's
-    # view of a K-major operand: (K, rows), rows ld floats apart, boxes of BK x slice rows with the
-    # 128-byte swizzle the wgmma descriptors expect (L2 promotion of 128 bytes: rows that are not
-    # 128-byte aligned, e.g. ld = 4092, measured 20% faster than with 256, aligned ones the same).
-    maps = [TensorMapSpec("map_a", "A", K, M, lda, plan.BK, plan.BM // plan.cluster_n, 128, True),
-            TensorMapSpec("map_b", "B", K, N, ldb, plan.BK, plan.BN // plan.cluster_m, 128, True)]
-    fixed: dict = {"M": M, "N": N, "K": K, "ldc": ldc}
-    if plan.tma_store:  # the staged epilogue stores C with TMA where aligned (else from registers)
-        if aligned:
-            inner, outer = (N, M) if plan.c_layout == "row" else (M, N)
-            maps.append(TensorMapSpec("map_c", "C", inner, outer, ldc, plan.c_box_inner, plan.c_box_outer,
-                                      plan.c_box_swizzle, False))
-        else:
-            fixed["map_c"] = bytes(TENSOR_MAP_BYTES)  # unread by the scalar variant
-    grid = (plan.cluster_grid(M, N), plan.split_k)
-    workspace = 0
-    if plan.scheduled:  # the launcher's arithmetic: see Plan.launch_blocks
-        grid = (plan.launch_blocks(M, N, K, sms), 1)
-        if plan.schedule == "stream-k":
-            workspace = plan.workspace_bytes(grid[0])
-    return Step("main", aligned, grid, plan.threads, plan.smem_bytes,
-                tma_signature(plan.tma_store, plan.schedule == "stream-k"), fixed, tuple(maps), workspace)
+def _helper_step(helper: Helper, sizes: dict[str, int]) -> Step:
+    fixed = {p.name: sizes[p.name] for p in helper.params if p.name in sizes}
+    return Step(helper.kernel, False, helper.grid(sizes["M"], sizes["N"]), helper.threads, 0, helper.params, fixed)
 
 
 # --- libcuda through ctypes ------------------------------------------------------------------------
@@ -295,10 +254,11 @@ class LaunchConfig(ctypes.Structure):
                 ("attribute_count", ctypes.c_uint)]
 
 
-# Where each per-call value sits in a call's values: A, B, C, alpha, beta, then the fused
-# reduction's three pointers.
-_SOURCES = {"A": 0, "B": 1, "C": 2, "alpha": 3, "beta": 4, "values": 5, "rows": 6, "cols": 7}
+# Where each per-call value sits in a call's values: A, B, C, alpha, beta, the fused
+# reduction's three pointers, then the epilogue's vectors.
+_SOURCES = {"A": 0, "B": 1, "C": 2, "alpha": 3, "beta": 4, "values": 5, "rows": 6, "cols": 7, "bias": 8, "scale": 9}
 _NO_SMALLEST = (0, 0, 0)
+_NO_VECTORS = (0, 0)
 
 
 class PreparedStep:
@@ -325,7 +285,7 @@ class PreparedStep:
 
 
 class PreparedLaunch:
-    """A call key's launch, ready: `launch(A, B, C, alpha, beta, stream)` writes the call's values
+    """A call key's launch, ready: `launch(A, B, C, alpha, beta, stream, smallest, vectors)` writes the call's values
     into the prepared buffers and launches each kernel once, in the device's context (made current
     for the launch, and the caller's given back, when another is current).
 
@@ -345,11 +305,12 @@ class PreparedLaunch:
         self._current_ref = ctypes.byref(self._current)
 
     def __call__(self, A: int, B: int, C: int, alpha: float, beta: float, stream: int,
-                 smallest: tuple[int, int, int] = _NO_SMALLEST) -> None:
+                 smallest: tuple[int, int, int] = _NO_SMALLEST, vectors: tuple[int, int] = _NO_VECTORS) -> None:
+        """`vectors`: the epilogue's (bias, scale) addresses (0 where it has none)."""
         if not self.steps:
             return
         lib = _cuda or cuda()
-        values = (A, B, C, alpha, beta) + smallest
+        values = (A, B, C, alpha, beta) + smallest + vectors
         lock = self.lock
         lock.acquire()
         try:

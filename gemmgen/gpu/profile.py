@@ -199,6 +199,7 @@ import sys
 sys.path.insert(0, sys.argv[1])
 import cupy as cp
 
+from gemmgen.gpu.epilogue_inputs import epilogue_vectors, vector_pointers
 from gemmgen.gpu.runtime import Kernel, synchronize
 from gemmgen.gpu.verify import place_matrix, parse_case
 from gemmgen.language.load import load_one
@@ -217,9 +218,11 @@ pointer = {x: placed[x][0].data.ptr + 4 * case.offset for x in "ABC"}
 smallest = None
 if plan.reduce_count:
     smallest = tuple(cp.zeros(plan.reduce_count, t).data.ptr for t in (cp.float32, cp.int32, cp.int32))
+vectors = epilogue_vectors(cp, plan, case.M, case.N)  # a fused epilogue's bias and scale
 for _ in range(2):
     kernel.launch(case.M, case.N, case.K, case.alpha, pointer["A"], placed["A"][1], pointer["B"],
-                  placed["B"][1], case.beta, pointer["C"], placed["C"][1], smallest=smallest)
+                  placed["B"][1], case.beta, pointer["C"], placed["C"][1], smallest=smallest,
+                  **vector_pointers(vectors))
 synchronize()
 print(f"launched {kernel.name} twice at {case}", file=sys.stderr)
 '''

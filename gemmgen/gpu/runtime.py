@@ -345,15 +345,12 @@ class Kernel:
                         driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         plan.smem_bytes), f"allowing {plan.smem_bytes} bytes of shared memory")
                 self._functions[aligned] = int(function)
-            # The wgmma file holds an mma.sync kernel for calls TMA cannot describe.
-            self._fallback = Kernel(plan.fallback, self.compiled, device) if plan.fallback else None
-            if plan.split_k > 1:
-                self._functions["scale_c"] = int(_check(driver.cuModuleGetFunction(
-                    self._module, f"{plan.launcher_name}_scale_c".encode()), "scale_c"))
-            if plan.reduce_count:
-                for step in ("clear", "finish"):
-                    self._functions[f"reduce_{step}"] = int(_check(driver.cuModuleGetFunction(
-                        self._module, f"{plan.launcher_name}_reduce_{step}".encode()), step))
+            # A TMA kernel's file holds a register-fed kernel for calls TMA cannot describe.
+            fallback = plan.mainloop.fallback
+            self._fallback = Kernel(fallback, self.compiled, device) if fallback else None
+            for helper in plan.helper_launches:  # split K's pass over C, the reduction's kernels
+                self._functions[helper.kernel] = int(_check(driver.cuModuleGetFunction(
+                    self._module, f"{plan.launcher_name}_{helper.kernel}".encode()), helper.kernel))
 
     @property
     def name(self) -> str:
@@ -405,15 +402,17 @@ class Kernel:
 
     def launch(self, M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,
                beta: float, C: int, ldc: int, smallest: tuple[int, int, int] | None = None,
-               stream: Any = None) -> None:
-        """The C ABI on raw device addresses; raises CudaError where the launcher returns an error."""
+               stream: Any = None, *, bias: int | None = None, scale: int | None = None) -> None:
+        """The C ABI on raw device addresses (`bias`, `scale`: the fused epilogue's vectors, which the
+        C ABI takes after ldc); raises CudaError where the launcher returns an error."""
         if self.plan.reduce_count and (smallest is None or not all(smallest)):
             raise CudaError(f"{self.name} has a fused reduction: pass smallest=(values, rows, cols)", 1)
         A, B, C = int(A or 0), int(B or 0), int(C or 0)  # a null pointer may come as None
+        vectors = _vector_addresses(self.plan, self.name, {"bias": bias, "scale": scale}, M, N)
         run = self.prepare(M, N, K, lda, ldb, ldc, (A % 16, B % 16, C % 16), beta != 0.0)
         if M and N and (not C or (K and (not A or not B))):
             raise CudaError(f"{self.name}: null pointer for a matrix with elements", 1)
-        run(A, B, C, alpha, beta, stream_handle(stream), tuple(smallest) if smallest else (0, 0, 0))
+        run(A, B, C, alpha, beta, stream_handle(stream), tuple(smallest) if smallest else (0, 0, 0), vectors)
 
     def _sm_count(self) -> int:
         if "_sms" not in self.__dict__:
@@ -475,8 +474,11 @@ class Kernel:
         return address
 
     def __call__(self, A: Any, B: Any, C: Any, *, alpha: float = 1.0, beta: float = 0.0,
-                 smallest: tuple[Any, Any, Any] | None = None, stream: Any = None) -> None:
-        """C = alpha * A @ B + beta * C on device arrays whose layouts match the spec."""
+                 smallest: tuple[Any, Any, Any] | None = None, stream: Any = None,
+                 bias: Any = None, scale: Any = None) -> None:
+        """C = alpha * A @ B + beta * C on device arrays whose layouts match the spec; a kernel built
+        with `bias` or `scale` takes that vector (float32, on C's device: M floats for `row`, N for
+        `col`) and applies its activation: C = act(alpha * scale * (A @ B) + beta * C + bias)."""
         spec = self.plan.spec
         a, b, c = (as_matrix(x, name, spec[f"layout.{name}"]) for x, name in ((A, "A"), (B, "B"), (C, "C")))
         M, K = a.rows, a.cols
@@ -490,8 +492,17 @@ class Kernel:
         if smallest is not None:
             pointers = tuple(_device_pointer(x, what) for x, what in
                              zip(smallest, ("smallest values", "smallest rows", "smallest cols")))
+        given = {"bias": bias, "scale": scale}
+        _no_stray_vectors(self.plan, self.name, given)
+        vectors = {}
+        for name, by in self.plan.epilogue.vectors:
+            length = M if by == "row" else N
+            if given[name] is None:
+                raise ShapeError(f"{self.name} was built with `{name} {by}`: pass {name}=, a float32 device "
+                                 f"vector of {length} floats (one per {'row' if by == 'row' else 'column'} of C)")
+            vectors[name] = as_vector(given[name], name, length, by, C)
         self.launch(M, N, K, alpha, a.ptr, a.ld, b.ptr, b.ld, beta, c.ptr, c.ld,
-                    smallest=pointers, stream=stream)
+                    smallest=pointers, stream=stream, **vectors)
 
     def close(self) -> None:
         with on_device(self.device):
@@ -504,6 +515,59 @@ class Kernel:
             if getattr(self, "_module", None) is not None:
                 _driver().cuModuleUnload(self._module)
                 self._module = None
+
+
+def _no_stray_vectors(plan: Plan, name: str, given: dict[str, Any]) -> None:
+    """A vector passed to a kernel built without it is an error, not ignored."""
+    built = dict(plan.epilogue.vectors)
+    for vector, value in given.items():
+        if value is not None and vector not in built:
+            raise ShapeError(f"{name} was built without a {vector} (no `{vector} row|col` line in its spec); "
+                             f"{vector}= must be None")
+
+
+def _vector_addresses(plan: Plan, name: str, given: dict[str, Any], M: int, N: int) -> tuple[int, int]:
+    """(bias, scale) device addresses for the launch (0 where the kernel has none), each vector the
+    kernel was built with given, and none it was not."""
+    _no_stray_vectors(plan, name, given)
+    built = dict(plan.epilogue.vectors)
+    for vector, by in built.items():
+        if not given[vector] and M and N:
+            raise CudaError(f"{name} was built with `{vector} {by}`: pass {vector}= (a device vector of "
+                            f"{'M' if by == 'row' else 'N'} floats)", 1)
+    return tuple(int(given[vector] or 0) for vector in ("bias", "scale"))
+
+
+def as_vector(array: Any, what: str, length: int, by: str, like: Any) -> int:
+    """The device address of a contiguous float32 vector of `length` elements on the device of
+    `like` (C): what the epilogue reads as bias or scale (`by`: "row", one per row of C, or "col")."""
+    interface = getattr(array, "__cuda_array_interface__", None)
+    if interface is None:
+        interface = device_array(array, what).__cuda_array_interface__
+    if interface["typestr"] not in ("<f4", "=f4", "|f4"):
+        raise ShapeError(f"{what} must hold float32, not {interface['typestr']}")
+    shape = tuple(interface["shape"])
+    one_per = "row" if by == "row" else "column"
+    if len(shape) != 1 or shape[0] != length:
+        raise ShapeError(f"{what} must be a vector of {length} floats, one per {one_per} of C "
+                         f"(`{what} {by}`), not of shape {shape}")
+    strides = interface.get("strides")
+    if strides and length > 1 and strides[0] != 4:
+        raise ShapeError(f"{what} must be contiguous (a stride of 4 bytes), not a stride of {strides[0]} bytes")
+    where, home = _device_of(array), _device_of(like)
+    if where is not None and home is not None and where != home:
+        raise ShapeError(f"{what} is on GPU {where}, but C is on GPU {home}: put them on one device")
+    return interface["data"][0]
+
+
+def _device_of(array: Any) -> int | None:
+    """The GPU ordinal of a CuPy array or PyTorch tensor, or None where it won't say."""
+    device = getattr(array, "device", None)
+    for attribute in ("index", "id"):
+        value = getattr(device, attribute, None)
+        if isinstance(value, int):
+            return value
+    return None
 
 
 def _device_pointer(array: Any, what: str) -> int:

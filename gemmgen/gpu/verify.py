@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .baseline import cublas_gemm
+from .epilogue_inputs import epilogue_reference, epilogue_vectors, vector_pointers
 from .runtime import Kernel, synchronize
 
 GUARD_BITS = 0x7FC0DEAD          # a quiet NaN whose payload marks untouched guard cells
@@ -205,9 +206,14 @@ def check_case(kernel: Kernel, problem: Problem) -> CaseResult:
         smallest = (cp.zeros(plan.reduce_count, cp.float32), cp.zeros(plan.reduce_count, cp.int32),
                     cp.zeros(plan.reduce_count, cp.int32))
     address = lambda buf: buf.data.ptr + 4 * case.offset  # noqa: E731
+    reference, scale = problem.reference, problem.scale
+    vectors = epilogue_vectors(cp, plan, case.M, case.N, seed=case.M * 7 + case.N)
+    if plan.epilogue.fused:  # bias, scale, activation: the value the store must write
+        reference, scale = epilogue_reference(cp, plan, problem.A, problem.B, problem.C, case.alpha, case.beta,
+                                              vectors)
     kernel.launch(case.M, case.N, case.K, case.alpha, address(a_buf), lda, address(b_buf), ldb,
                   case.beta, address(c_buf), ldc,
-                  smallest=tuple(x.data.ptr for x in smallest) if smallest else None)
+                  smallest=tuple(x.data.ptr for x in smallest) if smallest else None, **vector_pointers(vectors))
     synchronize()
 
     result = CaseResult(case, True)
@@ -218,20 +224,20 @@ def check_case(kernel: Kernel, problem: Problem) -> CaseResult:
         result.message = f"wrote outside C's {case.M} x {case.N} region (buffer element {where})"
     if case.M and case.N:
         out = matrix_view(cp, c_buf, case.M, case.N, layout["C"], ldc, case.offset).astype(cp.float64)
-        error = cp.abs(out - problem.reference)
-        allowed = tolerance(problem.scale, case.K, plan.spec["math"])
+        error = cp.abs(out - reference)
+        allowed = tolerance(scale, case.K, plan.spec["math"])
         ratio = error / allowed
         bad = ~(ratio <= 1.0)  # NaN compares false, so NaN never passes
         ratio = cp.where(cp.isnan(ratio), cp.inf, ratio)
         worst = int(cp.argmax(ratio))
         i, j = divmod(worst, case.N)
         result.worst_ratio = float(ratio.ravel()[worst])
-        peak = float(cp.abs(problem.reference).max()) or 1.0
+        peak = float(cp.abs(reference).max()) or 1.0
         result.max_relative_error = float(cp.nan_to_num(error, nan=cp.inf).max()) / peak
         if bool(bad.any()) and result.ok:
             result.ok = False
             result.message = (f"{int(bad.sum())} element(s) wrong; worst C[{i}, {j}] = "
-                              f"{float(out[i, j])!r}, expected {float(problem.reference[i, j])!r} "
+                              f"{float(out[i, j])!r}, expected {float(reference[i, j])!r} "
                               f"(error {float(error[i, j]):.3g} > tolerance {float(allowed[i, j]):.3g})")
         if smallest is not None and result.ok:
             result.message = _check_smallest(cp, out.astype(cp.float32), smallest, plan.reduce_count)
@@ -309,13 +315,19 @@ class Accuracy:
 def accuracy_on(kernel: Kernel, case: Case, A, B, C) -> Accuracy:
     """The Accuracy of `kernel` on the float32 device arrays A (M x K), B (K x N) and C (M x N),
     placed in the kernel's layouts at the case's padding and offset, for alpha A@B + beta C.
-    cuBLAS runs on the same placed inputs through the launcher's ABI."""
+    cuBLAS runs on the same placed inputs through the launcher's ABI. A kernel with a fused
+    epilogue is measured against its own float64 value (epilogue_inputs.py), cuBLAS's plain GEMM
+    against the plain one."""
     cp = _cupy()
     plan = kernel.plan
     layouts = {name: plan.spec[f"layout.{name}"] for name in "ABC"}
     reference = case.alpha * (A.astype(cp.float64) @ B.astype(cp.float64))
     if case.beta != 0.0:
         reference += case.beta * C.astype(cp.float64)
+    vectors = epilogue_vectors(cp, plan, case.M, case.N, seed=case.M * 7 + case.N)
+    ours_reference = reference
+    if plan.epilogue.fused:
+        ours_reference, _ = epilogue_reference(cp, plan, A, B, C, case.alpha, case.beta, vectors)
     a_buf, lda = place_matrix(cp, A, layouts["A"], case.pad, case.offset)
     b_buf, ldb = place_matrix(cp, B, layouts["B"], case.pad, case.offset)
     address = lambda buf: buf.data.ptr + 4 * case.offset  # noqa: E731
@@ -324,7 +336,7 @@ def accuracy_on(kernel: Kernel, case: Case, A, B, C) -> Accuracy:
         smallest_arrays = [cp.zeros(plan.reduce_count, dtype) for dtype in (cp.float32, cp.int32, cp.int32)]
         smallest = tuple(x.data.ptr for x in smallest_arrays)
 
-    def errors(multiply) -> tuple[float, float]:
+    def errors(multiply, reference=reference) -> tuple[float, float]:
         # A fresh C each time: its input when beta is used, else NaN, so unwritten elements count.
         c_values = C if case.beta != 0.0 else cp.full((case.M, case.N), cp.nan, dtype=cp.float32)
         c_buf, ldc = place_matrix(cp, c_values, layouts["C"], case.pad, case.offset)
@@ -334,7 +346,8 @@ def accuracy_on(kernel: Kernel, case: Case, A, B, C) -> Accuracy:
         return relative_errors(cp, out, reference)
 
     operands = (case.M, case.N, case.K, case.alpha, address(a_buf), lda, address(b_buf), ldb, case.beta)
-    mine = errors(lambda c, ldc: kernel.launch(*operands, c, ldc, smallest=smallest))
+    mine = errors(lambda c, ldc: kernel.launch(*operands, c, ldc, smallest=smallest, **vector_pointers(vectors)),
+                  ours_reference)
     fp32 = errors(lambda c, ldc: cublas_gemm(*operands, c, ldc, layouts, tf32=False))
     tf32 = errors(lambda c, ldc: cublas_gemm(*operands, c, ldc, layouts, tf32=True))
     return Accuracy(kernel.name, str(case), plan.spec["math"], *mine, *fp32, *tf32)

@@ -65,6 +65,9 @@ _WORDS = lambda *words: (lambda v: v in words)  # noqa: E731
 _VIA = ("copy (the stages' own copies: cp.async, or loads through registers) or registers "
         "(always through registers, a transposing store done in 4 x 4 or 2 x 2 blocks there)")
 
+_VECTOR = ("row (a vector of M floats {what}, one per row of C), col (N floats, one per column) "
+           "or none")
+
 SETTINGS: dict[str, Setting] = {
     "target": Setting("sm_90", _WORDS(*TARGETS), ", ".join(TARGETS)),
     "math": Setting("simt", _WORDS(*MATH_MODES), ", ".join(MATH_MODES)),
@@ -108,6 +111,11 @@ SETTINGS: dict[str, Setting] = {
                             "row, or group N with N from 1 to 64"),
     "epilogue.beta": Setting(True, _WORDS(True, False), "alpha beta, or alpha"),
     "epilogue.staged": Setting(False, _WORDS(True, False), "staged or direct"),
+    "bias": Setting("none", _WORDS("none", "row", "col"), _VECTOR.format(what="added to C")),
+    "scale": Setting("none", _WORDS("none", "row", "col"), _VECTOR.format(what="multiplying alpha")),
+    # Which words name an activation is the epilogue part's table (plan/parts/epilogue.py's
+    # ACTIVATIONS), checked when the kernel is planned, so adding one touches the table alone.
+    "activation": Setting("none", lambda v: isinstance(v, str), "a word: none, or an activation's name"),
     "reduce.count": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 8,
                             "min N with N from 1 to 8"),
     "split": Setting(1, lambda v: isinstance(v, int) and 1 <= v <= 256,

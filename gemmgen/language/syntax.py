@@ -41,6 +41,9 @@ USAGE = {
     "unroll": "unroll N               e.g. unroll 8 (the k loop over a shared tile, 8 steps per unrolled body)",
     "raster": "raster row | group N",
     "epilogue": "epilogue alpha beta | alpha [staged | direct | {direct, staged}]",
+    "bias": "bias row | col | none      (C += a vector: bias[i], M floats, or bias[j], N floats)",
+    "scale": "scale row | col | none     (alpha times a vector: scale[i], M floats, or scale[j], N floats)",
+    "activation": "activation NAME          e.g. activation gelu (docs/spec-language.md lists the names)",
     "reduce": "reduce min N",
     "math": "math simt | tf32 | 3xtf32",
     "mma": "mma M x N x K          e.g. mma 16 x 8 x 8 (mma.sync), mma 64 x 128 x 8 (wgmma)",
@@ -365,6 +368,18 @@ class _ToStatements(Transformer):
             raise self._err(_span(c[0]), f"unknown epilogue '{' '.join(words)}'", USAGE["epilogue"])
         return self._statement("epilogue", meta, **{"epilogue.beta": _Value((beta,), _span(meta)),
                                                     "epilogue.staged": how})
+
+    @v_args(meta=True)
+    def bias(self, meta, c):
+        return self._statement("bias", meta, bias=c[0])
+
+    @v_args(meta=True)
+    def scale(self, meta, c):
+        return self._statement("scale", meta, scale=c[0])
+
+    @v_args(meta=True)
+    def activation(self, meta, c):
+        return self._statement("activation", meta, activation=c[0])
 
     @v_args(meta=True)
     def reduce(self, meta, c):

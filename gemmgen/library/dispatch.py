@@ -33,6 +33,7 @@ from ..gpu.runtime import Kernel, ShapeError, as_matrix, device_array, device_in
 from ..gpu.transpose import transpose
 from ..outputs import complete_pending
 from ..plan import make_plan
+from . import devices as split_devices
 from .layouts import CLASSES, Operand, Route, library_name, route
 from .manifest import Manifest, ManifestError
 from .selection import alignment_class, choose
@@ -177,7 +178,7 @@ def _warn_once(reasons: tuple[str, ...]) -> None:
 
 
 def matmul(A: Any, B: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
-           precision: str = "fp32", stream: Any = None):
+           precision: str = "fp32", stream: Any = None, devices: str | list[int] | None = None):
     """out = alpha * A @ B + beta * out, by the shipped library of `precision` for this GPU.
 
     A (M x K) and B (K x N) are float32 device arrays (PyTorch, CuPy or DLPack) in any layout with
@@ -185,7 +186,16 @@ def matmul(A: Any, B: Any, out: Any = None, *, alpha: float = 1.0, beta: float =
     row-major) when None, in which case beta must be 0. `precision`: "fp32" (as accurate as FP32:
     3xTF32 tensor-core kernels) or "tf32" (inputs rounded to TF32, about 1e-3 relative error). Runs
     on `stream` (default: the framework's current one). No autograd: gemmgen.torch.matmul is the
-    differentiable operator."""
+    differentiable operator.
+
+    `devices` ([0, 1, ...] or "all") splits the call over those GPUs (devices.py): A, B and `out`
+    may start on any of them, a new `out` is made on A's device, and the call returns with it
+    complete (no `stream`)."""
+    if devices is not None:
+        devices = split_devices.check_call(A, B, out, devices, stream)
+        A, B = split_devices.detached(A), split_devices.detached(B)
+        out = None if out is None else split_devices.detached(out)
+        return _array_matmul(A, B, out, alpha, beta, precision, None, devices)
     torch = sys.modules.get("torch")
     if (torch is not None and isinstance(A, torch.Tensor) and isinstance(B, torch.Tensor)
             and (out is None or isinstance(out, torch.Tensor))):
@@ -352,7 +362,8 @@ def _copy(array: Any, layout: str):
     if _framework(array) == "torch":
         return _torch_copy(array, layout)
     cupy = require_cupy("copying an operand into the layout a library takes")
-    return cupy.ascontiguousarray(array) if layout == "row" else cupy.asfortranarray(array)
+    with cupy.cuda.Device(_device_of(array)):  # on the operand's own GPU (a split's may be on any)
+        return cupy.ascontiguousarray(array) if layout == "row" else cupy.asfortranarray(array)
 
 
 def _as_array(array: Any, name: str):
@@ -394,7 +405,7 @@ def _array_operand(array: Any, name: str) -> tuple[Operand, int]:
     return Operand(name, rows, cols, (strides[0] // 4, strides[1] // 4)), interface["data"][0]
 
 
-def _array_matmul(A, B, out, alpha, beta, precision, stream):
+def _array_matmul(A, B, out, alpha, beta, precision, stream, devices=None):
     _check_precision(precision)
     A, B = _as_array(A, "A"), _as_array(B, "B")
     a, pa = _array_operand(A, "A")
@@ -405,7 +416,9 @@ def _array_matmul(A, B, out, alpha, beta, precision, stream):
     if out is None:
         if beta != 0.0:
             raise ValueError("beta != 0 needs an `out` to read C from")
-        if _framework(A) == "torch":
+        if devices is not None:
+            out = split_devices.new_output(A, M, N)
+        elif _framework(A) == "torch":
             import torch
             out = torch.empty((M, N), dtype=torch.float32, device=A.device)
         else:
@@ -419,7 +432,7 @@ def _array_matmul(A, B, out, alpha, beta, precision, stream):
         raise ShapeError(f"out must be {M} x {N} for A {M} x {K} times B {K} x {N}, not {(c.rows, c.cols)}")
     device = _device_of(A)
     for x, what in ((B, "B"), (out, "out")):
-        if _device_of(x) != device:
+        if devices is None and _device_of(x) != device:
             raise ShapeError(f"A is on GPU {device} but {what} on GPU {_device_of(x)}")
     way = route(a, b, c, available_classes(precision), precision)
     if way.copies:
@@ -427,10 +440,14 @@ def _array_matmul(A, B, out, alpha, beta, precision, stream):
         A = _copy(A, way.copy_a) if way.copy_a else A
         B = _copy(B, way.copy_b) if way.copy_b else B
         if not way.copy_c:
-            return _array_matmul(A, B, out, alpha, beta, precision, stream)
+            return _array_matmul(A, B, out, alpha, beta, precision, stream, devices)
         staged = _copy(out, "row")
-        _array_matmul(A, B, staged, alpha, beta, precision, stream)
+        _array_matmul(A, B, staged, alpha, beta, precision, stream, devices)
         out[...] = staged
+        return out
+    if devices is not None:
+        split_devices.split_call(lambda d: library(precision, d, way.klass), A, B, out, alpha, beta, devices,
+                                 way.swap)
         return out
     runtime = library(precision, device, way.klass)
     handle = stream_handle(stream) if stream is not None else _current_stream(out)

@@ -18,8 +18,6 @@ from ..plan.space import describe, point_key
 from .manifest import Manifest
 from .selection import BANDWIDTH, PRIOR
 
-REDUCE_PARAMETERS = "float* smallest_values, int* smallest_rows, int* smallest_cols, "
-REDUCE_ARGUMENTS = "smallest_values, smallest_rows, smallest_cols, "
 
 
 def library_source(manifest: Manifest, origin: str, source_lines: list[str]) -> str:
@@ -85,9 +83,12 @@ def dispatcher_members(name: str, winners: list[tuple[Case, Plan]]) -> tuple[lis
     """The distinct kernels of (shape, Plan) winners, renamed <name>_0, <name>_1, ... in order of
     first appearance, and for each shape the index of its kernel. ValueError for winners that
     differ in layouts, epilogue or reduction (one entry point takes one set of arguments)."""
+    def calling(plan: Plan) -> tuple:  # what the entry point computes, and its arguments
+        return plan.layouts(), plan.beta, plan.reduce_count, plan.epilogue.contract, plan.epilogue.abi_parameters
+
     first = winners[0][1]
     for _, plan in winners[1:]:
-        if (plan.layouts(), plan.beta, plan.reduce_count) != (first.layouts(), first.beta, first.reduce_count):
+        if calling(plan) != calling(first):
             raise ValueError("a dispatcher's kernels must share layouts, epilogue and reduction")
     keys: dict[str, int] = {}
     members, chosen = [], []
@@ -109,10 +110,10 @@ def dispatcher_source(name: str, winners: list[tuple[Case, Plan]]) -> str:
     views = [SimpleNamespace(name=plan.name, point=describe(plan.spec), target=plan.arch.name,
                              shapes=", ".join(f"{s.M}x{s.N}x{s.K}" for s, i in zip(shapes, chosen) if i == index))
              for index, plan in enumerate(members)]
-    reduce = members[0].reduce_count > 0
+    epilogue = members[0].epilogue  # its vectors and a reduction's outputs follow ldc
     return render_template(
-        "dispatcher.cu.j2", entry=name, members=views, extra_parameters=REDUCE_PARAMETERS if reduce else "",
-        extra_arguments=REDUCE_ARGUMENTS if reduce else "", name_width=max(len(v.name) for v in views),
+        "dispatcher.cu.j2", entry=name, members=views, extra_parameters=epilogue.abi_parameters,
+        extra_arguments=epilogue.abi_arguments, name_width=max(len(v.name) for v in views),
         tuned=[(s.M, s.N, s.K, i) for s, i in zip(shapes, chosen)], layouts=members[0].layouts(),
         targets=sorted({plan.arch.name for plan in members}),
         signature=f'extern "C" int gemmgen_{name}({abi_parameters(members[0])});',

@@ -130,7 +130,7 @@ def member_shape(plan: Plan, slots_per_sm: int = 1) -> MemberShape:
 
 def slots_per_sm(plan: Plan) -> int:
     """Blocks of this kernel an SM holds at once (ptxas's registers, the Plan's shared memory)."""
-    if plan.consumers:  # a wgmma block takes a whole SM (__launch_bounds__(THREADS, 1))
+    if plan.mainloop.owns_sm:  # a wgmma block takes a whole SM (__launch_bounds__(THREADS, 1))
         return 1
     resources = max(compile_plan(plan).resources.values(), key=lambda r: r.registers)
     return max(1, occupancy(plan, resources).blocks)

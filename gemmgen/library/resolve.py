@@ -81,6 +81,9 @@ def resolve(lib: LibrarySpec, kernels: list[Spec]) -> Library:
             if plan.reduce_count:
                 raise lib.error(span, f"member '{name}' fuses a reduction, whose entry point takes more "
                                 "arguments than a library's", "kernels without a reduce line")
+            if plan.epilogue.fused:
+                raise lib.error(span, f"member '{name}' fuses an epilogue ({plan.epilogue.formula}), which a "
+                                "library's entry point does not take", "kernels without bias, scale or activation lines")
             plans.append(plan)
         if not plans:
             raise lib.error(span, f"member '{name}' cannot be built in this library's layout (A {layouts['A']}, "

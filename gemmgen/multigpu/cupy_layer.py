@@ -3,18 +3,23 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from ..gpu import runtime
 from ..gpu.runtime import as_matrix
 from ..plan import Plan
 from .parts import FLOAT_BYTES, Region
+from .prepared import PreparedCache
 
 # --- CuPy and the CUDA runtime --------------------------------------------------------------------
 
 class CupyLayer:
     """The real devices: CuPy buffers, non-blocking streams per device and role, CUDA events,
-    2-D copies through cudaMemcpy2DAsync (peer to peer where the GPUs allow it)."""
+    2-D copies through cudaMemcpy2DAsync (peer to peer where the GPUs allow it). Kernels, streams
+    and buffers are made on the calling thread when a split is prepared; the device threads then
+    only copy, launch, record, wait and synchronize (CuPy's current device is per thread, so each
+    call names its device)."""
 
     MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction (and peer copies) from unified addresses
 
@@ -26,6 +31,11 @@ class CupyLayer:
         self.streams: dict[tuple[int, str], Any] = {}
         self.buffers: dict[int, Any] = {}
         self.peers: set[tuple[int, int]] = set()
+        self._peers_lock = threading.Lock()  # device threads copy at once
+        self.prepared = PreparedCache()  # split_gemm's prepared splits of this layer
+
+    def device_count(self) -> int:
+        return runtime.device_count()
 
     def locate(self, array: Any, layout: str, what: str) -> Region:
         m = as_matrix(array, what, layout)
@@ -67,9 +77,14 @@ class CupyLayer:
                 self.streams[device, role] = self.cp.cuda.Stream(non_blocking=True)
         return self.streams[device, role]
 
-    def record(self, device: int, stream: Any) -> Any:
+    def event(self, device: int) -> Any:
         with self.cp.cuda.Device(device):
-            event = self.cp.cuda.Event()
+            return self.cp.cuda.Event()
+
+    def record(self, device: int, stream: Any, event: Any = None) -> Any:
+        with self.cp.cuda.Device(device):
+            if event is None:
+                event = self.cp.cuda.Event()
             event.record(stream)
             return event
 
@@ -78,17 +93,20 @@ class CupyLayer:
             stream.wait_event(event)
 
     def _peer(self, dst: int, src: int) -> None:
+        if dst == src or ((dst, src) in self.peers and (src, dst) in self.peers):
+            return
         runtime = self.cp.cuda.runtime
-        for a, b in ((dst, src), (src, dst)):
-            if a != b and (a, b) not in self.peers:
-                self.peers.add((a, b))
-                if runtime.deviceCanAccessPeer(a, b):
-                    with self.cp.cuda.Device(a):
-                        try:
-                            runtime.deviceEnablePeerAccess(b)
-                        except runtime.CUDARuntimeError:
-                            pass  # already enabled
-                # Without peer access the driver stages the copy through the host.
+        with self._peers_lock:
+            for a, b in ((dst, src), (src, dst)):
+                if (a, b) not in self.peers:
+                    self.peers.add((a, b))
+                    if runtime.deviceCanAccessPeer(a, b):
+                        with self.cp.cuda.Device(a):
+                            try:
+                                runtime.deviceEnablePeerAccess(b)
+                            except runtime.CUDARuntimeError:
+                                pass  # already enabled
+                    # Without peer access the driver stages the copy through the host.
 
     def copy(self, dst: Region, src: Region, stream: Any) -> None:
         if (dst.rows, dst.cols, dst.layout) != (src.rows, src.cols, src.layout):

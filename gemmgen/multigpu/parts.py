@@ -1,6 +1,7 @@
 """What a split GEMM cuts and where, as pure functions with no device: matrices as regions of device
-memory, the parts of an axis, the byte model that chooses the axis (split_traffic, choose_axis),
-balancing repeated calls (Balance), and each part's schedule of copy and kernel steps."""
+memory, the parts of an axis (and of a batch: batch_parts, for issue 29's batched calls), the byte
+model that chooses the axis (split_traffic, choose_axis), balancing repeated calls (Balance), and
+each part's schedule of copy and kernel steps."""
 
 from __future__ import annotations
 
@@ -80,6 +81,16 @@ def partition(length: int, devices: list[int], granule: int,
         bounds.append((start, stop))
         start = stop
     return bounds
+
+
+def batch_parts(batch: int, devices: list[int]) -> list[tuple[int, int]]:
+    """The hook for batched calls (issue 29 adds them): a strided batch splits by batch first,
+    [start, stop) of whole matrices per device, as evenly as can be, so that no GEMM is cut, no
+    partial sum travels and each device runs its share as one batched launch. Only a batch smaller
+    than the device count would leave devices idle; cutting each matrix as well is then the 2-D
+    split's job. Nothing launches batches yet: gemmgen.matmul(devices=...) refuses 3-D operands
+    naming issue 29."""
+    return partition(batch, devices, 1)
 
 
 def make_parts(M: int, N: int, K: int, devices: list[int], axis: int, granule: int,
@@ -215,6 +226,7 @@ class Step:
     copy_b: tuple[Span, Span] | None = None   # (ks, cols) of B
     copy_c: tuple[Span, Span] | None = None   # (rows, cols) of C, read by beta
     gather: tuple[Span, Span] | None = None   # (rows, cols) of the result to send back
+    first: bool = True                        # the first K piece of its block: it applies beta
 
 
 def _cuts(span: Span, pieces: int, granule: int) -> list[Span]:
@@ -242,7 +254,8 @@ def schedule(part: Part, M: int, N: int, K: int, *, beta: float, copy_a: bool, c
                               copy_a=(rows, ks) if remote["A"] else None,
                               copy_b=(ks, cols) if remote["B"] else None,
                               copy_c=(rows, cols) if i == 0 and beta != 0 and remote["C"] else None,
-                              gather=(rows, cols) if gather and i == len(ks_list) - 1 else None))
+                              gather=(rows, cols) if gather and i == len(ks_list) - 1 else None,
+                              first=i == 0))
         return steps
     band = (part.start, part.stop)
     full = (0, N) if part.axis == 0 else (0, M)
@@ -260,5 +273,6 @@ def schedule(part: Part, M: int, N: int, K: int, *, beta: float, copy_a: bool, c
                               copy_a=(rows, ks) if needs_a else None,
                               copy_b=(ks, cols) if needs_b else None,
                               copy_c=(rows, cols) if i == 0 and beta != 0 and remote["C"] else None,
-                              gather=(rows, cols) if gather and i == len(ks_list) - 1 else None))
+                              gather=(rows, cols) if gather and i == len(ks_list) - 1 else None,
+                              first=i == 0))
     return steps

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Callable
 
 from ..gpu.verify import tolerance
 from ..plan import Plan
 from .cupy_layer import CupyLayer
-from .parts import Balance, Part, make_parts
-from .split import DEFAULT_CHUNKS, Launcher, ResidentResult, Shard, SplitResult, resident_gemm, split_gemm
+from .parts import Balance, Part, Region, make_parts
+from .split import (DEFAULT_CHUNKS, Launcher, ResidentResult, Shard, SplitResult, release, resident_gemm,
+                    resolve_devices, split_gemm)
 
 # --- measuring ------------------------------------------------------------------------------------
 
@@ -62,21 +63,26 @@ class ScalingReport:
         return self.kernel_tflops / (len(self.devices) * one) if one else 0.0
 
 
+def scaling_record(report: ScalingReport, worst: float) -> dict:
+    """A report as bench --devices and .ci/gpu_multigpu.py write it (JSON)."""
+    split = report.split
+    return {"devices": report.devices, "M": report.M, "N": report.N, "K": report.K, "axis": split.axis,
+            "parts": [vars(p) for p in split.parts], "steps": list(split.steps.values()),
+            "kernel_ms": list(split.kernel_ms.values()), "bytes_moved": split.bytes_moved,
+            "one_gpu_ms": report.one_gpu_ms, "one_gpu_tflops": report.one_gpu_tflops,
+            "one_gpu_kernel_ms": report.one_gpu_kernel_ms,
+            "kernel_tflops": report.kernel_tflops, "efficiency": report.efficiency,
+            "end_to_end_ms": split.end_to_end_ms, "end_to_end_tflops": report.end_to_end_tflops,
+            "end_to_end_scaling": report.scaling(report.end_to_end_tflops),
+            "resident_ms": report.resident.end_to_end_ms if report.resident else None,
+            "resident_tflops": report.resident_tflops,
+            "resident_scaling": report.scaling(report.resident_tflops),
+            "worst_error_ratio": worst}
+
+
 def parse_devices(text: str, available: int) -> list[int]:
     """'all' or '0,1,...' (repeats allowed: '0,0' splits into two parts on one GPU)."""
-    if text == "all":
-        if available < 1:
-            raise ValueError("no CUDA device found")
-        return list(range(available))
-    try:
-        devices = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"bad device list {text!r}: 'all' or comma-separated ordinals like 0,1") from None
-    bad = [d for d in devices if not 0 <= d < available]
-    if bad or not devices:
-        raise ValueError(f"device(s) {bad or text} not present: this machine has {available} "
-                         f"(ordinals 0 to {available - 1})")
-    return devices
+    return resolve_devices(text, available)
 
 
 def _inputs(cp, M: int, N: int, K: int, layouts: dict, seed: int):
@@ -101,58 +107,67 @@ def worst_error_ratio(cp, A, B, C, math: str, beta: float = 0.0, C0=None) -> flo
     return float(cp.nan_to_num(ratio, nan=cp.inf).max())
 
 
-def _one_gpu(layer: CupyLayer, kernel: Launcher, device: int, A: Any, B: Any, C: Any) -> SplitResult:
+def _one_gpu(layer: CupyLayer, kernel: Launcher, device: int, a: Region, b: Region, c: Region) -> SplitResult:
     """The whole problem on one GPU as a caller runs it: one launch, then wait for C."""
     started = time.perf_counter()
     compute = layer.stream(device, "compute")
     start = layer.record(device, compute)
-    with layer.cp.cuda.Device(device):
-        kernel(A, B, C, stream=compute)
+    layer.launch(kernel, a.rows, b.cols, a.cols, 1.0, a, b, 0.0, c, compute)
     end = layer.record(device, compute)
     layer.synchronize(device)
-    result = SplitResult([Part(device, 0, 0, A.shape[0])], 0, {0: layer.elapsed_ms(start, end)})
+    result = SplitResult([Part(device, 0, 0, a.rows)], 0, {0: layer.elapsed_ms(start, end)})
     result.end_to_end_ms = (time.perf_counter() - started) * 1e3
     return result
 
 
-def measure_scaling(plan: Plan, M: int, N: int, K: int, devices: list[int], *, runs: int = 3,
-                    compiled=None, axis: int | None = None, chunks: int = DEFAULT_CHUNKS,
-                    local_views: bool = True, balance: Balance | None = None) -> tuple[ScalingReport, float]:
+def measure_scaling(kernels: Plan | Callable[[int], Launcher], M: int, N: int, K: int, devices: list[int], *,
+                    runs: int = 3, compiled=None, axis: int | None = None, chunks: int = DEFAULT_CHUNKS,
+                    local_views: bool = True, balance: Balance | None = None, math: str | None = None,
+                    layer: CupyLayer | None = None) -> tuple[ScalingReport, float]:
     """One GPU on the whole problem against the split over `devices` (inputs starting on the
     first, in the kernel's layouts) and against shards already resident (bands of A's rows, B on
     each device); the split and the shards are checked against float64 first.
 
+    `kernels` is a Plan or a function giving each device's launcher (a library's LibraryRuntime
+    per device); `math` the tolerance's math mode (default: the plan's, or the launcher's plan's).
     The three are timed alike and in turns, `runs` rounds after a warm-up round: host time of one
     call until its C is complete (for one GPU: the kernel on the whole problem, launched and waited
     for), so that each side pays its own launch costs, rests as long between calls, and a GPU's
     clocks favour neither. Medians. Returns the report and the worst error ratio (<= 1 passes)."""
     import cupy as cp
 
-    layer = CupyLayer(compiled)
+    layer = layer or CupyLayer(compiled)
     home = devices[0]
-    kernel = layer.kernel(home, plan)
+    kernel_on = (lambda device: layer.kernel(device, kernels)) if isinstance(kernels, Plan) else kernels
+    kernel = kernel_on(home)
+    plan = kernels if isinstance(kernels, Plan) else getattr(kernel, "plan", None)
+    math = math or plan.math
+    rows_granule = plan.BM if plan is not None else 128
     with cp.cuda.Device(home):
         A, B, C = _inputs(cp, M, N, K, kernel.layouts, M * 31 + N * 17 + K)
-        split = lambda: split_gemm(plan, A, B, C, devices=devices, layer=layer, axis=axis,  # noqa: E731
+        regions = [layer.locate(x, kernel.layouts[n], n) for x, n in ((A, "A"), (B, "B"), (C, "C"))]
+        split = lambda: split_gemm(kernels, A, B, C, devices=devices, layer=layer, axis=axis,  # noqa: E731
                                    chunks=chunks, local_views=local_views, balance=balance)
-        one_gpu = lambda: _one_gpu(layer, kernel, home, A, B, C)  # noqa: E731
+        one_gpu = lambda: _one_gpu(layer, kernel, home, *regions)  # noqa: E731
         split()
-        worst = worst_error_ratio(cp, A, B, C, plan.math)
-    shards, rows = [], make_parts(M, N, K, devices, 0, plan.BM)
+        worst = worst_error_ratio(cp, A, B, C, math)
+    shards, rows = [], make_parts(M, N, K, devices, 0, rows_granule)
     for part in rows:
         with cp.cuda.Device(part.device):
             shards.append(Shard(cp.array(A[part.start:part.stop], order="C" if kernel.layouts["A"] == "row" else "F"),
                                 cp.array(B, order="C" if kernel.layouts["B"] == "row" else "F")))
-    resident = lambda: resident_gemm(plan, shards, layer=layer)  # noqa: E731
+    resident = lambda: resident_gemm(kernels, shards, layer=layer)  # noqa: E731
     first = resident()
     with cp.cuda.Device(home):
         C.fill(cp.nan)
         for part, band in zip(rows, first.bands):
             C[part.start:part.stop] = cp.asarray(band) if part.device == home else cp.array(band)
-        worst = max(worst, worst_error_ratio(cp, A, B, C, plan.math))
+        worst = max(worst, worst_error_ratio(cp, A, B, C, math))
     one_gpu(), split()  # the warm-up round (the split's second call: with a balance, the first it learns from)
     rounds = [(one_gpu(), split(), resident()) for _ in range(runs)]
     median = lambda results: sorted(results, key=lambda r: r.end_to_end_ms)[len(results) // 2]  # noqa: E731
     ones, splits, residents = (median([r[i] for r in rounds]) for i in range(3))
-    return ScalingReport(devices, M, N, K, ones.end_to_end_ms, splits, residents,
-                         one_gpu_kernel_ms=ones.slowest_kernel_ms), worst
+    report = ScalingReport(devices, M, N, K, ones.end_to_end_ms, splits, residents,
+                           one_gpu_kernel_ms=ones.slowest_kernel_ms)
+    release(layer)  # the split's buffers (the inputs go with this function)
+    return report, worst

@@ -18,6 +18,11 @@ compute stream and gathers on a third, ordered by events. Every operand keeps th
 was built for (A, B and C row- or column-major): regions move as 2-D copies with their leading
 dimensions, and an operand already on a part's device is used where it is.
 
+The host's share is held to a fixed cost per call, whatever the number of devices: the parts,
+buffers, steps and events of a call key are prepared once and kept by the layer (prepared.py), and
+each device's copies, kernels and waits are issued from that device's own thread (workers.py); the
+calling thread posts the call once and waits once.
+
 With beta != 0 nothing is written to the caller's C unless every device finished: results land
 in a staging matrix on C's device, copied into C at the end. With beta = 0 (C's old values no
 input) the devices write C itself, sparing that copy (0.45 ms of a 5 ms split at 8192^3 on two
@@ -25,22 +30,30 @@ H200s). A device that fails raises MultiGpuError naming it. Repeated calls of on
 balanced if the caller asks (`Balance`): a device that starts late or runs slower takes less.
 `resident_gemm` is the case with nothing to move: each device multiplies the shards it holds.
 
+Batched calls (issue 29) will split by batch first: whole matrices per device (parts.batch_parts),
+each device's share one batched launch, nothing cut or summed across devices. Until the batched
+entry points exist, there is nothing to split: gemmgen.matmul(devices=...) refuses 3-D operands.
+
 What runs on a device is anything with the C ABI's `launch(M, N, K, alpha, A, lda, B, ldb, beta,
 C, ldc, stream=...)` and a `layouts` dict ({"A": "row" | "col", "B": ..., "C": ...}): a gemmgen
-Kernel, a library's dispatcher; or a Plan, which the layer compiles for each device. Everything
-that touches a device goes through a DeviceLayer (CuPy and the CUDA runtime in cupy_layer.py), so the
-planning, the schedules and their event ordering are tested on the CPU with a fake layer.
+Kernel, a library's LibraryRuntime (gemmgen.matmul(..., devices=...)); or a Plan, which the layer
+compiles for each device. A launcher's `plan`, where it has one, gives the tiles the parts are cut
+in. Everything that touches a device goes through a DeviceLayer (CuPy and the CUDA runtime in
+cupy_layer.py), so the planning, the schedules and their event ordering are tested on the CPU
+with a fake layer.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 from ..plan import Plan
 from .cupy_layer import CupyLayer
-from .parts import Balance, Part, Region, Span, _owner, choose_axis, make_parts, schedule
+from .parts import Balance, Part, Region, choose_axis, make_parts
+from .prepared import PreparedCache, PreparedSplit, SplitCall
+from .workers import THREADS, Fanout
 
 DEFAULT_CHUNKS = 4
 
@@ -62,16 +75,22 @@ class Launcher(Protocol):
 
 class DeviceLayer(Protocol):
     """What a split GEMM needs from the devices. Streams, events and copies are asynchronous;
-    `synchronize` waits for a device's work and raises if any of it failed."""
+    `synchronize` waits for a device's work and raises if any of it failed. `prepared` (a
+    PreparedCache) keeps the layer's prepared splits; a layer without one prepares every call.
+    Its methods are called from the device threads, several at once."""
+
+    prepared: PreparedCache
 
     def locate(self, array: Any, layout: str, what: str) -> Region: ...
     def device_of(self, array: Any) -> int: ...
+    def device_count(self) -> int: ...
     def allocate(self, device: int, rows: int, cols: int, layout: str) -> Region: ...
     def hand_over(self, region: Region) -> Any: ...   # an allocated buffer as the caller's array
     def free(self, region: Region) -> None: ...
     def kernel(self, device: int, plan: Plan) -> Launcher: ...
     def stream(self, device: int, role: str) -> Any: ...
-    def record(self, device: int, stream: Any) -> Any: ...
+    def event(self, device: int) -> Any: ...   # a CUDA event (timing on), recorded again at each use
+    def record(self, device: int, stream: Any, event: Any = None) -> Any: ...  # `event` or a new one
     def wait(self, device: int, stream: Any, event: Any) -> None: ...
     def copy(self, dst: Region, src: Region, stream: Any) -> None: ...
     def accumulate(self, dst: Region, src: Region, stream: Any) -> None: ...
@@ -130,6 +149,61 @@ class _Failure:
         self.device, self.stage = device, stage
 
 
+def default_layer() -> DeviceLayer:
+    """The process's CuPy layer, made on first use: its streams, kernels and prepared splits serve
+    every split_gemm and resident_gemm called without a layer."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = CupyLayer()
+    return _DEFAULT
+
+
+_DEFAULT: DeviceLayer | None = None
+
+
+def release(layer: DeviceLayer | None = None) -> None:
+    """Free the buffers a layer's prepared splits hold (the default layer's when None); later
+    calls prepare again."""
+    cache = getattr(layer or _DEFAULT, "prepared", None)
+    if cache is not None:
+        cache.release()
+
+
+def resolve_devices(devices: str | Sequence[int], available: int) -> list[int]:
+    """The devices a user names: "all", "0,1,..." or a sequence of ordinals (repeats allowed: [0, 0]
+    splits into two parts on one GPU), each checked against the `available` count."""
+    if isinstance(devices, str):
+        if devices == "all":
+            if available < 1:
+                raise ValueError("no CUDA device found")
+            return list(range(available))
+        try:
+            chosen = [int(x) for x in devices.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"bad device list {devices!r}: 'all' or comma-separated ordinals like 0,1") from None
+    else:
+        chosen = list(devices)
+        if any(isinstance(d, bool) or not isinstance(d, int) for d in chosen):
+            raise ValueError(f"devices {devices!r}: 'all' or a list of device ordinals like [0, 1]")
+    bad = [d for d in chosen if not 0 <= d < available]
+    if bad or not chosen:
+        raise ValueError(f"device(s) {bad or devices} not present: this machine has {available} "
+                         f"(ordinals 0 to {available - 1})")
+    return chosen
+
+
+def _plan(M: int, N: int, K: int, devices: list[int], home: int, beta_used: bool, granules, axis,
+          weights=None) -> tuple[int, list[tuple[int, Part]]]:
+    """The axis and the non-empty parts, with their positions among the devices."""
+    if axis is None:
+        axis = choose_axis(M, N, K, devices, home, beta_used, granules) if K else 0
+    placed = [(position, p) for position, p in
+              enumerate(make_parts(M, N, K, devices, axis, granules[axis], weights)) if p.size]
+    if not placed:  # K = 0 along K: nothing to sum, C = beta C on one device
+        placed = [(0, Part(devices[0], 0, 0, M))]
+    return axis, placed
+
+
 def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any, *,
                alpha: float = 1.0, beta: float = 0.0, devices: list[int],
                layer: DeviceLayer | None = None, axis: int | None = None,
@@ -148,15 +222,21 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
     (kept by the caller across calls) sizes the parts from the calls before of the same shape,
     for GPUs of unequal speed or links; by default the parts are even, which on two H200s over
     NVLink ended sooner in 6 of 8 measured pairs.
+
+    The first call of a key (kernel, sizes, leading dimensions, devices of A, B and C, `devices`,
+    axis, beta != 0, chunks) prepares the split: parts, buffers, steps and events (prepared.py),
+    kept by the layer for the next calls; each device's share is issued and waited for on that
+    device's own thread (workers.py). So a call's host work on the calling thread is the same for
+    any number of devices, except with a balance, whose sizes are worked out anew each call.
     """
-    layer = layer or CupyLayer()
+    layer = layer or default_layer()
     if not devices:
         raise ValueError("no devices to split over")
     kernel_on = _kernels(kernels, layer)
     where = _Failure()
     started = time.perf_counter()
-    result = SplitResult([])
-    run = None
+    cache = getattr(layer, "prepared", None)
+    key = prepared = None
     try:
         where.at(devices[0], "preparing the kernel")
         first = kernel_on(devices[0])
@@ -166,201 +246,74 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
         if b.rows != K or (c.rows, c.cols) != (M, N):
             raise ValueError(f"A is {a.rows} x {a.cols}, B {b.rows} x {b.cols} and C {c.rows} x "
                              f"{c.cols}: C must be M x N for A M x K times B K x N")
-        if beta != 0 and not _accumulates(first):
+        beta_used = beta != 0
+        if beta_used and not _accumulates(first):
             raise ValueError("this kernel does not read C ('epilogue alpha'): beta must be 0")
         if M == 0 or N == 0:
-            return result
-        granules = _granule(first)
+            return SplitResult([])
         home = c.device
-        if axis is None:
-            axis = choose_axis(M, N, K, devices, home, beta != 0, granules) if K else 0
-        key = (getattr(first, "name", type(first).__name__), M, N, K, tuple(devices), home, axis,
-               beta != 0, chunks, local_views)
-        length = (M, N, K)[axis]
-        weights = balance.weights(key, len(devices), length) if balance is not None else None
-        placed = [(position, p) for position, p in
-                  enumerate(make_parts(M, N, K, devices, axis, granules[axis], weights)) if p.size]
-        parts = [p for _, p in placed]
-        if not parts:  # K = 0 along K: nothing to sum, C = beta C on one device
-            parts = [Part(devices[0], 0, 0, M)]
-        result = SplitResult(parts, parts[0].axis)
-        run = _SplitRun(layer, kernel_on, where, a, b, c, alpha, beta, chunks, local_views,
-                        granules, _accumulates(first))
-        run.issue(result)
-        for device in sorted({p.device for p in parts} | {home}):
-            where.at(device, "waiting for the results")
-            layer.synchronize(device)
-        for index, timers in run.timers.items():
-            result.kernel_ms[index] = sum(layer.elapsed_ms(t0, t1) for t0, t1 in timers)
-            result.span_ms[index] = layer.elapsed_ms(run.begins[parts[index].device], run.ends[index])
-        if balance is not None and placed:
-            balance.learn(key, len(devices), [(position, p.size, (result.kernel_ms[i], result.span_ms[i]))
-                                              for i, (position, p) in enumerate(placed)])
-        if run.staging is not c:
-            where.at(home, "writing C")
-            layer.copy(c, run.staging, layer.stream(home, "out"))
-            layer.synchronize(home)
-        run.free()
+        key = (first, M, N, K, a.layout, a.device, a.ld, b.device, b.ld, c.layout, home, c.ld, tuple(devices),
+               axis, beta_used, chunks, local_views)
+        learnt = None
+        if balance is not None:  # the sizes follow what the calls before measured: planned each call
+            granules = _granule(first)
+            axis = axis if axis is not None else (choose_axis(M, N, K, devices, home, beta_used, granules)
+                                                  if K else 0)
+            learnt = (getattr(first, "name", type(first).__name__), M, N, K, tuple(devices), home, axis,
+                      beta_used, chunks, local_views)
+            weights = balance.weights(learnt, len(devices), (M, N, K)[axis])
+            axis, placed = _plan(M, N, K, devices, home, beta_used, granules, axis, weights)
+            key += (tuple(p for _, p in placed),)
+        prepared = cache.get(key) if cache is not None else None
+        if prepared is None:
+            granules = _granule(first)
+            if learnt is None:
+                axis, placed = _plan(M, N, K, devices, home, beta_used, granules, axis)
+            prepared = PreparedSplit(layer, kernel_on, where.at, (a, b, c), placed, beta_used=beta_used,
+                                     chunks=chunks, local_views=local_views, granules=granules,
+                                     accumulate=_accumulates(first))
+            if cache is not None:
+                cache.put(key, prepared)
     except ValueError:
         raise  # arguments that cannot be split (ShapeError included): nothing was started
     except Exception as exc:  # noqa: BLE001 - any failure: say which device, write nothing
-        if run is not None:
-            run.drain()
         raise MultiGpuError(f"device {where.device} failed while {where.stage}: {exc}; "
-                            + ("C was not written" if beta != 0 else "C is partly written (beta = 0: "
-                               "its old values were not an input)")) from exc
-    result.bytes_moved = run.bytes_moved
+                            + _written(beta)) from exc
+    with prepared.lock:
+        result = SplitResult(prepared.parts, prepared.axis, steps=prepared.steps,
+                             bytes_moved=prepared.bytes_moved)
+        call = SplitCall(prepared, {"A": a.ptr, "B": b.ptr, "C": c.ptr}, alpha, beta, result)
+        try:
+            THREADS.run(call, prepared.home)
+        finally:  # interrupted (Ctrl-C): the devices still finish before another call reuses the buffers
+            call.done.wait()
+        if not call.errors and prepared.beta_used:
+            try:
+                where.at(prepared.home, "writing C")
+                layer.copy(c, prepared.staging[1], prepared.home_out)
+                layer.synchronize(prepared.home)
+            except Exception as exc:  # noqa: BLE001
+                call.errors.append((prepared.home, "writing C", exc))
+    if call.errors:  # every device has finished or failed: nothing of the call is in flight
+        if cache is not None:
+            cache.drop(key)
+        else:
+            prepared.release()
+        device, stage, exc = call.errors[0]  # the first to fail: the others may have failed for it
+        raise MultiGpuError(f"device {device} failed while {stage}: {exc}; " + _written(beta)) from exc
+    if cache is None:
+        prepared.release()
+    if learnt is not None:
+        balance.learn(learnt, len(devices), [(position, p.size, (result.kernel_ms[i], result.span_ms[i]))
+                                             for i, (position, p) in enumerate(zip(prepared.positions,
+                                                                                   prepared.parts))])
     result.end_to_end_ms = (time.perf_counter() - started) * 1e3
     return result
 
 
-class _SplitRun:
-    """The buffers, streams and events of one split GEMM, issued part by part."""
-
-    def __init__(self, layer, kernel_on, where, a, b, c, alpha, beta, chunks, local_views, granules,
-                 accumulate):
-        self.layer, self.kernel_on, self.where = layer, kernel_on, where
-        self.a, self.b, self.c = a, b, c
-        self.alpha, self.beta, self.chunks = alpha, beta, chunks
-        self.local_views, self.granules, self.accumulate = local_views, granules, accumulate
-        self.timers: dict[int, list] = {}
-        self.begins: dict[int, Any] = {}   # per device: an event at the start of the call
-        self.ends: dict[int, Any] = {}     # per part: an event when its C is complete on C's device
-        self.bytes_moved = 0
-        self.devices: set[int] = {c.device}
-        self.allocated: list[Region] = []
-        # With beta = 0 C's old values are no input: the parts write C itself. Otherwise a staging
-        # C takes the results, and C is written only once every device has finished.
-        where.at(c.device, "allocating the staging C")
-        self.staging = c if beta == 0 else self._allocate(c.device, c.rows, c.cols, c.layout)
-
-    def _allocate(self, device: int, rows: int, cols: int, layout: str) -> Region:
-        region = self.layer.allocate(device, rows, cols, layout)
-        self.allocated.append(region)
-        return region
-
-    def free(self) -> None:
-        """Give the buffers back, once nothing in flight uses them."""
-        for region in self.allocated:
-            self.layer.free(region)
-        self.allocated = []
-
-    def _copy(self, dst: Region, src: Region, stream) -> None:
-        self.layer.copy(dst, src, stream)
-        if dst.device != src.device:
-            self.bytes_moved += dst.nbytes
-
-    def _local(self, operand: Region, device: int) -> bool:
-        return self.local_views and operand.device == device
-
-    def issue(self, result: SplitResult) -> None:
-        layer, home = self.layer, self.c.device
-        M, K, N = self.a.rows, self.a.cols, self.b.cols
-        parts = result.parts
-        owner = _owner(parts, home)
-        reduction = layer.stream(home, "compute")
-        pending = []   # (event, partial) the reduction waits for and adds; partial None: just wait
-        # Everything the host must prepare first (kernels, which a first call compiles or loads;
-        # buffers), so that the start event of each device marks when its work can begin.
-        prepared = []
-        for index, part in enumerate(parts):
-            device = part.device
-            self.devices.add(device)
-            self.where.at(device, "preparing the kernel")
-            kernel = self.kernel_on(device)
-            self.where.at(device, "allocating its buffers")
-            rows, cols, ks = self._extent(part, M, N, K)
-            bufs = {"A": self._operand(self.a, device, rows, ks),
-                    "B": self._operand(self.b, device, ks, cols)}
-            part_beta = self.beta if part.axis != 2 or index == owner else 0.0
-            # The part writes straight into the staging C where it can: on C's device, and, for
-            # a K split, as the part that applies beta (the others' partials are added to it).
-            into_staging = device == home and self.local_views and (part.axis != 2 or index == owner)
-            partial = part.axis == 2 and index != owner
-            if into_staging:
-                bufs["C"] = (self.staging, (0, 0))
-            else:
-                bufs["C"] = (self._allocate(device, rows[1] - rows[0], cols[1] - cols[0], self.c.layout),
-                             (rows[0], cols[0]))
-            steps = schedule(part, M, N, K, beta=part_beta, copy_a=bufs["A"][0] is not self.a,
-                             copy_b=bufs["B"][0] is not self.b, chunks=self.chunks,
-                             granule=self.granules[1 - part.axis] if part.axis < 2 else self.granules[2],
-                             k_granule=self.granules[2], accumulate=self.accumulate,
-                             gather=not into_staging)
-            result.steps[index] = len(steps)
-            target = None
-            if partial:  # summed into the staging C on `home` once it is there
-                self.where.at(home, "allocating a partial C")
-                target = self._allocate(home, M, N, self.c.layout)
-            prepared.append((kernel, bufs, steps, into_staging, partial, target))
-        for device in dict.fromkeys(p.device for p in parts):  # a common start, before any work
-            self.begins[device] = layer.record(device, layer.stream(device, "in"))
-        for index, (part, (kernel, bufs, steps, into_staging, partial, target)) in enumerate(zip(parts, prepared)):
-            device = part.device
-            self.timers[index] = []
-            copies, compute, out = (layer.stream(device, role) for role in ("in", "compute", "out"))
-            for step in steps:
-                self.where.at(device, "copying its inputs")
-                copied = False
-                for name, block, source in (("A", step.copy_a, self.a), ("B", step.copy_b, self.b),
-                                            ("C", step.copy_c, self.c)):
-                    if block is not None:
-                        self._copy(self._in(bufs[name], *block), source.sub(*block), copies)
-                        copied = True
-                if copied:
-                    layer.wait(device, compute, layer.record(device, copies))
-                self.where.at(device, "running the kernel")
-                a = self._in(bufs["A"], step.rows, step.ks)
-                b = self._in(bufs["B"], step.ks, step.cols)
-                c = self._in(bufs["C"], step.rows, step.cols)
-                start = layer.record(device, compute)
-                layer.launch(kernel, c.rows, c.cols, a.cols, self.alpha, a, b, step.beta, c, compute)
-                self.timers[index].append((start, layer.record(device, compute)))
-                if step.gather is not None:
-                    self.where.at(device, "sending its C back")
-                    layer.wait(device, out, layer.record(device, compute))
-                    dst = (target if partial else self.staging).sub(*step.gather)
-                    self._copy(dst, self._in(bufs["C"], *step.gather), out)
-                    pending.append((layer.record(device, out), target if partial else None))
-                    self.ends[index] = pending[-1][0]
-            if into_staging:
-                pending.append((layer.record(device, compute), None))
-                self.ends[index] = pending[-1][0]
-        self.where.at(home, "summing the partial products")
-        for event, partial in pending:
-            layer.wait(home, reduction, event)
-        for event, partial in pending:
-            if partial is not None:
-                layer.accumulate(self.staging, partial, reduction)
-        # The final copy into C (on home's "out" stream) waits for everything that wrote staging.
-        layer.wait(home, layer.stream(home, "out"), layer.record(home, reduction))
-
-    @staticmethod
-    def _extent(part: Part, M: int, N: int, K: int) -> tuple[Span, Span, Span]:
-        """Rows and columns of C and the K range a part covers."""
-        span = (part.start, part.stop)
-        return ((span, (0, N), (0, K)), ((0, M), span, (0, K)), ((0, M), (0, N), span))[part.axis]
-
-    def _operand(self, operand: Region, device: int, rows: Span, cols: Span):
-        """The operand itself where it is on the device, else a buffer for the part's block of it;
-        with the global (row, col) at which the buffer starts."""
-        if self._local(operand, device):
-            return operand, (0, 0)
-        return self._allocate(device, rows[1] - rows[0], cols[1] - cols[0], operand.layout), (rows[0], cols[0])
-
-    @staticmethod
-    def _in(buffer, rows: Span, cols: Span) -> Region:
-        region, (r0, c0) = buffer
-        return region.sub((rows[0] - r0, rows[1] - r0), (cols[0] - c0, cols[1] - c0))
-
-    def drain(self) -> None:
-        """After a failure: let whatever is still in flight finish before buffers are freed."""
-        for device in self.devices:
-            try:
-                self.layer.synchronize(device)
-            except Exception:  # noqa: BLE001 - the failure being reported is the one that matters
-                pass
-        self.free()
+def _written(beta: float) -> str:
+    return ("C was not written" if beta != 0 else
+            "C is partly written (beta = 0: its old values were not an input)")
 
 
 # --- shards already on their devices ---------------------------------------------------------------
@@ -384,19 +337,44 @@ class ResidentResult:
         return max(self.kernel_ms, default=0.0)
 
 
+class _ResidentCall(Fanout):
+    """Each device's shards launched, waited for and timed on its own thread."""
+
+    def __init__(self, layer: DeviceLayer, launches: dict[int, list], alpha: float, beta: float):
+        super().__init__(frozenset(launches))
+        self.layer, self.launches, self.alpha, self.beta = layer, launches, alpha, beta
+        self.kernel_ms: dict[int, float] = {}  # per shard
+
+    def issue(self, device: int) -> None:
+        layer = self.layer
+        self.at(device, "running the kernel")
+        for launch in self.launches[device]:
+            index, kernel, a, b, c, compute, start, end = launch
+            layer.record(device, compute, start)
+            layer.launch(kernel, a.rows, b.cols, a.cols, self.alpha, a, b, self.beta, c, compute)
+            layer.record(device, compute, end)
+
+    def finish(self, device: int) -> None:
+        self.at(device, "waiting for the results")
+        self.layer.synchronize(device)
+        for index, _, _, _, _, _, start, end in self.launches[device]:
+            self.kernel_ms[index] = self.layer.elapsed_ms(start, end)
+
+
 def resident_gemm(kernels: Plan | Callable[[int], Launcher], shards: list[Shard], *,
                   alpha: float = 1.0, beta: float = 0.0,
                   layer: DeviceLayer | None = None) -> ResidentResult:
     """Each shard's C = alpha A B + beta C on the device that holds its A, with no copies: the
     shards are, say, bands of A's rows with B on every device (giving bands of C's rows), or bands
-    of B's columns with A everywhere. Every kernel is launched before any is waited for."""
-    layer = layer or CupyLayer()
+    of B's columns with A everywhere. Every shard is checked before any launch; each device's
+    kernels are then launched and waited for on that device's own thread (workers.py)."""
+    layer = layer or default_layer()
     kernel_on = _kernels(kernels, layer)
     where = _Failure()
     started = time.perf_counter()
-    bands, timers, devices, ready = [], [], [], []
+    bands, launches = [], {}
     try:
-        for shard in shards:  # everything the host must check and prepare, before any launch
+        for index, shard in enumerate(shards):  # everything the host must check and prepare, before any launch
             where.at(None, "reading a shard")
             device = layer.device_of(shard.A)  # its kernel then says the layouts the shard must have
             where.at(device, "preparing the kernel")
@@ -418,19 +396,18 @@ def resident_gemm(kernels: Plan | Callable[[int], Launcher], shards: list[Shard]
             if b.rows != a.cols or (c.rows, c.cols) != (a.rows, b.cols):
                 raise ValueError(f"a shard on device {device}: A {a.rows} x {a.cols}, B {b.rows} x "
                                  f"{b.cols}, C {c.rows} x {c.cols} do not multiply")
-            ready.append((device, kernel, a, b, c, layer.stream(device, "compute")))
-        for device, kernel, a, b, c, compute in ready:  # then every launch, back to back
-            where.at(device, "running the kernel")
-            start = layer.record(device, compute)
-            layer.launch(kernel, a.rows, b.cols, a.cols, alpha, a, b, beta, c, compute)
-            timers.append((start, layer.record(device, compute)))
-            devices.append(device)
-        for device in sorted(set(devices)):
-            where.at(device, "waiting for the results")
-            layer.synchronize(device)
-        kernel_ms = [layer.elapsed_ms(t0, t1) for t0, t1 in timers]
+            launches.setdefault(device, []).append((index, kernel, a, b, c, layer.stream(device, "compute"),
+                                                    layer.event(device), layer.event(device)))
     except ValueError:
         raise  # shards that do not multiply, or not on one device each
     except Exception as exc:  # noqa: BLE001
         raise MultiGpuError(f"device {where.device} failed while {where.stage}: {exc}") from exc
+    if not launches:
+        return ResidentResult(bands, [], (time.perf_counter() - started) * 1e3)
+    THREADS.start(launches)
+    call = THREADS.run(_ResidentCall(layer, launches, alpha, beta), next(iter(launches)))
+    if call.errors:
+        device, stage, exc = call.errors[0]
+        raise MultiGpuError(f"device {device} failed while {stage}: {exc}") from exc
+    kernel_ms = [call.kernel_ms[index] for index in range(len(shards))]
     return ResidentResult(bands, kernel_ms, (time.perf_counter() - started) * 1e3)

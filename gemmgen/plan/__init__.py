@@ -4,11 +4,14 @@ The Plan is the only place that does arithmetic about the tiling: threads, warp 
 each operand tile is split into loads, the shared-memory layout and its index expressions,
 resources against the target's limits. Templates place these values; they compute nothing.
 
-One module per path, make_plan choosing:
+A Plan is a kernel built from parts (parts/): a tile, a mainloop, a schedule and an epilogue, each
+owning its settings' checks, numbers, rows, templates and share of the launch. One planner per
+mainloop, make_plan choosing:
 - arch.py: the targets' limits;
-- base.py: what a Plan holds (Plan, Operand, Output) and the launchers' argument rules;
+- base.py: what a Plan holds and the launchers' argument rules;
 - tiled.py: SIMT block/warp/thread tiling, and the same tiling on mma.sync (mma_sync.py);
-- wgmma.py: sm_90a warpgroup MMA fed by TMA or by loader warpgroups.
+- wgmma.py: sm_90a warpgroup MMA fed by TMA or by loader warpgroups;
+- schedule.py: how a scheduled kernel's blocks deal out the work (explain, the cost model).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from ..language.errors import SpecError
 from ..language.spec import Spec
 from .arch import (ARCHS, MAX_REGISTERS_PER_THREAD, MAX_THREADS_PER_BLOCK, STATIC_SMEM_LIMIT, WARP,  # noqa: F401
                    Arch)
-from .base import Operand, Output, Plan  # noqa: F401
+from .base import Plan  # noqa: F401
+from .parts.epilogue import Output  # noqa: F401
+from .parts.operand import Operand  # noqa: F401
 from .mma_sync import MMA_SYNC_SHAPES  # noqa: F401
 from .tiled import tiled_plan
 from .wgmma import wgmma_plan

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..language.spec import Spec
 from .arch import Arch
-from .base import Operand
+from .parts.operand import Operand
 
 # Tensor-core math: the warp-level instruction shape (M, N, K) each math mode supports per path.
 MMA_SYNC_SHAPES = ((16, 8, 8),)

@@ -1,6 +1,7 @@
 """How a scheduled kernel's blocks take the C tiles (`schedule persistent | stream-k`): the same
 arithmetic as templates/schedule.cuh.j2 and the launcher, for explain, the cost models and the
-library's choice of member. tests/test_schedule.py walks the C scheduler and checks it against this."""
+library's choice of member. tests/test_schedule.py walks the C scheduler and checks it against this.
+(The schedule part itself, its rules, numbers and templates, is parts/schedule.py.)"""
 
 from __future__ import annotations
 
@@ -69,29 +70,3 @@ def deal(plan: Plan, M: int, N: int, K: int, sms: int) -> Dealing:
                  default=1)
     return Dealing(blocks, tiles, k_tiles, whole, sk_tiles, most, least, pieces,
                    plan.workspace_bytes(blocks))
-
-
-def describe(plan: Plan) -> str:
-    """One line on the schedule for headers and explain."""
-    if plan.schedule == "persistent" and plan.cluster_blocks > 1:
-        return (f"persistent clusters: min(cluster tiles, SMs / {plan.cluster_blocks}) clusters of "
-                f"{plan.cluster_m} x {plan.cluster_n} blocks, cluster c multiplying cluster tiles c, c + clusters, "
-                "... in raster order, its blocks together; the producers run on into the next tile while "
-                "the consumers store the last")
-    if plan.schedule == "persistent":
-        return ("persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster "
-                "order; the producer runs on into the next tile while the consumers store the last")
-    if plan.schedule == "pingpong" and plan.cluster_blocks > 1:
-        return (f"pingpong clusters: min(cluster tiles, SMs / {plan.cluster_blocks}) clusters of "
-                f"{plan.cluster_m} x {plan.cluster_n} blocks, cluster c walking cluster tiles c, c + clusters, "
-                "... in raster order, its blocks together, each block's two consumer warpgroups taking its "
-                "tiles in turn, so that one stores its tile while the other multiplies the next")
-    if plan.schedule == "pingpong":
-        return ("pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, "
-                "its two consumer warpgroups taking them in turn, so that one stores its tile while the "
-                "other multiplies the next")
-    if plan.schedule == "stream-k":
-        return ("stream-k: min(SMs, K tiles in all) blocks; whole waves of C tiles stay whole, the last partial "
-                "wave and one before it are dealt out by K tile; the last block to write its piece of a "
-                "shared tile adds all the pieces in K order (workspace, no waiting: the same bits every run)")
-    return "data-parallel: one block per C tile" + (f" and K slice ({plan.split_k})" if plan.split_k > 1 else "")

@@ -8,8 +8,14 @@ from math import gcd
 
 from ..language.spec import Spec
 from .arch import MAX_REGISTERS_PER_THREAD, MAX_THREADS_PER_BLOCK, WARP, Arch
-from .base import Operand, Plan
+from .base import Plan
+from .parts.operand import Operand
 from .mma_sync import ldmatrix_fits, mma_sync_shape
+from .parts.mainloop import Mainloop, MmaSync, Tiled
+from .parts.tile import Tile
+from .parts.epilogue import check_on_tiles as check_epilogue_on_tiles
+from .parts.epilogue import check_staged_fits, tiled_epilogue
+from .parts.schedule import check_one_block_per_tile, check_split_cuts_shared_tiles, schedule_of
 
 
 def _largest_vector(run: int) -> int:
@@ -254,53 +260,20 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
     if spec["unroll"]:
         _check_unroll(spec, unroll, BK, fragments, uses_shared)
 
-    c_layout = spec["layout.C"]
-    c_vector = _largest_vector(TN if c_layout == "row" else TM)
-    if c_layout == "col" and m_step > 1:
-        c_vector = 1  # a lane's accumulator rows are m_step apart: no two adjacent along M
-    if spec["split"] > 1:
-        c_vector = 1  # split K adds into C with one atomicAdd per float
     reduce_count = spec["reduce.count"]
-    split_k = spec["split"]
-    if spec["schedule"] != "data-parallel":
-        raise spec.error("schedule", f"schedule {spec['schedule']} is built for the TMA-fed wgmma "
-                         "kernels (target sm_90a, math tf32 or 3xtf32, stages N tma); this kernel takes "
-                         "one block per C tile", "schedule data-parallel, or no schedule line")
-    if spec["cluster.m"] * spec["cluster.n"] > 1:
-        raise spec.error(("cluster.m", "cluster.n"), "thread-block clusters share tiles by TMA multicast, "
-                         "on the TMA-fed wgmma kernels (target sm_90a, math tf32 or 3xtf32, stages N "
-                         "tma); this kernel's blocks load their own tiles", "cluster 1 x 1, or no cluster line")
-    if split_k > 1 and reduce_count:
-        raise spec.error("split", "a split K adds partial products into C after the blocks finish, "
-                         "but the fused reduction needs each entry of C final inside its block",
-                         "split 1 with reduce, or no reduce")
-    staged = spec["epilogue.staged"]
-    if staged and not uses_shared:
-        raise spec.error("epilogue.staged", "a staged epilogue assembles C in shared memory, which "
-                         "'shared off' turns off", "epilogue alpha beta, or shared memory on")
-    if staged and split_k > 1:
-        raise spec.error("epilogue.staged", "split K adds partial tiles into C one float at a time; "
-                         "staging whole tiles through shared memory gains nothing there",
-                         "split 1 with staged, or an epilogue without staged")
-    if split_k > 1 and not uses_shared:
-        raise spec.error("split", "split K cuts the K loop of shared-memory tiles, which 'shared off' "
-                         "turns off", "split 1, or shared memory on")
+    check_one_block_per_tile(spec)
+    check_epilogue_on_tiles(spec, uses_shared)
+    check_split_cuts_shared_tiles(spec, uses_shared)
     occupancy = spec["occupancy"]
     if occupancy and occupancy * threads > arch.max_threads_per_sm:
         raise spec.error("occupancy", f"{occupancy} blocks of {threads} threads exceed the "
                          f"{arch.max_threads_per_sm} threads an SM of {arch.name} holds",
                          f"occupancy up to {arch.max_threads_per_sm // threads}")
 
-    # The staged C tile runs along C's contiguous dimension and reuses the operands' shared memory.
-    c_stage_rows, c_stage_cols = (BM, BN) if c_layout == "row" else (BN, BM)
-    c_stage_ld = c_stage_cols + 4
-    c_stage_vec = _largest_vector(c_stage_cols)
-    if staged:
-        smem_bytes = max(smem_bytes, 4 * c_stage_rows * c_stage_ld)
-        if smem_bytes > arch.smem_per_block:
-            raise spec.error("epilogue.staged", f"the staged {BM} x {BN} C tile needs {smem_bytes} "
-                             f"bytes of shared memory; a block on {arch.name} gets at most "
-                             f"{arch.smem_per_block}", "a smaller block tile, or no staged epilogue")
+    epilogue = tiled_epilogue(spec, BM, BN, TM, TN, m_step)
+    if epilogue.staged:  # C's tile reuses the operands' shared memory
+        smem_bytes = max(smem_bytes, epilogue.smem_bytes)
+        check_staged_fits(spec, arch, BM, BN, smem_bytes)
 
     staging = 0
     if uses_shared and not async_copy and stages == 2:
@@ -332,16 +305,17 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
                              f"per thread, but this tiling needs about {registers}",
                              "a lower occupancy, or a smaller thread tile")
 
-    return Plan(
-        spec=spec, name=spec.name, arch=arch, uses_shared=uses_shared, BM=BM, BN=BN, BK=BK,
-        WM=WM, WN=WN, TM=TM, TN=TN, RM=RM, RN=RN, SUB_M=SUB_M, SUB_N=SUB_N,
-        warp_tiling=warp_tiling, warps_m=warps_m, warps_n=warps_n, lanes_m=lanes_m,
-        lanes_n=lanes_n, threads=threads, order=spec["order"], stages=stages,
-        async_copy=async_copy, fragments=fragments, unroll=unroll, raster_group=spec["raster.group"],
-        occupancy=occupancy, beta=spec["epilogue.beta"], reduce_count=reduce_count,
-        split_k=split_k, staged=staged, c_stage_rows=c_stage_rows, c_stage_cols=c_stage_cols,
-        c_stage_ld=c_stage_ld, c_stage_vec=c_stage_vec, a=a, b=b,
-        c_layout=c_layout, c_vector=c_vector, smem_bytes=smem_bytes,
-        registers_estimate=registers, notes=tuple(notes), math=math, mma_shape=mma_shape,
-        m_step=m_step, ldmatrix_a=bool(mma_shape) and ldmatrix_fits(a, "m"),
-        ldmatrix_b=bool(mma_shape) and ldmatrix_fits(b, "n"))
+    tile = Tile(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, TM=TM, TN=TN, RM=RM, RN=RN, SUB_M=SUB_M, SUB_N=SUB_N,
+                warp_tiling=warp_tiling, warps_m=warps_m, warps_n=warps_n, lanes_m=lanes_m, lanes_n=lanes_n,
+                threads=threads, order=spec["order"], m_step=m_step, occupancy=occupancy)
+    pipeline = dict(math=math, stages=stages, async_copy=async_copy, fragments=fragments, unroll=unroll)
+    if mma_shape:
+        mainloop = MmaSync(**pipeline, a=a, b=b, mma_shape=mma_shape, ldmatrix_a=ldmatrix_fits(a, "m"),
+                           ldmatrix_b=ldmatrix_fits(b, "n"))
+    elif uses_shared:
+        mainloop = Tiled(**pipeline, a=a, b=b)
+    else:
+        mainloop = Mainloop(**pipeline)
+    return Plan(spec=spec, name=spec.name, arch=arch, tile=tile, mainloop=mainloop,
+                scheduler=schedule_of(spec, BM, BN, BK), epilogue=epilogue, smem_bytes=smem_bytes,
+                registers_estimate=registers, notes=tuple(notes))

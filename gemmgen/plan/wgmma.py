@@ -9,12 +9,15 @@ from dataclasses import replace
 from ..language.spec import Spec
 from .arch import MAX_REGISTERS_PER_THREAD, Arch
 from .base import Plan
+from .parts.epilogue import check_no_reduce, check_tma_store, warpgroup_epilogue
+from .parts.warpgroup_mainloop import WgmmaAsync, WgmmaTma
+from .parts.schedule import check_cluster, check_pingpong_tile, check_walk, schedule_of
+from .parts.tile import Tile
 
 WARPGROUP = 128
 WGMMA_BK = 32             # floats in one 128-byte swizzled shared row: one TMA box along K
 TMA_PRODUCER_REGISTERS = 40  # what setmaxnreg leaves the TMA producer: it only issues copies
 WGMMA_MAX_REGISTERS = 232  # what setmaxnreg gives each consumer thread beside such a producer
-C_STORE_BUFFERS = 2        # staged epilogue: boxes per consumer warp, so one is written while TMA reads the other
 SETMAXNREG_CAP = 240       # setmaxnreg takes multiples of 8; a thread addresses at most 255 registers
 
 
@@ -53,19 +56,16 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     if spec.written("thread.m"):
         raise spec.error("thread.m", "with wgmma each warpgroup multiplies a 64 x N tile; there is no "
                          "thread tile", "no thread line")
-    for key, default, why in (("reduce.count", 0, "fused reduction"),
-                              ("fragments", 1, "fragment double buffering"), ("order", "n", "thread order"),
+    check_no_reduce(spec)
+    for key, default, why in (("fragments", 1, "fragment double buffering"), ("order", "n", "thread order"),
                               ("unroll", 0, "FFMA k loop to unroll")):
         if spec[key] != default:
             raise spec.error(key, f"the wgmma path has no {why}", f"target sm_90 (mma.sync) for {why}")
     if BK != WGMMA_BK:
         raise spec.error("block.k", f"a wgmma K tile is one 128-byte swizzled row of {WGMMA_BK} floats, "
                          f"not {BK}", f"block M x N x {WGMMA_BK}")
+    check_pingpong_tile(spec, BM)
     pingpong = spec["schedule"] == "pingpong"
-    if pingpong and BM not in (64, 128):
-        raise spec.error(("block.m", "schedule"), f"schedule pingpong gives each of its two consumer "
-                         f"warpgroups whole tiles of one or two 64-row slabs; block M = {BM} is the tile of one",
-                         "block 64 x N x 32 or 128 x N x 32 with schedule pingpong")
     # Slabs: 64-row wgmma tiles a consumer multiplies per K step (pingpong 128 x N: two).
     slabs = BM // 64 if pingpong else 1
     if BM % 64 or not 1 <= BM // 64 <= 2:
@@ -86,22 +86,9 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         raise spec.error("stages", "the pipeline loads tiles ahead of the math; it needs at least "
                          "2 buffers", "stages 2 to 8, e.g. stages 4")
     consumers = 2 if pingpong else BM // 64  # pingpong: two consumers, each on its own tile
-    tma_store = spec["epilogue.staged"]
-    if tma_store and not tma:
-        raise spec.error("epilogue.staged", "the wgmma staged epilogue writes C through shared memory and "
-                         "stores it with TMA; this kernel's loader warpgroups have no TMA",
-                         "stages N tma, or an epilogue without staged")
-    if tma_store and spec["split"] > 1:
-        raise spec.error(("epilogue.staged", "split"), "split K adds each slice's product into C with "
-                         "atomics; a TMA store would overwrite the other slices' sums",
-                         "split 1 with staged, or an epilogue without staged")
-    # The staged epilogue: each consumer warp owns 16 rows of the tile, so its boxes are 16 rows by
-    # up to 32 columns of C; along C's contiguous dimension a box row is 32, 64 or 128 bytes, which
-    # is the swizzle TMA applies (and what spreads the warp's writes over the banks).
-    box_n = next(width for width in (32, 16, 8) if BN % width == 0)
-    c_box_outer, c_box_inner = ((16, box_n) if spec["layout.C"] == "row" else (box_n, 16)) if tma_store else (0, 0)
-    c_buffers = C_STORE_BUFFERS if tma_store else 0
-    c_stage_bytes = consumers * 4 * c_buffers * 4 * c_box_outer * c_box_inner
+    check_tma_store(spec, tma)
+    epilogue = warpgroup_epilogue(spec, BN)
+    c_stage_bytes = epilogue.smem_bytes(consumers) if epilogue.tma_store else 0
     # Loader warpgroups hold K tiles in registers between their loads and their stores; a single
     # consumer multiplies a tile faster than one loader's loads return, so it gets two loaders.
     loaders = 0 if tma else (2 if consumers == 1 else 1)
@@ -152,49 +139,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     if occupancy > 1:
         raise spec.error("occupancy", "a wgmma block takes most of an SM's shared memory and registers",
                          "occupancy 1, or no occupancy line")
-    # Split K: blockIdx.y takes one slice of the K tiles, and the slices add their products into C
-    # with atomicAdd after the launcher has set C = beta * C (for small M x N with a long K).
-    split_k = spec["split"]
-    schedule = spec["schedule"]
-    if schedule != "data-parallel":
-        if not tma:
-            raise spec.error("schedule", f"schedule {schedule} is built for the TMA-fed wgmma kernel, "
-                             "whose producer warpgroup runs ahead into the next tile",
-                             "stages N tma, or schedule data-parallel")
-        if split_k > 1:
-            raise spec.error(("schedule", "split"), f"schedule {schedule} and split {split_k} both divide "
-                             "the work among blocks; stream-k already splits K where tiles run short",
-                             "split 1 with a schedule, or schedule data-parallel with split")
-        if pingpong and math != "tf32":
-            raise spec.error(("schedule", "math"), "schedule pingpong is built for math tf32: 3xtf32's "
-                             "producer writes B's remainders for the two consumers of one tile",
-                             "math tf32 with schedule pingpong, or schedule persistent")
-    # Clusters: the cluster_m x cluster_n blocks of a cluster take neighbouring C tiles; those in one
-    # row of the cluster share A's tile, those in one column B's. Each loads a slice of each shared
-    # tile and multicasts it to the others (templates/wgmma_kernel.cu.j2).
-    cluster_m, cluster_n = spec["cluster.m"], spec["cluster.n"]
-    if cluster_m * cluster_n > 1:
-        cluster = ("cluster.m", "cluster.n")
-        if not tma:
-            raise spec.error(cluster, "the blocks of a cluster share tiles by TMA multicast; this kernel's "
-                             "loader warpgroups read their tiles through registers", "stages N tma")
-        if schedule == "stream-k":
-            raise spec.error(cluster + ("schedule",), "schedule stream-k deals K tiles to single blocks; a "
-                             "cluster's blocks must take neighbouring tiles together, whole",
-                             "cluster with schedule data-parallel or persistent, or no cluster line")
-        if split_k > 1:
-            raise spec.error(cluster + ("split",), "split K's blocks add into C with atomics; clusters are "
-                             "built for one block per C tile", "split 1 with a cluster")
-        if cluster_m * cluster_n > 8:
-            raise spec.error(cluster, f"a cluster of {cluster_m} x {cluster_n} = {cluster_m * cluster_n} "
-                             "blocks is more than the 8 every sm_90 GPU can schedule",
-                             "cluster M x N with M x N at most 8")
-        for blocks, rows, operand, along in ((cluster_m, BN, "B", "M"), (cluster_n, BM, "A", "N")):
-            if rows % (8 * blocks):
-                raise spec.error(cluster, f"the {blocks} blocks along {along} each load {rows}/{blocks} "
-                                 f"rows of the {operand} tile they share; the 128-byte swizzle needs "
-                                 "whole groups of 8 rows", f"a cluster that divides {operand}'s {rows} "
-                                 "rows into multiples of 8")
+    check_walk(spec, tma, math)
+    check_cluster(spec, tma, BM, BN)
     fallback = None
     if tma:
         # Calls TMA cannot describe go to the register-fed kernel (stages N async) with 64 x 128
@@ -207,19 +153,16 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
             stages_fill="async", schedule="data-parallel", cluster_m=1, cluster_n=1, epilogue_staged=False,
             promote=0),
             name=f"{spec.name}_fallback"), arch)  # make_plan's choice for it: the register-fed path
-    return Plan(
-        spec=spec, name=spec.name, arch=arch, uses_shared=True, BM=BM, BN=BN, BK=BK, WM=64, WN=BN,
-        TM=2, TN=2, RM=slabs, RN=BN // 8, SUB_M=64 if slabs > 1 else 16, SUB_N=8, warp_tiling=True, warps_m=consumers,
-        warps_n=1, lanes_m=8, lanes_n=4, threads=threads, order="n", stages=stages, async_copy=True,
-        fragments=1, unroll=BK, raster_group=spec["raster.group"], occupancy=1, beta=spec["epilogue.beta"],
-        reduce_count=0, split_k=split_k, staged=False, c_stage_rows=0, c_stage_cols=0, c_stage_ld=0,
-        c_stage_vec=1, a=None, b=None, c_layout=spec["layout.C"],
-        c_vector=2 if spec["layout.C"] == "row" and split_k == 1 and not tma_store else 1, smem_bytes=smem_bytes,
-        registers_estimate=registers, math=math, mma_shape=shape, m_step=8, consumers=consumers,
-        tma=tma, loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
-        consumer_registers=limit, fallback=fallback, schedule=schedule, cluster_m=cluster_m,
-        cluster_n=cluster_n, tma_store=tma_store, c_box_outer=c_box_outer, c_box_inner=c_box_inner,
-        c_buffers=c_buffers, promote_tiles=promote_tiles)
+    tile = Tile(BM=BM, BN=BN, BK=BK, WM=64, WN=BN, TM=2, TN=2, RM=slabs, RN=BN // 8,
+                SUB_M=64 if slabs > 1 else 16, SUB_N=8, warp_tiling=True, warps_m=consumers, warps_n=1,
+                lanes_m=8, lanes_n=4, threads=threads, order="n", m_step=8, occupancy=1)
+    common = dict(math=math, stages=stages, async_copy=True, unroll=BK, mma_shape=shape, consumers=consumers,
+                  loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
+                  consumer_registers=limit)
+    mainloop = WgmmaTma(**common, promote_tiles=promote_tiles, fallback=fallback) if tma else WgmmaAsync(**common)
+    return Plan(spec=spec, name=spec.name, arch=arch, tile=tile, mainloop=mainloop,
+                scheduler=schedule_of(spec, BM, BN, BK, consumers), epilogue=epilogue, smem_bytes=smem_bytes,
+                registers_estimate=registers)
 
 
 def _promote_tiles(spec: Spec, math: str, tma: bool, BK: int) -> int:

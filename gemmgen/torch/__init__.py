@@ -18,6 +18,11 @@ operator in the same precision on transposed views (only the gradients an input 
 torch.compile(fullgraph=True) traces it, forward and backward, without a graph break (a fake
 implementation gives shapes without running anything), and CUDA graphs capture and replay it.
 
+linear(x, weight, bias=None, activation=None, precision="fp32") -> Tensor  (fused.py; also gemmgen.linear)
+    act(x @ weight^T + bias) with F.linear's shapes, the bias and the activation ("relu", "gelu",
+    "gelu_tanh", "silu") in the GEMM's store: one pass over the output where PyTorch makes three.
+    torch.ops.gemmgen.linear is its operator. Differentiable (the activation's backward is PyTorch's).
+
 For out=, beta, a column-major output or a stream of your choosing, without autograd, use
 gemmgen.matmul(A, B, out, alpha=, beta=, precision=, stream=), which takes the same fast path.
 
@@ -33,7 +38,8 @@ use_gemmgen keeps every module and Parameter object (an optimizer built before i
 leaves the layers it cannot take to PyTorch with their reasons (Routing.skipped), and undoes.
 """
 
-from .nn import Linear, Routing, linear, use_gemmgen
+from .fused import linear, linear_op
+from .nn import Linear, Routing, use_gemmgen
 from .ops import matmul, matmul_op
 
-__all__ = ["Linear", "Routing", "linear", "matmul", "matmul_op", "use_gemmgen"]
+__all__ = ["Linear", "Routing", "linear", "linear_op", "matmul", "matmul_op", "use_gemmgen"]

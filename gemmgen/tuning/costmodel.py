@@ -26,14 +26,13 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..explain.analysis import _fragment_access, _mma_fragment_access, _store_access
+from ..explain.analysis import FRAGMENT_ACCESS, _store_access
 from ..gpu.verify import Case
 from ..plan import WARP, Plan
 from ..plan.schedule import deal
 
 GLOBAL_BYTES_PER_CLOCK = 64      # L2 -> one SM, a round figure for Hopper-class GPUs
 SHARED_BYTES_PER_CLOCK = 128     # 32 banks x 4 bytes per SM per clock
-TENSOR_FLOPS_PER_CLOCK = {"wgmma": 2048, "wgmma_async": 2048, "mma_sync": 1024}  # TF32 per SM
 BLOCK_OVERHEAD_CLOCKS = 2000     # launch, prologue and pipeline fill of one block
 ATOMIC_COST = 4                  # an atomicAdd of C (split K) against a plain store
 DRAM_BYTES_PER_CLOCK = 12.8      # HBM to one SM when all share it: 3.35 TB/s / (132 SMs x 1.98 GHz)
@@ -69,9 +68,8 @@ def running_plan(plan: Plan, shape: Case) -> tuple[Plan, bool]:
     describe to its fallback), and whether its vector variant does."""
     lds = _tight_lds(shape, plan)
     pointers = {"A": 0, "B": 0, "C": 0}
-    if plan.path == "wgmma" and plan.fallback is not None and not plan.tma_ready(
-            shape.M, shape.N, shape.K, lds["A"], lds["B"], pointers):
-        plan = plan.fallback
+    if plan.mainloop.hands_over(shape.M, shape.N, shape.K, lds["A"], lds["B"], pointers):
+        plan = plan.mainloop.fallback
     return plan, plan.aligned(shape.M, shape.N, shape.K, lds["A"], lds["B"], lds["C"], pointers)
 
 
@@ -92,7 +90,7 @@ def _fragment_wavefronts(plan: Plan, op) -> tuple[int, float]:
            plan.SUB_N, plan.lanes_m, plan.lanes_n, plan.order, min(plan.threads, WARP),
            plan.mma_shape, plan.ldmatrix_a, plan.ldmatrix_b)
     if key not in _FRAGMENTS:
-        access = (_mma_fragment_access if plan.mma_shape else _fragment_access)(plan, op)
+        access = FRAGMENT_ACCESS[plan.mainloop.fragment_reads](plan, op)
         _FRAGMENTS[key] = (access.wavefronts, access.wavefronts / (access.requests * access.phases))
     return _FRAGMENTS[key]
 
@@ -101,7 +99,7 @@ def blocks_per_sm(plan: Plan) -> int:
     """Resident blocks per SM from the Plan's register estimate and shared memory (as explain's
     occupancy, with the estimate in place of ptxas's count)."""
     arch = plan.arch
-    if plan.consumers:  # wgmma kernels take the SM (setmaxnreg splits a block's registers)
+    if plan.mainloop.owns_sm:  # wgmma kernels take the SM (setmaxnreg splits a block's registers)
         return 1
     per_warp = -(-plan.registers_estimate * WARP // 256) * 256
     by_registers = arch.regs_per_sm // (per_warp * plan.warps)
@@ -128,25 +126,25 @@ def features(plan: Plan, shape: Case, sms: int) -> Features:
 
     flops = 2 * BM * BN * BK
     global_bytes = plan.block_load_bytes
-    path = plan.path
-    if path == "simt":
+    tensor_rate = plan.mainloop.tensor_flops_per_clock  # TF32 per SM, or 0 for FFMA
+    if not tensor_rate:
         peak = 2 * plan.arch.fp32_lanes_per_sm
     else:
-        peak = TENSOR_FLOPS_PER_CLOCK[path] / plan.split_terms
+        peak = tensor_rate / plan.split_terms
     conflict = 1.0
     shared_clocks = 0.0
-    if plan.uses_shared and not plan.consumers:
+    if plan.mainloop.fragment_reads:  # threads read shared memory (wgmma: the tensor cores do)
         a_store, a_sc = _store_wavefronts(plan.a, plan.threads, plan.async_copy)
         b_store, b_sc = _store_wavefronts(plan.b, plan.threads, plan.async_copy)
         a_frag, a_fc = _fragment_wavefronts(plan, plan.a)
         b_frag, b_fc = _fragment_wavefronts(plan, plan.b)
-        per_k = BK / (plan.mma_shape[2] if plan.mma_shape else 1)
+        per_k = BK / plan.mainloop.k_step
         # one wavefront moves up to 128 bytes: a clock of the SM's shared-memory pipe
         shared_clocks = plan.warps * (per_k * (a_frag + b_frag) + a_store + b_store)
         ideal = plan.warps * (per_k * (a_frag / a_fc + b_frag / b_fc) + a_store / a_sc + b_store / b_sc)
         conflict = shared_clocks / ideal  # wavefronts over those of a conflict-free layout
     math_clocks = flops / peak
-    if path == "simt":
+    if not tensor_rate:
         math_clocks /= min(1.0, warps / SIMT_WARPS_TO_ISSUE)
     global_clocks = global_bytes / GLOBAL_BYTES_PER_CLOCK
     parts = (math_clocks, global_clocks, shared_clocks)
@@ -184,7 +182,7 @@ def features(plan: Plan, shape: Case, sms: int) -> Features:
         "stages": plan.stages,
         "async": float(plan.async_copy),
         "log split": math.log(split),
-        "log accumulators": math.log(plan.accumulators) if not plan.consumers else math.log(BN / 2),
+        "log accumulators": math.log(plan.mainloop.accumulators(plan)),
         "registers": plan.registers_estimate / 255,
         "log vector A": math.log(a_vec),
         "log vector B": math.log(b_vec),

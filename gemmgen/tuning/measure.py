@@ -12,6 +12,7 @@ from collections import OrderedDict
 from ..gpu import bench, runtime, verify
 from ..gpu.baseline import baseline_for, cublas_gemm
 from ..gpu.compile import compile_plan
+from ..gpu.epilogue_inputs import epilogue_vectors, vector_pointers
 from ..gpu.verify import Case
 from ..plan import Plan
 from ..plan.space import Space
@@ -27,6 +28,11 @@ def leading_dimensions(shape: Case, layouts: dict) -> dict:
     plus the shape's pad."""
     rows = {"A": (shape.M, shape.K), "B": (shape.K, shape.N), "C": (shape.M, shape.N)}
     return {x: max(1, rows[x][1] if layouts[x] == "row" else rows[x][0]) + shape.pad for x in "ABC"}
+
+
+def _cupy():
+    import cupy
+    return cupy
 
 
 def _tflops(shape: Case, ms: float) -> float:
@@ -48,7 +54,7 @@ class _State:
         """A, lda, B, ldb, C, ldc on random inputs of this shape (made on its first job)."""
         key = (shape.M, shape.N, shape.K, shape.pad)
         if key != self.shape:
-            import cupy as cp
+            cp = _cupy()
             self.buffers = {}  # the last shape's buffers go first
             rng = cp.random.default_rng(12345)
             for name, (rows, cols) in (("A", (shape.M, shape.K)), ("B", (shape.K, shape.N)),
@@ -113,7 +119,9 @@ def measure(job: Job, compiled) -> dict:
                 return {"status": "ok"}
         s = job.shape
         a, lda, b, ldb, c, ldc = state.pointers(s, {x: job.plan.spec[f"layout.{x}"] for x in "ABC"})
-        return _timed(state, lambda: kernel.launch(s.M, s.N, s.K, 1.0, a, lda, b, ldb, 0.0, c, ldc), job)
+        vectors = epilogue_vectors(_cupy(), job.plan, s.M, s.N)  # a fused epilogue's, kept referenced
+        extra = vector_pointers(vectors)
+        return _timed(state, lambda: kernel.launch(s.M, s.N, s.K, 1.0, a, lda, b, ldb, 0.0, c, ldc, **extra), job)
     finally:
         if job.kind == MEASURE:  # a search's point is measured once: its module goes at once
             state.forget(job)

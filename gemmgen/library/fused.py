@@ -1,0 +1,76 @@
+"""A library's members with a fused epilogue: the member a library chooses for a call, compiled once
+more with `bias col` and an activation in its store (what gemmgen.linear runs).
+
+A shipped library's .cu holds its members as they were tuned, with `alpha beta` epilogues. A call
+that wants act(A @ B + bias) runs the member the library predicts fastest for its shape and
+alignment (the same choice as gemmgen.matmul), planned again with the epilogue settings and compiled
+with NVRTC on first use (cubins are cached on disk), then launched through the C ABI: the bias
+vector comes after ldc. The epilogue costs the store a read of N floats and a few instructions per
+value, where PyTorch's F.linear + activation re-read and re-write C once for the bias and once for
+the activation.
+
+A member whose plan cannot take the epilogue (a nonlinear activation after split K's atomic sums)
+gives None, and the caller runs the plain member and the epilogue as separate passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..gpu.runtime import Kernel
+from ..language.errors import SpecError
+from ..plan import Plan, make_plan
+from ..plan.parts.epilogue import ACTIVATIONS
+from .dispatch import LibraryRuntime
+
+
+def check_activation(activation: str | None) -> str:
+    """The activation's name ("none" for None), or a ValueError listing the names there are."""
+    name = "none" if activation is None else activation
+    if not isinstance(name, str) or name not in ACTIVATIONS:
+        choices = ", ".join(repr(n) for n in ACTIVATIONS if n != "none")
+        raise ValueError(f"activation {activation!r}: one of {choices}, or None")
+    return name
+
+
+def fused_name(member: str, bias: bool, activation: str) -> str:
+    """The kernel name of a member with an epilogue, e.g. fp32_3_bias_gelu."""
+    return member + ("_bias" if bias else "") + ("" if activation == "none" else f"_{activation}")
+
+
+class FusedMembers:
+    """One library on one device, its members compiled with epilogues on demand, each kept."""
+
+    def __init__(self, runtime: LibraryRuntime):
+        self.runtime = runtime
+        self._kernels: dict[tuple[int, bool, str], Kernel | None] = {}
+
+    def plan(self, index: int, bias: bool, activation: str) -> Plan | None:
+        """The plan of member `index` with `bias col` (when `bias`) and `activation` in its
+        epilogue; None where the member cannot take that epilogue (an activation after split K's
+        atomic sums)."""
+        plan = self.runtime.kernel_plan(index)
+        spec = plan.spec.with_values(bias="col" if bias else "none", activation=activation)
+        try:
+            return make_plan(replace(spec, name=fused_name(plan.spec.name, bias, activation)))
+        except SpecError:
+            return None
+
+    def kernel(self, index: int, bias: bool, activation: str) -> Kernel | None:
+        """That plan's Kernel on the library's device (compiled on first use), or None."""
+        key = (index, bias, activation)
+        if key not in self._kernels:
+            fused = self.plan(index, bias, activation)
+            self._kernels[key] = None if fused is None else Kernel(fused, device=self.runtime.device)
+        return self._kernels[key]
+
+
+_fused: dict[int, FusedMembers] = {}
+
+
+def fused_members(runtime: LibraryRuntime) -> FusedMembers:
+    """The FusedMembers of a library runtime (one per runtime, kept for the process)."""
+    members = _fused.get(id(runtime))
+    if members is None or members.runtime is not runtime:
+        members = _fused[id(runtime)] = FusedMembers(runtime)
+    return members

@@ -1,0 +1,183 @@
+"""The warpgroup mainloops of sm_90a (parts/mainloop.py has the others): consumer warpgroups multiply
+64 x BN slabs with wgmma from swizzled K-major shared tiles, filled
+
+- WgmmaAsync: by loader warpgroups through registers (any layout and alignment), or
+- WgmmaTma: by a TMA producer warpgroup (K-major A and B, 16-byte aligned), with a WgmmaAsync
+  kernel (`fallback`) for the calls TMA cannot describe.
+plan/wgmma.py plans both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .launch import TMA_MAIN, TensorMapSpec
+from .mainloop import Mainloop, mma_lanes, tensor_math_words
+
+if TYPE_CHECKING:
+    from ..base import Plan
+
+
+@dataclass(frozen=True)
+class WgmmaAsync(Mainloop):
+    """sm_90a: consumer warpgroups multiply 64 x BN slabs with wgmma from swizzled K-major tiles that
+    `loaders` warpgroups read through registers, round to TF32 and store, loader_depth tiles each."""
+
+    mma_shape: tuple[int, int, int] | None = None
+    consumers: int = 0           # warpgroups that multiply
+    loaders: int = 0             # warpgroups that load tiles through registers
+    loader_depth: int = 1        # K tiles each loader thread holds in flight
+    loader_registers: int = 0    # setmaxnreg of loader (TMA: producer) and consumer threads
+    consumer_registers: int = 0
+
+    name = "wgmma_async"
+    uses_shared = True
+    template = "wgmma_async.cu.j2"
+    global_loads = None   # whole 128-byte K rows, or rows along M or N: full sectors either way
+    owns_sm = True
+    tensor_flops_per_clock = 2048
+    no_conflicts = "none predicted: wgmma reads 128-byte swizzled K-major tiles"
+
+    def intensities(self, plan: Plan) -> tuple[tuple[str, int, int], tuple[str, int, int] | None]:
+        return self.block_intensity(plan), None  # the tensor cores read shared memory themselves
+
+    def accumulators(self, plan: Plan) -> float:
+        return plan.BN / 2
+
+    def thread_origins(self, plan: Plan) -> list[tuple[int, int]]:
+        return mma_lanes(plan)  # a warp's 16 rows of its consumer's slab, as mma.sync's tile
+
+    def tiling_words(self, plan: Plan) -> str:
+        warpgroups = f"{self.consumers} consumers in turn" if plan.pingpong else f"{self.consumers} x 64x{plan.BN} warpgroups"
+        stages = f"{self.stages} TMA stages" if self.tma else f"{self.stages} stages"
+        return ", ".join([f"block {plan.BM}x{plan.BN}x{plan.BK}", warpgroups, stages])
+
+    @property
+    def math_words(self) -> str:
+        return tensor_math_words(self.math, self.mma_shape, "wgmma")
+
+    @property
+    def register_split(self) -> str:
+        return f"setmaxnreg: loaders {self.loader_registers}, consumers {self.consumer_registers}"
+
+    @property
+    def loader_words(self) -> str:
+        return f"{self.loaders} warpgroup(s) fill the stages, {self.loader_depth} K tile(s) each"
+
+    @property
+    def math_template(self) -> str:
+        """The loaders' rounding and the consumers' products: TF32, or 3xtf32's big and small."""
+        return "wgmma_async_3xtf32.cuh.j2" if self.math == "3xtf32" else "wgmma_async_tf32.cuh.j2"
+
+    @property
+    def helpers(self) -> tuple[str, ...]:
+        return () if self.math == "3xtf32" else ("tf32.cuh.j2",)
+
+    k_slices = "slices of the K tiles per C tile"
+    no_needs = "nothing"
+
+    def math_row(self, plan: Plan) -> tuple[str, str]:
+        terms = " (three per step: small*big, big*small, big*big)" if self.math == "3xtf32" else ""
+        return ("math", f"{self.math}, wgmma {' x '.join(map(str, self.mma_shape))} per consumer warpgroup and "
+                        f"K step{terms}")
+
+    def rows(self, plan: Plan) -> list[tuple[str, str]]:
+        remainders = " and A's and B's TF32 remainders" if self.math == "3xtf32" else ""
+        loads = (("A", plan.spec["layout.A"] == "row"), ("B", plan.spec["layout.B"] == "col"))
+        return [
+            ("target", f"{plan.arch.name} (wgmma fed through registers)"),
+            ("block tile (BM x BN x BK)", f"{plan.BM} x {plan.BN} x {plan.BK}"),
+            self.math_row(plan),
+            ("threads per block", f"{plan.threads}: {self.loaders} loader warpgroup(s), {self.loader_depth} K "
+                                  f"tile(s) in flight each, + {self.consumers} consumer warpgroup(s) of "
+                                  f"64 x {plan.BN}"),
+            ("registers", f"{self.loader_registers} per loader thread, {self.consumer_registers} per "
+                          f"consumer thread (setmaxnreg); {plan.BN // 2} accumulators"),
+            ("shared memory", f"{self.stages} stages of A and B tiles rounded to TF32{remainders}, K-major, "
+                              f"128-byte swizzle; {plan.smem_bytes} bytes per block"),
+            ("loads", "; ".join(f"{x}: " + ("16 B along K when aligned, else 4 B" if k_major else
+                                            "4 B along its contiguous rows, transposed into place")
+                                for x, k_major in loads)),
+        ]
+
+    def vector_requirements(self, layout_a: str, layout_b: str) -> list[tuple[str, str | None, str, int]]:
+        """16-byte loads of K-contiguous operands."""
+        return ([("A", "K", "lda", 4)] if layout_a == "row" else []) + ([("B", "K", "ldb", 4)] if layout_b == "col" else [])
+
+
+@dataclass(frozen=True)
+class WgmmaTma(WgmmaAsync):
+    """sm_90a: a producer warpgroup fills the stages with TMA under mbarriers (K-major A and B); the
+    register-fed `fallback` takes calls TMA cannot describe."""
+
+    promote_tiles: int = 1       # 3xtf32: K tiles summed in the tensor cores before each add into FP32
+    fallback: Plan | None = None
+
+    name = "wgmma"
+    tma = True
+    frame = "wgmma_kernel.cu.j2"
+    parameters = TMA_MAIN
+    loader_words = ""     # a TMA producer, no loader warpgroups
+
+    @property
+    def register_split(self) -> str:
+        return f"setmaxnreg: producer {self.loader_registers}, consumers {self.consumer_registers}"
+
+    def notes(self, plan: Plan) -> list[str]:
+        if self.promote_tiles == 1:
+            return []
+        return [f"The tensor cores sum {self.promote_tiles} K tiles ({self.promote_tiles * plan.BK} of K) of "
+                "products before the consumers add them into FP32 (promote): the tensor pipe drains "
+                "once per group, and the sums round toward zero over that span."]
+    fallback_words = "register-fed fallback (TMA cannot describe A or B)"
+
+    @staticmethod
+    def tma_ready(M: int, N: int, K: int, lda: int, ldb: int, pointers: dict[str, int]) -> bool:
+        """Whether TMA can load A and B: 16-byte aligned bases and row strides (and some K)."""
+        return (min(M, N, K) > 0 and lda % 4 == 0 and ldb % 4 == 0
+                and pointers["A"] % 16 == 0 and pointers["B"] % 16 == 0)
+
+    def hands_over(self, M: int, N: int, K: int, lda: int, ldb: int, pointers: dict[str, int]) -> bool:
+        return not self.tma_ready(M, N, K, lda, ldb, pointers)
+
+    def tensor_maps(self, plan: Plan, M: int, N: int, K: int, lda: int, ldb: int) -> list[TensorMapSpec]:
+        # With clusters each block loads a slice of the tiles its cluster row and column share. TMA's
+        # view of a K-major operand: (K, rows), rows ld floats apart, boxes of BK x slice rows with the
+        # 128-byte swizzle the wgmma descriptors expect (L2 promotion of 128 bytes: rows that are not
+        # 128-byte aligned, e.g. ld = 4092, measured 20% faster than with 256, aligned ones the same).
+        return [TensorMapSpec("map_a", "A", K, M, lda, plan.BK, plan.BM // plan.cluster_n, 128, True),
+                TensorMapSpec("map_b", "B", K, N, ldb, plan.BK, plan.BN // plan.cluster_m, 128, True)]
+
+    def variant(self, aligned: bool, aligned_store: str) -> str:
+        return f"wgmma, {aligned_store if aligned else 'scalar'} C"
+
+    def rows(self, plan: Plan) -> list[tuple[str, str]]:
+        per_stage = "A and B tiles" + (" and B's TF32 remainders" if self.math == "3xtf32" else "")
+        return [
+            ("target", f"{plan.arch.name} (wgmma + TMA)"),
+            ("block tile (BM x BN x BK)", f"{plan.BM} x {plan.BN} x {plan.BK}"),
+            self.math_row(plan),
+            ("threads per block", f"{plan.threads}: 1 producer warpgroup (TMA) + {self.consumers} consumer "
+                                  f"warpgroup(s) of 64 x {plan.BN}"),
+            ("accumulators", f"{plan.BN // 2} floats per consumer thread"),
+            ("shared memory", f"{self.stages} stages of {per_stage}, K-major, 128-byte swizzle; "
+                              f"{plan.smem_bytes} bytes per block"),
+        ]
+
+    def path_rows(self, plan: Plan) -> list[tuple[str, str]]:
+        fallback = self.fallback
+        return [
+            ("TMA path needs", "K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4"),
+            ("otherwise", f"the fallback {fallback.launcher_name}: wgmma fed through registers "
+                          f"(block {fallback.BM} x {fallback.BN} x {fallback.BK}, "
+                          f"{fallback.stages} stages, {fallback.loaders} loader warpgroups)"),
+        ]
+
+    def vector_requirements(self, layout_a: str, layout_b: str) -> list[tuple[str, str | None, str, int]]:
+        return []  # TMA loads A and B, whatever the variant
+
+    @property
+    def math_template(self) -> str:
+        """The consumers' math: TF32 products, or 3xtf32's three with A split in registers."""
+        return "wgmma_3xtf32.cuh.j2" if self.math == "3xtf32" else "wgmma_tf32.cuh.j2"

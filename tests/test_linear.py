@@ -1,0 +1,72 @@
+"""gemmgen.linear's kernels without a GPU (library/fused.py): every member of both shipped libraries
+plans with a bias and each activation (a split-K member refuses a nonlinear one, and the caller runs
+the epilogue as passes), under a name of its own, its tiling as tuned; one fused member compiles with
+NVRTC and takes the bias after ldc. tests/test_linear_torch.py has the PyTorch side.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gemmgen.codegen.cuda import generate
+from gemmgen.gpu.compile import compile_plan
+from gemmgen.library import fused
+from gemmgen.library.dispatch import shipped_manifest
+from gemmgen.plan.parts.epilogue import ACTIVATIONS
+
+
+class RuntimeOf:
+    """What FusedMembers reads of a LibraryRuntime: its members' plans and device (no GPU)."""
+
+    def __init__(self, precision):
+        self.plans = shipped_manifest(precision).plans()
+        self.device = 0
+
+    def kernel_plan(self, index):
+        return self.plans[index]
+
+
+class KernelRecorder:
+    def __init__(self, plan, device=0):
+        self.plan, self.device = plan, device
+
+
+def test_an_activation_is_a_name_of_the_epilogue_table():
+    assert fused.check_activation(None) == "none"
+    assert fused.check_activation("gelu") == "gelu"
+    with pytest.raises(ValueError) as error:
+        fused.check_activation("tanh")
+    message = str(error.value)
+    assert "'tanh'" in message and all(repr(name) in message for name in ACTIVATIONS if name != "none")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_every_member_of_a_shipped_library_plans_with_a_bias_and_each_activation(precision, monkeypatch):
+    monkeypatch.setattr(fused, "Kernel", KernelRecorder)
+    runtime = RuntimeOf(precision)
+    members = fused.FusedMembers(runtime)
+    for index, plan in enumerate(runtime.plans):
+        for activation in ACTIVATIONS:
+            kernel = members.kernel(index, True, activation)
+            if kernel is None:  # only a nonlinear activation after split K's atomic sums is refused
+                assert plan.split_k > 1 and activation != "none", (plan.name, activation)
+                continue
+            spec = kernel.plan.spec
+            assert (spec["bias"], spec["activation"]) == ("col", activation)
+            assert kernel.plan.name == fused.fused_name(plan.name, True, activation)
+            # the member's tiling and layouts stay as tuned: only the epilogue differs
+            for setting in ("block.m", "block.n", "block.k", "math", "layout.A", "layout.B", "layout.C"):
+                assert spec[setting] == plan.spec[setting]
+            assert members.kernel(index, True, activation) is kernel  # planned once
+
+
+def test_a_fused_member_compiles_and_takes_the_bias_after_ldc(monkeypatch):
+    monkeypatch.setattr(fused, "Kernel", KernelRecorder)
+    runtime = RuntimeOf("fp32")
+    index = next(i for i, plan in enumerate(runtime.plans) if plan.split_k == 1)
+    plan = fused.FusedMembers(runtime).kernel(index, True, "gelu").plan
+    assert compile_plan(plan, use_cache=False).cubin.startswith(b"\x7fELF")
+    source = generate(plan)
+    launcher = " ".join(source[source.index('extern "C"'):].split())
+    assert "int ldc, const float* bias" in launcher, launcher[:600]
+    assert "erff" in source  # the GELU in the store
