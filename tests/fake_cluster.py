@@ -1,11 +1,13 @@
-"""A gemmgen.tuning.distributed Runner that needs no GPU: deterministic timings, and candidates that fail.
+"""A measurer (gemmgen.tuning.measure.GpuMeasurer's stand-in) that needs no GPU: deterministic
+timings, and candidates that fail.
 
-`compile` runs inline and returns a token (not a string: that would be a compile error); `describe` and `cublas` answer as a GPU would; `measure`
-runs, as the real one does, in the Dask worker's GPU child process: it appends the point's key to
-a log file (so that a test counts measurements), then returns a timing derived from the key. A
-point listed in `kill_worker` kills its Dask worker process (the child's parent) mid-candidate, as
-a host dying would; one listed in `fault` kills the child, as a kernel faulting on the GPU may do;
-one listed in `raise_in` raises, as a CUDA error does.
+`compile` runs inline and returns a token (not a string: that would be a compile error); `describe`
+answers as a GPU would; `measure` runs, as the real one does, in the GPU child process of a Dask
+worker (or of this host's runner): for a candidate it appends the point's key to a log file (so
+that a test counts measurements), then returns a timing derived from the key; the baseline gets
+CUBLAS_TFLOPS. A point listed in `kill_worker` kills its Dask worker process (the child's parent)
+mid-candidate, as a host dying would; one listed in `fault` kills the child, as a kernel faulting
+on the GPU may do; one listed in `raise_in` raises, as a CUDA error does.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ import os
 import signal
 
 from gemmgen.plan.space import point_key
+from gemmgen.tuning.jobs import BASELINE, Device
 
 CUBLAS_TFLOPS = 10.0
+DEVICE = Device("Fake GPU", "13.0", 132, (9, 0))
 
 
 def tflops_of(key: str) -> float:
     return 1.0 + int(hashlib.sha256(key.encode()).hexdigest()[:6], 16) % 1000 / 100
 
 
-class FakeRunner:
+class FakeMeasurer:
     def __init__(self, log: str, kill_worker=(), fault=(), raise_in=()):
         self.log, self.kill_worker, self.fault, self.raise_in = log, set(kill_worker), set(fault), set(raise_in)
 
@@ -31,13 +35,14 @@ class FakeRunner:
         return ("cubin", point_key(plan.spec))  # anything but a string, which would be a compile error
 
     def describe(self):
-        return "Fake GPU", "13.0", 132
+        return DEVICE
 
-    def cublas(self, shape, budget_s, baseline, layouts):
-        return {"key": "cublas", "point": baseline, "status": "ok", "ms": 1.0, "tflops": CUBLAS_TFLOPS}
-
-    def measure(self, plan, compiled, shape, budget_s):
-        key = point_key(plan.spec)
+    def measure(self, job, compiled):
+        shape = job.shape
+        if job.kind == BASELINE:
+            return {"status": "ok", "ms": 2.0 * shape.M * shape.N * shape.K / (CUBLAS_TFLOPS * 1e9),
+                    "tflops": CUBLAS_TFLOPS}
+        key = point_key(job.plan.spec)
         assert compiled == ("cubin", key), "the compiled candidate travels with it"
         with open(self.log, "a") as handle:
             handle.write(f"{key}\t{os.environ.get('CUDA_VISIBLE_DEVICES')}\n")

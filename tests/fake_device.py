@@ -131,6 +131,9 @@ class ReferenceKernel:
         self.layouts = {"A": plan.spec["layout.A"], "B": plan.spec["layout.B"], "C": plan.c_layout}
         self.tf32_inputs = plan.spec["math"] == "tf32" if tf32_inputs is None else tf32_inputs
 
+    def close(self) -> None:
+        """Nothing loaded, nothing to unload."""
+
     def launch(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, smallest=None, stream=None):
         def view(address, rows, cols, ld, name):
             if self.plan.spec[f"layout.{name}"] == "row":

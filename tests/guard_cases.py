@@ -15,7 +15,6 @@ checks the matrix itself, the GPU test (test_gpu_guard.py) runs it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from math import gcd, lcm
 from pathlib import Path
@@ -146,13 +145,13 @@ class Target:
 
 
 def _library_targets(precision: str) -> list[Target]:
-    from gemmgen.library.manifest import member_plans
+    from gemmgen.library.manifest import Manifest
     manifest_path = GENERATED_DIR / f"{precision}.json"
     if not manifest_path.is_file():
         return []
-    manifest = json.loads(manifest_path.read_text())
-    plans = tuple(member_plans(manifest))
-    names = tuple(m["name"] for m in manifest["members"])
+    manifest = Manifest.read(manifest_path)
+    plans = tuple(manifest.plans())
+    names = tuple(m.name for m in manifest.members)
     source = GENERATED_DIR / f"{precision}.cu"
     members = [Target(name, "member", (plan,), source, precision, i, names)
                for i, (name, plan) in enumerate(zip(names, plans))]

@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
+from conftest import ROOT
 from gemmgen.library.layouts import CLASSES, Operand, library_name, readings, route, transposed
 from host_libraries import HostArray, LibraryOnHost
 
@@ -200,7 +201,8 @@ def test_a_layouts_manifest_must_hold_the_layout_its_name_says(tmp_path, monkeyp
 
     import gemmgen.library.dispatch as dispatch
     monkeypatch.setattr(dispatch, "_libraries_dir", lambda: tmp_path)
-    (tmp_path / "fp32_rr.json").write_text(json.dumps({"library": "fp32_rr", "layout": {"A": "row", "B": "col", "C": "row"}}))
+    shipped = json.loads((ROOT / "generated" / "fp32.json").read_text())  # a whole manifest, of layout A row, B col
+    (tmp_path / "fp32_rr.json").write_text(json.dumps({**shipped, "library": "fp32_rr"}))
     with pytest.raises(ValueError, match=r"fp32_rr.json: library fp32_rr has layout .* not .*'B': 'row'"):
         dispatch.shipped_manifest("fp32", ("row", "row"))
     with pytest.raises(FileNotFoundError, match=r"fp32_cc library .* is missing.*build a library fp32_cc "

@@ -1,16 +1,21 @@
 """Tuning on a Dask cluster, in CI on the CPU: a local cluster of two process workers, each with a
-GPU child process, and a fake runner (tests/fake_cluster.py) in place of NVRTC and the GPU."""
+GPU child process, and a fake measurer (tests/fake_cluster.py, tests/library_fake.py) in place of
+NVRTC and the GPU: a search, and a library, which records the same database on two workers as on
+one."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from fake_cluster import CUBLAS_TFLOPS, FakeRunner, tflops_of
+from fake_cluster import CUBLAS_TFLOPS, FakeMeasurer, tflops_of
 from gemmgen.plan.space import expand, point_key
 from gemmgen.language.load import parse
 from gemmgen.gpu.verify import Case
+
+SPECS = Path(__file__).resolve().parent.parent / "specs"
 
 distributed = pytest.importorskip("distributed", reason="pip install 'gemmgen[distributed]'")
 
@@ -48,16 +53,16 @@ def test_the_local_cluster_pins_one_worker_per_gpu_declared_as_a_resource():
 
 def test_a_search_survives_a_lost_worker_and_a_gpu_fault_and_resumes_measuring_nothing_twice(
         client, space, tmp_path, monkeypatch):
-    import gemmgen.tuning.distributed
-    from gemmgen.tuning.runner import load_records
+    import gemmgen.tuning.measure
+    from gemmgen.tuning.database import load_records
     from gemmgen.tuning.tune import tune
 
     spec, keys = space
     assert len(keys) >= 6
     lost, faulted, raised = keys[1], keys[2], keys[5]
     log = tmp_path / "measured.log"
-    runner = FakeRunner(str(log), kill_worker=[lost], fault=[faulted], raise_in=[raised])
-    monkeypatch.setattr(gemmgen.tuning.distributed, "default_runner", lambda: runner)
+    measurer = FakeMeasurer(str(log), kill_worker=[lost], fault=[faulted], raise_in=[raised])
+    monkeypatch.setattr(gemmgen.tuning.measure, "default_measurer", lambda: measurer)
     db = tmp_path / "db" / "tune.jsonl"
     db.parent.mkdir()
     shape = Case(256, 256, 256)
@@ -91,14 +96,14 @@ def test_a_search_survives_a_lost_worker_and_a_gpu_fault_and_resumes_measuring_n
 def test_tune_on_a_cluster_from_the_command_line_needs_no_gpu_here(client, space, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    import gemmgen.tuning.distributed
+    import gemmgen.tuning.measure
     from gemmgen.cli import main
 
     spec, keys = space
     path = tmp_path / "space.gemm"
     path.write_text(SPACE)
-    runner = FakeRunner(str(tmp_path / "measured.log"))
-    monkeypatch.setattr(gemmgen.tuning.distributed, "default_runner", lambda: runner)
+    measurer = FakeMeasurer(str(tmp_path / "measured.log"))
+    monkeypatch.setattr(gemmgen.tuning.measure, "default_measurer", lambda: measurer)
     address = client.scheduler.address
     result = CliRunner().invoke(main, ["tune", str(path), "--shapes", "128x128x128", "--scheduler", address,
                                        "--db", str(tmp_path / "tune.jsonl"), "--json", str(tmp_path / "all.json"),
@@ -109,6 +114,58 @@ def test_tune_on_a_cluster_from_the_command_line_needs_no_gpu_here(client, space
     best = max(keys, key=tflops_of)
     assert f"Found by gemmgen tune {path} at 128x128x128: {tflops_of(best):.2f} TFLOP/s" in \
         (tmp_path / "best.gemm").read_text()
+
+
+def _records(db) -> list[str]:
+    """A database's records, less the time each was written, in a canonical order."""
+    return sorted(json.dumps({k: v for k, v in json.loads(line).items() if k != "time"}, sort_keys=True)
+                  for line in db.read_text().splitlines())
+
+
+def test_a_library_tunes_on_two_workers_of_a_cluster_recording_what_one_gpu_records(client, tmp_path, monkeypatch):
+    """The library of specs/fp32.gemm tuned on a faked GPU: on this host's one GPU process, then on
+    the two GPU workers of a local Dask cluster. Both measure the same jobs and record the same
+    database (in another order), from which the same manifest is built."""
+    from gemmgen.library.manifest import build_manifest
+    from gemmgen.library.resolve import load_libraries
+    from gemmgen.library.tune import tune_library
+    from library_fake import FakeGpu
+
+    (library,) = load_libraries(SPECS / "fp32.gemm")
+    one = FakeGpu(tmp_path / "one.log").install(monkeypatch)
+    alone = tune_library(library, db=tmp_path / "one.jsonl")
+    two = FakeGpu(tmp_path / "two.log").install(monkeypatch)
+    spread = tune_library(library, db=tmp_path / "two.jsonl", scheduler=client)
+    assert (alone.gpus, spread.gpus) == (1, 2) and alone.evaluated == spread.evaluated > 0
+    assert len({t.worker for t in one.tasks}) == 1 and len({t.worker for t in two.tasks}) == 2  # both worked
+    assert _records(tmp_path / "one.jsonl") == _records(tmp_path / "two.jsonl")
+    manifests = [build_manifest(library, tmp_path / f"{n}.jsonl").to_json() for n in ("one", "two")]
+    assert manifests[0] == manifests[1]
+    again = FakeGpu(tmp_path / "again.log").install(monkeypatch)
+    assert tune_library(library, db=tmp_path / "two.jsonl", scheduler=client).evaluated == 0 and not again.tasks
+
+
+def test_a_library_tunes_on_every_gpu_of_this_host_from_the_command_line(tmp_path, monkeypatch):
+    """`gemmgen tune LIB.gemm --devices all`: a local cluster of one worker per GPU (two here,
+    faked), each measuring on its own GPU; then the library's .cu, header and manifest."""
+    from click.testing import CliRunner
+
+    import gemmgen.cli.common
+    import gemmgen.gpu.runtime
+    from gemmgen.cli import main
+    from library_fake import FakeGpu
+
+    gpu = FakeGpu(tmp_path / "measured.log").install(monkeypatch)
+    monkeypatch.setattr(gemmgen.gpu.runtime, "device_count", lambda: 2)
+    monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["tune", str(SPECS / "fp32.gemm"), "--devices", "all",
+                                       "--db", str(tmp_path / "fp32.jsonl"), "-o", f"{out}/"])
+    assert result.exit_code == 0, result.output
+    assert "on 2 GPU(s)" in result.output
+    assert {t.device for t in gpu.tasks} == {"0", "1"}
+    assert sorted(p.name for p in out.iterdir()) == ["fp32.cu", "fp32.h", "fp32.json"]
+    assert json.loads((out / "fp32.json").read_text())["database"] == str(tmp_path / "fp32.jsonl")
 
 
 def test_without_dask_the_message_says_what_to_install(monkeypatch):

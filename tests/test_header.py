@@ -11,9 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import GENERATED_DIR, ROOT, SPECS_DIR, load_shipped_specs
-from gemmgen.codegen.c_header import dispatcher_header_source, header_source
+from gemmgen.codegen.c_header import header_source
 from gemmgen.cli import main
-from gemmgen.codegen.cuda import abi_parameters, dispatcher_source
+from gemmgen.codegen.cuda import abi_parameters
+from gemmgen.library.emit import dispatcher_header_source, dispatcher_source
 from gemmgen.plan import make_plan
 from gemmgen.language.load import load_one
 from gemmgen.gpu.verify import Case

@@ -73,7 +73,7 @@ def test_the_installed_package_is_the_wheels(installed):
     assert run.returncode == 0, run.stderr
     assert Path(run.stdout.strip()).is_relative_to(installed.site), run.stdout
     shipped = installed.run("-c", "from gemmgen.library.dispatch import shipped_manifest; "
-                            "print(shipped_manifest('fp32')['library'], shipped_manifest('tf32')['library'])",
+                            "print(shipped_manifest('fp32').library, shipped_manifest('tf32').library)",
                             program="python")
     assert shipped.stdout.split() == ["fp32", "tf32"], shipped.stderr  # gemmgen.matmul's libraries
     checked = installed.run("-m", "pip", "check", program="python")

@@ -17,11 +17,12 @@ import pytest
 
 from conftest import GENERATED_DIR, SPECS_DIR
 from gemmgen.language.errors import SpecError
-from gemmgen.library.manifest import build_manifest, candidates_of
+from gemmgen.library.manifest import Manifest, build_manifest
 from gemmgen.library.model import Library, kernel_key
 from gemmgen.library.resolve import load_libraries, resolve
 from gemmgen.library.tune import tune_library
 from gemmgen.library.selection import (MemberShape, alignment_class, choose, features, fit, leave_one_out, predict)
+from gemmgen.gpu.verify import Case
 from gemmgen.language.load import parse_file
 from library_fake import FakeGpu
 
@@ -179,7 +180,7 @@ def test_fit_is_nonnegative_and_exact_at_tuned_shapes():
 
 @pytest.fixture
 def fp32_manifest(monkeypatch, tmp_path):
-    gpu = FakeGpu().install(monkeypatch)
+    gpu = FakeGpu(tmp_path / "measured.log").install(monkeypatch)
     (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
     db = tmp_path / "fp32.jsonl"
     report = tune_library(library, db=db)
@@ -191,40 +192,41 @@ def test_tuning_times_less_than_every_candidate_at_every_shape(fp32_manifest):
     candidates, shapes = len(library.candidates()), len(library.shapes)
     timed = [t for t in gpu.tasks if t.kind == "time"]
     assert sum(t.kind == "validate" for t in gpu.tasks) == candidates       # each validated once
-    assert sum(t.kind == "cublas" for t in gpu.tasks) == shapes
+    assert sum(t.kind == "baseline" for t in gpu.tasks) == shapes
     assert len(timed) < 0.6 * candidates * shapes
-    assert len({(kernel_key(t.plan), t.shape) for t in timed}) == len(timed)  # nothing twice
+    assert len({(t.key, t.what) for t in timed}) == len(timed)              # nothing twice
+    assert len(db.read_text().splitlines()) == len(gpu.tasks) + 1           # a record each, and the device's
 
 
-def test_tuning_resumes_without_measuring_again(fp32_manifest, monkeypatch):
+def test_tuning_resumes_without_measuring_again(fp32_manifest, monkeypatch, tmp_path):
     library, db, report, gpu = fp32_manifest
-    again = FakeGpu().install(monkeypatch)
-    tune_library(library, db=db)
-    assert again.tasks == []
+    lines = db.read_text()
+    again = FakeGpu(tmp_path / "again.log").install(monkeypatch)
+    assert tune_library(library, db=db).evaluated == 0
+    assert again.tasks == [] and db.read_text() == lines
 
 
 def test_a_candidate_that_fails_validation_is_never_timed(monkeypatch, tmp_path):
     (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
     bad = kernel_key(library.candidates()[0])
-    gpu = FakeGpu(fail={bad}).install(monkeypatch)
+    gpu = FakeGpu(tmp_path / "measured.log", fail={bad}).install(monkeypatch)
     tune_library(library, db=tmp_path / "db.jsonl")
-    assert not [t for t in gpu.tasks if t.kind == "time" and kernel_key(t.plan) == bad]
+    assert [t.kind for t in gpu.tasks if t.key == bad] == ["validate"]
     manifest = build_manifest(library, tmp_path / "db.jsonl")
-    assert bad not in [m["key"] for m in manifest["members"]]
+    assert bad not in [m.key for m in manifest.members]
 
 
 def test_manifest_keeps_a_few_members_and_chooses_well(fp32_manifest):
     library, db, report, _ = fp32_manifest
     manifest = build_manifest(library, db)
-    assert 2 <= len(manifest["members"]) <= 10
-    portable = manifest["members"][manifest["portable"]]
-    assert not portable["needs_sm90a"] and portable["beta"]
-    for row in manifest["shapes"]:
-        chosen_ms = row["ms"][str(row["chosen"])]
-        assert chosen_ms <= 1.05 * row["best_candidate_ms"], row
-    loo = manifest["leave_one_out"]
-    assert len(loo["per_shape"]) == len(library.shapes)
-    assert loo["median"] <= 1.05 and loo["worst"] <= 1.25, loo
+    assert 2 <= len(manifest.members) <= 10
+    portable = manifest.members[manifest.portable]
+    assert not portable.needs_sm90a and portable.beta
+    for row in manifest.shapes:
+        assert row.chosen_ms <= 1.05 * row.best_candidate_ms, row
+    loo = manifest.leave_one_out
+    assert len(loo.per_shape) == len(library.shapes)
+    assert loo.median <= 1.05 and loo.worst <= 1.25, loo
 
 
 def test_leave_one_out_scores_a_bad_chooser_badly():
@@ -245,9 +247,9 @@ def test_emitted_cu_has_one_entry_point_and_static_members(fp32_manifest):
     manifest = build_manifest(library, db)
     source = library_source(manifest, "fp32.gemm", library.spec.source.splitlines())
     assert source.count('\nextern "C" int gemmgen_fp32(') == 1
-    for member in manifest["members"]:
-        assert f"static int gemmgen_{member['name']}(" in source
-        assert f'extern "C" int gemmgen_{member["name"]}(' not in source
+    for member in manifest.members:
+        assert f"static int gemmgen_{member.name}(" in source
+        assert f'extern "C" int gemmgen_{member.name}(' not in source
     assert "cudaErrorInvalidValue" in source and "gemmgen_fp32_probe" in source
 
 
@@ -280,8 +282,8 @@ def test_the_cu_chooses_as_python_does(fp32_manifest, tmp_path):
     rng = random.Random(7)
     cases = [(int(2 ** rng.uniform(0, 15)), int(2 ** rng.uniform(0, 15)), int(2 ** rng.uniform(0, 17)),
               rng.random() < 0.7, rng.random() < 0.3) for _ in range(1500)]
-    cases += [(r["M"], r["N"], r["K"], r["class"] == "aligned", False) for r in manifest["shapes"]]
-    candidates = candidates_of(manifest)
+    cases += [(r.M, r.N, r.K, r.klass == "aligned", False) for r in manifest.shapes]
+    candidates = manifest.candidates()
     python = [choose(candidates, M, N, K, "aligned" if a else "unaligned", 132, beta_used=b)
               for M, N, K, a, b in cases]
     assert choices_in_c(source, "fp32", cases, tmp_path) == python
@@ -296,18 +298,18 @@ SHIPPED = [name for name in ("fp32", "tf32") if (GENERATED_DIR / f"{name}.json")
 def test_shipped_library_is_up_to_date_with_its_database(name):
     from gemmgen.library.emit import library_source
     (library,) = load_libraries(SPECS_DIR / f"{name}.gemm")
-    shipped = json.loads((GENERATED_DIR / f"{name}.json").read_text())
-    db = Path(shipped["database"])
-    manifest = build_manifest(library, Path(__file__).resolve().parent.parent / db,
-                              device=shipped["device"]["name"])
-    manifest["database"] = shipped["database"]
-    assert manifest == shipped, (f"generated/{name}.json is stale: rebuild it with gemmgen build "
-                                 f"specs/{name}.gemm --from-db {db}")
+    text = (GENERATED_DIR / f"{name}.json").read_text()
+    shipped = Manifest.from_json(text)
+    assert shipped.to_json() == text  # read and written back, the file is the same to the byte
+    db = Path(shipped.database)
+    manifest = build_manifest(library, Path(__file__).resolve().parent.parent / db, device=shipped.device.name)
+    manifest.database = shipped.database
+    assert manifest.to_json() == text, (f"generated/{name}.json is stale: rebuild it with gemmgen build "
+                                        f"specs/{name}.gemm --from-db {db}")
     source = library_source(manifest, f"{name}.gemm", library.spec.source.splitlines())
     assert source == (GENERATED_DIR / f"{name}.cu").read_text(), f"generated/{name}.cu is stale"
     from gemmgen.library.emit import library_header_source
-    from gemmgen.library.manifest import member_plans
-    header = library_header_source(manifest, member_plans(manifest)[0], f"{name}.cu")
+    header = library_header_source(manifest, manifest.plans()[0], f"{name}.cu")
     assert header == (GENERATED_DIR / f"{name}.h").read_text(), f"generated/{name}.h is stale"
 
 
@@ -357,48 +359,60 @@ def test_tune_and_bench_of_a_library_need_a_gpu():
         assert "no CUDA GPU found" in result.stderr
 
 
-# --- the GPU worker, on a faked device ------------------------------------------------------------
+# --- the measurer, on a faked device; the runner, with a measurer that dies ------------------------
 
-def test_worker_validates_times_and_records_on_a_faked_device(monkeypatch, tmp_path):
-    """library._worker itself (in this process): each candidate validated against float64 by
-    verify.check, cuBLAS and the candidates timed at their shapes, all recorded in the database."""
+def test_the_measurer_validates_and_times_on_a_faked_device(monkeypatch, tmp_path):
+    """gemmgen.tuning.measure itself (in this process): each candidate validated against float64 by
+    verify.check, cuBLAS and the candidates timed at their shapes (padded ones too), a search's
+    point validated and timed in one job."""
     import fake_device
-    import gemmgen.library.tune
-    from gemmgen.library.model import Measurements, read_db
-    from gemmgen.library.tune import Task, _worker
+    import gemmgen.tuning.measure as measure
     from gemmgen.language.shapes import LibraryShape
-    fake_device.install(monkeypatch)
-    monkeypatch.setattr(gemmgen.library.tune, "_compiled", lambda plan, source: None)
+    from gemmgen.library.tune import Jobs
+    from gemmgen.tuning.jobs import MEASURE, Job
+    gpu = fake_device.install(monkeypatch)
+    monkeypatch.setattr(measure, "_state", None)  # this process's GPU state starts afresh
     (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
     plans = library.candidates()[:2]
     shapes = [LibraryShape(64, 48, 40), LibraryShape(33, 17, 9, pad=1)]
-    tasks = [Task("validate", p) for p in plans] + [Task("cublas", shape=s) for s in shapes] + \
-            [Task("time", p, s) for s in shapes for p in plans]
-    db = tmp_path / "db.jsonl"
-    _worker(tasks, str(db), "fp32", library.layouts, "cuBLAS FP32", str(tmp_path / "state"), 0.01, None)
-    (records,) = read_db(db, "fp32").values()
-    m = Measurements.of(records)
-    assert all(m.valid(kernel_key(p)) for p in plans)
-    assert set(m.cublas) == {"64x48x40", "33x17x9+1"}
-    assert len(m.times) == 4 and all(ms > 0 for ms in m.times.values())
-    assert (tmp_path / "state").read_text() == ""
+    jobs = Jobs(library)
+    for plan in plans:
+        assert measure.measure(jobs.validate(plan), None) == {"status": "ok"}
+    for shape in shapes:
+        baseline = measure.measure(jobs.cublas(shape), None)
+        assert baseline["status"] == "ok" and baseline["ms"] > 0
+        for plan in plans:
+            timed = measure.measure(jobs.time(plan, shape), None)
+            assert timed["status"] == "ok" and timed["ms"] > 0 and timed["tflops"] > 0
+    assert gpu.cublas.compute_types == [fake_device.CUBLAS_COMPUTE_32F] * 2  # fp32's baseline: cuBLAS FP32
+    point = Job(MEASURE, "k", "p", "64x64x64", "space", plan=plans[0], shape=Case(64, 64, 64))
+    assert measure.measure(point, None)["status"] == "ok"
+    wrong = Job(MEASURE, "w", "p", "64x64x64", "space", plan=plans[0], shape=Case(64, 64, 64))
+    monkeypatch.setattr(fake_device.ReferenceKernel, "launch", lambda self, *args, **kwargs: None)
+    monkeypatch.setattr(measure, "_state", None)
+    result = measure.measure(wrong, None)
+    assert result["status"] == "invalid" and "127x131x137" in result["reason"]
 
 
-def test_a_worker_that_dies_costs_only_the_candidate_in_flight(monkeypatch, tmp_path):
-    import gemmgen.library.tune as library_module
-    import library_fake
-    from gemmgen.library.model import Measurements, read_db
-    from gemmgen.library.tune import Task, _run_tasks
+def test_a_gpu_process_that_dies_costs_only_the_candidate_in_flight(tmp_path):
+    """The runner on this host, its GPU process killed by a candidate (as a GPU fault does): that
+    candidate is recorded as a crash with what it was doing, gets no more of the run's jobs, and
+    the others are measured by a fresh process."""
     from gemmgen.language.shapes import LibraryShape
-    monkeypatch.setattr(library_module, "_worker", library_fake.crashing_worker)
+    from gemmgen.library.model import Measurements, read_db
+    from gemmgen.library.tune import Jobs
+    from gemmgen.tuning.runner import LocalRunner
+    from library_fake import LibraryMeasurer
     (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
     plain = [p for p in library.candidates() if p.split_k == 1][:2]
     split = [p for p in library.candidates() if p.split_k > 1][:1]
     shapes = [LibraryShape(64, 64, 64), LibraryShape(128, 128, 128)]
-    tasks = [Task("time", p, s) for s in shapes for p in split + plain]
+    jobs = Jobs(library)
     db = tmp_path / "db.jsonl"
     seen = []
-    _run_tasks(tasks, db, library, 0.01, None, "Fake H100|13.0", seen.append)
+    with LocalRunner(measurer=LibraryMeasurer(str(tmp_path / "log"), crash_split=True),
+                     compile_processes=1) as runner:
+        runner.run([jobs.time(p, s) for s in shapes for p in split + plain], db, seen.append)
     (records,) = read_db(db, "fp32").values()
     m = Measurements.of(records)
     crashed = m.status[kernel_key(split[0])]
@@ -406,6 +420,9 @@ def test_a_worker_that_dies_costs_only_the_candidate_in_flight(monkeypatch, tmp_
     assert not any(key == kernel_key(split[0]) for key, _ in m.times)  # never timed again
     assert {(kernel_key(p), s) for p in plain for s in ("64x64x64", "128x128x128")} <= set(m.times)
     assert any(entry.get("status") == "crash" for entry in seen)
+    attempts = [line for line in (tmp_path / "log").read_text().splitlines()
+                if line.split("\t")[1] == kernel_key(split[0])]
+    assert len(attempts) == 1  # its job at 128x128x128 never ran
 
 
 def test_slots_per_sm_from_ptxas_registers_and_shared_memory():
@@ -433,7 +450,7 @@ def test_a_stream_k_member_is_modelled_and_chosen_in_c_as_in_python(monkeypatch,
     """A library with `schedule stream-k` candidates: the chooser's features deal the K tiles as the
     kernel does (plan/schedule.py), and the .cu chooses exactly as Python."""
     from gemmgen.library.emit import library_source
-    FakeGpu().install(monkeypatch)
+    FakeGpu(tmp_path / "measured.log").install(monkeypatch)
     shutil.copy(SPECS_DIR / "tensorcore_tf32.gemm", tmp_path)
     (tmp_path / "sk.gemm").write_text("""kernel sk_tma {
   target   sm_90a
@@ -456,13 +473,13 @@ library sk {
     db = tmp_path / "sk.jsonl"
     tune_library(library, db=db)
     manifest = build_manifest(library, db)
-    assert any(m.get("stream_k") for m in manifest["members"]), "no stream-K member kept"
+    assert any(m.stream_k for m in manifest.members), "no stream-K member kept"
     source = library_source(manifest, "sk.gemm", [])
     assert "if (m.stream_k)" in source
     rng = random.Random(3)
     cases = [(int(2 ** rng.uniform(0, 14)), int(2 ** rng.uniform(0, 14)), int(2 ** rng.uniform(0, 16)),
               rng.random() < 0.7, rng.random() < 0.3) for _ in range(800)]
-    candidates = candidates_of(manifest)
+    candidates = manifest.candidates()
     python = [choose(candidates, M, N, K, "aligned" if a else "unaligned", 132, beta_used=b)
               for M, N, K, a, b in cases]
     assert choices_in_c(source, "sk", cases, tmp_path) == python

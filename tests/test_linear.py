@@ -15,7 +15,6 @@ from gemmgen.gpu.compile import compile_plan
 from gemmgen.library import fused
 from gemmgen.library.dispatch import shipped_manifest
 from gemmgen.library import selection
-from gemmgen.library.manifest import candidates_of, member_plans
 from gemmgen.plan.parts.epilogue import ACTIVATIONS
 
 
@@ -25,8 +24,8 @@ class RuntimeOf:
 
     def __init__(self, precision):
         manifest = shipped_manifest(precision)
-        self.plans = member_plans(manifest)
-        self.candidates = candidates_of(manifest)
+        self.plans = manifest.plans()
+        self.candidates = manifest.candidates()
         self.device, self.tuned_gpu = 0, True
         self.info = types.SimpleNamespace(sm_count=132, compute_capability=(9, 0))
 

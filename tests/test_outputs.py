@@ -25,7 +25,7 @@ from gemmgen.outputs import OutputError, check_outputs, not_ours, replacing, sav
 from gemmgen.plan import make_plan
 from gemmgen.plan.space import describe, expand, point_key
 from gemmgen.language.load import load_one
-from gemmgen.tuning.runner import db_scope
+from gemmgen.tuning.database import db_scope
 from gemmgen.tuning.tune import TuneResult
 from gemmgen.gpu.verify import Case
 

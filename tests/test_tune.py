@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 
 from gemmgen.tuning import strategies
-from gemmgen.codegen.c_header import dispatcher_header_source
-from gemmgen.codegen.cuda import dispatcher_source
+from gemmgen.library.emit import dispatcher_header_source, dispatcher_source
 from gemmgen.plan import make_plan
 from gemmgen.plan.space import describe, expand, point_key, to_text
 from gemmgen.language.load import load_one, parse
-from gemmgen.tuning.runner import db_scope, load_records
+from gemmgen.tuning.database import db_scope, load_records
 from gemmgen.tuning.tune import best_recorded, summarize
 from gemmgen.gpu.verify import Case
 
@@ -161,8 +160,10 @@ def test_a_winner_written_as_spec_text_parses_back_to_the_same_point(space):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_dispatcher_holds_every_winner_behind_one_entry_point(tmp_path):
+    """Each distinct winner once, with a static launcher: the entry point is the file's one symbol."""
     winners = [(Case(4096, 4096, 4096), make_plan(load_one(SPECS / "hopper_simt.gemm"))),
-               (Case(1024, 1024, 1024), make_plan(load_one(SPECS / "warptile.gemm")))]
+               (Case(1024, 1024, 1024), make_plan(load_one(SPECS / "warptile.gemm"))),
+               (Case(2048, 2048, 2048), make_plan(load_one(SPECS / "hopper_simt.gemm")))]  # won twice
     source = dispatcher_source("tuned", winners)
     path = tmp_path / "tuned.cu"
     path.write_text(source)
@@ -171,11 +172,56 @@ def test_dispatcher_holds_every_winner_behind_one_entry_point(tmp_path):
     subprocess.run(["nvcc", "-c", "-arch=sm_90", "-std=c++17", "-include", str(tmp_path / "tuned.h"),
                     "-o", str(tmp_path / "t.o"), str(path)], check=True, capture_output=True)
     symbols = subprocess.run(["nm", str(tmp_path / "t.o")], capture_output=True, text=True).stdout
-    for name in ("gemmgen_tuned", "gemmgen_tuned_4096x4096x4096", "gemmgen_tuned_1024x1024x1024"):
-        assert f" T {name}\n" in symbols
+    exported = [line.split()[-1] for line in symbols.splitlines() if " T " in line]
+    assert exported == ["gemmgen_tuned"]
+    assert source.count("// ==== member") == 2 and "static int gemmgen_tuned_0(" in source
     with pytest.raises(ValueError, match="share layouts"):
         col = make_plan(load_one(SPECS / "warptile.gemm").with_values(layout_A="col"))
         dispatcher_source("mixed", [winners[0], (Case(1, 1, 1), col)])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_a_dispatcher_over_fused_epilogues_passes_their_vectors_to_each_winner(tmp_path):
+    """Winners with a bias take it in the entry point, after ldc, and hand it to the kernel chosen;
+    winners whose epilogues differ cannot share one entry point."""
+    fused = make_plan(load_one(SPECS / "epilogue_naive.gemm"))
+    winners = [(Case(4096, 4096, 4096), fused), (Case(64, 64, 64), fused)]
+    source = dispatcher_source("fused", winners)
+    header = dispatcher_header_source("fused", winners, "fused.cu")
+    assert "int ldc, const float *bias, cudaStream_t stream" in header
+    assert "gemmgen_fused_0(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, stream)" in source
+    (tmp_path / "fused.cu").write_text(source)
+    (tmp_path / "fused.h").write_text(header)
+    subprocess.run(["nvcc", "-c", "-arch=sm_90", "-std=c++17", "-include", str(tmp_path / "fused.h"),
+                    "-o", str(tmp_path / "f.o"), str(tmp_path / "fused.cu")], check=True, capture_output=True)
+    with pytest.raises(ValueError, match="share layouts, epilogue"):
+        naive = make_plan(load_one(SPECS / "naive.gemm"))
+        dispatcher_source("mixed", [(Case(64, 64, 64), fused), (Case(1, 1, 1), naive)])
+
+
+def test_the_dispatcher_runs_the_kernel_tuned_for_the_nearest_shape(tmp_path):
+    """The .cu's choice, compiled for the host and run: each call goes to the winner of the shape
+    nearest in log M, log N, log K."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    simt, warptile = make_plan(load_one(SPECS / "hopper_simt.gemm")), make_plan(load_one(SPECS / "warptile.gemm"))
+    winners = [(Case(4096, 4096, 4096), simt), (Case(64, 64, 64), warptile), (Case(127, 4099, 1023), simt)]
+    source = dispatcher_source("tuned", winners)
+    start = source.index("namespace gemmgen_tuned_choice {")
+    end = source.index("}  // namespace gemmgen_tuned_choice", start)
+    program = tmp_path / "choose.cpp"
+    program.write_text("#include <math.h>\n#include <stdio.h>\n" + source[start:end] + "}\n" + """
+int main() {
+    int M, N, K;
+    while (scanf("%d %d %d", &M, &N, &K) == 3) printf("%d\\n", gemmgen_tuned_choice::choose(M, N, K));
+}
+""")
+    subprocess.run([compiler, "-O1", "-o", str(tmp_path / "choose"), str(program)], check=True)
+    calls = [(4096, 4096, 4096), (3000, 3000, 3000), (64, 64, 64), (1, 1, 1), (100, 5000, 1000), (0, 0, 0)]
+    out = subprocess.run([str(tmp_path / "choose")], input="\n".join(f"{M} {N} {K}" for M, N, K in calls),
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["0", "0", "1", "1", "0", "1"]
 
 
 def test_build_takes_the_best_recorded_point_of_a_search_space(tmp_path):

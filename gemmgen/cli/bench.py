@@ -14,6 +14,7 @@ from ..gpu import bench as gpu_bench, runtime
 from ..gpu.bench import DEFAULT_SHAPES, plot, plot_library, timing_record
 from ..gpu.verify import UNIT_ROUNDOFF, Case
 from ..library.dispatch import LibraryRuntime
+from ..library.manifest import Manifest
 from ..library.resolve import load_libraries
 from ..multigpu.cupy_layer import CupyLayer
 from ..multigpu.parts import AXIS_NAMES
@@ -117,11 +118,11 @@ def bench(spec, kernel, shapes, json_path, plot_path, budget, devices, manifest_
         say(f"wrote {plot_path}")
 
 
-def _manifest(library, manifest_path) -> dict:
+def _manifest(library, manifest_path) -> Manifest:
     path = Path(manifest_path) if manifest_path else Path("generated") / f"{library.name}.json"
     complete_pending(path)  # an interrupted build of the library is finished first
     try:
-        return json.loads(path.read_text())
+        return Manifest.read(path)
     except (OSError, ValueError) as exc:
         fail(f"cannot read the manifest of library {library.name} ({path}): "
               f"{getattr(exc, 'strerror', None) or exc}; run gemmgen tune on it, or build --from-db")
@@ -173,7 +174,7 @@ def _bench_library_split(spec, kernel, shapes, devices_text, json_path, manifest
         # The loosest math among its members: the tolerance of whichever one a block chooses.
         math = max((plan.math for plan in runtimes[devices[0]].plans), key=UNIT_ROUNDOFF.__getitem__)
         subjects.append((library.name, runtimes.__getitem__, math,
-                         {"library": library.name, "layouts": manifest["layout"], "math": math}))
+                         {"library": library.name, "layouts": manifest.layout, "math": math}))
     _measure_split(subjects, parse_shapes(shapes, DEFAULT_SHAPES), devices, json_path)
 
 

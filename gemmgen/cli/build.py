@@ -15,6 +15,7 @@ from ..gpu.compile import compile_plan
 from ..library.resolve import load_libraries
 from ..outputs import check_outputs, marker_line, write_output
 from ..plan import make_plan
+from ..tuning.database import Scope
 from ..tuning.tune import best_recorded
 from . import library as cli_library
 from .common import (acts_on_libraries, fail, force_option, input_paths, kernel_option, load_specs, parse_shapes,
@@ -138,9 +139,9 @@ def build(spec, kernel, target, output, emit, no_compile, from_db, db_shape, man
                 plan, record = best_recorded(kernel_spec, Path(from_db), shape)
             except LookupError as exc:
                 fail(str(exc))
-            where = record["scope"].split("|")
+            where = Scope.of(record)
             say(f"{kernel_spec.name}: best recorded point {record['point'] or record['key']} "
-                f"({record['tflops']:.2f} TFLOP/s, {where[0]} at {where[2]})")
+                f"({record['tflops']:.2f} TFLOP/s, {where.device} at {where.what})")
             plans.append(plan)
             continue
         if not kernel_spec.is_concrete and not kernel:

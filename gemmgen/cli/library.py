@@ -16,7 +16,7 @@ from ..gpu import bench as gpu_bench, runtime as gpu_runtime
 from ..gpu.bench import plot_library
 from ..library.dispatch import LibraryRuntime
 from ..library.emit import library_header_source, library_source
-from ..library.manifest import build_manifest, member_plans
+from ..library.manifest import Manifest, ManifestError, build_manifest
 from ..library.model import Library, kernel_key
 from ..library.tune import TuneReport, tune_library
 from ..outputs import OutputError, check_outputs, complete_pending, write_set
@@ -54,45 +54,45 @@ def check_labels(library: Library, db: Path) -> None:
     tuning_db.check_labels(db, tuning_db.read(db), labels, space=library.name)
 
 
-def write(library: Library, manifest: dict, paths: tuple[Path, Path, Path], console) -> None:
+def write(library: Library, manifest: Manifest, paths: tuple[Path, Path, Path], console) -> None:
     """The library's .cu (codegen), its header and its manifest (for gemmgen.matmul and bench),
     as one set (outputs.write_set): a reader never sees a new .cu beside an old manifest."""
     cu, header, manifest_path = paths
     origin = Path(library.spec.path).name
     source = library_source(manifest, origin, library.spec.source.splitlines())
-    header_text = library_header_source(manifest, member_plans(manifest)[0], cu.name)
-    write_set([(cu, source), (header, header_text), (manifest_path, json.dumps(manifest, indent=1) + "\n")],
-              anchor=manifest_path)
-    loo = manifest["leave_one_out"]
-    console.print(f"wrote {cu} ({len(manifest['members'])} members), {header} and {manifest_path}; leave-one-out "
-                  f"over {len(loo['per_shape'])} tuned shapes: chosen / best median {loo['median']:.3f}, "
-                  f"worst {loo['worst']:.3f}", soft_wrap=True)
+    header_text = library_header_source(manifest, manifest.plans()[0], cu.name)
+    write_set([(cu, source), (header, header_text), (manifest_path, manifest.to_json())], anchor=manifest_path)
+    loo = manifest.leave_one_out
+    console.print(f"wrote {cu} ({len(manifest.members)} members), {header} and {manifest_path}; leave-one-out "
+                  f"over {len(loo.per_shape)} tuned shapes: chosen / best median {loo.median:.3f}, "
+                  f"worst {loo.worst:.3f}", soft_wrap=True)
 
 
-def manifest_table(manifest: dict, title: str) -> Table:
+def manifest_table(manifest: Manifest, title: str) -> Table:
     """Per tuned shape: cuBLAS, the member chosen, the best candidate timed, and leave-one-out."""
     table = Table(title=title)
-    for column in ("shape", "class", f"{manifest['baseline']} ms", "chosen member", "ms", "x cuBLAS",
+    for column in ("shape", "class", f"{manifest.baseline} ms", "chosen member", "ms", "x cuBLAS",
                    "best timed ms", "leave-one-out"):
         table.add_column(column, justify="right")
-    names = [m["name"] for m in manifest["members"]]
-    loo = manifest["leave_one_out"]["per_shape"]
-    for row in manifest["shapes"]:
-        shape = f"{row['M']}x{row['N']}x{row['K']}" + (f" pad {row['pad']}" if row["pad"] else "")
-        ms = row["ms"].get(str(row["chosen"]))
-        cublas = row["cublas_ms"]
-        ratio = loo.get(f"{row['M']}x{row['N']}x{row['K']} {row['class']}")
-        table.add_row(shape, row["class"], f"{cublas:.4f}" if cublas else "-", names[row["chosen"]],
+    names = [m.name for m in manifest.members]
+    loo = manifest.leave_one_out.per_shape
+    for row in manifest.shapes:
+        shape = f"{row.M}x{row.N}x{row.K}" + (f" pad {row.pad}" if row.pad else "")
+        ms = row.chosen_ms
+        cublas = row.cublas_ms
+        ratio = loo.get(f"{row.M}x{row.N}x{row.K} {row.klass}")
+        table.add_row(shape, row.klass, f"{cublas:.4f}" if cublas else "-", names[row.chosen],
                       f"{ms:.4f}" if ms else "-", f"{cublas / ms:.2f}" if ms and cublas else "-",
-                      f"{row['best_candidate_ms']:.4f}" if row["best_candidate_ms"] else "-",
+                      f"{row.best_candidate_ms:.4f}" if row.best_candidate_ms else "-",
                       f"{ratio:.3f}" if ratio is not None and math.isfinite(ratio) else "-")
     return table
 
 
 def tune(library: Library, *, db: Path, output: str | None, manifest_path: str | None, strategy: str,
          options: dict, max_points: int | None, anchors: int, per_shape: int, progress_factory,
-         console, write_file, json_path: str | None, plot_path: str | None) -> TuneReport:
-    """gemmgen tune LIB.gemm: measure, then write the library."""
+         console, write_file, json_path: str | None, plot_path: str | None, scheduler=None) -> TuneReport:
+    """gemmgen tune LIB.gemm: measure (on this host's first GPU, or a Dask cluster's GPU workers
+    with `scheduler`, a distributed.Client), then write the library."""
     with progress_factory() as bar:
         task = bar.add_task(f"{library.name}: validating and timing", total=None)
         counts = {"ok": 0, "failed": 0}
@@ -110,13 +110,14 @@ def tune(library: Library, *, db: Path, output: str | None, manifest_path: str |
 
         check_labels(library, db)
         report = tune_library(library, db=db, progress=progress, strategy=strategy, options=options,
-                              max_points=max_points, anchors=anchors, per_shape=per_shape)
+                              max_points=max_points, anchors=anchors, per_shape=per_shape, scheduler=scheduler)
     rate = report.evaluated / report.seconds if report.seconds else 0.0
     console.print(f"{library.name}: {report.evaluated} validations and timings in {report.seconds:.0f} s "
-                  f"({rate:.2f}/s); {len(report.failures)} candidate(s) failed", soft_wrap=True)
+                  f"({rate:.2f}/s) on {report.gpus} GPU(s); {len(report.failures)} candidate(s) failed",
+                  soft_wrap=True)
     manifest = build_manifest(library, db, device=report.device.split("|")[0])
-    manifest["database"] = str(db)
-    console.print(manifest_table(manifest, f"library {library.name} on {manifest['device']['name']}"))
+    manifest.database = str(db)
+    console.print(manifest_table(manifest, f"library {library.name} on {manifest.device.name}"))
     paths = outputs(library, output, manifest_path)
     write(library, manifest, paths, console)
     if json_path:
@@ -124,17 +125,12 @@ def tune(library: Library, *, db: Path, output: str | None, manifest_path: str |
                    for (key, shape), ms in report.measurements.times.items()]
         write_file(Path(json_path), json.dumps(records, indent=1))
     if plot_path:
-        rows = [{"shape": shape_key_of(r), "ratio": r["cublas_ms"] / r["ms"][str(r["chosen"])]
-                 if r["cublas_ms"] and str(r["chosen"]) in r["ms"] else 0.0,
-                 "best_ratio": r["cublas_ms"] / r["best_candidate_ms"] if r["cublas_ms"] and r["best_candidate_ms"] else 0.0,
-                 "member": manifest["members"][r["chosen"]]["name"]} for r in manifest["shapes"]]
-        plot_library(rows, manifest["baseline"], f"library {library.name} (tuned shapes)", plot_path)
+        rows = [{"shape": r.key, "ratio": r.cublas_ms / r.chosen_ms if r.cublas_ms and r.chosen_ms else 0.0,
+                 "best_ratio": r.cublas_ms / r.best_candidate_ms if r.cublas_ms and r.best_candidate_ms else 0.0,
+                 "member": manifest.members[r.chosen].name} for r in manifest.shapes]
+        plot_library(rows, manifest.baseline, f"library {library.name} (tuned shapes)", plot_path)
         console.print(f"wrote {plot_path}", soft_wrap=True)
     return report
-
-
-def shape_key_of(row: dict) -> str:
-    return f"{row['M']}x{row['N']}x{row['K']}" + (f"+{row['pad']}" if row["pad"] else "")
 
 
 def build(library: Library, *, db: str, device: str | None, output: str | None, manifest_path: str | None,
@@ -142,8 +138,8 @@ def build(library: Library, *, db: str, device: str | None, output: str | None, 
     """gemmgen build LIB.gemm --from-db DB: the library from measurements, no GPU."""
     check_labels(library, Path(db))
     manifest = build_manifest(library, Path(db), device=device)
-    manifest["database"] = str(db)
-    console.print(manifest_table(manifest, f"library {library.name} from {db} ({manifest['device']['name']})"))
+    manifest.database = str(db)
+    console.print(manifest_table(manifest, f"library {library.name} from {db} ({manifest.device.name})"))
     write(library, manifest, outputs(library, output, manifest_path), console)
 
 
@@ -162,7 +158,7 @@ class LibraryCall:
         self.chosen = self.runtime.launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=stream)
 
 
-def bench(library: Library, manifest: dict, cases, *, budget: float, console, progress_factory):
+def bench(library: Library, manifest: Manifest, cases, *, budget: float, console, progress_factory):
     """gemmgen bench LIB.gemm: per shape, the member the library chooses, timed in turns with cuBLAS
     in the library's precision, and its error beside cuBLAS FP32's."""
     info = gpu_runtime.device_info()
@@ -171,19 +167,19 @@ def bench(library: Library, manifest: dict, cases, *, budget: float, console, pr
     call = LibraryCall(runtime)
     flusher = gpu_bench.L2Flusher(info)
     rows = []
-    tuned = {shape_key_of(r) for r in manifest["shapes"]}
+    tuned = {r.key for r in manifest.shapes}
     with progress_factory() as bar:
         task = bar.add_task("timing", total=len(cases))
         for case in cases:
             bar.update(task, description=f"timing {library.name} at {case}")
             result = gpu_bench.bench(call, case, info=info, flusher=flusher, budget_s=budget)
-            member = manifest["members"][call.chosen]
+            member = manifest.members[call.chosen]
             key = f"{case.M}x{case.N}x{case.K}" + (f"+{case.pad}" if case.pad else "")
-            rows.append({**result.as_dict(), "member": member["name"], "member_point": member["point"],
+            rows.append({**result.as_dict(), "member": member.name, "member_point": member.point,
                          "tuned_shape": key in tuned, "library": library.name})
             bar.advance(task)
     table = Table(title=f"library {library.name} on {info.name} (driver {info.driver_version}) beside "
-                        f"{manifest['baseline']}, in turns", caption="rel err: ||C - C64||_F / ||C64||_F")
+                        f"{manifest.baseline}, in turns", caption="rel err: ||C - C64||_F / ||C64||_F")
     for column in ("shape", "tuned", "member", "ms", "TFLOP/s", "cuBLAS ms", "x cuBLAS", "rel err",
                    "cuBLAS FP32 rel err"):
         table.add_column(column, justify="right")
@@ -196,7 +192,7 @@ def bench(library: Library, manifest: dict, cases, *, budget: float, console, pr
     if speedups:
         geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
         slow = [r for r in rows if r["cublas_ms"] >= 0.020 and r["cublas_ms"] / r["ms"] < 1.0]
-        console.print(f"geometric mean {geo:.2f}x {manifest['baseline']} over {len(speedups)} shapes; "
+        console.print(f"geometric mean {geo:.2f}x {manifest.baseline} over {len(speedups)} shapes; "
                       f"slower than cuBLAS where it takes >= 20 us: {len(slow)}", soft_wrap=True)
     return rows
 
@@ -214,12 +210,12 @@ def summary(library: Library, manifest_dir: Path = Path("generated")) -> dict:
     path = manifest_dir / f"{library.name}.json"
     try:
         complete_pending(path)  # an interrupted build of it finished first
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError, OutputError):
+        manifest = Manifest.read(path)
+    except (OSError, ManifestError, OutputError):
         return result
-    result["manifest"] = {"path": str(path), "device": manifest["device"]["name"],
-                          "kept": [f"{m['name']}: {m['point']} ({m['target']})" for m in manifest["members"]],
-                          "leave_one_out": [manifest["leave_one_out"]["median"], manifest["leave_one_out"]["worst"]]}
+    result["manifest"] = {"path": str(path), "device": manifest.device.name,
+                          "kept": [f"{m.name}: {m.point} ({m.target})" for m in manifest.members],
+                          "leave_one_out": [manifest.leave_one_out.median, manifest.leave_one_out.worst]}
     return result
 
 

@@ -10,20 +10,19 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from ..codegen.c_header import dispatcher_header_source
-from ..codegen.cuda import dispatcher_source
 from ..gpu import runtime
 from ..language.load import load_one
+from ..library.emit import dispatcher_header_source, dispatcher_source
 from ..library.resolve import load_libraries
 from ..multigpu.scaling import parse_devices
 from ..outputs import check_outputs, write_output
 from ..plan.space import expand, to_text
 from ..tuning import strategies, tune as search
 from ..tuning.database import check_database
-from ..tuning.distributed import ClusterError, connect
+from ..tuning.distributed import connect
 from ..tuning.measure import search_baseline
-from ..tuning.runner import check_labels
-from ..tuning.tune import plot_search
+from ..tuning.runner import RunnerError
+from ..tuning.tune import check_labels, plot_search
 from . import common, library as cli_library
 from .common import (acts_on_libraries, fail, force_option, input_paths, kernel_option, parse_options, parse_shapes,
                      progress_bar, spec_argument)
@@ -100,33 +99,30 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
         raise click.BadParameter("a cluster's workers choose their GPUs: give --devices for a local "
                                  "cluster, or --scheduler for one started already", param_hint="--devices")
     if acts_on_libraries(spec, kernel):
-        if scheduler or devices:
-            raise click.BadParameter("a library is tuned on this host's first GPU; --devices and "
-                                     "--scheduler are for search spaces", param_hint="--devices")
         libraries = load_libraries(spec, kernel)
         check_database(db, inputs=[spec])
         for library in libraries:
             cli_library.check(library, output, manifest_path, inputs=input_paths(spec, [], db), force=force)
         check_outputs(filter(None, [json_path, plot_path]), inputs=input_paths(spec, [], db), force=force)
-        common.require_gpu()
+        if not scheduler:  # with a scheduler, the GPUs are the workers', and this host may have none
+            common.require_gpu()
+        scheduler, device_list = _workers(scheduler, devices)
+        client = _cluster(scheduler, device_list) if scheduler else None
         for library in libraries:
-            cli_library.tune(library, db=Path(db), output=output, manifest_path=manifest_path,
-                             strategy=strategy, options=parse_options(strategy_options),
-                             max_points=max_points, anchors=anchors, per_shape=per_shape,
-                             progress_factory=lambda: progress_bar(console, transient=False),
-                             console=console, write_file=write_output, json_path=json_path,
-                             plot_path=plot_path)
+            try:
+                cli_library.tune(library, db=Path(db), output=output, manifest_path=manifest_path,
+                                 strategy=strategy, options=parse_options(strategy_options),
+                                 max_points=max_points, anchors=anchors, per_shape=per_shape,
+                                 progress_factory=lambda: progress_bar(console, transient=False),
+                                 console=console, write_file=write_output, json_path=json_path,
+                                 plot_path=plot_path, scheduler=client)
+            except RunnerError as exc:
+                fail(str(exc))
         return
-    if not scheduler:  # with a scheduler, the GPUs are the workers', and this host may have none
+    if not scheduler:
         common.require_gpu()
     shapes = parse_shapes(shapes_text, None)
-    device_list = None
-    if devices:
-        scheduler = "local"
-        try:
-            device_list = parse_devices(devices, runtime.device_count())
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--devices") from None
+    scheduler, device_list = _workers(scheduler, devices)
     space_spec = load_one(spec, kernel)
     plot_paths = {shape: plot_path if len(shapes) == 1 else
                   str(Path(plot_path).with_suffix("")) + f"_{shape.M}x{shape.N}x{shape.K}.png"
@@ -146,13 +142,8 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
     options = parse_options(strategy_options)
     winners = []
     all_records = []
-    if scheduler:  # one cluster (or connection) for every shape, closed when the command ends
-        cluster = contextlib.ExitStack()
-        click.get_current_context().call_on_close(cluster.close)
-        try:
-            scheduler = cluster.enter_context(connect(scheduler, device_list))
-        except ClusterError as exc:
-            fail(str(exc))
+    if scheduler:
+        scheduler = _cluster(scheduler, device_list)
     for shape in shapes:
         total = min(space.valid, max_points or space.valid)
         best = {"tflops": 0.0, "point": ""}
@@ -174,7 +165,7 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
                 result = search.tune(space_spec, shape, strategy=strategy, options=options,
                                   max_points=max_points, db=Path(db), progress=progress,
                                   devices=device_list, scheduler=scheduler)
-            except ClusterError as exc:
+            except RunnerError as exc:
                 fail(str(exc))
         all_records += result.records
         good = sorted((r for r in result.records if r.get("status") == "ok"), key=lambda r: -r["tflops"])
@@ -212,3 +203,23 @@ def tune(spec, kernel, shapes_text, strategy, strategy_options, max_points, db, 
         say(f"wrote {dispatcher} and {dispatcher_header.name}")
     if json_path:
         write_output(json_path, json.dumps(all_records, indent=1))
+
+
+def _cluster(scheduler, devices):
+    """One Dask client for the whole command (every shape, every library), closed when it ends."""
+    cluster = contextlib.ExitStack()
+    click.get_current_context().call_on_close(cluster.close)
+    try:
+        return cluster.enter_context(connect(scheduler, devices))
+    except RunnerError as exc:
+        fail(str(exc))
+
+
+def _workers(scheduler: str | None, devices: str | None) -> tuple[str | None, list[int] | None]:
+    """--scheduler, or --devices as a local cluster over those GPUs: (scheduler, devices)."""
+    if not devices:
+        return scheduler, None
+    try:
+        return "local", parse_devices(devices, runtime.device_count())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--devices") from None

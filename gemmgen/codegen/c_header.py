@@ -20,7 +20,7 @@ from .cuda import abi_parameters, batched_abi_parameters, derived_numbers
 _FAST_PATH_ROWS = ("TMA path needs", "otherwise", "vector path needs", "TMA store path needs")
 
 
-def _comment(text: str, indent: str = "") -> list[str]:
+def comment_lines(text: str, indent: str = "") -> list[str]:
     """`text` as // lines of at most 100 columns, continuation lines indented by two more."""
     lines = textwrap.wrap(text, 96 - len(indent), break_on_hyphens=False)
     return [f"// {indent}{line}" if i == 0 else f"// {indent}  {line}" for i, line in enumerate(lines)]
@@ -39,49 +39,52 @@ def _prototype(launcher: str, parameters: str) -> list[str]:
     return lines
 
 
-def _contract(plan: Plan) -> list[str]:
+def contract_lines(plan: Plan) -> list[str]:
     """What the entry point computes, its arguments' rules and its return value."""
     minimums = ", ".join(f"{ld} >= max(1, {size})" for ld, size in plan.leading_dimension_minimums().items())
-    lines = _comment(f"{plan.epilogue.contract} on device pointers, A M x K, B K x N, C M x N, on `stream` "
-                     "(0: the default stream); lda, ldb and ldc are leading dimensions in elements.")
-    lines += _comment(f"layout: {plan.layouts()} (row: X(i, j) at X[i * ldx + j]; col: at X[i + j * ldx])")
-    lines += _comment(f"leading dimensions: {minimums}")
-    lines += _comment("returns a cudaError_t: cudaSuccess (0), or cudaErrorInvalidValue, launching nothing, "
-                      "for negative sizes, null pointers or leading dimensions below these"
-                      + ("" if plan.beta else ", or a beta other than 0 (epilogue alpha: C is not read)")
-                      + ".")
+    lines = comment_lines(f"{plan.epilogue.contract} on device pointers, A M x K, B K x N, C M x N, on `stream` "
+                          "(0: the default stream); lda, ldb and ldc are leading dimensions in elements.")
+    lines += comment_lines(f"layout: {plan.layouts()} (row: X(i, j) at X[i * ldx + j]; col: at X[i + j * ldx])")
+    lines += comment_lines(f"leading dimensions: {minimums}")
+    lines += comment_lines("returns a cudaError_t: cudaSuccess (0), or cudaErrorInvalidValue, launching nothing, "
+                           "for negative sizes, null pointers or leading dimensions below these"
+                           + ("" if plan.beta else ", or a beta other than 0 (epilogue alpha: C is not read)")
+                           + ".")
     for note in plan.epilogue.abi_notes + plan.scheduler.abi_notes:  # extra outputs, split K's atomics
-        lines += _comment(note)
+        lines += comment_lines(note)
     return lines
 
 
 def _batched_contract(plan: Plan) -> list[str]:
     """What the batched entry point adds (none: a fused reduction's kernel has none)."""
     if batched_abi_parameters(plan) is None:
-        return _comment("no batched entry point: the fused reduction ranks the entries of one C.")
-    return _comment(f"{plan.launcher_name}_batched: strided batches, as cuBLAS's SgemmStridedBatched: "
-                    "`batch` products, batch b's A, B and C at A + b * strideA, B + b * strideB, "
-                    "C + b * strideC (strides in elements). A stride of 0 gives every batch the same A "
-                    "(or B); batch 0 does nothing and returns cudaSuccess. cudaErrorInvalidValue, "
-                    "launching nothing, for the single GEMM's reasons, a negative batch or stride, or "
-                    "batches of C that overlap (batch > 1 with strideC below C's extent, "
-                    + ("(M - 1) * ldc + N" if plan.c_layout == "row" else "(N - 1) * ldc + M")
-                    + "). The single GEMM is its call with batch 1."
-                    + (" TMA loads batches of A (B) whose stride is 0, or a multiple of 4 and at least "
-                       "M * lda (N * ldb); other batched calls run the fallback." if plan.mainloop.tma else ""))
+        return comment_lines("no batched entry point: the fused reduction ranks the entries of one C.")
+    return comment_lines(f"{plan.launcher_name}_batched: strided batches, as cuBLAS's SgemmStridedBatched: "
+                         "`batch` products, batch b's A, B and C at A + b * strideA, B + b * strideB, "
+                         "C + b * strideC (strides in elements). A stride of 0 gives every batch the same A "
+                         "(or B); batch 0 does nothing and returns cudaSuccess. cudaErrorInvalidValue, "
+                         "launching nothing, for the single GEMM's reasons, a negative batch or stride, or "
+                         "batches of C that overlap (batch > 1 with strideC below C's extent, "
+                         + ("(M - 1) * ldc + N" if plan.c_layout == "row" else "(N - 1) * ldc + M")
+                         + "). The single GEMM is its call with batch 1."
+                         + (" TMA loads batches of A (B) whose stride is 0, or a multiple of 4 and at least "
+                            "M * lda (N * ldb); other batched calls run the fallback." if plan.mainloop.tma else ""))
 
 
-def _fast_path(plan: Plan, indent: str = "") -> list[str]:
+def fast_path_lines(plan: Plan, indent: str = "") -> list[str]:
     """What a call needs for the fast path, as the Plan derived it (none: scalar accesses only)."""
     if not plan.vector_requirements() and plan.mainloop.fallback is None:
-        return _comment("nothing: every access is scalar, so every call runs the same kernel", indent)
+        return comment_lines("nothing: every access is scalar, so every call runs the same kernel", indent)
     rows = dict(derived_numbers(plan))
     return [line for label in _FAST_PATH_ROWS if label in rows
-            for line in _comment(f"{label}: {rows[label]}", indent)]
+            for line in comment_lines(f"{label}: {rows[label]}", indent)]
 
 
-def _assemble(launcher: str, first_line: str, about: list[str], parameters: str,
-              batched: str | None = None) -> str:
+def assemble_header(launcher: str, first_line: str, about: list[str], parameters: str,
+                    batched: str | None = None) -> str:
+    """A header: `first_line`, the `about` comment lines, then the prototype of `launcher`
+    (`parameters` as abi_parameters gives them) and of its batched entry point (`batched`, where it
+    has one) for C and C++, in an include guard."""
     guard = f"{launcher.upper()}_H"
     prototypes = _prototype(launcher, parameters)
     if batched:
@@ -97,35 +100,15 @@ def header_source(plan: Plan, source_name: str) -> str:
     """The header of the kernel whose .cu is `source_name` (the file beside it)."""
     spec_path = plan.spec.path
     origin = Path(spec_path).name if not spec_path.startswith("<") else spec_path
-    about = _comment(f"The entry point of {source_name} for C and C++ programs: compile {source_name} "
-                     "with nvcc (it is self-contained), include this header, and link both with the "
-                     "CUDA runtime.")
-    about += ["//", *_contract(plan), "//", *_batched_contract(plan), "//"]
-    about += _comment("Any M, N, K >= 0, pointer alignment and leading dimension works; a call takes "
-                      "the fast path when it meets these (batches: with strides that keep every "
-                      "batch's pointers so aligned), and a slower variant of the kernel otherwise:")
-    about += _fast_path(plan, "  ")
+    about = comment_lines(f"The entry point of {source_name} for C and C++ programs: compile {source_name} "
+                          "with nvcc (it is self-contained), include this header, and link both with the "
+                          "CUDA runtime.")
+    about += ["//", *contract_lines(plan), "//", *_batched_contract(plan), "//"]
+    about += comment_lines("Any M, N, K >= 0, pointer alignment and leading dimension works; a call takes "
+                           "the fast path when it meets these (batches: with strides that keep every "
+                           "batch's pointers so aligned), and a slower variant of the kernel otherwise:")
+    about += fast_path_lines(plan, "  ")
     about.append("")
-    return _assemble(plan.launcher_name,
-                     marker_line(plan.launcher_name, f" from {origin} (edit the spec, not this file)"),
-                     about, abi_parameters(plan), batched_abi_parameters(plan))
-
-
-def dispatcher_header_source(name: str, winners: list, source_name: str) -> str:
-    """The header of a `gemmgen tune --dispatcher` file: one entry point over (shape, Plan) winners,
-    which share layouts, epilogue and reduction (codegen.dispatcher_source checks that)."""
-    launcher = f"gemmgen_{name}"
-    first = winners[0][1]
-    about = _comment(f"The entry point of {source_name} for C and C++ programs: compile {source_name} "
-                     "with nvcc, include this header, and link both with the CUDA runtime. Each call "
-                     "goes to the kernel tuned for the nearest shape.")
-    about += ["//", *_contract(first), "//"]
-    about += _comment("Any M, N, K >= 0, pointer alignment and leading dimension works; each kernel "
-                      "takes its fast path when a call meets these, and a slower variant otherwise:")
-    for shape, plan in winners:
-        about += _comment(f"tuned at {shape.M}x{shape.N}x{shape.K} ({plan.name}):", "  ")
-        about += _fast_path(plan, "    ")
-    about.append("")
-    return _assemble(launcher, marker_line(launcher, ": the dispatcher of `gemmgen tune` (tune again, "
-                                                     "do not edit this file)"),
-                     about, abi_parameters(first))
+    return assemble_header(plan.launcher_name,
+                           marker_line(plan.launcher_name, f" from {origin} (edit the spec, not this file)"),
+                           about, abi_parameters(plan), batched_abi_parameters(plan))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -11,7 +11,7 @@ import jinja2
 from jinja2.ext import Extension
 
 from ..outputs import marker_line
-from ..plan import Plan, make_plan
+from ..plan import Plan
 from ..plan.parts.warpgroup_mainloop import TMA_BATCH_CHECKS
 
 
@@ -94,7 +94,9 @@ def _wgmma_operands(plan: Plan) -> WgmmaOperands:
         a_operand=count, b_operand=count + 1, scale_operand=count + 2)
 
 
-def _launch_checks(plan: Plan, internal: bool = False) -> LaunchChecks:
+def launch_checks(plan: Plan, internal: bool = False) -> LaunchChecks:
+    """A launcher's argument checks, as C expressions (an entry point over several kernels repeats
+    the leading dimensions' ones)."""
     ld_checks = tuple(f"{ld} < ({size} > 1 ? {size} : 1)"
                       for ld, size in plan.leading_dimension_minimums().items())
     terms = []
@@ -158,10 +160,10 @@ def generate(plan: Plan, *, internal: bool = False) -> str:
     library) whose own entry point calls it."""
     fallback = plan.mainloop.fallback  # a TMA kernel's file holds the kernel for calls TMA cannot take
     fallback_source = _environment().get_template("kernel.cu.j2").render(
-        plan=fallback, header="", launch=_launch_checks(fallback, internal=True), c=fallback.c,
+        plan=fallback, header="", launch=launch_checks(fallback, internal=True), c=fallback.c,
         wgmma=_wgmma_operands(fallback)) if fallback else ""
     return _environment().get_template(plan.mainloop.frame).render(
-        plan=plan, header=header(plan, internal), launch=_launch_checks(plan, internal), c=plan.c,
+        plan=plan, header=header(plan, internal), launch=launch_checks(plan, internal), c=plan.c,
         wgmma=_wgmma_operands(plan), fallback_source=fallback_source.strip("\n"))
 
 
@@ -169,53 +171,6 @@ def kernel_name_expressions(plan: Plan) -> dict[bool, str]:
     """C++ names of the two kernel variants (aligned, unaligned), for NVRTC to lower."""
     qualified = f"{plan.launcher_name}_impl::{plan.kernel_name}"
     return {True: f"{qualified}<true>", False: f"{qualified}<false>"}
-
-
-def dispatcher_source(name: str, winners: list) -> str:
-    """One .cu holding each (shape, Plan) winner and an extern "C" gemmgen_<name> that picks, for
-    the shape it is called with, the winner tuned for the nearest shape (distance of log sizes)."""
-    first = winners[0][1]
-    for _, plan in winners[1:]:
-        if (plan.layouts(), plan.beta, plan.reduce_count) != (first.layouts(), first.beta, first.reduce_count):
-            raise ValueError("a dispatcher's kernels must share layouts, epilogue and reduction")
-    parts, calls = [], []
-    for shape, plan in winners:
-        variant = make_plan(replace(plan.spec, name=f"{name}_{shape.M}x{shape.N}x{shape.K}"))
-        parts.append(generate(variant))
-        calls.append((shape, variant.launcher_name))
-    extra_params, extra_args = first.epilogue.abi_parameters, first.epilogue.abi_arguments
-    table = "\n".join(f"        {{{s.M}, {s.N}, {s.K}}},  // -> {launcher}" for s, launcher in calls)
-    cases = "\n".join(f"    case {i}: return {launcher}(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, "
-                      f"{extra_args}stream);" for i, (_, launcher) in enumerate(calls))
-    dispatch = f"""
-#ifndef __CUDACC_RTC__
-#include <math.h>
-// gemmgen_{name}: one entry point over {len(calls)} tuned kernels; each call goes to the kernel
-// tuned for the nearest shape (sum of |log| size ratios), as a BLAS library picks a kernel.
-extern "C" int gemmgen_{name}(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, {extra_params}cudaStream_t stream)
-{{
-    static const int tuned[{len(calls)}][3] = {{
-{table}
-    }};
-    int pick = 0;
-    double nearest = 1e300;
-    for (int i = 0; i < {len(calls)}; ++i) {{
-        const double d = fabs(log((M > 1 ? M : 1) / (double)tuned[i][0])) +
-                         fabs(log((N > 1 ? N : 1) / (double)tuned[i][1])) +
-                         fabs(log((K > 1 ? K : 1) / (double)tuned[i][2]));
-        if (d < nearest) {{ nearest = d; pick = i; }}
-    }}
-    switch (pick) {{
-{cases}
-    }}
-    return cudaErrorInvalidValue;
-}}
-#endif
-"""
-    header = (marker_line(f"gemmgen_{name}", ": a dispatcher over the winners of `gemmgen tune` at ")
-              + ", ".join(f"{s.M}x{s.N}x{s.K}" for s, _ in calls) + "\n\n")
-    return header + "\n".join(parts) + dispatch
 
 
 def render_template(name: str, **values) -> str:

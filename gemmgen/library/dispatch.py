@@ -21,7 +21,6 @@ An operand with no unit stride, or whose class has no library built yet (generat
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from functools import lru_cache
@@ -36,7 +35,7 @@ from ..outputs import complete_pending
 from ..plan import make_plan
 from . import devices as split_devices
 from .layouts import CLASSES, Operand, Route, library_name, route
-from .manifest import candidates_of, member_plans
+from .manifest import Manifest, ManifestError
 from .selection import alignment_class, choose
 
 PRECISIONS = ("fp32", "tf32")
@@ -56,22 +55,23 @@ def _check_precision(precision: str) -> None:
         raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
 
 
-def shipped_manifest(precision: str, klass: tuple[str, str] = BASE) -> dict:
-    """The manifest of the shipped library of a precision and operand class."""
+def shipped_manifest(precision: str, klass: tuple[str, str] = BASE) -> Manifest:
+    """The manifest of the shipped library of a precision and operand class (ManifestError, a
+    ValueError, for a file that is none)."""
     _check_precision(precision)
     name = library_name(precision, klass)
     path = _libraries_dir() / f"{name}.json"
     try:
         complete_pending(path)  # a build of the library killed while renaming its files: finish it
-        manifest = json.loads(path.read_text())
+        manifest = Manifest.read(path)
     except OSError as exc:
         how = (f"reinstall gemmgen, or tune one with gemmgen tune specs/{precision}.gemm" if klass == BASE else
                f"build a library {name} with layout A {klass[0]}, B {klass[1]}, C row (none ships yet)")
         raise FileNotFoundError(f"the {name} library ({path}) is missing: {exc.strerror}; {how}") from None
     expected = {"A": klass[0], "B": klass[1], "C": "row"}
-    if manifest.get("layout") != expected:
-        raise ValueError(f"{path}: library {manifest.get('library')} has layout {manifest.get('layout')}, "
-                         f"not {expected} as {name} must")
+    if manifest.layout != expected:
+        raise ManifestError(f"{path}: library {manifest.library} has layout {manifest.layout}, "
+                            f"not {expected} as {name} must")
     return manifest
 
 
@@ -86,24 +86,24 @@ def available_classes(precision: str) -> frozenset:
 class LibraryRuntime:
     """A library manifest ready to run on one device: choose a member per call, launch it."""
 
-    def __init__(self, manifest: dict, device: int = 0):
+    def __init__(self, manifest: Manifest, device: int = 0):
         self.manifest = manifest
-        self.name = manifest["library"]
+        self.name = manifest.library
         self.device = device
         self.info = device_info(device)
-        self.plans = member_plans(manifest)
-        self.candidates = candidates_of(manifest)
-        self.layouts = manifest["layout"]
-        tuned = manifest["device"]["compute_capability"]
+        self.plans = manifest.plans()
+        self.candidates = manifest.candidates()
+        self.layouts = manifest.layout
+        tuned = manifest.device.compute_capability
         self.tuned_gpu = list(self.info.compute_capability) == list(tuned)
-        self.portable = manifest["portable"] if manifest["portable"] is not None else 0
+        self.portable = manifest.portable_index
         self._kernels: dict[int, Kernel] = {}
         if not self.tuned_gpu:
+            portable = manifest.members[self.portable]
             warnings.warn(f"gemmgen library '{self.name}' was tuned for compute capability "
-                          f"{tuned[0]}.{tuned[1]} ({manifest['device']['name']}); this {self.info.name} is "
+                          f"{tuned[0]}.{tuned[1]} ({manifest.device.name}); this {self.info.name} is "
                           f"{self.info.target}: every call runs its portable member "
-                          f"{manifest['members'][self.portable]['name']} ({manifest['members'][self.portable]['point']})",
-                          RuntimeWarning, stacklevel=3)
+                          f"{portable.name} ({portable.point})", RuntimeWarning, stacklevel=3)
 
     @property
     def plan(self):

@@ -1,11 +1,14 @@
 """A library's manifest: the candidates it keeps, each one's fitted model, the tuned table and the
-leave-one-out quality of its choice, built from the database with no GPU; and the manifest read back
-(its members planned, their models as candidates of selection.choose). emit.py turns a manifest
-into one .cu with a single extern "C" entry point; dispatch.py loads one to choose and launch from
-Python."""
+leave-one-out quality of its choice, built from the database with no GPU (build_manifest); typed
+(Manifest and its parts), written and read back as the JSON file beside the library's .cu
+(to_json and from_json keep that file byte for byte); its members planned and its models made
+candidates of selection.choose. emit.py turns a manifest into one .cu with a single extern "C"
+entry point; dispatch.py loads one to choose and launch from Python."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..language.load import parse
@@ -16,8 +19,210 @@ from .model import (MANIFEST_FORMAT, MAX_MEMBERS, Library, Measurements, kernel_
 from .selection import Candidate, MemberShape, Model, choose, fit_all, leave_one_out
 
 
+class ManifestError(ValueError):
+    """A file that is no library manifest gemmgen can read: the message names it."""
+
+
+@dataclass
+class TunedDevice:
+    """The GPU a library was tuned on."""
+
+    name: str
+    driver: str
+    sm_count: int
+    compute_capability: list[int]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "driver": self.driver, "sm_count": self.sm_count,
+                "compute_capability": list(self.compute_capability)}
+
+
+@dataclass
+class ManifestMember:
+    """A kernel the library keeps: its spec text, its tiling and its fitted models per class."""
+
+    name: str             # its launcher is gemmgen_<name>
+    key: str              # the candidate's key in the database
+    point: str            # describe() of its settings
+    member: str           # the library member (kernel or search space) it came from
+    spec: str             # the spec text it is planned from
+    target: str
+    math: str
+    BM: int
+    BN: int
+    BK: int
+    split: int
+    slots_per_sm: int
+    beta: bool
+    needs_sm90a: bool
+    models: dict[str, Model | None]
+    stream_k: bool = False
+    cluster: tuple[int, int] = (1, 1)
+
+    @property
+    def shape(self) -> MemberShape:
+        return MemberShape(self.BM, self.BN, self.BK, self.split, self.slots_per_sm, self.stream_k, *self.cluster)
+
+    def candidate(self) -> Candidate:
+        return Candidate(self.shape, dict(self.models), beta=self.beta, needs_sm90a=self.needs_sm90a)
+
+    def to_dict(self) -> dict:
+        data = {"name": self.name, "key": self.key, "point": self.point, "member": self.member, "spec": self.spec,
+                "target": self.target, "math": self.math, "BM": self.BM, "BN": self.BN, "BK": self.BK,
+                "split": self.split, "slots_per_sm": self.slots_per_sm}
+        if self.stream_k:
+            data["stream_k"] = True
+        if tuple(self.cluster) != (1, 1):
+            data["cluster"] = list(self.cluster)
+        data.update(beta=self.beta, needs_sm90a=self.needs_sm90a,
+                    models={cls: model.to_dict() if model else None for cls, model in self.models.items()})
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ManifestMember":
+        fields = {k: data[k] for k in ("name", "key", "point", "member", "spec", "target", "math", "BM", "BN",
+                                       "BK", "split", "slots_per_sm", "beta", "needs_sm90a")}
+        return cls(**fields, models={c: Model.from_dict(m) if m else None for c, m in data["models"].items()},
+                   stream_k=bool(data.get("stream_k", False)), cluster=tuple(data.get("cluster", (1, 1))))
+
+
+@dataclass
+class TunedShape:
+    """A row of the tuned table: a shape, cuBLAS there, the member chosen and the members' times."""
+
+    M: int
+    N: int
+    K: int
+    pad: int
+    klass: str                   # alignment class ("aligned", "unaligned"); "class" in the file
+    cublas_ms: float | None
+    chosen: int                  # index of the member the choice takes here
+    ms: dict[int, float]         # member index -> measured ms (the members timed here)
+    best_candidate_ms: float | None  # the fastest candidate timed here, kept or not
+
+    @property
+    def key(self) -> str:
+        """MxNxK, +pad when padded (the database's shape key)."""
+        return f"{self.M}x{self.N}x{self.K}" + (f"+{self.pad}" if self.pad else "")
+
+    @property
+    def chosen_ms(self) -> float | None:
+        return self.ms.get(self.chosen)
+
+    def to_dict(self) -> dict:
+        return {"M": self.M, "N": self.N, "K": self.K, "pad": self.pad, "class": self.klass,
+                "cublas_ms": self.cublas_ms, "chosen": self.chosen, "ms": {str(i): t for i, t in self.ms.items()},
+                "best_candidate_ms": self.best_candidate_ms}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TunedShape":
+        return cls(data["M"], data["N"], data["K"], data["pad"], data["class"], data["cublas_ms"], data["chosen"],
+                   {int(i): t for i, t in data["ms"].items()}, data["best_candidate_ms"])
+
+
+@dataclass
+class LeaveOneOutQuality:
+    """The choice's quality over the tuned shapes: chosen without a shape's data / best there."""
+
+    median: float
+    worst: float
+    per_shape: dict[str, float]  # "MxNxK class" -> ratio
+
+    def to_dict(self) -> dict:
+        return {"median": self.median, "worst": self.worst, "per_shape": dict(self.per_shape)}
+
+
+@dataclass
+class Manifest:
+    """A library as tuned on one device: what its .cu, header and gemmgen.matmul are made from."""
+
+    library: str
+    precision: str                 # "fp32" or "tf32"
+    baseline: str                  # the cuBLAS mode it was timed against
+    layout: dict[str, str]         # {"A": "row", "B": "col", "C": "row"}
+    device: TunedDevice
+    members: list[ManifestMember]
+    portable: int | None           # the member that runs on any GPU (None: none was kept)
+    shapes: list[TunedShape]
+    leave_one_out: LeaveOneOutQuality
+    candidates_timed: int
+    database: str | None = None    # the database it was built from, as the command was given it
+    generator: str = "gemmgen"
+    format: int = MANIFEST_FORMAT
+    _plans: list[Plan] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def portable_index(self) -> int:
+        """The member a GPU the library was not tuned for runs (the first when none is portable)."""
+        return self.portable if self.portable is not None else 0
+
+    def plans(self) -> list[Plan]:
+        """The kept members, planned from the spec text they carry (once)."""
+        if self._plans is None:
+            self._plans = []
+            for member in self.members:
+                (spec,) = parse(member.spec, f"<library {self.library}: {member.name}>")
+                self._plans.append(make_plan(spec))
+        return self._plans
+
+    def candidates(self) -> list[Candidate]:
+        """The members as selection.choose takes them."""
+        return [member.candidate() for member in self.members]
+
+    def to_dict(self) -> dict:
+        data = {"generator": self.generator, "format": self.format, "library": self.library,
+                "precision": self.precision, "baseline": self.baseline, "layout": dict(self.layout),
+                "device": self.device.to_dict(), "members": [m.to_dict() for m in self.members],
+                "portable": self.portable, "shapes": [s.to_dict() for s in self.shapes],
+                "leave_one_out": self.leave_one_out.to_dict(), "candidates_timed": self.candidates_timed}
+        if self.database is not None:
+            data["database"] = self.database
+        return data
+
+    def to_json(self) -> str:
+        """The manifest file's text."""
+        return json.dumps(self.to_dict(), indent=1) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict, origin: str = "<manifest>") -> "Manifest":
+        try:
+            if not isinstance(data, dict) or data.get("generator") != "gemmgen":
+                raise ManifestError("no generator 'gemmgen'")
+            if data.get("format") != MANIFEST_FORMAT:
+                raise ManifestError(f"format {data.get('format')!r}; this gemmgen reads format {MANIFEST_FORMAT}")
+            device = data["device"]
+            loo = data["leave_one_out"]
+            return cls(data["library"], data["precision"], data["baseline"], dict(data["layout"]),
+                       TunedDevice(device["name"], device["driver"], device["sm_count"],
+                                   list(device["compute_capability"])),
+                       [ManifestMember.from_dict(m) for m in data["members"]], data["portable"],
+                       [TunedShape.from_dict(s) for s in data["shapes"]],
+                       LeaveOneOutQuality(loo["median"], loo["worst"], dict(loo["per_shape"])),
+                       data["candidates_timed"], data.get("database"))
+        except ManifestError as exc:
+            raise ManifestError(f"{origin}: not a gemmgen library manifest: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            what = f"no field {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+            raise ManifestError(f"{origin}: not a gemmgen library manifest ({what}): build it again with "
+                                "gemmgen build LIB.gemm --from-db DB") from None
+
+    @classmethod
+    def from_json(cls, text: str, origin: str = "<manifest>") -> "Manifest":
+        """A manifest from its file's text; ManifestError, naming `origin`, for anything else."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ManifestError(f"{origin}: not a gemmgen library manifest (not JSON: {exc})") from None
+        return cls.from_dict(data, origin)
+
+    @classmethod
+    def read(cls, path: str | Path) -> "Manifest":
+        """The manifest in a file (OSError when it cannot be read)."""
+        return cls.from_json(Path(path).read_text(), str(path))
+
+
 def build_manifest(library: Library, db: Path, *, device: str | None = None,
-                   max_members: int = MAX_MEMBERS) -> dict:
+                   max_members: int = MAX_MEMBERS) -> Manifest:
     """The library as measured on one device: its kept members with their models, the tuned table,
     and the leave-one-out quality of the choice. No GPU needed."""
     by_device = read_db(db, library.name)
@@ -57,44 +262,34 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
     members = []
     for index, (plan, shape, per_class) in enumerate(zip(kept, member_shapes, models)):
         name = f"{library.name}_{index}"
-        members.append({
-            "name": name, "key": kernel_key(plan), "point": describe(plan.spec),
-            "member": plan.spec.name, "spec": to_text(plan.spec, name, f"member {plan.spec.name} of library "
-                                                      f"{library.name}: {describe(plan.spec)}"),
-            "target": plan.arch.name, "math": plan.math, "BM": shape.BM, "BN": shape.BN, "BK": shape.BK,
-            "split": shape.split, "slots_per_sm": shape.slots_per_sm,
-            **({"stream_k": True} if shape.stream_k else {}),
-            **({"cluster": [shape.cluster_m, shape.cluster_n]} if shape.cluster_m * shape.cluster_n > 1 else {}),
-            "beta": plan.beta,
-            "needs_sm90a": plan.arch.has_wgmma,
-            "models": {cls: model.to_dict() if model else None for cls, model in per_class.items()},
-        })
+        members.append(ManifestMember(
+            name=name, key=kernel_key(plan), point=describe(plan.spec), member=plan.spec.name,
+            spec=to_text(plan.spec, name, f"member {plan.spec.name} of library {library.name}: "
+                                          f"{describe(plan.spec)}"),
+            target=plan.arch.name, math=plan.math, BM=shape.BM, BN=shape.BN, BK=shape.BK, split=shape.split,
+            slots_per_sm=shape.slots_per_sm, beta=plan.beta, needs_sm90a=plan.arch.has_wgmma,
+            models=dict(per_class), stream_k=shape.stream_k, cluster=(shape.cluster_m, shape.cluster_n)))
+    candidates = [Candidate(ms, dict(pc), beta=f[0], needs_sm90a=f[1])
+                  for ms, pc, f in zip(member_shapes, models, flags)]
     table = []
     for s in shapes:
-        times = {str(i): m.times[(kernel_key(p), shape_key(s))] for i, p in enumerate(kept)
+        times = {i: m.times[(kernel_key(p), shape_key(s))] for i, p in enumerate(kept)
                  if (kernel_key(p), shape_key(s)) in m.times}
-        candidates = [Candidate(ms, {c: x for c, x in pc.items()}, beta=f[0], needs_sm90a=f[1])
-                      for ms, pc, f in zip(member_shapes, models, flags)]
         cls = shape_class(s, layouts)
-        chosen = choose(candidates, s.M, s.N, s.K, cls, sm_count)
         best_any = min((m.times[(kernel_key(p), shape_key(s))] for p in plans
                         if (kernel_key(p), shape_key(s)) in m.times), default=None)
-        table.append({"M": s.M, "N": s.N, "K": s.K, "pad": s.pad, "class": cls,
-                      "cublas_ms": m.cublas.get(shape_key(s)), "chosen": chosen, "ms": times,
-                      "best_candidate_ms": best_any})
+        table.append(TunedShape(s.M, s.N, s.K, s.pad, cls, m.cublas.get(shape_key(s)),
+                                choose(candidates, s.M, s.N, s.K, cls, sm_count), times, best_any))
     device_name, driver = device.split("|")
     portable = next(i for i, p in enumerate(kept) if not p.arch.has_wgmma and p.beta) \
         if any(not p.arch.has_wgmma and p.beta for p in kept) else None
-    return {
-        "generator": "gemmgen", "format": MANIFEST_FORMAT, "library": library.name, "precision": library.precision,
-        "baseline": library.baseline, "layout": layouts,
-        "device": {"name": device_name, "driver": driver, "sm_count": sm_count,
-                   "compute_capability": _compute_capability(kept)},
-        "members": members, "portable": portable, "shapes": table,
-        "leave_one_out": {"median": loo.median, "worst": loo.worst,
-                          "per_shape": {f"{M}x{N}x{K} {cls}": r for (M, N, K, cls), r in loo.ratios.items()}},
-        "candidates_timed": len(plans),
-    }
+    return Manifest(
+        library=library.name, precision=library.precision, baseline=library.baseline, layout=layouts,
+        device=TunedDevice(device_name, driver, sm_count, _compute_capability(kept)),
+        members=members, portable=portable, shapes=table,
+        leave_one_out=LeaveOneOutQuality(loo.median, loo.worst, {f"{M}x{N}x{K} {cls}": r
+                                                                  for (M, N, K, cls), r in loo.ratios.items()}),
+        candidates_timed=len(plans))
 
 
 def _sm_count(records: dict[str, dict]) -> int:
@@ -108,19 +303,3 @@ def _compute_capability(plans: list[Plan]) -> list[int]:
     """The compute capability the library was tuned for: sm_90a members pin it to 9.0."""
     wgmma = [p for p in plans if p.arch.has_wgmma]
     return list(wgmma[0].arch.compute_capability) if wgmma else list(plans[0].arch.compute_capability)
-
-
-def member_plans(manifest: dict) -> list[Plan]:
-    """The kept members of a manifest, planned from the spec text it carries."""
-    plans = []
-    for member in manifest["members"]:
-        (spec,) = parse(member["spec"], f"<library {manifest['library']}: {member['name']}>")
-        plans.append(make_plan(spec))
-    return plans
-
-
-def candidates_of(manifest: dict) -> list[Candidate]:
-    return [Candidate(MemberShape(m["BM"], m["BN"], m["BK"], m["split"], m["slots_per_sm"], m.get("stream_k", False),
-                                  *m.get("cluster", (1, 1))),
-                      {cls: Model.from_dict(d) if d else None for cls, d in m["models"].items()},
-                      beta=m["beta"], needs_sm90a=m["needs_sm90a"]) for m in manifest["members"]]

@@ -78,7 +78,8 @@ def kernel_key(plan: Plan) -> str:
 
 
 def shape_key(shape: LibraryShape) -> str:
-    return f"{shape.M}x{shape.N}x{shape.K}" + (f"+{shape.pad}" if shape.pad else "")
+    """The database's key of a library's shape: MxNxK, +P when padded."""
+    return tuning_db.shape_key(shape.M, shape.N, shape.K, shape.pad)
 
 
 def read_db(db: Path, library: str) -> dict[str, dict[str, dict]]:
@@ -86,9 +87,9 @@ def read_db(db: Path, library: str) -> dict[str, dict[str, dict]]:
     Raises tuning_db.DatabaseError (file:line) for a malformed database."""
     by_device: dict[str, dict[str, dict]] = {}
     for _, entry in tuning_db.read(db):
-        device, driver, what, name = entry["scope"].split("|")
-        if name == library:
-            by_device.setdefault(f"{device}|{driver}", {})[f"{what}|{entry['key']}"] = entry
+        scope = tuning_db.Scope.of(entry)
+        if scope.owner == library:
+            by_device.setdefault(scope.device_key, {})[f"{scope.what}|{entry['key']}"] = entry
     return by_device
 
 

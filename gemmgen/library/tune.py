@@ -1,121 +1,75 @@
-"""Tuning a library on the GPU: every candidate kernel (each concrete member, each point of a small
-space, the winners of a strategy's search in a large one) is validated once and timed at the
-library's shapes, with cuBLAS in its precision, into one resumable database. To spend the GPU where
-it matters, all candidates are timed at a few diverse anchor shapes first; at the other shapes only
-those the model (selection.py) predicts fastest are; the members finally chosen, and the few
-candidates much faster than all of them somewhere (`specialists`), are then timed at every shape.
+"""Tuning a library: every candidate kernel (each concrete member, each point of a small space, the
+winners of a strategy's search in a large one) is validated once and timed at the library's shapes,
+with cuBLAS in its precision, into one resumable database. To spend the GPU where it matters, all
+candidates are timed at a few diverse anchor shapes first; at the other shapes only those the model
+(selection.py) predicts fastest are; the members finally chosen, and the few candidates much faster
+than all of them somewhere (`specialists`), are then timed at every shape. The work is jobs
+(tuning/jobs.py) for the tuning's one runner, as a search's are: on this host's GPU, one process per
+GPU of several, or a Dask cluster's GPU workers (tuning/workers.py), recording the same database.
 manifest.py then builds the library from what was measured.
 """
 from __future__ import annotations
 
-import json
 import math
-import multiprocessing
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..gpu import bench, runtime, verify
-from ..gpu.baseline import cublas_gemm
 from ..gpu.compile import compile_all
 from ..gpu.verify import Case
 from ..language.shapes import LibraryShape
 from ..plan import Plan
 from ..plan.space import describe, point_key
-from ..tuning.database import append as _append  # the database's one writer: a JSON line, flushed and synced
-from ..tuning.measure import VALIDATION_CASES, _compiled
-from ..tuning.runner import CANDIDATE_TIMEOUT_S
+from ..tuning import database as tuning_db
+from ..tuning.database import CUBLAS_KEY, DEVICE, DEVICE_KEY, VALIDATION, Scope
+from ..tuning.jobs import BASELINE, TIME, VALIDATE, Device, Job
+from ..tuning.runner import Runner
 from ..tuning.tune import tune as tune_space
+from ..tuning.workers import open_runner
 from .model import (MAX_MEMBERS, WINNERS_PER_SHAPE, Library, Measurements, kernel_key, member_shape, read_db,
                     select_members, shape_class, shape_key, slots_per_sm)
-from .selection import CLASSES, Model, fit_all, predict, tight_leading_dimensions
+from .selection import CLASSES, Model, fit_all, predict
 
-# --- measuring --------------------------------------------------------------------------------
-
-def _scope(device: str, driver: str, what: str, library: str) -> str:
-    return f"{device}|{driver}|{what}|{library}"
+BUDGET_S = 0.05   # seconds of timed launches per timing (a library times hundreds)
+WARMUP_S = 0.03   # seconds of warm-up before each
 
 
-def _case(shape: LibraryShape):
+# --- its jobs -----------------------------------------------------------------------------------
+
+def _case(shape: LibraryShape) -> Case:
     return Case(shape.M, shape.N, shape.K, pad=shape.pad)
 
 
-def _lds(shape: LibraryShape, layouts: dict[str, str]) -> dict[str, int]:
-    lda, ldb, ldc = tight_leading_dimensions(shape.M, shape.N, shape.K, layouts, shape.pad)
-    return {"A": lda, "B": ldb, "C": ldc}
+@dataclass(frozen=True)
+class Jobs:
+    """The jobs of one library: a candidate validated, a candidate or cuBLAS timed at a shape."""
+
+    library: Library
+    budget_s: float = BUDGET_S
+
+    def validate(self, plan: Plan) -> Job:
+        return Job(VALIDATE, kernel_key(plan), describe(plan.spec), VALIDATION, self.library.name, plan=plan,
+                   budget_s=self.budget_s, warmup_s=WARMUP_S)
+
+    def time(self, plan: Plan, shape: LibraryShape) -> Job:
+        return Job(TIME, kernel_key(plan), describe(plan.spec), shape_key(shape), self.library.name, plan=plan,
+                   shape=_case(shape), budget_s=self.budget_s, warmup_s=WARMUP_S)
+
+    def cublas(self, shape: LibraryShape) -> Job:
+        return Job(BASELINE, CUBLAS_KEY, self.library.baseline, shape_key(shape), self.library.name,
+                   shape=_case(shape), layouts=tuple(self.library.layouts.items()), budget_s=self.budget_s,
+                   warmup_s=WARMUP_S)
 
 
-def _buffers(shape: LibraryShape, layouts: dict[str, str]):
-    import cupy as cp
-    lds = _lds(shape, layouts)
-    lines = {"A": shape.M if layouts["A"] == "row" else shape.K, "B": shape.K if layouts["B"] == "row" else shape.N,
-             "C": shape.M if layouts["C"] == "row" else shape.N}
-    rng = cp.random.default_rng(shape.M * 7 + shape.N * 13 + shape.K)
-    return {x: rng.uniform(-1, 1, max(1, lines[x]) * lds[x] + 64, dtype=cp.float32) for x in "ABC"}, lds
-
-
-@dataclass
-class Task:
-    """One unit of GPU work: validate a candidate, time one at a shape, or time cuBLAS at a shape."""
-
-    kind: str                      # "validate", "time" or "cublas"
-    plan: Plan | None = None
-    shape: LibraryShape | None = None
-
-    @property
-    def label(self) -> str:
-        what = kernel_key(self.plan) if self.plan is not None else "cublas"
-        return f"{self.kind}|{what}|{shape_key(self.shape) if self.shape else ''}"
-
-
-def _worker(tasks: list[Task], db: str, library: str, layouts: dict, baseline: str, state: str,
-            budget_s: float, device: int | None) -> None:
-    """Validate and time in order; runs in a child process that may die (a faulting kernel)."""
-    if device is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
-    info = runtime.device_info()
-    _append(Path(db), {"scope": _scope(info.name, info.driver_version, "device", library), "key": "device",
-                       "sm_count": info.sm_count, "compute_capability": list(info.compute_capability)})
-    flusher = bench.L2Flusher(info)
-    kernels: dict[str, runtime.Kernel] = {}
-    problems: dict = {}
-    buffers = lds = None
-    current_shape = None
-    for task in tasks:
-        Path(state).write_text(task.label)
-        if task.kind == "validate":
-            kernel = kernels.setdefault(kernel_key(task.plan), runtime.Kernel(task.plan, _compiled(task.plan, None)))
-            report = verify.check(kernel, VALIDATION_CASES, problems=problems)
-            entry = {"scope": _scope(info.name, info.driver_version, "validation", library),
-                     "key": kernel_key(task.plan), "point": describe(task.plan.spec),
-                     "status": "ok" if report.ok else "invalid"}
-            if not report.ok:
-                entry["reason"] = f"{report.failures[0].case}: {report.failures[0].message}"
-            _append(Path(db), entry)
-            continue
-        if task.shape != current_shape:
-            buffers = lds = None
-            buffers, lds = _buffers(task.shape, layouts)
-            current_shape = task.shape
-        s = task.shape
-        args = (s.M, s.N, s.K, 1.0, buffers["A"].data.ptr, lds["A"], buffers["B"].data.ptr, lds["B"],
-                0.0, buffers["C"].data.ptr, lds["C"])
-        if task.kind == "cublas":
-            tf32 = baseline == "cuBLAS TF32"
-            timing = bench.time_gpu(lambda: cublas_gemm(*args, layouts, tf32=tf32), flush=flusher, warmup_s=0.03,
-                              budget_s=budget_s)
-            key, point = "cublas", baseline
-        else:
-            kernel = kernels.setdefault(kernel_key(task.plan), runtime.Kernel(task.plan, _compiled(task.plan, None)))
-            timing = bench.time_gpu(lambda: kernel.launch(*args), flush=flusher, warmup_s=0.03, budget_s=budget_s)
-            key, point = kernel_key(task.plan), describe(task.plan.spec)
-        flops = 2.0 * s.M * s.N * s.K
-        _append(Path(db), {"scope": _scope(info.name, info.driver_version, shape_key(s), library),
-                           "key": key, "point": point, "status": "ok", "ms": timing.median_ms,
-                           "tflops": flops / (timing.median_ms * 1e-3) / 1e12 if timing.median_ms else 0.0})
-    Path(state).write_text("")
+def record_device(db: Path, library: Library, device: Device) -> None:
+    """The GPU's facts (SM count, compute capability), once per device and library: the manifest
+    models the members with them."""
+    scope = Scope(device.name, device.driver, DEVICE, library.name)
+    if any(entry["scope"] == str(scope) for _, entry in tuning_db.read(db)):
+        return
+    tuning_db.append(db, {"scope": str(scope), "key": DEVICE_KEY, "sm_count": device.sm_count,
+                          "compute_capability": list(device.compute_capability)})
 
 
 def _anchors(shapes: list[LibraryShape], layouts: dict[str, str], count: int) -> list[LibraryShape]:
@@ -144,18 +98,34 @@ class TuneReport:
     evaluated: int
     seconds: float
     failures: list[dict]
+    gpus: int = 1     # the GPUs that measured at once
 
 
 def tune_library(library: Library, *, db: Path, progress: Callable[[dict], None] | None = None,
                  strategy: str = "exhaustive", options: dict | None = None, max_points: int | None = None,
-                 anchors: int = 8, per_shape: int = 6, budget_s: float = 0.05,
-                 device: int | None = None) -> TuneReport:
-    """Measure what the library needs on this GPU (see the module docstring); resumable."""
+                 anchors: int = 8, per_shape: int = 6, budget_s: float = BUDGET_S,
+                 devices: list[int] | None = None, scheduler=None, measurer=None) -> TuneReport:
+    """Measure what the library needs (see the module docstring); resumable. On this host's GPU 0,
+    one process per GPU of `devices`, or with a `scheduler` (a Dask scheduler's address, "local",
+    a distributed.Client) a cluster's GPU workers; `measurer` stands in for the GPU's (tests).
+    RunnerError when the workers cannot tune."""
+    with open_runner(devices, scheduler, measurer) as runner:
+        return tune_on(library, runner, db=db, progress=progress, strategy=strategy, options=options,
+                       max_points=max_points, anchors=anchors, per_shape=per_shape, budget_s=budget_s)
+
+
+def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[dict], None] | None = None,
+            strategy: str = "exhaustive", options: dict | None = None, max_points: int | None = None,
+            anchors: int = 8, per_shape: int = 6, budget_s: float = BUDGET_S) -> TuneReport:
+    """tune_library on a started runner."""
     started = time.perf_counter()
-    info = runtime.device_info(0 if device is None else device)
-    device_key = f"{info.name}|{info.driver_version}"
+    db = Path(db)
+    device = runner.device
+    device_key = f"{device.name}|{device.driver}"
+    record_device(db, library, device)
     shapes = library.shapes
     layouts = library.layouts
+    jobs = Jobs(library, budget_s)
     candidates = library.candidates()
     # Large spaces: a strategy's search per shape; its winners join the candidates.
     for member in library.members:
@@ -163,8 +133,7 @@ def tune_library(library: Library, *, db: Path, progress: Callable[[dict], None]
             continue
         for shape in shapes:
             result = tune_space(member.spec, _case(shape), strategy=strategy, options=options,
-                                max_points=max_points, db=db, progress=progress,
-                                devices=None if device is None else [device])
+                                max_points=max_points, db=db, progress=progress, runner=runner)
             good = sorted((r for r in result.records if r.get("status") == "ok"), key=lambda r: -r["tflops"])
             by_key = {point_key(p.spec): p for p in member.plans}
             for record in good[:WINNERS_PER_SHAPE]:
@@ -172,7 +141,7 @@ def tune_library(library: Library, *, db: Path, progress: Callable[[dict], None]
                 if plan is not None and all(kernel_key(plan) != kernel_key(c) for c in candidates):
                     candidates.append(plan)
     by_key = {kernel_key(p): p for p in candidates}
-    compile_all(candidates)
+    compile_all(candidates)  # here too: slots_per_sm reads ptxas's registers of each
     slots = {key: slots_per_sm(plan) for key, plan in by_key.items()}
 
     def measured() -> Measurements:
@@ -180,45 +149,46 @@ def tune_library(library: Library, *, db: Path, progress: Callable[[dict], None]
 
     evaluated = 0
 
-    def run(tasks: list[Task]) -> None:
+    def run(batch: list[Job]) -> None:
         nonlocal evaluated
         done = measured()
-        todo = [t for t in tasks if not _done(t, done)]
+        todo = [job for job in batch if not _done(job, done)]
         evaluated += len(todo)
         if todo:
-            _run_tasks(todo, db, library, budget_s, device, device_key, progress)
+            runner.run(todo, db, progress)
 
     anchor_shapes = _anchors(shapes, layouts, anchors)
     # Each phase decides from what the phases before it timed, and nothing else, so that a run
-    # resumed after an interruption makes the same decisions and measures nothing twice.
+    # resumed after an interruption (or run on other workers) makes the same decisions and
+    # measures nothing twice.
     # 1. every candidate validated, then timed at the anchors (cuBLAS at every shape).
-    run([Task("validate", plan) for plan in candidates] + [Task("cublas", shape=s) for s in shapes])
+    run([jobs.validate(plan) for plan in candidates] + [jobs.cublas(s) for s in shapes])
     valid = [p for p in candidates if measured().valid(kernel_key(p))]
-    phase1 = [Task("time", p, s) for s in anchor_shapes for p in valid]
+    phase1 = [jobs.time(p, s) for s in anchor_shapes for p in valid]
     run(phase1)
     # 2. at the other shapes, the candidates the model predicts fastest.
-    models = _fit(valid, _only(measured(), phase1), slots, shapes, layouts, info.sm_count)
+    models = _fit(valid, _only(measured(), phase1), slots, shapes, layouts, device.sm_count)
     phase2 = []
     for shape in shapes:
         if shape in anchor_shapes:
             continue
         cls = shape_class(shape, layouts)
-        ranked = sorted(valid, key=lambda p: _predicted(p, models, slots, shape, cls, info.sm_count))
+        ranked = sorted(valid, key=lambda p: _predicted(p, models, slots, shape, cls, device.sm_count))
         # the best predicted overall, and the best two of each member (a model fitted at a few
         # anchors can misjudge a whole kind of kernel, e.g. split K far from them)
         picked = ranked[:per_shape]
         for member in library.members:
             picked += [p for p in ranked if p.spec.name == member.name and p not in picked][:2]
-        phase2 += [Task("time", p, shape) for p in picked]
+        phase2 += [jobs.time(p, shape) for p in picked]
     run(phase2)
     # 3. the members a library would keep, timed at every shape (the model's data).
     m = _only(measured(), phase1 + phase2)
     valid = [p for p in valid if m.valid(kernel_key(p))]  # less any that crashed while timed
     chosen = select_members(valid, m, shapes, MAX_MEMBERS)
-    run([Task("time", p, s) for s in shapes for p in chosen + specialists(valid, chosen, m, shapes)])
+    run([jobs.time(p, s) for s in shapes for p in chosen + specialists(valid, chosen, m, shapes)])
     m = measured()
     failures = [entry for entry in m.status.values() if entry.get("status") != "ok"]
-    return TuneReport(library, device_key, m, evaluated, time.perf_counter() - started, failures)
+    return TuneReport(library, device_key, m, evaluated, time.perf_counter() - started, failures, runner.gpus)
 
 
 SPECIALIST_MARGIN = 1.05   # a candidate this much faster than every chosen one at some shape ...
@@ -247,70 +217,18 @@ def specialists(valid: list[Plan], chosen: list[Plan], m: Measurements, shapes: 
     return [plan for _, plan in ranked[:MAX_SPECIALISTS]]
 
 
-def _only(m: Measurements, tasks: list[Task]) -> Measurements:
-    """The measurements of these timing tasks alone (validation and cuBLAS records kept)."""
-    pairs = {(kernel_key(t.plan), shape_key(t.shape)) for t in tasks}
+def _only(m: Measurements, jobs: list[Job]) -> Measurements:
+    """The measurements of these timing jobs alone (validation and cuBLAS records kept)."""
+    pairs = {(job.key, job.what) for job in jobs}
     return Measurements(m.status, {k: v for k, v in m.times.items() if k in pairs}, m.cublas)
 
 
-def _done(task: Task, m: Measurements) -> bool:
-    if task.kind == "validate":
-        return kernel_key(task.plan) in m.status
-    if task.kind == "cublas":
-        return shape_key(task.shape) in m.cublas
-    key = kernel_key(task.plan)
-    return (key, shape_key(task.shape)) in m.times or (key in m.status and not m.valid(key))
-
-
-def _run_tasks(tasks: list[Task], db: Path, library: Library, budget_s: float, device: int | None,
-               device_key: str, progress: Callable[[dict], None] | None) -> None:
-    """Tasks in disposable worker processes: a crash or a hang costs the candidate in flight."""
-    context = multiprocessing.get_context("spawn")
-    state = Path(f"{db}.inflight")
-    remaining = list(tasks)
-    while remaining:
-        state.write_text("")
-        seen = len(db.read_text().splitlines()) if db.exists() else 0
-        worker = context.Process(target=_worker, args=(remaining, str(db), library.name, library.layouts,
-                                                       library.baseline, str(state), budget_s, device))
-        worker.start()
-        last_change, timed_out = time.monotonic(), False
-        while worker.is_alive():
-            worker.join(0.25)
-            lines = db.read_text().splitlines() if db.exists() else []
-            if len(lines) != seen:
-                for line in lines[seen:]:
-                    if progress:
-                        try:
-                            progress(json.loads(line))
-                        except ValueError:
-                            pass
-                seen, last_change = len(lines), time.monotonic()
-            elif time.monotonic() - last_change > CANDIDATE_TIMEOUT_S:
-                worker.terminate()
-                worker.join()
-                timed_out = True
-        in_flight = state.read_text().strip() if state.exists() else ""
-        labels = [t.label for t in remaining]
-        if in_flight and in_flight in labels:
-            index = labels.index(in_flight)
-            task = remaining[index]
-            if task.kind == "cublas" or (worker.exitcode == 0 and not timed_out):
-                raise RuntimeError(f"the library worker failed at {in_flight} (exit code {worker.exitcode})")
-            entry = {"scope": f"{device_key}|validation|{library.name}", "key": kernel_key(task.plan),
-                     "point": describe(task.plan.spec), "status": "timeout" if timed_out else "crash",
-                     "reason": (f"no result within {CANDIDATE_TIMEOUT_S:.0f} s" if timed_out else
-                                f"the worker process died (exit code {worker.exitcode}) "
-                                f"during {task.kind}{' at ' + shape_key(task.shape) if task.shape else ''}")}
-            _append(db, entry)
-            if progress:
-                progress(entry)
-            remaining = [t for t in remaining[index + 1:] if t.plan is None or kernel_key(t.plan) != entry["key"]]
-        elif worker.exitcode != 0:
-            raise RuntimeError(f"the library worker failed (exit code {worker.exitcode}): is the GPU usable?")
-        else:
-            remaining = []
-    state.unlink(missing_ok=True)
+def _done(job: Job, m: Measurements) -> bool:
+    if job.kind == VALIDATE:
+        return job.key in m.status
+    if job.kind == BASELINE:
+        return job.what in m.cublas
+    return (job.key, job.what) in m.times or (job.key in m.status and not m.valid(job.key))
 
 
 def _fit(plans: list[Plan], m: Measurements, slots: dict[str, int], shapes: list[LibraryShape],

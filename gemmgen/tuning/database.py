@@ -1,12 +1,31 @@
-"""The tuning database: JSON lines, one record per measured point, cuBLAS baseline or device.
+"""The tuning database: JSON lines, one record per line, the one format of every tuning (a search,
+a library, on one GPU, several, or a Dask cluster).
 
-`append` is its one writer (tune, library tuning, the Dask client); `read` its one reader, used by
-every command that takes a database (build --from-db, replay --db, tune --db, library tuning and
-building). `read` checks each record before anything uses it and raises DatabaseError naming
-the file and line: a file that is no database (random bytes, a JSON array, a FIFO, a file past
-MAX_BYTES), and records with a malformed field (a time that is no number, a scope that is not
-device|driver|shape|space). The one line it skips is one cut short by an interrupted append.
-A timing without TFLOP/s (a library's) gets them from its ms and shape.
+A record is {"scope": "device|driver|what|owner", "key": ..., then its fields}, the scope (Scope)
+saying what the measurement depends on besides the candidate itself:
+
+- device, driver: the GPU's name and the driver's version;
+- what: a shape, `MxNxK`, or `MxNxK+P` when its leading dimensions are P floats past tight (a
+  timing there, or why there is none); `validation` (a candidate checked on awkward small shapes,
+  once per device); or `device` (the GPU's facts: sm_count, compute_capability);
+- owner: the search space or library whose candidate it is.
+
+The key is the candidate's (a search's point_key, a library's kernel_key), CUBLAS_KEY for the
+baseline, DEVICE_KEY for the device's facts. The fields: "point" (the candidate's label,
+describe()), "status" (ok, invalid, compile, crash, timeout or lost), "ms" and "tflops" of a
+timing, "reason" of a failure, and "time" (seconds since 1970, set by `append`). A search records
+a point's validation and timing in one record at its shape; a library validates a candidate once
+(`validation`) and times it at many shapes.
+
+`append` is the one writer, called only where the tuning runs (the workers never write: runner.py
+and distributed.py hand it every result); `read` the one reader, used by every command that takes
+a database (build --from-db, replay --db, tune --db, library tuning and building). `read` checks
+each record before anything uses it and raises DatabaseError naming the file and line: a file that
+is no database (random bytes, a JSON array, a FIFO, a file past MAX_BYTES), and records with a
+malformed field (a time that is no number, a scope that is not device|driver|what|owner). The one
+line it skips is one cut short by an interrupted append. Records of older gemmgen are migrated
+as they are read (`migrate`): a library's first timings held ms alone, and get their TFLOP/s
+from ms and the scope's shape. Nothing rewrites a file.
 
 `check_labels` holds records to the points they name: a record stores a point's key (a hash of
 its settings) and its label (`describe`). A label that contradicts its key's point means the line
@@ -25,19 +44,73 @@ import os
 import re
 import stat
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 from ..outputs import OutputError, real_path
 
 MAX_BYTES = 256 << 20   # a database past this is no tuning database (~500,000 records)
-NOT_A_SHAPE = ("validation", "device")  # a library's scopes whose records hold no timing
+VALIDATION = "validation"  # the scope's `what` of a candidate's validation
+DEVICE = "device"          # the scope's `what` of the GPU's facts
+NOT_A_SHAPE = (VALIDATION, DEVICE)  # scopes whose records hold no timing
+CUBLAS_KEY = "cublas"      # the key of the baseline's timing
+DEVICE_KEY = "device"      # the key of the GPU's facts
+_SHAPE = re.compile(r"(\d+)x(\d+)x(\d+)(?:\+(\d+))?$")
 _DEFAULTS = {"group": "1", "occ": "0", "unroll": "0", "split": "1", "schedule": "data-parallel",
              "cluster": "1x1", "promote": "0"}  # settings describe() leaves out at these values
 
 
 class DatabaseError(ValueError):
     """A tuning database that cannot be used: the message names the file (and line)."""
+
+
+def shape_key(M: int, N: int, K: int, pad: int = 0) -> str:
+    """A shape as a scope names it: MxNxK, +P for leading dimensions P floats past tight."""
+    return f"{M}x{N}x{K}" + (f"+{pad}" if pad else "")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a record's measurement depends on besides its candidate: device|driver|what|owner."""
+
+    device: str
+    driver: str
+    what: str    # a shape key (MxNxK or MxNxK+P), VALIDATION or DEVICE
+    owner: str   # the search space or library
+
+    def __str__(self) -> str:
+        return f"{self.device}|{self.driver}|{self.what}|{self.owner}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Scope":
+        """ValueError unless `text` is four non-empty fields joined by '|'."""
+        parts = text.split("|") if isinstance(text, str) else []
+        if len(parts) != 4 or not all(parts):
+            raise ValueError(f"{json.dumps(text)[:80]}, not 'device|driver|shape|space'")
+        return cls(*parts)
+
+    @classmethod
+    def of(cls, entry: dict) -> "Scope":
+        """The scope of a record `read` returned."""
+        return cls.parse(entry["scope"])
+
+    @property
+    def device_key(self) -> str:
+        """device|driver: one GPU's records."""
+        return f"{self.device}|{self.driver}"
+
+    @property
+    def shape(self) -> tuple[int, int, int, int] | None:
+        """(M, N, K, pad) of a timing's scope; None for validation, the device, or anything else."""
+        found = _SHAPE.match(self.what)
+        return tuple(int(x or 0) for x in found.groups()) if found else None
+
+
+def db_scope(device: str, driver: str, shape, owner: str) -> str:
+    """The scope of a search's records at a shape (its M, N and K: a search times tight leading
+    dimensions)."""
+    return str(Scope(device, driver, shape_key(shape.M, shape.N, shape.K), owner))
 
 
 def append(db: Path, entry: dict) -> None:
@@ -93,9 +166,10 @@ def problem(entry) -> str | None:
     if not isinstance(entry, dict):
         kind = {list: "array", str: "string", bool: "true or false", type(None): "null"}.get(type(entry), "number")
         return f"a JSON {kind}, not a record (a JSON object per line)"
-    scope = entry.get("scope")
-    if not isinstance(scope, str) or len(scope.split("|")) != 4 or not all(scope.split("|")):
-        return f"'scope' is {json.dumps(scope)[:80]}, not 'device|driver|shape|space'"
+    try:
+        scope = Scope.parse(entry.get("scope"))
+    except ValueError as exc:
+        return f"'scope' is {exc}"
     if not isinstance(entry.get("key"), str) or not entry["key"]:
         return f"'key' is {json.dumps(entry.get('key'))[:40]}, not a point's key"
     for name in ("point", "status", "reason"):
@@ -104,7 +178,7 @@ def problem(entry) -> str | None:
     for name, what in (("ms", "milliseconds"), ("tflops", "TFLOP/s"), ("time", "seconds since 1970")):
         if name in entry and (why := _number(entry, name, what)):
             return why
-    if entry.get("status") == "ok" and scope.split("|")[2] not in NOT_A_SHAPE and "ms" not in entry:
+    if entry.get("status") == "ok" and scope.what not in NOT_A_SHAPE and "ms" not in entry:
         return "a timing with status ok and no 'ms'"
     if "sm_count" in entry and (not isinstance(entry["sm_count"], int) or isinstance(entry["sm_count"], bool)
                                 or entry["sm_count"] <= 0):
@@ -116,13 +190,15 @@ def problem(entry) -> str | None:
     return None
 
 
-def _tflops(entry: dict) -> float:
-    """TFLOP/s of a timing from its ms and the MxNxK of its scope."""
-    found = re.match(r"(\d+)x(\d+)x(\d+)", entry["scope"].split("|")[2])
-    if not found or not entry["ms"]:
-        return 0.0
-    m, n, k = map(int, found.groups())
-    return 2.0 * m * n * k / (entry["ms"] * 1e-3) / 1e12
+def migrate(entry: dict) -> dict:
+    """A record as this gemmgen writes it, from one `problem` accepts (changed in place): a
+    timing without TFLOP/s (a library's, before they were recorded) gets them from its ms and
+    the MxNxK of its scope."""
+    if entry.get("status") == "ok" and "ms" in entry and "tflops" not in entry:
+        shape = Scope.of(entry).shape
+        entry["tflops"] = (2.0 * shape[0] * shape[1] * shape[2] / (entry["ms"] * 1e-3) / 1e12
+                           if shape and entry["ms"] else 0.0)
+    return entry
 
 
 def read(db: str | os.PathLike) -> list[tuple[int, dict]]:
@@ -146,12 +222,25 @@ def read(db: str | os.PathLike) -> list[tuple[int, dict]]:
         why = problem(entry)
         if why:
             raise DatabaseError(f"{db}:{number}: {why}")
-        if entry.get("status") == "ok" and "ms" in entry and "tflops" not in entry:
-            entry["tflops"] = _tflops(entry)  # a library's timings hold ms alone
-        records.append((number, entry))
+        records.append((number, migrate(entry)))
     if cut and not records:
         raise DatabaseError(f"{db} holds no complete record: not a gemmgen tuning database")
     return records
+
+
+def latest(records: Iterable[tuple[int, dict]], scope: str | None = None) -> dict[str, dict]:
+    """Records of one scope (all scopes when None) by key (by scope|key for all); later lines win."""
+    found: dict[str, dict] = {}
+    for _, entry in records:
+        if scope is None or entry["scope"] == scope:
+            found[entry["key"] if scope else entry["scope"] + "|" + entry["key"]] = entry
+    return found
+
+
+def load_records(db: str | os.PathLike, scope: str | None = None) -> dict[str, dict]:
+    """The records of one scope of a database by key (see latest). Raises DatabaseError for a
+    malformed database."""
+    return latest(read(db), scope)
 
 
 def check(db: str | os.PathLike) -> None:
@@ -189,7 +278,7 @@ def check_labels(db: str | os.PathLike, records: Iterable[tuple[int, dict]], lab
     """DatabaseError at the first record (of `space`, if given) whose label contradicts the
     label in `labels` of the point its key names; records of other points are left alone."""
     for number, entry in records:
-        if space is not None and entry["scope"].split("|")[3] != space:
+        if space is not None and Scope.of(entry).owner != space:
             continue
         today = labels.get(entry["key"])
         if today is None or not entry.get("point"):  # no label: it names no point

@@ -1,8 +1,13 @@
-"""How one candidate is measured on the GPU, in the worker process that may die: validated on small
-awkward shapes (VALIDATION_CASES) against float64, then timed at the search's shape beside cuBLAS in
-the candidates' precision (GpuBench), each a record for the database."""
+"""How a job is measured on a GPU, in the worker process that may die: a candidate validated on small
+awkward shapes (VALIDATION_CASES) against float64, timed at a shape (median of CUDA events, L2
+flushed between launches), or both; cuBLAS timed at a shape in the candidates' precision and
+layouts, on the same buffers. The one measurer of searches and libraries, on this host or a Dask
+cluster: GpuMeasurer, a small picklable object sent with each job, whose process keeps its state
+(timing buffers, the L2 flusher, validation inputs, loaded kernels) between jobs."""
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from ..gpu import bench, runtime, verify
 from ..gpu.baseline import baseline_for, cublas_gemm
@@ -11,12 +16,18 @@ from ..gpu.epilogue_inputs import epilogue_vectors, vector_pointers
 from ..gpu.verify import Case
 from ..plan import Plan
 from ..plan.space import Space
+from .jobs import BASELINE, MEASURE, VALIDATE, Device, Job
 
 VALIDATION_CASES = (Case(127, 131, 137, pad=3), Case(257, 255, 253, alpha=0.5, beta=0.5, pad=5, offset=1),
                     Case(256, 256, 64, beta=1.0))
+KERNELS_KEPT = 32  # loaded kernels a GPU process keeps for the jobs that follow (a library's)
 
 
-CUBLAS_KEY = "cublas"
+def leading_dimensions(shape: Case, layouts: dict) -> dict:
+    """Leading dimensions of A, B and C in their layouts: tight, as a caller's dense arrays have,
+    plus the shape's pad."""
+    rows = {"A": (shape.M, shape.K), "B": (shape.K, shape.N), "C": (shape.M, shape.N)}
+    return {x: max(1, rows[x][1] if layouts[x] == "row" else rows[x][0]) + shape.pad for x in "ABC"}
 
 
 def _cupy():
@@ -24,62 +35,129 @@ def _cupy():
     return cupy
 
 
-def _time_setup(shape: Case):
-    cp = _cupy()
-    rng = cp.random.default_rng(12345)
-    return {name: rng.uniform(-1, 1, size + 64, dtype=cp.float32)
-            for name, size in (("A", shape.M * shape.K), ("B", shape.K * shape.N), ("C", shape.M * shape.N))}
+def _tflops(shape: Case, ms: float) -> float:
+    return 2.0 * shape.M * shape.N * shape.K / (ms * 1e-3) / 1e12 if ms else 0.0
 
 
-class GpuBench:
-    """What a GPU worker keeps between candidates at one shape: timing buffers, the L2 flusher,
-    the validation inputs. `candidate` validates and times one compiled point, `cublas` the
-    baseline; both return the fields of a record. Call them in the process that may die."""
+class _State:
+    """What a GPU process keeps between jobs: the L2 flusher, one shape's timing buffers (each
+    operand long enough for either layout), the validation inputs, the kernels loaded last."""
 
-    def __init__(self, shape: Case, budget_s: float):
-        self.shape, self.budget_s = shape, budget_s
+    def __init__(self):
         self.flusher = bench.L2Flusher(runtime.device_info())
-        self.buffers = _time_setup(shape)
+        self.shape: tuple | None = None
+        self.buffers: dict = {}
         self.problems: dict = {}
+        self.kernels: OrderedDict = OrderedDict()
 
-    def _pointers(self, layouts: dict) -> tuple:
-        lds = _leading_dimensions(self.shape, layouts)
+    def pointers(self, shape: Case, layouts: dict) -> tuple:
+        """A, lda, B, ldb, C, ldc on random inputs of this shape (made on its first job)."""
+        key = (shape.M, shape.N, shape.K, shape.pad)
+        if key != self.shape:
+            cp = _cupy()
+            self.buffers = {}  # the last shape's buffers go first
+            rng = cp.random.default_rng(12345)
+            for name, (rows, cols) in (("A", (shape.M, shape.K)), ("B", (shape.K, shape.N)),
+                                       ("C", (shape.M, shape.N))):
+                size = max(max(1, rows) * (max(1, cols) + shape.pad), max(1, cols) * (max(1, rows) + shape.pad))
+                self.buffers[name] = rng.uniform(-1, 1, size + 64, dtype=cp.float32)
+            self.shape = key
+        lds = leading_dimensions(shape, layouts)
         return tuple(x for name in "ABC" for x in (self.buffers[name].data.ptr, lds[name]))
 
-    def cublas(self, baseline: str, layouts: dict | None) -> dict:
-        """cuBLAS in the candidates' precision and layouts, on the same buffers."""
-        shape, layouts = self.shape, layouts or {"A": "row", "B": "row", "C": "row"}
-        a, lda, b, ldb, c, ldc = self._pointers(layouts)
-        timing = bench.time_gpu(lambda: cublas_gemm(shape.M, shape.N, shape.K, 1.0, a, lda, b, ldb, 0.0, c, ldc,
-                                              layouts, tf32=baseline == "cuBLAS TF32"),
-                          flush=self.flusher, budget_s=self.budget_s)
-        return {"key": CUBLAS_KEY, "point": baseline, "status": "ok", "ms": timing.median_ms,
-                "tflops": _tflops(shape, timing.median_ms)}
+    def kernel(self, job: Job, compiled) -> runtime.Kernel:
+        """The job's kernel, loaded once for the jobs of the same candidate that follow."""
+        key = (job.key, job.source)
+        if key in self.kernels:
+            self.kernels.move_to_end(key)
+            return self.kernels[key]
+        kernel = runtime.Kernel(job.plan, compiled)
+        self.kernels[key] = kernel
+        while len(self.kernels) > KERNELS_KEPT:
+            self.kernels.popitem(last=False)[1].close()
+        return kernel
 
-    def candidate(self, plan: Plan, compiled) -> dict:
-        """Validated on VALIDATION_CASES, then timed at the shape: status (ok or invalid) and more."""
-        shape = self.shape
-        kernel = runtime.Kernel(plan, compiled)
-        try:
-            report = verify.check(kernel, VALIDATION_CASES, problems=self.problems)
-            if not report.ok:
-                bad = report.failures[0]
-                return {"status": "invalid", "reason": f"{bad.case}: {bad.message}"}
-            a, lda, b, ldb, c, ldc = self._pointers({x: plan.spec[f"layout.{x}"] for x in "ABC"})
-            vectors = epilogue_vectors(_cupy(), plan, shape.M, shape.N)  # a fused epilogue's, kept referenced
-            extra = vector_pointers(vectors)
-            timing = bench.time_gpu(lambda: kernel.launch(shape.M, shape.N, shape.K, 1.0, a, lda, b, ldb, 0.0, c, ldc,
-                                                          **extra),
-                              flush=self.flusher, budget_s=self.budget_s)
-            return {"status": "ok", "ms": timing.median_ms, "tflops": _tflops(shape, timing.median_ms)}
-        finally:
+    def forget(self, job: Job) -> None:
+        kernel = self.kernels.pop((job.key, job.source), None)
+        if kernel is not None:
             kernel.close()
 
 
-def _leading_dimensions(shape: Case, layouts: dict) -> dict:
-    """Tight leading dimensions of A, B and C in their layouts, as a caller's dense arrays have."""
-    rows = {"A": (shape.M, shape.K), "B": (shape.K, shape.N), "C": (shape.M, shape.N)}
-    return {x: max(1, rows[x][1] if layouts[x] == "row" else rows[x][0]) for x in "ABC"}
+_state: _State | None = None
+
+
+def _here() -> _State:
+    global _state
+    if _state is None:
+        _state = _State()
+    return _state
+
+
+def _timed(state: _State, run, job: Job) -> dict:
+    options = {} if job.warmup_s is None else {"warmup_s": job.warmup_s}
+    timing = bench.time_gpu(run, flush=state.flusher, budget_s=job.budget_s, **options)
+    return {"status": "ok", "ms": timing.median_ms, "tflops": _tflops(job.shape, timing.median_ms)}
+
+
+def measure(job: Job, compiled) -> dict:
+    """The fields of `job`'s record, measured on this process's GPU (see the module docstring)."""
+    state = _here()
+    if job.kind == BASELINE:
+        layouts = dict(job.layouts) or {"A": "row", "B": "row", "C": "row"}
+        a, lda, b, ldb, c, ldc = state.pointers(job.shape, layouts)
+        s = job.shape
+        return _timed(state, lambda: cublas_gemm(s.M, s.N, s.K, 1.0, a, lda, b, ldb, 0.0, c, ldc, layouts,
+                                                 tf32=job.point == "cuBLAS TF32"), job)
+    kernel = state.kernel(job, compiled)
+    try:
+        if job.kind in (MEASURE, VALIDATE):
+            report = verify.check(kernel, VALIDATION_CASES, problems=state.problems)
+            if not report.ok:
+                bad = report.failures[0]
+                return {"status": "invalid", "reason": f"{bad.case}: {bad.message}"}
+            if job.kind == VALIDATE:
+                return {"status": "ok"}
+        s = job.shape
+        a, lda, b, ldb, c, ldc = state.pointers(s, {x: job.plan.spec[f"layout.{x}"] for x in "ABC"})
+        vectors = epilogue_vectors(_cupy(), job.plan, s.M, s.N)  # a fused epilogue's, kept referenced
+        extra = vector_pointers(vectors)
+        return _timed(state, lambda: kernel.launch(s.M, s.N, s.K, 1.0, a, lda, b, ldb, 0.0, c, ldc, **extra), job)
+    finally:
+        if job.kind == MEASURE:  # a search's point is measured once: its module goes at once
+            state.forget(job)
+
+
+def describe_device() -> Device:
+    info = runtime.device_info()
+    return Device(info.name, info.driver_version, info.sm_count, tuple(info.compute_capability))
+
+
+def compile_or_reason(plan: Plan, source: str | None):
+    """The Compiled kernel, or why it did not compile (a string)."""
+    try:
+        return compile_plan(plan, source)
+    except Exception as exc:  # noqa: BLE001 - the candidate's failure, recorded as such
+        return f"{type(exc).__name__}: {str(exc)[:500]}"
+
+
+class GpuMeasurer:
+    """The measurer the runners send with every job: `compile` on any CPU (NVRTC, through the
+    on-disk cache), `describe` and `measure` in a GPU process. Tests put a fake with the same three
+    methods in its place (tests/fake_cluster.py, tests/library_fake.py)."""
+
+    def compile(self, plan: Plan, source: str | None):
+        return compile_or_reason(plan, source)
+
+    def describe(self) -> Device:
+        return describe_device()
+
+    def measure(self, job: Job, compiled) -> dict:
+        return measure(job, compiled)
+
+
+def default_measurer():
+    """What measures jobs when no measurer is named: the GPU's."""
+    return GpuMeasurer()
 
 
 def search_baseline(space: Space) -> str:
@@ -93,11 +171,3 @@ def search_baseline(space: Space) -> str:
                                "the accuracy", "one search per precision: math tf32, or math "
                                "{simt, 3xtf32}")
     return baselines.pop()
-
-
-def _compiled(plan: Plan, source: str | None):
-    return compile_plan(plan, source)
-
-
-def _tflops(shape: Case, ms: float) -> float:
-    return 2.0 * shape.M * shape.N * shape.K / (ms * 1e-3) / 1e12 if ms else 0.0

@@ -30,8 +30,8 @@ from ..language.load import load_one
 from ..language.spec import Spec
 from ..plan.space import Space, describe, expand, point_key
 from . import database as tuning_db, strategies
-from .measure import CUBLAS_KEY
-from .runner import ignore_interrupts
+from .child import ignore_interrupts
+from .database import CUBLAS_KEY, Scope
 
 H100_SMS = 132                  # what the cost model assumes when a recording does not say
 THRESHOLDS = (0.03, 0.01)       # "within 3% / 1% of the exhaustive best"
@@ -77,10 +77,10 @@ def _scopes(db: Path, shape: Case, space: Space) -> dict[str, dict[str, dict]]:
     name = space.spec.name
     records = tuning_db.read(db)
     tuning_db.check_labels(db, records, {point_key(p.spec): describe(p.spec) for p in space.plans}, space=name)
-    tail = f"|{shape_text(shape)}|{name}"
     found: dict[str, dict[str, dict]] = {}
     for _, entry in records:
-        if entry["scope"].endswith(tail) and entry["key"] != CUBLAS_KEY:
+        scope = Scope.of(entry)
+        if (scope.what, scope.owner) == (shape_text(shape), name) and entry["key"] != CUBLAS_KEY:
             found.setdefault(entry["scope"], {})[entry["key"]] = entry
     return found
 

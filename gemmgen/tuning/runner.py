@@ -1,226 +1,234 @@
-"""The search's runner on this host: candidates compiled in a process pool (NVRTC, through the on-disk
-cache), then validated and timed (measure.py) in disposable worker processes, one per GPU; a
-candidate that crashes or hangs ends only its worker and is recorded with its reason. Every result
-is appended to the database at once (Evaluator); the records of a search's scope are read back
-by point key."""
+"""The one runner of every tuning, a search's (tune.py) and a library's (library/tune.py): jobs
+(jobs.py) compiled, then measured (measure.py) by GPU workers, each result appended to the database
+where the tuning runs, as it comes back, and reported.
+
+Runner is the supervision every place shares. Compiles and GPU work overlap; each GPU worker takes
+one job at a time; a candidate that fails to compile, crashes its GPU process or hangs
+(CANDIDATE_TIMEOUT_S) is recorded with its reason, and the rest go on; a candidate that crashed or
+hung gets none of this run's other jobs; a baseline that fails is reported, not recorded (the
+next run times it again). Where the work runs is a subclass's: LocalRunner (this host: NVRTC in a
+process pool, a disposable GPU process per GPU, child.py) or distributed.ClusterRunner (a Dask
+cluster's GPU workers). workers.open_runner picks one.
+"""
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
-import signal
-import time
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable
 
-from ..codegen.cuda import generate
-from ..gpu.compile import compile_error
-from ..gpu.verify import Case
-from ..outputs import write_atomic
-from ..plan import Plan
-from ..plan.space import Space, describe, point_key
-from . import database as tuning_db, strategies
-from .measure import CUBLAS_KEY, GpuBench, _compiled, search_baseline
+from . import database, measure as measurer_module
+from .child import ChildDied, ChildTimeout, GpuProcess, ignore_interrupts
+from .jobs import BASELINE, Device, Job
 
-CANDIDATE_TIMEOUT_S = 60.0
+CANDIDATE_TIMEOUT_S = 60.0  # a job with no result for this long is killed, recorded as `timeout`
+COMPILE_ATTEMPTS = 2        # a compile whose process dies this often is recorded as failed
+FAILED = ("crash", "timeout")  # a candidate's results that end its part in the run
 
 
-def db_scope(device: str, driver: str, shape: Case, space_name: str) -> str:
-    """What a measurement depends on besides the point itself."""
-    return f"{device}|{driver}|{shape.M}x{shape.N}x{shape.K}|{space_name}"
+class RunnerError(RuntimeError):
+    """The workers cannot tune (no GPU they can use, no cluster): the message says what to do."""
 
 
-def load_records(db: Path, scope: str | None = None) -> dict[str, dict]:
-    """Records of one scope (all scopes when None), by point key; later lines win.
-    Raises tuning_db.DatabaseError for a malformed database."""
-    records: dict[str, dict] = {}
-    for _, entry in tuning_db.read(db):
-        if scope is None or entry["scope"] == scope:
-            records[entry["key"] if scope else entry["scope"] + "|" + entry["key"]] = entry
-    return records
+def measure_job(measurer, job: Job, compiled) -> dict:
+    """In a GPU process: the fields of the job's record."""
+    return measurer.measure(job, compiled)
 
 
-def check_labels(db: Path, space: Space) -> None:
-    """DatabaseError at a record of `space` whose label contradicts the point its key names."""
-    labels = {point_key(plan.spec): describe(plan.spec) for plan in space.plans}
-    tuning_db.check_labels(db, tuning_db.read(db), labels, space=space.spec.name)
+def describe_gpu(measurer) -> Device:
+    """In a GPU process: its GPU (which starts CUDA there)."""
+    return measurer.describe()
 
 
-_append = tuning_db.append  # the database's one writer
+def compile_job(measurer, plan, source):
+    """On a CPU: the Compiled kernel, or why it did not compile (a string)."""
+    return measurer.compile(plan, source)
 
 
-def ignore_interrupts() -> None:
-    """In a worker process: leave Ctrl-C to the parent, which stops the workers and exits with
-    one line (a worker taking SIGINT too would print a traceback of its own)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+class Runner:
+    """Runs jobs on GPU workers (a subclass says where); use it as a context manager, which
+    starts the workers and learns their GPU (`device`)."""
 
-
-def _worker(jobs: list[tuple[Plan, str | None]], shape: Case, db: str, scope: str, state: str,
-            budget_s: float, with_cublas: bool, device: int | None = None,
-            baseline: str = "cuBLAS FP32", layouts: dict | None = None) -> None:
-    """Validate and time candidates in order; runs in a child process that may die."""
-    ignore_interrupts()
-    if device is not None:  # before any CUDA call: this process sees only its own GPU
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
-    bench = GpuBench(shape, budget_s)
-    if with_cublas:
-        _append(Path(db), {"scope": scope, **bench.cublas(baseline, layouts)})
-    for plan, source in jobs:
-        key = point_key(plan.spec)
-        write_atomic(state, key)  # whole: the parent reads it if this process dies
-        entry = {"scope": scope, "key": key, "point": describe(plan.spec)}
-        try:
-            entry.update(bench.candidate(plan, _compiled(plan, source)))
-        except Exception as exc:  # noqa: BLE001 - a fault poisons this process's GPU context
-            entry.update(status="crash", reason=f"{type(exc).__name__}: {str(exc)[:400]}")
-            _append(Path(db), entry)
-            os._exit(3)  # the parent starts a fresh worker (and context) for the rest
-        _append(Path(db), entry)
-    write_atomic(state, "")
-
-
-@dataclass
-class Evaluator:
-    """evaluate(points) for a strategy: compile, validate and time, with records kept in the db."""
-
-    space: Space
-    shape: Case
-    db: Path
-    scope: str
-    max_points: int | None = None
-    budget_s: float = 0.2
-    progress: Callable[[dict], None] | None = None
-    source_patch: Callable[[Plan, str], str] | None = None
-    pool: ProcessPoolExecutor | None = None
-    devices: list[int] | None = None
-    evaluated: int = 0
-    keys: dict = field(default_factory=dict)
-    baseline: str = "cuBLAS FP32"
-    sms: int = 0  # the GPU's SM count, for strategies that model the kernels (strategies/model.py)
+    def __init__(self, measurer=None):
+        self.measurer = measurer if measurer is not None else measurer_module.default_measurer()
+        self.device: Device | None = None
 
     @property
     def gpus(self) -> int:
-        return len(self.devices or [None])
+        """GPUs that measure at once."""
+        raise NotImplementedError
 
-    def __post_init__(self) -> None:
-        self.keys = {coords: point_key(plan.spec) for coords, plan in self.space.plan_at.items()}
-        self.baseline = search_baseline(self.space)
+    # --- where the work runs (a subclass's) -------------------------------------------------------
 
-    def _source(self, plan: Plan) -> str | None:
-        if self.source_patch is None:
-            return None
-        return self.source_patch(plan, generate(plan))
+    def _idle(self, running: dict) -> list:
+        """The GPU workers without a job (those of `running`'s handles are busy)."""
+        raise NotImplementedError
 
-    def __call__(self, points: list[tuple]) -> list[float]:
-        done = load_records(self.db, self.scope)
-        fresh = [p for p in dict.fromkeys(points) if self.keys[p] not in done]
-        if self.max_points is not None:
-            room = self.max_points - self.evaluated
-            if room <= 0:
-                raise strategies.Budget()
-            fresh = fresh[:room]
-        self.evaluated += len(fresh)
-        if fresh:
-            self._evaluate(fresh, with_cublas=CUBLAS_KEY not in done)
-        done = load_records(self.db, self.scope)
-        scores = [done.get(self.keys[p], {}).get("tflops", 0.0) for p in points]
-        if self.max_points is not None and self.evaluated >= self.max_points:
-            raise strategies.Budget()
-        return scores
+    def _abandoned(self, running: dict) -> list[tuple]:
+        """(handle, fields) of the running jobs no result will come for (their worker left)."""
+        return []
 
-    def _layouts(self) -> dict:
-        spec = self.space.plans[0].spec  # a space's layouts are rarely searched; cuBLAS takes the first
-        return {x: spec[f"layout.{x}"] for x in "ABC"}
+    def _compile(self, plan, source):
+        """A handle (.done()) of compile_job on a CPU."""
+        raise NotImplementedError
 
-    def _report(self, entry: dict) -> None:
-        if self.progress:
-            self.progress(entry)
+    def _compiled(self, handle):
+        """What a finished compile gave; raises if its process died."""
+        return handle.result()
 
-    def _evaluate(self, points: list[tuple], with_cublas: bool) -> None:
-        jobs = [(self.space.plan_at[p], self._source(self.space.plan_at[p])) for p in points]
-        errors = list(self.pool.map(compile_error, jobs)) if self.pool else [compile_error(j) for j in jobs]
-        runnable = []
-        for (plan, source), error in zip(jobs, errors):
-            if error:
-                entry = {"scope": self.scope, "key": point_key(plan.spec), "point": describe(plan.spec),
-                         "status": "compile", "reason": error}
-                _append(self.db, entry)
-                self._report(entry)
-            else:
-                runnable.append((plan, source))
-        context = multiprocessing.get_context("spawn")
-        devices = self.devices or [None]
-        # One worker per GPU, candidates dealt round-robin; each worker owns an in-flight file.
-        queues = {d: runnable[i::len(devices)] for i, d in enumerate(devices)}
-        states = {d: Path(f"{self.db}.inflight{'' if d is None else '.' + str(d)}") for d in devices}
-        while any(queues.values()) or with_cublas:
-            workers = {}
-            for device, jobs in queues.items():
-                if jobs or (with_cublas and device == devices[0]):
-                    write_atomic(states[device], "")
-                    workers[device] = context.Process(
-                        target=_worker, args=(jobs, self.shape, str(self.db), self.scope,
-                                              str(states[device]), self.budget_s,
-                                              with_cublas and device == devices[0], device,
-                                              self.baseline, self._layouts()))
-                    workers[device].start()
-            with_cublas = False
+    def _measure(self, worker, job: Job, compiled):
+        """A handle (.done()) of the job measured by `worker`."""
+        raise NotImplementedError
+
+    def _fields(self, handle, job: Job, worker) -> dict | None:
+        """A finished job's record fields (None: nothing to record)."""
+        return handle.result()
+
+    def _wait(self, handles: list, timeout: float) -> None:
+        """Until one of `handles` is done, or `timeout` seconds."""
+        raise NotImplementedError
+
+    # --- the supervision ------------------------------------------------------------------------
+
+    def run(self, jobs: list[Job], db: Path, progress: Callable[[dict], None] | None = None) -> list[dict]:
+        """Measure `jobs`, appending each record to `db` as it comes (and passing it to
+        `progress`); returns the records in that order."""
+        db = Path(db)
+        records: list[dict] = []
+
+        def deliver(job: Job, fields: dict) -> None:
+            entry = job.record(self.device, fields)
+            if job.kind == BASELINE and fields.get("status") != "ok":
+                if progress:  # reported; not recorded, so that the next run times it again
+                    progress(entry)
+                return
+            database.append(db, entry)
+            records.append(entry)
+            if progress:
+                progress(entry)
+
+        failed: set[str] = set()          # candidates that crashed or hung in this run
+        ready: deque = deque()            # (job, compiled) for a GPU worker
+        groups: dict[tuple, list[Job]] = {}
+        compiles: dict = {}               # handle -> (group, attempts)
+        for job in jobs:
+            if job.plan is None:
+                ready.append((job, None))
+                continue
+            group = (job.key, job.source)
+            if group not in groups:
+                groups[group] = []
+                compiles[self._compile(job.plan, job.source)] = (group, 1)
+            groups[group].append(job)
+        running: dict = {}                # handle -> (job, worker)
+        while compiles or ready or running:
+            for handle, fields in self._abandoned(running):
+                job, _ = running.pop(handle)
+                if job.kind != BASELINE:
+                    deliver(job, fields)
+            for worker in self._idle(running):
+                while ready:
+                    job, compiled = ready.popleft()
+                    if job.key in failed and job.kind != BASELINE:
+                        continue
+                    running[self._measure(worker, job, compiled)] = (job, worker)
+                    break
+            self._wait(list(compiles) + list(running), 0.5)
+            for handle in [h for h in compiles if h.done()]:
+                group, attempts = compiles.pop(handle)
+                try:
+                    result = self._compiled(handle)
+                except Exception as exc:  # noqa: BLE001 - the compiling process died
+                    if attempts < COMPILE_ATTEMPTS:
+                        compiles[self._compile(groups[group][0].plan, group[1])] = (group, attempts + 1)
+                        continue
+                    result = f"{type(exc).__name__}: {exc}"
+                if isinstance(result, str):
+                    for job in groups[group]:
+                        deliver(job, {"status": "compile", "reason": result})
+                else:
+                    ready.extend((job, result) for job in groups[group])
+            for handle in [h for h in running if h.done()]:
+                job, worker = running.pop(handle)
+                fields = self._fields(handle, job, worker)
+                if fields is None:
+                    continue
+                if fields.get("status") in FAILED:
+                    failed.add(job.key)
+                deliver(job, fields)
+        return records
+
+
+class LocalRunner(Runner):
+    """This host: NVRTC in a process pool, and one disposable GPU process per device of `devices`
+    (None: the first GPU, as CUDA_VISIBLE_DEVICES gives it), each running one job at a time."""
+
+    def __init__(self, devices: list[int] | None = None, measurer=None, compile_processes: int | None = None):
+        super().__init__(measurer)
+        self.devices = list(devices) if devices else [None]
+        self.compile_processes = compile_processes or os.cpu_count() or 1
+        self._processes: list[GpuProcess] = []
+        self._threads: ThreadPoolExecutor | None = None
+        self._pool: ProcessPoolExecutor | None = None
+
+    @property
+    def gpus(self) -> int:
+        return len(self.devices)
+
+    def __enter__(self) -> "LocalRunner":
+        self._processes = [GpuProcess(device) for device in self.devices]
+        self._threads = ThreadPoolExecutor(max_workers=len(self._processes), thread_name_prefix="gemmgen-gpu")
+        # NVRTC workers start fresh (spawn): forking a process that holds a CUDA context is unsafe.
+        self._pool = ProcessPoolExecutor(max_workers=self.compile_processes, initializer=ignore_interrupts,
+                                         mp_context=multiprocessing.get_context("spawn"))
+        try:
+            self.device = self._describe()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the GPU processes (a job in flight is lost, not recorded) and the compiles."""
+        for process in self._processes:
+            process.close()
+        if self._threads is not None:
+            self._threads.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._processes, self._threads, self._pool = [], None, None
+
+    def _describe(self) -> Device:
+        answers = set()
+        for process in self._processes:
             try:
-                timed_out = self._watch(workers)
-            except BaseException:  # Ctrl-C reaches this process alone (workers ignore it): stop them
-                for worker in workers.values():
-                    worker.terminate()
-                    worker.join()
-                for state in states.values():
-                    state.unlink(missing_ok=True)
-                raise
-            done = load_records(self.db, self.scope)
-            for device, worker in workers.items():
-                in_flight = states[device].read_text().strip() if states[device].exists() else ""
-                if in_flight and in_flight not in done:
-                    plan = next(p for p, _ in queues[device] if point_key(p.spec) == in_flight)
-                    entry = {"scope": self.scope, "key": in_flight, "point": describe(plan.spec),
-                             "status": "timeout" if device in timed_out else "crash",
-                             "reason": (f"no result within {CANDIDATE_TIMEOUT_S:.0f} s"
-                                        if device in timed_out else
-                                        f"the worker process died (exit code {worker.exitcode}); "
-                                        "the candidate faulted on the GPU")}
-                    _append(self.db, entry)
-                    self._report(entry)
-            done = load_records(self.db, self.scope)
-            for device, worker in workers.items():
-                remaining = [(p, s) for p, s in queues[device] if point_key(p.spec) not in done]
-                if remaining and len(remaining) == len(queues[device]) and worker.exitcode != 0:
-                    raise RuntimeError(f"the tuning worker{'' if device is None else ' on GPU ' + str(device)}"
-                                       f" failed before any candidate (exit code {worker.exitcode}): "
-                                       "is the GPU usable?")
-                queues[device] = remaining
-        for state in states.values():
-            state.unlink(missing_ok=True)
+                answers.add(process.call(describe_gpu, (self.measurer,), CANDIDATE_TIMEOUT_S))
+            except (ChildDied, ChildTimeout, RuntimeError) as exc:
+                raise RunnerError(f"the tuning worker{process.where} could not start CUDA ({exc}): "
+                                  "is the GPU usable?") from None
+        if len(answers) > 1:
+            raise RunnerError(f"the GPUs differ ({', '.join(sorted(d.name for d in answers))}): their records "
+                              "would mix devices; tune on one kind of GPU at a time")
+        return answers.pop()
 
-    def _watch(self, workers: dict) -> set:
-        """Report results as they land; stop workers silent for CANDIDATE_TIMEOUT_S. Returns those."""
-        seen = len(self.db.read_text().splitlines()) if self.db.exists() else 0
-        last_change = time.monotonic()
-        timed_out = set()
-        while any(w.is_alive() for w in workers.values()):
-            for worker in workers.values():
-                worker.join(0.25 / len(workers))
-            lines = self.db.read_text().splitlines() if self.db.exists() else []
-            if len(lines) != seen:
-                for line in lines[seen:]:
-                    try:
-                        self._report(json.loads(line))
-                    except ValueError:
-                        pass
-                seen, last_change = len(lines), time.monotonic()
-            elif time.monotonic() - last_change > CANDIDATE_TIMEOUT_S:
-                for device, worker in workers.items():
-                    if worker.is_alive():
-                        worker.terminate()
-                        worker.join()
-                        timed_out.add(device)
-        return timed_out
+    def _idle(self, running: dict) -> list:
+        busy = {worker for _, worker in running.values()}
+        return [index for index in range(len(self._processes)) if index not in busy]
+
+    def _compile(self, plan, source):
+        return self._pool.submit(compile_job, self.measurer, plan, source)
+
+    def _measure(self, worker, job: Job, compiled):
+        process = self._processes[worker]
+        return self._threads.submit(process.run, measure_job, (self.measurer, job, compiled), CANDIDATE_TIMEOUT_S,
+                                    job.doing)
+
+    def _wait(self, handles: list, timeout: float) -> None:
+        if handles:
+            wait(handles, timeout=timeout, return_when=FIRST_COMPLETED)

@@ -1,36 +1,34 @@
 """Search a spec's space for the fastest kernel that is correct, for one GPU and shape.
 
 Points the Plan rejects are pruned before anything compiles. A strategy (strategies/) proposes
-batches of points; each batch compiles in parallel (NVRTC in a process pool, through the on-disk
-cache), then a worker process validates each candidate on small awkward shapes and times it at the
-target shape (runner.py, measure.py). The worker is disposable: a candidate that crashes the GPU
-context or hangs ends only that worker, is recorded with its reason, and a new worker carries on.
-Every result is appended to a JSON-lines database at once, so an interrupted search resumes where
-it stopped and a repeated one measures nothing twice. On a Dask cluster (a scheduler's address, or
-a local one over several GPUs), distributed.py evaluates the same batches instead.
+batches of points; the Evaluator makes each batch jobs (jobs.py: a point validated on small awkward
+shapes, then timed at the target shape, beside cuBLAS) for the runner (runner.py), which compiles
+them in parallel (NVRTC, through the on-disk cache) and measures them (measure.py) on this host's
+GPUs or a Dask cluster's (workers.py): a candidate that crashes the GPU context or hangs costs only
+itself, recorded with its reason. Every result is appended to a JSON-lines database at once, so an
+interrupted search resumes where it stopped and a repeated one measures nothing twice.
 """
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..gpu import runtime
+from ..codegen.cuda import generate
 from ..gpu.verify import Case
 from ..language.spec import Spec
 from ..outputs import save_figure
 from ..plan import Plan
 from ..plan.space import Space, describe, expand, point_key
 from . import database as tuning_db, strategies
-from .distributed import cluster_evaluator
-from .measure import CUBLAS_KEY
-from .runner import Evaluator, check_labels, db_scope, ignore_interrupts, load_records
+from .database import CUBLAS_KEY, db_scope, load_records, shape_key
+from .jobs import BASELINE, MEASURE, Job
+from .measure import search_baseline
+from .runner import Runner
+from .workers import open_runner
 
 
 @dataclass
@@ -52,16 +50,92 @@ class TuneResult:
         return [r for r in self.records if r.get("status") != "ok"]
 
 
+def check_labels(db: Path, space: Space) -> None:
+    """DatabaseError at a record of `space` whose label contradicts the point its key names."""
+    labels = {point_key(plan.spec): describe(plan.spec) for plan in space.plans}
+    tuning_db.check_labels(db, tuning_db.read(db), labels, space=space.spec.name)
+
+
+@dataclass
+class Evaluator:
+    """evaluate(points) for a strategy: the points measured by the runner, records kept in the db."""
+
+    space: Space
+    shape: Case
+    db: Path
+    runner: Runner
+    max_points: int | None = None
+    budget_s: float = 0.2
+    progress: Callable[[dict], None] | None = None
+    source_patch: Callable[[Plan, str], str] | None = None
+    evaluated: int = 0
+    keys: dict = field(default_factory=dict)
+    baseline: str = "cuBLAS FP32"
+
+    def __post_init__(self) -> None:
+        self.keys = {coords: point_key(plan.spec) for coords, plan in self.space.plan_at.items()}
+        self.baseline = search_baseline(self.space)
+
+    @property
+    def scope(self) -> str:
+        device = self.runner.device
+        return db_scope(device.name, device.driver, self.shape, self.space.spec.name)
+
+    @property
+    def sms(self) -> int:
+        """The GPU's SM count, for strategies that model the kernels (strategies/model.py)."""
+        return self.runner.device.sm_count
+
+    @property
+    def gpus(self) -> int:
+        return self.runner.gpus
+
+    def __call__(self, points: list[tuple]) -> list[float]:
+        done = load_records(self.db, self.scope)
+        fresh = [p for p in dict.fromkeys(points) if self.keys[p] not in done]
+        if self.max_points is not None:
+            room = self.max_points - self.evaluated
+            if room <= 0:
+                raise strategies.Budget()
+            fresh = fresh[:room]
+        self.evaluated += len(fresh)
+        if fresh:
+            self.runner.run(self.jobs(fresh, with_cublas=CUBLAS_KEY not in done), self.db, self.progress)
+        done = load_records(self.db, self.scope)
+        scores = [done.get(self.keys[p], {}).get("tflops", 0.0) for p in points]
+        if self.max_points is not None and self.evaluated >= self.max_points:
+            raise strategies.Budget()
+        return scores
+
+    def jobs(self, points: list[tuple], with_cublas: bool) -> list[Job]:
+        """The baseline (first, when it is not recorded yet) and each point, validated and timed."""
+        what, owner = shape_key(self.shape.M, self.shape.N, self.shape.K), self.space.spec.name
+        shape = Case(self.shape.M, self.shape.N, self.shape.K)  # timed with tight leading dimensions
+        jobs = []
+        if with_cublas:
+            spec = self.space.plans[0].spec  # a space's layouts are rarely searched; cuBLAS takes the first
+            jobs.append(Job(BASELINE, CUBLAS_KEY, self.baseline, what, owner, shape=shape, budget_s=self.budget_s,
+                            layouts=tuple((x, spec[f"layout.{x}"]) for x in "ABC")))
+        for p in points:
+            plan = self.space.plan_at[p]
+            source = self.source_patch(plan, generate(plan)) if self.source_patch else None
+            jobs.append(Job(MEASURE, self.keys[p], describe(plan.spec), what, owner, plan=plan, source=source,
+                            shape=shape, budget_s=self.budget_s))
+        return jobs
+
+
 def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict | None = None,
          max_points: int | None = None, db: Path | None = None, budget_s: float = 0.2,
          progress: Callable[[dict], None] | None = None,
          source_patch: Callable[[Plan, str], str] | None = None,
-         devices: list[int] | None = None, scheduler=None) -> TuneResult:
+         devices: list[int] | None = None, scheduler=None, runner: Runner | None = None,
+         measurer=None) -> TuneResult:
     """Search `spec`'s space at `shape` with a strategy; every record of this device and shape.
 
     Candidates run on this host's GPU 0, or one worker process per GPU of `devices`; with a
     `scheduler` (a Dask scheduler's address, "local" for a local cluster over `devices`, or a
-    distributed.Client) on one Dask worker per GPU of a cluster (distributed.py)."""
+    distributed.Client) on one Dask worker per GPU of a cluster (distributed.py); or on the
+    `runner` given, already started (a library's). RunnerError when the workers cannot tune."""
 
     started = time.perf_counter()
     module = strategies.get(strategy)
@@ -71,31 +145,18 @@ def tune(spec: Spec, shape: Case, *, strategy: str = "exhaustive", options: dict
     if not space.valid:
         raise ValueError(f"no point of {spec.name}'s space is valid: {dict(space.pruned)}")
     check_labels(db, space)  # before any GPU work: the records it resumes from name their points
-    if scheduler is not None:
-        backend = cluster_evaluator(scheduler, devices, space, shape, db, max_points, budget_s,
-                                    progress, source_patch)
-    else:
-        backend = _local_evaluator(space, shape, db, max_points, budget_s, progress, source_patch, devices)
-    with backend as evaluator:
+    workers = (contextlib.nullcontext(runner) if runner is not None else
+               open_runner(devices, scheduler, measurer))
+    with workers as running:
+        evaluator = Evaluator(space, shape, db, running, max_points, budget_s, progress, source_patch)
         try:
             module.tune(space, evaluator, settings)
         except strategies.Budget:
             pass
-    result = summarize(space, shape, db, evaluator.scope, evaluator.evaluated, time.perf_counter() - started)
-    result.gpus = evaluator.gpus
+        scope, gpus = evaluator.scope, evaluator.gpus
+    result = summarize(space, shape, db, scope, evaluator.evaluated, time.perf_counter() - started)
+    result.gpus = gpus
     return result
-
-
-@contextlib.contextmanager
-def _local_evaluator(space, shape, db, max_points, budget_s, progress, source_patch, devices):
-    """This host: a worker process per GPU, compiles in a process pool."""
-    info = runtime.device_info()
-    scope = db_scope(info.name, info.driver_version, shape, space.spec.name)
-    # NVRTC workers start fresh (spawn): forking a process that holds a CUDA context is unsafe.
-    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=ignore_interrupts) as pool:
-        yield Evaluator(space, shape, db, scope, max_points, budget_s, progress, source_patch, pool, devices,
-                        sms=info.sm_count)
 
 
 def summarize(space: Space, shape: Case, db: Path, scope: str, evaluated: int = 0,
@@ -118,11 +179,11 @@ def best_recorded(spec: Spec, db: Path, shape: Case | None = None) -> tuple[Plan
     by_key = {point_key(plan.spec): plan for plan in space.plans}
     records = tuning_db.read(db)
     tuning_db.check_labels(db, records, {k: describe(p.spec) for k, p in by_key.items()}, space=spec.name)
-    latest = {entry["scope"] + "|" + entry["key"]: entry for _, entry in records}
-    candidates = [r for r in latest.values()
+    want = shape_key(shape.M, shape.N, shape.K) if shape is not None else None
+    candidates = [r for r in tuning_db.latest(records).values()
                   if r.get("status") == "ok" and r["key"] in by_key
-                  and r["scope"].split("|")[3] == spec.name
-                  and (shape is None or r["scope"].split("|")[2] == f"{shape.M}x{shape.N}x{shape.K}")]
+                  and tuning_db.Scope.of(r).owner == spec.name
+                  and (want is None or tuning_db.Scope.of(r).what == want)]
     if not candidates:
         raise LookupError(f"{db} holds no validated point of '{spec.name}'"
                           + (f" at {shape.M}x{shape.N}x{shape.K}" if shape else "") + "; run gemmgen tune first")
