@@ -28,6 +28,7 @@ from gemmgen.explain.report import as_dict, explain, render_text
 from gemmgen.gpu import launch
 from gemmgen.gpu.compile import Resources, compile_plan
 from gemmgen.gpu.launch import KINDS, MAIN, decide, parameter_offsets
+from gemmgen.plan.parts.launch import BATCH
 from gemmgen.gpu.runtime import CudaError, Kernel, ShapeError
 from gemmgen.language.errors import SpecError
 from gemmgen.language.load import load_file, load_one
@@ -139,13 +140,15 @@ def _signature_table(signature):
                                         ("epilogue_tma", ("bias", "scale"))])
 def test_the_vectors_are_kernel_parameters_after_the_main_ones_where_the_compiler_put_them(name, extra):
     plan = make_plan(load_one(SPECS_DIR / f"{name}.gemm"))
-    assert tuple(p.name for p in plan.signature[-len(extra):]) == extra
+    # the epilogue's parameters, then the batches' (count and strides), last
+    assert plan.signature[-len(BATCH):] == BATCH
+    assert tuple(p.name for p in plan.signature[-len(extra) - len(BATCH):-len(BATCH)]) == extra
     compiled = compile_plan(plan)
     for expression in kernel_name_expressions(plan).values():
         assert kernel_parameters(compiled.cubin, compiled.lowered_names[expression]) == _signature_table(plan.signature)
     fallback = plan.mainloop.fallback
     if fallback is not None:  # the register-fed fallback reads the same vectors
-        assert fallback.signature == MAIN + tuple(p for p in plan.signature if p.kind == "v")
+        assert fallback.signature == MAIN + tuple(p for p in plan.signature if p.kind == "v") + BATCH
         for expression in kernel_name_expressions(fallback).values():
             assert (kernel_parameters(compiled.cubin, compiled.lowered_names[expression])
                     == _signature_table(fallback.signature))
