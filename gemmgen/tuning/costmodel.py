@@ -44,6 +44,10 @@ SPLIT_PASS_CLOCKS = 12000
 # FFMA issues from each of an SM's 4 schedulers every clock only with about 2 warps on each to
 # cover its latency: fewer resident warps leave issue slots empty.
 SIMT_WARPS_TO_ISSUE = 8
+# The share of the smaller of a call's DRAM time and its SMs' time that the other does not hide
+# (features' dram_exposed). Not a physical rate: the model strategy's option `dram`, chosen by
+# leave-one-recording-out replays (tuning/replay.py leave_one_out; docs/tuning.md).
+DRAM_EXPOSED = 1.0
 
 
 @dataclass(frozen=True)
@@ -127,8 +131,16 @@ def epilogue_clocks(plan: Plan, mainloop_clocks: float) -> float:
     return clocks
 
 
-def features(plan: Plan, shape: Case, sms: int) -> Features:
-    """The cost model's numbers for one point at one shape, on a GPU of `sms` SMs."""
+def dram_clocks(plan: Plan, M: int, N: int, K: int, sms: int) -> float:
+    """Clocks of each SM's share of the call's compulsory DRAM traffic: A and B once, C written
+    (and read, with beta), at the SMs' share of HBM's rate. No kernel of any tiling beats it."""
+    c_passes = 2 if plan.beta else 1
+    return 4 * (M * K + K * N + c_passes * M * N) / (DRAM_BYTES_PER_CLOCK * sms)
+
+
+def features(plan: Plan, shape: Case, sms: int, dram_exposed: float = DRAM_EXPOSED) -> Features:
+    """The cost model's numbers for one point at one shape, on a GPU of `sms` SMs. The call's
+    DRAM time and the SM's time overlap but for `dram_exposed` of the smaller of the two."""
     plan, vectors = running_plan(plan, shape)
     M, N, K = shape.M, shape.N, shape.K
     BM, BN, BK, split = plan.BM, plan.BN, plan.BK, plan.split_k
@@ -188,6 +200,8 @@ def features(plan: Plan, shape: Case, sms: int) -> Features:
         sm_clocks = per_sm * (k_steps * step + (epilogue + BLOCK_OVERHEAD_CLOCKS) / resident)
     if split > 1:
         sm_clocks += SPLIT_PASS_CLOCKS + 8 * M * N / (DRAM_BYTES_PER_CLOCK * sms)
+    dram = dram_clocks(plan, M, N, K, sms)
+    sm_clocks = max(sm_clocks, dram) + dram_exposed * min(sm_clocks, dram)
     useful = 2.0 * M * N * K / sms
     prior = math.log(useful / sm_clocks)
 
@@ -222,10 +236,10 @@ class Table:
     """Features of every point of a space at one shape: rows in `space.valid_points` order,
     each column standardised, then the one-hot value of each searched setting."""
 
-    def __init__(self, space, shape: Case, sms: int):
+    def __init__(self, space, shape: Case, sms: int, dram_exposed: float = DRAM_EXPOSED):
         self.points = space.valid_points
         self.index = {p: i for i, p in enumerate(self.points)}
-        rows = [features(space.plan_at[p], shape, sms) for p in self.points]
+        rows = [features(space.plan_at[p], shape, sms, dram_exposed) for p in self.points]
         self.names = list(rows[0].names) if rows else []
         raw = np.array([r.values for r in rows], dtype=float).reshape(len(rows), len(self.names))
         self.prior = np.array([r.prior for r in rows])

@@ -28,6 +28,7 @@ OPTIONS = {
     "local": (0.5, "share of each batch taken among neighbours of the fastest points"),
     "parents": (3, "fastest points whose neighbours are searched"),
     "random": (0.1, "share of each batch drawn at random from the unmeasured points"),
+    "dram": (-1.0, "share of the smaller of DRAM and SM time not overlapped; -1: the cost model's default"),
     "sms": (0, "SMs of the GPU; 0: the evaluator's (the device's, or the recording's)"),
 }
 
@@ -39,7 +40,7 @@ def tune(space, evaluate, options):
     if shape is None:
         raise ValueError("the model strategy derives its features at the problem size: "
                          "evaluate.shape must be set (gemmgen.tuning.tune and .replay set it)")
-    table = Table(space, shape, sms)
+    table = Table(space, shape, sms, *([options["dram"]] if options["dram"] >= 0 else []))
     model = Model(table)
     total = len(table.points)
     batch = options["batch"] or max(4, min(16, total // 25))
