@@ -40,7 +40,7 @@ HELD_OUT = [
 ]
 LIBRARIES = [("tf32", "specs/tf32.gemm", "2026-11-23-h100-tf32-library.jsonl"),
              ("fp32", "specs/fp32.gemm", "2026-11-23-h100-fp32-library.jsonl")]
-CHOICES = [{"dram": 0.0}, {"dram": 0.5}, {"dram": 1.0}]
+CHOICES = [{"dram": 0.5, "multicast": m, "launch": t} for m in (0, 1) for t in (0, 1)]
 
 
 def library_recordings(name: str, spec: str, db: Path, least: int = 20) -> list[Recording]:
@@ -96,7 +96,8 @@ def main() -> None:
     for fold in folds:
         base = replay("random_sample", fold.recording, args.seeds, jobs=args.jobs)
         label = f"{fold.recording.label} ({fold.recording.space.valid})"
-        print(f"{label}: dram={fold.options['dram']:g} | model {cell(fold.outcome)} | random_sample {cell(base)}",
+        chosen = " ".join(f"{k}={v:g}" for k, v in fold.options.items())
+        print(f"{label}: {chosen} | model {cell(fold.outcome)} | random_sample {cell(base)}",
               flush=True)
         rows.append({"recording": label, "options": fold.options, "costs": fold.costs,
                      "model": [[fold.outcome.median(w), fold.outcome.worst(w)] for w in THRESHOLDS],

@@ -44,10 +44,17 @@ SPLIT_PASS_CLOCKS = 12000
 # FFMA issues from each of an SM's 4 schedulers every clock only with about 2 warps on each to
 # cover its latency: fewer resident warps leave issue slots empty.
 SIMT_WARPS_TO_ISSUE = 8
-# The share of the smaller of a call's DRAM time and its SMs' time that the other does not hide
-# (features' dram_exposed). Not a physical rate: the model strategy's option `dram`, chosen by
-# leave-one-recording-out replays (tuning/replay.py leave_one_out; docs/tuning.md).
-DRAM_EXPOSED = 1.0
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What the estimate assumes where no data sheet settles it: the model strategy's options
+    `dram`, `multicast` and `launch`, whose defaults were chosen by leave-one-recording-out
+    replays (tuning/replay.py leave_one_out, benchmarks/judge_costmodel.py, docs/tuning.md)."""
+
+    dram_exposed: float = 0.5      # share of the smaller of DRAM time and SM time not overlapped
+    multicast_intake: bool = False  # a cluster's multicast cuts each SM's intake, not only L2's reads
+    launch_per_tile: bool = False   # a scheduled block pays launch and pipeline fill per tile
 
 
 @dataclass(frozen=True)
@@ -138,9 +145,8 @@ def dram_clocks(plan: Plan, M: int, N: int, K: int, sms: int) -> float:
     return 4 * (M * K + K * N + c_passes * M * N) / (DRAM_BYTES_PER_CLOCK * sms)
 
 
-def features(plan: Plan, shape: Case, sms: int, dram_exposed: float = DRAM_EXPOSED) -> Features:
-    """The cost model's numbers for one point at one shape, on a GPU of `sms` SMs. The call's
-    DRAM time and the SM's time overlap but for `dram_exposed` of the smaller of the two."""
+def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumptions()) -> Features:
+    """The cost model's numbers for one point at one shape, on a GPU of `sms` SMs."""
     plan, vectors = running_plan(plan, shape)
     M, N, K = shape.M, shape.N, shape.K
     BM, BN, BK, split = plan.BM, plan.BN, plan.BK, plan.split_k
@@ -156,7 +162,7 @@ def features(plan: Plan, shape: Case, sms: int, dram_exposed: float = DRAM_EXPOS
     flops = 2 * BM * BN * BK
     # Every SM takes in its whole A and B tiles, multicast or not: a cluster saves L2's reads
     # (the "multicast saving" column), not the SM's intake.
-    global_bytes = 4 * (BM + BN) * BK
+    global_bytes = plan.block_load_bytes if assume.multicast_intake else 4 * (BM + BN) * BK
     tensor_rate = plan.mainloop.tensor_flops_per_clock  # TF32 per SM, or 0 for FFMA
     if not tensor_rate:
         peak = 2 * plan.arch.fp32_lanes_per_sm
@@ -190,7 +196,7 @@ def features(plan: Plan, shape: Case, sms: int, dram_exposed: float = DRAM_EXPOS
         shared_tiles = deal(plan, M, N, K, sms)
         sm_clocks = (shared_tiles.most_k_tiles * step + per_sm * epilogue + BLOCK_OVERHEAD_CLOCKS
                      + (shared_tiles.most_pieces - 1) * 8 * BM * BN / GLOBAL_BYTES_PER_CLOCK)
-    elif plan.scheduled:
+    elif plan.scheduled and not assume.launch_per_tile:
         # A block walks its tiles with the producer running on into the next: its launch and
         # pipeline fill are paid once, not per tile.
         sm_clocks = per_sm * (k_steps * step + epilogue) + BLOCK_OVERHEAD_CLOCKS
@@ -201,7 +207,8 @@ def features(plan: Plan, shape: Case, sms: int, dram_exposed: float = DRAM_EXPOS
     if split > 1:
         sm_clocks += SPLIT_PASS_CLOCKS + 8 * M * N / (DRAM_BYTES_PER_CLOCK * sms)
     dram = dram_clocks(plan, M, N, K, sms)
-    sm_clocks = max(sm_clocks, dram) + dram_exposed * min(sm_clocks, dram)
+    # the call's DRAM time and the SMs' overlap but for a share of the smaller
+    sm_clocks = max(sm_clocks, dram) + assume.dram_exposed * min(sm_clocks, dram)
     useful = 2.0 * M * N * K / sms
     prior = math.log(useful / sm_clocks)
 
@@ -236,10 +243,10 @@ class Table:
     """Features of every point of a space at one shape: rows in `space.valid_points` order,
     each column standardised, then the one-hot value of each searched setting."""
 
-    def __init__(self, space, shape: Case, sms: int, dram_exposed: float = DRAM_EXPOSED):
+    def __init__(self, space, shape: Case, sms: int, assume: Assumptions = Assumptions()):
         self.points = space.valid_points
         self.index = {p: i for i, p in enumerate(self.points)}
-        rows = [features(space.plan_at[p], shape, sms, dram_exposed) for p in self.points]
+        rows = [features(space.plan_at[p], shape, sms, assume) for p in self.points]
         self.names = list(rows[0].names) if rows else []
         raw = np.array([r.values for r in rows], dtype=float).reshape(len(rows), len(self.names))
         self.prior = np.array([r.prior for r in rows])
