@@ -3,13 +3,14 @@
 Recordings: the test bed's, the exhaustive and partial searches of benchmarks/tuning/ outside it
 (partial ones are replayed over the points they hold), and the libraries' recordings: at each
 shape, the candidates the tf32 / fp32 library timed, as a space whose dimensions are the
-candidates' settings. The cost model's one fitted constant (the model strategy's option `dram`)
-is chosen leave-one-recording-out: each recording is replayed with the value that did best on
-all the others (gemmgen.tuning.replay.leave_one_out).
+candidates' settings. Options of the model strategy given as choices (--choose NAME=V1,V2,...)
+are chosen leave-one-recording-out: each recording is replayed with the values that did best on
+all the others (gemmgen.tuning.replay.leave_one_out); with none, each is replayed with the
+defaults.
 
-    python benchmarks/judge_costmodel.py [--seeds 20] [--jobs 2] [--json out.json]
+    python benchmarks/judge_costmodel.py [--seeds 20] [--jobs 2] [--choose explore=0.5,1,2] [--json out.json]
 
-Run from a checkout's root; prints one line per recording: the value chosen without it, the
+Run from a checkout's root; prints one line per recording: the options chosen without it, the
 model's median (worst) evaluations to within 3% / 1%, and random_sample's.
 """
 
@@ -40,7 +41,15 @@ HELD_OUT = [
 ]
 LIBRARIES = [("tf32", "specs/tf32.gemm", "2026-11-23-h100-tf32-library.jsonl"),
              ("fp32", "specs/fp32.gemm", "2026-11-23-h100-fp32-library.jsonl")]
-CHOICES = [{"dram": 0.5, "multicast": m, "launch": t} for m in (0, 1) for t in (0, 1)]
+
+
+def choices(given: list[str]) -> list[dict]:
+    """Every combination of the values of NAME=V1,V2,... (numbers), or the defaults alone."""
+    combos: list[dict] = [{}]
+    for item in given:
+        name, _, values = item.partition("=")
+        combos = [{**c, name: float(v)} for c in combos for v in values.split(",")]
+    return combos
 
 
 def library_recordings(name: str, spec: str, db: Path, least: int = 20) -> list[Recording]:
@@ -88,15 +97,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--choose", action="append", default=[], metavar="NAME=V1,V2")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     recs = recordings()
-    folds = leave_one_out("model", recs, CHOICES, args.seeds, args.jobs)
+    folds = leave_one_out("model", recs, choices(args.choose), args.seeds, args.jobs)
     rows = []
     for fold in folds:
         base = replay("random_sample", fold.recording, args.seeds, jobs=args.jobs)
         label = f"{fold.recording.label} ({fold.recording.space.valid})"
-        chosen = " ".join(f"{k}={v:g}" for k, v in fold.options.items())
+        chosen = " ".join(f"{k}={v:g}" for k, v in fold.options.items()) or "defaults"
         print(f"{label}: {chosen} | model {cell(fold.outcome)} | random_sample {cell(base)}",
               flush=True)
         rows.append({"recording": label, "options": fold.options, "costs": fold.costs,

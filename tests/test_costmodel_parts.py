@@ -1,17 +1,13 @@
-"""The cost model's numbers for schedules, clusters and epilogues (gemmgen/tuning/costparts.py), and
-how the model's estimate uses them."""
+"""The numbers of schedules, clusters and epilogues for cost models (gemmgen/tuning/costparts.py), and
+leave-one-recording-out replays (gemmgen/tuning/replay.py)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
-from gemmgen.gpu.verify import Case
 from gemmgen.language.load import parse
 from gemmgen.plan import make_plan
 from gemmgen.plan.parts.epilogue import ACTIVATIONS
-from gemmgen.tuning.costmodel import epilogue_clocks, features
 from gemmgen.tuning.costparts import activation_ops, epilogue_traffic, multicast_saving, waves
 
 TC = "kernel t { target sm_90a; layout A row, B col, C row; block 128 x 256 x 32; math tf32; stages 4 tma%s }"
@@ -54,13 +50,6 @@ def test_multicast_saves_the_shared_operands_l2_reads():
     assert multicast_saving(_plan("; cluster 2 x 2", "128 x 128")) == pytest.approx(0.5)
 
 
-def test_a_cluster_is_not_credited_with_a_smaller_intake_per_sm():
-    shape = Case(4096, 4096, 4096)
-    plain = features(_plan("", "128 x 128"), shape, 132)
-    clustered = features(_plan("; cluster 2 x 1", "128 x 128"), shape, 132)
-    assert clustered.as_dict()["multicast saving"] == pytest.approx(0.25)
-    assert clustered.prior == pytest.approx(plain.prior, rel=0.01)
-
 
 def test_activation_ops_count_operators_and_special_functions():
     assert activation_ops(ACTIVATIONS["none"].cuda) == 0
@@ -83,27 +72,6 @@ def test_epilogue_traffic_counts_c_betas_read_the_vectors_and_a_staged_pass():
     assert staged.shared_bytes == 8 * 128 * 128
 
 
-def test_the_epilogue_clocks_follow_what_the_schedule_overlaps():
-    assert epilogue_clocks(_plan("; epilogue alpha"), 0) == pytest.approx(4 * 128 * 256 / 64)
-    assert epilogue_clocks(_plan(), 0) == pytest.approx(8 * 128 * 256 / 64)   # beta reads C too
-    # a fused GELU epilogue costs more than a plain one on the same tile
-    # (where C is not read, GELU's erf outweighs the store)
-    assert epilogue_clocks(_plan("; epilogue alpha; activation gelu"), 0) > epilogue_clocks(_plan("; epilogue alpha"), 0)
-    # a persistent block's TMA store runs on while it starts its next tile: only the shared pass counts
-    staged = _plan("; schedule persistent; epilogue alpha staged", "128 x 128")
-    assert epilogue_clocks(staged, 0) == pytest.approx(8 * 128 * 128 / 128)
-    # pingpong: one consumer stores while the other multiplies
-    pingpong = _plan("; schedule pingpong", "64 x 128")
-    alone = epilogue_clocks(pingpong, 0)
-    assert alone > 0 and epilogue_clocks(pingpong, alone / 2) == pytest.approx(alone / 2)
-    assert epilogue_clocks(pingpong, 10 * alone) == 0
-
-
-def test_a_persistent_block_pays_its_launch_once_not_per_tile():
-    shape = Case(4096, 4096, 512)   # short K: the fixed costs matter
-    data_parallel, persistent = (features(_plan(extra, "128 x 128"), shape, 132).prior
-                                 for extra in ("", "; schedule persistent"))
-    assert persistent > data_parallel + math.log(1.05)
 
 
 def test_leave_one_out_chooses_on_the_other_recordings_only(monkeypatch):

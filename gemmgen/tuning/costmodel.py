@@ -30,7 +30,6 @@ from ..explain.analysis import FRAGMENT_ACCESS, _store_access
 from ..gpu.verify import Case
 from ..plan import WARP, Plan
 from ..plan.schedule import deal
-from .costparts import epilogue_traffic, multicast_saving, waves
 
 GLOBAL_BYTES_PER_CLOCK = 64      # L2 -> one SM, a round figure for Hopper-class GPUs
 SHARED_BYTES_PER_CLOCK = 128     # 32 banks x 4 bytes per SM per clock
@@ -44,17 +43,6 @@ SPLIT_PASS_CLOCKS = 12000
 # FFMA issues from each of an SM's 4 schedulers every clock only with about 2 warps on each to
 # cover its latency: fewer resident warps leave issue slots empty.
 SIMT_WARPS_TO_ISSUE = 8
-
-
-@dataclass(frozen=True)
-class Assumptions:
-    """What the estimate assumes where no data sheet settles it: the model strategy's options
-    `dram`, `multicast` and `launch`, whose defaults were chosen by leave-one-recording-out
-    replays (tuning/replay.py leave_one_out, benchmarks/judge_costmodel.py, docs/tuning.md)."""
-
-    dram_exposed: float = 0.5      # share of the smaller of DRAM time and SM time not overlapped
-    multicast_intake: bool = False  # a cluster's multicast cuts each SM's intake, not only L2's reads
-    launch_per_tile: bool = False   # a scheduled block pays launch and pipeline fill per tile
 
 
 @dataclass(frozen=True)
@@ -121,48 +109,23 @@ def blocks_per_sm(plan: Plan) -> int:
     return max(1, min(fits, max(by_registers, plan.occupancy)))
 
 
-def epilogue_clocks(plan: Plan, mainloop_clocks: float) -> float:
-    """Clocks one C tile's epilogue adds to its block's time (costparts.epilogue_traffic's bytes and
-    operations at the SM's rates), after what the schedule overlaps: a TMA store's global writes
-    run on while a scheduled block's next tile starts, and pingpong's other consumer multiplies
-    (`mainloop_clocks`, one tile's) while one stores."""
-    traffic = epilogue_traffic(plan)
-    stores = 4 * plan.BM * plan.BN
-    global_bytes = traffic.global_bytes + (ATOMIC_COST - 1) * stores * (plan.split_k > 1)
-    if plan.tma_store and plan.scheduled:
-        global_bytes -= stores
-    clocks = max(global_bytes / GLOBAL_BYTES_PER_CLOCK, traffic.shared_bytes / SHARED_BYTES_PER_CLOCK,
-                 traffic.ops(plan) / plan.arch.fp32_lanes_per_sm)
-    if plan.pingpong:
-        clocks = max(0.0, clocks - mainloop_clocks)
-    return clocks
-
-
-def dram_clocks(plan: Plan, M: int, N: int, K: int, sms: int) -> float:
-    """Clocks of each SM's share of the call's compulsory DRAM traffic: A and B once, C written
-    (and read, with beta), at the SMs' share of HBM's rate. No kernel of any tiling beats it."""
-    c_passes = 2 if plan.beta else 1
-    return 4 * (M * K + K * N + c_passes * M * N) / (DRAM_BYTES_PER_CLOCK * sms)
-
-
-def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumptions()) -> Features:
+def features(plan: Plan, shape: Case, sms: int) -> Features:
     """The cost model's numbers for one point at one shape, on a GPU of `sms` SMs."""
     plan, vectors = running_plan(plan, shape)
     M, N, K = shape.M, shape.N, shape.K
     BM, BN, BK, split = plan.BM, plan.BN, plan.BK, plan.split_k
     tiles_m, tiles_n = plan.cluster_tiles(M, N)  # with clusters, whole clusters of tiles
     k_steps = max(1, math.ceil(K / (BK * split)))
+    blocks = tiles_m * tiles_n * split
     padding = (M * N * K) / (tiles_m * BM * tiles_n * BN * k_steps * BK * split)
+    per_sm = math.ceil(blocks / sms)
+    fill = blocks / (sms * per_sm)
     occupancy = blocks_per_sm(plan)
-    dealt = waves(plan, M, N, K, sms, occupancy)
-    per_sm, fill = dealt.per_sm, dealt.fill
     resident = min(occupancy, per_sm)
     warps = resident * plan.warps
 
     flops = 2 * BM * BN * BK
-    # Every SM takes in its whole A and B tiles, multicast or not: a cluster saves L2's reads
-    # (the "multicast saving" column), not the SM's intake.
-    global_bytes = plan.block_load_bytes if assume.multicast_intake else 4 * (BM + BN) * BK
+    global_bytes = plan.block_load_bytes
     tensor_rate = plan.mainloop.tensor_flops_per_clock  # TF32 per SM, or 0 for FFMA
     if not tensor_rate:
         peak = 2 * plan.arch.fp32_lanes_per_sm
@@ -188,27 +151,20 @@ def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumption
     # Loads overlap the math where the pipeline lets them: more so with cp.async and more stages.
     overlap = 1 - 1 / (plan.stages + (1 if plan.async_copy else 0))
     step = max(parts) + (1 - overlap) * (sum(parts) - max(parts))
-    epilogue = epilogue_clocks(plan, k_steps * step)
+    epilogue = 4 * BM * BN * (ATOMIC_COST if split > 1 else 1) / GLOBAL_BYTES_PER_CLOCK
     block_clocks = k_steps * step + epilogue + BLOCK_OVERHEAD_CLOCKS
+    # The busiest SM runs per_sm blocks, `resident` at a time sharing its pipes; resident
+    # blocks hide each other's fixed costs but not their math.
+    sm_clocks = per_sm * (k_steps * step + (epilogue + BLOCK_OVERHEAD_CLOCKS) / resident)
     if plan.schedule == "stream-k":
         # K tiles dealt evenly (plan/schedule.py): the busiest block's K tiles, an epilogue per tile
         # it finishes, and a shared tile's partial sums read back one piece after another.
-        shared_tiles = deal(plan, M, N, K, sms)
-        sm_clocks = (shared_tiles.most_k_tiles * step + per_sm * epilogue + BLOCK_OVERHEAD_CLOCKS
-                     + (shared_tiles.most_pieces - 1) * 8 * BM * BN / GLOBAL_BYTES_PER_CLOCK)
-    elif plan.scheduled and not assume.launch_per_tile:
-        # A block walks its tiles with the producer running on into the next: its launch and
-        # pipeline fill are paid once, not per tile.
-        sm_clocks = per_sm * (k_steps * step + epilogue) + BLOCK_OVERHEAD_CLOCKS
-    else:
-        # The busiest SM runs per_sm blocks, `resident` at a time sharing its pipes; resident
-        # blocks hide each other's fixed costs but not their math.
-        sm_clocks = per_sm * (k_steps * step + (epilogue + BLOCK_OVERHEAD_CLOCKS) / resident)
+        dealt = deal(plan, M, N, K, sms)
+        per_sm, fill = math.ceil(dealt.tiles / dealt.blocks), dealt.balance
+        sm_clocks = (dealt.most_k_tiles * step + per_sm * (epilogue + BLOCK_OVERHEAD_CLOCKS)
+                     + (dealt.most_pieces - 1) * 8 * BM * BN / GLOBAL_BYTES_PER_CLOCK)
     if split > 1:
         sm_clocks += SPLIT_PASS_CLOCKS + 8 * M * N / (DRAM_BYTES_PER_CLOCK * sms)
-    dram = dram_clocks(plan, M, N, K, sms)
-    # the call's DRAM time and the SMs' overlap but for a share of the smaller
-    sm_clocks = max(sm_clocks, dram) + assume.dram_exposed * min(sm_clocks, dram)
     useful = 2.0 * M * N * K / sms
     prior = math.log(useful / sm_clocks)
 
@@ -233,7 +189,6 @@ def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumption
         "log raster group": math.log(plan.raster_group),
         "math share": math.log(math_clocks / step),
         "fixed share": math.log(block_clocks / (k_steps * step)),
-        "multicast saving": multicast_saving(plan),
         "prior": prior,
     }
     return Features(tuple(values), tuple(float(v) for v in values.values()), prior)
@@ -243,10 +198,10 @@ class Table:
     """Features of every point of a space at one shape: rows in `space.valid_points` order,
     each column standardised, then the one-hot value of each searched setting."""
 
-    def __init__(self, space, shape: Case, sms: int, assume: Assumptions = Assumptions()):
+    def __init__(self, space, shape: Case, sms: int):
         self.points = space.valid_points
         self.index = {p: i for i, p in enumerate(self.points)}
-        rows = [features(space.plan_at[p], shape, sms, assume) for p in self.points]
+        rows = [features(space.plan_at[p], shape, sms) for p in self.points]
         self.names = list(rows[0].names) if rows else []
         raw = np.array([r.values for r in rows], dtype=float).reshape(len(rows), len(self.names))
         self.prior = np.array([r.prior for r in rows])

@@ -1,7 +1,10 @@
-"""The cost model's numbers for a Plan's schedule, clusters and epilogue, as pure functions.
+"""Numbers of a Plan's schedule, clusters and epilogue for cost models, as pure functions.
 
-costmodel.py folds these into its estimate of a point; each is a function of the Plan (and the
-problem shape and SM count where the answer depends on them), with nothing measured in it:
+Each is a function of the Plan (and the problem shape and SM count where the answer depends on
+them), with nothing measured in it. costmodel.py does not use them yet: folded into its estimate
+(waves of persistent blocks, epilogue traffic, a DRAM floor) they did not improve the model
+strategy's replays on recordings outside the test bed (docs/tuning.md, "Judged on recordings it was
+not fitted on"), so they wait for a model that does better with them:
 
 - `waves`: how the C tiles fall on the SMs under the Plan's schedule: data-parallel blocks in
   waves of `sms x resident`, persistent and pingpong blocks (or whole clusters) walking tiles,

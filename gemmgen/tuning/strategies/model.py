@@ -19,7 +19,7 @@ import random
 
 import numpy as np
 
-from ..costmodel import Assumptions, Model, Table
+from ..costmodel import Model, Table
 
 OPTIONS = {
     "seed": (0, "random seed (random picks, ties)"),
@@ -28,9 +28,6 @@ OPTIONS = {
     "local": (0.5, "share of each batch taken among neighbours of the fastest points"),
     "parents": (3, "fastest points whose neighbours are searched"),
     "random": (0.1, "share of each batch drawn at random from the unmeasured points"),
-    "dram": (Assumptions.dram_exposed, "share of the smaller of a call's DRAM time and SM time not overlapped"),
-    "multicast": (int(Assumptions.multicast_intake), "1: a cluster's multicast cuts each SM's intake (0: L2's reads only)"),
-    "launch": (int(Assumptions.launch_per_tile), "1: a persistent block pays launch and pipeline fill per tile"),
     "sms": (0, "SMs of the GPU; 0: the evaluator's (the device's, or the recording's)"),
 }
 
@@ -42,8 +39,7 @@ def tune(space, evaluate, options):
     if shape is None:
         raise ValueError("the model strategy derives its features at the problem size: "
                          "evaluate.shape must be set (gemmgen.tuning.tune and .replay set it)")
-    assume = Assumptions(float(options["dram"]), bool(options["multicast"]), bool(options["launch"]))
-    table = Table(space, shape, sms, assume)
+    table = Table(space, shape, sms)
     model = Model(table)
     total = len(table.points)
     batch = options["batch"] or max(4, min(16, total // 25))
