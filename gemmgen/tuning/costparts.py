@@ -10,8 +10,9 @@ not fitted on"), so they wait for a model that does better with them:
   waves of `sms x resident`, persistent and pingpong blocks (or whole clusters) walking tiles,
   stream-K's dealt K tiles (plan/schedule.py's `deal`): the tiles the busiest SM runs, the mean
   work over the busiest's, and how full the last wave is;
-- `multicast_saving`: the share of a block's L2 reads that a cluster's multicast saves (each
-  SM still receives its whole A and B tiles: multicast saves L2's reads, not the SM's intake);
+- `multicast_saving`: the share of a block's L2 reads that a cluster's multicast saves (each SM
+  still receives its whole A and B tiles; whether its intake is what limits it, as main's model
+  assumes by crediting the saving to it, the replays could not settle);
 - `epilogue_traffic`: per C tile, the bytes the epilogue moves through global memory (C, beta's
   read of C, the bias and scale vectors) and through shared memory (a staged or TMA store writes
   the tile there and reads it back), and its arithmetic per element (alpha, beta, vectors and the
