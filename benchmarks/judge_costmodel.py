@@ -19,17 +19,21 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from dataclasses import replace
 from pathlib import Path
 
-from gemmgen.gpu.verify import parse_case
-from gemmgen.language.load import load_one
-from gemmgen.library.model import kernel_key
-from gemmgen.library.resolve import load_libraries
-from gemmgen.plan.space import Space, describe, expand
-from gemmgen.tuning import database as tuning_db
-from gemmgen.tuning.replay import THRESHOLDS, Recording, leave_one_out, load_recording, replay
-from gemmgen.tuning.replay import testbed_recordings
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))   # this checkout's gemmgen
+
+from gemmgen.gpu.verify import parse_case  # noqa: E402
+from gemmgen.language.load import load_one  # noqa: E402
+from gemmgen.library.model import kernel_key  # noqa: E402
+from gemmgen.library.resolve import load_libraries  # noqa: E402
+from gemmgen.plan.space import Space, describe, expand  # noqa: E402
+from gemmgen.tuning import database as tuning_db  # noqa: E402
+from gemmgen.tuning.replay import THRESHOLDS, Recording, leave_one_out, load_recording, replay  # noqa: E402
+from gemmgen.tuning.replay import testbed_recordings  # noqa: E402
 
 TUNING = Path("benchmarks") / "tuning"
 # Recordings outside the test bed: (spec, shape, database).
