@@ -118,13 +118,9 @@ def _unfused(runtime, index, x, weight, bias, activation, out, M, N, K, lda, ldb
     if bias is not None:
         out.add_(bias)
     if activation not in _FORWARD:
-        raise ValueError(f"{kernel_name(runtime, index)} cannot fuse activation {activation!r}, and "
+        raise ValueError(f"{runtime.kernel_plan(index).name} cannot fuse activation {activation!r}, and "
                          "gemmgen.linear knows no PyTorch pass for it")
     return _FORWARD[activation](out)
-
-
-def kernel_name(runtime, index: int) -> str:
-    return runtime.kernel_plan(index).name
 
 
 def _linear_fake(x, weight, bias=None, activation="none", precision="fp32"):

@@ -243,6 +243,41 @@ def replay(name: str, recording: Recording, seeds: int = 20, options: dict | Non
     return Outcome(name, recording, runs)
 
 
+# --- fitting on some recordings, judging on the others ---------------------------------
+
+@dataclass
+class Fold:
+    """One recording judged with the options chosen on the other recordings."""
+
+    recording: Recording
+    options: dict               # the choice that did best on the others
+    outcome: Outcome            # those options replayed on this recording
+    costs: list[float]          # each choice's cost on the others, in the order of the choices
+
+
+def replay_cost(outcome: Outcome) -> float:
+    """What fitting minimises: the median evaluations to within 3% and to within 1%, each as a
+    share of the valid points (a median that never got there counts as all of them)."""
+    return sum((outcome.median(w) or outcome.valid) / outcome.valid for w in THRESHOLDS)
+
+
+def leave_one_out(name: str, recordings: list[Recording], choices: list[dict], seeds: int = 20,
+                  jobs: int = 1) -> list[Fold]:
+    """Leave-one-recording-out: for each recording, the option set (of `choices`) with the least
+    summed replay_cost on all the other recordings, and its replay on the one left out, which
+    never takes part in choosing it (ties: the earlier choice)."""
+    if len(recordings) < 2 or not choices:
+        raise ValueError("leave-one-out needs at least two recordings and one choice of options")
+    runs = [[replay(name, r, seeds, c, jobs=jobs) for c in choices] for r in recordings]
+    costs = [[replay_cost(o) for o in row] for row in runs]
+    folds = []
+    for held, recording in enumerate(recordings):
+        totals = [sum(costs[i][j] for i in range(len(recordings)) if i != held) for j in range(len(choices))]
+        pick = min(range(len(choices)), key=lambda j: (totals[j], j))
+        folds.append(Fold(recording, choices[pick], runs[held][pick], totals))
+    return folds
+
+
 # --- the test bed ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
