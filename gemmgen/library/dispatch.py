@@ -111,16 +111,18 @@ class LibraryRuntime:
         return self.plans[self.portable]
 
     def choose(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
-               pointers: tuple[int, int, int] = (0, 0, 0), beta: float = 0.0) -> int:
-        """Index of the member that runs this call (pointers: addresses, or their residues mod 16)."""
+               pointers: tuple[int, int, int] = (0, 0, 0), beta: float = 0.0, batch: int = 1,
+               strides: tuple[int, int, int] = (0, 0, 0)) -> int:
+        """Index of the member that runs this call (pointers: addresses, or their residues mod 16;
+        `batch` matrices, A's, B's and C's `strides` apart in floats)."""
         if not self.tuned_gpu:
             return self.portable
-        return self._choose(M, N, K, alignment_class(lda, ldb, ldc, pointers), beta != 0.0)
+        return self._choose(M, N, K, alignment_class(lda, ldb, ldc, pointers, strides), beta != 0.0, batch)
 
     @lru_cache(maxsize=4096)  # noqa: B019 - one runtime per library and device, kept for the process
-    def _choose(self, M: int, N: int, K: int, klass: str, beta_used: bool) -> int:
+    def _choose(self, M: int, N: int, K: int, klass: str, beta_used: bool, batch: int = 1) -> int:
         return choose(self.candidates, M, N, K, klass, self.info.sm_count, beta_used=beta_used,
-                      sm90a=self.info.compute_capability == (9, 0))
+                      sm90a=self.info.compute_capability == (9, 0), batch=batch)
 
     def compile_all(self) -> None:
         """Compile every member at once (NVRTC in parallel processes, into the disk cache), so that
@@ -142,17 +144,21 @@ class LibraryRuntime:
         return self._kernels[index]
 
     def prepare(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
-                align: tuple[int, int, int] = (0, 0, 0), beta_used: bool = False) -> PreparedLaunch:
+                align: tuple[int, int, int] = (0, 0, 0), beta_used: bool = False, batch: int = 1,
+                strides: tuple[int, int, int] = (0, 0, 0)) -> PreparedLaunch:
         """The chosen member's prepared launch for a call key (see Kernel.prepare)."""
-        index = self.choose(M, N, K, lda, ldb, ldc, align, 1.0 if beta_used else 0.0)
-        return self.kernel(index).prepare(M, N, K, lda, ldb, ldc, align, beta_used)
+        index = self.choose(M, N, K, lda, ldb, ldc, align, 1.0 if beta_used else 0.0, batch, strides)
+        return self.kernel(index).prepare(M, N, K, lda, ldb, ldc, align, beta_used, batch, strides)
 
     def launch(self, M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,
-               beta: float, C: int, ldc: int, stream: Any = None, smallest=None) -> int:
-        """The library's C ABI on raw device addresses; returns the index of the member that ran."""
+               beta: float, C: int, ldc: int, stream: Any = None, smallest=None, batch: int = 1,
+               strides: tuple[int, int, int] = (0, 0, 0)) -> int:
+        """The library's C ABI on raw device addresses (with `batch` and `strides`: its batched
+        entry point's); returns the index of the member that ran."""
         A, B, C = int(A or 0), int(B or 0), int(C or 0)  # a null pointer may come as None
-        index = self.choose(M, N, K, lda, ldb, ldc, (A, B, C), beta)
-        self.kernel(index).launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=stream)
+        index = self.choose(M, N, K, lda, ldb, ldc, (A, B, C), beta, batch, strides)
+        self.kernel(index).launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=stream, batch=batch,
+                                  strides=strides)
         return index
 
 

@@ -40,9 +40,12 @@ BANDWIDTH = 0.5
 PRIOR = 0.25
 
 
-def alignment_class(lda: int, ldb: int, ldc: int, pointers: tuple[int, int, int] = (0, 0, 0)) -> str:
-    """The class of a call: whether every row starts 16-byte aligned (4 floats)."""
-    aligned = lda % 4 == 0 and ldb % 4 == 0 and ldc % 4 == 0 and all(p % 16 == 0 for p in pointers)
+def alignment_class(lda: int, ldb: int, ldc: int, pointers: tuple[int, int, int] = (0, 0, 0),
+                    strides: tuple[int, int, int] = (0, 0, 0)) -> str:
+    """The class of a call: whether every row (of every batch, `strides` floats apart) starts
+    16-byte aligned (4 floats)."""
+    aligned = (lda % 4 == 0 and ldb % 4 == 0 and ldc % 4 == 0 and all(p % 16 == 0 for p in pointers)
+               and all(s % 4 == 0 for s in strides))
     return "aligned" if aligned else "unaligned"
 
 
@@ -72,28 +75,29 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def features(member: MemberShape, M: int, N: int, K: int, sm_count: int) -> list[float]:
+def features(member: MemberShape, M: int, N: int, K: int, sm_count: int, batch: int = 1) -> list[float]:
     """The model's terms for one call (see the module docstring). A stream-K member's main loop is
     its busiest block's K tiles, its waves the tiles each block finishes, and its last term the
-    partial sums of a shared tile, which its finishing block reads one after another."""
+    partial sums of a shared tile, which its finishing block reads one after another. A strided
+    batch multiplies the tiles (every batch's are scheduled as one grid) and the traffic."""
     tiles_m = _ceil_div(M, member.BM * member.cluster_m) * member.cluster_m
     tiles_n = _ceil_div(N, member.BN * member.cluster_n) * member.cluster_n
     if member.stream_k:
-        tiles, k_tiles = tiles_m * tiles_n, max(1, _ceil_div(K, member.BK))
+        tiles, k_tiles = batch * tiles_m * tiles_n, max(1, _ceil_div(K, member.BK))
         blocks = max(1, min(sm_count, tiles * k_tiles))
         dealt = dealt_tiles(tiles, blocks)
         busiest = _ceil_div(tiles - dealt, blocks) * k_tiles + _ceil_div(dealt * k_tiles, blocks)
-        operand_gb = 4.0 * (M * K * tiles_n + K * N * tiles_m) / 1e9
+        operand_gb = 4.0 * batch * (M * K * tiles_n + K * N * tiles_m) / 1e9
         # The block that arrives last at a shared tile reads all its pieces, one after another.
         share = dealt * k_tiles // blocks
         pieces = min(blocks, 1 + _ceil_div(k_tiles - 1, max(share, 1))) if dealt else 1
         partial_gb = 8.0 * member.BM * member.BN * (pieces - 1) / 1e9
         return [1.0, float(busiest), float(_ceil_div(tiles, blocks)), operand_gb, partial_gb]
-    blocks = tiles_m * tiles_n * member.split
+    blocks = batch * tiles_m * tiles_n * member.split
     waves = _ceil_div(blocks, max(1, sm_count * member.slots_per_sm))
     k_steps = _ceil_div(_ceil_div(K, member.BK), member.split)  # K tiles of one slice
-    operand_gb = 4.0 * (M * K * tiles_n + K * N * tiles_m) / 1e9
-    split_gb = 8.0 * M * N / 1e9 if member.split > 1 else 0.0
+    operand_gb = 4.0 * batch * (M * K * tiles_n + K * N * tiles_m) / 1e9
+    split_gb = 8.0 * batch * M * N / 1e9 if member.split > 1 else 0.0
     return [1.0, float(waves * k_steps), float(waves), operand_gb, split_gb]
 
 
@@ -179,13 +183,13 @@ def fit(member: MemberShape, points: list[tuple[int, int, int, float]], sm_count
     return model
 
 
-def predict(member: MemberShape, model: Model, M: int, N: int, K: int, sm_count: int) -> float:
+def predict(member: MemberShape, model: Model, M: int, N: int, K: int, sm_count: int, batch: int = 1) -> float:
     """Predicted ms of one call: the measurement at a tuned shape, else the model corrected by the
-    errors it made at the tuned shapes nearby."""
+    errors it made at the tuned shapes nearby (for a batch: near its matrices' M, N, K)."""
     for pM, pN, pK, ms, *_ in model.points:
-        if (pM, pN, pK) == (M, N, K):
+        if (pM, pN, pK) == (M, N, K) and batch == 1:
             return ms
-    base = sum(c * f for c, f in zip(model.coef, features(member, M, N, K, sm_count)))
+    base = sum(c * f for c, f in zip(model.coef, features(member, M, N, K, sm_count, batch)))
     if M <= 0 or N <= 0 or K <= 0:
         return base
     q = (math.log(M), math.log(N), math.log(K))
@@ -209,9 +213,10 @@ class Candidate:
 
 
 def choose(candidates: list[Candidate], M: int, N: int, K: int, klass: str, sm_count: int, *,
-           beta_used: bool = True, sm90a: bool = True) -> int:
-    """Index of the member predicted fastest for the call among those that can take it. A class
-    without data for any eligible member borrows the other class's models."""
+           beta_used: bool = True, sm90a: bool = True, batch: int = 1) -> int:
+    """Index of the member predicted fastest for the call (`batch` strided matrices of M x N x K)
+    among those that can take it. A class without data for any eligible member borrows the other
+    class's models."""
     def eligible(c: Candidate) -> bool:
         return (c.beta or not beta_used) and (sm90a or not c.needs_sm90a)
 
@@ -221,7 +226,7 @@ def choose(candidates: list[Candidate], M: int, N: int, K: int, klass: str, sm_c
             model = c.models.get(cls)
             if model is None or not eligible(c):
                 continue
-            ms = predict(c.shape, model, M, N, K, sm_count)
+            ms = predict(c.shape, model, M, N, K, sm_count, batch)
             if ms < best_ms:
                 best, best_ms = index, ms
         if best >= 0:
