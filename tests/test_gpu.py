@@ -367,11 +367,13 @@ def test_rejects_float64_arrays(cp, kernels):
                      "A must hold float32")
 
 
-def test_rejects_three_dimensional_arrays(cp, kernels):
+def test_rejects_a_batch_without_a_c_for_each_and_four_dimensional_arrays(cp, kernels):
     kernel = kernels(SPECS["warptile"])
-    b = cp.zeros((2, 16, 8), cp.float32)
+    b = cp.zeros((2, 16, 8), cp.float32)  # two batches of B, one C: each batch needs its own C
     _assert_rejected(cp, kernel, cp.zeros((32, 16), cp.float32), b, cp.ones((32, 8), cp.float32),
-                     r"B must be a matrix \(2-D\), not 3-D")
+                     r"C must hold all 2 batches")
+    _assert_rejected(cp, kernel, cp.zeros((32, 16), cp.float32), cp.zeros((1, 2, 16, 8), cp.float32),
+                     cp.ones((32, 8), cp.float32), r"B must be a matrix \(2-D\) or a batch of matrices \(3-D")
 
 
 def test_rejects_mismatched_inner_sizes(cp, kernels):
@@ -687,6 +689,7 @@ import cupy as cp
 cp.cuda.set_allocator(None)  # one cudaMalloc per array: exact bounds for memcheck
 
 from gemmgen.gpu import verify
+from gemmgen.gpu.epilogue_inputs import epilogue_reference, epilogue_vectors, vector_pointers
 from gemmgen.plan import make_plan
 from gemmgen.gpu.runtime import Kernel, synchronize
 from gemmgen.language.load import load
@@ -731,20 +734,18 @@ for item in sys.argv[2:]:
         found = None
         if plan.reduce_count:
             found = tuple(cp.zeros(plan.reduce_count, t) for t in (cp.float32, cp.int32, cp.int32))
+        vectors = epilogue_vectors(cp, plan, M, N)  # a fused epilogue's bias and scale, exactly sized
         try:
             kernel.launch(M, N, K, case.alpha, a.data.ptr, lda, b.data.ptr, ldb, case.beta, c.data.ptr,
-                          ldc, smallest=tuple(x.data.ptr for x in found) if found else None)
+                          ldc, smallest=tuple(x.data.ptr for x in found) if found else None,
+                          **vector_pointers(vectors))
             synchronize()
         except Exception as exc:
             print(f"FAIL {name} {case}: {type(exc).__name__}: {exc}", flush=True)
             sys.exit(1)  # a fault leaves the context unusable
         out = read(cp.asnumpy(c), M, N, layout["C"], ldc).astype(np.float64)
-        A64, B64 = A.astype(np.float64), B.astype(np.float64)
-        reference = case.alpha * (A64 @ B64)
-        scale = abs(case.alpha) * (np.abs(A64) @ np.abs(B64))
-        if case.beta:
-            reference += case.beta * C
-            scale += abs(case.beta) * np.abs(C.astype(np.float64))
+        reference, scale = (cp.asnumpy(x) for x in epilogue_reference(
+            cp, plan, cp.asarray(A), cp.asarray(B), cp.asarray(C), case.alpha, case.beta, vectors))
         tolerance = verify.tolerance(scale, K, spec["math"])
         bad = ~(np.abs(out - reference) <= tolerance)
         if bad.any():
