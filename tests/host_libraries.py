@@ -25,6 +25,9 @@ class HostArray:
         return {"shape": self.values.shape, "typestr": self.values.dtype.str, "version": 3,
                 "data": (self.values.__array_interface__["data"][0], False), "strides": self.values.strides}
 
+    def __getitem__(self, index):
+        return HostArray(self.values[index])
+
     def __setitem__(self, index, other):
         self.values[index] = other.values
 
@@ -36,18 +39,22 @@ class LibraryOnHost:
         self.layouts = {"A": klass[0], "B": klass[1], "C": "row"}
         self.calls = []      # (M, N, K) of each call
         self.pointers = []   # (A, B, C) of each call
+        self.strides = []    # A's, B's and C's batch strides of each call (floats)
 
-    def launch(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=None):
+    def launch(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=None, batch=1, strides=(0, 0, 0)):
         def view(address, rows, cols, ld, layout):
             return matrix_at(address, rows, cols, ld, 1) if layout == "row" else matrix_at(address, rows, cols, 1, ld)
-        a, b = view(A, M, K, lda, self.layouts["A"]), view(B, K, N, ldb, self.layouts["B"])
-        c = view(C, M, N, ldc, "row")
-        c[...] = alpha * (a.astype(np.float64) @ b) + (beta * c if beta else 0)
-        self.calls.append((M, N, K))
+        for i in range(batch):  # strides in floats, as the batched entry point takes them
+            a = view(A + 4 * i * strides[0], M, K, lda, self.layouts["A"])
+            b = view(B + 4 * i * strides[1], K, N, ldb, self.layouts["B"])
+            c = view(C + 4 * i * strides[2], M, N, ldc, "row")
+            c[...] = alpha * (a.astype(np.float64) @ b) + (beta * c if beta else 0)
+        self.calls.append((M, N, K) if batch == 1 else (batch, M, N, K))
         self.pointers.append((A, B, C))
+        self.strides.append(strides)
         return 0
 
-    def prepare(self, M, N, K, lda, ldb, ldc, align=(0, 0, 0), beta_used=False):
+    def prepare(self, M, N, K, lda, ldb, ldc, align=(0, 0, 0), beta_used=False, batch=1, strides=(0, 0, 0)):
         def run(A, B, C, alpha, beta, stream):
-            self.launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream)
+            self.launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream, batch, strides)
         return run

@@ -116,9 +116,14 @@ def host_libraries(monkeypatch):
     libraries = {klass: LibraryOnHost(klass) for klass in CLASSES}
     copies = []
 
-    def copy(array, layout):
+    def copy(array, layout, lead=()):
         copies.append(layout)
-        return HostArray(np.ascontiguousarray(array.values) if layout == "row" else np.asfortranarray(array.values))
+        values = array.values
+        if values.ndim > 2:  # a batch: broadcast to the call's batches, each matrix dense in `layout`
+            values = np.broadcast_to(values, lead + values.shape[-2:])
+            dense = np.ascontiguousarray(values if layout == "row" else values.swapaxes(-1, -2))
+            return HostArray(dense if layout == "row" else dense.swapaxes(-1, -2))
+        return HostArray(np.ascontiguousarray(values) if layout == "row" else np.asfortranarray(values))
 
     monkeypatch.setattr(dispatch, "library", lambda precision, device, klass: libraries[klass])
     monkeypatch.setattr(dispatch, "available_classes", lambda precision: ALL)
@@ -178,6 +183,37 @@ def test_matmul_copies_an_output_with_no_unit_stride_and_writes_it_back(host_lib
     np.testing.assert_allclose(wide[:, ::2], A.astype(np.float64) @ B + before[:, ::2], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(wide[:, 1::2], before[:, 1::2])  # the columns between untouched
     assert copies == ["row"]
+
+
+def test_batched_arrays_are_one_strided_launch_or_one_gemm_of_stacked_rows(host_libraries):
+    import gemmgen
+    libraries, copies = host_libraries
+    rng = np.random.default_rng(4)
+    A = rng.uniform(-1, 1, (3, 9, 6)).astype(np.float32)
+    B = rng.uniform(-1, 1, (3, 6, 5)).astype(np.float32)
+    W = rng.uniform(-1, 1, (5, 6)).astype(np.float32)       # a shared weight, read transposed
+    out = HostArray(np.zeros((3, 9, 5), np.float32))
+    gemmgen.matmul(HostArray(A), HostArray(np.ascontiguousarray(B.swapaxes(1, 2)).swapaxes(1, 2)), out)
+    np.testing.assert_allclose(out.values, A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
+    stacked = HostArray(np.zeros((3, 9, 5), np.float32))
+    gemmgen.matmul(HostArray(A), HostArray(W.T), stacked)   # W.T: column-major 6 x 5, serves every batch
+    np.testing.assert_allclose(stacked.values, A.astype(np.float64) @ W.T, rtol=1e-5, atol=1e-5)
+    base = libraries[("row", "col")]
+    assert base.calls[0] == (3, 9, 5, 6) and base.strides[0] == (54, 30, 45)
+    assert base.calls[-1] == (27, 5, 6) and copies == []
+
+
+def test_batched_arrays_broadcast_over_some_dimensions_are_copied_with_the_reason(host_libraries):
+    import gemmgen
+    _, copies = host_libraries
+    rng = np.random.default_rng(5)
+    A = rng.uniform(-1, 1, (2, 1, 4, 3)).astype(np.float32)
+    B = rng.uniform(-1, 1, (1, 3, 3, 5)).astype(np.float32)
+    out = HostArray(np.zeros((2, 3, 4, 5), np.float32))
+    with pytest.warns(RuntimeWarning, match=r"A's batches lie at no single stride"):
+        gemmgen.matmul(HostArray(A), HostArray(B), out)
+    np.testing.assert_allclose(out.values, A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
+    assert sorted(copies) == ["col", "row"]
 
 
 def test_matmul_refuses_what_it_cannot_multiply_before_any_work(host_libraries):

@@ -19,10 +19,8 @@ torch = pytest.importorskip("torch")
 import gemmgen  # noqa: E402
 import gemmgen.library.dispatch as dispatch  # noqa: E402
 import gemmgen.torch as gtorch  # noqa: E402
-from gemmgen.library.layouts import CLASSES  # noqa: E402
 from gemmgen.gpu.runtime import ShapeError  # noqa: E402
-from host_libraries import LibraryOnHost  # noqa: E402
-from torch_on_host import register_cpu_kernel  # noqa: E402
+from torch_on_host import fast_path_on_host, register_cpu_kernel  # noqa: E402
 
 # The operator's CUDA kernel (gemmgen.matmul's fast path) for CPU tensors too, for these tests
 # (once per process: test_torch_nn.py registers it too).
@@ -31,36 +29,9 @@ register_cpu_kernel()
 
 @pytest.fixture
 def host(monkeypatch):
-    """The fast path on CPU tensors, with host libraries of every class (or `available` ones):
-    returns (libraries, copies made, call keys resolved)."""
-    libraries = {klass: LibraryOnHost(klass) for klass in CLASSES}
-    copies, resolved = [], []
-    real_copy, real_resolve = dispatch._torch_copy, dispatch._resolve_torch
-
-    def operand(torch_, x, name):  # _torch_operand less its "on a GPU" check
-        if x.dtype != torch.float32:
-            raise ShapeError(f"{name} must hold float32, not {x.dtype}")
-        if x.dim() != 2:
-            raise ShapeError(f"{name} must be a matrix (2-D), not {x.dim()}-D of shape {tuple(x.shape)}")
-        return dispatch.Operand(name, x.shape[0], x.shape[1], tuple(x.stride()))
-
-    def copy(x, layout):
-        copies.append(layout)
-        return real_copy(x, layout)
-
-    def resolve(*args):
-        resolved.append(args[1])
-        return real_resolve(*args)
-
-    monkeypatch.setattr(dispatch, "_torch_operand", operand)
-    monkeypatch.setattr(dispatch, "_torch_copy", copy)
-    monkeypatch.setattr(dispatch, "_resolve_torch", resolve)
-    monkeypatch.setattr(dispatch, "library", lambda precision, device, klass: libraries[klass])
-    monkeypatch.setattr(dispatch, "available_classes", lambda precision: frozenset(CLASSES))
-    monkeypatch.setattr(dispatch, "_calls", {})
-    monkeypatch.setattr(dispatch, "_warned", set())
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0, raising=False)
-    return libraries, copies, resolved
+    """The fast path on CPU tensors, with host libraries of every class: returns (libraries,
+    copies made, call keys resolved)."""
+    return fast_path_on_host(monkeypatch)
 
 
 def rand(*shape, seed=0):
@@ -158,8 +129,11 @@ def test_bad_tensors_are_refused_with_the_reason(host, monkeypatch):
         gemmgen.matmul(rand(4, 5).double(), rand(5, 3))
     with pytest.raises(ShapeError, match="inner sizes differ"):
         gemmgen.matmul(rand(4, 5), rand(6, 3))
-    with pytest.raises(ShapeError, match=r"B must be a matrix \(2-D\), not 3-D"):
-        gemmgen.matmul(rand(4, 5), rand(2, 5, 3))
+    with pytest.raises(ShapeError, match=r"B must be a matrix \(2-D\) or a batch of matrices \(\.\.\., rows, cols\), "
+                                         r"not 1-D of shape \(5,\)"):
+        gemmgen.matmul(rand(4, 5), rand(5))
+    with pytest.raises(ShapeError, match=r"batch dimensions do not broadcast: \(2,\) and \(3,\)"):
+        gemmgen.matmul(rand(2, 4, 5), rand(3, 5, 3))
     with pytest.raises(ShapeError, match=r"out must be 4 x 3"):
         gemmgen.matmul(rand(4, 5), rand(5, 3), rand(3, 4))
     with pytest.raises(ValueError, match="beta != 0 needs an `out`"):

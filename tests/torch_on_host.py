@@ -14,7 +14,6 @@ import torch
 
 import gemmgen.library.dispatch as dispatch
 from gemmgen.library.layouts import CLASSES
-from gemmgen.gpu.runtime import ShapeError
 from gemmgen.torch import ops
 from host_libraries import LibraryOnHost
 
@@ -35,22 +34,15 @@ def fast_path_on_host(monkeypatch):
     copies, resolved = [], []
     real_copy, real_resolve = dispatch._torch_copy, dispatch._resolve_torch
 
-    def operand(torch_, x, name):  # _torch_operand less its "on a GPU" check
-        if x.dtype != torch.float32:
-            raise ShapeError(f"{name} must hold float32, not {x.dtype}")
-        if x.dim() != 2:
-            raise ShapeError(f"{name} must be a matrix (2-D), not {x.dim()}-D of shape {tuple(x.shape)}")
-        return dispatch.Operand(name, x.shape[0], x.shape[1], tuple(x.stride()))
-
-    def copy(x, layout):
+    def copy(x, layout, lead=()):
         copies.append(layout)
-        return real_copy(x, layout)
+        return real_copy(x, layout, lead)
 
     def resolve(*args):
         resolved.append(args[1])
         return real_resolve(*args)
 
-    monkeypatch.setattr(dispatch, "_torch_operand", operand)
+    monkeypatch.setattr(dispatch, "_require_cuda", lambda x, name: None)  # CPU tensors stand in for CUDA ones
     monkeypatch.setattr(dispatch, "_torch_copy", copy)
     monkeypatch.setattr(dispatch, "_resolve_torch", resolve)
     monkeypatch.setattr(dispatch, "library", lambda precision, device, klass: libraries[klass])

@@ -34,6 +34,7 @@ from ..gpu.transpose import transpose
 from ..outputs import complete_pending
 from ..plan import make_plan
 from . import devices as split_devices
+from .batches import BatchError, Batching, batch_stride, broadcast, dense_reason, folded_row_stride, plan_batches
 from .layouts import CLASSES, Operand, Route, library_name, route
 from .manifest import Manifest, ManifestError
 from .selection import alignment_class, choose
@@ -262,13 +263,19 @@ def _torch_matmul(torch, A, B, out, alpha, beta, precision, stream):
 
 
 def _torch_operand(torch, x, name: str) -> Operand:
+    """The matrix (the last two dimensions) of an operand as routing sees it."""
     if x.dtype != torch.float32:
         raise ShapeError(f"{name} must hold float32, not {x.dtype}")
-    if x.dim() != 2:
-        raise ShapeError(f"{name} must be a matrix (2-D), not {x.dim()}-D of shape {tuple(x.shape)}")
+    if x.dim() < 2:
+        raise ShapeError(f"{name} must be a matrix (2-D) or a batch of matrices (..., rows, cols), not "
+                         f"{x.dim()}-D of shape {tuple(x.shape)}")
+    _require_cuda(x, name)
+    return Operand(name, x.shape[-2], x.shape[-1], (x.stride(-2), x.stride(-1)))
+
+
+def _require_cuda(x, name: str) -> None:
     if not x.is_cuda:
         raise ShapeError(f"{name} is not on a GPU: a torch tensor on {x.device}; move it with .cuda()")
-    return Operand(name, x.shape[0], x.shape[1], tuple(x.stride()))
 
 
 def _resolve_torch(torch, key, A, B, out, beta, precision, residues) -> _Call:
@@ -290,32 +297,81 @@ def _resolve_torch(torch, key, A, B, out, beta, precision, residues) -> _Call:
             raise ShapeError(f"out must be {M} x {N} for A {M} x {K} times B {K} x {N}, not {tuple(out.shape)}")
         if out.get_device() != device:
             raise ShapeError(f"A is on GPU {device} but out on GPU {out.get_device()}")
-    way = route(a, b, c, available_classes(precision), precision)
-    if way.copies:
-        call = _Call(None, False, (M, N), A.device, device, way)
+    if A.dim() > 2 or B.dim() > 2 or (out is not None and out.dim() > 2):
+        try:
+            batching = plan_batches(A.shape, A.stride(), B.shape, B.stride(), None if out is None else out.shape,
+                                    None if out is None else out.stride())
+        except BatchError as exc:
+            raise ShapeError(str(exc)) from None
+        call = _resolve_batched(batching, a, b, c, residues, precision, device, beta, A.device)
     else:
-        call = _Call(_prepare(way, M, N, K, residues, precision, device, beta), way.swap, (M, N), A.device, device)
+        way = route(a, b, c, available_classes(precision), precision)
+        if way.copies:
+            call = _Call(None, False, (M, N), A.device, device, way)
+        else:
+            call = _Call(_prepare(way, M, N, K, residues, precision, device, beta), way.swap, (M, N), A.device, device)
     if len(_calls) >= CALLS_KEPT:
         _calls.pop(next(iter(_calls), None), None)
     _calls[key] = call
     return call
 
 
+def _resolve_batched(batching: Batching, a: Operand, b: Operand, c: Operand, residues, precision: str,
+                     device: int, beta: float, where) -> _Call:
+    """A batched call (batches.py): one GEMM of batch x M rows where A's rows fold, else one
+    strided-batched launch; an operand whose batches no single stride walks is copied dense."""
+    M, K, N = a.rows, a.cols, b.cols
+    shape, strides = batching.lead + (M, N), batching.strides
+    if batching.batch == 0:  # no matrices: nothing to read or write
+        return _Call(_nothing, False, shape, where, device)
+    dense = [name for name in "ABC" if strides[name] is None]
+    if dense:  # copied dense (A row-major, B column-major, as the base library reads them)
+        reasons = tuple(dense_reason(name) for name in dense)
+        way = Route(BASE, False, (0, 0, 0), "row" if "A" in dense else None, "col" if "B" in dense else None,
+                    "C" in dense, reasons)
+        return _Call(None, False, shape, where, device, way)
+    if batching.fold:
+        rows = batching.batch * M
+        a = Operand("A", rows, K, (folded_row_stride(M, a.strides[0], strides["A"]), a.strides[1]))
+        c = Operand("out", rows, N, (folded_row_stride(M, c.strides[0], strides["C"]), c.strides[1]))
+        way = route(a, b, c, available_classes(precision), precision)
+        if way.copies:
+            return _Call(None, False, shape, where, device, way)
+        return _Call(_prepare(way, rows, N, K, residues, precision, device, beta), way.swap, shape, where, device)
+    way = route(a, b, c, available_classes(precision), precision)
+    if way.copies:
+        return _Call(None, False, shape, where, device, way)
+    batch_strides = (strides["A"], strides["B"], strides["C"])
+    return _Call(_prepare(way, M, N, K, residues, precision, device, beta, batching.batch, batch_strides),
+                 way.swap, shape, where, device)
+
+
+def _nothing(A: int, B: int, C: int, alpha: float, beta: float, stream: int) -> None:
+    """The launch of a call with no matrices."""
+
+
 def _prepare(way: Route, M: int, N: int, K: int, residues: tuple[int, int, int], precision: str, device: int,
-             beta: float) -> PreparedLaunch:
+             beta: float, batch: int = 1, strides: tuple[int, int, int] = (0, 0, 0)) -> PreparedLaunch:
     """The library's prepared launch for a route without copies (residues: A's, B's and C's
-    address % 16; a new output's is 0)."""
+    address % 16; a new output's is 0; `batch` matrices, A's, B's and C's `strides` apart)."""
     a16, b16, c16 = residues
     runtime = library(precision, device, way.klass)
     lda, ldb, ldc = way.lds
+    sa, sb, sc = strides
     if way.swap:
-        return runtime.prepare(N, M, K, lda, ldb, ldc, (b16, a16, c16), beta != 0.0)
-    return runtime.prepare(M, N, K, lda, ldb, ldc, (a16, b16, c16), beta != 0.0)
+        return runtime.prepare(N, M, K, lda, ldb, ldc, (b16, a16, c16), beta != 0.0, batch, (sb, sa, sc))
+    return runtime.prepare(M, N, K, lda, ldb, ldc, (a16, b16, c16), beta != 0.0, batch, strides)
 
 
-def _torch_copy(x, layout: str):
-    """x dense in `layout`: by gemmgen's transposing copy where x lies the other way on a GPU (with a
-    unit stride), else PyTorch's copy (no unit stride: a strided slice, a broadcast)."""
+def _torch_copy(x, layout: str, lead: tuple[int, ...] = ()):
+    """x dense in `layout`: by gemmgen's transposing copy where x is a matrix that lies the other way
+    on a GPU (with a unit stride), else PyTorch's copy (no unit stride: a strided slice, a
+    broadcast; a batch, first broadcast to the call's leading dimensions `lead` where its own
+    batches lie at no single stride)."""
+    if x.dim() > 2:
+        if lead and batch_stride(tuple(x.shape[:-2]), tuple(x.stride()[:-2]), lead) is None:
+            x = x.expand(lead + tuple(x.shape[-2:]))
+        return x.contiguous() if layout == "row" else x.mT.contiguous().mT
     rows, cols = x.shape
     row_stride, col_stride = x.stride()
     other = "col" if layout == "row" else "row"
@@ -337,10 +393,11 @@ def _torch_copy(x, layout: str):
 def _torch_with_copies(torch, call: _Call, A, B, out, alpha, beta, precision, stream):
     way = call.route
     _warn_once(way.reasons)
+    lead = tuple(call.shape[:-2])
     if way.copy_a:
-        A = _torch_copy(A, way.copy_a)
+        A = _torch_copy(A, way.copy_a, lead)
     if way.copy_b:
-        B = _torch_copy(B, way.copy_b)
+        B = _torch_copy(B, way.copy_b, lead)
     if not way.copy_c:
         return _torch_matmul(torch, A, B, out, alpha, beta, precision, stream)
     staged = out.contiguous() if beta != 0.0 else torch.empty(call.shape, dtype=torch.float32, device=call.device)
@@ -363,13 +420,21 @@ def _device_of(array: Any) -> int:
     return int(getattr(device, "id", 0) or 0)
 
 
-def _copy(array: Any, layout: str):
-    """The same matrix, dense in `layout` (a copy on the GPU)."""
+def _copy(array: Any, layout: str, lead: tuple[int, ...] = ()):
+    """The same matrix (or batch, broadcast to `lead` where no single stride walks it), dense in
+    `layout` (a copy on the GPU)."""
     if _framework(array) == "torch":
-        return _torch_copy(array, layout)
+        return _torch_copy(array, layout, lead)
     cupy = require_cupy("copying an operand into the layout a library takes")
     with cupy.cuda.Device(_device_of(array)):  # on the operand's own GPU (a split's may be on any)
-        return cupy.ascontiguousarray(array) if layout == "row" else cupy.asfortranarray(array)
+        if array.ndim == 2:
+            return cupy.ascontiguousarray(array) if layout == "row" else cupy.asfortranarray(array)
+        shape, strides = array.shape, tuple(s // 4 for s in array.strides)
+        if lead and batch_stride(shape[:-2], strides[:-2], lead) is None:
+            array = cupy.broadcast_to(array, lead + shape[-2:])
+        if layout == "row":
+            return cupy.ascontiguousarray(array)
+        return cupy.ascontiguousarray(array.swapaxes(-1, -2)).swapaxes(-1, -2)
 
 
 def _as_array(array: Any, name: str):
@@ -414,6 +479,8 @@ def _array_operand(array: Any, name: str) -> tuple[Operand, int]:
 def _array_matmul(A, B, out, alpha, beta, precision, stream, devices=None):
     _check_precision(precision)
     A, B = _as_array(A, "A"), _as_array(B, "B")
+    if devices is None and (len(A.shape) != 2 or len(B.shape) != 2 or (out is not None and len(out.shape) != 2)):
+        return _array_batched(A, B, None if out is None else _as_array(out, "out"), alpha, beta, precision, stream)
     a, pa = _array_operand(A, "A")
     b, pb = _array_operand(B, "B")
     if a.cols != b.rows:
@@ -463,3 +530,95 @@ def _array_matmul(A, B, out, alpha, beta, precision, stream, devices=None):
     else:
         runtime.launch(M, N, K, alpha, pa, lda, pb, ldb, beta, pc, ldc, stream=handle)
     return out
+
+
+# --- batches of CuPy (or DLPack) arrays ----------------------------------------------------------
+
+def _array_dims(array: Any, name: str) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """Shape, strides in floats and address of a float32 device array of matrices (..., rows, cols)."""
+    interface = array.__cuda_array_interface__
+    shape = tuple(interface["shape"])
+    if len(shape) < 2:
+        raise ShapeError(f"{name} must be a matrix (2-D) or a batch of matrices (..., rows, cols), not "
+                         f"{len(shape)}-D of shape {shape}")
+    if all(shape[:-2]):
+        _readable(array[(0,) * (len(shape) - 2)], name)  # float32 device memory: as one matrix says
+    strides = interface.get("strides")
+    if strides is None:
+        strides, step = [], 4
+        for n in reversed(shape):
+            strides.insert(0, step)
+            step *= max(n, 1)
+    if any(s % 4 for s in strides):
+        raise ShapeError(f"{name}: strides {tuple(strides)} bytes are not whole float32 elements")
+    return shape, tuple(s // 4 for s in strides), interface["data"][0]
+
+
+def _array_batched(A, B, out, alpha, beta, precision, stream):
+    """gemmgen.matmul of arrays with batch dimensions: as the torch path decides (batches.py), one
+    GEMM of stacked rows or one strided-batched launch, copies only where no single stride walks
+    an operand's batches."""
+    (a_shape, a_str, pa), (b_shape, b_str, pb) = _array_dims(A, "A"), _array_dims(B, "B")
+    M, K, N = a_shape[-2], a_shape[-1], b_shape[-1]
+    if b_shape[-2] != K:
+        raise ShapeError(f"A's matrices are {M} x {K} but B's {b_shape[-2]} x {N}: inner sizes differ")
+    try:
+        if out is None:
+            if beta != 0.0:
+                raise ValueError("beta != 0 needs an `out` to read C from")
+            lead = broadcast(a_shape[:-2], b_shape[:-2])
+            out = _new_like(A, lead + (M, N))
+        c_shape, c_str, pc = _array_dims(out, "out")
+        if c_shape[-2:] != (M, N):
+            raise ShapeError(f"out's matrices must be {M} x {N} for A's {M} x {K} times B's {K} x {N}, not "
+                             f"{c_shape[-2]} x {c_shape[-1]}")
+        batching = plan_batches(a_shape, a_str, b_shape, b_str, c_shape, c_str)
+    except BatchError as exc:
+        raise ShapeError(str(exc)) from None
+    device = _device_of(A)
+    for x, what in ((B, "B"), (out, "out")):
+        if _device_of(x) != device:
+            raise ShapeError(f"A is on GPU {device} but {what} on GPU {_device_of(x)}")
+    if batching.batch == 0 or M == 0 or N == 0:
+        return out
+    a, b = Operand("A", M, K, a_str[-2:]), Operand("B", K, N, b_str[-2:])
+    c = Operand("out", M, N, c_str[-2:])
+    strides, batch = batching.strides, batching.batch
+    if batching.fold:
+        a = Operand("A", batch * M, K, (folded_row_stride(M, a_str[-2], strides["A"]), a_str[-1]))
+        c = Operand("out", batch * M, N, (folded_row_stride(M, c_str[-2], strides["C"]), c_str[-1]))
+        M, batch, strides = batch * M, 1, {"A": 0, "B": 0, "C": 0}
+    way = route(a, b, c, available_classes(precision), precision)
+    copy_a = "row" if strides["A"] is None else way.copy_a
+    copy_b = "col" if strides["B"] is None else way.copy_b
+    if copy_a or copy_b or way.copy_c or strides["C"] is None:
+        _warn_once(way.reasons + tuple(dense_reason(name) for name in "ABC" if strides[name] is None))
+        A = _copy(A, copy_a, batching.lead) if copy_a else A
+        B = _copy(B, copy_b, batching.lead) if copy_b else B
+        if not (way.copy_c or strides["C"] is None):
+            return _array_batched(A, B, out, alpha, beta, precision, stream)
+        staged = _copy(out, "row")
+        _array_batched(A, B, staged, alpha, beta, precision, stream)
+        out[...] = staged
+        return out
+    runtime = library(precision, device, way.klass)
+    handle = stream_handle(stream) if stream is not None else _current_stream(out)
+    lda, ldb, ldc = way.lds
+    sa, sb, sc = strides["A"], strides["B"], strides["C"]
+    if way.swap:
+        runtime.launch(N, M, K, alpha, pb, lda, pa, ldb, beta, pc, ldc, stream=handle, batch=batch,
+                       strides=(sb, sa, sc))
+    else:
+        runtime.launch(M, N, K, alpha, pa, lda, pb, ldb, beta, pc, ldc, stream=handle, batch=batch,
+                       strides=(sa, sb, sc))
+    return out
+
+
+def _new_like(A: Any, shape: tuple[int, ...]):
+    """A new float32 array of `shape` on A's device, of A's framework."""
+    if _framework(A) == "torch":
+        import torch
+        return torch.empty(shape, dtype=torch.float32, device=A.device)
+    cupy = require_cupy("gemmgen.matmul making `out` for a non-PyTorch array")
+    with cupy.cuda.Device(_device_of(A)):
+        return cupy.empty(shape, dtype=cupy.float32)

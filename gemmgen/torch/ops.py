@@ -11,6 +11,10 @@ an H100 host (39.8 us at 64x64x64 against gemmgen.matmul's 19.9 and torch.matmul
 benchmarks/torch_host.py). torch.compile(fullgraph=True) traces the operator, forward and backward
 (its fake tensors take the redispatch), and CUDA graphs capture and replay it.
 
+Batches: a and b may be (..., M, K) and (..., K, N) with leading dimensions that broadcast as
+torch.matmul's (library/batches.py): one strided-batched launch, or one GEMM where a's batches
+stack into rows against a shared b.
+
 The backward's GEMMs are this operator again, in the forward's precision, on transposed views:
 grad_a = alpha * grad @ b.T and grad_b = alpha * a.T @ grad; gemmgen.matmul reads a transposed
 view as the other layout, so neither is copied. Each gradient comes out in its input's layout
@@ -29,10 +33,12 @@ _library.define("matmul(Tensor a, Tensor b, float alpha=1.0, str precision='fp32
 
 
 def _check(a: torch.Tensor, b: torch.Tensor, precision: str) -> None:
-    if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"gemmgen.matmul takes matrices, not tensors of shapes {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.shape[1] != b.shape[0]:
-        raise ValueError(f"a is {a.shape[0]} x {a.shape[1]} but b is {b.shape[0]} x {b.shape[1]}: inner sizes differ")
+    if a.dim() < 2 or b.dim() < 2:
+        raise ValueError(f"gemmgen.matmul takes matrices or batches of them (..., rows, cols), not tensors of "
+                         f"shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"a's matrices are {a.shape[-2]} x {a.shape[-1]} but b's {b.shape[-2]} x {b.shape[-1]}: "
+                         "inner sizes differ")
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         raise ValueError(f"gemmgen.matmul takes float32 tensors, not {a.dtype} and {b.dtype}")
     if precision not in PRECISIONS:
@@ -46,13 +52,18 @@ def _matmul_cuda(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, precision
 
 def _matmul_fake(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, precision: str = "fp32") -> torch.Tensor:
     _check(a, b, precision)
-    return a.new_empty((a.shape[0], b.shape[1]))
+    try:
+        lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"batch dimensions do not broadcast: {tuple(a.shape[:-2])} and {tuple(b.shape[:-2])}") from None
+    return a.new_empty((*lead, a.shape[-2], b.shape[-1]))
 
 
 def _column_major(x: torch.Tensor) -> bool:
-    """Whether a matrix lies column-major (a transposed view of a row-major one): its gradient is
-    made so too, as PyTorch's gradient layout contract wants (else AccumulateGrad copies it)."""
-    return x.stride(0) == 1 and x.stride(1) != 1
+    """Whether a matrix (or each of a batch) lies column-major (a transposed view of a row-major
+    one): its gradient is made so too, as PyTorch's gradient layout contract wants (else
+    AccumulateGrad copies it)."""
+    return x.stride(-2) == 1 and x.stride(-1) != 1
 
 
 def _setup_context(ctx, a, b, alpha, precision) -> None:
@@ -61,20 +72,32 @@ def _setup_context(ctx, a, b, alpha, precision) -> None:
     ctx.save_for_backward(a if needs_b else None, b if needs_a else None)
     ctx.alpha, ctx.precision = alpha, precision
     ctx.column_major = (_column_major(a), _column_major(b))
+    ctx.shapes = (a.shape, b.shape)
 
 
 def gradients(ctx, grad: torch.Tensor, multiply):
     """(grad_a, grad_b, None, None): grad_a = alpha grad b^T and grad_b = alpha a^T grad by
     `multiply` (alpha and precision applied), each only where needed, on transposed views, and
     each in its input's layout: a column-major one as the transposed product (grad_a^T = b grad^T,
-    grad_b^T = grad^T a) seen through .t()."""
+    grad_b^T = grad^T a) seen through .mT.
+
+    Batches: a matrix b that served every batch of a (an nn.Linear weight) gets one GEMM over all
+    of them, a's rows and grad's stacked (the sum over batches is the product's K); an input
+    broadcast over other batch dimensions gets the per-batch gradients summed to its shape."""
     a, b = ctx.saved_tensors
     a_column, b_column = ctx.column_major
+    a_shape, b_shape = ctx.shapes
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:
-        grad_a = multiply(b, grad.t()).t() if a_column else multiply(grad, b.t())
+        grad_a = multiply(b, grad.mT).mT if a_column else multiply(grad, b.mT)
+        if grad_a.shape != a_shape:
+            grad_a = grad_a.sum_to_size(a_shape)
     if ctx.needs_input_grad[1]:
-        grad_b = multiply(grad.t(), a).t() if b_column else multiply(a.t(), grad)
+        if len(b_shape) == 2 and a.dim() > 2:  # stacked: sum over batches = one GEMM with K = batch x M
+            a, grad = a.reshape(-1, a.shape[-1]), grad.reshape(-1, grad.shape[-1])
+        grad_b = multiply(grad.mT, a).mT if b_column else multiply(a.mT, grad)
+        if grad_b.shape != b_shape:
+            grad_b = grad_b.sum_to_size(b_shape)
     return grad_a, grad_b, None, None
 
 
