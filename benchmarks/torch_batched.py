@@ -103,6 +103,36 @@ def measure(shape, precision: str, layout: str, args, device: torch.device) -> l
     return rows
 
 
+def sweep_members(shapes, precisions, args, device: torch.device) -> list[dict]:
+    """Every member of each library timed at each batched shape (B k-major), beside the member the
+    library chooses: whether the choice, made by a model fitted to single GEMMs, holds for batches."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = torch.cuda.current_stream(device).cuda_stream
+    rows = []
+    for precision in precisions:
+        runtime = dispatch.library(precision, index)
+        runtime.compile_all()
+        for shape in shapes:
+            batch, M, N, K = shape
+            A, B, out = operands(batch, M, N, K, "k-major", device, args.seed)
+            strides = (M * K, K * N, M * N)
+            chosen = runtime.choose(M, N, K, K, K, N, (A.data_ptr(), B.data_ptr(), out.data_ptr()), 0.0, batch, strides)
+            for member in range(len(runtime.plans)):
+                kernel = runtime.kernel(member)
+
+                def run(kernel=kernel):
+                    for _ in range(args.calls):
+                        kernel.launch(M, N, K, 1.0, A.data_ptr(), K, B.data_ptr(), K, 0.0, out.data_ptr(), N,
+                                      stream=stream, batch=batch, strides=strides)
+                run()
+                ms = statistics.median(elapsed_ms(run, device) / args.calls for _ in range(args.rounds))
+                rows.append({"shape": "x".join(map(str, shape)), "precision": precision,
+                             "member": runtime.manifest.members[member].name, "chosen": member == chosen, "ms": ms,
+                             "tflops": 2.0 * batch * M * N * K / ms / 1e9})
+            print(f"{'x'.join(map(str, shape))} {precision}: every member timed", flush=True)
+    return rows
+
+
 def markdown(record: dict) -> str:
     rows = []
     results = record["results"]
@@ -135,6 +165,8 @@ def parse(argv=None):
     parser.add_argument("--rounds", type=int, default=7, help="batches of each way, in turns (default 7)")
     parser.add_argument("--calls", type=int, default=10, help="calls in a timed batch (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls of each way first (default 2)")
+    parser.add_argument("--members", action="store_true",
+                        help="also time every library member at each shape (B k-major), marking the one chosen")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda", help="cuda (default) or cuda:N")
     args = parser.parse_args(argv)
@@ -162,13 +194,21 @@ def main(argv=None) -> dict:
                     for precision in args.precisions:
                         results += measure(shape, precision, layout, args, device)
                         print(f"{'x'.join(map(str, shape))} B {layout} {precision}: measured", flush=True)
+            members = sweep_members(args.shapes, args.precisions, args, device) if args.members else []
         except (ShapeError, FileNotFoundError, ValueError) as exc:
             sys.exit(f"error: {exc}")
     settings = {"shapes": ["x".join(map(str, s)) for s in args.shapes], "precisions": args.precisions,
                 "layouts": args.layouts, "rounds": args.rounds, "calls": args.calls, "warmup": args.warmup,
                 "seed": args.seed, "timing": "CUDA events over a batch of calls, median batch over rounds in turns"}
     record = {"meta": meta(args.commit, device), "settings": settings, "results": results}
+    if members:
+        record["members"] = members
     record["markdown"] = markdown(record)
+    if members:
+        record["markdown"] += "\n\nEvery member at each shape (B k-major; * the one the library chooses):\n\n" + table(
+            ["batch x M x N x K", "precision", "member", "ms", "TFLOP/s"],
+            [[r["shape"], r["precision"], r["member"] + (" *" if r["chosen"] else ""), f"{r['ms']:.4f}",
+              f"{r['tflops']:.1f}"] for r in members])
     write_record(args.out, record)
     print(record["markdown"])
     return record
