@@ -12,8 +12,16 @@
 // returns a cudaError_t: cudaSuccess (0), or cudaErrorInvalidValue, launching nothing, for
 //   negative sizes, null pointers or leading dimensions below these.
 //
+// gemmgen_fp32_batched: strided batches, as cuBLAS's SgemmStridedBatched: `batch` products, batch
+//   b's A, B and C at A + b * strideA, B + b * strideB, C + b * strideC (strides in elements). A
+//   stride of 0 gives every batch the same A (or B); batch 0 does nothing and returns cudaSuccess.
+//   cudaErrorInvalidValue, launching nothing, for the single GEMM's reasons, a negative batch or
+//   stride, or batches of C that overlap (batch > 1 with strideC below C's extent, (M - 1) * ldc +
+//   N). The single GEMM is its call with batch 1.
+//
 // Tuned on NVIDIA H100 80GB HBM3 at 28 shapes; fp32 (cuBLAS FP32's precision). Any M, N, K >= 0,
-//   pointer alignment and leading dimension works.
+//   pointer alignment and leading dimension works; a batch is chosen for by its matrices' M, N, K,
+//   its batch count and its strides' alignment.
 
 #ifndef GEMMGEN_FP32_H
 #define GEMMGEN_FP32_H
@@ -26,6 +34,10 @@ extern "C" {
 
 int gemmgen_fp32(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                  float beta, float *C, int ldc, cudaStream_t stream);
+
+int gemmgen_fp32_batched(int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                         int ldb, float beta, float *C, int ldc, int batch, long long strideA,
+                         long long strideB, long long strideC, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

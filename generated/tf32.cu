@@ -23,11 +23,11 @@
 //   tf32_9   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_tf32_split)
 //   tf32_10  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
 //
-// Each call runs the member predicted fastest for its M, N, K and alignment class (rows 16-byte
-// aligned or not): a model of waves of blocks over the SMs and K steps per block, fitted to each
-// member's measurements and corrected by them near the tuned shapes. Leave-one-out over the tuned
-// shapes, time of the member chosen without a shape's measurements over the best there: median
-// 1.000, worst 1.281.
+// Each call runs the member predicted fastest for its M, N, K, batch count and alignment class
+// (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
+// per block, fitted to each member's measurements and corrected by them near the tuned shapes.
+// Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
+// over the best there: median 1.000, worst 1.281.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
 // compute capability 9.0; elsewhere tf32_10 runs.
 //
@@ -36,6 +36,7 @@
 //
 // C ABI:
 //   extern "C" int gemmgen_tf32(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, int batch, long long strideA, long long strideB, long long strideC, cudaStream_t stream);
 #ifdef __NVCC__
 #pragma nv_diag_suppress 177  // constants a multi-architecture build leaves unused on some targets
 #endif
@@ -9936,42 +9937,45 @@ static const Member members[11] = {
 
 static long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
 
-// launch, main loop (waves x K steps), waves, operand traffic (GB), split K's pass over C (GB)
-static void features(const Member& m, int M, int N, int K, int sm_count, double f[5]) {
+// launch, main loop (waves x K steps), waves, operand traffic (GB), split K's pass over C (GB);
+// `batch` strided matrices of M x N x K: every batch's tiles in one grid, and the traffic times batch
+static void features(const Member& m, int M, int N, int K, int sm_count, int batch, double f[5]) {
     // A member with clusters launches whole clusters of cluster_m x cluster_n tiles.
     const long long tiles_m = ceil_div(M, (long long)m.BM * m.cluster_m) * m.cluster_m;
     const long long tiles_n = ceil_div(N, (long long)m.BN * m.cluster_n) * m.cluster_n;
     if (m.stream_k) {  // the busiest block's K tiles, the tiles each finishes, a shared tile's partial sums
-        const long long tiles = tiles_m * tiles_n, k_tiles = K > m.BK ? ceil_div(K, m.BK) : 1;
-        long long blocks = tiles * k_tiles < sm_count ? tiles * k_tiles : sm_count;
+        const long long tiles = batch * tiles_m * tiles_n, k_tiles = K > m.BK ? ceil_div(K, m.BK) : 1;
+        // min(sm_count, tiles * k_tiles), the product only formed where it is small
+        long long blocks = tiles < sm_count && tiles * k_tiles < sm_count ? tiles * k_tiles : sm_count;
         if (blocks < 1) blocks = 1;
         const long long rest = tiles % blocks;
         const long long dealt = rest == 0 ? 0 : (tiles / blocks == 0 ? tiles : blocks + rest);
         f[0] = 1.0;
-        f[1] = (double)(ceil_div(tiles - dealt, blocks) * k_tiles + ceil_div(dealt * k_tiles, blocks));
+        f[1] = (double)ceil_div(tiles - dealt, blocks) * k_tiles + (double)ceil_div(dealt * k_tiles, blocks);
         f[2] = (double)ceil_div(tiles, blocks);
-        f[3] = 4.0 * ((double)M * K * tiles_n + (double)K * N * tiles_m) / 1e9;
+        f[3] = 4.0 * batch * ((double)M * K * tiles_n + (double)K * N * tiles_m) / 1e9;
         const long long share = dealt * k_tiles / blocks;  // the finisher reads the other pieces in turn
         long long pieces = dealt ? 1 + ceil_div(k_tiles - 1, share > 1 ? share : 1) : 1;
         if (pieces > blocks) pieces = blocks;
         f[4] = 8.0 * m.BM * m.BN * (pieces - 1) / 1e9;
         return;
     }
-    const long long blocks = tiles_m * tiles_n * m.split;
+    const long long blocks = batch * tiles_m * tiles_n * m.split;
     const long long waves = ceil_div(blocks, (long long)sm_count * m.slots_per_sm);
     const long long k_steps = ceil_div(ceil_div(K, m.BK), m.split);
     f[0] = 1.0;
-    f[1] = (double)(waves * k_steps);
+    f[1] = (double)waves * k_steps;
     f[2] = (double)waves;
-    f[3] = 4.0 * ((double)M * K * tiles_n + (double)K * N * tiles_m) / 1e9;
-    f[4] = m.split > 1 ? 8.0 * M * N / 1e9 : 0.0;
+    f[3] = 4.0 * batch * ((double)M * K * tiles_n + (double)K * N * tiles_m) / 1e9;
+    f[4] = m.split > 1 ? 8.0 * batch * M * N / 1e9 : 0.0;
 }
 
-static double predict(const Member& m, const Model& model, int M, int N, int K, int sm_count) {
-    for (int i = 0; i < model.count; ++i)
+// A tuned shape's measurement is of one batch; a batch of them (near the tuned M, N, K) is modelled.
+static double predict(const Member& m, const Model& model, int M, int N, int K, int sm_count, int batch) {
+    for (int i = 0; i < model.count && batch == 1; ++i)
         if (model.points[i].M == M && model.points[i].N == N && model.points[i].K == K) return model.points[i].ms;
     double f[5];
-    features(m, M, N, K, sm_count, f);
+    features(m, M, N, K, sm_count, batch, f);
     double base = 0.0;
     for (int i = 0; i < 5; ++i) base += model.coef[i] * f[i];
     if (M <= 0 || N <= 0 || K <= 0) return base;
@@ -9987,9 +9991,9 @@ static double predict(const Member& m, const Model& model, int M, int N, int K, 
     return base * exp(weighted / total);
 }
 
-// The member predicted fastest among those that can take the call; a class without data for any
-// of them borrows the other class's models.
-static int choose(int M, int N, int K, bool aligned, int sm_count, bool beta_used, bool sm90a) {
+// The member predicted fastest among those that can take the call (`batch` strided matrices of
+// M x N x K); a class without data for any of them borrows the other class's models.
+static int choose(int M, int N, int K, bool aligned, int sm_count, bool beta_used, bool sm90a, int batch) {
     for (int pass = 0; pass < 2; ++pass) {
         const bool use_aligned = pass == 0 ? aligned : !aligned;
         int best = -1;
@@ -9998,7 +10002,7 @@ static int choose(int M, int N, int K, bool aligned, int sm_count, bool beta_use
             const Member& m = members[i];
             const Model& model = use_aligned ? m.aligned : m.unaligned;
             if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
-            const double ms = predict(m, model, M, N, K, sm_count);
+            const double ms = predict(m, model, M, N, K, sm_count, batch);
             if (ms < best_ms) { best = i; best_ms = ms; }
         }
         if (best >= 0) return best;
@@ -10063,15 +10067,26 @@ static cudaError_t device_caps(Device& caps) {
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
 // Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
 // dimensions below their minimum or null pointers where data is needed.
-extern "C" int gemmgen_tf32(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
     using namespace gemmgen_tf32_choice;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    if (M == 0 || N == 0) return cudaSuccess;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
     if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
     Device caps;
     const cudaError_t status = device_caps(caps);
@@ -10080,22 +10095,30 @@ extern "C" int gemmgen_tf32(int M, int N, int K, float alpha, const float* A, in
     if (caps.tuned_gpu) {
         const bool aligned = lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 &&
             reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-            reinterpret_cast<unsigned long long>(C) % 16 == 0;
-        pick = choose(M, N, K, aligned, caps.sm_count, beta != 0.0f, caps.sm90a);
+            reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideA % 4 == 0 && strideB % 4 == 0 &&
+            strideC % 4 == 0;
+        pick = choose(M, N, K, aligned, caps.sm_count, beta != 0.0f, caps.sm90a, batch);
     }
     switch (pick) {
-    case 0: return gemmgen_tf32_0(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    case 1: return gemmgen_tf32_1(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    case 2: return gemmgen_tf32_2(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    case 3: return gemmgen_tf32_3(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    case 4: return gemmgen_tf32_4(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    case 5: return gemmgen_tf32_5(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    case 6: return gemmgen_tf32_6(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    case 7: return gemmgen_tf32_7(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    case 8: return gemmgen_tf32_8(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    case 9: return gemmgen_tf32_9(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
-    case 10: return gemmgen_tf32_10(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    case 0: return gemmgen_tf32_0_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 1: return gemmgen_tf32_1_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 2: return gemmgen_tf32_2_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 3: return gemmgen_tf32_3_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 4: return gemmgen_tf32_4_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 5: return gemmgen_tf32_5_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 6: return gemmgen_tf32_6_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 7: return gemmgen_tf32_7_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 8: return gemmgen_tf32_8_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 9: return gemmgen_tf32_9_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 10: return gemmgen_tf32_10_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     }
     return cudaErrorInvalidValue;
+}
+
+// The single GEMM: one batch.
+extern "C" int gemmgen_tf32(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__

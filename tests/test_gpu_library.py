@@ -1,7 +1,7 @@
 """GPU tests of the library side: split K on the wgmma paths, gemmgen.matmul on CuPy and PyTorch
 against float64 in every layout, torch.ops.gemmgen.matmul under torch.compile, and a shipped
-library's .cu built by nvcc and called through its C ABI (results, bad arguments, host cost of
-choosing a member).
+library's .cu built by nvcc and called through its C ABI (results, strided batches, bad arguments,
+host cost of choosing a member).
 
 Run with `pytest -m gpu`; skipped without a GPU and CuPy, and the shipped-library tests where no
 library has been tuned yet (generated/<precision>.json missing).
@@ -22,6 +22,7 @@ import pytest
 from gemmgen.gpu import verify
 from gemmgen.plan import make_plan
 from gemmgen.language.load import parse
+from test_library_batched import MOVED_BY_THE_BATCH
 
 pytestmark = pytest.mark.gpu
 
@@ -187,7 +188,7 @@ extern "C" double host_us_per_call(int entry, int M, int N, int K, const float* 
     using namespace gemmgen_{library}_choice;
     Device caps;
     device_caps(caps);
-    const int pick = choose(M, N, K, true, caps.sm_count, false, caps.sm90a);
+    const int pick = choose(M, N, K, true, caps.sm_count, false, caps.sm90a, 1);
     auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < calls; ++i) {{
         if (entry) gemmgen_{library}(M, N, K, 1.0f, A, K, B, K, 0.0f, C, N, stream);
@@ -233,10 +234,13 @@ def library_abi(tmp_path_factory, gpu):
         entry.argtypes = ([ctypes.c_int] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                                 ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
                                                 ctypes.c_void_p])
+        batched = getattr(library, f"gemmgen_{precision}_batched")
+        batched.restype = ctypes.c_int
+        batched.argtypes = list(entry.argtypes[:-1]) + [ctypes.c_int] + [ctypes.c_longlong] * 3 + [ctypes.c_void_p]
         timer = library.host_us_per_call
         timer.restype = ctypes.c_double
         timer.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p] * 4 + [ctypes.c_int]
-        built[precision] = (entry, timer, manifest)
+        built[precision] = (entry, timer, manifest, batched)
         return built[precision]
 
     return build
@@ -258,7 +262,7 @@ def _place(cp, values, layout, pad=0):
                                        (2047, 2047, 2047, 0), (1024, 1024, 1024, 3), (4096, 4096, 4096, 0),
                                        (8192, 128, 8192, 0), (5, 7000, 3000, 1)])
 def test_library_c_abi_matches_float64(precision, M, N, K, pad, cp, library_abi):
-    entry, _, manifest = library_abi(precision)
+    entry, _, manifest, _ = library_abi(precision)
     A, B, C = _inputs(M, N, K, seed=13)
     a, lda = _place(cp, A, "row", pad)
     b, ldb = _place(cp, B, "col", pad)
@@ -274,7 +278,7 @@ def test_library_c_abi_matches_float64(precision, M, N, K, pad, cp, library_abi)
 @pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
 @pytest.mark.parametrize("precision", LIBRARIES)
 def test_library_c_abi_refuses_bad_arguments_and_writes_nothing(precision, cp, library_abi):
-    entry, _, _ = library_abi(precision)
+    entry, _, _, _ = library_abi(precision)
     a = cp.ones(64 * 64, cp.float32)
     c = cp.full(64 * 64, 7.0, cp.float32)
     for M, N, K, lda, ldb, ldc, A, C in [(-1, 8, 8, 8, 8, 8, a, c), (8, 8, 8, 7, 8, 8, a, c),
@@ -290,7 +294,7 @@ def test_library_c_abi_refuses_bad_arguments_and_writes_nothing(precision, cp, l
 @pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
 @pytest.mark.parametrize("precision", LIBRARIES)
 def test_library_entry_point_costs_at_most_3_us_over_its_member(precision, cp, library_abi):
-    _, timer, _ = library_abi(precision)
+    _, timer, _, _ = library_abi(precision)
     M = N = K = 512
     a, b, c = (cp.ones(M * K, cp.float32) for _ in range(3))
     stream = cp.cuda.Stream(non_blocking=True)
@@ -304,3 +308,80 @@ def test_library_entry_point_costs_at_most_3_us_over_its_member(precision, cp, l
             record.write(f"gemmgen_{precision} 512^3: entry point {entry:.2f} us per call, "
                          f"its member's launcher {member:.2f} us\n")
     assert entry - member <= 3.0, (entry, member)
+
+
+# --- the shipped library's strided batches --------------------------------------------------------
+
+# (batch, M, N, K, A's stride, B's stride, C's stride, padding of each leading dimension): None packed,
+# 0 one matrix for every batch, a number that many floats past the end of each matrix
+LIBRARY_BATCHES = {
+    "packed, odd sizes": (5, 67, 45, 33, None, None, None, 0),
+    "packed, TMA-ready": (4, 256, 192, 132, None, None, None, 0),
+    "padded, unaligned": (3, 130, 70, 40, 37, 37, 37, 3),      # ld and strides past the width, odd
+    "padded, aligned": (3, 128, 128, 128, 64, 64, 64, 4),
+    "broadcast B": (6, 96, 128, 64, None, 0, None, 0),
+    "broadcast A": (6, 96, 128, 64, 0, None, None, 0),
+    "many small": (64, 32, 32, 32, None, None, None, 0),
+    "one batch": (1, 300, 200, 100, None, None, None, 0),
+    "no batch": (0, 64, 64, 64, None, None, None, 0),
+}
+# batches for which the model picks another member than for one of their matrices
+LIBRARY_BATCHES.update({f"{M}x{N}x{K} x {batch}": (batch, M, N, K, None, None, None, 0)
+                        for M, N, K, batch in MOVED_BY_THE_BATCH})
+
+
+@pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
+@pytest.mark.parametrize("precision", LIBRARIES)
+@pytest.mark.parametrize("case", list(LIBRARY_BATCHES))
+def test_library_batched_c_abi_matches_float64(precision, case, cp, library_abi):
+    """gemmgen_<library>_batched: every batch of C = alpha A_b B_b + beta C_b against float64, the
+    gaps between C's batches (and past them) untouched; batch 0 writes nothing."""
+    from test_gpu_batched import Operand
+    _, _, manifest, batched = library_abi(precision)
+    batch, M, N, K, past_a, past_b, past_c, pad = LIBRARY_BATCHES[case]
+    layouts = manifest["layout"]  # {"A": "row", "B": "col", "C": "row"}
+    rng = np.random.default_rng(batch * 7 + M + N + K)
+    count_a, count_b = (1 if past == 0 else max(batch, 1) for past in (past_a, past_b))
+    As = [rng.uniform(-1, 1, (M, K)).astype(np.float32) for _ in range(count_a)]
+    Bs = [rng.uniform(-1, 1, (K, N)).astype(np.float32) for _ in range(count_b)]
+    Cs = [rng.uniform(-1, 1, (M, N)).astype(np.float32) for _ in range(max(batch, 1))]
+
+    def operand(mats, layout, rows, cols, past):
+        lines, length = (rows, cols) if layout == "row" else (cols, rows)
+        extent = (lines - 1) * (length + pad) + length
+        return Operand(cp, mats, layout, pad, extent + past if past else past)
+
+    a = operand(As, layouts["A"], M, K, past_a)
+    b = operand(Bs, layouts["B"], K, N, past_b)
+    c = operand(Cs, layouts["C"], M, N, past_c)
+    before = c.buffer.copy()
+    alpha, beta = 1.5, -0.5
+    status = batched(M, N, K, alpha, a.ptr, a.ld, b.ptr, b.ld, beta, c.ptr, c.ld, batch, a.stride, b.stride,
+                     c.stride, None)
+    cp.cuda.runtime.deviceSynchronize()
+    assert status == 0, f"gemmgen_{precision}_batched {case}: status {status}"
+    if batch == 0:
+        assert cp.array_equal(before, c.buffer, equal_nan=True), "batch 0 wrote C"
+        return
+    outs = c.matrices(batch)
+    for i in range(batch):
+        A, B = As[i if count_a > 1 else 0], Bs[i if count_b > 1 else 0]
+        _assert_close(outs[i], A, B, Cs[i], alpha, beta, MATH[precision],
+                      f"gemmgen_{precision}_batched {case}: batch {i} of {batch}")
+    assert np.isnan(c.outside(batch)).all(), f"gemmgen_{precision}_batched {case}: wrote outside C's batches"
+
+
+@pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
+@pytest.mark.parametrize("precision", LIBRARIES)
+def test_library_batched_c_abi_refuses_bad_batches_and_writes_nothing(precision, cp, library_abi):
+    _, _, _, batched = library_abi(precision)
+    M = N = K = 64
+    a = cp.ones(4 * M * K, cp.float32)
+    c = cp.full(4 * M * N, 7.0, cp.float32)
+    for bad in [(-1, 0, 0, M * N), (2, -4, 0, M * N), (2, 0, -1, M * N), (2, 0, 0, -M * N),
+                (2, 0, 0, M * N - 1), (2, 0, 0, 0), (3, 1 << 62, 0, M * N)]:
+        status = batched(M, N, K, 1.0, a.data.ptr, K, a.data.ptr, K, 0.0, c.data.ptr, N, *bad, None)
+        assert status == CUDA_ERROR_INVALID_VALUE, bad
+    assert batched(M, N, K, 1.0, None, K, None, K, 0.0, None, N, 0, 0, 0, 0, None) == 0  # batch 0: nothing
+    cp.cuda.runtime.deviceSynchronize()
+    assert bool((c == 7.0).all()), "a refused call wrote into C"

@@ -70,6 +70,19 @@ def test_the_dispatchers_header_matches_its_entry_point():
     definition = re.search(r'^extern "C" int gemmgen_tuned\((.*?)\)\s*\{', source, re.M | re.S).group(1)
     assert prototype(header, "gemmgen_tuned") == normal(definition)
     assert "tuned at 1024x1024x1024" in header and "tuned at 127x4099x1023" in header
+    # a fused reduction ranks one C: the batched entry point stays inside the file, undeclared
+    assert "gemmgen_tuned_batched(" not in header and "no batched entry point" in header
+    assert "static inline int gemmgen_tuned_batched(" in source
+    assert 'extern "C" int gemmgen_tuned_batched' not in source
+
+
+@pytest.mark.parametrize("name", [n for n in ("fp32", "tf32") if (GENERATED_DIR / f"{n}.h").is_file()])
+def test_a_librarys_header_declares_both_entry_points_as_its_cu_defines_them(name):
+    source, header = ((GENERATED_DIR / f"{name}{suffix}").read_text() for suffix in (".cu", ".h"))
+    for launcher in (f"gemmgen_{name}", f"gemmgen_{name}_batched"):
+        definition = re.search(rf'^extern "C" int {launcher}\((.*?)\)\s*\{{', source, re.M | re.S).group(1)
+        assert prototype(header, launcher) == normal(definition), launcher
+    assert f"gemmgen_{name}_batched: strided batches, as cuBLAS's SgemmStridedBatched" in header
 
 
 # --- build writes it ------------------------------------------------------------------------------

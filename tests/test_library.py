@@ -254,7 +254,8 @@ def test_emitted_cu_has_one_entry_point_and_static_members(fp32_manifest):
 
 
 def choices_in_c(source: str, name: str, cases, tmp_path: Path) -> list[int]:
-    """Compile the .cu's choice of member (plain C++) with the host compiler and run it."""
+    """Compile the .cu's choice of member (plain C++) with the host compiler and run it on cases of
+    (M, N, K, aligned, beta used, batch)."""
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         pytest.skip("no host C++ compiler")
@@ -263,30 +264,40 @@ def choices_in_c(source: str, name: str, cases, tmp_path: Path) -> list[int]:
     program = tmp_path / "choose.cpp"
     program.write_text("#include <math.h>\n#include <stdio.h>\n" + source[start:end] + "}\n" + f"""
 int main() {{
-    int M, N, K, aligned, beta;
-    while (scanf("%d %d %d %d %d", &M, &N, &K, &aligned, &beta) == 5)
-        printf("%d\\n", gemmgen_{name}_choice::choose(M, N, K, aligned, 132, beta, true));
+    int M, N, K, aligned, beta, batch;
+    while (scanf("%d %d %d %d %d %d", &M, &N, &K, &aligned, &beta, &batch) == 6)
+        printf("%d\\n", gemmgen_{name}_choice::choose(M, N, K, aligned, 132, beta, true, batch));
 }}
 """)
     subprocess.run([compiler, "-O1", "-o", str(tmp_path / "choose"), str(program)], check=True)
-    feed = "\n".join(f"{M} {N} {K} {int(a)} {int(b)}" for M, N, K, a, b in cases)
+    feed = "\n".join(f"{M} {N} {K} {int(a)} {int(b)} {batch}" for M, N, K, a, b, batch in cases)
     return [int(x) for x in subprocess.run([str(tmp_path / "choose")], input=feed, capture_output=True,
                                            text=True, check=True).stdout.split()]
 
 
+def _batch(rng: random.Random) -> int:
+    """Half the calls single GEMMs, the rest strided batches of 2 to 512 (log-uniform)."""
+    return 1 if rng.random() < 0.5 else int(2 ** rng.uniform(1, 9))
+
+
 def test_the_cu_chooses_as_python_does(fp32_manifest, tmp_path):
+    """Single GEMMs and strided batches (the model's tiles and traffic times the batch; a tuned
+    shape's measurement stands for one batch only): the .cu picks the member Python picks."""
     from gemmgen.library.emit import library_source
     library, db, _, _ = fp32_manifest
     manifest = build_manifest(library, db)
     source = library_source(manifest, "fp32.gemm", [])
     rng = random.Random(7)
     cases = [(int(2 ** rng.uniform(0, 15)), int(2 ** rng.uniform(0, 15)), int(2 ** rng.uniform(0, 17)),
-              rng.random() < 0.7, rng.random() < 0.3) for _ in range(1500)]
-    cases += [(r.M, r.N, r.K, r.klass == "aligned", False) for r in manifest.shapes]
+              rng.random() < 0.7, rng.random() < 0.3, _batch(rng)) for _ in range(1500)]
+    cases += [(r.M, r.N, r.K, r.klass == "aligned", False, batch) for r in manifest.shapes for batch in (1, 8, 512)]
     candidates = manifest.candidates()
-    python = [choose(candidates, M, N, K, "aligned" if a else "unaligned", 132, beta_used=b)
-              for M, N, K, a, b in cases]
+    python = [choose(candidates, M, N, K, "aligned" if a else "unaligned", 132, beta_used=b, batch=batch)
+              for M, N, K, a, b, batch in cases]
     assert choices_in_c(source, "fp32", cases, tmp_path) == python
+    # the batch matters: somewhere a batch of small products runs another member than one of them
+    assert any(choose(candidates, M, N, K, "aligned", 132, batch=64) != choose(candidates, M, N, K, "aligned", 132)
+               for M, N, K in [(64, 64, 64), (128, 128, 256), (256, 256, 1024), (512, 512, 512)])
 
 
 # --- the shipped libraries: generated files match their database ---------------------------------
@@ -478,10 +489,10 @@ library sk {
     assert "if (m.stream_k)" in source
     rng = random.Random(3)
     cases = [(int(2 ** rng.uniform(0, 14)), int(2 ** rng.uniform(0, 14)), int(2 ** rng.uniform(0, 16)),
-              rng.random() < 0.7, rng.random() < 0.3) for _ in range(800)]
+              rng.random() < 0.7, rng.random() < 0.3, _batch(rng)) for _ in range(800)]
     candidates = manifest.candidates()
-    python = [choose(candidates, M, N, K, "aligned" if a else "unaligned", 132, beta_used=b)
-              for M, N, K, a, b in cases]
+    python = [choose(candidates, M, N, K, "aligned" if a else "unaligned", 132, beta_used=b, batch=batch)
+              for M, N, K, a, b, batch in cases]
     assert choices_in_c(source, "sk", cases, tmp_path) == python
 
 

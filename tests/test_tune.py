@@ -160,7 +160,8 @@ def test_a_winner_written_as_spec_text_parses_back_to_the_same_point(space):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_dispatcher_holds_every_winner_behind_one_entry_point(tmp_path):
-    """Each distinct winner once, with a static launcher: the entry point is the file's one symbol."""
+    """Each distinct winner once, with a static launcher: the entry point and its strided batches'
+    are the file's only symbols."""
     winners = [(Case(4096, 4096, 4096), make_plan(load_one(SPECS / "hopper_simt.gemm"))),
                (Case(1024, 1024, 1024), make_plan(load_one(SPECS / "warptile.gemm"))),
                (Case(2048, 2048, 2048), make_plan(load_one(SPECS / "hopper_simt.gemm")))]  # won twice
@@ -173,7 +174,7 @@ def test_dispatcher_holds_every_winner_behind_one_entry_point(tmp_path):
                     "-o", str(tmp_path / "t.o"), str(path)], check=True, capture_output=True)
     symbols = subprocess.run(["nm", str(tmp_path / "t.o")], capture_output=True, text=True).stdout
     exported = [line.split()[-1] for line in symbols.splitlines() if " T " in line]
-    assert exported == ["gemmgen_tuned"]
+    assert exported == ["gemmgen_tuned", "gemmgen_tuned_batched"]
     assert source.count("// ==== member") == 2 and "static int gemmgen_tuned_0(" in source
     with pytest.raises(ValueError, match="share layouts"):
         col = make_plan(load_one(SPECS / "warptile.gemm").with_values(layout_A="col"))
@@ -182,14 +183,20 @@ def test_dispatcher_holds_every_winner_behind_one_entry_point(tmp_path):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_a_dispatcher_over_fused_epilogues_passes_their_vectors_to_each_winner(tmp_path):
-    """Winners with a bias take it in the entry point, after ldc, and hand it to the kernel chosen;
-    winners whose epilogues differ cannot share one entry point."""
+    """Winners with a bias take it in the entry point, after ldc (before the batch in the batched
+    one), and hand it to the kernel chosen; winners whose epilogues differ cannot share one entry
+    point."""
     fused = make_plan(load_one(SPECS / "epilogue_naive.gemm"))
     winners = [(Case(4096, 4096, 4096), fused), (Case(64, 64, 64), fused)]
     source = dispatcher_source("fused", winners)
     header = dispatcher_header_source("fused", winners, "fused.cu")
     assert "int ldc, const float *bias, cudaStream_t stream" in header
-    assert "gemmgen_fused_0(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, stream)" in source
+    assert " ".join(header.split()).count("int ldc, const float *bias, int batch, long long strideA, long long "
+                                          "strideB, long long strideC, cudaStream_t stream);") == 1
+    assert ("gemmgen_fused_0_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, batch, strideA, strideB, "
+            "strideC, stream)") in source
+    assert "return gemmgen_fused_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, 1, 0, 0, 0, stream)" \
+        in source
     (tmp_path / "fused.cu").write_text(source)
     (tmp_path / "fused.h").write_text(header)
     subprocess.run(["nvcc", "-c", "-arch=sm_90", "-std=c++17", "-include", str(tmp_path / "fused.h"),

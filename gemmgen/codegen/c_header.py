@@ -55,11 +55,12 @@ def contract_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def _batched_contract(plan: Plan) -> list[str]:
-    """What the batched entry point adds (none: a fused reduction's kernel has none)."""
+def batched_contract_lines(plan: Plan, launcher: str | None = None) -> list[str]:
+    """What the batched entry point adds (none: a fused reduction's kernel has none). `launcher`:
+    the entry point over several kernels like `plan` (a library's), else the plan's own."""
     if batched_abi_parameters(plan) is None:
         return comment_lines("no batched entry point: the fused reduction ranks the entries of one C.")
-    return comment_lines(f"{plan.launcher_name}_batched: strided batches, as cuBLAS's SgemmStridedBatched: "
+    return comment_lines(f"{launcher or plan.launcher_name}_batched: strided batches, as cuBLAS's SgemmStridedBatched: "
                          "`batch` products, batch b's A, B and C at A + b * strideA, B + b * strideB, "
                          "C + b * strideC (strides in elements). A stride of 0 gives every batch the same A "
                          "(or B); batch 0 does nothing and returns cudaSuccess. cudaErrorInvalidValue, "
@@ -68,7 +69,8 @@ def _batched_contract(plan: Plan) -> list[str]:
                          + ("(M - 1) * ldc + N" if plan.c_layout == "row" else "(N - 1) * ldc + M")
                          + "). The single GEMM is its call with batch 1."
                          + (" TMA loads batches of A (B) whose stride is 0, or a multiple of 4 and at least "
-                            "M * lda (N * ldb); other batched calls run the fallback." if plan.mainloop.tma else ""))
+                            "M * lda (N * ldb); other batched calls run the fallback."
+                            if plan.mainloop.tma and launcher is None else ""))
 
 
 def fast_path_lines(plan: Plan, indent: str = "") -> list[str]:
@@ -103,7 +105,7 @@ def header_source(plan: Plan, source_name: str) -> str:
     about = comment_lines(f"The entry point of {source_name} for C and C++ programs: compile {source_name} "
                           "with nvcc (it is self-contained), include this header, and link both with the "
                           "CUDA runtime.")
-    about += ["//", *contract_lines(plan), "//", *_batched_contract(plan), "//"]
+    about += ["//", *contract_lines(plan), "//", *batched_contract_lines(plan), "//"]
     about += comment_lines("Any M, N, K >= 0, pointer alignment and leading dimension works; a call takes "
                            "the fast path when it meets these (batches: with strides that keep every "
                            "batch's pointers so aligned), and a slower variant of the kernel otherwise:")
