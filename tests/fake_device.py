@@ -134,13 +134,16 @@ class ReferenceKernel:
     def close(self) -> None:
         """Nothing loaded, nothing to unload."""
 
-    def launch(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, smallest=None, stream=None):
+    def launch(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, smallest=None, stream=None, batch=1,
+               strides=(0, 0, 0)):
         def view(address, rows, cols, ld, name):
             if self.plan.spec[f"layout.{name}"] == "row":
                 return matrix_at(address, rows, cols, ld, 1)
             return matrix_at(address, rows, cols, 1, ld)
-        _gemm(alpha, view(A, M, K, lda, "A"), view(B, K, N, ldb, "B"), beta,
-              view(C, M, N, ldc, "C"), self.tf32_inputs)
+        for i in range(batch):  # the batched entry point's: matrices `strides` floats apart
+            sa, sb, sc = (4 * i * s for s in strides)
+            _gemm(alpha, view(A + sa, M, K, lda, "A"), view(B + sb, K, N, ldb, "B"), beta,
+                  view(C + sc, M, N, ldc, "C"), self.tf32_inputs)
 
 
 def fake_time_gpu(run, *, flush=None, **options) -> Timing:
