@@ -38,6 +38,7 @@ import pytest
 import guard_cases
 import hopper_gpu
 from gemmgen.gpu import verify
+from gemmgen.gpu.epilogue_inputs import epilogue_reference, epilogue_vectors, vector_pointers
 from gemmgen.gpu.runtime import synchronize
 
 pytestmark = pytest.mark.gpu
@@ -164,7 +165,7 @@ class Builds:
         library = self.libraries[path]
         if target.kind == "kernel":
             function = getattr(library, target.plan.launcher_name)
-            extra = [ctypes.c_void_p] * (3 if target.plan.reduce_count else 0)
+            extra = [ctypes.c_void_p] * ((3 if target.plan.reduce_count else 0) + len(target.plan.epilogue.vectors))
             function.argtypes = ABI + extra + [ctypes.c_void_p]
         elif target.kind == "member":
             function = library.gemmgen_guard_member
@@ -230,8 +231,9 @@ def problems(cp):
 
 @pytest.fixture
 def call(request, cp, capability, builds, kernels):
-    """call(name, path) -> (target, function(case, A, B, C) -> (cudaError, note)); skips a target this
-    GPU cannot run, and the abi path without nvcc."""
+    """call(name, path) -> (target, function(case, A, B, C, vectors) -> (cudaError, note)); skips a
+    target this GPU cannot run, and the abi path without nvcc. `vectors`: a fused epilogue's bias and
+    scale addresses by name (empty for a kernel without them), passed after ldc."""
 
     def make(name: str, path: str):
         target = TARGETS[name]
@@ -253,22 +255,22 @@ def call(request, cp, capability, builds, kernels):
             from gemmgen.library.dispatch import library
             runtime = library(target.library)
 
-            def function(case, a, b, c):
+            def function(case, a, b, c, vectors):
                 index = runtime.launch(*scalars(case, a, b, c))
                 return 0, f"member {target.members[index]}"
         elif path == "runtime":
             kernel = kernels(name)
 
-            def function(case, a, b, c):
-                kernel.launch(*scalars(case, a, b, c), smallest=tuple(smallest) if smallest else None)
+            def function(case, a, b, c, vectors):
+                kernel.launch(*scalars(case, a, b, c), smallest=tuple(smallest) if smallest else None, **vectors)
                 return 0, ""
         else:
             abi = builds.abi(target)
             first = [target.index] if target.kind == "member" else []
             extra = smallest or []
 
-            def function(case, a, b, c):
-                return abi(*first, *scalars(case, a, b, c), *extra, None), ""
+            def function(case, a, b, c, vectors):
+                return abi(*first, *scalars(case, a, b, c), *extra, *vectors.values(), None), ""
         return target, function
 
     return make
@@ -293,7 +295,12 @@ def check_call(cp, target, case, function, problem) -> str:
     buffers = {name: _placed(cp, values, where[name], layouts[name])
                for name, values in (("A", problem.A), ("B", problem.B), ("C", c_values))}
     before = {name: buffer.view(cp.uint32).copy() for name, buffer in buffers.items()}
-    status, note = function(case, *(buffers[n].data.ptr + 4 * where[n].start for n in "ABC"))
+    # A fused epilogue's vectors (in its ABI's order) and the value it must store.
+    plan = target.plan
+    vectors = epilogue_vectors(cp, plan, M, N) if plan.epilogue.fused else {}
+    reference, scale = (epilogue_reference(cp, plan, problem.A, problem.B, problem.C, case.alpha, case.beta, vectors)
+                        if plan.epilogue.fused else (problem.reference, problem.scale))
+    status, note = function(case, *(buffers[n].data.ptr + 4 * where[n].start for n in "ABC"), vector_pointers(vectors))
     synchronize()  # a fault is this call's
     if status:
         return f"returned cudaError {status}, expected 0"
@@ -301,14 +308,14 @@ def check_call(cp, target, case, function, problem) -> str:
     changed = {name: buffers[name].view(cp.uint32) != before[name] for name in "ABC"}
     verify.matrix_view(cp, changed["C"], M, N, layouts["C"], case.ldc, where["C"].start)[...] = False
     out = verify.matrix_view(cp, buffers["C"], M, N, layouts["C"], case.ldc, where["C"].start).astype(cp.float64)
-    allowed = verify.tolerance(problem.scale, K, target.math)
-    error = cp.abs(out - problem.reference)
+    allowed = verify.tolerance(scale, K, target.math)
+    error = cp.abs(out - reference)
     ratio = error / allowed
     bad = ~(ratio <= 1.0)  # NaN compares false: it never passes
     worst = cp.argmax(cp.where(cp.isnan(ratio), cp.inf, ratio))
     stats = cp.stack([x.astype(cp.float64) for x in (
         changed["C"].sum(), cp.argmax(changed["C"]), changed["A"].sum(), changed["B"].sum(), bad.sum(), worst,
-        cp.take(out, worst), cp.take(problem.reference, worst), cp.take(allowed, worst))]).get()
+        cp.take(out, worst), cp.take(reference, worst), cp.take(allowed, worst))]).get()
     touched, first, a_changed, b_changed, wrong, worst, got, expected, tolerance = (float(x) for x in stats)
 
     found = []
@@ -366,7 +373,7 @@ def test_the_check_catches_writes_outside_c_into_inputs_and_unwritten_elements(c
         return cp.ndarray((rows, cols), cp.float32, cp.cuda.MemoryPointer(memory, 0), strides=(4 * ld, 4))
 
     def stand_in(wrong):
-        def function(case, a, b, c):
+        def function(case, a, b, c, vectors):
             A, B, C = view(a, M, K, case.lda), view(b, K, N, case.ldb), view(c, M, N, case.ldc)
             C[...] = (case.alpha * (A.astype(cp.float64) @ B.astype(cp.float64))
                       + case.beta * C.astype(cp.float64)).astype(cp.float32)

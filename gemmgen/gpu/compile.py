@@ -29,6 +29,7 @@ from pathlib import Path
 from ..codegen.cuda import generate, kernel_name_expressions
 from ..plan import Plan
 from . import compile_cache
+from .cubin import kernel_resources
 
 CACHE_FORMAT = 3  # 3: one file per entry, ptxas's report under its checksum; NVRTC seeded
 
@@ -127,6 +128,13 @@ def _program_log(program) -> str:
     _, size = nvrtc.nvrtcGetProgramLogSize(program)
     buffer = b" " * size
     nvrtc.nvrtcGetProgramLog(program, buffer)
+    if size > 1 and not buffer.strip(b"\0 "):  # a binding that copies bytes in: a mutable buffer
+        mutable = bytearray(size)
+        try:
+            nvrtc.nvrtcGetProgramLog(program, mutable)
+            buffer = bytes(mutable)
+        except TypeError:
+            pass
     return buffer.rstrip(b"\0 ").decode(errors="replace")
 
 
@@ -301,8 +309,15 @@ def _nvrtc_compile(source: str, target: str, name_expressions: list[str], filena
             lowered[name] = symbol.decode() if isinstance(symbol, bytes) else str(symbol)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
-    return Compiled(target, bytes(cubin), ptx.rstrip(b"\0").decode(), lowered,
-                    parse_ptxas_report(log), log, nvrtc_version())
+    cubin = bytes(cubin)
+    return Compiled(target, cubin, ptx.rstrip(b"\0").decode(), lowered,
+                    parse_ptxas_report(log) or resources_from_cubin(cubin), log, nvrtc_version())
+
+
+def resources_from_cubin(cubin: bytes) -> dict[str, Resources]:
+    """Registers and stack frames read from the cubin itself, where NVRTC's log held no ptxas
+    report (cubin.py says when): no spills or static shared memory are known then (0)."""
+    return {name: Resources(registers, 0, 0, frame, 0) for name, (registers, frame) in kernel_resources(cubin).items()}
 
 
 def compile_plan(plan: Plan, source: str | None = None, *, target: str | None = None,
