@@ -66,8 +66,12 @@ def test_every_member_of_a_shipped_library_plans_with_a_bias_and_each_activation
             assert (spec["bias"], spec["activation"]) == ("col", activation)
             assert kernel.plan.name == fused.fused_name(plan.name, True, activation)
             # the member's tiling and layouts stay as tuned: only the epilogue differs
-            for setting in ("block.m", "block.n", "block.k", "math", "layout.A", "layout.B", "layout.C"):
+            for setting in ("block.m", "block.n", "block.k", "math", "layout.A", "layout.B", "layout.C", "schedule"):
                 assert spec[setting] == plan.spec[setting]
+            # a wgmma member stores its fused tile through shared memory (staged), measured faster;
+            # split K's partial sums are stored directly (atomics), as planned
+            if plan.consumers and plan.split_k == 1:
+                assert spec["epilogue.staged"], plan.name
             assert members.kernel(index, True, activation) is kernel  # planned once
 
 
