@@ -1,7 +1,7 @@
 """Where a fused epilogue's cost goes (issue 29's "the epilogue is hidden"): the library's chosen
 member with bias + GELU on other schedules and stores, beside the plain member, in turns.
 
-    python benchmarks/epilogue_schedules.py --out schedules.json [--precisions fp32 tf32] [--rounds 7]
+    python benchmarks/epilogue_schedules.py --out schedules.json [--precisions fp32 tf32] [--rounds 7] [--calls 10]
 
 For each shape (4096^3, 2048 x 5632 x 2048, 8192 x 1024 x 1024 by default) and precision, the member
 the library chooses is timed plain (alpha beta, what gemmgen.matmul runs) and with `bias col` and
@@ -22,7 +22,8 @@ from dataclasses import replace
 
 import torch
 
-from torch_records import elapsed_ms, meta, parse_shapes, refuse_to_overwrite, table, use_device, write_record
+from torch_records import (check_timed_arguments, elapsed_ms, meta, parse_shapes, refuse_to_overwrite, table,
+                           timed_arguments, use_device, write_record)
 
 import gemmgen.library.dispatch as dispatch
 from gemmgen.gpu.compile import compile_all
@@ -52,22 +53,16 @@ def variants(plan):
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="JSON file to write the record to")
-    parser.add_argument("--force", action="store_true", help="replace --out even if gemmgen did not write it")
-    parser.add_argument("--commit", help="the commit to record (default: $GEMMGEN_COMMIT, else git's HEAD)")
-    parser.add_argument("--precisions", nargs="+", choices=dispatch.PRECISIONS, default=list(dispatch.PRECISIONS))
-    parser.add_argument("--shapes", nargs="+", metavar="MxNxK", default=["x".join(map(str, s)) for s in SHAPES])
-    parser.add_argument("--rounds", type=int, default=7, help="timed batches of each kernel, in turns (default 7)")
-    parser.add_argument("--calls", type=int, default=10, help="launches in a timed batch (default 10)")
+    timed_arguments(parser, SHAPES)
     args = parser.parse_args(argv)
     args.shapes = parse_shapes(parser, args.shapes)
-    if not torch.cuda.is_available():
-        parser.error("this benchmark needs a CUDA GPU that torch sees")
+    check_timed_arguments(parser, args)
     refuse_to_overwrite(args.out, args.force)
-    device = torch.device("cuda")
+    device = torch.device(args.device)
     use_device(device)
     index = torch.cuda.current_device()
     stream = torch.cuda.current_stream().cuda_stream
+    torch.manual_seed(args.seed)
     work = []  # (shape, precision, member name, [(label, plan or reason)])
     for precision in args.precisions:
         runtime = dispatch.library(precision, index)
@@ -100,7 +95,8 @@ def main(argv=None) -> dict:
                 for _ in range(args.calls):
                     kernel.launch(M, N, K, 1.0, x.data_ptr(), K, w.data_ptr(), K, 0.0, out.data_ptr(), N,
                                   stream=stream, **extra)
-            run()
+            for _ in range(args.warmup):
+                run()
             runs[label] = (run, [])
         for _ in range(args.rounds):
             for label, (run, times) in runs.items():

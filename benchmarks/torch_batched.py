@@ -26,7 +26,8 @@ import warnings
 
 import torch
 
-from torch_records import elapsed_ms, meta, refuse_to_overwrite, table, use_device, write_record
+from torch_records import (check_timed_arguments, elapsed_ms, meta, refuse_to_overwrite, table, timed_arguments,
+                           use_device, write_record)
 
 import gemmgen
 import gemmgen.library.dispatch as dispatch
@@ -155,27 +156,14 @@ def markdown(record: dict) -> str:
 
 def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="JSON file to write the record to")
-    parser.add_argument("--force", action="store_true", help="replace --out even if gemmgen did not write it")
-    parser.add_argument("--commit", help="the commit to record (default: $GEMMGEN_COMMIT, else git's HEAD)")
-    parser.add_argument("--precisions", nargs="+", choices=dispatch.PRECISIONS, default=list(dispatch.PRECISIONS))
-    parser.add_argument("--shapes", nargs="+", metavar="BxMxNxK", default=["x".join(map(str, s)) for s in SHAPES])
+    timed_arguments(parser, SHAPES, "BxMxNxK")
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS),
                         help="B's layouts to time (default both)")
-    parser.add_argument("--rounds", type=int, default=7, help="batches of each way, in turns (default 7)")
-    parser.add_argument("--calls", type=int, default=10, help="calls in a timed batch (default 10)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed calls of each way first (default 2)")
     parser.add_argument("--members", action="store_true",
                         help="also time every library member at each shape (B k-major), marking the one chosen")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cuda:N")
     args = parser.parse_args(argv)
     args.shapes = parse_batched_shapes(parser, args.shapes)
-    for name in ("rounds", "calls", "warmup"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
-    if torch.device(args.device).type != "cuda" or not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: this benchmark needs a CUDA GPU that torch sees")
+    check_timed_arguments(parser, args)
     return args
 
 

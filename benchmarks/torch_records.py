@@ -10,6 +10,9 @@ metadata, its output file, and a markdown table.
   gemmgen did not write is kept unless --force) and written whole or not at all;
 - table(header, rows): a markdown table;
 - parse_shapes(parser, texts): --shapes' MxNxK words as (M, N, K), a parser error for a bad one;
+- timed_arguments(parser, shapes, metavar) / check_timed_arguments(parser, args): the options of a
+  benchmark that times ways in turns on a CUDA GPU (--out, --force, --commit, --precisions, --shapes,
+  --rounds, --calls, --warmup, --seed, --device), and their checks;
 - compile_libraries(precisions, device): every member of the libraries built for these precisions
   (each operand class) compiled at once, in parallel, before the timing: otherwise each compiles
   on its first call, one after another.
@@ -92,6 +95,27 @@ def parse_shapes(parser, texts) -> list[tuple[int, int, int]]:
             parser.error(f"--shapes {text}: every size must be at least 1")
         shapes.append((M, N, K))
     return shapes
+
+
+def timed_arguments(parser, shapes, metavar: str = "MxNxK") -> None:
+    parser.add_argument("--out", required=True, help="JSON file to write the record to")
+    parser.add_argument("--force", action="store_true", help="replace --out even if gemmgen did not write it")
+    parser.add_argument("--commit", help="the commit to record (default: $GEMMGEN_COMMIT, else git's HEAD)")
+    parser.add_argument("--precisions", nargs="+", choices=dispatch.PRECISIONS, default=list(dispatch.PRECISIONS))
+    parser.add_argument("--shapes", nargs="+", metavar=metavar, default=["x".join(map(str, s)) for s in shapes])
+    parser.add_argument("--rounds", type=int, default=7, help="timed batches of each way, in turns (default 7)")
+    parser.add_argument("--calls", type=int, default=10, help="calls in a timed batch (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls of each way first (default 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cuda:N")
+
+
+def check_timed_arguments(parser, args) -> None:
+    for name in ("rounds", "calls", "warmup"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    if torch.device(args.device).type != "cuda" or not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: this benchmark needs a CUDA GPU that torch sees")
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

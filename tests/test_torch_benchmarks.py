@@ -142,3 +142,26 @@ def test_the_layouts_benchmark_times_every_layout_beside_torch_and_the_best_layo
     assert all(row["error"] < 1e-6 for row in rows)        # gemmgen's (host) results and torch's, vs float64
     assert copies == [] and (24, 16, 40) in calls_made(libraries)
     assert "| 24x16x40 | fp32 | col / row / col |" in capsys.readouterr().out
+
+
+def test_the_batched_benchmark_reads_batch_shapes_and_needs_a_gpu(capsys):
+    import torch_batched
+    with pytest.raises(SystemExit):
+        torch_batched.parse(["--out", "x.json", "--shapes", "4x4x4"])
+    assert "write batch x M x N x K as four whole numbers" in capsys.readouterr().err
+    assert torch_batched.parse_batched_shapes(None, ["64x512x512x512", "2X3X4X5"]) == [(64, 512, 512, 512), (2, 3, 4, 5)]
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            torch_batched.parse(["--out", "x.json"])
+        assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_epilogue_schedule_variants_of_a_member_name_what_the_planner_refuses():
+    import epilogue_schedules
+    import gemmgen.library.dispatch as dispatch
+    plan = dispatch.shipped_manifest("fp32").plans()[0]  # 128 x 128 3xTF32, stream-K
+    found = dict(epilogue_schedules.variants(plan))
+    assert {"data-parallel", "persistent staged", "stream-k", "pingpong"} <= set(found)
+    assert "registers" in found["pingpong"]  # two 128 x 128 3xTF32 consumers do not fit: the reason kept
+    made = found["stream-k staged"]
+    assert made.spec["bias"] == "col" and made.spec["activation"] == "gelu" and made.spec["epilogue.staged"]
