@@ -126,10 +126,19 @@ class _Matmul(torch.autograd.Function):
         return grad_a, grad_b, None, None, None
 
 
+_only_cuda_below: dict[int, bool] = {}  # a keyset (raw) -> whether only the CUDA kernel lies below autograd
+
+
 def _matmul_autograd(keyset, a, b, alpha=1.0, precision="fp32"):
     if torch._C.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return _Matmul.apply(a, b, alpha, precision, keyset)
-    if (keyset & _BELOW_AUTOGRAD).highestPriorityTypeId() == _CUDA:
+    # The keyset's answer is kept by its raw bits: asking it (a new keyset object, an enum
+    # comparison) cost more than the rest of this kernel.
+    raw = keyset.raw_repr()
+    direct = _only_cuda_below.get(raw)
+    if direct is None:
+        direct = _only_cuda_below[raw] = (keyset & _BELOW_AUTOGRAD).highestPriorityTypeId() == _CUDA
+    if direct:
         return torch_matmul(a, b, alpha, precision)  # what the CUDA kernel would do, one dispatch sooner
     return _redispatch(keyset, a, b, alpha, precision)
 
