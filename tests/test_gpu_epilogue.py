@@ -233,3 +233,54 @@ def test_gemmgen_check_validates_an_epilogue_kernel(name, cp, kernels):
     # what `gemmgen check` runs: its own vectors, and the reference from gpu/epilogue_inputs.py
     report = verify.check(kernels(name), verify.DEFAULT_CASES[:6], seed=3)
     assert report.ok, [f"{r.case}: {r.message}" for r in report.failures]
+
+
+# --- batches: every path's epilogue on strided batches ---------------------------------------------
+
+# (batch, B shared by every batch (2-D, stride 0), padding of each leading dimension)
+BATCHES = {"packed": (3, False, 0), "broadcast B": (4, True, 0), "padded": (2, False, 3)}
+
+
+def _batch(cp, host: np.ndarray, layout: str, pad: int):
+    """(batch, rows, cols) values in a NaN-filled device buffer, each matrix in `layout` with its lines
+    `pad` floats past the width: (the buffer, the 3-D view the kernel gets)."""
+    count, rows, cols = host.shape
+    width, lines = (cols, rows) if layout == "row" else (rows, cols)
+    buffer = cp.full((count, lines, width + pad), cp.nan, cp.float32)
+    block = buffer[:, :, :width]
+    view = block if layout == "row" else block.swapaxes(1, 2)
+    view[...] = cp.asarray(host)
+    return buffer, view
+
+
+@pytest.mark.parametrize("batches", list(BATCHES))
+@pytest.mark.parametrize("name", [name for name in SPECS if not name.startswith("activation_")])
+def test_every_path_applies_its_epilogue_to_every_batch(name, batches, cp, kernels):
+    """C[b] = act(alpha * scale (A[b] @ B[b]) + beta * C[b] + bias), one bias and scale for all batches,
+    through the Python runtime's 3-D arrays; the padding of C's lines is never written."""
+    kernel = kernels(name)
+    plan = kernel.plan
+    count, shared_b, pad = BATCHES[batches]
+    for index, call in enumerate((Call(67, 131, 45, alpha=1.25, beta=0.5, pad=pad),
+                                  Call(128, 256, 64, alpha=-0.5, beta=0.0, pad=pad))):
+        rng = np.random.default_rng(300 + index)
+        A = rng.uniform(-1, 1, (count, call.M, call.K)).astype(np.float32)
+        B = rng.uniform(-1, 1, (1 if shared_b else count, call.K, call.N)).astype(np.float32)
+        C0 = rng.uniform(-1, 1, (count, call.M, call.N)).astype(np.float32)
+        lengths = {"row": call.M, "col": call.N}
+        vectors = {v: rng.uniform(-1.5, 1.5, lengths[by]).astype(np.float32) for v, by in plan.epilogue.vectors}
+        _, a = _batch(cp, A, kernel.layouts["A"], pad)
+        _, b = _batch(cp, B, kernel.layouts["B"], pad)
+        c_buffer, c = _batch(cp, C0 if call.beta else np.full_like(C0, np.nan), kernel.layouts["C"], pad)
+        kernel(a, b[0] if shared_b else b, c, alpha=call.alpha, beta=call.beta,
+               **{v: cp.asarray(values) for v, values in vectors.items()})
+        cp.cuda.runtime.deviceSynchronize()
+        got = c.get().astype(np.float64)
+        for i in range(count):
+            expected, allowed = _reference(plan, call, A[i], B[0 if shared_b else i], C0[i], vectors.get("bias"),
+                                           vectors.get("scale"))
+            bad = ~(np.abs(got[i] - expected) <= allowed)
+            assert not bad.any(), f"{plan.name} {batches} {call} batch {i}: {int(bad.sum())} elements wrong"
+        if pad:
+            width = call.N if kernel.layouts["C"] == "row" else call.M
+            assert bool(cp.isnan(c_buffer[:, :, width:]).all()), f"{plan.name} {batches}: wrote into C's padding"
