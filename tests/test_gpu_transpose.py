@@ -34,6 +34,31 @@ def test_a_transpose_is_exact_and_writes_only_its_destination(rows, cols, pad_sr
     assert bool((dst[:, rows:] == SENTINEL).all()) and bool((dst_buffer[cols * ld_dst:] == SENTINEL).all())
 
 
+@pytest.mark.parametrize("batch, gap_src", [(3, 0), (70_000, 5)])  # batches past grid.z's 65535 walked
+def test_a_batch_is_transposed_in_one_launch(batch, gap_src):
+    from gemmgen.gpu.transpose import transpose
+    rows, cols = 5, 3
+    step = rows * cols + gap_src
+    src = torch.randn(batch * step, device="cuda")
+    dst = torch.full((batch * rows * cols + 16,), SENTINEL, device="cuda")
+    transpose(src.data_ptr(), rows, cols, cols, dst.data_ptr(), rows, 0, torch.cuda.current_stream().cuda_stream,
+              batch, (step, rows * cols))
+    torch.cuda.synchronize()
+    mats = src.view(batch, step)[:, :rows * cols].view(batch, rows, cols)
+    assert torch.equal(dst[:batch * rows * cols].view(batch, cols, rows), mats.mT)
+    assert bool((dst[batch * rows * cols:] == SENTINEL).all())
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+def test_matmul_copies_a_batch_the_other_way_with_it(layout):
+    from gemmgen.library import dispatch
+    x = torch.randn(6, 300, 517, device="cuda")[::2]  # every other matrix: batches 2 matrices apart
+    other = x.mT.contiguous().mT if layout == "row" else x
+    copied = dispatch._torch_copy(other, layout)
+    assert torch.equal(copied, x) and copied.shape == (3, 300, 517)
+    assert (copied.stride(-1) == 1) if layout == "row" else (copied.stride(-2) == 1)
+
+
 @pytest.mark.parametrize("layout", ["row", "col"])
 def test_matmul_copies_an_operand_the_other_way_with_it(layout):
     from gemmgen.library import dispatch

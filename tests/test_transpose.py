@@ -18,17 +18,22 @@ def test_the_kernel_compiles_with_nvrtc_for_each_target(target):
     assert compiled.cubin[:4] == b"\x7fELF"
 
 
-@pytest.mark.parametrize("rows, cols", [(1, 1), (31, 33), (32, 32), (4096, 2048), (3_000_000, 2)])
-def test_the_grid_covers_every_tile_and_walks_rows_past_the_grid_limit(rows, cols):
-    gx, gy = transpose.grid(rows, cols)
+@pytest.mark.parametrize("rows, cols, batch", [(1, 1, 1), (31, 33, 7), (32, 32, 1), (4096, 2048, 2),
+                                               (3_000_000, 2, 1), (5, 5, 100_000)])
+def test_the_grid_covers_every_tile_and_walks_rows_and_batches_past_the_grid_limit(rows, cols, batch):
+    gx, gy, gz = transpose.grid(rows, cols, batch)
     assert gx * transpose.TILE >= cols > (gx - 1) * transpose.TILE
-    assert 1 <= gy <= 65535
+    assert 1 <= gy <= 65535 and 1 <= gz <= 65535
     tiles_down = -(-rows // transpose.TILE)
     walked = {t for y in range(gy) for t in range(y, tiles_down, gy)}  # the kernel's loop over tile rows
     assert walked == set(range(tiles_down))
+    assert {b for z in range(gz) for b in range(z, batch, gz)} == set(range(batch))  # and over batches
 
 
 def test_short_leading_dimensions_are_refused_before_a_launch():
     with pytest.raises(ValueError, match="leading dimensions 3, 5 below 4, 5"):
         transpose.transpose(0, 5, 4, 3, 0, 5, device=0, stream=0)
     transpose.transpose(0, 0, 4, 4, 0, 1, device=0, stream=0)  # empty: nothing to launch, no GPU asked
+    transpose.transpose(0, 5, 4, 4, 0, 5, device=0, stream=0, batch=0)
+    with pytest.raises(ValueError, match=r"batch strides \(20, 19\) overlap the destination's matrices \(20 floats"):
+        transpose.transpose(0, 5, 4, 4, 0, 5, device=0, stream=0, batch=2, strides=(20, 19))

@@ -5,6 +5,7 @@ PyTorch's transposing copy (`x.t().contiguous()`) moved about 0.9 TB/s on an H10
 reads and writes whole rows.
 
     transpose(src, rows, cols, ld_src, dst, ld_dst, device, stream)   # raw device addresses
+    transpose(..., stream, batch=b, strides=(stride_src, stride_dst))   # b matrices in one launch
 """
 
 from __future__ import annotations
@@ -48,19 +49,24 @@ def _call(status: int, what: str) -> None:
         raise CudaError(f"{what}: {error_text(status)}", status)
 
 
-def grid(rows: int, cols: int) -> tuple[int, int]:
-    """Blocks of a launch: one column of tiles per block column; tile rows beyond 65535 are walked."""
-    return -(-cols // TILE), min(-(-rows // TILE), _MAX_GRID_Y)
+def grid(rows: int, cols: int, batch: int = 1) -> tuple[int, int, int]:
+    """Blocks of a launch: one column of tiles per block column; tile rows and batches beyond 65535
+    are walked."""
+    return -(-cols // TILE), min(-(-rows // TILE), _MAX_GRID_Y), min(batch, _MAX_GRID_Y)
 
 
 def transpose(src: int, rows: int, cols: int, ld_src: int, dst: int, ld_dst: int, device: int,
-              stream: int) -> None:
+              stream: int, batch: int = 1, strides: tuple[int, int] = (0, 0)) -> None:
     """dst (cols x rows, row-major, ld_dst) = src (rows x cols, row-major, ld_src) transposed, on
-    `stream` of `device`; nothing is launched for an empty matrix."""
-    if rows <= 0 or cols <= 0:
+    `stream` of `device`, for `batch` matrices `strides` floats apart (src's, dst's); nothing is
+    launched for an empty matrix or batch."""
+    if rows <= 0 or cols <= 0 or batch <= 0:
         return
     if ld_src < cols or ld_dst < rows:
         raise ValueError(f"transpose: leading dimensions {ld_src}, {ld_dst} below {cols}, {rows}")
+    if batch > 1 and (min(strides) < 0 or strides[1] < cols * ld_dst):
+        raise ValueError(f"transpose: batch strides {strides} overlap the destination's matrices "
+                         f"({cols * ld_dst} floats each) or run backwards")
     context, function = _function(device)
     lib = cuda()
     current = ctypes.c_void_p()
@@ -70,13 +76,14 @@ def transpose(src: int, rows: int, cols: int, ld_src: int, dst: int, ld_dst: int
         _call(lib.cuCtxSetCurrent(ctypes.c_void_p(context)), "making the GPU's context current")
     try:
         values = [ctypes.c_void_p(src), ctypes.c_int(rows), ctypes.c_int(cols), ctypes.c_longlong(ld_src),
-                  ctypes.c_void_p(dst), ctypes.c_longlong(ld_dst)]
+                  ctypes.c_void_p(dst), ctypes.c_longlong(ld_dst), ctypes.c_int(batch),
+                  ctypes.c_longlong(strides[0]), ctypes.c_longlong(strides[1])]
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-        gx, gy = grid(rows, cols)
-        _call(lib.cuLaunchKernel(ctypes.c_void_p(function), ctypes.c_uint(gx), ctypes.c_uint(gy), ctypes.c_uint(1),
+        gx, gy, gz = grid(rows, cols, batch)
+        _call(lib.cuLaunchKernel(ctypes.c_void_p(function), ctypes.c_uint(gx), ctypes.c_uint(gy), ctypes.c_uint(gz),
                                  ctypes.c_uint(TILE), ctypes.c_uint(ROWS), ctypes.c_uint(1), ctypes.c_uint(0),
                                  ctypes.c_void_p(stream), params, None),
-              f"launching gemmgen_transpose on a {rows} x {cols} matrix")
+              f"launching gemmgen_transpose on {batch} x {rows} x {cols}")
     finally:
         if switch:
             lib.cuCtxSetCurrent(current)

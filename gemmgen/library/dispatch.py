@@ -364,30 +364,33 @@ def _prepare(way: Route, M: int, N: int, K: int, residues: tuple[int, int, int],
 
 
 def _torch_copy(x, layout: str, lead: tuple[int, ...] = ()):
-    """x dense in `layout`: by gemmgen's transposing copy where x is a matrix that lies the other way
-    on a GPU (with a unit stride), else PyTorch's copy (no unit stride: a strided slice, a
-    broadcast; a batch, first broadcast to the call's leading dimensions `lead` where its own
-    batches lie at no single stride)."""
-    if x.dim() > 2:
-        if lead and batch_stride(tuple(x.shape[:-2]), tuple(x.stride()[:-2]), lead) is None:
-            x = x.expand(lead + tuple(x.shape[-2:]))
-        return x.contiguous() if layout == "row" else x.mT.contiguous().mT
-    rows, cols = x.shape
-    row_stride, col_stride = x.stride()
+    """x (a matrix, or a batch of them) with each matrix dense in `layout`: by gemmgen's transposing
+    copy where x lies the other way on a GPU (a unit stride, batches at one stride), else PyTorch's
+    copy (no unit stride: a strided slice, a broadcast; a batch whose own batches lie at no single
+    stride is first broadcast to the call's leading dimensions `lead`)."""
+    own = tuple(x.shape[:-2])
+    if x.dim() > 2 and lead and batch_stride(own, tuple(x.stride()[:-2]), lead) is None:
+        x = x.expand(lead + tuple(x.shape[-2:]))
+        own = lead
+    rows, cols = x.shape[-2:]
+    row_stride, col_stride = x.stride()[-2:]
+    step = batch_stride(own, tuple(x.stride()[:-2]), own) if own else 0
     other = "col" if layout == "row" else "row"
     reads_other = (row_stride == 1 or cols <= 1) if other == "col" else (col_stride == 1 or rows <= 1)
-    if x.is_cuda and reads_other and rows > 1 and cols > 1:
+    if x.is_cuda and reads_other and rows > 1 and cols > 1 and step is not None and x.numel():
         import torch
         device = x.get_device()
         stream = torch._C._cuda_getCurrentRawStream(device)
+        count = x.numel() // (rows * cols)
         if layout == "row":  # x column-major: its transpose (cols x rows) lies row-major, ld its column stride
-            out = x.new_empty((rows, cols))
-            transpose(x.data_ptr(), cols, rows, col_stride, out.data_ptr(), cols, device, stream)
+            out = x.new_empty((*own, rows, cols))
+            transpose(x.data_ptr(), cols, rows, col_stride, out.data_ptr(), cols, device, stream,
+                      count, (step, rows * cols))
             return out
-        out = x.new_empty((cols, rows))  # x row-major: written as its transpose, row-major, then seen as x
-        transpose(x.data_ptr(), rows, cols, row_stride, out.data_ptr(), rows, device, stream)
-        return out.t()
-    return x.contiguous() if layout == "row" else x.t().contiguous().t()
+        out = x.new_empty((*own, cols, rows))  # x row-major: written as its transpose, row-major, then seen as x
+        transpose(x.data_ptr(), rows, cols, row_stride, out.data_ptr(), rows, device, stream, count, (step, rows * cols))
+        return out.mT
+    return x.contiguous() if layout == "row" else x.mT.contiguous().mT
 
 
 def _torch_with_copies(torch, call: _Call, A, B, out, alpha, beta, precision, stream):
