@@ -15,20 +15,45 @@ import threading
 
 from ..codegen.cuda import render_template
 from .compile import compile_source
-from .launch import CudaError, cuda, error_text
+from .launch import Arguments, CudaError, LaunchConfig, cuda, error_text
 from .runtime import device_info, on_device
 
 TILE, ROWS = 32, 8   # as the template has them: a block moves a TILE x TILE tile with TILE x ROWS threads
 _MAX_GRID_Y = 65535
 
 _lock = threading.Lock()
-_functions: dict[int, tuple[int, int]] = {}  # device -> (its primary context, the kernel's CUfunction)
+# The kernel's parameters, as templates/transpose.cu.j2 declares them (launch.py's kinds).
+SIGNATURE = (("in", "p"), ("rows", "i"), ("cols", "i"), ("ld_in", "l"), ("out", "p"), ("ld_out", "l"),
+             ("batch", "i"), ("stride_in", "l"), ("stride_out", "l"))
 
 
-def _function(device: int) -> tuple[int, int]:
-    """The kernel on `device` (its primary context and CUfunction), compiled and loaded once."""
+class _Launcher:
+    """The kernel on one device, ready to launch: its primary context, CUfunction, an argument buffer
+    written in place per call and a launch configuration (a call's host time is a few writes and
+    one cuLaunchKernelEx, as a prepared GEMM launch's is). `lock` guards the buffer and config."""
+
+    __slots__ = ("context", "function", "arguments", "slots", "params", "config", "config_ref", "lock")
+
+    def __init__(self, context: int, function: int):
+        self.context, self.function = context, ctypes.c_void_p(function)
+        self.arguments = Arguments(SIGNATURE)
+        self.slots = tuple(self.arguments.slot(name) for name, _ in SIGNATURE)
+        self.params = ctypes.c_void_p(self.arguments.kernel_params)
+        self.config = LaunchConfig(1, 1, 1, TILE, ROWS, 1, 0, None, None, 0)
+        self.config_ref = ctypes.byref(self.config)
+        self.lock = threading.Lock()
+
+
+_launchers: dict[int, _Launcher] = {}  # device -> its launcher
+
+
+def _launcher(device: int) -> _Launcher:
+    """The kernel on `device`, compiled and loaded once."""
+    found = _launchers.get(device)
+    if found is not None:
+        return found
     with _lock:
-        if device not in _functions:
+        if device not in _launchers:
             info = device_info(device)
             compiled = compile_source(render_template("transpose.cu.j2"), info.target, ["gemmgen_transpose"],
                                       filename="transpose.cu")
@@ -40,8 +65,8 @@ def _function(device: int) -> tuple[int, int]:
                 symbol = compiled.lowered_names["gemmgen_transpose"].encode()
                 _call(lib.cuModuleGetFunction(ctypes.byref(function), module, ctypes.c_char_p(symbol)),
                       "finding gemmgen_transpose in its cubin")
-                _functions[device] = (int(context), function.value)
-        return _functions[device]
+                _launchers[device] = _Launcher(int(context), function.value)
+        return _launchers[device]
 
 
 def _call(status: int, what: str) -> None:
@@ -67,23 +92,24 @@ def transpose(src: int, rows: int, cols: int, ld_src: int, dst: int, ld_dst: int
     if batch > 1 and (min(strides) < 0 or strides[1] < cols * ld_dst):
         raise ValueError(f"transpose: batch strides {strides} overlap the destination's matrices "
                          f"({cols * ld_dst} floats each) or run backwards")
-    context, function = _function(device)
+    launcher = _launcher(device)
     lib = cuda()
-    current = ctypes.c_void_p()
-    lib.cuCtxGetCurrent(ctypes.byref(current))
-    switch = current.value != context
-    if switch:
-        _call(lib.cuCtxSetCurrent(ctypes.c_void_p(context)), "making the GPU's context current")
-    try:
-        values = [ctypes.c_void_p(src), ctypes.c_int(rows), ctypes.c_int(cols), ctypes.c_longlong(ld_src),
-                  ctypes.c_void_p(dst), ctypes.c_longlong(ld_dst), ctypes.c_int(batch),
-                  ctypes.c_longlong(strides[0]), ctypes.c_longlong(strides[1])]
-        params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-        gx, gy, gz = grid(rows, cols, batch)
-        _call(lib.cuLaunchKernel(ctypes.c_void_p(function), ctypes.c_uint(gx), ctypes.c_uint(gy), ctypes.c_uint(gz),
-                                 ctypes.c_uint(TILE), ctypes.c_uint(ROWS), ctypes.c_uint(1), ctypes.c_uint(0),
-                                 ctypes.c_void_p(stream), params, None),
-              f"launching gemmgen_transpose on {batch} x {rows} x {cols}")
-    finally:
+    gx, gy, gz = grid(rows, cols, batch)
+    values = (src, rows, cols, ld_src, dst, ld_dst, batch, strides[0], strides[1])
+    with launcher.lock:
+        current = ctypes.c_void_p()
+        lib.cuCtxGetCurrent(ctypes.byref(current))
+        switch = current.value != launcher.context
         if switch:
-            lib.cuCtxSetCurrent(current)
+            _call(lib.cuCtxSetCurrent(ctypes.c_void_p(launcher.context)), "making the GPU's context current")
+        try:
+            for (view, index), value in zip(launcher.slots, values):
+                view[index] = value
+            config = launcher.config
+            config.grid_x, config.grid_y, config.grid_z, config.stream = gx, gy, gz, stream
+            status = lib.cuLaunchKernelEx(launcher.config_ref, launcher.function, launcher.params, None)
+            if status:
+                _call(status, f"launching gemmgen_transpose on {batch} x {rows} x {cols}")
+        finally:
+            if switch:
+                lib.cuCtxSetCurrent(current)
