@@ -21,6 +21,7 @@ from gemmgen.gpu.launch import decide
 from gemmgen.gpu.runtime import Kernel, ShapeError
 from gemmgen.language.load import load_one, parse
 from gemmgen.plan import make_plan
+from test_launch import TMA, plan_of  # the TMA kernel text and its planning, shared
 
 INVALID = 1  # cudaErrorInvalidValue
 
@@ -175,20 +176,6 @@ def test_the_headers_declare_the_batched_entry_point_where_there_is_one():
 
 # --- what a batched call launches ------------------------------------------------------------------
 
-TMA = """kernel t {{
-  target   sm_90a
-  layout   A row, B col, C row
-  block    128 x 128 x 32
-  math     tf32
-  stages   4 tma
-  {extra}
-}}
-"""
-
-
-def plan_of(text: str):
-    (spec,) = parse(text)
-    return make_plan(spec)
 
 
 @pytest.mark.parametrize("extra", ["", "schedule persistent", "schedule stream-k", "cluster 2 x 1",
