@@ -176,8 +176,6 @@ def test_the_headers_declare_the_batched_entry_point_where_there_is_one():
 
 # --- what a batched call launches ------------------------------------------------------------------
 
-
-
 @pytest.mark.parametrize("extra", ["", "schedule persistent", "schedule stream-k", "cluster 2 x 1",
                                    "epilogue alpha beta staged"])
 def test_a_batched_tma_launch_covers_every_batchs_tiles_with_3d_maps(extra):
