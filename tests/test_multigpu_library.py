@@ -87,8 +87,8 @@ def test_a_new_out_is_made_on_As_device_and_all_splits_over_every_device(devices
 def test_what_a_split_call_cannot_take_is_refused_before_any_work(devices):
     layer, _ = devices
     (_, _, _), (dA, dB, dC) = operands(64, 64, 64, ("row", "col", "row"), places=(0, 0, 0))
-    with pytest.raises(ShapeError, match=r"A has shape \(4, 64, 64\): a batch of matrices is split by batch first.*"
-                                         r"no batched call yet \(issue 29\)"):
+    with pytest.raises(ShapeError, match=r"A has shape \(4, 64, 64\): a batch of matrices runs on one GPU: leave "
+                                         r"`devices` out"):
         gemmgen.matmul(on_device(np.zeros((4, 64, 64)), 0).reshape(4, 64, 64), dB, devices=[0, 1])
     with pytest.raises(ValueError, match="takes no stream"):
         gemmgen.matmul(dA, dB, dC, devices=[0, 1], stream=5)

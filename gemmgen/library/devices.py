@@ -8,9 +8,10 @@ computes (a band of rows is another shape than the whole), from the manifest tun
 The inputs may start on any GPUs; C gathers on its own device (a C that matmul makes lies on A's).
 The call waits for the devices holding its operands, and returns with C complete.
 
-Batched calls (issue 29) will split by batch first (gemmgen.multigpu.parts.batch_parts): whole
-matrices per device. gemmgen has no batched entry point yet, so 3-D operands are refused here with
-that reason, not multiplied.
+A split takes 2-D matrices. Batched calls run on one GPU (one strided-batched launch); splitting a
+batch over devices (whole matrices per device, gemmgen.multigpu.parts.batch_parts) is not built,
+and awaits a machine with several GPUs to measure it on, so 3-D operands are refused here with that
+reason, not multiplied.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any, Callable
 from ..gpu.runtime import ShapeError, require_cupy
 from ..multigpu.split import Launcher, SplitResult, default_layer, resolve_devices, split_gemm
 
-BATCHED = ("a batch of matrices is split by batch first, whole matrices per device, but gemmgen has no "
-           "batched call yet (issue 29): pass 2-D matrices")
+BATCHED = ("a batch of matrices runs on one GPU: leave `devices` out (a split over devices takes 2-D "
+           "matrices; splitting batches over GPUs is not built)")
 
 
 def layer():
@@ -32,7 +33,7 @@ def layer():
 
 def check_call(A: Any, B: Any, out: Any, devices, stream) -> list[int]:
     """The device list of a split call, after refusing what it cannot take: a stream (the call
-    waits for its inputs and returns with C complete) and 3-D operands (no batched calls yet)."""
+    waits for its inputs and returns with C complete) and 3-D operands (batches run on one GPU)."""
     if stream is not None:
         raise ValueError("a call split over devices takes no stream: it waits for its inputs' devices and "
                          "returns with C complete")
