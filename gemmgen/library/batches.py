@@ -19,6 +19,7 @@ batch x M rows: it needs no batched launch at all, and the library chooses for i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -64,13 +65,6 @@ def batch_stride(shape: tuple[int, ...], strides: tuple[int, ...], lead: tuple[i
     return steps[-1][1] if steps[-1][1] > 0 else None  # batches walked backwards (a flipped view): copied
 
 
-def count(lead: tuple[int, ...]) -> int:
-    total = 1
-    for n in lead:
-        total *= n
-    return total
-
-
 def plan_batches(a_shape, a_strides, b_shape, b_strides, c_shape=None, c_strides=None) -> Batching:
     """The Batching of A (..., M, K) times B (..., K, N) into C (..., M, N): shapes and strides in
     elements, C's None for an output still to be made (dense, row-major)."""
@@ -87,12 +81,12 @@ def plan_batches(a_shape, a_strides, b_shape, b_strides, c_shape=None, c_strides
             raise BatchError(f"out's batch dimensions {tuple(c_shape[:-2])} must be {lead}, the broadcast of "
                              f"A's {tuple(a_shape[:-2])} and B's {tuple(b_shape[:-2])}")
         strides["C"] = batch_stride(tuple(c_shape[:-2]), tuple(c_strides[:-2]), lead)
-        if strides["C"] == 0 and count(lead) > 1:
-            raise BatchError(f"out's {count(lead)} batches share one matrix (batch stride 0): each batch needs "
+        if strides["C"] == 0 and math.prod(lead) > 1:
+            raise BatchError(f"out's {math.prod(lead)} batches share one matrix (batch stride 0): each batch needs "
                              "its own C")
         c_row, c_col = c_strides[-2], c_strides[-1]
         c_rows_apart = c_col == 1 or N <= 1
-    batch = count(lead)
+    batch = math.prod(lead)
     a_row, a_col = a_strides[-2], a_strides[-1]
     fold = (batch > 1 and strides["B"] == 0 and strides["A"] is not None and strides["C"] is not None
             and (a_col == 1 or K <= 1) and c_rows_apart

@@ -316,33 +316,36 @@ def _resolve_torch(torch, key, A, B, out, beta, precision, residues) -> _Call:
     return call
 
 
-def _resolve_batched(batching: Batching, a: Operand, b: Operand, c: Operand, residues, precision: str,
-                     device: int, beta: float, where) -> _Call:
-    """A batched call (batches.py): one GEMM of batch x M rows where A's rows fold, else one
-    strided-batched launch; an operand whose batches no single stride walks is copied dense."""
+def _batched_route(batching: Batching, a: Operand, b: Operand, c: Operand, precision: str):
+    """How a batched call (batches.py) runs, for tensors and arrays alike: (its route, the launch's
+    M, batch count and A's, B's and C's batch strides). An operand whose batches no single stride
+    walks is copied dense first (A row-major, B column-major, as the base library reads them);
+    where A's rows fold, the launch is one GEMM of batch x M rows."""
     M, K, N = a.rows, a.cols, b.cols
-    shape, strides = batching.lead + (M, N), batching.strides
-    if batching.batch == 0:  # no matrices: nothing to read or write
-        return _Call(_nothing, False, shape, where, device)
+    strides = batching.strides
     dense = [name for name in "ABC" if strides[name] is None]
-    if dense:  # copied dense (A row-major, B column-major, as the base library reads them)
-        reasons = tuple(dense_reason(name) for name in dense)
+    if dense:
         way = Route(BASE, False, (0, 0, 0), "row" if "A" in dense else None, "col" if "B" in dense else None,
-                    "C" in dense, reasons)
-        return _Call(None, False, shape, where, device, way)
+                    "C" in dense, tuple(dense_reason(name) for name in dense))
+        return way, M, batching.batch, (0, 0, 0)
     if batching.fold:
         rows = batching.batch * M
         a = Operand("A", rows, K, (folded_row_stride(M, a.strides[0], strides["A"]), a.strides[1]))
         c = Operand("out", rows, N, (folded_row_stride(M, c.strides[0], strides["C"]), c.strides[1]))
-        way = route(a, b, c, available_classes(precision), precision)
-        if way.copies:
-            return _Call(None, False, shape, where, device, way)
-        return _Call(_prepare(way, rows, N, K, residues, precision, device, beta), way.swap, shape, where, device)
+        return route(a, b, c, available_classes(precision), precision), rows, 1, (0, 0, 0)
     way = route(a, b, c, available_classes(precision), precision)
+    return way, M, batching.batch, (strides["A"], strides["B"], strides["C"])
+
+
+def _resolve_batched(batching: Batching, a: Operand, b: Operand, c: Operand, residues, precision: str,
+                     device: int, beta: float, where) -> _Call:
+    shape = batching.lead + (a.rows, b.cols)
+    if batching.batch == 0:  # no matrices: nothing to read or write
+        return _Call(_nothing, False, shape, where, device)
+    way, M, batch, strides = _batched_route(batching, a, b, c, precision)
     if way.copies:
         return _Call(None, False, shape, where, device, way)
-    batch_strides = (strides["A"], strides["B"], strides["C"])
-    return _Call(_prepare(way, M, N, K, residues, precision, device, beta, batching.batch, batch_strides),
+    return _Call(_prepare(way, M, b.cols, a.cols, residues, precision, device, beta, batch, strides),
                  way.swap, shape, where, device)
 
 
@@ -585,20 +588,12 @@ def _array_batched(A, B, out, alpha, beta, precision, stream):
     if batching.batch == 0 or M == 0 or N == 0:
         return out
     a, b = Operand("A", M, K, a_str[-2:]), Operand("B", K, N, b_str[-2:])
-    c = Operand("out", M, N, c_str[-2:])
-    strides, batch = batching.strides, batching.batch
-    if batching.fold:
-        a = Operand("A", batch * M, K, (folded_row_stride(M, a_str[-2], strides["A"]), a_str[-1]))
-        c = Operand("out", batch * M, N, (folded_row_stride(M, c_str[-2], strides["C"]), c_str[-1]))
-        M, batch, strides = batch * M, 1, {"A": 0, "B": 0, "C": 0}
-    way = route(a, b, c, available_classes(precision), precision)
-    copy_a = "row" if strides["A"] is None else way.copy_a
-    copy_b = "col" if strides["B"] is None else way.copy_b
-    if copy_a or copy_b or way.copy_c or strides["C"] is None:
-        _warn_once(way.reasons + tuple(dense_reason(name) for name in "ABC" if strides[name] is None))
-        A = _copy(A, copy_a, batching.lead) if copy_a else A
-        B = _copy(B, copy_b, batching.lead) if copy_b else B
-        if not (way.copy_c or strides["C"] is None):
+    way, M, batch, (sa, sb, sc) = _batched_route(batching, a, b, Operand("out", M, N, c_str[-2:]), precision)
+    if way.copies:
+        _warn_once(way.reasons)
+        A = _copy(A, way.copy_a, batching.lead) if way.copy_a else A
+        B = _copy(B, way.copy_b, batching.lead) if way.copy_b else B
+        if not way.copy_c:
             return _array_batched(A, B, out, alpha, beta, precision, stream)
         staged = _copy(out, "row")
         _array_batched(A, B, staged, alpha, beta, precision, stream)
@@ -607,7 +602,6 @@ def _array_batched(A, B, out, alpha, beta, precision, stream):
     runtime = library(precision, device, way.klass)
     handle = stream_handle(stream) if stream is not None else _current_stream(out)
     lda, ldb, ldc = way.lds
-    sa, sb, sc = strides["A"], strides["B"], strides["C"]
     if way.swap:
         runtime.launch(N, M, K, alpha, pb, lda, pa, ldb, beta, pc, ldc, stream=handle, batch=batch,
                        strides=(sb, sa, sc))
