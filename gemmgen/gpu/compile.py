@@ -128,13 +128,6 @@ def _program_log(program) -> str:
     _, size = nvrtc.nvrtcGetProgramLogSize(program)
     buffer = b" " * size
     nvrtc.nvrtcGetProgramLog(program, buffer)
-    if size > 1 and not buffer.strip(b"\0 "):  # a binding that copies bytes in: a mutable buffer
-        mutable = bytearray(size)
-        try:
-            nvrtc.nvrtcGetProgramLog(program, mutable)
-            buffer = bytes(mutable)
-        except TypeError:
-            pass
     return buffer.rstrip(b"\0 ").decode(errors="replace")
 
 
