@@ -20,24 +20,29 @@ def _cuda():
 
 @pytest.mark.parametrize("rows, cols, pad_src, pad_dst", [
     (1, 1, 0, 0), (7, 13, 3, 1), (31, 33, 0, 5), (32, 32, 4, 0), (257, 1029, 3, 7), (4096, 2048, 0, 0),
-    (2_200_000, 3, 1, 0)])  # tile rows past the grid's 65535
-def test_a_transpose_is_exact_and_writes_only_its_destination(rows, cols, pad_src, pad_dst):
+    (2_200_000, 3, 1, 0),   # tile rows past the grid's 65535 (32-row tiles)
+    (4_200_000, 4, 0, 0),   # and past it in 64-row tiles (the float4 kernel)
+    (65, 67, 1, 3), (63, 129, 5, 1), (130, 66, 2, 2)])  # the float4 kernel's edges: partial float4s and tiles
+@pytest.mark.parametrize("offset", [0, 1])  # floats past 16-byte alignment: 1 takes the float-at-a-time kernel
+def test_a_transpose_is_exact_and_writes_only_its_destination(rows, cols, pad_src, pad_dst, offset):
     from gemmgen.gpu.transpose import transpose
-    src_buffer = torch.randn(rows, cols + pad_src, device="cuda")
-    ld_dst = rows + pad_dst
-    dst_buffer = torch.full((cols * ld_dst + 64,), SENTINEL, device="cuda")
-    transpose(src_buffer.data_ptr(), rows, cols, cols + pad_src, dst_buffer.data_ptr(), ld_dst, 0,
+    ld_src, ld_dst = cols + pad_src, rows + pad_dst
+    src_buffer = torch.randn(rows * ld_src + offset, device="cuda")
+    src = src_buffer[offset:].view(rows, ld_src)
+    dst_buffer = torch.full((cols * ld_dst + 64 + offset,), SENTINEL, device="cuda")
+    transpose(src.data_ptr(), rows, cols, ld_src, dst_buffer.data_ptr() + 4 * offset, ld_dst, 0,
               torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
-    dst = dst_buffer[:cols * ld_dst].view(cols, ld_dst)
-    assert torch.equal(dst[:, :rows], src_buffer[:, :cols].t())
-    assert bool((dst[:, rows:] == SENTINEL).all()) and bool((dst_buffer[cols * ld_dst:] == SENTINEL).all())
+    dst = dst_buffer[offset:offset + cols * ld_dst].view(cols, ld_dst)
+    assert torch.equal(dst[:, :rows], src[:, :cols].t())
+    assert bool((dst[:, rows:] == SENTINEL).all()) and bool((dst_buffer[offset + cols * ld_dst:] == SENTINEL).all())
+    assert bool((dst_buffer[:offset] == SENTINEL).all())
 
 
-@pytest.mark.parametrize("batch, gap_src", [(3, 0), (70_000, 5)])  # batches past grid.z's 65535 walked
-def test_a_batch_is_transposed_in_one_launch(batch, gap_src):
+@pytest.mark.parametrize("batch, gap_src", [(3, 0), (70_000, 5), (70_000, 4)])  # batches past grid.z's 65535 walked
+@pytest.mark.parametrize("rows, cols", [(5, 3), (8, 4)])  # (8, 4) with gaps of 0 or 4: the float4 kernel
+def test_a_batch_is_transposed_in_one_launch(batch, gap_src, rows, cols):
     from gemmgen.gpu.transpose import transpose
-    rows, cols = 5, 3
     step = rows * cols + gap_src
     src = torch.randn(batch * step, device="cuda")
     dst = torch.full((batch * rows * cols + 16,), SENTINEL, device="cuda")

@@ -12,19 +12,20 @@ from gemmgen.gpu.compile import compile_source
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_90"])
 def test_the_kernel_compiles_with_nvrtc_for_each_target(target):
-    compiled = compile_source(render_template("transpose.cu.j2"), target, ["gemmgen_transpose"],
+    compiled = compile_source(render_template("transpose.cu.j2"), target, list(transpose.KERNELS),
                               filename="transpose.cu", use_cache=False)
-    assert compiled.lowered_names["gemmgen_transpose"] == "gemmgen_transpose"
+    assert all(compiled.lowered_names[name] == name for name in transpose.KERNELS)
     assert compiled.cubin[:4] == b"\x7fELF"
 
 
 @pytest.mark.parametrize("rows, cols, batch", [(1, 1, 1), (31, 33, 7), (32, 32, 1), (4096, 2048, 2),
                                                (3_000_000, 2, 1), (5, 5, 100_000)])
-def test_the_grid_covers_every_tile_and_walks_rows_and_batches_past_the_grid_limit(rows, cols, batch):
-    gx, gy, gz = transpose.grid(rows, cols, batch)
-    assert gx * transpose.TILE >= cols > (gx - 1) * transpose.TILE
+@pytest.mark.parametrize("tile", [transpose.TILE, transpose.VTILE])
+def test_the_grid_covers_every_tile_and_walks_rows_and_batches_past_the_grid_limit(rows, cols, batch, tile):
+    gx, gy, gz = transpose.grid(rows, cols, batch, tile)
+    assert gx * tile >= cols > (gx - 1) * tile
     assert 1 <= gy <= 65535 and 1 <= gz <= 65535
-    tiles_down = -(-rows // transpose.TILE)
+    tiles_down = -(-rows // tile)
     walked = {t for y in range(gy) for t in range(y, tiles_down, gy)}  # the kernel's loop over tile rows
     assert walked == set(range(tiles_down))
     assert {b for z in range(gz) for b in range(z, batch, gz)} == set(range(batch))  # and over batches
@@ -37,3 +38,18 @@ def test_short_leading_dimensions_are_refused_before_a_launch():
     transpose.transpose(0, 5, 4, 4, 0, 5, device=0, stream=0, batch=0)
     with pytest.raises(ValueError, match=r"batch strides \(20, 19\) overlap the destination's matrices \(20 floats"):
         transpose.transpose(0, 5, 4, 4, 0, 5, device=0, stream=0, batch=2, strides=(20, 19))
+
+
+@pytest.mark.parametrize("src, ld_src, dst, ld_dst, strides, vector", [
+    (256, 8, 512, 12, (0, 0), True),
+    (260, 8, 512, 12, (0, 0), False),      # a source 4 bytes past 16-byte alignment
+    (256, 8, 516, 12, (0, 0), False),      # the destination so
+    (256, 9, 512, 12, (0, 0), False),      # rows 9 floats apart: every other row misaligned
+    (256, 8, 512, 14, (0, 0), False),
+    (256, 8, 512, 12, (96, 96), True),
+    (256, 8, 512, 12, (98, 96), False),    # the second matrix of a batch misaligned
+    (256, 8, 512, 12, (96, 97), False),
+])
+def test_the_float4_kernel_takes_only_calls_whose_every_row_is_16_byte_aligned(src, ld_src, dst, ld_dst, strides,
+                                                                             vector):
+    assert transpose.vectorised(src, ld_src, dst, ld_dst, strides) is vector

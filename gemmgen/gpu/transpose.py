@@ -2,7 +2,8 @@
 read (A column-major or B row-major: wgmma takes TF32 operands K-major only): a tiled transpose
 kernel of gemmgen's own, compiled with NVRTC once per GPU architecture (templates/transpose.cu.j2).
 PyTorch's transposing copy (`x.t().contiguous()`) moved about 0.9 TB/s on an H100; a tiled one
-reads and writes whole rows.
+reads and writes whole rows. Where every row starts 16-byte aligned, a second kernel of the same
+file moves 64 x 64 tiles by float4s; other calls take the 32 x 32 one, a float at a time.
 
     transpose(src, rows, cols, ld_src, dst, ld_dst, device, stream)   # raw device addresses
     transpose(..., stream, batch=b, strides=(stride_src, stride_dst))   # b matrices in one launch
@@ -19,6 +20,8 @@ from .launch import Arguments, CudaError, LaunchConfig, cuda, error_text
 from .runtime import device_info, on_device
 
 TILE, ROWS = 32, 8   # as the template has them: a block moves a TILE x TILE tile with TILE x ROWS threads
+VTILE, VROWS = 64, 16   # the float4 kernel's: VTILE x VTILE tiles, (VTILE / 4) x VROWS threads
+KERNELS = ("gemmgen_transpose", "gemmgen_transpose_vec4")
 _MAX_GRID_Y = 65535
 
 _lock = threading.Lock()
@@ -28,14 +31,15 @@ SIGNATURE = (("in", "p"), ("rows", "i"), ("cols", "i"), ("ld_in", "l"), ("out", 
 
 
 class _Launcher:
-    """The kernel on one device, ready to launch: its primary context, CUfunction, an argument buffer
-    written in place per call and a launch configuration (a call's host time is a few writes and
-    one cuLaunchKernelEx, as a prepared GEMM launch's is). `lock` guards the buffer and config."""
+    """The kernels on one device, ready to launch: its primary context, the two CUfunctions (a float
+    at a time, float4s), an argument buffer written in place per call and a launch configuration (a
+    call's host time is a few writes and one cuLaunchKernelEx, as a prepared GEMM launch's is).
+    `lock` guards the buffer and config."""
 
-    __slots__ = ("context", "function", "arguments", "slots", "params", "config", "config_ref", "lock")
+    __slots__ = ("context", "functions", "arguments", "slots", "params", "config", "config_ref", "lock")
 
-    def __init__(self, context: int, function: int):
-        self.context, self.function = context, ctypes.c_void_p(function)
+    def __init__(self, context: int, functions: tuple[int, int]):
+        self.context, self.functions = context, tuple(ctypes.c_void_p(f) for f in functions)
         self.arguments = Arguments(SIGNATURE)
         self.slots = tuple(self.arguments.slot(name) for name, _ in SIGNATURE)
         self.params = ctypes.c_void_p(self.arguments.kernel_params)
@@ -55,17 +59,21 @@ def _launcher(device: int) -> _Launcher:
     with _lock:
         if device not in _launchers:
             info = device_info(device)
-            compiled = compile_source(render_template("transpose.cu.j2"), info.target, ["gemmgen_transpose"],
+            compiled = compile_source(render_template("transpose.cu.j2"), info.target, list(KERNELS),
                                       filename="transpose.cu")
             lib = cuda()
             with on_device(device) as context:
-                module, function = ctypes.c_void_p(), ctypes.c_void_p()
+                module = ctypes.c_void_p()
                 _call(lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(compiled.cubin)),
-                      "loading gemmgen's transpose kernel")
-                symbol = compiled.lowered_names["gemmgen_transpose"].encode()
-                _call(lib.cuModuleGetFunction(ctypes.byref(function), module, ctypes.c_char_p(symbol)),
-                      "finding gemmgen_transpose in its cubin")
-                _launchers[device] = _Launcher(int(context), function.value)
+                      "loading gemmgen's transpose kernels")
+                functions = []
+                for name in KERNELS:
+                    function = ctypes.c_void_p()
+                    symbol = compiled.lowered_names[name].encode()
+                    _call(lib.cuModuleGetFunction(ctypes.byref(function), module, ctypes.c_char_p(symbol)),
+                          f"finding {name} in its cubin")
+                    functions.append(function.value)
+                _launchers[device] = _Launcher(int(context), tuple(functions))
         return _launchers[device]
 
 
@@ -74,10 +82,17 @@ def _call(status: int, what: str) -> None:
         raise CudaError(f"{what}: {error_text(status)}", status)
 
 
-def grid(rows: int, cols: int, batch: int = 1) -> tuple[int, int, int]:
-    """Blocks of a launch: one column of tiles per block column; tile rows and batches beyond 65535
-    are walked."""
-    return -(-cols // TILE), min(-(-rows // TILE), _MAX_GRID_Y), min(batch, _MAX_GRID_Y)
+def grid(rows: int, cols: int, batch: int = 1, tile: int = TILE) -> tuple[int, int, int]:
+    """Blocks of a launch of `tile`-sided tiles: one column of tiles per block column; tile rows and
+    batches beyond 65535 are walked."""
+    return -(-cols // tile), min(-(-rows // tile), _MAX_GRID_Y), min(batch, _MAX_GRID_Y)
+
+
+def vectorised(src: int, ld_src: int, dst: int, ld_dst: int, strides: tuple[int, int]) -> bool:
+    """Whether every row of source and destination starts 16-byte aligned: the float4 kernel's
+    condition."""
+    return (src % 16 == 0 and dst % 16 == 0 and ld_src % 4 == 0 and ld_dst % 4 == 0
+            and strides[0] % 4 == 0 and strides[1] % 4 == 0)
 
 
 def transpose(src: int, rows: int, cols: int, ld_src: int, dst: int, ld_dst: int, device: int,
@@ -94,7 +109,8 @@ def transpose(src: int, rows: int, cols: int, ld_src: int, dst: int, ld_dst: int
                          f"({cols * ld_dst} floats each) or run backwards")
     launcher = _launcher(device)
     lib = cuda()
-    gx, gy, gz = grid(rows, cols, batch)
+    vector = vectorised(src, ld_src, dst, ld_dst, strides if batch > 1 else (0, 0))
+    gx, gy, gz = grid(rows, cols, batch, VTILE if vector else TILE)
     values = (src, rows, cols, ld_src, dst, ld_dst, batch, strides[0], strides[1])
     with launcher.lock:
         current = ctypes.c_void_p()
@@ -107,7 +123,8 @@ def transpose(src: int, rows: int, cols: int, ld_src: int, dst: int, ld_dst: int
                 view[index] = value
             config = launcher.config
             config.grid_x, config.grid_y, config.grid_z, config.stream = gx, gy, gz, stream
-            status = lib.cuLaunchKernelEx(launcher.config_ref, launcher.function, launcher.params, None)
+            config.block_x, config.block_y = (VTILE // 4, VROWS) if vector else (TILE, ROWS)
+            status = lib.cuLaunchKernelEx(launcher.config_ref, launcher.functions[vector], launcher.params, None)
             if status:
                 _call(status, f"launching gemmgen_transpose on {batch} x {rows} x {cols}")
         finally:
