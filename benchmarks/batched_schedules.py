@@ -54,7 +54,7 @@ def variants(plan):
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    timed_arguments(parser, ["x".join(map(str, s)) for s in SHAPES], metavar="BxMxNxK")
+    timed_arguments(parser, SHAPES, metavar="BxMxNxK")
     args = parser.parse_args(argv)
     args.shapes = parse_batched_shapes(parser, args.shapes)
     check_timed_arguments(parser, args)
