@@ -197,6 +197,17 @@ def test_explain_rows_say_how_it_rounds_and_what_it_costs():
     assert any("truncates A and B to TF32" in note for note in truncating.mainloop.notes(truncating))
 
 
+def test_explain_notes_say_how_it_rounds_and_what_it_costs():
+    from gemmgen.explain.report import explain, render_text
+    from gemmgen.gpu.compile import Resources
+    resources = Resources(registers=168, spill_stores=0, spill_loads=0, stack_frame=0, shared_static=0)
+    text = render_text(explain(make_plan(spec_of("round nearest consumer")), resources))
+    assert "TF32 rounding: to nearest (cvt.rna): B by the producer's warps 1-3" in " ".join(text.split())
+    assert "rounding traffic: per K tile B's tile read and written again: 65536 B;" in " ".join(text.split())
+    text = render_text(explain(make_plan(spec_of(None)), resources))
+    assert "TF32 rounding: none; wgmma truncates A and B to TF32" in " ".join(text.split())
+
+
 def test_the_shipped_rounding_specs_are_hopper_tf32_but_for_the_round_line():
     plain = load_one(SPECS_DIR / "hopper_tf32.gemm")
     for name, by in (("hopper_tf32_rounded", "producer"), ("hopper_tf32_rounded_a", "consumer")):

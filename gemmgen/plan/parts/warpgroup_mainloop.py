@@ -142,8 +142,11 @@ class WgmmaTma(WgmmaAsync):
 
     def notes(self, plan: Plan) -> list[str]:
         if self.math == "tf32" and self.rounding == "truncate":
-            return ["wgmma truncates A and B to TF32 (drops each float's low 13 bits), where cuBLAS rounds "
-                    "to nearest: about twice its error on random data; `round nearest` rounds them first"]
+            return ["TF32 rounding: none; wgmma truncates A and B to TF32 (drops each float's low 13 bits), "
+                    "where cuBLAS rounds to nearest: about twice its error on random data (`round nearest` "
+                    "rounds them first)"]
+        if self.rounding != "truncate":
+            return [f"{label}: {value}" for label, value in self.rounding_rows(plan)]
         if self.promote_tiles == 1:
             return []
         return [f"The tensor cores sum {self.promote_tiles} K tiles ({self.promote_tiles * plan.BK} of K) of "
