@@ -44,11 +44,14 @@ SPECS = {f"{by}_{schedule}": replace(ROUNDED[by].with_values(**settings),
          if (by, schedule) != ("consumer", "pingpong-two-slabs")}  # refused by the planner (test_rounding.py)
 SPECS.update({"truncate": PLAIN, "producer": ROUNDED["producer"], "consumer": ROUNDED["consumer"]})
 
-# Odd sizes (rows not 16-byte aligned go to the fallback), partial tiles on every edge, K of one
-# partial tile, beta, and a size with whole waves of 128 x 256 tiles.
+# Odd M and N on the TMA path (K a multiple of 4: rows 16-byte aligned; C's odd rows stored one
+# float at a time), odd K (rows not 16-byte aligned: the register-fed fallback), partial tiles on
+# every edge, K of one partial tile, beta, and a size with whole waves of 128 x 256 tiles.
 CASES = verify.QUICK_CASES + (
     verify.Case(1024, 1024, 4096),
     verify.Case(1000, 1500, 700, beta=0.5),
+    verify.Case(1001, 999, 1004),
+    verify.Case(333, 4095, 2052, beta=-1.0),
     verify.Case(1001, 999, 1003),
     verify.Case(777, 1500, 33, alpha=-1.5),
     verify.Case(515, 1031, 2049, pad=1),
