@@ -217,6 +217,20 @@ def test_the_shipped_rounding_specs_are_hopper_tf32_but_for_the_round_line():
         assert unrounded == {k: p.values for k, p in plain.params.items()}
 
 
+def test_a_point_written_back_as_text_keeps_its_rounding_and_its_own_key():
+    """Tuning records and library manifests keep points as text and keys: a rounding point must
+    come back rounding, and not share a key with the truncating kernel (whose key is as before)."""
+    from gemmgen.plan.space import describe, point_key, to_text
+    points = {line: spec_of(line) for line in (None, "round truncate", "round nearest", "round nearest consumer")}
+    for line, spec in points.items():
+        (again,) = parse(to_text(spec))
+        assert make_plan(again).mainloop.rounding == make_plan(spec).mainloop.rounding, line
+    keys = {line: point_key(spec) for line, spec in points.items()}
+    assert keys[None] == keys["round truncate"]
+    assert len({keys[None], keys["round nearest"], keys["round nearest consumer"]}) == 3
+    assert "round=consumer" in describe(points["round nearest consumer"]) and "round" not in describe(points[None])
+
+
 # --- NVRTC: each variant on each schedule ----------------------------------------------------
 
 CASES = [(by, schedule) for by in ("producer", "consumer") for schedule in SCHEDULES
