@@ -125,6 +125,13 @@ SETTINGS: dict[str, Setting] = {
     "schedule": Setting("data-parallel", _WORDS(*SCHEDULES), ", ".join(SCHEDULES)),
     "cluster.m": Setting(1, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 blocks along M"),
     "cluster.n": Setting(1, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 blocks along N"),
+    # TMA-fed tf32: wgmma reads the floats TMA wrote and truncates them to TF32, or (nearest) the
+    # producer's warps 1-3 round them in place first, or (nearest consumer) they round B in place
+    # and the consumers round A in registers.
+    "round": Setting("truncate", _WORDS("truncate", "nearest"), "truncate or nearest"),
+    "round.by": Setting("producer", _WORDS("producer", "consumer"),
+                        "producer (warps 1-3 round A and B in shared memory) or consumer (A rounded "
+                        "in the consumers' registers, B by the producer's warps)"),
     "promote": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 1024,
                        "0 (every K tile) or a multiple of the K tile up to 1024"),
 }

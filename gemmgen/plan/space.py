@@ -15,7 +15,8 @@ from ..language.spec import Spec
 
 # Settings added after tuning databases were first recorded: at these values they leave a point's
 # key as it was, so the records of earlier searches still match the same kernels.
-LATER_DEFAULTS = {"load.A.via": "copy", "load.B.via": "copy", "unroll": 0}
+LATER_DEFAULTS = {"load.A.via": "copy", "load.B.via": "copy", "unroll": 0, "round": "truncate",
+                  "round.by": "producer"}
 
 
 def point_key(spec: Spec) -> str:
@@ -38,6 +39,8 @@ def describe(spec: Spec) -> str:
         parts.append(f"math={v('math')}")
         if spec.written("mma.m"):
             parts.append(f"mma={v('mma.m')}x{v('mma.n')}x{v('mma.k')}")
+        if v("round") == "nearest":
+            parts.append(f"round={v('round.by')}")
     parts.append(f"vec=A{v('load.A.vector')}B{v('load.B.vector')}")
     via = "".join(op for op in "AB" if v(f"load.{op}.via") == "registers")
     if via:
@@ -154,6 +157,8 @@ def to_text(spec: Spec, name: str | None = None, comment: str = "") -> str:
         lines.append(f"  math     {v('math')}")
         if spec.written("mma.m"):
             lines.append(f"  mma      {v('mma.m')} x {v('mma.n')} x {v('mma.k')}")
+        if v("round") == "nearest":
+            lines.append(f"  round    nearest {v('round.by')}")
     if v("order") != "n":
         lines.append(f"  order    {v('order')}")
     if not v("shared"):

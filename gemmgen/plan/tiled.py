@@ -158,6 +158,12 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
         raise spec.error("promote", "promote sets how often the wgmma 3xtf32 kernel adds the tensor "
                          "cores' sums into FP32 registers; this kernel has no wgmma",
                          "no promote line, or target sm_90a with math 3xtf32")
+    if spec.written("round"):
+        why = ("math simt multiplies in FP32" if spec["math"] == "simt" else
+               "mma.sync's fragments are rounded to TF32 as they are read")
+        raise spec.error("round", "round chooses how the TMA-fed wgmma kernel's tiles become TF32; "
+                         f"this kernel has no wgmma ({why})",
+                         "no round line, or target sm_90a with math tf32 and stages N tma")
     BM, BN, BK = spec["block.m"], spec["block.n"], spec["block.k"]
     TM, TN, RM, RN = spec["thread.m"], spec["thread.n"], spec["repeat.m"], spec["repeat.n"]
     uses_shared = spec["shared"]

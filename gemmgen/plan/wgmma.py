@@ -68,6 +68,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     pingpong = spec["schedule"] == "pingpong"
     # Slabs: 64-row wgmma tiles a consumer multiplies per K step (pingpong 128 x N: two).
     slabs = BM // 64 if pingpong else 1
+    rounding = rounding_of(spec, math, tma, slabs)
     if BM % 64 or not 1 <= BM // 64 <= 2:
         raise spec.error("block.m", f"each consumer warpgroup multiplies 64 rows; block M = {BM} "
                          "must be 64 or 128 (one or two consumer warpgroups)", "block 64 or 128 x N x 32")
@@ -97,8 +98,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         stage_bytes = 4 * BK * (BM + BN * (2 if math == "3xtf32" else 1))
     else:    # 3xtf32: A's and B's remainders too
         stage_bytes = 4 * BK * (BM + BN) * (2 if math == "3xtf32" else 1)
-    # mbarriers per stage (full, empty; TMA 3xtf32: ready), and slack to align buffers to 1024 B.
-    barriers = (3 if tma and math == "3xtf32" else 2) * 8 * stages
+    # mbarriers per stage (full, empty; TMA 3xtf32 or rounding: ready), and slack to align buffers to 1024 B.
+    barriers = (3 if tma and (math == "3xtf32" or rounding != "truncate") else 2) * 8 * stages
     smem_bytes = stages * stage_bytes + c_stage_bytes + barriers + 1024
     if smem_bytes > arch.smem_per_block:
         staged = f" and the staged epilogue's {c_stage_bytes}" if c_stage_bytes else ""
@@ -118,8 +119,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         loader_registers = launch - 8 if loaders > consumers else launch
         limit = min(SETMAXNREG_CAP, (launch * (loaders + consumers) - loaders * loader_registers)
                     // consumers // 8 * 8)
-    if math != "3xtf32":
-        registers = accumulators + 48
+    if math != "3xtf32":  # round nearest consumer: also A's rounded fragments, two tiles' (see wgmma_round_a.cuh.j2)
+        registers = accumulators + 48 + (2 * 4 * BK // 8 if rounding == "consumer" else 0)
     elif tma:  # also one K tile's products and A's big and small fragments (see wgmma_kernel.cu.j2)
         registers = 2 * accumulators + 32 + 40
     else:      # also one K tile's products (see wgmma_async.cu.j2)
@@ -151,7 +152,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         fallback = wgmma_plan(replace(spec.with_values(
             block_m=64, block_n=128, warp_m=64, warp_n=128, mma_m=64, mma_n=128, mma_k=8, stages=4,
             stages_fill="async", schedule="data-parallel", cluster_m=1, cluster_n=1, epilogue_staged=False,
-            promote=0),
+            promote=0, **({"round": "nearest"} if spec.written("round") else {})),
             name=f"{spec.name}_fallback"), arch)  # make_plan's choice for it: the register-fed path
     tile = Tile(BM=BM, BN=BN, BK=BK, WM=64, WN=BN, TM=2, TN=2, RM=slabs, RN=BN // 8,
                 SUB_M=64 if slabs > 1 else 16, SUB_N=8, warp_tiling=True, warps_m=consumers, warps_n=1,
@@ -159,10 +160,40 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     common = dict(math=math, stages=stages, async_copy=True, unroll=BK, mma_shape=shape, consumers=consumers,
                   loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
                   consumer_registers=limit)
-    mainloop = WgmmaTma(**common, promote_tiles=promote_tiles, fallback=fallback) if tma else WgmmaAsync(**common)
+    mainloop = (WgmmaTma(**common, promote_tiles=promote_tiles, fallback=fallback, rounding=rounding) if tma
+                else WgmmaAsync(**common))
     return Plan(spec=spec, name=spec.name, arch=arch, tile=tile, mainloop=mainloop,
                 scheduler=schedule_of(spec, BM, BN, BK, consumers), epilogue=epilogue, smem_bytes=smem_bytes,
                 registers_estimate=registers)
+
+
+def rounding_of(spec: Spec, math: str, tma: bool, slabs: int) -> str:
+    """How the TMA-fed tf32 kernel's A and B become TF32 (`round`): truncate (wgmma reads the floats
+    TMA wrote and drops their low 13 bits), producer (the producer's warps 1-3 round both tiles to
+    nearest in shared memory) or consumer (those warps round B; the consumers read A into registers
+    and round it there). The register-fed kernel always rounds, in its loaders."""
+    if not spec.written("round"):
+        return "truncate"
+    nearest = spec["round"] == "nearest"
+    if math != "tf32":
+        raise spec.error("round", f"round chooses how math tf32 reads its inputs; math {math} splits "
+                         "each float into TF32 big and small parts (rounded to nearest) itself",
+                         "no round line, or math tf32")
+    if not tma:
+        if nearest:
+            return "truncate"  # the register-fed kernel's loaders round every tile already
+        raise spec.error("round", "the register-fed wgmma kernel (stages N async) rounds each tile to "
+                         "TF32 on its way to shared memory; only the TMA-fed kernel can truncate",
+                         "round nearest, or no round line")
+    if not nearest:
+        return "truncate"
+    by = spec["round.by"]
+    if by == "consumer" and slabs > 1:
+        raise spec.error(("round", "round.by", "block.m"), "round nearest consumer reads A's fragments into "
+                         "registers for each 64-row slab; a ping-pong consumer with a 128-row tile "
+                         "would hold two slabs' fragments twice over beside its 128 x N accumulators",
+                         "round nearest producer, or block 64 x N x 32 with schedule pingpong")
+    return by
 
 
 def _promote_tiles(spec: Spec, math: str, tma: bool, BK: int) -> int:

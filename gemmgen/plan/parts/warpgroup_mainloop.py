@@ -21,6 +21,10 @@ TMA_STRIDE_LIMIT = 1 << 38  # floats
 TMA_BATCH_CHECKS = tuple(f"({s} == 0 || ({s} % 4 == 0 && {s} >= (long long){rows} * {ld} && {s} < (1LL << 38)))"
                          for s, rows, ld in (("strideA", "M", "lda"), ("strideB", "N", "ldb")))
 
+# The TMA-fed tf32 consumers' math per `round` (wgmma.py's rounding_of).
+ROUNDING_TEMPLATES = {"truncate": "wgmma_tf32.cuh.j2", "producer": "wgmma_round_shared.cuh.j2",
+                      "consumer": "wgmma_round_a.cuh.j2"}
+
 if TYPE_CHECKING:
     from ..base import Plan
 
@@ -80,6 +84,11 @@ class WgmmaAsync(Mainloop):
     def helpers(self) -> tuple[str, ...]:
         return () if self.math == "3xtf32" else ("tf32.cuh.j2",)
 
+    @property
+    def a_from_registers(self) -> bool:
+        """Whether wgmma.cuh.j2 defines the wgmma that takes A's fragments from registers."""
+        return self.math == "3xtf32"
+
     k_slices = "slices of the K tiles per C tile"
     no_needs = "nothing"
 
@@ -119,6 +128,7 @@ class WgmmaTma(WgmmaAsync):
 
     promote_tiles: int = 1       # 3xtf32: K tiles summed in the tensor cores before each add into FP32
     fallback: Plan | None = None
+    rounding: str = "truncate"   # tf32: truncate, or round to nearest by the producer (A and B) or consumer (A)
 
     name = "wgmma"
     tma = True
@@ -131,6 +141,12 @@ class WgmmaTma(WgmmaAsync):
         return f"setmaxnreg: producer {self.loader_registers}, consumers {self.consumer_registers}"
 
     def notes(self, plan: Plan) -> list[str]:
+        if self.math == "tf32" and self.rounding == "truncate":
+            return ["TF32 rounding: none; wgmma truncates A and B to TF32 (drops each float's low 13 bits), "
+                    "where cuBLAS rounds to nearest: about twice its error on random data (`round nearest` "
+                    "rounds them first)"]
+        if self.rounding != "truncate":
+            return [f"{label}: {value}" for label, value in self.rounding_rows(plan)]
         if self.promote_tiles == 1:
             return []
         return [f"The tensor cores sum {self.promote_tiles} K tiles ({self.promote_tiles * plan.BK} of K) of "
@@ -178,7 +194,7 @@ class WgmmaTma(WgmmaAsync):
             ("accumulators", f"{plan.BN // 2} floats per consumer thread"),
             ("shared memory", f"{self.stages} stages of {per_stage}, K-major, 128-byte swizzle; "
                               f"{plan.smem_bytes} bytes per block"),
-        ]
+        ] + self.rounding_rows(plan)
 
     def path_rows(self, plan: Plan) -> list[tuple[str, str]]:
         fallback = self.fallback
@@ -194,5 +210,45 @@ class WgmmaTma(WgmmaAsync):
 
     @property
     def math_template(self) -> str:
-        """The consumers' math: TF32 products, or 3xtf32's three with A split in registers."""
-        return "wgmma_3xtf32.cuh.j2" if self.math == "3xtf32" else "wgmma_tf32.cuh.j2"
+        """The consumers' math: TF32 products (of tiles as TMA wrote them, of tiles the producer
+        rounded, or of A rounded in registers), or 3xtf32's three with A split in registers."""
+        return {"3xtf32": "wgmma_3xtf32.cuh.j2"}.get(self.math, ROUNDING_TEMPLATES[self.rounding])
+
+    @property
+    def tma_helpers(self) -> tuple[str, ...]:
+        """Device code the TMA kernel includes after the schedule's: rounding to TF32 in place."""
+        return () if self.rounding == "truncate" else ("wgmma_round.cuh.j2",)
+
+    @property
+    def a_from_registers(self) -> bool:
+        return self.math == "3xtf32" or self.rounding == "consumer"
+
+    @staticmethod
+    def consumer_row0(plan: Plan) -> str:
+        """C expression + ' ': the first row of this consumer's slab in a stage's A tile (ping-pong:
+        the stage holds the consumer's own tile)."""
+        return "" if plan.pingpong else "consumer * 64 + "
+
+    def rounding_rows(self, plan: Plan) -> list[tuple[str, str]]:
+        """How A and B become TF32, and what rounding them costs in shared-memory traffic per K tile
+        (TMA's writes and wgmma's reads of A once and B once per consumer warpgroup are the base)."""
+        if self.rounding == "truncate":
+            return []  # (the truncating kernels' explain notes say so; their headers stay as they were)
+        tile_bytes = 4 * plan.BK
+        b_readers = 1 if plan.pingpong else self.consumers
+        base = tile_bytes * (plan.BM + plan.BN) + tile_bytes * (plan.BM + b_readers * plan.BN)
+        if self.rounding == "producer":
+            extra = 2 * tile_bytes * (plan.BM + plan.BN)
+            how = ("to nearest (cvt.rna) by the producer's warps 1-3, in place: A's and B's tiles once "
+                   "each stage lands; the consumers wait on the stage's `ready` barrier")
+            what = f"A's and B's tiles read and written again: {extra} B"
+        else:
+            extra = 2 * tile_bytes * plan.BN
+            how = ("to nearest (cvt.rna): B by the producer's warps 1-3 in place once each stage lands, "
+                   "A by the consumers as they read its fragments into registers (wgmma takes A from "
+                   "registers)")
+            what = (f"B's tile read and written again: {extra} B; A's {tile_bytes * plan.BM} B read by "
+                    "the consumers' loads rather than by wgmma")
+        return [("TF32 rounding", how),
+                ("rounding traffic", f"per K tile {what}, on TMA's writes and wgmma's reads of {base} B "
+                                     f"(+{100 * extra // base}%)")]
