@@ -125,6 +125,11 @@ SETTINGS: dict[str, Setting] = {
     "schedule": Setting("data-parallel", _WORDS(*SCHEDULES), ", ".join(SCHEDULES)),
     "cluster.m": Setting(1, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 blocks along M"),
     "cluster.n": Setting(1, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 blocks along N"),
+    # The decode kernel (plan/decode.py): a warp streams `columns` columns of the big operand, `warps`
+    # warps per block, `slices` of them sharing a column group with a slice of K each (0: not a decode kernel).
+    "decode.columns": Setting(0, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 columns per warp"),
+    "decode.warps": Setting(0, lambda v: isinstance(v, int) and 1 <= v <= 32, "1 to 32 warps per block"),
+    "decode.slices": Setting(1, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 warps sharing a column group, each a slice of K"),
     "promote": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 1024,
                        "0 (every K tile) or a multiple of the K tile up to 1024"),
 }
