@@ -135,7 +135,7 @@ class Decode(Mainloop):
         return MAX_ROWS * self.columns
 
     def notes(self, plan: Plan) -> list[str]:
-        return [f"decode: memory bound; a call's time is about the bytes of the big operand (K x max(M, N) x 4) "
+        return ["decode: memory bound; a call's time is about the bytes of the big operand (K x max(M, N) x 4) "
                 "over the HBM bandwidth"]
 
 
