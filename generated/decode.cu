@@ -68,8 +68,9 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// C(r, j) += the products of `rows` (<= R) rows of S and `cols` columns of G over K, for the
-// block's BLOCK_COLS columns from col0. V floats per load: 4 where every row starts 16-byte aligned.
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
+// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
+// starts 16-byte aligned. C is read only where beta != 0.
 template <int R, bool ALIGNED>
 __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
         const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,

@@ -150,7 +150,7 @@ def test_n_from_1_to_16_is_the_transposed_product(name, K, kernels, torch):
 
 @pytest.mark.parametrize("name", list(SPECS))
 def test_more_than_16_rows_take_several_passes(name, kernels, torch):
-    for M, N, K in ((37, 45, 70), (17, 1000, 64), (1000, 33, 65)):
+    for M, N, K in ((37, 45, 70), (17, 1000, 64), (1000, 33, 65), (16, 16, 33), (5, 5, 5)):
         check(torch, kernels(name), M, N, K)
 
 
