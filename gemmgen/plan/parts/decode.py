@@ -114,8 +114,8 @@ class Decode(Mainloop):
 
     def intensities(self, plan: Plan) -> tuple[tuple[str, int, int], tuple[str, int, int] | None]:
         # Per float4 of a column: 4 x rows FFMAs on 16 bytes of the big operand (at 16 rows).
-        return (("global, per lane per float4 of a column (16 rows)", 2 * 4 * MAX_ROWS, 16),
-                ("shared, per lane per float4 of K (16 rows)", 2 * 4 * MAX_ROWS * self.columns, 16 * MAX_ROWS))
+        return (("global, per float4, 16 rows", 2 * 4 * MAX_ROWS, 16),
+                ("shared, per float4, 16 rows", 2 * 4 * MAX_ROWS * self.columns, 16 * MAX_ROWS))
 
     def block_intensity(self, plan: Plan) -> tuple[str, int, int]:
         return ("global, per block per K tile (16 rows)", 2 * MAX_ROWS * self.block_columns * plan.BK,
@@ -129,7 +129,7 @@ class Decode(Mainloop):
 
     @property
     def math_words(self) -> str:
-        return "simt (decode: FFMA, the big operand read once)"
+        return "simt (decode: FFMA)"
 
     def accumulators(self, plan: Plan) -> float:
         return MAX_ROWS * self.columns
