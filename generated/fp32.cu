@@ -3,7 +3,7 @@
 // library:
 //   library fp32 {
 //     layout   A row, B col, C row
-//     members  lib_3xtf32_tma, lib_3xtf32_split, lib_3xtf32_streamk, lib_3xtf32_async, tensorcore_3xtf32
+//     members  lib_3xtf32_tma, lib_3xtf32_split, lib_3xtf32_streamk, lib_3xtf32_async, tensorcore_3xtf32, lib_fp32_decode
 //     shapes   "library_shapes.txt"
 //     precision fp32
 //   }

@@ -3,7 +3,7 @@
 // library:
 //   library tf32 {
 //     layout   A row, B col, C row
-//     members  lib_tf32_tma, lib_tf32_staged, lib_tf32_split, lib_tf32_streamk, lib_tf32_cluster, lib_tf32_pingpong, lib_tf32_async, tensorcore_tf32
+//     members  lib_tf32_tma, lib_tf32_staged, lib_tf32_split, lib_tf32_streamk, lib_tf32_cluster, lib_tf32_pingpong, lib_tf32_async, tensorcore_tf32, lib_tf32_decode
 //     shapes   "library_shapes.txt"
 //     precision tf32
 //   }

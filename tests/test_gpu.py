@@ -72,8 +72,9 @@ def _variant(name: str, layout_a: str | None = None, layout_b: str | None = None
 
 def _layouts(name: str):
     """The A/B layouts a spec can be built in: all four, except with TMA, whose copies need both
-    operands K-major (A row, B col)."""
-    return (("row", "col"),) if SPECS[name]["stages.fill"] == "tma" else LAYOUTS
+    operands K-major (A row, B col), and the decode kernel, which reads both along K too."""
+    k_major = SPECS[name]["stages.fill"] == "tma" or SPECS[name]["decode.columns"]
+    return (("row", "col"),) if k_major else LAYOUTS
 
 
 LAYOUT_VARIANTS = [

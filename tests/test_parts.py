@@ -80,6 +80,7 @@ LAUNCHES = {
     "pingpong": TMA.format(block="64 x 256", extra="schedule pingpong"),
     "pingpong clusters": TMA.format(block="128 x 128", extra="schedule pingpong\n  cluster 1 x 2"),
     "tiled split K": TILED,
+    "decode": "kernel t {\n  layout A row, B col, C row\n  decode columns 4 warps 8 slices 2\n}\n",
 }
 
 
@@ -169,7 +170,8 @@ def test_the_c_launcher_starts_the_grid_the_python_launch_decides(name, tmp_path
 
 def test_the_launches_cover_every_schedule_and_a_helper_kernel():
     plans = [make_plan(parse(text)[0]) for text in LAUNCHES.values()]
-    assert {type(p.scheduler).__name__ for p in plans} == {"Schedule", "SplitK", "Persistent", "StreamK", "PingPong"}
+    assert {type(p.scheduler).__name__ for p in plans} == {"Schedule", "SplitK", "Persistent", "StreamK", "PingPong",
+                                                               "DecodeSchedule"}
     assert any(p.helper_launches for p in plans) and any(p.cluster_blocks > 1 and p.scheduled for p in plans)
 
 

@@ -17,7 +17,7 @@ from ..gpu.bench import plot_library
 from ..library.dispatch import LibraryRuntime
 from ..library.emit import library_header_source, library_source
 from ..library.manifest import Manifest, ManifestError, build_manifest
-from ..library.model import Library, kernel_key
+from ..library.model import Library, kernel_key, portable_member
 from ..library.tune import TuneReport, tune_library
 from ..outputs import OutputError, check_outputs, complete_pending, write_set
 from ..plan.space import describe
@@ -203,7 +203,7 @@ def summary(library: Library, manifest_dir: Path = Path("generated")) -> dict:
     members = [{"name": m.name, "kernels": len(m.plans), "searched per shape": m.searched,
                 "targets": sorted({p.arch.name for p in m.plans}),
                 "math": sorted({p.math for p in m.plans}),
-                "portable": any(not p.arch.has_wgmma for p in m.plans)} for m in library.members]
+                "portable": any(portable_member(p) for p in m.plans)} for m in library.members]
     result = {"library": library.name, "precision": library.precision, "baseline": library.baseline,
               "layout": library.layouts, "members": members, "candidates": len(library.candidates()),
               "shapes": [str(s) for s in library.shapes]}

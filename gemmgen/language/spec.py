@@ -132,6 +132,11 @@ SETTINGS: dict[str, Setting] = {
     "round.by": Setting("producer", _WORDS("producer", "consumer"),
                         "producer (warps 1-3 round A and B in shared memory) or consumer (A rounded "
                         "in the consumers' registers, B by the producer's warps)"),
+    # The decode kernel (plan/decode.py): a warp streams `columns` columns of the big operand, `warps`
+    # warps per block, `slices` of them sharing a column group with a slice of K each (0: not a decode kernel).
+    "decode.columns": Setting(0, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 columns per warp"),
+    "decode.warps": Setting(0, lambda v: isinstance(v, int) and 1 <= v <= 32, "1 to 32 warps per block"),
+    "decode.slices": Setting(1, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 warps sharing a column group, each a slice of K"),
     "promote": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 1024,
                        "0 (every K tile) or a multiple of the K tile up to 1024"),
 }

@@ -53,6 +53,7 @@ USAGE = {
     "cluster": "cluster M x N          e.g. cluster 2 x 1 (blocks of a cluster share A and B tiles by TMA multicast)",
     "promote": "promote K              e.g. promote 64 (3xtf32: K between adds of the tensor cores' sums into FP32)",
     "round": "round truncate | nearest [producer | consumer]   (TMA-fed tf32: TF32 by truncation, or rounded to nearest)",
+    "decode": "decode columns C warps W [slices S]   e.g. decode columns 4 warps 8 slices 2 (M or N <= 16)",
     "library": "library NAME { members ...; shapes ... }",
     "members": "members NAME, NAME, ...   kernels or search spaces in this file or in NAME.gemm beside it",
     "shapes": 'shapes MxNxK [pad P], ...   e.g. shapes 4096x4096x4096, 127x4099x1023 pad 1; or shapes "FILE"',
@@ -416,6 +417,12 @@ class _ToStatements(Transformer):
     @v_args(meta=True)
     def cluster(self, meta, c):
         return self._statement("cluster", meta, **{"cluster.m": c[0], "cluster.n": c[1]})
+
+    @v_args(meta=True)
+    def decode(self, meta, c):
+        params = {"decode.columns": c[0], "decode.warps": c[1]}
+        params["decode.slices"] = c[2] if len(c) == 3 else _Value((1,), _span(meta))
+        return self._statement("decode", meta, **params)
 
     # --- libraries ---------------------------------------------------------------------
 

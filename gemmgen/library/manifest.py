@@ -14,9 +14,9 @@ from pathlib import Path
 from ..language.load import parse
 from ..plan import Plan, make_plan
 from ..plan.space import describe, to_text
-from .model import (MANIFEST_FORMAT, MAX_MEMBERS, Library, Measurements, kernel_key, member_shape, read_db,
-                    select_members, shape_class, shape_key, slots_per_sm)
-from .selection import Candidate, MemberShape, Model, choose, fit_all, leave_one_out
+from .model import (MANIFEST_FORMAT, MAX_MEMBERS, Library, Measurements, kernel_key, member_shape, portable_member,
+                    read_db, select_members, shape_class, shape_key, slots_per_sm)
+from .selection import Candidate, MemberShape, Model, choose, fit_all, leave_one_out, serves
 
 
 class ManifestError(ValueError):
@@ -58,10 +58,12 @@ class ManifestMember:
     models: dict[str, Model | None]
     stream_k: bool = False
     cluster: tuple[int, int] = (1, 1)
+    decode: bool = False  # the decode kernel (M or N <= 16)
 
     @property
     def shape(self) -> MemberShape:
-        return MemberShape(self.BM, self.BN, self.BK, self.split, self.slots_per_sm, self.stream_k, *self.cluster)
+        return MemberShape(self.BM, self.BN, self.BK, self.split, self.slots_per_sm, self.stream_k, *self.cluster,
+                           self.decode)
 
     def candidate(self) -> Candidate:
         return Candidate(self.shape, dict(self.models), beta=self.beta, needs_sm90a=self.needs_sm90a)
@@ -74,6 +76,8 @@ class ManifestMember:
             data["stream_k"] = True
         if tuple(self.cluster) != (1, 1):
             data["cluster"] = list(self.cluster)
+        if self.decode:
+            data["decode"] = True
         data.update(beta=self.beta, needs_sm90a=self.needs_sm90a,
                     models={cls: model.to_dict() if model else None for cls, model in self.models.items()})
         return data
@@ -83,7 +87,8 @@ class ManifestMember:
         fields = {k: data[k] for k in ("name", "key", "point", "member", "spec", "target", "math", "BM", "BN",
                                        "BK", "split", "slots_per_sm", "beta", "needs_sm90a")}
         return cls(**fields, models={c: Model.from_dict(m) if m else None for c, m in data["models"].items()},
-                   stream_k=bool(data.get("stream_k", False)), cluster=tuple(data.get("cluster", (1, 1))))
+                   stream_k=bool(data.get("stream_k", False)), cluster=tuple(data.get("cluster", (1, 1))),
+                   decode=bool(data.get("decode", False)))
 
 
 @dataclass
@@ -248,8 +253,10 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
     shapes = [s for s in library.shapes if shape_key(s) in m.cublas or
               any((kernel_key(p), shape_key(s)) in m.times for p in plans)]
     # Members come from the candidates timed at every shape (tuning's last phase times those it
-    # keeps everywhere), so that each member's model and the table rest on complete data.
-    complete = [p for p in plans if all((kernel_key(p), shape_key(s)) in m.times for s in shapes)]
+    # keeps everywhere), so that each member's model and the table rest on complete data (the decode
+    # member: every shape it serves).
+    complete = [p for p in plans if all((kernel_key(p), shape_key(s)) in m.times for s in shapes
+                                        if serves(member_shape(p), s.M, s.N))]
     kept = select_members(complete if len(complete) >= 2 else plans, m, shapes, max_members)
     sm_count = _sm_count(by_device[device])
     slots = {kernel_key(p): slots_per_sm(p) for p in kept}
@@ -268,7 +275,8 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
                                           f"{describe(plan.spec)}"),
             target=plan.arch.name, math=plan.math, BM=shape.BM, BN=shape.BN, BK=shape.BK, split=shape.split,
             slots_per_sm=shape.slots_per_sm, beta=plan.beta, needs_sm90a=plan.arch.has_wgmma,
-            models=dict(per_class), stream_k=shape.stream_k, cluster=(shape.cluster_m, shape.cluster_n)))
+            models=dict(per_class), stream_k=shape.stream_k, cluster=(shape.cluster_m, shape.cluster_n),
+            decode=shape.decode))
     candidates = [Candidate(ms, dict(pc), beta=f[0], needs_sm90a=f[1])
                   for ms, pc, f in zip(member_shapes, models, flags)]
     table = []
@@ -281,8 +289,7 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
         table.append(TunedShape(s.M, s.N, s.K, s.pad, cls, m.cublas.get(shape_key(s)),
                                 choose(candidates, s.M, s.N, s.K, cls, sm_count), times, best_any))
     device_name, driver = device.split("|")
-    portable = next(i for i, p in enumerate(kept) if not p.arch.has_wgmma and p.beta) \
-        if any(not p.arch.has_wgmma and p.beta for p in kept) else None
+    portable = next((i for i, p in enumerate(kept) if portable_member(p)), None)
     return Manifest(
         library=library.name, precision=library.precision, baseline=library.baseline, layout=layouts,
         device=TunedDevice(device_name, driver, sm_count, _compute_capability(kept)),

@@ -125,7 +125,7 @@ class Measurements:
 
 def member_shape(plan: Plan, slots_per_sm: int = 1) -> MemberShape:
     return MemberShape(plan.BM, plan.BN, plan.BK, plan.split_k, slots_per_sm, plan.schedule == "stream-k",
-                       plan.cluster_m, plan.cluster_n)
+                       plan.cluster_m, plan.cluster_n, plan.path == "decode")
 
 
 def slots_per_sm(plan: Plan) -> int:
@@ -141,10 +141,16 @@ def shape_class(shape: LibraryShape, layouts: dict[str, str]) -> str:
     return alignment_class(lda, ldb, ldc)
 
 
+def portable_member(plan: Plan) -> bool:
+    """Whether a member can serve every call on any GPU: no wgmma (sm_90a only), takes beta, and not
+    the decode kernel (built for M or N <= 16 alone)."""
+    return not plan.arch.has_wgmma and plan.beta and plan.path != "decode"
+
+
 def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape], limit: int) -> list[Plan]:
     """Greedy: add the candidate that most lowers the sum over shapes of log(kept best / best), where
     a shape no kept candidate was timed at counts as 4x slower; stop at `limit` or when nothing
-    gains 0.2% a shape. Always keeps a portable (non-sm_90a) candidate that takes beta."""
+    gains 0.2% a shape. Always keeps a portable candidate (portable_member)."""
     keys = [shape_key(s) for s in shapes]
     best = {k: min((m.times[(kernel_key(p), k)] for p in plans if (kernel_key(p), k) in m.times), default=None)
             for k in keys}
@@ -169,8 +175,8 @@ def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape
             break
         kept.append(plan)
         current = value
-    if not any(not p.arch.has_wgmma for p in kept):
-        portable = [p for p in plans if not p.arch.has_wgmma and p.beta]
+    if not any(portable_member(p) for p in kept):
+        portable = [p for p in plans if portable_member(p)]
         if portable:
             kept.append(max(portable, key=lambda p: (sum((kernel_key(p), k) in m.times for k in keys),
                                                      -plans.index(p))))

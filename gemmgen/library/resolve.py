@@ -63,6 +63,10 @@ def resolve(lib: LibrarySpec, kernels: list[Spec]) -> Library:
     for name, span, spec in _sized(lib, kernels):
         maths = spec.param("math").values
         classes = {PRECISION_OF_MATH[m] for m in maths}
+        if spec.param("decode.columns").values != (0,) and maths == ("simt",):
+            # the decode kernel (M or N <= 16) multiplies in exact FP32 at HBM bandwidth: it serves a
+            # TF32 library too, at no cost (memory bound) and more accurately than TF32
+            classes = {precision_source[0] if precision_source else PRECISION_OF_MATH["simt"]}
         if len(classes) > 1:
             raise lib.error(span, f"member '{name}' mixes math {', '.join(maths)}: TF32 and FP32-accurate "
                             "kernels cannot share a library", "members of one precision: math tf32, or math simt/3xtf32")

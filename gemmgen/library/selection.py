@@ -69,6 +69,29 @@ class MemberShape:
     stream_k: bool = False  # schedule stream-k: K tiles dealt evenly over the SMs (plan/schedule.py)
     cluster_m: int = 1      # clusters: a launch takes whole clusters of cluster_m x cluster_n tiles
     cluster_n: int = 1
+    decode: bool = False    # the decode kernel (plan/decode.py): BM rows per pass, BN columns per block
+
+
+# The decode member serves calls whose smaller dimension is at most this (more would re-read the big
+# operand once per DECODE_ROWS rows): elsewhere its prediction is infinite and it is never timed.
+DECODE_ROWS = 16
+
+
+def serves(member: MemberShape, M: int, N: int) -> bool:
+    """Whether a call of M x N is one the member is built for (all but decode: every call)."""
+    return not member.decode or min(M, N) <= DECODE_ROWS
+
+
+def decode_features(member: MemberShape, M: int, N: int, K: int, sm_count: int, batch: int = 1) -> list[float]:
+    """The decode member's terms: launch; its blocks' waves x K tiles (each a sync and a refill of the
+    small operand); waves; the bytes of the big operand (read once per pass of BM rows) and of the
+    small one (every block reads its batch's), in GB; no split pass."""
+    rows, cols = min(M, N), max(M, N)
+    blocks = batch * _ceil_div(cols, member.BN)
+    passes = _ceil_div(rows, member.BM)
+    waves = _ceil_div(blocks, max(1, sm_count * member.slots_per_sm))
+    traffic_gb = 4.0 * K * (batch * cols * passes + blocks * rows) / 1e9
+    return [1.0, float(waves * passes * _ceil_div(K, member.BK)), float(waves), traffic_gb, 0.0]
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -79,7 +102,10 @@ def features(member: MemberShape, M: int, N: int, K: int, sm_count: int, batch: 
     """The model's terms for one call (see the module docstring). A stream-K member's main loop is
     its busiest block's K tiles, its waves the tiles each block finishes, and its last term the
     partial sums of a shared tile, which its finishing block reads one after another. A strided
-    batch multiplies the tiles (every batch's are scheduled as one grid) and the traffic."""
+    batch multiplies the tiles (every batch's are scheduled as one grid) and the traffic. The decode
+    member's are decode_features."""
+    if member.decode:
+        return decode_features(member, M, N, K, sm_count, batch)
     tiles_m = _ceil_div(M, member.BM * member.cluster_m) * member.cluster_m
     tiles_n = _ceil_div(N, member.BN * member.cluster_n) * member.cluster_n
     if member.stream_k:
@@ -185,7 +211,10 @@ def fit(member: MemberShape, points: list[tuple[int, int, int, float]], sm_count
 
 def predict(member: MemberShape, model: Model, M: int, N: int, K: int, sm_count: int, batch: int = 1) -> float:
     """Predicted ms of one call: the measurement at a tuned shape, else the model corrected by the
-    errors it made at the tuned shapes nearby (for a batch: near its matrices' M, N, K)."""
+    errors it made at the tuned shapes nearby (for a batch: near its matrices' M, N, K); infinite
+    where the member is not built for the call (`serves`)."""
+    if not serves(member, M, N):
+        return math.inf
     for pM, pN, pK, ms, *_ in model.points:
         if (pM, pN, pK) == (M, N, K) and batch == 1:
             return ms

@@ -29,7 +29,7 @@ from ..tuning.tune import tune as tune_space
 from ..tuning.workers import open_runner
 from .model import (MAX_MEMBERS, WINNERS_PER_SHAPE, Library, Measurements, kernel_key, member_shape, read_db,
                     select_members, shape_class, shape_key, slots_per_sm)
-from .selection import CLASSES, Model, fit_all, predict
+from .selection import CLASSES, Model, fit_all, predict, serves
 
 BUDGET_S = 0.05   # seconds of timed launches per timing (a library times hundreds)
 WARMUP_S = 0.03   # seconds of warm-up before each
@@ -152,7 +152,7 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
     def run(batch: list[Job]) -> None:
         nonlocal evaluated
         done = measured()
-        todo = [job for job in batch if not _done(job, done)]
+        todo = [job for job in batch if not _done(job, done) and _serves(job)]
         evaluated += len(todo)
         if todo:
             runner.run(todo, db, progress)
@@ -221,6 +221,12 @@ def _only(m: Measurements, jobs: list[Job]) -> Measurements:
     """The measurements of these timing jobs alone (validation and cuBLAS records kept)."""
     pairs = {(job.key, job.what) for job in jobs}
     return Measurements(m.status, {k: v for k, v in m.times.items() if k in pairs}, m.cublas)
+
+
+def _serves(job: Job) -> bool:
+    """Whether a job is worth running: not the decode member timed at a shape it is not built for
+    (M and N above 16, where it would read the big operand once per 16 rows)."""
+    return job.kind != TIME or serves(member_shape(job.plan), job.shape.M, job.shape.N)
 
 
 def _done(job: Job, m: Measurements) -> bool:

@@ -11,6 +11,7 @@ mainloop, make_plan choosing:
 - base.py: what a Plan holds and the launchers' argument rules;
 - tiled.py: SIMT block/warp/thread tiling, and the same tiling on mma.sync (mma_sync.py);
 - wgmma.py: sm_90a warpgroup MMA fed by TMA or by loader warpgroups;
+- decode.py: the decode kernel (M or N <= 16, GEMV-like FFMA at HBM bandwidth);
 - schedule.py: how a scheduled kernel's blocks deal out the work (explain, the cost model).
 """
 
@@ -26,6 +27,7 @@ from .parts.operand import Operand  # noqa: F401
 from .mma_sync import MMA_SYNC_SHAPES  # noqa: F401
 from .tiled import tiled_plan
 from .wgmma import wgmma_plan
+from .decode import decode_plan
 
 
 def make_plan(spec: Spec) -> Plan:
@@ -35,6 +37,8 @@ def make_plan(spec: Spec) -> Plan:
         raise spec.error(keys[0], f"this spec is a search space ({', '.join(keys)} hold sets); "
                          "building needs one value for each", "gemmgen tune, or one value per setting")
     arch = ARCHS[spec["target"]]
+    if spec["decode.columns"]:
+        return decode_plan(spec, arch)
     if not spec.written("block.m"):
         raise spec.error("block.m", f"kernel '{spec.name}' has no block setting: the C tile of a "
                          "thread block must be given", "block M x N x K, e.g. block 128 x 128 x 16")

@@ -30,6 +30,9 @@ def point_key(spec: Spec) -> str:
 def describe(spec: Spec) -> str:
     """The values that vary in a search, as 'block=128x128x16 warp=64x32 ...'."""
     v = spec.__getitem__
+    if v("decode.columns"):  # the decode kernel (plan/decode.py) has no tiles: its own three numbers
+        occupancy = f" occ={v('occupancy')}" if v("occupancy") else ""
+        return f"decode={v('decode.columns')}x{v('decode.warps')}x{v('decode.slices')}{occupancy}"
     parts = [f"block={v('block.m')}x{v('block.n')}x{v('block.k')}"]
     if spec.written("warp.m"):
         parts.append(f"warp={v('warp.m')}x{v('warp.n')}")
@@ -148,6 +151,12 @@ def to_text(spec: Spec, name: str | None = None, comment: str = "") -> str:
     lines.append(f"kernel {name or spec.name} {{")
     lines.append(f"  target   {v('target')}")
     lines.append(f"  layout   A {v('layout.A')}, B {v('layout.B')}, C {v('layout.C')}")
+    if v("decode.columns"):  # the decode kernel: its own line, and nothing of the tiled paths
+        lines.append(f"  decode   columns {v('decode.columns')} warps {v('decode.warps')} slices {v('decode.slices')}")
+        if v("occupancy"):
+            lines.append(f"  occupancy {v('occupancy')}")
+        lines.append(f"  epilogue {'alpha beta' if v('epilogue.beta') else 'alpha'}")
+        return "\n".join(lines + ["}"]) + "\n"
     lines.append(f"  block    {v('block.m')} x {v('block.n')} x {v('block.k')}")
     if spec.written("warp.m"):
         lines.append(f"  warp     {v('warp.m')} x {v('warp.n')}")

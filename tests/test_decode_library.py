@@ -1,0 +1,130 @@
+"""The decode member in a library (issue 28), on the CPU with the fake GPU of library_fake.py: it is
+timed only at the shapes it is built for (M or N <= 16), kept where it wins there, never the portable
+member, never predicted (so never chosen) where both M and N pass 16, modelled by the bytes it reads,
+and chosen by the emitted C exactly as by Python. A TF32 library takes it (exact FP32 is more
+accurate than TF32); a fused call never gets it (it has no fused epilogue)."""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+
+import pytest
+
+from conftest import SPECS_DIR
+from gemmgen.language.errors import SpecError
+from gemmgen.language.load import load_one
+from gemmgen.library.manifest import build_manifest
+from gemmgen.library.model import kernel_key, member_shape
+from gemmgen.library.resolve import load_libraries
+from gemmgen.library.selection import DECODE_ROWS, MemberShape, choose, features, predict, serves
+from gemmgen.library.tune import tune_library
+from gemmgen.plan import make_plan
+from library_fake import FakeGpu
+from test_library import _batch, choices_in_c
+
+LIBRARY = """kernel dec {{
+  target   sm_90
+  layout   A row, B col, C row
+  decode   columns {{1, 4}} warps 8 slices {{1, 2}}
+}}
+library dl {{
+  layout   A row, B col, C row
+  members  {members}
+  shapes   4096x4096x4096, 2048x2048x2048, 1024x1024x1024, 127x4099x1023, 64x4096x8192, 1x4096x4096, 16x8192x4096, 8x11008x4096, 4096x1x4096, 4096x16x4096, 1x4096x4096 pad 1, 16x11008x4096 pad 1, 4096x4x4096 pad 1
+  precision {precision}
+}}
+"""
+
+
+@pytest.fixture
+def decode_library(monkeypatch, tmp_path):
+    gpu = FakeGpu(tmp_path / "measured.log").install(monkeypatch)
+    for name in ("tensorcore_3xtf32", "tensorcore_tf32"):  # the portable member and its parent
+        shutil.copy(SPECS_DIR / f"{name}.gemm", tmp_path)
+    (tmp_path / "dl.gemm").write_text(LIBRARY.format(members="tensorcore_3xtf32, dec", precision="fp32"))
+    (library,) = load_libraries(tmp_path / "dl.gemm")
+    db = tmp_path / "dl.jsonl"
+    tune_library(library, db=db)
+    return library, build_manifest(library, db), gpu
+
+
+def test_it_is_timed_only_where_it_serves_and_kept_there(decode_library):
+    library, manifest, gpu = decode_library
+    decode_keys = {kernel_key(p) for p in library.candidates() if p.path == "decode"}
+    timed = [t for t in gpu.tasks if t.kind == "time" and t.key in decode_keys]
+    assert timed, "the decode candidates were never timed"
+    for task in timed:
+        M, N = (int(x) for x in task.what.split("+")[0].split("x")[:2])
+        assert min(M, N) <= DECODE_ROWS, task
+    kept = [m for m in manifest.members if m.decode]
+    assert kept, "no decode member kept"
+    assert not manifest.members[manifest.portable].decode  # the portable member serves every call
+    for row in manifest.shapes:
+        chosen = manifest.members[row.chosen]
+        assert chosen.decode == (min(row.M, row.N) <= DECODE_ROWS), row  # the fake's decode wins there
+
+
+def test_the_c_choice_is_pythons_and_never_decode_past_16(decode_library, tmp_path):
+    from gemmgen.library.emit import library_source
+    library, manifest, _ = decode_library
+    source = library_source(manifest, "dl.gemm", [])
+    assert "if (m.decode)" in source and "return HUGE_VAL;" in source
+    rng = random.Random(28)
+    sizes = lambda: int(2 ** rng.uniform(0, 14)) if rng.random() < 0.6 else rng.randint(1, 20)  # noqa: E731
+    cases = [(sizes(), sizes(), int(2 ** rng.uniform(0, 15)), rng.random() < 0.7, rng.random() < 0.3, _batch(rng))
+             for _ in range(800)]
+    candidates = manifest.candidates()
+    python = [choose(candidates, M, N, K, "aligned" if a else "unaligned", 132, beta_used=b, batch=batch)
+              for M, N, K, a, b, batch in cases]
+    assert choices_in_c(source, "dl", cases, tmp_path) == python
+    for (M, N, *_), chosen in zip(cases, python):
+        if min(M, N) > DECODE_ROWS:
+            assert not manifest.members[chosen].decode, (M, N)
+    assert any(manifest.members[c].decode for c in python)
+
+
+def test_its_model_counts_the_bytes_it_reads():
+    member = MemberShape(16, 8, 512, 1, 2, decode=True)
+    f = features(member, 1, 4096, 4096, 132)
+    assert f[0] == 1.0 and f[4] == 0.0
+    blocks = 4096 // 8
+    assert f[2] == math.ceil(blocks / (132 * 2))
+    assert f[3] == pytest.approx(4 * 4096 * (4096 + blocks * 1) / 1e9)  # B once, A's row per block
+    assert features(member, 4096, 1, 4096, 132) == f                    # the mirror reads the same
+    # 32 rows: two passes over the big operand
+    assert features(member, 32, 4096, 4096, 132)[3] == pytest.approx(4 * 4096 * (2 * 4096 + blocks * 32) / 1e9)
+    assert serves(member, 16, 9999) and serves(member, 9999, 3) and not serves(member, 17, 17)
+    assert serves(MemberShape(128, 128, 32, 1, 1), 99999, 99999)  # other members serve every call
+    from gemmgen.library.selection import Model
+    assert predict(member, Model([1, 1, 1, 1, 0]), 17, 4096, 4096, 132) == math.inf
+    plan = make_plan(load_one(SPECS_DIR / "decode.gemm", "decode"))
+    shape = member_shape(plan, 2)
+    assert shape.decode and (shape.BM, shape.BN) == (16, plan.mainloop.block_columns)
+
+
+def test_a_tf32_library_takes_it(tmp_path):
+    shutil.copy(SPECS_DIR / "tensorcore_tf32.gemm", tmp_path)
+    (tmp_path / "dl.gemm").write_text(LIBRARY.format(members="tensorcore_tf32, dec", precision="tf32"))
+    (library,) = load_libraries(tmp_path / "dl.gemm")
+    assert library.precision == "tf32"
+    assert any(p.path == "decode" for p in library.candidates())
+
+
+def test_the_shipped_libraries_have_a_decode_member_and_decode_shapes():
+    for name in ("fp32", "tf32"):
+        (library,) = load_libraries(SPECS_DIR / f"{name}.gemm")
+        assert sum(p.path == "decode" for p in library.candidates()) == 12
+        decode_shapes = [s for s in library.shapes if min(s.M, s.N) <= 16 and s.K * max(s.M, s.N) >= 16 << 20]
+        assert len(decode_shapes) >= 4 and any(s.N <= 16 for s in decode_shapes)
+
+
+def test_a_fused_call_never_gets_the_decode_member():
+    """FusedMembers.plan plans a member with `bias col` and an activation; the decode kernel refuses
+    both at their lines, so the fused call passes it over (gemmgen/library/fused.py)."""
+    spec = load_one(SPECS_DIR / "decode.gemm", "decode")
+    for values in ({"bias": "col"}, {"activation": "gelu"}, {"bias": "col", "activation": "relu"}):
+        with pytest.raises(SpecError):
+            make_plan(spec.with_values(**values))
+    assert make_plan(spec.with_values(bias="none", activation="none")).path == "decode"
