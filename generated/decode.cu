@@ -48,7 +48,35 @@ constexpr int MAX_ROWS = 16;  // rows per pass
 constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
 constexpr int PART_FLOATS = 1;  // shared partial sums of slices 1 .. SLICES - 1
 constexpr int UNROLL = 4;  // steps per lane whose loads are issued together
+constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
+
+// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
+
+// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
+// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const int src_bytes = valid ? BYTES : 0;
+    if constexpr (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
+                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
+    }
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Wait until at most PENDING committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
+}
 static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
 
 // V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
@@ -68,6 +96,21 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
+// One step of a lane: UNROLL x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
+// past the tile's `vectors` and for columns past the edge), all issued before any is used.
+template <int V>
+__device__ __forceinline__ void load_step(float (&b)[UNROLL][COLUMNS][V], const float* const (&column)[COLUMNS],
+        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            const int q = q0 + u * STEP;
+            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
+            else fill_zero<V>(b[u][c]);
+        }
+}
+
 // C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
 // the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
 // starts 16-byte aligned. C is read only where beta != 0.
@@ -78,7 +121,6 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
 {
     constexpr int V = ALIGNED ? 4 : 1;
     constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
-    constexpr int STEP = 32 * SLICES;    // vectors between a lane's consecutive steps
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp % GROUPS, slice = warp / GROUPS;
     const int j0 = col0 + group * COLUMNS;  // the warp's first column
@@ -99,22 +141,18 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
     for (int k0 = 0; k0 < K; k0 += KT) {
         const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
         __syncthreads();  // every warp is done with the last tile
+        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
+        // one wait, in place of a load and a store per vector, one L2 round trip after another.
         for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
             const int r = i / vectors, k = i % vectors * V;
-            if (r < rows) load_vec<V>(s_rows + r * KT + k, S + r * lds + k0 + k);
-            else fill_zero<V>(s_rows + r * KT + k);
+            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
         }
+        cp_async_commit();
+        cp_async_wait<0>();
         __syncthreads();
         for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * UNROLL) {
             float b[UNROLL][COLUMNS][V];  // UNROLL * COLUMNS loads in flight
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-                for (int c = 0; c < COLUMNS; ++c) {
-                    const int q = q0 + u * STEP;
-                    if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
-                    else fill_zero<V>(b[u][c]);
-                }
+            load_step<V>(b, column, live, k0, q0, vectors);
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
