@@ -46,6 +46,42 @@ SIMT_WARPS_TO_ISSUE = 8
 
 
 @dataclass(frozen=True)
+class Assumptions:
+    """What the estimate assumes where no data sheet settles it: the model strategy's options
+    `multicast` and `direct`, whose defaults are chosen by leave-one-recording-out replays
+    (tuning/replay.py leave_one_out, benchmarks/judge_costmodel.py, docs/tuning.md)."""
+
+    multicast: float = 0.0   # share of a cluster's multicast saving credited to each SM's intake
+    direct: float = 2.0      # clocks of a direct store of C from registers, per clock of its bytes
+    gpc_share: float = 0.91  # share of the SMs that clusters of 4 or more blocks can fill at once
+    c_rate: float = GLOBAL_BYTES_PER_CLOCK  # bytes per clock one SM's epilogue moves to or from C
+
+
+def cluster_slots(size: int, sms: int, assume: Assumptions = Assumptions()) -> int:
+    """Clusters of `size` blocks (one per SM) that run at once: a cluster's blocks share one GPC,
+    and SMs come in pairs (TPCs), so pairs fill every SM; larger clusters leave the SMs of a GPC
+    that do not make a whole cluster idle, `assume.gpc_share` of the SMs being usable."""
+    if size <= 2:
+        return max(1, sms // size)
+    return max(1, math.floor(sms / size * assume.gpc_share))
+
+
+def epilogue_clocks(plan: Plan, assume: Assumptions = Assumptions()) -> float:
+    """Clocks the epilogue of one C tile keeps its block from multiplying: C written (and read,
+    with beta) from registers; a staged store's pass through shared memory; a TMA store's global
+    writes run on under a scheduled block's next tile (they are exposed only where the block ends)."""
+    area = plan.BM * plan.BN
+    write = 4 * area / assume.c_rate
+    read = write if plan.beta else 0.0
+    through_shared = 8 * area / SHARED_BYTES_PER_CLOCK
+    if plan.tma_store:
+        return through_shared + read + (0.0 if plan.scheduled else write)
+    if plan.staged:
+        return through_shared + read + write
+    return assume.direct * (write + read)
+
+
+@dataclass(frozen=True)
 class Features:
     """The numbers of one point at one shape that bear on its speed."""
 
@@ -109,7 +145,7 @@ def blocks_per_sm(plan: Plan) -> int:
     return max(1, min(fits, max(by_registers, plan.occupancy)))
 
 
-def features(plan: Plan, shape: Case, sms: int) -> Features:
+def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumptions()) -> Features:
     """The cost model's numbers for one point at one shape, on a GPU of `sms` SMs."""
     plan, vectors = running_plan(plan, shape)
     M, N, K = shape.M, shape.N, shape.K
@@ -120,12 +156,19 @@ def features(plan: Plan, shape: Case, sms: int) -> Features:
     padding = (M * N * K) / (tiles_m * BM * tiles_n * BN * k_steps * BK * split)
     per_sm = math.ceil(blocks / sms)
     fill = blocks / (sms * per_sm)
+    size = plan.cluster_blocks
+    slots = cluster_slots(size, sms, assume)
+    if size > 1:  # whole clusters, as many at once as fit the GPCs
+        per_sm = math.ceil(blocks / size / slots)
+        fill = blocks / (sms * per_sm)
     occupancy = blocks_per_sm(plan)
     resident = min(occupancy, per_sm)
     warps = resident * plan.warps
 
     flops = 2 * BM * BN * BK
-    global_bytes = plan.block_load_bytes
+    # a cluster's multicast saves L2's reads; how much of that each SM's intake gains is assumed
+    whole = 4 * (BM + BN) * BK
+    global_bytes = whole - assume.multicast * (whole - plan.block_load_bytes)
     tensor_rate = plan.mainloop.tensor_flops_per_clock  # TF32 per SM, or 0 for FFMA
     if not tensor_rate:
         peak = 2 * plan.arch.fp32_lanes_per_sm
@@ -151,18 +194,34 @@ def features(plan: Plan, shape: Case, sms: int) -> Features:
     # Loads overlap the math where the pipeline lets them: more so with cp.async and more stages.
     overlap = 1 - 1 / (plan.stages + (1 if plan.async_copy else 0))
     step = max(parts) + (1 - overlap) * (sum(parts) - max(parts))
-    epilogue = 4 * BM * BN * (ATOMIC_COST if split > 1 else 1) / GLOBAL_BYTES_PER_CLOCK
-    block_clocks = k_steps * step + epilogue + BLOCK_OVERHEAD_CLOCKS
-    # The busiest SM runs per_sm blocks, `resident` at a time sharing its pipes; resident
-    # blocks hide each other's fixed costs but not their math.
-    sm_clocks = per_sm * (k_steps * step + (epilogue + BLOCK_OVERHEAD_CLOCKS) / resident)
+    epilogue = epilogue_clocks(plan, assume)
+    if split > 1:
+        epilogue = 4 * BM * BN * ATOMIC_COST / GLOBAL_BYTES_PER_CLOCK
+    mainloop = k_steps * step
+    block_clocks = mainloop + epilogue + BLOCK_OVERHEAD_CLOCKS
     if plan.schedule == "stream-k":
         # K tiles dealt evenly (plan/schedule.py): the busiest block's K tiles, an epilogue per tile
-        # it finishes, and a shared tile's partial sums read back one piece after another.
+        # it finishes, and a shared tile's partial sums read back one piece after another; the
+        # block's launch and pipeline fill paid once.
         dealt = deal(plan, M, N, K, sms)
-        per_sm, fill = math.ceil(dealt.tiles / dealt.blocks), dealt.balance
-        sm_clocks = (dealt.most_k_tiles * step + per_sm * (epilogue + BLOCK_OVERHEAD_CLOCKS)
+        per_sm, fill = math.ceil(dealt.tiles / max(dealt.blocks, 1)), dealt.balance * dealt.blocks / sms
+        sm_clocks = (dealt.most_k_tiles * step + per_sm * epilogue + BLOCK_OVERHEAD_CLOCKS
                      + (dealt.most_pieces - 1) * 8 * BM * BN / GLOBAL_BYTES_PER_CLOCK)
+    elif plan.scheduled:
+        # Persistent blocks (whole clusters) walk the tiles; the producer runs on into the next
+        # tile while the consumers store the last, so launch and pipeline fill are paid once.
+        # Ping-pong's consumers take tiles in turn: one's epilogue hides under the other's MMAs.
+        blocks_launched = plan.launch_blocks(M, N, K, sms)
+        units = plan.cluster_grid(M, N) // size
+        clusters = max(1, min(blocks_launched // size, slots))
+        per_sm = math.ceil(units / clusters)
+        fill = units / (clusters * per_sm * sms) * clusters * size
+        tile = max(mainloop, epilogue) if plan.pingpong else mainloop + epilogue
+        sm_clocks = per_sm * tile + BLOCK_OVERHEAD_CLOCKS
+    else:
+        # The busiest SM runs per_sm blocks, `resident` at a time sharing its pipes; resident
+        # blocks hide each other's fixed costs but not their math.
+        sm_clocks = per_sm * (mainloop + (epilogue + BLOCK_OVERHEAD_CLOCKS) / resident)
     if split > 1:
         sm_clocks += SPLIT_PASS_CLOCKS + 8 * M * N / (DRAM_BYTES_PER_CLOCK * sms)
     useful = 2.0 * M * N * K / sms
@@ -198,10 +257,10 @@ class Table:
     """Features of every point of a space at one shape: rows in `space.valid_points` order,
     each column standardised, then the one-hot value of each searched setting."""
 
-    def __init__(self, space, shape: Case, sms: int):
+    def __init__(self, space, shape: Case, sms: int, assume: Assumptions = Assumptions()):
         self.points = space.valid_points
         self.index = {p: i for i, p in enumerate(self.points)}
-        rows = [features(space.plan_at[p], shape, sms) for p in self.points]
+        rows = [features(space.plan_at[p], shape, sms, assume) for p in self.points]
         self.names = list(rows[0].names) if rows else []
         raw = np.array([r.values for r in rows], dtype=float).reshape(len(rows), len(self.names))
         self.prior = np.array([r.prior for r in rows])

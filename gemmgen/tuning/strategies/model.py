@@ -19,15 +19,20 @@ import random
 
 import numpy as np
 
-from ..costmodel import Model, Table
+from ..costmodel import Assumptions, Model, Table
 
 OPTIONS = {
     "seed": (0, "random seed (random picks, ties)"),
     "batch": (0, "points per batch; 0: the valid points / 25, between 4 and 16"),
     "explore": (1.0, "weight of the model's standard deviation in the ranking"),
+    "lead": (2, "picks of the first batch taken by the estimate alone (no uncertainty bonus)"),
     "local": (0.5, "share of each batch taken among neighbours of the fastest points"),
     "parents": (3, "fastest points whose neighbours are searched"),
     "random": (0.1, "share of each batch drawn at random from the unmeasured points"),
+    "multicast": (Assumptions.multicast, "share of a cluster's multicast saving credited to each SM's intake"),
+    "direct": (Assumptions.direct, "clocks of a direct store of C per clock of its bytes"),
+    "gpc": (Assumptions.gpc_share, "share of the SMs that clusters of 4 or more blocks fill at once"),
+    "c_rate": (Assumptions.c_rate, "bytes per clock one SM's epilogue moves to or from C"),
     "sms": (0, "SMs of the GPU; 0: the evaluator's (the device's, or the recording's)"),
 }
 
@@ -39,7 +44,8 @@ def tune(space, evaluate, options):
     if shape is None:
         raise ValueError("the model strategy derives its features at the problem size: "
                          "evaluate.shape must be set (gemmgen.tuning.tune and .replay set it)")
-    table = Table(space, shape, sms)
+    table = Table(space, shape, sms, Assumptions(float(options["multicast"]), float(options["direct"]),
+                                                float(options["gpc"]), float(options["c_rate"])))
     model = Model(table)
     total = len(table.points)
     batch = options["batch"] or max(4, min(16, total // 25))
@@ -50,7 +56,8 @@ def tune(space, evaluate, options):
     while len(measured) < total:
         mean, std = model.predict()
         near = _neighbours(grid, measured, options["parents"])
-        picks = _pick(model, mean + jitter, std, measured, near, batch, options, rng)
+        lead = 0 if measured else int(options["lead"])
+        picks = _pick(model, mean + jitter, std, measured, near, batch, lead, options, rng)
         scores = evaluate([table.points[i] for i in picks])
         measured.update(zip(picks, scores))
         working = [s for s in measured.values() if s > 0]
@@ -69,7 +76,7 @@ def _neighbours(grid, measured, parents):
     return near
 
 
-def _pick(model, mean, std, measured, near, batch, options, rng):
+def _pick(model, mean, std, measured, near, batch, lead, options, rng):
     """Up to `batch` unmeasured rows by upper confidence bound, the local share among `near`, the
     uncertainty updated after each pick as if it had been measured; then the random share."""
     X = model.table.X
@@ -85,7 +92,8 @@ def _pick(model, mean, std, measured, near, batch, options, rng):
     local = near[open_rows]
     for slot in range(size - randoms):
         allowed = alive & local if slot < locals_ and (alive & local).any() else alive
-        ucb = np.where(allowed, mean[open_rows] + options["explore"] * np.sqrt(np.maximum(var, 0)), -np.inf)
+        explore = 0.0 if slot < lead else options["explore"]
+        ucb = np.where(allowed, mean[open_rows] + explore * np.sqrt(np.maximum(var, 0)), -np.inf)
         j = int(np.argmax(ucb))
         picks.append(int(open_rows[j]))
         alive[j] = False
