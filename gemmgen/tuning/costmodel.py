@@ -55,6 +55,7 @@ class Assumptions:
     direct: float = 2.0      # clocks of a direct store of C from registers, per clock of its bytes
     gpc_share: float = 0.91  # share of the SMs that clusters of 4 or more blocks can fill at once
     c_rate: float = GLOBAL_BYTES_PER_CLOCK  # bytes per clock one SM's epilogue moves to or from C
+    latency: float = 1000.0  # clocks from a loader thread's global load to its data (under load)
 
 
 def cluster_slots(size: int, sms: int, assume: Assumptions = Assumptions()) -> int:
@@ -190,7 +191,10 @@ def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumption
     if not tensor_rate:
         math_clocks /= min(1.0, warps / SIMT_WARPS_TO_ISSUE)
     global_clocks = global_bytes / GLOBAL_BYTES_PER_CLOCK
-    parts = (math_clocks, global_clocks, shared_clocks)
+    # Loader warpgroups (wgmma fed through registers) hold loaders x loader_depth K tiles in
+    # flight: a K step takes at least a load's latency shared among them.
+    loader_clocks = assume.latency / (plan.loaders * plan.loader_depth) if plan.loaders else 0.0
+    parts = (math_clocks, global_clocks, shared_clocks, loader_clocks)
     # Loads overlap the math where the pipeline lets them: more so with cp.async and more stages.
     overlap = 1 - 1 / (plan.stages + (1 if plan.async_copy else 0))
     step = max(parts) + (1 - overlap) * (sum(parts) - max(parts))

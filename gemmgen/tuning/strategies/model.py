@@ -33,6 +33,7 @@ OPTIONS = {
     "direct": (Assumptions.direct, "clocks of a direct store of C per clock of its bytes"),
     "gpc": (Assumptions.gpc_share, "share of the SMs that clusters of 4 or more blocks fill at once"),
     "c_rate": (Assumptions.c_rate, "bytes per clock one SM's epilogue moves to or from C"),
+    "latency": (Assumptions.latency, "clocks of a loader warpgroup's global load (register-fed wgmma)"),
     "sms": (0, "SMs of the GPU; 0: the evaluator's (the device's, or the recording's)"),
 }
 
@@ -45,7 +46,8 @@ def tune(space, evaluate, options):
         raise ValueError("the model strategy derives its features at the problem size: "
                          "evaluate.shape must be set (gemmgen.tuning.tune and .replay set it)")
     table = Table(space, shape, sms, Assumptions(float(options["multicast"]), float(options["direct"]),
-                                                float(options["gpc"]), float(options["c_rate"])))
+                                                float(options["gpc"]), float(options["c_rate"]),
+                                                float(options["latency"])))
     model = Model(table)
     total = len(table.points)
     batch = options["batch"] or max(4, min(16, total // 25))
