@@ -32,6 +32,7 @@ from ..plan import WARP, Plan
 from ..plan.schedule import deal
 
 GLOBAL_BYTES_PER_CLOCK = 64      # L2 -> one SM, a round figure for Hopper-class GPUs
+SECTOR_BYTES = 32               # what L2 moves for a thread's load, at least
 SHARED_BYTES_PER_CLOCK = 128     # 32 banks x 4 bytes per SM per clock
 BLOCK_OVERHEAD_CLOCKS = 2000     # launch, prologue and pipeline fill of one block
 ATOMIC_COST = 4                  # an atomicAdd of C (split K) against a plain store
@@ -51,11 +52,35 @@ class Assumptions:
     `multicast` and `direct`, whose defaults are chosen by leave-one-recording-out replays
     (tuning/replay.py leave_one_out, benchmarks/judge_costmodel.py, docs/tuning.md)."""
 
-    multicast: float = 0.0   # share of a cluster's multicast saving credited to each SM's intake
+    multicast: float = 1.0   # share of a cluster's multicast saving credited to each SM's intake
     direct: float = 2.0      # clocks of a direct store of C from registers, per clock of its bytes
     gpc_share: float = 0.91  # share of the SMs that clusters of 4 or more blocks can fill at once
     c_rate: float = GLOBAL_BYTES_PER_CLOCK  # bytes per clock one SM's epilogue moves to or from C
     latency: float = 1000.0  # clocks from a loader thread's global load to its data (under load)
+    l2: float = 48.0  # bytes per clock L2 delivers to each SM when all load
+    granule: int = 64        # bytes L2 moves as one piece for TMA (a row not aligned to it costs one more)
+
+
+def granules(run: int, stride: int, granule: int) -> float:
+    """Pieces of `granule` bytes a run of `run` bytes takes, averaged over rows `stride` bytes
+    apart, over the pieces an aligned run takes (1: every row aligned)."""
+    step = math.gcd(stride, granule)
+    touched = [math.ceil((offset + run) / granule) for offset in range(0, granule, step)]
+    return sum(touched) / len(touched) / math.ceil(run / granule)
+
+
+def l2_bytes(plan: Plan, shape: Case, assume: Assumptions = Assumptions()) -> float:
+    """Bytes one block reads from L2 per K tile: its A and B tiles, less `assume.multicast` of what
+    its cluster's multicast saves (A is shared along N, B along M), and the pieces L2 moves in
+    whole where rows of the operand's contiguous runs are not aligned to them."""
+    lds = _tight_lds(shape, plan)
+    a_run = plan.BK if plan.spec["layout.A"] == "row" else plan.BM
+    b_run = plan.BN if plan.spec["layout.B"] == "row" else plan.BK
+    a = 4 * plan.BM * plan.BK * (1 - assume.multicast * (1 - 1 / plan.cluster_n))
+    b = 4 * plan.BN * plan.BK * (1 - assume.multicast * (1 - 1 / plan.cluster_m))
+    granule = assume.granule if plan.tma else SECTOR_BYTES  # threads' loads move whole sectors
+    return (a * granules(4 * a_run, 4 * lds["A"], granule)
+            + b * granules(4 * b_run, 4 * lds["B"], granule))
 
 
 def cluster_slots(size: int, sms: int, assume: Assumptions = Assumptions()) -> int:
@@ -168,8 +193,7 @@ def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumption
 
     flops = 2 * BM * BN * BK
     # a cluster's multicast saves L2's reads; how much of that each SM's intake gains is assumed
-    whole = 4 * (BM + BN) * BK
-    global_bytes = whole - assume.multicast * (whole - plan.block_load_bytes)
+    global_bytes = l2_bytes(plan, shape, assume)
     tensor_rate = plan.mainloop.tensor_flops_per_clock  # TF32 per SM, or 0 for FFMA
     if not tensor_rate:
         peak = 2 * plan.arch.fp32_lanes_per_sm
@@ -190,7 +214,7 @@ def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumption
     math_clocks = flops / peak
     if not tensor_rate:
         math_clocks /= min(1.0, warps / SIMT_WARPS_TO_ISSUE)
-    global_clocks = global_bytes / GLOBAL_BYTES_PER_CLOCK
+    global_clocks = global_bytes / assume.l2
     # Loader warpgroups (wgmma fed through registers) hold loaders x loader_depth K tiles in
     # flight: a K step takes at least a load's latency shared among them.
     loader_clocks = assume.latency / (plan.loaders * plan.loader_depth) if plan.loaders else 0.0

@@ -34,6 +34,8 @@ OPTIONS = {
     "gpc": (Assumptions.gpc_share, "share of the SMs that clusters of 4 or more blocks fill at once"),
     "c_rate": (Assumptions.c_rate, "bytes per clock one SM's epilogue moves to or from C"),
     "latency": (Assumptions.latency, "clocks of a loader warpgroup's global load (register-fed wgmma)"),
+    "l2": (Assumptions.l2, "bytes per clock L2 delivers to each SM when all load"),
+    "granule": (Assumptions.granule, "bytes L2 moves as one piece"),
     "sms": (0, "SMs of the GPU; 0: the evaluator's (the device's, or the recording's)"),
 }
 
@@ -47,7 +49,8 @@ def tune(space, evaluate, options):
                          "evaluate.shape must be set (gemmgen.tuning.tune and .replay set it)")
     table = Table(space, shape, sms, Assumptions(float(options["multicast"]), float(options["direct"]),
                                                 float(options["gpc"]), float(options["c_rate"]),
-                                                float(options["latency"])))
+                                                float(options["latency"]), float(options["l2"]),
+                                                int(options["granule"])))
     model = Model(table)
     total = len(table.points)
     batch = options["batch"] or max(4, min(16, total // 25))
