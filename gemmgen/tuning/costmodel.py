@@ -48,24 +48,25 @@ SIMT_WARPS_TO_ISSUE = 8
 
 @dataclass(frozen=True)
 class Assumptions:
-    """What the estimate assumes where no data sheet settles it: the model strategy's options
-    `multicast` and `direct`, whose defaults are chosen by leave-one-recording-out replays
-    (tuning/replay.py leave_one_out, benchmarks/judge_costmodel.py, docs/tuning.md)."""
+    """What the estimate assumes where no data sheet settles it. Each is an option of the model
+    strategy (strategies/model.py ASSUMED), so that benchmarks/judge_costmodel.py --choose can
+    choose it leave-one-recording-out (tuning/replay.py leave_one_out): each recording judged
+    with the values that did best on all the others. The defaults are its choices."""
 
-    multicast: float = 1.0   # share of a cluster's multicast saving credited to each SM's intake
+    multicast: float = 1.0   # share of a cluster's multicast saving credited to L2's reads
     direct: float = 2.0      # clocks of a direct store of C from registers, per clock of its bytes
     gpc_share: float = 0.91  # share of the SMs that clusters of 4 or more blocks can fill at once
-    c_rate: float = GLOBAL_BYTES_PER_CLOCK  # bytes per clock one SM's epilogue moves to or from C
     latency: float = 1000.0  # clocks from a loader thread's global load to its data (under load)
     l2: float = 48.0  # bytes per clock L2 delivers to each SM when all load
+    sync: float = 128.0       # clocks of each K step's hand-over between producers and consumers
     granule: int = 64        # bytes L2 moves as one piece for TMA (a row not aligned to it costs one more)
 
 
 def granules(run: int, stride: int, granule: int) -> float:
     """Pieces of `granule` bytes a run of `run` bytes takes, averaged over rows `stride` bytes
     apart, over the pieces an aligned run takes (1: every row aligned)."""
-    step = math.gcd(stride, granule)
-    touched = [math.ceil((offset + run) / granule) for offset in range(0, granule, step)]
+    step = math.gcd(int(stride), int(granule))
+    touched = [math.ceil((offset + run) / granule) for offset in range(0, int(granule), step)]
     return sum(touched) / len(touched) / math.ceil(run / granule)
 
 
@@ -97,7 +98,7 @@ def epilogue_clocks(plan: Plan, assume: Assumptions = Assumptions()) -> float:
     with beta) from registers; a staged store's pass through shared memory; a TMA store's global
     writes run on under a scheduled block's next tile (they are exposed only where the block ends)."""
     area = plan.BM * plan.BN
-    write = 4 * area / assume.c_rate
+    write = 4 * area / GLOBAL_BYTES_PER_CLOCK
     read = write if plan.beta else 0.0
     through_shared = 8 * area / SHARED_BYTES_PER_CLOCK
     if plan.tma_store:
@@ -221,7 +222,8 @@ def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumption
     parts = (math_clocks, global_clocks, shared_clocks, loader_clocks)
     # Loads overlap the math where the pipeline lets them: more so with cp.async and more stages.
     overlap = 1 - 1 / (plan.stages + (1 if plan.async_copy else 0))
-    step = max(parts) + (1 - overlap) * (sum(parts) - max(parts))
+    # ... and each K step pays its hand-over (barriers, a wgmma batch's issue and wait) in full
+    step = max(parts) + (1 - overlap) * (sum(parts) - max(parts)) + assume.sync
     epilogue = epilogue_clocks(plan, assume)
     if split > 1:
         epilogue = 4 * BM * BN * ATOMIC_COST / GLOBAL_BYTES_PER_CLOCK

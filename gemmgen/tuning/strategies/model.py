@@ -29,15 +29,20 @@ OPTIONS = {
     "local": (0.5, "share of each batch taken among neighbours of the fastest points"),
     "parents": (3, "fastest points whose neighbours are searched"),
     "random": (0.1, "share of each batch drawn at random from the unmeasured points"),
-    "multicast": (Assumptions.multicast, "share of a cluster's multicast saving credited to each SM's intake"),
+    "multicast": (Assumptions.multicast, "share of a cluster's multicast saving credited to L2's reads"),
     "direct": (Assumptions.direct, "clocks of a direct store of C per clock of its bytes"),
     "gpc": (Assumptions.gpc_share, "share of the SMs that clusters of 4 or more blocks fill at once"),
-    "c_rate": (Assumptions.c_rate, "bytes per clock one SM's epilogue moves to or from C"),
     "latency": (Assumptions.latency, "clocks of a loader warpgroup's global load (register-fed wgmma)"),
     "l2": (Assumptions.l2, "bytes per clock L2 delivers to each SM when all load"),
     "granule": (Assumptions.granule, "bytes L2 moves as one piece"),
+    "sync": (Assumptions.sync, "clocks of each K step's hand-over between producers and consumers"),
     "sms": (0, "SMs of the GPU; 0: the evaluator's (the device's, or the recording's)"),
 }
+
+
+# options that set the cost model's assumptions (costmodel.Assumptions), by field
+ASSUMED = {"multicast": "multicast", "direct": "direct", "gpc": "gpc_share",
+           "latency": "latency", "l2": "l2", "granule": "granule", "sync": "sync"}
 
 
 def tune(space, evaluate, options):
@@ -47,10 +52,7 @@ def tune(space, evaluate, options):
     if shape is None:
         raise ValueError("the model strategy derives its features at the problem size: "
                          "evaluate.shape must be set (gemmgen.tuning.tune and .replay set it)")
-    table = Table(space, shape, sms, Assumptions(float(options["multicast"]), float(options["direct"]),
-                                                float(options["gpc"]), float(options["c_rate"]),
-                                                float(options["latency"]), float(options["l2"]),
-                                                int(options["granule"])))
+    table = Table(space, shape, sms, Assumptions(**{name: options[option] for option, name in ASSUMED.items()}))
     model = Model(table)
     total = len(table.points)
     batch = options["batch"] or max(4, min(16, total // 25))
