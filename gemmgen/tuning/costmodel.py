@@ -5,8 +5,16 @@ on its speed: how much of the C tiles' work is padding, how evenly the tiles (ti
 the SMs, the blocks and warps resident per SM, flops per byte of global and shared memory traffic,
 the shared-memory bank conflicts that explain/analysis.py predicts, the K steps each block runs, stages,
 vector widths the shape lets the kernel use, and so on. `prior` folds them into one estimate (log
-of a relative throughput): a roofline over the time of one block's K step (math, global loads,
-shared-memory wavefronts) plus each block's fixed cost, spread over the SMs in whole tiles.
+of a relative throughput): a roofline over the time of one block's K step (math, L2 reads,
+shared-memory wavefronts, a register-fed loader's latency) plus each block's fixed cost, spread
+over the SMs in whole tiles; and what decides the Hopper settings (issue 28), each from the Plan's
+parts: the waves of persistent, ping-pong and stream-K walks (launch and pipeline fill paid once
+per block, stream-K's dealt K tiles), clusters (whole clusters on the SMs of a GPC; multicast
+cutting the shared operand's L2 reads), the epilogue's traffic (C and beta's read of it from
+registers, a staged or TMA store's pass through shared memory, a TMA store's writes running under
+a walk's next tile, ping-pong's other consumer multiplying while one stores), and rows not aligned
+to L2's pieces. What no data sheet settles is an `Assumptions` field, chosen on recordings
+leave-one-out.
 
 `Model` is Bayesian linear regression of log TFLOP/s on those features and on the one-hot values
 of each searched setting, around the prior: with nothing measured it ranks by the prior, and each

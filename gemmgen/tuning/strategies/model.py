@@ -6,6 +6,9 @@ regression, how the measurements differ from it. Points are ranked by an upper c
 mean + explore x standard deviation of the predicted log TFLOP/s. A batch is filled one point at a
 time, and after each pick the model's uncertainty is updated as if that point had been measured,
 so a batch spreads over points the model knows little about instead of piling onto near-copies.
+The first `lead` picks of the first batch follow the estimate alone: before anything is measured
+the uncertainty only says which points are unusual, and in a space of 20 to 40 points the first
+two to four evaluations are all a tuner may spend.
 
 Once something is measured, a share of each batch (`local`) is taken among the neighbours of the
 fastest points so far (one setting changed), still in the model's order: fast kernels sit close
