@@ -66,7 +66,7 @@ class Assumptions:
     gpc_share: float = 0.91  # share of the SMs that clusters of 4 or more blocks can fill at once
     latency: float = 1000.0  # clocks from a loader thread's global load to its data (under load)
     l2: float = 48.0  # bytes per clock L2 delivers to each SM when all load
-    sync: float = 128.0       # clocks of each K step's hand-over between producers and consumers
+    sync: float = 128.0      # clocks of a warpgroup kernel's hand-over of each K step
     granule: int = 64        # bytes L2 moves as one piece for TMA (a row not aligned to it costs one more)
 
 
@@ -230,8 +230,10 @@ def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumption
     parts = (math_clocks, global_clocks, shared_clocks, loader_clocks)
     # Loads overlap the math where the pipeline lets them: more so with cp.async and more stages.
     overlap = 1 - 1 / (plan.stages + (1 if plan.async_copy else 0))
-    # ... and each K step pays its hand-over (barriers, a wgmma batch's issue and wait) in full
-    step = max(parts) + (1 - overlap) * (sum(parts) - max(parts)) + assume.sync
+    # ... and each K step of a warpgroup kernel pays its hand-over in full: the stage's barrier
+    # wait, a wgmma batch's issue and its wait, the release of the stage
+    sync = assume.sync if plan.consumers else 0.0
+    step = max(parts) + (1 - overlap) * (sum(parts) - max(parts)) + sync
     epilogue = epilogue_clocks(plan, assume)
     if split > 1:
         epilogue = 4 * BM * BN * ATOMIC_COST / GLOBAL_BYTES_PER_CLOCK
