@@ -194,10 +194,12 @@ def test_multicast_halves_the_shared_operands_l2_reads_and_unaligned_rows_cost_m
     # 2 x 1: the two blocks along M share B's 256 x 32 tile, each reading half of it
     assert l2_bytes(alone, shape) == 4 * (128 + 256) * 32
     assert l2_bytes(pair, shape) == 4 * (128 + 128) * 32
-    # a row of 4092 floats is 16 bytes off 64: a 128-byte K row of a TMA box takes 2 or 3 pieces
+    # a row of 4092 floats is 16 bytes off 32 (and 64): every other 128-byte K row of a TMA box
+    # takes 5 sectors, not 4 (3 pieces of 64 bytes, not 2, for three rows in four)
+    assert granules(128, 4 * 4092, 32) == pytest.approx((4 + 5) / 2 / 4)
     assert granules(128, 4 * 4092, 64) == pytest.approx((2 + 3 + 3 + 3) / 4 / 2)
-    assert granules(128, 4 * 4096, 64) == 1.0
-    assert l2_bytes(alone, Case(4092, 4092, 4092)) == pytest.approx(1.375 * l2_bytes(alone, shape))
+    assert granules(128, 4 * 4096, 64) == granules(128, 4 * 4096, 32) == 1.0
+    assert l2_bytes(alone, Case(4092, 4092, 4092)) == pytest.approx(1.125 * l2_bytes(alone, shape))
     assert features(alone, Case(4092, 4092, 4092), 132).prior < features(alone, shape, 132).prior
 
 

@@ -67,7 +67,7 @@ class Assumptions:
     latency: float = 1000.0  # clocks from a loader thread's global load to its data (under load)
     l2: float = 48.0  # bytes per clock L2 delivers to each SM when all load
     sync: float = 128.0      # clocks of a warpgroup kernel's hand-over of each K step
-    granule: int = 64        # bytes L2 moves as one piece for TMA (a row not aligned to it costs one more)
+    granule: int = 32        # bytes L2 moves as one piece for TMA (a row not aligned to it costs one more)
 
 
 def granules(run: int, stride: int, granule: int) -> float:
