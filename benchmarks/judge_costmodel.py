@@ -9,9 +9,13 @@ all the others (gemmgen.tuning.replay.leave_one_out); with none, each is replaye
 defaults.
 
     python benchmarks/judge_costmodel.py [--seeds 20] [--jobs 2] [--choose explore=0.5,1,2] [--json out.json]
+    python benchmarks/judge_costmodel.py --table out.json     # the Markdown table of a --json run
 
 Run from a checkout's root; prints one line per recording: the options chosen without it, the
-model's median (worst) evaluations to within 3% / 1%, and random_sample's.
+model's median (worst) evaluations to within 3% / 1%, and random_sample's; then the bar of issue
+28 as a Markdown table: per recording, the budget max(2, 10% of the valid points), the model's
+median evaluations to within 3% and random_sample's, and whether the model met it (within the
+budget, and fewer evaluations than random_sample's or 1).
 """
 
 from __future__ import annotations
@@ -97,13 +101,36 @@ def cell(outcome) -> str:
     return " / ".join(f"{outcome.median(w)} ({outcome.worst(w)})" for w in THRESHOLDS)
 
 
+def bar_table(rows: list[dict]) -> str:
+    """The replay bar per recording of a --json run, as Markdown, with the count of those met."""
+    lines = ["| recording | valid points | budget | `model` median evals to 3% (worst) | "
+             "random_sample median | met |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+    met_count = 0
+    for row in rows:
+        label, valid = re.fullmatch(r"(.*) \((\d+)\)", row["recording"]).groups()
+        valid = int(valid)
+        budget = max(2, 0.1 * valid)
+        (mine, worst), (theirs, _) = row["model"][0], row["random_sample"][0]
+        met = mine is not None and mine <= budget and (theirs is None or mine < theirs or mine == 1)
+        met_count += met
+        show = lambda v: "never" if v is None else f"{v:g}"  # noqa: E731
+        lines.append(f"| {label} | {valid} | {budget:g} | {show(mine)} ({show(worst)}) | {show(theirs)} | "
+                     f"{'yes' if met else '**no**'} |")
+    lines.append(f"\nMet on {met_count} of {len(rows)} recordings.")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--choose", action="append", default=[], metavar="NAME=V1,V2")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--table", type=Path, help="print the bar table of an earlier --json run and stop")
     args = parser.parse_args()
+    if args.table:
+        print(bar_table(json.loads(args.table.read_text())), end="")
+        return
     recs = recordings()
     folds = leave_one_out("model", recs, choices(args.choose), args.seeds, args.jobs)
     rows = []
@@ -118,6 +145,7 @@ def main() -> None:
                      "random_sample": [[base.median(w), base.worst(w)] for w in THRESHOLDS]})
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    print(bar_table(rows), end="")
 
 
 if __name__ == "__main__":

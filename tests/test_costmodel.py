@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from gemmgen.tuning import strategies
-from gemmgen.tuning.costmodel import Model, Table, features, running_plan
+from gemmgen.tuning.costmodel import (Assumptions, Model, Table, cluster_slots, epilogue_clocks, features,
+                                     granules, l2_bytes, running_plan)
 from gemmgen.plan import make_plan
 from gemmgen.plan.space import expand
 from gemmgen.language.load import load_one, parse
@@ -139,3 +140,89 @@ def test_model_strategy_finds_the_best_when_the_prior_has_it_backwards(refine, s
     assert len(set(evaluate.order)) == len(evaluate.order) <= int(0.3 * refine.valid)
     assert set(evaluate.order) <= set(refine.valid_points)
     assert max(score[p] for p in evaluate.order) >= 0.97 * best
+
+
+# --- the settings of issue 28: schedules, clusters, epilogues, loaders, L2 ------------------------
+
+FRONTIER = ("kernel f { target sm_90a; layout A row, B col, C row; block 128 x %d x 32; math tf32; "
+            "stages 4 tma; raster group 8; %s }")
+
+
+def test_clusters_of_four_fill_fewer_sms_than_pairs():
+    """A cluster's blocks share a GPC: pairs fill every SM, clusters of four leave some idle, so
+    the 32 clusters of 128 x 256 tiles at 2048^3 take two waves (measured: 0.53 of 2 x 1)."""
+    assert cluster_slots(2, 132) == 66 and cluster_slots(1, 132) == 132
+    assert cluster_slots(4, 132) < 132 // 4
+    shape = Case(2048, 2048, 2048)
+    pair, four = (features(_plan(FRONTIER % (256, f"cluster 2 x {n}")), shape, 132) for n in (1, 2))
+    assert math.exp(pair.as_dict()["log blocks per SM"]) == 1
+    assert math.exp(four.as_dict()["log blocks per SM"]) == 2
+    assert four.prior < pair.prior - math.log(1.5)
+
+
+def test_a_scheduled_block_pays_its_fill_once_and_pingpong_hides_its_epilogue():
+    """At short K the epilogue is a large share of a tile: a persistent walk saves the fill per
+    tile, and ping-pong's other consumer multiplies while one stores."""
+    shape = Case(8192, 8192, 256)
+    data_parallel, persistent, pingpong = (
+        features(_plan(FRONTIER % (128, s)), shape, 132).prior
+        for s in ("", "schedule persistent", "schedule pingpong"))
+    assert data_parallel < persistent < pingpong
+    # at long K the same 64 tiles per SM cost about the same whichever walks them
+    long_k = Case(8192, 8192, 8192)
+    assert features(_plan(FRONTIER % (128, "schedule pingpong")), long_k, 132).prior == pytest.approx(
+        features(_plan(FRONTIER % (128, "")), long_k, 132).prior, abs=0.1)
+
+
+def test_a_tma_store_runs_under_the_next_tile_only_in_a_walk():
+    staged = _plan(FRONTIER % (256, "epilogue alpha beta staged"))
+    direct = _plan(FRONTIER % (256, "epilogue alpha beta"))
+    walked = _plan(FRONTIER % (256, "schedule persistent; epilogue alpha beta staged"))
+    assert staged.tma_store and walked.scheduled
+    area = 128 * 256
+    # a direct store of C and beta's read of it from registers, at half the L2 rate
+    assert epilogue_clocks(direct) == pytest.approx(2 * 2 * 4 * area / 64)
+    # staged: the pass through shared memory and beta's read; the writes only where the block ends
+    assert epilogue_clocks(walked) == pytest.approx(8 * area / 128 + 4 * area / 64)
+    assert epilogue_clocks(staged) == pytest.approx(epilogue_clocks(walked) + 4 * area / 64)
+    assert epilogue_clocks(walked) < epilogue_clocks(staged) < epilogue_clocks(direct)
+
+
+def test_multicast_halves_the_shared_operands_l2_reads_and_unaligned_rows_cost_more_pieces():
+    shape = Case(4096, 4096, 4096)
+    alone, pair = (_plan(FRONTIER % (256, c)) for c in ("", "cluster 2 x 1"))
+    # 2 x 1: the two blocks along M share B's 256 x 32 tile, each reading half of it
+    assert l2_bytes(alone, shape) == 4 * (128 + 256) * 32
+    assert l2_bytes(pair, shape) == 4 * (128 + 128) * 32
+    # a row of 4092 floats is 16 bytes off 32 (and 64): every other 128-byte K row of a TMA box
+    # takes 5 sectors, not 4 (3 pieces of 64 bytes, not 2, for three rows in four)
+    assert granules(128, 4 * 4092, 32) == pytest.approx((4 + 5) / 2 / 4)
+    assert granules(128, 4 * 4092, 64) == pytest.approx((2 + 3 + 3 + 3) / 4 / 2)
+    assert granules(128, 4 * 4096, 64) == granules(128, 4 * 4096, 32) == 1.0
+    assert l2_bytes(alone, Case(4092, 4092, 4092)) == pytest.approx(1.125 * l2_bytes(alone, shape))
+    assert features(alone, Case(4092, 4092, 4092), 132).prior < features(alone, shape, 132).prior
+
+
+def test_loaders_with_fewer_tiles_in_flight_rank_lower_where_tma_cannot_load():
+    """At 2047^3 the TMA members run their fallback (64 x 128, two loader warpgroups two K tiles
+    deep); a 128 x 128 register-fed kernel with one loader one tile deep measured 0.84 of it."""
+    shape = Case(2047, 2047, 2047)
+    tma = _plan((FRONTIER % (128, "")).replace("block 128", "block 64"))
+    wide = _plan((FRONTIER % (128, "")).replace("stages 4 tma", "stages 4 async"))
+    fallback, _ = running_plan(tma, shape)
+    assert (fallback.loaders, fallback.loader_depth) == (2, 2)
+    assert (wide.loaders, wide.loader_depth) == (1, 1)
+    # the latency of the loads in flight costs the one-loader kernel far more than the fallback
+    instant = Assumptions(latency=0.0)
+    drop = {name: features(p, shape, 132, instant).prior - features(p, shape, 132).prior
+            for name, p in (("wide", wide), ("fallback", tma))}
+    assert drop["wide"] > math.log(1.2) and drop["fallback"] < 0.5 * drop["wide"]
+
+
+def test_assumptions_are_options_of_the_model_strategy():
+    from gemmgen.tuning.strategies import model
+    defaults = strategies.options_with_defaults(model, {})
+    assert Assumptions(**{field: defaults[option] for option, field in model.ASSUMED.items()}) == Assumptions()
+    wider = Assumptions(l2=96.0)
+    plan = _plan(FRONTIER % (128, ""))
+    assert features(plan, Case(4096, 4096, 4096), 132, wider).prior > features(plan, Case(4096, 4096, 4096), 132).prior

@@ -5,8 +5,16 @@ on its speed: how much of the C tiles' work is padding, how evenly the tiles (ti
 the SMs, the blocks and warps resident per SM, flops per byte of global and shared memory traffic,
 the shared-memory bank conflicts that explain/analysis.py predicts, the K steps each block runs, stages,
 vector widths the shape lets the kernel use, and so on. `prior` folds them into one estimate (log
-of a relative throughput): a roofline over the time of one block's K step (math, global loads,
-shared-memory wavefronts) plus each block's fixed cost, spread over the SMs in whole tiles.
+of a relative throughput): a roofline over the time of one block's K step (math, L2 reads,
+shared-memory wavefronts, a register-fed loader's latency) plus each block's fixed cost, spread
+over the SMs in whole tiles; and what decides the Hopper settings (issue 28), each from the Plan's
+parts: the waves of persistent, ping-pong and stream-K walks (launch and pipeline fill paid once
+per block, stream-K's dealt K tiles), clusters (whole clusters on the SMs of a GPC; multicast
+cutting the shared operand's L2 reads), the epilogue's traffic (C and beta's read of it from
+registers, a staged or TMA store's pass through shared memory, a TMA store's writes running under
+a walk's next tile, ping-pong's other consumer multiplying while one stores), and rows not aligned
+to L2's pieces. What no data sheet settles is an `Assumptions` field, chosen on recordings
+leave-one-out.
 
 `Model` is Bayesian linear regression of log TFLOP/s on those features and on the one-hot values
 of each searched setting, around the prior: with nothing measured it ranks by the prior, and each
@@ -32,6 +40,7 @@ from ..plan import WARP, Plan
 from ..plan.schedule import deal
 
 GLOBAL_BYTES_PER_CLOCK = 64      # L2 -> one SM, a round figure for Hopper-class GPUs
+SECTOR_BYTES = 32               # what L2 moves for a thread's load, at least
 SHARED_BYTES_PER_CLOCK = 128     # 32 banks x 4 bytes per SM per clock
 BLOCK_OVERHEAD_CLOCKS = 2000     # launch, prologue and pipeline fill of one block
 ATOMIC_COST = 4                  # an atomicAdd of C (split K) against a plain store
@@ -43,6 +52,68 @@ SPLIT_PASS_CLOCKS = 12000
 # FFMA issues from each of an SM's 4 schedulers every clock only with about 2 warps on each to
 # cover its latency: fewer resident warps leave issue slots empty.
 SIMT_WARPS_TO_ISSUE = 8
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What the estimate assumes where no data sheet settles it. Each is an option of the model
+    strategy (strategies/model.py ASSUMED), so that benchmarks/judge_costmodel.py --choose can
+    choose it leave-one-recording-out (tuning/replay.py leave_one_out): each recording judged
+    with the values that did best on all the others. The defaults are its choices."""
+
+    multicast: float = 1.0   # share of a cluster's multicast saving credited to L2's reads
+    direct: float = 2.0      # clocks of a direct store of C from registers, per clock of its bytes
+    gpc_share: float = 0.91  # share of the SMs that clusters of 4 or more blocks can fill at once
+    latency: float = 1000.0  # clocks from a loader thread's global load to its data (under load)
+    l2: float = 48.0  # bytes per clock L2 delivers to each SM when all load
+    sync: float = 128.0      # clocks of a warpgroup kernel's hand-over of each K step
+    granule: int = 32        # bytes L2 moves as one piece for TMA (a row not aligned to it costs one more)
+
+
+def granules(run: int, stride: int, granule: int) -> float:
+    """Pieces of `granule` bytes a run of `run` bytes takes, averaged over rows `stride` bytes
+    apart, over the pieces an aligned run takes (1: every row aligned)."""
+    step = math.gcd(int(stride), int(granule))
+    touched = [math.ceil((offset + run) / granule) for offset in range(0, int(granule), step)]
+    return sum(touched) / len(touched) / math.ceil(run / granule)
+
+
+def l2_bytes(plan: Plan, shape: Case, assume: Assumptions = Assumptions()) -> float:
+    """Bytes one block reads from L2 per K tile: its A and B tiles, less `assume.multicast` of what
+    its cluster's multicast saves (A is shared along N, B along M), and the pieces L2 moves in
+    whole where rows of the operand's contiguous runs are not aligned to them."""
+    lds = _tight_lds(shape, plan)
+    a_run = plan.BK if plan.spec["layout.A"] == "row" else plan.BM
+    b_run = plan.BN if plan.spec["layout.B"] == "row" else plan.BK
+    a = 4 * plan.BM * plan.BK * (1 - assume.multicast * (1 - 1 / plan.cluster_n))
+    b = 4 * plan.BN * plan.BK * (1 - assume.multicast * (1 - 1 / plan.cluster_m))
+    granule = assume.granule if plan.tma else SECTOR_BYTES  # threads' loads move whole sectors
+    return (a * granules(4 * a_run, 4 * lds["A"], granule)
+            + b * granules(4 * b_run, 4 * lds["B"], granule))
+
+
+def cluster_slots(size: int, sms: int, assume: Assumptions = Assumptions()) -> int:
+    """Clusters of `size` blocks (one per SM) that run at once: a cluster's blocks share one GPC,
+    and SMs come in pairs (TPCs), so pairs fill every SM; larger clusters leave the SMs of a GPC
+    that do not make a whole cluster idle, `assume.gpc_share` of the SMs being usable."""
+    if size <= 2:
+        return max(1, sms // size)
+    return max(1, math.floor(sms / size * assume.gpc_share))
+
+
+def epilogue_clocks(plan: Plan, assume: Assumptions = Assumptions()) -> float:
+    """Clocks the epilogue of one C tile keeps its block from multiplying: C written (and read,
+    with beta) from registers; a staged store's pass through shared memory; a TMA store's global
+    writes run on under a scheduled block's next tile (they are exposed only where the block ends)."""
+    area = plan.BM * plan.BN
+    write = 4 * area / GLOBAL_BYTES_PER_CLOCK
+    read = write if plan.beta else 0.0
+    through_shared = 8 * area / SHARED_BYTES_PER_CLOCK
+    if plan.tma_store:
+        return through_shared + read + (0.0 if plan.scheduled else write)
+    if plan.staged:
+        return through_shared + read + write
+    return assume.direct * (write + read)
 
 
 @dataclass(frozen=True)
@@ -109,7 +180,7 @@ def blocks_per_sm(plan: Plan) -> int:
     return max(1, min(fits, max(by_registers, plan.occupancy)))
 
 
-def features(plan: Plan, shape: Case, sms: int) -> Features:
+def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumptions()) -> Features:
     """The cost model's numbers for one point at one shape, on a GPU of `sms` SMs."""
     plan, vectors = running_plan(plan, shape)
     M, N, K = shape.M, shape.N, shape.K
@@ -120,12 +191,18 @@ def features(plan: Plan, shape: Case, sms: int) -> Features:
     padding = (M * N * K) / (tiles_m * BM * tiles_n * BN * k_steps * BK * split)
     per_sm = math.ceil(blocks / sms)
     fill = blocks / (sms * per_sm)
+    size = plan.cluster_blocks
+    slots = cluster_slots(size, sms, assume)
+    if size > 1:  # whole clusters, as many at once as fit the GPCs
+        per_sm = math.ceil(blocks / size / slots)
+        fill = blocks / (sms * per_sm)
     occupancy = blocks_per_sm(plan)
     resident = min(occupancy, per_sm)
     warps = resident * plan.warps
 
     flops = 2 * BM * BN * BK
-    global_bytes = plan.block_load_bytes
+    # a cluster's multicast saves L2's reads; how much of that each SM's intake gains is assumed
+    global_bytes = l2_bytes(plan, shape, assume)
     tensor_rate = plan.mainloop.tensor_flops_per_clock  # TF32 per SM, or 0 for FFMA
     if not tensor_rate:
         peak = 2 * plan.arch.fp32_lanes_per_sm
@@ -146,23 +223,45 @@ def features(plan: Plan, shape: Case, sms: int) -> Features:
     math_clocks = flops / peak
     if not tensor_rate:
         math_clocks /= min(1.0, warps / SIMT_WARPS_TO_ISSUE)
-    global_clocks = global_bytes / GLOBAL_BYTES_PER_CLOCK
-    parts = (math_clocks, global_clocks, shared_clocks)
+    global_clocks = global_bytes / assume.l2
+    # Loader warpgroups (wgmma fed through registers) hold loaders x loader_depth K tiles in
+    # flight: a K step takes at least a load's latency shared among them.
+    loader_clocks = assume.latency / (plan.loaders * plan.loader_depth) if plan.loaders else 0.0
+    parts = (math_clocks, global_clocks, shared_clocks, loader_clocks)
     # Loads overlap the math where the pipeline lets them: more so with cp.async and more stages.
     overlap = 1 - 1 / (plan.stages + (1 if plan.async_copy else 0))
-    step = max(parts) + (1 - overlap) * (sum(parts) - max(parts))
-    epilogue = 4 * BM * BN * (ATOMIC_COST if split > 1 else 1) / GLOBAL_BYTES_PER_CLOCK
-    block_clocks = k_steps * step + epilogue + BLOCK_OVERHEAD_CLOCKS
-    # The busiest SM runs per_sm blocks, `resident` at a time sharing its pipes; resident
-    # blocks hide each other's fixed costs but not their math.
-    sm_clocks = per_sm * (k_steps * step + (epilogue + BLOCK_OVERHEAD_CLOCKS) / resident)
+    # ... and each K step of a warpgroup kernel pays its hand-over in full: the stage's barrier
+    # wait, a wgmma batch's issue and its wait, the release of the stage
+    sync = assume.sync if plan.consumers else 0.0
+    step = max(parts) + (1 - overlap) * (sum(parts) - max(parts)) + sync
+    epilogue = epilogue_clocks(plan, assume)
+    if split > 1:
+        epilogue = 4 * BM * BN * ATOMIC_COST / GLOBAL_BYTES_PER_CLOCK
+    mainloop = k_steps * step
+    block_clocks = mainloop + epilogue + BLOCK_OVERHEAD_CLOCKS
     if plan.schedule == "stream-k":
         # K tiles dealt evenly (plan/schedule.py): the busiest block's K tiles, an epilogue per tile
-        # it finishes, and a shared tile's partial sums read back one piece after another.
+        # it finishes, and a shared tile's partial sums read back one piece after another; the
+        # block's launch and pipeline fill paid once.
         dealt = deal(plan, M, N, K, sms)
-        per_sm, fill = math.ceil(dealt.tiles / dealt.blocks), dealt.balance
-        sm_clocks = (dealt.most_k_tiles * step + per_sm * (epilogue + BLOCK_OVERHEAD_CLOCKS)
+        per_sm, fill = math.ceil(dealt.tiles / max(dealt.blocks, 1)), dealt.balance * dealt.blocks / sms
+        sm_clocks = (dealt.most_k_tiles * step + per_sm * epilogue + BLOCK_OVERHEAD_CLOCKS
                      + (dealt.most_pieces - 1) * 8 * BM * BN / GLOBAL_BYTES_PER_CLOCK)
+    elif plan.scheduled:
+        # Persistent blocks (whole clusters) walk the tiles; the producer runs on into the next
+        # tile while the consumers store the last, so launch and pipeline fill are paid once.
+        # Ping-pong's consumers take tiles in turn: one's epilogue hides under the other's MMAs.
+        blocks_launched = plan.launch_blocks(M, N, K, sms)
+        units = plan.cluster_grid(M, N) // size
+        clusters = max(1, min(blocks_launched // size, slots))
+        per_sm = math.ceil(units / clusters)
+        fill = units / (clusters * per_sm * sms) * clusters * size
+        tile = max(mainloop, epilogue) if plan.pingpong else mainloop + epilogue
+        sm_clocks = per_sm * tile + BLOCK_OVERHEAD_CLOCKS
+    else:
+        # The busiest SM runs per_sm blocks, `resident` at a time sharing its pipes; resident
+        # blocks hide each other's fixed costs but not their math.
+        sm_clocks = per_sm * (mainloop + (epilogue + BLOCK_OVERHEAD_CLOCKS) / resident)
     if split > 1:
         sm_clocks += SPLIT_PASS_CLOCKS + 8 * M * N / (DRAM_BYTES_PER_CLOCK * sms)
     useful = 2.0 * M * N * K / sms
@@ -198,10 +297,10 @@ class Table:
     """Features of every point of a space at one shape: rows in `space.valid_points` order,
     each column standardised, then the one-hot value of each searched setting."""
 
-    def __init__(self, space, shape: Case, sms: int):
+    def __init__(self, space, shape: Case, sms: int, assume: Assumptions = Assumptions()):
         self.points = space.valid_points
         self.index = {p: i for i, p in enumerate(self.points)}
-        rows = [features(space.plan_at[p], shape, sms) for p in self.points]
+        rows = [features(space.plan_at[p], shape, sms, assume) for p in self.points]
         self.names = list(rows[0].names) if rows else []
         raw = np.array([r.values for r in rows], dtype=float).reshape(len(rows), len(self.names))
         self.prior = np.array([r.prior for r in rows])

@@ -6,6 +6,9 @@ regression, how the measurements differ from it. Points are ranked by an upper c
 mean + explore x standard deviation of the predicted log TFLOP/s. A batch is filled one point at a
 time, and after each pick the model's uncertainty is updated as if that point had been measured,
 so a batch spreads over points the model knows little about instead of piling onto near-copies.
+The first `lead` picks of the first batch follow the estimate alone: before anything is measured
+the uncertainty only says which points are unusual, and in a space of 20 to 40 points the first
+two to four evaluations are all a tuner may spend.
 
 Once something is measured, a share of each batch (`local`) is taken among the neighbours of the
 fastest points so far (one setting changed), still in the model's order: fast kernels sit close
@@ -19,17 +22,30 @@ import random
 
 import numpy as np
 
-from ..costmodel import Model, Table
+from ..costmodel import Assumptions, Model, Table
 
 OPTIONS = {
     "seed": (0, "random seed (random picks, ties)"),
     "batch": (0, "points per batch; 0: the valid points / 25, between 4 and 16"),
     "explore": (1.0, "weight of the model's standard deviation in the ranking"),
+    "lead": (2, "picks of the first batch taken by the estimate alone (no uncertainty bonus)"),
     "local": (0.5, "share of each batch taken among neighbours of the fastest points"),
     "parents": (3, "fastest points whose neighbours are searched"),
     "random": (0.1, "share of each batch drawn at random from the unmeasured points"),
+    "multicast": (Assumptions.multicast, "share of a cluster's multicast saving credited to L2's reads"),
+    "direct": (Assumptions.direct, "clocks of a direct store of C per clock of its bytes"),
+    "gpc": (Assumptions.gpc_share, "share of the SMs that clusters of 4 or more blocks fill at once"),
+    "latency": (Assumptions.latency, "clocks of a loader warpgroup's global load (register-fed wgmma)"),
+    "l2": (Assumptions.l2, "bytes per clock L2 delivers to each SM when all load"),
+    "granule": (Assumptions.granule, "bytes L2 moves as one piece"),
+    "sync": (Assumptions.sync, "clocks of each K step's hand-over between producers and consumers"),
     "sms": (0, "SMs of the GPU; 0: the evaluator's (the device's, or the recording's)"),
 }
+
+
+# options that set the cost model's assumptions (costmodel.Assumptions), by field
+ASSUMED = {"multicast": "multicast", "direct": "direct", "gpc": "gpc_share",
+           "latency": "latency", "l2": "l2", "granule": "granule", "sync": "sync"}
 
 
 def tune(space, evaluate, options):
@@ -39,7 +55,7 @@ def tune(space, evaluate, options):
     if shape is None:
         raise ValueError("the model strategy derives its features at the problem size: "
                          "evaluate.shape must be set (gemmgen.tuning.tune and .replay set it)")
-    table = Table(space, shape, sms)
+    table = Table(space, shape, sms, Assumptions(**{name: options[option] for option, name in ASSUMED.items()}))
     model = Model(table)
     total = len(table.points)
     batch = options["batch"] or max(4, min(16, total // 25))
@@ -50,7 +66,8 @@ def tune(space, evaluate, options):
     while len(measured) < total:
         mean, std = model.predict()
         near = _neighbours(grid, measured, options["parents"])
-        picks = _pick(model, mean + jitter, std, measured, near, batch, options, rng)
+        lead = 0 if measured else int(options["lead"])
+        picks = _pick(model, mean + jitter, std, measured, near, batch, lead, options, rng)
         scores = evaluate([table.points[i] for i in picks])
         measured.update(zip(picks, scores))
         working = [s for s in measured.values() if s > 0]
@@ -69,7 +86,7 @@ def _neighbours(grid, measured, parents):
     return near
 
 
-def _pick(model, mean, std, measured, near, batch, options, rng):
+def _pick(model, mean, std, measured, near, batch, lead, options, rng):
     """Up to `batch` unmeasured rows by upper confidence bound, the local share among `near`, the
     uncertainty updated after each pick as if it had been measured; then the random share."""
     X = model.table.X
@@ -85,7 +102,8 @@ def _pick(model, mean, std, measured, near, batch, options, rng):
     local = near[open_rows]
     for slot in range(size - randoms):
         allowed = alive & local if slot < locals_ and (alive & local).any() else alive
-        ucb = np.where(allowed, mean[open_rows] + options["explore"] * np.sqrt(np.maximum(var, 0)), -np.inf)
+        explore = 0.0 if slot < lead else options["explore"]
+        ucb = np.where(allowed, mean[open_rows] + explore * np.sqrt(np.maximum(var, 0)), -np.inf)
         j = int(np.argmax(ucb))
         picks.append(int(open_rows[j]))
         alive[j] = False
