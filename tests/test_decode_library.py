@@ -18,7 +18,7 @@ from gemmgen.language.load import load_one
 from gemmgen.library.manifest import build_manifest
 from gemmgen.library.model import kernel_key, member_shape
 from gemmgen.library.resolve import load_libraries
-from gemmgen.library.selection import DECODE_ROWS, MemberShape, choose, features, predict, serves
+from gemmgen.library.selection import DECODE_ROWS, DECODE_ROWS_PER_READ, MemberShape, choose, features, predict, serves
 from gemmgen.library.tune import tune_library
 from gemmgen.plan import make_plan
 from library_fake import FakeGpu
@@ -88,9 +88,15 @@ def test_the_c_choice_is_pythons_and_never_decode_past_16(decode_library, tmp_pa
 def test_its_model_counts_the_bytes_it_reads():
     member = MemberShape(16, 8, 512, 1, 2, decode=True)
     f = features(member, 1, 4096, 4096, 132)
-    assert f[0] == 1.0 and f[4] == 0.0
     blocks = 4096 // 8
-    assert f[2] == math.ceil(blocks / (132 * 2))
+    waves = math.ceil(blocks / (132 * 2))
+    assert f[0] == 1.0 and f[2] == waves
+    # K tiles, each costing more with the rows multiplied; the busiest slot's multiply-adds
+    assert f[1] == pytest.approx(waves * (4096 // 512) * (1 + 1 / DECODE_ROWS_PER_READ))
+    assert f[4] == pytest.approx(waves * 8 * 4096 * 1 / 1e9)
+    sixteen = features(member, 16, 4096, 4096, 132)
+    assert sixteen[1] / f[1] == pytest.approx((1 + 16 / DECODE_ROWS_PER_READ) / (1 + 1 / DECODE_ROWS_PER_READ))
+    assert sixteen[4] == pytest.approx(16 * f[4])
     assert f[3] == pytest.approx(4 * 4096 * (4096 + blocks * 1) / 1e9)  # B once, A's row per block
     assert features(member, 4096, 1, 4096, 132) == f                    # the mirror reads the same
     # 32 rows: two passes over the big operand

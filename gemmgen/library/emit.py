@@ -18,7 +18,7 @@ from ..outputs import marker_line
 from ..plan import Plan, make_plan
 from ..plan.space import describe, point_key
 from .manifest import Manifest
-from .selection import BANDWIDTH, DECODE_ROWS, PRIOR
+from .selection import BANDWIDTH, DECODE_ROWS, DECODE_ROWS_PER_READ, PRIOR
 
 
 
@@ -51,7 +51,7 @@ def library_source(manifest: Manifest, origin: str, source_lines: list[str]) -> 
         name_width=max(len(m.name) for m in members), stream_k=any(m.stream_k for m in members),
         clusters=any(tuple(m.cluster) != (1, 1) for m in members),
         decode_template="library_decode.cuh.j2" if any(m.decode for m in members) else "library_plain.cuh.j2",
-        decode_rows=DECODE_ROWS,
+        decode_rows=DECODE_ROWS, decode_rows_per_read=DECODE_ROWS_PER_READ,
         loo_median=manifest.leave_one_out.median, loo_worst=manifest.leave_one_out.worst,
         cc=f"{cc[0]}.{cc[1]}", cc_major=cc[0], cc_minor=cc[1], portable=portable,
         portable_name=members[portable].name, prior=repr(PRIOR), bandwidth=repr(BANDWIDTH),

@@ -75,6 +75,10 @@ class MemberShape:
 # The decode member serves calls whose smaller dimension is at most this (more would re-read the big
 # operand once per DECODE_ROWS rows): elsewhere its prediction is infinite and it is never timed.
 DECODE_ROWS = 16
+# Rows of the small operand whose reads from shared memory take as long as reading the big operand
+# from HBM, per float of it: 4 bytes at an H100 SM's share of HBM (about 12.8 B/clk) against 4 bytes
+# a row at shared memory's 128 B/clk. A decode K tile's cost grows as 1 + rows / this.
+DECODE_ROWS_PER_READ = 10
 
 
 def serves(member: MemberShape, M: int, N: int) -> bool:
@@ -84,14 +88,19 @@ def serves(member: MemberShape, M: int, N: int) -> bool:
 
 def decode_features(member: MemberShape, M: int, N: int, K: int, sm_count: int, batch: int = 1) -> list[float]:
     """The decode member's terms: launch; its blocks' waves x K tiles (each a sync and a refill of the
-    small operand); waves; the bytes of the big operand (read once per pass of BM rows) and of the
-    small one (every block reads its batch's), in GB; no split pass."""
+    small operand, and the tile's reads of the big operand and of `rows` rows of the small one from
+    shared memory: 1 + rows / DECODE_ROWS_PER_READ); waves; the bytes of the big operand (read once per pass of BM rows) and of the
+    small one (every block reads its batch's), in GB; and, in the place of the split pass it has
+    none of, its busiest block slot's multiply-adds (waves x BN columns x K x rows, in G): at 16 rows
+    a float of the big operand costs 16 of them and the kernel is no longer bound by reading it."""
     rows, cols = min(M, N), max(M, N)
     blocks = batch * _ceil_div(cols, member.BN)
     passes = _ceil_div(rows, member.BM)
     waves = _ceil_div(blocks, max(1, sm_count * member.slots_per_sm))
     traffic_gb = 4.0 * K * (batch * cols * passes + blocks * rows) / 1e9
-    return [1.0, float(waves * passes * _ceil_div(K, member.BK)), float(waves), traffic_gb, 0.0]
+    work_g = float(waves) * member.BN * K * rows / 1e9
+    steps = waves * passes * _ceil_div(K, member.BK) * (1.0 + rows / DECODE_ROWS_PER_READ)
+    return [1.0, float(steps), float(waves), traffic_gb, work_g]
 
 
 def _ceil_div(a: int, b: int) -> int:
