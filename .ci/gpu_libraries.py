@@ -54,6 +54,7 @@ def tune(libraries: list[str], out: Path) -> int:
 def bench(libraries: list[str], out: Path) -> int:
     from gemmgen.cli import library as cli_library
     from gemmgen.gpu.bench import plot_library
+    from gemmgen.library.manifest import Manifest
     from gemmgen.library.resolve import load_libraries
     from gemmgen.gpu.runtime import device_info
     from rich.console import Console
@@ -68,7 +69,7 @@ def bench(libraries: list[str], out: Path) -> int:
     results = {"meta": meta, "libraries": {}}
     for name in libraries:
         (library,) = load_libraries(ROOT / "specs" / f"{name}.gemm")
-        manifest = json.loads((ROOT / "generated" / f"{name}.json").read_text())
+        manifest = Manifest.read(ROOT / "generated" / f"{name}.json")
         rows = cli_library.bench(library, manifest, tuned + heldout, budget=0.3, console=console,
                                  progress_factory=nullcontext_progress)
         heldout_keys = {f"{c.M}x{c.N}x{c.K}" + (f" ld+{c.pad}" if c.pad else "") for c in heldout}
@@ -76,7 +77,7 @@ def bench(libraries: list[str], out: Path) -> int:
             row["heldout"] = row["shape"] in heldout_keys
         results["libraries"][name] = rows
         plot_library([{"shape": r["shape"], "ratio": r["cublas_ms"] / r["ms"], "member": r["member"],
-                       "tuned": not r["heldout"]} for r in rows], manifest["baseline"],
+                       "tuned": not r["heldout"]} for r in rows], manifest.baseline,
                      f"gemmgen_{name} on {info.name}, {meta['date']}", str(out / f"library-{name}.png"))
         speedups = [r["cublas_ms"] / r["ms"] for r in rows]
         console.print(f"{name}: geometric mean {math.exp(sum(map(math.log, speedups)) / len(speedups)):.3f}x "
