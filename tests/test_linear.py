@@ -70,8 +70,9 @@ def test_every_member_of_a_shipped_library_plans_with_a_bias_and_each_activation
     for index, plan in enumerate(runtime.plans):
         for activation in ACTIVATIONS:
             kernel = members.kernel(index, True, activation)
-            if kernel is None:  # only a nonlinear activation after split K's atomic sums is refused
-                assert plan.split_k > 1 and activation != "none", (plan.name, activation)
+            if kernel is None:  # refused: a nonlinear activation after split K's atomic sums, and the
+                # decode member (no fused epilogue at all), nothing else
+                assert (plan.split_k > 1 and activation != "none") or plan.path == "decode", (plan.name, activation)
                 continue
             spec = kernel.plan.spec
             assert (spec["bias"], spec["activation"]) == ("col", activation)
@@ -105,13 +106,22 @@ def test_a_call_runs_a_member_that_can_fuse(precision, M, N, K, monkeypatch):
     runtime = RuntimeOf(precision)
     members = fused.FusedMembers(runtime)
     library_choice = runtime.choose(M, N, K, K, K, N)
-    index = members.choose(M, N, K, K, K, N, (0, 0, 0), True, "gelu")
-    assert members.kernel(index, True, "gelu") is not None
-    if runtime.plans[library_choice].split_k == 1:
-        assert index == library_choice  # the library's own choice where it can fuse
-    else:  # split K (decode-sized M): the fastest member that can, by the same models
-        able = [i for i, plan in enumerate(runtime.plans) if plan.split_k == 1]
+
+    def fastest_of(able):  # by the same models the library chooses with
         predicted = {i: selection.predict(runtime.candidates[i].shape, runtime.candidates[i].models["aligned"],
                                           M, N, K, 132) for i in able if runtime.candidates[i].models.get("aligned")}
-        assert index == min(predicted, key=predicted.get)
-    assert members.choose(M, N, K, K, K, N, (0, 0, 0), True, "none") == library_choice  # a bias alone fuses anywhere
+        return min(predicted, key=predicted.get)
+    index = members.choose(M, N, K, K, K, N, (0, 0, 0), True, "gelu")
+    assert members.kernel(index, True, "gelu") is not None
+    decode = runtime.plans[library_choice].path == "decode"
+    if runtime.plans[library_choice].split_k == 1 and not decode:
+        assert index == library_choice  # the library's own choice where it can fuse
+    else:  # split K or the decode member (decode-sized M): the fastest member that can
+        assert index == fastest_of([i for i, plan in enumerate(runtime.plans)
+                                    if plan.split_k == 1 and plan.path != "decode"])
+    # a bias alone fuses into every member but the decode one
+    bias_alone = members.choose(M, N, K, K, K, N, (0, 0, 0), True, "none")
+    if decode:
+        assert bias_alone == fastest_of([i for i, plan in enumerate(runtime.plans) if plan.path != "decode"])
+    else:
+        assert bias_alone == library_choice
