@@ -94,7 +94,9 @@ def test_ctrl_c_during_a_library_build_leaves_no_file_behind(tmp_path):
 
 
 def test_ctrl_c_during_a_replay_in_worker_processes_prints_no_worker_traceback(tmp_path):
-    run = interrupt(["replay", "--testbed", "--strategy", "model", "--jobs", "2", "--markdown",
+    # 200 seeds: a run of minutes, so that the signal lands mid-replay on a fast machine too (with the
+    # default 20, a fast one finished first and took the signal while shutting down)
+    run = interrupt(["replay", "--testbed", "--strategy", "model", "--jobs", "2", "--seeds", "200", "--markdown",
                      str(tmp_path / "replay.md")], tmp_path, 4.0)
     assert run.returncode == 130, (run.stdout, run.stderr)
     assert run.stderr.strip().splitlines() == [run.stderr.strip()], run.stderr  # one line (a progress bar
