@@ -87,12 +87,17 @@ def serves(member: MemberShape, M: int, N: int) -> bool:
 
 
 def decode_features(member: MemberShape, M: int, N: int, K: int, sm_count: int, batch: int = 1) -> list[float]:
-    """The decode member's terms: launch; its blocks' waves x K tiles (each a sync and a refill of the
-    small operand, and the tile's reads of the big operand and of `rows` rows of the small one from
-    shared memory: 1 + rows / DECODE_ROWS_PER_READ); waves; the bytes of the big operand (read once per pass of BM rows) and of the
-    small one (every block reads its batch's), in GB; and, in the place of the split pass it has
-    none of, its busiest block slot's multiply-adds (waves x BN columns x K x rows, in G): at 16 rows
-    a float of the big operand costs 16 of them and the kernel is no longer bound by reading it."""
+    """The decode member's terms:
+    - launch;
+    - its blocks' waves x K tiles, each a sync and a refill of the small operand, and the tile's
+      reads of the big operand and of `rows` rows of the small one from shared memory (1 + rows /
+      DECODE_ROWS_PER_READ);
+    - waves;
+    - the bytes of the big operand (read once per pass of BM rows) and of the small one (every block
+      reads its batch's), in GB;
+    - in the place of the split pass it has none of, its busiest block slot's multiply-adds (waves x
+      BN columns x K x rows, in G): at 16 rows a float of the big operand costs 16 of them, and the
+      kernel is no longer bound by reading it."""
     rows, cols = min(M, N), max(M, N)
     blocks = batch * _ceil_div(cols, member.BN)
     passes = _ceil_div(rows, member.BM)
