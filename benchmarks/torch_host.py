@@ -12,8 +12,8 @@ fastest batch), in microseconds.
 Ways of calling:
 - torch.matmul(A, B);
 - gemmgen.matmul(A, B), the fast path for tensors;
-- torch.ops.gemmgen.matmul(A, B), the operator as gemmgen.torch registers it
-  (torch.library.Library + register_autograd);
+- torch.ops.gemmgen.matmul(A, B), the operator as gemmgen.torch registers it (its C++ kernels,
+  gemmgen/torch/native.cpp, where they could be built; the record says which);
 - the same operator registered with torch.library.custom_op (here, for comparison), which
   gemmgen.torch does not use;
 - with `grad` in the name: A requiring grad and B a Parameter's transpose, as in training
@@ -113,15 +113,19 @@ def main() -> None:
             rows.append({"shape": f"{M}x{N}x{K}", "way": name, "median_us": statistics.median(times[name]),
                          "min_us": min(times[name]), "batches": times[name]})
     device = torch.cuda.get_device_name()
+    from gemmgen.torch.ops import python_kernels_reason
+    kernels = "C++ (gemmgen/torch/native.cpp)" if python_kernels_reason is None else f"Python ({python_kernels_reason})"
     print(f"Host time per call on {device} ({platform.processor() or platform.machine()}), precision "
-          f"{args.precision}, batches of {args.calls} calls in turns x {args.rounds}:\n")
+          f"{args.precision}, batches of {args.calls} calls in turns x {args.rounds}; the operator's kernels: "
+          f"{kernels}:\n")
     print("| shape | way | median us/call | fastest batch us/call |")
     print("| --- | --- | ---: | ---: |")
     for row in rows:
         print(f"| {row['shape']} | {row['way']} | {row['median_us']:.1f} | {row['min_us']:.1f} |")
     with open(args.out, "w") as out:
         json.dump({"device": device, "torch": torch.__version__, "gemmgen": gemmgen.__version__,
-                   "precision": args.precision, "calls_per_batch": args.calls, "rounds": args.rounds,
+                   "precision": args.precision, "operator_kernels": kernels, "calls_per_batch": args.calls,
+                   "rounds": args.rounds,
                    "rows": rows}, out, indent=1)
     print(f"\nwrote {args.out}")
 

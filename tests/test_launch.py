@@ -304,3 +304,65 @@ def test_a_step_writes_its_fixed_values_once_and_only_the_calls_values_per_call(
     raw = prepared_step.arguments.raw()
     assert struct.unpack_from("<iii", raw, 0) == (1, 2, 3)  # M, N, K
     assert [struct.unpack_from("<i", raw, at)[0] for at in (24, 40, 56)] == [3, 3, 2]  # lda, ldb, ldc
+
+
+# --- the description a launcher outside Python takes (torch/native.cpp) ---------------------------------
+
+def _launch_from_description(described, values, stream):
+    """What native.cpp does with PreparedLaunch.describe(): per step, the argument bytes with the
+    call's values, tensor maps and workspace written at their offsets, and the stream."""
+    made = []
+    for function, config, buffer, offsets, writes, maps, workspace, what in described:
+        buffer = bytearray(buffer)
+        for offset, kind, source in writes:
+            struct.pack_into({"f": "<f", "i": "<i", "q": "<q", "Q": "<Q"}[kind], buffer, offset, values[source])
+        for offset, source, get in maps:
+            buffer[offset:offset + 128] = get(values[source])
+        if workspace:
+            struct.pack_into("<Q", buffer, workspace[0], workspace[1](stream))
+        grid = struct.unpack_from("<III", config)
+        made.append((function, grid, bytes(buffer), offsets, what))
+    return made
+
+
+@pytest.mark.parametrize("extra", ["schedule stream-k\n  epilogue alpha beta staged", "", "schedule persistent"])
+def test_a_described_launch_writes_what_the_python_launch_writes(monkeypatch, extra):
+    plan = plan_of(TMA.format(extra=extra))
+    decision = decide(plan, 1024, 512, 256, 256, 256, 512, (0, 0, 0), 132)
+    (step,) = decision.steps
+    fake = FakeCuda({0x51: step.signature}, current=0x200)
+    monkeypatch.setattr(launch, "_cuda", fake)
+    run = prepared(decision, {"main": 0x51})
+    described = run.describe()
+    values = (0xA000, 0xB000, 0xC000, 2.0, 0.0)
+    run(*values, 77)
+    (call,) = fake.launches
+    (function, grid, buffer, offsets, what), = _launch_from_description(described, values + (0,) * 5, 77)
+    assert (function, grid, what) == (0x51, call["grid"], "launching main")
+    for (name, kind), offset in zip(step.signature, offsets):
+        size = KINDS[kind][1]
+        expected = call["args"][name]
+        got = buffer[offset:offset + size] if kind == "t" else KINDS[kind][0].from_buffer_copy(buffer, offset).value
+        assert got == expected, name
+    if step.workspace:  # the workspace getter takes the launch's lock, as a call does
+        assert run.lock.acquire(blocking=False)
+        run.lock.release()
+
+
+def test_a_described_split_k_launch_has_both_steps_in_order(monkeypatch):
+    from gemmgen.language.load import load_one
+    from conftest import SPECS_DIR
+    plan = make_plan(load_one(SPECS_DIR / "split_k.gemm"))
+    decision = decide(plan, 300, 200, 5000, 5000, 200, 200, (0, 0, 0), 132)
+    fake = FakeCuda({1: SCALE_C, 2: MAIN + BATCH}, current=0x200)
+    monkeypatch.setattr(launch, "_cuda", fake)
+    run = prepared(decision, {"scale_c": 1, "main": 2})
+    values = (0xA0, 0xB0, 0xC0, 1.5, 0.0)
+    run(*values, 5)
+    made = _launch_from_description(run.describe(), values + (0,) * 5, 5)
+    assert [m[0] for m in made] == [1, 2]
+    for (function, grid, buffer, offsets, _), call in zip(made, fake.launches):
+        signature = fake.signatures[function]
+        got = {name: KINDS[kind][0].from_buffer_copy(buffer, offset).value
+               for (name, kind), offset in zip(signature, offsets)}
+        assert got == call["args"] and grid == call["grid"]

@@ -311,6 +311,36 @@ class PreparedLaunch:
         self._current = ctypes.c_void_p()
         self._current_ref = ctypes.byref(self._current)
 
+    def describe(self) -> list[tuple]:
+        """Each step as a launcher outside Python makes it (torch/native.cpp): (CUfunction,
+        CUlaunchConfig's bytes, the argument buffer's bytes with the call key's values written,
+        each parameter's offset in it, the call's writes as (offset, "f" | "i" | "q" | "Q",
+        source), tensor maps as (offset, source, get(address) -> 128 bytes), the workspace as
+        (offset, get(stream) -> address) or None, what it is). Sources index the values
+        __call__ takes: 0 A, 1 B, 2 C, 3 alpha, 4 beta, then the reduction's and the epilogue's.
+        The getters take this launch's lock, as __call__ does."""
+        lock = self.lock
+
+        def locked(function, *args):
+            with lock:
+                return function(*args)
+
+        steps = []
+        for step in self.steps:
+            arguments = step.arguments
+            writes = [(index * view.itemsize, view.format, source) for view, index, source in step.writes]
+            maps = [(window.start, source, lambda address, cache=cache, what=step.what: locked(cache.get, address, what))
+                    for _, window, source, cache in step.maps]
+            workspace = None
+            if step.workspace:
+                view, index, size = step.workspace
+                workspace = (index * view.itemsize, lambda stream, size=size: locked(self.workspace, stream, size))
+            steps.append((step.function.value or 0, ctypes.string_at(ctypes.addressof(step.config),
+                                                                      ctypes.sizeof(LaunchConfig)),
+                          arguments.raw(), [arguments.offsets[name] for name, _ in step.step.signature],
+                          writes, maps, workspace, step.what))
+        return steps
+
     def __call__(self, A: int, B: int, C: int, alpha: float, beta: float, stream: int,
                  smallest: tuple[int, int, int] = _NO_SMALLEST, vectors: tuple[int, int] = _NO_VECTORS) -> None:
         """`vectors`: the epilogue's (bias, scale) addresses (0 where it has none)."""

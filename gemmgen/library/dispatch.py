@@ -232,6 +232,19 @@ _calls: dict[tuple, _Call] = {}
 CALLS_KEPT = 4096  # call keys resolved and kept (the oldest goes)
 
 
+def resolve_torch_call(A, B, precision: str) -> _Call:
+    """The resolved call of `alpha * A @ B` into a new output (what torch.ops.gemmgen.matmul's C++
+    kernel keeps per call key, torch/native.py): `run` is a PreparedLaunch or `nothing`, unless
+    `route` says what to copy first. Raises what gemmgen.matmul raises for wrong arguments."""
+    pa, pb = A.data_ptr(), B.data_ptr()
+    key = (precision, A.dtype, B.dtype, A.get_device(), B.get_device(), A.shape, B.shape,
+           A.stride(), B.stride(), pa & 15, pb & 15, False)
+    call = _calls.get(key)
+    if call is None:
+        call = _resolve_torch(sys.modules["torch"], key, A, B, None, 0.0, precision, (pa & 15, pb & 15, 0))
+    return call
+
+
 def _torch_matmul(torch, A, B, out, alpha, beta, precision, stream):
     pa, pb = A.data_ptr(), B.data_ptr()
     if out is None:
@@ -341,7 +354,7 @@ def _resolve_batched(batching: Batching, a: Operand, b: Operand, c: Operand, res
                      device: int, beta: float, where) -> _Call:
     shape = batching.lead + (a.rows, b.cols)
     if batching.batch == 0:  # no matrices: nothing to read or write
-        return _Call(_nothing, False, shape, where, device)
+        return _Call(nothing, False, shape, where, device)
     way, M, batch, strides = _batched_route(batching, a, b, c, precision)
     if way.copies:
         return _Call(None, False, shape, where, device, way)
@@ -349,7 +362,7 @@ def _resolve_batched(batching: Batching, a: Operand, b: Operand, c: Operand, res
                  way.swap, shape, where, device)
 
 
-def _nothing(A: int, B: int, C: int, alpha: float, beta: float, stream: int) -> None:
+def nothing(A: int, B: int, C: int, alpha: float, beta: float, stream: int) -> None:
     """The launch of a call with no matrices."""
 
 

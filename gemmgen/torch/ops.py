@@ -1,15 +1,16 @@
 """torch.ops.gemmgen.matmul: gemmgen's libraries as a differentiable PyTorch operator.
 
-Registered with torch.library.Library("gemmgen", "DEF"): a CUDA kernel, a fake (meta)
-implementation, and an Autograd kernel of its own. That kernel is the whole host path of a call
-that needs no gradient: where only the CUDA kernel lies below it (plain CUDA tensors, no mode or
-functionalization active) it launches gemmgen at once, one Python call from the dispatcher; else
-it redispatches below autograd, as torch.library.register_autograd does. A call that needs a
-gradient goes through an autograd.Function whose forward redispatches the same way.
-register_autograd's wrapper redispatched every call, and with custom_op's it cost 20 us a call on
-an H100 host (39.8 us at 64x64x64 against gemmgen.matmul's 19.9 and torch.matmul's 23.7:
-benchmarks/torch_host.py). torch.compile(fullgraph=True) traces the operator, forward and backward
-(its fake tensors take the redispatch), and CUDA graphs capture and replay it.
+Registered with torch.library.Library("gemmgen", "DEF"): a fake (meta) implementation, and a CUDA
+and an Autograd kernel. Those two are C++ where native.py can build them (native.cpp: a call that
+needs no gradient never enters Python, its call key looked up and launched in C++), else Python:
+the Autograd kernel is then the whole host path of a call that needs no gradient (where only the
+CUDA kernel lies below it, no mode or functionalization active, it launches gemmgen at once, one
+Python call from the dispatcher; else it redispatches below autograd, as
+torch.library.register_autograd does). A call that needs a gradient goes, from either, through an
+autograd.Function whose forward runs the operator below autograd. register_autograd's wrapper
+redispatched every call, and with custom_op's it cost 20 us a call on an H100 host
+(benchmarks/torch_host.py). torch.compile(fullgraph=True) traces the operator, forward and
+backward (its fake tensors take the redispatch), and CUDA graphs capture and replay it.
 
 Batches: a and b may be (..., M, K) and (..., K, N) with leading dimensions that broadcast as
 torch.matmul's (library/batches.py): one strided-batched launch, or one GEMM where a's batches
@@ -24,9 +25,12 @@ weight, and AccumulateGrad keeps it without a copy).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..library.dispatch import PRECISIONS, torch_matmul
+from . import native
 
 _library = torch.library.Library("gemmgen", "DEF")
 _library.define("matmul(Tensor a, Tensor b, float alpha=1.0, str precision='fp32') -> Tensor")
@@ -107,6 +111,8 @@ _CUDA = torch._C.DispatchKey.CUDA
 
 def _redispatch(keyset, a, b, alpha, precision):
     with torch._C._AutoDispatchBelowAutograd():
+        if keyset is None:  # from the C++ Autograd kernel: dispatched afresh, autograd excluded
+            return matmul_op(a, b, alpha, precision)
         return matmul_op.redispatch(keyset & _BELOW_AUTOGRAD, a, b, alpha, precision)
 
 
@@ -143,11 +149,22 @@ def _matmul_autograd(keyset, a, b, alpha=1.0, precision="fp32"):
     return _redispatch(keyset, a, b, alpha, precision)
 
 
-_library.impl("matmul", _matmul_cuda, "CUDA")
-_library.impl("matmul", _matmul_autograd, "Autograd", with_keyset=True)
-torch.library.register_fake("gemmgen::matmul", _matmul_fake, lib=_library)
+def _with_grad(a, b, alpha, precision):
+    """The C++ Autograd kernel's call where a gradient is needed."""
+    return _Matmul.apply(a, b, alpha, precision, None)
 
+
+torch.library.register_fake("gemmgen::matmul", _matmul_fake, lib=_library)
 matmul_op = torch.ops.gemmgen.matmul.default  # the overload itself: no overload resolution per call
+
+# Why the Python kernels serve the operator (None: the C++ kernels do).
+python_kernels_reason = native.install(_with_grad)
+if python_kernels_reason is not None:
+    if not native.disabled_reason():
+        warnings.warn(f"gemmgen: torch.ops.gemmgen.matmul runs its Python kernels, a few microseconds more per "
+                      f"call: {python_kernels_reason}", RuntimeWarning, stacklevel=2)
+    _library.impl("matmul", _matmul_cuda, "CUDA")
+    _library.impl("matmul", _matmul_autograd, "Autograd", with_keyset=True)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, precision: str = "fp32") -> torch.Tensor:

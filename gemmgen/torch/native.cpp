@@ -1,0 +1,342 @@
+// torch.ops.gemmgen.matmul's CUDA and Autograd kernels in C++ (gemmgen/torch/native.py builds this
+// file as a PyTorch C++ extension and calls install()).
+//
+// The dispatcher reaches a kernel written in Python through a boxed call: its arguments are made
+// Python objects, the GIL is taken, and the result is unboxed again. That costs a few microseconds
+// a call, more than the rest of a prepared launch. Here a call that needs no gradient stays in C++:
+//
+//   Autograd kernel: a gradient needed -> Python (an autograd.Function whose backward is this
+//                    operator again); else redispatch below autograd, in C++.
+//   CUDA kernel:     one lookup by what decides the launch (precision, device, sizes, strides,
+//                    A's and B's address % 16) -> the output's allocation and one cuLaunchKernelEx
+//                    per prepared step, on PyTorch's current stream.
+//
+// Python decides everything once per call key (library/dispatch.py resolves the member and its
+// PreparedLaunch; native.py describes that launch: functions, launch configurations, argument
+// buffers and where a call's values go). A key Python serves itself (operands it must copy first,
+// a wrong argument, which it reports) is sent back to Python on every call. Tensor maps (TMA
+// kernels) and stream-K workspaces come from Python's own caches on a miss only / per call.
+
+#include <torch/extension.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// --- libcuda, by the addresses Python's ctypes found (no link against it, no CUDA headers) -------
+
+using CtxGetCurrent = int (*)(void**);
+using CtxSetCurrent = int (*)(void*);
+using LaunchKernelEx = int (*)(const void*, void*, void**, void**);
+
+struct LaunchConfig {  // CUlaunchConfig, as cuda.h lays it out (no launch attributes)
+    unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+    void* stream;
+    void* attributes;
+    unsigned attribute_count;
+};
+
+struct Python {  // what install() was given; never freed (the interpreter may be gone at exit)
+    py::object describe, fallback, with_grad, error_text;
+    CtxGetCurrent ctx_get = nullptr;
+    CtxSetCurrent ctx_set = nullptr;
+    LaunchKernelEx launch = nullptr;
+};
+Python* python = nullptr;
+
+// --- a prepared launch, as Python described it ---------------------------------------------------
+
+constexpr int TENSOR_MAP_BYTES = 128;
+constexpr size_t MAPS_KEPT = 16;  // per operand's map, as Python's TensorMapCache keeps them
+
+struct Write {  // a call's value into the argument buffer
+    size_t offset;
+    char kind;  // 'f' float, 'i' int32, 'q' int64, 'Q' address
+    int source;  // 0 A, 1 B, 2 C, 3 alpha, 4 beta; others (reductions, vectors) are 0 here
+};
+
+struct MapSlot {  // a tensor map written per call: its bytes by address, from Python on a miss
+    size_t offset;
+    int source;
+    py::object get;  // get(address) -> bytes
+    std::vector<std::pair<uint64_t, std::array<uint8_t, TENSOR_MAP_BYTES>>> kept;  // newest last
+};
+
+struct Step {
+    void* function = nullptr;
+    LaunchConfig config{};
+    std::unique_ptr<uint8_t[]> memory;  // the argument buffer, 64-byte aligned inside
+    uint8_t* buffer = nullptr;
+    std::vector<void*> params;  // kernelParams: each parameter's address in the buffer
+    std::vector<Write> writes;
+    std::vector<MapSlot> maps;
+    bool has_workspace = false;
+    size_t workspace_offset = 0;
+    py::object workspace;  // workspace(stream) -> address
+    std::string what;
+};
+
+struct Entry {
+    bool python_serves = false;  // Python runs this key itself (copies first, or reports an error)
+    bool swap = false;           // A and B change places (the library computes C^T = B^T A^T)
+    std::vector<int64_t> shape;
+    void* context = nullptr;
+    std::vector<Step> steps;
+    py::object keep;  // the PreparedLaunch whose functions these are
+    std::mutex lock;  // guards the buffers and the map caches
+};
+
+// --- the call key -------------------------------------------------------------------------------
+
+constexpr int MAX_DIMS = 8;
+
+struct Key {
+    std::array<int64_t, 4 + 4 * MAX_DIMS + 2> v{};
+    int n = 0;
+    void push(int64_t x) { v[n++] = x; }
+    bool operator==(const Key& o) const {
+        return n == o.n && std::memcmp(v.data(), o.v.data(), sizeof(int64_t) * n) == 0;
+    }
+};
+
+struct KeyHash {
+    size_t operator()(const Key& k) const {
+        uint64_t h = 1469598103934665603ull;
+        for (int i = 0; i < k.n; ++i) h = (h ^ static_cast<uint64_t>(k.v[i])) * 1099511628211ull;
+        return static_cast<size_t>(h);
+    }
+};
+
+constexpr size_t CALLS_KEPT = 4096;  // as library/dispatch.py keeps its call keys
+std::mutex calls_lock;
+std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash> calls;
+
+at::Tensor call_python(const py::object& function, const at::Tensor& a, const at::Tensor& b, double alpha,
+                       c10::string_view precision) {
+    py::gil_scoped_acquire gil;
+    py::object out = function(a, b, alpha, std::string(precision));
+    return out.cast<at::Tensor>();
+}
+
+std::string cuda_error(int status) {
+    py::gil_scoped_acquire gil;
+    return python->error_text(status).cast<std::string>();
+}
+
+// The entry Python describes for a key: (swap, shape, context, steps, keep), or None where Python
+// serves the key itself. Called with the GIL held.
+std::shared_ptr<Entry> describe(const at::Tensor& a, const at::Tensor& b, double alpha, c10::string_view precision) {
+    auto entry = std::make_shared<Entry>();
+    py::object found = python->describe(a, b, alpha, std::string(precision));
+    if (found.is_none()) {
+        entry->python_serves = true;
+        return entry;
+    }
+    auto t = found.cast<py::tuple>();
+    entry->swap = t[0].cast<bool>();
+    entry->shape = t[1].cast<std::vector<int64_t>>();
+    entry->context = reinterpret_cast<void*>(t[2].cast<uintptr_t>());
+    for (auto item : t[3].cast<py::list>()) {
+        auto s = item.cast<py::tuple>();
+        Step step;
+        step.function = reinterpret_cast<void*>(s[0].cast<uintptr_t>());
+        std::string config = s[1].cast<std::string>();
+        TORCH_CHECK(config.size() == sizeof(LaunchConfig), "gemmgen: a launch configuration of ", config.size(),
+                    " bytes, expected ", sizeof(LaunchConfig));
+        std::memcpy(&step.config, config.data(), sizeof(LaunchConfig));
+        std::string arguments = s[2].cast<std::string>();
+        step.memory.reset(new uint8_t[arguments.size() + 64]);
+        step.buffer = step.memory.get() + (-reinterpret_cast<uintptr_t>(step.memory.get()) % 64);
+        std::memcpy(step.buffer, arguments.data(), arguments.size());
+        for (auto offset : s[3].cast<std::vector<size_t>>()) step.params.push_back(step.buffer + offset);
+        for (auto w : s[4].cast<py::list>()) {
+            auto wt = w.cast<py::tuple>();
+            step.writes.push_back({wt[0].cast<size_t>(), wt[1].cast<std::string>().at(0), wt[2].cast<int>()});
+        }
+        for (auto m : s[5].cast<py::list>()) {
+            auto mt = m.cast<py::tuple>();
+            step.maps.push_back({mt[0].cast<size_t>(), mt[1].cast<int>(), mt[2], {}});
+        }
+        if (!s[6].is_none()) {
+            auto wt = s[6].cast<py::tuple>();
+            step.has_workspace = true;
+            step.workspace_offset = wt[0].cast<size_t>();
+            step.workspace = wt[1];
+        }
+        step.what = s[7].cast<std::string>();
+        entry->steps.push_back(std::move(step));
+    }
+    entry->keep = t[4];
+    return entry;
+}
+
+template <typename T>
+void put(uint8_t* buffer, size_t offset, T value) {
+    std::memcpy(buffer + offset, &value, sizeof(T));
+}
+
+// The tensor map of `address` for a slot: kept, or Python's (GIL taken; the entry's lock is not
+// held meanwhile, so that a thread holding the GIL and waiting for that lock cannot deadlock).
+const uint8_t* tensor_map(Entry& entry, std::unique_lock<std::mutex>& held, MapSlot& slot, uint64_t address) {
+    for (auto it = slot.kept.rbegin(); it != slot.kept.rend(); ++it)
+        if (it->first == address) return it->second.data();
+    held.unlock();
+    std::array<uint8_t, TENSOR_MAP_BYTES> bytes{};
+    {
+        py::gil_scoped_acquire gil;
+        std::string got = slot.get(address).cast<std::string>();
+        TORCH_CHECK(got.size() == TENSOR_MAP_BYTES, "gemmgen: a tensor map of ", got.size(), " bytes");
+        std::memcpy(bytes.data(), got.data(), TENSOR_MAP_BYTES);
+    }
+    held.lock();
+    if (slot.kept.size() >= MAPS_KEPT) slot.kept.erase(slot.kept.begin());
+    slot.kept.emplace_back(address, bytes);
+    return slot.kept.back().second.data();
+}
+
+void launch(Entry& entry, uint64_t pa, uint64_t pb, uint64_t pc, float alpha, void* stream) {
+    const uint64_t pointers[3] = {pa, pb, pc};
+    // Workspaces first, outside the entry's lock (Python's own lock guards its workspaces).
+    std::vector<uint64_t> workspaces(entry.steps.size(), 0);
+    for (size_t i = 0; i < entry.steps.size(); ++i)
+        if (entry.steps[i].has_workspace) {
+            py::gil_scoped_acquire gil;
+            workspaces[i] = entry.steps[i].workspace(reinterpret_cast<uintptr_t>(stream)).cast<uint64_t>();
+        }
+    std::unique_lock<std::mutex> held(entry.lock);
+    void* previous = nullptr;
+    python->ctx_get(&previous);
+    const bool switch_context = previous != entry.context;
+    if (switch_context) {
+        int status = python->ctx_set(entry.context);
+        if (status) {
+            held.unlock();
+            TORCH_CHECK(false, "gemmgen: making the device's context current: ", cuda_error(status));
+        }
+    }
+    int failed = 0;
+    std::string what;
+    for (size_t i = 0; i < entry.steps.size() && !failed; ++i) {
+        Step& step = entry.steps[i];
+        for (const Write& w : step.writes) {
+            if (w.source <= 2) {
+                put<uint64_t>(step.buffer, w.offset, pointers[w.source]);
+            } else if (w.kind == 'f') {
+                put<float>(step.buffer, w.offset, w.source == 3 ? alpha : 0.0f);
+            } else if (w.kind == 'i') {
+                put<int32_t>(step.buffer, w.offset, 0);
+            } else {
+                put<uint64_t>(step.buffer, w.offset, 0);
+            }
+        }
+        for (MapSlot& slot : step.maps) {
+            const uint8_t* bytes = tensor_map(entry, held, slot, slot.source <= 2 ? pointers[slot.source] : 0);
+            std::memcpy(step.buffer + slot.offset, bytes, TENSOR_MAP_BYTES);
+        }
+        if (step.has_workspace) put<uint64_t>(step.buffer, step.workspace_offset, workspaces[i]);
+        step.config.stream = stream;
+        failed = python->launch(&step.config, step.function, step.params.data(), nullptr);
+        if (failed) what = step.what;
+    }
+    if (switch_context) python->ctx_set(previous);
+    held.unlock();
+    if (failed) TORCH_CHECK(false, "gemmgen: ", what, ": ", cuda_error(failed));
+}
+
+at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, double alpha, c10::string_view precision) {
+    const int64_t which = precision == "fp32" ? 0 : precision == "tf32" ? 1 : -1;
+    const int64_t da = a.dim(), db = b.dim();
+    if (which < 0 || da < 2 || db < 2 || da > MAX_DIMS || db > MAX_DIMS || a.scalar_type() != at::kFloat ||
+        b.scalar_type() != at::kFloat || !a.is_cuda() || !b.is_cuda() || a.get_device() != b.get_device())
+        return call_python(python->fallback, a, b, alpha, precision);  // Python says what is wrong
+    const uint64_t pa = reinterpret_cast<uintptr_t>(a.data_ptr()), pb = reinterpret_cast<uintptr_t>(b.data_ptr());
+    Key key;
+    key.push(which);
+    key.push(a.get_device());
+    key.push(da);
+    key.push(db);
+    for (int64_t x : a.sizes()) key.push(x);
+    for (int64_t x : b.sizes()) key.push(x);
+    for (int64_t x : a.strides()) key.push(x);
+    for (int64_t x : b.strides()) key.push(x);
+    key.push(static_cast<int64_t>(pa & 15));
+    key.push(static_cast<int64_t>(pb & 15));
+    std::shared_ptr<Entry> entry;
+    {
+        std::lock_guard<std::mutex> guard(calls_lock);
+        auto it = calls.find(key);
+        if (it != calls.end()) entry = it->second;
+    }
+    if (!entry) {
+        {
+            py::gil_scoped_acquire gil;
+            entry = describe(a, b, alpha, precision);
+        }
+        std::lock_guard<std::mutex> guard(calls_lock);
+        if (calls.size() >= CALLS_KEPT) calls.clear();
+        calls.emplace(key, entry);
+    }
+    if (entry->python_serves) return call_python(python->fallback, a, b, alpha, precision);
+    at::Tensor out = at::empty(entry->shape, a.options());
+    if (entry->steps.empty()) return out;  // no matrices: nothing to launch
+    const uint64_t pc = reinterpret_cast<uintptr_t>(out.data_ptr());
+    if (pc & 15) return call_python(python->fallback, a, b, alpha, precision);  // never from PyTorch's allocator
+    void* stream = c10::cuda::getCurrentCUDAStream(a.get_device()).stream();
+    if (entry->swap)
+        launch(*entry, pb, pa, pc, static_cast<float>(alpha), stream);
+    else
+        launch(*entry, pa, pb, pc, static_cast<float>(alpha), stream);
+    return out;
+}
+
+at::Tensor matmul_autograd(c10::DispatchKeySet keys, const at::Tensor& a, const at::Tensor& b, double alpha,
+                           c10::string_view precision) {
+    if (at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad()))
+        return call_python(python->with_grad, a, b, alpha, precision);
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("gemmgen::matmul", "")
+                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, c10::string_view)>();
+    at::AutoDispatchBelowAutograd below;
+    return op.redispatch(keys & c10::after_autograd_keyset, a, b, alpha, precision);
+}
+
+std::unique_ptr<torch::Library> cuda_kernels, autograd_kernels;
+
+void install(py::object describe, py::object fallback, py::object with_grad, py::object error_text,
+             uintptr_t ctx_get, uintptr_t ctx_set, uintptr_t launch_kernel_ex) {
+    TORCH_CHECK(python == nullptr, "gemmgen: the C++ kernels are installed already");
+    python = new Python{describe, fallback, with_grad, error_text, reinterpret_cast<CtxGetCurrent>(ctx_get),
+                        reinterpret_cast<CtxSetCurrent>(ctx_set), reinterpret_cast<LaunchKernelEx>(launch_kernel_ex)};
+    cuda_kernels = std::make_unique<torch::Library>(torch::Library::IMPL, "gemmgen", c10::DispatchKey::CUDA,
+                                                    __FILE__, __LINE__);
+    cuda_kernels->impl("matmul", TORCH_FN(matmul_cuda));
+    autograd_kernels = std::make_unique<torch::Library>(torch::Library::IMPL, "gemmgen", c10::DispatchKey::Autograd,
+                                                        __FILE__, __LINE__);
+    autograd_kernels->impl("matmul", TORCH_FN(matmul_autograd));
+}
+
+size_t keys_kept() {
+    std::lock_guard<std::mutex> guard(calls_lock);
+    return calls.size();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "torch.ops.gemmgen.matmul's CUDA and Autograd kernels (gemmgen/torch/native.py)";
+    m.def("install", &install, "register the kernels: Python's describe, fallback, with_grad and error_text, and "
+          "the addresses of cuCtxGetCurrent, cuCtxSetCurrent and cuLaunchKernelEx");
+    m.def("keys_kept", &keys_kept, "how many call keys the C++ kernel keeps");
+}
