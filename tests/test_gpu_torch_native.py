@@ -173,3 +173,19 @@ def test_threads_may_call_at_once(native):
         a, b = operands[index % len(operands)]
         for out in outs[::7]:
             assert_close(out, a, b, "fp32", f"thread {index}")
+
+
+def test_gemmgen_matmul_of_torch_tensors_takes_the_cpp_path_without_autograd(native):
+    import gemmgen
+    module, _ = native
+    a = torch.randn(45, 77, device="cuda", requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(31, 77, device="cuda"))
+    before = module.installed.keys_kept()
+    out = gemmgen.matmul(a, w.t(), alpha=2.0, precision="tf32")
+    assert module.installed.keys_kept() == before + 1
+    assert not out.requires_grad and out.grad_fn is None  # gemmgen.matmul records no autograd
+    assert_close(out / 2.0, a.detach(), w.detach().t(), "tf32", "gemmgen.matmul, C++ path")
+    c = torch.zeros(45, 31, device="cuda")
+    gemmgen.matmul(a.detach(), w.detach().t(), c, beta=0.0)  # an `out`: the Python path
+    assert module.installed.keys_kept() == before + 1
+    assert_close(c, a.detach(), w.detach().t(), "fp32", "gemmgen.matmul into out")

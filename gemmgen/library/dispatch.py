@@ -206,8 +206,23 @@ def matmul(A: Any, B: Any, out: Any = None, *, alpha: float = 1.0, beta: float =
     torch = sys.modules.get("torch")
     if (torch is not None and isinstance(A, torch.Tensor) and isinstance(B, torch.Tensor)
             and (out is None or isinstance(out, torch.Tensor))):
+        if (_torch_launcher is not None and out is None and stream is None and beta == 0.0
+                and precision.__class__ is str and alpha.__class__ in (float, int)):
+            return _torch_launcher(A, B, alpha, precision)
         return _torch_matmul(torch, A, B, out, alpha, beta, precision, stream)
     return _array_matmul(A, B, out, alpha, beta, precision, stream)
+
+
+_torch_launcher = None
+
+
+def use_torch_launcher(launcher) -> None:
+    """Serve gemmgen.matmul(A, B[, alpha=, precision=]) of two torch tensors into a new output by
+    `launcher(A, B, alpha, precision)`: the PyTorch stage's C++ kernel (torch/native.py), which
+    keeps each call key's launch as _torch_matmul does and hands back to it the keys it does not
+    serve. None: this module's Python path."""
+    global _torch_launcher
+    _torch_launcher = launcher
 
 
 # --- PyTorch tensors: one lookup, one launch -------------------------------------------------------

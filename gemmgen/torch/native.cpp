@@ -120,8 +120,10 @@ struct KeyHash {
 };
 
 constexpr size_t CALLS_KEPT = 4096;  // as library/dispatch.py keeps its call keys
-std::mutex calls_lock;
-std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash> calls;
+// Never freed, as `python` is not: at exit their Python objects would be released after the
+// interpreter is gone.
+std::mutex& calls_lock = *new std::mutex;
+auto& calls = *new std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash>;
 
 at::Tensor call_python(const py::object& function, const at::Tensor& a, const at::Tensor& b, double alpha,
                        c10::string_view precision) {
@@ -312,19 +314,25 @@ at::Tensor matmul_autograd(c10::DispatchKeySet keys, const at::Tensor& a, const 
     return op.redispatch(keys & c10::after_autograd_keyset, a, b, alpha, precision);
 }
 
-std::unique_ptr<torch::Library> cuda_kernels, autograd_kernels;
+torch::Library* cuda_kernels = nullptr;  // registered for the process (never freed: see `calls`)
+torch::Library* autograd_kernels = nullptr;
 
 void install(py::object describe, py::object fallback, py::object with_grad, py::object error_text,
              uintptr_t ctx_get, uintptr_t ctx_set, uintptr_t launch_kernel_ex) {
     TORCH_CHECK(python == nullptr, "gemmgen: the C++ kernels are installed already");
     python = new Python{describe, fallback, with_grad, error_text, reinterpret_cast<CtxGetCurrent>(ctx_get),
                         reinterpret_cast<CtxSetCurrent>(ctx_set), reinterpret_cast<LaunchKernelEx>(launch_kernel_ex)};
-    cuda_kernels = std::make_unique<torch::Library>(torch::Library::IMPL, "gemmgen", c10::DispatchKey::CUDA,
-                                                    __FILE__, __LINE__);
+    cuda_kernels = new torch::Library(torch::Library::IMPL, "gemmgen", c10::DispatchKey::CUDA, __FILE__, __LINE__);
     cuda_kernels->impl("matmul", TORCH_FN(matmul_cuda));
-    autograd_kernels = std::make_unique<torch::Library>(torch::Library::IMPL, "gemmgen", c10::DispatchKey::Autograd,
-                                                        __FILE__, __LINE__);
+    autograd_kernels = new torch::Library(torch::Library::IMPL, "gemmgen", c10::DispatchKey::Autograd, __FILE__,
+                                          __LINE__);
     autograd_kernels->impl("matmul", TORCH_FN(matmul_autograd));
+}
+
+// gemmgen.matmul's fast path for two torch tensors into a new output (library/dispatch.py takes it
+// once installed): the CUDA kernel without the dispatcher, so without autograd, as gemmgen.matmul is.
+at::Tensor matmul_direct(const at::Tensor& a, const at::Tensor& b, double alpha, const std::string& precision) {
+    return matmul_cuda(a, b, alpha, precision);
 }
 
 size_t keys_kept() {
@@ -338,5 +346,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "torch.ops.gemmgen.matmul's CUDA and Autograd kernels (gemmgen/torch/native.py)";
     m.def("install", &install, "register the kernels: Python's describe, fallback, with_grad and error_text, and "
           "the addresses of cuCtxGetCurrent, cuCtxSetCurrent and cuLaunchKernelEx");
+    m.def("matmul", &matmul_direct, "alpha * a @ b into a new tensor, by the CUDA kernel (no autograd)");
     m.def("keys_kept", &keys_kept, "how many call keys the C++ kernel keeps");
 }

@@ -9,7 +9,9 @@ The C++ kernels keep Python for what is decided once per call key: on a key's fi
 launch (CUfunctions, launch configurations, argument buffers, and where A, B, C, alpha, tensor
 maps and stream-K's workspace go). A call that needs a gradient goes to `with_grad` (ops.py's
 autograd.Function); a key whose operands must be copied first, or whose arguments are wrong,
-goes to `fallback`, which serves or reports it as the Python kernel would.
+goes to `fallback`, which serves or reports it as the Python kernel would. gemmgen.matmul of two
+torch tensors into a new output takes the same C++ path (without the dispatcher, so without
+autograd), registered with dispatch.use_torch_launcher.
 
 The build needs a C++ compiler, ninja and CUDA's headers (PyTorch's CUDA stream header includes
 them); it takes about a minute, once per PyTorch version, into gemmgen's cache
@@ -31,7 +33,7 @@ import torch
 
 from ..gpu.compile_cache import cache_dir
 from ..gpu.launch import PreparedLaunch, cuda, error_text
-from ..library.dispatch import nothing, resolve_torch_call, torch_matmul
+from ..library.dispatch import nothing, resolve_torch_call, torch_matmul, use_torch_launcher
 
 SOURCE = Path(__file__).with_name("native.cpp")
 
@@ -130,6 +132,7 @@ def install(with_grad: Callable) -> str | None:
                    _address(lib.cuCtxSetCurrent), _address(lib.cuLaunchKernelEx))
     global installed
     installed = module
+    use_torch_launcher(module.matmul)  # gemmgen.matmul's torch path, too
     return None
 
 
