@@ -84,12 +84,12 @@ def test_the_installed_package_is_the_wheels(installed):
 def test_the_wheel_holds_every_module_the_grammar_and_the_templates(installed):
     package = ROOT / "gemmgen"
     expected = {f"gemmgen/{p.relative_to(package).as_posix()}"
-                for pattern in ("*.py", "*.lark") for p in package.rglob(pattern) if "__pycache__" not in p.parts}
+                for pattern in ("*.py", "*.lark", "*.cpp") for p in package.rglob(pattern) if "__pycache__" not in p.parts}
     expected |= {f"gemmgen/templates/{p.name}" for pattern in ("*.py", "*.j2")
                  for p in (ROOT / "templates").glob(pattern)}
     expected |= {f"gemmgen/libraries/{p.name}" for p in GENERATED_DIR.glob("*.json")}  # the shipped manifests
     assert "gemmgen/tuning/strategies/__init__.py" in expected and "gemmgen/templates/kernel.cu.j2" in expected
-    assert "gemmgen/libraries/fp32.json" in expected
+    assert "gemmgen/libraries/fp32.json" in expected and "gemmgen/torch/native.cpp" in expected
     with zipfile.ZipFile(installed.wheel) as wheel:
         shipped = {name for name in wheel.namelist() if ".dist-info/" not in name}
     assert not expected - shipped, f"missing from the wheel: {sorted(expected - shipped)}"
