@@ -147,6 +147,21 @@ gemmgen_epilogue_naive_kernel(int M, int N, int K, float alpha, const float* __r
         constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
         const bool read_c = beta != 0.0f;
+        if (!read_c) {  // C's old values unread: each value is final here, all computed before any store
+        #pragma unroll
+            for (int rm = 0; rm < RM; ++rm)
+        #pragma unroll
+                for (int i = 0; i < TM; ++i) {
+                    const int m = thread_m0 + rm * SUB_M + i;
+        #pragma unroll
+                    for (int rn = 0; rn < RN; ++rn)
+        #pragma unroll
+                        for (int j = 0; j < TN; ++j) {
+                            const int n = thread_n0 + rn * SUB_N + j;
+                            acc[rm * TM + i][rn * TN + j] = fmaxf((alpha * acc[rm * TM + i][rn * TN + j] + bias[min(block_m0 + m, M - 1)]), 0.0f);
+                        }
+                }
+        }
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -164,7 +179,7 @@ gemmgen_epilogue_naive_kernel(int M, int N, int K, float alpha, const float* __r
                         if (read_c) load_vec<CV>(old, c);
     #pragma unroll
                         for (int v = 0; v < CV; ++v) {
-                            out[v] = fmaxf(((read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v]) + bias[block_m0 + m]), 0.0f);
+                            out[v] = read_c ? fmaxf(((read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v]) + bias[block_m0 + m]), 0.0f) : acc[rm * TM + i][rn * TN + j + v];
                         }
                         store_vec<CV>(c, out);
                     }

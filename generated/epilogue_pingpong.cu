@@ -115,7 +115,23 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
 }
 
 // gelu (x * Phi(x), with erf)
-__device__ __forceinline__ float activation_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678f)); }
+__device__ __forceinline__ float activation_gelu(float x)
+{
+    const float t = fminf(fabsf(x), 13.5f);  // |x|, to where Phi(-|x|) is 0 in float
+    float p = 1.1801481e-07f;
+    p = fmaf(p, t, -3.60091553e-06f);
+    p = fmaf(p, t, 3.93898044e-05f);
+    p = fmaf(p, t, -0.000175313791f);
+    p = fmaf(p, t, -0.000170264146f);
+    p = fmaf(p, t, 0.0071065356f);
+    p = fmaf(p, t, -0.0525226183f);
+    p = fmaf(p, t, -0.459201127f);
+    p = fmaf(p, t, -1.15110576f);
+    float tail, relu;  // Phi(-|x|) = 2^(t p(t) - 1); max(x, 0), NaN for NaN
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(tail) : "f"(fmaf(t, p, -1.0f)));
+    asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(relu) : "f"(x));
+    return fmaf(-t, tail, relu);  // x Phi(x) = max(x, 0) - |x| Phi(-|x|)
+}
 
 // ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
 
@@ -391,6 +407,21 @@ gemmgen_epilogue_pingpong_fallback_kernel(int M, int N, int K, float alpha, cons
         constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
         const bool read_c = beta != 0.0f;
+        if (!read_c) {  // C's old values unread: each value is final here, all computed before any store
+        #pragma unroll
+            for (int rm = 0; rm < RM; ++rm)
+        #pragma unroll
+                for (int i = 0; i < TM; ++i) {
+                    const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+        #pragma unroll
+                    for (int rn = 0; rn < RN; ++rn)
+        #pragma unroll
+                        for (int j = 0; j < TN; ++j) {
+                            const int n = thread_n0 + rn * SUB_N + j;
+                            acc[rm * TM + i][rn * TN + j] = activation_gelu(alpha * acc[rm * TM + i][rn * TN + j] * scale[min(block_n0 + n, N - 1)] + bias[min(block_n0 + n, N - 1)]);
+                        }
+                }
+        }
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -408,7 +439,7 @@ gemmgen_epilogue_pingpong_fallback_kernel(int M, int N, int K, float alpha, cons
                         if (read_c) load_vec<CV>(old, c);
     #pragma unroll
                         for (int v = 0; v < CV; ++v) {
-                            out[v] = activation_gelu((read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] * scale[block_n0 + n + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v] * scale[block_n0 + n + v]) + bias[block_n0 + n + v]);
+                            out[v] = read_c ? activation_gelu((read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] * scale[block_n0 + n + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v] * scale[block_n0 + n + v]) + bias[block_n0 + n + v]) : acc[rm * TM + i][rn * TN + j + v];
                         }
                         store_vec<CV>(c, out);
                     }
@@ -543,7 +574,23 @@ __device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m
 }
 
 // gelu (x * Phi(x), with erf)
-__device__ __forceinline__ float activation_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678f)); }
+__device__ __forceinline__ float activation_gelu(float x)
+{
+    const float t = fminf(fabsf(x), 13.5f);  // |x|, to where Phi(-|x|) is 0 in float
+    float p = 1.1801481e-07f;
+    p = fmaf(p, t, -3.60091553e-06f);
+    p = fmaf(p, t, 3.93898044e-05f);
+    p = fmaf(p, t, -0.000175313791f);
+    p = fmaf(p, t, -0.000170264146f);
+    p = fmaf(p, t, 0.0071065356f);
+    p = fmaf(p, t, -0.0525226183f);
+    p = fmaf(p, t, -0.459201127f);
+    p = fmaf(p, t, -1.15110576f);
+    float tail, relu;  // Phi(-|x|) = 2^(t p(t) - 1); max(x, 0), NaN for NaN
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(tail) : "f"(fmaf(t, p, -1.0f)));
+    asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(relu) : "f"(x));
+    return fmaf(-t, tail, relu);  // x Phi(x) = max(x, 0) - |x| Phi(-|x|)
+}
 
 // ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
 
@@ -794,6 +841,21 @@ gemmgen_epilogue_pingpong_kernel(const __grid_constant__ TensorMap map_a, const 
             constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
             float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
             const bool read_c = beta != 0.0f;
+            if (!read_c) {  // C's old values unread: each value is final here, all computed before any store
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; ++j) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                acc[rm * TM + i][rn * TN + j] = activation_gelu(alpha * acc[rm * TM + i][rn * TN + j] * scale[min(block_n0 + n, N - 1)] + bias[min(block_n0 + n, N - 1)]);
+                            }
+                    }
+            }
         #pragma unroll
             for (int rm = 0; rm < RM; ++rm)
         #pragma unroll
@@ -811,7 +873,7 @@ gemmgen_epilogue_pingpong_kernel(const __grid_constant__ TensorMap map_a, const 
                             if (read_c) load_vec<CV>(old, c);
         #pragma unroll
                             for (int v = 0; v < CV; ++v) {
-                                out[v] = activation_gelu((read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] * scale[block_n0 + n + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v] * scale[block_n0 + n + v]) + bias[block_n0 + n + v]);
+                                out[v] = read_c ? activation_gelu((read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] * scale[block_n0 + n + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v] * scale[block_n0 + n + v]) + bias[block_n0 + n + v]) : acc[rm * TM + i][rn * TN + j + v];
                             }
                             store_vec<CV>(c, out);
                         }

@@ -386,6 +386,21 @@ gemmgen_epilogue_streamk_fallback_kernel(int M, int N, int K, float alpha, const
         constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
         const bool read_c = beta != 0.0f;
+        if (!read_c) {  // C's old values unread: each value is final here, all computed before any store
+        #pragma unroll
+            for (int rm = 0; rm < RM; ++rm)
+        #pragma unroll
+                for (int i = 0; i < TM; ++i) {
+                    const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+        #pragma unroll
+                    for (int rn = 0; rn < RN; ++rn)
+        #pragma unroll
+                        for (int j = 0; j < TN; ++j) {
+                            const int n = thread_n0 + rn * SUB_N + j;
+                            acc[rm * TM + i][rn * TN + j] = fmaxf((alpha * acc[rm * TM + i][rn * TN + j] + bias[min(block_n0 + n, N - 1)]), 0.0f);
+                        }
+                }
+        }
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -403,7 +418,7 @@ gemmgen_epilogue_streamk_fallback_kernel(int M, int N, int K, float alpha, const
                         if (read_c) load_vec<CV>(old, c);
     #pragma unroll
                         for (int v = 0; v < CV; ++v) {
-                            out[v] = fmaxf(((read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v]) + bias[block_n0 + n + v]), 0.0f);
+                            out[v] = read_c ? fmaxf(((read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v]) + bias[block_n0 + n + v]), 0.0f) : acc[rm * TM + i][rn * TN + j + v];
                         }
                         store_vec<CV>(c, out);
                     }
@@ -875,6 +890,21 @@ gemmgen_epilogue_streamk_kernel(const __grid_constant__ TensorMap map_a, const _
             constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
             float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
             const bool read_c = beta != 0.0f;
+            if (!read_c) {  // C's old values unread: each value is final here, all computed before any store
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; ++j) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                acc[rm * TM + i][rn * TN + j] = fmaxf((alpha * acc[rm * TM + i][rn * TN + j] + bias[min(block_n0 + n, N - 1)]), 0.0f);
+                            }
+                    }
+            }
         #pragma unroll
             for (int rm = 0; rm < RM; ++rm)
         #pragma unroll
@@ -892,7 +922,7 @@ gemmgen_epilogue_streamk_kernel(const __grid_constant__ TensorMap map_a, const _
                             if (read_c) load_vec<CV>(old, c);
         #pragma unroll
                             for (int v = 0; v < CV; ++v) {
-                                out[v] = fmaxf(((read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v]) + bias[block_n0 + n + v]), 0.0f);
+                                out[v] = read_c ? fmaxf(((read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v]) + bias[block_n0 + n + v]), 0.0f) : acc[rm * TM + i][rn * TN + j + v];
                             }
                             store_vec<CV>(c, out);
                         }

@@ -390,6 +390,21 @@ gemmgen_epilogue_tma_staged_fallback_kernel(int M, int N, int K, float alpha, co
         constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
         const bool read_c = beta != 0.0f;
+        if (!read_c) {  // C's old values unread: each value is final here, all computed before any store
+        #pragma unroll
+            for (int rm = 0; rm < RM; ++rm)
+        #pragma unroll
+                for (int i = 0; i < TM; ++i) {
+                    const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+        #pragma unroll
+                    for (int rn = 0; rn < RN; ++rn)
+        #pragma unroll
+                        for (int j = 0; j < TN; ++j) {
+                            const int n = thread_n0 + rn * SUB_N + j;
+                            acc[rm * TM + i][rn * TN + j] = activation_gelu_tanh(alpha * acc[rm * TM + i][rn * TN + j] + bias[min(block_m0 + m, M - 1)]);
+                        }
+                }
+        }
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -407,7 +422,7 @@ gemmgen_epilogue_tma_staged_fallback_kernel(int M, int N, int K, float alpha, co
                         if (read_c) load_vec<CV>(old, c);
     #pragma unroll
                         for (int v = 0; v < CV; ++v) {
-                            out[v] = activation_gelu_tanh((read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v]) + bias[block_m0 + m]);
+                            out[v] = read_c ? activation_gelu_tanh((read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v]) + bias[block_m0 + m]) : acc[rm * TM + i][rn * TN + j + v];
                         }
                         store_vec<CV>(c, out);
                     }
@@ -794,6 +809,25 @@ gemmgen_epilogue_tma_staged_kernel(const __grid_constant__ TensorMap map_a, cons
             // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
             // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
             // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+            const int thread_n0 = lane % 4 * TN;
+            const bool read_c = beta != 0.0f;
+            if (!read_c) {  // C's old values unread: each value is final here, all computed before any store
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; ++j) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                acc[rm * TM + i][rn * TN + j] = activation_gelu_tanh(alpha * acc[rm * TM + i][rn * TN + j] + bias[min(block_m0 + m, M - 1)]);
+                            }
+                    }
+            }
             {
                 const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
                 float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
@@ -819,7 +853,7 @@ gemmgen_epilogue_tma_staged_kernel(const __grid_constant__ TensorMap map_a, cons
                                 for (int v = 0; v < TN; ++v) {
                                     const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
                                     const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                    out[j8][v] = activation_gelu_tanh((read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v]) + bias[min(block_m0 + m, M - 1)]);
+                                    out[j8][v] = read_c ? activation_gelu_tanh((read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v]) + bias[min(block_m0 + m, M - 1)]) : acc[i][a + v];
                                 }
             #pragma unroll
                             for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
@@ -845,6 +879,21 @@ gemmgen_epilogue_tma_staged_kernel(const __grid_constant__ TensorMap map_a, cons
                 constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
                 float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
                 const bool read_c = beta != 0.0f;
+                if (!read_c) {  // C's old values unread: each value is final here, all computed before any store
+                #pragma unroll
+                    for (int rm = 0; rm < RM; ++rm)
+                #pragma unroll
+                        for (int i = 0; i < TM; ++i) {
+                            const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                #pragma unroll
+                            for (int rn = 0; rn < RN; ++rn)
+                #pragma unroll
+                                for (int j = 0; j < TN; ++j) {
+                                    const int n = thread_n0 + rn * SUB_N + j;
+                                    acc[rm * TM + i][rn * TN + j] = activation_gelu_tanh(alpha * acc[rm * TM + i][rn * TN + j] + bias[min(block_m0 + m, M - 1)]);
+                                }
+                        }
+                }
             #pragma unroll
                 for (int rm = 0; rm < RM; ++rm)
             #pragma unroll
@@ -862,7 +911,7 @@ gemmgen_epilogue_tma_staged_kernel(const __grid_constant__ TensorMap map_a, cons
                                 if (read_c) load_vec<CV>(old, c);
             #pragma unroll
                                 for (int v = 0; v < CV; ++v) {
-                                    out[v] = activation_gelu_tanh((read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v]) + bias[block_m0 + m]);
+                                    out[v] = read_c ? activation_gelu_tanh((read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v]) + bias[block_m0 + m]) : acc[rm * TM + i][rn * TN + j + v];
                                 }
                                 store_vec<CV>(c, out);
                             }

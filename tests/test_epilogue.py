@@ -117,7 +117,10 @@ def test_every_activation_plans_from_its_word_and_compiles(name):
     plan = make_plan(spec)
     assert plan.epilogue.activation is ACTIVATIONS[name]
     source = generate(plan)
-    assert f"out[v] = {ACTIVATIONS[name].apply('x').split('(')[0]}(" in source  # every store applies it
+    call = ACTIVATIONS[name].apply('x').split('(')[0] + "("
+    # every store applies it: the pass that computes the values in registers where C is not read, and
+    # the store where it is
+    assert f"acc[rm * TM + i][rn * TN + j] = {call}" in source and f"out[v] = read_c ? {call}" in source
     compiled = compile_plan(plan, source)
     for expression in kernel_name_expressions(plan).values():
         assert compiled.lowered_names[expression] in compiled.resources

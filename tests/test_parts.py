@@ -208,9 +208,16 @@ def test_an_activation_is_one_entry_that_every_epilogue_applies(store, monkeypat
     def stores(source: str) -> list[str]:  # the values the kernel itself stores (after a TMA kernel's fallback)
         return STORED.findall(source[source.index(f"namespace {plan.launcher_name}_impl {{"):])
 
-    plain, relu = stores(generate(plan)), stores(generate(relu_plan))
+    relu_source = generate(relu_plan)
+    plain, relu = stores(generate(plan)), stores(relu_source)
     assert plain and len(relu) == len(plain)
-    assert relu == [f"fmaxf(({value}), 0.0f)" for value in plain]
+    if plan.epilogue.staged:  # the tiled kernels' staged store applies it as it stores
+        assert relu == [f"fmaxf(({value}), 0.0f)" for value in plain]
+        return
+    # the direct and TMA stores apply it where C is read; where not, they store acc, whose values
+    # epilogue_fused.cuh.j2's pass computed with it
+    assert [value.rsplit(" : acc[", 1)[0] for value in relu] == [f"read_c ? fmaxf(({value}), 0.0f)" for value in plain]
+    assert "acc[rm * TM + i][rn * TN + j] = fmaxf((alpha * acc[rm * TM + i][rn * TN + j]), 0.0f);" in relu_source
 
 
 def test_the_identity_applies_nothing_and_an_activation_wraps_the_whole_value():

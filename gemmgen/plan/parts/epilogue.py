@@ -30,16 +30,18 @@ class Activation:
     of ACTIVATIONS (every epilogue applies it through Epilogue.value)."""
 
     name: str
-    cuda: str            # C expression of the value {x} (a float), e.g. "fmaxf({x}, 0.0f)"
+    cuda: str            # C expression of the value {x} (a float), e.g. "fmaxf({x}, 0.0f)": the definition,
+    #                      which references read in double (gpu/epilogue_inputs.py) and kernels run unless `body`
     derivative: str      # C expression of d act / dx at {x}, for the backward pass of autograd
     words: str           # what a spec writes for it, as SpecErrors list the choices
+    body: str = ""       # where `cuda` is slow: the statements of its device function of x, which kernels run
 
     def apply(self, x: str) -> str:
         """The C expression of act(x): `cuda` itself where it names x once, else a call of its
         device function (`definition`), so that x is computed once and the code stays readable."""
         if self.cuda == "{x}":
             return x
-        if self.cuda.count("{x}") == 1:
+        if self.cuda.count("{x}") == 1 and not self.body:
             return self.cuda.replace("{x}", f"({x})")
         return f"{self.function}({x})"
 
@@ -50,10 +52,37 @@ class Activation:
     @property
     def definition(self) -> str | None:
         """The device function that `apply` calls (None where it writes the expression inline)."""
+        if self.body:
+            return (f"// {self.words}\n__device__ __forceinline__ float {self.function}(float x)\n{{\n"
+                    f"{self.body.rstrip()}\n}}")
         if self.cuda.count("{x}") <= 1:
             return None
         return (f"// {self.words}\n__device__ __forceinline__ float {self.function}(float x) "
                 f"{{ return {self.cuda.replace('{x}', 'x')}; }}")
+
+
+# GELU's kernels run x Phi(x) = max(x, 0) - |x| Phi(-|x|), with Phi(-t) = 0.5 erfc(t / sqrt 2) =
+# 2^(t p(t) - 1) for t = |x| <= 13.5 (and 0 past it, where it is below float's smallest normal):
+# one polynomial, one exp2 and no branch, where erff chooses between two polynomials per value (its
+# code computes both coefficients and selects, 30 instructions a value against 14 here). p, of
+# degree 8, is a weighted least-squares fit of log2(0.5 erfc(t / sqrt 2)) on [0, 13.5], weighted by
+# Phi(-t) |x|: the error of what is stored. Float32's result lies within 1.4 |x| 2^-24 of GELU (the
+# erff form: 1.7 with erf exactly rounded), before ex2.approx's own 2 ulp (tests/test_fused_epilogue.py).
+# Under the 2^-24 |x| scale both round alike: 1 + erf(x / sqrt 2) cancels for negative x as
+# Phi(-|x|)'s small values do not. max.NaN keeps a NaN input NaN; +inf gives inf, -inf -0.
+GELU_POLYNOMIAL = (-1.15110576, -0.459201127, -0.0525226183, 0.0071065356, -0.000170264146,
+                   -0.000175313791, 3.93898044e-05, -3.60091553e-06, 1.1801481e-07)
+GELU_TAIL = 13.5
+
+
+def _gelu_body() -> str:
+    horner = "".join(f"    p = fmaf(p, t, {c!r}f);\n" for c in reversed(GELU_POLYNOMIAL[:-1]))
+    return (f"    const float t = fminf(fabsf(x), {GELU_TAIL!r}f);  // |x|, to where Phi(-|x|) is 0 in float\n"
+            f"    float p = {GELU_POLYNOMIAL[-1]!r}f;\n{horner}"
+            "    float tail, relu;  // Phi(-|x|) = 2^(t p(t) - 1); max(x, 0), NaN for NaN\n"
+            "    asm(\"ex2.approx.ftz.f32 %0, %1;\" : \"=f\"(tail) : \"f\"(fmaf(t, p, -1.0f)));\n"
+            "    asm(\"max.NaN.f32 %0, %1, 0f00000000;\" : \"=f\"(relu) : \"f\"(x));\n"
+            "    return fmaf(-t, tail, relu);  // x Phi(x) = max(x, 0) - |x| Phi(-|x|)")
 
 
 ACTIVATIONS = {
@@ -62,7 +91,7 @@ ACTIVATIONS = {
     # GELU, the erf form: x * Phi(x), Phi the normal distribution's CDF.
     "gelu": Activation("gelu", "0.5f * {x} * (1.0f + erff({x} * 0.70710678f))",
                        "(0.5f * (1.0f + erff({x} * 0.70710678f)) + {x} * 0.39894228f * expf(-0.5f * {x} * {x}))",
-                       "gelu (x * Phi(x), with erf)"),
+                       "gelu (x * Phi(x), with erf)", _gelu_body()),
     # GELU's tanh approximation: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
     "gelu_tanh": Activation("gelu_tanh", "0.5f * {x} * (1.0f + tanhf(0.79788456f * ({x} + 0.044715f * {x} * {x} * {x})))",
                             "(0.5f * (1.0f + tanhf(0.79788456f * ({x} + 0.044715f * {x} * {x} * {x}))) + 0.5f * {x} * 0.79788456f"
@@ -311,18 +340,38 @@ class Epilogue:
         """The launcher's refusal of a beta that this epilogue cannot apply, in its comment."""
         return "" if self.beta else ", beta != 0 (this kernel has no beta)"
 
-    def value(self, product: str, old: str, read_c: str = "read_c", m: str = "m", n: str = "n",
+    def value(self, product: str, old: str | None, read_c: str = "read_c", m: str = "m", n: str = "n",
               clamp: bool = False) -> str:
         """C expression of one stored value from `product` (alpha * A*B's) and `old` (C's, read where
-        `read_c` holds) at C's row m and column n (read the vectors there; `clamp`: m or n may lie
-        past C's edge)."""
+        `read_c` holds; None: C is not read) at C's row m and column n (read the
+        vectors there; `clamp`: m or n may lie past C's edge)."""
         if self.scale != "none":
             product = f"{product} * {self._element('scale', m, n, clamp)}"
-        value = f"{read_c} ? {product} + beta * {old} : {product}" if self.beta else product
+        with_c = self.beta and old is not None
+        value = f"{read_c} ? {product} + beta * {old} : {product}" if with_c else product
         if self.bias != "none":
-            value = f"({value}) + {self._element('bias', m, n, clamp)}" if self.beta else \
+            value = f"({value}) + {self._element('bias', m, n, clamp)}" if with_c else \
                 f"{value} + {self._element('bias', m, n, clamp)}"
         return self.activation.apply(value)
+
+    # --- a fused direct or TMA store: where C's old values are not read, every value computed in
+    # registers before the first store (epilogue_fused.cuh.j2)
+    @property
+    def registers_template(self) -> str:
+        """What the direct and TMA stores do before storing: a fused epilogue's pass over the
+        accumulators, which leaves each final value in acc where C is not read (split K's atomic
+        adds excepted: they add partial products), or nothing."""
+        return "epilogue_fused.cuh.j2" if self.fused and not self.atomic else "epilogue_unfused.cuh.j2"
+
+    def stored(self, product: str, old: str, read_c: str, m: str, n: str, acc: str, clamp: bool = False) -> str:
+        """C expression of the value a store writes for the accumulator `acc` (`product` is alpha
+        times it) at C's (m, n): `value`'s where the epilogue is not fused; a fused one's is already
+        in acc where C is not read (epilogue_fused.cuh.j2's pass), else computed here."""
+        if not self.fused or self.atomic:
+            return self.value(product, old, read_c, m, n, clamp)
+        if not self.beta:
+            return acc
+        return f"read_c ? {self.value(product, old, read_c, m, n, clamp)} : {acc}"
 
     def added(self, product: str, m: str, n: str) -> str:
         """C expression that a slice of split K adds into C at (m, n) by atomicAdd: its product
