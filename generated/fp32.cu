@@ -1502,6 +1502,14 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
 // a quarter warp reads (g, t = 0..3 for two g) fall on all 32 banks.
 __device__ __forceinline__ int swizzled(int r, int k) { return k ^ ((r & 1) << 4); }
 
+// Four floats of shared memory (16-byte aligned) by ld.shared: the passes are calls, in which the
+// compiler no longer knows s_rows is shared (volatile: never hoisted past the tile's barriers).
+__device__ __forceinline__ void load_shared4(float (&v)[4], const float* p) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ld.shared.v4.f32 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(address));
+}
+
 // c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
 // PRODUCTS 3: both split into big + small TF32 parts, small x big + big x small + big x big.
 template <bool UPPER>
@@ -1594,8 +1602,8 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
             for (int u = 0; u < U; ++u) {
                 const int q = min(q0 + u * TILE_SLICES, chunks - 1);  // past the tile: b is zero
                 float a[4], a8[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8 at k = 16q + 4t ..
-                load_vec<4>(a, s_rows + g * KT + swizzled(g, q * 16) + 4 * t);
-                if constexpr (R == 16) load_vec<4>(a8, s_rows + (g + 8) * KT + swizzled(g + 8, q * 16) + 4 * t);
+                load_shared4(a, s_rows + g * KT + swizzled(g, q * 16) + 4 * t);
+                if constexpr (R == 16) load_shared4(a8, s_rows + (g + 8) * KT + swizzled(g + 8, q * 16) + 4 * t);
                 mma_step<R == 16>(c, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
                 mma_step<R == 16>(c, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
             }
