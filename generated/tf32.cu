@@ -5310,6 +5310,11 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
     const float* column = G + (live ? (long long)j * ldg : 0);
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 
+    // A batch of U chunks is issued after the last one is multiplied, the next tile's first batch
+    // included: its loads are in flight through the tile's barriers and refill of the small operand.
+    // Every warp has a batch in every tile but the last (a whole tile is KT / 16 >= TILE_SLICES chunks).
+    float b[U][4];
+    load_chunks<U, ALIGNED>(b, column + 4 * t, slice, min(KT, K) - 4 * t, live);
     for (int k0 = 0; k0 < K; k0 += KT) {
         const int klen = min(KT, K - k0), chunks = (klen + 15) / 16;
         const int vectors = chunks * 16 / V;  // per row: up to a whole chunk, zeros past klen
@@ -5324,8 +5329,6 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
         __syncthreads();
 #pragma unroll 1
         for (int q0 = slice; q0 < chunks; q0 += TILE_SLICES * U) {
-            float b[U][4];  // all issued before any is used
-            load_chunks<U, ALIGNED>(b, column + k0 + 4 * t, q0, klen - 4 * t, live);
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int q = min(q0 + u * TILE_SLICES, chunks - 1);  // past the tile: b is zero
@@ -5335,6 +5338,10 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
                 mma_step<R == 16>(c, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
                 mma_step<R == 16>(c, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
             }
+            // the next batch: of this tile, else the first of the next tile (none past K)
+            const bool here = q0 + TILE_SLICES * U < chunks;
+            const int next_k0 = here ? k0 : k0 + KT, next_q = here ? q0 + TILE_SLICES * U : slice;
+            load_chunks<U, ALIGNED>(b, column + next_k0 + 4 * t, next_q, min(KT, K - next_k0) - 4 * t, live);
         }
     }
 

@@ -70,7 +70,13 @@ class Decode(Mainloop):
     template = "decode.cuh.j2"
     global_loads = None        # whole sectors: each element of the big operand read once
     k_step = 4
-    no_conflicts = "none: each warp reads 512 consecutive bytes of a row of the small operand"
+    @property
+    def no_conflicts(self) -> str:
+        ffma = "none: each warp reads 512 consecutive bytes of a row of the small operand"
+        if not self.products:
+            return ffma
+        return (f"{ffma} (FFMA); the tensor path's quarter warps read two rows' 16 floats each, odd rows' "
+                "16-float halves swapped: all 32 banks")
     k_slices = "warps per column group"
 
     @property
@@ -184,9 +190,11 @@ class Decode(Mainloop):
         return [("A", "K", "lda", 4), ("B", "K", "ldb", 4)]
 
     def intensities(self, plan: Plan) -> tuple[tuple[str, int, int], tuple[str, int, int] | None]:
-        # Per float4 of a column: 4 x rows FFMAs on 16 bytes of the big operand (at 16 rows).
+        # Per float4 of a column: 4 x rows FFMAs on 16 bytes of the big operand (at 16 rows); the
+        # tensor path reads two float4s of the small operand (rows g and g + 8) per float4 of a column.
+        shared = (2 * 4 * MAX_ROWS, 2 * 16) if self.products else (2 * 4 * MAX_ROWS * self.columns, 16 * MAX_ROWS)
         return (("global, per float4, 16 rows", 2 * 4 * MAX_ROWS, 16),
-                ("shared, per float4, 16 rows", 2 * 4 * MAX_ROWS * self.columns, 16 * MAX_ROWS))
+                ("shared, per float4, 16 rows", *shared))
 
     def block_intensity(self, plan: Plan) -> tuple[str, int, int]:
         return ("global, per block per K tile (16 rows)", 2 * MAX_ROWS * self.block_columns * plan.BK,
