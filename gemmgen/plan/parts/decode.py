@@ -72,11 +72,9 @@ class Decode(Mainloop):
     k_step = 4
     @property
     def no_conflicts(self) -> str:
-        ffma = "none: each warp reads 512 consecutive bytes of a row of the small operand"
         if not self.products:
-            return ffma
-        return (f"{ffma} (FFMA); the tensor path's quarter warps read two rows' 16 floats each, odd rows' "
-                "16-float halves swapped: all 32 banks")
+            return "none: each warp reads 512 consecutive bytes of a row of the small operand"
+        return "none: FFMA reads rows whole, mma.sync two rows (odd ones' halves swapped)"
     k_slices = "warps per column group"
 
     @property
@@ -208,7 +206,7 @@ class Decode(Mainloop):
 
     @property
     def math_words(self) -> str:
-        return "simt (decode: FFMA)" if not self.products else f"{self.math} (decode: mma.sync at 5-16 rows, FFMA at 1-4)"
+        return "simt (decode: FFMA)" if not self.products else f"{self.math} (decode: mma.sync at 5-16 rows)"
 
     def accumulators(self, plan: Plan) -> float:
         return MAX_ROWS * self.columns
