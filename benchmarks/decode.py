@@ -12,8 +12,10 @@ figure that counts (issue 28 asks >= 80% of the H100's HBM3 peak, 3.35e12 B/s, w
 Ways, on the same sizes, each timed as batches of --calls calls by CUDA events, in turns, --rounds
 times; a way's figure is its median batch:
 - decode: gemmgen's decode kernel (specs/decode.gemm, or --spec FILE [--kernel NAME]) on raw pointers;
-  with --space, also every point of the libraries' decode search space (lib_fp32_decode in
-  specs/fp32.gemm), the best of them reported as decode_best;
+  with --space, also every point of the libraries' decode search spaces: decode_CxWxS (columns x warps
+  x slices) of lib_fp32_decode (FFMA), decode_CxWxS_3xtf32 of lib_fp32_decode_tc and decode_CxWxS_tf32
+  of lib_tf32_decode_tc (the tensor path at 5 to 16 rows, FFMA at 1 to 4); the best FP32-accurate one
+  (FFMA or 3xtf32) reported as decode_best, the best of all (tf32 too) as decode_best_tf32;
 - gemmgen_fp32, gemmgen_tf32: gemmgen.matmul(A, B, out, precision=...) (the libraries' choice);
 - cublas_fp32, cublas_tf32: torch.matmul(A, B, out=out) with allow_tf32 off / on.
 The big operand is rotated over copies that span at least --rotate-mb MB (default 256, five times an
@@ -40,11 +42,14 @@ import gemmgen
 from gemmgen.gpu.compile import compile_all
 from gemmgen.gpu.runtime import Kernel
 from gemmgen.language.load import load_one
-from gemmgen.plan import make_plan
+from gemmgen.plan import make_plan, try_plan
 
 ROOT = Path(__file__).resolve().parent.parent
+BEST = ("decode_best", "decode_best_tf32")  # the ways of the best --space point, shown in the summaries
 HBM3_PEAK = 3.35e12  # bytes/s of an H100 SXM's HBM3
 TOKENS = (1, 4, 16)
+# The libraries' decode search spaces that --space times: FFMA, and the tensor path in each precision.
+SPACES = (("fp32.gemm", "lib_fp32_decode"), ("fp32.gemm", "lib_fp32_decode_tc"), ("tf32.gemm", "lib_tf32_decode_tc"))
 WEIGHTS = ((4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096), (128256, 4096))
 
 
@@ -71,11 +76,14 @@ def decode_kernels(args) -> dict[str, Kernel]:
     spec = load_one(Path(args.spec), args.kernel)
     plans = {"decode": make_plan(spec)}
     if args.space:
-        space = load_one(ROOT / "specs" / "fp32.gemm", "lib_fp32_decode")
-        for point in space.points():
-            m = make_plan(point).mainloop
-            name = f"decode_{m.columns}x{m.warps}x{m.slices}"
-            plans[name] = make_plan(replace(point, name=name))
+        for file, member in SPACES:
+            for point in load_one(ROOT / "specs" / file, member).points():
+                plan, _ = try_plan(point)  # the tensor path takes blocks of whole tiles of 8 columns alone
+                if plan is None:
+                    continue
+                m = plan.mainloop
+                name = f"decode_{m.columns}x{m.warps}x{m.slices}" + (f"_{m.math}" if m.math != "simt" else "")
+                plans[name] = make_plan(replace(point, name=name))
     compile_all(list(plans.values()))
     return {name: Kernel(plan) for name, plan in plans.items()}
 
@@ -150,15 +158,17 @@ def measure(shape, kernels: dict[str, Kernel], args, device) -> list[dict]:
         row["counts"] = K * max(M, N) >= 16 * 2**20 and min(M, N) <= 16  # issue 28's rule
     decode_points = [r for name, r in rows.items() if name.startswith("decode_")]
     result = list(rows.values())
-    if decode_points:
-        best = min(decode_points, key=lambda r: r["ms"])
-        result.append({**best, "way": "decode_best", "point": best["way"]})
+    accurate = [r for r in decode_points if not r["way"].endswith("_tf32")]  # FFMA and 3xtf32: FP32-accurate
+    for way, points in (("decode_best", accurate), ("decode_best_tf32", decode_points)):
+        if points:
+            best = min(points, key=lambda r: r["ms"])
+            result.append({**best, "way": way, "point": best["way"]})
     return result
 
 
 def markdown(record: dict) -> str:
     results = record["results"]
-    ways = list(dict.fromkeys(r["way"] for r in results if not r["way"].startswith("decode_") or r["way"] == "decode_best"))
+    ways = list(dict.fromkeys(r["way"] for r in results if not r["way"].startswith("decode_") or r["way"] in BEST))
     rows = []
     for shape in dict.fromkeys(r["shape"] for r in results):
         by_way = {r["way"]: r for r in results if r["shape"] == shape}
@@ -187,7 +197,8 @@ def parse(argv=None):
     parser.add_argument("--shapes", nargs="+", metavar="MxNxK", help="default: the module docstring's 30 shapes")
     parser.add_argument("--spec", default=str(ROOT / "specs" / "decode.gemm"), help="the decode kernel's spec file")
     parser.add_argument("--kernel", default=None, help="the kernel in --spec (default: its only one)")
-    parser.add_argument("--space", action="store_true", help="also time every point of lib_fp32_decode")
+    parser.add_argument("--space", action="store_true",
+                        help="also time every point of lib_fp32_decode, lib_fp32_decode_tc and lib_tf32_decode_tc")
     parser.add_argument("--rotate-mb", type=int, default=256, help="MB the big operand's copies span (default 256)")
     parser.add_argument("--rounds", type=int, default=7, help="timed batches of each way, in turns (default 7)")
     parser.add_argument("--calls", type=int, default=10, help="calls in a timed batch (default 10)")
@@ -215,8 +226,8 @@ def main(argv=None) -> dict:
     for shape in args.shapes:
         rows = measure(shape, kernels, args, device)
         results += rows
-        summary = ", ".join(f"{r['way']} {r['gb_per_s']:.0f} GB/s" for r in rows
-                            if not r["way"].startswith("decode_") or r["way"] == "decode_best")
+        summary = ", ".join(f"{r['way']} {r['gb_per_s']:.0f} GB/s" + (f" ({r['point']})" if "point" in r else "")
+                            for r in rows if not r["way"].startswith("decode_") or r["way"] in BEST)
         print(f"{'x'.join(map(str, shape))}: {summary}", flush=True)
     settings = {"shapes": ["x".join(map(str, s)) for s in args.shapes], "precisions": args.precisions,
                 "spec": args.spec, "space": args.space, "rotate_mb": args.rotate_mb, "rounds": args.rounds,

@@ -50,6 +50,12 @@ constexpr int PART_FLOATS = 1;  // shared partial sums of slices 1 .. SLICES - 1
 constexpr int UNROLL = 4;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
+// The tensor path (passes of 5 to 16 rows; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
+// step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
+constexpr int PRODUCTS = 0;
+constexpr int TILES = 2;
+constexpr int TILE_SLICES = 4;
+constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its column per lane, issued together
 
 // ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
 
@@ -77,7 +83,49 @@ template <int PENDING>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
 }
+// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
+                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
+// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
+// which is exactly the TF32 fragment layout above when shared rows run along K.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
+}
 static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
+static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
+static_assert(CHUNKS_IN_FLIGHT % 2 == 0, "the scalar variant issues half the float4s, four floats each");
 
 // V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
 template <int V>
@@ -200,6 +248,162 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
     __syncthreads();  // s_part is free for the next pass
 }
 
+// ---- the tensor path: a pass of 5 to 16 rows (R = 8 or 16) on mma.sync m16n8k8 ------------------
+// The sum over K is order-free: lane 4g + t takes k = 16q + 4t .. 16q + 4t + 3 of chunk q (one float4
+// of its column g of the tile, and of rows g and g + 8 of the small operand) as k slots t and t + 4
+// of two k steps (.x .y, then .z .w), the same slots for A and for B.
+
+// Where k of a row of shared memory lies: odd rows swap their 16-float halves, so that the two rows
+// a quarter warp reads (g, t = 0..3 for two g) fall on all 32 banks.
+__device__ __forceinline__ int swizzled(int r, int k) { return k ^ ((r & 1) << 4); }
+
+// Four floats of shared memory (16-byte aligned) by ld.shared: the passes are calls, in which the
+// compiler no longer knows s_rows is shared (volatile: never hoisted past the tile's barriers).
+__device__ __forceinline__ void load_shared4(float (&v)[4], const float* p) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ld.shared.v4.f32 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(address));
+}
+
+// c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
+// PRODUCTS 3: both split into big + small TF32 parts, small x big + big x small + big x big.
+template <bool UPPER>
+__device__ __forceinline__ void mma_step(float (&c)[4], float a0, float a1, float a2, float a3, float b0, float b1) {
+    unsigned ab[4] = {0u, 0u, 0u, 0u}, bb[2];
+    if constexpr (PRODUCTS == 3) {
+        unsigned as[4] = {0u, 0u, 0u, 0u}, bs[2];
+        split_tf32(a0, ab[0], as[0]);
+        split_tf32(a2, ab[2], as[2]);
+        if constexpr (UPPER) {
+            split_tf32(a1, ab[1], as[1]);
+            split_tf32(a3, ab[3], as[3]);
+        }
+        split_tf32(b0, bb[0], bs[0]);
+        split_tf32(b1, bb[1], bs[1]);
+        mma_tf32(c[0], c[1], c[2], c[3], as, bb);
+        mma_tf32(c[0], c[1], c[2], c[3], ab, bs);
+    } else {
+        ab[0] = to_tf32(a0);
+        ab[2] = to_tf32(a2);
+        if constexpr (UPPER) {
+            ab[1] = to_tf32(a1);
+            ab[3] = to_tf32(a3);
+        }
+        bb[0] = to_tf32(b0);
+        bb[1] = to_tf32(b1);
+    }
+    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
+}
+
+// A lane's U float4s of its column (or 4 floats each, unaligned): chunks q0, q0 + TILE_SLICES, ..,
+// each at 16 q of `column` (the lane's 4 t already added), zeros past `left` floats and where not live.
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_chunks(float (&b)[U][4], const float* column, int q0, int left, bool live) {
+    if (live && (q0 + (U - 1) * TILE_SLICES) * 16 + 4 <= left) {  // every chunk whole: no checks
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + (q0 + u * TILE_SLICES) * 16 + e);
+        return;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = (q0 + u * TILE_SLICES) * 16;
+#pragma unroll
+        for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
+            if (live && k + e < left) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + k + e);
+            else fill_zero<ALIGNED ? 4 : 1>(b[u] + e);
+        }
+    }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 5 to R rows
+// (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
+// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of each K tile.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    constexpr int V = ALIGNED ? 4 : 1;
+    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 32)
+    constexpr int U = ALIGNED ? CHUNKS_IN_FLIGHT : CHUNKS_IN_FLIGHT / 2;  // scalar loads: 4 per chunk
+    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tile = warp % TILES, slice = warp / TILES;
+    const int g = lane / 4, t = lane % 4;
+    const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
+    const bool live = j < cols;
+    const float* column = G + (live ? (long long)j * ldg : 0);
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+
+    // A batch of U chunks is issued after the last one is multiplied, the next tile's first batch
+    // included: its loads are in flight through the tile's barriers and refill of the small operand.
+    // Every warp has a batch in every tile but the last (a whole tile is KT / 16 >= TILE_SLICES chunks).
+    float b[U][4];
+    load_chunks<U, ALIGNED>(b, column + 4 * t, slice, min(KT, K) - 4 * t, live);
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        const int klen = min(KT, K - k0), chunks = (klen + 15) / 16;
+        const int vectors = chunks * 16 / V;  // per row: up to a whole chunk, zeros past klen
+        __syncthreads();  // every warp is done with the last tile
+        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+            const int r = i / vectors, k = i % vectors * V;
+            const bool valid = r < rows && k < klen;
+            cp_async<4 * V>(s_rows + r * KT + swizzled(r, k), valid ? S + r * lds + k0 + k : S, valid);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll 1
+        for (int q0 = slice; q0 < chunks; q0 += TILE_SLICES * U) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int q = min(q0 + u * TILE_SLICES, chunks - 1);  // past the tile: b is zero
+                float a[4], a8[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8 at k = 16q + 4t ..
+                load_shared4(a, s_rows + g * KT + swizzled(g, q * 16) + 4 * t);
+                if constexpr (R == 16) load_shared4(a8, s_rows + (g + 8) * KT + swizzled(g + 8, q * 16) + 4 * t);
+                mma_step<R == 16>(c, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
+                mma_step<R == 16>(c, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
+            }
+            // the next batch: of this tile, else the first of the next tile (none past K)
+            const bool here = q0 + TILE_SLICES * U < chunks;
+            const int next_k0 = here ? k0 : k0 + KT, next_q = here ? q0 + TILE_SLICES * U : slice;
+            load_chunks<U, ALIGNED>(b, column + next_k0 + 4 * t, next_q, min(KT, K - next_k0) - 4 * t, live);
+        }
+    }
+
+    // Across the tile's slices in slice order; lane 4g + t holds rows g, g + 8 x columns 2t, 2t + 1.
+    if (slice > 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s_part[((slice - 1) * TILES + tile) * 128 + lane * 4 + i] = c[i];
+    }
+    __syncthreads();
+    if (slice == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = g + 8 * (i / 2), jc = col0 + tile * 8 + 2 * t + i % 2;
+            if (r >= rows || jc >= cols) continue;
+            float sum = c[i];
+            for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * 128 + lane * 4 + i];
+            float* out = C + r * c_row + jc * c_col;
+            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+        }
+    }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+// A pass of 5 to 16 rows: FFMA, or the tensor path (only the one taken is instantiated).
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_wide_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    if constexpr (PRODUCTS == 0)
+        decode_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
+    else
+        decode_tensor_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
+}
+
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
 gemmgen_decode_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
@@ -237,9 +441,9 @@ gemmgen_decode_kernel(int M, int N, int K, float alpha, const float* __restrict_
         else if (left <= 4)
             decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else if (left <= 8)
-            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+            decode_wide_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else
-            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+            decode_wide_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
     }
 }
 

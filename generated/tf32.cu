@@ -3,7 +3,7 @@
 // library:
 //   library tf32 {
 //     layout   A row, B col, C row
-//     members  lib_tf32_tma, lib_tf32_staged, lib_tf32_split, lib_tf32_streamk, lib_tf32_cluster, lib_tf32_pingpong, lib_tf32_async, tensorcore_tf32, lib_tf32_decode
+//     members  lib_tf32_tma, lib_tf32_staged, lib_tf32_split, lib_tf32_streamk, lib_tf32_cluster, lib_tf32_pingpong, lib_tf32_async, tensorcore_tf32, lib_tf32_decode, lib_tf32_decode_tc
 //     shapes   "library_shapes.txt"
 //     precision tf32
 //   }
@@ -5024,6 +5024,12 @@ constexpr int PART_FLOATS = 32;  // shared partial sums of slices 1 .. SLICES - 
 constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
+// The tensor path (passes of 5 to 16 rows; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
+// step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
+constexpr int PRODUCTS = 0;
+constexpr int TILES = 1;
+constexpr int TILE_SLICES = 4;
+constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its column per lane, issued together
 
 // ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
 
@@ -5051,7 +5057,49 @@ template <int PENDING>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
 }
+// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
+                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
+// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
+// which is exactly the TF32 fragment layout above when shared rows run along K.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
+}
 static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
+static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
+static_assert(CHUNKS_IN_FLIGHT % 2 == 0, "the scalar variant issues half the float4s, four floats each");
 
 // V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
 template <int V>
@@ -5174,6 +5222,162 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
     __syncthreads();  // s_part is free for the next pass
 }
 
+// ---- the tensor path: a pass of 5 to 16 rows (R = 8 or 16) on mma.sync m16n8k8 ------------------
+// The sum over K is order-free: lane 4g + t takes k = 16q + 4t .. 16q + 4t + 3 of chunk q (one float4
+// of its column g of the tile, and of rows g and g + 8 of the small operand) as k slots t and t + 4
+// of two k steps (.x .y, then .z .w), the same slots for A and for B.
+
+// Where k of a row of shared memory lies: odd rows swap their 16-float halves, so that the two rows
+// a quarter warp reads (g, t = 0..3 for two g) fall on all 32 banks.
+__device__ __forceinline__ int swizzled(int r, int k) { return k ^ ((r & 1) << 4); }
+
+// Four floats of shared memory (16-byte aligned) by ld.shared: the passes are calls, in which the
+// compiler no longer knows s_rows is shared (volatile: never hoisted past the tile's barriers).
+__device__ __forceinline__ void load_shared4(float (&v)[4], const float* p) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ld.shared.v4.f32 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(address));
+}
+
+// c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
+// PRODUCTS 3: both split into big + small TF32 parts, small x big + big x small + big x big.
+template <bool UPPER>
+__device__ __forceinline__ void mma_step(float (&c)[4], float a0, float a1, float a2, float a3, float b0, float b1) {
+    unsigned ab[4] = {0u, 0u, 0u, 0u}, bb[2];
+    if constexpr (PRODUCTS == 3) {
+        unsigned as[4] = {0u, 0u, 0u, 0u}, bs[2];
+        split_tf32(a0, ab[0], as[0]);
+        split_tf32(a2, ab[2], as[2]);
+        if constexpr (UPPER) {
+            split_tf32(a1, ab[1], as[1]);
+            split_tf32(a3, ab[3], as[3]);
+        }
+        split_tf32(b0, bb[0], bs[0]);
+        split_tf32(b1, bb[1], bs[1]);
+        mma_tf32(c[0], c[1], c[2], c[3], as, bb);
+        mma_tf32(c[0], c[1], c[2], c[3], ab, bs);
+    } else {
+        ab[0] = to_tf32(a0);
+        ab[2] = to_tf32(a2);
+        if constexpr (UPPER) {
+            ab[1] = to_tf32(a1);
+            ab[3] = to_tf32(a3);
+        }
+        bb[0] = to_tf32(b0);
+        bb[1] = to_tf32(b1);
+    }
+    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
+}
+
+// A lane's U float4s of its column (or 4 floats each, unaligned): chunks q0, q0 + TILE_SLICES, ..,
+// each at 16 q of `column` (the lane's 4 t already added), zeros past `left` floats and where not live.
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_chunks(float (&b)[U][4], const float* column, int q0, int left, bool live) {
+    if (live && (q0 + (U - 1) * TILE_SLICES) * 16 + 4 <= left) {  // every chunk whole: no checks
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + (q0 + u * TILE_SLICES) * 16 + e);
+        return;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = (q0 + u * TILE_SLICES) * 16;
+#pragma unroll
+        for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
+            if (live && k + e < left) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + k + e);
+            else fill_zero<ALIGNED ? 4 : 1>(b[u] + e);
+        }
+    }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 5 to R rows
+// (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
+// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of each K tile.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    constexpr int V = ALIGNED ? 4 : 1;
+    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 32)
+    constexpr int U = ALIGNED ? CHUNKS_IN_FLIGHT : CHUNKS_IN_FLIGHT / 2;  // scalar loads: 4 per chunk
+    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tile = warp % TILES, slice = warp / TILES;
+    const int g = lane / 4, t = lane % 4;
+    const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
+    const bool live = j < cols;
+    const float* column = G + (live ? (long long)j * ldg : 0);
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+
+    // A batch of U chunks is issued after the last one is multiplied, the next tile's first batch
+    // included: its loads are in flight through the tile's barriers and refill of the small operand.
+    // Every warp has a batch in every tile but the last (a whole tile is KT / 16 >= TILE_SLICES chunks).
+    float b[U][4];
+    load_chunks<U, ALIGNED>(b, column + 4 * t, slice, min(KT, K) - 4 * t, live);
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        const int klen = min(KT, K - k0), chunks = (klen + 15) / 16;
+        const int vectors = chunks * 16 / V;  // per row: up to a whole chunk, zeros past klen
+        __syncthreads();  // every warp is done with the last tile
+        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+            const int r = i / vectors, k = i % vectors * V;
+            const bool valid = r < rows && k < klen;
+            cp_async<4 * V>(s_rows + r * KT + swizzled(r, k), valid ? S + r * lds + k0 + k : S, valid);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll 1
+        for (int q0 = slice; q0 < chunks; q0 += TILE_SLICES * U) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int q = min(q0 + u * TILE_SLICES, chunks - 1);  // past the tile: b is zero
+                float a[4], a8[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8 at k = 16q + 4t ..
+                load_shared4(a, s_rows + g * KT + swizzled(g, q * 16) + 4 * t);
+                if constexpr (R == 16) load_shared4(a8, s_rows + (g + 8) * KT + swizzled(g + 8, q * 16) + 4 * t);
+                mma_step<R == 16>(c, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
+                mma_step<R == 16>(c, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
+            }
+            // the next batch: of this tile, else the first of the next tile (none past K)
+            const bool here = q0 + TILE_SLICES * U < chunks;
+            const int next_k0 = here ? k0 : k0 + KT, next_q = here ? q0 + TILE_SLICES * U : slice;
+            load_chunks<U, ALIGNED>(b, column + next_k0 + 4 * t, next_q, min(KT, K - next_k0) - 4 * t, live);
+        }
+    }
+
+    // Across the tile's slices in slice order; lane 4g + t holds rows g, g + 8 x columns 2t, 2t + 1.
+    if (slice > 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s_part[((slice - 1) * TILES + tile) * 128 + lane * 4 + i] = c[i];
+    }
+    __syncthreads();
+    if (slice == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = g + 8 * (i / 2), jc = col0 + tile * 8 + 2 * t + i % 2;
+            if (r >= rows || jc >= cols) continue;
+            float sum = c[i];
+            for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * 128 + lane * 4 + i];
+            float* out = C + r * c_row + jc * c_col;
+            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+        }
+    }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+// A pass of 5 to 16 rows: FFMA, or the tensor path (only the one taken is instantiated).
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_wide_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    if constexpr (PRODUCTS == 0)
+        decode_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
+    else
+        decode_tensor_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
+}
+
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
 gemmgen_tf32_5_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
@@ -5211,9 +5415,9 @@ gemmgen_tf32_5_kernel(int M, int N, int K, float alpha, const float* __restrict_
         else if (left <= 4)
             decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else if (left <= 8)
-            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+            decode_wide_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else
-            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+            decode_wide_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
     }
 }
 
@@ -9320,7 +9524,7 @@ namespace gemmgen_tf32_choice {
 // ---- the choice (gemmgen/selection.py): predicted ms of a member for a call ------------------
 struct Point { int M, N, K; double ms, ln_m, ln_n, ln_k, log_ratio; };  // a tuned shape
 struct Model { const Point* points; int count; double coef[5]; };  // count 0: no data in this class
-struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; bool stream_k; int cluster_m, cluster_n; bool decode; };
+struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; bool stream_k; int cluster_m, cluster_n; bool decode; int decode_products; };
 
 static const Point tf32_0_aligned[] = {
     {256, 256, 256, 0.013632000423967838, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.18691562583631324},
@@ -9743,77 +9947,77 @@ static const Member members[11] = {
      {tf32_0_unaligned, 9, {0.0, 0.0008118899865331895, 0.02031147956921642, 0.1099145091440136, 0.0}}
      , true
      , 1, 1
-     , false
+     , false, 0
     },
     {64, 128, 32, 1, 1, true, true,
      {tf32_1_aligned, 27, {0.005947529205779077, 0.0002349746483421794, 0.0006377017210566668, 0.021721427687256788, 0.0}},
      {tf32_1_unaligned, 9, {0.011035991701021621, 0.0005169725845781996, 0.0022396095452938735, 0.06287964125830171, 0.0}}
      , false
      , 1, 1
-     , false
+     , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
      {tf32_2_aligned, 27, {0.002659241623243901, 0.0005434678309960075, 0.006343151547135817, 0.026572750775782576, 0.0}},
      {tf32_2_unaligned, 9, {0.0, 0.0002705109066475809, 0.012630889349148276, 0.32049163766839117, 0.0}}
      , false
      , 2, 1
-     , false
+     , false, 0
     },
     {128, 128, 32, 4, 1, true, true,
      {tf32_3_aligned, 27, {0.00909593053029434, 0.0003165767476222466, 0.010280227921566602, 0.06115904808270575, 0.0}},
      {tf32_3_unaligned, 9, {0.014723024645111119, 0.0005654592942428202, 0.0, 0.1526821437951838, 2.8842873756863576}}
      , false
      , 1, 1
-     , false
+     , false, 0
     },
     {64, 64, 32, 128, 1, true, true,
      {tf32_4_aligned, 27, {0.02120855106852434, 0.0, 0.001552068679585107, 0.12190452308404706, 23.16556746724382}},
      {tf32_4_unaligned, 9, {0.06059593418659448, 0.0, 0.00022394267338703424, 0.5702270360834121, 70.93045063977662}}
      , false
      , 1, 1
-     , false
+     , false, 0
     },
     {16, 2, 512, 1, 5, true, false,
      {tf32_5_aligned, 7, {0.0, 0.001133619689998031, 0.0, 0.0, 0.0}},
      {tf32_5_unaligned, 3, {0.0, 0.0012664166970787567, 0.0, 0.0, 0.0}}
      , false
      , 1, 1
-     , true
+     , true, 0
     },
     {128, 128, 32, 16, 1, true, true,
      {tf32_6_aligned, 27, {0.008826428163729378, 0.00032858149918860255, 0.005214035953645074, 0.06319624906085962, 3.6464552471368137}},
      {tf32_6_unaligned, 9, {0.017329165472138926, 0.00038469168829328125, 0.001966055764299799, 0.18405737683774318, 8.39936869169914}}
      , false
      , 1, 1
-     , false
+     , false, 0
     },
     {128, 192, 32, 1, 1, true, true,
      {tf32_7_aligned, 27, {0.0050944939777075576, 0.00045350520391752473, 0.0031267153566584666, 0.023120266025383755, 0.0}},
      {tf32_7_unaligned, 9, {0.009642922073144239, 0.00039525110092510844, 0.0, 0.3166850217660883, 0.0}}
      , false
      , 1, 1
-     , false
+     , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
      {tf32_8_aligned, 27, {0.004651015184206774, 0.0002401193958535395, 0.0007494093641511503, 0.019444789873990016, 0.0}},
      {tf32_8_unaligned, 9, {0.01730853935915336, 0.0003398616323472233, 0.0, 0.007249782823111144, 0.0}}
      , false
      , 1, 1
-     , false
+     , false, 0
     },
     {128, 128, 32, 8, 1, true, true,
      {tf32_9_aligned, 27, {0.007485190538413452, 0.0003231004641043296, 0.009368575528688328, 0.058548884638789205, 0.1966360373473492}},
      {tf32_9_unaligned, 9, {0.01563122494054192, 0.000766934598175739, 0.0, 0.08630807619142392, 5.312482770121222}}
      , false
      , 1, 1
-     , false
+     , false, 0
     },
     {128, 128, 32, 1, 2, true, false,
      {tf32_10_aligned, 27, {0.004551742267693361, 0.0016190510530942376, 0.0027059080110336917, 0.21713483380118503, 0.0}},
      {tf32_10_unaligned, 9, {0.026651043324381216, 0.0020452982129835506, 0.0, 0.33898833740411627, 0.0}}
      , false
      , 1, 1
-     , false
+     , false, 0
     },
 };
 
@@ -9846,11 +10050,15 @@ static void features(const Member& m, int M, int N, int K, int sm_count, int bat
         const long long rows = M < N ? M : N, cols = M < N ? N : M;
         const long long blocks = batch * ceil_div(cols, m.BN), passes = ceil_div(rows, m.BM);
         const long long waves = ceil_div(blocks, (long long)sm_count * m.slots_per_sm);
+        // the tensor path (mma.sync, decode_products per k step) at 5 rows or more: no per-row reads
+        const bool tensor = m.decode_products > 0 && rows >= 5;
+        const double work_rows = tensor ? 2.0 * (double)m.decode_products : (double)rows;
+        const double per_row = tensor ? 0.0 : (double)rows / 10;
         f[0] = 1.0;
-        f[1] = (double)(waves * passes * ceil_div(K, m.BK)) * (1.0 + (double)rows / 10);
+        f[1] = (double)(waves * passes * ceil_div(K, m.BK)) * (1.0 + per_row);
         f[2] = (double)waves;
         f[3] = 4.0 * K * ((double)batch * cols * passes + (double)blocks * rows) / 1e9;
-        f[4] = (double)waves * m.BN * K * rows / 1e9;  // the busiest block slot's multiply-adds, in G
+        f[4] = (double)waves * m.BN * K * work_rows / 1e9;  // the busiest block slot's multiply-adds, in G
         return;
     }
     const long long blocks = batch * tiles_m * tiles_n * m.split;

@@ -1,8 +1,8 @@
 """The decode kernel on the CPU (issue 28): its spec line and the errors at the line of every
 setting it refuses, the Plan's launch (grid, orientation, the aligned variant's needs) and argument
 checks, the generated source (every row count instantiated, the epilogue's beta rule, no C read
-where beta is 0) and NVRTC compiles of the libraries' decode search space without spills.
-The GPU tests are tests/test_gpu_decode.py."""
+where beta is 0; under math tf32 / 3xtf32 the tensor path for 5 to 16 rows) and NVRTC compiles of
+the libraries' decode search space without spills. The GPU tests are tests/test_gpu_decode.py."""
 
 from __future__ import annotations
 
@@ -61,7 +61,10 @@ ERRORS = [
     (("decode columns 4 warps 8 slices 2", "decode columns 4 warps 6 slices 4"), "do not divide the block's 6 warps", 4, 35),
     (("decode columns 4 warps 8 slices 2", "decode columns 4 warps 33"), "33 is not a valid value for decode.warps", 4, 26),
     (("  target sm_90\n", "  target sm_90\n  block 64 x 64 x 8\n"), "'block.m' does not apply to the decode kernel", 3, 9),
-    (("  target sm_90\n", "  target sm_90\n  math tf32\n"), "multiplies with FP32 FFMA", 3, 8),
+    (("decode columns 4 warps 8 slices 2", "decode columns 1 warps 8 slices 4\n  math tf32"),
+     "math tf32 multiplies 8 columns of the big operand per mma.sync, but this block takes 2", 4, 18),
+    (("decode columns 4 warps 8 slices 2", "decode columns 2 warps 4 slices 2\n  math 3xtf32"),
+     "this block takes 4 (columns 2 x warps 4 / slices 2)", 4, 18),
     (("layout A row, B col", "layout A col, B col"), "reads A and B along K", 3, 12),
     (("  target sm_90\n", "  target sm_90\n  bias col\n"), "no fused epilogue", 3, 8),
     (("  target sm_90\n", "  target sm_90\n  activation gelu\n"), "no fused epilogue", 3, 14),
@@ -111,8 +114,10 @@ def test_the_vector_path_needs_a_and_b_rows_aligned_and_nothing_of_c():
 
 def test_the_source_instantiates_every_row_count_and_reads_c_only_where_beta_is_not_zero():
     source = generate(plan_of())
-    for rows in (1, 2, 4, 8, 16):
+    for rows in (1, 2, 4):
         assert f"decode_pass<{rows}, ALIGNED>(" in source
+    for rows in (8, 16):  # FFMA (decode_pass) under math simt, else the tensor path
+        assert f"decode_wide_pass<{rows}, ALIGNED>(" in source
     assert "*out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;" in source
     assert "const bool transposed = M > N;" in source
     assert re.search(r"constexpr int BLOCK_COLS = 16;", source)
@@ -136,10 +141,57 @@ def test_the_shipped_spec_is_a_decode_kernel():
     assert plan.path == "decode" and plan.epilogue.beta
 
 
-@pytest.mark.parametrize("columns,warps,slices", [(1, 8, 1), (2, 4, 2), (4, 4, 1), (4, 8, 2)])
-def test_the_library_search_space_compiles_every_row_count_without_spills(columns, warps, slices):
-    plan = plan_of(decode_columns=columns, decode_warps=warps, decode_slices=slices)
+@pytest.mark.parametrize("columns,warps,slices,math", [(1, 8, 1, "simt"), (2, 4, 2, "simt"), (4, 4, 1, "simt"),
+                                                        (4, 8, 2, "simt"), (1, 8, 1, "3xtf32"), (2, 8, 1, "tf32"),
+                                                        (2, 8, 2, "3xtf32"), (4, 4, 1, "tf32"), (4, 8, 1, "3xtf32")])
+def test_the_library_search_space_compiles_every_row_count_without_spills(columns, warps, slices, math):
+    plan = plan_of(decode_columns=columns, decode_warps=warps, decode_slices=slices, math=math)
     compiled = compile_plan(plan)
     assert len(compiled.resources) == 2  # the aligned and scalar variants, each with all five row counts
     for symbol, report in compiled.resources.items():
         assert not report.spills, (columns, warps, slices, symbol, report.registers)
+
+
+# --- the tensor path (math tf32 / 3xtf32): mma.sync for passes of 5 to 16 rows
+
+def test_math_tf32_and_3xtf32_plan_the_tensor_path_over_the_blocks_columns():
+    for math, products in (("tf32", 1), ("3xtf32", 3)):
+        plan = plan_of(math=math)  # columns 4 x warps 8 / slices 2: 16 columns, two tiles of 8
+        m = plan.mainloop
+        assert plan.math == math and m.products == products
+        assert (m.tensor_tiles, m.tensor_slices) == (2, 4)  # 4 warps per tile, each a slice of K
+        assert m.part_floats == (4 - 1) * 2 * 16 * 8     # slices 2 .. 4's 16 x 8 sums of each tile
+        assert plan.tile.occupancy == 2 and m.pass_inlining == "__noinline__"
+        assert math in dict(plan.rows())["math"] and "tensor path" in dict(plan.rows())
+    simt = plan_of()
+    assert simt.mainloop.products == 0 and simt.tile.occupancy == 0 and simt.mainloop.pass_inlining == "__forceinline__"
+    assert plan_of("  occupancy 3\n", math="tf32").tile.occupancy == 3  # the spec's own occupancy stands
+    one_tile = plan_of(math="3xtf32", decode_columns=1, decode_warps=8, decode_slices=1).mainloop
+    assert (one_tile.tensor_tiles, one_tile.tensor_slices) == (1, 8)
+
+
+def test_the_tensor_source_takes_5_to_16_rows_on_mma_sync_and_1_to_4_on_ffma():
+    for math, products in (("tf32", 1), ("3xtf32", 3)):
+        source = generate(plan_of(math=math))
+        assert f"constexpr int PRODUCTS = {products};" in source
+        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in source
+        assert "cvt.rna.tf32.f32" in source  # rounded to nearest, as cuBLAS TF32
+        for rows in (1, 2, 4):
+            assert f"decode_pass<{rows}, ALIGNED>(" in source
+        for rows in (8, 16):
+            assert f"decode_wide_pass<{rows}, ALIGNED>(" in source
+        assert "__launch_bounds__(THREADS, 2)" in source
+        assert "__device__ __noinline__ void decode_tensor_pass(" in source
+        assert "atomicAdd" not in source  # the tiles' K slices are summed in a fixed order
+    assert "constexpr int PRODUCTS = 0;" in generate(plan_of())
+
+
+def test_a_tensor_points_spec_text_and_description_keep_its_math():
+    from gemmgen.plan.space import describe, to_text
+    (spec,) = parse(BASE.format(extra="  math 3xtf32\n"))
+    assert describe(spec) == "decode=4x8x2 math=3xtf32"
+    text = to_text(spec, "again", "a comment")
+    (again,) = parse(text)
+    assert again["math"] == "3xtf32" and make_plan(again).mainloop.products == 3
+    (plain,) = parse(BASE.format(extra=""))
+    assert describe(plain) == "decode=4x8x2" and "math" not in to_text(plain, "again", "a comment")

@@ -2,7 +2,9 @@
 timed only at the shapes it is built for (M or N <= 16), kept where it wins there, never the portable
 member, never predicted (so never chosen) where both M and N pass 16, modelled by the bytes it reads,
 and chosen by the emitted C exactly as by Python. A TF32 library takes it (exact FP32 is more
-accurate than TF32); a fused call never gets it (it has no fused epilogue)."""
+accurate than TF32), and its tensor path (math tf32 / 3xtf32, mma.sync at 5 to 16 rows) in the
+library of its precision, with the model's tensor terms in Python and C alike; a fused call never
+gets it (it has no fused epilogue)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from gemmgen.language.load import load_one
 from gemmgen.library.manifest import build_manifest
 from gemmgen.library.model import kernel_key, member_shape
 from gemmgen.library.resolve import load_libraries
-from gemmgen.library.selection import DECODE_ROWS, DECODE_ROWS_PER_READ, MemberShape, choose, features, predict, serves
+from gemmgen.library.selection import (DECODE_ROWS, DECODE_ROWS_PER_READ, DECODE_TENSOR_WORK_ROWS, MemberShape, choose, features,
+                                        predict, serves)
 from gemmgen.library.tune import tune_library
 from gemmgen.plan import make_plan
 from library_fake import FakeGpu
@@ -28,6 +31,7 @@ LIBRARY = """kernel dec {{
   target   sm_90
   layout   A row, B col, C row
   decode   columns {{1, 4}} warps 8 slices {{1, 2}}
+  math     {math}
 }}
 library dl {{
   layout   A row, B col, C row
@@ -38,12 +42,17 @@ library dl {{
 """
 
 
-@pytest.fixture
-def decode_library(monkeypatch, tmp_path):
+# (the portable member, the decode member's math, the library's precision)
+LIBRARIES = {"fp32": ("tensorcore_3xtf32", "simt", "fp32"), "tf32": ("tensorcore_tf32", "{simt, tf32}", "tf32")}
+
+
+@pytest.fixture(params=list(LIBRARIES))
+def decode_library(request, monkeypatch, tmp_path):
     gpu = FakeGpu(tmp_path / "measured.log").install(monkeypatch)
     for name in ("tensorcore_3xtf32", "tensorcore_tf32"):  # the portable member and its parent
         shutil.copy(SPECS_DIR / f"{name}.gemm", tmp_path)
-    (tmp_path / "dl.gemm").write_text(LIBRARY.format(members="tensorcore_3xtf32, dec", precision="fp32"))
+    portable, math, precision = LIBRARIES[request.param]
+    (tmp_path / "dl.gemm").write_text(LIBRARY.format(members=f"{portable}, dec", math=math, precision=precision))
     (library,) = load_libraries(tmp_path / "dl.gemm")
     db = tmp_path / "dl.jsonl"
     tune_library(library, db=db)
@@ -82,6 +91,10 @@ def test_the_c_choice_is_pythons_and_never_decode_past_16(decode_library, tmp_pa
     for (M, N, *_), chosen in zip(cases, python):
         if min(M, N) > DECODE_ROWS:
             assert not manifest.members[chosen].decode, (M, N)
+    if manifest.precision == "tf32":  # the fake's tensor path wins at 5 to 16 rows: C must model it as Python
+        assert any(m.decode and m.math == "tf32" for m in manifest.members)
+        assert any(manifest.members[c].math == "tf32" and manifest.members[c].decode and 5 <= min(M, N) <= 16
+                   for (M, N, *_), c in zip(cases, python))
     assert any(manifest.members[c].decode for c in python)
 
 
@@ -108,20 +121,61 @@ def test_its_model_counts_the_bytes_it_reads():
     plan = make_plan(load_one(SPECS_DIR / "decode.gemm", "decode"))
     shape = member_shape(plan, 2)
     assert shape.decode and (shape.BM, shape.BN) == (16, plan.mainloop.block_columns)
+    assert shape.decode_products == 0
+
+
+def test_its_tensor_path_costs_no_per_row_reads_and_a_fixed_work_per_product():
+    ffma = MemberShape(16, 16, 512, 1, 2, decode=True)
+    for products in (1, 3):
+        tensor = MemberShape(16, 16, 512, 1, 2, decode=True, decode_products=products)
+        for rows in (1, 4):  # FFMA passes: the same terms as the FFMA member's
+            assert features(tensor, rows, 4096, 4096, 132) == features(ffma, rows, 4096, 4096, 132)
+        for rows in (5, 8, 16):
+            f, g = features(tensor, rows, 11008, 4096, 132), features(ffma, rows, 11008, 4096, 132)
+            waves = math.ceil(11008 / 16 / (132 * 2))
+            assert f[1] == pytest.approx(waves * (4096 // 512))                 # no per-row term
+            assert f[4] == pytest.approx(waves * 16 * 4096 * DECODE_TENSOR_WORK_ROWS * products / 1e9)
+            assert f[:1] + f[2:4] == g[:1] + g[2:4]                              # launch, waves, bytes: the same
+    # planned members carry their products into the model, and a manifest's member rebuilds them
+    spec = load_one(SPECS_DIR / "decode.gemm", "decode")
+    for math_, products in (("simt", 0), ("tf32", 1), ("3xtf32", 3)):
+        assert member_shape(make_plan(spec.with_values(math=math_))).decode_products == products
+    from gemmgen.library.manifest import ManifestMember
+    kept = ManifestMember("m", "k", "p", "dec", "", "sm_90", "3xtf32", 16, 16, 512, 1, 2, True, False, {}, decode=True)
+    assert kept.shape.decode_products == 3
+    assert ManifestMember.from_dict(kept.to_dict()).shape == kept.shape
 
 
 def test_a_tf32_library_takes_it(tmp_path):
     shutil.copy(SPECS_DIR / "tensorcore_tf32.gemm", tmp_path)
-    (tmp_path / "dl.gemm").write_text(LIBRARY.format(members="tensorcore_tf32, dec", precision="tf32"))
+    (tmp_path / "dl.gemm").write_text(LIBRARY.format(members="tensorcore_tf32, dec", math="simt", precision="tf32"))
     (library,) = load_libraries(tmp_path / "dl.gemm")
     assert library.precision == "tf32"
     assert any(p.path == "decode" for p in library.candidates())
 
 
+def test_its_tensor_math_must_be_the_librarys_precision(tmp_path):
+    shutil.copy(SPECS_DIR / "tensorcore_3xtf32.gemm", tmp_path)
+    shutil.copy(SPECS_DIR / "tensorcore_tf32.gemm", tmp_path)
+    (tmp_path / "ok.gemm").write_text(LIBRARY.format(members="tensorcore_3xtf32, dec", math="{simt, 3xtf32}",
+                                                     precision="fp32"))
+    (library,) = load_libraries(tmp_path / "ok.gemm")
+    assert {p.math for p in library.candidates() if p.path == "decode"} == {"simt", "3xtf32"}
+    (tmp_path / "bad.gemm").write_text(LIBRARY.format(members="tensorcore_3xtf32, dec", math="{simt, tf32}",
+                                                      precision="fp32"))
+    with pytest.raises(SpecError) as info:
+        load_libraries(tmp_path / "bad.gemm")
+    assert "member 'dec' mixes math simt, tf32" in info.value.message
+    assert info.value.line == 9, info.value.render()  # the library's members line
+
+
 def test_the_shipped_libraries_have_a_decode_member_and_decode_shapes():
     for name in ("fp32", "tf32"):
         (library,) = load_libraries(SPECS_DIR / f"{name}.gemm")
-        assert sum(p.path == "decode" for p in library.candidates()) == 12
+        decode = [p for p in library.candidates() if p.path == "decode"]
+        # 12 FFMA points, and the 8 of them whose block is a multiple of 8 columns on the tensor path
+        assert len(decode) == 20 and sum(p.math == "simt" for p in decode) == 12
+        assert {p.math for p in decode} == {"simt", "3xtf32" if name == "fp32" else "tf32"}
         decode_shapes = [s for s in library.shapes if min(s.M, s.N) <= 16 and s.K * max(s.M, s.N) >= 16 << 20]
         assert len(decode_shapes) >= 4 and any(s.N <= 16 for s in decode_shapes)
 

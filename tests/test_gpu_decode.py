@@ -3,7 +3,11 @@ memory) and N from 1 to 16 with a large M (C^T = B^T A^T), more than 16 rows (se
 (the scalar variant), K across several shared K tiles, leading dimensions past the width, pointers
 one float off 16 bytes, beta != 0 and beta == 0 over a C full of NaN, K split over a column group's
 warps (slices), C column-major, and strided batches (packed, stride 0 broadcast, batch 0). Every
-matrix lies in a NaN-filled buffer: nothing outside C may be written.
+matrix lies in a NaN-filled buffer: nothing outside C may be written. Each test runs on the FFMA
+kernels and on the tensor path's (math tf32 / 3xtf32: mma.sync for 5 to 16 rows, FFMA for 1 to 4),
+each within its own math's tolerance; and the tensor path's error class: 3xtf32 within cuBLAS FP32's
+(about 1e-6 relative), tf32 rounded to nearest (as cuBLAS TF32), 1 to 4 rows still exact FP32, the
+same bits run after run.
 
 Run with `pytest -m gpu tests/test_gpu_decode.py` (needs PyTorch with CUDA, no CuPy); skipped
 without a GPU.
@@ -31,7 +35,17 @@ SPECS = {
     "decode_slices": replace(SHIPPED.with_values(decode_columns=4, decode_warps=8, decode_slices=4),
                              name="decode_slices"),                                    # K over 4 warps
     "decode_ccol": replace(SHIPPED.with_values(layout_C="col", decode_columns=1), name="decode_ccol"),
+    # the tensor path: 2 tiles of 8 columns x 4 warps each (K slices); one tile x 8 warps; 4 tiles x 2
+    # warps with C column-major; 1 tile x 4 warps (a block of 4 warps)
+    "decode_tf32": replace(SHIPPED.with_values(math="tf32"), name="decode_tf32"),
+    "decode_3xtf32": replace(SHIPPED.with_values(math="3xtf32"), name="decode_3xtf32"),
+    "decode_3xtf32_tile": replace(SHIPPED.with_values(math="3xtf32", decode_columns=1), name="decode_3xtf32_tile"),
+    "decode_tf32_ccol": replace(SHIPPED.with_values(math="tf32", layout_C="col", decode_columns=4),
+                                name="decode_tf32_ccol"),
+    "decode_3xtf32_w4": replace(SHIPPED.with_values(math="3xtf32", decode_columns=2, decode_warps=4),
+                                name="decode_3xtf32_w4"),
 }
+TENSOR = [name for name, spec in SPECS.items() if spec["math"] != "simt"]
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +143,7 @@ def check(torch, kernel, M, N, K, *, pad=0, offset=0, beta=-0.5, alpha=1.5, batc
         old = np.zeros((M, N)) if beta == 0 else Cs[i].astype(np.float64)
         reference = alpha * (A64 @ B64) + beta * old
         scale = abs(alpha) * (np.abs(A64) @ np.abs(B64)) + abs(beta) * np.abs(old)
-        bad = ~(np.abs(outs[i] - reference) <= verify.tolerance(scale, max(K, 1), "simt"))
+        bad = ~(np.abs(outs[i] - reference) <= verify.tolerance(scale, max(K, 1), kernel.plan.spec["math"]))
         assert not bad.any(), f"{what}: {int(bad.sum())} of {M * N} wrong in batch {i}"
     assert np.isnan(c.outside(batch)).all(), f"{what}: wrote outside C"
 
@@ -202,3 +216,72 @@ def test_bad_arguments_are_refused_with_nothing_written(kernels, torch):
             kernel.launch(m, n, k, 1.0, A.data_ptr(), lda, B.data_ptr(), ldb, 0.0, C.data_ptr(), ldc)
     torch.cuda.synchronize()
     assert torch.isnan(C).all()
+
+
+# --- the tensor path's error class and reproducibility
+
+def _tf32_nearest(x: np.ndarray) -> np.ndarray:
+    """float32 -> TF32 rounded to nearest, ties away from zero (cvt.rna.tf32.f32), as float64."""
+    bits = x.astype(np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+
+
+def _relative(out, reference) -> float:
+    return float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
+
+
+def _run(torch, kernel, A, Bt, transposed=False):
+    """C = A B (B = Bt^T, K-contiguous, an nn.Linear weight) on the device; C^T's orientation is the
+    kernel's choice (N < M)."""
+    M, K = A.shape
+    N = Bt.shape[0]
+    a, b = torch.from_numpy(A).cuda(), torch.from_numpy(Bt).cuda()
+    layout_c = kernel.plan.c_layout
+    c = torch.full((M, N) if layout_c == "row" else (N, M), float("nan"), device="cuda")
+    kernel.launch(M, N, K, 1.0, a.data_ptr(), K, b.data_ptr(), K, 0.0, c.data_ptr(), N if layout_c == "row" else M)
+    torch.cuda.synchronize()
+    out = c.cpu().numpy().astype(np.float64)
+    return out if layout_c == "row" else out.T
+
+
+@pytest.mark.parametrize("rows", [5, 8, 13, 16])
+@pytest.mark.parametrize("mirror", [False, True])
+def test_3xtf32_is_in_cublas_fp32s_class_and_tf32_is_rounded_to_nearest(rows, mirror, kernels, torch):
+    rng = np.random.default_rng(rows)
+    K, wide = 4096, 1000
+    small = rng.uniform(-1, 1, (rows, K)).astype(np.float32)
+    big = rng.uniform(-1, 1, (wide, K)).astype(np.float32)
+    # M small (rows of A, B's columns streamed), or its mirror N small (C^T = B^T A^T)
+    A, Bt = (big, small) if mirror else (small, big)
+    exact = A.astype(np.float64) @ Bt.astype(np.float64).T
+    three = _relative(_run(torch, kernels("decode_3xtf32"), A, Bt), exact)
+    assert three < 5e-6, f"3xtf32 at {rows} rows: relative error {three:.2e}, FP32's class is about 1e-6"
+    one = _run(torch, kernels("decode_tf32"), A, Bt)
+    # rounded to nearest: the product of A and B rounded to TF32, summed in FP32; not FP32-exact
+    rounded = _tf32_nearest(A) @ _tf32_nearest(Bt).T
+    assert _relative(one, rounded) < 5e-6, f"tf32 at {rows} rows is not A and B rounded to nearest"
+    assert 1e-5 < _relative(one, exact) < 2e-3, f"tf32 at {rows} rows: {_relative(one, exact):.2e} off FP32"
+    truncated = ((A.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+                 @ (Bt.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64).T)
+    assert _relative(one, rounded) < _relative(one, truncated) / 10  # rounded, not truncated
+
+
+@pytest.mark.parametrize("name", TENSOR)
+def test_one_to_four_rows_stay_exact_fp32_under_tensor_math(name, kernels, torch):
+    rng = np.random.default_rng(4)
+    for rows in (1, 2, 3, 4):
+        A = rng.uniform(-1, 1, (rows, 2048)).astype(np.float32)
+        Bt = rng.uniform(-1, 1, (300, 2048)).astype(np.float32)
+        error = _relative(_run(torch, kernels(name), A, Bt), A.astype(np.float64) @ Bt.astype(np.float64).T)
+        assert error < 5e-6, f"{name} at {rows} rows: {error:.2e} (FFMA is exact FP32)"
+
+
+@pytest.mark.parametrize("name", TENSOR)
+def test_the_tensor_path_gives_the_same_bits_every_run(name, kernels, torch):
+    rng = np.random.default_rng(9)
+    for rows, wide, K in ((16, 777, 5000), (7, 64, 131), (3000, 11, 4099)):
+        A = rng.uniform(-1, 1, (rows, K)).astype(np.float32)
+        Bt = rng.uniform(-1, 1, (wide, K)).astype(np.float32)
+        first = _run(torch, kernels(name), A, Bt)
+        for _ in range(3):
+            assert np.array_equal(_run(torch, kernels(name), A, Bt), first), (name, rows, wide, K)

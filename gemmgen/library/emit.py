@@ -18,7 +18,7 @@ from ..outputs import marker_line
 from ..plan import Plan, make_plan
 from ..plan.space import describe, point_key
 from .manifest import Manifest
-from .selection import BANDWIDTH, DECODE_ROWS, DECODE_ROWS_PER_READ, PRIOR
+from .selection import BANDWIDTH, DECODE_ROWS, DECODE_ROWS_PER_READ, DECODE_TENSOR_WORK_ROWS, PRIOR, TENSOR_MIN_ROWS
 
 
 
@@ -37,7 +37,8 @@ def library_source(manifest: Manifest, origin: str, source_lines: list[str]) -> 
                 models[cls] = SimpleNamespace(points=points, coef=[repr(float(c)) for c in model.coef])
             else:
                 models[cls] = None
-        members.append(SimpleNamespace(**{**vars(member), "models": models}))
+        members.append(SimpleNamespace(**{**vars(member), "models": models,
+                                          "decode_products": member.shape.decode_products}))
     first = plans[0]
     cc = manifest.device.compute_capability
     portable = manifest.portable_index
@@ -52,6 +53,7 @@ def library_source(manifest: Manifest, origin: str, source_lines: list[str]) -> 
         clusters=any(tuple(m.cluster) != (1, 1) for m in members),
         decode_template="library_decode.cuh.j2" if any(m.decode for m in members) else "library_plain.cuh.j2",
         decode_rows=DECODE_ROWS, decode_rows_per_read=DECODE_ROWS_PER_READ,
+        decode_tensor_rows=TENSOR_MIN_ROWS, decode_tensor_work_rows=repr(float(DECODE_TENSOR_WORK_ROWS)),
         loo_median=manifest.leave_one_out.median, loo_worst=manifest.leave_one_out.worst,
         cc=f"{cc[0]}.{cc[1]}", cc_major=cc[0], cc_minor=cc[1], portable=portable,
         portable_name=members[portable].name, prior=repr(PRIOR), bandwidth=repr(BANDWIDTH),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..language.load import parse
 from ..plan import Plan, make_plan
+from ..plan.parts.decode import PRODUCTS
 from ..plan.space import describe, to_text
 from .model import (MANIFEST_FORMAT, MAX_MEMBERS, Library, Measurements, kernel_key, member_shape, portable_member,
                     read_db, select_members, shape_class, shape_key, slots_per_sm)
@@ -63,7 +64,7 @@ class ManifestMember:
     @property
     def shape(self) -> MemberShape:
         return MemberShape(self.BM, self.BN, self.BK, self.split, self.slots_per_sm, self.stream_k, *self.cluster,
-                           self.decode)
+                           self.decode, PRODUCTS.get(self.math, 0) if self.decode else 0)
 
     def candidate(self) -> Candidate:
         return Candidate(self.shape, dict(self.models), beta=self.beta, needs_sm90a=self.needs_sm90a)

@@ -125,7 +125,8 @@ class Measurements:
 
 def member_shape(plan: Plan, slots_per_sm: int = 1) -> MemberShape:
     return MemberShape(plan.BM, plan.BN, plan.BK, plan.split_k, slots_per_sm, plan.schedule == "stream-k",
-                       plan.cluster_m, plan.cluster_n, plan.path == "decode")
+                       plan.cluster_m, plan.cluster_n, plan.path == "decode",
+                       plan.mainloop.products if plan.path == "decode" else 0)
 
 
 def slots_per_sm(plan: Plan) -> int:

@@ -62,11 +62,13 @@ def resolve(lib: LibrarySpec, kernels: list[Spec]) -> Library:
         precision_source = (lib.precision[0], "the library's precision line")
     for name, span, spec in _sized(lib, kernels):
         maths = spec.param("math").values
-        classes = {PRECISION_OF_MATH[m] for m in maths}
-        if spec.param("decode.columns").values != (0,) and maths == ("simt",):
-            # the decode kernel (M or N <= 16) multiplies in exact FP32 at HBM bandwidth: it serves a
-            # TF32 library too, at no cost (memory bound) and more accurately than TF32
-            classes = {precision_source[0] if precision_source else PRECISION_OF_MATH["simt"]}
+        decode_simt = precision_source[0] if precision_source else PRECISION_OF_MATH["simt"]
+        if spec.param("decode.columns").values != (0,):
+            # the decode kernel (M or N <= 16) multiplies in exact FP32 at HBM bandwidth under math simt: it
+            # serves a TF32 library too, at no cost (memory bound) and more accurately than TF32
+            classes = {decode_simt if m == "simt" else PRECISION_OF_MATH[m] for m in maths}
+        else:
+            classes = {PRECISION_OF_MATH[m] for m in maths}
         if len(classes) > 1:
             raise lib.error(span, f"member '{name}' mixes math {', '.join(maths)}: TF32 and FP32-accurate "
                             "kernels cannot share a library", "members of one precision: math tf32, or math simt/3xtf32")

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..plan.parts.decode import TENSOR_MIN_ROWS
+
 from ..plan.schedule import dealt_tiles
 
 CLASSES = ("aligned", "unaligned")
@@ -70,6 +72,7 @@ class MemberShape:
     cluster_m: int = 1      # clusters: a launch takes whole clusters of cluster_m x cluster_n tiles
     cluster_n: int = 1
     decode: bool = False    # the decode kernel (plan/decode.py): BM rows per pass, BN columns per block
+    decode_products: int = 0  # its tensor path's mma.sync per k step (math tf32: 1, 3xtf32: 3; simt: 0, none)
 
 
 # The decode member serves calls whose smaller dimension is at most this (more would re-read the big
@@ -79,6 +82,10 @@ DECODE_ROWS = 16
 # from HBM, per float of it: 4 bytes at an H100 SM's share of HBM (about 12.8 B/clk) against 4 bytes
 # a row at shared memory's 128 B/clk. A decode K tile's cost grows as 1 + rows / this.
 DECODE_ROWS_PER_READ = 10
+# The decode tensor path (passes of TENSOR_MIN_ROWS to 16 rows) reads the small operand's rows once per
+# 8 columns, not once per column: no per-row term. Its mma.sync take 16 rows (padded) per product at
+# about 8 times FFMA's multiply-adds per clock: the work of this many rows per product.
+DECODE_TENSOR_WORK_ROWS = 2
 
 
 def serves(member: MemberShape, M: int, N: int) -> bool:
@@ -91,20 +98,24 @@ def decode_features(member: MemberShape, M: int, N: int, K: int, sm_count: int, 
     - launch;
     - its blocks' waves x K tiles, each a sync and a refill of the small operand, and the tile's
       reads of the big operand and of `rows` rows of the small one from shared memory (1 + rows /
-      DECODE_ROWS_PER_READ);
+      DECODE_ROWS_PER_READ; on the tensor path 1: a read of the rows serves 8 columns);
     - waves;
     - the bytes of the big operand (read once per pass of BM rows) and of the small one (every block
       reads its batch's), in GB;
     - in the place of the split pass it has none of, its busiest block slot's multiply-adds (waves x
       BN columns x K x rows, in G): at 16 rows a float of the big operand costs 16 of them, and the
-      kernel is no longer bound by reading it."""
+      kernel is no longer bound by reading it. On the tensor path, DECODE_TENSOR_WORK_ROWS x
+      products in the place of rows."""
     rows, cols = min(M, N), max(M, N)
     blocks = batch * _ceil_div(cols, member.BN)
     passes = _ceil_div(rows, member.BM)
     waves = _ceil_div(blocks, max(1, sm_count * member.slots_per_sm))
     traffic_gb = 4.0 * K * (batch * cols * passes + blocks * rows) / 1e9
-    work_g = float(waves) * member.BN * K * rows / 1e9
-    steps = waves * passes * _ceil_div(K, member.BK) * (1.0 + rows / DECODE_ROWS_PER_READ)
+    tensor = member.decode_products > 0 and rows >= TENSOR_MIN_ROWS
+    work_rows = DECODE_TENSOR_WORK_ROWS * float(member.decode_products) if tensor else rows
+    work_g = float(waves) * member.BN * K * work_rows / 1e9
+    per_row = 0.0 if tensor else rows / DECODE_ROWS_PER_READ
+    steps = waves * passes * _ceil_div(K, member.BK) * (1.0 + per_row)
     return [1.0, float(steps), float(waves), traffic_gb, work_g]
 
 

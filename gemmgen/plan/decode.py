@@ -1,13 +1,14 @@
-"""Planning the decode kernel (`decode columns C warps W [slices S]`): GEMMs with M <= 16 or N <= 16,
-read at HBM bandwidth (parts/decode.py holds its mainloop and schedule). Checks each setting the
-kernel takes, and refuses, at its line, every setting of the tiled paths it has no use for."""
+"""Planning the decode kernel (`decode columns C warps W [slices S]`, and `math simt | tf32 | 3xtf32`):
+GEMMs with M <= 16 or N <= 16, read at HBM bandwidth (parts/decode.py holds its mainloop and
+schedule). Checks each setting the kernel takes, and refuses, at its line, every setting of the
+tiled paths it has no use for."""
 
 from __future__ import annotations
 
 from ..language.spec import SETTINGS, Spec
 from .arch import MAX_THREADS_PER_BLOCK, WARP, Arch
 from .base import Plan
-from .parts.decode import MAX_ROWS, Decode, DecodeSchedule, decode_unroll
+from .parts.decode import MAX_ROWS, MMA_COLUMNS, PRODUCTS, TENSOR_OCCUPANCY, Decode, DecodeSchedule, decode_unroll
 from .parts.epilogue import Epilogue
 from .parts.tile import Tile
 
@@ -36,10 +37,11 @@ def decode_plan(spec: Spec, arch: Arch) -> Plan:
             why, allowed = _WHY.get(key if key == "epilogue.staged" else key.split(".")[0], _OTHER)
             raise spec.error(key, f"'{key}' does not apply to the decode kernel: {why}",
                              allowed.format(word=key.split(".")[0]))
-    if spec["math"] != "simt":
-        raise spec.error("math", f"the decode kernel multiplies with FP32 FFMA (it is bound by reading the "
-                         f"big operand, so {spec['math']} would gain nothing and lose accuracy); it serves "
-                         "the tf32 library as it is", "math simt, or no math line")
+    math = spec["math"]
+    if math not in PRODUCTS:
+        raise spec.error("math", f"the decode kernel multiplies with FFMA (math simt) or, at 5 to 16 rows, "
+                         f"with TF32 mma.sync (math tf32 or 3xtf32); it has no {math}",
+                         "math simt, tf32 or 3xtf32")
     if (spec["layout.A"], spec["layout.B"]) != ("row", "col"):
         raise spec.error(("layout.A", "layout.B"), f"the decode kernel reads A and B along K (A row, B col: "
                          f"an nn.Linear's input and weight); this spec has A {spec['layout.A']}, "
@@ -51,8 +53,15 @@ def decode_plan(spec: Spec, arch: Arch) -> Plan:
     if warps * WARP > MAX_THREADS_PER_BLOCK:
         raise spec.error("decode.warps", f"{warps} warps are {warps * WARP} threads; a block has at most "
                          f"{MAX_THREADS_PER_BLOCK}", f"at most {MAX_THREADS_PER_BLOCK // WARP} warps")
-    mainloop = Decode(unroll=decode_unroll(columns), columns=columns, warps=warps, slices=slices, c_layout=spec["layout.C"])
-    occupancy = spec["occupancy"]
+    block_columns = columns * warps // slices
+    if PRODUCTS[math] and block_columns % MMA_COLUMNS:
+        raise spec.error(("decode.columns", "decode.warps", "decode.slices"),
+                         f"math {math} multiplies {MMA_COLUMNS} columns of the big operand per mma.sync, but "
+                         f"this block takes {block_columns} (columns {columns} x warps {warps} / slices "
+                         f"{slices})", f"columns x warps / slices a multiple of {MMA_COLUMNS}, or math simt")
+    mainloop = Decode(math=math, unroll=decode_unroll(columns), columns=columns, warps=warps, slices=slices,
+                      c_layout=spec["layout.C"])
+    occupancy = spec["occupancy"] or (TENSOR_OCCUPANCY if mainloop.products else 0)
     tile = Tile(BM=MAX_ROWS, BN=mainloop.block_columns, BK=8192 // MAX_ROWS, WM=MAX_ROWS, WN=columns,
                 TM=MAX_ROWS, TN=columns, RM=1, RN=1, SUB_M=MAX_ROWS, SUB_N=columns, warp_tiling=False,
                 warps_m=1, warps_n=warps, lanes_m=1, lanes_n=WARP, threads=warps * WARP, order="n",

@@ -32,7 +32,8 @@ def describe(spec: Spec) -> str:
     v = spec.__getitem__
     if v("decode.columns"):  # the decode kernel (plan/decode.py) has no tiles: its own three numbers
         occupancy = f" occ={v('occupancy')}" if v("occupancy") else ""
-        return f"decode={v('decode.columns')}x{v('decode.warps')}x{v('decode.slices')}{occupancy}"
+        math = f" math={v('math')}" if v("math") != "simt" else ""
+        return f"decode={v('decode.columns')}x{v('decode.warps')}x{v('decode.slices')}{math}{occupancy}"
     parts = [f"block={v('block.m')}x{v('block.n')}x{v('block.k')}"]
     if spec.written("warp.m"):
         parts.append(f"warp={v('warp.m')}x{v('warp.n')}")
@@ -153,6 +154,8 @@ def to_text(spec: Spec, name: str | None = None, comment: str = "") -> str:
     lines.append(f"  layout   A {v('layout.A')}, B {v('layout.B')}, C {v('layout.C')}")
     if v("decode.columns"):  # the decode kernel: its own line, and nothing of the tiled paths
         lines.append(f"  decode   columns {v('decode.columns')} warps {v('decode.warps')} slices {v('decode.slices')}")
+        if v("math") != "simt":
+            lines.append(f"  math     {v('math')}")
         if v("occupancy"):
             lines.append(f"  occupancy {v('occupancy')}")
         lines.append(f"  epilogue {'alpha beta' if v('epilogue.beta') else 'alpha'}")

@@ -1,4 +1,5 @@
-"""The decode parts: a GEMV-like FFMA mainloop for M <= 16 or N <= 16, and its schedule.
+"""The decode parts: a GEMV-like mainloop for M <= 16 or N <= 16 (FFMA, or for 5 to 16 rows TF32
+mma.sync under math tf32 / 3xtf32), and its schedule.
 
 One of M and N is small; the other operand (B for M small, A for N small) is read once, K-contiguous,
 at HBM bandwidth. The small one's rows ("rows", at most 16 at a time) are staged through shared memory
@@ -7,6 +8,14 @@ sharing a column group with a slice of K each, summed through shared memory in a
 bits every run). The kernel picks the orientation per call (C^T = B^T A^T where N < M: both operands
 stay K-contiguous), and its rows by a compile-time count of 1, 2, 4, 8 or 16 (the smallest >= the
 rows left), so that a call of M = 1 multiplies one row.
+
+Under math tf32 or 3xtf32 a pass of 5 to 16 rows takes the tensor path: mma.sync m16n8k8 with the
+rows as the MMA's M (16; a pass of 5 to 8 rows gives the upper 8 zeros in registers) and 8 columns
+of the big operand as its N. The block's BLOCK_COLS columns are BLOCK_COLS / 8 tiles of 8, each
+taken by WARPS * 8 / BLOCK_COLS warps with a slice of K each. The sum over K is order-free, so a
+lane's B fragment is one float4 along K of its column (two k steps), and its A fragment the same
+four k of two rows, one float4 each from shared memory (rows stored with 16-float halves swapped on
+odd rows: no bank conflicts). Passes of 1 to 4 rows stay on FFMA, at the roof there.
 
 - Decode (a Mainloop): the kernel's template (decode.cuh.j2), rows, the words of explain and the
   aligned variant's needs (A's and B's rows 16-byte aligned: K, lda, ldb multiples of 4);
@@ -31,6 +40,14 @@ MAX_ROWS = 16               # rows of the small operand per pass (a compile-time
 ROW_COUNTS = (1, 2, 4, 8, 16)
 TILE_FLOATS = 8192          # shared floats of the small operand per K tile (32 KB): K tile = 8192 / rows
 LOADS_IN_FLIGHT = 8         # vector loads of the big operand each lane issues before its FFMAs
+MMA_COLUMNS = 8             # the tensor path's columns per tile: mma.sync m16n8k8's N
+TENSOR_MIN_ROWS = 5         # passes of this many rows or more take the tensor path (math tf32 / 3xtf32)
+CHUNK = 16                  # K per float4 of each of a tile's 4 lanes per column (two k steps of 8)
+# Blocks per SM the tensor path's kernels ask ptxas to fit (__launch_bounds__'s second argument) unless
+# the spec says `occupancy`: without it ptxas gives the passes (a call each) too few registers and spills.
+TENSOR_OCCUPANCY = 2
+# mma.sync per k step of 8: tf32 one product; 3xtf32 three (small x big, big x small, big x big)
+PRODUCTS = {"simt": 0, "tf32": 1, "3xtf32": 3}
 
 
 @dataclass(frozen=True)
@@ -45,13 +62,19 @@ class Decode(Mainloop):
     warps: int = 8
     slices: int = 1            # warps per column group, each a slice of K
     c_layout: str = "row"
+    # math (the base's field): simt multiplies every pass with FFMA; tf32 / 3xtf32 take the tensor
+    # path at 5 to 16 rows
 
     name = "decode"
     tile_floats = TILE_FLOATS
     template = "decode.cuh.j2"
     global_loads = None        # whole sectors: each element of the big operand read once
     k_step = 4
-    no_conflicts = "none: each warp reads 512 consecutive bytes of a row of the small operand"
+    @property
+    def no_conflicts(self) -> str:
+        if not self.products:
+            return "none: each warp reads 512 consecutive bytes of a row of the small operand"
+        return "none: FFMA reads rows whole, mma.sync two rows (odd ones' halves swapped)"
     k_slices = "warps per column group"
 
     @property
@@ -68,9 +91,38 @@ class Decode(Mainloop):
         return self.warps * WARP
 
     @property
+    def products(self) -> int:
+        """mma.sync per k step on the tensor path (0: no tensor path, FFMA at every row count)."""
+        return PRODUCTS[self.math]
+
+    @property
+    def pass_inlining(self) -> str:
+        """How the passes are compiled: inlined into the kernel (FFMA only), or with the tensor path a
+        call per pass (inlined side by side, ptxas holds them all to one register budget and spills)."""
+        return "__noinline__" if self.products else "__forceinline__"
+
+    @property
+    def loads_in_flight(self) -> int:
+        """The tensor path's float4s of its column each lane issues together."""
+        return LOADS_IN_FLIGHT
+
+    @property
+    def tensor_tiles(self) -> int:
+        """The tensor path's tiles of 8 columns per block (1 where it has none, for the constants)."""
+        return max(1, self.block_columns // MMA_COLUMNS)
+
+    @property
+    def tensor_slices(self) -> int:
+        """The tensor path's warps per tile, each a slice of K."""
+        return max(1, self.warps // self.tensor_tiles)
+
+    @property
     def part_floats(self) -> int:
-        """Shared floats of the K slices' partial sums (slices 2 .. S of every group), at least 1."""
-        return max(1, (self.slices - 1) * self.groups * MAX_ROWS * self.columns)
+        """Shared floats of the K slices' partial sums (slices 2 .. S of every group; on the tensor path
+        slices 2 .. of every tile, a 16 x 8 tile each), at least 1."""
+        ffma = (self.slices - 1) * self.groups * MAX_ROWS * self.columns
+        tensor = (self.tensor_slices - 1) * self.tensor_tiles * MAX_ROWS * MMA_COLUMNS if self.products else 0
+        return max(1, ffma, tensor)
 
     @property
     def smem_static_bytes(self) -> int:
@@ -82,7 +134,10 @@ class Decode(Mainloop):
         return ("ldc", "1") if self.c_layout == "row" else ("1", "ldc")
 
     def registers(self, rows: int = MAX_ROWS) -> int:
-        """Live floats per lane at `rows` rows: accumulators, the loads in flight, one vector of A."""
+        """Live floats per lane at `rows` rows: accumulators, the loads in flight, one vector of A
+        (tensor path: 4 accumulators, the loads in flight, two vectors of A and their TF32 parts)."""
+        if self.products and rows >= TENSOR_MIN_ROWS:
+            return 4 + LOADS_IN_FLIGHT * 4 + 8 * (2 if self.products == 3 else 1) + 4
         return rows * self.columns + self.unroll * self.columns * 4 + 4
 
     # --- rows, needs and explain's words
@@ -91,7 +146,7 @@ class Decode(Mainloop):
     def rows(self, plan: Plan) -> list[tuple[str, str]]:
         return [
             ("target", plan.arch.name),
-            ("math", "simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)"),
+            ("math", self.math_row),
             ("orientation", "M <= N: rows of A in shared memory, columns of B streamed; M > N: C^T = B^T A^T, "
                             "columns of B in shared memory, rows of A streamed"),
             ("rows per pass", f"1, 2, 4, 8 or {MAX_ROWS} (compile-time; the smallest >= the rows left; "
@@ -102,20 +157,42 @@ class Decode(Mainloop):
                                   f"{self.slices} warp(s), each a slice of K) = {self.block_columns} columns"),
             ("shared small operand", f"{TILE_FLOATS} floats per K tile: K tile = {TILE_FLOATS} / rows "
                                      f"({TILE_FLOATS // MAX_ROWS} at {MAX_ROWS} rows)"),
+            *self.tensor_rows(),
             ("K slices' sums", f"{self.part_floats} shared floats, added in slice order (deterministic)"
-             if self.slices > 1 else "none (one warp per column group)"),
+             if self.part_floats > 1 else "none (one warp per column group)"),
             ("registers (estimate)", f"{self.registers()} live floats per lane at {MAX_ROWS} rows, "
                                      f"{self.registers(1)} at 1"),
             ("shared memory per block", f"{plan.smem_bytes} dynamic + {self.smem_static_bytes} static bytes"),
         ]
 
+    @property
+    def math_row(self) -> str:
+        ffma = "FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)"
+        if not self.products:
+            return f"simt: {ffma}"
+        how = ("1xTF32 (A and B rounded to nearest, cvt.rna, as cuBLAS TF32)" if self.products == 1 else
+               "3xTF32 (A and B split into big + small TF32 parts, rounded to nearest; big x big + big x small "
+               "+ small x big: FP32-accurate)")
+        return (f"{self.math}: {TENSOR_MIN_ROWS} to {MAX_ROWS} rows on the tensor cores, mma.sync m16n8k8 "
+                f"{how}; 1 to {TENSOR_MIN_ROWS - 1} rows {ffma}")
+
+    def tensor_rows(self) -> list[tuple[str, str]]:
+        if not self.products:
+            return []
+        return [("tensor path", f"{self.tensor_tiles} tile(s) of {MMA_COLUMNS} columns per block, "
+                                f"{self.tensor_slices} warp(s) per tile, each a slice of K; per lane "
+                                f"{LOADS_IN_FLIGHT} float4s of its column in flight, each two k steps of "
+                                f"{self.products} mma.sync; passes of 5 to 8 rows read 8 rows of A")]
+
     def vector_requirements(self, layout_a: str, layout_b: str) -> list[tuple[str, str | None, str, int]]:
         return [("A", "K", "lda", 4), ("B", "K", "ldb", 4)]
 
     def intensities(self, plan: Plan) -> tuple[tuple[str, int, int], tuple[str, int, int] | None]:
-        # Per float4 of a column: 4 x rows FFMAs on 16 bytes of the big operand (at 16 rows).
+        # Per float4 of a column: 4 x rows FFMAs on 16 bytes of the big operand (at 16 rows); the
+        # tensor path reads two float4s of the small operand (rows g and g + 8) per float4 of a column.
+        shared = (2 * 4 * MAX_ROWS, 2 * 16) if self.products else (2 * 4 * MAX_ROWS * self.columns, 16 * MAX_ROWS)
         return (("global, per float4, 16 rows", 2 * 4 * MAX_ROWS, 16),
-                ("shared, per float4, 16 rows", 2 * 4 * MAX_ROWS * self.columns, 16 * MAX_ROWS))
+                ("shared, per float4, 16 rows", *shared))
 
     def block_intensity(self, plan: Plan) -> tuple[str, int, int]:
         return ("global, per block per K tile (16 rows)", 2 * MAX_ROWS * self.block_columns * plan.BK,
@@ -129,7 +206,7 @@ class Decode(Mainloop):
 
     @property
     def math_words(self) -> str:
-        return "simt (decode: FFMA)"
+        return "simt (decode: FFMA)" if not self.products else f"{self.math} (decode: mma.sync at 5-16 rows)"
 
     def accumulators(self, plan: Plan) -> float:
         return MAX_ROWS * self.columns
