@@ -5240,9 +5240,12 @@ __device__ __forceinline__ void load_shared4(float (&v)[4], const float* p) {
 }
 
 // c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
-// PRODUCTS 3: both split into big + small TF32 parts, small x big + big x small + big x big.
+// PRODUCTS 3: both split into big + small TF32 parts, big x big into c, small x big + big x small into
+// their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
+// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
 template <bool UPPER>
-__device__ __forceinline__ void mma_step(float (&c)[4], float a0, float a1, float a2, float a3, float b0, float b1) {
+__device__ __forceinline__ void mma_step(float (&c)[4], float (&cs)[4], float a0, float a1, float a2, float a3,
+                                         float b0, float b1) {
     unsigned ab[4] = {0u, 0u, 0u, 0u}, bb[2];
     if constexpr (PRODUCTS == 3) {
         unsigned as[4] = {0u, 0u, 0u, 0u}, bs[2];
@@ -5254,8 +5257,8 @@ __device__ __forceinline__ void mma_step(float (&c)[4], float a0, float a1, floa
         }
         split_tf32(b0, bb[0], bs[0]);
         split_tf32(b1, bb[1], bs[1]);
-        mma_tf32(c[0], c[1], c[2], c[3], as, bb);
-        mma_tf32(c[0], c[1], c[2], c[3], ab, bs);
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
     } else {
         ab[0] = to_tf32(a0);
         ab[2] = to_tf32(a2);
@@ -5309,7 +5312,7 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
     const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
     const bool live = j < cols;
     const float* column = G + (live ? (long long)j * ldg : 0);
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // cs: the small products (3xtf32)
 
     // A batch of U chunks is issued after the last one is multiplied, the next tile's first batch
     // included: its loads are in flight through the tile's barriers and refill of the small operand.
@@ -5336,8 +5339,8 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
                 float a[4], a8[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8 at k = 16q + 4t ..
                 load_shared4(a, s_rows + g * KT + swizzled(g, q * 16) + 4 * t);
                 if constexpr (R == 16) load_shared4(a8, s_rows + (g + 8) * KT + swizzled(g + 8, q * 16) + 4 * t);
-                mma_step<R == 16>(c, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
-                mma_step<R == 16>(c, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
+                mma_step<R == 16>(c, cs, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
+                mma_step<R == 16>(c, cs, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
             }
             // the next batch: of this tile, else the first of the next tile (none past K)
             const bool here = q0 + TILE_SLICES * U < chunks;
@@ -5346,6 +5349,8 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
         }
     }
 
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[i] += cs[i];  // zero but in 3xtf32
     // Across the tile's slices in slice order; lane 4g + t holds rows g, g + 8 x columns 2t, 2t + 1.
     if (slice > 0) {
 #pragma unroll

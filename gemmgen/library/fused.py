@@ -58,11 +58,21 @@ class FusedMembers:
             spec = replace(plan.spec.with_values(bias="col" if bias else "none", activation=activation),
                            name=fused_name(plan.spec.name, bias, activation))
             self._plans[key] = None
-            # A wgmma member's fused store goes through shared memory (staged) where it can: on an
-            # H100 that held the fp32 library's bias + GELU GEMM at 0.982 / 0.975 / 0.954 of the
-            # plain one (4096^3, 2048x5632x2048, 8192x1024x1024) against 0.953 / 0.899 / 0.889
-            # stored directly (benchmarks/epilogue_schedules.py).
-            staged = [spec.with_values(epilogue_staged=True)] if plan.consumers and not spec["epilogue.staged"] else []
+            # Which store and schedule the fused kernel takes, from the library's chosen members with
+            # bias + GELU on each (benchmarks/epilogue_schedules.py, H100, 9a9f9a0; 4096^3,
+            # 2048x5632x2048, 8192x1024x1024, x the plain member):
+            # - a TF32 wgmma member stores through shared memory (staged) on the persistent walk,
+            #   the next tile's loads overlapping the epilogue: 0.983 / 0.944 / 0.923, against
+            #   0.964 / 0.935 / 0.896 staged data-parallel and 0.973 / 0.934 / 0.880 persistent direct;
+            # - a 3xTF32 member keeps its own store: its consumers' registers are spent on the
+            #   split operands, and the staged store cost more (persistent 0.972 / 0.967 / 0.945
+            #   direct, 0.865 / 0.865 / 0.833 staged).
+            staged = []
+            if plan.consumers and spec["math"] == "tf32":
+                variant = spec.with_values(epilogue_staged=True)
+                if spec["schedule"] == "data-parallel":
+                    staged.append(variant.with_values(schedule="persistent"))
+                staged.append(variant)
             for candidate in staged + [spec]:
                 try:
                     self._plans[key] = make_plan(candidate)
