@@ -227,3 +227,30 @@ def test_torch_compile_traces_forward_and_backward_without_a_break_or_a_copy(hos
     assert backward.count("gemmgen.matmul.default") == 2
     assert not [op for op in backward if "clone" in op or "contiguous" in op or "copy" in op], backward
     assert host[1] == []  # the fast path copied nothing either
+
+
+# --- which kernels serve the operator (torch/native.py) ----------------------------------------------
+
+def test_without_a_cuda_build_of_pytorch_the_python_kernels_serve_and_say_why(monkeypatch):
+    import gemmgen.torch.native as native
+    import gemmgen.torch.ops as ops
+    if torch.version.cuda is not None and torch.cuda.is_available():
+        pytest.skip("a GPU is here: the C++ kernels are tried (tests/test_gpu_torch_native.py)")
+    assert ops.python_kernels_reason == native.disabled_reason() and native.installed is None
+    table = torch._C._dispatch_dump("gemmgen::matmul")
+    for key in ("CUDA", "Autograd[alias]"):
+        line = next(line for line in table.splitlines() if line.startswith(key + ":"))
+        assert "ops.py" in line, line
+    monkeypatch.setenv("GEMMGEN_TORCH_NATIVE", "0")
+    assert native.disabled_reason() == "GEMMGEN_TORCH_NATIVE=0"
+    assert native.install(lambda *args: None) == "GEMMGEN_TORCH_NATIVE=0"
+
+
+def test_a_failed_build_is_reported_by_the_compilers_first_error():
+    from gemmgen.torch.native import _first_error
+    output = ("Error building extension 'gemmgen_native': [1/2] c++ -MMD -MF native.o.d ...\n"
+              "In file included from native.cpp:23:\n"
+              "cuda_runtime_api.h:148:10: fatal error: crt/host_defines.h: No such file or directory\n"
+              "compilation terminated.\nninja: build stopped: subcommand failed.\n")
+    assert _first_error(output) == "cuda_runtime_api.h:148:10: fatal error: crt/host_defines.h: No such file or directory"
+    assert _first_error("ninja: not found") == "ninja: not found"
