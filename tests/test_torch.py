@@ -254,3 +254,25 @@ def test_a_failed_build_is_reported_by_the_compilers_first_error():
               "compilation terminated.\nninja: build stopped: subcommand failed.\n")
     assert _first_error(output) == "cuda_runtime_api.h:148:10: fatal error: crt/host_defines.h: No such file or directory"
     assert _first_error("ninja: not found") == "ninja: not found"
+
+
+def test_a_failed_build_is_remembered_and_not_tried_again(monkeypatch, tmp_path):
+    import torch.utils.cpp_extension as cpp_extension
+    import gemmgen.torch.native as native
+    monkeypatch.setenv("GEMMGEN_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_cuda_include", lambda: ["/usr/local/cuda/include"])
+    tries = []
+
+    def failing_load(**kwargs):
+        tries.append(kwargs["build_directory"])
+        raise RuntimeError("Error building extension 'gemmgen_native':\nnative.cpp:1:10: error: no such header\n")
+
+    monkeypatch.setattr(cpp_extension, "load", failing_load)
+    with pytest.raises(RuntimeError, match="^native.cpp:1:10: error: no such header$"):
+        native.build()
+    directory = native.build_directory()
+    assert (directory / native.FAILED).read_text() == "native.cpp:1:10: error: no such header\n"
+    with pytest.raises(RuntimeError, match=r"no such header; remembered from an earlier build: remove .* to build"):
+        native.build()
+    assert len(tries) == 1  # the second import did not compile again
+    assert [p.name for p in directory.iterdir()] == [native.FAILED]  # no partial file left

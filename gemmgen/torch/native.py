@@ -72,21 +72,37 @@ def _cuda_include() -> list[str]:
     return []
 
 
+FAILED = "build-failed.txt"  # in the build directory: why its build failed, so that it is not tried at every import
+
+
 def build(verbose: bool = False):
-    """The extension module, built (or loaded from the build directory)."""
+    """The extension module, built (or loaded from the build directory). A failed build is
+    remembered in the build directory (FAILED), so that each `import gemmgen.torch` does not spend
+    the compile again: remove the directory to try again."""
     from torch.utils.cpp_extension import load
     directory = build_directory()
-    directory.mkdir(parents=True, exist_ok=True)
+    failed = directory / FAILED
+    if failed.is_file():
+        raise RuntimeError(f"{failed.read_text().strip()}; remembered from an earlier build: remove {directory} "
+                           "to build again")
     include = _cuda_include()
     if not include:
         raise RuntimeError("CUDA's headers (cuda_runtime_api.h) were not found: set CUDA_HOME")
+    directory.mkdir(parents=True, exist_ok=True)
     fresh = not any(directory.glob("*.so"))
     if fresh:
         print("gemmgen: building torch.ops.gemmgen.matmul's C++ kernels (once per PyTorch version, about a "
               f"minute) in {directory}", file=sys.stderr, flush=True)
-    return load(name="gemmgen_native", sources=[str(SOURCE)], build_directory=str(directory),
-                extra_include_paths=include, extra_cflags=["-O2"], extra_ldflags=["-lc10_cuda"],
-                verbose=verbose)
+    try:
+        return load(name="gemmgen_native", sources=[str(SOURCE)], build_directory=str(directory),
+                    extra_include_paths=include, extra_cflags=["-O2"], extra_ldflags=["-lc10_cuda"],
+                    verbose=verbose)
+    except Exception as exc:  # a compiler or ninja missing, a failed compile or link
+        reason = _first_error(str(exc)) or type(exc).__name__
+        partial = failed.with_suffix(".partial")
+        partial.write_text(reason + "\n")
+        os.replace(partial, failed)  # whole or absent
+        raise RuntimeError(reason) from None
 
 
 def _first_error(text: str) -> str:
