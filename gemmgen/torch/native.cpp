@@ -96,6 +96,17 @@ struct Entry {
     std::vector<Step> steps;
     py::object keep;  // the PreparedLaunch whose functions these are
     std::mutex lock;  // guards the buffers and the map caches
+
+    Entry() = default;
+    Entry(const Entry&) = delete;
+    Entry& operator=(const Entry&) = delete;
+    // The last owner may be any thread, with or without the GIL (an entry dropped from `calls` while a
+    // call still runs it): its Python objects are released holding the GIL.
+    ~Entry() {
+        py::gil_scoped_acquire gil;
+        steps.clear();
+        keep = py::object();
+    }
 };
 
 // --- the call key -------------------------------------------------------------------------------
@@ -286,8 +297,9 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, double alpha, c
             py::gil_scoped_acquire gil;
             entry = describe(a, b, alpha, precision);
         }
+        std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash> dropped;  // released after the lock
         std::lock_guard<std::mutex> guard(calls_lock);
-        if (calls.size() >= CALLS_KEPT) calls.clear();
+        if (calls.size() >= CALLS_KEPT) dropped.swap(calls);
         calls.emplace(key, entry);
     }
     if (entry->python_serves) return call_python(python->fallback, a, b, alpha, precision);
