@@ -189,3 +189,17 @@ def test_gemmgen_matmul_of_torch_tensors_takes_the_cpp_path_without_autograd(nat
     gemmgen.matmul(a.detach(), w.detach().t(), c, beta=0.0)  # an `out`: the Python path
     assert module.installed.keys_kept() == before + 1
     assert_close(c, a.detach(), w.detach().t(), "fp32", "gemmgen.matmul into out")
+
+
+def test_past_4096_call_keys_the_kept_ones_are_dropped_and_calls_go_on(native):
+    module, _ = native
+    b = torch.randn(24, 16, device="cuda")
+    outs = {}
+    for m in range(1, 4200):  # a new call key each: the C++ kernel keeps 4096, then starts again
+        a = torch.randn(m, 24, device="cuda") if m % 700 == 1 else torch.empty(m, 24, device="cuda").uniform_()
+        outs[m] = (a, torch.ops.gemmgen.matmul(a, b))
+    assert 0 < module.installed.keys_kept() <= 4096
+    torch.cuda.synchronize()
+    for m in (1, 701, 2101, 4096, 4097, 4199):
+        a, out = outs[m]
+        assert_close(out, a, b, "fp32", f"{m} x 16 x 24 after the keys were dropped")
