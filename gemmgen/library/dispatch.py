@@ -252,21 +252,25 @@ def resolve_torch_call(A, B, precision: str) -> _Call:
     kernel keeps per call key, torch/native.py): `run` is a PreparedLaunch or `nothing`, unless
     `route` says what to copy first. Raises what gemmgen.matmul raises for wrong arguments."""
     pa, pb = A.data_ptr(), B.data_ptr()
-    key = (precision, A.dtype, B.dtype, A.get_device(), B.get_device(), A.shape, B.shape,
-           A.stride(), B.stride(), pa & 15, pb & 15, False)
+    key = _new_output_key(A, B, precision, pa, pb, False)
     call = _calls.get(key)
     if call is None:
         call = _resolve_torch(sys.modules["torch"], key, A, B, None, 0.0, precision, (pa & 15, pb & 15, 0))
     return call
 
 
+def _new_output_key(A, B, precision: str, pa: int, pb: int, beta_used: bool) -> tuple:
+    """The call key of A @ B into a new output: what decides its launch (get_device() is -1 for a
+    CPU tensor, so the device says CUDA or not)."""
+    return (precision, A.dtype, B.dtype, A.get_device(), B.get_device(), A.shape, B.shape,
+            A.stride(), B.stride(), pa & 15, pb & 15, beta_used)
+
+
 def _torch_matmul(torch, A, B, out, alpha, beta, precision, stream):
     pa, pb = A.data_ptr(), B.data_ptr()
     if out is None:
         pc = 0
-        # get_device() is -1 for a CPU tensor: the device says CUDA or not
-        key = (precision, A.dtype, B.dtype, A.get_device(), B.get_device(), A.shape, B.shape,
-               A.stride(), B.stride(), pa & 15, pb & 15, beta != 0.0)
+        key = _new_output_key(A, B, precision, pa, pb, beta != 0.0)
     else:
         pc = out.data_ptr()
         key = (precision, A.dtype, B.dtype, A.get_device(), B.get_device(), A.shape, B.shape,
