@@ -50,6 +50,9 @@ SPECS = {
     "hopper_tf32_staged_ccol": _spec("hopper_tf32", "hopper_tf32_staged_ccol", epilogue_staged=True,
                                      layout_C="col", block_n=128, warp_n=128, mma_n=128),  # TMA-stored C, column-major
     "hopper_3xtf32_streamk": _spec("hopper_3xtf32_streamk"),
+    # MN-major operands on the TMA path: A read into registers, B transposed by the producer
+    "hopper_3xtf32_cr": _spec("hopper_3xtf32", "hopper_3xtf32_cr", layout_A="col", layout_B="row", stages=3),
+    "hopper_3xtf32_streamk_rr": _spec("hopper_3xtf32_streamk", "hopper_3xtf32_streamk_rr", layout_B="row", stages=3),
 }
 SM90A = {name for name, spec in SPECS.items() if spec["target"] == "sm_90a"}
 

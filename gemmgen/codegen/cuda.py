@@ -104,7 +104,9 @@ def launch_checks(plan: Plan, internal: bool = False) -> LaunchChecks:
         terms.append((f"{size} % {vec} == 0 && " if size else "") + f"{ld} % {vec} == 0 && "
                      f"reinterpret_cast<unsigned long long>({ptr}) % {4 * vec} == 0 && stride{ptr} % {vec} == 0")
     condition = " &&\n        ".join(f"({t})" for t in terms) if terms else "true"
-    return LaunchChecks(ld_checks, condition, internal, plan.c.c_extent, exported_batched=not plan.reduce_count)
+    batch_checks = plan.mainloop.batch_checks if plan.mainloop.tma else TMA_BATCH_CHECKS
+    return LaunchChecks(ld_checks, condition, internal, plan.c.c_extent, exported_batched=not plan.reduce_count,
+                        tma_batch_conditions=batch_checks)
 
 
 def abi_parameters(plan: Plan) -> str:

@@ -219,6 +219,13 @@ class Plan:
         TMA's 128-byte swizzle lays it out: 16-byte chunk c of row r lands at chunk c ^ (r % 8)."""
         return f"{row} * 32 + ((({k} >> 2) ^ ({row} & 7)) << 2) + ({k} & 3)"
 
+    @staticmethod
+    def swizzled_mn_index(row: str, k: str) -> str:
+        """C expression: float offset of (row, k) in an MN-major tile as TMA lays out its boxes of
+        32 rows by BK: box row >> 5 of 32 x BK floats, in it K row k of 128 bytes (32 rows),
+        swizzled as a K-major tile's (chunk c of row k at chunk c ^ (k % 8))."""
+        return f"({row} >> 5) * 32 * BK + {k} * 32 + (((({row} & 31) >> 2) ^ ({k} & 7)) << 2) + ({row} & 3)"
+
     def aligned(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
                 pointers: dict[str, int], strides: dict[str, int] | None = None) -> bool:
         """Whether the vector variant is safe for these sizes, device addresses and (batches) the

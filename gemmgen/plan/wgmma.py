@@ -48,11 +48,9 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
                          "stages N tma, or stages N async")
     tma = fill == "tma"
     promote_tiles = _promote_tiles(spec, math, tma, BK)
-    if tma and (spec["layout.A"] != "row" or spec["layout.B"] != "col"):
-        raise spec.error(("layout.A", "layout.B"), "wgmma reads TF32 operands from shared memory "
-                         "only K-major, and TMA copies tiles as they lie: A must be row-major and B "
-                         "column-major (K contiguous in both)",
-                         "layout A row, B col; or stages N async (cp.async transposes on the way)")
+    a_k_major, b_k_major = spec["layout.A"] == "row", spec["layout.B"] == "col"
+    if tma and not (a_k_major and b_k_major):
+        _check_mn_major(spec, math, a_k_major, b_k_major)
     if spec.written("thread.m"):
         raise spec.error("thread.m", "with wgmma each warpgroup multiplies a 64 x N tile; there is no "
                          "thread tile", "no thread line")
@@ -98,8 +96,13 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         stage_bytes = 4 * BK * (BM + BN * (2 if math == "3xtf32" else 1))
     else:    # 3xtf32: A's and B's remainders too
         stage_bytes = 4 * BK * (BM + BN) * (2 if math == "3xtf32" else 1)
-    # mbarriers per stage (full, empty; TMA 3xtf32 or rounding: ready), and slack to align buffers to 1024 B.
+    if tma and not b_k_major:  # and the MN-major tile TMA lands, which the producer's warps transpose
+        stage_bytes += 4 * BK * BN
+    # mbarriers per stage (full, empty; TMA 3xtf32 or rounding: ready; a spare beside an MN-major B's
+    # landing tile, as the kernel's size check counts them), and slack to align buffers to 1024 B.
     barriers = (3 if tma and (math == "3xtf32" or rounding != "truncate") else 2) * 8 * stages
+    if tma and not b_k_major:
+        barriers += 8 * stages
     smem_bytes = stages * stage_bytes + c_stage_bytes + barriers + 1024
     if smem_bytes > arch.smem_per_block:
         staged = f" and the staged epilogue's {c_stage_bytes}" if c_stage_bytes else ""
@@ -160,11 +163,34 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     common = dict(math=math, stages=stages, async_copy=True, unroll=BK, mma_shape=shape, consumers=consumers,
                   loaders=loaders, loader_depth=loader_depth, loader_registers=loader_registers,
                   consumer_registers=limit)
-    mainloop = (WgmmaTma(**common, promote_tiles=promote_tiles, fallback=fallback, rounding=rounding) if tma
+    mainloop = (WgmmaTma(**common, promote_tiles=promote_tiles, fallback=fallback, rounding=rounding,
+                         a_k_major=a_k_major, b_k_major=b_k_major) if tma
                 else WgmmaAsync(**common))
     return Plan(spec=spec, name=spec.name, arch=arch, tile=tile, mainloop=mainloop,
                 scheduler=schedule_of(spec, BM, BN, BK, consumers), epilogue=epilogue, smem_bytes=smem_bytes,
                 registers_estimate=registers)
+
+
+def _check_mn_major(spec: Spec, math: str, a_k_major: bool, b_k_major: bool) -> None:
+    """TMA copies tiles as they lie, and wgmma reads TF32 operands from shared memory only K-major.
+    The 3xtf32 kernel reads A into registers anyway (to split it), so a column-major A is read from
+    its MN-major tile there; a row-major B lands MN-major and the producer's warps, which write B's
+    TF32 remainders already, transpose it K-major as they split it."""
+    layouts = ("layout.A", "layout.B")
+    if math != "3xtf32":
+        raise spec.error(layouts, "wgmma reads TF32 operands from shared memory only K-major, and TMA "
+                         "copies tiles as they lie: with math tf32, A must be row-major and B "
+                         "column-major (K contiguous in both)",
+                         "layout A row, B col; math 3xtf32 (which transposes in shared memory); or "
+                         "stages N async (cp.async transposes on the way)")
+    if spec["cluster.m"] * spec["cluster.n"] > 1:
+        raise spec.error(layouts + ("cluster.m",), "the blocks of a cluster multicast slices of K-major "
+                         "tiles; a column-major A or row-major B lands in 32-row boxes along M or N",
+                         "no cluster line, or layout A row, B col")
+    if not b_k_major and spec["block.n"] % 32:
+        raise spec.error(("layout.B", "block.n"), f"a row-major B lands in boxes of 32 columns (128 bytes, "
+                         f"the swizzle's row); block N = {spec['block.n']} is not a multiple of 32",
+                         "block N a multiple of 32, or layout B col")
 
 
 def rounding_of(spec: Spec, math: str, tma: bool, slabs: int) -> str:

@@ -18,8 +18,15 @@ from .mainloop import Mainloop, mma_lanes, tensor_math_words
 # TMA steps through batches of A and B (stride not 0) 16 bytes apart or more, below 2^40 bytes, and
 # (the launcher's own rule) past the whole matrix; the C launcher's test of the same, per operand:
 TMA_STRIDE_LIMIT = 1 << 38  # floats
-TMA_BATCH_CHECKS = tuple(f"({s} == 0 || ({s} % 4 == 0 && {s} >= (long long){rows} * {ld} && {s} < (1LL << 38)))"
-                         for s, rows, ld in (("strideA", "M", "lda"), ("strideB", "N", "ldb")))
+def tma_batch_checks(a_outer: str = "M", b_outer: str = "N") -> tuple[str, ...]:
+    """The C launcher's test per operand: its stride 0, or 16-byte steps past the matrix (its outer
+    extent, rows K-major or K MN-major, times its leading dimension)."""
+    return tuple(f"({s} == 0 || ({s} % 4 == 0 && {s} >= (long long){outer} * {ld} && {s} < (1LL << 38)))"
+                 for s, outer, ld in (("strideA", a_outer, "lda"), ("strideB", b_outer, "ldb")))
+
+
+TMA_BATCH_CHECKS = tma_batch_checks()
+MN_BOX = 32  # floats along M or N in a box of an MN-major operand: one 128-byte swizzled row
 
 # The TMA-fed tf32 consumers' math per `round` (wgmma.py's rounding_of).
 ROUNDING_TEMPLATES = {"truncate": "wgmma_tf32.cuh.j2", "producer": "wgmma_round_shared.cuh.j2",
@@ -129,6 +136,8 @@ class WgmmaTma(WgmmaAsync):
     promote_tiles: int = 1       # 3xtf32: K tiles summed in the tensor cores before each add into FP32
     fallback: Plan | None = None
     rounding: str = "truncate"   # tf32: truncate, or round to nearest by the producer (A and B) or consumer (A)
+    a_k_major: bool = True       # A row-major; else (3xtf32) its MN-major tile is read into registers
+    b_k_major: bool = True       # B column-major; else (3xtf32) the producer transposes its MN-major tile
 
     name = "wgmma"
     tma = True
@@ -141,6 +150,9 @@ class WgmmaTma(WgmmaAsync):
         return f"setmaxnreg: producer {self.loader_registers}, consumers {self.consumer_registers}"
 
     def notes(self, plan: Plan) -> list[str]:
+        return self.rounding_notes(plan) + [f"{label}: {words}" for label, words in self.mn_major_rows()]
+
+    def rounding_notes(self, plan: Plan) -> list[str]:
         if self.math == "tf32" and self.rounding == "truncate":
             return ["TF32 rounding: none; wgmma truncates A and B to TF32 (drops each float's low 13 bits), "
                     "where cuBLAS rounds to nearest: about twice its error on random data (`round nearest` "
@@ -160,15 +172,112 @@ class WgmmaTma(WgmmaAsync):
         return (min(M, N, K) > 0 and lda % 4 == 0 and ldb % 4 == 0
                 and pointers["A"] % 16 == 0 and pointers["B"] % 16 == 0)
 
-    @staticmethod
-    def batches_ready(M: int, N: int, lda: int, ldb: int, batch: int, strides: tuple[int, int]) -> bool:
-        """Whether TMA can step through the batches of A and B (TMA_BATCH_CHECKS in Python)."""
-        return batch <= 1 or all(stride == 0 or (stride % 4 == 0 and rows * ld <= stride < TMA_STRIDE_LIMIT)
-                                 for stride, rows, ld in ((strides[0], M, lda), (strides[1], N, ldb)))
+    def batches_ready(self, M: int, N: int, K: int, lda: int, ldb: int, batch: int,
+                      strides: tuple[int, int]) -> bool:
+        """Whether TMA can step through the batches of A and B (tma_batch_checks in Python)."""
+        a_outer, b_outer = (M if self.a_k_major else K), (N if self.b_k_major else K)
+        return batch <= 1 or all(stride == 0 or (stride % 4 == 0 and outer * ld <= stride < TMA_STRIDE_LIMIT)
+                                 for stride, outer, ld in ((strides[0], a_outer, lda), (strides[1], b_outer, ldb)))
+
+    @property
+    def batch_checks(self) -> tuple[str, ...]:
+        """batches_ready as the C launcher's conditions."""
+        return tma_batch_checks("M" if self.a_k_major else "K", "N" if self.b_k_major else "K")
 
     def hands_over(self, M: int, N: int, K: int, lda: int, ldb: int, pointers: dict[str, int],
                    batch: int = 1, strides: tuple[int, int] = (0, 0)) -> bool:
-        return not (self.tma_ready(M, N, K, lda, ldb, pointers) and self.batches_ready(M, N, lda, ldb, batch, strides))
+        return not (self.tma_ready(M, N, K, lda, ldb, pointers)
+                    and self.batches_ready(M, N, K, lda, ldb, batch, strides))
+
+    @property
+    def k_major(self) -> bool:
+        """Both operands K-major (A row, B col): each lands as one box per stage, as wgmma reads it."""
+        return self.a_k_major and self.b_k_major
+
+    def boxes(self, plan: Plan) -> tuple[tuple[str, bool, int, int, int], ...]:
+        """Per operand, how TMA views it and what one stage takes: (operand, K-major, rows of its
+        tile, box along the contiguous dimension, boxes per stage). K-major: (K, rows) in one box of
+        BK x rows; MN-major: (rows, K) in boxes of 32 rows (128 bytes, the swizzle's row) x BK."""
+        return tuple((x, k_major, rows, plan.BK if k_major else MN_BOX, 1 if k_major else rows // MN_BOX)
+                     for x, k_major, rows in (("A", self.a_k_major, plan.BM), ("B", self.b_k_major, plan.BN)))
+
+    def launcher_views(self, plan: Plan) -> list[dict[str, str]]:
+        """tensor_maps for the C launcher (wgmma_maps_mn_major.cuh.j2), per operand as C expressions:
+        its dims (inner, outer), its box (inner, outer) and a line saying so."""
+        views = []
+        for x, k_major, _, box, _ in self.boxes(plan):
+            extent, tile = ("M", "BM") if x == "A" else ("N", "BN")
+            inner, outer = ("K", extent) if k_major else (extent, "K")
+            box_inner, box_outer = ("BK", tile) if k_major else (str(box), "BK")
+            words = (f"{x} K-major: ({inner}, {outer}), one box of {box_inner} x {box_outer} a stage" if k_major else
+                     f"{x} MN-major: ({inner}, {outer}), {tile} / {box} boxes of {box_inner} x {box_outer} a stage")
+            views.append({"inner": f"(cuuint64_t){inner}", "outer": f"(cuuint64_t){outer}", "box_inner": box_inner,
+                          "box_outer": box_outer, "words": words})
+        return views
+
+    @property
+    def maps_template(self) -> str:
+        """The C launcher's encoding of A's and B's tensor maps."""
+        return "wgmma_maps_k_major.cuh.j2" if self.k_major else "wgmma_maps_mn_major.cuh.j2"
+
+    def stage_loads(self, plan: Plan, k: str) -> list[str]:
+        """The producer's TMA copies of one stage (K offset `k`, a C expression) without clusters:
+        one box per K-major operand, 32-row boxes along M or N of an MN-major one (B's into the
+        landing tile the producer's warps transpose)."""
+        lines = []
+        for x, k_major, _, box, boxes in self.boxes(plan):
+            at = "block_m0" if x == "A" else "block_n0"
+            to = "sA" if x == "A" else ("sB" if k_major else "sB_landed")
+            load = f"tma_load({to} + s * {x}_STAGE_FLOATS{{}}, &map_{x.lower()}, &full[s], {{}}, {x.lower()}_batch);"
+            if k_major:
+                lines.append(load.format("", f"{k}, {at}"))
+            else:
+                lines.append(f"for (int box = 0; box < {boxes}; ++box)  // {x} MN-major: boxes of {box} "
+                             f"{'rows' if x == 'A' else 'columns'} by BK")
+                lines.append("    " + load.format(f" + box * {box} * BK", f"{at} + box * {box}, {k}"))
+        return lines
+
+    # ---- 3xtf32's B: its remainders beside the tile TMA wrote, or (row-major B) a transposed copy and
+    # its remainders from the tile TMA landed MN-major (wgmma_3xtf32.cuh.j2, wgmma_mn_major.cuh.j2)
+
+    @property
+    def b_copies(self) -> int:
+        """B tiles a stage holds: as wgmma reads it, its TF32 remainders, and a row-major B's landed tile."""
+        return 2 if self.b_k_major else 3
+
+    @property
+    def b_copies_words(self) -> str:
+        return ("B's tile and its TF32 remainders" if self.b_k_major else
+                "B's tile as TMA lands it (MN-major), transposed K-major, its TF32 remainders")
+
+    @property
+    def landing_declarations(self) -> tuple[str, ...]:
+        return () if self.b_k_major else (
+            "float* sB_landed = sB_small + STAGES * B_STAGE_FLOATS;  // B's tiles as TMA lands them, MN-major",)
+
+    @property
+    def b_buffers_end(self) -> str:
+        return f"{'sB_small' if self.b_k_major else 'sB_landed'} + STAGES * B_STAGE_FLOATS"
+
+    @property
+    def splitter_words(self) -> tuple[str, ...]:
+        if self.b_k_major:
+            return ("Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.",)
+        return ("Warps 1-3 transpose each landed B tile K-major and write its TF32 remainders, at their own",
+                "pace behind the copies.")
+
+    @property
+    def splitter_step(self) -> str:
+        if self.b_k_major:
+            return ("write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, "
+                    "tid - 32, SPLITTERS);")
+        return ("transpose_and_split(sB_landed + s * B_STAGE_FLOATS, sB + s * B_STAGE_FLOATS, "
+                "sB_small + s * B_STAGE_FLOATS, tid - 32);")
+
+    @property
+    def a_index(self) -> str:
+        """The device function giving (row, k)'s place in A's tile, which 3xtf32's consumers read."""
+        return "swizzled" if self.a_k_major else "swizzled_mn"
 
     def tensor_maps(self, plan: Plan, M: int, N: int, K: int, lda: int, ldb: int, batch: int = 1,
                     strides: tuple[int, int] = (0, 0)) -> list[TensorMapSpec]:
@@ -177,6 +286,16 @@ class WgmmaTma(WgmmaAsync):
         # 128-byte swizzle the wgmma descriptors expect (L2 promotion of 128 bytes: rows that are not
         # 128-byte aligned, e.g. ld = 4092, measured 20% faster than with 256, aligned ones the same).
         # Batches: a third dimension, the stride apart (tma_batches_ready).
+        # An MN-major operand (3xtf32): (rows, K), boxes of 32 rows x BK (boxes()).
+        if not self.k_major:
+            maps = []
+            for (x, k_major, tile_rows, _, _), param, rows, ld, stride in zip(
+                    self.boxes(plan), ("map_a", "map_b"), (M, N), (lda, ldb), strides):
+                if k_major:
+                    maps.append(TensorMapSpec(param, x, K, rows, ld, plan.BK, tile_rows, 128, True, batch, stride))
+                else:
+                    maps.append(TensorMapSpec(param, x, rows, K, ld, MN_BOX, plan.BK, 128, True, batch, stride))
+            return maps
         return [TensorMapSpec("map_a", "A", K, M, lda, plan.BK, plan.BM // plan.cluster_n, 128, True, batch, strides[0]),
                 TensorMapSpec("map_b", "B", K, N, ldb, plan.BK, plan.BN // plan.cluster_m, 128, True, batch, strides[1])]
 
@@ -195,6 +314,19 @@ class WgmmaTma(WgmmaAsync):
             ("shared memory", f"{self.stages} stages of {per_stage}, K-major, 128-byte swizzle; "
                               f"{plan.smem_bytes} bytes per block"),
         ] + self.rounding_rows(plan)
+
+    def mn_major_rows(self) -> list[tuple[str, str]]:
+        """How an MN-major operand reaches wgmma (none for A row, B col)."""
+        rows = []
+        if not self.a_k_major:
+            rows.append(("A column-major", "TMA lands its tiles MN-major (boxes of 32 rows by BK); the consumers "
+                                           "read their fragments from there into registers as they split them "
+                                           "(2 wavefronts a read: a warp's 4 K rows share banks in pairs)"))
+        if not self.b_k_major:
+            rows.append(("B row-major", "TMA lands its tiles MN-major (boxes of 32 columns by BK) in a stage's "
+                                        "fourth buffer; the producer's warps 1-3 write them K-major with their "
+                                        "TF32 remainders"))
+        return rows
 
     def path_rows(self, plan: Plan) -> list[tuple[str, str]]:
         fallback = self.fallback
@@ -216,8 +348,10 @@ class WgmmaTma(WgmmaAsync):
 
     @property
     def tma_helpers(self) -> tuple[str, ...]:
-        """Device code the TMA kernel includes after the schedule's: rounding to TF32 in place."""
-        return () if self.rounding == "truncate" else ("wgmma_round.cuh.j2",)
+        """Device code the TMA kernel includes after the schedule's: rounding to TF32 in place, and
+        reading MN-major tiles."""
+        return ((() if self.rounding == "truncate" else ("wgmma_round.cuh.j2",))
+                + (() if self.k_major else ("wgmma_mn_major.cuh.j2",)))
 
     @property
     def a_from_registers(self) -> bool:

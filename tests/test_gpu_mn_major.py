@@ -1,0 +1,162 @@
+"""GPU tests of the TMA-fed 3xTF32 kernel reading MN-major operands (a column-major A read into
+registers from its MN-major tile, a row-major B transposed K-major by the producer's warps): every
+layout of A and B on every schedule (data-parallel, split K, persistent, stream-K) against float64,
+through the Python runtime and the nvcc-built C entry point, at sizes TMA takes (edge tiles whose
+boxes TMA fills with zeros, leading dimensions past the width, strided and broadcast batches) and
+at sizes it does not (the register-fed fallback). The batched cases of test_gpu_batched.py run the
+same kernels too.
+
+Run with `pytest -m gpu tests/test_gpu_mn_major.py`; skipped without an sm_90 GPU and CuPy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gemmgen.gpu import verify
+from gemmgen.language.load import load_one
+from gemmgen.plan import make_plan
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYOUTS = {"cc": ("col", "col"), "rr": ("row", "row"), "cr": ("col", "row")}
+
+
+def _spec(base: str, layouts: str, name: str, **values):
+    spec = load_one(ROOT / "specs" / f"{base}.gemm", base)
+    a, b = LAYOUTS[layouts]
+    stages = {} if b == "col" else {"stages": 3}  # B's landed tile takes a fourth of the stage
+    return replace(spec.with_values(layout_A=a, layout_B=b, **stages, **values), name=name)
+
+
+SPECS = {}
+for base, variant, values in (("hopper_3xtf32", "", {}), ("hopper_3xtf32", "_split", {"split": 4}),
+                              ("hopper_3xtf32_persistent", "", {}), ("hopper_3xtf32_streamk", "", {})):
+    for layouts in LAYOUTS:
+        name = f"{base}{variant}_{layouts}"
+        SPECS[name] = _spec(base, layouts, name, **values)
+
+# (M, N, K, padding of each leading dimension, aligned): TMA-ready (each ld rounded up to a multiple
+# of 4 floats before the padding: edge tiles on every side, several K tiles, ld past the width) and
+# not (ld and K as they come, odd: the register-fed fallback).
+SHAPES = [(517, 389, 264, 0, True), (256, 300, 1000, 8, True), (130, 97, 36, 4, True), (67, 45, 33, 1, False)]
+
+
+@pytest.fixture(scope="module")
+def cp():
+    pytest.importorskip("cupy")
+    from gemmgen.gpu.runtime import device_count, device_info
+    if device_count() == 0:
+        pytest.skip("no CUDA GPU found")
+    if device_info().compute_capability != (9, 0):
+        pytest.skip("the TMA-fed wgmma kernels are built for sm_90a")
+    import cupy
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def kernels(cp):
+    from gemmgen.gpu.runtime import Kernel
+    built = {}
+
+    def get(name):
+        if name not in built:
+            built[name] = Kernel(make_plan(SPECS[name]))
+        return built[name]
+
+    yield get
+    for kernel in built.values():
+        kernel.close()
+
+
+def _operand(cp, x: np.ndarray, layout: str, pad: int, aligned: bool = True):
+    """x in `layout` with leading dimension its contiguous extent (rounded up to 4 floats if
+    `aligned`) + pad, in a device buffer whose padding holds NaN: (device buffer, ld)."""
+    rows, cols = x.shape
+    lines, length = (rows, cols) if layout == "row" else (cols, rows)
+    ld = (-(-length // 4) * 4 if aligned else length) + pad
+    host = np.full((lines, ld), np.nan, np.float32)
+    host[:, :length] = x if layout == "row" else x.T
+    return cp.asarray(host), ld
+
+
+def _check(out: np.ndarray, A, B, C, alpha, beta, what: str):
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    reference = alpha * (A64 @ B64) + beta * C
+    scale = abs(alpha) * (np.abs(A64) @ np.abs(B64)) + abs(beta) * np.abs(C)
+    bad = ~(np.abs(out - reference) <= verify.tolerance(scale, A.shape[1], "3xtf32"))
+    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.size} elements wrong"
+    error = np.linalg.norm(out - reference) / np.linalg.norm(reference)
+    assert error < 2e-6, f"{what}: relative error {error:.2e} is not FP32's"
+
+
+def _inputs(M, N, K, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.uniform(-1, 1, (M, K)).astype(np.float32), rng.uniform(-1, 1, (K, N)).astype(np.float32),
+            rng.uniform(-1, 1, (M, N)).astype(np.float32))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:3])) + f"+{s[3]}" + ("" if s[4] else "-odd"))
+@pytest.mark.parametrize("name", list(SPECS))
+def test_every_layout_and_schedule_through_python(name, shape, kernels, cp):
+    kernel = kernels(name)
+    M, N, K, pad, aligned = shape
+    A, B, C = _inputs(M, N, K, M + N + K)
+    layout_a, layout_b = kernel.plan.spec["layout.A"], kernel.plan.spec["layout.B"]
+    a, lda = _operand(cp, A, layout_a, pad, aligned)
+    b, ldb = _operand(cp, B, layout_b, pad, aligned)
+    c, ldc = _operand(cp, C, "row", pad, aligned)
+    pointers = {"A": a.data.ptr % 16, "B": b.data.ptr % 16}
+    assert kernel.plan.mainloop.hands_over(M, N, K, lda, ldb, pointers) != aligned  # TMA takes the aligned ones
+    kernel.launch(M, N, K, 1.5, a.data.ptr, lda, b.data.ptr, ldb, -0.5, c.data.ptr, ldc)
+    cp.cuda.runtime.deviceSynchronize()
+    host = c.get()
+    _check(host[:, :N], A, B, C, 1.5, -0.5, f"{name} {M}x{N}x{K} pad {pad}")
+    assert np.isnan(host[:, N:]).all(), f"{name}: wrote C's padding"
+
+
+@pytest.mark.parametrize("layouts", list(LAYOUTS))
+def test_batches_through_the_c_entry_point(layouts, cp, tmp_path):
+    """The C launcher's own tensor maps: strided batches (A packed, B broadcast by stride 0), then
+    one GEMM through the single entry point."""
+    from test_gpu_schedule import _build_abi
+    name = f"hopper_3xtf32_{layouts}"
+    single = _build_abi(name, tmp_path, SPECS[name])
+    library = ctypes.CDLL(str(tmp_path / f"lib{name}.so"))
+    batched = getattr(library, f"gemmgen_{name}_batched")
+    batched.restype = ctypes.c_int
+    batched.argtypes = ([ctypes.c_int] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                              ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+                                              ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong,
+                                              ctypes.c_longlong, ctypes.c_void_p])
+    layout_a, layout_b = LAYOUTS[layouts]
+    M, N, K, batch = 300, 260, 132, 3
+    rng = np.random.default_rng(11)
+    As = [rng.uniform(-1, 1, (M, K)).astype(np.float32) for _ in range(batch)]
+    B = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+    Cs = [rng.uniform(-1, 1, (M, N)).astype(np.float32) for _ in range(batch)]
+    a = cp.asarray(np.stack([x if layout_a == "row" else np.ascontiguousarray(x.T) for x in As]))
+    b = cp.asarray(B if layout_b == "row" else np.ascontiguousarray(B.T))
+    c = cp.asarray(np.stack(Cs))
+    lda = K if layout_a == "row" else M
+    ldb = N if layout_b == "row" else K
+    status = batched(M, N, K, 1.0, a.data.ptr, lda, b.data.ptr, ldb, 1.0, c.data.ptr, N, batch, M * K, 0, M * N, None)
+    assert status == 0
+    cp.cuda.runtime.deviceSynchronize()
+    out = c.get()
+    for i in range(batch):
+        _check(out[i], As[i], B, Cs[i], 1.0, 1.0, f"{name} batch {i}")
+    M, N, K = 1000, 777, 520
+    A, B, C = _inputs(M, N, K, 5)
+    a, lda = _operand(cp, A, layout_a, 4)
+    b, ldb = _operand(cp, B, layout_b, 4)
+    c = cp.asarray(C)
+    assert single(M, N, K, 2.0, a.data.ptr, lda, b.data.ptr, ldb, 0.0, c.data.ptr, N, None) == 0
+    cp.cuda.runtime.deviceSynchronize()
+    _check(c.get(), A, B, C, 2.0, 0.0, f"{name} {M}x{N}x{K}")
