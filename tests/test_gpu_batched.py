@@ -51,8 +51,8 @@ SPECS = {
                                      layout_C="col", block_n=128, warp_n=128, mma_n=128),  # TMA-stored C, column-major
     "hopper_3xtf32_streamk": _spec("hopper_3xtf32_streamk"),
     # MN-major operands on the TMA path: A read into registers, B transposed by the producer
-    "hopper_3xtf32_cr": _spec("hopper_3xtf32", "hopper_3xtf32_cr", layout_A="col", layout_B="row", stages=3),
-    "hopper_3xtf32_streamk_rr": _spec("hopper_3xtf32_streamk", "hopper_3xtf32_streamk_rr", layout_B="row", stages=3),
+    "hopper_3xtf32_cr": _spec("hopper_3xtf32", "hopper_3xtf32_cr", layout_A="col", layout_B="row"),
+    "hopper_3xtf32_streamk_rr": _spec("hopper_3xtf32_streamk", "hopper_3xtf32_streamk_rr", layout_B="row"),
 }
 SM90A = {name for name, spec in SPECS.items() if spec["target"] == "sm_90a"}
 

@@ -31,8 +31,7 @@ LAYOUTS = {"cc": ("col", "col"), "rr": ("row", "row"), "cr": ("col", "row")}
 def _spec(base: str, layouts: str, name: str, **values):
     spec = load_one(ROOT / "specs" / f"{base}.gemm", base)
     a, b = LAYOUTS[layouts]
-    stages = {} if b == "col" else {"stages": 3}  # B's landed tile takes a fourth of the stage
-    return replace(spec.with_values(layout_A=a, layout_B=b, **stages, **values), name=name)
+    return replace(spec.with_values(layout_A=a, layout_B=b, **values), name=name)
 
 
 SPECS = {}

@@ -10,7 +10,7 @@ from ..language.spec import Spec
 from .arch import MAX_REGISTERS_PER_THREAD, Arch
 from .base import Plan
 from .parts.epilogue import check_no_reduce, check_tma_store, warpgroup_epilogue
-from .parts.warpgroup_mainloop import WgmmaAsync, WgmmaTma
+from .parts.warpgroup_mainloop import MN_LANDING, WgmmaAsync, WgmmaTma
 from .parts.schedule import check_cluster, check_pingpong_tile, check_walk, schedule_of
 from .parts.tile import Tile
 
@@ -96,19 +96,18 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         stage_bytes = 4 * BK * (BM + BN * (2 if math == "3xtf32" else 1))
     else:    # 3xtf32: A's and B's remainders too
         stage_bytes = 4 * BK * (BM + BN) * (2 if math == "3xtf32" else 1)
-    if tma and not b_k_major:  # and the MN-major tile TMA lands, which the producer's warps transpose
-        stage_bytes += 4 * BK * BN
-    # mbarriers per stage (full, empty; TMA 3xtf32 or rounding: ready; a spare beside an MN-major B's
-    # landing tile, as the kernel's size check counts them), and slack to align buffers to 1024 B.
+    # mbarriers per stage (full, empty; TMA 3xtf32 or rounding: ready), and slack to align buffers to 1024 B.
     barriers = (3 if tma and (math == "3xtf32" or rounding != "truncate") else 2) * 8 * stages
-    if tma and not b_k_major:
-        barriers += 8 * stages
-    smem_bytes = stages * stage_bytes + c_stage_bytes + barriers + 1024
+    # A row-major B's tiles land MN-major in MN_LANDING slots (each with a barrier), for the
+    # producer's warps to transpose.
+    landing_bytes = (4 * BK * BN + 8) * MN_LANDING if tma and not b_k_major else 0
+    smem_bytes = stages * stage_bytes + landing_bytes + c_stage_bytes + barriers + 1024
     if smem_bytes > arch.smem_per_block:
         staged = f" and the staged epilogue's {c_stage_bytes}" if c_stage_bytes else ""
-        raise spec.error(("stages", "block.m"), f"{stages} stages of {stage_bytes} bytes{staged} need "
+        landing = f" and {MN_LANDING} landing slots of B's MN-major tiles" if landing_bytes else ""
+        raise spec.error(("stages", "block.m"), f"{stages} stages of {stage_bytes} bytes{staged}{landing} need "
                          f"{smem_bytes} bytes of shared memory; a block on {arch.name} gets at most "
-                         f"{arch.smem_per_block}", f"stages {(arch.smem_per_block - 1024 - c_stage_bytes - barriers) // stage_bytes} "
+                         f"{arch.smem_per_block}", f"stages {(arch.smem_per_block - 1024 - c_stage_bytes - landing_bytes - barriers) // stage_bytes} "
                          "or fewer, or a smaller block")
     accumulators = slabs * BN // 2  # a 64 x BN fp32 tile (per slab) over 128 threads
     loaded_floats = (BM + BN) * BK // WARPGROUP  # a loader thread's share of one K tile
