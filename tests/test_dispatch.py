@@ -78,6 +78,20 @@ def test_without_a_layouts_library_one_operand_is_copied_and_the_reason_names_it
     assert (way.copy_a, way.copy_b) == ("row", "col")
 
 
+def test_the_relaid_fp32_cc_class_leaves_one_copy_at_most():
+    """fp32 serves A col, B col in the kernel (layouts.RELAID): no copy there, none for A row, B row
+    into a column-major C (C^T = B^T A^T), and only B's (not both) for A col, B row."""
+    fp32 = BASE | {("col", "col")}
+    way = route(matrix("A", 64, 96, "col"), matrix("B", 96, 80, "col"), matrix("out", 64, 80, "row"), fp32)
+    assert (way.klass, way.swap, way.copies) == (("col", "col"), False, False)
+    way = route(matrix("A", 64, 96, "row"), matrix("B", 96, 80, "row"), matrix("out", 64, 80, "col"), fp32)
+    assert (way.klass, way.swap, way.copies) == (("col", "col"), True, False)
+    way = route(matrix("A", 64, 96, "col"), matrix("B", 96, 80, "row"), matrix("out", 64, 80, "row"), fp32)
+    assert (way.klass, way.copy_a, way.copy_b) == (("col", "col"), None, "col")
+    way = route(matrix("A", 64, 96, "row"), matrix("B", 96, 80, "row"), matrix("out", 64, 80, "row"), fp32)
+    assert (way.klass, way.copy_a, way.copy_b) == (("row", "col"), None, "col")
+
+
 def test_an_operand_with_no_unit_stride_is_copied_whatever_is_built():
     a = Operand("A", 8, 6, (12, 2))                     # every other column of an 8 x 12 matrix
     b, c = matrix("B", 6, 5, "col"), matrix("out", 8, 5, "row")
@@ -241,11 +255,38 @@ def test_a_layouts_manifest_must_hold_the_layout_its_name_says(tmp_path, monkeyp
     (tmp_path / "fp32_rr.json").write_text(json.dumps({**shipped, "library": "fp32_rr"}))
     with pytest.raises(ValueError, match=r"fp32_rr.json: library fp32_rr has layout .* not .*'B': 'row'"):
         dispatch.shipped_manifest("fp32", ("row", "row"))
-    with pytest.raises(FileNotFoundError, match=r"fp32_cc library .* is missing.*build a library fp32_cc "
-                                                r"with layout A col, B col, C row"):
-        dispatch.shipped_manifest("fp32", ("col", "col"))
+    with pytest.raises(FileNotFoundError, match=r"fp32_cr library .* is missing.*build a library fp32_cr "
+                                                r"with layout A col, B row, C row"):
+        dispatch.shipped_manifest("fp32", ("col", "row"))
     dispatch.available_classes.cache_clear()
-    try:
-        assert dispatch.available_classes("fp32") == frozenset({("row", "col"), ("row", "row")})
+    try:  # fp32_cc: the base library's members built with a column-major A (layouts.RELAID)
+        assert dispatch.available_classes("fp32") == frozenset({("row", "col"), ("row", "row"), ("col", "col")})
+        assert dispatch.available_classes("tf32") == frozenset({("row", "col")})
     finally:
         dispatch.available_classes.cache_clear()
+
+
+def test_the_relaid_runtime_builds_the_base_members_with_a_column_major_a(monkeypatch):
+    """fp32_cc: the shipped fp32 members, chosen by the same models, planned with layout A col, B col;
+    the decode member (which reads A along K only) is never chosen there."""
+    import gemmgen.library.dispatch as dispatch
+    from fake_device import INFO
+    monkeypatch.setattr(dispatch, "device_info", lambda ordinal=0: INFO)
+    monkeypatch.setattr(dispatch, "_runtimes", {})
+    base = dispatch.library("fp32", 0)
+    relaid = dispatch.library("fp32", 0, ("col", "col"))
+    assert relaid.name == "fp32_cc" and relaid.layouts == {"A": "col", "B": "col", "C": "row"}
+    assert list(relaid.left_out) == [i for i, m in enumerate(base.manifest.members) if m.decode] != []
+    assert "reads A and B along K" in next(iter(relaid.left_out.values()))
+    for index, (plan, base_plan) in enumerate(zip(relaid.plans, base.plans)):
+        if index in relaid.left_out:  # not built in the class's layouts: never chosen
+            continue
+        assert (plan.spec["layout.A"], plan.spec["layout.B"]) == ("col", "col")
+        assert (plan.BM, plan.BN, plan.stages, plan.spec["schedule"]) == (base_plan.BM, base_plan.BN,
+                                                                           base_plan.stages, base_plan.spec["schedule"])
+        assert (base_plan.spec["layout.A"], base_plan.spec["layout.B"]) == ("row", "col")
+    for M, N, K in ((4096, 4096, 4096), (2048, 8192, 2048), (127, 4099, 1023), (1, 4096, 4096), (16, 11008, 4096)):
+        chosen = relaid.choose(M, N, K, M, K, N, (0, 0, 0))
+        assert chosen not in relaid.left_out
+        if M > 16:  # where the decode member does not compete, the same member as the base library's
+            assert chosen == base.choose(M, N, K, K, K, N, (0, 0, 0))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -31,11 +32,12 @@ from ..gpu.compile import compile_all
 from ..gpu.launch import PreparedLaunch
 from ..gpu.runtime import Kernel, ShapeError, as_matrix, device_array, device_info, require_cupy, stream_handle
 from ..gpu.transpose import transpose
+from ..language.errors import SpecError
 from ..outputs import complete_pending
 from ..plan import make_plan
 from . import devices as split_devices
 from .batches import BatchError, Batching, batch_stride, broadcast, dense_reason, folded_row_stride, plan_batches
-from .layouts import CLASSES, Operand, Route, library_name, route
+from .layouts import CLASSES, RELAID, Operand, Route, library_name, route
 from .manifest import Manifest, ManifestError
 from .selection import alignment_class, choose
 
@@ -81,20 +83,33 @@ def available_classes(precision: str) -> frozenset:
     """The operand classes whose libraries of this precision are built (their manifests exist);
     the base class always counts (its absence is an error when it is loaded)."""
     folder = _libraries_dir()
-    return frozenset(k for k in CLASSES if k == BASE or (folder / f"{library_name(precision, k)}.json").is_file())
+    return frozenset(k for k in CLASSES if k == BASE or k in RELAID.get(precision, ())
+                     or (folder / f"{library_name(precision, k)}.json").is_file())
 
 
 class LibraryRuntime:
-    """A library manifest ready to run on one device: choose a member per call, launch it."""
+    """A library manifest ready to run on one device: choose a member per call, launch it. With
+    `relaid` (an operand class of layouts.RELAID), the base library's members built in that class's
+    layouts, chosen by the same models; a member that cannot be built so is never chosen."""
 
-    def __init__(self, manifest: Manifest, device: int = 0):
+    def __init__(self, manifest: Manifest, device: int = 0, relaid: tuple[str, str] | None = None):
         self.manifest = manifest
-        self.name = manifest.library
+        self.name = manifest.library if relaid is None else library_name(manifest.precision, relaid)
         self.device = device
         self.info = device_info(device)
-        self.plans = manifest.plans()
-        self.candidates = manifest.candidates()
+        self.plans = list(manifest.plans())
+        self.candidates = list(manifest.candidates())
         self.layouts = manifest.layout
+        self.left_out: dict[int, str] = {}  # relaid: members that cannot be built so, and why
+        if relaid is not None:
+            self.layouts = {"A": relaid[0], "B": relaid[1], "C": "row"}
+            for index, plan in enumerate(self.plans):
+                try:
+                    spec = plan.spec.with_values(layout_A=relaid[0], layout_B=relaid[1])
+                    self.plans[index] = make_plan(replace(spec, name=f"{plan.spec.name}_{relaid[0][0]}{relaid[1][0]}"))
+                except SpecError as exc:
+                    self.left_out[index] = exc.message
+                    self.candidates[index] = replace(self.candidates[index], models={})
         tuned = manifest.device.compute_capability
         self.tuned_gpu = list(self.info.compute_capability) == list(tuned)
         self.portable = manifest.portable_index
@@ -170,8 +185,16 @@ def library(precision: str = "fp32", device: int = 0, klass: tuple[str, str] = B
     """The shipped library of this precision and operand class on a device (built once per process)."""
     key = (library_name(precision, klass), device)
     if key not in _runtimes:
-        _runtimes[key] = LibraryRuntime(shipped_manifest(precision, klass), device)
+        if klass in RELAID.get(precision, ()) and klass not in _shipped_classes(precision):
+            _runtimes[key] = LibraryRuntime(shipped_manifest(precision), device, relaid=klass)
+        else:
+            _runtimes[key] = LibraryRuntime(shipped_manifest(precision, klass), device)
     return _runtimes[key]
+
+
+def _shipped_classes(precision: str) -> frozenset:
+    folder = _libraries_dir()
+    return frozenset(k for k in CLASSES if (folder / f"{library_name(precision, k)}.json").is_file())
 
 
 _warned: set[str] = set()

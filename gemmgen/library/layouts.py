@@ -17,12 +17,17 @@ either way. One with no unit stride (a strided slice, a broadcast) reads neither
 as is an operand whose class has no library: `route` picks the way with fewest copies and says
 why it copies.
 
-Only the base class ships today. wgmma reads TF32 operands from shared memory K-major only, and
-the kernels that transpose on the way (wgmma fed through registers, `stages N async`) measured
-0.27x (tf32) and 0.56x (fp32) of the TMA-fed ones at 4096^3 on an H100: slower than copying the
-operand K-major first (one pass over it, 2-15% at 4096^3 and 2048x8192x2048). The other classes
-await TMA-fed kernels that read MN-major tiles (transposed by the consumers' loads or a producer
-pass); a manifest named for a class is used when it exists.
+Only the base class ships as a manifest. wgmma reads TF32 operands from shared memory K-major
+only, and the kernels that transpose on the way (wgmma fed through registers, `stages N async`)
+measured 0.27x (tf32) and 0.56x (fp32) of the TMA-fed ones at 4096^3 on an H100: slower than
+copying the operand K-major first (one pass over it, 2-15% at 4096^3 and 2048x8192x2048).
+
+RELAID lists the classes a precision serves in the kernel from its base library: the same members,
+chosen by the same timings, built in the class's layouts. The fp32 (3xTF32) TMA kernels read a
+column-major A from its MN-major tile as they split it into registers, at 1.00-1.02x their A row
+speed (benchmarks/mn_major.py); a row-major B they transpose in shared memory at 0.72-0.75x, which
+is slower than copying it, so the classes with a row-major B are not served that way. A manifest
+named for a class is used where it exists.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LAYOUTS = ("row", "col")
+RELAID = {"fp32": (("col", "col"),), "tf32": ()}
 CLASSES = (("row", "col"), ("row", "row"), ("col", "col"), ("col", "row"))
 SUFFIX = {("row", "col"): "", ("row", "row"): "_rr", ("col", "col"): "_cc", ("col", "row"): "_cr"}
 
