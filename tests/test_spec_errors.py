@@ -217,7 +217,7 @@ CORPUS = [
                  3, 19, "block N = 72 is not a multiple of 32", "block N a multiple of 32",
                  id="wgmma-mn-major-block-n"),
     pytest.param(k("target sm_90a", "layout A row, B row", "block 128 x 128 x 32", "math 3xtf32", "stages 5 tma"),
-                 6, 10, "and 2 landing slots of B's MN-major tiles need", "stages 4 or fewer",
+                 6, 10, "5 stages of 49152 bytes need", "stages 4 or fewer",
                  id="wgmma-mn-major-stages"),
     pytest.param(k("target sm_90a", "layout B col", "block 128 x 128 x 16", "math tf32", "stages 4 tma"),
                  4, 21, "one 128-byte swizzled row of 32 floats", "block M x N x 32", id="wgmma-block-k"),

@@ -10,7 +10,7 @@ from ..language.spec import Spec
 from .arch import MAX_REGISTERS_PER_THREAD, Arch
 from .base import Plan
 from .parts.epilogue import check_no_reduce, check_tma_store, warpgroup_epilogue
-from .parts.warpgroup_mainloop import MN_LANDING, WgmmaAsync, WgmmaTma
+from .parts.warpgroup_mainloop import WgmmaAsync, WgmmaTma
 from .parts.schedule import check_cluster, check_pingpong_tile, check_walk, schedule_of
 from .parts.tile import Tile
 
@@ -18,6 +18,9 @@ WARPGROUP = 128
 WGMMA_BK = 32             # floats in one 128-byte swizzled shared row: one TMA box along K
 TMA_PRODUCER_REGISTERS = 40  # what setmaxnreg leaves the TMA producer: it only issues copies
 WGMMA_MAX_REGISTERS = 232  # what setmaxnreg gives each consumer thread beside such a producer
+# A producer that transposes a row-major B keeps 48, and its consumers get 224: setmaxnreg.inc takes
+# registers from what the block's own warpgroups released (128 x (168 - 48) >= 256 x (224 - 168)).
+MN_PRODUCER_REGISTERS, MN_CONSUMER_REGISTERS = 48, 224
 SETMAXNREG_CAP = 240       # setmaxnreg takes multiples of 8; a thread addresses at most 255 registers
 
 
@@ -98,21 +101,19 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         stage_bytes = 4 * BK * (BM + BN) * (2 if math == "3xtf32" else 1)
     # mbarriers per stage (full, empty; TMA 3xtf32 or rounding: ready), and slack to align buffers to 1024 B.
     barriers = (3 if tma and (math == "3xtf32" or rounding != "truncate") else 2) * 8 * stages
-    # A row-major B's tiles land MN-major in MN_LANDING slots (each with a barrier), for the
-    # producer's warps to transpose.
-    landing_bytes = (4 * BK * BN + 8) * MN_LANDING if tma and not b_k_major else 0
-    smem_bytes = stages * stage_bytes + landing_bytes + c_stage_bytes + barriers + 1024
+    smem_bytes = stages * stage_bytes + c_stage_bytes + barriers + 1024
     if smem_bytes > arch.smem_per_block:
         staged = f" and the staged epilogue's {c_stage_bytes}" if c_stage_bytes else ""
-        landing = f" and {MN_LANDING} landing slots of B's MN-major tiles" if landing_bytes else ""
-        raise spec.error(("stages", "block.m"), f"{stages} stages of {stage_bytes} bytes{staged}{landing} need "
+        raise spec.error(("stages", "block.m"), f"{stages} stages of {stage_bytes} bytes{staged} need "
                          f"{smem_bytes} bytes of shared memory; a block on {arch.name} gets at most "
-                         f"{arch.smem_per_block}", f"stages {(arch.smem_per_block - 1024 - c_stage_bytes - landing_bytes - barriers) // stage_bytes} "
+                         f"{arch.smem_per_block}", f"stages {(arch.smem_per_block - 1024 - c_stage_bytes - barriers) // stage_bytes} "
                          "or fewer, or a smaller block")
     accumulators = slabs * BN // 2  # a 64 x BN fp32 tile (per slab) over 128 threads
     loaded_floats = (BM + BN) * BK // WARPGROUP  # a loader thread's share of one K tile
     if tma:
         loader_registers, limit = TMA_PRODUCER_REGISTERS, WGMMA_MAX_REGISTERS
+        if not b_k_major:  # its warps 1-3 hold a box's columns while they transpose it
+            loader_registers, limit = MN_PRODUCER_REGISTERS, MN_CONSUMER_REGISTERS
     else:
         # Each thread starts with `launch` registers. A lone consumer (64-row blocks) takes 8 from
         # each of its two loaders with setmaxnreg, for wide tiles; the loaders still hold a K tile

@@ -27,7 +27,6 @@ def tma_batch_checks(a_outer: str = "M", b_outer: str = "N") -> tuple[str, ...]:
 
 TMA_BATCH_CHECKS = tma_batch_checks()
 MN_BOX = 32  # floats along M or N in a box of an MN-major operand: one 128-byte swizzled row
-MN_LANDING = 2  # slots a row-major B's tiles land in (MN-major) before the producer's warps transpose them
 
 # The TMA-fed tf32 consumers' math per `round` (wgmma.py's rounding_of).
 ROUNDING_TEMPLATES = {"truncate": "wgmma_tf32.cuh.j2", "producer": "wgmma_round_shared.cuh.j2",
@@ -221,57 +220,25 @@ class WgmmaTma(WgmmaAsync):
         """The C launcher's encoding of A's and B's tensor maps."""
         return "wgmma_maps_k_major.cuh.j2" if self.k_major else "wgmma_maps_mn_major.cuh.j2"
 
-    def stage_loads(self, plan: Plan, k: str, counter: str) -> list[str]:
-        """The producer's TMA copies of one stage (K offset `k`, the block's K tile count `counter`,
-        C expressions) without clusters: one box per K-major operand, 32-row boxes along M or N of
-        an MN-major one (B's into a landing slot, once the producer's warps have read its last tile)."""
+    def stage_loads(self, plan: Plan, k: str) -> list[str]:
+        """The producer's TMA copies of one stage (K offset `k`, a C expression) without clusters:
+        one box per K-major operand, 32-row boxes along M or N of an MN-major one (B's into its own
+        tile, which the producer's warps transpose in place)."""
         lines = []
         for x, k_major, _, box, boxes in self.boxes(plan):
             at = "block_m0" if x == "A" else "block_n0"
-            load = f"tma_load({{}}, &map_{x.lower()}, &full[s], {{}}, {x.lower()}_batch);"
+            load = f"tma_load(s{x} + s * {x}_STAGE_FLOATS{{}}, &map_{x.lower()}, &full[s], {{}}, {x.lower()}_batch);"
             if k_major:
-                lines.append(load.format(f"s{x} + s * {x}_STAGE_FLOATS", f"{k}, {at}"))
+                lines.append(load.format("", f"{k}, {at}"))
                 continue
-            to = "sA + s * A_STAGE_FLOATS" if x == "A" else f"sB_landed + {counter} % LANDING * B_STAGE_FLOATS"
-            if x == "B":
-                lines.append(f"if ({counter} >= LANDING) barrier_wait(&landed[{counter} % LANDING], "
-                             f"({counter} / LANDING - 1) & 1);  // the slot's last tile transposed")
             lines.append(f"for (int box = 0; box < {boxes}; ++box)  // {x} MN-major: boxes of {box} "
                          f"{'rows' if x == 'A' else 'columns'} by BK")
-            lines.append("    " + load.format(f"{to} + box * {box} * BK", f"{at} + box * {box}, {k}"))
+            lines.append("    " + load.format(f" + box * {box} * BK", f"{at} + box * {box}, {k}"))
         return lines
 
     # ---- 3xtf32's B: its remainders beside the tile TMA wrote, or (row-major B) the tile TMA landed
-    # MN-major in one of LANDING slots, transposed K-major with its remainders by the producer's
-    # warps (wgmma_3xtf32.cuh.j2, wgmma_mn_major.cuh.j2)
-
-    @property
-    def landing_constants(self) -> tuple[str, ...]:
-        return () if self.b_k_major else (
-            f"constexpr int LANDING = {MN_LANDING};  // B tiles TMA may have landed MN-major before the "
-            "producer's warps transpose them",)
-
-    @property
-    def landing_declarations(self) -> tuple[str, ...]:
-        return () if self.b_k_major else (
-            "float* sB_landed = sB_small + STAGES * B_STAGE_FLOATS;  // LANDING slots of B's tiles as TMA lands them",)
-
-    @property
-    def b_buffers_end(self) -> str:
-        return "sB_small + STAGES * B_STAGE_FLOATS" if self.b_k_major else "sB_landed + LANDING * B_STAGE_FLOATS"
-
-    @property
-    def landing_barriers(self) -> tuple[str, ...]:
-        return () if self.b_k_major else (
-            "unsigned long long* landed = empty + STAGES;      // a landing slot read: TMA may refill it",)
-
-    @property
-    def landing_inits(self) -> tuple[str, ...]:
-        return () if self.b_k_major else ("if (s < LANDING) barrier_init(&landed[s], SPLITTERS);",)
-
-    @property
-    def landing_release(self) -> tuple[str, ...]:
-        return () if self.b_k_major else ("barrier_arrive(&landed[t % LANDING]);  // (the fence above ordered the reads)",)
+    # MN-major, transposed K-major in place with its remainders by the producer's warps
+    # (wgmma_3xtf32.cuh.j2, wgmma_mn_major.cuh.j2)
 
     @property
     def splitter_words(self) -> tuple[str, ...]:
@@ -285,8 +252,7 @@ class WgmmaTma(WgmmaAsync):
         if self.b_k_major:
             return ("write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, "
                     "tid - 32, SPLITTERS);")
-        return ("transpose_and_split(sB_landed + t % LANDING * B_STAGE_FLOATS, sB + s * B_STAGE_FLOATS, "
-                "sB_small + s * B_STAGE_FLOATS, tid - 32);")
+        return "transpose_and_split(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, tid - 32);"
 
     @property
     def a_index(self) -> str:
@@ -337,9 +303,9 @@ class WgmmaTma(WgmmaAsync):
                                            "read their fragments from there into registers as they split them "
                                            "(2 wavefronts a read: a warp's 4 K rows share banks in pairs)"))
         if not self.b_k_major:
-            rows.append(("B row-major", "TMA lands its tiles MN-major (boxes of 32 columns by BK) in a stage's "
-                                        "fourth buffer; the producer's warps 1-3 write them K-major with their "
-                                        "TF32 remainders"))
+            rows.append(("B row-major", "TMA lands its tiles MN-major (boxes of 32 columns by BK); the "
+                                        "producer's warps 1-3 transpose them K-major in place, box by box, and "
+                                        "write their TF32 remainders"))
         return rows
 
     def path_rows(self, plan: Plan) -> list[tuple[str, str]]:
