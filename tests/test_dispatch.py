@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from gemmgen.library.layouts import CLASSES, Operand, library_name, readings, route, transposed
+from gemmgen.library.layouts import CLASSES, Operand, c_layout_of, library_name, readings, route, transposed
 from host_libraries import HostArray, LibraryOnHost
 
 ALL = frozenset(CLASSES)
@@ -78,18 +78,24 @@ def test_without_a_layouts_library_one_operand_is_copied_and_the_reason_names_it
     assert (way.copy_a, way.copy_b) == ("row", "col")
 
 
-def test_the_relaid_fp32_cc_class_leaves_one_copy_at_most():
-    """fp32 serves A col, B col in the kernel (layouts.RELAID): no copy there, none for A row, B row
-    into a column-major C (C^T = B^T A^T), and only B's (not both) for A col, B row."""
-    fp32 = BASE | {("col", "col")}
+def test_the_relaid_fp32_classes_leave_a_copy_only_for_a_col_b_row():
+    """fp32 serves A col, B col in the kernel writing C row- or column-major (layouts.RELAID): no copy
+    there, none for A row, B row (C^T = B^T A^T, both column-major, into C^T column-major), and only
+    B's (not both) for A col, B row."""
+    fp32 = BASE | {("col", "col"), ("col", "col", "col")}
     way = route(matrix("A", 64, 96, "col"), matrix("B", 96, 80, "col"), matrix("out", 64, 80, "row"), fp32)
     assert (way.klass, way.swap, way.copies) == (("col", "col"), False, False)
+    way = route(matrix("A", 64, 96, "row"), matrix("B", 96, 80, "row"), matrix("out", 64, 80, "row"), fp32)
+    assert (way.klass, way.swap, way.copies) == (("col", "col", "col"), True, False)
+    assert way.lds == (80, 96, 80)  # B^T, A^T and C^T column-major: B's, A's and C's row strides
     way = route(matrix("A", 64, 96, "row"), matrix("B", 96, 80, "row"), matrix("out", 64, 80, "col"), fp32)
     assert (way.klass, way.swap, way.copies) == (("col", "col"), True, False)
     way = route(matrix("A", 64, 96, "col"), matrix("B", 96, 80, "row"), matrix("out", 64, 80, "row"), fp32)
     assert (way.klass, way.copy_a, way.copy_b) == (("col", "col"), None, "col")
-    way = route(matrix("A", 64, 96, "row"), matrix("B", 96, 80, "row"), matrix("out", 64, 80, "row"), fp32)
-    assert (way.klass, way.copy_a, way.copy_b) == (("row", "col"), None, "col")
+    # an output with no unit stride: into a row-major copy, through a class that writes C row-major
+    way = route(matrix("A", 64, 96, "row"), matrix("B", 96, 80, "row"), Operand("out", 64, 80, (160, 2)), fp32)
+    assert way.copy_c and c_layout_of(way.klass) == "row" and not way.swap
+    assert library_name("fp32", ("col", "col", "col")) == "fp32_cc_ccol"
 
 
 def test_an_operand_with_no_unit_stride_is_copied_whatever_is_built():
@@ -260,7 +266,8 @@ def test_a_layouts_manifest_must_hold_the_layout_its_name_says(tmp_path, monkeyp
         dispatch.shipped_manifest("fp32", ("col", "row"))
     dispatch.available_classes.cache_clear()
     try:  # fp32_cc: the base library's members built with a column-major A (layouts.RELAID)
-        assert dispatch.available_classes("fp32") == frozenset({("row", "col"), ("row", "row"), ("col", "col")})
+        assert dispatch.available_classes("fp32") == frozenset({("row", "col"), ("row", "row"), ("col", "col"),
+                                                                ("col", "col", "col")})
         assert dispatch.available_classes("tf32") == frozenset({("row", "col")})
     finally:
         dispatch.available_classes.cache_clear()
@@ -290,3 +297,16 @@ def test_the_relaid_runtime_builds_the_base_members_with_a_column_major_a(monkey
         assert chosen not in relaid.left_out
         if M > 16:  # where the decode member does not compete, the same member as the base library's
             assert chosen == base.choose(M, N, K, K, K, N, (0, 0, 0))
+
+
+def test_the_relaid_runtime_writing_c_column_major(monkeypatch):
+    """fp32_cc_ccol: the same members with layout A col, B col, C col."""
+    import gemmgen.library.dispatch as dispatch
+    from fake_device import INFO
+    monkeypatch.setattr(dispatch, "device_info", lambda ordinal=0: INFO)
+    monkeypatch.setattr(dispatch, "_runtimes", {})
+    relaid = dispatch.library("fp32", 0, ("col", "col", "col"))
+    assert relaid.name == "fp32_cc_ccol" and relaid.layouts == {"A": "col", "B": "col", "C": "col"}
+    for index, plan in enumerate(relaid.plans):
+        if index not in relaid.left_out:
+            assert plan.c_layout == "col" and plan.spec.name.endswith("_ccc")

@@ -37,7 +37,7 @@ from ..outputs import complete_pending
 from ..plan import make_plan
 from . import devices as split_devices
 from .batches import BatchError, Batching, batch_stride, broadcast, dense_reason, folded_row_stride, plan_batches
-from .layouts import CLASSES, RELAID, Operand, Route, library_name, route
+from .layouts import CLASSES, RELAID, Operand, Route, c_layout_of, library_name, route
 from .manifest import Manifest, ManifestError
 from .selection import alignment_class, choose
 
@@ -83,8 +83,8 @@ def available_classes(precision: str) -> frozenset:
     """The operand classes whose libraries of this precision are built (their manifests exist);
     the base class always counts (its absence is an error when it is loaded)."""
     folder = _libraries_dir()
-    return frozenset(k for k in CLASSES if k == BASE or k in RELAID.get(precision, ())
-                     or (folder / f"{library_name(precision, k)}.json").is_file())
+    return frozenset([k for k in CLASSES if k == BASE or (folder / f"{library_name(precision, k)}.json").is_file()]
+                     + list(RELAID.get(precision, ())))
 
 
 class LibraryRuntime:
@@ -102,11 +102,12 @@ class LibraryRuntime:
         self.layouts = manifest.layout
         self.left_out: dict[int, str] = {}  # relaid: members that cannot be built so, and why
         if relaid is not None:
-            self.layouts = {"A": relaid[0], "B": relaid[1], "C": "row"}
+            self.layouts = {"A": relaid[0], "B": relaid[1], "C": c_layout_of(relaid)}
+            suffix = "".join(layout[0] for layout in self.layouts.values())
             for index, plan in enumerate(self.plans):
                 try:
-                    spec = plan.spec.with_values(layout_A=relaid[0], layout_B=relaid[1])
-                    self.plans[index] = make_plan(replace(spec, name=f"{plan.spec.name}_{relaid[0][0]}{relaid[1][0]}"))
+                    spec = plan.spec.with_values(layout_A=relaid[0], layout_B=relaid[1], layout_C=self.layouts["C"])
+                    self.plans[index] = make_plan(replace(spec, name=f"{plan.spec.name}_{suffix}"))
                 except SpecError as exc:
                     self.left_out[index] = exc.message
                     self.candidates[index] = replace(self.candidates[index], models={})

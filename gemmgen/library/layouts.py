@@ -26,8 +26,9 @@ RELAID lists the classes a precision serves in the kernel from its base library:
 chosen by the same timings, built in the class's layouts. The fp32 (3xTF32) TMA kernels read a
 column-major A from its MN-major tile as they split it into registers, at 1.00-1.02x their A row
 speed (benchmarks/mn_major.py); a row-major B they transpose in shared memory at 0.72-0.75x, which
-is slower than copying it, so the classes with a row-major B are not served that way. A manifest
-named for a class is used where it exists.
+is slower than copying it, so the classes with a row-major B are not served that way. A relaid
+class may also write C column-major (A, B, C): A row, B row into a row-major C is then C^T = B^T A^T
+with both operands column-major, no copy. A manifest named for a class is used where it exists.
 """
 
 from __future__ import annotations
@@ -35,14 +36,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LAYOUTS = ("row", "col")
-RELAID = {"fp32": (("col", "col"),), "tf32": ()}
+RELAID = {"fp32": (("col", "col"), ("col", "col", "col")), "tf32": ()}
 CLASSES = (("row", "col"), ("row", "row"), ("col", "col"), ("col", "row"))
 SUFFIX = {("row", "col"): "", ("row", "row"): "_rr", ("col", "col"): "_cc", ("col", "row"): "_cr"}
 
 
-def library_name(precision: str, klass: tuple[str, str]) -> str:
-    """The library of a precision for an operand class: fp32, fp32_rr, fp32_cc, fp32_cr (tf32 alike)."""
-    return precision + SUFFIX[klass]
+def library_name(precision: str, klass: tuple[str, ...]) -> str:
+    """The library of a precision for an operand class: fp32, fp32_rr, fp32_cc, fp32_cr (tf32 alike),
+    and for a relaid class writing C column-major, fp32_cc_ccol."""
+    return precision + SUFFIX[klass[:2]] + ("_ccol" if c_layout_of(klass) == "col" else "")
 
 
 def flip(layout: str) -> str:
@@ -107,32 +109,39 @@ class Route:
         return bool(self.copy_a or self.copy_b or self.copy_c)
 
 
+def c_layout_of(klass: tuple[str, ...]) -> str:
+    """The layout a class's library writes C in: (A, B) classes write it row-major; a relaid
+    (A, B, C) class names its own."""
+    return klass[2] if len(klass) > 2 else "row"
+
+
 def route(a: Operand, b: Operand, c: Operand, available: frozenset | set, precision: str = "fp32") -> Route:
     """The way to run C = A B with the fewest copies over the classes whose libraries are built
     (`available`; the base class must be among them). Among ways without a copy the base class
-    (TMA-fed, the best tuned) comes first, then C as it is (no swap)."""
+    (TMA-fed, the best tuned) comes first, then C as it is (no swap). A library writing C in layout
+    L serves C read as L (C = A B), or C read the other way (C^T = B^T A^T, A and B swapped)."""
     if ("row", "col") not in available:
         raise ValueError(f"the {precision} library (class A row, B col) must be available")
     c_reading = c.reading
-    c_options = [(layout, c_reading[layout], False) for layout in LAYOUTS if layout in c_reading]
-    if not c_options:  # C has no unit stride: computed row-major into a copy
-        c_options = [("row", max(1, c.cols), True)]
     a_reading, b_reading = a.reading, b.reading
+    classes = [k for k in CLASSES if k in available] + sorted(k for k in available if k not in CLASSES)
     best = None
-    for c_layout, ldc, copy_c in c_options:
-        swap = c_layout == "col"
-        # The library's operands: (A, B), or with C column-major (B^T, A^T).
-        first, second = (transposed(b_reading), transposed(a_reading)) if swap else (a_reading, b_reading)
-        for rank, klass in enumerate(CLASSES):
-            if klass not in available:
-                continue
+    for rank, klass in enumerate(classes):
+        library_c = c_layout_of(klass)
+        options = [(swap, c_reading[layout], False) for swap, layout in ((False, library_c), (True, flip(library_c)))
+                   if layout in c_reading]
+        if not c_reading and library_c == "row":  # C has no unit stride: computed row-major into a copy
+            options = [(False, max(1, c.cols), True)]
+        for swap, ldc, copy_c in options:
+            # The library's operands: (A, B), or with C^T (B^T, A^T).
+            first, second = (transposed(b_reading), transposed(a_reading)) if swap else (a_reading, b_reading)
             copies = (klass[0] not in first) + (klass[1] not in second) + copy_c
             score = (copies, rank, swap)
             if best is None or score < best[0]:
                 best = (score, klass, swap, first, second, ldc, copy_c)
     _, klass, swap, first, second, ldc, copy_c = best
     # The layout each original operand is read in (the library's layout, transposed back if swapped).
-    need_a, need_b = (flip(klass[1]), flip(klass[0])) if swap else klass
+    need_a, need_b = (flip(klass[1]), flip(klass[0])) if swap else klass[:2]
     copy_a = None if need_a in a_reading else need_a
     copy_b = None if need_b in b_reading else need_b
     reasons = []
