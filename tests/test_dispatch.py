@@ -78,10 +78,10 @@ def test_without_a_layouts_library_one_operand_is_copied_and_the_reason_names_it
     assert (way.copy_a, way.copy_b) == ("row", "col")
 
 
-def test_the_relaid_fp32_classes_leave_a_copy_only_for_a_col_b_row():
+def test_the_relaid_fp32_classes_leave_one_copy_only_for_a_col_b_row():
     """fp32 serves A col, B col in the kernel writing C row- or column-major (layouts.RELAID): no copy
-    there, none for A row, B row (C^T = B^T A^T, both column-major, into C^T column-major), and only
-    B's (not both) for A col, B row."""
+    there, none for A row, B row (C^T = B^T A^T, both column-major, into C^T column-major), and one
+    (not both), the smaller operand's, for A col, B row."""
     fp32 = BASE | {("col", "col"), ("col", "col", "col")}
     way = route(matrix("A", 64, 96, "col"), matrix("B", 96, 80, "col"), matrix("out", 64, 80, "row"), fp32)
     assert (way.klass, way.swap, way.copies) == (("col", "col"), False, False)
@@ -90,8 +90,12 @@ def test_the_relaid_fp32_classes_leave_a_copy_only_for_a_col_b_row():
     assert way.lds == (80, 96, 80)  # B^T, A^T and C^T column-major: B's, A's and C's row strides
     way = route(matrix("A", 64, 96, "row"), matrix("B", 96, 80, "row"), matrix("out", 64, 80, "col"), fp32)
     assert (way.klass, way.swap, way.copies) == (("col", "col"), True, False)
+    # A col, B row: one copy either way, the smaller operand's: B (96 x 80) into fp32_cc, or A (64 x 96)
+    # through fp32_cc_ccol (C^T = B^T A^T, B^T column-major as it lies)
     way = route(matrix("A", 64, 96, "col"), matrix("B", 96, 80, "row"), matrix("out", 64, 80, "row"), fp32)
-    assert (way.klass, way.copy_a, way.copy_b) == (("col", "col"), None, "col")
+    assert (way.klass, way.swap, way.copy_a, way.copy_b) == (("col", "col", "col"), True, "row", None)
+    way = route(matrix("A", 64, 96, "col"), matrix("B", 96, 48, "row"), matrix("out", 64, 48, "row"), fp32)
+    assert (way.klass, way.swap, way.copy_a, way.copy_b) == (("col", "col"), False, None, "col")
     # an output with no unit stride: into a row-major copy, through a class that writes C row-major
     way = route(matrix("A", 64, 96, "row"), matrix("B", 96, 80, "row"), Operand("out", 64, 80, (160, 2)), fp32)
     assert way.copy_c and c_layout_of(way.klass) == "row" and not way.swap

@@ -85,6 +85,10 @@ class Operand:
     def reading(self) -> dict[str, int]:
         return readings(self.rows, self.cols, *self.strides)
 
+    @property
+    def size(self) -> int:
+        return self.rows * self.cols
+
     def describe(self) -> str:
         return f"{self.name} of shape ({self.rows}, {self.cols}) with strides {tuple(self.strides)}"
 
@@ -117,8 +121,9 @@ def c_layout_of(klass: tuple[str, ...]) -> str:
 
 def route(a: Operand, b: Operand, c: Operand, available: frozenset | set, precision: str = "fp32") -> Route:
     """The way to run C = A B with the fewest copies over the classes whose libraries are built
-    (`available`; the base class must be among them). Among ways without a copy the base class
-    (TMA-fed, the best tuned) comes first, then C as it is (no swap). A library writing C in layout
+    (`available`; the base class must be among them), then the fewest elements copied. Among ways
+    without a copy the base class (TMA-fed, the best tuned) comes first, then C as it is (no swap).
+    A library writing C in layout
     L serves C read as L (C = A B), or C read the other way (C^T = B^T A^T, A and B swapped)."""
     if ("row", "col") not in available:
         raise ValueError(f"the {precision} library (class A row, B col) must be available")
@@ -136,7 +141,10 @@ def route(a: Operand, b: Operand, c: Operand, available: frozenset | set, precis
             # The library's operands: (A, B), or with C^T (B^T, A^T).
             first, second = (transposed(b_reading), transposed(a_reading)) if swap else (a_reading, b_reading)
             copies = (klass[0] not in first) + (klass[1] not in second) + copy_c
-            score = (copies, rank, swap)
+            # Among ways with as many copies, the one copying the fewest elements (A is M x K, B K x N).
+            copied = ((klass[0] not in first) * (b if swap else a).size
+                      + (klass[1] not in second) * (a if swap else b).size)
+            score = (copies, copied, rank, swap)
             if best is None or score < best[0]:
                 best = (score, klass, swap, first, second, ldc, copy_c)
     _, klass, swap, first, second, ldc, copy_c = best
