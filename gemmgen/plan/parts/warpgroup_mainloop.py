@@ -18,6 +18,8 @@ from .mainloop import Mainloop, mma_lanes, tensor_math_words
 # TMA steps through batches of A and B (stride not 0) 16 bytes apart or more, below 2^40 bytes, and
 # (the launcher's own rule) past the whole matrix; the C launcher's test of the same, per operand:
 TMA_STRIDE_LIMIT = 1 << 38  # floats
+
+
 def tma_batch_checks(a_outer: str = "M", b_outer: str = "N") -> tuple[str, ...]:
     """The C launcher's test per operand: its stride 0, or 16-byte steps past the matrix (its outer
     extent, rows K-major or K MN-major, times its leading dimension)."""
@@ -267,17 +269,14 @@ class WgmmaTma(WgmmaAsync):
         # 128-byte aligned, e.g. ld = 4092, measured 20% faster than with 256, aligned ones the same).
         # Batches: a third dimension, the stride apart (tma_batches_ready).
         # An MN-major operand (3xtf32): (rows, K), boxes of 32 rows x BK (boxes()).
-        if not self.k_major:
-            maps = []
-            for (x, k_major, tile_rows, _, _), param, rows, ld, stride in zip(
-                    self.boxes(plan), ("map_a", "map_b"), (M, N), (lda, ldb), strides):
-                if k_major:
-                    maps.append(TensorMapSpec(param, x, K, rows, ld, plan.BK, tile_rows, 128, True, batch, stride))
-                else:
-                    maps.append(TensorMapSpec(param, x, rows, K, ld, MN_BOX, plan.BK, 128, True, batch, stride))
-            return maps
-        return [TensorMapSpec("map_a", "A", K, M, lda, plan.BK, plan.BM // plan.cluster_n, 128, True, batch, strides[0]),
-                TensorMapSpec("map_b", "B", K, N, ldb, plan.BK, plan.BN // plan.cluster_m, 128, True, batch, strides[1])]
+        maps = []
+        for (x, k_major, tile_rows, _, _), param, rows, ld, stride, sharing in zip(
+                self.boxes(plan), ("map_a", "map_b"), (M, N), (lda, ldb), strides, (plan.cluster_n, plan.cluster_m)):
+            if k_major:
+                maps.append(TensorMapSpec(param, x, K, rows, ld, plan.BK, tile_rows // sharing, 128, True, batch, stride))
+            else:
+                maps.append(TensorMapSpec(param, x, rows, K, ld, MN_BOX, plan.BK, 128, True, batch, stride))
+        return maps
 
     def variant(self, aligned: bool, aligned_store: str) -> str:
         return f"wgmma, {aligned_store if aligned else 'scalar'} C"
