@@ -82,9 +82,7 @@ def shipped_manifest(precision: str, klass: tuple[str, str] = BASE) -> Manifest:
 def available_classes(precision: str) -> frozenset:
     """The operand classes whose libraries of this precision are built (their manifests exist);
     the base class always counts (its absence is an error when it is loaded)."""
-    folder = _libraries_dir()
-    return frozenset([k for k in CLASSES if k == BASE or (folder / f"{library_name(precision, k)}.json").is_file()]
-                     + list(RELAID.get(precision, ())))
+    return _shipped_classes(precision) | {BASE, *RELAID.get(precision, ())}
 
 
 class LibraryRuntime:
@@ -92,7 +90,7 @@ class LibraryRuntime:
     `relaid` (an operand class of layouts.RELAID), the base library's members built in that class's
     layouts, chosen by the same models; a member that cannot be built so is never chosen."""
 
-    def __init__(self, manifest: Manifest, device: int = 0, relaid: tuple[str, str] | None = None):
+    def __init__(self, manifest: Manifest, device: int = 0, relaid: tuple[str, ...] | None = None):
         self.manifest = manifest
         self.name = manifest.library if relaid is None else library_name(manifest.precision, relaid)
         self.device = device
@@ -182,7 +180,7 @@ class LibraryRuntime:
 _runtimes: dict[tuple[str, int], LibraryRuntime] = {}
 
 
-def library(precision: str = "fp32", device: int = 0, klass: tuple[str, str] = BASE) -> LibraryRuntime:
+def library(precision: str = "fp32", device: int = 0, klass: tuple[str, ...] = BASE) -> LibraryRuntime:
     """The shipped library of this precision and operand class on a device (built once per process)."""
     key = (library_name(precision, klass), device)
     if key not in _runtimes:
@@ -194,6 +192,7 @@ def library(precision: str = "fp32", device: int = 0, klass: tuple[str, str] = B
 
 
 def _shipped_classes(precision: str) -> frozenset:
+    """The operand classes whose manifests of this precision exist."""
     folder = _libraries_dir()
     return frozenset(k for k in CLASSES if (folder / f"{library_name(precision, k)}.json").is_file())
 
