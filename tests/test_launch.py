@@ -116,6 +116,22 @@ def test_the_tma_step_encodes_a_and_b_in_slices_of_their_clusters_tiles():
     assert step.per_call == ("alpha", "beta", "C")
 
 
+@pytest.mark.parametrize("layouts, maps", [
+    ("A col, B col", [("map_a", "A", 1000, 300, 1004, 32, 32), ("map_b", "B", 300, 700, 304, 32, 128)]),
+    ("A row, B row", [("map_a", "A", 300, 1000, 300, 32, 128), ("map_b", "B", 700, 300, 704, 32, 32)]),
+    ("A col, B row", [("map_a", "A", 1000, 300, 1004, 32, 32), ("map_b", "B", 700, 300, 704, 32, 32)])])
+def test_mn_major_operands_are_encoded_as_rows_by_k_in_32_row_boxes(layouts, maps):
+    """3xtf32 reads a column-major A or row-major B from MN-major tiles: TMA views it as (rows, K),
+    rows contiguous, and loads boxes of 32 rows by BK; a K-major operand stays (K, rows), one box."""
+    plan = plan_of(TMA.format(extra="").replace("math     tf32", "math     3xtf32")
+                   .replace("layout   A row, B col", f"layout   {layouts}"))
+    lda = 1004 if layouts.startswith("A col") else 300
+    ldb = 704 if layouts.endswith("B row") else 304
+    (step,) = decide(plan, 1000, 700, 300, lda, ldb, 700, (0, 0, 0), 132).steps
+    assert [(m.param, m.operand, m.inner, m.outer, m.ld, m.box_inner, m.box_outer) for m in step.maps[:2]] == maps
+    assert all((m.swizzle, m.promote) == (128, True) for m in step.maps[:2])
+
+
 def test_the_staged_epilogue_gets_cs_map_only_where_c_is_aligned():
     plan = plan_of(TMA.format(extra="epilogue alpha beta staged"))
     (aligned,) = decide(plan, 512, 512, 64, 64, 64, 512, (0, 0, 0), 132).steps
