@@ -123,8 +123,8 @@ def route(a: Operand, b: Operand, c: Operand, available: frozenset | set, precis
     """The way to run C = A B with the fewest copies over the classes whose libraries are built
     (`available`; the base class must be among them), then the fewest elements copied. Among ways
     without a copy the base class (TMA-fed, the best tuned) comes first, then C as it is (no swap).
-    A library writing C in layout
-    L serves C read as L (C = A B), or C read the other way (C^T = B^T A^T, A and B swapped)."""
+    A library writing C in layout L serves C read as L (C = A B), or C read the other way
+    (C^T = B^T A^T, A and B swapped)."""
     if ("row", "col") not in available:
         raise ValueError(f"the {precision} library (class A row, B col) must be available")
     c_reading = c.reading
