@@ -28,11 +28,20 @@ def test_the_cubin_holds_the_registers_and_frame_ptxas_reports(name):
 
 
 def test_a_compile_whose_log_has_no_report_reads_the_cubin(monkeypatch):
-    plan = plan_of("warptile")
-    reference = compile_plan(plan).resources
-    monkeypatch.setattr(compile_module, "parse_ptxas_report", lambda log: {})  # NVRTC 13.0's empty log
-    compiled = compile_plan(plan, use_cache=False)
-    assert {s: r.registers for s, r in compiled.resources.items()} == {s: r.registers for s, r in reference.items()}
+    # The reference is ptxas's report of this same compile: two compiles of a kernel near the
+    # 255-register cap need not allocate alike under CPU load (249 and 255 seen in one CI run).
+    reports = []
+    real_parse = compile_module.parse_ptxas_report
+
+    def no_report(log):  # NVRTC 13.0's empty log, the real report kept aside for the check
+        reports.append(real_parse(log))
+        return {}
+
+    monkeypatch.setattr(compile_module, "parse_ptxas_report", no_report)
+    compiled = compile_plan(plan_of("warptile"), use_cache=False)
+    assert reports and reports[-1], "ptxas's report is this test's reference: NVRTC gave none"
+    assert {s: r.registers for s, r in compiled.resources.items()} == {
+        s: r.registers for s, r in reports[-1].items()}
     assert all(r.spill_stores == r.spill_loads == 0 for r in compiled.resources.values())
 
 
