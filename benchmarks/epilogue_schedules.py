@@ -51,9 +51,28 @@ def variants(plan):
     return found
 
 
+PARTS = (("bias", {"bias": "col"}), ("relu", {"activation": "relu"}), ("gelu", {"activation": "gelu"}),
+         ("bias relu", {"bias": "col", "activation": "relu"}), ("bias gelu", {"bias": "col", "activation": "gelu"}))
+
+
+def parts(plan):
+    """(label, plan or the planner's refusal) of the member with each piece of the epilogue, on its
+    own schedule and store."""
+    found = []
+    for label, values in PARTS:
+        try:
+            found.append((label, make_plan(replace(plan.spec.with_values(**values),
+                                                   name=f"{plan.spec.name}_p{len(found)}"))))
+        except (SpecError, ValueError) as exc:
+            found.append((label, str(exc).splitlines()[0][:120]))
+    return found
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     timed_arguments(parser, SHAPES)
+    parser.add_argument("--parts", action="store_true",
+                        help="time the epilogue's pieces (bias, relu, gelu) on the member's own schedule instead")
     args = parser.parse_args(argv)
     args.shapes = parse_shapes(parser, args.shapes)
     check_timed_arguments(parser, args)
@@ -69,7 +88,8 @@ def main(argv=None) -> dict:
         for M, N, K in args.shapes:
             member = runtime.choose(M, N, K, K, K, N)
             plan = runtime.kernel_plan(member)
-            work.append(((M, N, K), precision, plan.spec.name, [("plain", plan)] + variants(plan)))
+            work.append(((M, N, K), precision, plan.spec.name,
+                         [("plain", plan)] + (parts(plan) if args.parts else variants(plan))))
     compile_all([p for *_, found in work for _, p in found if not isinstance(p, str)])
     results = []
     for (M, N, K), precision, name, found in work:
@@ -89,7 +109,7 @@ def main(argv=None) -> dict:
                 results.append({"shape": f"{M}x{N}x{K}", "precision": precision, "member": name, "variant": label,
                                 "refused": f"{type(exc).__name__}: {str(exc)[:120]}"})
                 continue
-            extra = {"bias": bias.data_ptr()} if label != "plain" else {}
+            extra = {"bias": bias.data_ptr()} if plan.epilogue.bias != "none" else {}
 
             def run(kernel=kernel, extra=extra):
                 for _ in range(args.calls):
