@@ -125,6 +125,35 @@ def test_vectors_take_the_base_library_as_they_are():
         assert (way.klass, way.swap, way.copies) == (("row", "col"), False, False)
 
 
+def test_a_matrix_times_a_column_vector_runs_as_the_row_vector_times_its_transpose():
+    """C = A x with C a column vector reads either way: the library computes C^T = x^T A^T, one row
+    (which the decode members serve) rather than one column of a tile member's 128."""
+    a, x, y = matrix("A", 4096, 512, "row", pad=4), Operand("B", 512, 1, (1, 1)), Operand("out", 4096, 1, (1, 1))
+    for available in (ALL, BASE):
+        way = route(a, x, y, available)
+        assert (way.klass, way.swap, way.copies) == (("row", "col"), True, False)
+        assert way.lds == (512, 516, 4096)  # x^T as a row, A^T column-major (A's rows), C^T one row
+    # a column of a wider output (no unit stride down it, rows ldc apart) reads only row-major: kept
+    way = route(a, x, Operand("out", 4096, 1, (8, 1)), BASE)
+    assert (way.klass, way.swap, way.copies) == (("row", "col"), False, False)
+    # a row vector is the library's one row already; a single value stays as it is
+    for rows, cols in ((1, 4096), (1, 1)):
+        way = route(Operand("A", rows, 512, (512, 1)), matrix("B", 512, cols, "col"),
+                    Operand("out", rows, cols, (cols, 1)), BASE)
+        assert (way.swap, way.copies) == (False, False)
+
+
+def test_matmul_of_a_matrix_and_a_column_vector_calls_the_library_with_one_row(host_libraries):
+    import gemmgen
+    libraries, copies = host_libraries
+    rng = np.random.default_rng(5)
+    A, x = rng.uniform(-1, 1, (300, 70)).astype(np.float32), rng.uniform(-1, 1, (70, 1)).astype(np.float32)
+    out = HostArray(np.zeros((300, 1), np.float32))
+    gemmgen.matmul(HostArray(A), HostArray(x), out)
+    np.testing.assert_allclose(out.values, A.astype(np.float64) @ x, rtol=1e-5, atol=1e-5)
+    assert libraries[("row", "col")].calls == [(1, 300, 70)] and copies == []
+
+
 def test_library_names_say_the_operand_class():
     assert [library_name("fp32", k) for k in CLASSES] == ["fp32", "fp32_rr", "fp32_cc", "fp32_cr"]
     with pytest.raises(ValueError, match="must be available"):

@@ -107,6 +107,29 @@ def test_matmul_on_cupy_matches_float64(precision, M, N, K, cp):
     _assert_close(out.get(), A, B, C, 1.0, 0.0, MATH[precision], f"{precision} {M}x{N}x{K}")
 
 
+@pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet (generated/fp32.json)")
+@pytest.mark.parametrize("precision", LIBRARIES)
+@pytest.mark.parametrize("M,K", [(4096, 4096), (11008, 4096), (300, 131), (17, 1)])
+def test_a_matrix_times_a_column_vector_runs_as_one_row_and_matches_float64(precision, M, K, cp):
+    """A x with x (K x 1): the library computes C^T = x^T A^T (one row, layouts.route); into a new
+    output, into one with beta, and into a column of a wider C (read row-major only: not swapped)."""
+    import gemmgen
+    from gemmgen.library.dispatch import available_classes
+    from gemmgen.library.layouts import Operand, route
+    A, x, C = _inputs(M, 1, K, seed=11)
+    assert route(Operand("A", M, K, (K, 1)), Operand("B", K, 1, (1, 1)), Operand("out", M, 1, (1, 1)),
+                 available_classes(precision), precision).swap
+    out = gemmgen.matmul(cp.asarray(A), cp.asarray(x), precision=precision)
+    _assert_close(out.get(), A, x, C, 1.0, 0.0, MATH[precision], f"{precision} {M}x1x{K}")
+    out = cp.asarray(C)
+    gemmgen.matmul(cp.asarray(A), cp.asarray(x), out, alpha=0.5, beta=-2.0, precision=precision)
+    _assert_close(out.get(), A, x, C, 0.5, -2.0, MATH[precision], f"{precision} {M}x1x{K}, beta")
+    wide = cp.full((M, 3), cp.nan, dtype=cp.float32)
+    gemmgen.matmul(cp.asarray(A), cp.asarray(x), wide[:, 1:2], precision=precision)
+    _assert_close(wide[:, 1:2].get(), A, x, C, 1.0, 0.0, MATH[precision], f"{precision} {M}x1x{K}, a column")
+    assert bool(cp.isnan(wide[:, 0]).all()) and bool(cp.isnan(wide[:, 2]).all())  # its neighbours untouched
+
+
 @pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
 @pytest.mark.parametrize("order_a,order_b,order_c", [("C", "C", "C"), ("F", "F", "F"), ("C", "F", "F"),
                                                      ("F", "C", "C")])

@@ -122,9 +122,14 @@ def c_layout_of(klass: tuple[str, ...]) -> str:
 def route(a: Operand, b: Operand, c: Operand, available: frozenset | set, precision: str = "fp32") -> Route:
     """The way to run C = A B with the fewest copies over the classes whose libraries are built
     (`available`; the base class must be among them), then the fewest elements copied. Among ways
-    without a copy the base class (TMA-fed, the best tuned) comes first, then C as it is (no swap).
-    A library writing C in layout L serves C read as L (C = A B), or C read the other way
-    (C^T = B^T A^T, A and B swapped)."""
+    without a copy the base class (TMA-fed, the best tuned) comes first, then the way whose library
+    call has no more rows than columns, then C as it is (no swap). A library writing C in layout L
+    serves C read as L (C = A B), or C read the other way (C^T = B^T A^T, A and B swapped).
+
+    Rows before columns: a vector C reads either way, so a matrix times a column vector (M x 1) can
+    run as the row vector times the matrix's transpose (1 x M), which the libraries' decode members
+    serve (they take up to 16 rows, streaming the big operand once); their tile members, given one
+    column, read it as a 64- to 128-column tile."""
     if ("row", "col") not in available:
         raise ValueError(f"the {precision} library (class A row, B col) must be available")
     c_reading = c.reading
@@ -144,7 +149,8 @@ def route(a: Operand, b: Operand, c: Operand, available: frozenset | set, precis
             # Among ways with as many copies, the one copying the fewest elements (A is M x K, B K x N).
             copied = ((klass[0] not in first) * (b if swap else a).size
                       + (klass[1] not in second) * (a if swap else b).size)
-            score = (copies, copied, rank, swap)
+            rows, cols = (b.cols, a.rows) if swap else (a.rows, b.cols)  # the library's M and N
+            score = (copies, copied, rank, rows > cols, swap)
             if best is None or score < best[0]:
                 best = (score, klass, swap, first, second, ldc, copy_c)
     _, klass, swap, first, second, ldc, copy_c = best
