@@ -129,7 +129,7 @@ def route(a: Operand, b: Operand, c: Operand, available: frozenset | set, precis
     Rows before columns: a vector C reads either way, so a matrix times a column vector (M x 1) can
     run as the row vector times the matrix's transpose (1 x M), which the libraries' decode members
     serve (they take up to 16 rows, streaming the big operand once); their tile members, given one
-    column, read it as a 64- to 128-column tile."""
+    column, read it as a 64- to 256-column tile."""
     if ("row", "col") not in available:
         raise ValueError(f"the {precision} library (class A row, B col) must be available")
     c_reading = c.reading
