@@ -276,3 +276,26 @@ def test_a_failed_build_is_remembered_and_not_tried_again(monkeypatch, tmp_path)
         native.build()
     assert len(tries) == 1  # the second import did not compile again
     assert [p.name for p in directory.iterdir()] == [native.FAILED]  # no partial file left
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((6, 5), (5,)), ((5,), (5, 4)), ((5,), (5,)), ((3, 6, 5), (5,)),
+                                             ((5,), (2, 5, 4))])
+def test_vectors_are_taken_as_torch_matmul_takes_them_with_their_gradients(a_shape, b_shape, host):
+    libraries, copies, _ = host
+    a = rand(*a_shape).requires_grad_()
+    b = rand(*b_shape, seed=1).requires_grad_()
+    out = gtorch.matmul(a, b, 0.5)
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    expected = 0.5 * torch.matmul(a64, b64)
+    assert out.shape == expected.shape
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
+    grad = rand(*expected.shape, seed=2) if expected.dim() else torch.tensor(0.7)
+    out.backward(grad)
+    expected.backward(grad.double())
+    torch.testing.assert_close(a.grad.double(), a64.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(b.grad.double(), b64.grad, rtol=1e-5, atol=1e-6)
+    assert copies == []
+    if a_shape == (6, 5):  # W @ x: the library's forward call is one row (C^T = x^T W^T)
+        assert (1, 6, 5) in [call for library in libraries.values() for call in library.calls]
+    with pytest.raises(ValueError, match="not tensors of shapes"):
+        gtorch.matmul(torch.tensor(2.0), b)

@@ -12,7 +12,8 @@ matmul(a, b, alpha=1.0, precision="fp32") -> Tensor
     a and b may be any views with a unit stride: a transposed weight (w.t()) or activation is read
     in place, never copied (a view with no unit stride is copied, and a warning says so once).
     Parameters and tensors that require grad are taken as they are. Batches (..., M, K) @
-    (..., K, N) broadcast as torch.matmul's: one strided-batched launch (library/batches.py).
+    (..., K, N) broadcast as torch.matmul's: one strided-batched launch (library/batches.py). A 1-D
+    a or b is a row or a column, as in torch.matmul (W @ x with x of shape (K,) has shape (M,)).
 
 Autograd: grad_a = alpha * grad @ b.T and grad_b = alpha * a.T @ grad, each computed by this
 operator in the same precision on transposed views (only the gradients an input needs).

@@ -168,5 +168,15 @@ if python_kernels_reason is not None:
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, precision: str = "fp32") -> torch.Tensor:
-    """alpha * a @ b by gemmgen's library of `precision` ("fp32" or "tf32"), differentiable."""
-    return matmul_op(a, b, alpha, precision)
+    """alpha * a @ b by gemmgen's library of `precision` ("fp32" or "tf32"), differentiable. A 1-D
+    operand is taken as torch.matmul takes it: a as a row (1 x K), b as a column (K x 1), and its
+    dimension is dropped from the result (a matrix times a vector runs as one row, layouts.route)."""
+    if a.dim() == 0 or b.dim() == 0:
+        raise ValueError(f"gemmgen.matmul takes vectors, matrices or batches of them, not tensors of shapes "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dim() != 1 and b.dim() != 1:
+        return matmul_op(a, b, alpha, precision)
+    out = matmul_op(a.unsqueeze(0) if a.dim() == 1 else a, b.unsqueeze(-1) if b.dim() == 1 else b, alpha, precision)
+    if a.dim() == 1:
+        out = out.squeeze(-2)
+    return out.squeeze(-1) if b.dim() == 1 else out
