@@ -109,6 +109,28 @@ def test_gradients_match_float64_in_every_layout(precision, a_layout, b_layout, 
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("M,K", [(4096, 4096), (300, 131), (1, 7)])
+def test_a_matrix_times_a_vector_and_a_vector_times_a_matrix_with_gradients(precision, M, K):
+    """1-D operands as torch.matmul takes them; W @ x runs as one row (layouts.route)."""
+    import gemmgen.torch as gtorch
+    w = make(M, K, "row", 7).requires_grad_()
+    x = make(K, 1, "row", 8)[:, 0].contiguous().requires_grad_()
+    grad = make(M, 1, "row", 9)[:, 0].contiguous()
+    y = gtorch.matmul(w, x, 1.0, precision)
+    assert y.shape == (M,)
+    y.backward(grad)
+    w64, x64, g64 = w.detach().double(), x.detach().double(), grad.double()
+    what = f"{precision} {M}x1x{K}"
+    assert_close(y.detach(), w64 @ x64, w64.abs() @ x64.abs(), K, MATH[precision], f"W @ x {what}")
+    assert_close(x.grad, w64.t() @ g64, w64.abs().t() @ g64.abs(), M, MATH[precision], f"grad x {what}")
+    assert_close(w.grad, torch.outer(g64, x64), torch.outer(g64.abs(), x64.abs()), 1, MATH[precision],
+                 f"grad W {what}")
+    z = gtorch.matmul(x, w.t(), 1.0, precision)  # x @ W^T: a row times a matrix
+    assert z.shape == (M,)
+    assert_close(z.detach(), w64 @ x64, w64.abs() @ x64.abs(), K, MATH[precision], f"x @ W^T {what}")
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
 def test_a_linear_layer_trains_through_the_operator_with_parameters(precision):
     import gemmgen.torch as gtorch
     torch.manual_seed(0)
