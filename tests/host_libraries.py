@@ -19,6 +19,7 @@ class HostArray:
     def __init__(self, values):
         self.values = values
         self.shape = values.shape
+        self.ndim = values.ndim
 
     @property
     def __cuda_array_interface__(self):

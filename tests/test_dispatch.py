@@ -343,3 +343,24 @@ def test_the_relaid_runtime_writing_c_column_major(monkeypatch):
     for index, plan in enumerate(relaid.plans):
         if index not in relaid.left_out:
             assert plan.c_layout == "col" and plan.spec.name.endswith("_ccc")
+
+
+def test_matmul_takes_vectors_as_numpy_matmul_does(host_libraries):
+    """A 1-D A is a row, a 1-D B a column, and that dimension is in neither the result nor `out`."""
+    import gemmgen
+    from gemmgen.gpu.runtime import ShapeError
+    libraries, copies = host_libraries
+    rng = np.random.default_rng(6)
+    W, x, y = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((40, 30), (30,), (40,)))
+    out = HostArray(np.full(40, np.nan, np.float32))
+    assert gemmgen.matmul(HostArray(W), HostArray(x), out) is out       # W @ x: one row, C^T = x^T W^T
+    np.testing.assert_allclose(out.values, W.astype(np.float64) @ x, rtol=1e-5, atol=1e-5)
+    assert libraries[("row", "col")].calls == [(1, 40, 30)] and copies == []
+    row = HostArray(np.zeros(30, np.float32))
+    gemmgen.matmul(HostArray(y), HostArray(W), row, alpha=2.0)          # y @ W: a row times a matrix
+    np.testing.assert_allclose(row.values, 2.0 * (y.astype(np.float64) @ W), rtol=1e-5, atol=1e-5)
+    dot = HostArray(np.zeros((), np.float32))
+    gemmgen.matmul(HostArray(x), HostArray(x), dot)                     # x @ x: one value
+    np.testing.assert_allclose(dot.values, x.astype(np.float64) @ x, rtol=1e-5)
+    with pytest.raises(ShapeError, match="vectors, matrices or batches"):
+        gemmgen.matmul(HostArray(np.float32(1.0) * np.ones((), np.float32)), HostArray(x))

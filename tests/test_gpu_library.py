@@ -128,6 +128,9 @@ def test_a_matrix_times_a_column_vector_runs_as_one_row_and_matches_float64(prec
     gemmgen.matmul(cp.asarray(A), cp.asarray(x), wide[:, 1:2], precision=precision)
     _assert_close(wide[:, 1:2].get(), A, x, C, 1.0, 0.0, MATH[precision], f"{precision} {M}x1x{K}, a column")
     assert bool(cp.isnan(wide[:, 0]).all()) and bool(cp.isnan(wide[:, 2]).all())  # its neighbours untouched
+    vector = gemmgen.matmul(cp.asarray(A), cp.asarray(x[:, 0]), precision=precision)  # 1-D x: a 1-D result
+    assert vector.shape == (M,)
+    _assert_close(vector.get()[:, None], A, x, C, 1.0, 0.0, MATH[precision], f"{precision} {M}x1x{K}, 1-D")
 
 
 @pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")

@@ -130,8 +130,10 @@ def test_bad_tensors_are_refused_with_the_reason(host, monkeypatch):
     with pytest.raises(ShapeError, match="inner sizes differ"):
         gemmgen.matmul(rand(4, 5), rand(6, 3))
     with pytest.raises(ShapeError, match=r"B must be a matrix \(2-D\) or a batch of matrices \(\.\.\., rows, cols\), "
-                                         r"not 1-D of shape \(5,\)"):
-        gemmgen.matmul(rand(4, 5), rand(5))
+                                         r"not 0-D of shape \(\)"):
+        gemmgen.matmul(rand(4, 5), torch.tensor(1.0))  # (a 1-D B is a column: test_gemmgen_matmul_takes_torch_vectors)
+    with pytest.raises(ShapeError, match=r"A and B must be vectors, matrices or batches of matrices"):
+        gemmgen.matmul(torch.tensor(1.0), rand(5))
     with pytest.raises(ShapeError, match=r"batch dimensions do not broadcast: \(2,\) and \(3,\)"):
         gemmgen.matmul(rand(2, 4, 5), rand(3, 5, 3))
     with pytest.raises(ShapeError, match=r"out must be 4 x 3"):
@@ -299,3 +301,15 @@ def test_vectors_are_taken_as_torch_matmul_takes_them_with_their_gradients(a_sha
         assert (1, 6, 5) in [call for library in libraries.values() for call in library.calls]
     with pytest.raises(ValueError, match="not tensors of shapes"):
         gtorch.matmul(torch.tensor(2.0), b)
+
+
+def test_gemmgen_matmul_takes_torch_vectors(host):
+    libraries, copies, _ = host
+    W, x = rand(8, 6), rand(6, seed=1)
+    y = gemmgen.matmul(W, x)
+    assert y.shape == (8,)
+    torch.testing.assert_close(y.double(), W.double() @ x.double(), rtol=1e-5, atol=1e-6)
+    out = torch.full((6,), float("nan"))
+    assert gemmgen.matmul(rand(8, seed=2), W, out, alpha=0.5) is out
+    torch.testing.assert_close(out.double(), 0.5 * (rand(8, seed=2).double() @ W.double()), rtol=1e-5, atol=1e-6)
+    assert copies == []

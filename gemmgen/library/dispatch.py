@@ -220,7 +220,13 @@ def matmul(A: Any, B: Any, out: Any = None, *, alpha: float = 1.0, beta: float =
 
     `devices` ([0, 1, ...] or "all") splits the call over those GPUs (devices.py): A, B and `out`
     may start on any of them, a new `out` is made on A's device, and the call returns with it
-    complete (no `stream`)."""
+    complete (no `stream`).
+
+    A 1-D A or B (PyTorch, CuPy) is taken as numpy.matmul takes it: A as a row (1 x K), B as a
+    column (K x N), and that dimension is not in the result (nor in `out`); a matrix times a vector
+    runs as one row (layouts.route)."""
+    if getattr(A, "ndim", 2) == 1 or getattr(B, "ndim", 2) == 1:
+        return _vector_matmul(A, B, out, alpha, beta, precision, stream, devices)
     if devices is not None:
         devices = split_devices.check_call(A, B, out, devices, stream)
         A, B = split_devices.detached(A), split_devices.detached(B)
@@ -234,6 +240,33 @@ def matmul(A: Any, B: Any, out: Any = None, *, alpha: float = 1.0, beta: float =
             return _torch_launcher(A, B, alpha, precision)
         return _torch_matmul(torch, A, B, out, alpha, beta, precision, stream)
     return _array_matmul(A, B, out, alpha, beta, precision, stream)
+
+
+def _vector_matmul(A, B, out, alpha, beta, precision, stream, devices):
+    """matmul with a 1-D A (a row) or B (a column), through views that add the missing dimension."""
+    def viewed(x, index, name):
+        try:
+            return x[index]
+        except (TypeError, IndexError, ValueError):
+            raise ShapeError(f"{name} ({type(x).__name__}) gives no view with a dimension added; a 1-D {name} "
+                             "needs a PyTorch tensor or a CuPy array") from None
+    a_dims, b_dims = getattr(A, "ndim", 2), getattr(B, "ndim", 2)
+    if a_dims == 0 or b_dims == 0:
+        raise ShapeError(f"A and B must be vectors, matrices or batches of matrices, not of shapes "
+                         f"{tuple(A.shape)} and {tuple(B.shape)}")
+    left, right = a_dims == 1, b_dims == 1
+    A2 = viewed(A, (None, slice(None)), "A") if left else A
+    B2 = viewed(B, (slice(None), None), "B") if right else B
+    out2 = out
+    if out is not None:
+        out2 = viewed(out, (Ellipsis, None), "out") if right else out
+        out2 = viewed(out2, (Ellipsis, None, slice(None)), "out") if left else out2
+    result = matmul(A2, B2, out2, alpha=alpha, beta=beta, precision=precision, stream=stream, devices=devices)
+    if out is not None:
+        return out
+    if left:
+        result = result[..., 0, :]
+    return result[..., 0] if right else result
 
 
 _torch_launcher = None
