@@ -15,6 +15,9 @@ batch stride is the one step that walks them all:
 When B serves every batch and A's batches lie one after another at its row stride (A (..., M, K)
 row-major and contiguous over its leading dimensions, an nn.Linear input), the call is one GEMM of
 batch x M rows: it needs no batched launch at all, and the library chooses for its real shape.
+
+Vectors (`vector_views`): a 1-D A is a row (1 x K) and a 1-D B a column (K x 1), as numpy.matmul
+takes them, through views that add the dimension, which the result then drops.
 """
 
 from __future__ import annotations
@@ -110,3 +113,29 @@ def dense_reason(name: str) -> str:
     if name == "C":
         return "out's batches lie at no single stride; computing into a dense copy and copying it back"
     return f"{name}'s batches lie at no single stride (broadcast over some batch dimensions, or permuted); copying it"
+
+
+def vector_views(A, B, out):
+    """(A, B, out, finish) for a call with a 1-D A or B: views with the row's or column's dimension
+    added (PyTorch and CuPy index with None), and finish(result), the result without it. BatchError
+    for a 0-D operand, or an array that gives no such view."""
+    def viewed(x, index, name):
+        try:
+            return x[index]
+        except (TypeError, IndexError, ValueError):
+            raise BatchError(f"{name} ({type(x).__name__}) gives no view with a dimension added; a 1-D "
+                             f"{name} needs a PyTorch tensor or a CuPy array") from None
+    a_dims, b_dims = getattr(A, "ndim", 2), getattr(B, "ndim", 2)
+    if a_dims == 0 or b_dims == 0:
+        raise BatchError(f"A and B must be vectors, matrices or batches of matrices, not of shapes "
+                         f"{tuple(A.shape)} and {tuple(B.shape)}")
+    row, column = a_dims == 1, b_dims == 1
+    if out is not None:
+        out = viewed(out, (Ellipsis, None), "out") if column else out
+        out = viewed(out, (Ellipsis, None, slice(None)), "out") if row else out
+
+    def finish(result):
+        result = result[..., 0, :] if row else result
+        return result[..., 0] if column else result
+    return (viewed(A, (None, slice(None)), "A") if row else A, viewed(B, (slice(None), None), "B") if column else B,
+            out, finish)

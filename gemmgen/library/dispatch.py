@@ -36,7 +36,8 @@ from ..language.errors import SpecError
 from ..outputs import complete_pending
 from ..plan import make_plan
 from . import devices as split_devices
-from .batches import BatchError, Batching, batch_stride, broadcast, dense_reason, folded_row_stride, plan_batches
+from .batches import (BatchError, Batching, batch_stride, broadcast, dense_reason, folded_row_stride, plan_batches,
+                      vector_views)
 from .layouts import CLASSES, RELAID, Operand, Route, c_layout_of, library_name, route
 from .manifest import Manifest, ManifestError
 from .selection import alignment_class, choose
@@ -244,29 +245,12 @@ def matmul(A: Any, B: Any, out: Any = None, *, alpha: float = 1.0, beta: float =
 
 def _vector_matmul(A, B, out, alpha, beta, precision, stream, devices):
     """matmul with a 1-D A (a row) or B (a column), through views that add the missing dimension."""
-    def viewed(x, index, name):
-        try:
-            return x[index]
-        except (TypeError, IndexError, ValueError):
-            raise ShapeError(f"{name} ({type(x).__name__}) gives no view with a dimension added; a 1-D {name} "
-                             "needs a PyTorch tensor or a CuPy array") from None
-    a_dims, b_dims = getattr(A, "ndim", 2), getattr(B, "ndim", 2)
-    if a_dims == 0 or b_dims == 0:
-        raise ShapeError(f"A and B must be vectors, matrices or batches of matrices, not of shapes "
-                         f"{tuple(A.shape)} and {tuple(B.shape)}")
-    left, right = a_dims == 1, b_dims == 1
-    A2 = viewed(A, (None, slice(None)), "A") if left else A
-    B2 = viewed(B, (slice(None), None), "B") if right else B
-    out2 = out
-    if out is not None:
-        out2 = viewed(out, (Ellipsis, None), "out") if right else out
-        out2 = viewed(out2, (Ellipsis, None, slice(None)), "out") if left else out2
+    try:
+        A2, B2, out2, finish = vector_views(A, B, out)
+    except BatchError as exc:
+        raise ShapeError(str(exc)) from None
     result = matmul(A2, B2, out2, alpha=alpha, beta=beta, precision=precision, stream=stream, devices=devices)
-    if out is not None:
-        return out
-    if left:
-        result = result[..., 0, :]
-    return result[..., 0] if right else result
+    return out if out is not None else finish(result)
 
 
 _torch_launcher = None
