@@ -20,7 +20,7 @@ import pytest
 
 from gemmgen.gpu import verify
 from gemmgen.language.load import load_one
-from gemmgen.plan import make_plan
+from hopper_gpu import kernel_cache, require_sm90
 
 pytestmark = pytest.mark.gpu
 
@@ -49,29 +49,14 @@ SHAPES = [(517, 389, 264, 0, True), (256, 300, 1000, 8, True), (130, 97, 36, 4, 
 
 @pytest.fixture(scope="module")
 def cp():
-    pytest.importorskip("cupy")
-    from gemmgen.gpu.runtime import device_count, device_info
-    if device_count() == 0:
-        pytest.skip("no CUDA GPU found")
-    if device_info().compute_capability != (9, 0):
-        pytest.skip("the TMA-fed wgmma kernels are built for sm_90a")
+    require_sm90("the TMA-fed wgmma kernels are built for sm_90a")
     import cupy
     return cupy
 
 
 @pytest.fixture(scope="module")
 def kernels(cp):
-    from gemmgen.gpu.runtime import Kernel
-    built = {}
-
-    def get(name):
-        if name not in built:
-            built[name] = Kernel(make_plan(SPECS[name]))
-        return built[name]
-
-    yield get
-    for kernel in built.values():
-        kernel.close()
+    yield from kernel_cache(SPECS)
 
 
 def _operand(cp, x: np.ndarray, layout: str, pad: int, aligned: bool = True):
