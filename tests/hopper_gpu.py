@@ -1,7 +1,10 @@
-"""What the sm_90a GPU tests (test_gpu_schedule.py, test_gpu_staged.py) share: the skip without an
-sm_90 GPU and CuPy, and a module's kernels built once each and closed at the end."""
+"""What the sm_90a GPU tests (test_gpu_schedule.py, test_gpu_staged.py, ...) share: the skip without
+an sm_90 GPU and CuPy, a module's kernels built once each and closed at the end, and a built
+library's strided-batched entry point."""
 
 from __future__ import annotations
+
+import ctypes
 
 import pytest
 
@@ -31,3 +34,15 @@ def kernel_cache(specs: dict):
     yield get
     for kernel in built.values():
         kernel.close()
+
+
+def batched_entry(library: ctypes.CDLL, name: str):
+    """gemmgen_<name>_batched of an nvcc-built library, as ctypes calls it: (M, N, K, alpha, A, lda,
+    B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream) -> cudaError_t."""
+    batched = getattr(library, f"gemmgen_{name}_batched")
+    batched.restype = ctypes.c_int
+    batched.argtypes = ([ctypes.c_int] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                              ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+                                              ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong,
+                                              ctypes.c_longlong, ctypes.c_void_p])
+    return batched

@@ -21,6 +21,7 @@ import pytest
 from gemmgen.gpu import verify
 from gemmgen.language.load import load_one
 from gemmgen.plan import make_plan
+from hopper_gpu import batched_entry
 
 pytestmark = pytest.mark.gpu
 
@@ -215,14 +216,7 @@ def test_3d_arrays_through_the_python_call(name, kernels, cp):
 def _build_batched_abi(name: str, folder: Path):
     from test_gpu_schedule import _build_abi
     _build_abi(name, folder, SPECS[name])
-    library = ctypes.CDLL(str(folder / f"lib{name}.so"))
-    function = getattr(library, f"gemmgen_{name}_batched")
-    function.restype = ctypes.c_int
-    function.argtypes = ([ctypes.c_int] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                               ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
-                                               ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong,
-                                               ctypes.c_longlong, ctypes.c_void_p])
-    return function
+    return batched_entry(ctypes.CDLL(str(folder / f"lib{name}.so")), name)
 
 
 @pytest.mark.parametrize("name", ["hopper_tf32_streamk", "hopper_tf32_persistent_staged"])

@@ -20,7 +20,7 @@ import pytest
 
 from gemmgen.gpu import verify
 from gemmgen.language.load import load_one
-from hopper_gpu import kernel_cache, require_sm90
+from hopper_gpu import batched_entry, kernel_cache, require_sm90
 
 pytestmark = pytest.mark.gpu
 
@@ -113,12 +113,7 @@ def test_batches_through_the_c_entry_point(layouts, cp, tmp_path):
     name = f"hopper_3xtf32_{layouts}"
     single = _build_abi(name, tmp_path, SPECS[name])
     library = ctypes.CDLL(str(tmp_path / f"lib{name}.so"))
-    batched = getattr(library, f"gemmgen_{name}_batched")
-    batched.restype = ctypes.c_int
-    batched.argtypes = ([ctypes.c_int] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                              ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
-                                              ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong,
-                                              ctypes.c_longlong, ctypes.c_void_p])
+    batched = batched_entry(library, name)
     layout_a, layout_b = LAYOUTS[layouts]
     M, N, K, batch = 300, 260, 132, 3
     rng = np.random.default_rng(11)
