@@ -29,6 +29,7 @@ import warnings
 
 import torch
 
+from ..library.batches import vector_views
 from ..library.dispatch import PRECISIONS, torch_matmul
 from . import native
 
@@ -176,7 +177,5 @@ def matmul(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, precision: str 
                          f"{tuple(a.shape)} and {tuple(b.shape)}")
     if a.dim() != 1 and b.dim() != 1:
         return matmul_op(a, b, alpha, precision)
-    out = matmul_op(a.unsqueeze(0) if a.dim() == 1 else a, b.unsqueeze(-1) if b.dim() == 1 else b, alpha, precision)
-    if a.dim() == 1:
-        out = out.squeeze(-2)
-    return out.squeeze(-1) if b.dim() == 1 else out
+    a, b, _, finish = vector_views(a, b, None)  # gemmgen.matmul's views, differentiable as any view
+    return finish(matmul_op(a, b, alpha, precision))
