@@ -94,6 +94,11 @@ class WgmmaAsync(Mainloop):
         return () if self.math == "3xtf32" else ("tf32.cuh.j2",)
 
     @property
+    def loader_template(self) -> str:
+        """The loader warpgroups' code: tiles read into registers and stored by the math template."""
+        return "wgmma_loaders_registers.cuh.j2"
+
+    @property
     def a_from_registers(self) -> bool:
         """Whether wgmma.cuh.j2 defines the wgmma that takes A's fragments from registers."""
         return self.math == "3xtf32"
