@@ -17,6 +17,8 @@ from ..language.spec import Spec
 # key as it was, so the records of earlier searches still match the same kernels.
 LATER_DEFAULTS = {"load.A.via": "copy", "load.B.via": "copy", "unroll": 0, "round": "truncate",
                   "round.by": "producer"}
+# A point's label marks the fills other than the path's own: stages=4a (async), stages=4c (copy).
+FILL_MARKS = {"async": "a", "copy": "c"}
 
 
 def point_key(spec: Spec) -> str:
@@ -49,7 +51,7 @@ def describe(spec: Spec) -> str:
     via = "".join(op for op in "AB" if v(f"load.{op}.via") == "registers")
     if via:
         parts.append(f"via-registers={via}")
-    parts.append(f"stages={v('stages')}{'a' if v('stages.fill') == 'async' else ''}")
+    parts.append(f"stages={v('stages')}{FILL_MARKS.get(v('stages.fill'), '')}")
     parts.append(f"frag={v('fragments')}")
     if v("unroll"):
         parts.append(f"unroll={v('unroll')}")

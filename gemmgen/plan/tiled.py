@@ -222,9 +222,9 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
                          "leaving part of a warp idle", "a thread count that is a multiple of 32")
 
     stages, fill = spec["stages"], spec["stages.fill"]
-    if fill == "tma":
-        raise spec.error("stages.fill", f"TMA copies feed wgmma kernels: target sm_90a with math tf32 or "
-                         f"3xtf32 (this is {arch.name}, math {math})",
+    if fill in ("tma", "copy"):
+        raise spec.error("stages.fill", f"stages N {fill} feeds wgmma kernels: target sm_90a with math tf32"
+                         f"{' or 3xtf32' if fill == 'tma' else ''} (this is {arch.name}, math {math})",
                          "stages N sync or async, or target sm_90a and tensor-core math")
     async_copy = fill == "async"
     fragments = spec["fragments"]

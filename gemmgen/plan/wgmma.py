@@ -21,6 +21,7 @@ WGMMA_MAX_REGISTERS = 232  # what setmaxnreg gives each consumer thread beside s
 # A producer that transposes a row-major B keeps 48, and its consumers get 224: setmaxnreg.inc takes
 # registers from what the block's own warpgroups released (128 x (168 - 48) >= 256 x (224 - 168)).
 MN_PRODUCER_REGISTERS, MN_CONSUMER_REGISTERS = 48, 224
+COPY_LOADER_REGISTERS = 56  # a cp.async loader thread: its tiles' addresses and bounds, no data
 SETMAXNREG_CAP = 240       # setmaxnreg takes multiples of 8; a thread addresses at most 255 registers
 
 
@@ -45,11 +46,14 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     if not spec["shared"]:
         raise spec.error("shared", "wgmma reads its operands from shared memory", "shared memory on")
     fill = spec["stages.fill"]
-    if fill not in ("tma", "async"):
+    if fill not in ("tma", "async", "copy"):
         raise spec.error("stages.fill", "a wgmma kernel's shared buffers are filled by TMA (a producer "
-                         "warpgroup, K-major A and B) or by cp.async (every thread, any layout)",
-                         "stages N tma, or stages N async")
-    tma = fill == "tma"
+                         "warpgroup, K-major A and B), by loader warpgroups through registers (async), "
+                         "or by a loader warpgroup's cp.async copies (copy: any layout and alignment)",
+                         "stages N tma, stages N async or stages N copy")
+    tma, copies = fill == "tma", fill == "copy"
+    if copies:
+        _check_copies(spec, math)
     promote_tiles = _promote_tiles(spec, math, tma, BK)
     a_k_major, b_k_major = spec["layout.A"] == "row", spec["layout.B"] == "col"
     if tma and not (a_k_major and b_k_major):
@@ -93,7 +97,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     c_stage_bytes = epilogue.smem_bytes(consumers) if epilogue.tma_store else 0
     # Loader warpgroups hold K tiles in registers between their loads and their stores; a single
     # consumer multiplies a tile faster than one loader's loads return, so it gets two loaders.
-    loaders = 0 if tma else (2 if consumers == 1 else 1)
+    # One warpgroup issues cp.async copies for any number of consumers (it holds only addresses).
+    loaders = 0 if tma else (2 if consumers == 1 and not copies else 1)
     threads = (consumers + (1 if tma else loaders)) * WARPGROUP
     if tma:  # 3xtf32: B's remainders too (A is split in registers)
         stage_bytes = 4 * BK * (BM + BN * (2 if math == "3xtf32" else 1))
@@ -114,6 +119,10 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         loader_registers, limit = TMA_PRODUCER_REGISTERS, WGMMA_MAX_REGISTERS
         if not b_k_major:  # its warps 1-3 hold a box's columns while they transpose it
             loader_registers, limit = MN_PRODUCER_REGISTERS, MN_CONSUMER_REGISTERS
+    elif copies:  # the loader holds addresses only; the consumers take what it releases
+        launch = min(MAX_REGISTERS_PER_THREAD, arch.regs_per_sm // threads) // 8 * 8
+        loader_registers = COPY_LOADER_REGISTERS
+        limit = min(SETMAXNREG_CAP, (launch * (1 + consumers) - loader_registers) // consumers // 8 * 8)
     else:
         # Each thread starts with `launch` registers. A lone consumer (64-row blocks) takes 8 from
         # each of its two loaders with setmaxnreg, for wide tiles; the loaders still hold a K tile
@@ -133,9 +142,12 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
                          f"({accumulators} accumulators); it can have {limit}"
                          + ("" if tma else f" beside {loaders} loader warpgroup(s) of "
                             f"{loader_registers}"), "a smaller block N")
-    # Two tiles in flight per loader where their registers fit (loads wait on memory most of the time).
+    # Two tiles in flight per loader where their registers fit (loads wait on memory most of the time);
+    # cp.async copies run up to every stage ahead, holding no registers.
     loader_depth = 2 if loaders and 2 * loaded_floats + 64 <= loader_registers else 1
-    if loaders and loaded_floats + 56 > loader_registers:
+    if copies:
+        loader_depth = stages - 1
+    elif loaders and loaded_floats + 56 > loader_registers:
         raise spec.error(("block.m", "block.n"), f"a loader thread would hold {loaded_floats} floats "
                          f"of each K tile and their addresses in {loader_registers} registers",
                          "a smaller block")
@@ -165,7 +177,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
                   consumer_registers=limit)
     mainloop = (WgmmaTma(**common, promote_tiles=promote_tiles, fallback=fallback, rounding=rounding,
                          a_k_major=a_k_major, b_k_major=b_k_major) if tma
-                else WgmmaAsync(**common))
+                else WgmmaAsync(**common, copies=copies))
     return Plan(spec=spec, name=spec.name, arch=arch, tile=tile, mainloop=mainloop,
                 scheduler=schedule_of(spec, BM, BN, BK, consumers), epilogue=epilogue, smem_bytes=smem_bytes,
                 registers_estimate=registers)
@@ -182,7 +194,7 @@ def _check_mn_major(spec: Spec, math: str, a_k_major: bool, b_k_major: bool) -> 
                          "copies tiles as they lie: with math tf32, A must be row-major and B "
                          "column-major (K contiguous in both)",
                          "layout A row, B col; math 3xtf32 (which transposes in shared memory); or "
-                         "stages N async (cp.async transposes on the way)")
+                         "stages N copy (cp.async lands any layout K-major)")
     if spec["cluster.m"] * spec["cluster.n"] > 1:
         raise spec.error(layouts + ("cluster.m",), "the blocks of a cluster multicast slices of K-major "
                          "tiles; a column-major A or row-major B lands in 32-row boxes along M or N",
@@ -191,6 +203,19 @@ def _check_mn_major(spec: Spec, math: str, a_k_major: bool, b_k_major: bool) -> 
         raise spec.error(("layout.B", "block.n"), f"a row-major B lands in boxes of 32 columns (128 bytes, "
                          f"the swizzle's row); block N = {spec['block.n']} is not a multiple of 32",
                          "block N a multiple of 32, or layout B col")
+
+
+def _check_copies(spec: Spec, math: str) -> None:
+    """cp.async copies floats as they lie: TF32 read by truncation, no splitting or rounding on the
+    way (the register-fed loaders do both, the TMA producer's warps the same in shared memory)."""
+    if math != "tf32":
+        raise spec.error(("stages.fill", "math"), f"stages N copy lands tiles as they lie in memory, for "
+                         f"wgmma to read as TF32; math {math} splits each float into TF32 big and small "
+                         "parts on the way", "math tf32 with stages N copy, or stages N tma / async")
+    if spec.written("round") and spec["round"] == "nearest":
+        raise spec.error(("round", "stages.fill"), "stages N copy lands tiles as they lie, and wgmma "
+                         "truncates them to TF32; rounding to nearest needs a pass over each tile",
+                         "round truncate (or no round line), or stages N async / tma")
 
 
 def rounding_of(spec: Spec, math: str, tma: bool, slabs: int) -> str:

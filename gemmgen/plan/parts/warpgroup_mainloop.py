@@ -1,7 +1,8 @@
 """The warpgroup mainloops of sm_90a (parts/mainloop.py has the others): consumer warpgroups multiply
 64 x BN slabs with wgmma from swizzled K-major shared tiles, filled
 
-- WgmmaAsync: by loader warpgroups through registers (any layout and alignment), or
+- WgmmaAsync: by loader warpgroups through registers (any layout and alignment), or with `copies`
+  by one loader warpgroup's cp.async copies straight into the tiles (the same, TF32 truncated), or
 - WgmmaTma: by a TMA producer warpgroup (K-major A and B, 16-byte aligned), with a WgmmaAsync
   kernel (`fallback`) for the calls TMA cannot describe.
 plan/wgmma.py plans both.
@@ -49,6 +50,7 @@ class WgmmaAsync(Mainloop):
     loader_depth: int = 1        # K tiles each loader thread holds in flight
     loader_registers: int = 0    # setmaxnreg of loader (TMA: producer) and consumer threads
     consumer_registers: int = 0
+    copies: bool = False         # `stages N copy`: the loader's cp.async copies land tiles as they lie
 
     name = "wgmma_async"
     uses_shared = True
@@ -82,21 +84,27 @@ class WgmmaAsync(Mainloop):
 
     @property
     def loader_words(self) -> str:
+        if self.copies:
+            return f"1 warpgroup's cp.async copies, up to {self.loader_depth} K tiles ahead"
         return f"{self.loaders} warpgroup(s) fill the stages, {self.loader_depth} K tile(s) each"
 
     @property
     def math_template(self) -> str:
-        """The loaders' rounding and the consumers' products: TF32, or 3xtf32's big and small."""
+        """The loaders' rounding and the consumers' products: TF32, or 3xtf32's big and small (copies:
+        TF32 as the tiles lie)."""
+        if self.copies:
+            return "wgmma_copy_tf32.cuh.j2"
         return "wgmma_async_3xtf32.cuh.j2" if self.math == "3xtf32" else "wgmma_async_tf32.cuh.j2"
 
     @property
     def helpers(self) -> tuple[str, ...]:
-        return () if self.math == "3xtf32" else ("tf32.cuh.j2",)
+        return () if self.math == "3xtf32" or self.copies else ("tf32.cuh.j2",)
 
     @property
     def loader_template(self) -> str:
-        """The loader warpgroups' code: tiles read into registers and stored by the math template."""
-        return "wgmma_loaders_registers.cuh.j2"
+        """The loader warpgroups' code: tiles read into registers and stored by the math template,
+        or copied with cp.async."""
+        return "wgmma_loaders_copy.cuh.j2" if self.copies else "wgmma_loaders_registers.cuh.j2"
 
     @property
     def a_from_registers(self) -> bool:
@@ -112,6 +120,8 @@ class WgmmaAsync(Mainloop):
                         f"K step{terms}")
 
     def rows(self, plan: Plan) -> list[tuple[str, str]]:
+        if self.copies:
+            return self.copy_rows(plan)
         remainders = " and A's and B's TF32 remainders" if self.math == "3xtf32" else ""
         loads = (("A", plan.spec["layout.A"] == "row"), ("B", plan.spec["layout.B"] == "col"))
         return [
@@ -130,8 +140,28 @@ class WgmmaAsync(Mainloop):
                                 for x, k_major in loads)),
         ]
 
+    def copy_rows(self, plan: Plan) -> list[tuple[str, str]]:
+        """explain's rows of the cp.async-fed kernel."""
+        loads = (("A", plan.spec["layout.A"] == "row"), ("B", plan.spec["layout.B"] == "col"))
+        return [
+            ("target", f"{plan.arch.name} (wgmma fed by cp.async)"),
+            ("block tile (BM x BN x BK)", f"{plan.BM} x {plan.BN} x {plan.BK}"),
+            self.math_row(plan),
+            ("threads per block", f"{plan.threads}: 1 loader warpgroup (cp.async) + {self.consumers} consumer "
+                                  f"warpgroup(s) of 64 x {plan.BN}"),
+            ("registers", f"{self.loader_registers} per loader thread, {self.consumer_registers} per "
+                          f"consumer thread (setmaxnreg); {plan.BN // 2} accumulators"),
+            ("shared memory", f"{self.stages} stages of A and B tiles as they lie (wgmma truncates them to "
+                              f"TF32), K-major, 128-byte swizzle; {plan.smem_bytes} bytes per block"),
+            ("loads", "; ".join(f"{x}: " + ("cp.async of 4 B, a warp along K (128 B a row)" if k_major else
+                                            "cp.async of 4 B, a warp 8 rows x 4 k, into K-major places")
+                                for x, k_major in loads) + ": any leading dimension and 4-byte alignment"),
+        ]
+
     def vector_requirements(self, layout_a: str, layout_b: str) -> list[tuple[str, str | None, str, int]]:
-        """16-byte loads of K-contiguous operands."""
+        """16-byte loads of K-contiguous operands (cp.async copies: none, 4 bytes each)."""
+        if self.copies:
+            return []
         return ([("A", "K", "lda", 4)] if layout_a == "row" else []) + ([("B", "K", "ldb", 4)] if layout_b == "col" else [])
 
 

@@ -1,0 +1,78 @@
+"""The cp.async-fed TF32 wgmma kernel (`stages N copy`, specs/hopper_tf32_copy.gemm) without a GPU:
+its plan (one loader warpgroup holding addresses only, no vector requirement on A or B: any leading
+dimension), NVRTC's build of every layout without spills, and the loader's placement of a tile's
+floats: each exactly once, a warp's copies on 32 different banks (tests/test_gpu_copy.py runs it)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from conftest import SPECS_DIR
+from gemmgen.gpu.compile import compile_plan
+from gemmgen.language.load import load_one
+from gemmgen.plan import make_plan
+from gemmgen.plan.space import describe
+
+SHIPPED = load_one(SPECS_DIR / "hopper_tf32_copy.gemm", "hopper_tf32_copy")
+LAYOUTS = [("row", "col"), ("col", "col"), ("row", "row"), ("col", "row")]
+
+
+def plan_of(a="row", b="col", **values):
+    return make_plan(replace(SHIPPED.with_values(layout_A=a, layout_B=b, **values), name=f"copy_{a}_{b}"))
+
+
+def test_one_loader_warpgroup_of_addresses_feeds_any_leading_dimension():
+    plan = plan_of()
+    loop = plan.mainloop
+    assert (loop.copies, loop.loaders, loop.consumers, plan.threads) == (True, 1, 2, 384)
+    assert loop.loader_registers == 56 and loop.consumer_registers == 224 and loop.fallback is None
+    odd = {"A": 4, "B": 8, "C": 0}  # A and B 4 and 8 bytes off 16; C aligned
+    assert plan.aligned(517, 390, 263, 263, 263, 392, odd)  # only C's vector stores ask anything
+    assert "stages=4c" in describe(plan.spec)
+    one = plan_of(block_m=64, block_n=128, warp_m=64, warp_n=128, mma_n=128)
+    assert (one.mainloop.loaders, one.mainloop.consumers, one.threads) == (1, 1, 256)
+
+
+@pytest.mark.parametrize("a,b,rows", [(a, b, 128) for a, b in LAYOUTS] + [("col", "row", 64)],
+                         ids=lambda x: str(x))
+def test_every_layout_builds_without_spills(a, b, rows):
+    plan = plan_of(a, b) if rows == 128 else plan_of(a, b, block_m=64, block_n=128, warp_m=64, warp_n=128,
+                                                      mma_n=128)
+    compiled = compile_plan(plan)
+    assert compiled.resources, "no kernel in the cubin"
+    for symbol, report in compiled.resources.items():
+        assert report.spill_stores == report.spill_loads == 0, (symbol, report)
+    assert "cp.async.mbarrier.arrive.noinc" in compiled.ptx and "cp.async.bulk.tensor" not in compiled.ptx
+
+
+def _swizzled(row: int, k: int) -> int:  # the kernel's swizzled(): TMA's 128-byte swizzle of 32-float rows
+    return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3)
+
+
+def _copies(rows: int, k_contiguous: bool):
+    """(warp instruction, lane, row, k) of every cp.async of a rows x 32 tile, as copy_tile issues
+    them (its index arithmetic, transcribed)."""
+    for thread in range(128):
+        lane, warp = thread % 32, thread // 32
+        if k_contiguous:
+            for i in range(rows // 4):
+                yield (warp, i), lane, warp + 4 * i, lane
+        else:
+            for j in range(32 // 4):
+                for r in range(rows // 32):
+                    yield (warp, j, r), lane, warp * 8 + lane % 8 + 32 * r, lane // 8 + 4 * j
+
+
+@pytest.mark.parametrize("rows", [64, 128, 256])
+@pytest.mark.parametrize("k_contiguous", [True, False])
+def test_the_loader_places_every_float_once_and_a_warps_copies_on_32_banks(rows, k_contiguous):
+    placed, banks = {}, {}
+    for instruction, lane, row, k in _copies(rows, k_contiguous):
+        assert (row, k) not in placed, f"({row}, {k}) copied twice"
+        placed[(row, k)] = _swizzled(row, k)
+        banks.setdefault(instruction, set()).add(_swizzled(row, k) % 32)
+    assert set(placed) == {(r, k) for r in range(rows) for k in range(32)}
+    assert sorted(set(placed.values())) == list(range(rows * 32))  # a permutation of the tile's places
+    assert all(len(b) == 32 for b in banks.values()), "a warp's copies share a bank"

@@ -1,0 +1,162 @@
+"""GPU tests of the cp.async-fed TF32 wgmma kernel (`stages N copy`, specs/hopper_tf32_copy.gemm):
+every layout of A and B, two consumers (128 x 256) and one (64 x 128), split K, against float64,
+through the Python runtime and the nvcc-built C entry point, at the sizes TMA cannot take as well as
+those it can: odd leading dimensions, pointers 4 bytes off 16, edge tiles on every side, K = 0,
+strided and broadcast batches. Each operand lies in a NaN-filled buffer and C's padding must stay
+NaN: nothing outside C is written, and a copy that read past a tile's edge would show.
+
+Run with `pytest -m gpu tests/test_gpu_copy.py`; skipped without an sm_90 GPU and CuPy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gemmgen.gpu import verify
+from gemmgen.language.load import load_one
+from gemmgen.plan import make_plan
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYOUTS = {"rc": ("row", "col"), "cc": ("col", "col"), "rr": ("row", "row"), "cr": ("col", "row")}
+SHIPPED = load_one(ROOT / "specs" / "hopper_tf32_copy.gemm", "hopper_tf32_copy")
+
+SPECS = {}
+for variant, values in (("", {}), ("_64", {"block_m": 64, "block_n": 128, "warp_m": 64, "warp_n": 128,
+                                            "mma_n": 128}), ("_split", {"split": 3})):
+    for layouts, (a, b) in LAYOUTS.items():
+        name = f"copy{variant}_{layouts}"
+        SPECS[name] = replace(SHIPPED.with_values(layout_A=a, layout_B=b, **values), name=name)
+
+# (M, N, K, padding of each leading dimension, 16-byte aligned leading dimensions, pointer offset in floats)
+SHAPES = [(517, 389, 264, 0, True, 0), (256, 300, 1000, 8, True, 0), (130, 97, 36, 4, True, 1),
+          (67, 45, 33, 1, False, 0), (301, 257, 131, 3, False, 3), (64, 128, 32, 0, True, 0)]
+
+
+@pytest.fixture(scope="module")
+def cp():
+    pytest.importorskip("cupy")
+    from gemmgen.gpu.runtime import device_count, device_info
+    if device_count() == 0:
+        pytest.skip("no CUDA GPU found")
+    if device_info().compute_capability != (9, 0):
+        pytest.skip("the wgmma kernels are built for sm_90a")
+    import cupy
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def kernels(cp):
+    from gemmgen.gpu.runtime import Kernel
+    built = {}
+
+    def get(name):
+        if name not in built:
+            built[name] = Kernel(make_plan(SPECS[name]))
+        return built[name]
+
+    yield get
+    for kernel in built.values():
+        kernel.close()
+
+
+def _operand(cp, x: np.ndarray, layout: str, pad: int, aligned: bool, offset: int = 0):
+    """x in `layout`, leading dimension its contiguous extent (rounded up to 4 floats if `aligned`)
+    + pad, `offset` floats into a NaN-filled device buffer: (buffer, pointer, ld)."""
+    rows, cols = x.shape
+    lines, length = (rows, cols) if layout == "row" else (cols, rows)
+    ld = (-(-length // 4) * 4 if aligned else length) + pad
+    host = np.full(lines * ld + offset, np.nan, np.float32)
+    host[offset:].reshape(lines, ld)[:, :length] = x if layout == "row" else x.T
+    buffer = cp.asarray(host)
+    return buffer, buffer.data.ptr + 4 * offset, ld
+
+
+def _check(out: np.ndarray, A, B, C, alpha, beta, what: str):
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    reference = alpha * (A64 @ B64) + beta * C
+    scale = abs(alpha) * (np.abs(A64) @ np.abs(B64)) + abs(beta) * np.abs(C)
+    bad = ~(np.abs(out - reference) <= verify.tolerance(scale, A.shape[1], "tf32"))
+    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.size} elements wrong"
+
+
+def _inputs(M, N, K, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.uniform(-1, 1, (M, K)).astype(np.float32), rng.uniform(-1, 1, (K, N)).astype(np.float32),
+            rng.uniform(-1, 1, (M, N)).astype(np.float32))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:3])) + f"+{s[3]}"
+                         + ("" if s[4] else "-odd") + (f"-off{s[5]}" if s[5] else ""))
+@pytest.mark.parametrize("name", list(SPECS))
+def test_every_layout_leading_dimension_and_alignment_through_python(name, shape, kernels, cp):
+    kernel = kernels(name)
+    M, N, K, pad, aligned, offset = shape
+    A, B, C = _inputs(M, N, K, M + N + K)
+    a, pa, lda = _operand(cp, A, kernel.plan.spec["layout.A"], pad, aligned, offset)
+    b, pb, ldb = _operand(cp, B, kernel.plan.spec["layout.B"], pad, aligned, offset)
+    c, pc, ldc = _operand(cp, C, "row", pad, aligned)
+    kernel.launch(M, N, K, 1.5, pa, lda, pb, ldb, -0.5, pc, ldc)
+    cp.cuda.runtime.deviceSynchronize()
+    host = c.get().reshape(M, ldc)
+    _check(host[:, :N], A, B, C, 1.5, -0.5, f"{name} {M}x{N}x{K} pad {pad} offset {offset}")
+    assert np.isnan(host[:, N:]).all(), f"{name}: wrote C's padding"
+
+
+@pytest.mark.parametrize("name", ["copy_rc", "copy_cr"])
+def test_k_zero_scales_c_and_an_empty_c_is_left_alone(name, kernels, cp):
+    kernel = kernels(name)
+    C = np.random.default_rng(3).uniform(-1, 1, (70, 90)).astype(np.float32)
+    c = cp.asarray(C)
+    a = cp.full(16, cp.nan, dtype=cp.float32)
+    kernel.launch(70, 90, 0, 1.0, a.data.ptr, 70, a.data.ptr, 90, 2.0, c.data.ptr, 90)  # lds valid in either layout
+    kernel.launch(0, 90, 50, 1.0, a.data.ptr, 50, a.data.ptr, 90, 0.0, c.data.ptr, 90)
+    cp.cuda.runtime.deviceSynchronize()
+    np.testing.assert_array_equal(c.get(), (2.0 * C).astype(np.float32))
+
+
+@pytest.mark.parametrize("layouts", list(LAYOUTS))
+def test_batches_and_one_gemm_through_the_c_entry_point(layouts, cp, tmp_path):
+    """Strided batches (A packed, B broadcast by stride 0, odd leading dimensions), then one GEMM
+    through the single entry point."""
+    from test_gpu_schedule import _build_abi
+    name = f"copy_{layouts}"
+    single = _build_abi(name, tmp_path, SPECS[name])
+    library = ctypes.CDLL(str(tmp_path / f"lib{name}.so"))
+    batched = getattr(library, f"gemmgen_{name}_batched")
+    batched.restype = ctypes.c_int
+    batched.argtypes = ([ctypes.c_int] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                              ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+                                              ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong,
+                                              ctypes.c_longlong, ctypes.c_void_p])
+    layout_a, layout_b = LAYOUTS[layouts]
+    M, N, K, batch = 299, 261, 133, 3
+    rng = np.random.default_rng(11)
+    As = [rng.uniform(-1, 1, (M, K)).astype(np.float32) for _ in range(batch)]
+    B = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+    Cs = [rng.uniform(-1, 1, (M, N)).astype(np.float32) for _ in range(batch)]
+    a = cp.asarray(np.stack([x if layout_a == "row" else np.ascontiguousarray(x.T) for x in As]))
+    b = cp.asarray(B if layout_b == "row" else np.ascontiguousarray(B.T))
+    c = cp.asarray(np.stack(Cs))
+    lda = K if layout_a == "row" else M
+    ldb = N if layout_b == "row" else K
+    status = batched(M, N, K, 1.0, a.data.ptr, lda, b.data.ptr, ldb, 1.0, c.data.ptr, N, batch, M * K, 0, M * N, None)
+    assert status == 0
+    cp.cuda.runtime.deviceSynchronize()
+    out = c.get()
+    for i in range(batch):
+        _check(out[i], As[i], B, Cs[i], 1.0, 1.0, f"{name} batch {i}")
+    M, N, K = 1000, 777, 519
+    A, B, C = _inputs(M, N, K, 5)
+    a, pa, lda = _operand(cp, A, layout_a, 1, False, 1)
+    b, pb, ldb = _operand(cp, B, layout_b, 1, False, 1)
+    c = cp.asarray(C)
+    assert single(M, N, K, 2.0, pa, lda, pb, ldb, 0.0, c.data.ptr, N, None) == 0
+    cp.cuda.runtime.deviceSynchronize()
+    _check(c.get(), A, B, C, 2.0, 0.0, f"{name} {M}x{N}x{K}")
