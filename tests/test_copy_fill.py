@@ -65,7 +65,7 @@ def _copies(rows: int, k_contiguous: bool):
                     yield (warp, j, r), lane, warp * 8 + lane % 8 + 32 * r, lane // 8 + 4 * j
 
 
-@pytest.mark.parametrize("rows", [64, 128, 256])
+@pytest.mark.parametrize("rows", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("k_contiguous", [True, False])
 def test_the_loader_places_every_float_once_and_a_warps_copies_on_32_banks(rows, k_contiguous):
     placed, banks = {}, {}

@@ -230,6 +230,8 @@ CORPUS = [
                  id="copy-round-nearest"),
     pytest.param(k("target sm_90a", "layout B col", "block 128 x 128 x 32", "math tf32", "stages 4 copy",
                    "cluster 2 x 1"), 7, 11, "share tiles by TMA multicast", "stages N tma", id="copy-cluster"),
+    pytest.param(k("target sm_90a", "layout A row, B row", "block 128 x 72 x 32", "math tf32", "stages 4 copy"),
+                 3, 19, "block N = 72 is not a multiple of 32", "block N a multiple of 32", id="copy-b-row-block-n"),
     pytest.param(k("target sm_90a", "layout B col", "block 128 x 128 x 32", "math tf32", "stages 4 copy",
                    "schedule persistent"), 7, 12, "whose producer warpgroup runs ahead", "stages N tma",
                  id="copy-schedule"),

@@ -216,6 +216,10 @@ def _check_copies(spec: Spec, math: str) -> None:
         raise spec.error(("round", "stages.fill"), "stages N copy lands tiles as they lie, and wgmma "
                          "truncates them to TF32; rounding to nearest needs a pass over each tile",
                          "round truncate (or no round line), or stages N async / tma")
+    if spec["layout.B"] == "row" and spec["block.n"] % 32:
+        raise spec.error(("layout.B", "block.n"), f"the loader copies a row-major B in groups of 32 "
+                         f"columns (a warp: 8 columns x 4 k, the warpgroup 32); block N = "
+                         f"{spec['block.n']} is not a multiple of 32", "block N a multiple of 32, or layout B col")
 
 
 def rounding_of(spec: Spec, math: str, tma: bool, slabs: int) -> str:
