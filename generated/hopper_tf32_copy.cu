@@ -22,10 +22,10 @@
 //   threads per block          384: 1 loader warpgroup (cp.async) + 2 consumer warpgroup(s) of 64 x 256
 //   registers                  56 per loader thread, 224 per consumer thread (setmaxnreg); 128 accumulators
 //   shared memory              4 stages of A and B tiles as they lie (wgmma truncates them to TF32), K-major, 128-byte swizzle; 197696 bytes per block
-//   loads                      A: cp.async of 4 B, a warp along K (128 B a row); B: cp.async of 4 B, a warp along K (128 B a row): any leading dimension and 4-byte alignment
+//   loads                      A: cp.async of 16 B when aligned, else 4 B, a warp along K; B: cp.async of 16 B when aligned, else 4 B, a warp along K; any leading dimension and 4-byte alignment
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // C ABI:
 //   extern "C" int gemmgen_hopper_tf32_copy(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -205,6 +205,12 @@ __device__ __forceinline__ void copy_float(float* destination, const float* sour
                  :: "r"(shared_address(destination)), "l"(source), "r"(bytes) : "memory");
 }
 
+// cp.async of 4 floats (16 bytes, both addresses 16-byte aligned), or with `bytes` 0 four zeros.
+__device__ __forceinline__ void copy_float4(float* destination, const float* source, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(shared_address(destination)), "l"(source), "r"(bytes) : "memory");
+}
+
 // The barrier gets this thread's arrival once its cp.asyncs so far have landed (it counts among
 // the arrivals the barrier was set up for: .noinc).
 __device__ __forceinline__ void arrive_when_copied(unsigned long long* barrier) {
@@ -218,11 +224,24 @@ __device__ __forceinline__ void arrive_when_copied(unsigned long long* barrier) 
 // swizzled row, the thread's rows 4 apart. Rows contiguous: a warp copies 8 rows x 4 k (4 runs of
 // 32 bytes), whose places in the K-major tile lie in 8 different 16-byte chunks: 32 banks again;
 // the thread's rows 32 apart, then its k 4 apart.
-template <int ROWS, bool K_CONTIGUOUS>
+// VECTOR (K-contiguous rows 16-byte aligned, K a multiple of 4): 16 bytes a copy, a warp 4 rows of
+// 8 chunks, 4 rows of 128 bytes in memory and in the tile.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
 __device__ __forceinline__ void copy_tile(float* tile, const float* src, int ld, int rows_left, int k_left,
                                           int loader_thread) {
     const int lane = loader_thread % 32, warp = loader_thread / 32;
-    if constexpr (K_CONTIGUOUS) {
+    if constexpr (K_CONTIGUOUS && VECTOR) {
+        const int row = loader_thread / 8, k = loader_thread % 8 * 4;  // then rows row + 16 i
+        const float* from = src + (long long)row * ld + k;
+        float* to = tile + swizzled(row, k);  // rows row + 16 i: the same swizzle, 16 rows on
+        const bool k_inside = k < k_left;     // all 4 or none: K is a multiple of 4
+        const long long step = 16LL * ld;
+#pragma unroll 8
+        for (int i = 0; i < ROWS / 16; ++i, from += step) {
+            const bool inside = k_inside && row + 16 * i < rows_left;
+            copy_float4(to + i * 16 * 32, inside ? from : src, inside ? 16 : 0);
+        }
+    } else if constexpr (K_CONTIGUOUS) {
         const int row = warp, k = lane;  // then rows row + 4 i
         const float* from = src + (long long)row * ld + k;
         float* even = tile + swizzled(row, k);            // rows row + 8 j: the same swizzle, 8 rows on
@@ -311,8 +330,10 @@ gemmgen_hopper_tf32_copy_kernel(int M, int N, int K, float alpha, const float* _
             // recompute each where it is used.
             int lda_now = lda, ldb_now = ldb, thread_now = loader_thread;
             asm volatile("" : "+r"(lda_now), "+r"(ldb_now), "+r"(thread_now));
-            copy_tile<BM, A_K_CONTIGUOUS>(stage, A_tile + t * a_k_step, lda_now, m_left, k_left, thread_now);
-            copy_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, B_tile + t * b_k_step, ldb_now, n_left, k_left, thread_now);
+            copy_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(stage, A_tile + t * a_k_step, lda_now, m_left, k_left,
+                                                                    thread_now);
+            copy_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, B_tile + t * b_k_step, ldb_now,
+                                                                    n_left, k_left, thread_now);
             arrive_when_copied(&full[s]);
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's last copies, before it leaves
@@ -417,7 +438,9 @@ extern "C" int gemmgen_hopper_tf32_copy_batched(int M, int N, int K, float alpha
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_hopper_tf32_copy_kernel<true> : gemmgen_hopper_tf32_copy_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {

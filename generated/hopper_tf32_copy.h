@@ -20,7 +20,8 @@
 // Any M, N, K >= 0, pointer alignment and leading dimension works; a call takes the fast path when
 //   it meets these (batches: with strides that keep every batch's pointers so aligned), and a slower
 //   variant of the kernel otherwise:
-//   vector path needs: N and ldc multiples of 2, C 8-byte aligned
+//   vector path needs: K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B
+//     16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 
 #ifndef GEMMGEN_HOPPER_TF32_COPY_H
 #define GEMMGEN_HOPPER_TF32_COPY_H

@@ -28,8 +28,10 @@ def test_one_loader_warpgroup_of_addresses_feeds_any_leading_dimension():
     loop = plan.mainloop
     assert (loop.copies, loop.loaders, loop.consumers, plan.threads) == (True, 1, 2, 384)
     assert loop.loader_registers == 56 and loop.consumer_registers == 224 and loop.fallback is None
-    odd = {"A": 4, "B": 8, "C": 0}  # A and B 4 and 8 bytes off 16; C aligned
-    assert plan.aligned(517, 390, 263, 263, 263, 392, odd)  # only C's vector stores ask anything
+    # no fallback: odd leading dimensions and pointers 4 bytes off 16 run the same kernel's variant
+    # of 4-byte copies; aligned K-contiguous operands its 16-byte copies
+    assert not plan.aligned(517, 390, 263, 263, 263, 392, {"A": 4, "B": 8, "C": 0})
+    assert plan.aligned(517, 390, 264, 264, 264, 392, {"A": 0, "B": 0, "C": 0})
     assert "stages=4c" in describe(plan.spec)
     one = plan_of(block_m=64, block_n=128, warp_m=64, warp_n=128, mma_n=128)
     assert (one.mainloop.loaders, one.mainloop.consumers, one.threads) == (1, 1, 256)
@@ -51,12 +53,16 @@ def _swizzled(row: int, k: int) -> int:  # the kernel's swizzled(): TMA's 128-by
     return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3)
 
 
-def _copies(rows: int, k_contiguous: bool):
-    """(warp instruction, lane, row, k) of every cp.async of a rows x 32 tile, as copy_tile issues
-    them (its index arithmetic, transcribed)."""
+def _copies(rows: int, k_contiguous: bool, vector: bool = False):
+    """(warp instruction, lane, row, k) of every float a cp.async of a rows x 32 tile copies, as
+    copy_tile issues them (its index arithmetic, transcribed)."""
     for thread in range(128):
         lane, warp = thread % 32, thread // 32
-        if k_contiguous:
+        if k_contiguous and vector:  # 16 bytes a copy: 4 floats of one row
+            for i in range(rows // 16):
+                for j in range(4):
+                    yield (warp, i), lane, thread // 8 + 16 * i, thread % 8 * 4 + j
+        elif k_contiguous:
             for i in range(rows // 4):
                 yield (warp, i), lane, warp + 4 * i, lane
         else:
@@ -66,13 +72,14 @@ def _copies(rows: int, k_contiguous: bool):
 
 
 @pytest.mark.parametrize("rows", [64, 96, 128, 192, 256])
-@pytest.mark.parametrize("k_contiguous", [True, False])
-def test_the_loader_places_every_float_once_and_a_warps_copies_on_32_banks(rows, k_contiguous):
+@pytest.mark.parametrize("k_contiguous,vector", [(True, False), (True, True), (False, False)])
+def test_the_loader_places_every_float_once_and_a_warps_copies_on_32_banks(rows, k_contiguous, vector):
     placed, banks = {}, {}
-    for instruction, lane, row, k in _copies(rows, k_contiguous):
+    for instruction, lane, row, k in _copies(rows, k_contiguous, vector):
         assert (row, k) not in placed, f"({row}, {k}) copied twice"
         placed[(row, k)] = _swizzled(row, k)
-        banks.setdefault(instruction, set()).add(_swizzled(row, k) % 32)
+        banks.setdefault(instruction, []).append(_swizzled(row, k) % 32)
     assert set(placed) == {(r, k) for r in range(rows) for k in range(32)}
     assert sorted(set(placed.values())) == list(range(rows * 32))  # a permutation of the tile's places
-    assert all(len(b) == 32 for b in banks.values()), "a warp's copies share a bank"
+    # each bank as often as any other in a warp's copy: 1 wavefront of 32 floats (16-byte copies: 4)
+    assert all(sorted(set(b)) == list(range(32)) and len(b) == 32 * b.count(b[0]) for b in banks.values())

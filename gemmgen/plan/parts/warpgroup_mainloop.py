@@ -153,15 +153,13 @@ class WgmmaAsync(Mainloop):
                           f"consumer thread (setmaxnreg); {plan.BN // 2} accumulators"),
             ("shared memory", f"{self.stages} stages of A and B tiles as they lie (wgmma truncates them to "
                               f"TF32), K-major, 128-byte swizzle; {plan.smem_bytes} bytes per block"),
-            ("loads", "; ".join(f"{x}: " + ("cp.async of 4 B, a warp along K (128 B a row)" if k_major else
+            ("loads", "; ".join(f"{x}: " + ("cp.async of 16 B when aligned, else 4 B, a warp along K" if k_major else
                                             "cp.async of 4 B, a warp 8 rows x 4 k, into K-major places")
-                                for x, k_major in loads) + ": any leading dimension and 4-byte alignment"),
+                                for x, k_major in loads) + "; any leading dimension and 4-byte alignment"),
         ]
 
     def vector_requirements(self, layout_a: str, layout_b: str) -> list[tuple[str, str | None, str, int]]:
-        """16-byte loads of K-contiguous operands (cp.async copies: none, 4 bytes each)."""
-        if self.copies:
-            return []
+        """16-byte loads (copies) of K-contiguous operands."""
         return ([("A", "K", "lda", 4)] if layout_a == "row" else []) + ([("B", "K", "ldb", 4)] if layout_b == "col" else [])
 
 
