@@ -19,7 +19,7 @@ import pytest
 
 from gemmgen.gpu import verify
 from gemmgen.language.load import load_one
-from gemmgen.plan import make_plan
+from hopper_gpu import batched_entry, kernel_cache, require_sm90
 
 pytestmark = pytest.mark.gpu
 
@@ -41,29 +41,14 @@ SHAPES = [(517, 389, 264, 0, True, 0), (256, 300, 1000, 8, True, 0), (130, 97, 3
 
 @pytest.fixture(scope="module")
 def cp():
-    pytest.importorskip("cupy")
-    from gemmgen.gpu.runtime import device_count, device_info
-    if device_count() == 0:
-        pytest.skip("no CUDA GPU found")
-    if device_info().compute_capability != (9, 0):
-        pytest.skip("the wgmma kernels are built for sm_90a")
+    require_sm90("the wgmma kernels are built for sm_90a")
     import cupy
     return cupy
 
 
 @pytest.fixture(scope="module")
 def kernels(cp):
-    from gemmgen.gpu.runtime import Kernel
-    built = {}
-
-    def get(name):
-        if name not in built:
-            built[name] = Kernel(make_plan(SPECS[name]))
-        return built[name]
-
-    yield get
-    for kernel in built.values():
-        kernel.close()
+    yield from kernel_cache(SPECS)
 
 
 def _operand(cp, x: np.ndarray, layout: str, pad: int, aligned: bool, offset: int = 0):
@@ -129,12 +114,7 @@ def test_batches_and_one_gemm_through_the_c_entry_point(layouts, cp, tmp_path):
     name = f"copy_{layouts}"
     single = _build_abi(name, tmp_path, SPECS[name])
     library = ctypes.CDLL(str(tmp_path / f"lib{name}.so"))
-    batched = getattr(library, f"gemmgen_{name}_batched")
-    batched.restype = ctypes.c_int
-    batched.argtypes = ([ctypes.c_int] * 3 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                              ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
-                                              ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong,
-                                              ctypes.c_longlong, ctypes.c_void_p])
+    batched = batched_entry(library, name)
     layout_a, layout_b = LAYOUTS[layouts]
     M, N, K, batch = 299, 261, 133, 3
     rng = np.random.default_rng(11)
