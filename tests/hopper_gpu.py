@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import pytest
 
 from gemmgen.plan import make_plan
@@ -46,3 +47,22 @@ def batched_entry(library: ctypes.CDLL, name: str):
                                               ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong,
                                               ctypes.c_longlong, ctypes.c_void_p])
     return batched
+
+
+def packed_batches_over_one_b(cp, batched, layout_a: str, layout_b: str, M: int, N: int, K: int, batch: int,
+                              seed: int):
+    """C_i = A_i B + C_i through a batched entry point, the A_i packed (M x K apart), one B for all
+    (stride 0), each in its layout: (the C_i as computed, the A_i, B, the C_i before)."""
+    rng = np.random.default_rng(seed)
+    As = [rng.uniform(-1, 1, (M, K)).astype(np.float32) for _ in range(batch)]
+    B = rng.uniform(-1, 1, (K, N)).astype(np.float32)
+    Cs = [rng.uniform(-1, 1, (M, N)).astype(np.float32) for _ in range(batch)]
+    a = cp.asarray(np.stack([x if layout_a == "row" else np.ascontiguousarray(x.T) for x in As]))
+    b = cp.asarray(B if layout_b == "row" else np.ascontiguousarray(B.T))
+    c = cp.asarray(np.stack(Cs))
+    lda = K if layout_a == "row" else M
+    ldb = N if layout_b == "row" else K
+    status = batched(M, N, K, 1.0, a.data.ptr, lda, b.data.ptr, ldb, 1.0, c.data.ptr, N, batch, M * K, 0, M * N, None)
+    assert status == 0
+    cp.cuda.runtime.deviceSynchronize()
+    return c.get(), As, B, Cs

@@ -20,7 +20,7 @@ import pytest
 
 from gemmgen.gpu import verify
 from gemmgen.language.load import load_one
-from hopper_gpu import batched_entry, kernel_cache, require_sm90
+from hopper_gpu import batched_entry, kernel_cache, packed_batches_over_one_b, require_sm90
 
 pytestmark = pytest.mark.gpu
 
@@ -115,21 +115,8 @@ def test_batches_through_the_c_entry_point(layouts, cp, tmp_path):
     library = ctypes.CDLL(str(tmp_path / f"lib{name}.so"))
     batched = batched_entry(library, name)
     layout_a, layout_b = LAYOUTS[layouts]
-    M, N, K, batch = 300, 260, 132, 3
-    rng = np.random.default_rng(11)
-    As = [rng.uniform(-1, 1, (M, K)).astype(np.float32) for _ in range(batch)]
-    B = rng.uniform(-1, 1, (K, N)).astype(np.float32)
-    Cs = [rng.uniform(-1, 1, (M, N)).astype(np.float32) for _ in range(batch)]
-    a = cp.asarray(np.stack([x if layout_a == "row" else np.ascontiguousarray(x.T) for x in As]))
-    b = cp.asarray(B if layout_b == "row" else np.ascontiguousarray(B.T))
-    c = cp.asarray(np.stack(Cs))
-    lda = K if layout_a == "row" else M
-    ldb = N if layout_b == "row" else K
-    status = batched(M, N, K, 1.0, a.data.ptr, lda, b.data.ptr, ldb, 1.0, c.data.ptr, N, batch, M * K, 0, M * N, None)
-    assert status == 0
-    cp.cuda.runtime.deviceSynchronize()
-    out = c.get()
-    for i in range(batch):
+    out, As, B, Cs = packed_batches_over_one_b(cp, batched, layout_a, layout_b, 300, 260, 132, 3, 11)
+    for i in range(3):
         _check(out[i], As[i], B, Cs[i], 1.0, 1.0, f"{name} batch {i}")
     M, N, K = 1000, 777, 520
     A, B, C = _inputs(M, N, K, 5)
