@@ -83,3 +83,56 @@ def test_the_loader_places_every_float_once_and_a_warps_copies_on_32_banks(rows,
     assert sorted(set(placed.values())) == list(range(rows * 32))  # a permutation of the tile's places
     # each bank as often as any other in a warp's copy: 1 wavefront of 32 floats (16-byte copies: 4)
     assert all(sorted(set(b)) == list(range(32)) and len(b) == 32 * b.count(b[0]) for b in banks.values())
+
+
+def _remainder_places(rows: int, k_contiguous: bool, vector: bool):
+    """(thread, place) of every remainder write_copied_remainders (3xtf32) writes, its index
+    arithmetic transcribed."""
+    for thread in range(128):
+        lane, warp = thread % 32, thread // 32
+        if k_contiguous and vector:
+            at = _swizzled(thread // 8, thread % 8 * 4)
+            for i in range(rows // 16):
+                for j in range(4):
+                    yield thread, at + i * 16 * 32 + j
+        elif k_contiguous:
+            even, odd = _swizzled(warp, lane), _swizzled(warp + 4, lane) - 4 * 32
+            for i in range(rows // 4):
+                yield thread, (odd if i % 2 else even) + i * 4 * 32
+        else:
+            row, k0 = warp * 8 + lane % 8, lane // 8
+            for j in range(32 // 4):
+                for r in range(rows // 32):
+                    yield thread, _swizzled(row, k0 + 4 * j) + r * 32 * 32
+
+
+@pytest.mark.parametrize("rows", [64, 128, 256])
+@pytest.mark.parametrize("k_contiguous,vector", [(True, False), (True, True), (False, False)])
+def test_3xtf32_remainders_are_of_the_floats_each_thread_copied(rows, k_contiguous, vector):
+    """A loader thread waits for its own copies only (cp.async.wait_group), so it may write the
+    remainders of exactly the floats it copied: each place once, by the thread that copied it."""
+    copied = {(instruction[0] * 32 + lane, _swizzled(row, k))
+              for instruction, lane, row, k in _copies(rows, k_contiguous, vector)}
+    written = list(_remainder_places(rows, k_contiguous, vector))
+    assert len(written) == len(set(written)) == rows * 32
+    assert set(written) == copied
+
+
+THREE = load_one(SPECS_DIR / "hopper_3xtf32_copy.gemm", "hopper_3xtf32_copy")
+
+
+def test_3xtf32_copies_keep_the_remainders_beside_each_tile_one_tile_behind():
+    plan = make_plan(THREE)
+    loop = plan.mainloop
+    assert (loop.copies, loop.math, loop.stages, loop.loader_depth) == (True, "3xtf32", 3, 1)
+    assert plan.smem_bytes >= 3 * 2 * 4 * 32 * (128 + 128)  # each stage: the tiles, then their remainders
+    assert make_plan(THREE.with_values(block_m=64, warp_m=64, stages=4)).mainloop.loader_depth == 2
+
+
+@pytest.mark.parametrize("a,b", LAYOUTS, ids=lambda x: str(x))
+def test_3xtf32_builds_without_spills_in_every_layout(a, b):
+    plan = make_plan(replace(THREE.with_values(layout_A=a, layout_B=b), name=f"copy3_{a}_{b}"))
+    compiled = compile_plan(plan)
+    for symbol, report in compiled.resources.items():
+        assert report.spill_stores == report.spill_loads == 0, (symbol, report)
+    assert "cp.async.wait_group" in compiled.ptx and "cp.async.mbarrier.arrive" not in compiled.ptx

@@ -1,5 +1,6 @@
-"""GPU tests of the cp.async-fed TF32 wgmma kernel (`stages N copy`, specs/hopper_tf32_copy.gemm):
-every layout of A and B, two consumers (128 x 256) and one (64 x 128), split K, against float64,
+"""GPU tests of the cp.async-fed wgmma kernels (`stages N copy`, specs/hopper_tf32_copy.gemm and
+hopper_3xtf32_copy.gemm, whose loader also writes the remainders): every layout of A and B, two
+consumers and one, split K, each against float64 within its math's tolerance,
 through the Python runtime and the nvcc-built C entry point, at the sizes TMA cannot take as well as
 those it can: odd leading dimensions, pointers 4 bytes off 16, edge tiles on every side, K = 0,
 strided and broadcast batches. Each operand lies in a NaN-filled buffer and C's padding must stay
@@ -26,13 +27,19 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
 LAYOUTS = {"rc": ("row", "col"), "cc": ("col", "col"), "rr": ("row", "row"), "cr": ("col", "row")}
 SHIPPED = load_one(ROOT / "specs" / "hopper_tf32_copy.gemm", "hopper_tf32_copy")
+SHIPPED_3XTF32 = load_one(ROOT / "specs" / "hopper_3xtf32_copy.gemm", "hopper_3xtf32_copy")
 
 SPECS = {}
-for variant, values in (("", {}), ("_64", {"block_m": 64, "block_n": 128, "warp_m": 64, "warp_n": 128,
-                                            "mma_n": 128}), ("_split", {"split": 3})):
-    for layouts, (a, b) in LAYOUTS.items():
-        name = f"copy{variant}_{layouts}"
-        SPECS[name] = replace(SHIPPED.with_values(layout_A=a, layout_B=b, **values), name=name)
+TF32_VARIANTS = (("", {}), ("_64", {"block_m": 64, "block_n": 128, "warp_m": 64, "warp_n": 128, "mma_n": 128}),
+                 ("_split", {"split": 3}))
+# 3xtf32: the loader writes each landed tile's remainders, stages - 2 tiles behind its copies
+THREE_VARIANTS = (("", {}), ("_64", {"block_m": 64, "warp_m": 64, "stages": 4}), ("_split", {"split": 3}),
+                  ("_deep", {"block_n": 64, "warp_n": 64, "mma_n": 64, "stages": 4}))
+for prefix, shipped, variants in (("copy", SHIPPED, TF32_VARIANTS), ("copy3", SHIPPED_3XTF32, THREE_VARIANTS)):
+    for variant, values in variants:
+        for layouts, (a, b) in LAYOUTS.items():
+            name = f"{prefix}{variant}_{layouts}"
+            SPECS[name] = replace(shipped.with_values(layout_A=a, layout_B=b, **values), name=name)
 
 # (M, N, K, padding of each leading dimension, 16-byte aligned leading dimensions, pointer offset in floats)
 SHAPES = [(517, 389, 264, 0, True, 0), (256, 300, 1000, 8, True, 0), (130, 97, 36, 4, True, 1),
@@ -63,11 +70,12 @@ def _operand(cp, x: np.ndarray, layout: str, pad: int, aligned: bool, offset: in
     return buffer, buffer.data.ptr + 4 * offset, ld
 
 
-def _check(out: np.ndarray, A, B, C, alpha, beta, what: str):
+def _check(out: np.ndarray, A, B, C, alpha, beta, what: str, math: str = "tf32"):
+    """Every element within the tolerance of the kernel's math (3xtf32: FP32's) against float64."""
     A64, B64 = A.astype(np.float64), B.astype(np.float64)
     reference = alpha * (A64 @ B64) + beta * C
     scale = abs(alpha) * (np.abs(A64) @ np.abs(B64)) + abs(beta) * np.abs(C)
-    bad = ~(np.abs(out - reference) <= verify.tolerance(scale, A.shape[1], "tf32"))
+    bad = ~(np.abs(out - reference) <= verify.tolerance(scale, A.shape[1], math))
     assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.size} elements wrong"
 
 
@@ -90,11 +98,12 @@ def test_every_layout_leading_dimension_and_alignment_through_python(name, shape
     kernel.launch(M, N, K, 1.5, pa, lda, pb, ldb, -0.5, pc, ldc)
     cp.cuda.runtime.deviceSynchronize()
     host = c.get().reshape(M, ldc)
-    _check(host[:, :N], A, B, C, 1.5, -0.5, f"{name} {M}x{N}x{K} pad {pad} offset {offset}")
+    _check(host[:, :N], A, B, C, 1.5, -0.5, f"{name} {M}x{N}x{K} pad {pad} offset {offset}",
+           kernel.plan.spec["math"])
     assert np.isnan(host[:, N:]).all(), f"{name}: wrote C's padding"
 
 
-@pytest.mark.parametrize("name", ["copy_rc", "copy_cr"])
+@pytest.mark.parametrize("name", ["copy_rc", "copy_cr", "copy3_rc", "copy3_cr"])
 def test_k_zero_scales_c_and_an_empty_c_is_left_alone(name, kernels, cp):
     kernel = kernels(name)
     C = np.random.default_rng(3).uniform(-1, 1, (70, 90)).astype(np.float32)
@@ -106,19 +115,21 @@ def test_k_zero_scales_c_and_an_empty_c_is_left_alone(name, kernels, cp):
     np.testing.assert_array_equal(c.get(), (2.0 * C).astype(np.float32))
 
 
+@pytest.mark.parametrize("prefix", ["copy", "copy3"])
 @pytest.mark.parametrize("layouts", list(LAYOUTS))
-def test_batches_and_one_gemm_through_the_c_entry_point(layouts, cp, tmp_path):
+def test_batches_and_one_gemm_through_the_c_entry_point(layouts, prefix, cp, tmp_path):
     """Strided batches (A packed, B broadcast by stride 0, odd leading dimensions), then one GEMM
     through the single entry point."""
     from test_gpu_schedule import _build_abi
-    name = f"copy_{layouts}"
+    name = f"{prefix}_{layouts}"
+    math = SPECS[name]["math"]
     single = _build_abi(name, tmp_path, SPECS[name])
     library = ctypes.CDLL(str(tmp_path / f"lib{name}.so"))
     batched = batched_entry(library, name)
     layout_a, layout_b = LAYOUTS[layouts]
     out, As, B, Cs = packed_batches_over_one_b(cp, batched, layout_a, layout_b, 299, 261, 133, 3, 11)
     for i in range(3):
-        _check(out[i], As[i], B, Cs[i], 1.0, 1.0, f"{name} batch {i}")
+        _check(out[i], As[i], B, Cs[i], 1.0, 1.0, f"{name} batch {i}", math)
     M, N, K = 1000, 777, 519
     A, B, C = _inputs(M, N, K, 5)
     a, pa, lda = _operand(cp, A, layout_a, 1, False, 1)
@@ -126,4 +137,4 @@ def test_batches_and_one_gemm_through_the_c_entry_point(layouts, cp, tmp_path):
     c = cp.asarray(C)
     assert single(M, N, K, 2.0, pa, lda, pb, ldb, 0.0, c.data.ptr, N, None) == 0
     cp.cuda.runtime.deviceSynchronize()
-    _check(c.get(), A, B, C, 2.0, 0.0, f"{name} {M}x{N}x{K}")
+    _check(c.get(), A, B, C, 2.0, 0.0, f"{name} {M}x{N}x{K}", math)

@@ -2,7 +2,8 @@
 64 x BN slabs with wgmma from swizzled K-major shared tiles, filled
 
 - WgmmaAsync: by loader warpgroups through registers (any layout and alignment), or with `copies`
-  by one loader warpgroup's cp.async copies straight into the tiles (the same, TF32 truncated), or
+  by one loader warpgroup's cp.async copies straight into the tiles (the same, TF32 truncated;
+  3xtf32: the loader writes the landed tiles' remainders beside them), or
 - WgmmaTma: by a TMA producer warpgroup (K-major A and B, 16-byte aligned), with a WgmmaAsync
   kernel (`fallback`) for the calls TMA cannot describe.
 plan/wgmma.py plans both.
@@ -85,7 +86,7 @@ class WgmmaAsync(Mainloop):
     @property
     def loader_words(self) -> str:
         if self.copies:
-            return f"1 warpgroup's cp.async copies, up to {self.loader_depth} K tiles ahead"
+            return f"1 warpgroup's cp.async copies, up to {self.loader_depth} K tile{'s' if self.loader_depth > 1 else ''} ahead"
         return f"{self.loaders} warpgroup(s) fill the stages, {self.loader_depth} K tile(s) each"
 
     @property
@@ -93,7 +94,7 @@ class WgmmaAsync(Mainloop):
         """The loaders' rounding and the consumers' products: TF32, or 3xtf32's big and small (copies:
         TF32 as the tiles lie)."""
         if self.copies:
-            return "wgmma_copy_tf32.cuh.j2"
+            return "wgmma_copy_3xtf32.cuh.j2" if self.math == "3xtf32" else "wgmma_copy_tf32.cuh.j2"
         return "wgmma_async_3xtf32.cuh.j2" if self.math == "3xtf32" else "wgmma_async_tf32.cuh.j2"
 
     @property
@@ -142,6 +143,8 @@ class WgmmaAsync(Mainloop):
 
     def copy_rows(self, plan: Plan) -> list[tuple[str, str]]:
         """explain's rows of the cp.async-fed kernel."""
+        remainders = (", and their TF32 remainders, which the loader writes once its copies land"
+                      if self.math == "3xtf32" else "")
         loads = (("A", plan.spec["layout.A"] == "row"), ("B", plan.spec["layout.B"] == "col"))
         return [
             ("target", f"{plan.arch.name} (wgmma fed by cp.async)"),
@@ -152,7 +155,7 @@ class WgmmaAsync(Mainloop):
             ("registers", f"{self.loader_registers} per loader thread, {self.consumer_registers} per "
                           f"consumer thread (setmaxnreg); {plan.BN // 2} accumulators"),
             ("shared memory", f"{self.stages} stages of A and B tiles as they lie (wgmma truncates them to "
-                              f"TF32), K-major, 128-byte swizzle; {plan.smem_bytes} bytes per block"),
+                              f"TF32){remainders}, K-major, 128-byte swizzle; {plan.smem_bytes} bytes per block"),
             ("loads", "; ".join(f"{x}: " + ("cp.async of 16 B when aligned, else 4 B, a warp along K" if k_major else
                                             "cp.async of 4 B, a warp 8 rows x 4 k, into K-major places")
                                 for x, k_major in loads) + "; any leading dimension and 4-byte alignment"),
