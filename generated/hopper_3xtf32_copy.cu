@@ -47,7 +47,7 @@ constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; co
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 2;  // each tile as it lies (wgmma reads it as TF32, truncated), then its TF32 remainders
+constexpr int COPIES = 2;  // each tile's TF32 big parts (split in place once it lands), then its remainders
 constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
 constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
 
@@ -316,27 +316,36 @@ __device__ __forceinline__ void copy_tile(float* tile, const float* src, int ld,
     }
 }
 
-// The TF32 remainders of the floats copy_tile copied for this thread, written at the same places
-// of the tile's twin `small` (A_STAGE_FLOATS + B_STAGE_FLOATS on); a float outside the matrix was
-// written as zero, and its remainder is zero.
+// Split the floats copy_tile copied for this thread, in place: each becomes its TF32 big part
+// (rounded to nearest) and its remainder goes to the same place of the tile's twin `small`
+// (A_STAGE_FLOATS + B_STAGE_FLOATS on), as the register-fed loaders split them. (Leaving x for
+// wgmma to truncate and writing x - trunc(x) measured too inaccurate: a remainder and a product
+// of remainders up to 2^-10 of x, against 2^-11 rounded; 255x257x1 missed FP32's tolerance.) A
+// float outside the matrix was written as zero, and stays zero.
 template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void write_copied_remainders(const float* tile, int loader_thread) {
-    unsigned* small = reinterpret_cast<unsigned*>(const_cast<float*>(tile) + A_STAGE_FLOATS + B_STAGE_FLOATS);
+__device__ __forceinline__ void split_copied(float* tile, int loader_thread) {
+    unsigned* big = reinterpret_cast<unsigned*>(tile);
+    unsigned* small = big + A_STAGE_FLOATS + B_STAGE_FLOATS;
     const int lane = loader_thread % 32, warp = loader_thread / 32;
     if constexpr (K_CONTIGUOUS && VECTOR) {
         const int at = swizzled(loader_thread / 8, loader_thread % 8 * 4);  // then rows 16 i on
 #pragma unroll
         for (int i = 0; i < ROWS / 16; ++i) {
             const float4 x = *reinterpret_cast<const float4*>(tile + at + i * 16 * 32);
-            *reinterpret_cast<uint4*>(small + at + i * 16 * 32) =
-                make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+            uint4 big_run, small_run;
+            split_tf32(x.x, big_run.x, small_run.x);
+            split_tf32(x.y, big_run.y, small_run.y);
+            split_tf32(x.z, big_run.z, small_run.z);
+            split_tf32(x.w, big_run.w, small_run.w);
+            *reinterpret_cast<uint4*>(big + at + i * 16 * 32) = big_run;
+            *reinterpret_cast<uint4*>(small + at + i * 16 * 32) = small_run;
         }
     } else if constexpr (K_CONTIGUOUS) {
         const int even = swizzled(warp, lane), odd = swizzled(warp + 4, lane) - 4 * 32;  // then rows 4 i on
 #pragma unroll
         for (int i = 0; i < ROWS / 4; ++i) {
             const int at = (i % 2 ? odd : even) + i * 4 * 32;
-            small[at] = tf32_remainder(tile[at]);
+            split_tf32(tile[at], big[at], small[at]);
         }
     } else {
         const int row = warp * 8 + lane % 8, k0 = lane / 8;  // then rows 32 r on, k 4 j on
@@ -344,7 +353,8 @@ __device__ __forceinline__ void write_copied_remainders(const float* tile, int l
         for (int j = 0; j < BK / 4; ++j) {
             const int first = swizzled(row, k0 + 4 * j);
 #pragma unroll
-            for (int r = 0; r < ROWS / 32; ++r) small[first + r * 32 * 32] = tf32_remainder(tile[first + r * 32 * 32]);
+            for (int r = 0; r < ROWS / 32; ++r) split_tf32(tile[first + r * 32 * 32], big[first + r * 32 * 32],
+                                                          small[first + r * 32 * 32]);
         }
     }
 }
@@ -397,8 +407,8 @@ gemmgen_hopper_3xtf32_copy_kernel(int M, int N, int K, float alpha, const float*
         const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
         const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
         const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        // The remainders of tile t - LAG are written while the consumers multiply tile t - LAG - 1 and
-        // the copies of the LAG tiles after it are in flight.
+        // Tile t - LAG is split while the consumers multiply tile t - LAG - 1 and the copies of the LAG
+        // tiles after it are in flight.
         constexpr int LAG = 1;
         for (int t = 0; t < k_tiles + LAG; ++t) {
             if (t < k_tiles) {
@@ -422,10 +432,10 @@ gemmgen_hopper_3xtf32_copy_kernel(int M, int N, int K, float alpha, const float*
             // this thread's copies of tile `landed` are done once at most LAG later groups are in flight
             if (t < k_tiles) asm volatile("cp.async.wait_group %0;\n" :: "n"(LAG) : "memory");
             else asm volatile("cp.async.wait_all;\n" ::: "memory");
-            const float* stage = smem + landed % STAGES * STAGE_FLOATS;
-            write_copied_remainders<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(stage, loader_thread);
-            write_copied_remainders<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the copies and remainders, before wgmma reads them
+            float* stage = smem + landed % STAGES * STAGE_FLOATS;
+            split_copied<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(stage, loader_thread);
+            split_copied<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the split tiles, before wgmma reads them
             barrier_arrive(&full[landed % STAGES]);
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's last copies, before it leaves

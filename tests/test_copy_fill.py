@@ -1,4 +1,5 @@
-"""The cp.async-fed TF32 wgmma kernel (`stages N copy`, specs/hopper_tf32_copy.gemm) without a GPU:
+"""The cp.async-fed wgmma kernels (`stages N copy`, specs/hopper_tf32_copy.gemm and, splitting each
+landed tile into TF32 big and small, hopper_3xtf32_copy.gemm) without a GPU:
 its plan (one loader warpgroup holding addresses only, no vector requirement on A or B: any leading
 dimension), NVRTC's build of every layout without spills, and the loader's placement of a tile's
 floats: each exactly once, a warp's copies on 32 different banks (tests/test_gpu_copy.py runs it)."""
@@ -85,9 +86,9 @@ def test_the_loader_places_every_float_once_and_a_warps_copies_on_32_banks(rows,
     assert all(sorted(set(b)) == list(range(32)) and len(b) == 32 * b.count(b[0]) for b in banks.values())
 
 
-def _remainder_places(rows: int, k_contiguous: bool, vector: bool):
-    """(thread, place) of every remainder write_copied_remainders (3xtf32) writes, its index
-    arithmetic transcribed."""
+def _split_places(rows: int, k_contiguous: bool, vector: bool):
+    """(thread, place) of every float split_copied (3xtf32) splits in place, its index arithmetic
+    transcribed."""
     for thread in range(128):
         lane, warp = thread % 32, thread // 32
         if k_contiguous and vector:
@@ -108,12 +109,12 @@ def _remainder_places(rows: int, k_contiguous: bool, vector: bool):
 
 @pytest.mark.parametrize("rows", [64, 128, 256])
 @pytest.mark.parametrize("k_contiguous,vector", [(True, False), (True, True), (False, False)])
-def test_3xtf32_remainders_are_of_the_floats_each_thread_copied(rows, k_contiguous, vector):
-    """A loader thread waits for its own copies only (cp.async.wait_group), so it may write the
-    remainders of exactly the floats it copied: each place once, by the thread that copied it."""
+def test_3xtf32_splits_exactly_the_floats_each_thread_copied(rows, k_contiguous, vector):
+    """A loader thread waits for its own copies only (cp.async.wait_group), so it may split exactly
+    the floats it copied: each place once, by the thread that copied it."""
     copied = {(instruction[0] * 32 + lane, _swizzled(row, k))
               for instruction, lane, row, k in _copies(rows, k_contiguous, vector)}
-    written = list(_remainder_places(rows, k_contiguous, vector))
+    written = list(_split_places(rows, k_contiguous, vector))
     assert len(written) == len(set(written)) == rows * 32
     assert set(written) == copied
 
@@ -121,7 +122,7 @@ def test_3xtf32_remainders_are_of_the_floats_each_thread_copied(rows, k_contiguo
 THREE = load_one(SPECS_DIR / "hopper_3xtf32_copy.gemm", "hopper_3xtf32_copy")
 
 
-def test_3xtf32_copies_keep_the_remainders_beside_each_tile_one_tile_behind():
+def test_3xtf32_copies_keep_the_split_tiles_beside_each_other_one_tile_behind():
     plan = make_plan(THREE)
     loop = plan.mainloop
     assert (loop.copies, loop.math, loop.stages, loop.loader_depth) == (True, "3xtf32", 3, 1)
@@ -136,3 +137,4 @@ def test_3xtf32_builds_without_spills_in_every_layout(a, b):
     for symbol, report in compiled.resources.items():
         assert report.spill_stores == report.spill_loads == 0, (symbol, report)
     assert "cp.async.wait_group" in compiled.ptx and "cp.async.mbarrier.arrive" not in compiled.ptx
+    assert "cvt.rna.tf32.f32" in compiled.ptx  # big parts rounded to nearest, as the register-fed loaders
