@@ -223,7 +223,7 @@ CORPUS = [
                  4, 21, "one 128-byte swizzled row of 32 floats", "block M x N x 32", id="wgmma-block-k"),
     # --- stages N copy: the cp.async-fed wgmma kernel ------------------------------------------
     pytest.param(k("target sm_90a", "layout B col", "block 128 x 128 x 32", "math 3xtf32", "stages 2 copy"),
-                 6, 10, "writes the TF32 remainders of a landed tile while the consumers multiply the one before",
+                 6, 10, "splits a landed tile into TF32 big and small while the consumers multiply the one before",
                  "stages 3 copy or more", id="copy-3xtf32-two-stages"),
     pytest.param(k("target sm_90a", "layout A col, B row", "block 128 x 128 x 32", "math tf32", "stages 4 copy",
                    "round nearest"), 7, 9, "wgmma truncates them to TF32", "round truncate",

@@ -145,7 +145,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     # Two tiles in flight per loader where their registers fit (loads wait on memory most of the time);
     # cp.async copies run up to every stage ahead, holding no registers.
     loader_depth = 2 if loaders and 2 * loaded_floats + 64 <= loader_registers else 1
-    if copies:  # tiles whose copies are in flight (3xtf32: behind them, one tile's remainders)
+    if copies:  # tiles whose copies are in flight (3xtf32: behind them, one tile being split)
         loader_depth = stages - (2 if math == "3xtf32" else 1)
     elif loaders and loaded_floats + 56 > loader_registers:
         raise spec.error(("block.m", "block.n"), f"a loader thread would hold {loaded_floats} floats "
@@ -208,11 +208,11 @@ def _check_mn_major(spec: Spec, math: str, a_k_major: bool, b_k_major: bool) -> 
 def _check_copies(spec: Spec, math: str) -> None:
     """cp.async copies floats as they lie: TF32 read by truncation, no rounding on the way (the
     register-fed loaders round, the TMA producer's warps the same in shared memory). With 3xtf32 the
-    loader writes each landed tile's remainders a tile behind the consumers, so it needs 3 stages."""
+    loader splits each landed tile a tile behind the consumers, so it needs 3 stages."""
     if math == "3xtf32" and spec["stages"] < 3:
-        raise spec.error(("stages", "math"), f"with math 3xtf32 and stages N copy, the loader writes the "
-                         "TF32 remainders of a landed tile while the consumers multiply the one before it "
-                         f"and the next one's copies are in flight: 3 stages at least, not {spec['stages']}",
+        raise spec.error(("stages", "math"), f"with math 3xtf32 and stages N copy, the loader splits a "
+                         "landed tile into TF32 big and small while the consumers multiply the one before "
+                         f"it and the next one's copies are in flight: 3 stages at least, not {spec['stages']}",
                          "stages 3 copy or more")
     if spec.written("round") and spec["round"] == "nearest":
         raise spec.error(("round", "stages.fill"), "stages N copy lands tiles as they lie, and wgmma "

@@ -2,8 +2,8 @@
 64 x BN slabs with wgmma from swizzled K-major shared tiles, filled
 
 - WgmmaAsync: by loader warpgroups through registers (any layout and alignment), or with `copies`
-  by one loader warpgroup's cp.async copies straight into the tiles (the same, TF32 truncated;
-  3xtf32: the loader writes the landed tiles' remainders beside them), or
+  by one loader warpgroup's cp.async copies straight into the tiles (the same; TF32 truncated, or
+  with 3xtf32 each landed tile split in place into TF32 big parts and remainders), or
 - WgmmaTma: by a TMA producer warpgroup (K-major A and B, 16-byte aligned), with a WgmmaAsync
   kernel (`fallback`) for the calls TMA cannot describe.
 plan/wgmma.py plans both.
@@ -92,7 +92,7 @@ class WgmmaAsync(Mainloop):
     @property
     def math_template(self) -> str:
         """The loaders' rounding and the consumers' products: TF32, or 3xtf32's big and small (copies:
-        TF32 as the tiles lie)."""
+        TF32 as the tiles lie, or 3xtf32's split once they land)."""
         if self.copies:
             return "wgmma_copy_3xtf32.cuh.j2" if self.math == "3xtf32" else "wgmma_copy_tf32.cuh.j2"
         return "wgmma_async_3xtf32.cuh.j2" if self.math == "3xtf32" else "wgmma_async_tf32.cuh.j2"
@@ -143,8 +143,8 @@ class WgmmaAsync(Mainloop):
 
     def copy_rows(self, plan: Plan) -> list[tuple[str, str]]:
         """explain's rows of the cp.async-fed kernel."""
-        remainders = (", and their TF32 remainders, which the loader writes once its copies land"
-                      if self.math == "3xtf32" else "")
+        tiles = ("A and B tiles split into TF32 big parts and remainders by the loader once its copies land"
+                 if self.math == "3xtf32" else "A and B tiles as they lie (wgmma truncates them to TF32)")
         loads = (("A", plan.spec["layout.A"] == "row"), ("B", plan.spec["layout.B"] == "col"))
         return [
             ("target", f"{plan.arch.name} (wgmma fed by cp.async)"),
@@ -154,8 +154,8 @@ class WgmmaAsync(Mainloop):
                                   f"warpgroup(s) of 64 x {plan.BN}"),
             ("registers", f"{self.loader_registers} per loader thread, {self.consumer_registers} per "
                           f"consumer thread (setmaxnreg); {plan.BN // 2} accumulators"),
-            ("shared memory", f"{self.stages} stages of A and B tiles as they lie (wgmma truncates them to "
-                              f"TF32){remainders}, K-major, 128-byte swizzle; {plan.smem_bytes} bytes per block"),
+            ("shared memory", f"{self.stages} stages of {tiles}, K-major, 128-byte swizzle; "
+                              f"{plan.smem_bytes} bytes per block"),
             ("loads", "; ".join(f"{x}: " + ("cp.async of 16 B when aligned, else 4 B, a warp along K" if k_major else
                                             "cp.async of 4 B, a warp 8 rows x 4 k, into K-major places")
                                 for x, k_major in loads) + "; any leading dimension and 4-byte alignment"),
