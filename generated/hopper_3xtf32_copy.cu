@@ -21,7 +21,7 @@
 //   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
 //   threads per block          384: 1 loader warpgroup (cp.async) + 2 consumer warpgroup(s) of 64 x 128
 //   registers                  56 per loader thread, 224 per consumer thread (setmaxnreg); 64 accumulators
-//   shared memory              3 stages of A and B tiles as they lie (wgmma truncates them to TF32), and their TF32 remainders, which the loader writes once its copies land, K-major, 128-byte swizzle; 197680 bytes per block
+//   shared memory              3 stages of A and B tiles split into TF32 big parts and remainders by the loader once its copies land, K-major, 128-byte swizzle; 197680 bytes per block
 //   loads                      A: cp.async of 16 B when aligned, else 4 B, a warp along K; B: cp.async of 16 B when aligned, else 4 B, a warp along K; any leading dimension and 4-byte alignment
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C
