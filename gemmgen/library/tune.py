@@ -192,7 +192,7 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
 
 
 SPECIALIST_MARGIN = 1.05   # a candidate this much faster than every chosen one at some shape ...
-MAX_SPECIALISTS = 3        # ... is timed at every shape too (the fastest few such)
+MAX_SPECIALISTS = 6        # ... is timed at every shape too (the fastest few such)
 
 
 def specialists(valid: list[Plan], chosen: list[Plan], m: Measurements, shapes: list[LibraryShape]) -> list[Plan]:
