@@ -1,6 +1,6 @@
 """What the sm_90a GPU tests (test_gpu_schedule.py, test_gpu_staged.py, ...) share: the skip without
-an sm_90 GPU and CuPy, a module's kernels built once each and closed at the end, and a built
-library's strided-batched entry point."""
+an sm_90 GPU and CuPy, a module's kernels built once each and closed at the end, a built library's
+strided-batched entry point, and operands in any layout checked against float64."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import ctypes
 import numpy as np
 import pytest
 
+from gemmgen.gpu import verify
 from gemmgen.plan import make_plan
 
 
@@ -66,3 +67,33 @@ def packed_batches_over_one_b(cp, batched, layout_a: str, layout_b: str, M: int,
     assert status == 0
     cp.cuda.runtime.deviceSynchronize()
     return c.get(), As, B, Cs
+
+
+def inputs(M: int, N: int, K: int, seed: int):
+    """A (M x K), B (K x N) and C (M x N), uniform in [-1, 1]."""
+    rng = np.random.default_rng(seed)
+    return (rng.uniform(-1, 1, (M, K)).astype(np.float32), rng.uniform(-1, 1, (K, N)).astype(np.float32),
+            rng.uniform(-1, 1, (M, N)).astype(np.float32))
+
+
+def operand(cp, x: np.ndarray, layout: str, pad: int, aligned: bool = True, offset: int = 0):
+    """x in `layout`, leading dimension its contiguous extent (rounded up to 4 floats if `aligned`)
+    + pad, `offset` floats into a NaN-filled device buffer: (buffer, pointer, ld)."""
+    rows, cols = x.shape
+    lines, length = (rows, cols) if layout == "row" else (cols, rows)
+    ld = (-(-length // 4) * 4 if aligned else length) + pad
+    host = np.full(lines * ld + offset, np.nan, np.float32)
+    host[offset:].reshape(lines, ld)[:, :length] = x if layout == "row" else x.T
+    buffer = cp.asarray(host)
+    return buffer, buffer.data.ptr + 4 * offset, ld
+
+
+def check(out: np.ndarray, A, B, C, alpha, beta, what: str, math: str):
+    """Every element of alpha A B + beta C within `math`'s tolerance (3xtf32: FP32's) of float64;
+    returns the relative (Frobenius) error."""
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    reference = alpha * (A64 @ B64) + beta * C
+    scale = abs(alpha) * (np.abs(A64) @ np.abs(B64)) + abs(beta) * np.abs(C)
+    bad = ~(np.abs(out - reference) <= verify.tolerance(scale, A.shape[1], math))
+    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.size} elements wrong"
+    return np.linalg.norm(out - reference) / np.linalg.norm(reference)

@@ -18,9 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemmgen.gpu import verify
 from gemmgen.language.load import load_one
-from hopper_gpu import batched_entry, kernel_cache, packed_batches_over_one_b, require_sm90
+from hopper_gpu import batched_entry, check, inputs, kernel_cache, operand, packed_batches_over_one_b, require_sm90
 
 pytestmark = pytest.mark.gpu
 
@@ -58,48 +57,21 @@ def kernels(cp):
     yield from kernel_cache(SPECS)
 
 
-def _operand(cp, x: np.ndarray, layout: str, pad: int, aligned: bool, offset: int = 0):
-    """x in `layout`, leading dimension its contiguous extent (rounded up to 4 floats if `aligned`)
-    + pad, `offset` floats into a NaN-filled device buffer: (buffer, pointer, ld)."""
-    rows, cols = x.shape
-    lines, length = (rows, cols) if layout == "row" else (cols, rows)
-    ld = (-(-length // 4) * 4 if aligned else length) + pad
-    host = np.full(lines * ld + offset, np.nan, np.float32)
-    host[offset:].reshape(lines, ld)[:, :length] = x if layout == "row" else x.T
-    buffer = cp.asarray(host)
-    return buffer, buffer.data.ptr + 4 * offset, ld
-
-
-def _check(out: np.ndarray, A, B, C, alpha, beta, what: str, math: str = "tf32"):
-    """Every element within the tolerance of the kernel's math (3xtf32: FP32's) against float64."""
-    A64, B64 = A.astype(np.float64), B.astype(np.float64)
-    reference = alpha * (A64 @ B64) + beta * C
-    scale = abs(alpha) * (np.abs(A64) @ np.abs(B64)) + abs(beta) * np.abs(C)
-    bad = ~(np.abs(out - reference) <= verify.tolerance(scale, A.shape[1], math))
-    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.size} elements wrong"
-
-
-def _inputs(M, N, K, seed):
-    rng = np.random.default_rng(seed)
-    return (rng.uniform(-1, 1, (M, K)).astype(np.float32), rng.uniform(-1, 1, (K, N)).astype(np.float32),
-            rng.uniform(-1, 1, (M, N)).astype(np.float32))
-
-
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:3])) + f"+{s[3]}"
                          + ("" if s[4] else "-odd") + (f"-off{s[5]}" if s[5] else ""))
 @pytest.mark.parametrize("name", list(SPECS))
 def test_every_layout_leading_dimension_and_alignment_through_python(name, shape, kernels, cp):
     kernel = kernels(name)
     M, N, K, pad, aligned, offset = shape
-    A, B, C = _inputs(M, N, K, M + N + K)
-    a, pa, lda = _operand(cp, A, kernel.plan.spec["layout.A"], pad, aligned, offset)
-    b, pb, ldb = _operand(cp, B, kernel.plan.spec["layout.B"], pad, aligned, offset)
-    c, pc, ldc = _operand(cp, C, "row", pad, aligned)
+    A, B, C = inputs(M, N, K, M + N + K)
+    a, pa, lda = operand(cp, A, kernel.plan.spec["layout.A"], pad, aligned, offset)
+    b, pb, ldb = operand(cp, B, kernel.plan.spec["layout.B"], pad, aligned, offset)
+    c, pc, ldc = operand(cp, C, "row", pad, aligned)
     kernel.launch(M, N, K, 1.5, pa, lda, pb, ldb, -0.5, pc, ldc)
     cp.cuda.runtime.deviceSynchronize()
     host = c.get().reshape(M, ldc)
-    _check(host[:, :N], A, B, C, 1.5, -0.5, f"{name} {M}x{N}x{K} pad {pad} offset {offset}",
-           kernel.plan.spec["math"])
+    check(host[:, :N], A, B, C, 1.5, -0.5, f"{name} {M}x{N}x{K} pad {pad} offset {offset}",
+          kernel.plan.spec["math"])
     assert np.isnan(host[:, N:]).all(), f"{name}: wrote C's padding"
 
 
@@ -129,12 +101,12 @@ def test_batches_and_one_gemm_through_the_c_entry_point(layouts, prefix, cp, tmp
     layout_a, layout_b = LAYOUTS[layouts]
     out, As, B, Cs = packed_batches_over_one_b(cp, batched, layout_a, layout_b, 299, 261, 133, 3, 11)
     for i in range(3):
-        _check(out[i], As[i], B, Cs[i], 1.0, 1.0, f"{name} batch {i}", math)
+        check(out[i], As[i], B, Cs[i], 1.0, 1.0, f"{name} batch {i}", math)
     M, N, K = 1000, 777, 519
-    A, B, C = _inputs(M, N, K, 5)
-    a, pa, lda = _operand(cp, A, layout_a, 1, False, 1)
-    b, pb, ldb = _operand(cp, B, layout_b, 1, False, 1)
+    A, B, C = inputs(M, N, K, 5)
+    a, pa, lda = operand(cp, A, layout_a, 1, False, 1)
+    b, pb, ldb = operand(cp, B, layout_b, 1, False, 1)
     c = cp.asarray(C)
     assert single(M, N, K, 2.0, pa, lda, pb, ldb, 0.0, c.data.ptr, N, None) == 0
     cp.cuda.runtime.deviceSynchronize()
-    _check(c.get(), A, B, C, 2.0, 0.0, f"{name} {M}x{N}x{K}", math)
+    check(c.get(), A, B, C, 2.0, 0.0, f"{name} {M}x{N}x{K}", math)

@@ -18,9 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemmgen.gpu import verify
 from gemmgen.language.load import load_one
-from hopper_gpu import batched_entry, kernel_cache, packed_batches_over_one_b, require_sm90
+from hopper_gpu import batched_entry, check, inputs, kernel_cache, operand, packed_batches_over_one_b, require_sm90
 
 pytestmark = pytest.mark.gpu
 
@@ -59,31 +58,9 @@ def kernels(cp):
     yield from kernel_cache(SPECS)
 
 
-def _operand(cp, x: np.ndarray, layout: str, pad: int, aligned: bool = True):
-    """x in `layout` with leading dimension its contiguous extent (rounded up to 4 floats if
-    `aligned`) + pad, in a device buffer whose padding holds NaN: (device buffer, ld)."""
-    rows, cols = x.shape
-    lines, length = (rows, cols) if layout == "row" else (cols, rows)
-    ld = (-(-length // 4) * 4 if aligned else length) + pad
-    host = np.full((lines, ld), np.nan, np.float32)
-    host[:, :length] = x if layout == "row" else x.T
-    return cp.asarray(host), ld
-
-
 def _check(out: np.ndarray, A, B, C, alpha, beta, what: str):
-    A64, B64 = A.astype(np.float64), B.astype(np.float64)
-    reference = alpha * (A64 @ B64) + beta * C
-    scale = abs(alpha) * (np.abs(A64) @ np.abs(B64)) + abs(beta) * np.abs(C)
-    bad = ~(np.abs(out - reference) <= verify.tolerance(scale, A.shape[1], "3xtf32"))
-    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.size} elements wrong"
-    error = np.linalg.norm(out - reference) / np.linalg.norm(reference)
+    error = check(out, A, B, C, alpha, beta, what, "3xtf32")
     assert error < 2e-6, f"{what}: relative error {error:.2e} is not FP32's"
-
-
-def _inputs(M, N, K, seed):
-    rng = np.random.default_rng(seed)
-    return (rng.uniform(-1, 1, (M, K)).astype(np.float32), rng.uniform(-1, 1, (K, N)).astype(np.float32),
-            rng.uniform(-1, 1, (M, N)).astype(np.float32))
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:3])) + f"+{s[3]}" + ("" if s[4] else "-odd"))
@@ -91,16 +68,16 @@ def _inputs(M, N, K, seed):
 def test_every_layout_and_schedule_through_python(name, shape, kernels, cp):
     kernel = kernels(name)
     M, N, K, pad, aligned = shape
-    A, B, C = _inputs(M, N, K, M + N + K)
+    A, B, C = inputs(M, N, K, M + N + K)
     layout_a, layout_b = kernel.plan.spec["layout.A"], kernel.plan.spec["layout.B"]
-    a, lda = _operand(cp, A, layout_a, pad, aligned)
-    b, ldb = _operand(cp, B, layout_b, pad, aligned)
-    c, ldc = _operand(cp, C, "row", pad, aligned)
+    a, _, lda = operand(cp, A, layout_a, pad, aligned)
+    b, _, ldb = operand(cp, B, layout_b, pad, aligned)
+    c, _, ldc = operand(cp, C, "row", pad, aligned)
     pointers = {"A": a.data.ptr % 16, "B": b.data.ptr % 16}
     assert kernel.plan.mainloop.hands_over(M, N, K, lda, ldb, pointers) != aligned  # TMA takes the aligned ones
     kernel.launch(M, N, K, 1.5, a.data.ptr, lda, b.data.ptr, ldb, -0.5, c.data.ptr, ldc)
     cp.cuda.runtime.deviceSynchronize()
-    host = c.get()
+    host = c.get().reshape(M, ldc)
     _check(host[:, :N], A, B, C, 1.5, -0.5, f"{name} {M}x{N}x{K} pad {pad}")
     assert np.isnan(host[:, N:]).all(), f"{name}: wrote C's padding"
 
@@ -119,9 +96,9 @@ def test_batches_through_the_c_entry_point(layouts, cp, tmp_path):
     for i in range(3):
         _check(out[i], As[i], B, Cs[i], 1.0, 1.0, f"{name} batch {i}")
     M, N, K = 1000, 777, 520
-    A, B, C = _inputs(M, N, K, 5)
-    a, lda = _operand(cp, A, layout_a, 4)
-    b, ldb = _operand(cp, B, layout_b, 4)
+    A, B, C = inputs(M, N, K, 5)
+    a, _, lda = operand(cp, A, layout_a, 4)
+    b, _, ldb = operand(cp, B, layout_b, 4)
     c = cp.asarray(C)
     assert single(M, N, K, 2.0, a.data.ptr, lda, b.data.ptr, ldb, 0.0, c.data.ptr, N, None) == 0
     cp.cuda.runtime.deviceSynchronize()
