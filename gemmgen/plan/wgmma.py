@@ -119,16 +119,13 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         loader_registers, limit = TMA_PRODUCER_REGISTERS, WGMMA_MAX_REGISTERS
         if not b_k_major:  # its warps 1-3 hold a box's columns while they transpose it
             loader_registers, limit = MN_PRODUCER_REGISTERS, MN_CONSUMER_REGISTERS
-    elif copies:  # the loader holds addresses only; the consumers take what it releases
-        launch = min(MAX_REGISTERS_PER_THREAD, arch.regs_per_sm // threads) // 8 * 8
-        loader_registers = COPY_LOADER_REGISTERS
-        limit = min(SETMAXNREG_CAP, (launch * (1 + consumers) - loader_registers) // consumers // 8 * 8)
     else:
         # Each thread starts with `launch` registers. A lone consumer (64-row blocks) takes 8 from
         # each of its two loaders with setmaxnreg, for wide tiles; the loaders still hold a K tile
-        # and its addresses (ptxas spilled some loaders at 152, none at 160).
+        # and its addresses (ptxas spilled some loaders at 152, none at 160). A cp.async loader
+        # holds addresses only, and the consumers take what it releases.
         launch = min(MAX_REGISTERS_PER_THREAD, arch.regs_per_sm // threads) // 8 * 8
-        loader_registers = launch - 8 if loaders > consumers else launch
+        loader_registers = COPY_LOADER_REGISTERS if copies else launch - 8 if loaders > consumers else launch
         limit = min(SETMAXNREG_CAP, (launch * (loaders + consumers) - loaders * loader_registers)
                     // consumers // 8 * 8)
     if math != "3xtf32":  # round nearest consumer: also A's rounded fragments, two tiles' (see wgmma_round_a.cuh.j2)
