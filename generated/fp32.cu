@@ -12016,10 +12016,69 @@ static inline int gemmgen_fp32_12(int M, int N, int K, float alpha, const float*
 }
 #endif  // __CUDACC_RTC__
 #ifndef __CUDACC_RTC__
+#include <climits>
 #include <math.h>
 #include <mutex>
 
+// OUT = IN for `batch` matrices of `rows` rows of `cols` floats: IN's rows ld_in apart and its
+// matrices stride_in apart, OUT's ld_out and stride_out. grid.y walks the rows of every matrix (a
+// block a row, at most 65535 at once), grid.x and the threads its columns, four floats a thread:
+// a warp reads 32 adjacent floats of a row, wherever the row starts.
+constexpr int gemmgen_fp32_PAD_THREADS = 256, gemmgen_fp32_PAD_UNROLL = 4;
+
+template <bool ROUND>
+__device__ __forceinline__ void gemmgen_fp32_pad_rows(const float* __restrict__ in, int rows, int cols, long long ld_in,
+        long long stride_in, float* __restrict__ out, long long ld_out, long long stride_out, int batch)
+{
+    const long long all_rows = (long long)rows * batch;
+    const int span = gemmgen_fp32_PAD_THREADS * gemmgen_fp32_PAD_UNROLL;  // columns a block covers
+    for (long long r = blockIdx.y; r < all_rows; r += gridDim.y) {
+        const long long b = r / rows, row = r - b * rows;
+        const float* __restrict__ from = in + b * stride_in + row * ld_in;
+        float* __restrict__ to = out + b * stride_out + row * ld_out;
+        for (int c0 = blockIdx.x * span + threadIdx.x; c0 < cols; c0 += gridDim.x * span) {
+            float x[gemmgen_fp32_PAD_UNROLL];
+#pragma unroll
+            for (int u = 0; u < gemmgen_fp32_PAD_UNROLL; ++u) {
+                const int c = c0 + u * gemmgen_fp32_PAD_THREADS;
+                x[u] = c < cols ? from[c] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < gemmgen_fp32_PAD_UNROLL; ++u) {
+                const int c = c0 + u * gemmgen_fp32_PAD_THREADS;
+                if (ROUND) {  // to nearest TF32, as cuBLAS TF32 rounds: the tensor cores then drop nothing
+                    unsigned tf32;
+                    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x[u]));
+                    x[u] = __uint_as_float(tf32);
+                }
+                if (c < cols) to[c] = x[u];
+            }
+        }
+    }
+}
+
+// The copy as it is.
+static __global__ void __launch_bounds__(gemmgen_fp32_PAD_THREADS)
+gemmgen_fp32_pad(const float* in, int rows, int cols, long long ld_in, long long stride_in, float* out,
+        long long ld_out, long long stride_out, int batch)
+{
+    gemmgen_fp32_pad_rows<false>(in, rows, cols, ld_in, stride_in, out, ld_out, stride_out, batch);
+}
+
+// The copy with each float rounded to nearest TF32 (the tf32 library's A and B).
+static __global__ void __launch_bounds__(gemmgen_fp32_PAD_THREADS)
+gemmgen_fp32_pad_tf32(const float* in, int rows, int cols, long long ld_in, long long stride_in, float* out,
+        long long ld_out, long long stride_out, int batch)
+{
+    gemmgen_fp32_pad_rows<true>(in, rows, cols, ld_in, stride_in, out, ld_out, stride_out, batch);
+}
+
+
+extern "C" int gemmgen_fp32_batched(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, int batch, long long strideA, long long strideB, long long strideC, cudaStream_t stream);  // the padded call runs it again, on aligned copies
+
 namespace gemmgen_fp32_choice {
+
+constexpr bool ROUND_TF32 = false;  // the padding copies round A and B to nearest TF32
 
 // ---- the choice (gemmgen/selection.py): predicted ms of a member for a call ------------------
 struct Point { int M, N, K; double ms, ln_m, ln_n, ln_k, log_ratio; };  // a tuned shape
@@ -12672,25 +12731,56 @@ static double predict(const Member& m, const Model& model, int M, int N, int K, 
     return base * exp(weighted / total);
 }
 
+// The eligible member predicted fastest in one class, and its predicted ms in `best_ms` (-1 where no
+// member has a model of that class).
+static int best(int M, int N, int K, bool use_aligned, int sm_count, bool beta_used, bool sm90a, int batch,
+                double& best_ms) {
+    int found = -1;
+    best_ms = HUGE_VAL;
+    for (int i = 0; i < 13; ++i) {
+        const Member& m = members[i];
+        const Model& model = use_aligned ? m.aligned : m.unaligned;
+        if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
+        const double ms = predict(m, model, M, N, K, sm_count, batch);
+        if (ms < best_ms) { found = i; best_ms = ms; }
+    }
+    return found;
+}
+
 // The member predicted fastest among those that can take the call (`batch` strided matrices of
 // M x N x K); a class without data for any of them borrows the other class's models.
 static int choose(int M, int N, int K, bool aligned, int sm_count, bool beta_used, bool sm90a, int batch) {
     for (int pass = 0; pass < 2; ++pass) {
-        const bool use_aligned = pass == 0 ? aligned : !aligned;
-        int best = -1;
-        double best_ms = HUGE_VAL;
-        for (int i = 0; i < 13; ++i) {
-            const Member& m = members[i];
-            const Model& model = use_aligned ? m.aligned : m.unaligned;
-            if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
-            const double ms = predict(m, model, M, N, K, sm_count, batch);
-            if (ms < best_ms) { best = i; best_ms = ms; }
-        }
-        if (best >= 0) return best;
+        double ms;
+        const int found = best(M, N, K, pass == 0 ? aligned : !aligned, sm_count, beta_used, sm90a, batch, ms);
+        if (found >= 0) return found;
     }
     for (int i = 0; i < 13; ++i)
         if ((members[i].beta || !beta_used) && (!members[i].sm90a || sm90a)) return i;
     return 0;
+}
+
+// ---- padding (gemmgen/library/padding.py): an unaligned call run by an aligned member on copies ----
+struct Copy { long long count, rows, cols; };  // a padding copy: count matrices of rows x cols floats
+
+// Predicted ms of the padding copies (selection.pad_ms): each float read and written, each row at
+// least 256 floats' worth, at 2.4 GB/ms, and 0.005 ms a kernel and for the workspace.
+static double pad_ms(const Copy* copies, int n) {
+    double floats = 0.0;
+    for (int i = 0; i < n; ++i)
+        floats += (double)copies[i].count * copies[i].rows * (copies[i].cols > 256 ? copies[i].cols : 256);
+    return 8.0 * floats / 1e9 / 2.4 + 0.005 * (n + 1);
+}
+
+// Whether padding pays (selection.choose_padded): the aligned class's fastest member on the copies,
+// with the copies, in at most 0.9 of the time of the unaligned class's fastest on the call as it is.
+static bool padding_pays(int M, int N, int K, const Copy* copies, int n, int sm_count, bool beta_used, bool sm90a,
+                         int batch) {
+    if (K <= 0 || n == 0) return false;
+    double aligned_ms, unaligned_ms;
+    if (best(M, N, K, true, sm_count, beta_used, sm90a, batch, aligned_ms) < 0) return false;
+    if (best(M, N, K, false, sm_count, beta_used, sm90a, batch, unaligned_ms) < 0) return false;
+    return aligned_ms + pad_ms(copies, n) <= 0.9 * unaligned_ms;
 }
 
 }  // namespace gemmgen_fp32_choice
@@ -12743,6 +12833,116 @@ static cudaError_t device_caps(Device& caps) {
     return failed[device];
 }
 
+// ---- padding: the copies and the call on them ----
+// The copies' workspace: a stream-ordered memory pool of this library's own per device, which keeps
+// the memory it has held (no mapping per call; at most the largest workspace a call took).
+static cudaError_t workspace_pool(cudaMemPool_t& pool) {
+    constexpr int MAX_DEVICES = 64;
+    static std::once_flag once[MAX_DEVICES];
+    static cudaMemPool_t pools[MAX_DEVICES];
+    static cudaError_t failed[MAX_DEVICES];
+    int device = 0;
+    cudaError_t status = cudaGetDevice(&device);
+    if (status != cudaSuccess) return status;
+    if (device < 0 || device >= MAX_DEVICES) return cudaErrorInvalidDevice;
+    std::call_once(once[device], [device] {
+        cudaMemPoolProps props = {};
+        props.allocType = cudaMemAllocationTypePinned;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = device;
+        failed[device] = cudaMemPoolCreate(&pools[device], &props);
+        unsigned long long keep = ~0ull;
+        if (failed[device] == cudaSuccess)
+            failed[device] = cudaMemPoolSetAttribute(pools[device], cudaMemPoolAttrReleaseThreshold, &keep);
+    });
+    pool = pools[device];
+    return failed[device];
+}
+
+// One operand's padding: `count` matrices of `rows` stored rows of `cols` floats, ld and stride
+// apart, copied to rows new_ld (cols rounded up to 4 floats) and matrices new_stride apart.
+struct Part { bool pad; long long rows, cols, count, ld, stride, new_ld, new_stride, offset; };
+
+static void copy(const float* in, long long ld_in, long long stride_in, float* out, long long ld_out,
+                 long long stride_out, const Part& p, bool round_tf32, cudaStream_t stream) {
+    const long long all_rows = p.rows * p.count;
+    const dim3 grid((unsigned)((p.cols + 1023) / 1024), (unsigned)(all_rows < 65535 ? all_rows : 65535));
+    if (round_tf32)
+        gemmgen_fp32_pad_tf32<<<grid, 256, 0, stream>>>(in, (int)p.rows, (int)p.cols, ld_in, stride_in, out, ld_out, stride_out, (int)p.count);
+    else
+        gemmgen_fp32_pad<<<grid, 256, 0, stream>>>(in, (int)p.rows, (int)p.cols, ld_in, stride_in, out, ld_out, stride_out, (int)p.count);
+}
+
+// An unaligned call on aligned copies of its unaligned operands, where that pays: workspace from the
+// pool, A and B copied in (rounded to nearest TF32: false), C in where beta reads it,
+// the library called again on the copies (an aligned call: it pads nothing), C copied back, the
+// workspace freed, all on `stream`. cudaErrorNotReady, with nothing done, where the call does not
+// pad: padding does not pay, the stream captures a graph, or no workspace can be had.
+static cudaError_t run_padded(int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+                              float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+                              long long strideC, cudaStream_t stream, const Device& caps) {
+    const long long dims[3][2] = { {M, K}, {N, K}, {M, N} };  // stored rows, floats a row
+    const long long lds[3] = {lda, ldb, ldc}, strides[3] = {strideA, strideB, strideC};
+    const unsigned long long at[3] = {reinterpret_cast<unsigned long long>(A), reinterpret_cast<unsigned long long>(B),
+                                      reinterpret_cast<unsigned long long>(C)};
+    Part parts[3];
+    Copy copies[4];
+    int n = 0;
+    long long floats = 0;
+    for (int i = 0; i < 3; ++i) {
+        Part& p = parts[i];
+        p.pad = lds[i] % 4 != 0 || at[i] % 16 != 0 || strides[i] % 4 != 0;
+        if (!p.pad) continue;
+        p.rows = dims[i][0];
+        p.cols = dims[i][1];
+        p.count = batch > 1 && strides[i] != 0 ? batch : 1;
+        p.ld = lds[i];
+        p.stride = p.count > 1 ? strides[i] : 0;
+        p.new_ld = p.cols < 4 ? 4 : (p.cols + 3) / 4 * 4;
+        if (p.new_ld > INT_MAX) return cudaErrorNotReady;
+        p.new_stride = p.count > 1 ? p.rows * p.new_ld : 0;
+        p.offset = floats;
+        floats += (p.count * p.rows * p.new_ld + 31) / 32 * 32;
+        copies[n++] = {p.count, p.rows, p.cols};
+        if (i == 2 && beta != 0.0f) copies[n++] = {p.count, p.rows, p.cols};  // C in, then back
+    }
+    if (!padding_pays(M, N, K, copies, n, caps.sm_count, beta != 0.0f, caps.sm90a, batch)) return cudaErrorNotReady;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+        cudaGetLastError();
+        return cudaErrorNotReady;
+    }
+    cudaMemPool_t pool;
+    float* workspace = nullptr;
+    if (capture != cudaStreamCaptureStatusNone || workspace_pool(pool) != cudaSuccess) return cudaErrorNotReady;
+    if (cudaMallocFromPoolAsync(reinterpret_cast<void**>(&workspace), floats * sizeof(float), pool, stream) != cudaSuccess) {
+        cudaGetLastError();  // no memory left for it: an answer, not the caller's error
+        return cudaErrorNotReady;
+    }
+    const float* in[3] = {A, B, C};
+    float* out[3] = {const_cast<float*>(A), const_cast<float*>(B), C};
+    long long new_lds[3], new_strides[3];
+    for (int i = 0; i < 3; ++i) {
+        const Part& p = parts[i];
+        new_lds[i] = p.pad ? p.new_ld : lds[i];
+        new_strides[i] = p.pad ? p.new_stride : strides[i];
+        if (!p.pad) continue;
+        out[i] = workspace + p.offset;
+        if (i < 2 || beta != 0.0f)
+            copy(in[i], p.ld, p.stride, out[i], p.new_ld, p.new_stride, p, ROUND_TF32 && i < 2, stream);
+    }
+    cudaError_t status = cudaGetLastError();
+    if (status == cudaSuccess)
+        status = (cudaError_t)gemmgen_fp32_batched(M, N, K, alpha, out[0], (int)new_lds[0], out[1], (int)new_lds[1], beta,
+                                                  out[2], (int)new_lds[2], batch, new_strides[0], new_strides[1], new_strides[2], stream);
+    if (status == cudaSuccess && parts[2].pad) {
+        copy(out[2], parts[2].new_ld, parts[2].new_stride, C, parts[2].ld, parts[2].stride, parts[2], false, stream);
+        status = cudaGetLastError();
+    }
+    const cudaError_t freed = cudaFreeAsync(workspace, stream);
+    return status != cudaSuccess ? status : freed;
+}
+
 }  // namespace gemmgen_fp32_choice
 
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -12779,6 +12979,11 @@ extern "C" int gemmgen_fp32_batched(int M, int N, int K, float alpha, const floa
             reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideA % 4 == 0 && strideB % 4 == 0 &&
             strideC % 4 == 0;
         pick = choose(M, N, K, aligned, caps.sm_count, beta != 0.0f, caps.sm90a, batch);
+        if (!aligned) {  // copies of the unaligned operands, where that pays (gemmgen/library/padding.py)
+            const cudaError_t padded = run_padded(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB,
+                                                  strideC, stream, caps);
+            if (padded != cudaErrorNotReady) return (int)padded;
+        }
     }
     switch (pick) {
     case 0: return gemmgen_fp32_0_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);

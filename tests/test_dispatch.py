@@ -310,8 +310,9 @@ def test_the_relaid_runtime_builds_the_base_members_with_a_column_major_a(monkey
     """fp32_cc: the shipped fp32 members, chosen by the same models, planned with layout A col, B col;
     the decode member (which reads A along K only) is never chosen there."""
     import gemmgen.library.dispatch as dispatch
+    import gemmgen.library.runtime as library_runtime
     from fake_device import INFO
-    monkeypatch.setattr(dispatch, "device_info", lambda ordinal=0: INFO)
+    monkeypatch.setattr(library_runtime, "device_info", lambda ordinal=0: INFO)
     monkeypatch.setattr(dispatch, "_runtimes", {})
     base = dispatch.library("fp32", 0)
     relaid = dispatch.library("fp32", 0, ("col", "col"))
@@ -335,8 +336,9 @@ def test_the_relaid_runtime_builds_the_base_members_with_a_column_major_a(monkey
 def test_the_relaid_runtime_writing_c_column_major(monkeypatch):
     """fp32_cc_ccol: the same members with layout A col, B col, C col."""
     import gemmgen.library.dispatch as dispatch
+    import gemmgen.library.runtime as library_runtime
     from fake_device import INFO
-    monkeypatch.setattr(dispatch, "device_info", lambda ordinal=0: INFO)
+    monkeypatch.setattr(library_runtime, "device_info", lambda ordinal=0: INFO)
     monkeypatch.setattr(dispatch, "_runtimes", {})
     relaid = dispatch.library("fp32", 0, ("col", "col", "col"))
     assert relaid.name == "fp32_cc_ccol" and relaid.layouts == {"A": "col", "B": "col", "C": "col"}

@@ -286,7 +286,7 @@ def _place(cp, values, layout, pad=0):
 @pytest.mark.parametrize("precision", LIBRARIES)
 @pytest.mark.parametrize("M,N,K,pad", [(1, 1, 1, 0), (127, 4099, 1023, 0), (300, 300, 40000, 0),
                                        (2047, 2047, 2047, 0), (1024, 1024, 1024, 3), (4096, 4096, 4096, 0),
-                                       (8192, 128, 8192, 0), (5, 7000, 3000, 1)])
+                                       (4096, 4096, 4096, 1), (8192, 128, 8192, 0), (5, 7000, 3000, 1)])
 def test_library_c_abi_matches_float64(precision, M, N, K, pad, cp, library_abi):
     entry, _, manifest, _ = library_abi(precision)
     A, B, C = _inputs(M, N, K, seed=13)
@@ -299,6 +299,25 @@ def test_library_c_abi_matches_float64(precision, M, N, K, pad, cp, library_abi)
     out = c[: M * ldc].reshape(M, ldc)[:, :N].get()
     _assert_close(out, A, B, C, 1.5, 0.25, MATH[precision], f"gemmgen_{precision} {M}x{N}x{K} pad {pad}")
     assert bool(cp.isnan(c[M * ldc:]).all()), "wrote past C"
+
+
+@pytest.mark.skipif("tf32" not in LIBRARIES, reason="no tf32 library tuned yet")
+@pytest.mark.parametrize("M,N,K,pad", [(2047, 2047, 2047, 0), (4096, 4096, 4096, 1)])
+def test_library_c_abi_pads_odd_calls_rounding_tf32_to_nearest(M, N, K, pad, cp, library_abi):
+    """gemmgen_tf32 pads these unaligned calls (padding.py's decision, in C), and its copies round A
+    and B to nearest TF32: the error is rounding's (about 2.6e-4 here), not truncation's (6.9e-4)."""
+    entry, _, _, _ = library_abi("tf32")
+    A, B, _ = _inputs(M, N, K, seed=17)
+    a, lda = _place(cp, A, "row", pad)
+    b, ldb = _place(cp, B, "col", pad)
+    c, ldc = _place(cp, np.zeros((M, N), np.float32), "row", pad)
+    assert entry(M, N, K, 1.0, a.data.ptr, lda, b.data.ptr, ldb, 0.0, c.data.ptr, ldc, None) == 0
+    cp.cuda.runtime.deviceSynchronize()
+    out = c[: M * ldc].reshape(M, ldc)[:, :N].get().astype(np.float64)
+    reference = A.astype(np.float64) @ B.astype(np.float64)
+    error = np.linalg.norm(out - reference) / np.linalg.norm(reference)
+    print(f"gemmgen_tf32 {M}x{N}x{K} ld+{pad}: relative error {error:.3e}")
+    assert error < 4e-4, error
 
 
 @pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")

@@ -80,7 +80,8 @@ def test_the_dispatchers_header_matches_its_entry_point():
 def test_a_librarys_header_declares_both_entry_points_as_its_cu_defines_them(name):
     source, header = ((GENERATED_DIR / f"{name}{suffix}").read_text() for suffix in (".cu", ".h"))
     for launcher in (f"gemmgen_{name}", f"gemmgen_{name}_batched"):
-        definition = re.search(rf'^extern "C" int {launcher}\((.*?)\)\s*\{{', source, re.M | re.S).group(1)
+        # the definition (a parameter list holds no ';': a declaration before it is passed over)
+        definition = re.search(rf'^extern "C" int {launcher}\(([^;]*?)\)\s*\{{', source, re.M | re.S).group(1)
         assert prototype(header, launcher) == normal(definition), launcher
     assert f"gemmgen_{name}_batched: strided batches, as cuBLAS's SgemmStridedBatched" in header
 

@@ -14,6 +14,7 @@ import pytest
 import gemmgen
 import gemmgen.library.devices as split_devices
 import gemmgen.library.dispatch as dispatch
+import gemmgen.library.runtime as library_runtime
 from fake_device import INFO, ReferenceKernel
 from fake_streams import SimulatedDevices, on_device
 from gemmgen.gpu.runtime import ShapeError
@@ -106,8 +107,8 @@ def test_the_shipped_library_runs_split_with_a_runtime_per_device(monkeypatch):
     runtime chooses its member for the block shape it computes, and the product is right."""
     layer = SimulatedDevices(3, count=4)
     monkeypatch.setattr(split_devices, "layer", lambda: layer)
-    monkeypatch.setattr(dispatch, "Kernel", ReferenceKernel)
-    monkeypatch.setattr(dispatch, "device_info", lambda ordinal=0: INFO)
+    monkeypatch.setattr(library_runtime, "Kernel", ReferenceKernel)
+    monkeypatch.setattr(library_runtime, "device_info", lambda ordinal=0: INFO)
     monkeypatch.setattr(dispatch, "_runtimes", {})
     monkeypatch.setattr(dispatch, "available_classes", lambda precision: frozenset({("row", "col")}))
     (A, B, C), (dA, dB, dC) = operands(768, 512, 384, ("row", "col", "row"), places=(0, 0, 0), seed=2)

@@ -18,6 +18,7 @@ import gemmgen.cli.bench as cli_bench
 import gemmgen.cli.common
 import gemmgen.gpu.runtime
 import gemmgen.library.dispatch as dispatch
+import gemmgen.library.runtime as library_runtime
 from fake_device import INFO, ReferenceKernel, to_tf32
 from fake_streams import SimulatedDevices, on_device
 from gemmgen.multigpu.scaling import ScalingReport
@@ -110,8 +111,8 @@ def fake_machine(monkeypatch):
     monkeypatch.setattr(gemmgen.cli.common, "require_gpu", lambda: None)
     monkeypatch.setattr(gemmgen.gpu.runtime, "device_count", lambda: 3)
     monkeypatch.setattr(gemmgen.gpu.runtime, "device_info", lambda ordinal=0: INFO)
-    monkeypatch.setattr(dispatch, "device_info", lambda ordinal=0: INFO)
-    monkeypatch.setattr(dispatch, "Kernel", ReferenceKernel)
+    monkeypatch.setattr(library_runtime, "device_info", lambda ordinal=0: INFO)
+    monkeypatch.setattr(library_runtime, "Kernel", ReferenceKernel)
     monkeypatch.setattr(dispatch.LibraryRuntime, "compile_all", lambda self: None)
     monkeypatch.setattr(cli_bench, "CupyLayer", lambda: layer)
     monkeypatch.setattr(cli_bench, "measure_scaling", fake_measure(layer))

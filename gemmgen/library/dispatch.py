@@ -23,24 +23,19 @@ from __future__ import annotations
 
 import sys
 import warnings
-from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..gpu.compile import compile_all
-from ..gpu.launch import PreparedLaunch
-from ..gpu.runtime import Kernel, ShapeError, as_matrix, device_array, device_info, require_cupy, stream_handle
+from ..gpu.runtime import ShapeError, as_matrix, device_array, require_cupy, stream_handle
 from ..gpu.transpose import transpose
-from ..language.errors import SpecError
 from ..outputs import complete_pending
-from ..plan import make_plan
 from . import devices as split_devices
 from .batches import (BatchError, Batching, batch_stride, broadcast, dense_reason, folded_row_stride, plan_batches,
                       vector_views)
-from .layouts import CLASSES, RELAID, Operand, Route, c_layout_of, library_name, route
+from .layouts import CLASSES, RELAID, Operand, Route, library_name, route
 from .manifest import Manifest, ManifestError
-from .selection import alignment_class, choose
+from .runtime import LibraryRuntime
 
 PRECISIONS = ("fp32", "tf32")
 BASE = ("row", "col")
@@ -84,98 +79,6 @@ def available_classes(precision: str) -> frozenset:
     """The operand classes whose libraries of this precision are built (their manifests exist);
     the base class always counts (its absence is an error when it is loaded)."""
     return _shipped_classes(precision) | {BASE, *RELAID.get(precision, ())}
-
-
-class LibraryRuntime:
-    """A library manifest ready to run on one device: choose a member per call, launch it. With
-    `relaid` (an operand class of layouts.RELAID), the base library's members built in that class's
-    layouts, chosen by the same models; a member that cannot be built so is never chosen."""
-
-    def __init__(self, manifest: Manifest, device: int = 0, relaid: tuple[str, ...] | None = None):
-        self.manifest = manifest
-        self.name = manifest.library if relaid is None else library_name(manifest.precision, relaid)
-        self.device = device
-        self.info = device_info(device)
-        self.plans = list(manifest.plans())
-        self.candidates = list(manifest.candidates())
-        self.layouts = manifest.layout
-        self.left_out: dict[int, str] = {}  # relaid: members that cannot be built so, and why
-        if relaid is not None:
-            self.layouts = {"A": relaid[0], "B": relaid[1], "C": c_layout_of(relaid)}
-            suffix = "".join(layout[0] for layout in self.layouts.values())
-            for index, plan in enumerate(self.plans):
-                try:
-                    spec = plan.spec.with_values(layout_A=relaid[0], layout_B=relaid[1], layout_C=self.layouts["C"])
-                    self.plans[index] = make_plan(replace(spec, name=f"{plan.spec.name}_{suffix}"))
-                except SpecError as exc:
-                    self.left_out[index] = exc.message
-                    self.candidates[index] = replace(self.candidates[index], models={})
-        tuned = manifest.device.compute_capability
-        self.tuned_gpu = list(self.info.compute_capability) == list(tuned)
-        self.portable = manifest.portable_index
-        self._kernels: dict[int, Kernel] = {}
-        if not self.tuned_gpu:
-            portable = manifest.members[self.portable]
-            warnings.warn(f"gemmgen library '{self.name}' was tuned for compute capability "
-                          f"{tuned[0]}.{tuned[1]} ({manifest.device.name}); this {self.info.name} is "
-                          f"{self.info.target}: every call runs its portable member "
-                          f"{portable.name} ({portable.point})", RuntimeWarning, stacklevel=3)
-
-    @property
-    def plan(self):
-        """The layouts and precision every member shares (bench reads them here)."""
-        return self.plans[self.portable]
-
-    def choose(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
-               pointers: tuple[int, int, int] = (0, 0, 0), beta: float = 0.0, batch: int = 1,
-               strides: tuple[int, int, int] = (0, 0, 0)) -> int:
-        """Index of the member that runs this call (pointers: addresses, or their residues mod 16;
-        `batch` matrices, A's, B's and C's `strides` apart in floats)."""
-        if not self.tuned_gpu:
-            return self.portable
-        return self._choose(M, N, K, alignment_class(lda, ldb, ldc, pointers, strides), beta != 0.0, batch)
-
-    @lru_cache(maxsize=4096)  # noqa: B019 - one runtime per library and device, kept for the process
-    def _choose(self, M: int, N: int, K: int, klass: str, beta_used: bool, batch: int = 1) -> int:
-        return choose(self.candidates, M, N, K, klass, self.info.sm_count, beta_used=beta_used,
-                      sm90a=self.info.compute_capability == (9, 0), batch=batch)
-
-    def compile_all(self) -> None:
-        """Compile every member at once (NVRTC in parallel processes, into the disk cache), so that
-        the first call of each does not wait for its compile."""
-        compile_all([self.kernel_plan(i) for i in range(len(self.plans))])
-
-    def kernel_plan(self, index: int):
-        """The plan a member runs as here: its own, or (on a GPU the library was not tuned for)
-        the portable member's, planned for this GPU."""
-        plan = self.plans[index]
-        if self.tuned_gpu:
-            return plan
-        target = self.info.target if self.info.target in ("sm_80", "sm_86", "sm_89", "sm_90") else "sm_80"
-        return make_plan(self.plans[self.portable].spec.with_values(target=target))
-
-    def kernel(self, index: int) -> Kernel:
-        if index not in self._kernels:
-            self._kernels[index] = Kernel(self.kernel_plan(index), device=self.device)
-        return self._kernels[index]
-
-    def prepare(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
-                align: tuple[int, int, int] = (0, 0, 0), beta_used: bool = False, batch: int = 1,
-                strides: tuple[int, int, int] = (0, 0, 0)) -> PreparedLaunch:
-        """The chosen member's prepared launch for a call key (see Kernel.prepare)."""
-        index = self.choose(M, N, K, lda, ldb, ldc, align, 1.0 if beta_used else 0.0, batch, strides)
-        return self.kernel(index).prepare(M, N, K, lda, ldb, ldc, align, beta_used, batch, strides)
-
-    def launch(self, M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,
-               beta: float, C: int, ldc: int, stream: Any = None, smallest=None, batch: int = 1,
-               strides: tuple[int, int, int] = (0, 0, 0)) -> int:
-        """The library's C ABI on raw device addresses (with `batch` and `strides`: its batched
-        entry point's); returns the index of the member that ran."""
-        A, B, C = int(A or 0), int(B or 0), int(C or 0)  # a null pointer may come as None
-        index = self.choose(M, N, K, lda, ldb, ldc, (A, B, C), beta, batch, strides)
-        self.kernel(index).launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=stream, batch=batch,
-                                  strides=strides)
-        return index
 
 
 _runtimes: dict[tuple[str, int], LibraryRuntime] = {}
@@ -426,8 +329,8 @@ def nothing(A: int, B: int, C: int, alpha: float, beta: float, stream: int) -> N
 
 
 def _prepare(way: Route, M: int, N: int, K: int, residues: tuple[int, int, int], precision: str, device: int,
-             beta: float, batch: int = 1, strides: tuple[int, int, int] = (0, 0, 0)) -> PreparedLaunch:
-    """The library's prepared launch for a route without copies (residues: A's, B's and C's
+             beta: float, batch: int = 1, strides: tuple[int, int, int] = (0, 0, 0)):
+    """The library's prepared (or padded) launch for a route without copies (residues: A's, B's and C's
     address % 16; a new output's is 0; `batch` matrices, A's, B's and C's `strides` apart)."""
     a16, b16, c16 = residues
     runtime = library(precision, device, way.klass)

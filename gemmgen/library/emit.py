@@ -18,7 +18,9 @@ from ..outputs import marker_line
 from ..plan import Plan, make_plan
 from ..plan.space import describe, point_key
 from .manifest import Manifest
-from .selection import BANDWIDTH, DECODE_ROWS, DECODE_ROWS_PER_READ, DECODE_TENSOR_WORK_ROWS, PRIOR, TENSOR_MIN_ROWS
+from .padding import c_rows
+from .selection import (BANDWIDTH, DECODE_ROWS, DECODE_ROWS_PER_READ, DECODE_TENSOR_WORK_ROWS, PAD_COPY_MS,
+                        PAD_GAIN, PAD_GB_PER_MS, PAD_ROW_FLOATS, PRIOR, TENSOR_MIN_ROWS)
 
 
 
@@ -59,6 +61,10 @@ def library_source(manifest: Manifest, origin: str, source_lines: list[str]) -> 
         portable_name=members[portable].name, prior=repr(PRIOR), bandwidth=repr(BANDWIDTH),
         # the argument checks of the members' launchers (launcher_checks.cuh.j2), for any beta
         beta=True, launch=launch_checks(first),
+        # padding (padding.py, selection.choose_padded): each operand's stored rows and floats a row
+        pad=SimpleNamespace(rows=c_rows(manifest.layout), round="true" if manifest.precision == "tf32" else "false",
+                            gb_per_ms=repr(PAD_GB_PER_MS), row_floats=PAD_ROW_FLOATS, copy_ms=repr(PAD_COPY_MS),
+                            gain=repr(PAD_GAIN)),
         signatures=[f'extern "C" int gemmgen_{manifest.library}({abi_parameters(first)});',
                     f'extern "C" int gemmgen_{manifest.library}_batched({batched_abi_parameters(first)});'])
     return render_template(

@@ -266,26 +266,68 @@ class Candidate:
     needs_sm90a: bool = False  # wgmma kernels run only where sm_90a code exists
 
 
+def _eligible(c: Candidate, beta_used: bool, sm90a: bool) -> bool:
+    return (c.beta or not beta_used) and (sm90a or not c.needs_sm90a)
+
+
+def _best(candidates: list[Candidate], M: int, N: int, K: int, cls: str, sm_count: int, beta_used: bool,
+          sm90a: bool, batch: int) -> tuple[int, float]:
+    """The eligible member predicted fastest in one class, and its predicted ms ((-1, inf) where
+    none has a model of that class)."""
+    best, best_ms = -1, math.inf
+    for index, c in enumerate(candidates):
+        model = c.models.get(cls)
+        if model is None or not _eligible(c, beta_used, sm90a):
+            continue
+        ms = predict(c.shape, model, M, N, K, sm_count, batch)
+        if ms < best_ms:
+            best, best_ms = index, ms
+    return best, best_ms
+
+
 def choose(candidates: list[Candidate], M: int, N: int, K: int, klass: str, sm_count: int, *,
            beta_used: bool = True, sm90a: bool = True, batch: int = 1) -> int:
     """Index of the member predicted fastest for the call (`batch` strided matrices of M x N x K)
     among those that can take it. A class without data for any eligible member borrows the other
     class's models."""
-    def eligible(c: Candidate) -> bool:
-        return (c.beta or not beta_used) and (sm90a or not c.needs_sm90a)
-
     for cls in (klass, *[c for c in CLASSES if c != klass]):
-        best, best_ms = -1, math.inf
-        for index, c in enumerate(candidates):
-            model = c.models.get(cls)
-            if model is None or not eligible(c):
-                continue
-            ms = predict(c.shape, model, M, N, K, sm_count, batch)
-            if ms < best_ms:
-                best, best_ms = index, ms
+        best, _ = _best(candidates, M, N, K, cls, sm_count, beta_used, sm90a, batch)
         if best >= 0:
             return best
-    return next((i for i, c in enumerate(candidates) if eligible(c)), 0)
+    return next((i for i, c in enumerate(candidates) if _eligible(c, beta_used, sm90a)), 0)
+
+
+# --- padding: an unaligned call copied into aligned workspace (padding.py) -------------------------
+# An unaligned call may copy its operands whose rows are not 16-byte aligned into workspace whose
+# rows are, and run there the member the aligned class predicts fastest. A copy moves its floats
+# twice (read, write) at PAD_GB_PER_MS (an H100's HBM3 copies at about 2.6 TB/s), each row at least
+# PAD_ROW_FLOATS wide (a block of the copy takes a row), plus PAD_COPY_MS per copy kernel and the
+# workspace's allocation. A call pads where that is predicted at most PAD_GAIN of the unaligned
+# member's time.
+PAD_GB_PER_MS = 2.4
+PAD_ROW_FLOATS = 256
+PAD_COPY_MS = 0.005
+PAD_GAIN = 0.9
+
+
+def pad_ms(copies: list[tuple[int, int, int]]) -> float:
+    """Predicted ms of the padding copies, each (matrices, rows, floats per row)."""
+    floats = sum(count * rows * max(cols, PAD_ROW_FLOATS) for count, rows, cols in copies)
+    return 8.0 * floats / 1e9 / PAD_GB_PER_MS + PAD_COPY_MS * (len(copies) + 1)
+
+
+def choose_padded(candidates: list[Candidate], M: int, N: int, K: int, copies: list[tuple[int, int, int]],
+                  sm_count: int, *, beta_used: bool = True, sm90a: bool = True, batch: int = 1) -> int:
+    """For an unaligned call whose padding copies are `copies` (pad_ms's): the aligned member to run
+    on padded operands where padding pays (PAD_GAIN), else -1 (the unaligned class's member runs as
+    it is)."""
+    if K <= 0 or not copies:
+        return -1
+    aligned, aligned_ms = _best(candidates, M, N, K, "aligned", sm_count, beta_used, sm90a, batch)
+    unaligned, unaligned_ms = _best(candidates, M, N, K, "unaligned", sm_count, beta_used, sm90a, batch)
+    if aligned < 0 or unaligned < 0:
+        return -1
+    return aligned if aligned_ms + pad_ms(copies) <= PAD_GAIN * unaligned_ms else -1
 
 
 def fit_all(shapes: list[MemberShape], measurements: list[dict[tuple[int, int, int, str], float]],

@@ -1,0 +1,154 @@
+"""The padding copy and its workspace (library/padding.py decides when a call pads): a kernel that
+copies matrices whose rows are not 16-byte aligned into rows that are (templates/pad.cuh.j2, the
+same kernel a library's .cu holds), compiled with NVRTC once per GPU architecture, and stream-ordered
+workspace from a memory pool of gemmgen's own per device, which keeps what it has held (as PyTorch's
+caching allocator does) so that a call in a loop does not map memory again.
+
+    pad(src, rows, cols, ld_src, stride_src, dst, ld_dst, stride_dst, batch, device, stream, round_tf32)
+    address = allocate(device, stream, nbytes)   # 0 where the pool cannot give it
+    free(address, stream)
+    capturing(stream)                            # a CUDA graph capture: no workspace is taken then
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from ..codegen.cuda import render_template
+from .compile import compile_source
+from .launch import Arguments, CudaError, LaunchConfig, cuda, error_text
+from .runtime import _check, _driver, device_info, on_device
+
+THREADS, UNROLL = 256, 4   # as templates/pad.cuh.j2 has them: a block covers THREADS x UNROLL floats of a row
+KERNELS = ("gemmgen_pad", "gemmgen_pad_tf32")
+_MAX_GRID_Y = 65535
+SIGNATURE = (("in", "p"), ("rows", "i"), ("cols", "i"), ("ld_in", "l"), ("stride_in", "l"), ("out", "p"),
+             ("ld_out", "l"), ("stride_out", "l"), ("batch", "i"))
+
+_lock = threading.Lock()
+
+
+class _Launcher:
+    """The two kernels on one device (as is, rounded to TF32), an argument buffer written in place
+    per call and a launch configuration; `lock` guards both."""
+
+    __slots__ = ("context", "functions", "arguments", "slots", "params", "config", "config_ref", "lock", "pool")
+
+    def __init__(self, context: int, functions: tuple[int, int], pool):
+        self.context, self.functions = context, tuple(ctypes.c_void_p(f) for f in functions)
+        self.arguments = Arguments(SIGNATURE)
+        self.slots = tuple(self.arguments.slot(name) for name, _ in SIGNATURE)
+        self.params = ctypes.c_void_p(self.arguments.kernel_params)
+        self.config = LaunchConfig(1, 1, 1, THREADS, 1, 1, 0, None, None, 0)
+        self.config_ref = ctypes.byref(self.config)
+        self.lock = threading.Lock()
+        self.pool = pool
+
+
+_launchers: dict[int, _Launcher] = {}
+
+
+def _launcher(device: int) -> _Launcher:
+    """The kernels and the workspace pool on `device`, made once."""
+    found = _launchers.get(device)
+    if found is not None:
+        return found
+    with _lock:
+        if device not in _launchers:
+            info = device_info(device)
+            compiled = compile_source(render_template("pad.cu.j2"), info.target, list(KERNELS), filename="pad.cu")
+            lib = cuda()
+            with on_device(device) as context:
+                module = ctypes.c_void_p()
+                _status(lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(compiled.cubin)),
+                        "loading gemmgen's padding kernels")
+                functions = []
+                for name in KERNELS:
+                    function = ctypes.c_void_p()
+                    symbol = compiled.lowered_names[name].encode()
+                    _status(lib.cuModuleGetFunction(ctypes.byref(function), module, ctypes.c_char_p(symbol)),
+                            f"finding {name} in its cubin")
+                    functions.append(function.value)
+                _launchers[device] = _Launcher(int(context), tuple(functions), _new_pool(device))
+        return _launchers[device]
+
+
+def _new_pool(device: int):
+    """A memory pool on `device` that keeps the memory it has held (release threshold: all of it)."""
+    driver = _driver()
+    props = driver.CUmemPoolProps()
+    props.allocType = driver.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    props.location.type = driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    props.location.id = device
+    pool = _check(driver.cuMemPoolCreate(props), "creating gemmgen's workspace pool")
+    keep = driver.cuuint64_t(2**64 - 1)
+    _check(driver.cuMemPoolSetAttribute(pool, driver.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, keep),
+           "letting gemmgen's workspace pool keep its memory")
+    return pool
+
+
+def _status(status: int, what: str) -> None:
+    if status:
+        raise CudaError(f"{what}: {error_text(status)}", status)
+
+
+def grid(rows: int, cols: int, batch: int = 1) -> tuple[int, int, int]:
+    """Blocks of a launch: THREADS x UNROLL columns a block, a block a row (rows beyond 65535 walked)."""
+    return -(-cols // (THREADS * UNROLL)), min(rows * batch, _MAX_GRID_Y), 1
+
+
+def capturing(stream: int) -> bool:
+    """Whether `stream` is capturing a CUDA graph (workspace is then not taken from the pool)."""
+    driver = _driver()
+    status = _check(driver.cuStreamIsCapturing(driver.CUstream(stream)), "asking whether the stream is capturing")
+    return status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def allocate(device: int, stream: int, nbytes: int) -> int:
+    """`nbytes` of workspace on `device`, ordered on `stream`; 0 where the pool cannot give them
+    (the GPU's memory is full): the caller then goes without."""
+    driver = _driver()
+    pool = _launcher(device).pool
+    result = driver.cuMemAllocFromPoolAsync(nbytes, pool, driver.CUstream(stream))
+    if result[0] != driver.CUresult.CUDA_SUCCESS:
+        return 0
+    return int(result[1])
+
+
+def free(address: int, stream: int) -> None:
+    """Give workspace back to its pool once `stream` has done with it."""
+    driver = _driver()
+    _check(driver.cuMemFreeAsync(driver.CUdeviceptr(address), driver.CUstream(stream)), "freeing padding workspace")
+
+
+def pad(src: int, rows: int, cols: int, ld_src: int, stride_src: int, dst: int, ld_dst: int, stride_dst: int,
+        batch: int, device: int, stream: int, round_tf32: bool = False) -> None:
+    """dst = src for `batch` matrices of rows x cols (row-major: rows ld apart, matrices `stride`
+    floats apart), each float rounded to nearest TF32 with `round_tf32`; nothing for an empty one."""
+    if rows <= 0 or cols <= 0 or batch <= 0:
+        return
+    if ld_src < cols or ld_dst < cols:
+        raise ValueError(f"pad: leading dimensions {ld_src}, {ld_dst} below {cols}")
+    launcher = _launcher(device)
+    lib = cuda()
+    gx, gy, gz = grid(rows, cols, batch)
+    values = (src, rows, cols, ld_src, stride_src, dst, ld_dst, stride_dst, batch)
+    with launcher.lock:
+        current = ctypes.c_void_p()
+        lib.cuCtxGetCurrent(ctypes.byref(current))
+        switch = current.value != launcher.context
+        if switch:
+            _status(lib.cuCtxSetCurrent(ctypes.c_void_p(launcher.context)), "making the GPU's context current")
+        try:
+            for (view, index), value in zip(launcher.slots, values):
+                view[index] = value
+            config = launcher.config
+            config.grid_x, config.grid_y, config.grid_z, config.stream = gx, gy, gz, stream
+            status = lib.cuLaunchKernelEx(launcher.config_ref, launcher.functions[bool(round_tf32)],
+                                          launcher.params, None)
+            if status:
+                _status(status, f"launching gemmgen_pad on {batch} x {rows} x {cols}")
+        finally:
+            if switch:
+                lib.cuCtxSetCurrent(current)
