@@ -69,17 +69,19 @@ def padded(precision, M, N, K, lds, residues=(0, 0, 0), batch=1, strides=(0, 0, 
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("M,N,K,pad", [(2047, 2047, 2047, 0), (4096, 4096, 4096, 1), (3001, 2999, 1531, 0)])
-def test_an_unaligned_call_that_pays_runs_padded_and_writes_only_c(precision, M, N, K, pad):
+@pytest.mark.parametrize("M,N,K,pad,beta", [(2047, 2047, 2047, 0, 0.0), (4096, 4096, 4096, 1, -0.5),
+                                            (3001, 2999, 1531, 0, -0.5)])
+def test_an_unaligned_call_that_pays_runs_padded_and_writes_only_c(precision, M, N, K, pad, beta):
+    """C copied in (beta != 0) and out; with beta 0 only out."""
     import gemmgen
     A, B = operand(M, K, "row", 1, pad), operand(K, N, "col", 2, pad)
     C = operand(M, N, "row", 3, pad)
-    assert padded(precision, M, N, K, (K + pad, K + pad, N + pad), beta=True)
+    assert padded(precision, M, N, K, (K + pad, K + pad, N + pad), beta=beta != 0.0)
     before = C.detach().clone()
-    out = gemmgen.matmul(A, B, C, alpha=1.5, beta=-0.5, precision=precision)
+    out = gemmgen.matmul(A, B, C, alpha=1.5, beta=beta, precision=precision)
     torch.cuda.synchronize()
     assert out is C
-    check(C, A, B, before, 1.5, -0.5, precision, f"{precision} {M}x{N}x{K} ld+{pad}")
+    check(C, A, B, before, 1.5, beta, precision, f"{precision} {M}x{N}x{K} ld+{pad}")
     if pad:  # the NaN past each row of C stays NaN
         assert bool(torch.isnan(C._base[:, N:]).all()), "wrote past C's rows"
 

@@ -8,10 +8,12 @@ caching allocator does) so that a call in a loop does not map memory again.
     address = allocate(device, stream, nbytes)   # 0 where the pool cannot give it
     free(address, stream)
     capturing(stream)                            # a CUDA graph capture: no workspace is taken then
+    with current(device): ...                    # its context current (two driver calls)
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 
@@ -85,7 +87,7 @@ def _new_pool(device: int):
     keep = driver.cuuint64_t(2**64 - 1)
     _check(driver.cuMemPoolSetAttribute(pool, driver.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, keep),
            "letting gemmgen's workspace pool keep its memory")
-    return pool
+    return int(pool)  # the CUmemoryPool handle, as the driver's C functions take it
 
 
 def _status(status: int, what: str) -> None:
@@ -100,26 +102,42 @@ def grid(rows: int, cols: int, batch: int = 1) -> tuple[int, int, int]:
 
 def capturing(stream: int) -> bool:
     """Whether `stream` is capturing a CUDA graph (workspace is then not taken from the pool)."""
-    driver = _driver()
-    status = _check(driver.cuStreamIsCapturing(driver.CUstream(stream)), "asking whether the stream is capturing")
-    return status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+    status = ctypes.c_int(0)
+    _status(cuda().cuStreamIsCapturing(ctypes.c_void_p(stream), ctypes.byref(status)),
+            "asking whether the stream is capturing")
+    return status.value != 0  # CU_STREAM_CAPTURE_STATUS_NONE
+
+
+@contextlib.contextmanager
+def current(device: int):
+    """The device's primary context current inside the block (the caller's again after it), by two
+    driver calls where the runtime's on_device makes several."""
+    launcher = _launcher(device)
+    lib = cuda()
+    previous = ctypes.c_void_p()
+    lib.cuCtxGetCurrent(ctypes.byref(previous))
+    switch = previous.value != launcher.context
+    if switch:
+        _status(lib.cuCtxSetCurrent(ctypes.c_void_p(launcher.context)), "making the GPU's context current")
+    try:
+        yield
+    finally:
+        if switch:
+            lib.cuCtxSetCurrent(previous)
 
 
 def allocate(device: int, stream: int, nbytes: int) -> int:
     """`nbytes` of workspace on `device`, ordered on `stream`; 0 where the pool cannot give them
     (the GPU's memory is full): the caller then goes without."""
-    driver = _driver()
-    pool = _launcher(device).pool
-    result = driver.cuMemAllocFromPoolAsync(nbytes, pool, driver.CUstream(stream))
-    if result[0] != driver.CUresult.CUDA_SUCCESS:
-        return 0
-    return int(result[1])
+    address = ctypes.c_uint64(0)
+    status = cuda().cuMemAllocFromPoolAsync(ctypes.byref(address), ctypes.c_size_t(nbytes),
+                                            ctypes.c_void_p(_launcher(device).pool), ctypes.c_void_p(stream))
+    return address.value if status == 0 else 0
 
 
 def free(address: int, stream: int) -> None:
     """Give workspace back to its pool once `stream` has done with it."""
-    driver = _driver()
-    _check(driver.cuMemFreeAsync(driver.CUdeviceptr(address), driver.CUstream(stream)), "freeing padding workspace")
+    _status(cuda().cuMemFreeAsync(ctypes.c_uint64(address), ctypes.c_void_p(stream)), "freeing padding workspace")
 
 
 def pad(src: int, rows: int, cols: int, ld_src: int, stride_src: int, dst: int, ld_dst: int, stride_dst: int,

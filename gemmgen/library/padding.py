@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..gpu import pad as gpu_pad
-from ..gpu.runtime import on_device
 
 # Floats a workspace part is rounded up to (128 bytes: TMA's and float4's alignment, with room).
 PART_FLOATS = 32
@@ -128,7 +127,7 @@ class PaddedLaunch:
         return not gpu_pad.capturing(stream)
 
     def __call__(self, A: int, B: int, C: int, alpha: float, beta: float, stream: int, *rest) -> None:
-        with on_device(self.device):
+        with gpu_pad.current(self.device):
             workspace = gpu_pad.allocate(self.device, stream, 4 * self.padding.floats) if self.pads_at(stream) else 0
             if not workspace:
                 self.fallback(A, B, C, alpha, beta, stream)

@@ -128,9 +128,8 @@ class LibraryRuntime:
         entry point's); returns the index of the member that ran (for a call that pads, the aligned
         member's)."""
         A, B, C = int(A or 0), int(B or 0), int(C or 0)  # a null pointer may come as None
-        padded = self.padding(M, N, K, (lda, ldb, ldc), (A, B, C), beta != 0.0, batch, strides)
+        index, padded = self._decide(M, N, K, lda, ldb, ldc, A % 16, B % 16, C % 16, beta != 0.0, batch, tuple(strides))
         if padded is None:
-            index = self.choose(M, N, K, lda, ldb, ldc, (A, B, C), beta, batch, strides)
             self.kernel(index).launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=stream, batch=batch,
                                       strides=strides)
             return index
@@ -138,4 +137,13 @@ class LibraryRuntime:
         if not C or not A or not B:
             raise CudaError(f"{self.name}: null pointer for a matrix with elements", 1)
         run(A, B, C, alpha, beta, stream_handle(stream))
-        return padded[0]
+        return index
+
+    @lru_cache(maxsize=4096)  # noqa: B019 - a call's whole decision, once per call key (host time per call)
+    def _decide(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int, a16: int, b16: int, c16: int,
+                beta_used: bool, batch: int, strides: tuple[int, int, int]):
+        """(the member that runs, the Padding or None) of a call key."""
+        padded = self.padding(M, N, K, (lda, ldb, ldc), (a16, b16, c16), beta_used, batch, strides)
+        if padded is not None:
+            return padded
+        return self.choose(M, N, K, lda, ldb, ldc, (a16, b16, c16), 1.0 if beta_used else 0.0, batch, strides), None
