@@ -144,6 +144,18 @@ def test_the_layouts_benchmark_times_every_layout_beside_torch_and_the_best_layo
     assert "| 24x16x40 | fp32 | col / row / col |" in capsys.readouterr().out
 
 
+def test_the_padding_benchmark_refuses_an_aligned_padding_and_needs_a_gpu(capsys, monkeypatch, tmp_path):
+    import padding
+    with pytest.raises(SystemExit):
+        padding.main(["--out", str(tmp_path / "p.json"), "--pads", "0"])
+    assert "--pads must be 1 or more" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        padding.main(["--out", str(tmp_path / "p.json"), "--shapes", "2047x2047x2047"])
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_the_batched_benchmark_reads_batch_shapes_and_needs_a_gpu(capsys):
     import torch_batched
     with pytest.raises(SystemExit):
