@@ -12764,23 +12764,23 @@ static int choose(int M, int N, int K, bool aligned, int sm_count, bool beta_use
 struct Copy { long long count, rows, cols; };  // a padding copy: count matrices of rows x cols floats
 
 // Predicted ms of the padding copies (selection.pad_ms): each float read and written, each row at
-// least 256 floats' worth, at 2.4 GB/ms, and 0.005 ms a kernel and for the workspace.
+// least 256 floats' worth, at 3.0 GB/ms, and 0.0025 ms a kernel and for the workspace.
 static double pad_ms(const Copy* copies, int n) {
     double floats = 0.0;
     for (int i = 0; i < n; ++i)
         floats += (double)copies[i].count * copies[i].rows * (copies[i].cols > 256 ? copies[i].cols : 256);
-    return 8.0 * floats / 1e9 / 2.4 + 0.005 * (n + 1);
+    return 8.0 * floats / 1e9 / 3.0 + 0.0025 * (n + 1);
 }
 
 // Whether padding pays (selection.choose_padded): the aligned class's fastest member on the copies,
-// with the copies, in at most 0.9 of the time of the unaligned class's fastest on the call as it is.
+// with the copies, in at most 1.0 times the time of the unaligned class's fastest on the call as it is.
 static bool padding_pays(int M, int N, int K, const Copy* copies, int n, int sm_count, bool beta_used, bool sm90a,
                          int batch) {
     if (K <= 0 || n == 0) return false;
     double aligned_ms, unaligned_ms;
     if (best(M, N, K, true, sm_count, beta_used, sm90a, batch, aligned_ms) < 0) return false;
     if (best(M, N, K, false, sm_count, beta_used, sm90a, batch, unaligned_ms) < 0) return false;
-    return aligned_ms + pad_ms(copies, n) <= 0.9 * unaligned_ms;
+    return aligned_ms + pad_ms(copies, n) <= 1.0 * unaligned_ms;
 }
 
 }  // namespace gemmgen_fp32_choice

@@ -300,14 +300,16 @@ def choose(candidates: list[Candidate], M: int, N: int, K: int, klass: str, sm_c
 # --- padding: an unaligned call copied into aligned workspace (padding.py) -------------------------
 # An unaligned call may copy its operands whose rows are not 16-byte aligned into workspace whose
 # rows are, and run there the member the aligned class predicts fastest. A copy moves its floats
-# twice (read, write) at PAD_GB_PER_MS (an H100's HBM3 copies at about 2.6 TB/s), each row at least
-# PAD_ROW_FLOATS wide (a block of the copy takes a row), plus PAD_COPY_MS per copy kernel and the
-# workspace's allocation. A call pads where that is predicted at most PAD_GAIN of the unaligned
-# member's time.
-PAD_GB_PER_MS = 2.4
+# twice (read, write) at PAD_GB_PER_MS, each row at least PAD_ROW_FLOATS wide (a block of the copy
+# takes a row), plus PAD_COPY_MS per copy kernel and for the workspace. Measured on an H100
+# (benchmarks/padding.py, 32 calls of 255^3 to 4096^3, 73859a7): the copies took within 10% of this
+# at every size. A call pads where that is predicted at most PAD_GAIN of the unaligned member's time:
+# 1, for the copies' cost is known as well as the members' (in the tf32 library padding also rounds
+# A and B to nearest, where the unaligned cp.async member truncates).
+PAD_GB_PER_MS = 3.0
 PAD_ROW_FLOATS = 256
-PAD_COPY_MS = 0.005
-PAD_GAIN = 0.9
+PAD_COPY_MS = 0.0025
+PAD_GAIN = 1.0
 
 
 def pad_ms(copies: list[tuple[int, int, int]]) -> float:
