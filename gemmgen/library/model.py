@@ -20,7 +20,7 @@ from .selection import MemberShape, alignment_class, tight_leading_dimensions
 MANIFEST_FORMAT = 1
 EXHAUSTIVE_LIMIT = 64      # a space with more valid points is searched per shape by a strategy
 WINNERS_PER_SHAPE = 3      # candidates a searched space gives per shape
-MAX_MEMBERS = 12           # kernels a library keeps (each costs compile time and .cu size)
+MAX_MEMBERS = 16           # kernels a library keeps (each costs compile time and .cu size)
 MAX_LISTED_MEMBERS = 64    # members a library may name (each is found, and its points planned)
 PRECISION_OF_MATH = {"simt": "fp32", "3xtf32": "fp32", "tf32": "tf32"}
 PRECISION_WORDS = {"fp32": "FP32-accurate (math simt or 3xtf32)", "tf32": "TF32 (math tf32)"}
