@@ -185,7 +185,12 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
     m = _only(measured(), phase1 + phase2)
     valid = [p for p in valid if m.valid(kernel_key(p))]  # less any that crashed while timed
     chosen = select_members(valid, m, shapes, MAX_MEMBERS)
-    run([jobs.time(p, s) for s in shapes for p in chosen + specialists(valid, chosen, m, shapes)])
+    # Specialists by phases 1 and 2, and by all the database holds of this GPU: a candidate an
+    # earlier run timed at most shapes (before the shapes grew, say) can win where the chosen are
+    # weak, and the build keeps only candidates timed at every shape.
+    extra = specialists(valid, chosen, m, shapes)
+    extra += [p for p in specialists(valid, chosen, measured(), shapes) if p not in extra]
+    run([jobs.time(p, s) for s in shapes for p in chosen + extra])
     m = measured()
     failures = [entry for entry in m.status.values() if entry.get("status") != "ok"]
     return TuneReport(library, device_key, m, evaluated, time.perf_counter() - started, failures, runner.gpus)
