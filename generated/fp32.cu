@@ -9,23 +9,24 @@
 //   }
 //
 // FP32-accurate (timed against cuBLAS FP32); layout A row, B col, C row.
-// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 41 shapes; 85 candidate kernels
-// timed, 15 kept:
+// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 44 shapes; 85 candidate kernels
+// timed, 16 kept:
 //   fp32_0   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k  (sm_90a, from lib_3xtf32_streamk)
 //   fp32_1   decode=1x8x1 math=3xtf32  (sm_90, from lib_fp32_decode_tc)
 //   fp32_2   block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_3xtf32_split)
 //   fp32_3   block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_3xtf32_split)
 //   fp32_4   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent  (sm_90a, from lib_3xtf32_persistent)
 //   fp32_5   block=64x64x32 math=3xtf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_3xtf32_tma)
-//   fp32_6   block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_3xtf32_split)
+//   fp32_6   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_3xtf32_split)
 //   fp32_7   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=32  (sm_90a, from lib_3xtf32_split)
 //   fp32_8   block=64x64x32 math=3xtf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_3xtf32_async)
 //   fp32_9   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_3xtf32_split)
-//   fp32_10  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_3xtf32_persistent)
-//   fp32_11  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_3xtf32_tma)
-//   fp32_12  decode=1x4x2  (sm_90, from lib_fp32_decode)
-//   fp32_13  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2  (sm_90a, from lib_3xtf32_split)
-//   fp32_14  block=128x64x32 warp=32x32 math=3xtf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_3xtf32)
+//   fp32_10  block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_3xtf32_split)
+//   fp32_11  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_3xtf32_persistent)
+//   fp32_12  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2  (sm_90a, from lib_3xtf32_split)
+//   fp32_13  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_3xtf32_tma)
+//   fp32_14  decode=1x4x2  (sm_90, from lib_fp32_decode)
+//   fp32_15  block=128x64x32 warp=32x32 math=3xtf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_3xtf32)
 //
 // Each call runs the member predicted fastest for its M, N, K, batch count and alignment class
 // (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
@@ -33,7 +34,7 @@
 // Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
 // over the best there: median 1.000, worst 2.060.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
-// compute capability 9.0; elsewhere fp32_14 runs.
+// compute capability 9.0; elsewhere fp32_15 runs.
 //
 // Build for Hopper and, if you like, other GPUs:
 //   nvcc -c -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 fp32.cu
@@ -5832,7 +5833,7 @@ static inline int gemmgen_fp32_5(int M, int N, int K, float alpha, const float* 
 //   kernel fp32_6 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 64 x 32
+//     block    128 x 128 x 32
 //     math     3xtf32
 //     load A   vector 1
 //     load B   vector 1
@@ -5846,11 +5847,11 @@ static inline int gemmgen_fp32_5(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 64 x 32
-//   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 132192 bytes per block
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
 //   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
@@ -6362,18 +6363,18 @@ static inline int gemmgen_fp32_6_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_fp32_6_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 132192;
+constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
 constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
@@ -6500,11 +6501,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -6514,11 +6515,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsi
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
@@ -9389,31 +9390,31 @@ static inline int gemmgen_fp32_9(int M, int N, int K, float alpha, const float* 
 //   kernel fp32_10 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    128 x 64 x 32
 //     math     3xtf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
-//     raster   group 8
-//     schedule persistent
-//     epilogue alpha beta staged
+//     raster   row
+//     split    4
+//     epilogue alpha beta
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 230496 bytes per block
-//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   block tile (BM x BN x BK)  128 x 64 x 32
+//   math                       3xtf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 132192 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_10_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
+//   vector path needs          nothing
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_fp32_10(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -9440,7 +9441,7 @@ constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
 constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
@@ -9451,7 +9452,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -9495,11 +9496,8 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -9638,6 +9636,19 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
     }
 }
 
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_10_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
 // A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
 // of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
 // so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
@@ -9720,6 +9731,14 @@ gemmgen_fp32_10_fallback_kernel(int M, int N, int K, float alpha, const float* _
     B += batch_index * strideB;
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
     const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
@@ -9820,9 +9839,8 @@ gemmgen_fp32_10_fallback_kernel(int M, int N, int K, float alpha, const float* _
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -9836,13 +9854,7 @@ gemmgen_fp32_10_fallback_kernel(int M, int N, int K, float alpha, const float* _
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
                     }
             }
     }
@@ -9883,15 +9895,17 @@ static inline int gemmgen_fp32_10_fallback_batched(int M, int N, int K, float al
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_fp32_10_fallback_kernel<true> : gemmgen_fp32_10_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_10_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -9906,26 +9920,21 @@ static inline int gemmgen_fp32_10_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_fp32_10_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
-// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
-constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
-constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
-
-constexpr int SMEM_BYTES = 230496;
-static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
+constexpr int SMEM_BYTES = 132192;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -9960,20 +9969,17 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
-// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
-__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
-    int block = tile;
+    int block = blockIdx.x;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -10024,28 +10030,6 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
 }
 
-// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
-
-// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
-__device__ __forceinline__ void fence_shared_for_tma() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
-// of the box outside the matrix are not written, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
-                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
-                    "r"(inner), "r"(outer), "r"(batch) : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
-template <int PENDING>
-__device__ __forceinline__ void tma_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
-}
-
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -10074,11 +10058,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -10088,11 +10072,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsi
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
@@ -10134,42 +10118,23 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
     }
 }
 
-// ---- the tile scheduler (schedule persistent) -----------------------------------------
-// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
-// consumers walk the same list, so the producer's copies run on into the next tile while the
-// consumers store the last one.
-struct Segment {
-    int tile;     // C tile, numbered as tile_origin takes them
-    int k_begin;  // the first of its K tiles this block multiplies
-    int k_end;    // one past the last
-};
-
-struct Schedule {
-    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
-    int k_tiles;    // K tiles per C tile
-    int next_tile;  // this block's next whole tile
-
-    __device__ Schedule(int M, int N, int K, int batch) {
-        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-        k_tiles = (K + BK - 1) / BK;
-        next_tile = blockIdx.x;
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_10_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
     }
-
-    __device__ bool next(Segment& segment) {
-        if (next_tile >= tiles) return false;
-        segment.tile = next_tile;
-        segment.k_begin = 0;
-        segment.k_end = k_tiles;
-        next_tile += gridDim.x;
-        return true;
-    }
-};
+}
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        const __grid_constant__ TensorMap map_c,
         int batch,
         long long strideA,
         long long strideB,
@@ -10185,13 +10150,21 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     float* sA = smem;                                 // STAGES x BM rows x BK floats
     float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
     float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
-    float* sC = sB_small + STAGES * B_STAGE_FLOATS;   // the staged epilogue's boxes
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
     unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
     unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
 
-    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
-    Schedule schedule(M, N, K, batch);
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
@@ -10209,25 +10182,16 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            int it = 0;
-            for (Segment segment; schedule.next(segment);) {
-                int block_m0, block_n0, batch_index;
-                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
-                    const int s = it % STAGES;
-                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
-                    barrier_expect_bytes(&full[s], STAGE_BYTES);
-                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
-                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
-                }
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
         // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
         else if (tid >= 32) {
-            int k_tiles = 0;  // in all of this block's segments
-            for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -10244,8 +10208,11 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     const int consumer = warpgroup - 1;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
-    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
     // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
     // three products start from zero in tile_product, which is added into acc here, rounding to
     // nearest. A is split into big and small in registers; B's remainders come from the producer.
@@ -10254,10 +10221,9 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     // A's fragments of the next tile are read and split while this tile's MMAs run, so they
     // alternate between two sets of registers (the MMAs read theirs until they complete).
     unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
-    int it = 0;  // K tiles of earlier segments: the lambdas' t counts within the segment
     auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
-        const int s = (it + t) % STAGES;
-        barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
         const float* a_stage = sA + s * A_STAGE_FLOATS;
         #pragma unroll
         for (int step = 0; step < BK / 8; ++step)
@@ -10268,7 +10234,7 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
             }
     };
     auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
-        const int s = (it + t) % STAGES;
+        const int s = t % STAGES;
         const float* b_tile = sB + s * B_STAGE_FLOATS;
         const float* b_small = sB_small + s * B_STAGE_FLOATS;
         fence_accumulators(tile_product);
@@ -10283,118 +10249,50 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
         fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[(it + t) % STAGES]);  // the buffer may be refilled
+        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
         #pragma unroll
         for (int i = 0; i < TM; ++i)
         #pragma unroll
             for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
     };
-    for (Segment segment; schedule.next(segment);) {
-        int block_m0, block_n0, batch_index;
-        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-        const int m_left = M - block_m0;
-        const int n_left = N - block_n0;
-        const int k_tiles = segment.k_end - segment.k_begin;
-#pragma unroll
-        for (int i = 0; i < TM; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-        if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-        for (int t = 0; t < k_tiles; t += 2) {
-            multiply(t, a_big_even, a_small_even);
-            if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
+    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
+    for (int t = 0; t < k_tiles; t += 2) {
+        multiply(t, a_big_even, a_small_even);
+        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
+        wgmma_wait<0>();
+        add_product(t);
+        if (t + 1 < k_tiles) {
+            multiply(t + 1, a_big_odd, a_small_odd);
+            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
             wgmma_wait<0>();
-            add_product(t);
-            if (t + 1 < k_tiles) {
-                multiply(t + 1, a_big_odd, a_small_odd);
-                if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-                wgmma_wait<0>();
-                add_product(t + 1);
-            }
-        }
-        it += k_tiles;
-
-        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-            {
-                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
-                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-                const bool swap = lane / 4 % 2;
-                if (warp_m0 < m_left) {
-            #pragma unroll
-                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                        if (box_n * C_BOX_N >= n_left) break;
-                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                        __syncwarp();
-            #pragma unroll
-                        for (int i = 0; i < TM; ++i) {
-                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-            #pragma unroll
-                                for (int v = 0; v < TN; ++v) {
-                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
-                                }
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                                // addressed: a register array indexed at run time would go to local memory)
-                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
-                            }
-                        }
-                        fence_shared_for_tma();
-                        __syncwarp();
-                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                        ++stored_boxes;
-                    }
-                }
-            }
-        } else {
-            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-            const int thread_n0 = lane % 4 * TN;
-            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-            {
-                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-            #pragma unroll
-                for (int rm = 0; rm < RM; ++rm)
-            #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                        if (m >= m_left) continue;
-            #pragma unroll
-                        for (int rn = 0; rn < RN; ++rn)
-            #pragma unroll
-                            for (int j = 0; j < TN; j += CV) {
-                                const int n = thread_n0 + rn * SUB_N + j;
-                                if (n + CV - 1 >= n_left) continue;
-                                float* c = C_tile + (long long)(m) * ldc + (n);
-                                float old[CV], out[CV];
-                                if (read_c) load_vec<CV>(old, c);
-            #pragma unroll
-                                for (int v = 0; v < CV; ++v) {
-                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                                }
-                                store_vec<CV>(c, out);
-                            }
-                    }
-            }
+            add_product(t + 1);
         }
     }
-    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
 #endif
 }
 
@@ -10480,35 +10378,17 @@ static inline int gemmgen_fp32_10_batched(int M, int N, int K, float alpha, cons
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
-    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
-    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
-    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
-    CUtensorMap map_c = {};
-    if (aligned) {
-        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
-        const cuuint32_t box[3] = {32, 16, 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_fp32_10_kernel<true> : gemmgen_fp32_10_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
-    int device = 0, sms = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_10_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -10526,29 +10406,31 @@ static inline int gemmgen_fp32_10(int M, int N, int K, float alpha, const float*
 //   kernel fp32_11 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    128 x 128 x 32
 //     math     3xtf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   group 8
-//     epilogue alpha beta
+//     schedule persistent
+//     epilogue alpha beta staged
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
+//   block tile (BM x BN x BK)  128 x 128 x 32
 //   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 164960 bytes per block
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 230496 bytes per block
+//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
 //   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_11_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_fp32_11(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -11041,6 +10923,2157 @@ static inline int gemmgen_fp32_11_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_fp32_11_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 230496;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
+// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = tile;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
+// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
+// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
+// rounding it here measured only 15% more accurate and 8% slower on an H100.
+__device__ __forceinline__ unsigned tf32_remainder(float x) {
+    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+}
+
+__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<uint4*>(small + i) =
+            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+    }
+}
+
+// ---- the tile scheduler (schedule persistent) -----------------------------------------
+// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
+// consumers walk the same list, so the producer's copies run on into the next tile while the
+// consumers store the last one.
+struct Segment {
+    int tile;     // C tile, numbered as tile_origin takes them
+    int k_begin;  // the first of its K tiles this block multiplies
+    int k_end;    // one past the last
+};
+
+struct Schedule {
+    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
+    int k_tiles;    // K tiles per C tile
+    int next_tile;  // this block's next whole tile
+
+    __device__ Schedule(int M, int N, int K, int batch) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+        k_tiles = (K + BK - 1) / BK;
+        next_tile = blockIdx.x;
+    }
+
+    __device__ bool next(Segment& segment) {
+        if (next_tile >= tiles) return false;
+        segment.tile = next_tile;
+        segment.k_begin = 0;
+        segment.k_end = k_tiles;
+        next_tile += gridDim.x;
+        return true;
+    }
+};
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        const __grid_constant__ TensorMap map_c,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
+    float* sC = sB_small + STAGES * B_STAGE_FLOATS;   // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
+    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
+
+    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
+    Schedule schedule(M, N, K, batch);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            int it = 0;
+            for (Segment segment; schedule.next(segment);) {
+                int block_m0, block_n0, batch_index;
+                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
+                    barrier_expect_bytes(&full[s], STAGE_BYTES);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
+                }
+            }
+        }
+        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        else if (tid >= 32) {
+            int k_tiles = 0;  // in all of this block's segments
+            for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                barrier_wait(&full[s], (t / STAGES) & 1);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+                barrier_arrive(&ready[s]);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
+    float acc[TM][RN * TN];
+    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
+    // three products start from zero in tile_product, which is added into acc here, rounding to
+    // nearest. A is split into big and small in registers; B's remainders come from the producer.
+    float tile_product[TM][RN * TN];
+    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
+    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
+    // alternate between two sets of registers (the MMAs read theirs until they complete).
+    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
+    int it = 0;  // K tiles of earlier segments: the lambdas' t counts within the segment
+    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
+        const int s = (it + t) % STAGES;
+        barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+        const float* a_stage = sA + s * A_STAGE_FLOATS;
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)
+        #pragma unroll
+            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
+                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
+            }
+    };
+    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
+        const int s = (it + t) % STAGES;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        const float* b_small = sB_small + s * B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
+        }
+        wgmma_commit();
+    };
+    auto add_product = [&](int t) {  // once the tile's MMAs have completed
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[(it + t) % STAGES]);  // the buffer may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    };
+    for (Segment segment; schedule.next(segment);) {
+        int block_m0, block_n0, batch_index;
+        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+        const int m_left = M - block_m0;
+        const int n_left = N - block_n0;
+        const int k_tiles = segment.k_end - segment.k_begin;
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+        if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
+        for (int t = 0; t < k_tiles; t += 2) {
+            multiply(t, a_big_even, a_small_even);
+            if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
+            wgmma_wait<0>();
+            add_product(t);
+            if (t + 1 < k_tiles) {
+                multiply(t + 1, a_big_odd, a_small_odd);
+                if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
+                wgmma_wait<0>();
+                add_product(t + 1);
+            }
+        }
+        it += k_tiles;
+
+        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            {
+                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+                const bool swap = lane / 4 % 2;
+                if (warp_m0 < m_left) {
+            #pragma unroll
+                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                        if (box_n * C_BOX_N >= n_left) break;
+                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                        __syncwarp();
+            #pragma unroll
+                        for (int i = 0; i < TM; ++i) {
+                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+            #pragma unroll
+                                for (int v = 0; v < TN; ++v) {
+                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                                }
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                                // addressed: a register array indexed at run time would go to local memory)
+                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+                            }
+                        }
+                        fence_shared_for_tma();
+                        __syncwarp();
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                        ++stored_boxes;
+                    }
+                }
+            }
+        } else {
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+            const int thread_n0 = lane % 4 * TN;
+            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+            {
+                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                        if (m >= m_left) continue;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; j += CV) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                if (n + CV - 1 >= n_left) continue;
+                                float* c = C_tile + (long long)(m) * ldc + (n);
+                                float old[CV], out[CV];
+                                if (read_c) load_vec<CV>(old, c);
+            #pragma unroll
+                                for (int v = 0; v < CV; ++v) {
+                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                                }
+                                store_vec<CV>(c, out);
+                            }
+                    }
+            }
+        }
+    }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+#endif
+}
+
+}  // namespace gemmgen_fp32_11_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_11_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_11_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_fp32_11_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {32, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_11_kernel<true> : gemmgen_fp32_11_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return (int)error;
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_11(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_11_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 12: fp32_12 ===========================================
+// gemmgen_fp32_12: generated by gemmgen 0.1.0 from <library fp32: fp32_12> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_12 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 128 x 32
+//     math     3xtf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    2
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    2 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_fp32_12_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (fp32_12_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_12_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
+// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
+// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
+// rounding it here measured only 15% more accurate and 8% slower on an H100.
+__device__ __forceinline__ unsigned tf32_remainder(float x) {
+    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+}
+
+__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<uint4*>(small + i) =
+            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+    }
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_12_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
+// same place in `small`.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        uint4 big_run, small_run;
+        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
+        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
+        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
+        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
+        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_12_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
+    // three products start from zero in tile_product, which is added into acc rounding to
+    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
+    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
+    float tile_product[TM][RN * TN];
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    }
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_12_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_12_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_12_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_12_fallback_kernel<true> : gemmgen_fp32_12_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_12_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_12_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_fp32_12_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
+constexpr int SMEM_BYTES = 197728;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
+// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
+// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
+// rounding it here measured only 15% more accurate and 8% slower on an H100.
+__device__ __forceinline__ unsigned tf32_remainder(float x) {
+    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+}
+
+__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<uint4*>(small + i) =
+            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+    }
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_12_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
+    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        else if (tid >= 32) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                barrier_wait(&full[s], (t / STAGES) & 1);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+                barrier_arrive(&ready[s]);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
+    // three products start from zero in tile_product, which is added into acc here, rounding to
+    // nearest. A is split into big and small in registers; B's remainders come from the producer.
+    float tile_product[TM][RN * TN];
+    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
+    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
+    // alternate between two sets of registers (the MMAs read theirs until they complete).
+    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
+    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_stage = sA + s * A_STAGE_FLOATS;
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)
+        #pragma unroll
+            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
+                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
+            }
+    };
+    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        const float* b_small = sB_small + s * B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
+        }
+        wgmma_commit();
+    };
+    auto add_product = [&](int t) {  // once the tile's MMAs have completed
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    };
+    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
+    for (int t = 0; t < k_tiles; t += 2) {
+        multiply(t, a_big_even, a_small_even);
+        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
+        wgmma_wait<0>();
+        add_product(t);
+        if (t + 1 < k_tiles) {
+            multiply(t + 1, a_big_odd, a_small_odd);
+            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
+            wgmma_wait<0>();
+            add_product(t + 1);
+        }
+    }
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_12_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_12_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_fp32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_12_kernel<true> : gemmgen_fp32_12_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_12_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_12(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 13: fp32_13 ===========================================
+// gemmgen_fp32_13: generated by gemmgen 0.1.0 from <library fp32: fp32_13> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_13 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    64 x 128 x 32
+//     math     3xtf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   group 8
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 164960 bytes per block
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_fp32_13_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_13(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (fp32_13_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_13_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
+// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
+// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
+// rounding it here measured only 15% more accurate and 8% slower on an H100.
+__device__ __forceinline__ unsigned tf32_remainder(float x) {
+    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+}
+
+__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<uint4*>(small + i) =
+            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+    }
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
+// same place in `small`.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        uint4 big_run, small_run;
+        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
+        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
+        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
+        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
+        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_13_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
+    // three products start from zero in tile_product, which is added into acc rounding to
+    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
+    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
+    float tile_product[TM][RN * TN];
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    }
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_13_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_13_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_13_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_13_fallback_kernel<true> : gemmgen_fp32_13_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_13_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_13_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_fp32_13_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
@@ -11244,7 +13277,7 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_fp32_13_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -11410,7 +13443,7 @@ gemmgen_fp32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 #endif
 }
 
-}  // namespace gemmgen_fp32_11_impl
+}  // namespace gemmgen_fp32_13_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -11423,11 +13456,11 @@ gemmgen_fp32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_11_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_13_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_11_impl;
+    using namespace gemmgen_fp32_13_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -11445,7 +13478,7 @@ static inline int gemmgen_fp32_11_batched(int M, int N, int K, float alpha, cons
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_fp32_11_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_fp32_13_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -11495,7 +13528,7 @@ static inline int gemmgen_fp32_11_batched(int M, int N, int K, float alpha, cons
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_11_kernel<true> : gemmgen_fp32_11_kernel<false>;
+        aligned ? gemmgen_fp32_13_kernel<true> : gemmgen_fp32_13_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
@@ -11504,17 +13537,17 @@ static inline int gemmgen_fp32_11_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_fp32_11(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_13(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_fp32_11_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_fp32_13_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 12: fp32_12 ===========================================
-// gemmgen_fp32_12: generated by gemmgen 0.1.0 from <library fp32: fp32_12> (edit the spec, not this file)
+// ==== member 14: fp32_14 ===========================================
+// gemmgen_fp32_14: generated by gemmgen 0.1.0 from <library fp32: fp32_14> (edit the spec, not this file)
 //
 // spec:
-//   kernel fp32_12 {
+//   kernel fp32_14 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     decode   columns 1 warps 4 slices 2
@@ -11539,13 +13572,13 @@ static inline int gemmgen_fp32_11(int M, int N, int K, float alpha, const float*
 //   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_fp32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_fp32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_fp32_12_impl {
+namespace gemmgen_fp32_14_impl {
 
 // ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
 // "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
@@ -11933,7 +13966,7 @@ __device__ __forceinline__ void decode_wide_pass(int rows, int cols, int col0, i
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_fp32_12_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_fp32_14_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -11974,7 +14007,7 @@ gemmgen_fp32_12_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
-}  // namespace gemmgen_fp32_12_impl
+}  // namespace gemmgen_fp32_14_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -11984,11 +14017,11 @@ gemmgen_fp32_12_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_14_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_12_impl;
+    using namespace gemmgen_fp32_14_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -12011,7 +14044,7 @@ static inline int gemmgen_fp32_12_batched(int M, int N, int K, float alpha, cons
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_12_kernel<true> : gemmgen_fp32_12_kernel<false>;
+        aligned ? gemmgen_fp32_14_kernel<true> : gemmgen_fp32_14_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -12021,1033 +14054,17 @@ static inline int gemmgen_fp32_12_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_fp32_12(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_14(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_fp32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_fp32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 13: fp32_13 ===========================================
-// gemmgen_fp32_13: generated by gemmgen 0.1.0 from <library fp32: fp32_13> (edit the spec, not this file)
+// ==== member 15: fp32_15 ===========================================
+// gemmgen_fp32_15: generated by gemmgen 0.1.0 from <library fp32: fp32_15> (edit the spec, not this file)
 //
 // spec:
-//   kernel fp32_13 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 128 x 32
-//     math     3xtf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    2
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    2 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_fp32_13_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_fp32_13(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (fp32_13_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_fp32_13_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 197696;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
-}
-
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
-    }
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_13_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
-// same place in `small`.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        uint4 big_run, small_run;
-        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
-        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
-        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
-        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
-        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_13_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
-    // three products start from zero in tile_product, which is added into acc rounding to
-    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
-    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
-    float tile_product[TM][RN * TN];
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_13_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_13_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_13_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_13_fallback_kernel<true> : gemmgen_fp32_13_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_13_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_13_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_13_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_fp32_13_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 197728;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
-}
-
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
-    }
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_13_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_13_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
-    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
-        else if (tid >= 32) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-                barrier_arrive(&ready[s]);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
-    // three products start from zero in tile_product, which is added into acc here, rounding to
-    // nearest. A is split into big and small in registers; B's remainders come from the producer.
-    float tile_product[TM][RN * TN];
-    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
-    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
-    // alternate between two sets of registers (the MMAs read theirs until they complete).
-    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
-    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_stage = sA + s * A_STAGE_FLOATS;
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)
-        #pragma unroll
-            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
-                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
-            }
-    };
-    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        const float* b_small = sB_small + s * B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
-        }
-        wgmma_commit();
-    };
-    auto add_product = [&](int t) {  // once the tile's MMAs have completed
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    };
-    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-    for (int t = 0; t < k_tiles; t += 2) {
-        multiply(t, a_big_even, a_small_even);
-        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
-        wgmma_wait<0>();
-        add_product(t);
-        if (t + 1 < k_tiles) {
-            multiply(t + 1, a_big_odd, a_small_odd);
-            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-            wgmma_wait<0>();
-            add_product(t + 1);
-        }
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_13_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_13_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_13_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_fp32_13_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_13_kernel<true> : gemmgen_fp32_13_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_13_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_13(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_13_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 14: fp32_14 ===========================================
-// gemmgen_fp32_14: generated by gemmgen 0.1.0 from <library fp32: fp32_14> (edit the spec, not this file)
-//
-// spec:
-//   kernel fp32_14 {
+//   kernel fp32_15 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     block    128 x 64 x 32
@@ -13084,13 +14101,13 @@ static inline int gemmgen_fp32_13(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_fp32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_fp32_15(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_fp32_14_impl {
+namespace gemmgen_fp32_15_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block, K step
@@ -13241,7 +14258,7 @@ __device__ __forceinline__ int sB_index(int k, int n) { return (k) * 72 + n; }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_fp32_14_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_fp32_15_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -13472,7 +14489,7 @@ gemmgen_fp32_14_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
-}  // namespace gemmgen_fp32_14_impl
+}  // namespace gemmgen_fp32_15_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -13482,11 +14499,11 @@ gemmgen_fp32_14_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_14_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_15_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_14_impl;
+    using namespace gemmgen_fp32_15_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -13509,7 +14526,7 @@ static inline int gemmgen_fp32_14_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_14_kernel<true> : gemmgen_fp32_14_kernel<false>;
+        aligned ? gemmgen_fp32_15_kernel<true> : gemmgen_fp32_15_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -13519,10 +14536,10 @@ static inline int gemmgen_fp32_14_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_fp32_14(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_15(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_fp32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_fp32_15_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 #ifndef __CUDACC_RTC__
@@ -13596,38 +14613,41 @@ struct Model { const Point* points; int count; double coef[5]; };  // count 0: n
 struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; bool stream_k; bool decode; int decode_products; };
 
 static const Point fp32_0_aligned[] = {
-    {256, 256, 256, 0.0163199994713068, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.01642040136457864},
-    {512, 512, 512, 0.020927999168634415, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10084279288315937},
-    {1024, 1024, 1024, 0.031199999153614044, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.020805998075866944},
-    {2048, 2048, 2048, 0.1589440032839775, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05394101833103623},
-    {4096, 4096, 4096, 1.2359520196914673, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.018058478931901486},
-    {8192, 8192, 8192, 9.507807731628418, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.04560067940571045},
-    {4092, 4092, 4092, 1.3254240155220032, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05197069890766612},
-    {3000, 3000, 3000, 0.525952011346817, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0037045007096270484},
-    {1, 4096, 4096, 0.051872000098228455, 0.0, 8.317766166719343, 8.317766166719343, 0.0015317535622652576},
-    {16, 8192, 4096, 0.08348800241947174, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.05126063424888666},
-    {64, 4096, 8192, 0.0889119990170002, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.016272892121654968},
-    {128, 8192, 8192, 0.16731200367212296, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.001091958381235207},
-    {8192, 128, 8192, 0.16660799831151962, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.005308575532133376},
-    {4096, 32, 4096, 0.052000001072883606, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0024960204485972733},
-    {80, 8192, 4096, 0.09094399958848953, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.01855415116011053},
-    {1, 11008, 4096, 0.10968000069260597, 0.0, 9.306377560173125, 8.317766166719343, -0.02136236274405277},
-    {8, 11008, 4096, 0.11151999980211258, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.006550886937899752},
-    {16, 4096, 4096, 0.05571199953556061, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.06980143032565003},
-    {4, 14336, 4096, 0.13808000087738037, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.02923646176882361},
-    {4096, 16, 4096, 0.0551999993622303, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.06056881680555591},
-    {6, 8192, 4096, 0.08790399879217148, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0027614384629301657},
-    {12, 4096, 8192, 0.08966399729251862, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.004751891988439986},
-    {4096, 4096, 512, 0.16524799913167953, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07424121172917833},
-    {8192, 8192, 256, 0.36184000968933105, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.03107076565360295},
-    {2048, 2048, 128, 0.02284800074994564, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.029752796978337215},
-    {16384, 4096, 64, 0.1446399986743927, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.02035696852556632},
-    {256, 256, 32768, 0.07558400183916092, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.02892264364695131},
-    {512, 512, 16384, 0.09742399677634239, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.02881133191979219},
-    {128, 1024, 65536, 0.1825760006904602, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.027508348130468676},
-    {64, 64, 131072, 0.1470559984445572, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.028477446284362367},
-    {384, 384, 24576, 0.09884800016880035, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.13254420887534205},
-    {1536, 2560, 768, 0.07062400132417679, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0530181637131523},
+    {256, 256, 256, 0.0163199994713068, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.029683758994659862},
+    {512, 512, 512, 0.020927999168634415, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09502025826195717},
+    {1024, 1024, 1024, 0.031199999153614044, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.028634469118732072},
+    {2048, 2048, 2048, 0.1589440032839775, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07391289530957093},
+    {4096, 4096, 4096, 1.2359520196914673, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.040675155003694966},
+    {8192, 8192, 8192, 9.507807731628418, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06886795158357664},
+    {4092, 4092, 4092, 1.3254240155220032, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.02944010988339147},
+    {3000, 3000, 3000, 0.525952011346817, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.024335352959782324},
+    {1, 4096, 4096, 0.051872000098228455, 0.0, 8.317766166719343, 8.317766166719343, 0.0055891317973581715},
+    {16, 8192, 4096, 0.08348800241947174, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.051508222531356666},
+    {64, 4096, 8192, 0.0889119990170002, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.024123409023683064},
+    {128, 8192, 8192, 0.16731200367212296, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.021700933162729603},
+    {8192, 128, 8192, 0.16660799831151962, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.02591755031362786},
+    {4096, 32, 4096, 0.052000001072883606, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0027410151540720254},
+    {80, 8192, 4096, 0.09094399958848953, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.008074868029749811},
+    {1, 11008, 4096, 0.10968000069260597, 0.0, 9.306377560173125, 8.317766166719343, -0.01981715009006945},
+    {8, 11008, 4096, 0.11151999980211258, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.006212435323771373},
+    {16, 4096, 4096, 0.05571199953556061, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07176772667005812},
+    {4, 14336, 4096, 0.13808000087738037, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.02868903918794463},
+    {4096, 16, 4096, 0.0551999993622303, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.06253511314996393},
+    {6, 8192, 4096, 0.08790399879217148, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.004151622789019248},
+    {12, 4096, 8192, 0.08966399729251862, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.005134846673981894},
+    {4096, 4096, 512, 0.16524799913167953, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.08968917503350811},
+    {5120, 7168, 1024, 0.7249440252780914, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.005903627737949999},
+    {8192, 8192, 256, 0.36184000968933105, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.04182185123768273},
+    {2048, 2048, 128, 0.02284800074994564, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03328897564156772},
+    {16384, 4096, 64, 0.1446399986743927, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.03128440337851296},
+    {256, 256, 32768, 0.07558400183916092, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.01912987738327075},
+    {512, 512, 16384, 0.09742399677634239, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.011697454761041537},
+    {128, 1024, 65536, 0.1825760006904602, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.00800554688422578},
+    {64, 64, 131072, 0.1470559984445572, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.029339362920162735},
+    {384, 384, 24576, 0.09884800016880035, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.11699018630415733},
+    {1280, 1920, 16384, 0.9020799994468689, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.17964540237578286},
+    {1024, 1024, 49152, 1.0987520217895508, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.1335972522155284},
+    {1536, 2560, 768, 0.07062400132417679, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.03832377042232188},
 };
 static const Point fp32_0_unaligned[] = {
     {2047, 2047, 2047, 0.2844800055027008, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.023650150299176588},
@@ -13657,38 +14677,41 @@ static const Point fp32_1_unaligned[] = {
     {16, 11008, 4096, 0.2543039917945862, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.7410369775490966},
 };
 static const Point fp32_2_aligned[] = {
-    {256, 256, 256, 0.0225600004196167, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.11667223301995208},
-    {512, 512, 512, 0.017952000722289085, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.18408034716370147},
-    {1024, 1024, 1024, 0.05273599922657013, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05947143982540671},
-    {2048, 2048, 2048, 0.2561440020799637, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.06071856424939835},
-    {4096, 4096, 4096, 1.6829599738121033, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03394948233784249},
-    {8192, 8192, 8192, 13.569407939910889, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.08543908265178306},
-    {4092, 4092, 4092, 1.7846239805221558, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.02485723644053972},
-    {3000, 3000, 3000, 0.7284160256385803, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.06038005991192125},
-    {1, 4096, 4096, 0.049855999648571014, 0.0, 8.317766166719343, 8.317766166719343, 0.2067030434410219},
-    {16, 8192, 4096, 0.07310399785637856, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.07884543608257513},
-    {64, 4096, 8192, 0.07215999811887741, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.12437035046842224},
-    {128, 8192, 8192, 0.21356799453496933, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.0012887761656793914},
-    {8192, 128, 8192, 0.21359999477863312, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0014386012673918858},
-    {4096, 32, 4096, 0.06470400094985962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.027299027208140345},
-    {80, 8192, 4096, 0.11948800086975098, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.023472619971114047},
-    {1, 11008, 4096, 0.0936959981918335, 0.0, 9.306377560173125, 8.317766166719343, 0.0024975972454477874},
-    {8, 11008, 4096, 0.09468799829483032, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.010795170914677486},
-    {16, 4096, 4096, 0.04342399910092354, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.06447394276195403},
-    {4, 14336, 4096, 0.12124799937009811, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.010410274681431797},
-    {4096, 16, 4096, 0.06883200258016586, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.039908702074976446},
-    {6, 8192, 4096, 0.06947200000286102, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.031181090548466805},
-    {12, 4096, 8192, 0.06777600198984146, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.07999544080911744},
-    {4096, 4096, 512, 0.46404799818992615, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07516255916910737},
-    {8192, 8192, 256, 1.6441439986228943, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.035725754314886414},
-    {2048, 2048, 128, 0.10372800007462502, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0010849191424820758},
-    {16384, 4096, 64, 1.5479360222816467, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.09862504383215187},
-    {256, 256, 32768, 0.1796480044722557, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.0335116880518319},
-    {512, 512, 16384, 0.10063999891281128, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07677730007668823},
-    {128, 1024, 65536, 0.35420800745487213, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.019834935276076267},
-    {64, 64, 131072, 0.655536025762558, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.023498531855401572},
-    {384, 384, 24576, 0.14043200016021729, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.052629766128839815},
-    {1536, 2560, 768, 0.14655999839305878, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.027736723933312973},
+    {256, 256, 256, 0.0225600004196167, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.11024025707987885},
+    {512, 512, 512, 0.017952000722289085, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.18874583157445596},
+    {1024, 1024, 1024, 0.05273599922657013, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05738119760666589},
+    {2048, 2048, 2048, 0.2561440020799637, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05401917386967959},
+    {4096, 4096, 4096, 1.6829599738121033, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.02511817744173175},
+    {8192, 8192, 8192, 13.569407939910889, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.09535006715496937},
+    {4092, 4092, 4092, 1.7846239805221558, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.033668560898155564},
+    {3000, 3000, 3000, 0.7284160256385803, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.05265408900843341},
+    {1, 4096, 4096, 0.049855999648571014, 0.0, 8.317766166719343, 8.317766166719343, 0.20694276084066615},
+    {16, 8192, 4096, 0.07310399785637856, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.08180272545383416},
+    {64, 4096, 8192, 0.07215999811887741, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1297736528547045},
+    {128, 8192, 8192, 0.21356799453496933, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.009648130711011074},
+    {8192, 128, 8192, 0.21359999477863312, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.009797955812723644},
+    {4096, 32, 4096, 0.06470400094985962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.026514444633213098},
+    {80, 8192, 4096, 0.11948800086975098, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.017895068795121028},
+    {1, 11008, 4096, 0.0936959981918335, 0.0, 9.306377560173125, 8.317766166719343, 0.005018536048896039},
+    {8, 11008, 4096, 0.09468799829483032, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.013619569249993146},
+    {16, 4096, 4096, 0.04342399910092354, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.06527849814780567},
+    {4, 14336, 4096, 0.12124799937009811, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.01339862467752786},
+    {4096, 16, 4096, 0.06883200258016586, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.03995455003969504},
+    {6, 8192, 4096, 0.06947200000286102, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.033691023628780827},
+    {12, 4096, 8192, 0.06777600198984146, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.08293657231692292},
+    {4096, 4096, 512, 0.46404799818992615, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07118043782017298},
+    {5120, 7168, 1024, 1.3932960033416748, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.03215791588033741},
+    {8192, 8192, 256, 1.6441439986228943, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.03859755823490952},
+    {2048, 2048, 128, 0.10372800007462502, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0014725957645137793},
+    {16384, 4096, 64, 1.5479360222816467, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.09966818473315565},
+    {256, 256, 32768, 0.1796480044722557, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.03352851906836305},
+    {512, 512, 16384, 0.10063999891281128, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.06922812796037452},
+    {128, 1024, 65536, 0.35420800745487213, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.016221722143583108},
+    {64, 64, 131072, 0.655536025762558, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.02615038361707092},
+    {384, 384, 24576, 0.14043200016021729, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.04912685862120445},
+    {1280, 1920, 16384, 0.8768160045146942, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.07801719902163547},
+    {1024, 1024, 49152, 1.1231840252876282, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.01991051343041247},
+    {1536, 2560, 768, 0.14655999839305878, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.02384920253506532},
 };
 static const Point fp32_2_unaligned[] = {
     {2047, 2047, 2047, 0.35156799852848053, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.01667747038235008},
@@ -13702,38 +14725,41 @@ static const Point fp32_2_unaligned[] = {
     {1024, 1024, 1024, 0.06988800317049026, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0024550668025937953},
 };
 static const Point fp32_3_aligned[] = {
-    {256, 256, 256, 0.0498879998922348, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.12907063037536853},
-    {512, 512, 512, 0.1518079936504364, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.15132550668292172},
-    {1024, 1024, 1024, 0.5954560041427612, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11066288951089372},
-    {2048, 2048, 2048, 2.620863914489746, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03966111482222548},
-    {4096, 4096, 4096, 13.94159984588623, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.1632468387397706},
-    {8192, 8192, 8192, 61.19455909729004, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.10325059355247428},
-    {4092, 4092, 4092, 16.7730712890625, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3486774505869555},
-    {3000, 3000, 3000, 6.1684160232543945, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.010146512724283631},
-    {1, 4096, 4096, 0.15996800363063812, 0.0, 8.317766166719343, 8.317766166719343, -0.05458533805202709},
-    {16, 8192, 4096, 0.3689279854297638, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.09510313263341619},
-    {64, 4096, 8192, 0.2556479871273041, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.08726091802591636},
-    {128, 8192, 8192, 0.885343998670578, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.005533569580649756},
-    {8192, 128, 8192, 0.8907520174980164, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.011623370460255265},
-    {4096, 32, 4096, 0.18140800297260284, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.02477960999948052},
-    {80, 8192, 4096, 0.7481279969215393, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.059774156234034787},
-    {1, 11008, 4096, 0.41547200083732605, 0.0, 9.306377560173125, 8.317766166719343, -0.012734696200930814},
-    {8, 11008, 4096, 0.4232960045337677, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.018322753044256738},
-    {16, 4096, 4096, 0.18960000574588776, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.06776999198141445},
-    {4, 14336, 4096, 0.538351982831955, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.021090271758796648},
-    {4096, 16, 4096, 0.17372800409793854, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.019655746833536963},
-    {6, 8192, 4096, 0.31331199407577515, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.03502434033667378},
-    {12, 4096, 8192, 0.21052800118923187, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.08566064414266339},
-    {4096, 4096, 512, 11.553279876708984, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.13253953741010246},
-    {8192, 8192, 256, 45.86971092224121, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.13857077194385206},
-    {2048, 2048, 128, 2.2252800464630127, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.11488509747202943},
-    {16384, 4096, 64, 44.837087631225586, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1250877267111909},
-    {256, 256, 32768, 0.10888000205159187, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.07875350481600975},
-    {512, 512, 16384, 0.2762719988822937, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.06831938103477977},
-    {128, 1024, 65536, 0.3140000104904175, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.08516390007525663},
-    {64, 64, 131072, 0.04531199857592583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.2701983897942556},
-    {384, 384, 24576, 0.19236800074577332, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.07509530385019215},
-    {1536, 2560, 768, 2.193951964378357, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09535661479691046},
+    {256, 256, 256, 0.0498879998922348, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.151324830462186},
+    {512, 512, 512, 0.1518079936504364, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.16669259478098017},
+    {1024, 1024, 1024, 0.5954560041427612, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.12208524212217323},
+    {2048, 2048, 2048, 2.620863914489746, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.046971548991172535},
+    {4096, 4096, 4096, 13.94159984588623, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.16228093194292428},
+    {8192, 8192, 8192, 61.19455909729004, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.11211862865442723},
+    {4092, 4092, 4092, 16.7730712890625, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.34770715223924414},
+    {3000, 3000, 3000, 6.1684160232543945, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.0059792290636043145},
+    {1, 4096, 4096, 0.15996800363063812, 0.0, 8.317766166719343, 8.317766166719343, -0.05613461401094823},
+    {16, 8192, 4096, 0.3689279854297638, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.09485415100297877},
+    {64, 4096, 8192, 0.2556479871273041, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.09219381013019273},
+    {128, 8192, 8192, 0.885343998670578, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.013370899231035514},
+    {8192, 128, 8192, 0.8907520174980164, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.019460700110640897},
+    {4096, 32, 4096, 0.18140800297260284, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.02792619729491393},
+    {80, 8192, 4096, 0.7481279969215393, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.05918292787495706},
+    {1, 11008, 4096, 0.41547200083732605, 0.0, 9.306377560173125, 8.317766166719343, -0.011370133149748118},
+    {8, 11008, 4096, 0.4232960045337677, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.017447632612969922},
+    {16, 4096, 4096, 0.18960000574588776, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.06540919143500536},
+    {4, 14336, 4096, 0.538351982831955, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.01952773717962492},
+    {4096, 16, 4096, 0.17372800409793854, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.02201654737994592},
+    {6, 8192, 4096, 0.31331199407577515, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.034637262882717124},
+    {12, 4096, 8192, 0.21052800118923187, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.09009066026263064},
+    {4096, 4096, 512, 11.553279876708984, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.12001262255609874},
+    {5120, 7168, 1024, 26.56716823577881, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.14869251770933334},
+    {8192, 8192, 256, 45.86971092224121, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.12511010131209419},
+    {2048, 2048, 128, 2.2252800464630127, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.12902988144341057},
+    {16384, 4096, 64, 44.837087631225586, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.11088211673170273},
+    {256, 256, 32768, 0.10888000205159187, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.05437367482814472},
+    {512, 512, 16384, 0.2762719988822937, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.05024034831157355},
+    {128, 1024, 65536, 0.3140000104904175, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.041176579376334864},
+    {64, 64, 131072, 0.04531199857592583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.2776306296431548},
+    {384, 384, 24576, 0.19236800074577332, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.050730405977353774},
+    {1280, 1920, 16384, 2.483791947364807, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.02959547760296988},
+    {1024, 1024, 49152, 1.855184018611908, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.08563992599760703},
+    {1536, 2560, 768, 2.193951964378357, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.10710603341077943},
 };
 static const Point fp32_3_unaligned[] = {
     {2047, 2047, 2047, 3.2127360105514526, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027775630075600438},
@@ -13747,38 +14773,41 @@ static const Point fp32_3_unaligned[] = {
     {1024, 1024, 1024, 0.8340480029582977, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04729642437734648},
 };
 static const Point fp32_4_aligned[] = {
-    {256, 256, 256, 0.015744000673294067, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.013146399711675026},
-    {512, 512, 512, 0.02300800010561943, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.027382085802585433},
-    {1024, 1024, 1024, 0.038975998759269714, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0359524757672236},
-    {2048, 2048, 2048, 0.143327996134758, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.02251138265959479},
-    {4096, 4096, 4096, 1.176144003868103, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.056485944682263464},
-    {8192, 8192, 8192, 8.608575820922852, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.020068596773394457},
-    {4092, 4092, 4092, 1.195360004901886, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.07292626959613972},
-    {3000, 3000, 3000, 0.5172160267829895, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.016441766901777687},
-    {1, 4096, 4096, 0.12982399761676788, 0.0, 8.317766166719343, 8.317766166719343, -0.0014840742378789387},
-    {16, 8192, 4096, 0.13158400356769562, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0077290876286576935},
-    {64, 4096, 8192, 0.2526400089263916, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.003916064628404426},
-    {128, 8192, 8192, 0.2520959973335266, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.046324928821246655},
-    {8192, 128, 8192, 0.25679999589920044, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.02783732974551268},
-    {4096, 32, 4096, 0.13126400113105774, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.005673229284038913},
-    {80, 8192, 4096, 0.1298080012202263, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.036908392837068656},
-    {1, 11008, 4096, 0.13478399813175201, 0.0, 9.306377560173125, 8.317766166719343, 0.009120663918293583},
-    {8, 11008, 4096, 0.1329600065946579, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.006794597948339621},
-    {16, 4096, 4096, 0.13043199479579926, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.0013120395970223177},
-    {4, 14336, 4096, 0.13831999897956848, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.021061079055436648},
-    {4096, 16, 4096, 0.12992000579833984, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.0026210176200126088},
-    {6, 8192, 4096, 0.13225600123405457, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.00017700833948476922},
-    {12, 4096, 8192, 0.2540160119533539, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.008212614747604685},
-    {4096, 4096, 512, 0.15600000321865082, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.01668952581239396},
-    {8192, 8192, 256, 0.3336799889802933, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.027241163123459963},
-    {2048, 2048, 128, 0.02067199908196926, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.08606452613504996},
-    {16384, 4096, 64, 0.13814400136470795, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.003992593391628815},
-    {256, 256, 32768, 0.9972800016403198, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.029458853276467332},
-    {512, 512, 16384, 0.502623975276947, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.01600765704317108},
-    {128, 1024, 65536, 1.959119975566864, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.011592262449396921},
-    {64, 64, 131072, 3.9054559469223022, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.018629080253654784},
-    {384, 384, 24576, 0.7411839962005615, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.012103256727975019},
-    {1536, 2560, 768, 0.05967999994754791, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.023807655517755436},
+    {256, 256, 256, 0.015744000673294067, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.013895842394251618},
+    {512, 512, 512, 0.02300800010561943, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.027140388546661644},
+    {1024, 1024, 1024, 0.038975998759269714, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0357673748662975},
+    {2048, 2048, 2048, 0.143327996134758, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.02306264963176526},
+    {4096, 4096, 4096, 1.176144003868103, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.056129469836969995},
+    {8192, 8192, 8192, 8.608575820922852, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.02037553123439936},
+    {4092, 4092, 4092, 1.195360004901886, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.07257546305167356},
+    {3000, 3000, 3000, 0.5172160267829895, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.0163979196801031},
+    {1, 4096, 4096, 0.12982399761676788, 0.0, 8.317766166719343, 8.317766166719343, 0.0007207130910989889},
+    {16, 8192, 4096, 0.13158400356769562, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.006047718390670418},
+    {64, 4096, 8192, 0.2526400089263916, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.0017185721458891476},
+    {128, 8192, 8192, 0.2520959973335266, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04518490983182085},
+    {8192, 128, 8192, 0.25679999589920044, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.026697310756086872},
+    {4096, 32, 4096, 0.13126400113105774, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.007774315730071755},
+    {80, 8192, 4096, 0.1298080012202263, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.03563358726409757},
+    {1, 11008, 4096, 0.13478399813175201, 0.0, 9.306377560173125, 8.317766166719343, 0.010614030078929707},
+    {8, 11008, 4096, 0.1329600065946579, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.005360921569052652},
+    {16, 4096, 4096, 0.13043199479579926, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.0034665474108651548},
+    {4, 14336, 4096, 0.13831999897956848, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.02219287060735895},
+    {4096, 16, 4096, 0.12992000579833984, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.00046650980616977464},
+    {6, 8192, 4096, 0.13225600123405457, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0015690586574418424},
+    {12, 4096, 8192, 0.2540160119533539, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.010590318458066244},
+    {4096, 4096, 512, 0.15600000321865082, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.017551586612686788},
+    {5120, 7168, 1024, 0.6432160139083862, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.03421262450597472},
+    {8192, 8192, 256, 0.3336799889802933, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.02840049246778288},
+    {2048, 2048, 128, 0.02067199908196926, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.08363814302077452},
+    {16384, 4096, 64, 0.13814400136470795, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.006456449560031011},
+    {256, 256, 32768, 0.9972800016403198, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.03239816452835233},
+    {512, 512, 16384, 0.502623975276947, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.018538483553131237},
+    {128, 1024, 65536, 1.959119975566864, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.014443569327370794},
+    {64, 64, 131072, 3.9054559469223022, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.02171983262706722},
+    {384, 384, 24576, 0.7411839962005615, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.014875162472591337},
+    {1280, 1920, 16384, 1.0431520342826843, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.00012806510333734602},
+    {1024, 1024, 49152, 1.4560480117797852, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.05608928588093779},
+    {1536, 2560, 768, 0.05967999994754791, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.02459380933512812},
 };
 static const Point fp32_4_unaligned[] = {
     {2047, 2047, 2047, 0.2850399911403656, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.07570545132808021},
@@ -13792,38 +14821,41 @@ static const Point fp32_4_unaligned[] = {
     {1024, 1024, 1024, 0.04476799815893173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10519932551999803},
 };
 static const Point fp32_5_aligned[] = {
-    {256, 256, 256, 0.009680000133812428, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.0005009793033238871},
-    {512, 512, 512, 0.013024000450968742, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03912760546816818},
-    {1024, 1024, 1024, 0.03710399940609932, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04498617739442899},
-    {2048, 2048, 2048, 0.24958399683237076, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.06636666610533122},
-    {4096, 4096, 4096, 2.0448800325393677, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.00419730767866865},
-    {8192, 8192, 8192, 19.07100772857666, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.18487974774771407},
-    {4092, 4092, 4092, 2.0890560150146484, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.01732574324186322},
-    {3000, 3000, 3000, 0.7929760217666626, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.02290453347158421},
-    {1, 4096, 4096, 0.06377600133419037, 0.0, 8.317766166719343, 8.317766166719343, -0.017078218298567035},
-    {16, 8192, 4096, 0.07427199929952621, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.10748873217881894},
-    {64, 4096, 8192, 0.12113599851727486, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.0404488239100863},
-    {128, 8192, 8192, 0.26121601462364197, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.013919371575544215},
-    {8192, 128, 8192, 0.23875199258327484, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.07600301045180241},
-    {4096, 32, 4096, 0.0631839968264103, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.035557638168022175},
-    {80, 8192, 4096, 0.1351039931178093, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.03288985394766538},
-    {1, 11008, 4096, 0.13785600662231445, 0.0, 9.306377560173125, 8.317766166719343, 0.0892219571604038},
-    {8, 11008, 4096, 0.13209599256515503, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04367406643112842},
-    {16, 4096, 4096, 0.0652799978852272, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.0017909142030557346},
-    {4, 14336, 4096, 0.14503999799489975, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.13040541348058318},
-    {4096, 16, 4096, 0.06390400230884552, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.019512770694068565},
-    {6, 8192, 4096, 0.08032000064849854, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.1915600889540935},
-    {12, 4096, 8192, 0.1215360015630722, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.02115838345843185},
-    {4096, 4096, 512, 0.28380799293518066, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06586180258552458},
-    {8192, 8192, 256, 0.6558399796485901, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.041320177445570955},
-    {2048, 2048, 128, 0.034623999148607254, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.06985234797728025},
-    {16384, 4096, 64, 0.3211359977722168, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.014447413120998792},
-    {256, 256, 32768, 0.4615840017795563, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.021579986851014074},
-    {512, 512, 16384, 0.23660799860954285, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.03988151021937993},
-    {128, 1024, 65536, 0.9311680197715759, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.01698789694560334},
-    {64, 64, 131072, 1.7656640410423279, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.04667304378116458},
-    {384, 384, 24576, 0.3501279950141907, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.027437967142641156},
-    {1536, 2560, 768, 0.10497600212693214, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0464469110833629},
+    {256, 256, 256, 0.009680000133812428, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.004816848685721256},
+    {512, 512, 512, 0.013024000450968742, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04011882121879073},
+    {1024, 1024, 1024, 0.03710399940609932, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.037277061111624196},
+    {2048, 2048, 2048, 0.24958399683237076, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05611333416006505},
+    {4096, 4096, 4096, 2.0448800325393677, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.00688581093799838},
+    {8192, 8192, 8192, 19.07100772857666, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.19665009283462428},
+    {4092, 4092, 4092, 2.0890560150146484, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.028381086329906345},
+    {3000, 3000, 3000, 0.7929760217666626, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.011958014806706217},
+    {1, 4096, 4096, 0.06377600133419037, 0.0, 8.317766166719343, 8.317766166719343, -0.01752282584471974},
+    {16, 8192, 4096, 0.07427199929952621, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.11239318738225311},
+    {64, 4096, 8192, 0.12113599851727486, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03680906113208642},
+    {128, 8192, 8192, 0.26121601462364197, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.025058446987101725},
+    {8192, 128, 8192, 0.23875199258327484, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.06486393504024483},
+    {4096, 32, 4096, 0.0631839968264103, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.034227100252703736},
+    {80, 8192, 4096, 0.1351039931178093, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.040833194899775},
+    {1, 11008, 4096, 0.13785600662231445, 0.0, 9.306377560173125, 8.317766166719343, 0.0902702813161152},
+    {8, 11008, 4096, 0.13209599256515503, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.045276362828192154},
+    {16, 4096, 4096, 0.0652799978852272, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.0022089129713538376},
+    {4, 14336, 4096, 0.14503999799489975, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.13330676479988618},
+    {4096, 16, 4096, 0.06390400230884552, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.019094771925770342},
+    {6, 8192, 4096, 0.08032000064849854, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.1953605915210758},
+    {12, 4096, 8192, 0.1215360015630722, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.02059889655343255},
+    {4096, 4096, 512, 0.28380799293518066, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.058613505958908074},
+    {5120, 7168, 1024, 1.1306240558624268, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.02696176378420821},
+    {8192, 8192, 256, 0.6558399796485901, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.036784805118934935},
+    {2048, 2048, 128, 0.034623999148607254, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.06931505058579283},
+    {16384, 4096, 64, 0.3211359977722168, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.010286307358919342},
+    {256, 256, 32768, 0.4615840017795563, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.023494193376359596},
+    {512, 512, 16384, 0.23660799860954285, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.035969380628098735},
+    {128, 1024, 65536, 0.9311680197715759, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.01682766147998964},
+    {64, 64, 131072, 1.7656640410423279, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.05048704446915848},
+    {384, 384, 24576, 0.3501279950141907, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.02685891563748794},
+    {1280, 1920, 16384, 1.1577920317649841, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.07095477723018451},
+    {1024, 1024, 49152, 1.4748960137367249, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.01045702064428389},
+    {1536, 2560, 768, 0.10497600212693214, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03909412107163776},
 };
 static const Point fp32_5_unaligned[] = {
     {2047, 2047, 2047, 0.28118398785591125, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.029341977634523148},
@@ -13837,83 +14869,89 @@ static const Point fp32_5_unaligned[] = {
     {1024, 1024, 1024, 0.044895999133586884, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1637161898725319},
 };
 static const Point fp32_6_aligned[] = {
-    {256, 256, 256, 0.021056000143289566, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07016555744758182},
-    {512, 512, 512, 0.027471999637782574, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.13804368996945218},
-    {1024, 1024, 1024, 0.0544000007212162, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.07883921437890017},
-    {2048, 2048, 2048, 0.25390399992465973, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07550842748938234},
-    {4096, 4096, 4096, 1.7271360158920288, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.010805272958784208},
-    {8192, 8192, 8192, 13.43881607055664, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.10843383048857384},
-    {4092, 4092, 4092, 1.809648036956787, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05747309006618288},
-    {3000, 3000, 3000, 0.7358080148696899, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.04307752618560167},
-    {1, 4096, 4096, 0.08934400230646133, 0.0, 8.317766166719343, 8.317766166719343, 0.24966604752676785},
-    {16, 8192, 4096, 0.1311360001564026, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.06128096489671947},
-    {64, 4096, 8192, 0.10454399883747101, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.07414674674282278},
-    {128, 8192, 8192, 0.2194559946656227, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.0473223369385829},
-    {8192, 128, 8192, 0.21809600293636322, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.04110595069751717},
-    {4096, 32, 4096, 0.043007999658584595, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.006343055345835681},
-    {80, 8192, 4096, 0.11750400066375732, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.048481607705612884},
-    {1, 11008, 4096, 0.18880000710487366, 0.0, 9.306377560173125, 8.317766166719343, 0.06409879901866075},
-    {8, 11008, 4096, 0.18003199994564056, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.016545120240963707},
-    {16, 4096, 4096, 0.06956800073385239, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.0005233639411486756},
-    {4, 14336, 4096, 0.23387199640274048, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.1369176428327712},
-    {4096, 16, 4096, 0.0424639992415905, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.006386441326693486},
-    {6, 8192, 4096, 0.13447999954223633, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.08646149678401702},
-    {12, 4096, 8192, 0.10555199906229973, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.06455105744474564},
-    {4096, 4096, 512, 0.5046399831771851, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03722350649909299},
-    {8192, 8192, 256, 1.79476797580719, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.06083310546552228},
-    {2048, 2048, 128, 0.106175996363163, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.05893513956126751},
-    {16384, 4096, 64, 1.5894879698753357, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.043649740769265526},
-    {256, 256, 32768, 0.17998400330543518, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.07078718066989409},
-    {512, 512, 16384, 0.1003199964761734, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.0664687638785625},
-    {128, 1024, 65536, 0.35390400886535645, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.031226348263641165},
-    {64, 64, 131072, 0.6833919882774353, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.03680922095402309},
-    {384, 384, 24576, 0.14233599603176117, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.053780888912336136},
-    {1536, 2560, 768, 0.1501919999718666, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0440027439538875},
+    {256, 256, 256, 0.02590399980545044, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.3253101671760112},
+    {512, 512, 512, 0.019967999309301376, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0984575860287958},
+    {1024, 1024, 1024, 0.04681599885225296, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0009638442398913778},
+    {2048, 2048, 2048, 0.21292799711227417, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05907582882496637},
+    {4096, 4096, 4096, 1.378767967224121, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.027245563214407843},
+    {8192, 8192, 8192, 10.789120197296143, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.09810460829529925},
+    {4092, 4092, 4092, 1.4892639517784119, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05019684214353569},
+    {3000, 3000, 3000, 0.6025759875774384, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.06496456958178572},
+    {1, 4096, 4096, 0.04556800052523613, 0.0, 8.317766166719343, 8.317766166719343, -0.052996631369072164},
+    {16, 8192, 4096, 0.08656000345945358, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.013708928626928784},
+    {64, 4096, 8192, 0.08177599683403969, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.021491270058578673},
+    {128, 8192, 8192, 0.17744000256061554, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.07028464694424778},
+    {8192, 128, 8192, 0.17401599884033203, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.05079935125716976},
+    {4096, 32, 4096, 0.04652800038456917, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.06014020729436862},
+    {80, 8192, 4096, 0.09222400188446045, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.012528465681782664},
+    {1, 11008, 4096, 0.11966400220990181, 0.0, 9.306377560173125, 8.317766166719343, -0.03625831773969822},
+    {8, 11008, 4096, 0.12019199877977371, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.038504367425438016},
+    {16, 4096, 4096, 0.04702400043606758, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.03518669234121982},
+    {4, 14336, 4096, 0.1568640023469925, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.03522299471510824},
+    {4096, 16, 4096, 0.046112000942230225, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05477157104045372},
+    {6, 8192, 4096, 0.08979199826717377, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0330274158783541},
+    {12, 4096, 8192, 0.08060800284147263, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.003560741008513686},
+    {4096, 4096, 512, 0.43859198689460754, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06456079996505325},
+    {5120, 7168, 1024, 1.2103679776191711, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.05619268869459511},
+    {8192, 8192, 256, 1.6270560026168823, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.051462918242804724},
+    {2048, 2048, 128, 0.09716800227761269, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.016520638466663913},
+    {16384, 4096, 64, 1.629759967327118, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1495881042356701},
+    {256, 256, 32768, 0.2633119970560074, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.030147438537995456},
+    {512, 512, 16384, 0.1395680010318756, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.03386008471100585},
+    {128, 1024, 65536, 0.5123839974403381, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.016820220267142097},
+    {64, 64, 131072, 1.0160160064697266, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0621494686482496},
+    {384, 384, 24576, 0.20545600354671478, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.02341794568607891},
+    {1280, 1920, 16384, 0.771120011806488, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.053302466912856734},
+    {1024, 1024, 49152, 0.9115839898586273, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.07790886728660686},
+    {1536, 2560, 768, 0.13391999900341034, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03768100705646502},
 };
 static const Point fp32_6_unaligned[] = {
-    {2047, 2047, 2047, 0.3522239923477173, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.01977316905107923},
-    {1531, 1531, 1531, 0.17520000040531158, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.010482589349847762},
-    {5003, 5003, 5003, 4.440320014953613, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.027848378871566885},
-    {127, 4099, 1023, 0.04399999976158142, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.012309118566068391},
-    {4096, 1, 4096, 0.04187199845910072, 8.317766166719343, 0.0, 8.317766166719343, -0.0032680428193227378},
-    {1, 4096, 4096, 0.05116799846291542, 0.0, 8.317766166719343, 8.317766166719343, 0.010978857235872405},
-    {16, 11008, 4096, 0.12345600128173828, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.009014924796868669},
-    {4096, 4096, 4096, 2.3528640270233154, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.017600476823876155},
-    {1024, 1024, 1024, 0.07252800092101097, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.015948953746135083},
+    {2047, 2047, 2047, 0.35447999835014343, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.029966543522669833},
+    {1531, 1531, 1531, 0.1789119988679886, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.024538432136812532},
+    {5003, 5003, 5003, 4.362975835800171, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.06921402077350658},
+    {127, 4099, 1023, 0.0817280001938343, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.4467827376866695},
+    {4096, 1, 4096, 0.04604800045490265, 8.317766166719343, 0.0, 8.317766166719343, -0.11807209702194273},
+    {1, 4096, 4096, 0.05116799846291542, 0.0, 8.317766166719343, 8.317766166719343, -0.012642130994194534},
+    {16, 11008, 4096, 0.12464000284671783, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.0969477088957394},
+    {4096, 4096, 4096, 2.2733120918273926, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.006613144686209857},
+    {1024, 1024, 1024, 0.07105599716305733, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13085664483003367},
 };
 static const Point fp32_7_aligned[] = {
-    {256, 256, 256, 0.025567999109625816, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.060267968960794255},
-    {512, 512, 512, 0.0488319993019104, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0824413165749769},
-    {1024, 1024, 1024, 0.16230399906635284, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04101423230676237},
-    {2048, 2048, 2048, 0.6280800104141235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.09574244938381178},
-    {4096, 4096, 4096, 3.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.02661436928330027},
-    {8192, 8192, 8192, 16.47815990447998, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.008021142278949383},
-    {4092, 4092, 4092, 3.9570239782333374, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.2146769065000945},
-    {3000, 3000, 3000, 1.414784014225006, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.13873415028433772},
-    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, 0.007582444429762471},
-    {16, 8192, 4096, 0.13124799728393555, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.005450833720646008},
-    {64, 4096, 8192, 0.11611199751496315, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.04815609207304068},
-    {128, 8192, 8192, 0.2704799920320511, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.029900536590192126},
-    {8192, 128, 8192, 0.26638399064540863, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.045159823845716936},
-    {4096, 32, 4096, 0.07286400347948074, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07568681832640962},
-    {80, 8192, 4096, 0.16672000288963318, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.07335760188559895},
-    {1, 11008, 4096, 0.15865600109100342, 0.0, 9.306377560173125, 8.317766166719343, 0.04390600957361025},
-    {8, 11008, 4096, 0.1595359966158867, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.0032137669415314677},
-    {16, 4096, 4096, 0.0759039968252182, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04611054966712922},
-    {4, 14336, 4096, 0.20147199928760529, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.0005054250031745208},
-    {4096, 16, 4096, 0.07286400347948074, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.005235945192614847},
-    {6, 8192, 4096, 0.12031999975442886, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.021197846397909923},
-    {12, 4096, 8192, 0.10688000172376633, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.04914132646962609},
-    {4096, 4096, 512, 3.067871928215027, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.22105711824715318},
-    {8192, 8192, 256, 12.241456031799316, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22504481941010773},
-    {2048, 2048, 128, 0.5674239993095398, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.10067778325815348},
-    {16384, 4096, 64, 12.283215999603271, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.22914549098734396},
-    {256, 256, 32768, 0.05615999922156334, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.03124914607420801},
-    {512, 512, 16384, 0.11259200051426888, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.006984942564373414},
-    {128, 1024, 65536, 0.17228800058364868, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.09257121788865758},
-    {64, 64, 131072, 0.1340160071849823, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.03466772743466206},
-    {384, 384, 24576, 0.10732799768447876, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.01450702346570071},
-    {1536, 2560, 768, 0.5644640028476715, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.04477020705276792},
+    {256, 256, 256, 0.025567999109625816, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.07848289755763956},
+    {512, 512, 512, 0.0488319993019104, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08124254999795616},
+    {1024, 1024, 1024, 0.16230399906635284, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.050861404146473214},
+    {2048, 2048, 2048, 0.6280800104141235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.11056756342349057},
+    {4096, 4096, 4096, 3.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.044823129425979616},
+    {8192, 8192, 8192, 16.47815990447998, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.02958106167029804},
+    {4092, 4092, 4092, 3.9570239782333374, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.19649459940390798},
+    {3000, 3000, 3000, 1.414784014225006, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.15504437055487208},
+    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, 0.013590100172273393},
+    {16, 8192, 4096, 0.13124799728393555, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0043290681112994915},
+    {64, 4096, 8192, 0.11611199751496315, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05734523661243761},
+    {128, 8192, 8192, 0.2704799920320511, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04796771140743988},
+    {8192, 128, 8192, 0.26638399064540863, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.06322699866296466},
+    {4096, 32, 4096, 0.07286400347948074, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07585942583292395},
+    {80, 8192, 4096, 0.16672000288963318, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.08363568440780128},
+    {1, 11008, 4096, 0.15865600109100342, 0.0, 9.306377560173125, 8.317766166719343, 0.04473066666574629},
+    {8, 11008, 4096, 0.1595359966158867, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.0024235350500944933},
+    {16, 4096, 4096, 0.0759039968252182, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04887093659936222},
+    {4, 14336, 4096, 0.20147199928760529, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.0010305673650427907},
+    {4096, 16, 4096, 0.07286400347948074, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.007996332124847743},
+    {6, 8192, 4096, 0.12031999975442886, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.020219273902802166},
+    {12, 4096, 8192, 0.10688000172376633, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.04721313349627969},
+    {4096, 4096, 512, 3.067871928215027, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.2086881336600836},
+    {5120, 7168, 1024, 6.7358880043029785, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.2121940208872778},
+    {8192, 8192, 256, 12.241456031799316, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.2133543339202419},
+    {2048, 2048, 128, 0.5674239993095398, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.11074055150892399},
+    {16384, 4096, 64, 12.283215999603271, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.21814930053325413},
+    {256, 256, 32768, 0.05615999922156334, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.021454797266037492},
+    {512, 512, 16384, 0.11259200051426888, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.009286883144497524},
+    {128, 1024, 65536, 0.17228800058364868, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.07012736985193968},
+    {64, 64, 131072, 0.1340160071849823, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.029439308398026547},
+    {384, 384, 24576, 0.10732799768447876, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.00310567699581147},
+    {1280, 1920, 16384, 0.9260640144348145, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.015248158741442556},
+    {1024, 1024, 49152, 1.0524320006370544, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.12424102637107359},
+    {1536, 2560, 768, 0.5644640028476715, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05701625898847925},
 };
 static const Point fp32_7_unaligned[] = {
     {2047, 2047, 2047, 0.9410719871520996, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04061079011491656},
@@ -13927,38 +14965,41 @@ static const Point fp32_7_unaligned[] = {
     {1024, 1024, 1024, 0.2351519986987114, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.042191558945344425},
 };
 static const Point fp32_8_aligned[] = {
-    {256, 256, 256, 0.01732799969613552, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.2347022410645699},
-    {512, 512, 512, 0.015855999663472176, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1721196590111096},
-    {1024, 1024, 1024, 0.047839999198913574, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06421774879850746},
-    {2048, 2048, 2048, 0.3402880132198334, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.01868469530559856},
-    {4096, 4096, 4096, 2.6412479877471924, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.014124077312532046},
-    {8192, 8192, 8192, 19.917375564575195, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.038793910214878206},
-    {4092, 4092, 4092, 2.7236639261245728, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.01660240013397948},
-    {3000, 3000, 3000, 1.0467519760131836, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.008581912390605705},
-    {1, 4096, 4096, 0.09204800054430962, 0.0, 8.317766166719343, 8.317766166719343, 0.015107708896331751},
-    {16, 8192, 4096, 0.09704000130295753, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.06792080092488001},
-    {64, 4096, 8192, 0.17772799730300903, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.02833051335096411},
-    {128, 8192, 8192, 0.3474719971418381, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.026609282220978425},
-    {8192, 128, 8192, 0.35411199927330017, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.045538449451141876},
-    {4096, 32, 4096, 0.09302400052547455, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.025655052887342097},
-    {80, 8192, 4096, 0.1770240068435669, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.016330865178880705},
-    {1, 11008, 4096, 0.17368000000715256, 0.0, 9.306377560173125, 8.317766166719343, -0.002739964471115861},
-    {8, 11008, 4096, 0.17827199399471283, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.023355950069976737},
-    {16, 4096, 4096, 0.09312000125646591, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.026686520338173817},
-    {4, 14336, 4096, 0.1764799952507019, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.013253038511603386},
-    {4096, 16, 4096, 0.09116800129413605, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.005501495372636984},
-    {6, 8192, 4096, 0.0947519987821579, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.044060461928307516},
-    {12, 4096, 8192, 0.17179200053215027, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.005639317369124372},
-    {4096, 4096, 512, 0.37118399143218994, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.023836540283613164},
-    {8192, 8192, 256, 0.8319360017776489, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.011191664092071825},
-    {2048, 2048, 128, 0.037856001406908035, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.025842741762858282},
-    {16384, 4096, 64, 0.35148799419403076, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.02839570841428393},
-    {256, 256, 32768, 0.6554720103740692, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.014939248947363575},
-    {512, 512, 16384, 0.32795199751853943, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.027081977326929692},
-    {128, 1024, 65536, 1.3148959875106812, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.005466426065438527},
-    {64, 64, 131072, 2.821280002593994, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.06806662270813063},
-    {384, 384, 24576, 0.47678399085998535, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.049834659826787024},
-    {1536, 2560, 768, 0.1337279975414276, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05625642183013748},
+    {256, 256, 256, 0.01732799969613552, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.23006261281746535},
+    {512, 512, 512, 0.015855999663472176, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.17429853672597942},
+    {1024, 1024, 1024, 0.047839999198913574, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06248851681749622},
+    {2048, 2048, 2048, 0.3402880132198334, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.014880846001853635},
+    {4096, 4096, 4096, 2.6412479877471924, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.009896478223480732},
+    {8192, 8192, 8192, 19.917375564575195, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.034454072046542224},
+    {4092, 4092, 4092, 2.7236639261245728, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.020829999223030797},
+    {3000, 3000, 3000, 1.0467519760131836, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.00447188478968085},
+    {1, 4096, 4096, 0.09204800054430962, 0.0, 8.317766166719343, 8.317766166719343, 0.018155559571163344},
+    {16, 8192, 4096, 0.09704000130295753, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0709686515997117},
+    {64, 4096, 8192, 0.17772799730300903, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.0320314815590356},
+    {128, 8192, 8192, 0.3474719971418381, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.03062548733781814},
+    {8192, 128, 8192, 0.35411199927330017, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.04955465456798166},
+    {4096, 32, 4096, 0.09302400052547455, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.02870290356217382},
+    {80, 8192, 4096, 0.1770240068435669, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.019963912796108298},
+    {1, 11008, 4096, 0.17368000000715256, 0.0, 9.306377560173125, 8.317766166719343, 0.0008930831461116897},
+    {8, 11008, 4096, 0.17827199399471283, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.026988997687204218},
+    {16, 4096, 4096, 0.09312000125646591, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.02973437101300561},
+    {4, 14336, 4096, 0.1764799952507019, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.016886086128830944},
+    {4096, 16, 4096, 0.09116800129413605, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.00854934604746874},
+    {6, 8192, 4096, 0.0947519987821579, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.04710831260313926},
+    {12, 4096, 8192, 0.17179200053215027, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.001938349161052974},
+    {4096, 4096, 512, 0.37118399143218994, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.020788367904388445},
+    {5120, 7168, 1024, 1.4707199931144714, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.014300171492818727},
+    {8192, 8192, 256, 0.8319360017776489, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.013529098710141166},
+    {2048, 2048, 128, 0.037856001406908035, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.026930336290078134},
+    {16384, 4096, 64, 0.35148799419403076, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.027804395030257244},
+    {256, 256, 32768, 0.6554720103740692, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.010703948440232288},
+    {512, 512, 16384, 0.32795199751853943, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.023029350829585116},
+    {128, 1024, 65536, 1.3148959875106812, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0011379991095013075},
+    {64, 64, 131072, 2.821280002593994, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.07244207050842759},
+    {384, 384, 24576, 0.47678399085998535, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.04566077515300017},
+    {1280, 1920, 16384, 1.5921120047569275, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.03506238558075183},
+    {1024, 1024, 49152, 1.8990880250930786, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.037502138801290504},
+    {1536, 2560, 768, 0.1337279975414276, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.053349830777444304},
 };
 static const Point fp32_8_unaligned[] = {
     {2047, 2047, 2047, 0.35705600678920746, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.00537581211366853},
@@ -13972,38 +15013,41 @@ static const Point fp32_8_unaligned[] = {
     {1024, 1024, 1024, 0.05352000147104263, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0011706003634809553},
 };
 static const Point fp32_9_aligned[] = {
-    {256, 256, 256, 0.025632000528275967, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.29289351315393497},
-    {512, 512, 512, 0.020896000787615776, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12874183305325473},
-    {1024, 1024, 1024, 0.06340799853205681, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04850087350984408},
-    {2048, 2048, 2048, 0.2624799907207489, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.10870278677785523},
-    {4096, 4096, 4096, 1.6416640281677246, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.015471799255593692},
-    {8192, 8192, 8192, 11.07369613647461, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.07407260334712487},
-    {4092, 4092, 4092, 1.7184160351753235, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.06161429662258265},
-    {3000, 3000, 3000, 0.6891999840736389, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.09677723350422726},
-    {1, 4096, 4096, 0.052400000393390656, 0.0, 8.317766166719343, 8.317766166719343, 0.00179740934797191},
-    {16, 8192, 4096, 0.09355199709534645, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.015241710399026118},
-    {64, 4096, 8192, 0.08767999708652496, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.008309076751840339},
-    {128, 8192, 8192, 0.193231999874115, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.09144543982463985},
-    {8192, 128, 8192, 0.19100800156593323, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.07986922112759053},
-    {4096, 32, 4096, 0.05241600051522255, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.04599194566819953},
-    {80, 8192, 4096, 0.10633599758148193, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.006663510114486247},
-    {1, 11008, 4096, 0.12867200374603271, 0.0, 9.306377560173125, 8.317766166719343, -0.028151257754433157},
-    {8, 11008, 4096, 0.12745599448680878, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.049394393192233974},
-    {16, 4096, 4096, 0.05423999950289726, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.012748880400083028},
-    {4, 14336, 4096, 0.1525759994983673, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.007021787490157942},
-    {4096, 16, 4096, 0.052928000688552856, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.011737241656721173},
-    {6, 8192, 4096, 0.09159999713301659, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.018669212057388602},
-    {12, 4096, 8192, 0.08284799754619598, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.01002861304004557},
-    {4096, 4096, 512, 0.800544023513794, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.06386271725657451},
-    {8192, 8192, 256, 3.114400029182434, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1416406900049939},
-    {2048, 2048, 128, 0.16388799995183945, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.10666255200430548},
-    {16384, 4096, 64, 3.150783896446228, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1576980965917469},
-    {256, 256, 32768, 0.1393599957227707, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.012202190661000171},
-    {512, 512, 16384, 0.08278399705886841, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.0210103998906014},
-    {128, 1024, 65536, 0.26393601298332214, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.00603326270198139},
-    {64, 64, 131072, 0.5082720220088959, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.04072645457253358},
-    {384, 384, 24576, 0.11190400272607803, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.006500804111058751},
-    {1536, 2560, 768, 0.19091200083494186, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05433188254510168},
+    {256, 256, 256, 0.025632000528275967, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.3046323676680772},
+    {512, 512, 512, 0.020896000787615776, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1232795619232256},
+    {1024, 1024, 1024, 0.06340799853205681, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04532558988503272},
+    {2048, 2048, 2048, 0.2624799907207489, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.11346060233943757},
+    {4096, 4096, 4096, 1.6416640281677246, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0009433117190978107},
+    {8192, 8192, 8192, 11.07369613647461, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.051174226650474434},
+    {4092, 4092, 4092, 1.7184160351753235, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.047135449521079446},
+    {3000, 3000, 3000, 0.6891999840736389, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1066359301258617},
+    {1, 4096, 4096, 0.052400000393390656, 0.0, 8.317766166719343, 8.317766166719343, 0.0027135112173251093},
+    {16, 8192, 4096, 0.09355199709534645, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.016244553489201022},
+    {64, 4096, 8192, 0.08767999708652496, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.020513100316839634},
+    {128, 8192, 8192, 0.193231999874115, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.07093406778987804},
+    {8192, 128, 8192, 0.19100800156593323, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.05935784909282859},
+    {4096, 32, 4096, 0.05241600051522255, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.04852098873807288},
+    {80, 8192, 4096, 0.10633599758148193, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0015100581912419304},
+    {1, 11008, 4096, 0.12867200374603271, 0.0, 9.306377560173125, 8.317766166719343, -0.025546691672360143},
+    {8, 11008, 4096, 0.12745599448680878, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.047668981599110774},
+    {16, 4096, 4096, 0.05423999950289726, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.011955088815957112},
+    {4, 14336, 4096, 0.1525759994983673, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.006509418733330776},
+    {4096, 16, 4096, 0.052928000688552856, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.012531033240847199},
+    {6, 8192, 4096, 0.09159999713301659, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.018398550198263253},
+    {12, 4096, 8192, 0.08284799754619598, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.015833413570948737},
+    {4096, 4096, 512, 0.800544023513794, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.07376221420341354},
+    {5120, 7168, 1024, 1.8121439814567566, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.03539854962070887},
+    {8192, 8192, 256, 3.114400029182434, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.15569934208697447},
+    {2048, 2048, 128, 0.16388799995183945, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.09107231007415792},
+    {16384, 4096, 64, 3.150783896446228, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.17499699074390063},
+    {256, 256, 32768, 0.1393599957227707, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.012315644175978996},
+    {512, 512, 16384, 0.08278399705886841, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.04451128724868184},
+    {128, 1024, 65536, 0.26393601298332214, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.005367152691700711},
+    {64, 64, 131072, 0.5082720220088959, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.04958985494236415},
+    {384, 384, 24576, 0.11190400272607803, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.00475247924618574},
+    {1280, 1920, 16384, 0.7937119901180267, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.057614431018921955},
+    {1024, 1024, 49152, 0.9066240191459656, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.08897706163925435},
+    {1536, 2560, 768, 0.19091200083494186, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.04795763056644932},
 };
 static const Point fp32_9_unaligned[] = {
     {2047, 2047, 2047, 0.4261600077152252, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.019945431328167267},
@@ -14017,40 +15061,91 @@ static const Point fp32_9_unaligned[] = {
     {1024, 1024, 1024, 0.09302400052547455, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0040752131271180395},
 };
 static const Point fp32_10_aligned[] = {
-    {256, 256, 256, 0.015776000916957855, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.008781094814806061},
-    {512, 512, 512, 0.023679999634623528, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.01993349122790135},
-    {1024, 1024, 1024, 0.04049599915742874, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03606112456665759},
-    {2048, 2048, 2048, 0.14854399859905243, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.036824626930927425},
-    {4096, 4096, 4096, 1.2218559980392456, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.038017302812319256},
-    {8192, 8192, 8192, 9.26094388961792, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.005851239839842855},
-    {4092, 4092, 4092, 1.2461439967155457, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05791765953940244},
-    {3000, 3000, 3000, 0.5472640097141266, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.0171049011662695},
-    {1, 4096, 4096, 0.14001599699258804, 0.0, 8.317766166719343, 8.317766166719343, 0.012964789360612215},
-    {16, 8192, 4096, 0.14057600498199463, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0012689889212163222},
-    {64, 4096, 8192, 0.26870399713516235, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.006935114107895847},
-    {128, 8192, 8192, 0.27001601457595825, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.039183501527490665},
-    {8192, 128, 8192, 0.27508799731731415, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.020573735285803633},
-    {4096, 32, 4096, 0.13964800536632538, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.0067535738491689085},
-    {80, 8192, 4096, 0.1385280042886734, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.030379238155494943},
-    {1, 11008, 4096, 0.14446400105953217, 0.0, 9.306377560173125, 8.317766166719343, 0.01936904380089269},
-    {8, 11008, 4096, 0.1422719955444336, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.0019589276564182675},
-    {16, 4096, 4096, 0.14000000059604645, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.011116898266098046},
-    {4, 14336, 4096, 0.14500799775123596, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.010200253111994403},
-    {4096, 16, 4096, 0.1382720023393631, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.0013027519325984863},
-    {6, 8192, 4096, 0.1382399946451187, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.01575170278337407},
-    {12, 4096, 8192, 0.2671999931335449, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.006383901428711948},
-    {4096, 4096, 512, 0.16019199788570404, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.02155725716060278},
-    {8192, 8192, 256, 0.3547680079936981, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.023275425285939122},
-    {2048, 2048, 128, 0.019807999953627586, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.06826934254493684},
-    {16384, 4096, 64, 0.1273919939994812, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.017351146499476243},
-    {256, 256, 32768, 1.0685439705848694, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.028774541395182204},
-    {512, 512, 16384, 0.5326079726219177, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.0064387472612116164},
-    {128, 1024, 65536, 2.089568018913269, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.006133473997090429},
-    {64, 64, 131072, 4.208415985107422, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.02244268783806409},
-    {384, 384, 24576, 0.7836160063743591, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.001101809612481269},
-    {1536, 2560, 768, 0.06139199994504452, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.030956493011622194},
+    {256, 256, 256, 0.021056000143289566, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0667032769007612},
+    {512, 512, 512, 0.027471999637782574, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.14087811830139893},
+    {1024, 1024, 1024, 0.0544000007212162, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.07734668228388009},
+    {2048, 2048, 2048, 0.25390399992465973, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07673377575032249},
+    {4096, 4096, 4096, 1.7271360158920288, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.007303769008365472},
+    {8192, 8192, 8192, 13.43881607055664, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.10347664740260197},
+    {4092, 4092, 4092, 1.809648036956787, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.053973667343933635},
+    {3000, 3000, 3000, 0.7358080148696899, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.04569485683077621},
+    {1, 4096, 4096, 0.08934400230646133, 0.0, 8.317766166719343, 8.317766166719343, 0.248005402601941},
+    {16, 8192, 4096, 0.1311360001564026, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.05903483676226972},
+    {64, 4096, 8192, 0.10454399883747101, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.0777218484610893},
+    {128, 8192, 8192, 0.2194559946656227, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.042938037576739425},
+    {8192, 128, 8192, 0.21809600293636322, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.03672165133567352},
+    {4096, 32, 4096, 0.043007999658584595, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.005093248625175839},
+    {80, 8192, 4096, 0.11750400066375732, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.05103574548530325},
+    {1, 11008, 4096, 0.18880000710487366, 0.0, 9.306377560173125, 8.317766166719343, 0.06175723742816608},
+    {8, 11008, 4096, 0.18003199994564056, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.014172025806061184},
+    {16, 4096, 4096, 0.06956800073385239, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.0022480153535691942},
+    {4, 14336, 4096, 0.23387199640274048, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.13446577593036055},
+    {4096, 16, 4096, 0.0424639992415905, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.0075806231204840965},
+    {6, 8192, 4096, 0.13447999954223633, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.08426350372758523},
+    {12, 4096, 8192, 0.10555199906229973, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.06785228933362553},
+    {4096, 4096, 512, 0.5046399831771851, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.033463080796777865},
+    {5120, 7168, 1024, 1.4335360527038574, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.02916162795051972},
+    {8192, 8192, 256, 1.79476797580719, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.06671366563474516},
+    {2048, 2048, 128, 0.106175996363163, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.052309456443138544},
+    {16384, 4096, 64, 1.5894879698753357, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.05099964794687281},
+    {256, 256, 32768, 0.17998400330543518, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.07540586947702167},
+    {512, 512, 16384, 0.1003199964761734, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07102850775794611},
+    {128, 1024, 65536, 0.35390400886535645, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.036657937745230816},
+    {64, 64, 131072, 0.6833919882774353, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.041908976573852695},
+    {384, 384, 24576, 0.14233599603176117, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.05844951832110767},
+    {1280, 1920, 16384, 0.9392320215702057, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.0050507591430022925},
+    {1024, 1024, 49152, 1.1610559821128845, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.07635334268051937},
+    {1536, 2560, 768, 0.1501919999718666, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.041692113790026186},
 };
 static const Point fp32_10_unaligned[] = {
+    {2047, 2047, 2047, 0.3522239923477173, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.01977316905107923},
+    {1531, 1531, 1531, 0.17520000040531158, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.010482589349847762},
+    {5003, 5003, 5003, 4.440320014953613, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.027848378871566885},
+    {127, 4099, 1023, 0.04399999976158142, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.012309118566068391},
+    {4096, 1, 4096, 0.04187199845910072, 8.317766166719343, 0.0, 8.317766166719343, -0.0032680428193227378},
+    {1, 4096, 4096, 0.05116799846291542, 0.0, 8.317766166719343, 8.317766166719343, 0.010978857235872405},
+    {16, 11008, 4096, 0.12345600128173828, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.009014924796868669},
+    {4096, 4096, 4096, 2.3528640270233154, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.017600476823876155},
+    {1024, 1024, 1024, 0.07252800092101097, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.015948953746135083},
+};
+static const Point fp32_11_aligned[] = {
+    {256, 256, 256, 0.015776000916957855, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.009170813517400345},
+    {512, 512, 512, 0.023679999634623528, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.019310222330829865},
+    {1024, 1024, 1024, 0.04049599915742874, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03596100989594686},
+    {2048, 2048, 2048, 0.14854399859905243, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.038191099194531786},
+    {4096, 4096, 4096, 1.2218559980392456, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.03679997700526126},
+    {8192, 8192, 8192, 9.26094388961792, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.007034365201711143},
+    {4092, 4092, 4092, 1.2461439967155457, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05670869688334789},
+    {3000, 3000, 3000, 0.5472640097141266, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.016384417095720277},
+    {1, 4096, 4096, 0.14001599699258804, 0.0, 8.317766166719343, 8.317766166719343, 0.015611658208033324},
+    {16, 8192, 4096, 0.14057600498199463, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0006108405611362518},
+    {64, 4096, 8192, 0.26870399713516235, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.004397521039660913},
+    {128, 8192, 8192, 0.27001601457595825, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.03818875122522658},
+    {8192, 128, 8192, 0.27508799731731415, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.019578984983539542},
+    {4096, 32, 4096, 0.13964800536632538, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.009248641063212387},
+    {80, 8192, 4096, 0.1385280042886734, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0290966505616916},
+    {1, 11008, 4096, 0.14446400105953217, 0.0, 9.306377560173125, 8.317766166719343, 0.02097285426880855},
+    {8, 11008, 4096, 0.1422719955444336, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.0034750472163292885},
+    {16, 4096, 4096, 0.14000000059604645, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.013690176120971183},
+    {4, 14336, 4096, 0.14500799775123596, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.011272451709109035},
+    {4096, 16, 4096, 0.1382720023393631, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0012705259222743806},
+    {6, 8192, 4096, 0.1382399946451187, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.013776949062590032},
+    {12, 4096, 8192, 0.2671999931335449, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0035842700647655294},
+    {4096, 4096, 512, 0.16019199788570404, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.023120667194776495},
+    {5120, 7168, 1024, 0.6830080151557922, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.04774536931408911},
+    {8192, 8192, 256, 0.3547680079936981, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.021529555595992046},
+    {2048, 2048, 128, 0.019807999953627586, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.06540071723367494},
+    {16384, 4096, 64, 0.1273919939994812, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.020074692197493207},
+    {256, 256, 32768, 1.0685439705848694, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.03230721466395314},
+    {512, 512, 16384, 0.5326079726219177, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.009408385985158224},
+    {128, 1024, 65536, 2.089568018913269, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.009525404559684874},
+    {64, 64, 131072, 4.208415985107422, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.026172461358441833},
+    {384, 384, 24576, 0.7836160063743591, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.0021984660404998587},
+    {1280, 1920, 16384, 1.1036959886550903, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.007236051472760463},
+    {1024, 1024, 49152, 1.5486559867858887, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.059537881821683375},
+    {1536, 2560, 768, 0.06139199994504452, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03238361751563732},
+};
+static const Point fp32_11_unaligned[] = {
     {2047, 2047, 2047, 0.28572800755500793, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.07454983260383492},
     {1531, 1531, 1531, 0.16592000424861908, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.09247643368908003},
     {5003, 5003, 5003, 3.9990240335464478, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.004473373279371526},
@@ -14061,102 +15156,44 @@ static const Point fp32_10_unaligned[] = {
     {4096, 4096, 4096, 2.1384479999542236, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.019596410373131957},
     {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11306831234478008},
 };
-static const Point fp32_11_aligned[] = {
-    {256, 256, 256, 0.012575999833643436, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.01959094316437551},
-    {512, 512, 512, 0.017343999817967415, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.021155212787753595},
-    {1024, 1024, 1024, 0.028432000428438187, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05982960363374647},
-    {2048, 2048, 2048, 0.19200000166893005, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03405568244254684},
-    {4096, 4096, 4096, 1.499184012413025, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.011352177425508397},
-    {8192, 8192, 8192, 12.23641586303711, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.03873534987547257},
-    {4092, 4092, 4092, 1.54721599817276, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.020398083999673796},
-    {3000, 3000, 3000, 0.6114719808101654, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.03363491937015093},
-    {1, 4096, 4096, 0.0880960002541542, 0.0, 8.317766166719343, 8.317766166719343, -0.027112927918072238},
-    {16, 8192, 4096, 0.09504000097513199, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.025272359035525573},
-    {64, 4096, 8192, 0.1703680008649826, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.029941826273883015},
-    {128, 8192, 8192, 0.19571200013160706, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.02368592850674204},
-    {8192, 128, 8192, 0.19236800074577332, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.006451945077105839},
-    {4096, 32, 4096, 0.0891840010881424, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.024210032516373173},
-    {80, 8192, 4096, 0.09724800288677216, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.006304842352055054},
-    {1, 11008, 4096, 0.0984639972448349, 0.0, 9.306377560173125, 8.317766166719343, 0.052134390851091915},
-    {8, 11008, 4096, 0.09849599748849869, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04973999702976254},
-    {16, 4096, 4096, 0.09099199995398521, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.002992209081137382},
-    {4, 14336, 4096, 0.10710400342941284, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.11969050583336409},
-    {4096, 16, 4096, 0.09035200253129005, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.006449295062067527},
-    {6, 8192, 4096, 0.09308800101280212, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0074437816317800614},
-    {12, 4096, 8192, 0.16873599588871002, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03152035844520522},
-    {4096, 4096, 512, 0.219200000166893, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.04257145544103839},
-    {8192, 8192, 256, 0.5248800218105316, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.0009769983471983072},
-    {2048, 2048, 128, 0.02687999978661537, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.025267442093468147},
-    {16384, 4096, 64, 0.25492800772190094, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.006367420560490435},
-    {256, 256, 32768, 0.6772480010986328, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.01821695688885906},
-    {512, 512, 16384, 0.34440000355243683, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.0014534335835266299},
-    {128, 1024, 65536, 1.3348479866981506, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.0012041543012282611},
-    {64, 64, 131072, 2.581920027732849, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.014436088239044978},
-    {384, 384, 24576, 0.5011999905109406, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.008414415087933233},
-    {1536, 2560, 768, 0.08203199878334999, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.01417357351735379},
-};
-static const Point fp32_11_unaligned[] = {
-    {2047, 2047, 2047, 0.28118398785591125, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.023389554616223482},
-    {1531, 1531, 1531, 0.1639840006828308, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03703594526015472},
-    {5003, 5003, 5003, 3.9585120677948, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.002255661202890189},
-    {127, 4099, 1023, 0.04335999861359596, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.04632348375811868},
-    {4096, 1, 4096, 0.09044800326228142, 8.317766166719343, 0.0, 8.317766166719343, -0.19732762753665611},
-    {1, 4096, 4096, 0.14023999869823456, 0.0, 8.317766166719343, 8.317766166719343, 0.24172908832347315},
-    {16, 11008, 4096, 0.14707200229167938, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.17329476940936914},
-    {4096, 4096, 4096, 2.1017760038375854, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.028189027635513633},
-    {1024, 1024, 1024, 0.043776001781225204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.058231897746347024},
-};
 static const Point fp32_12_aligned[] = {
-    {1, 4096, 4096, 0.03516799956560135, 0.0, 8.317766166719343, 8.317766166719343, -0.04693702335655131},
-    {16, 8192, 4096, 0.2934400141239166, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0976428278173067},
-    {1, 11008, 4096, 0.07248000055551529, 0.0, 9.306377560173125, 8.317766166719343, 0.22742705490918047},
-    {8, 11008, 4096, 0.17449599504470825, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.07342507089195568},
-    {16, 4096, 4096, 0.1595040038228035, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.007590284671929112},
-    {4, 14336, 4096, 0.10633599758148193, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.2328100517836426},
-    {4096, 16, 4096, 0.15936000645160675, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.008493474598328594},
-    {6, 8192, 4096, 0.13065600395202637, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.07152421495359922},
-    {12, 4096, 8192, 0.2996799945831299, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.24217820008410024},
+    {256, 256, 256, 0.02876799926161766, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.3081087726053746},
+    {512, 512, 512, 0.022512000054121017, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12955373751353275},
+    {1024, 1024, 1024, 0.03739200159907341, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.013047718624801637},
+    {2048, 2048, 2048, 0.18534399569034576, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03842387357256109},
+    {4096, 4096, 4096, 1.3292160034179688, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.022581192435638945},
+    {8192, 8192, 8192, 10.53435230255127, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.10227085869914736},
+    {4092, 4092, 4092, 1.3911679983139038, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.06852085894390111},
+    {3000, 3000, 3000, 0.5442880094051361, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.03729700188467352},
+    {1, 4096, 4096, 0.07259200140833855, 0.0, 8.317766166719343, 8.317766166719343, -0.06431632212240646},
+    {16, 8192, 4096, 0.07849600166082382, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.04126059881570623},
+    {64, 4096, 8192, 0.1387840062379837, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.01878419853785386},
+    {128, 8192, 8192, 0.16651199758052826, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.04054906728563247},
+    {8192, 128, 8192, 0.16595199704170227, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.03718027501041741},
+    {4096, 32, 4096, 0.07345600053668022, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.06733912440824286},
+    {80, 8192, 4096, 0.08579199761152267, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.009214857949716207},
+    {1, 11008, 4096, 0.14188799262046814, 0.0, 9.306377560173125, 8.317766166719343, -0.03895902717200665},
+    {8, 11008, 4096, 0.14371199905872345, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.03094014413117336},
+    {16, 4096, 4096, 0.07513599842786789, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.037086574827743864},
+    {4, 14336, 4096, 0.15558399260044098, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03274546835872896},
+    {4096, 16, 4096, 0.07478400319814682, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.041782357547932907},
+    {6, 8192, 4096, 0.07849600166082382, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.03208136496802084},
+    {12, 4096, 8192, 0.1382879987359047, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0009249610785737553},
+    {4096, 4096, 512, 0.2983040064573288, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.08090202589687275},
+    {5120, 7168, 1024, 0.9367199838161469, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0443721645822859},
+    {8192, 8192, 256, 0.890032023191452, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.09105968892085056},
+    {2048, 2048, 128, 0.06809599697589874, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09576990512864296},
+    {16384, 4096, 64, 0.8691039979457855, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.12317614005812168},
+    {256, 256, 32768, 0.5089919865131378, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.06195006116486905},
+    {512, 512, 16384, 0.2616640031337738, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.013133689885988476},
+    {128, 1024, 65536, 0.9924480020999908, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.04118161196646359},
+    {64, 64, 131072, 1.980080008506775, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.07431811876162843},
+    {384, 384, 24576, 0.3813759982585907, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.03164614036553662},
+    {1280, 1920, 16384, 0.8482399880886078, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.006242506773740217},
+    {1024, 1024, 49152, 0.885455995798111, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.03254000149055702},
+    {1536, 2560, 768, 0.10449599847197533, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.004083174990910312},
 };
 static const Point fp32_12_unaligned[] = {
-    {4096, 1, 4096, 0.03540800139307976, 8.317766166719343, 0.0, 8.317766166719343, -0.23640209961696404},
-    {1, 4096, 4096, 0.05183999985456467, 0.0, 8.317766166719343, 8.317766166719343, 0.14482212696925242},
-    {16, 11008, 4096, 0.722432017326355, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.1081519181848143},
-};
-static const Point fp32_13_aligned[] = {
-    {256, 256, 256, 0.02876799926161766, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.3076345365381663},
-    {512, 512, 512, 0.022512000054121017, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1297687198009299},
-    {1024, 1024, 1024, 0.03739200159907341, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.011891375547288618},
-    {2048, 2048, 2048, 0.18534399569034576, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03812990441715063},
-    {4096, 4096, 4096, 1.3292160034179688, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.02381886714819332},
-    {8192, 8192, 8192, 10.53435230255127, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.10437528971578636},
-    {4092, 4092, 4092, 1.3911679983139038, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.06975307580127318},
-    {3000, 3000, 3000, 0.5442880094051361, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.03659159587257596},
-    {1, 4096, 4096, 0.07259200140833855, 0.0, 8.317766166719343, 8.317766166719343, -0.06405475233669972},
-    {16, 8192, 4096, 0.07849600166082382, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.040074365059033584},
-    {64, 4096, 8192, 0.1387840062379837, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.018005855836195524},
-    {128, 8192, 8192, 0.16651199758052826, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.043170773750334526},
-    {8192, 128, 8192, 0.16595199704170227, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.039801981475119444},
-    {4096, 32, 4096, 0.07345600053668022, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.06689207401980408},
-    {80, 8192, 4096, 0.08579199761152267, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.007383970227206672},
-    {1, 11008, 4096, 0.14188799262046814, 0.0, 9.306377560173125, 8.317766166719343, -0.03914578849827926},
-    {8, 11008, 4096, 0.14371199905872345, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.03106514399851132},
-    {16, 4096, 4096, 0.07513599842786789, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.03673457241296185},
-    {4, 14336, 4096, 0.15558399260044098, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03293233794904903},
-    {4096, 16, 4096, 0.07478400319814682, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.041430355133150874},
-    {6, 8192, 4096, 0.07849600166082382, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.031002691459992723},
-    {12, 4096, 8192, 0.1382879987359047, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0013589718145601783},
-    {4096, 4096, 512, 0.2983040064573288, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.08519510231700334},
-    {8192, 8192, 256, 0.890032023191452, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.0978414370589555},
-    {2048, 2048, 128, 0.06809599697589874, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09020927434867879},
-    {16384, 4096, 64, 0.8691039979457855, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.11374877488698071},
-    {256, 256, 32768, 0.5089919865131378, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.061634341558428236},
-    {512, 512, 16384, 0.2616640031337738, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.013541980627286234},
-    {128, 1024, 65536, 0.9924480020999908, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.04113348901318164},
-    {64, 64, 131072, 1.980080008506775, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.07376856405062965},
-    {384, 384, 24576, 0.3813759982585907, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.03164718848094352},
-    {1536, 2560, 768, 0.10449599847197533, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.001947257849344689},
-};
-static const Point fp32_13_unaligned[] = {
     {2047, 2047, 2047, 0.3067519962787628, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.02306665484922212},
     {1531, 1531, 1531, 0.16041600704193115, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.002614388735814328},
     {5003, 5003, 5003, 4.274160146713257, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.04779583095187815},
@@ -14167,41 +15204,108 @@ static const Point fp32_13_unaligned[] = {
     {4096, 4096, 4096, 2.2989280223846436, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.039480742621145995},
     {1024, 1024, 1024, 0.05742400139570236, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.12088930984516777},
 };
+static const Point fp32_13_aligned[] = {
+    {256, 256, 256, 0.012575999833643436, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.019209749742396365},
+    {512, 512, 512, 0.017343999817967415, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02110561198935706},
+    {1024, 1024, 1024, 0.028432000428438187, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.060235865740027816},
+    {2048, 2048, 2048, 0.19200000166893005, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03420018959941457},
+    {4096, 4096, 4096, 1.499184012413025, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01138699402063861},
+    {8192, 8192, 8192, 12.23641586303711, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.03872559108211747},
+    {4092, 4092, 4092, 1.54721599817276, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0203663121859414},
+    {3000, 3000, 3000, 0.6114719808101654, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.03364645664056447},
+    {1, 4096, 4096, 0.0880960002541542, 0.0, 8.317766166719343, 8.317766166719343, -0.02583653109258255},
+    {16, 8192, 4096, 0.09504000097513199, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.026187779550629838},
+    {64, 4096, 8192, 0.1703680008649826, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02868567796397995},
+    {128, 8192, 8192, 0.19571200013160706, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.02367628286462983},
+    {8192, 128, 8192, 0.19236800074577332, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.006442299434993549},
+    {4096, 32, 4096, 0.0891840010881424, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.023078712689030254},
+    {80, 8192, 4096, 0.09724800288677216, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.006195304380499233},
+    {1, 11008, 4096, 0.0984639972448349, 0.0, 9.306377560173125, 8.317766166719343, 0.05292080349999205},
+    {8, 11008, 4096, 0.09849599748849869, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.050485521834493494},
+    {16, 4096, 4096, 0.09099199995398521, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.004233814599631253},
+    {4, 14336, 4096, 0.10710400342941284, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.1202297624047353},
+    {4096, 16, 4096, 0.09035200253129005, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.005244627800856945},
+    {6, 8192, 4096, 0.09308800101280212, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.008403676856664101},
+    {12, 4096, 8192, 0.16873599588871002, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.030138699665960483},
+    {4096, 4096, 512, 0.219200000166893, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.043166595161888595},
+    {5120, 7168, 1024, 0.8994880020618439, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.028118644547966046},
+    {8192, 8192, 256, 0.5248800218105316, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.0020323640409474625},
+    {2048, 2048, 128, 0.02687999978661537, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.023747194618386112},
+    {16384, 4096, 64, 0.25492800772190094, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.004137791723797289},
+    {256, 256, 32768, 0.6772480010986328, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.01994015019919831},
+    {512, 512, 16384, 0.34440000355243683, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.0027759186914353483},
+    {128, 1024, 65536, 1.3348479866981506, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.002822243847909578},
+    {64, 64, 131072, 2.581920027732849, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.01256649223860533},
+    {384, 384, 24576, 0.5011999905109406, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.006858406278599588},
+    {1280, 1920, 16384, 1.0210559964179993, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.06362635861080518},
+    {1024, 1024, 49152, 1.1465280055999756, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.03169041911686632},
+    {1536, 2560, 768, 0.08203199878334999, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.014524563699175616},
+};
+static const Point fp32_13_unaligned[] = {
+    {2047, 2047, 2047, 0.28118398785591125, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.023389554616223482},
+    {1531, 1531, 1531, 0.1639840006828308, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03703594526015472},
+    {5003, 5003, 5003, 3.9585120677948, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.002255661202890189},
+    {127, 4099, 1023, 0.04335999861359596, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.04632348375811868},
+    {4096, 1, 4096, 0.09044800326228142, 8.317766166719343, 0.0, 8.317766166719343, -0.19732762753665611},
+    {1, 4096, 4096, 0.14023999869823456, 0.0, 8.317766166719343, 8.317766166719343, 0.24172908832347315},
+    {16, 11008, 4096, 0.14707200229167938, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.17329476940936914},
+    {4096, 4096, 4096, 2.1017760038375854, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.028189027635513633},
+    {1024, 1024, 1024, 0.043776001781225204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.058231897746347024},
+};
 static const Point fp32_14_aligned[] = {
-    {256, 256, 256, 0.01889600045979023, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.026872922985734234},
-    {512, 512, 512, 0.03097599931061268, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.020488064550227753},
-    {1024, 1024, 1024, 0.062063999474048615, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.00029099991399549307},
-    {2048, 2048, 2048, 0.4678080081939697, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.014842984940321177},
-    {4096, 4096, 4096, 3.590672016143799, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.011693520356037664},
-    {8192, 8192, 8192, 25.99796772003174, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.09292097515717095},
-    {4092, 4092, 4092, 4.771375894546509, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.2728106360217641},
-    {3000, 3000, 3000, 1.7869600057601929, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.174668701175223},
-    {1, 4096, 4096, 0.22563199698925018, 0.0, 8.317766166719343, 8.317766166719343, 0.06807491551777033},
-    {16, 8192, 4096, 0.2107519954442978, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.028253484327879733},
-    {64, 4096, 8192, 0.419871985912323, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.009295845224655049},
-    {128, 8192, 8192, 0.4219520092010498, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.07798245569967086},
-    {8192, 128, 8192, 0.46350400149822235, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.015940977193846042},
-    {4096, 32, 4096, 0.20904000103473663, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.012795301095282187},
-    {80, 8192, 4096, 0.20457600057125092, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.09465648511618496},
-    {1, 11008, 4096, 0.40299201011657715, 0.0, 9.306377560173125, 8.317766166719343, -0.04188865746277041},
-    {8, 11008, 4096, 0.3922240138053894, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.07179947073635647},
-    {16, 4096, 4096, 0.21804800629615784, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.029394323656016186},
-    {4, 14336, 4096, 0.3973439931869507, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.06548621719110698},
-    {4096, 16, 4096, 0.20838400721549988, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.013545936043496493},
-    {6, 8192, 4096, 0.2019840031862259, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.06489546546127158},
-    {12, 4096, 8192, 0.3988800048828125, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0449432823205428},
-    {4096, 4096, 512, 0.47545599937438965, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.00926714394245021},
-    {8192, 8192, 256, 0.9607200026512146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.03208415088673122},
-    {2048, 2048, 128, 0.03868800029158592, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0013529984471622695},
-    {16384, 4096, 64, 0.326447993516922, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.0019426663468984154},
-    {256, 256, 32768, 1.6740480065345764, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.02953462466378719},
-    {512, 512, 16384, 0.8447359800338745, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.013091264246368967},
-    {128, 1024, 65536, 3.3595839738845825, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.0272716085845472},
-    {64, 64, 131072, 6.614351987838745, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.02678079750641845},
-    {384, 384, 24576, 1.4749760031700134, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.18015240503261687},
-    {1536, 2560, 768, 0.1918719932436943, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.07360051623013238},
+    {1, 4096, 4096, 0.03516799956560135, 0.0, 8.317766166719343, 8.317766166719343, -0.04693702335655131},
+    {16, 8192, 4096, 0.2934400141239166, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0976428278173067},
+    {1, 11008, 4096, 0.07248000055551529, 0.0, 9.306377560173125, 8.317766166719343, 0.22742705490918047},
+    {8, 11008, 4096, 0.17449599504470825, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.07342507089195568},
+    {16, 4096, 4096, 0.1595040038228035, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.007590284671929112},
+    {4, 14336, 4096, 0.10633599758148193, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.2328100517836426},
+    {4096, 16, 4096, 0.15936000645160675, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.008493474598328594},
+    {6, 8192, 4096, 0.13065600395202637, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.07152421495359922},
+    {12, 4096, 8192, 0.2996799945831299, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.24217820008410024},
 };
 static const Point fp32_14_unaligned[] = {
+    {4096, 1, 4096, 0.03540800139307976, 8.317766166719343, 0.0, 8.317766166719343, -0.23640209961696404},
+    {1, 4096, 4096, 0.05183999985456467, 0.0, 8.317766166719343, 8.317766166719343, 0.14482212696925242},
+    {16, 11008, 4096, 0.722432017326355, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.1081519181848143},
+};
+static const Point fp32_15_aligned[] = {
+    {256, 256, 256, 0.01889600045979023, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.025456813066342218},
+    {512, 512, 512, 0.03097599931061268, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.020479555919854613},
+    {1024, 1024, 1024, 0.062063999474048615, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0009988263740102056},
+    {2048, 2048, 2048, 0.4678080081939697, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.016335194636994576},
+    {4096, 4096, 4096, 3.590672016143799, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.010042379364978456},
+    {8192, 8192, 8192, 25.99796772003174, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.09122997493403293},
+    {4092, 4092, 4092, 4.771375894546509, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.27446259677112067},
+    {3000, 3000, 3000, 1.7869600057601929, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.17629258489884775},
+    {1, 4096, 4096, 0.22563199698925018, 0.0, 8.317766166719343, 8.317766166719343, 0.0698910940072541},
+    {16, 8192, 4096, 0.2107519954442978, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.026550674701621993},
+    {64, 4096, 8192, 0.419871985912323, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.007405023149545803},
+    {128, 8192, 8192, 0.4219520092010498, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.07638729669182485},
+    {8192, 128, 8192, 0.46350400149822235, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.017536136201692098},
+    {4096, 32, 4096, 0.20904000103473663, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.01099745156411961},
+    {80, 8192, 4096, 0.20457600057125092, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0930968273868382},
+    {1, 11008, 4096, 0.40299201011657715, 0.0, 9.306377560173125, 8.317766166719343, -0.039985620430676536},
+    {8, 11008, 4096, 0.3922240138053894, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.06990822947265647},
+    {16, 4096, 4096, 0.21804800629615784, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03119217318717894},
+    {4, 14336, 4096, 0.3973439931869507, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.06362261431261608},
+    {4096, 16, 4096, 0.20838400721549988, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.011738331597855032},
+    {6, 8192, 4096, 0.2019840031862259, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.06316931501862386},
+    {12, 4096, 8192, 0.3988800048828125, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.04298678398065025},
+    {4096, 4096, 512, 0.47545599937438965, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.008166289802944567},
+    {5120, 7168, 1024, 2.014799952507019, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.01970074112757024},
+    {8192, 8192, 256, 0.9607200026512146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.031421574960042185},
+    {2048, 2048, 128, 0.03868800029158592, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.00019627055809090855},
+    {16384, 4096, 64, 0.326447993516922, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.00043003661396359704},
+    {256, 256, 32768, 1.6740480065345764, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.031679702727840896},
+    {512, 512, 16384, 0.8447359800338745, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.015100100372252168},
+    {128, 1024, 65536, 3.3595839738845825, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.02940407506658954},
+    {64, 64, 131072, 6.614351987838745, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.028987259265241136},
+    {384, 384, 24576, 1.4749760031700134, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.18224320229241997},
+    {1280, 1920, 16384, 2.399616003036499, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.09660446463309591},
+    {1024, 1024, 49152, 2.853983998298645, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.05409379186650261},
+    {1536, 2560, 768, 0.1918719932436943, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.07473357546131836},
+};
+static const Point fp32_15_unaligned[] = {
     {2047, 2047, 2047, 0.5801920294761658, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.009034092429494047},
     {1531, 1531, 1531, 0.3253439962863922, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.053019335806779186},
     {5003, 5003, 5003, 7.929776191711426, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.059853423547428806},
@@ -14213,9 +15317,9 @@ static const Point fp32_14_unaligned[] = {
     {1024, 1024, 1024, 0.07804799824953079, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.16627051511015514},
 };
 
-static const Member members[15] = {
+static const Member members[16] = {
     {128, 128, 32, 1, 1, true, true,
-     {fp32_0_aligned, 32, {0.008108853759967359, 0.001154938883612768, 0.0017050071780743807, 0.02075628820526215, 5.518932175105585}},
+     {fp32_0_aligned, 35, {0.00800926073080543, 0.0011256423981679724, 0.0016028070970970608, 0.03444548821942291, 5.5246091232544225}},
      {fp32_0_unaligned, 9, {0.0, 0.0008287331707772367, 0.020889289451795946, 0.27175479391948687, 1.2448428770789404}}
      , true
      , false, 0
@@ -14227,80 +15331,86 @@ static const Member members[15] = {
      , true, 3
     },
     {64, 128, 32, 4, 1, true, true,
-     {fp32_2_aligned, 32, {0.013863802043322285, 0.0006356731243914839, 0.004907136637177722, 0.021194743667640948, 0.0}},
+     {fp32_2_aligned, 35, {0.013997820891954693, 0.0006374778249059918, 0.004903655257785478, 0.018267092305786044, 0.0}},
      {fp32_2_unaligned, 9, {0.017694477093393744, 0.0005517492556360675, 0.0049387361578539755, 0.14855857465774444, 0.0}}
      , false
      , false, 0
     },
     {64, 64, 32, 128, 1, true, true,
-     {fp32_3_aligned, 32, {0.016731342404263737, 0.0, 0.0021632083766521372, 0.22918323475841848, 9.418077845985806}},
+     {fp32_3_aligned, 35, {0.017476737730590667, 0.0, 0.0021718248281732333, 0.21373452193668083, 10.231510122110624}},
      {fp32_3_unaligned, 9, {0.06101636170161099, 0.0, 0.0005334779819645654, 0.5745284282933822, 62.53177677978264}}
      , false
      , false, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {fp32_4_aligned, 32, {0.006447589300270488, 0.0009333099431657002, 0.00200571977374614, 0.031047308068028096, 0.0}},
+     {fp32_4_aligned, 35, {0.00647269318455274, 0.0009304009268522425, 0.0020150482075379683, 0.031809924250439034, 0.0}},
      {fp32_4_unaligned, 9, {0.0, 0.0008497859160028135, 0.004116601876976543, 0.2745457243676638, 0.0}}
      , false
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {fp32_5_aligned, 32, {0.004520057636253754, 0.00044989190364433287, 0.0015174715332200543, 0.018352255822373986, 0.0}},
+     {fp32_5_aligned, 35, {0.004542791426505958, 0.00045166531236242273, 0.0015396159877489046, 0.014786622494666732, 0.0}},
      {fp32_5_unaligned, 9, {0.019065570828517175, 0.00044621787392769963, 0.0, 0.03917950022714744, 0.0}}
      , false
      , false, 0
     },
-    {128, 64, 32, 4, 1, true, true,
-     {fp32_6_aligned, 32, {0.015867702172718823, 0.0006716529814088512, 0.00537546333167523, 0.0, 0.0}},
-     {fp32_6_unaligned, 9, {0.017761453746792177, 0.0002649582250036823, 0.0, 0.2318951565863188, 2.5984028638160925}}
+    {128, 128, 32, 4, 1, true, true,
+     {fp32_6_aligned, 35, {0.009661328947266679, 0.0009140759895682481, 0.0067709766537365325, 0.03459084732883935, 0.7892902736071667}},
+     {fp32_6_unaligned, 9, {0.023471699909647682, 0.0, 0.0, 0.4174287653663612, 3.517277970582773}}
      , false
      , false, 0
     },
     {128, 128, 32, 32, 1, true, true,
-     {fp32_7_aligned, 32, {0.014432444665248588, 0.0009431103685173939, 0.0026495092432946093, 0.008434232306324474, 11.517858459571963}},
+     {fp32_7_aligned, 35, {0.01388632020326597, 0.0009373942951187482, 0.002616710863057834, 0.017050766218299273, 11.786971521006242}},
      {fp32_7_unaligned, 9, {0.028227053711145308, 0.00014611479177392296, 0.0, 0.5769086924575044, 18.61529105057763}}
      , false
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {fp32_8_aligned, 32, {0.007179106617009666, 0.0006413727253639823, 0.0013930026326223462, 0.0, 0.0}},
+     {fp32_8_aligned, 35, {0.007258835076251081, 0.0006385423400503648, 0.0013996422199688708, 0.0, 0.0}},
      {fp32_8_unaligned, 9, {0.009129805157215369, 0.000647346501291083, 0.0005945600646737026, 0.012727724192584272, 0.0}}
      , false
      , false, 0
     },
     {128, 128, 32, 8, 1, true, true,
-     {fp32_9_aligned, 32, {0.012116967487862436, 0.0009178292354054861, 0.004868371550593881, 0.014879137735359583, 2.2989389000039093}},
+     {fp32_9_aligned, 35, {0.012106714252637162, 0.0009085040656437243, 0.004645033990580321, 0.025330961845566546, 2.3156743563503963}},
      {fp32_9_unaligned, 9, {0.016559328622124538, 0.0005406568841570828, 0.0, 0.2964569901004075, 5.66732271810387}}
      , false
      , false, 0
     },
+    {128, 64, 32, 4, 1, true, true,
+     {fp32_10_aligned, 35, {0.015830644681082272, 0.0006752581809567328, 0.005326798675536025, 0.00028372966665627785, 0.0}},
+     {fp32_10_unaligned, 9, {0.017761453746792177, 0.0002649582250036823, 0.0, 0.2318951565863188, 2.5984028638160925}}
+     , false
+     , false, 0
+    },
     {128, 128, 32, 1, 1, true, true,
-     {fp32_10_aligned, 32, {0.006270918737978948, 0.0010022236194845435, 0.0015944580453987672, 0.030494448426570453, 0.0}},
-     {fp32_10_unaligned, 9, {0.0, 0.0008570731945440443, 0.0032285552571563836, 0.27787839894708843, 0.0}}
+     {fp32_11_aligned, 35, {0.006298439458142962, 0.0009984550904562858, 0.0016020187475619463, 0.03170604105177902, 0.0}},
+     {fp32_11_unaligned, 9, {0.0, 0.0008570731945440443, 0.0032285552571563836, 0.27787839894708843, 0.0}}
+     , false
+     , false, 0
+    },
+    {128, 128, 32, 2, 1, true, true,
+     {fp32_12_aligned, 35, {0.009549759810000067, 0.0008875354561447714, 0.007795134620902848, 0.0481267096960425, 0.37048913486281704}},
+     {fp32_12_unaligned, 9, {0.024477735663476833, 0.0002208693927754974, 0.00823668141198743, 0.425497557724613, 0.0}}
      , false
      , false, 0
     },
     {64, 128, 32, 1, 1, true, true,
-     {fp32_11_aligned, 32, {0.0046859086238899466, 0.000637338584173983, 0.00250681967287202, 0.0258031517721452, 0.0}},
-     {fp32_11_unaligned, 9, {0.009128045175771923, 0.0006982585236322293, 0.004848358728148877, 0.10013747099427528, 0.0}}
+     {fp32_13_aligned, 35, {0.004690707973054905, 0.0006361346759955837, 0.0025157746799471716, 0.02617107351951249, 0.0}},
+     {fp32_13_unaligned, 9, {0.009128045175771923, 0.0006982585236322293, 0.004848358728148877, 0.10013747099427528, 0.0}}
      , false
      , false, 0
     },
     {16, 2, 512, 1, 5, true, false,
-     {fp32_12_aligned, 9, {0.020155533990494967, 0.0002639088096640239, 0.0, 0.0, 226.22402957280323}},
-     {fp32_12_unaligned, 3, {0.0, 0.0012741685390716048, 0.0, 0.0, 0.0}}
+     {fp32_14_aligned, 9, {0.020155533990494967, 0.0002639088096640239, 0.0, 0.0, 226.22402957280323}},
+     {fp32_14_unaligned, 3, {0.0, 0.0012741685390716048, 0.0, 0.0, 0.0}}
      , false
      , true, 0
     },
-    {128, 128, 32, 2, 1, true, true,
-     {fp32_13_aligned, 32, {0.009438852701010154, 0.0008880547429553524, 0.007914901764549388, 0.04720490528186537, 0.37059786627544083}},
-     {fp32_13_unaligned, 9, {0.024477735663476833, 0.0002208693927754974, 0.00823668141198743, 0.425497557724613, 0.0}}
-     , false
-     , false, 0
-    },
     {128, 64, 32, 1, 1, true, false,
-     {fp32_14_aligned, 32, {0.004161369480988963, 0.0015697694696088411, 0.0015805815429930459, 0.06031361651061833, 0.0}},
-     {fp32_14_unaligned, 9, {0.008868999526188715, 0.0017366298823727107, 0.025063114075557343, 0.026444857745353746, 0.0}}
+     {fp32_15_aligned, 35, {0.004201792171711103, 0.00156628903248223, 0.0015938548582136165, 0.06045046641467813, 0.0}},
+     {fp32_15_unaligned, 9, {0.008868999526188715, 0.0017366298823727107, 0.025063114075557343, 0.026444857745353746, 0.0}}
      , false
      , false, 0
     },
@@ -14382,7 +15492,7 @@ static int best(int M, int N, int K, bool use_aligned, int sm_count, bool beta_u
                 double& best_ms) {
     int found = -1;
     best_ms = HUGE_VAL;
-    for (int i = 0; i < 15; ++i) {
+    for (int i = 0; i < 16; ++i) {
         const Member& m = members[i];
         const Model& model = use_aligned ? m.aligned : m.unaligned;
         if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
@@ -14400,7 +15510,7 @@ static int choose(int M, int N, int K, bool aligned, int sm_count, bool beta_use
         const int found = best(M, N, K, pass == 0 ? aligned : !aligned, sm_count, beta_used, sm90a, batch, ms);
         if (found >= 0) return found;
     }
-    for (int i = 0; i < 15; ++i)
+    for (int i = 0; i < 16; ++i)
         if ((members[i].beta || !beta_used) && (!members[i].sm90a || sm90a)) return i;
     return 0;
 }
@@ -14617,7 +15727,7 @@ extern "C" int gemmgen_fp32_batched(int M, int N, int K, float alpha, const floa
     Device caps;
     const cudaError_t status = device_caps(caps);
     if (status != cudaSuccess) return (int)status;
-    int pick = 14;  // a GPU this library was not tuned for: the portable member
+    int pick = 15;  // a GPU this library was not tuned for: the portable member
     if (caps.tuned_gpu) {
         const bool aligned = lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 &&
             reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
@@ -14646,6 +15756,7 @@ extern "C" int gemmgen_fp32_batched(int M, int N, int K, float alpha, const floa
     case 12: return gemmgen_fp32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 13: return gemmgen_fp32_13_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 14: return gemmgen_fp32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 15: return gemmgen_fp32_15_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     }
     return cudaErrorInvalidValue;
 }

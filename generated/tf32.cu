@@ -9,23 +9,25 @@
 //   }
 //
 // TF32 inputs (timed against cuBLAS TF32); layout A row, B col, C row.
-// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 41 shapes; 157 candidate kernels
-// timed, 15 kept:
+// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 44 shapes; 157 candidate kernels
+// timed, 17 kept:
 //   tf32_0   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
 //   tf32_1   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=16  (sm_90a, from lib_tf32_split)
-//   tf32_2   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 cluster=2x1 staged  (sm_90a, from lib_tf32_cluster)
+//   tf32_2   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
 //   tf32_3   block=128x256x32 math=tf32 vec=A1B1 stages=4c frag=1 group=8  (sm_90a, from lib_tf32_copy)
 //   tf32_4   block=128x128x32 math=tf32 vec=A1B1 stages=4c frag=1 group=8 split=4  (sm_90a, from lib_tf32_copy)
 //   tf32_5   block=64x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_tf32_split)
 //   tf32_6   decode=1x8x1 math=tf32  (sm_90, from lib_tf32_decode_tc)
-//   tf32_7   block=128x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
-//   tf32_8   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_tf32_split)
-//   tf32_9   block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
-//   tf32_10  block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
-//   tf32_11  block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
-//   tf32_12  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_tf32_split)
-//   tf32_13  decode=1x4x2  (sm_90, from lib_tf32_decode)
-//   tf32_14  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
+//   tf32_7   block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
+//   tf32_8   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 cluster=2x1 staged  (sm_90a, from lib_tf32_cluster)
+//   tf32_9   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_tf32_split)
+//   tf32_10  block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
+//   tf32_11  block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
+//   tf32_12  block=128x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
+//   tf32_13  block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=2  (sm_90a, from lib_tf32_split)
+//   tf32_14  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_tf32_split)
+//   tf32_15  decode=1x4x2  (sm_90, from lib_tf32_decode)
+//   tf32_16  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
 //
 // Each call runs the member predicted fastest for its M, N, K, batch count and alignment class
 // (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
@@ -33,7 +35,7 @@
 // Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
 // over the best there: median 1.000, worst 2.221.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
-// compute capability 9.0; elsewhere tf32_14 runs.
+// compute capability 9.0; elsewhere tf32_16 runs.
 //
 // Build for Hopper and, if you like, other GPUs:
 //   nvcc -c -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 tf32.cu
@@ -1950,7 +1952,7 @@ static inline int gemmgen_tf32_1(int M, int N, int K, float alpha, const float* 
 //     load B   vector 1
 //     stages   4 tma
 //     raster   group 8
-//     cluster  2 x 1
+//     schedule persistent
 //     epilogue alpha beta staged
 //   }
 //
@@ -1963,6 +1965,7 @@ static inline int gemmgen_tf32_1(int M, int N, int K, float alpha, const float* 
 //   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
 //   accumulators               128 floats per consumer thread
 //   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 230464 bytes per block
+//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
@@ -2417,15 +2420,6 @@ constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
-// Clusters of CLUSTER_M x CLUSTER_N blocks: block (i, j) of a cluster (rank i + CLUSTER_M j) shares
-// A's tile with the blocks of its row i and B's with those of its column j. Each loads one slice
-// of each shared tile and multicasts it, so a stage is filled by its row and column together.
-constexpr int CLUSTER_M = 2, CLUSTER_N = 1, CLUSTER_BLOCKS = CLUSTER_M * CLUSTER_N;
-constexpr int A_SLICE_ROWS = BM / CLUSTER_N;  // rows of A's tile each block of a row loads
-constexpr int B_SLICE_ROWS = BN / CLUSTER_M;  // rows of B's tile each block of a column loads
-constexpr unsigned ROW_0_BLOCKS = 0x1;     // ranks of row 0: 0, CLUSTER_M, 2 CLUSTER_M, ...
-constexpr unsigned COLUMN_0_BLOCKS = 0x3;  // ranks of column 0: 0 ... CLUSTER_M - 1
-constexpr int SHARERS = CLUSTER_M + CLUSTER_N - 1;  // blocks whose consumers free a stage of this one
 constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
@@ -2475,14 +2469,12 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Which C tile this block computes, and of which batch. Clusters of CLUSTER_M x CLUSTER_N blocks
-// are numbered along a 1-D grid and walk C in cluster-sized tiles (raster group G: G rows of them
-// at a time, so that neighbouring clusters share A and B in L2); block rank r of a cluster takes
-// the tile (r % CLUSTER_M, r / CLUSTER_M) inside its cluster's. Blocks past C's edge store nothing.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM);  // in cluster tiles
-    const int tiles_n = (N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN);
-    int block = blockIdx.x / CLUSTER_BLOCKS;
+// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
+// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = tile;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
@@ -2491,9 +2483,8 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
     const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
     const int tile_n = (block % blocks_per_group) / group_rows;
-    const int rank = blockIdx.x % CLUSTER_BLOCKS;  // %cluster_ctarank of a 1-D cluster
-    block_m0 = (tile_m * CLUSTER_M + rank % CLUSTER_M) * BM;
-    block_n0 = (tile_n * CLUSTER_N + rank / CLUSTER_M) * BN;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
 }
 
 // ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
@@ -2564,44 +2555,6 @@ __device__ __forceinline__ void tma_store_wait_read() {
     asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
 }
 
-// ---- thread-block clusters: the blocks of a cluster fill each other's stages ------------------
-
-__device__ __forceinline__ unsigned block_rank() {  // this block's rank in its cluster
-    unsigned rank;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-    return rank;
-}
-
-// Every thread of every block of the cluster: what each did before is visible to all after.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// One arrival on the barrier at the same place in the shared memory of each block in `blocks`
-// (bit r: cluster rank r), this one included if its bit is set.
-__device__ __forceinline__ void barrier_arrive_in(unsigned long long* barrier, unsigned blocks) {
-#pragma unroll
-    for (int rank = 0; rank < CLUSTER_BLOCKS; ++rank)
-        if (blocks >> rank & 1)
-            asm volatile("{\n"
-                         ".reg .b32 remote;\n"
-                         "mapa.shared::cluster.u32 remote, %0, %1;\n"
-                         "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-                         "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
-}
-
-// TMA multicast: the box lands at the same place in the shared memory of each block in `blocks`,
-// and completes bytes on the barrier at the same place in each.
-__device__ __forceinline__ void tma_load_multicast(float* destination, const TensorMap* map,
-                                                   unsigned long long* barrier, int inner, int outer,
-                                                   int batch, unsigned short blocks) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-                 "[%0], [%1, { %2, %3, %4 }], [%5], %6;\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)), "h"(blocks) : "memory");
-}
-
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -2646,11 +2599,39 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
+// ---- the tile scheduler (schedule persistent) -----------------------------------------
+// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
+// consumers walk the same list, so the producer's copies run on into the next tile while the
+// consumers store the last one.
+struct Segment {
+    int tile;     // C tile, numbered as tile_origin takes them
+    int k_begin;  // the first of its K tiles this block multiplies
+    int k_end;    // one past the last
+};
+
+struct Schedule {
+    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
+    int k_tiles;    // K tiles per C tile
+    int next_tile;  // this block's next whole tile
+
+    __device__ Schedule(int M, int N, int K, int batch) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+        k_tiles = (K + BK - 1) / BK;
+        next_tile = blockIdx.x;
+    }
+
+    __device__ bool next(Segment& segment) {
+        if (next_tile >= tiles) return false;
+        segment.tile = next_tile;
+        segment.k_begin = 0;
+        segment.k_end = k_tiles;
+        next_tile += gridDim.x;
+        return true;
+    }
+};
+
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (a multi-architecture build compiles it for older GPUs too)
-__cluster_dims__(CLUSTER_BLOCKS, 1, 1)
-#endif
 gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         const __grid_constant__ TensorMap map_c,
@@ -2673,47 +2654,38 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const unsigned rank = block_rank(), rank_m = rank % CLUSTER_M, rank_n = rank / CLUSTER_M;
-    const unsigned short row_blocks = ROW_0_BLOCKS << rank_m;                    // share A's tile
-    const unsigned short column_blocks = COLUMN_0_BLOCKS << (CLUSTER_M * rank_n);  // share B's tile
-    const unsigned sharers = row_blocks | column_blocks;  // fill this block's stages, and free them
-    const int k_tiles = (K + BK - 1) / BK;
+    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
+    Schedule schedule(M, N, K, batch);
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4 * SHARERS);  // one arrival per consumer warp of each sharer
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
-    cluster_sync();  // every block's barriers are ready before any block multicasts or frees a stage
+    __syncthreads();
 
     if (warpgroup == 0) {
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            // This block's slices: rows rank_n * A_SLICE_ROWS ... of A's tile for its row, and
-            // rows rank_m * B_SLICE_ROWS ... of B's tile for its column.
-            const int a_slice = rank_n * A_SLICE_ROWS, b_slice = rank_m * B_SLICE_ROWS;
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);  // freed by every sharer
-                barrier_expect_bytes(&full[s], STAGE_BYTES);  // what the row and column deliver here
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load_multicast(sB + s * B_STAGE_FLOATS + b_slice * BK, &map_b, &full[s], t * BK, block_n0 + b_slice, b_batch, column_blocks);
+            int it = 0;
+            for (Segment segment; schedule.next(segment);) {
+                int block_m0, block_n0, batch_index;
+                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
+                    barrier_expect_bytes(&full[s], STAGE_BYTES);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
+                }
             }
-            // Stay until every sharer has freed each stage for the last time: no block may then
-            // write into this one's shared memory or arrive on its barriers after it has exited.
-            for (int t = k_tiles > STAGES ? k_tiles - STAGES : 0; t < k_tiles; ++t)
-                barrier_wait(&empty[t % STAGES], (t / STAGES) & 1);
         }
         return;
     }
@@ -2725,107 +2697,115 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int warp_in_group = tid % 128 / 32;
     int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
+    int it = 0;  // K tiles of earlier segments
+    for (Segment segment; schedule.next(segment);) {
+        int block_m0, block_n0, batch_index;
+        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+        const int m_left = M - block_m0;
+        const int n_left = N - block_n0;
+        const int k_tiles = segment.k_end - segment.k_begin;
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+        for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+        for (int t = 0; t < k_tiles; ++t) {
+            const int s = (it + t) % STAGES;
+            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+            const float* b_tile = sB + s * B_STAGE_FLOATS;
+            fence_accumulators(acc);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BK; kk += 8)
+                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+            wgmma_commit();
+            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+            fence_accumulators(acc);
+            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
+        }
+        wgmma_wait<0>();
         fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive_in(&empty[(t - 1) % STAGES], sharers);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-    if (k_tiles > 0 && lane == 0) barrier_arrive_in(&empty[(k_tiles - 1) % STAGES], sharers);  // the producers wait for every stage's last use
+        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
+        it += k_tiles;
 
-    if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-        // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-        // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-        // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-        {
-            const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
-            float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-            const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-            const bool read_c = beta != 0.0f;
-            // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-            // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-            const bool swap = lane / 4 % 2;
-            if (warp_m0 < m_left) {
-        #pragma unroll
-                for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                    if (box_n * C_BOX_N >= n_left) break;
-                    float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                    if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                    __syncwarp();
-        #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                        float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-        #pragma unroll
-                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-        #pragma unroll
-                            for (int v = 0; v < TN; ++v) {
-                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                                const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            {
+                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+                const bool swap = lane / 4 % 2;
+                if (warp_m0 < m_left) {
+            #pragma unroll
+                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                        if (box_n * C_BOX_N >= n_left) break;
+                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                        __syncwarp();
+            #pragma unroll
+                        for (int i = 0; i < TM; ++i) {
+                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+            #pragma unroll
+                                for (int v = 0; v < TN; ++v) {
+                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                                }
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                                // addressed: a register array indexed at run time would go to local memory)
+                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
                             }
-        #pragma unroll
-                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                            const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                            // addressed: a register array indexed at run time would go to local memory)
-                            *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
                         }
+                        fence_shared_for_tma();
+                        __syncwarp();
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                        ++stored_boxes;
                     }
-                    fence_shared_for_tma();
-                    __syncwarp();
-                    if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                    ++stored_boxes;
                 }
             }
-        }
-    } else {
-        // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-        const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-        const int thread_n0 = lane % 4 * TN;
-        // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-        {
-            constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-            float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-            const bool read_c = beta != 0.0f;
-        #pragma unroll
-            for (int rm = 0; rm < RM; ++rm)
-        #pragma unroll
-                for (int i = 0; i < TM; ++i) {
-                    const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                    if (m >= m_left) continue;
-        #pragma unroll
-                    for (int rn = 0; rn < RN; ++rn)
-        #pragma unroll
-                        for (int j = 0; j < TN; j += CV) {
-                            const int n = thread_n0 + rn * SUB_N + j;
-                            if (n + CV - 1 >= n_left) continue;
-                            float* c = C_tile + (long long)(m) * ldc + (n);
-                            float old[CV], out[CV];
-                            if (read_c) load_vec<CV>(old, c);
-        #pragma unroll
-                            for (int v = 0; v < CV; ++v) {
-                                out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+        } else {
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+            const int thread_n0 = lane % 4 * TN;
+            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+            {
+                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                        if (m >= m_left) continue;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; j += CV) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                if (n + CV - 1 >= n_left) continue;
+                                float* c = C_tile + (long long)(m) * ldc + (n);
+                                float old[CV], out[CV];
+                                if (read_c) load_vec<CV>(old, c);
+            #pragma unroll
+                                for (int v = 0; v < CV; ++v) {
+                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                                }
+                                store_vec<CV>(c, out);
                             }
-                            store_vec<CV>(c, out);
-                        }
-                }
+                    }
+            }
         }
     }
     if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
@@ -2870,9 +2850,7 @@ static inline int gemmgen_tf32_2_batched(int M, int N, int K, float alpha, const
         return gemmgen_tf32_2_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
-    // Whole clusters of CLUSTER_M x CLUSTER_N C tiles (the blocks past C's edge store nothing).
-    const long long blocks = (long long)((M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM)) *
-                             ((N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN)) * CLUSTER_BLOCKS * batch;
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
 
     // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
@@ -2903,7 +2881,7 @@ static inline int gemmgen_tf32_2_batched(int M, int N, int K, float alpha, const
     const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
     const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
     const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {A_SLICE_ROWS, B_SLICE_ROWS};  // each block of a cluster loads slices
+    const cuuint32_t box_rows[2] = {BM, BN};
     for (int i = 0; i < 2; ++i) {
         const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
         const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
@@ -2935,7 +2913,14 @@ static inline int gemmgen_tf32_2_batched(int M, int N, int K, float alpha, const
         aligned ? gemmgen_tf32_2_kernel<true> : gemmgen_tf32_2_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return (int)error;
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
         *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
@@ -5288,31 +5273,29 @@ static inline int gemmgen_tf32_6(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_7 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    128 x 192 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   6 tma
+//     stages   4 tma
 //     raster   group 8
-//     schedule pingpong
-//     epilogue alpha beta staged
+//     epilogue alpha beta
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 230496 bytes per block
-//   schedule                   pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, its two consumer warpgroups taking them in turn, so that one stores its tile while the other multiplies the next
+//   block tile (BM x BN x BK)  128 x 192 x 32
+//   math                       tf32, wgmma 64 x 192 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 192
+//   accumulators               96 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 164928 bytes per block
 //   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_7_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_7(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -5758,24 +5741,19 @@ static inline int gemmgen_tf32_7_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_7_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 128, BN = 192, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 6;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 2;  // per thread and slab: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 64, SUB_N = 8;  // RM slabs of 64 rows
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 24, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
-// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
-constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
-constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
-
-constexpr int SMEM_BYTES = 230496;
-static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int SMEM_BYTES = 164928;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
@@ -5811,12 +5789,12 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
-// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
-__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
-    int block = tile;
+    int block = blockIdx.x;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
@@ -5875,28 +5853,6 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
 }
 
-// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
-
-// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
-__device__ __forceinline__ void fence_shared_for_tma() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
-// of the box outside the matrix are not written, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
-                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
-                    "r"(inner), "r"(outer), "r"(batch) : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
-template <int PENDING>
-__device__ __forceinline__ void tma_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
-}
-
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -5919,76 +5875,32 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
-// Slab SLAB of acc (this thread's part of the warpgroup's RM slabs of 64 x BN fp32) = A (64 x 8)
-// * B (8 x BN) + (accumulate ? it : 0), both TF32 read from shared memory (the top 19 bits of each float).
-template <int SLAB>
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[RM * TM][RN * TN], unsigned long long a_desc,
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %98, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95 }, %96, %97, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[SLAB * TM + 0][0]), "+f"(acc[SLAB * TM + 0][1]), "+f"(acc[SLAB * TM + 1][0]), "+f"(acc[SLAB * TM + 1][1]), "+f"(acc[SLAB * TM + 0][2]), "+f"(acc[SLAB * TM + 0][3]), "+f"(acc[SLAB * TM + 1][2]), "+f"(acc[SLAB * TM + 1][3]), "+f"(acc[SLAB * TM + 0][4]), "+f"(acc[SLAB * TM + 0][5]), "+f"(acc[SLAB * TM + 1][4]), "+f"(acc[SLAB * TM + 1][5]), "+f"(acc[SLAB * TM + 0][6]), "+f"(acc[SLAB * TM + 0][7]), "+f"(acc[SLAB * TM + 1][6]), "+f"(acc[SLAB * TM + 1][7]), "+f"(acc[SLAB * TM + 0][8]), "+f"(acc[SLAB * TM + 0][9]), "+f"(acc[SLAB * TM + 1][8]), "+f"(acc[SLAB * TM + 1][9]), "+f"(acc[SLAB * TM + 0][10]), "+f"(acc[SLAB * TM + 0][11]), "+f"(acc[SLAB * TM + 1][10]), "+f"(acc[SLAB * TM + 1][11]), "+f"(acc[SLAB * TM + 0][12]), "+f"(acc[SLAB * TM + 0][13]), "+f"(acc[SLAB * TM + 1][12]), "+f"(acc[SLAB * TM + 1][13]), "+f"(acc[SLAB * TM + 0][14]), "+f"(acc[SLAB * TM + 0][15]), "+f"(acc[SLAB * TM + 1][14]), "+f"(acc[SLAB * TM + 1][15]), "+f"(acc[SLAB * TM + 0][16]), "+f"(acc[SLAB * TM + 0][17]), "+f"(acc[SLAB * TM + 1][16]), "+f"(acc[SLAB * TM + 1][17]), "+f"(acc[SLAB * TM + 0][18]), "+f"(acc[SLAB * TM + 0][19]), "+f"(acc[SLAB * TM + 1][18]), "+f"(acc[SLAB * TM + 1][19]), "+f"(acc[SLAB * TM + 0][20]), "+f"(acc[SLAB * TM + 0][21]), "+f"(acc[SLAB * TM + 1][20]), "+f"(acc[SLAB * TM + 1][21]), "+f"(acc[SLAB * TM + 0][22]), "+f"(acc[SLAB * TM + 0][23]), "+f"(acc[SLAB * TM + 1][22]), "+f"(acc[SLAB * TM + 1][23]), "+f"(acc[SLAB * TM + 0][24]), "+f"(acc[SLAB * TM + 0][25]), "+f"(acc[SLAB * TM + 1][24]), "+f"(acc[SLAB * TM + 1][25]), "+f"(acc[SLAB * TM + 0][26]), "+f"(acc[SLAB * TM + 0][27]), "+f"(acc[SLAB * TM + 1][26]), "+f"(acc[SLAB * TM + 1][27]), "+f"(acc[SLAB * TM + 0][28]), "+f"(acc[SLAB * TM + 0][29]), "+f"(acc[SLAB * TM + 1][28]), "+f"(acc[SLAB * TM + 1][29]), "+f"(acc[SLAB * TM + 0][30]), "+f"(acc[SLAB * TM + 0][31]), "+f"(acc[SLAB * TM + 1][30]), "+f"(acc[SLAB * TM + 1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
-// Ping-pong: the consumer warpgroups hand the turn to wait on the stages to each other with named
-// barriers (1: warpgroup 0's turn, 2: warpgroup 1's), 256 threads each: one arrives, the other syncs.
-__device__ __forceinline__ void turn_wait(int turn) { asm volatile("bar.sync %0, 256;\n" :: "r"(turn) : "memory"); }
-__device__ __forceinline__ void turn_give(int turn) { asm volatile("bar.arrive %0, 256;\n" :: "r"(turn) : "memory"); }
-
 // Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[RM * TM][RN * TN]) {
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 #pragma unroll
-    for (int i = 0; i < RM * TM; ++i)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
-
-// ---- the tile scheduler (schedule pingpong) -----------------------------------------
-// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
-// consumers walk the same list, so the producer's copies run on into the next tile while the
-// consumers store the last one.
-struct Segment {
-    int tile;     // C tile, numbered as tile_origin takes them
-    int k_begin;  // the first of its K tiles this block multiplies
-    int k_end;    // one past the last
-};
-
-struct Schedule {
-    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
-    int k_tiles;    // K tiles per C tile
-    int next_tile;  // this block's next whole tile
-
-    __device__ Schedule(int M, int N, int K, int batch) {
-        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-        k_tiles = (K + BK - 1) / BK;
-        next_tile = blockIdx.x;
-    }
-
-    __device__ bool next(Segment& segment) {
-        if (next_tile >= tiles) return false;
-        segment.tile = next_tile;
-        segment.k_begin = 0;
-        segment.k_end = k_tiles;
-        next_tile += gridDim.x;
-        return true;
-    }
-
-    // The whole tiles this block has still to walk (ping-pong: its consumers' turns).
-    __device__ int tiles_left() const {
-        const int stride = gridDim.x;
-        return (tiles - next_tile + stride - 1) / stride;
-    }
-};
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        const __grid_constant__ TensorMap map_c,
         int batch,
         long long strideA,
         long long strideB,
@@ -6003,20 +5915,24 @@ gemmgen_tf32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
     float* sA = smem;                                 // STAGES x BM rows x BK floats
     float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
-    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
-    Schedule schedule(M, N, K, batch);
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], 4);  // one arrival per warp of the consumer whose tile it holds
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
@@ -6026,19 +5942,12 @@ gemmgen_tf32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            int it = 0;
-            for (Segment segment; schedule.next(segment);) {
-                int block_m0, block_n0, batch_index;
-                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
-                    const int s = it % STAGES;
-                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
-                    barrier_expect_bytes(&full[s], STAGE_BYTES);
-                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
-                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
-                }
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
             }
         }
         return;
@@ -6049,136 +5958,61 @@ gemmgen_tf32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int consumer = warpgroup - 1;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
-    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
-    float acc[RM * TM][RN * TN];  // slab r's rows in acc[r * TM] ... acc[r * TM + TM - 1]
-    int it = 0;  // K tiles of earlier segments
-    int turn = 0;  // the block's tiles so far: tile `turn` is consumer turn % CONSUMERS's
-    // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
-    // other multiplies the next. A consumer waits for its tile's stages only once the other has
-    // waited for all of the tile before (the turn), so that a stage's fills are awaited in order.
-    const int block_tiles = schedule.tiles_left();
-    for (Segment segment; schedule.next(segment); ++turn) {
-        const int k_tiles = segment.k_end - segment.k_begin;
-        if (turn % CONSUMERS != consumer) {  // the other consumer's tile
-            it += k_tiles;
-            continue;
-        }
-        if (turn > 0) turn_wait(1 + consumer);
-        int block_m0, block_n0, batch_index;
-        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-        const int m_left = M - block_m0;
-        const int n_left = N - block_n0;
+    float acc[TM][RN * TN];
 #pragma unroll
-        for (int i = 0; i < RM * TM; ++i)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-        for (int t = 0; t < k_tiles; ++t) {
-            const int s = (it + t) % STAGES;
-            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
-            const float* a_tile = sA + s * A_STAGE_FLOATS;  // the stage holds this consumer's tile alone
-            const float* b_tile = sB + s * B_STAGE_FLOATS;
-            fence_accumulators(acc);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BK; kk += 8) {  // each slab: its 64 rows of A, all of B
-                wgmma_tf32<0>(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-                wgmma_tf32<1>(acc, smem_descriptor(a_tile + 64 * BK + kk), smem_descriptor(b_tile + kk));
-            }
-            wgmma_commit();
-            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-            fence_accumulators(acc);
-            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
-        }
-        // Every stage of this tile is waited for: the other consumer may wait for its tile's.
-        if (turn + 1 < block_tiles) turn_give(2 - consumer);  // the other consumer's barrier
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
-        it += k_tiles;
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
 
-        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-            // (A consumer of two 64-row slabs stores them in turn, through the same boxes.)
-            #pragma unroll
-            for (int rm = 0; rm < RM; ++rm) {  // the consumer's slabs, one after the other through the same boxes
-                const int warp_m0 = rm * SUB_M + warp_in_group * 16;  // the warp's first row of slab rm in its consumer's tile
-                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-                const bool swap = lane / 4 % 2;
-                if (warp_m0 < m_left) {
-            #pragma unroll
-                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                        if (box_n * C_BOX_N >= n_left) break;
-                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                        __syncwarp();
-            #pragma unroll
-                        for (int i = 0; i < TM; ++i) {
-                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-            #pragma unroll
-                                for (int v = 0; v < TN; ++v) {
-                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[rm * TM + i][a], acc[rm * TM + i][a + 1]
-                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[rm * TM + i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[rm * TM + i][a + v];
-                                }
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                                // addressed: a register array indexed at run time would go to local memory)
-                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
-                            }
-                        }
-                        fence_shared_for_tma();
-                        __syncwarp();
-                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                        ++stored_boxes;
-                    }
-                }
-            }
-        } else {
-            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile (slab r: + r * SUB_M)
-            const int thread_n0 = lane % 4 * TN;
-            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-            {
-                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-            #pragma unroll
-                for (int rm = 0; rm < RM; ++rm)
-            #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                        if (m >= m_left) continue;
-            #pragma unroll
-                        for (int rn = 0; rn < RN; ++rn)
-            #pragma unroll
-                            for (int j = 0; j < TN; j += CV) {
-                                const int n = thread_n0 + rn * SUB_N + j;
-                                if (n + CV - 1 >= n_left) continue;
-                                float* c = C_tile + (long long)(m) * ldc + (n);
-                                float old[CV], out[CV];
-                                if (read_c) load_vec<CV>(old, c);
-            #pragma unroll
-                                for (int v = 0; v < CV; ++v) {
-                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                                }
-                                store_vec<CV>(c, out);
-                            }
-                    }
-            }
-        }
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
     }
-    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
 #endif
 }
 
@@ -6264,6 +6098,1003 @@ static inline int gemmgen_tf32_7_batched(int M, int N, int K, float alpha, const
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_7_kernel<true> : gemmgen_tf32_7_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_7(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_7_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 8: tf32_8 ===========================================
+// gemmgen_tf32_8: generated by gemmgen 0.1.0 from <library tf32: tf32_8> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_8 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 256 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   group 8
+//     cluster  2 x 1
+//     epilogue alpha beta staged
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 256 x 32
+//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
+//   accumulators               128 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 230464 bytes per block
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_8_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_8(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_8_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_8_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_8_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_8_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_8_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_8_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_8_fallback_kernel<true> : gemmgen_tf32_8_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_8_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_8_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+// Clusters of CLUSTER_M x CLUSTER_N blocks: block (i, j) of a cluster (rank i + CLUSTER_M j) shares
+// A's tile with the blocks of its row i and B's with those of its column j. Each loads one slice
+// of each shared tile and multicasts it, so a stage is filled by its row and column together.
+constexpr int CLUSTER_M = 2, CLUSTER_N = 1, CLUSTER_BLOCKS = CLUSTER_M * CLUSTER_N;
+constexpr int A_SLICE_ROWS = BM / CLUSTER_N;  // rows of A's tile each block of a row loads
+constexpr int B_SLICE_ROWS = BN / CLUSTER_M;  // rows of B's tile each block of a column loads
+constexpr unsigned ROW_0_BLOCKS = 0x1;     // ranks of row 0: 0, CLUSTER_M, 2 CLUSTER_M, ...
+constexpr unsigned COLUMN_0_BLOCKS = 0x3;  // ranks of column 0: 0 ... CLUSTER_M - 1
+constexpr int SHARERS = CLUSTER_M + CLUSTER_N - 1;  // blocks whose consumers free a stage of this one
+constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 230464;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Clusters of CLUSTER_M x CLUSTER_N blocks
+// are numbered along a 1-D grid and walk C in cluster-sized tiles (raster group G: G rows of them
+// at a time, so that neighbouring clusters share A and B in L2); block rank r of a cluster takes
+// the tile (r % CLUSTER_M, r / CLUSTER_M) inside its cluster's. Blocks past C's edge store nothing.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM);  // in cluster tiles
+    const int tiles_n = (N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN);
+    int block = blockIdx.x / CLUSTER_BLOCKS;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int rank = blockIdx.x % CLUSTER_BLOCKS;  // %cluster_ctarank of a 1-D cluster
+    block_m0 = (tile_m * CLUSTER_M + rank % CLUSTER_M) * BM;
+    block_n0 = (tile_n * CLUSTER_N + rank / CLUSTER_M) * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// ---- thread-block clusters: the blocks of a cluster fill each other's stages ------------------
+
+__device__ __forceinline__ unsigned block_rank() {  // this block's rank in its cluster
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return rank;
+}
+
+// Every thread of every block of the cluster: what each did before is visible to all after.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// One arrival on the barrier at the same place in the shared memory of each block in `blocks`
+// (bit r: cluster rank r), this one included if its bit is set.
+__device__ __forceinline__ void barrier_arrive_in(unsigned long long* barrier, unsigned blocks) {
+#pragma unroll
+    for (int rank = 0; rank < CLUSTER_BLOCKS; ++rank)
+        if (blocks >> rank & 1)
+            asm volatile("{\n"
+                         ".reg .b32 remote;\n"
+                         "mapa.shared::cluster.u32 remote, %0, %1;\n"
+                         "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+                         "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
+}
+
+// TMA multicast: the box lands at the same place in the shared memory of each block in `blocks`,
+// and completes bytes on the barrier at the same place in each.
+__device__ __forceinline__ void tma_load_multicast(float* destination, const TensorMap* map,
+                                                   unsigned long long* barrier, int inner, int outer,
+                                                   int batch, unsigned short blocks) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%0], [%1, { %2, %3, %4 }], [%5], %6;\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)), "h"(blocks) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (a multi-architecture build compiles it for older GPUs too)
+__cluster_dims__(CLUSTER_BLOCKS, 1, 1)
+#endif
+gemmgen_tf32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        const __grid_constant__ TensorMap map_c,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const unsigned rank = block_rank(), rank_m = rank % CLUSTER_M, rank_n = rank / CLUSTER_M;
+    const unsigned short row_blocks = ROW_0_BLOCKS << rank_m;                    // share A's tile
+    const unsigned short column_blocks = COLUMN_0_BLOCKS << (CLUSTER_M * rank_n);  // share B's tile
+    const unsigned sharers = row_blocks | column_blocks;  // fill this block's stages, and free them
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4 * SHARERS);  // one arrival per consumer warp of each sharer
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    cluster_sync();  // every block's barriers are ready before any block multicasts or frees a stage
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            // This block's slices: rows rank_n * A_SLICE_ROWS ... of A's tile for its row, and
+            // rows rank_m * B_SLICE_ROWS ... of B's tile for its column.
+            const int a_slice = rank_n * A_SLICE_ROWS, b_slice = rank_m * B_SLICE_ROWS;
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);  // freed by every sharer
+                barrier_expect_bytes(&full[s], STAGE_BYTES);  // what the row and column deliver here
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
+                tma_load_multicast(sB + s * B_STAGE_FLOATS + b_slice * BK, &map_b, &full[s], t * BK, block_n0 + b_slice, b_batch, column_blocks);
+            }
+            // Stay until every sharer has freed each stage for the last time: no block may then
+            // write into this one's shared memory or arrive on its barriers after it has exited.
+            for (int t = k_tiles > STAGES ? k_tiles - STAGES : 0; t < k_tiles; ++t)
+                barrier_wait(&empty[t % STAGES], (t / STAGES) & 1);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive_in(&empty[(t - 1) % STAGES], sharers);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    if (k_tiles > 0 && lane == 0) barrier_arrive_in(&empty[(k_tiles - 1) % STAGES], sharers);  // the producers wait for every stage's last use
+
+    if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+        // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+        // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+        // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+        {
+            const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+            float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+            const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+            const bool read_c = beta != 0.0f;
+            // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+            // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+            const bool swap = lane / 4 % 2;
+            if (warp_m0 < m_left) {
+        #pragma unroll
+                for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                    if (box_n * C_BOX_N >= n_left) break;
+                    float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                    if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                    __syncwarp();
+        #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                        float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+        #pragma unroll
+                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+        #pragma unroll
+                            for (int v = 0; v < TN; ++v) {
+                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                            }
+        #pragma unroll
+                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                            const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                            // addressed: a register array indexed at run time would go to local memory)
+                            *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+                        }
+                    }
+                    fence_shared_for_tma();
+                    __syncwarp();
+                    if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                    ++stored_boxes;
+                }
+            }
+        }
+    } else {
+        // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+        const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+        const int thread_n0 = lane % 4 * TN;
+        // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+        {
+            constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+            float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+            const bool read_c = beta != 0.0f;
+        #pragma unroll
+            for (int rm = 0; rm < RM; ++rm)
+        #pragma unroll
+                for (int i = 0; i < TM; ++i) {
+                    const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                    if (m >= m_left) continue;
+        #pragma unroll
+                    for (int rn = 0; rn < RN; ++rn)
+        #pragma unroll
+                        for (int j = 0; j < TN; j += CV) {
+                            const int n = thread_n0 + rn * SUB_N + j;
+                            if (n + CV - 1 >= n_left) continue;
+                            float* c = C_tile + (long long)(m) * ldc + (n);
+                            float old[CV], out[CV];
+                            if (read_c) load_vec<CV>(old, c);
+        #pragma unroll
+                            for (int v = 0; v < CV; ++v) {
+                                out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                            }
+                            store_vec<CV>(c, out);
+                        }
+                }
+        }
+    }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+#endif
+}
+
+}  // namespace gemmgen_tf32_8_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_8_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_8_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    // Whole clusters of CLUSTER_M x CLUSTER_N C tiles (the blocks past C's edge store nothing).
+    const long long blocks = (long long)((M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM)) *
+                             ((N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN)) * CLUSTER_BLOCKS * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {A_SLICE_ROWS, B_SLICE_ROWS};  // each block of a cluster loads slices
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
     // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
     // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
     // along its contiguous dimension by 16 (by one batch), unswizzled in C.
@@ -6280,34 +7111,27 @@ static inline int gemmgen_tf32_7_batched(int M, int N, int K, float alpha, const
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_7_kernel<true> : gemmgen_tf32_7_kernel<false>;
+        aligned ? gemmgen_tf32_8_kernel<true> : gemmgen_tf32_8_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
-    int device = 0, sms = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
         *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_7(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_8(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_7_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_8_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 8: tf32_8 ===========================================
-// gemmgen_tf32_8: generated by gemmgen 0.1.0 from <library tf32: tf32_8> (edit the spec, not this file)
+// ==== member 9: tf32_9 ===========================================
+// gemmgen_tf32_9: generated by gemmgen 0.1.0 from <library tf32: tf32_9> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_8 {
+//   kernel tf32_9 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    128 x 128 x 32
@@ -6333,25 +7157,25 @@ static inline int gemmgen_tf32_7(int M, int N, int K, float alpha, const float* 
 //   epilogue                   alpha * A*B + beta * C
 //   split K                    8 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_8_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   otherwise                  the fallback gemmgen_tf32_9_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_8(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_9(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-// ---- fallback: the register-fed wgmma kernel (tf32_8_fallback) for calls TMA cannot describe:
+// ---- fallback: the register-fed wgmma kernel (tf32_9_fallback) for calls TMA cannot describe:
 // K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_8_fallback_impl {
+namespace gemmgen_tf32_9_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -6514,7 +7338,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_8_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+extern "C" __global__ void gemmgen_tf32_9_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -6592,7 +7416,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_8_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -6734,7 +7558,7 @@ gemmgen_tf32_8_fallback_kernel(int M, int N, int K, float alpha, const float* __
 #endif
 }
 
-}  // namespace gemmgen_tf32_8_fallback_impl
+}  // namespace gemmgen_tf32_9_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -6744,11 +7568,11 @@ gemmgen_tf32_8_fallback_kernel(int M, int N, int K, float alpha, const float* __
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_8_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_9_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_8_fallback_impl;
+    using namespace gemmgen_tf32_9_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -6770,27 +7594,27 @@ static inline int gemmgen_tf32_8_fallback_batched(int M, int N, int K, float alp
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_8_fallback_kernel<true> : gemmgen_tf32_8_fallback_kernel<false>;
+        aligned ? gemmgen_tf32_9_fallback_kernel<true> : gemmgen_tf32_9_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_8_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    gemmgen_tf32_9_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_8_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_9_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_9_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
-namespace gemmgen_tf32_8_impl {
+namespace gemmgen_tf32_9_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -6948,7 +7772,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_8_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+extern "C" __global__ void gemmgen_tf32_9_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -6961,7 +7785,7 @@ extern "C" __global__ void gemmgen_tf32_8_scale_c(int M, int N, float beta, floa
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -7075,7 +7899,7 @@ gemmgen_tf32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 #endif
 }
 
-}  // namespace gemmgen_tf32_8_impl
+}  // namespace gemmgen_tf32_9_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -7088,11 +7912,11 @@ gemmgen_tf32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_8_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_9_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_8_impl;
+    using namespace gemmgen_tf32_9_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -7110,7 +7934,7 @@ static inline int gemmgen_tf32_8_batched(int M, int N, int K, float alpha, const
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_tf32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_tf32_9_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -7160,29 +7984,29 @@ static inline int gemmgen_tf32_8_batched(int M, int N, int K, float alpha, const
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = true;
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_8_kernel<true> : gemmgen_tf32_8_kernel<false>;
+        aligned ? gemmgen_tf32_9_kernel<true> : gemmgen_tf32_9_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_8_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    gemmgen_tf32_9_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_8(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_9(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_8_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_9_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 9: tf32_9 ===========================================
-// gemmgen_tf32_9: generated by gemmgen 0.1.0 from <library tf32: tf32_9> (edit the spec, not this file)
+// ==== member 10: tf32_10 ===========================================
+// gemmgen_tf32_10: generated by gemmgen 0.1.0 from <library tf32: tf32_10> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_9 {
+//   kernel tf32_10 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    64 x 64 x 32
@@ -7209,13 +8033,13 @@ static inline int gemmgen_tf32_8(int M, int N, int K, float alpha, const float* 
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_9(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_10(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_9_impl {
+namespace gemmgen_tf32_10_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -7446,7 +8270,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_9_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_10_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -7547,801 +8371,6 @@ gemmgen_tf32_9_kernel(int M, int N, int K, float alpha, const float* __restrict_
             wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
         wgmma_commit();
         wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_9_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_9_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_9_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_9_kernel<true> : gemmgen_tf32_9_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_9(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_9_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 10: tf32_10 ===========================================
-// gemmgen_tf32_10: generated by gemmgen 0.1.0 from <library tf32: tf32_10> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_10 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    64 x 64 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   5 tma
-//     raster   row
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 64 x 32
-//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 83024 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_10_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_10(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_10_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_10_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_10_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_10_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_10_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_10_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_10_fallback_kernel<true> : gemmgen_tf32_10_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_10_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_10_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_10_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 5;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 83024;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
         fence_accumulators(acc);
         if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
     }
@@ -8388,16 +8417,13 @@ gemmgen_tf32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
 // Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
 // dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
 // Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
 static inline int gemmgen_tf32_10_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
     using namespace gemmgen_tf32_10_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
@@ -8410,68 +8436,24 @@ static inline int gemmgen_tf32_10_batched(int M, int N, int K, float alpha, cons
     if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
     if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
         return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
     if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_10_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_10_kernel<true> : gemmgen_tf32_10_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -8489,12 +8471,12 @@ static inline int gemmgen_tf32_10(int M, int N, int K, float alpha, const float*
 //   kernel tf32_11 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 192 x 32
+//     block    64 x 64 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   4 tma
-//     raster   group 8
+//     stages   5 tma
+//     raster   row
 //     epilogue alpha beta
 //   }
 //
@@ -8502,12 +8484,12 @@ static inline int gemmgen_tf32_10(int M, int N, int K, float alpha, const float*
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 192 x 32
-//   math                       tf32, wgmma 64 x 192 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 192
-//   accumulators               96 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 164928 bytes per block
-//   raster                     groups of 8 block rows
+//   block tile (BM x BN x BK)  64 x 64 x 32
+//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 83024 bytes per block
+//   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_11_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
@@ -8549,7 +8531,6 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -8593,11 +8574,8 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -8957,20 +8935,19 @@ static inline int gemmgen_tf32_11_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_tf32_11_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 192, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 24, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 5;
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 164928;
+constexpr int SMEM_BYTES = 83024;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -9014,11 +8991,8 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -9097,11 +9071,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %98, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95 }, %96, %97, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -9339,6 +9313,1903 @@ static inline int gemmgen_tf32_11(int M, int N, int K, float alpha, const float*
 //   kernel tf32_12 {
 //     target   sm_90a
 //     layout   A row, B col, C row
+//     block    128 x 128 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   6 tma
+//     raster   group 8
+//     schedule pingpong
+//     epilogue alpha beta staged
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 230496 bytes per block
+//   schedule                   pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, its two consumer warpgroups taking them in turn, so that one stores its tile while the other multiplies the next
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_12_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_12_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_12_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_12_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_12_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_12_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_12_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_12_fallback_kernel<true> : gemmgen_tf32_12_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_12_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_12_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 6;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 2;  // per thread and slab: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 64, SUB_N = 8;  // RM slabs of 64 rows
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 230496;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
+// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = tile;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// Slab SLAB of acc (this thread's part of the warpgroup's RM slabs of 64 x BN fp32) = A (64 x 8)
+// * B (8 x BN) + (accumulate ? it : 0), both TF32 read from shared memory (the top 19 bits of each float).
+template <int SLAB>
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[RM * TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[SLAB * TM + 0][0]), "+f"(acc[SLAB * TM + 0][1]), "+f"(acc[SLAB * TM + 1][0]), "+f"(acc[SLAB * TM + 1][1]), "+f"(acc[SLAB * TM + 0][2]), "+f"(acc[SLAB * TM + 0][3]), "+f"(acc[SLAB * TM + 1][2]), "+f"(acc[SLAB * TM + 1][3]), "+f"(acc[SLAB * TM + 0][4]), "+f"(acc[SLAB * TM + 0][5]), "+f"(acc[SLAB * TM + 1][4]), "+f"(acc[SLAB * TM + 1][5]), "+f"(acc[SLAB * TM + 0][6]), "+f"(acc[SLAB * TM + 0][7]), "+f"(acc[SLAB * TM + 1][6]), "+f"(acc[SLAB * TM + 1][7]), "+f"(acc[SLAB * TM + 0][8]), "+f"(acc[SLAB * TM + 0][9]), "+f"(acc[SLAB * TM + 1][8]), "+f"(acc[SLAB * TM + 1][9]), "+f"(acc[SLAB * TM + 0][10]), "+f"(acc[SLAB * TM + 0][11]), "+f"(acc[SLAB * TM + 1][10]), "+f"(acc[SLAB * TM + 1][11]), "+f"(acc[SLAB * TM + 0][12]), "+f"(acc[SLAB * TM + 0][13]), "+f"(acc[SLAB * TM + 1][12]), "+f"(acc[SLAB * TM + 1][13]), "+f"(acc[SLAB * TM + 0][14]), "+f"(acc[SLAB * TM + 0][15]), "+f"(acc[SLAB * TM + 1][14]), "+f"(acc[SLAB * TM + 1][15]), "+f"(acc[SLAB * TM + 0][16]), "+f"(acc[SLAB * TM + 0][17]), "+f"(acc[SLAB * TM + 1][16]), "+f"(acc[SLAB * TM + 1][17]), "+f"(acc[SLAB * TM + 0][18]), "+f"(acc[SLAB * TM + 0][19]), "+f"(acc[SLAB * TM + 1][18]), "+f"(acc[SLAB * TM + 1][19]), "+f"(acc[SLAB * TM + 0][20]), "+f"(acc[SLAB * TM + 0][21]), "+f"(acc[SLAB * TM + 1][20]), "+f"(acc[SLAB * TM + 1][21]), "+f"(acc[SLAB * TM + 0][22]), "+f"(acc[SLAB * TM + 0][23]), "+f"(acc[SLAB * TM + 1][22]), "+f"(acc[SLAB * TM + 1][23]), "+f"(acc[SLAB * TM + 0][24]), "+f"(acc[SLAB * TM + 0][25]), "+f"(acc[SLAB * TM + 1][24]), "+f"(acc[SLAB * TM + 1][25]), "+f"(acc[SLAB * TM + 0][26]), "+f"(acc[SLAB * TM + 0][27]), "+f"(acc[SLAB * TM + 1][26]), "+f"(acc[SLAB * TM + 1][27]), "+f"(acc[SLAB * TM + 0][28]), "+f"(acc[SLAB * TM + 0][29]), "+f"(acc[SLAB * TM + 1][28]), "+f"(acc[SLAB * TM + 1][29]), "+f"(acc[SLAB * TM + 0][30]), "+f"(acc[SLAB * TM + 0][31]), "+f"(acc[SLAB * TM + 1][30]), "+f"(acc[SLAB * TM + 1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Ping-pong: the consumer warpgroups hand the turn to wait on the stages to each other with named
+// barriers (1: warpgroup 0's turn, 2: warpgroup 1's), 256 threads each: one arrives, the other syncs.
+__device__ __forceinline__ void turn_wait(int turn) { asm volatile("bar.sync %0, 256;\n" :: "r"(turn) : "memory"); }
+__device__ __forceinline__ void turn_give(int turn) { asm volatile("bar.arrive %0, 256;\n" :: "r"(turn) : "memory"); }
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[RM * TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < RM * TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- the tile scheduler (schedule pingpong) -----------------------------------------
+// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
+// consumers walk the same list, so the producer's copies run on into the next tile while the
+// consumers store the last one.
+struct Segment {
+    int tile;     // C tile, numbered as tile_origin takes them
+    int k_begin;  // the first of its K tiles this block multiplies
+    int k_end;    // one past the last
+};
+
+struct Schedule {
+    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
+    int k_tiles;    // K tiles per C tile
+    int next_tile;  // this block's next whole tile
+
+    __device__ Schedule(int M, int N, int K, int batch) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+        k_tiles = (K + BK - 1) / BK;
+        next_tile = blockIdx.x;
+    }
+
+    __device__ bool next(Segment& segment) {
+        if (next_tile >= tiles) return false;
+        segment.tile = next_tile;
+        segment.k_begin = 0;
+        segment.k_end = k_tiles;
+        next_tile += gridDim.x;
+        return true;
+    }
+
+    // The whole tiles this block has still to walk (ping-pong: its consumers' turns).
+    __device__ int tiles_left() const {
+        const int stride = gridDim.x;
+        return (tiles - next_tile + stride - 1) / stride;
+    }
+};
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        const __grid_constant__ TensorMap map_c,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
+    Schedule schedule(M, N, K, batch);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], 4);  // one arrival per warp of the consumer whose tile it holds
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            int it = 0;
+            for (Segment segment; schedule.next(segment);) {
+                int block_m0, block_n0, batch_index;
+                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
+                    barrier_expect_bytes(&full[s], STAGE_BYTES);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
+                }
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
+    float acc[RM * TM][RN * TN];  // slab r's rows in acc[r * TM] ... acc[r * TM + TM - 1]
+    int it = 0;  // K tiles of earlier segments
+    int turn = 0;  // the block's tiles so far: tile `turn` is consumer turn % CONSUMERS's
+    // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
+    // other multiplies the next. A consumer waits for its tile's stages only once the other has
+    // waited for all of the tile before (the turn), so that a stage's fills are awaited in order.
+    const int block_tiles = schedule.tiles_left();
+    for (Segment segment; schedule.next(segment); ++turn) {
+        const int k_tiles = segment.k_end - segment.k_begin;
+        if (turn % CONSUMERS != consumer) {  // the other consumer's tile
+            it += k_tiles;
+            continue;
+        }
+        if (turn > 0) turn_wait(1 + consumer);
+        int block_m0, block_n0, batch_index;
+        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+        const int m_left = M - block_m0;
+        const int n_left = N - block_n0;
+#pragma unroll
+        for (int i = 0; i < RM * TM; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+        for (int t = 0; t < k_tiles; ++t) {
+            const int s = (it + t) % STAGES;
+            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+            const float* a_tile = sA + s * A_STAGE_FLOATS;  // the stage holds this consumer's tile alone
+            const float* b_tile = sB + s * B_STAGE_FLOATS;
+            fence_accumulators(acc);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BK; kk += 8) {  // each slab: its 64 rows of A, all of B
+                wgmma_tf32<0>(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+                wgmma_tf32<1>(acc, smem_descriptor(a_tile + 64 * BK + kk), smem_descriptor(b_tile + kk));
+            }
+            wgmma_commit();
+            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+            fence_accumulators(acc);
+            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
+        }
+        // Every stage of this tile is waited for: the other consumer may wait for its tile's.
+        if (turn + 1 < block_tiles) turn_give(2 - consumer);  // the other consumer's barrier
+        wgmma_wait<0>();
+        fence_accumulators(acc);
+        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
+        it += k_tiles;
+
+        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            // (A consumer of two 64-row slabs stores them in turn, through the same boxes.)
+            #pragma unroll
+            for (int rm = 0; rm < RM; ++rm) {  // the consumer's slabs, one after the other through the same boxes
+                const int warp_m0 = rm * SUB_M + warp_in_group * 16;  // the warp's first row of slab rm in its consumer's tile
+                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+                const bool swap = lane / 4 % 2;
+                if (warp_m0 < m_left) {
+            #pragma unroll
+                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                        if (box_n * C_BOX_N >= n_left) break;
+                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                        __syncwarp();
+            #pragma unroll
+                        for (int i = 0; i < TM; ++i) {
+                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+            #pragma unroll
+                                for (int v = 0; v < TN; ++v) {
+                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[rm * TM + i][a], acc[rm * TM + i][a + 1]
+                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[rm * TM + i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[rm * TM + i][a + v];
+                                }
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                                // addressed: a register array indexed at run time would go to local memory)
+                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+                            }
+                        }
+                        fence_shared_for_tma();
+                        __syncwarp();
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                        ++stored_boxes;
+                    }
+                }
+            }
+        } else {
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile (slab r: + r * SUB_M)
+            const int thread_n0 = lane % 4 * TN;
+            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+            {
+                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                        if (m >= m_left) continue;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; j += CV) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                if (n + CV - 1 >= n_left) continue;
+                                float* c = C_tile + (long long)(m) * ldc + (n);
+                                float old[CV], out[CV];
+                                if (read_c) load_vec<CV>(old, c);
+            #pragma unroll
+                                for (int v = 0; v < CV; ++v) {
+                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                                }
+                                store_vec<CV>(c, out);
+                            }
+                    }
+            }
+        }
+    }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+#endif
+}
+
+}  // namespace gemmgen_tf32_12_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_12_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {32, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_12_kernel<true> : gemmgen_tf32_12_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return (int)error;
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_12(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 13: tf32_13 ===========================================
+// gemmgen_tf32_13: generated by gemmgen 0.1.0 from <library tf32: tf32_13> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_13 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 128 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    2
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    2 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_13_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_13(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_13_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_13_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_13_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_13_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_13_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_13_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_13_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_13_fallback_kernel<true> : gemmgen_tf32_13_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_13_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_13_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_13_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_13_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 132160;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_13_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_13_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_13_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_13_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_13_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_13_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_13_kernel<true> : gemmgen_tf32_13_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_13_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_13(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_13_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 14: tf32_14 ===========================================
+// gemmgen_tf32_14: generated by gemmgen 0.1.0 from <library tf32: tf32_14> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_14 {
+//     target   sm_90a
+//     layout   A row, B col, C row
 //     block    64 x 128 x 32
 //     math     tf32
 //     load A   vector 1
@@ -9362,25 +11233,25 @@ static inline int gemmgen_tf32_11(int M, int N, int K, float alpha, const float*
 //   epilogue                   alpha * A*B + beta * C
 //   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_12_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   otherwise                  the fallback gemmgen_tf32_14_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-// ---- fallback: the register-fed wgmma kernel (tf32_12_fallback) for calls TMA cannot describe:
+// ---- fallback: the register-fed wgmma kernel (tf32_14_fallback) for calls TMA cannot describe:
 // K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_12_fallback_impl {
+namespace gemmgen_tf32_14_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -9543,7 +11414,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_12_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+extern "C" __global__ void gemmgen_tf32_14_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -9621,7 +11492,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_12_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_14_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -9763,7 +11634,7 @@ gemmgen_tf32_12_fallback_kernel(int M, int N, int K, float alpha, const float* _
 #endif
 }
 
-}  // namespace gemmgen_tf32_12_fallback_impl
+}  // namespace gemmgen_tf32_14_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -9773,11 +11644,11 @@ gemmgen_tf32_12_fallback_kernel(int M, int N, int K, float alpha, const float* _
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_12_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_14_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_12_fallback_impl;
+    using namespace gemmgen_tf32_14_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -9799,27 +11670,27 @@ static inline int gemmgen_tf32_12_fallback_batched(int M, int N, int K, float al
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_12_fallback_kernel<true> : gemmgen_tf32_12_fallback_kernel<false>;
+        aligned ? gemmgen_tf32_14_fallback_kernel<true> : gemmgen_tf32_14_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_12_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    gemmgen_tf32_14_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_12_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_14_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_14_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
-namespace gemmgen_tf32_12_impl {
+namespace gemmgen_tf32_14_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -9977,7 +11848,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_12_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+extern "C" __global__ void gemmgen_tf32_14_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -9990,7 +11861,7 @@ extern "C" __global__ void gemmgen_tf32_12_scale_c(int M, int N, float beta, flo
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -10104,7 +11975,7 @@ gemmgen_tf32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 #endif
 }
 
-}  // namespace gemmgen_tf32_12_impl
+}  // namespace gemmgen_tf32_14_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -10117,11 +11988,11 @@ gemmgen_tf32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_14_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_12_impl;
+    using namespace gemmgen_tf32_14_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -10139,7 +12010,7 @@ static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, cons
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_tf32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_tf32_14_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -10189,29 +12060,29 @@ static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, cons
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = true;
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_12_kernel<true> : gemmgen_tf32_12_kernel<false>;
+        aligned ? gemmgen_tf32_14_kernel<true> : gemmgen_tf32_14_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_12_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    gemmgen_tf32_14_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_12(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_14(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 13: tf32_13 ===========================================
-// gemmgen_tf32_13: generated by gemmgen 0.1.0 from <library tf32: tf32_13> (edit the spec, not this file)
+// ==== member 15: tf32_15 ===========================================
+// gemmgen_tf32_15: generated by gemmgen 0.1.0 from <library tf32: tf32_15> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_13 {
+//   kernel tf32_15 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     decode   columns 1 warps 4 slices 2
@@ -10236,13 +12107,13 @@ static inline int gemmgen_tf32_12(int M, int N, int K, float alpha, const float*
 //   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_13(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_15(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_13_impl {
+namespace gemmgen_tf32_15_impl {
 
 // ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
 // "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
@@ -10630,7 +12501,7 @@ __device__ __forceinline__ void decode_wide_pass(int rows, int cols, int col0, i
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_tf32_13_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_15_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -10671,7 +12542,7 @@ gemmgen_tf32_13_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
-}  // namespace gemmgen_tf32_13_impl
+}  // namespace gemmgen_tf32_15_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -10681,11 +12552,11 @@ gemmgen_tf32_13_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_13_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_15_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_13_impl;
+    using namespace gemmgen_tf32_15_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -10708,7 +12579,7 @@ static inline int gemmgen_tf32_13_batched(int M, int N, int K, float alpha, cons
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_13_kernel<true> : gemmgen_tf32_13_kernel<false>;
+        aligned ? gemmgen_tf32_15_kernel<true> : gemmgen_tf32_15_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -10718,17 +12589,17 @@ static inline int gemmgen_tf32_13_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_13(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_15(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_13_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_15_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 14: tf32_14 ===========================================
-// gemmgen_tf32_14: generated by gemmgen 0.1.0 from <library tf32: tf32_14> (edit the spec, not this file)
+// ==== member 16: tf32_16 ===========================================
+// gemmgen_tf32_16: generated by gemmgen 0.1.0 from <library tf32: tf32_16> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_14 {
+//   kernel tf32_16 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     block    128 x 128 x 32
@@ -10765,13 +12636,13 @@ static inline int gemmgen_tf32_13(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_16(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_14_impl {
+namespace gemmgen_tf32_16_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block, K step
@@ -10922,7 +12793,7 @@ __device__ __forceinline__ int sB_index(int k, int n) { return (k) * 136 + n; }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_tf32_14_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_16_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -11126,7 +12997,7 @@ gemmgen_tf32_14_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
-}  // namespace gemmgen_tf32_14_impl
+}  // namespace gemmgen_tf32_16_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -11136,11 +13007,11 @@ gemmgen_tf32_14_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_14_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_16_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_14_impl;
+    using namespace gemmgen_tf32_16_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -11163,7 +13034,7 @@ static inline int gemmgen_tf32_14_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_14_kernel<true> : gemmgen_tf32_14_kernel<false>;
+        aligned ? gemmgen_tf32_16_kernel<true> : gemmgen_tf32_16_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -11173,10 +13044,10 @@ static inline int gemmgen_tf32_14_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_14(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_16(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_16_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 #ifndef __CUDACC_RTC__
@@ -11250,38 +13121,41 @@ struct Model { const Point* points; int count; double coef[5]; };  // count 0: n
 struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; int cluster_m, cluster_n; bool decode; int decode_products; };
 
 static const Point tf32_0_aligned[] = {
-    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.11415593298855835},
-    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10649876655701514},
-    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1639231912005146},
-    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.23701828603838576},
-    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.1815588736712581},
-    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.16137176761998603},
-    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5013369963641523},
-    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.14120140517157465},
-    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.23851676661187754},
-    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.44513749886722437},
-    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.12425297537608537},
-    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.26862463666928454},
-    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.2713578822886178},
-    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.47268491970800974},
-    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.33030295018405126},
-    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.6976072847606968},
-    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.655976543790994},
-    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.22924035705857185},
-    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8445532597507791},
-    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5416143322848765},
-    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4418297818252066},
-    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.16603685341920965},
-    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.22831328488307626},
-    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.11904851461435759},
-    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.064916583399404},
-    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2904848301033801},
-    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1600228519470618},
-    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1947136562084496},
-    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.21483588931134032},
-    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.21093592890840032},
-    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.19230885745955806},
-    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.18910086157998426},
+    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.14238419871633762},
+    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12293011609668955},
+    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1371601780187948},
+    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1780530970279342},
+    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11351337195924971},
+    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.08985704940157259},
+    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5692625684032993},
+    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.2043607433673719},
+    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.24035751027256805},
+    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.46199387916431733},
+    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.13644669910616505},
+    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.33196217794138605},
+    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.33469542356071924},
+    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.4806220559452421},
+    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.37892323892716623},
+    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.7197078804752527},
+    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.6797261710261266},
+    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2325507616069597},
+    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8765276206283353},
+    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5464797745914065},
+    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4568635735782067},
+    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.17278563027892463},
+    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.1850473935538476},
+    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.14052471415302212},
+    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.09062592193907136},
+    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.07649195857865872},
+    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.25828602336555206},
+    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16063127147114775},
+    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.18006838627757316},
+    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20919327518269562},
+    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.2162776932517666},
+    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.18620625438314384},
+    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1743866795284458},
+    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.15676108469635663},
+    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15048777669359228},
 };
 static const Point tf32_0_unaligned[] = {
     {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.007912597787961358},
@@ -11295,38 +13169,41 @@ static const Point tf32_0_unaligned[] = {
     {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04493566878775217},
 };
 static const Point tf32_1_aligned[] = {
-    {256, 256, 256, 0.014864000026136637, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.10054989442370697},
-    {512, 512, 512, 0.028704000636935234, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02765918648963808},
-    {1024, 1024, 1024, 0.08524800091981888, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04943756572855095},
-    {2048, 2048, 2048, 0.3155680000782013, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1596292373154584},
-    {4096, 4096, 4096, 1.622927963733673, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.07035596766614848},
-    {8192, 8192, 8192, 7.0559680461883545, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.28292809422666454},
-    {4092, 4092, 4092, 2.0760639905929565, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.17672371901270834},
-    {3000, 3000, 3000, 0.7599200010299683, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.14342417048001183},
-    {1, 4096, 4096, 0.045823998749256134, 0.0, 8.317766166719343, 8.317766166719343, 0.01620386912027687},
-    {16, 8192, 4096, 0.08505599945783615, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.006585754156431554},
-    {64, 4096, 8192, 0.07814399898052216, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.08695240450070554},
-    {128, 8192, 8192, 0.16387200355529785, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.038881526329684384},
-    {8192, 128, 8192, 0.16529600322246552, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.04753369495617663},
-    {4096, 32, 4096, 0.04851200059056282, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.023600864233124224},
-    {80, 8192, 4096, 0.10174399986863136, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.027126375140515538},
-    {1, 11008, 4096, 0.10547199845314026, 0.0, 9.306377560173125, 8.317766166719343, -0.02339708353901874},
-    {8, 11008, 4096, 0.10489600151777267, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.05430691034198479},
-    {16, 4096, 4096, 0.0496320016682148, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04801815299255794},
-    {4, 14336, 4096, 0.13601600378751755, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.00631784912138678},
-    {4096, 16, 4096, 0.04806400090456009, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.015915807348330303},
-    {6, 8192, 4096, 0.08180799707770348, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.010375028361937587},
-    {12, 4096, 8192, 0.07595199719071388, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.20049638672655445},
-    {4096, 4096, 512, 1.5544959902763367, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.2557102370956177},
-    {8192, 8192, 256, 6.178128004074097, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.2733174723538885},
-    {2048, 2048, 128, 0.29683199524879456, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.02788260587057368},
-    {16384, 4096, 64, 6.195584058761597, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.28748326036522615},
-    {256, 256, 32768, 0.052928000688552856, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.13840988590566258},
-    {512, 512, 16384, 0.06568000093102455, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.001312118127351359},
-    {128, 1024, 65536, 0.12985600531101227, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.3059888723819506},
-    {64, 64, 131072, 0.09724800288677216, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.06335517414818023},
-    {384, 384, 24576, 0.07023999840021133, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.00036953259588086727},
-    {1536, 2560, 768, 0.28703999519348145, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0672602352845712},
+    {256, 256, 256, 0.014864000026136637, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.13741793166441232},
+    {512, 512, 512, 0.028704000636935234, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.006401180322907884},
+    {1024, 1024, 1024, 0.08524800091981888, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.07658896824234242},
+    {2048, 2048, 2048, 0.3155680000782013, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1649305480419999},
+    {4096, 4096, 4096, 1.622927963733673, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.039098750344869246},
+    {8192, 8192, 8192, 7.0559680461883545, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.20605140346827783},
+    {4092, 4092, 4092, 2.0760639905929565, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.2078657362976549},
+    {3000, 3000, 3000, 0.7599200010299683, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.13059853277778138},
+    {1, 4096, 4096, 0.045823998749256134, 0.0, 8.317766166719343, 8.317766166719343, 0.01054180509214334},
+    {16, 8192, 4096, 0.08505599945783615, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0059488396205520395},
+    {64, 4096, 8192, 0.07814399898052216, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.13356782288663216},
+    {128, 8192, 8192, 0.16387200355529785, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.10790455359163514},
+    {8192, 128, 8192, 0.16529600322246552, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.11655672221812748},
+    {4096, 32, 4096, 0.04851200059056282, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.020273329533950047},
+    {80, 8192, 4096, 0.10174399986863136, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.009827414861602215},
+    {1, 11008, 4096, 0.10547199845314026, 0.0, 9.306377560173125, 8.317766166719343, -0.028543270066950382},
+    {8, 11008, 4096, 0.10489600151777267, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.05702612497023073},
+    {16, 4096, 4096, 0.0496320016682148, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04691330499731132},
+    {4, 14336, 4096, 0.13601600378751755, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.008913037794680896},
+    {4096, 16, 4096, 0.04806400090456009, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.014810959353083724},
+    {6, 8192, 4096, 0.08180799707770348, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.012998096044076484},
+    {12, 4096, 8192, 0.07595199719071388, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.22835410443512555},
+    {4096, 4096, 512, 1.5544959902763367, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.21457577658641525},
+    {5120, 7168, 1024, 3.460255980491638, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.19080336808457538},
+    {8192, 8192, 256, 6.178128004074097, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22477503419521097},
+    {2048, 2048, 128, 0.29683199524879456, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.07967874756206539},
+    {16384, 4096, 64, 6.195584058761597, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23327645124939178},
+    {256, 256, 32768, 0.052928000688552856, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.19650987245822915},
+    {512, 512, 16384, 0.06568000093102455, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.10088591458477222},
+    {128, 1024, 65536, 0.12985600531101227, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.4661595679857587},
+    {64, 64, 131072, 0.09724800288677216, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.0850818996639504},
+    {384, 384, 24576, 0.07023999840021133, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.06606119255180029},
+    {1280, 1920, 16384, 0.3876959979534149, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.22228424821804763},
+    {1024, 1024, 49152, 0.41889598965644836, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.09758032224981407},
+    {1536, 2560, 768, 0.28703999519348145, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.10172702589990595},
 };
 static const Point tf32_1_unaligned[] = {
     {2047, 2047, 2047, 0.4866560101509094, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.046388274245707226},
@@ -11340,83 +13217,89 @@ static const Point tf32_1_unaligned[] = {
     {1024, 1024, 1024, 0.12716799974441528, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04129481006370885},
 };
 static const Point tf32_2_aligned[] = {
-    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07013664104026489},
-    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.01903164341034722},
-    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.032009060357621306},
-    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.09953554271826176},
-    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.02271327119185558},
-    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.04553654269472607},
-    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.04801418716338745},
-    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.05401665134055613},
-    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.023169151297551264},
-    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.004608865183698857},
-    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.023831675402694274},
-    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.021471203140143218},
-    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.026138853339665865},
-    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.02008531898137754},
-    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.0003010475150368172},
-    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.12286361204115936},
-    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.03702299918000211},
-    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.010941852763108663},
-    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.15741986487050724},
-    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.007081542989358742},
-    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.00677444243158863},
-    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.031809156575000816},
-    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.043139897759346034},
-    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.00833819798111653},
-    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1536502357790744},
-    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.023852440701589525},
-    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.031614686932072734},
-    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.029130356781095726},
-    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.004908519232385775},
-    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.011678035026230072},
-    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.003100889184986119},
-    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.028257676760589386},
+    {256, 256, 256, 0.011711999773979187, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09014081792497776},
+    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02978321606589643},
+    {1024, 1024, 1024, 0.02627200074493885, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03998161453529782},
+    {2048, 2048, 2048, 0.04899200052022934, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08376149129138684},
+    {4096, 4096, 4096, 0.3819520026445389, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0007633855360812282},
+    {8192, 8192, 8192, 3.0774399042129517, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.041119438684586146},
+    {4092, 4092, 4092, 0.5530399978160858, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3712763787075833},
+    {3000, 3000, 3000, 0.1987679973244667, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.02892023754289753},
+    {1, 4096, 4096, 0.07923199981451035, 0.0, 8.317766166719343, 8.317766166719343, -0.025772388004810767},
+    {16, 8192, 4096, 0.08595199882984161, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.034653051864155314},
+    {64, 4096, 8192, 0.15084800124168396, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02730116563397108},
+    {128, 8192, 8192, 0.1613280028104782, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.005736260890791603},
+    {8192, 128, 8192, 0.19182399660348892, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.15988296293275767},
+    {4096, 32, 4096, 0.07846400141716003, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.04015665824331791},
+    {80, 8192, 4096, 0.08580799773335457, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.023757999426095563},
+    {1, 11008, 4096, 0.09587199985980988, 0.0, 9.306377560173125, 8.317766166719343, 0.13332099822512178},
+    {8, 11008, 4096, 0.09438400343060493, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11633273545695949},
+    {16, 4096, 4096, 0.07948800176382065, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.023654215246296236},
+    {4, 14336, 4096, 0.10951999947428703, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2508353906514619},
+    {4096, 16, 4096, 0.0782880000770092, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.0400461230977415},
+    {6, 8192, 4096, 0.08614400029182434, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.03833244613967886},
+    {12, 4096, 8192, 0.14899200201034546, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03564328380590725},
+    {4096, 4096, 512, 0.06159999966621399, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.0854905729114831},
+    {5120, 7168, 1024, 0.2199680060148239, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.1129396375948797},
+    {8192, 8192, 256, 0.15689599514007568, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.06442832621183568},
+    {2048, 2048, 128, 0.012959999963641167, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.15101307225298463},
+    {16384, 4096, 64, 0.11099200323224068, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.10497817234839124},
+    {256, 256, 32768, 0.5901599824428558, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.013894695841140605},
+    {512, 512, 16384, 0.2925119996070862, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.020718772635371138},
+    {128, 1024, 65536, 1.1408479809761047, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.016916756670281148},
+    {64, 64, 131072, 2.2789599895477295, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.007176122764658167},
+    {384, 384, 24576, 0.43062400817871094, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.024242874873101422},
+    {1280, 1920, 16384, 0.29814401268959045, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12615872319250876},
+    {1024, 1024, 49152, 0.8829759955406189, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.04189810810208444},
+    {1536, 2560, 768, 0.024831999093294144, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.005550338070281354},
 };
 static const Point tf32_2_unaligned[] = {
-    {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.23577008444906208},
-    {1531, 1531, 1531, 0.1196800023317337, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.4065112256088228},
-    {5003, 5003, 5003, 2.7368959188461304, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.16915888250179334},
-    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.04378816451296682},
-    {4096, 1, 4096, 0.07977599650621414, 8.317766166719343, 0.0, 8.317766166719343, 0.14610004795113907},
-    {1, 4096, 4096, 0.10332799702882767, 0.0, 8.317766166719343, 8.317766166719343, 0.13415138736396187},
-    {16, 11008, 4096, 0.10966400057077408, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.4174150674812042},
-    {4096, 4096, 4096, 1.480944037437439, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.19268121287713086},
-    {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05386228862690006},
+    {2047, 2047, 2047, 0.20336000621318817, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.07503499055636473},
+    {1531, 1531, 1531, 0.11952000111341476, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2587506888723089},
+    {5003, 5003, 5003, 2.672144055366516, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03414454212471446},
+    {127, 4099, 1023, 0.03340800106525421, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.0852411936789567},
+    {4096, 1, 4096, 0.08710400015115738, 8.317766166719343, 0.0, 8.317766166719343, 0.017580927240078936},
+    {1, 4096, 4096, 0.10073599964380264, 0.0, 8.317766166719343, 8.317766166719343, 0.16416178468113363},
+    {16, 11008, 4096, 0.10878400132060051, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.20357145971113186},
+    {4096, 4096, 4096, 1.4909279942512512, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.024303664482684662},
+    {1024, 1024, 1024, 0.034912001341581345, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1410636136683398},
 };
 static const Point tf32_3_aligned[] = {
-    {256, 256, 256, 0.013743999879807234, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.04929505558514676},
-    {512, 512, 512, 0.018783999606966972, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07930644106227622},
-    {1024, 1024, 1024, 0.031328000128269196, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.053190012536028015},
-    {2048, 2048, 2048, 0.06028800085186958, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08682537833126318},
-    {4096, 4096, 4096, 0.4833280146121979, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.005275195205751278},
-    {8192, 8192, 8192, 3.5954560041427612, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.039210088909567044},
-    {4092, 4092, 4092, 0.6471680104732513, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.29754733007320494},
-    {3000, 3000, 3000, 0.24611200392246246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.044340593456815},
-    {1, 4096, 4096, 0.1027039997279644, 0.0, 8.317766166719343, 8.317766166719343, 0.00262918421366861},
-    {16, 8192, 4096, 0.10513600334525108, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.00592655205596003},
-    {64, 4096, 8192, 0.19673599302768707, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.0018937320154938492},
-    {128, 8192, 8192, 0.19996799528598785, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.01801909985198369},
-    {8192, 128, 8192, 0.19758400321006775, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.04807708800065469},
-    {4096, 32, 4096, 0.10070399940013885, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.021484713164321066},
-    {80, 8192, 4096, 0.10684800148010254, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.013240478812907547},
-    {1, 11008, 4096, 0.10793600231409073, 0.0, 9.306377560173125, 8.317766166719343, 0.022087795386697657},
-    {8, 11008, 4096, 0.10625599697232246, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.005109752168912857},
-    {16, 4096, 4096, 0.10076799988746643, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.017461961156114803},
-    {4, 14336, 4096, 0.11084800213575363, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03376372578572273},
-    {4096, 16, 4096, 0.10054399818181992, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.020817796891091218},
-    {6, 8192, 4096, 0.10472000017762184, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0033500039169500756},
-    {12, 4096, 8192, 0.19766399264335632, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.006644189801989776},
-    {4096, 4096, 512, 0.07968000322580338, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.01891260253275309},
-    {8192, 8192, 256, 0.18585599958896637, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.0736646916993842},
-    {2048, 2048, 128, 0.01462399959564209, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.17788838314578576},
-    {16384, 4096, 64, 0.12043200060725212, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.05104496527244836},
-    {256, 256, 32768, 0.7648800015449524, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.024132059892101418},
-    {512, 512, 16384, 0.3996480107307434, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.045600055449956045},
-    {128, 1024, 65536, 1.5616479516029358, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.04684496233268674},
-    {64, 64, 131072, 3.011583924293518, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.020229430536085655},
-    {384, 384, 24576, 0.5776000022888184, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.021557061459329997},
-    {1536, 2560, 768, 0.029920000582933426, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0034010469776910024},
+    {256, 256, 256, 0.013743999879807234, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.05589478889766678},
+    {512, 512, 512, 0.018783999606966972, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08311579572954084},
+    {1024, 1024, 1024, 0.031328000128269196, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.051866002807294476},
+    {2048, 2048, 2048, 0.06028800085186958, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07197941641921418},
+    {4096, 4096, 4096, 0.4833280146121979, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.02274930090793165},
+    {8192, 8192, 8192, 3.5954560041427612, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.02092871708251313},
+    {4092, 4092, 4092, 0.6471680104732513, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3149934163849556},
+    {3000, 3000, 3000, 0.24611200392246246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0314673683625241},
+    {1, 4096, 4096, 0.1027039997279644, 0.0, 8.317766166719343, 8.317766166719343, 0.003928772916826209},
+    {16, 8192, 4096, 0.10513600334525108, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.009064040175952833},
+    {64, 4096, 8192, 0.19673599302768707, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.0004061919613542503},
+    {128, 8192, 8192, 0.19996799528598785, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.012801242871993327},
+    {8192, 128, 8192, 0.19758400321006775, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.04127035181089645},
+    {4096, 32, 4096, 0.10070399940013885, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.019775608847369973},
+    {80, 8192, 4096, 0.10684800148010254, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.017175321490793642},
+    {1, 11008, 4096, 0.10793600231409073, 0.0, 9.306377560173125, 8.317766166719343, 0.02613792889848897},
+    {8, 11008, 4096, 0.10625599697232246, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.009275662625957385},
+    {16, 4096, 4096, 0.10076799988746643, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.016064553134499917},
+    {4, 14336, 4096, 0.11084800213575363, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03914606999209988},
+    {4096, 16, 4096, 0.10054399818181992, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.019316266146076354},
+    {6, 8192, 4096, 0.10472000017762184, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.006361682823741381},
+    {12, 4096, 8192, 0.19766399264335632, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.008593495058417637},
+    {4096, 4096, 512, 0.07968000322580338, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.008571624747181613},
+    {5120, 7168, 1024, 0.2895680069923401, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.039097594112512075},
+    {8192, 8192, 256, 0.18585599958896637, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.06678698767045602},
+    {2048, 2048, 128, 0.01462399959564209, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1750730262925738},
+    {16384, 4096, 64, 0.12043200060725212, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.04899906348805016},
+    {256, 256, 32768, 0.7648800015449524, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.02499207831240793},
+    {512, 512, 16384, 0.3996480107307434, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.04733084491454499},
+    {128, 1024, 65536, 1.5616479516029358, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.04812429916588464},
+    {64, 64, 131072, 3.011583924293518, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.020908957580439206},
+    {384, 384, 24576, 0.5776000022888184, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.02288222804219647},
+    {1280, 1920, 16384, 0.38940800726413727, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.08626849952312696},
+    {1024, 1024, 49152, 1.1695679426193237, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0015593875910152404},
+    {1536, 2560, 768, 0.029920000582933426, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.012687151247784832},
 };
 static const Point tf32_3_unaligned[] = {
     {2047, 2047, 2047, 0.13897600024938583, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.019849997535043656},
@@ -11430,38 +13313,41 @@ static const Point tf32_3_unaligned[] = {
     {1024, 1024, 1024, 0.0721919983625412, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005226561867398547},
 };
 static const Point tf32_4_aligned[] = {
-    {256, 256, 256, 0.013791999779641628, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.24399931973147757},
-    {512, 512, 512, 0.016863999888300896, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.11470307674406141},
-    {1024, 1024, 1024, 0.03996799886226654, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0679026586528838},
-    {2048, 2048, 2048, 0.14609599858522415, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1498624007982308},
-    {4096, 4096, 4096, 0.7933439910411835, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.20872014379409679},
-    {8192, 8192, 8192, 5.203727960586548, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.19425616096810222},
-    {4092, 4092, 4092, 1.037343978881836, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05982821753070465},
-    {3000, 3000, 3000, 0.36582399904727936, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.22771254982074438},
-    {1, 4096, 4096, 0.040608000010252, 0.0, 8.317766166719343, 8.317766166719343, 0.18744358395395086},
-    {16, 8192, 4096, 0.06935999915003777, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.11854332933468113},
-    {64, 4096, 8192, 0.07108799740672112, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.2810696767145584},
-    {128, 8192, 8192, 0.13785600662231445, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.2541928957159843},
-    {8192, 128, 8192, 0.1391039937734604, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.2632049956288267},
-    {4096, 32, 4096, 0.04224000126123428, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.2042766340846481},
-    {80, 8192, 4096, 0.0767040029168129, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.16896319376038005},
-    {1, 11008, 4096, 0.08667199686169624, 0.0, 9.306377560173125, 8.317766166719343, -0.0055363382998167045},
-    {8, 11008, 4096, 0.0883840024471283, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.008687007170016211},
-    {16, 4096, 4096, 0.042047999799251556, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.21130595044279307},
-    {4, 14336, 4096, 0.10992000252008438, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.03702412751342976},
-    {4096, 16, 4096, 0.04121600091457367, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.19132068502657715},
-    {6, 8192, 4096, 0.06563200056552887, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.07137681849328956},
-    {12, 4096, 8192, 0.06550399959087372, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.2461010051577411},
-    {4096, 4096, 512, 0.4654560089111328, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.10055745238410373},
-    {8192, 8192, 256, 1.828495979309082, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.21678213381537753},
-    {2048, 2048, 128, 0.09476799890398979, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.004314650827004958},
-    {16384, 4096, 64, 1.823632001876831, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2769647188502791},
-    {256, 256, 32768, 0.12955199927091599, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.04475084097459608},
-    {512, 512, 16384, 0.07716799899935722, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.09439630964999529},
-    {128, 1024, 65536, 0.2457599937915802, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07843828146605271},
-    {64, 64, 131072, 0.46585600078105927, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.012593449431809007},
-    {384, 384, 24576, 0.1032479964196682, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.07430322408756503},
-    {1536, 2560, 768, 0.10129599645733833, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.16388608130070084},
+    {256, 256, 256, 0.013791999779641628, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2584602701995239},
+    {512, 512, 512, 0.016863999888300896, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12176131260951488},
+    {1024, 1024, 1024, 0.03996799886226654, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0728682752685922},
+    {2048, 2048, 2048, 0.14609599858522415, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1349386122778396},
+    {4096, 4096, 4096, 0.7933439910411835, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.17980205228891208},
+    {8192, 8192, 8192, 5.203727960586548, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.15218918389690808},
+    {4092, 4092, 4092, 1.037343978881836, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0886551921525859},
+    {3000, 3000, 3000, 0.36582399904727936, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.20662306783313036},
+    {1, 4096, 4096, 0.040608000010252, 0.0, 8.317766166719343, 8.317766166719343, 0.19290301008070262},
+    {16, 8192, 4096, 0.06935999915003777, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.12499673565380101},
+    {64, 4096, 8192, 0.07108799740672112, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.30757881608974474},
+    {128, 8192, 8192, 0.13785600662231445, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.29420106176704186},
+    {8192, 128, 8192, 0.1391039937734604, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3032131616798844},
+    {4096, 32, 4096, 0.04224000126123428, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.21571892362124873},
+    {80, 8192, 4096, 0.0767040029168129, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.18855957211370145},
+    {1, 11008, 4096, 0.08667199686169624, 0.0, 9.306377560173125, 8.317766166719343, -0.00569538167768389},
+    {8, 11008, 4096, 0.0883840024471283, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.009973521627609281},
+    {16, 4096, 4096, 0.042047999799251556, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2196895716292917},
+    {4, 14336, 4096, 0.10992000252008438, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.03758326811594531},
+    {4096, 16, 4096, 0.04121600091457367, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.19970430621307575},
+    {6, 8192, 4096, 0.06563200056552887, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.07566992141185841},
+    {12, 4096, 8192, 0.06550399959087372, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.26128071985387497},
+    {4096, 4096, 512, 0.4654560089111328, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.09062456833064667},
+    {5120, 7168, 1024, 1.0478079915046692, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.009661987626978433},
+    {8192, 8192, 256, 1.828495979309082, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.19987246348202528},
+    {2048, 2048, 128, 0.09476799890398979, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.022846566575561642},
+    {16384, 4096, 64, 1.823632001876831, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.25373280298576184},
+    {256, 256, 32768, 0.12955199927091599, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.05090730974994135},
+    {512, 512, 16384, 0.07716799899935722, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07527872868882775},
+    {128, 1024, 65536, 0.2457599937915802, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07321931121056093},
+    {64, 64, 131072, 0.46585600078105927, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.028331623391430014},
+    {384, 384, 24576, 0.1032479964196682, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.06852701045179503},
+    {1280, 1920, 16384, 0.3915199935436249, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.09185409271058341},
+    {1024, 1024, 49152, 0.4376319944858551, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.08688105613409831},
+    {1536, 2560, 768, 0.10129599645733833, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.16858198897509982},
 };
 static const Point tf32_4_unaligned[] = {
     {2047, 2047, 2047, 0.2478720024228096, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.006100549532211981},
@@ -11475,38 +13361,41 @@ static const Point tf32_4_unaligned[] = {
     {1024, 1024, 1024, 0.05580800026655197, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.013170069427065749},
 };
 static const Point tf32_5_aligned[] = {
-    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.18267476882268402},
-    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.14417781161363596},
-    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10212129419821755},
-    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.051140577752091826},
-    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.1260384580712025},
-    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.07623343452919365},
-    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3259836978961632},
-    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.011496426324013584},
-    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.07628069106131312},
-    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0450639218413925},
-    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.01458628861040235},
-    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.05399017038161596},
-    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.054269311500616084},
-    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.3649283443759657},
-    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.019469220627685913},
-    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.011825084120214081},
-    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.04412632092652252},
-    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05463376688928115},
-    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.006780132657636115},
-    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.04800881681775007},
-    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.03811648678672538},
-    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.083154570625945},
-    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.18280656924134225},
-    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.19702482730858925},
-    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.057496584271573815},
-    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1881167616511752},
-    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.02429023350893099},
-    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1830307948622823},
-    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.0487636410842222},
-    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.31981430901418995},
-    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08622664531823945},
-    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05891201570695696},
+    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.20889112089564402},
+    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.161935560289459},
+    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11507685013158417},
+    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.059583798283747},
+    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.12461802593232166},
+    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.08672043639084825},
+    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.32456018171787615},
+    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.016506993775670876},
+    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.0792807712533349},
+    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04447197712834746},
+    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.018702493915131714},
+    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04522525353635308},
+    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.045504394655353275},
+    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.3597671232427988},
+    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.018474285651353582},
+    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.01408573146927227},
+    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.042766626720419164},
+    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.050485691223166505},
+    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.00413180697177672},
+    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05215689248386447},
+    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.03764241128627535},
+    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0877950052234935},
+    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.16909701244132969},
+    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.1884873842724969},
+    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1824101651544376},
+    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.07286987753346331},
+    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.17277251483137496},
+    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.0041155595013554515},
+    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.16144518062785596},
+    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.11528711436606606},
+    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.31895895941003316},
+    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.056091951521663345},
+    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.07477958353774569},
+    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06811299990875054},
+    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.07192388408767666},
 };
 static const Point tf32_5_unaligned[] = {
     {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03380500522502603},
@@ -11536,220 +13425,43 @@ static const Point tf32_6_unaligned[] = {
     {16, 11008, 4096, 0.23187200725078583, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.6432086322759473},
 };
 static const Point tf32_7_aligned[] = {
-    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0765466365773728},
-    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02581660158738014},
-    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.07222045051437162},
-    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1639335542426408},
-    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.07910630903301544},
-    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.03159407379067216},
-    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.44411030336463897},
-    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.1465926171475364},
-    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, 0.034726046376723184},
-    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.41749958949177635},
-    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.01651815863845065},
-    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.07823108056927204},
-    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.07403641159249974},
-    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.037658655252146504},
-    {80, 8192, 4096, 0.0660799965262413, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.17473203248336122},
-    {1, 11008, 4096, 0.09996800124645233, 0.0, 9.306377560173125, 8.317766166719343, 0.6037222800417155},
-    {8, 11008, 4096, 0.08963199704885483, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.4904892711291822},
-    {16, 4096, 4096, 0.051552001386880875, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.01331684088590514},
-    {4, 14336, 4096, 0.10579200088977814, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6355047374100837},
-    {4096, 16, 4096, 0.05097600072622299, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.024552926809022026},
-    {6, 8192, 4096, 0.08457600325345993, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4538360550832079},
-    {12, 4096, 8192, 0.0942080020904541, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.030979892888784447},
-    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.264525557604924},
-    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.13727441943269922},
-    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07978568034406819},
-    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.27901201776144346},
-    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1158887951493546},
-    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.13511553263058043},
-    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.13103437876372298},
-    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.09461548192349273},
-    {384, 384, 24576, 0.2459840029478073, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.10132536246134197},
-    {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15120540312653233},
+    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.0010871879640538648},
+    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08641670776597304},
+    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09027663987069245},
+    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07968951783086524},
+    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0350856879686817},
+    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.10510585234994817},
+    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3166107438039454},
+    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.05542374762987534},
+    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.02081072265173208},
+    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.17997558482875176},
+    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.044659355308232326},
+    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.05773906050206037},
+    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.08422390610350698},
+    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03828957456793723},
+    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.11542786854065082},
+    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.34271738253037115},
+    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2996157238730495},
+    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.01650530060036078},
+    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4915697124070445},
+    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.06326806620548421},
+    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.18471148479491406},
+    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.05483795174774214},
+    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06016897159633533},
+    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.038488274913490994},
+    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.036608767844509574},
+    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0023152128035883444},
+    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.022879664850524107},
+    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.05585653658875161},
+    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07115817463288132},
+    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07924260422961478},
+    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.06901829216696517},
+    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08796766412841474},
+    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12838823911835667},
+    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.14620966157289492},
+    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08129805764992172},
 };
 static const Point tf32_7_unaligned[] = {
-    {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.0262878005561375},
-    {1531, 1531, 1531, 0.11404799669981003, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03570188752052682},
-    {5003, 5003, 5003, 2.6757280826568604, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.029288265060409418},
-    {127, 4099, 1023, 0.03403199836611748, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09680964444184748},
-    {4096, 1, 4096, 0.06032000109553337, 8.317766166719343, 0.0, 8.317766166719343, -0.18468463106304378},
-    {1, 4096, 4096, 0.10201600193977356, 0.0, 8.317766166719343, 8.317766166719343, 0.3407813098173305},
-    {16, 11008, 4096, 0.11023999750614166, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.05425688122327588},
-    {4096, 4096, 4096, 1.4788640141487122, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.009625554465589091},
-    {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11245075772874465},
-};
-static const Point tf32_8_aligned[] = {
-    {256, 256, 256, 0.014208000153303146, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.20784403742158744},
-    {512, 512, 512, 0.01865600049495697, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.019412495763454135},
-    {1024, 1024, 1024, 0.16575999557971954, 6.931471805599453, 6.931471805599453, 6.931471805599453, 1.1029055652713842},
-    {2048, 2048, 2048, 0.18507199734449387, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.23727754845972218},
-    {4096, 4096, 4096, 0.9277920126914978, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.257558790670528},
-    {8192, 8192, 8192, 6.38369607925415, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.10534160289210885},
-    {4092, 4092, 4092, 1.2264639735221863, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.021961488586359587},
-    {3000, 3000, 3000, 0.4864639937877655, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.18265759167355963},
-    {1, 4096, 4096, 0.04447999969124794, 0.0, 8.317766166719343, 8.317766166719343, 0.07797379751294914},
-    {16, 8192, 4096, 0.07859200239181519, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.03797371445436584},
-    {64, 4096, 8192, 0.07331199944019318, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.20280488971280208},
-    {128, 8192, 8192, 0.1497120037674904, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.2171051324473331},
-    {8192, 128, 8192, 0.15068800002336502, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.22360313296505674},
-    {4096, 32, 4096, 0.04451199993491173, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.05405651085993568},
-    {80, 8192, 4096, 0.08214399963617325, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.027687695318566942},
-    {1, 11008, 4096, 0.10062399879097939, 0.0, 9.306377560173125, 8.317766166719343, -0.06036673607710612},
-    {8, 11008, 4096, 0.09865599870681763, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.08592805794033931},
-    {16, 4096, 4096, 0.04507200047373772, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.0791987008162973},
-    {4, 14336, 4096, 0.12910400331020355, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.02984060693668748},
-    {4096, 16, 4096, 0.04424000158905983, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.06056687230474547},
-    {6, 8192, 4096, 0.07580800354480743, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.010696433116741049},
-    {12, 4096, 8192, 0.06960000097751617, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.2095642934705521},
-    {4096, 4096, 512, 0.7973439991474152, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.15763454382695644},
-    {8192, 8192, 256, 3.1411999464035034, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.21890768096402402},
-    {2048, 2048, 128, 0.15932799875736237, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.04746051219261731},
-    {16384, 4096, 64, 3.15067195892334, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.24192194811855994},
-    {256, 256, 32768, 0.06771200150251389, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.011412698094458626},
-    {512, 512, 16384, 0.055615998804569244, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.019457728627785633},
-    {128, 1024, 65536, 0.14347200095653534, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.07237424037360744},
-    {64, 64, 131072, 0.1728000044822693, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.08062154895002992},
-    {384, 384, 24576, 0.06252799928188324, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.0035958974706243973},
-    {1536, 2560, 768, 0.16118399798870087, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0913255167498313},
-};
-static const Point tf32_8_unaligned[] = {
-    {2047, 2047, 2047, 0.3269760012626648, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03367145637702099},
-    {1531, 1531, 1531, 0.18025599420070648, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.023412458000362495},
-    {5003, 5003, 5003, 3.3424160480499268, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0254116960926805},
-    {127, 4099, 1023, 0.04633599892258644, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.010365310442548455},
-    {4096, 1, 4096, 0.04390399903059006, 8.317766166719343, 0.0, 8.317766166719343, -0.05063880694654366},
-    {1, 4096, 4096, 0.049056001007556915, 0.0, 8.317766166719343, 8.317766166719343, 0.060318306258572006},
-    {16, 11008, 4096, 0.11409599706530571, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0013858252921087916},
-    {4096, 4096, 4096, 1.8430399894714355, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01581588652346748},
-    {1024, 1024, 1024, 0.07955200225114822, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.016392823753520382},
-};
-static const Point tf32_9_aligned[] = {
-    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.06615838254607023},
-    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.033610924626280396},
-    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04543490329232828},
-    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.06383955538774923},
-    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.1188370057150935},
-    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.10252312159485298},
-    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.1014666076678388},
-    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.041067184690104466},
-    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, 0.07068642259288146},
-    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.18540099467238055},
-    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.04611484094431674},
-    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.017768756212993824},
-    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.006755405478610698},
-    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.9256686798709676},
-    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.014910078915162987},
-    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, 0.036068290572559704},
-    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04355249999394197},
-    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08210987664930286},
-    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.07968434622306608},
-    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.06838596699889678},
-    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.18232309860148818},
-    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.02661232508132065},
-    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.12737507068085116},
-    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.030336089905880468},
-    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.034494872550101904},
-    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.07100151062141466},
-    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.04853035471206051},
-    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.020565033317236726},
-    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.022074740512375193},
-    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.02314190275256619},
-    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.050435789106739896},
-    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0883183201277319},
-};
-static const Point tf32_9_unaligned[] = {
-    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.017156672604394255},
-    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.007108070005739827},
-    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.020817281754554374},
-    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0034037341912475892},
-    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.009378783892637878},
-    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.025126298326462175},
-    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.07526197560425481},
-    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04943422038520919},
-    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.026466538951607898},
-};
-static const Point tf32_10_aligned[] = {
-    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1462416784146941},
-    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07856019836933545},
-    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13747570339361886},
-    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.23636550771716702},
-    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.08376324278268321},
-    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.28113169374716435},
-    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.260457891643029},
-    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.03401857620034826},
-    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.28405381799143326},
-    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.563861251636249},
-    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.10424525400999092},
-    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.2946958052935061},
-    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.03297872160753255},
-    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.21868366574437043},
-    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.45180983719354745},
-    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.40622560453955403},
-    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3485948814999142},
-    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.25288147580364095},
-    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6190293733350959},
-    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.2449944977253953},
-    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.65013785729049},
-    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.20043082034070414},
-    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2505320333437802},
-    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.17423245809551105},
-    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.14996464538613669},
-    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.24765197274498624},
-    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1916836421080169},
-    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.22403639125643096},
-    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20664511917210868},
-    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.18939643204527387},
-    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2018361596811997},
-    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1939040200582608},
-};
-static const Point tf32_10_unaligned[] = {
-    {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.019099353970501626},
-    {1531, 1531, 1531, 0.11692799627780914, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.13523322357289305},
-    {5003, 5003, 5003, 2.665616035461426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010291126363119187},
-    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.15190880789036118},
-    {4096, 1, 4096, 0.04982399940490723, 8.317766166719343, 0.0, 8.317766166719343, -0.20736388692014984},
-    {1, 4096, 4096, 0.10096000134944916, 0.0, 8.317766166719343, 8.317766166719343, 0.4988637415312397},
-    {16, 11008, 4096, 0.10942399874329567, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.032286203558300725},
-    {4096, 4096, 4096, 1.476639986038208, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0033802871205166137},
-    {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15164085133386543},
-};
-static const Point tf32_11_aligned[] = {
-    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.016224747371339335},
-    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07797609716614987},
-    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09674447112201932},
-    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.10683911550534565},
-    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.07599775051400613},
-    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.15265810543744304},
-    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.2757593121057665},
-    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.014364736128761189},
-    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.027201666451492232},
-    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.16821005541030737},
-    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.0548255977974992},
-    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.038179210485506335},
-    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.06177692077207659},
-    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.030742921554385006},
-    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.10068750200237932},
-    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.32858130594467466},
-    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2850457912370242},
-    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.02327836566592982},
-    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4736853994625162},
-    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.05631026157827256},
-    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.17341923783215896},
-    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.06361574755527645},
-    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07915207841947716},
-    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.02641917449999231},
-    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.013199356119410434},
-    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.0379206198070955},
-    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06205866672719026},
-    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08011939154408641},
-    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0867541670028291},
-    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.07442823906831685},
-    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09516703272209003},
-    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09606029164090413},
-};
-static const Point tf32_11_unaligned[] = {
     {2047, 2047, 2047, 0.201664000749588, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.009127036250653036},
     {1531, 1531, 1531, 0.11779200285673141, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2898656613358185},
     {5003, 5003, 5003, 2.6783519983291626, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.004106202221215583},
@@ -11760,41 +13472,332 @@ static const Point tf32_11_unaligned[] = {
     {4096, 4096, 4096, 1.4395039677619934, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.013632593144358841},
     {1024, 1024, 1024, 0.03564799949526787, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1417915130511115},
 };
+static const Point tf32_8_aligned[] = {
+    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07961957307606216},
+    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.024990511750608624},
+    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03131588953463419},
+    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08192777107561551},
+    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0007616816137461872},
+    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06874029404227497},
+    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0699329896137144},
+    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.03769541423778535},
+    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.019368291825844434},
+    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.012523280439814951},
+    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.018416254228603407},
+    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.010616012419687881},
+    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.017189785385543492},
+    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.017834072196628945},
+    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.009135699473662407},
+    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.1330641222504711},
+    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04735338435077068},
+    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.007022560641994095},
+    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.1704829626054648},
+    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.005091940993206697},
+    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.014543435321534947},
+    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.026821252885435885},
+    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03073791334613644},
+    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.06034505171733115},
+    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0010079226637775252},
+    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1479327775470163},
+    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.02535236239071569},
+    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.03326476228684151},
+    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.03182773161949341},
+    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.007732340618079706},
+    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.013188854165633758},
+    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.00554651082892683},
+    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11350035379899083},
+    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.017837939553511446},
+    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.01861738992153138},
+};
+static const Point tf32_8_unaligned[] = {
+    {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.23577008444906208},
+    {1531, 1531, 1531, 0.1196800023317337, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.4065112256088228},
+    {5003, 5003, 5003, 2.7368959188461304, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.16915888250179334},
+    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.04378816451296682},
+    {4096, 1, 4096, 0.07977599650621414, 8.317766166719343, 0.0, 8.317766166719343, 0.14610004795113907},
+    {1, 4096, 4096, 0.10332799702882767, 0.0, 8.317766166719343, 8.317766166719343, 0.13415138736396187},
+    {16, 11008, 4096, 0.10966400057077408, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.4174150674812042},
+    {4096, 4096, 4096, 1.480944037437439, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.19268121287713086},
+    {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05386228862690006},
+};
+static const Point tf32_9_aligned[] = {
+    {256, 256, 256, 0.014208000153303146, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.23321316545921117},
+    {512, 512, 512, 0.01865600049495697, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0018009998085205153},
+    {1024, 1024, 1024, 0.16575999557971954, 6.931471805599453, 6.931471805599453, 6.931471805599453, 1.0877125084714676},
+    {2048, 2048, 2048, 0.18507199734449387, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.23279941966833462},
+    {4096, 4096, 4096, 0.9277920126914978, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.22283956085356457},
+    {8192, 8192, 8192, 6.38369607925415, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.038796487171439215},
+    {4092, 4092, 4092, 1.2264639735221863, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05655558660200026},
+    {3000, 3000, 3000, 0.4864639937877655, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1627719721854832},
+    {1, 4096, 4096, 0.04447999969124794, 0.0, 8.317766166719343, 8.317766166719343, 0.07822482915847133},
+    {16, 8192, 4096, 0.07859200239181519, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04178686983145129},
+    {64, 4096, 8192, 0.07331199944019318, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.24115414491699266},
+    {128, 8192, 8192, 0.1497120037674904, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.2776264627076921},
+    {8192, 128, 8192, 0.15068800002336502, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.2841244632254157},
+    {4096, 32, 4096, 0.04451199993491173, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.0617590795240929},
+    {80, 8192, 4096, 0.08214399963617325, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.04767754059011241},
+    {1, 11008, 4096, 0.10062399879097939, 0.0, 9.306377560173125, 8.317766166719343, -0.06461182071625551},
+    {8, 11008, 4096, 0.09865599870681763, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.08838634127738583},
+    {16, 4096, 4096, 0.04507200047373772, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08309424035313526},
+    {4, 14336, 4096, 0.12910400331020355, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03026114570606417},
+    {4096, 16, 4096, 0.04424000158905983, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0644624118415834},
+    {6, 8192, 4096, 0.07580800354480743, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.01184209171321939},
+    {12, 4096, 8192, 0.06960000097751617, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.23091606164996276},
+    {4096, 4096, 512, 0.7973439991474152, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.12506287329290186},
+    {5120, 7168, 1024, 1.8063519597053528, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.08927758118398282},
+    {8192, 8192, 256, 3.1411999464035034, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1774063394578308},
+    {2048, 2048, 128, 0.15932799875736237, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.09153052981061935},
+    {16384, 4096, 64, 3.15067195892334, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.19350414838281504},
+    {256, 256, 32768, 0.06771200150251389, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.021959391775757776},
+    {512, 512, 16384, 0.055615998804569244, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.09677579701320914},
+    {128, 1024, 65536, 0.14347200095653534, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.1271990188246168},
+    {64, 64, 131072, 0.1728000044822693, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10705142684086508},
+    {384, 384, 24576, 0.06252799928188324, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.05082375921732002},
+    {1280, 1920, 16384, 0.3750080019235611, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.13562323507180601},
+    {1024, 1024, 49152, 0.3903200030326843, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1250950307049987},
+    {1536, 2560, 768, 0.16118399798870087, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.11547955194726242},
+};
+static const Point tf32_9_unaligned[] = {
+    {2047, 2047, 2047, 0.3269760012626648, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03367145637702099},
+    {1531, 1531, 1531, 0.18025599420070648, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.023412458000362495},
+    {5003, 5003, 5003, 3.3424160480499268, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0254116960926805},
+    {127, 4099, 1023, 0.04633599892258644, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.010365310442548455},
+    {4096, 1, 4096, 0.04390399903059006, 8.317766166719343, 0.0, 8.317766166719343, -0.05063880694654366},
+    {1, 4096, 4096, 0.049056001007556915, 0.0, 8.317766166719343, 8.317766166719343, 0.060318306258572006},
+    {16, 11008, 4096, 0.11409599706530571, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0013858252921087916},
+    {4096, 4096, 4096, 1.8430399894714355, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01581588652346748},
+    {1024, 1024, 1024, 0.07955200225114822, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.016392823753520382},
+};
+static const Point tf32_10_aligned[] = {
+    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07163348668673843},
+    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.035411678317857846},
+    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04184284587808165},
+    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05742798130387827},
+    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11177286578666076},
+    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.09525333627436078},
+    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0944024677394062},
+    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0341957884808181},
+    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, 0.07627237940385882},
+    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1909869514833579},
+    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.05258620616163146},
+    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.024635260697415957},
+    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.013621909963032827},
+    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.9312546366819447},
+    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.021233341499711407},
+    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, 0.04239155315710816},
+    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04987576257849025},
+    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08769583346028016},
+    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08600760880761434},
+    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.07397192380987415},
+    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.18790905541246541},
+    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0330836902986351},
+    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.1225621220144464},
+    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.019153428171308023},
+    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.02709931873394919},
+    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.032824033824868884},
+    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.06863933777156765},
+    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.04134055314407566},
+    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.013620248922548372},
+    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.01476026791853913},
+    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.03051926263529642},
+    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.043328294430250686},
+    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05848413930623158},
+    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06619818559717942},
+    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08339600180182177},
+};
+static const Point tf32_10_unaligned[] = {
+    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.017156672604394255},
+    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.007108070005739827},
+    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.020817281754554374},
+    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0034037341912475892},
+    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.009378783892637878},
+    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.025126298326462175},
+    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.07526197560425481},
+    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04943422038520919},
+    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.026466538951607898},
+};
+static const Point tf32_11_aligned[] = {
+    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.16736876991700744},
+    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0835696224430166},
+    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10300177146004601},
+    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.18551504109832806},
+    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.027650114591968297},
+    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.34090673707566255},
+    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3164393162224643},
+    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.02105104151495541},
+    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.2832423789685111},
+    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.5884344582450106},
+    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.12380520941595582},
+    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3505422765323033},
+    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.02286774963126464},
+    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.2263917755500931},
+    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.4916087880609889},
+    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.4127923473049116},
+    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3578893148795925},
+    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2562220215025372},
+    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6346798737085563},
+    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.24833504342429158},
+    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.6695419262417696},
+    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.20492997271312077},
+    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.21707246592693627},
+    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0950150872458585},
+    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.15736970048496543},
+    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.13895324241262116},
+    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2084101097139394},
+    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1994158414220792},
+    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2026245264811192},
+    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20369029243382256},
+    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.20704353867597206},
+    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.19687132093092394},
+    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.13437922364354835},
+    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1783234132736193},
+    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15945681990981347},
+};
+static const Point tf32_11_unaligned[] = {
+    {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.019099353970501626},
+    {1531, 1531, 1531, 0.11692799627780914, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.13523322357289305},
+    {5003, 5003, 5003, 2.665616035461426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010291126363119187},
+    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.15190880789036118},
+    {4096, 1, 4096, 0.04982399940490723, 8.317766166719343, 0.0, 8.317766166719343, -0.20736388692014984},
+    {1, 4096, 4096, 0.10096000134944916, 0.0, 8.317766166719343, 8.317766166719343, 0.4988637415312397},
+    {16, 11008, 4096, 0.10942399874329567, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.032286203558300725},
+    {4096, 4096, 4096, 1.476639986038208, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0033802871205166137},
+    {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15164085133386543},
+};
 static const Point tf32_12_aligned[] = {
-    {256, 256, 256, 0.020368000492453575, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.025535627487165775},
-    {512, 512, 512, 0.01532800029963255, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3554603029179401},
-    {1024, 1024, 1024, 0.03824000060558319, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.20183777841050887},
-    {2048, 2048, 2048, 0.14860799908638, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.25695698571900194},
-    {4096, 4096, 4096, 0.8578720092773438, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.27090064291342886},
-    {8192, 8192, 8192, 8.464655876159668, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0969511830953523},
-    {4092, 4092, 4092, 1.26145601272583, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.11504611487281208},
-    {3000, 3000, 3000, 0.4256480038166046, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1864181699691841},
-    {1, 4096, 4096, 0.039423998445272446, 0.0, 8.317766166719343, 8.317766166719343, 0.20345935847788846},
-    {16, 8192, 4096, 0.06708799675107002, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.31156681298803474},
-    {64, 4096, 8192, 0.0682239979505539, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.38687452865851124},
-    {128, 8192, 8192, 0.15931200236082077, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.14266602640618772},
-    {8192, 128, 8192, 0.15275199711322784, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.1006171402988612},
-    {4096, 32, 4096, 0.06108799949288368, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.2532867718118786},
-    {80, 8192, 4096, 0.09299200028181076, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.09898521023169277},
-    {1, 11008, 4096, 0.08329600095748901, 0.0, 9.306377560173125, 8.317766166719343, 0.25876675795002585},
-    {8, 11008, 4096, 0.08367999643087387, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2581710987768114},
-    {16, 4096, 4096, 0.04032000154256821, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.21766406476802996},
-    {4, 14336, 4096, 0.10486400127410889, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.26454083339416584},
-    {4096, 16, 4096, 0.06278400123119354, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.2927590589116654},
-    {6, 8192, 4096, 0.06612799689173698, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.30442820774345836},
-    {12, 4096, 8192, 0.06388800218701363, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.36199057707131105},
-    {4096, 4096, 512, 0.40196800231933594, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.0013620197741736246},
-    {8192, 8192, 256, 1.5541599988937378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.14738988127043556},
-    {2048, 2048, 128, 0.09550399705767632, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.012831768546151116},
-    {16384, 4096, 64, 1.5395039916038513, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.22833932081643948},
-    {256, 256, 32768, 0.09388799965381622, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.10340046598924188},
-    {512, 512, 16384, 0.06273600086569786, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.14372268594430615},
-    {128, 1024, 65536, 0.18812799453735352, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.06948728507000451},
-    {64, 64, 131072, 0.2919519990682602, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.12455062694256733},
-    {384, 384, 24576, 0.0793600007891655, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.12087089579730535},
-    {1536, 2560, 768, 0.1048320010304451, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1347911170472168},
+    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.10218236764593402},
+    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04101611301031602},
+    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06321833140803225},
+    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.11654280492801546},
+    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.021461719320646902},
+    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.028779859778152523},
+    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.501671180694029},
+    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.19639841062242544},
+    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, 0.04294522774666861},
+    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.43423136574421606},
+    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.001065525462771137},
+    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1107944283556435},
+    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.10659975937887103},
+    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.02773727943722649},
+    {80, 8192, 4096, 0.0660799965262413, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.19794247320089983},
+    {1, 11008, 4096, 0.09996800124645233, 0.0, 9.306377560173125, 8.317766166719343, 0.6234641889922057},
+    {8, 11008, 4096, 0.08963199704885483, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.5111817249408123},
+    {16, 4096, 4096, 0.051552001386880875, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.004271371331035184},
+    {4, 14336, 4096, 0.10579200088977814, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6609670587608797},
+    {4096, 16, 4096, 0.05097600072622299, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.015507457254152032},
+    {6, 8192, 4096, 0.08457600325345993, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4695262110358509},
+    {12, 4096, 8192, 0.0942080020904541, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.018531251014207255},
+    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2310107527340541},
+    {5120, 7168, 1024, 0.2239520028233528, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.135781327271448},
+    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.11554404443056542},
+    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.06620191495133827},
+    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2615709033002633},
+    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.10712136014564433},
+    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1213653063880035},
+    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.11970692589170552},
+    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.08693745908886104},
+    {384, 384, 24576, 0.2459840029478073, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09034596138457462},
+    {1280, 1920, 16384, 0.35443198680877686, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11095760588258677},
+    {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.17783965051410713},
+    {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.12318780579640964},
 };
 static const Point tf32_12_unaligned[] = {
+    {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.0262878005561375},
+    {1531, 1531, 1531, 0.11404799669981003, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03570188752052682},
+    {5003, 5003, 5003, 2.6757280826568604, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.029288265060409418},
+    {127, 4099, 1023, 0.03403199836611748, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09680964444184748},
+    {4096, 1, 4096, 0.06032000109553337, 8.317766166719343, 0.0, 8.317766166719343, -0.18468463106304378},
+    {1, 4096, 4096, 0.10201600193977356, 0.0, 8.317766166719343, 8.317766166719343, 0.3407813098173305},
+    {16, 11008, 4096, 0.11023999750614166, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.05425688122327588},
+    {4096, 4096, 4096, 1.4788640141487122, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.009625554465589091},
+    {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11245075772874465},
+};
+static const Point tf32_13_aligned[] = {
+    {256, 256, 256, 0.01360000018030405, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.3079940227172962},
+    {512, 512, 512, 0.017632000148296356, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.13579561561172285},
+    {1024, 1024, 1024, 0.02696000039577484, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.048658468616734805},
+    {2048, 2048, 2048, 0.10208000242710114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.15373794066593455},
+    {4096, 4096, 4096, 0.6409439742565155, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.1332847224989664},
+    {8192, 8192, 8192, 4.707776069641113, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.07017300975423756},
+    {4092, 4092, 4092, 0.8882240056991577, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.19354349618628094},
+    {3000, 3000, 3000, 0.2982880026102066, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.10237067818601196},
+    {1, 4096, 4096, 0.04753600060939789, 0.0, 8.317766166719343, 8.317766166719343, 0.1286795471084897},
+    {16, 8192, 4096, 0.07078400254249573, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4359421526340228},
+    {64, 4096, 8192, 0.07916799932718277, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.12838541827318448},
+    {128, 8192, 8192, 0.12332800030708313, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3647465228425098},
+    {8192, 128, 8192, 0.12460800260305405, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3750718782003151},
+    {4096, 32, 4096, 0.0480320006608963, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.12068013301627448},
+    {80, 8192, 4096, 0.07073600217700005, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.36766352539378144},
+    {1, 11008, 4096, 0.10220800340175629, 0.0, 9.306377560173125, 8.317766166719343, 0.24708033232388935},
+    {8, 11008, 4096, 0.10572800040245056, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2750638781516605},
+    {16, 4096, 4096, 0.04873599857091904, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.14467464166522392},
+    {4, 14336, 4096, 0.1398880034685135, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5254248831540193},
+    {4096, 16, 4096, 0.04801600053906441, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.12979099420015264},
+    {6, 8192, 4096, 0.06856000050902367, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.41500629889219676},
+    {12, 4096, 8192, 0.0785440020263195, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.15854284881811775},
+    {4096, 4096, 512, 0.24024000018835068, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.050479918244559704},
+    {5120, 7168, 1024, 0.6101920008659363, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.10688463197536373},
+    {8192, 8192, 256, 0.878495991230011, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.04093572885691583},
+    {2048, 2048, 128, 0.055456001311540604, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.011797502676903458},
+    {16384, 4096, 64, 0.8709439933300018, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1609237812508429},
+    {256, 256, 32768, 0.18303999304771423, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06412470436579877},
+    {512, 512, 16384, 0.10171199962496758, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12921719627275866},
+    {128, 1024, 65536, 0.3498559892177582, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.09835278960413482},
+    {64, 64, 131072, 0.6147840023040771, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.13961194903424967},
+    {384, 384, 24576, 0.14113599807024002, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1043050186311434},
+    {1280, 1920, 16384, 0.35598400235176086, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.15796246434543454},
+    {1024, 1024, 49152, 0.32203198969364166, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2850361570055533},
+    {1536, 2560, 768, 0.07215999811887741, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.04681158882010947},
+};
+static const Point tf32_13_unaligned[] = {
+    {2047, 2047, 2047, 0.21852800250053406, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.06800496367575237},
+    {1531, 1531, 1531, 0.12284799665212631, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.017218811916897572},
+    {5003, 5003, 5003, 2.8646559715270996, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.00582384682694297},
+    {127, 4099, 1023, 0.03134400025010109, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.013285298177724333},
+    {4096, 1, 4096, 0.04742399975657463, 8.317766166719343, 0.0, 8.317766166719343, -0.12788464515868822},
+    {1, 4096, 4096, 0.06159999966621399, 0.0, 8.317766166719343, 8.317766166719343, 0.13364879542151747},
+    {16, 11008, 4096, 0.12121599912643433, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.06524440628017447},
+    {4096, 4096, 4096, 1.615664005279541, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.023540934077851326},
+    {1024, 1024, 1024, 0.04723200015723705, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04452788253919247},
+};
+static const Point tf32_14_aligned[] = {
+    {256, 256, 256, 0.020368000492453575, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.045066545860240684},
+    {512, 512, 512, 0.01532800029963255, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3701013032437933},
+    {1024, 1024, 1024, 0.03824000060558319, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.20045120703844493},
+    {2048, 2048, 2048, 0.14860799908638, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.23466308346250653},
+    {4096, 4096, 4096, 0.8578720092773438, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.23270752839248973},
+    {8192, 8192, 8192, 8.464655876159668, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.14538730239754238},
+    {4092, 4092, 4092, 1.26145601272583, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.1531488000816237},
+    {3000, 3000, 3000, 0.4256480038166046, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.15587597559446473},
+    {1, 4096, 4096, 0.039423998445272446, 0.0, 8.317766166719343, 8.317766166719343, 0.2045122600707467},
+    {16, 8192, 4096, 0.06708799675107002, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.322556586189482},
+    {64, 4096, 8192, 0.0682239979505539, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.41050335854961556},
+    {128, 8192, 8192, 0.15931200236082077, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.18185628267558018},
+    {8192, 128, 8192, 0.15275199711322784, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.13980739656825347},
+    {4096, 32, 4096, 0.06108799949288368, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.2550013604008116},
+    {80, 8192, 4096, 0.09299200028181076, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.1212727461452413},
+    {1, 11008, 4096, 0.08329600095748901, 0.0, 9.306377560173125, 8.317766166719343, 0.2675741058566547},
+    {8, 11008, 4096, 0.08367999643087387, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.26832731274326643},
+    {16, 4096, 4096, 0.04032000154256821, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.22090847518498702},
+    {4, 14336, 4096, 0.10486400127410889, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2752777621486148},
+    {4096, 16, 4096, 0.06278400123119354, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.2912517131125354},
+    {6, 8192, 4096, 0.06612799689173698, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3135322991566291},
+    {12, 4096, 8192, 0.06388800218701363, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.37530449848770436},
+    {4096, 4096, 512, 0.40196800231933594, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.0012211146067418336},
+    {5120, 7168, 1024, 1.0031840205192566, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.05612940489496546},
+    {8192, 8192, 256, 1.5541599988937378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1395761800659629},
+    {2048, 2048, 128, 0.09550399705767632, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.0017197827715892066},
+    {16384, 4096, 64, 1.5395039916038513, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.21199110701636348},
+    {256, 256, 32768, 0.09388799965381622, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.10236158788878542},
+    {512, 512, 16384, 0.06273600086569786, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.10744969998373821},
+    {128, 1024, 65536, 0.18812799453735352, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.04804480384622497},
+    {64, 64, 131072, 0.2919519990682602, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1395664778162614},
+    {384, 384, 24576, 0.0793600007891655, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.10186547949586429},
+    {1280, 1920, 16384, 0.5013439953327179, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.08838679014852739},
+    {1024, 1024, 49152, 0.5453920066356659, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.13590920092817038},
+    {1536, 2560, 768, 0.1048320010304451, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.13111936106306452},
+};
+static const Point tf32_14_unaligned[] = {
     {2047, 2047, 2047, 0.25860799849033356, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.018200747140202072},
     {1531, 1531, 1531, 0.1400960013270378, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0619640945899987},
     {5003, 5003, 5003, 3.1159520149230957, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.02065230638050742},
@@ -11805,7 +13808,7 @@ static const Point tf32_12_unaligned[] = {
     {4096, 4096, 4096, 1.561344027519226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06913122098978569},
     {1024, 1024, 1024, 0.05804799869656563, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0009716862025844767},
 };
-static const Point tf32_13_aligned[] = {
+static const Point tf32_15_aligned[] = {
     {1, 4096, 4096, 0.03497600182890892, 0.0, 8.317766166719343, 8.317766166719343, -0.04733131245609033},
     {16, 8192, 4096, 0.2961919903755188, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.10063103742557403},
     {1, 11008, 4096, 0.07241600006818771, 0.0, 9.306377560173125, 8.317766166719343, 0.23088457198136625},
@@ -11816,46 +13819,49 @@ static const Point tf32_13_aligned[] = {
     {6, 8192, 4096, 0.13047999888658524, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.06677050946550184},
     {12, 4096, 8192, 0.3004159927368164, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.23881942790712993},
 };
-static const Point tf32_13_unaligned[] = {
+static const Point tf32_15_unaligned[] = {
     {4096, 1, 4096, 0.03518399968743324, 8.317766166719343, 0.0, 8.317766166719343, -0.23664607185317357},
     {1, 4096, 4096, 0.05169599875807762, 0.0, 8.317766166719343, 8.317766166719343, 0.14814288827677052},
     {16, 11008, 4096, 0.7283680140972137, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.1224374561161492},
 };
-static const Point tf32_14_aligned[] = {
-    {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.0500302169746397},
-    {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0022847054110718863},
-    {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13658202918395615},
-    {2048, 2048, 2048, 0.22515200078487396, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.025892974192842966},
-    {4096, 4096, 4096, 1.7058559656143188, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.056251773615718},
-    {8192, 8192, 8192, 13.485167980194092, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06301914983953878},
-    {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5122427268860565},
-    {3000, 3000, 3000, 1.2967679500579834, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.4162312889557061},
-    {1, 4096, 4096, 0.29016000032424927, 0.0, 8.317766166719343, 8.317766166719343, 0.23516220955716985},
-    {16, 8192, 4096, 0.23475199937820435, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.05502497174593007},
-    {64, 4096, 8192, 0.4789760112762451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.02712726152768563},
-    {128, 8192, 8192, 0.48230400681495667, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.11545950018508258},
-    {8192, 128, 8192, 0.4813760071992874, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.11738545047776286},
-    {4096, 32, 4096, 0.24040000140666962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03128232593206414},
-    {80, 8192, 4096, 0.2314079999923706, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.12822367433277654},
-    {1, 11008, 4096, 0.2260800004005432, 0.0, 9.306377560173125, 8.317766166719343, -0.12007944058717414},
-    {8, 11008, 4096, 0.22998400032520294, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.1115894907063708},
-    {16, 4096, 4096, 0.23078399896621704, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.0014408096481211626},
-    {4, 14336, 4096, 0.22934399545192719, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.15751435700698194},
-    {4096, 16, 4096, 0.22803199291229248, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.013437074408182799},
-    {6, 8192, 4096, 0.22764800488948822, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.0762373567862024},
-    {12, 4096, 8192, 0.45529599487781525, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0029797239310017337},
-    {4096, 4096, 512, 0.2282239943742752, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.04456529162428234},
-    {8192, 8192, 256, 0.4739519953727722, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.03858756041285976},
-    {2048, 2048, 128, 0.02147199958562851, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.006445146708046859},
-    {16384, 4096, 64, 0.15887999534606934, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.011649935405356467},
-    {256, 256, 32768, 1.8849760293960571, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.1078730665453022},
-    {512, 512, 16384, 0.9659200012683868, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.07637786073777052},
-    {128, 1024, 65536, 3.8055520057678223, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.10179501685009747},
-    {64, 64, 131072, 7.486000061035156, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.11968439303642778},
-    {384, 384, 24576, 1.7966720461845398, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.32419136447256175},
-    {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.27805747052954655},
+static const Point tf32_16_aligned[] = {
+    {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.06738242794151103},
+    {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.003981847926619982},
+    {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14471920608166478},
+    {2048, 2048, 2048, 0.22515200078487396, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05452809493667206},
+    {4096, 4096, 4096, 1.7058559656143188, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.08662077860278634},
+    {8192, 8192, 8192, 13.485167980194092, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.09391771389128857},
+    {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.48189963524805335},
+    {3000, 3000, 3000, 1.2967679500579834, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.3904985773346837},
+    {1, 4096, 4096, 0.29016000032424927, 0.0, 8.317766166719343, 8.317766166719343, 0.23036713227811287},
+    {16, 8192, 4096, 0.23475199937820435, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.06368408761911876},
+    {64, 4096, 8192, 0.4789760112762451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.019758623571574277},
+    {128, 8192, 8192, 0.48230400681495667, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.12957019702587408},
+    {8192, 128, 8192, 0.4813760071992874, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.1314961473185544},
+    {4096, 32, 4096, 0.24040000140666962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.02568403968036472},
+    {80, 8192, 4096, 0.2314079999923706, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.13958594602539823},
+    {1, 11008, 4096, 0.2260800004005432, 0.0, 9.306377560173125, 8.317766166719343, -0.13001843601965773},
+    {8, 11008, 4096, 0.22998400032520294, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.12192390034238856},
+    {16, 4096, 4096, 0.23078399896621704, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.006627777427791772},
+    {4, 14336, 4096, 0.22934399545192719, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.16977250673991476},
+    {4096, 16, 4096, 0.22803199291229248, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.018624042187853383},
+    {6, 8192, 4096, 0.22764800488948822, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.08444350367072233},
+    {12, 4096, 8192, 0.45529599487781525, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0030771367357170644},
+    {4096, 4096, 512, 0.2282239943742752, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06862148261849804},
+    {5120, 7168, 1024, 1.0906400084495544, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.04031529558215447},
+    {8192, 8192, 256, 0.4739519953727722, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.05733298544153609},
+    {2048, 2048, 128, 0.02147199958562851, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.004670505867430468},
+    {16384, 4096, 64, 0.15887999534606934, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.020332087999242802},
+    {256, 256, 32768, 1.8849760293960571, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.10402667965434448},
+    {512, 512, 16384, 0.9659200012683868, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.0701348784914023},
+    {128, 1024, 65536, 3.8055520057678223, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.09690592882887365},
+    {64, 64, 131072, 7.486000061035156, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.1164728683489169},
+    {384, 384, 24576, 1.7966720461845398, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.3192916887406955},
+    {1280, 1920, 16384, 1.919647991657257, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.29264136945698477},
+    {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.13116568447047738},
+    {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.25454794910784506},
 };
-static const Point tf32_14_unaligned[] = {
+static const Point tf32_16_unaligned[] = {
     {2047, 2047, 2047, 0.3251839876174927, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04268633195640229},
     {1531, 1531, 1531, 0.2595840096473694, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2552552160482518},
     {5003, 5003, 5003, 5.0763840675354, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.017244317367725043},
@@ -11867,39 +13873,39 @@ static const Point tf32_14_unaligned[] = {
     {1024, 1024, 1024, 0.10574400052428246, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08260330624064732},
 };
 
-static const Member members[15] = {
+static const Member members[17] = {
     {64, 128, 32, 1, 1, true, true,
-     {tf32_0_aligned, 32, {0.006116493183071629, 0.0002342760197163369, 0.0005824052770185337, 0.022641348761262135, 0.0}},
+     {tf32_0_aligned, 35, {0.006280643696233629, 0.00023559914749884516, 0.0006654634611998588, 0.015442911061455039, 0.0}},
      {tf32_0_unaligned, 9, {0.011035991701021621, 0.0005169725845781996, 0.0022396095452938735, 0.06287964125830171, 0.0}}
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 16, 1, true, true,
-     {tf32_1_aligned, 32, {0.008992152000647853, 0.000331460394719451, 0.005230512673077421, 0.06584345347342525, 3.4582698149653424}},
+     {tf32_1_aligned, 35, {0.009151253600353524, 0.0003461922589150736, 0.0056627023778170246, 0.03470469524965955, 3.5420238945775213}},
      {tf32_1_unaligned, 9, {0.017329165472138926, 0.00038469168829328125, 0.001966055764299799, 0.18405737683774318, 8.39936869169914}}
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_2_aligned, 32, {0.0025890127624129916, 0.0005431147510695559, 0.006363477523739485, 0.0262864044251718, 0.0}},
-     {tf32_2_unaligned, 9, {0.0, 0.0002705109066475809, 0.012630889349148276, 0.32049163766839117, 0.0}}
-     , 2, 1
+     {tf32_2_aligned, 35, {0.0037263948473462774, 0.0005579834613056184, 0.004608490463951379, 0.022914461910411906, 0.0}},
+     {tf32_2_unaligned, 9, {0.007908019456172402, 0.00040334320882252147, 0.0, 0.38516708164485325, 0.0}}
+     , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_3_aligned, 32, {0.003524831726530604, 0.0007179552165929572, 0.005148267835673358, 0.027652241339928867, 0.0}},
+     {tf32_3_aligned, 35, {0.0035816992340202726, 0.000717483334022145, 0.005192812374370096, 0.025068828812104576, 0.0}},
      {tf32_3_unaligned, 9, {0.02435719378159694, 0.0014260280233720096, 0.0, 0.05126419725975105, 0.0}}
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 4, 1, true, true,
-     {tf32_4_aligned, 32, {0.006471452191024645, 0.00044164834245052545, 0.010166070548820487, 0.04279694018434175, 0.0717801680869455}},
+     {tf32_4_aligned, 35, {0.0062993899217989304, 0.00044937136146058304, 0.01061055664735395, 0.032423679105754936, 0.032522452595710745}},
      {tf32_4_unaligned, 9, {0.011841678131075886, 0.0008713675200253075, 0.006488594103134919, 0.0, 2.120388762208696}}
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 128, 1, true, true,
-     {tf32_5_aligned, 32, {0.021438663171095582, 0.0, 0.0015637305865591237, 0.11776289537434204, 22.50392848050803}},
+     {tf32_5_aligned, 35, {0.022455930536017056, 0.0, 0.0015697901469783166, 0.10247815091856814, 23.403955715391735}},
      {tf32_5_unaligned, 9, {0.06059593418659448, 0.0, 0.00022394267338703424, 0.5702270360834121, 70.93045063977662}}
      , 1, 1
      , false, 0
@@ -11910,51 +13916,63 @@ static const Member members[15] = {
      , 1, 1
      , true, 1
     },
-    {128, 128, 32, 1, 1, true, true,
-     {tf32_7_aligned, 32, {0.005674907144346812, 0.0003383405591110209, 0.0015436787214832568, 0.02274149237762907, 0.0}},
-     {tf32_7_unaligned, 9, {0.0, 0.00035127825906521547, 0.01166021807439349, 0.2355563305797277, 0.0}}
+    {128, 192, 32, 1, 1, true, true,
+     {tf32_7_aligned, 35, {0.004484178934443757, 0.0004463017911595202, 0.004229232955489603, 0.021731043501960957, 0.0}},
+     {tf32_7_unaligned, 9, {0.009908873346734334, 0.000392968445410591, 0.0, 0.31666454186210174, 0.0}}
      , 1, 1
+     , false, 0
+    },
+    {128, 256, 32, 1, 1, true, true,
+     {tf32_8_aligned, 35, {0.0027098950271411374, 0.0005423205182775112, 0.006377860115280006, 0.02372315550281216, 0.0}},
+     {tf32_8_unaligned, 9, {0.0, 0.0002705109066475809, 0.012630889349148276, 0.32049163766839117, 0.0}}
+     , 2, 1
      , false, 0
     },
     {128, 128, 32, 8, 1, true, true,
-     {tf32_8_aligned, 32, {0.007616579771332214, 0.00032431827227880766, 0.009475332062291252, 0.06206278499704436, 0.01724471344082606}},
-     {tf32_8_unaligned, 9, {0.01563122494054192, 0.000766934598175739, 0.0, 0.08630807619142392, 5.312482770121222}}
+     {tf32_9_aligned, 35, {0.007580757304072186, 0.00033579368202253364, 0.00996693447247542, 0.042470470625919535, 0.02235603787306347}},
+     {tf32_9_unaligned, 9, {0.01563122494054192, 0.000766934598175739, 0.0, 0.08630807619142392, 5.312482770121222}}
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_9_aligned, 32, {0.004442280355511179, 0.0004634563998163285, 0.0011151977585639585, 0.0, 0.0}},
-     {tf32_9_unaligned, 9, {0.010773673754293308, 0.0004800980837064651, 0.0, 0.0, 0.0}}
+     {tf32_10_aligned, 35, {0.00450938392014844, 0.0004600207945136483, 0.001126445707303675, 0.0, 0.0}},
+     {tf32_10_unaligned, 9, {0.010773673754293308, 0.0004800980837064651, 0.0, 0.0, 0.0}}
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_10_aligned, 32, {0.004852506273484897, 0.00023934235680779224, 0.0006886672941497932, 0.02123419368929374, 0.0}},
-     {tf32_10_unaligned, 9, {0.01730853935915336, 0.0003398616323472233, 0.0, 0.007249782823111144, 0.0}}
+     {tf32_11_aligned, 35, {0.004912739096079435, 0.00024376192175765263, 0.0007741772098629829, 0.011244017028093346, 0.0}},
+     {tf32_11_unaligned, 9, {0.01730853935915336, 0.0003398616323472233, 0.0, 0.007249782823111144, 0.0}}
      , 1, 1
      , false, 0
     },
-    {128, 192, 32, 1, 1, true, true,
-     {tf32_11_aligned, 32, {0.004409972700426635, 0.0004487065022983276, 0.0040941365805145695, 0.02666702560811599, 0.0}},
-     {tf32_11_unaligned, 9, {0.009908873346734334, 0.000392968445410591, 0.0, 0.31666454186210174, 0.0}}
+    {128, 128, 32, 1, 1, true, true,
+     {tf32_12_aligned, 35, {0.005867927535607751, 0.00033575904372629454, 0.0016355631534292654, 0.01711344434293333, 0.0}},
+     {tf32_12_unaligned, 9, {0.0, 0.00035127825906521547, 0.01166021807439349, 0.2355563305797277, 0.0}}
+     , 1, 1
+     , false, 0
+    },
+    {128, 128, 32, 2, 1, true, true,
+     {tf32_13_aligned, 35, {0.005978226303099445, 0.0003352440908238233, 0.011136201045480546, 0.04770218900104436, 0.0}},
+     {tf32_13_unaligned, 9, {0.010233129466745018, 0.00045081556860152646, 0.0008464062364638686, 0.20568091479179104, 1.5591858320075038}}
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 4, 1, true, true,
-     {tf32_12_aligned, 32, {0.01573801378222405, 0.00030093544027359217, 0.004501511101219792, 0.03395840475135423, 0.0}},
-     {tf32_12_unaligned, 9, {0.018615292725235218, 0.000572564839785094, 0.00439004254767049, 0.03471060457764415, 0.0}}
+     {tf32_14_aligned, 35, {0.01606485600765739, 0.0003060079769203363, 0.004590871134019718, 0.02490406669310095, 0.0}},
+     {tf32_14_unaligned, 9, {0.018615292725235218, 0.000572564839785094, 0.00439004254767049, 0.03471060457764415, 0.0}}
      , 1, 1
      , false, 0
     },
     {16, 2, 512, 1, 5, true, false,
-     {tf32_13_aligned, 9, {0.02001941901601332, 0.0002600411634643219, 0.0, 0.0, 228.83291537308864}},
-     {tf32_13_unaligned, 3, {0.0, 0.0012664166970787567, 0.0, 0.0, 0.0}}
+     {tf32_15_aligned, 9, {0.02001941901601332, 0.0002600411634643219, 0.0, 0.0, 228.83291537308864}},
+     {tf32_15_unaligned, 3, {0.0, 0.0012664166970787567, 0.0, 0.0, 0.0}}
      , 1, 1
      , true, 0
     },
     {128, 128, 32, 1, 2, true, false,
-     {tf32_14_aligned, 32, {0.004830154179862715, 0.0016160143327555768, 0.0025223046922001747, 0.22404009732758073, 0.0}},
-     {tf32_14_unaligned, 9, {0.026651043324381216, 0.0020452982129835506, 0.0, 0.33898833740411627, 0.0}}
+     {tf32_16_aligned, 35, {0.004723775057471162, 0.0016211222234211646, 0.0022216363453318065, 0.23669147539118607, 0.0}},
+     {tf32_16_unaligned, 9, {0.026651043324381216, 0.0020452982129835506, 0.0, 0.33898833740411627, 0.0}}
      , 1, 1
      , false, 0
     },
@@ -12021,7 +14039,7 @@ static int best(int M, int N, int K, bool use_aligned, int sm_count, bool beta_u
                 double& best_ms) {
     int found = -1;
     best_ms = HUGE_VAL;
-    for (int i = 0; i < 15; ++i) {
+    for (int i = 0; i < 17; ++i) {
         const Member& m = members[i];
         const Model& model = use_aligned ? m.aligned : m.unaligned;
         if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
@@ -12039,7 +14057,7 @@ static int choose(int M, int N, int K, bool aligned, int sm_count, bool beta_use
         const int found = best(M, N, K, pass == 0 ? aligned : !aligned, sm_count, beta_used, sm90a, batch, ms);
         if (found >= 0) return found;
     }
-    for (int i = 0; i < 15; ++i)
+    for (int i = 0; i < 17; ++i)
         if ((members[i].beta || !beta_used) && (!members[i].sm90a || sm90a)) return i;
     return 0;
 }
@@ -12256,7 +14274,7 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     Device caps;
     const cudaError_t status = device_caps(caps);
     if (status != cudaSuccess) return (int)status;
-    int pick = 14;  // a GPU this library was not tuned for: the portable member
+    int pick = 16;  // a GPU this library was not tuned for: the portable member
     if (caps.tuned_gpu) {
         const bool aligned = lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 &&
             reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
@@ -12285,6 +14303,8 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     case 12: return gemmgen_tf32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 13: return gemmgen_tf32_13_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 14: return gemmgen_tf32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 15: return gemmgen_tf32_15_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 16: return gemmgen_tf32_16_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     }
     return cudaErrorInvalidValue;
 }
