@@ -9,33 +9,36 @@
 //   }
 //
 // TF32 inputs (timed against cuBLAS TF32); layout A row, B col, C row.
-// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 44 shapes; 157 candidate kernels
-// timed, 17 kept:
-//   tf32_0   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
-//   tf32_1   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=16  (sm_90a, from lib_tf32_split)
-//   tf32_2   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
-//   tf32_3   block=128x256x32 math=tf32 vec=A1B1 stages=4c frag=1 group=8  (sm_90a, from lib_tf32_copy)
-//   tf32_4   block=128x128x32 math=tf32 vec=A1B1 stages=4c frag=1 group=8 split=4  (sm_90a, from lib_tf32_copy)
-//   tf32_5   block=64x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_tf32_split)
-//   tf32_6   decode=1x8x1 math=tf32  (sm_90, from lib_tf32_decode_tc)
-//   tf32_7   block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
-//   tf32_8   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 cluster=2x1 staged  (sm_90a, from lib_tf32_cluster)
-//   tf32_9   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_tf32_split)
-//   tf32_10  block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
-//   tf32_11  block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
-//   tf32_12  block=128x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
-//   tf32_13  block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=2  (sm_90a, from lib_tf32_split)
-//   tf32_14  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_tf32_split)
-//   tf32_15  decode=1x4x2  (sm_90, from lib_tf32_decode)
-//   tf32_16  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
+// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 44 shapes; 173 candidate kernels
+// timed, 20 kept:
+//   tf32_0   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k staged  (sm_90a, from lib_tf32_streamk)
+//   tf32_1   block=128x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
+//   tf32_2   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_tf32_split)
+//   tf32_3   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
+//   tf32_4   block=128x256x32 math=tf32 vec=A1B1 stages=4c frag=1 group=8  (sm_90a, from lib_tf32_copy)
+//   tf32_5   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 cluster=2x1 staged  (sm_90a, from lib_tf32_cluster)
+//   tf32_6   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=32  (sm_90a, from lib_tf32_split)
+//   tf32_7   decode=1x4x2  (sm_90, from lib_tf32_decode)
+//   tf32_8   block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
+//   tf32_9   block=64x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_tf32_split)
+//   tf32_10  block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_tf32_split)
+//   tf32_11  block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
+//   tf32_12  block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
+//   tf32_13  block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=12  (sm_90a, from lib_tf32_split)
+//   tf32_14  block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=2  (sm_90a, from lib_tf32_split)
+//   tf32_15  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=3  (sm_90a, from lib_tf32_split)
+//   tf32_16  block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 staged  (sm_90a, from lib_tf32_staged)
+//   tf32_17  block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
+//   tf32_18  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_tf32_split)
+//   tf32_19  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
 //
 // Each call runs the member predicted fastest for its M, N, K, batch count and alignment class
 // (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
 // per block, fitted to each member's measurements and corrected by them near the tuned shapes.
 // Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
-// over the best there: median 1.000, worst 2.221.
+// over the best there: median 1.001, worst 7.554.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
-// compute capability 9.0; elsewhere tf32_16 runs.
+// compute capability 9.0; elsewhere tf32_19 runs.
 //
 // Build for Hopper and, if you like, other GPUs:
 //   nvcc -c -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 tf32.cu
@@ -54,13 +57,13 @@
 //   kernel tf32_0 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    128 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   6 tma
+//     stages   4 tma
 //     raster   group 8
-//     schedule pingpong
+//     schedule stream-k
 //     epilogue alpha beta staged
 //   }
 //
@@ -68,12 +71,12 @@
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
+//   block tile (BM x BN x BK)  128 x 128 x 32
 //   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
 //   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 181344 bytes per block
-//   schedule                   pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, its two consumer warpgroups taking them in turn, so that one stores its tile while the other multiplies the next
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 164928 bytes per block
+//   schedule                   stream-k: min(SMs, K tiles in all) blocks; whole waves of C tiles stay whole, the last partial wave and one before it are dealt out by K tile; the last block to write its piece of a shared tile adds all the pieces in K order (workspace, no waiting: the same bits every run)
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
@@ -524,10 +527,10 @@ static inline int gemmgen_tf32_0_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_0_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 6;
+constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
@@ -539,7 +542,7 @@ constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
 constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
 constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
 
-constexpr int SMEM_BYTES = 181344;
+constexpr int SMEM_BYTES = 164928;
 static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
@@ -699,11 +702,6 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
-// Ping-pong: the consumer warpgroups hand the turn to wait on the stages to each other with named
-// barriers (1: warpgroup 0's turn, 2: warpgroup 1's), 256 threads each: one arrives, the other syncs.
-__device__ __forceinline__ void turn_wait(int turn) { asm volatile("bar.sync %0, 256;\n" :: "r"(turn) : "memory"); }
-__device__ __forceinline__ void turn_give(int turn) { asm volatile("bar.arrive %0, 256;\n" :: "r"(turn) : "memory"); }
-
 // Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
 __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 #pragma unroll
@@ -712,7 +710,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- the tile scheduler (schedule pingpong) -----------------------------------------
+// ---- the tile scheduler (schedule stream-k) -----------------------------------------
 // Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
 // consumers walk the same list, so the producer's copies run on into the next tile while the
 // consumers store the last one.
@@ -725,15 +723,57 @@ struct Segment {
 struct Schedule {
     int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
     int k_tiles;    // K tiles per C tile
+    int sk_tiles;   // tiles 0 .. sk_tiles - 1 are dealt out by K tile (stream-K); the rest go whole
+    int sk_share;   // stream-K: each block takes sk_share of their K tiles, the first sk_extra one more
+    int sk_extra;
+    int sk_next;    // this block's stream-K K tiles still to walk, numbered over all of them
+    int sk_end;
     int next_tile;  // this block's next whole tile
 
     __device__ Schedule(int M, int N, int K, int batch) {
         tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
         k_tiles = (K + BK - 1) / BK;
-        next_tile = blockIdx.x;
+        // Whole waves of tiles stay whole. The last, partial wave and one whole wave before it are
+        // dealt out by K tile, so that every block ends at once and no tile is cut in more than a
+        // few pieces; with fewer tiles than blocks, all of them. (Tiles that fill every wave: none.)
+        const int blocks = gridDim.x;
+        const int waves = tiles / blocks, rest = tiles % blocks;
+        sk_tiles = rest == 0 ? 0 : (waves == 0 ? tiles : blocks + rest);
+        const int sk_iterations = sk_tiles * k_tiles;  // the launcher starts no more blocks than this
+        sk_share = sk_iterations / blocks;
+        sk_extra = sk_iterations % blocks;
+        sk_next = first_iteration(blockIdx.x);
+        sk_end = first_iteration(blockIdx.x + 1);
+        next_tile = sk_tiles + blockIdx.x;
+    }
+
+    // Blocks 0 .. sk_extra - 1 take sk_share + 1 stream-K K tiles each, the others sk_share.
+    __device__ int first_iteration(int block) const {
+        return block * sk_share + min(block, sk_extra);
+    }
+
+    __device__ int block_of_iteration(int i) const {
+        const int long_part = sk_extra * (sk_share + 1);
+        return i < long_part ? i / (sk_share + 1) : sk_extra + (i - long_part) / max(sk_share, 1);
+    }
+
+    // The first and the last block that multiply some of stream-K tile `tile`'s K tiles.
+    __device__ int first_block_of(int tile) const {
+        return block_of_iteration(tile * k_tiles);
+    }
+
+    __device__ int last_block_of(int tile) const {
+        return block_of_iteration((tile + 1) * k_tiles - 1);
     }
 
     __device__ bool next(Segment& segment) {
+        if (sk_next < sk_end) {
+            segment.tile = sk_next / k_tiles;
+            segment.k_begin = sk_next % k_tiles;
+            segment.k_end = min(k_tiles, segment.k_begin + (sk_end - sk_next));
+            sk_next += segment.k_end - segment.k_begin;
+            return true;
+        }
         if (next_tile >= tiles) return false;
         segment.tile = next_tile;
         segment.k_begin = 0;
@@ -741,19 +781,78 @@ struct Schedule {
         next_tile += gridDim.x;
         return true;
     }
-
-    // The whole tiles this block has still to walk (ping-pong: its consumers' turns).
-    __device__ int tiles_left() const {
-        const int stride = gridDim.x;
-        return (tiles - next_tile + stride - 1) / stride;
-    }
 };
+
+// ---- stream-K fix-up: C tiles whose K tiles several blocks shared -----------------------------
+// Every block that multiplied some of a shared tile's K tiles (a piece) writes its partial sums to
+// the workspace and counts itself in; the last to arrive, per consumer warp, adds all the pieces in
+// their order along K (first piece first), so the sum is the same bits every run whichever block
+// arrives last, and stores that warp's part of the tile. No block waits for another: the kernel
+// is safe however many of its blocks are resident at once.
+// The workspace starts with the counters, MAX_SHARED_TILES x CONSUMER_WARPS of them at a fixed
+// place whatever the grid; the launcher hands them over zeroed and the last arrival zeroes its
+// counter again, for the next launch on the same workspace. Then two slots per block of BM x BN
+// sums, each consumer thread's accumulators CONSUMER_THREADS apart (a warp's accesses adjacent):
+// slot 2b for the piece block b begins with (the end of a tile), slot 2b + 1 for the one it ends
+// with (the start of a tile).
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int CONSUMER_WARPS = CONSUMERS * 4;
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int MAX_BLOCKS = 1024;  // the launcher starts no more
+constexpr int MAX_SHARED_TILES = 2 * MAX_BLOCKS;  // stream-K deals at most blocks + (blocks - 1) tiles
+constexpr int COUNTER_WORDS = MAX_SHARED_TILES * CONSUMER_WARPS;
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * TM * RN * TN, "a slot holds every consumer thread's accumulators");
+
+__device__ __forceinline__ float* piece_slot(float* workspace, int block, bool starts_tile) {
+    return workspace + COUNTER_WORDS + (long long)(2 * block + (starts_tile ? 1 : 0)) * SLOT_FLOATS;
+}
+
+// Write this thread's share of a piece of `tile` (one of `pieces`); true for every lane of the
+// warp that arrived last, which then sums the tile's pieces (sum_pieces) and stores it.
+__device__ __forceinline__ bool publish_piece(const float (&acc)[TM][RN * TN], float* workspace, int tile,
+                                              int pieces, bool starts_tile, int consumer_thread) {
+    float* slot = piece_slot(workspace, blockIdx.x, starts_tile) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) __stcg(slot + (i * RN * TN + j) * CONSUMER_THREADS, acc[i][j]);
+    __threadfence();  // every lane's sums, visible to the whole GPU before the warp counts itself in
+    __syncwarp();
+    int arrived = 0;
+    if (consumer_thread % 32 == 0) {
+        int* counter = reinterpret_cast<int*>(workspace) + tile * CONSUMER_WARPS + consumer_thread / 32;
+        arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == pieces) *counter = 0;  // the last: zero again for the next launch
+    }
+    arrived = __shfl_sync(0xffffffffu, arrived, 0);
+    if (arrived != pieces) return false;
+    __threadfence();  // the other pieces' sums, seen after their counts
+    return true;
+}
+
+// acc = the tile's pieces added in order: the first block's last piece, then each later block's first.
+__device__ __forceinline__ void sum_pieces(float (&acc)[TM][RN * TN], float* workspace, int first_block,
+                                           int last_block, int consumer_thread) {
+    const float* head = piece_slot(workspace, first_block, true) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = __ldcg(head + (i * RN * TN + j) * CONSUMER_THREADS);
+    for (int block = first_block + 1; block <= last_block; ++block) {
+        const float* tail = piece_slot(workspace, block, false) + consumer_thread;
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += __ldcg(tail + (i * RN * TN + j) * CONSUMER_THREADS);
+    }
+}
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         const __grid_constant__ TensorMap map_c,
+        float* __restrict__ workspace,
         int batch,
         long long strideA,
         long long strideB,
@@ -781,7 +880,7 @@ gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], 4);  // one arrival per warp of the consumer whose tile it holds
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
@@ -817,22 +916,12 @@ gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
     int it = 0;  // K tiles of earlier segments
-    int turn = 0;  // the block's tiles so far: tile `turn` is consumer turn % CONSUMERS's
-    // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
-    // other multiplies the next. A consumer waits for its tile's stages only once the other has
-    // waited for all of the tile before (the turn), so that a stage's fills are awaited in order.
-    const int block_tiles = schedule.tiles_left();
-    for (Segment segment; schedule.next(segment); ++turn) {
-        const int k_tiles = segment.k_end - segment.k_begin;
-        if (turn % CONSUMERS != consumer) {  // the other consumer's tile
-            it += k_tiles;
-            continue;
-        }
-        if (turn > 0) turn_wait(1 + consumer);
+    for (Segment segment; schedule.next(segment);) {
         int block_m0, block_n0, batch_index;
         tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
         const int m_left = M - block_m0;
         const int n_left = N - block_n0;
+        const int k_tiles = segment.k_end - segment.k_begin;
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -840,7 +929,7 @@ gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         for (int t = 0; t < k_tiles; ++t) {
             const int s = (it + t) % STAGES;
             barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
-            const float* a_tile = sA + s * A_STAGE_FLOATS;  // the stage holds this consumer's tile alone
+            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
             const float* b_tile = sB + s * B_STAGE_FLOATS;
             fence_accumulators(acc);
             wgmma_fence();
@@ -852,19 +941,24 @@ gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             fence_accumulators(acc);
             if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
         }
-        // Every stage of this tile is waited for: the other consumer may wait for its tile's.
-        if (turn + 1 < block_tiles) turn_give(2 - consumer);  // the other consumer's barrier
         wgmma_wait<0>();
         fence_accumulators(acc);
         if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
         it += k_tiles;
+        if (segment.k_begin > 0 || segment.k_end < schedule.k_tiles) {  // a piece of a shared tile
+            const int consumer_thread = tid - 128;
+            const int first = schedule.first_block_of(segment.tile), last = schedule.last_block_of(segment.tile);
+            if (!publish_piece(acc, workspace, segment.tile, last - first + 1, segment.k_begin == 0, consumer_thread))
+                continue;  // a piece still to come: the warp that writes it stores this part of the tile
+            sum_pieces(acc, workspace, first, last, consumer_thread);
+        }
 
         if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
             // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
             // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
             // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
             {
-                const int warp_m0 = warp_in_group * 16;  // the warp's first row in its consumer's tile
+                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
                 float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
                 const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
                 const bool read_c = beta != 0.0f;
@@ -907,7 +1001,7 @@ gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             }
         } else {
             // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile
+            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
             const int thread_n0 = lane % 4 * TN;
             // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
             {
@@ -956,6 +1050,46 @@ gemmgen_tf32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_tf32_0_impl {
+// Stream-K's workspace (see the fix-up above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_tf32_0_impl
+
 static inline int gemmgen_tf32_0_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
@@ -1040,20 +1174,24 @@ static inline int gemmgen_tf32_0_batched(int M, int N, int K, float alpha, const
                                        CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, float*, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_0_kernel<true> : gemmgen_tf32_0_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    // The tile scheduler: no more blocks than SMs (nor than K tiles in all), each walking its share of the tiles.
     int device = 0, sms = 0;
     cudaError_t error = cudaGetDevice(&device);
     if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    const long long k_steps = blocks * ((K + BK - 1) / BK);
+    const int most = sms < MAX_BLOCKS ? sms : MAX_BLOCKS;
+    const unsigned grid = (unsigned)(k_steps < most ? k_steps : most);
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * ((size_t)COUNTER_WORDS + 2 * (size_t)grid * SLOT_FLOATS), &workspace);
+    if (error != cudaSuccess) return (int)error;
     kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+        *reinterpret_cast<const TensorMap*>(&map_c), workspace, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -1075,10 +1213,10 @@ static inline int gemmgen_tf32_0(int M, int N, int K, float alpha, const float* 
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    16
-//     epilogue alpha beta
+//     stages   6 tma
+//     raster   group 8
+//     schedule pingpong
+//     epilogue alpha beta staged
 //   }
 //
 // layout: A row, B col, C row
@@ -1089,13 +1227,13 @@ static inline int gemmgen_tf32_0(int M, int N, int K, float alpha, const float* 
 //   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
 //   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    16 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 230496 bytes per block
+//   schedule                   pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, its two consumer warpgroups taking them in turn, so that one stores its tile while the other multiplies the next
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_1_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_1(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -1113,881 +1251,6 @@ static inline int gemmgen_tf32_0(int M, int N, int K, float alpha, const float* 
 #endif
 
 namespace gemmgen_tf32_1_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 16;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_1_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_1_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_1_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_1_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_1_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_1_fallback_kernel<true> : gemmgen_tf32_1_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_1_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_1_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_1_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_1_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 132160;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 16;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_1_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_1_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_1_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_1_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_1_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_1_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_1_kernel<true> : gemmgen_tf32_1_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_1_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_1(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_1_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 2: tf32_2 ===========================================
-// gemmgen_tf32_2: generated by gemmgen 0.1.0 from <library tf32: tf32_2> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_2 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 256 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   group 8
-//     schedule persistent
-//     epilogue alpha beta staged
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 256 x 32
-//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
-//   accumulators               128 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 230464 bytes per block
-//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_2_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_2(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_2_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_2_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -2218,7 +1481,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_2_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_1_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -2359,6 +1622,1039 @@ gemmgen_tf32_2_fallback_kernel(int M, int N, int K, float alpha, const float* __
 #endif
 }
 
+}  // namespace gemmgen_tf32_1_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_1_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_1_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_1_fallback_kernel<true> : gemmgen_tf32_1_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_1_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_1_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_1_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 6;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 2;  // per thread and slab: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 64, SUB_N = 8;  // RM slabs of 64 rows
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 230496;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
+// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = tile;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// Slab SLAB of acc (this thread's part of the warpgroup's RM slabs of 64 x BN fp32) = A (64 x 8)
+// * B (8 x BN) + (accumulate ? it : 0), both TF32 read from shared memory (the top 19 bits of each float).
+template <int SLAB>
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[RM * TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[SLAB * TM + 0][0]), "+f"(acc[SLAB * TM + 0][1]), "+f"(acc[SLAB * TM + 1][0]), "+f"(acc[SLAB * TM + 1][1]), "+f"(acc[SLAB * TM + 0][2]), "+f"(acc[SLAB * TM + 0][3]), "+f"(acc[SLAB * TM + 1][2]), "+f"(acc[SLAB * TM + 1][3]), "+f"(acc[SLAB * TM + 0][4]), "+f"(acc[SLAB * TM + 0][5]), "+f"(acc[SLAB * TM + 1][4]), "+f"(acc[SLAB * TM + 1][5]), "+f"(acc[SLAB * TM + 0][6]), "+f"(acc[SLAB * TM + 0][7]), "+f"(acc[SLAB * TM + 1][6]), "+f"(acc[SLAB * TM + 1][7]), "+f"(acc[SLAB * TM + 0][8]), "+f"(acc[SLAB * TM + 0][9]), "+f"(acc[SLAB * TM + 1][8]), "+f"(acc[SLAB * TM + 1][9]), "+f"(acc[SLAB * TM + 0][10]), "+f"(acc[SLAB * TM + 0][11]), "+f"(acc[SLAB * TM + 1][10]), "+f"(acc[SLAB * TM + 1][11]), "+f"(acc[SLAB * TM + 0][12]), "+f"(acc[SLAB * TM + 0][13]), "+f"(acc[SLAB * TM + 1][12]), "+f"(acc[SLAB * TM + 1][13]), "+f"(acc[SLAB * TM + 0][14]), "+f"(acc[SLAB * TM + 0][15]), "+f"(acc[SLAB * TM + 1][14]), "+f"(acc[SLAB * TM + 1][15]), "+f"(acc[SLAB * TM + 0][16]), "+f"(acc[SLAB * TM + 0][17]), "+f"(acc[SLAB * TM + 1][16]), "+f"(acc[SLAB * TM + 1][17]), "+f"(acc[SLAB * TM + 0][18]), "+f"(acc[SLAB * TM + 0][19]), "+f"(acc[SLAB * TM + 1][18]), "+f"(acc[SLAB * TM + 1][19]), "+f"(acc[SLAB * TM + 0][20]), "+f"(acc[SLAB * TM + 0][21]), "+f"(acc[SLAB * TM + 1][20]), "+f"(acc[SLAB * TM + 1][21]), "+f"(acc[SLAB * TM + 0][22]), "+f"(acc[SLAB * TM + 0][23]), "+f"(acc[SLAB * TM + 1][22]), "+f"(acc[SLAB * TM + 1][23]), "+f"(acc[SLAB * TM + 0][24]), "+f"(acc[SLAB * TM + 0][25]), "+f"(acc[SLAB * TM + 1][24]), "+f"(acc[SLAB * TM + 1][25]), "+f"(acc[SLAB * TM + 0][26]), "+f"(acc[SLAB * TM + 0][27]), "+f"(acc[SLAB * TM + 1][26]), "+f"(acc[SLAB * TM + 1][27]), "+f"(acc[SLAB * TM + 0][28]), "+f"(acc[SLAB * TM + 0][29]), "+f"(acc[SLAB * TM + 1][28]), "+f"(acc[SLAB * TM + 1][29]), "+f"(acc[SLAB * TM + 0][30]), "+f"(acc[SLAB * TM + 0][31]), "+f"(acc[SLAB * TM + 1][30]), "+f"(acc[SLAB * TM + 1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Ping-pong: the consumer warpgroups hand the turn to wait on the stages to each other with named
+// barriers (1: warpgroup 0's turn, 2: warpgroup 1's), 256 threads each: one arrives, the other syncs.
+__device__ __forceinline__ void turn_wait(int turn) { asm volatile("bar.sync %0, 256;\n" :: "r"(turn) : "memory"); }
+__device__ __forceinline__ void turn_give(int turn) { asm volatile("bar.arrive %0, 256;\n" :: "r"(turn) : "memory"); }
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[RM * TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < RM * TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- the tile scheduler (schedule pingpong) -----------------------------------------
+// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
+// consumers walk the same list, so the producer's copies run on into the next tile while the
+// consumers store the last one.
+struct Segment {
+    int tile;     // C tile, numbered as tile_origin takes them
+    int k_begin;  // the first of its K tiles this block multiplies
+    int k_end;    // one past the last
+};
+
+struct Schedule {
+    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
+    int k_tiles;    // K tiles per C tile
+    int next_tile;  // this block's next whole tile
+
+    __device__ Schedule(int M, int N, int K, int batch) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+        k_tiles = (K + BK - 1) / BK;
+        next_tile = blockIdx.x;
+    }
+
+    __device__ bool next(Segment& segment) {
+        if (next_tile >= tiles) return false;
+        segment.tile = next_tile;
+        segment.k_begin = 0;
+        segment.k_end = k_tiles;
+        next_tile += gridDim.x;
+        return true;
+    }
+
+    // The whole tiles this block has still to walk (ping-pong: its consumers' turns).
+    __device__ int tiles_left() const {
+        const int stride = gridDim.x;
+        return (tiles - next_tile + stride - 1) / stride;
+    }
+};
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_1_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        const __grid_constant__ TensorMap map_c,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
+    Schedule schedule(M, N, K, batch);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], 4);  // one arrival per warp of the consumer whose tile it holds
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            int it = 0;
+            for (Segment segment; schedule.next(segment);) {
+                int block_m0, block_n0, batch_index;
+                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
+                    barrier_expect_bytes(&full[s], STAGE_BYTES);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
+                }
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
+    float acc[RM * TM][RN * TN];  // slab r's rows in acc[r * TM] ... acc[r * TM + TM - 1]
+    int it = 0;  // K tiles of earlier segments
+    int turn = 0;  // the block's tiles so far: tile `turn` is consumer turn % CONSUMERS's
+    // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
+    // other multiplies the next. A consumer waits for its tile's stages only once the other has
+    // waited for all of the tile before (the turn), so that a stage's fills are awaited in order.
+    const int block_tiles = schedule.tiles_left();
+    for (Segment segment; schedule.next(segment); ++turn) {
+        const int k_tiles = segment.k_end - segment.k_begin;
+        if (turn % CONSUMERS != consumer) {  // the other consumer's tile
+            it += k_tiles;
+            continue;
+        }
+        if (turn > 0) turn_wait(1 + consumer);
+        int block_m0, block_n0, batch_index;
+        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+        const int m_left = M - block_m0;
+        const int n_left = N - block_n0;
+#pragma unroll
+        for (int i = 0; i < RM * TM; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+        for (int t = 0; t < k_tiles; ++t) {
+            const int s = (it + t) % STAGES;
+            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+            const float* a_tile = sA + s * A_STAGE_FLOATS;  // the stage holds this consumer's tile alone
+            const float* b_tile = sB + s * B_STAGE_FLOATS;
+            fence_accumulators(acc);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BK; kk += 8) {  // each slab: its 64 rows of A, all of B
+                wgmma_tf32<0>(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+                wgmma_tf32<1>(acc, smem_descriptor(a_tile + 64 * BK + kk), smem_descriptor(b_tile + kk));
+            }
+            wgmma_commit();
+            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+            fence_accumulators(acc);
+            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
+        }
+        // Every stage of this tile is waited for: the other consumer may wait for its tile's.
+        if (turn + 1 < block_tiles) turn_give(2 - consumer);  // the other consumer's barrier
+        wgmma_wait<0>();
+        fence_accumulators(acc);
+        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
+        it += k_tiles;
+
+        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            // (A consumer of two 64-row slabs stores them in turn, through the same boxes.)
+            #pragma unroll
+            for (int rm = 0; rm < RM; ++rm) {  // the consumer's slabs, one after the other through the same boxes
+                const int warp_m0 = rm * SUB_M + warp_in_group * 16;  // the warp's first row of slab rm in its consumer's tile
+                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+                const bool swap = lane / 4 % 2;
+                if (warp_m0 < m_left) {
+            #pragma unroll
+                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                        if (box_n * C_BOX_N >= n_left) break;
+                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                        __syncwarp();
+            #pragma unroll
+                        for (int i = 0; i < TM; ++i) {
+                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+            #pragma unroll
+                                for (int v = 0; v < TN; ++v) {
+                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[rm * TM + i][a], acc[rm * TM + i][a + 1]
+                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[rm * TM + i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[rm * TM + i][a + v];
+                                }
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                                // addressed: a register array indexed at run time would go to local memory)
+                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+                            }
+                        }
+                        fence_shared_for_tma();
+                        __syncwarp();
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                        ++stored_boxes;
+                    }
+                }
+            }
+        } else {
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile (slab r: + r * SUB_M)
+            const int thread_n0 = lane % 4 * TN;
+            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+            {
+                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                        if (m >= m_left) continue;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; j += CV) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                if (n + CV - 1 >= n_left) continue;
+                                float* c = C_tile + (long long)(m) * ldc + (n);
+                                float old[CV], out[CV];
+                                if (read_c) load_vec<CV>(old, c);
+            #pragma unroll
+                                for (int v = 0; v < CV; ++v) {
+                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                                }
+                                store_vec<CV>(c, out);
+                            }
+                    }
+            }
+        }
+    }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+#endif
+}
+
+}  // namespace gemmgen_tf32_1_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_1_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_1_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_1_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {32, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_1_kernel<true> : gemmgen_tf32_1_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return (int)error;
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_1(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_1_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 2: tf32_2 ===========================================
+// gemmgen_tf32_2: generated by gemmgen 0.1.0 from <library tf32: tf32_2> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_2 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 128 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    4
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_2_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_2(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_2_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_2_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_2_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_2_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
 }  // namespace gemmgen_tf32_2_fallback_impl
 
 #ifndef __CUDACC_RTC__
@@ -2393,15 +2689,17 @@ static inline int gemmgen_tf32_2_fallback_batched(int M, int N, int K, float alp
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_2_fallback_kernel<true> : gemmgen_tf32_2_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_2_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -2416,11 +2714,873 @@ static inline int gemmgen_tf32_2_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_2_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 132160;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_2_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_2_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_2_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_2_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_2_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_2_kernel<true> : gemmgen_tf32_2_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_2_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_2(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_2_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 3: tf32_3 ===========================================
+// gemmgen_tf32_3: generated by gemmgen 0.1.0 from <library tf32: tf32_3> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_3 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    64 x 128 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   6 tma
+//     raster   group 8
+//     schedule pingpong
+//     epilogue alpha beta staged
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 181344 bytes per block
+//   schedule                   pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, its two consumer warpgroups taking them in turn, so that one stores its tile while the other multiplies the next
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_3_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_3(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_3_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_3_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_3_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_3_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_3_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_3_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_3_fallback_kernel<true> : gemmgen_tf32_3_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_3_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_3_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_3_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 6;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
@@ -2431,7 +3591,7 @@ constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
 constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
 constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
 
-constexpr int SMEM_BYTES = 230464;
+constexpr int SMEM_BYTES = 181344;
 static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
@@ -2583,13 +3743,18 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
+
+// Ping-pong: the consumer warpgroups hand the turn to wait on the stages to each other with named
+// barriers (1: warpgroup 0's turn, 2: warpgroup 1's), 256 threads each: one arrives, the other syncs.
+__device__ __forceinline__ void turn_wait(int turn) { asm volatile("bar.sync %0, 256;\n" :: "r"(turn) : "memory"); }
+__device__ __forceinline__ void turn_give(int turn) { asm volatile("bar.arrive %0, 256;\n" :: "r"(turn) : "memory"); }
 
 // Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
 __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
@@ -2599,7 +3764,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- the tile scheduler (schedule persistent) -----------------------------------------
+// ---- the tile scheduler (schedule pingpong) -----------------------------------------
 // Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
 // consumers walk the same list, so the producer's copies run on into the next tile while the
 // consumers store the last one.
@@ -2628,11 +3793,17 @@ struct Schedule {
         next_tile += gridDim.x;
         return true;
     }
+
+    // The whole tiles this block has still to walk (ping-pong: its consumers' turns).
+    __device__ int tiles_left() const {
+        const int stride = gridDim.x;
+        return (tiles - next_tile + stride - 1) / stride;
+    }
 };
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_3_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         const __grid_constant__ TensorMap map_c,
         int batch,
@@ -2662,7 +3833,7 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+            barrier_init(&empty[s], 4);  // one arrival per warp of the consumer whose tile it holds
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
@@ -2698,12 +3869,22 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
     int it = 0;  // K tiles of earlier segments
-    for (Segment segment; schedule.next(segment);) {
+    int turn = 0;  // the block's tiles so far: tile `turn` is consumer turn % CONSUMERS's
+    // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
+    // other multiplies the next. A consumer waits for its tile's stages only once the other has
+    // waited for all of the tile before (the turn), so that a stage's fills are awaited in order.
+    const int block_tiles = schedule.tiles_left();
+    for (Segment segment; schedule.next(segment); ++turn) {
+        const int k_tiles = segment.k_end - segment.k_begin;
+        if (turn % CONSUMERS != consumer) {  // the other consumer's tile
+            it += k_tiles;
+            continue;
+        }
+        if (turn > 0) turn_wait(1 + consumer);
         int block_m0, block_n0, batch_index;
         tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
         const int m_left = M - block_m0;
         const int n_left = N - block_n0;
-        const int k_tiles = segment.k_end - segment.k_begin;
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -2711,7 +3892,7 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         for (int t = 0; t < k_tiles; ++t) {
             const int s = (it + t) % STAGES;
             barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
-            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+            const float* a_tile = sA + s * A_STAGE_FLOATS;  // the stage holds this consumer's tile alone
             const float* b_tile = sB + s * B_STAGE_FLOATS;
             fence_accumulators(acc);
             wgmma_fence();
@@ -2723,6 +3904,8 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             fence_accumulators(acc);
             if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
         }
+        // Every stage of this tile is waited for: the other consumer may wait for its tile's.
+        if (turn + 1 < block_tiles) turn_give(2 - consumer);  // the other consumer's barrier
         wgmma_wait<0>();
         fence_accumulators(acc);
         if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
@@ -2733,7 +3916,7 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
             // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
             {
-                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+                const int warp_m0 = warp_in_group * 16;  // the warp's first row in its consumer's tile
                 float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
                 const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
                 const bool read_c = beta != 0.0f;
@@ -2776,7 +3959,7 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
             }
         } else {
             // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile
             const int thread_n0 = lane % 4 * TN;
             // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
             {
@@ -2812,7 +3995,7 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 #endif
 }
 
-}  // namespace gemmgen_tf32_2_impl
+}  // namespace gemmgen_tf32_3_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -2825,11 +4008,11 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_2_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_3_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_2_impl;
+    using namespace gemmgen_tf32_3_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -2847,7 +4030,7 @@ static inline int gemmgen_tf32_2_batched(int M, int N, int K, float alpha, const
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_tf32_2_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_tf32_3_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -2910,7 +4093,7 @@ static inline int gemmgen_tf32_2_batched(int M, int N, int K, float alpha, const
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_2_kernel<true> : gemmgen_tf32_2_kernel<false>;
+        aligned ? gemmgen_tf32_3_kernel<true> : gemmgen_tf32_3_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
@@ -2927,17 +4110,17 @@ static inline int gemmgen_tf32_2_batched(int M, int N, int K, float alpha, const
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_2(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_3(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_2_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_3_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 3: tf32_3 ===========================================
-// gemmgen_tf32_3: generated by gemmgen 0.1.0 from <library tf32: tf32_3> (edit the spec, not this file)
+// ==== member 4: tf32_4 ===========================================
+// gemmgen_tf32_4: generated by gemmgen 0.1.0 from <library tf32: tf32_4> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_3 {
+//   kernel tf32_4 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    128 x 256 x 32
@@ -2964,13 +4147,13 @@ static inline int gemmgen_tf32_2(int M, int N, int K, float alpha, const float* 
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_3(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_4(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_3_impl {
+namespace gemmgen_tf32_4_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -3209,7 +4392,7 @@ __device__ __forceinline__ void copy_tile(float* tile, const float* src, int ld,
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_3_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_4_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -3340,7 +4523,7 @@ gemmgen_tf32_3_kernel(int M, int N, int K, float alpha, const float* __restrict_
 #endif
 }
 
-}  // namespace gemmgen_tf32_3_impl
+}  // namespace gemmgen_tf32_4_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -3350,11 +4533,11 @@ gemmgen_tf32_3_kernel(int M, int N, int K, float alpha, const float* __restrict_
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_3_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_4_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_3_impl;
+    using namespace gemmgen_tf32_4_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -3377,7 +4560,7 @@ static inline int gemmgen_tf32_3_batched(int M, int N, int K, float alpha, const
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_3_kernel<true> : gemmgen_tf32_3_kernel<false>;
+        aligned ? gemmgen_tf32_4_kernel<true> : gemmgen_tf32_4_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -3387,74 +4570,81 @@ static inline int gemmgen_tf32_3_batched(int M, int N, int K, float alpha, const
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_3(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_4(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_3_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_4_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 4: tf32_4 ===========================================
-// gemmgen_tf32_4: generated by gemmgen 0.1.0 from <library tf32: tf32_4> (edit the spec, not this file)
+// ==== member 5: tf32_5 ===========================================
+// gemmgen_tf32_5: generated by gemmgen 0.1.0 from <library tf32: tf32_5> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_4 {
+//   kernel tf32_5 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    128 x 256 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   4 copy
+//     stages   4 tma
 //     raster   group 8
-//     split    4
-//     epilogue alpha beta
+//     cluster  2 x 1
+//     epilogue alpha beta staged
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
-//   target                     sm_90a (wgmma fed by cp.async)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 loader warpgroup (cp.async) + 2 consumer warpgroup(s) of 64 x 128
-//   registers                  56 per loader thread, 224 per consumer thread (setmaxnreg); 64 accumulators
-//   shared memory              4 stages of A and B tiles as they lie (wgmma truncates them to TF32), K-major, 128-byte swizzle; 132160 bytes per block
-//   loads                      A: cp.async of 16 B when aligned, else 4 B, a warp along K; B: cp.async of 16 B when aligned, else 4 B, a warp along K; any leading dimension and 4-byte alignment
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 256 x 32
+//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
+//   accumulators               128 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 230464 bytes per block
 //   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
-//   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_5_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_4(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_5(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_5_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_4_impl {
+namespace gemmgen_tf32_5_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // consumer warpgroups, 64 rows of the tile each
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
 constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 1;  // warpgroups that load tiles, 3 in flight each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile as it lies in memory (wgmma truncates it to TF32)
+constexpr int COPIES = 1;  // each tile rounded to TF32
 constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
 constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
 
 constexpr bool A_K_CONTIGUOUS = true;  // A row-major
 constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 132160;
+constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -3597,95 +4787,74 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_4_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
     }
 }
 
-// cp.async of one float into shared memory: `bytes` 4 copies it, 0 writes a zero (no read).
-__device__ __forceinline__ void copy_float(float* destination, const float* source, int bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
-                 :: "r"(shared_address(destination)), "l"(source), "r"(bytes) : "memory");
-}
-
-// cp.async of 4 floats (16 bytes, both addresses 16-byte aligned), or with `bytes` 0 four zeros.
-__device__ __forceinline__ void copy_float4(float* destination, const float* source, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(shared_address(destination)), "l"(source), "r"(bytes) : "memory");
-}
-
-// The barrier gets this thread's arrival once its cp.asyncs so far have landed (it counts among
-// the arrivals the barrier was set up for: .noinc).
-__device__ __forceinline__ void arrive_when_copied(unsigned long long* barrier) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B), element
-// (0, 0) at src; what lies outside the matrix is written as zero. Each copy's place steps by a
-// constant (rows 8 apart keep their swizzle), so a copy costs an add, a compare and the cp.async.
-// K contiguous: a warp copies the 32 k of one row (128 bytes of memory) into the 32 banks of its
-// swizzled row, the thread's rows 4 apart. Rows contiguous: a warp copies 8 rows x 4 k (4 runs of
-// 32 bytes), whose places in the K-major tile lie in 8 different 16-byte chunks: 32 banks again;
-// the thread's rows 32 apart, then its k 4 apart.
-// VECTOR (K-contiguous rows 16-byte aligned, K a multiple of 4): 16 bytes a copy, a warp 4 rows of
-// 8 chunks, 4 rows of 128 bytes in memory and in the tile.
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
 template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void copy_tile(float* tile, const float* src, int ld, int rows_left, int k_left,
-                                          int loader_thread) {
-    const int lane = loader_thread % 32, warp = loader_thread / 32;
-    if constexpr (K_CONTIGUOUS && VECTOR) {
-        const int row = loader_thread / 8, k = loader_thread % 8 * 4;  // then rows row + 16 i
-        const float* from = src + (long long)row * ld + k;
-        float* to = tile + swizzled(row, k);  // rows row + 16 i: the same swizzle, 16 rows on
-        const bool k_inside = k < k_left;     // all 4 or none: K is a multiple of 4
-        const long long step = 16LL * ld;
-#pragma unroll 8
-        for (int i = 0; i < ROWS / 16; ++i, from += step) {
-            const bool inside = k_inside && row + 16 * i < rows_left;
-            copy_float4(to + i * 16 * 32, inside ? from : src, inside ? 16 : 0);
-        }
-    } else if constexpr (K_CONTIGUOUS) {
-        const int row = warp, k = lane;  // then rows row + 4 i
-        const float* from = src + (long long)row * ld + k;
-        float* even = tile + swizzled(row, k);            // rows row + 8 j: the same swizzle, 8 rows on
-        float* odd = tile + swizzled(row + 4, k) - 4 * 32;  // rows row + 4 + 8 j
-        const bool k_inside = k < k_left;
-        const long long step = 4LL * ld;
-#pragma unroll 8  // 8 copies at a time: unrolled whole, ptxas computes every address first and spills
-        for (int i = 0; i < ROWS / 4; ++i, from += step) {
-            const bool inside = k_inside && row + 4 * i < rows_left;
-            copy_float((i % 2 ? odd : even) + i * 4 * 32, inside ? from : src, inside ? 4 : 0);
-        }
-    } else {
-        const int row = warp * 8 + lane % 8, k0 = lane / 8;  // then rows row + 32 r, k k0 + 4 j
-        const float* first = src + (long long)k0 * ld + row;
-        const long long step = 4LL * ld;
-#pragma unroll 1
-        for (int j = 0; j < BK / 4; ++j, first += step) {
-            const int k = k0 + 4 * j;
-            float* to = tile + swizzled(row, k);  // rows row + 32 r: the same swizzle, 32 rows on
-            const float* from = first;
-            const bool k_inside = k < k_left;
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
 #pragma unroll
-            for (int r = 0; r < ROWS / 32; ++r, from += 32) {
-                const bool inside = k_inside && row + 32 * r < rows_left;
-                copy_float(to + r * 32 * 32, inside ? from : src, inside ? 4 : 0);
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
             }
         }
     }
 }
 
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_4_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_5_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -3709,14 +4878,6 @@ gemmgen_tf32_4_kernel(int M, int N, int K, float alpha, const float* __restrict_
     B += batch_index * strideB;
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
     const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
@@ -3731,36 +4892,48 @@ gemmgen_tf32_4_kernel(int M, int N, int K, float alpha, const float* __restrict_
     __syncthreads();
 
     if (warpgroup < LOADERS) {
-        // ---- loader: the copies of a tile go out once its stage is free; the stage's full barrier
-        // completes when every loader thread's copies of it have landed ------------------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
         const int loader_thread = tid % 128;
         const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
         const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
         const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
         const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        for (int t = 0; t < k_tiles; ++t) {
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
             const int s = t % STAGES;
             if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
             float* stage = smem + s * STAGE_FLOATS;
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps every copy's addresses from one tile to the next and the loader
-            // spills; hiding that the leading dimensions and the thread stay the same makes it
-            // recompute each where it is used.
-            int lda_now = lda, ldb_now = ldb, thread_now = loader_thread;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now), "+r"(thread_now));
-            copy_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(stage, A_tile + t * a_k_step, lda_now, m_left, k_left,
-                                                                    thread_now);
-            copy_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, B_tile + t * b_k_step, ldb_now,
-                                                                    n_left, k_left, thread_now);
-            arrive_when_copied(&full[s]);
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
         }
-        asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's last copies, before it leaves
         return;
     }
 
     // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
     const int consumer = warpgroup - LOADERS;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
@@ -3773,8 +4946,6 @@ gemmgen_tf32_4_kernel(int M, int N, int K, float alpha, const float* __restrict_
     for (int t = 0; t < k_tiles; ++t) {
         const int s = t % STAGES;
         barrier_wait(&full[s], (t / STAGES) & 1);
-        // cp.async wrote the stage through the generic proxy; wgmma reads it through the async one
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
         const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
         fence_accumulators(acc);
@@ -3795,8 +4966,9 @@ gemmgen_tf32_4_kernel(int M, int N, int K, float alpha, const float* __restrict_
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -3810,14 +4982,20 @@ gemmgen_tf32_4_kernel(int M, int N, int K, float alpha, const float* __restrict_
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
                     }
             }
     }
 #endif
 }
 
-}  // namespace gemmgen_tf32_4_impl
+}  // namespace gemmgen_tf32_5_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -3827,11 +5005,11 @@ gemmgen_tf32_4_kernel(int M, int N, int K, float alpha, const float* __restrict_
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_4_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_5_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_4_impl;
+    using namespace gemmgen_tf32_5_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -3851,41 +5029,578 @@ static inline int gemmgen_tf32_4_batched(int M, int N, int K, float alpha, const
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_4_kernel<true> : gemmgen_tf32_4_kernel<false>;
+        aligned ? gemmgen_tf32_5_fallback_kernel<true> : gemmgen_tf32_5_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_4_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_4(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_5_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_4_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_5_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 5: tf32_5 ===========================================
-// gemmgen_tf32_5: generated by gemmgen 0.1.0 from <library tf32: tf32_5> (edit the spec, not this file)
+
+namespace gemmgen_tf32_5_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+// Clusters of CLUSTER_M x CLUSTER_N blocks: block (i, j) of a cluster (rank i + CLUSTER_M j) shares
+// A's tile with the blocks of its row i and B's with those of its column j. Each loads one slice
+// of each shared tile and multicasts it, so a stage is filled by its row and column together.
+constexpr int CLUSTER_M = 2, CLUSTER_N = 1, CLUSTER_BLOCKS = CLUSTER_M * CLUSTER_N;
+constexpr int A_SLICE_ROWS = BM / CLUSTER_N;  // rows of A's tile each block of a row loads
+constexpr int B_SLICE_ROWS = BN / CLUSTER_M;  // rows of B's tile each block of a column loads
+constexpr unsigned ROW_0_BLOCKS = 0x1;     // ranks of row 0: 0, CLUSTER_M, 2 CLUSTER_M, ...
+constexpr unsigned COLUMN_0_BLOCKS = 0x3;  // ranks of column 0: 0 ... CLUSTER_M - 1
+constexpr int SHARERS = CLUSTER_M + CLUSTER_N - 1;  // blocks whose consumers free a stage of this one
+constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 230464;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Clusters of CLUSTER_M x CLUSTER_N blocks
+// are numbered along a 1-D grid and walk C in cluster-sized tiles (raster group G: G rows of them
+// at a time, so that neighbouring clusters share A and B in L2); block rank r of a cluster takes
+// the tile (r % CLUSTER_M, r / CLUSTER_M) inside its cluster's. Blocks past C's edge store nothing.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM);  // in cluster tiles
+    const int tiles_n = (N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN);
+    int block = blockIdx.x / CLUSTER_BLOCKS;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int rank = blockIdx.x % CLUSTER_BLOCKS;  // %cluster_ctarank of a 1-D cluster
+    block_m0 = (tile_m * CLUSTER_M + rank % CLUSTER_M) * BM;
+    block_n0 = (tile_n * CLUSTER_N + rank / CLUSTER_M) * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// ---- thread-block clusters: the blocks of a cluster fill each other's stages ------------------
+
+__device__ __forceinline__ unsigned block_rank() {  // this block's rank in its cluster
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return rank;
+}
+
+// Every thread of every block of the cluster: what each did before is visible to all after.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// One arrival on the barrier at the same place in the shared memory of each block in `blocks`
+// (bit r: cluster rank r), this one included if its bit is set.
+__device__ __forceinline__ void barrier_arrive_in(unsigned long long* barrier, unsigned blocks) {
+#pragma unroll
+    for (int rank = 0; rank < CLUSTER_BLOCKS; ++rank)
+        if (blocks >> rank & 1)
+            asm volatile("{\n"
+                         ".reg .b32 remote;\n"
+                         "mapa.shared::cluster.u32 remote, %0, %1;\n"
+                         "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+                         "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
+}
+
+// TMA multicast: the box lands at the same place in the shared memory of each block in `blocks`,
+// and completes bytes on the barrier at the same place in each.
+__device__ __forceinline__ void tma_load_multicast(float* destination, const TensorMap* map,
+                                                   unsigned long long* barrier, int inner, int outer,
+                                                   int batch, unsigned short blocks) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%0], [%1, { %2, %3, %4 }], [%5], %6;\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)), "h"(blocks) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (a multi-architecture build compiles it for older GPUs too)
+__cluster_dims__(CLUSTER_BLOCKS, 1, 1)
+#endif
+gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        const __grid_constant__ TensorMap map_c,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const unsigned rank = block_rank(), rank_m = rank % CLUSTER_M, rank_n = rank / CLUSTER_M;
+    const unsigned short row_blocks = ROW_0_BLOCKS << rank_m;                    // share A's tile
+    const unsigned short column_blocks = COLUMN_0_BLOCKS << (CLUSTER_M * rank_n);  // share B's tile
+    const unsigned sharers = row_blocks | column_blocks;  // fill this block's stages, and free them
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4 * SHARERS);  // one arrival per consumer warp of each sharer
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    cluster_sync();  // every block's barriers are ready before any block multicasts or frees a stage
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            // This block's slices: rows rank_n * A_SLICE_ROWS ... of A's tile for its row, and
+            // rows rank_m * B_SLICE_ROWS ... of B's tile for its column.
+            const int a_slice = rank_n * A_SLICE_ROWS, b_slice = rank_m * B_SLICE_ROWS;
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);  // freed by every sharer
+                barrier_expect_bytes(&full[s], STAGE_BYTES);  // what the row and column deliver here
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
+                tma_load_multicast(sB + s * B_STAGE_FLOATS + b_slice * BK, &map_b, &full[s], t * BK, block_n0 + b_slice, b_batch, column_blocks);
+            }
+            // Stay until every sharer has freed each stage for the last time: no block may then
+            // write into this one's shared memory or arrive on its barriers after it has exited.
+            for (int t = k_tiles > STAGES ? k_tiles - STAGES : 0; t < k_tiles; ++t)
+                barrier_wait(&empty[t % STAGES], (t / STAGES) & 1);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive_in(&empty[(t - 1) % STAGES], sharers);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    if (k_tiles > 0 && lane == 0) barrier_arrive_in(&empty[(k_tiles - 1) % STAGES], sharers);  // the producers wait for every stage's last use
+
+    if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+        // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+        // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+        // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+        {
+            const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+            float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+            const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+            const bool read_c = beta != 0.0f;
+            // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+            // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+            const bool swap = lane / 4 % 2;
+            if (warp_m0 < m_left) {
+        #pragma unroll
+                for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                    if (box_n * C_BOX_N >= n_left) break;
+                    float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                    if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                    __syncwarp();
+        #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                        float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+        #pragma unroll
+                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+        #pragma unroll
+                            for (int v = 0; v < TN; ++v) {
+                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                            }
+        #pragma unroll
+                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                            const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                            // addressed: a register array indexed at run time would go to local memory)
+                            *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+                        }
+                    }
+                    fence_shared_for_tma();
+                    __syncwarp();
+                    if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                    ++stored_boxes;
+                }
+            }
+        }
+    } else {
+        // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+        const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+        const int thread_n0 = lane % 4 * TN;
+        // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+        {
+            constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+            float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+            const bool read_c = beta != 0.0f;
+        #pragma unroll
+            for (int rm = 0; rm < RM; ++rm)
+        #pragma unroll
+                for (int i = 0; i < TM; ++i) {
+                    const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                    if (m >= m_left) continue;
+        #pragma unroll
+                    for (int rn = 0; rn < RN; ++rn)
+        #pragma unroll
+                        for (int j = 0; j < TN; j += CV) {
+                            const int n = thread_n0 + rn * SUB_N + j;
+                            if (n + CV - 1 >= n_left) continue;
+                            float* c = C_tile + (long long)(m) * ldc + (n);
+                            float old[CV], out[CV];
+                            if (read_c) load_vec<CV>(old, c);
+        #pragma unroll
+                            for (int v = 0; v < CV; ++v) {
+                                out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                            }
+                            store_vec<CV>(c, out);
+                        }
+                }
+        }
+    }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+#endif
+}
+
+}  // namespace gemmgen_tf32_5_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_5_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_5_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_5_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    // Whole clusters of CLUSTER_M x CLUSTER_N C tiles (the blocks past C's edge store nothing).
+    const long long blocks = (long long)((M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM)) *
+                             ((N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN)) * CLUSTER_BLOCKS * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {A_SLICE_ROWS, B_SLICE_ROWS};  // each block of a cluster loads slices
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {32, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_5_kernel<true> : gemmgen_tf32_5_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_5(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_5_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 6: tf32_6 ===========================================
+// gemmgen_tf32_6: generated by gemmgen 0.1.0 from <library tf32: tf32_6> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_5 {
+//   kernel tf32_6 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 64 x 32
+//     block    128 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    128
+//     split    32
 //     epilogue alpha beta
 //   }
 //
@@ -3893,34 +5608,34 @@ static inline int gemmgen_tf32_4(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 64 x 32
-//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 66624 bytes per block
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    128 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    32 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_5_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   otherwise                  the fallback gemmgen_tf32_6_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_5(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_6(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-// ---- fallback: the register-fed wgmma kernel (tf32_5_fallback) for calls TMA cannot describe:
+// ---- fallback: the register-fed wgmma kernel (tf32_6_fallback) for calls TMA cannot describe:
 // K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_5_fallback_impl {
+namespace gemmgen_tf32_6_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -3941,7 +5656,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 32;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -4083,7 +5798,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_5_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+extern "C" __global__ void gemmgen_tf32_6_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -4161,7 +5876,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_5_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_6_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -4303,7 +6018,7 @@ gemmgen_tf32_5_fallback_kernel(int M, int N, int K, float alpha, const float* __
 #endif
 }
 
-}  // namespace gemmgen_tf32_5_fallback_impl
+}  // namespace gemmgen_tf32_6_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -4313,11 +6028,11 @@ gemmgen_tf32_5_fallback_kernel(int M, int N, int K, float alpha, const float* __
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_5_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_6_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_5_fallback_impl;
+    using namespace gemmgen_tf32_6_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -4339,43 +6054,43 @@ static inline int gemmgen_tf32_5_fallback_batched(int M, int N, int K, float alp
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_5_fallback_kernel<true> : gemmgen_tf32_5_fallback_kernel<false>;
+        aligned ? gemmgen_tf32_6_fallback_kernel<true> : gemmgen_tf32_6_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_5_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    gemmgen_tf32_6_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_5_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_6_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_5_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_6_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
-namespace gemmgen_tf32_5_impl {
+namespace gemmgen_tf32_6_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 66624;
+constexpr int SMEM_BYTES = 132160;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 32;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -4499,11 +6214,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -4517,7 +6232,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_5_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+extern "C" __global__ void gemmgen_tf32_6_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -4530,7 +6245,7 @@ extern "C" __global__ void gemmgen_tf32_5_scale_c(int M, int N, float beta, floa
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -4644,7 +6359,7 @@ gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 #endif
 }
 
-}  // namespace gemmgen_tf32_5_impl
+}  // namespace gemmgen_tf32_6_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -4657,11 +6372,11 @@ gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_5_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_6_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_5_impl;
+    using namespace gemmgen_tf32_6_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -4679,7 +6394,7 @@ static inline int gemmgen_tf32_5_batched(int M, int N, int K, float alpha, const
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_tf32_5_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_tf32_6_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -4729,33 +6444,32 @@ static inline int gemmgen_tf32_5_batched(int M, int N, int K, float alpha, const
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = true;
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_5_kernel<true> : gemmgen_tf32_5_kernel<false>;
+        aligned ? gemmgen_tf32_6_kernel<true> : gemmgen_tf32_6_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_5_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    gemmgen_tf32_6_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_5(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_6(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_5_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_6_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 6: tf32_6 ===========================================
-// gemmgen_tf32_6: generated by gemmgen 0.1.0 from <library tf32: tf32_6> (edit the spec, not this file)
+// ==== member 7: tf32_7 ===========================================
+// gemmgen_tf32_7: generated by gemmgen 0.1.0 from <library tf32: tf32_7> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_6 {
+//   kernel tf32_7 {
 //     target   sm_90
 //     layout   A row, B col, C row
-//     decode   columns 1 warps 8 slices 1
-//     math     tf32
+//     decode   columns 1 warps 4 slices 2
 //     epilogue alpha beta
 //   }
 //
@@ -4763,50 +6477,49 @@ static inline int gemmgen_tf32_5(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                   sm_90
-//   math                     tf32: 5 to 16 rows on the tensor cores, mma.sync m16n8k8 1xTF32 (A and B rounded to nearest, cvt.rna, as cuBLAS TF32); 1 to 4 rows FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
+//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
 //   orientation              M <= N: rows of A in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B in shared memory, rows of A streamed
 //   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
 //   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
-//   threads per block        256 (8 warps: 8 column group(s) of 1 warp(s), each a slice of K) = 8 columns
+//   threads per block        128 (4 warps: 2 column group(s) of 2 warp(s), each a slice of K) = 2 columns
 //   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
-//   tensor path              1 tile(s) of 8 columns per block, 8 warp(s) per tile, each a slice of K; per lane 8 float4s of its column in flight, each two k steps of 1 mma.sync; passes of 5 to 8 rows read 8 rows of A
-//   K slices' sums           896 shared floats, added in slice order (deterministic)
-//   registers (estimate)     48 live floats per lane at 16 rows, 37 at 1
-//   shared memory per block  0 dynamic + 36352 static bytes
-//   schedule                 a block per 8 columns of the big operand, of every batch
+//   K slices' sums           32 shared floats, added in slice order (deterministic)
+//   registers (estimate)     52 live floats per lane at 16 rows, 37 at 1
+//   shared memory per block  0 dynamic + 32896 static bytes
+//   schedule                 a block per 2 columns of the big operand, of every batch
 //   epilogue                 alpha * A*B + beta * C
 //   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_6(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_7(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_6_impl {
+namespace gemmgen_tf32_7_impl {
 
 // ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
 // "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
 // memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
 // K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
 constexpr int COLUMNS = 1;  // columns per warp
-constexpr int WARPS = 8;
-constexpr int SLICES = 1;  // warps per column group, each a slice of K
+constexpr int WARPS = 4;
+constexpr int SLICES = 2;  // warps per column group, each a slice of K
 constexpr int GROUPS = WARPS / SLICES;  // column groups per block
-constexpr int BLOCK_COLS = 8;  // columns per block = COLUMNS * GROUPS
-constexpr int THREADS = 256;
+constexpr int BLOCK_COLS = 2;  // columns per block = COLUMNS * GROUPS
+constexpr int THREADS = 128;
 constexpr int MAX_ROWS = 16;  // rows per pass
 constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
-constexpr int PART_FLOATS = 896;  // shared partial sums of slices 1 .. SLICES - 1
+constexpr int PART_FLOATS = 32;  // shared partial sums of slices 1 .. SLICES - 1
 constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
 // The tensor path (passes of 5 to 16 rows; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
 // step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
-constexpr int PRODUCTS = 1;
+constexpr int PRODUCTS = 0;
 constexpr int TILES = 1;
-constexpr int TILE_SLICES = 8;
+constexpr int TILE_SLICES = 4;
 constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its column per lane, issued together
 
 // ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
@@ -4915,7 +6628,7 @@ __device__ __forceinline__ void load_step(float (&b)[UNROLL][COLUMNS][V], const 
 // the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
 // starts 16-byte aligned. C is read only where beta != 0.
 template <int R, bool ALIGNED>
-__device__ __noinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
+__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
         const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
         float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
 {
@@ -5076,7 +6789,7 @@ __device__ __forceinline__ void load_chunks(float (&b)[U][4], const float* colum
 // (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
 // TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of each K tile.
 template <int R, bool ALIGNED>
-__device__ __noinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
+__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
         const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
         float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
 {
@@ -5171,8 +6884,8 @@ __device__ __forceinline__ void decode_wide_pass(int rows, int cols, int col0, i
 }
 
 template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 2)
-gemmgen_tf32_6_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+__global__ void __launch_bounds__(THREADS)
+gemmgen_tf32_7_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -5213,7 +6926,7 @@ gemmgen_tf32_6_kernel(int M, int N, int K, float alpha, const float* __restrict_
     }
 }
 
-}  // namespace gemmgen_tf32_6_impl
+}  // namespace gemmgen_tf32_7_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -5223,11 +6936,11 @@ gemmgen_tf32_6_kernel(int M, int N, int K, float alpha, const float* __restrict_
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_6_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_7_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_6_impl;
+    using namespace gemmgen_tf32_7_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -5250,7 +6963,7 @@ static inline int gemmgen_tf32_6_batched(int M, int N, int K, float alpha, const
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_6_kernel<true> : gemmgen_tf32_6_kernel<false>;
+        aligned ? gemmgen_tf32_7_kernel<true> : gemmgen_tf32_7_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -5260,17 +6973,17 @@ static inline int gemmgen_tf32_6_batched(int M, int N, int K, float alpha, const
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_6(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_7(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_6_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_7_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 7: tf32_7 ===========================================
-// gemmgen_tf32_7: generated by gemmgen 0.1.0 from <library tf32: tf32_7> (edit the spec, not this file)
+// ==== member 8: tf32_8 ===========================================
+// gemmgen_tf32_8: generated by gemmgen 0.1.0 from <library tf32: tf32_8> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_7 {
+//   kernel tf32_8 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    128 x 192 x 32
@@ -5294,859 +7007,8 @@ static inline int gemmgen_tf32_6(int M, int N, int K, float alpha, const float* 
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_7_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_7(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_7_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_7_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_7_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_7_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_7_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_7_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_7_fallback_kernel<true> : gemmgen_tf32_7_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_7_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_7_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_7_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 192, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 24, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 164928;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %98, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95 }, %96, %97, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_7_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_7_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_7_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_7_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_7_kernel<true> : gemmgen_tf32_7_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_7(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_7_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 8: tf32_8 ===========================================
-// gemmgen_tf32_8: generated by gemmgen 0.1.0 from <library tf32: tf32_8> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_8 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 256 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   group 8
-//     cluster  2 x 1
-//     epilogue alpha beta staged
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 256 x 32
-//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
-//   accumulators               128 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 230464 bytes per block
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_8_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_8(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -6592,33 +7454,19 @@ static inline int gemmgen_tf32_8_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_8_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 128, BN = 192, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
-// Clusters of CLUSTER_M x CLUSTER_N blocks: block (i, j) of a cluster (rank i + CLUSTER_M j) shares
-// A's tile with the blocks of its row i and B's with those of its column j. Each loads one slice
-// of each shared tile and multicasts it, so a stage is filled by its row and column together.
-constexpr int CLUSTER_M = 2, CLUSTER_N = 1, CLUSTER_BLOCKS = CLUSTER_M * CLUSTER_N;
-constexpr int A_SLICE_ROWS = BM / CLUSTER_N;  // rows of A's tile each block of a row loads
-constexpr int B_SLICE_ROWS = BN / CLUSTER_M;  // rows of B's tile each block of a column loads
-constexpr unsigned ROW_0_BLOCKS = 0x1;     // ranks of row 0: 0, CLUSTER_M, 2 CLUSTER_M, ...
-constexpr unsigned COLUMN_0_BLOCKS = 0x3;  // ranks of column 0: 0 ... CLUSTER_M - 1
-constexpr int SHARERS = CLUSTER_M + CLUSTER_N - 1;  // blocks whose consumers free a stage of this one
-constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 24, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
-// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
-constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
-constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
-
-constexpr int SMEM_BYTES = 230464;
-static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int SMEM_BYTES = 164928;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
@@ -6654,14 +7502,12 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Which C tile this block computes, and of which batch. Clusters of CLUSTER_M x CLUSTER_N blocks
-// are numbered along a 1-D grid and walk C in cluster-sized tiles (raster group G: G rows of them
-// at a time, so that neighbouring clusters share A and B in L2); block rank r of a cluster takes
-// the tile (r % CLUSTER_M, r / CLUSTER_M) inside its cluster's. Blocks past C's edge store nothing.
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
 __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM);  // in cluster tiles
-    const int tiles_n = (N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN);
-    int block = blockIdx.x / CLUSTER_BLOCKS;
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
@@ -6670,9 +7516,8 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
     const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
     const int tile_n = (block % blocks_per_group) / group_rows;
-    const int rank = blockIdx.x % CLUSTER_BLOCKS;  // %cluster_ctarank of a 1-D cluster
-    block_m0 = (tile_m * CLUSTER_M + rank % CLUSTER_M) * BM;
-    block_n0 = (tile_n * CLUSTER_N + rank / CLUSTER_M) * BN;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
 }
 
 // ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
@@ -6721,66 +7566,6 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
 }
 
-// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
-
-// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
-__device__ __forceinline__ void fence_shared_for_tma() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
-// of the box outside the matrix are not written, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
-                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
-                    "r"(inner), "r"(outer), "r"(batch) : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
-template <int PENDING>
-__device__ __forceinline__ void tma_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// ---- thread-block clusters: the blocks of a cluster fill each other's stages ------------------
-
-__device__ __forceinline__ unsigned block_rank() {  // this block's rank in its cluster
-    unsigned rank;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-    return rank;
-}
-
-// Every thread of every block of the cluster: what each did before is visible to all after.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// One arrival on the barrier at the same place in the shared memory of each block in `blocks`
-// (bit r: cluster rank r), this one included if its bit is set.
-__device__ __forceinline__ void barrier_arrive_in(unsigned long long* barrier, unsigned blocks) {
-#pragma unroll
-    for (int rank = 0; rank < CLUSTER_BLOCKS; ++rank)
-        if (blocks >> rank & 1)
-            asm volatile("{\n"
-                         ".reg .b32 remote;\n"
-                         "mapa.shared::cluster.u32 remote, %0, %1;\n"
-                         "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-                         "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
-}
-
-// TMA multicast: the box lands at the same place in the shared memory of each block in `blocks`,
-// and completes bytes on the barrier at the same place in each.
-__device__ __forceinline__ void tma_load_multicast(float* destination, const TensorMap* map,
-                                                   unsigned long long* barrier, int inner, int outer,
-                                                   int batch, unsigned short blocks) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-                 "[%0], [%1, { %2, %3, %4 }], [%5], %6;\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)), "h"(blocks) : "memory");
-}
-
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -6809,11 +7594,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %98, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95 }, %96, %97, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -6827,12 +7612,8 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (a multi-architecture build compiles it for older GPUs too)
-__cluster_dims__(CLUSTER_BLOCKS, 1, 1)
-#endif
 gemmgen_tf32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        const __grid_constant__ TensorMap map_c,
         int batch,
         long long strideA,
         long long strideB,
@@ -6847,8 +7628,7 @@ gemmgen_tf32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
     float* sA = smem;                                 // STAGES x BM rows x BK floats
     float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
@@ -6858,10 +7638,6 @@ gemmgen_tf32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    const unsigned rank = block_rank(), rank_m = rank % CLUSTER_M, rank_n = rank / CLUSTER_M;
-    const unsigned short row_blocks = ROW_0_BLOCKS << rank_m;                    // share A's tile
-    const unsigned short column_blocks = COLUMN_0_BLOCKS << (CLUSTER_M * rank_n);  // share B's tile
-    const unsigned sharers = row_blocks | column_blocks;  // fill this block's stages, and free them
     const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
@@ -6869,30 +7645,23 @@ gemmgen_tf32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4 * SHARERS);  // one arrival per consumer warp of each sharer
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
-    cluster_sync();  // every block's barriers are ready before any block multicasts or frees a stage
+    __syncthreads();
 
     if (warpgroup == 0) {
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            // This block's slices: rows rank_n * A_SLICE_ROWS ... of A's tile for its row, and
-            // rows rank_m * B_SLICE_ROWS ... of B's tile for its column.
-            const int a_slice = rank_n * A_SLICE_ROWS, b_slice = rank_m * B_SLICE_ROWS;
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);  // freed by every sharer
-                barrier_expect_bytes(&full[s], STAGE_BYTES);  // what the row and column deliver here
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
                 tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load_multicast(sB + s * B_STAGE_FLOATS + b_slice * BK, &map_b, &full[s], t * BK, block_n0 + b_slice, b_batch, column_blocks);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
             }
-            // Stay until every sharer has freed each stage for the last time: no block may then
-            // write into this one's shared memory or arrive on its barriers after it has exited.
-            for (int t = k_tiles > STAGES ? k_tiles - STAGES : 0; t < k_tiles; ++t)
-                barrier_wait(&empty[t % STAGES], (t / STAGES) & 1);
         }
         return;
     }
@@ -6902,7 +7671,6 @@ gemmgen_tf32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int consumer = warpgroup - 1;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
-    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
 #pragma unroll
     for (int i = 0; i < TM; ++i)
@@ -6922,92 +7690,42 @@ gemmgen_tf32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         wgmma_commit();
         wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
         fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive_in(&empty[(t - 1) % STAGES], sharers);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
-    if (k_tiles > 0 && lane == 0) barrier_arrive_in(&empty[(k_tiles - 1) % STAGES], sharers);  // the producers wait for every stage's last use
 
-    if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-        // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-        // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-        // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-        {
-            const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
-            float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-            const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-            const bool read_c = beta != 0.0f;
-            // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-            // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-            const bool swap = lane / 4 % 2;
-            if (warp_m0 < m_left) {
-        #pragma unroll
-                for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                    if (box_n * C_BOX_N >= n_left) break;
-                    float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                    if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                    __syncwarp();
-        #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                        float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-        #pragma unroll
-                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-        #pragma unroll
-                            for (int v = 0; v < TN; ++v) {
-                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                                const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
-                            }
-        #pragma unroll
-                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                            const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                            // addressed: a register array indexed at run time would go to local memory)
-                            *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
                         }
+                        store_vec<CV>(c, out);
                     }
-                    fence_shared_for_tma();
-                    __syncwarp();
-                    if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                    ++stored_boxes;
-                }
             }
-        }
-    } else {
-        // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-        const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-        const int thread_n0 = lane % 4 * TN;
-        // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-        {
-            constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-            float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-            const bool read_c = beta != 0.0f;
-        #pragma unroll
-            for (int rm = 0; rm < RM; ++rm)
-        #pragma unroll
-                for (int i = 0; i < TM; ++i) {
-                    const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                    if (m >= m_left) continue;
-        #pragma unroll
-                    for (int rn = 0; rn < RN; ++rn)
-        #pragma unroll
-                        for (int j = 0; j < TN; j += CV) {
-                            const int n = thread_n0 + rn * SUB_N + j;
-                            if (n + CV - 1 >= n_left) continue;
-                            float* c = C_tile + (long long)(m) * ldc + (n);
-                            float old[CV], out[CV];
-                            if (read_c) load_vec<CV>(old, c);
-        #pragma unroll
-                            for (int v = 0; v < CV; ++v) {
-                                out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                            }
-                            store_vec<CV>(c, out);
-                        }
-                }
-        }
     }
-    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
 #endif
 }
 
@@ -7049,9 +7767,7 @@ static inline int gemmgen_tf32_8_batched(int M, int N, int K, float alpha, const
         return gemmgen_tf32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
-    // Whole clusters of CLUSTER_M x CLUSTER_N C tiles (the blocks past C's edge store nothing).
-    const long long blocks = (long long)((M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM)) *
-                             ((N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN)) * CLUSTER_BLOCKS * batch;
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
 
     // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
@@ -7082,7 +7798,7 @@ static inline int gemmgen_tf32_8_batched(int M, int N, int K, float alpha, const
     const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
     const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
     const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {A_SLICE_ROWS, B_SLICE_ROWS};  // each block of a cluster loads slices
+    const cuuint32_t box_rows[2] = {BM, BN};
     for (int i = 0; i < 2; ++i) {
         const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
         const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
@@ -7095,28 +7811,14 @@ static inline int gemmgen_tf32_8_batched(int M, int N, int K, float alpha, const
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
-    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
-    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
-    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
-    CUtensorMap map_c = {};
-    if (aligned) {
-        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
-        const cuuint32_t box[3] = {32, 16, 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_8_kernel<true> : gemmgen_tf32_8_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -7134,13 +7836,13 @@ static inline int gemmgen_tf32_8(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_9 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    64 x 64 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    8
+//     split    128
 //     epilogue alpha beta
 //   }
 //
@@ -7148,14 +7850,14 @@ static inline int gemmgen_tf32_8(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
+//   block tile (BM x BN x BK)  64 x 64 x 32
+//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 66624 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    8 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    128 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_9_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
@@ -7196,7 +7898,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -7617,20 +8319,20 @@ static inline int gemmgen_tf32_9_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_9_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 132160;
+constexpr int SMEM_BYTES = 66624;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -7754,11 +8456,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -8009,6 +8711,881 @@ static inline int gemmgen_tf32_9(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_10 {
 //     target   sm_90a
 //     layout   A row, B col, C row
+//     block    128 x 128 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    8
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    8 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_10_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_10(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_10_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_10_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_10_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_10_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_10_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_10_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_10_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_10_fallback_kernel<true> : gemmgen_tf32_10_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_10_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_10_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_10_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_10_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 132160;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_10_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_10_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_10_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_10_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_10_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_10_kernel<true> : gemmgen_tf32_10_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_10_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_10(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_10_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 11: tf32_11 ===========================================
+// gemmgen_tf32_11: generated by gemmgen 0.1.0 from <library tf32: tf32_11> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_11 {
+//     target   sm_90a
+//     layout   A row, B col, C row
 //     block    64 x 64 x 32
 //     math     tf32
 //     load A   vector 1
@@ -8033,13 +9610,13 @@ static inline int gemmgen_tf32_9(int M, int N, int K, float alpha, const float* 
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_10(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_11(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_10_impl {
+namespace gemmgen_tf32_11_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -8270,7 +9847,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_10_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_11_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -8371,801 +9948,6 @@ gemmgen_tf32_10_kernel(int M, int N, int K, float alpha, const float* __restrict
             wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
         wgmma_commit();
         wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_10_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_10_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_10_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_10_kernel<true> : gemmgen_tf32_10_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_10(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_10_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 11: tf32_11 ===========================================
-// gemmgen_tf32_11: generated by gemmgen 0.1.0 from <library tf32: tf32_11> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_11 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    64 x 64 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   5 tma
-//     raster   row
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 64 x 32
-//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 83024 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_11_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_11(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_11_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_11_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_11_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_11_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_11_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_11_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_11_fallback_kernel<true> : gemmgen_tf32_11_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_11_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_11_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_11_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 5;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 83024;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
         fence_accumulators(acc);
         if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
     }
@@ -9212,16 +9994,13 @@ gemmgen_tf32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
 // Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
 // dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
 // Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
 static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
     using namespace gemmgen_tf32_11_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
@@ -9234,68 +10013,24 @@ static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, cons
     if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
     if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
         return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
     if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_11_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_11_kernel<true> : gemmgen_tf32_11_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -9313,31 +10048,29 @@ static inline int gemmgen_tf32_11(int M, int N, int K, float alpha, const float*
 //   kernel tf32_12 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    64 x 64 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   6 tma
-//     raster   group 8
-//     schedule pingpong
-//     epilogue alpha beta staged
+//     stages   5 tma
+//     raster   row
+//     epilogue alpha beta
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 230496 bytes per block
-//   schedule                   pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, its two consumer warpgroups taking them in turn, so that one stores its tile while the other multiplies the next
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   block tile (BM x BN x BK)  64 x 64 x 32
+//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 83024 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_12_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -9375,7 +10108,6 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -9419,11 +10151,8 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -9783,25 +10512,19 @@ static inline int gemmgen_tf32_12_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_tf32_12_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 6;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 2;  // per thread and slab: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 64, SUB_N = 8;  // RM slabs of 64 rows
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 5;
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
-// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
-constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
-constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
-
-constexpr int SMEM_BYTES = 230496;
-static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
+constexpr int SMEM_BYTES = 83024;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -9836,20 +10559,17 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
-// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
-__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
-    int block = tile;
+    int block = blockIdx.x;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -9900,28 +10620,6 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
 }
 
-// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
-
-// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
-__device__ __forceinline__ void fence_shared_for_tma() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
-// of the box outside the matrix are not written, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
-                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
-                    "r"(inner), "r"(outer), "r"(batch) : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
-template <int PENDING>
-__device__ __forceinline__ void tma_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
-}
-
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -9944,76 +10642,32 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
 }
 
-// Slab SLAB of acc (this thread's part of the warpgroup's RM slabs of 64 x BN fp32) = A (64 x 8)
-// * B (8 x BN) + (accumulate ? it : 0), both TF32 read from shared memory (the top 19 bits of each float).
-template <int SLAB>
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[RM * TM][RN * TN], unsigned long long a_desc,
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[SLAB * TM + 0][0]), "+f"(acc[SLAB * TM + 0][1]), "+f"(acc[SLAB * TM + 1][0]), "+f"(acc[SLAB * TM + 1][1]), "+f"(acc[SLAB * TM + 0][2]), "+f"(acc[SLAB * TM + 0][3]), "+f"(acc[SLAB * TM + 1][2]), "+f"(acc[SLAB * TM + 1][3]), "+f"(acc[SLAB * TM + 0][4]), "+f"(acc[SLAB * TM + 0][5]), "+f"(acc[SLAB * TM + 1][4]), "+f"(acc[SLAB * TM + 1][5]), "+f"(acc[SLAB * TM + 0][6]), "+f"(acc[SLAB * TM + 0][7]), "+f"(acc[SLAB * TM + 1][6]), "+f"(acc[SLAB * TM + 1][7]), "+f"(acc[SLAB * TM + 0][8]), "+f"(acc[SLAB * TM + 0][9]), "+f"(acc[SLAB * TM + 1][8]), "+f"(acc[SLAB * TM + 1][9]), "+f"(acc[SLAB * TM + 0][10]), "+f"(acc[SLAB * TM + 0][11]), "+f"(acc[SLAB * TM + 1][10]), "+f"(acc[SLAB * TM + 1][11]), "+f"(acc[SLAB * TM + 0][12]), "+f"(acc[SLAB * TM + 0][13]), "+f"(acc[SLAB * TM + 1][12]), "+f"(acc[SLAB * TM + 1][13]), "+f"(acc[SLAB * TM + 0][14]), "+f"(acc[SLAB * TM + 0][15]), "+f"(acc[SLAB * TM + 1][14]), "+f"(acc[SLAB * TM + 1][15]), "+f"(acc[SLAB * TM + 0][16]), "+f"(acc[SLAB * TM + 0][17]), "+f"(acc[SLAB * TM + 1][16]), "+f"(acc[SLAB * TM + 1][17]), "+f"(acc[SLAB * TM + 0][18]), "+f"(acc[SLAB * TM + 0][19]), "+f"(acc[SLAB * TM + 1][18]), "+f"(acc[SLAB * TM + 1][19]), "+f"(acc[SLAB * TM + 0][20]), "+f"(acc[SLAB * TM + 0][21]), "+f"(acc[SLAB * TM + 1][20]), "+f"(acc[SLAB * TM + 1][21]), "+f"(acc[SLAB * TM + 0][22]), "+f"(acc[SLAB * TM + 0][23]), "+f"(acc[SLAB * TM + 1][22]), "+f"(acc[SLAB * TM + 1][23]), "+f"(acc[SLAB * TM + 0][24]), "+f"(acc[SLAB * TM + 0][25]), "+f"(acc[SLAB * TM + 1][24]), "+f"(acc[SLAB * TM + 1][25]), "+f"(acc[SLAB * TM + 0][26]), "+f"(acc[SLAB * TM + 0][27]), "+f"(acc[SLAB * TM + 1][26]), "+f"(acc[SLAB * TM + 1][27]), "+f"(acc[SLAB * TM + 0][28]), "+f"(acc[SLAB * TM + 0][29]), "+f"(acc[SLAB * TM + 1][28]), "+f"(acc[SLAB * TM + 1][29]), "+f"(acc[SLAB * TM + 0][30]), "+f"(acc[SLAB * TM + 0][31]), "+f"(acc[SLAB * TM + 1][30]), "+f"(acc[SLAB * TM + 1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
-// Ping-pong: the consumer warpgroups hand the turn to wait on the stages to each other with named
-// barriers (1: warpgroup 0's turn, 2: warpgroup 1's), 256 threads each: one arrives, the other syncs.
-__device__ __forceinline__ void turn_wait(int turn) { asm volatile("bar.sync %0, 256;\n" :: "r"(turn) : "memory"); }
-__device__ __forceinline__ void turn_give(int turn) { asm volatile("bar.arrive %0, 256;\n" :: "r"(turn) : "memory"); }
-
 // Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[RM * TM][RN * TN]) {
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 #pragma unroll
-    for (int i = 0; i < RM * TM; ++i)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
-
-// ---- the tile scheduler (schedule pingpong) -----------------------------------------
-// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
-// consumers walk the same list, so the producer's copies run on into the next tile while the
-// consumers store the last one.
-struct Segment {
-    int tile;     // C tile, numbered as tile_origin takes them
-    int k_begin;  // the first of its K tiles this block multiplies
-    int k_end;    // one past the last
-};
-
-struct Schedule {
-    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
-    int k_tiles;    // K tiles per C tile
-    int next_tile;  // this block's next whole tile
-
-    __device__ Schedule(int M, int N, int K, int batch) {
-        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-        k_tiles = (K + BK - 1) / BK;
-        next_tile = blockIdx.x;
-    }
-
-    __device__ bool next(Segment& segment) {
-        if (next_tile >= tiles) return false;
-        segment.tile = next_tile;
-        segment.k_begin = 0;
-        segment.k_end = k_tiles;
-        next_tile += gridDim.x;
-        return true;
-    }
-
-    // The whole tiles this block has still to walk (ping-pong: its consumers' turns).
-    __device__ int tiles_left() const {
-        const int stride = gridDim.x;
-        return (tiles - next_tile + stride - 1) / stride;
-    }
-};
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        const __grid_constant__ TensorMap map_c,
         int batch,
         long long strideA,
         long long strideB,
@@ -10028,20 +10682,24 @@ gemmgen_tf32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
     float* sA = smem;                                 // STAGES x BM rows x BK floats
     float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
-    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
-    Schedule schedule(M, N, K, batch);
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], 4);  // one arrival per warp of the consumer whose tile it holds
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
@@ -10051,19 +10709,12 @@ gemmgen_tf32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            int it = 0;
-            for (Segment segment; schedule.next(segment);) {
-                int block_m0, block_n0, batch_index;
-                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
-                    const int s = it % STAGES;
-                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
-                    barrier_expect_bytes(&full[s], STAGE_BYTES);
-                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
-                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
-                }
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
             }
         }
         return;
@@ -10074,136 +10725,61 @@ gemmgen_tf32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     const int consumer = warpgroup - 1;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
-    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
-    float acc[RM * TM][RN * TN];  // slab r's rows in acc[r * TM] ... acc[r * TM + TM - 1]
-    int it = 0;  // K tiles of earlier segments
-    int turn = 0;  // the block's tiles so far: tile `turn` is consumer turn % CONSUMERS's
-    // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
-    // other multiplies the next. A consumer waits for its tile's stages only once the other has
-    // waited for all of the tile before (the turn), so that a stage's fills are awaited in order.
-    const int block_tiles = schedule.tiles_left();
-    for (Segment segment; schedule.next(segment); ++turn) {
-        const int k_tiles = segment.k_end - segment.k_begin;
-        if (turn % CONSUMERS != consumer) {  // the other consumer's tile
-            it += k_tiles;
-            continue;
-        }
-        if (turn > 0) turn_wait(1 + consumer);
-        int block_m0, block_n0, batch_index;
-        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-        const int m_left = M - block_m0;
-        const int n_left = N - block_n0;
+    float acc[TM][RN * TN];
 #pragma unroll
-        for (int i = 0; i < RM * TM; ++i)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-        for (int t = 0; t < k_tiles; ++t) {
-            const int s = (it + t) % STAGES;
-            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
-            const float* a_tile = sA + s * A_STAGE_FLOATS;  // the stage holds this consumer's tile alone
-            const float* b_tile = sB + s * B_STAGE_FLOATS;
-            fence_accumulators(acc);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BK; kk += 8) {  // each slab: its 64 rows of A, all of B
-                wgmma_tf32<0>(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-                wgmma_tf32<1>(acc, smem_descriptor(a_tile + 64 * BK + kk), smem_descriptor(b_tile + kk));
-            }
-            wgmma_commit();
-            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-            fence_accumulators(acc);
-            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
-        }
-        // Every stage of this tile is waited for: the other consumer may wait for its tile's.
-        if (turn + 1 < block_tiles) turn_give(2 - consumer);  // the other consumer's barrier
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
-        it += k_tiles;
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
 
-        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-            // (A consumer of two 64-row slabs stores them in turn, through the same boxes.)
-            #pragma unroll
-            for (int rm = 0; rm < RM; ++rm) {  // the consumer's slabs, one after the other through the same boxes
-                const int warp_m0 = rm * SUB_M + warp_in_group * 16;  // the warp's first row of slab rm in its consumer's tile
-                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-                const bool swap = lane / 4 % 2;
-                if (warp_m0 < m_left) {
-            #pragma unroll
-                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                        if (box_n * C_BOX_N >= n_left) break;
-                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                        __syncwarp();
-            #pragma unroll
-                        for (int i = 0; i < TM; ++i) {
-                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-            #pragma unroll
-                                for (int v = 0; v < TN; ++v) {
-                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[rm * TM + i][a], acc[rm * TM + i][a + 1]
-                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[rm * TM + i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[rm * TM + i][a + v];
-                                }
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                                // addressed: a register array indexed at run time would go to local memory)
-                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
-                            }
-                        }
-                        fence_shared_for_tma();
-                        __syncwarp();
-                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                        ++stored_boxes;
-                    }
-                }
-            }
-        } else {
-            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile (slab r: + r * SUB_M)
-            const int thread_n0 = lane % 4 * TN;
-            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-            {
-                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-            #pragma unroll
-                for (int rm = 0; rm < RM; ++rm)
-            #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                        if (m >= m_left) continue;
-            #pragma unroll
-                        for (int rn = 0; rn < RN; ++rn)
-            #pragma unroll
-                            for (int j = 0; j < TN; j += CV) {
-                                const int n = thread_n0 + rn * SUB_N + j;
-                                if (n + CV - 1 >= n_left) continue;
-                                float* c = C_tile + (long long)(m) * ldc + (n);
-                                float old[CV], out[CV];
-                                if (read_c) load_vec<CV>(old, c);
-            #pragma unroll
-                                for (int v = 0; v < CV; ++v) {
-                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                                }
-                                store_vec<CV>(c, out);
-                            }
-                    }
-            }
-        }
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
     }
-    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
 #endif
 }
 
@@ -10289,35 +10865,14 @@ static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, cons
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
-    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
-    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
-    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
-    CUtensorMap map_c = {};
-    if (aligned) {
-        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
-        const cuuint32_t box[3] = {32, 16, 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_12_kernel<true> : gemmgen_tf32_12_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
-    int device = 0, sms = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -10341,7 +10896,7 @@ static inline int gemmgen_tf32_12(int M, int N, int K, float alpha, const float*
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    2
+//     split    12
 //     epilogue alpha beta
 //   }
 //
@@ -10356,7 +10911,7 @@ static inline int gemmgen_tf32_12(int M, int N, int K, float alpha, const float*
 //   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    2 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    12 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_13_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
@@ -10397,7 +10952,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 12;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -10831,7 +11386,7 @@ constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
 constexpr int SMEM_BYTES = 132160;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 12;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -11210,13 +11765,13 @@ static inline int gemmgen_tf32_13(int M, int N, int K, float alpha, const float*
 //   kernel tf32_14 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    128 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    4
+//     split    2
 //     epilogue alpha beta
 //   }
 //
@@ -11224,14 +11779,14 @@ static inline int gemmgen_tf32_13(int M, int N, int K, float alpha, const float*
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
+//   block tile (BM x BN x BK)  128 x 128 x 32
 //   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 99392 bytes per block
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    2 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_14_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
@@ -11272,7 +11827,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -11693,9 +12248,9 @@ static inline int gemmgen_tf32_14_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_tf32_14_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
@@ -11703,10 +12258,10 @@ constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 99392;
+constexpr int SMEM_BYTES = 132160;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -12083,88 +12638,222 @@ static inline int gemmgen_tf32_14(int M, int N, int K, float alpha, const float*
 //
 // spec:
 //   kernel tf32_15 {
-//     target   sm_90
+//     target   sm_90a
 //     layout   A row, B col, C row
-//     decode   columns 1 warps 4 slices 2
+//     block    64 x 128 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    3
 //     epilogue alpha beta
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
-//   target                   sm_90
-//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
-//   orientation              M <= N: rows of A in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B in shared memory, rows of A streamed
-//   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
-//   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
-//   threads per block        128 (4 warps: 2 column group(s) of 2 warp(s), each a slice of K) = 2 columns
-//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
-//   K slices' sums           32 shared floats, added in slice order (deterministic)
-//   registers (estimate)     52 live floats per lane at 16 rows, 37 at 1
-//   shared memory per block  0 dynamic + 32896 static bytes
-//   schedule                 a block per 2 columns of the big operand, of every batch
-//   epilogue                 alpha * A*B + beta * C
-//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 99392 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    3 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_15_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_15(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_15_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_15_impl {
+namespace gemmgen_tf32_15_fallback_impl {
 
-// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
-// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
-// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
-// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
-constexpr int COLUMNS = 1;  // columns per warp
-constexpr int WARPS = 4;
-constexpr int SLICES = 2;  // warps per column group, each a slice of K
-constexpr int GROUPS = WARPS / SLICES;  // column groups per block
-constexpr int BLOCK_COLS = 2;  // columns per block = COLUMNS * GROUPS
-constexpr int THREADS = 128;
-constexpr int MAX_ROWS = 16;  // rows per pass
-constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
-constexpr int PART_FLOATS = 32;  // shared partial sums of slices 1 .. SLICES - 1
-constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
-constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
-constexpr int SMEM_BYTES = 0;  // its shared memory is static
-// The tensor path (passes of 5 to 16 rows; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
-// step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
-constexpr int PRODUCTS = 0;
-constexpr int TILES = 1;
-constexpr int TILE_SLICES = 4;
-constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its column per lane, issued together
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
 
-// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
 
-// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
-// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
-template <int BYTES>
-__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    const int src_bytes = valid ? BYTES : 0;
-    if constexpr (BYTES == 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
     } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
-                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
+        regs[0] = *src;
     }
 }
 
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
 }
 
-// Wait until at most PENDING committed groups are still in flight.
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
-// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_15_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
 
 // Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
 __device__ __forceinline__ unsigned to_tf32(float x) {
@@ -12180,369 +12869,202 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
-// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
-__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
-                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
-        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
-// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
-// which is exactly the TF32 fragment layout above when shared rows run along K.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
-}
-
-__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
-                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
-}
-static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
-static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
-static_assert(CHUNKS_IN_FLIGHT % 2 == 0, "the scalar variant issues half the float4s, four floats each");
-
-// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
     } else {
-        regs[0] = *src;
+        row = q % ROWS;
+        k = q / ROWS * 4;
     }
 }
 
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
 #pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// One step of a lane: UNROLL x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
-// past the tile's `vectors` and for columns past the edge), all issued before any is used.
-template <int V>
-__device__ __forceinline__ void load_step(float (&b)[UNROLL][COLUMNS][V], const float* const (&column)[COLUMNS],
-        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            const int q = q0 + u * STEP;
-            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
-            else fill_zero<V>(b[u][c]);
-        }
-}
-
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
-// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
-// starts 16-byte aligned. C is read only where beta != 0.
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
-{
-    constexpr int V = ALIGNED ? 4 : 1;
-    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int group = warp % GROUPS, slice = warp / GROUPS;
-    const int j0 = col0 + group * COLUMNS;  // the warp's first column
-
-    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
-    bool live[COLUMNS];
-#pragma unroll
-    for (int c = 0; c < COLUMNS; ++c) {
-        live[c] = j0 + c < cols;
-        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
-    }
-    float acc[R][COLUMNS];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
-
-    for (int k0 = 0; k0 < K; k0 += KT) {
-        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
-        __syncthreads();  // every warp is done with the last tile
-        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
-        // one wait, in place of a load and a store per vector, one L2 round trip after another.
-        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
-            const int r = i / vectors, k = i % vectors * V;
-            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * UNROLL) {
-            float b[UNROLL][COLUMNS][V];  // UNROLL * COLUMNS loads in flight
-            load_step<V>(b, column, live, k0, q0, vectors);
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    float a[V];  // one vector of row r, reused over the warp's columns
-                    load_vec<V>(a, s_rows + r * KT + q * V);
-#pragma unroll
-                    for (int c = 0; c < COLUMNS; ++c)
-#pragma unroll
-                        for (int v = 0; v < V; ++v) acc[r][c] = fmaf(a[v], b[u][c][v], acc[r][c]);
-                }
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
             }
         }
     }
-
-    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c)
-#pragma unroll
-            for (int offset = 16; offset > 0; offset /= 2)
-                acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], offset);
-    if (slice > 0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int c = 0; c < COLUMNS; ++c)
-                if ((r * COLUMNS + c) % 32 == lane)
-                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = acc[r][c];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
-            float sum = acc[r][c];
-            for (int s = 1; s < SLICES; ++s)
-                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
-            float* out = C + r * c_row + (j0 + c) * c_col;
-            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
-        }
-    __syncthreads();  // s_part is free for the next pass
 }
 
-// ---- the tensor path: a pass of 5 to 16 rows (R = 8 or 16) on mma.sync m16n8k8 ------------------
-// The sum over K is order-free: lane 4g + t takes k = 16q + 4t .. 16q + 4t + 3 of chunk q (one float4
-// of its column g of the tile, and of rows g and g + 8 of the small operand) as k slots t and t + 4
-// of two k steps (.x .y, then .z .w), the same slots for A and for B.
-
-// Where k of a row of shared memory lies: odd rows swap their 16-float halves, so that the two rows
-// a quarter warp reads (g, t = 0..3 for two g) fall on all 32 banks.
-__device__ __forceinline__ int swizzled(int r, int k) { return k ^ ((r & 1) << 4); }
-
-// Four floats of shared memory (16-byte aligned) by ld.shared: the passes are calls, in which the
-// compiler no longer knows s_rows is shared (volatile: never hoisted past the tile's barriers).
-__device__ __forceinline__ void load_shared4(float (&v)[4], const float* p) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ld.shared.v4.f32 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(address));
-}
-
-// c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
-// PRODUCTS 3: both split into big + small TF32 parts, big x big into c, small x big + big x small into
-// their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
-// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
-template <bool UPPER>
-__device__ __forceinline__ void mma_step(float (&c)[4], float (&cs)[4], float a0, float a1, float a2, float a3,
-                                         float b0, float b1) {
-    unsigned ab[4] = {0u, 0u, 0u, 0u}, bb[2];
-    if constexpr (PRODUCTS == 3) {
-        unsigned as[4] = {0u, 0u, 0u, 0u}, bs[2];
-        split_tf32(a0, ab[0], as[0]);
-        split_tf32(a2, ab[2], as[2]);
-        if constexpr (UPPER) {
-            split_tf32(a1, ab[1], as[1]);
-            split_tf32(a3, ab[3], as[3]);
-        }
-        split_tf32(b0, bb[0], bs[0]);
-        split_tf32(b1, bb[1], bs[1]);
-        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
-        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
-    } else {
-        ab[0] = to_tf32(a0);
-        ab[2] = to_tf32(a2);
-        if constexpr (UPPER) {
-            ab[1] = to_tf32(a1);
-            ab[3] = to_tf32(a3);
-        }
-        bb[0] = to_tf32(b0);
-        bb[1] = to_tf32(b1);
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
     }
-    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
-}
-
-// A lane's U float4s of its column (or 4 floats each, unaligned): chunks q0, q0 + TILE_SLICES, ..,
-// each at 16 q of `column` (the lane's 4 t already added), zeros past `left` floats and where not live.
-template <int U, bool ALIGNED>
-__device__ __forceinline__ void load_chunks(float (&b)[U][4], const float* column, int q0, int left, bool live) {
-    if (live && (q0 + (U - 1) * TILE_SLICES) * 16 + 4 <= left) {  // every chunk whole: no checks
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + (q0 + u * TILE_SLICES) * 16 + e);
-        return;
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = (q0 + u * TILE_SLICES) * 16;
-#pragma unroll
-        for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
-            if (live && k + e < left) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + k + e);
-            else fill_zero<ALIGNED ? 4 : 1>(b[u] + e);
-        }
-    }
-}
-
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 5 to R rows
-// (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
-// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of each K tile.
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
-{
-    constexpr int V = ALIGNED ? 4 : 1;
-    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 32)
-    constexpr int U = ALIGNED ? CHUNKS_IN_FLIGHT : CHUNKS_IN_FLIGHT / 2;  // scalar loads: 4 per chunk
-    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int tile = warp % TILES, slice = warp / TILES;
-    const int g = lane / 4, t = lane % 4;
-    const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
-    const bool live = j < cols;
-    const float* column = G + (live ? (long long)j * ldg : 0);
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // cs: the small products (3xtf32)
-
-    // A batch of U chunks is issued after the last one is multiplied, the next tile's first batch
-    // included: its loads are in flight through the tile's barriers and refill of the small operand.
-    // Every warp has a batch in every tile but the last (a whole tile is KT / 16 >= TILE_SLICES chunks).
-    float b[U][4];
-    load_chunks<U, ALIGNED>(b, column + 4 * t, slice, min(KT, K) - 4 * t, live);
-    for (int k0 = 0; k0 < K; k0 += KT) {
-        const int klen = min(KT, K - k0), chunks = (klen + 15) / 16;
-        const int vectors = chunks * 16 / V;  // per row: up to a whole chunk, zeros past klen
-        __syncthreads();  // every warp is done with the last tile
-        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
-            const int r = i / vectors, k = i % vectors * V;
-            const bool valid = r < rows && k < klen;
-            cp_async<4 * V>(s_rows + r * KT + swizzled(r, k), valid ? S + r * lds + k0 + k : S, valid);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-#pragma unroll 1
-        for (int q0 = slice; q0 < chunks; q0 += TILE_SLICES * U) {
-            // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts
-            // (2.4e-6 at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): each batch's products start from zero
-            // in p and ps, which are added into c and cs here, rounding to nearest.
-            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int q = min(q0 + u * TILE_SLICES, chunks - 1);  // past the tile: b is zero
-                float a[4], a8[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8 at k = 16q + 4t ..
-                load_shared4(a, s_rows + g * KT + swizzled(g, q * 16) + 4 * t);
-                if constexpr (R == 16) load_shared4(a8, s_rows + (g + 8) * KT + swizzled(g + 8, q * 16) + 4 * t);
-                mma_step<R == 16>(p, ps, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
-                mma_step<R == 16>(p, ps, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                c[i] += p[i];
-                cs[i] += ps[i];
-            }
-            // the next batch: of this tile, else the first of the next tile (none past K)
-            const bool here = q0 + TILE_SLICES * U < chunks;
-            const int next_k0 = here ? k0 : k0 + KT, next_q = here ? q0 + TILE_SLICES * U : slice;
-            load_chunks<U, ALIGNED>(b, column + next_k0 + 4 * t, next_q, min(KT, K - next_k0) - 4 * t, live);
-        }
-    }
-
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c[i] += cs[i];  // zero but in 3xtf32
-    // Across the tile's slices in slice order; lane 4g + t holds rows g, g + 8 x columns 2t, 2t + 1.
-    if (slice > 0) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s_part[((slice - 1) * TILES + tile) * 128 + lane * 4 + i] = c[i];
-    }
-    __syncthreads();
-    if (slice == 0) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = g + 8 * (i / 2), jc = col0 + tile * 8 + 2 * t + i % 2;
-            if (r >= rows || jc >= cols) continue;
-            float sum = c[i];
-            for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * 128 + lane * 4 + i];
-            float* out = C + r * c_row + jc * c_col;
-            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
-        }
-    }
-    __syncthreads();  // s_part is free for the next pass
-}
-
-// A pass of 5 to 16 rows: FFMA, or the tensor path (only the one taken is instantiated).
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_wide_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
-{
-    if constexpr (PRODUCTS == 0)
-        decode_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
-    else
-        decode_tensor_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
 }
 
 template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS)
-gemmgen_tf32_15_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_15_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
         long long strideB,
         long long strideC)
 {
-    __shared__ __align__(16) float s_rows[TILE_FLOATS];
-    __shared__ float s_part[PART_FLOATS];
-    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
-    const bool transposed = M > N;
-    const int rows = transposed ? N : M, cols = transposed ? M : N;
-    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
-    const long long batch_index = blockIdx.x / blocks;
-    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
-    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    C += batch_index * strideC;
-    const float* S = transposed ? B : A;
-    const float* G = transposed ? A : B;
-    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
-    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
-    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
 
-    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
-        const int left = min(rows - r0, MAX_ROWS);
-        const float* s = S + r0 * lds;
-        float* c = C + r0 * c_row;
-        if (left == 1)
-            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left == 2)
-            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left <= 4)
-            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left <= 8)
-            decode_wide_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else
-            decode_wide_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
     }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
 }
 
-}  // namespace gemmgen_tf32_15_impl
+}  // namespace gemmgen_tf32_15_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -12552,11 +13074,11 @@ gemmgen_tf32_15_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_15_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_15_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_15_impl;
+    using namespace gemmgen_tf32_15_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -12572,19 +13094,410 @@ static inline int gemmgen_tf32_15_batched(int M, int N, int K, float alpha, cons
     }
     if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
 
-    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
-    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_15_kernel<true> : gemmgen_tf32_15_kernel<false>;
+        aligned ? gemmgen_tf32_15_fallback_kernel<true> : gemmgen_tf32_15_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_15_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_15_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_15_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_15_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_15_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_15_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_15_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_15_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_15_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_15_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_15_kernel<true> : gemmgen_tf32_15_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_15_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -12600,6 +13513,2818 @@ static inline int gemmgen_tf32_15(int M, int N, int K, float alpha, const float*
 //
 // spec:
 //   kernel tf32_16 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 256 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   group 8
+//     epilogue alpha beta staged
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 256 x 32
+//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
+//   accumulators               128 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 230464 bytes per block
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_16_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_16(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_16_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_16_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_16_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_16_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_16_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_16_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_16_fallback_kernel<true> : gemmgen_tf32_16_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_16_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_16_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_16_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 230464;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        const __grid_constant__ TensorMap map_c,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+        // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+        // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+        // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+        {
+            const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+            float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+            const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+            const bool read_c = beta != 0.0f;
+            // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+            // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+            const bool swap = lane / 4 % 2;
+            if (warp_m0 < m_left) {
+        #pragma unroll
+                for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                    if (box_n * C_BOX_N >= n_left) break;
+                    float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                    if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                    __syncwarp();
+        #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                        float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+        #pragma unroll
+                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+        #pragma unroll
+                            for (int v = 0; v < TN; ++v) {
+                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                            }
+        #pragma unroll
+                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                            const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                            // addressed: a register array indexed at run time would go to local memory)
+                            *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+                        }
+                    }
+                    fence_shared_for_tma();
+                    __syncwarp();
+                    if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                    ++stored_boxes;
+                }
+            }
+        }
+    } else {
+        // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+        const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+        const int thread_n0 = lane % 4 * TN;
+        // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+        {
+            constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+            float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+            const bool read_c = beta != 0.0f;
+        #pragma unroll
+            for (int rm = 0; rm < RM; ++rm)
+        #pragma unroll
+                for (int i = 0; i < TM; ++i) {
+                    const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                    if (m >= m_left) continue;
+        #pragma unroll
+                    for (int rn = 0; rn < RN; ++rn)
+        #pragma unroll
+                        for (int j = 0; j < TN; j += CV) {
+                            const int n = thread_n0 + rn * SUB_N + j;
+                            if (n + CV - 1 >= n_left) continue;
+                            float* c = C_tile + (long long)(m) * ldc + (n);
+                            float old[CV], out[CV];
+                            if (read_c) load_vec<CV>(old, c);
+        #pragma unroll
+                            for (int v = 0; v < CV; ++v) {
+                                out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                            }
+                            store_vec<CV>(c, out);
+                        }
+                }
+        }
+    }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+#endif
+}
+
+}  // namespace gemmgen_tf32_16_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_16_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_16_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_16_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {32, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_16_kernel<true> : gemmgen_tf32_16_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_16(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_16_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 17: tf32_17 ===========================================
+// gemmgen_tf32_17: generated by gemmgen 0.1.0 from <library tf32: tf32_17> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_17 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 192 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   group 8
+//     schedule persistent
+//     epilogue alpha beta staged
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 192 x 32
+//   math                       tf32, wgmma 64 x 192 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 192
+//   accumulators               96 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 197696 bytes per block
+//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_17_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_17(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_17_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_17_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_17_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_17_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_17_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_17_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_17_fallback_kernel<true> : gemmgen_tf32_17_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_17_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_17_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_17_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 192, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 24, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
+// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = tile;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %98, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95 }, %96, %97, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- the tile scheduler (schedule persistent) -----------------------------------------
+// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
+// consumers walk the same list, so the producer's copies run on into the next tile while the
+// consumers store the last one.
+struct Segment {
+    int tile;     // C tile, numbered as tile_origin takes them
+    int k_begin;  // the first of its K tiles this block multiplies
+    int k_end;    // one past the last
+};
+
+struct Schedule {
+    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
+    int k_tiles;    // K tiles per C tile
+    int next_tile;  // this block's next whole tile
+
+    __device__ Schedule(int M, int N, int K, int batch) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+        k_tiles = (K + BK - 1) / BK;
+        next_tile = blockIdx.x;
+    }
+
+    __device__ bool next(Segment& segment) {
+        if (next_tile >= tiles) return false;
+        segment.tile = next_tile;
+        segment.k_begin = 0;
+        segment.k_end = k_tiles;
+        next_tile += gridDim.x;
+        return true;
+    }
+};
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        const __grid_constant__ TensorMap map_c,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
+    Schedule schedule(M, N, K, batch);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            int it = 0;
+            for (Segment segment; schedule.next(segment);) {
+                int block_m0, block_n0, batch_index;
+                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
+                    barrier_expect_bytes(&full[s], STAGE_BYTES);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
+                }
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
+    float acc[TM][RN * TN];
+    int it = 0;  // K tiles of earlier segments
+    for (Segment segment; schedule.next(segment);) {
+        int block_m0, block_n0, batch_index;
+        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+        const int m_left = M - block_m0;
+        const int n_left = N - block_n0;
+        const int k_tiles = segment.k_end - segment.k_begin;
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+        for (int t = 0; t < k_tiles; ++t) {
+            const int s = (it + t) % STAGES;
+            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+            const float* b_tile = sB + s * B_STAGE_FLOATS;
+            fence_accumulators(acc);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BK; kk += 8)
+                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+            wgmma_commit();
+            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+            fence_accumulators(acc);
+            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
+        }
+        wgmma_wait<0>();
+        fence_accumulators(acc);
+        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
+        it += k_tiles;
+
+        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            {
+                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+                const bool swap = lane / 4 % 2;
+                if (warp_m0 < m_left) {
+            #pragma unroll
+                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                        if (box_n * C_BOX_N >= n_left) break;
+                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                        __syncwarp();
+            #pragma unroll
+                        for (int i = 0; i < TM; ++i) {
+                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+            #pragma unroll
+                                for (int v = 0; v < TN; ++v) {
+                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                                }
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                                // addressed: a register array indexed at run time would go to local memory)
+                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+                            }
+                        }
+                        fence_shared_for_tma();
+                        __syncwarp();
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                        ++stored_boxes;
+                    }
+                }
+            }
+        } else {
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+            const int thread_n0 = lane % 4 * TN;
+            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+            {
+                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                        if (m >= m_left) continue;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; j += CV) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                if (n + CV - 1 >= n_left) continue;
+                                float* c = C_tile + (long long)(m) * ldc + (n);
+                                float old[CV], out[CV];
+                                if (read_c) load_vec<CV>(old, c);
+            #pragma unroll
+                                for (int v = 0; v < CV; ++v) {
+                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                                }
+                                store_vec<CV>(c, out);
+                            }
+                    }
+            }
+        }
+    }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+#endif
+}
+
+}  // namespace gemmgen_tf32_17_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_17_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_17_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_17_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {32, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_17_kernel<true> : gemmgen_tf32_17_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return (int)error;
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_17(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 18: tf32_18 ===========================================
+// gemmgen_tf32_18: generated by gemmgen 0.1.0 from <library tf32: tf32_18> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_18 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    64 x 128 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    4
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 99392 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_18_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_18_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_18_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_18_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_18_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_18_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_18_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_18_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_18_fallback_kernel<true> : gemmgen_tf32_18_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_18_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_18_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_18_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_18_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_18_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_18_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_18_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_18_kernel<true> : gemmgen_tf32_18_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_18_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 19: tf32_19 ===========================================
+// gemmgen_tf32_19: generated by gemmgen 0.1.0 from <library tf32: tf32_19> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_19 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     block    128 x 128 x 32
@@ -12636,13 +16361,13 @@ static inline int gemmgen_tf32_15(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_16(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_19(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_16_impl {
+namespace gemmgen_tf32_19_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block, K step
@@ -12793,7 +16518,7 @@ __device__ __forceinline__ int sB_index(int k, int n) { return (k) * 136 + n; }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_tf32_16_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_19_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -12997,7 +16722,7 @@ gemmgen_tf32_16_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
-}  // namespace gemmgen_tf32_16_impl
+}  // namespace gemmgen_tf32_19_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -13007,11 +16732,11 @@ gemmgen_tf32_16_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_16_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_19_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_16_impl;
+    using namespace gemmgen_tf32_19_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -13034,7 +16759,7 @@ static inline int gemmgen_tf32_16_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_16_kernel<true> : gemmgen_tf32_16_kernel<false>;
+        aligned ? gemmgen_tf32_19_kernel<true> : gemmgen_tf32_19_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -13044,10 +16769,10 @@ static inline int gemmgen_tf32_16_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_16(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_19(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_16_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 #ifndef __CUDACC_RTC__
@@ -13118,553 +16843,57 @@ constexpr bool ROUND_TF32 = true;  // the padding copies round A and B to neares
 // ---- the choice (gemmgen/selection.py): predicted ms of a member for a call ------------------
 struct Point { int M, N, K; double ms, ln_m, ln_n, ln_k, log_ratio; };  // a tuned shape
 struct Model { const Point* points; int count; double coef[5]; };  // count 0: no data in this class
-struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; int cluster_m, cluster_n; bool decode; int decode_products; };
+struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; bool stream_k; int cluster_m, cluster_n; bool decode; int decode_products; };
 
 static const Point tf32_0_aligned[] = {
-    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.14238419871633762},
-    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12293011609668955},
-    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1371601780187948},
-    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1780530970279342},
-    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11351337195924971},
-    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.08985704940157259},
-    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5692625684032993},
-    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.2043607433673719},
-    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.24035751027256805},
-    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.46199387916431733},
-    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.13644669910616505},
-    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.33196217794138605},
-    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.33469542356071924},
-    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.4806220559452421},
-    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.37892323892716623},
-    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.7197078804752527},
-    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.6797261710261266},
-    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2325507616069597},
-    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8765276206283353},
-    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5464797745914065},
-    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4568635735782067},
-    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.17278563027892463},
-    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.1850473935538476},
-    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.14052471415302212},
-    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.09062592193907136},
-    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.07649195857865872},
-    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.25828602336555206},
-    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16063127147114775},
-    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.18006838627757316},
-    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20919327518269562},
-    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.2162776932517666},
-    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.18620625438314384},
-    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1743866795284458},
-    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.15676108469635663},
-    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15048777669359228},
+    {256, 256, 256, 0.013632000423967838, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.210124690232815},
+    {512, 512, 512, 0.017055999487638474, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.24835055581666252},
+    {1024, 1024, 1024, 0.022895999252796173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10067719096740389},
+    {2048, 2048, 2048, 0.08585599809885025, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1758839296674131},
+    {4096, 4096, 4096, 0.5775839984416962, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.2250203393223173},
+    {8192, 8192, 8192, 3.9812639951705933, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.35562301148941117},
+    {4092, 4092, 4092, 0.7702399790287018, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.06282790437947634},
+    {3000, 3000, 3000, 0.26921600103378296, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.13325724065605105},
+    {1, 4096, 4096, 0.04508800059556961, 0.0, 8.317766166719343, 8.317766166719343, 0.17673147817990434},
+    {16, 8192, 4096, 0.07126399874687195, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.19312866873429288},
+    {64, 4096, 8192, 0.07212799787521362, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.18690699919686032},
+    {128, 8192, 8192, 0.12272000312805176, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1766943863073065},
+    {8192, 128, 8192, 0.1220959983766079, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.17159663045026816},
+    {4096, 32, 4096, 0.045264000073075294, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.18062734542822104},
+    {80, 8192, 4096, 0.0687360018491745, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.15701050159254923},
+    {1, 11008, 4096, 0.09003200009465218, 0.0, 9.306377560173125, 8.317766166719343, 0.20775971874490579},
+    {8, 11008, 4096, 0.08921600133180618, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.19865496562855436},
+    {16, 4096, 4096, 0.04548799991607666, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1855638823182739},
+    {4, 14336, 4096, 0.114656001329422, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.23192757939840897},
+    {4096, 16, 4096, 0.04508800059556961, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.17673147817990434},
+    {6, 8192, 4096, 0.0687360018491745, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.15701050159254923},
+    {12, 4096, 8192, 0.0692639984190464, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.14638997811268484},
+    {4096, 4096, 512, 0.0788159966468811, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2963241056619085},
+    {5120, 7168, 1024, 0.2765600085258484, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.3923893607523198},
+    {8192, 8192, 256, 0.18411199748516083, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.12548338870231254},
+    {2048, 2048, 128, 0.01945599913597107, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.015658843716883485},
+    {16384, 4096, 64, 0.11694400012493134, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.4251789280999525},
+    {256, 256, 32768, 0.06305600330233574, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.17465701074451598},
+    {512, 512, 16384, 0.0806720033288002, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.26328309550789214},
+    {128, 1024, 65536, 0.15428800135850906, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.33446392488783244},
+    {64, 64, 131072, 0.1111999973654747, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.047556653092197164},
+    {384, 384, 24576, 0.08905600011348724, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.42647514610107495},
+    {1280, 1920, 16384, 0.8279680013656616, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.6612725373649553},
+    {1024, 1024, 49152, 0.8636480271816254, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.46258714346353647},
+    {1536, 2560, 768, 0.04124800115823746, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08165677169091703},
 };
 static const Point tf32_0_unaligned[] = {
-    {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.007912597787961358},
-    {1531, 1531, 1531, 0.1167520023882389, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.028930835093860203},
-    {5003, 5003, 5003, 2.7174400091171265, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.016230482319217004},
-    {127, 4099, 1023, 0.033904001116752625, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.026829828029831845},
-    {4096, 1, 4096, 0.07023999840021133, 8.317766166719343, 0.0, 8.317766166719343, -0.17572488156380583},
-    {1, 4096, 4096, 0.100832000374794, 0.0, 8.317766166719343, 8.317766166719343, 0.18620675113893245},
-    {16, 11008, 4096, 0.10904000326991081, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.16768595731997854},
-    {4096, 4096, 4096, 1.4770399928092957, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.022551971980310597},
-    {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04493566878775217},
+    {2047, 2047, 2047, 0.20083200186491013, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0011420716810975392},
+    {1531, 1531, 1531, 0.11908799782395363, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.09416266625811213},
+    {5003, 5003, 5003, 2.6762399673461914, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.005224784911582895},
+    {127, 4099, 1023, 0.033824000507593155, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.10229069869707591},
+    {4096, 1, 4096, 0.045232001692056656, 8.317766166719343, 0.0, 8.317766166719343, -0.17208893848079798},
+    {1, 4096, 4096, 0.10305600240826607, 0.0, 8.317766166719343, 8.317766166719343, 0.6513787763326236},
+    {16, 11008, 4096, 0.10864000022411346, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.019793894704031697},
+    {4096, 4096, 4096, 1.480351984500885, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0270967695841112},
+    {1024, 1024, 1024, 0.03484800085425377, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.154690582320896},
 };
 static const Point tf32_1_aligned[] = {
-    {256, 256, 256, 0.014864000026136637, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.13741793166441232},
-    {512, 512, 512, 0.028704000636935234, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.006401180322907884},
-    {1024, 1024, 1024, 0.08524800091981888, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.07658896824234242},
-    {2048, 2048, 2048, 0.3155680000782013, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1649305480419999},
-    {4096, 4096, 4096, 1.622927963733673, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.039098750344869246},
-    {8192, 8192, 8192, 7.0559680461883545, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.20605140346827783},
-    {4092, 4092, 4092, 2.0760639905929565, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.2078657362976549},
-    {3000, 3000, 3000, 0.7599200010299683, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.13059853277778138},
-    {1, 4096, 4096, 0.045823998749256134, 0.0, 8.317766166719343, 8.317766166719343, 0.01054180509214334},
-    {16, 8192, 4096, 0.08505599945783615, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0059488396205520395},
-    {64, 4096, 8192, 0.07814399898052216, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.13356782288663216},
-    {128, 8192, 8192, 0.16387200355529785, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.10790455359163514},
-    {8192, 128, 8192, 0.16529600322246552, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.11655672221812748},
-    {4096, 32, 4096, 0.04851200059056282, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.020273329533950047},
-    {80, 8192, 4096, 0.10174399986863136, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.009827414861602215},
-    {1, 11008, 4096, 0.10547199845314026, 0.0, 9.306377560173125, 8.317766166719343, -0.028543270066950382},
-    {8, 11008, 4096, 0.10489600151777267, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.05702612497023073},
-    {16, 4096, 4096, 0.0496320016682148, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04691330499731132},
-    {4, 14336, 4096, 0.13601600378751755, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.008913037794680896},
-    {4096, 16, 4096, 0.04806400090456009, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.014810959353083724},
-    {6, 8192, 4096, 0.08180799707770348, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.012998096044076484},
-    {12, 4096, 8192, 0.07595199719071388, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.22835410443512555},
-    {4096, 4096, 512, 1.5544959902763367, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.21457577658641525},
-    {5120, 7168, 1024, 3.460255980491638, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.19080336808457538},
-    {8192, 8192, 256, 6.178128004074097, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22477503419521097},
-    {2048, 2048, 128, 0.29683199524879456, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.07967874756206539},
-    {16384, 4096, 64, 6.195584058761597, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23327645124939178},
-    {256, 256, 32768, 0.052928000688552856, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.19650987245822915},
-    {512, 512, 16384, 0.06568000093102455, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.10088591458477222},
-    {128, 1024, 65536, 0.12985600531101227, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.4661595679857587},
-    {64, 64, 131072, 0.09724800288677216, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.0850818996639504},
-    {384, 384, 24576, 0.07023999840021133, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.06606119255180029},
-    {1280, 1920, 16384, 0.3876959979534149, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.22228424821804763},
-    {1024, 1024, 49152, 0.41889598965644836, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.09758032224981407},
-    {1536, 2560, 768, 0.28703999519348145, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.10172702589990595},
-};
-static const Point tf32_1_unaligned[] = {
-    {2047, 2047, 2047, 0.4866560101509094, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.046388274245707226},
-    {1531, 1531, 1531, 0.27959999442100525, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.02604987224881861},
-    {5003, 5003, 5003, 4.337647914886475, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.008446900361178846},
-    {127, 4099, 1023, 0.06753600016236305, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.028587080250625233},
-    {4096, 1, 4096, 0.04761600121855736, 8.317766166719343, 0.0, 8.317766166719343, -0.053386526079881244},
-    {1, 4096, 4096, 0.05415999889373779, 0.0, 8.317766166719343, 8.317766166719343, 0.07538721729635313},
-    {16, 11008, 4096, 0.12086399644613266, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.009262509825245456},
-    {4096, 4096, 4096, 2.5845439434051514, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.007340164448516141},
-    {1024, 1024, 1024, 0.12716799974441528, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04129481006370885},
-};
-static const Point tf32_2_aligned[] = {
-    {256, 256, 256, 0.011711999773979187, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09014081792497776},
-    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02978321606589643},
-    {1024, 1024, 1024, 0.02627200074493885, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03998161453529782},
-    {2048, 2048, 2048, 0.04899200052022934, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08376149129138684},
-    {4096, 4096, 4096, 0.3819520026445389, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0007633855360812282},
-    {8192, 8192, 8192, 3.0774399042129517, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.041119438684586146},
-    {4092, 4092, 4092, 0.5530399978160858, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3712763787075833},
-    {3000, 3000, 3000, 0.1987679973244667, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.02892023754289753},
-    {1, 4096, 4096, 0.07923199981451035, 0.0, 8.317766166719343, 8.317766166719343, -0.025772388004810767},
-    {16, 8192, 4096, 0.08595199882984161, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.034653051864155314},
-    {64, 4096, 8192, 0.15084800124168396, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02730116563397108},
-    {128, 8192, 8192, 0.1613280028104782, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.005736260890791603},
-    {8192, 128, 8192, 0.19182399660348892, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.15988296293275767},
-    {4096, 32, 4096, 0.07846400141716003, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.04015665824331791},
-    {80, 8192, 4096, 0.08580799773335457, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.023757999426095563},
-    {1, 11008, 4096, 0.09587199985980988, 0.0, 9.306377560173125, 8.317766166719343, 0.13332099822512178},
-    {8, 11008, 4096, 0.09438400343060493, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11633273545695949},
-    {16, 4096, 4096, 0.07948800176382065, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.023654215246296236},
-    {4, 14336, 4096, 0.10951999947428703, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2508353906514619},
-    {4096, 16, 4096, 0.0782880000770092, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.0400461230977415},
-    {6, 8192, 4096, 0.08614400029182434, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.03833244613967886},
-    {12, 4096, 8192, 0.14899200201034546, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03564328380590725},
-    {4096, 4096, 512, 0.06159999966621399, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.0854905729114831},
-    {5120, 7168, 1024, 0.2199680060148239, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.1129396375948797},
-    {8192, 8192, 256, 0.15689599514007568, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.06442832621183568},
-    {2048, 2048, 128, 0.012959999963641167, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.15101307225298463},
-    {16384, 4096, 64, 0.11099200323224068, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.10497817234839124},
-    {256, 256, 32768, 0.5901599824428558, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.013894695841140605},
-    {512, 512, 16384, 0.2925119996070862, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.020718772635371138},
-    {128, 1024, 65536, 1.1408479809761047, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.016916756670281148},
-    {64, 64, 131072, 2.2789599895477295, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.007176122764658167},
-    {384, 384, 24576, 0.43062400817871094, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.024242874873101422},
-    {1280, 1920, 16384, 0.29814401268959045, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12615872319250876},
-    {1024, 1024, 49152, 0.8829759955406189, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.04189810810208444},
-    {1536, 2560, 768, 0.024831999093294144, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.005550338070281354},
-};
-static const Point tf32_2_unaligned[] = {
-    {2047, 2047, 2047, 0.20336000621318817, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.07503499055636473},
-    {1531, 1531, 1531, 0.11952000111341476, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2587506888723089},
-    {5003, 5003, 5003, 2.672144055366516, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03414454212471446},
-    {127, 4099, 1023, 0.03340800106525421, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.0852411936789567},
-    {4096, 1, 4096, 0.08710400015115738, 8.317766166719343, 0.0, 8.317766166719343, 0.017580927240078936},
-    {1, 4096, 4096, 0.10073599964380264, 0.0, 8.317766166719343, 8.317766166719343, 0.16416178468113363},
-    {16, 11008, 4096, 0.10878400132060051, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.20357145971113186},
-    {4096, 4096, 4096, 1.4909279942512512, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.024303664482684662},
-    {1024, 1024, 1024, 0.034912001341581345, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1410636136683398},
-};
-static const Point tf32_3_aligned[] = {
-    {256, 256, 256, 0.013743999879807234, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.05589478889766678},
-    {512, 512, 512, 0.018783999606966972, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08311579572954084},
-    {1024, 1024, 1024, 0.031328000128269196, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.051866002807294476},
-    {2048, 2048, 2048, 0.06028800085186958, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07197941641921418},
-    {4096, 4096, 4096, 0.4833280146121979, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.02274930090793165},
-    {8192, 8192, 8192, 3.5954560041427612, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.02092871708251313},
-    {4092, 4092, 4092, 0.6471680104732513, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3149934163849556},
-    {3000, 3000, 3000, 0.24611200392246246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0314673683625241},
-    {1, 4096, 4096, 0.1027039997279644, 0.0, 8.317766166719343, 8.317766166719343, 0.003928772916826209},
-    {16, 8192, 4096, 0.10513600334525108, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.009064040175952833},
-    {64, 4096, 8192, 0.19673599302768707, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.0004061919613542503},
-    {128, 8192, 8192, 0.19996799528598785, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.012801242871993327},
-    {8192, 128, 8192, 0.19758400321006775, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.04127035181089645},
-    {4096, 32, 4096, 0.10070399940013885, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.019775608847369973},
-    {80, 8192, 4096, 0.10684800148010254, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.017175321490793642},
-    {1, 11008, 4096, 0.10793600231409073, 0.0, 9.306377560173125, 8.317766166719343, 0.02613792889848897},
-    {8, 11008, 4096, 0.10625599697232246, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.009275662625957385},
-    {16, 4096, 4096, 0.10076799988746643, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.016064553134499917},
-    {4, 14336, 4096, 0.11084800213575363, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03914606999209988},
-    {4096, 16, 4096, 0.10054399818181992, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.019316266146076354},
-    {6, 8192, 4096, 0.10472000017762184, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.006361682823741381},
-    {12, 4096, 8192, 0.19766399264335632, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.008593495058417637},
-    {4096, 4096, 512, 0.07968000322580338, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.008571624747181613},
-    {5120, 7168, 1024, 0.2895680069923401, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.039097594112512075},
-    {8192, 8192, 256, 0.18585599958896637, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.06678698767045602},
-    {2048, 2048, 128, 0.01462399959564209, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1750730262925738},
-    {16384, 4096, 64, 0.12043200060725212, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.04899906348805016},
-    {256, 256, 32768, 0.7648800015449524, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.02499207831240793},
-    {512, 512, 16384, 0.3996480107307434, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.04733084491454499},
-    {128, 1024, 65536, 1.5616479516029358, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.04812429916588464},
-    {64, 64, 131072, 3.011583924293518, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.020908957580439206},
-    {384, 384, 24576, 0.5776000022888184, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.02288222804219647},
-    {1280, 1920, 16384, 0.38940800726413727, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.08626849952312696},
-    {1024, 1024, 49152, 1.1695679426193237, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0015593875910152404},
-    {1536, 2560, 768, 0.029920000582933426, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.012687151247784832},
-};
-static const Point tf32_3_unaligned[] = {
-    {2047, 2047, 2047, 0.13897600024938583, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.019849997535043656},
-    {1531, 1531, 1531, 0.10505600273609161, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03484715935375104},
-    {5003, 5003, 5003, 1.881887972354889, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.009323807585822578},
-    {127, 4099, 1023, 0.06945599988102913, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.02624284956889552},
-    {4096, 1, 4096, 0.2186559960246086, 8.317766166719343, 0.0, 8.317766166719343, 0.03869865204102537},
-    {1, 4096, 4096, 0.21638399362564087, 0.0, 8.317766166719343, 8.317766166719343, 0.02831741635071002},
-    {16, 11008, 4096, 0.20420800149440765, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.059432033015162825},
-    {4096, 4096, 4096, 0.9114879965782166, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.008878940585815039},
-    {1024, 1024, 1024, 0.0721919983625412, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005226561867398547},
-};
-static const Point tf32_4_aligned[] = {
-    {256, 256, 256, 0.013791999779641628, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2584602701995239},
-    {512, 512, 512, 0.016863999888300896, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12176131260951488},
-    {1024, 1024, 1024, 0.03996799886226654, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0728682752685922},
-    {2048, 2048, 2048, 0.14609599858522415, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1349386122778396},
-    {4096, 4096, 4096, 0.7933439910411835, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.17980205228891208},
-    {8192, 8192, 8192, 5.203727960586548, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.15218918389690808},
-    {4092, 4092, 4092, 1.037343978881836, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0886551921525859},
-    {3000, 3000, 3000, 0.36582399904727936, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.20662306783313036},
-    {1, 4096, 4096, 0.040608000010252, 0.0, 8.317766166719343, 8.317766166719343, 0.19290301008070262},
-    {16, 8192, 4096, 0.06935999915003777, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.12499673565380101},
-    {64, 4096, 8192, 0.07108799740672112, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.30757881608974474},
-    {128, 8192, 8192, 0.13785600662231445, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.29420106176704186},
-    {8192, 128, 8192, 0.1391039937734604, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3032131616798844},
-    {4096, 32, 4096, 0.04224000126123428, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.21571892362124873},
-    {80, 8192, 4096, 0.0767040029168129, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.18855957211370145},
-    {1, 11008, 4096, 0.08667199686169624, 0.0, 9.306377560173125, 8.317766166719343, -0.00569538167768389},
-    {8, 11008, 4096, 0.0883840024471283, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.009973521627609281},
-    {16, 4096, 4096, 0.042047999799251556, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2196895716292917},
-    {4, 14336, 4096, 0.10992000252008438, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.03758326811594531},
-    {4096, 16, 4096, 0.04121600091457367, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.19970430621307575},
-    {6, 8192, 4096, 0.06563200056552887, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.07566992141185841},
-    {12, 4096, 8192, 0.06550399959087372, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.26128071985387497},
-    {4096, 4096, 512, 0.4654560089111328, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.09062456833064667},
-    {5120, 7168, 1024, 1.0478079915046692, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.009661987626978433},
-    {8192, 8192, 256, 1.828495979309082, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.19987246348202528},
-    {2048, 2048, 128, 0.09476799890398979, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.022846566575561642},
-    {16384, 4096, 64, 1.823632001876831, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.25373280298576184},
-    {256, 256, 32768, 0.12955199927091599, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.05090730974994135},
-    {512, 512, 16384, 0.07716799899935722, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07527872868882775},
-    {128, 1024, 65536, 0.2457599937915802, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07321931121056093},
-    {64, 64, 131072, 0.46585600078105927, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.028331623391430014},
-    {384, 384, 24576, 0.1032479964196682, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.06852701045179503},
-    {1280, 1920, 16384, 0.3915199935436249, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.09185409271058341},
-    {1024, 1024, 49152, 0.4376319944858551, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.08688105613409831},
-    {1536, 2560, 768, 0.10129599645733833, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.16858198897509982},
-};
-static const Point tf32_4_unaligned[] = {
-    {2047, 2047, 2047, 0.2478720024228096, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.006100549532211981},
-    {1531, 1531, 1531, 0.13411200046539307, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.016385305369823445},
-    {5003, 5003, 5003, 2.529760003089905, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.02704890144328448},
-    {127, 4099, 1023, 0.03542400151491165, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.03716157758430517},
-    {4096, 1, 4096, 0.04089599847793579, 8.317766166719343, 0.0, 8.317766166719343, -0.12375360214954784},
-    {1, 4096, 4096, 0.052000001072883606, 0.0, 8.317766166719343, 8.317766166719343, 0.1164579155271112},
-    {16, 11008, 4096, 0.12460800260305405, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.054942368457951744},
-    {4096, 4096, 4096, 1.3490400314331055, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.034469004816845894},
-    {1024, 1024, 1024, 0.05580800026655197, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.013170069427065749},
-};
-static const Point tf32_5_aligned[] = {
-    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.20889112089564402},
-    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.161935560289459},
-    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11507685013158417},
-    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.059583798283747},
-    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.12461802593232166},
-    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.08672043639084825},
-    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.32456018171787615},
-    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.016506993775670876},
-    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.0792807712533349},
-    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04447197712834746},
-    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.018702493915131714},
-    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04522525353635308},
-    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.045504394655353275},
-    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.3597671232427988},
-    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.018474285651353582},
-    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.01408573146927227},
-    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.042766626720419164},
-    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.050485691223166505},
-    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.00413180697177672},
-    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05215689248386447},
-    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.03764241128627535},
-    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0877950052234935},
-    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.16909701244132969},
-    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.1884873842724969},
-    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1824101651544376},
-    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.07286987753346331},
-    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.17277251483137496},
-    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.0041155595013554515},
-    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.16144518062785596},
-    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.11528711436606606},
-    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.31895895941003316},
-    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.056091951521663345},
-    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.07477958353774569},
-    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06811299990875054},
-    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.07192388408767666},
-};
-static const Point tf32_5_unaligned[] = {
-    {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03380500522502603},
-    {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03047150486629695},
-    {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.014815132234092108},
-    {127, 4099, 1023, 0.4021120071411133, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.05022390959978848},
-    {4096, 1, 4096, 0.13230399787425995, 8.317766166719343, 0.0, 8.317766166719343, 0.13242814988522658},
-    {1, 4096, 4096, 0.10657599940896034, 0.0, 8.317766166719343, 8.317766166719343, -0.083815798902383},
-    {16, 11008, 4096, 0.3208959996700287, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.01728603814501683},
-    {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.03603313288340417},
-    {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.049294110707189975},
-};
-static const Point tf32_6_aligned[] = {
-    {1, 4096, 4096, 0.036607999354600906, 0.0, 8.317766166719343, 8.317766166719343, -0.015810778332128687},
-    {16, 8192, 4096, 0.11535999923944473, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.08003606075729508},
-    {1, 11008, 4096, 0.07423999905586243, 0.0, 9.306377560173125, 8.317766166719343, 0.13939651618700785},
-    {8, 11008, 4096, 0.08486399799585342, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.14234632981586087},
-    {16, 4096, 4096, 0.06518399715423584, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.022304828953198453},
-    {4, 14336, 4096, 0.09567999839782715, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.008418156117432877},
-    {4096, 16, 4096, 0.06489600241184235, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.017876858259600135},
-    {6, 8192, 4096, 0.06302400305867195, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.1198880408267292},
-    {12, 4096, 8192, 0.10753599926829338, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.15264415326659514},
-};
-static const Point tf32_6_unaligned[] = {
-    {4096, 1, 4096, 0.036896001547575, 8.317766166719343, 0.0, 8.317766166719343, -0.1915715993726232},
-    {1, 4096, 4096, 0.04497599974274635, 0.0, 8.317766166719343, 8.317766166719343, 0.006454223040858277},
-    {16, 11008, 4096, 0.23187200725078583, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.6432086322759473},
-};
-static const Point tf32_7_aligned[] = {
-    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.0010871879640538648},
-    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08641670776597304},
-    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09027663987069245},
-    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07968951783086524},
-    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0350856879686817},
-    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.10510585234994817},
-    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3166107438039454},
-    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.05542374762987534},
-    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.02081072265173208},
-    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.17997558482875176},
-    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.044659355308232326},
-    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.05773906050206037},
-    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.08422390610350698},
-    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03828957456793723},
-    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.11542786854065082},
-    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.34271738253037115},
-    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2996157238730495},
-    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.01650530060036078},
-    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4915697124070445},
-    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.06326806620548421},
-    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.18471148479491406},
-    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.05483795174774214},
-    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06016897159633533},
-    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.038488274913490994},
-    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.036608767844509574},
-    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0023152128035883444},
-    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.022879664850524107},
-    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.05585653658875161},
-    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07115817463288132},
-    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07924260422961478},
-    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.06901829216696517},
-    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08796766412841474},
-    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12838823911835667},
-    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.14620966157289492},
-    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08129805764992172},
-};
-static const Point tf32_7_unaligned[] = {
-    {2047, 2047, 2047, 0.201664000749588, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.009127036250653036},
-    {1531, 1531, 1531, 0.11779200285673141, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2898656613358185},
-    {5003, 5003, 5003, 2.6783519983291626, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.004106202221215583},
-    {127, 4099, 1023, 0.0342399999499321, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.08608509265990845},
-    {4096, 1, 4096, 0.07558400183916092, 8.317766166719343, 0.0, 8.317766166719343, -0.07690142290436434},
-    {1, 4096, 4096, 0.10118400305509567, 0.0, 8.317766166719343, 8.317766166719343, 0.21543041738496144},
-    {16, 11008, 4096, 0.10931199789047241, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.11092549594795967},
-    {4096, 4096, 4096, 1.4395039677619934, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.013632593144358841},
-    {1024, 1024, 1024, 0.03564799949526787, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1417915130511115},
-};
-static const Point tf32_8_aligned[] = {
-    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07961957307606216},
-    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.024990511750608624},
-    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03131588953463419},
-    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08192777107561551},
-    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0007616816137461872},
-    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06874029404227497},
-    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0699329896137144},
-    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.03769541423778535},
-    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.019368291825844434},
-    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.012523280439814951},
-    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.018416254228603407},
-    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.010616012419687881},
-    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.017189785385543492},
-    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.017834072196628945},
-    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.009135699473662407},
-    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.1330641222504711},
-    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04735338435077068},
-    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.007022560641994095},
-    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.1704829626054648},
-    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.005091940993206697},
-    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.014543435321534947},
-    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.026821252885435885},
-    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03073791334613644},
-    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.06034505171733115},
-    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0010079226637775252},
-    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1479327775470163},
-    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.02535236239071569},
-    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.03326476228684151},
-    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.03182773161949341},
-    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.007732340618079706},
-    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.013188854165633758},
-    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.00554651082892683},
-    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11350035379899083},
-    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.017837939553511446},
-    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.01861738992153138},
-};
-static const Point tf32_8_unaligned[] = {
-    {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.23577008444906208},
-    {1531, 1531, 1531, 0.1196800023317337, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.4065112256088228},
-    {5003, 5003, 5003, 2.7368959188461304, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.16915888250179334},
-    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.04378816451296682},
-    {4096, 1, 4096, 0.07977599650621414, 8.317766166719343, 0.0, 8.317766166719343, 0.14610004795113907},
-    {1, 4096, 4096, 0.10332799702882767, 0.0, 8.317766166719343, 8.317766166719343, 0.13415138736396187},
-    {16, 11008, 4096, 0.10966400057077408, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.4174150674812042},
-    {4096, 4096, 4096, 1.480944037437439, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.19268121287713086},
-    {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05386228862690006},
-};
-static const Point tf32_9_aligned[] = {
-    {256, 256, 256, 0.014208000153303146, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.23321316545921117},
-    {512, 512, 512, 0.01865600049495697, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0018009998085205153},
-    {1024, 1024, 1024, 0.16575999557971954, 6.931471805599453, 6.931471805599453, 6.931471805599453, 1.0877125084714676},
-    {2048, 2048, 2048, 0.18507199734449387, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.23279941966833462},
-    {4096, 4096, 4096, 0.9277920126914978, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.22283956085356457},
-    {8192, 8192, 8192, 6.38369607925415, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.038796487171439215},
-    {4092, 4092, 4092, 1.2264639735221863, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05655558660200026},
-    {3000, 3000, 3000, 0.4864639937877655, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1627719721854832},
-    {1, 4096, 4096, 0.04447999969124794, 0.0, 8.317766166719343, 8.317766166719343, 0.07822482915847133},
-    {16, 8192, 4096, 0.07859200239181519, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04178686983145129},
-    {64, 4096, 8192, 0.07331199944019318, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.24115414491699266},
-    {128, 8192, 8192, 0.1497120037674904, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.2776264627076921},
-    {8192, 128, 8192, 0.15068800002336502, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.2841244632254157},
-    {4096, 32, 4096, 0.04451199993491173, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.0617590795240929},
-    {80, 8192, 4096, 0.08214399963617325, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.04767754059011241},
-    {1, 11008, 4096, 0.10062399879097939, 0.0, 9.306377560173125, 8.317766166719343, -0.06461182071625551},
-    {8, 11008, 4096, 0.09865599870681763, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.08838634127738583},
-    {16, 4096, 4096, 0.04507200047373772, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08309424035313526},
-    {4, 14336, 4096, 0.12910400331020355, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03026114570606417},
-    {4096, 16, 4096, 0.04424000158905983, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0644624118415834},
-    {6, 8192, 4096, 0.07580800354480743, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.01184209171321939},
-    {12, 4096, 8192, 0.06960000097751617, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.23091606164996276},
-    {4096, 4096, 512, 0.7973439991474152, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.12506287329290186},
-    {5120, 7168, 1024, 1.8063519597053528, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.08927758118398282},
-    {8192, 8192, 256, 3.1411999464035034, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1774063394578308},
-    {2048, 2048, 128, 0.15932799875736237, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.09153052981061935},
-    {16384, 4096, 64, 3.15067195892334, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.19350414838281504},
-    {256, 256, 32768, 0.06771200150251389, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.021959391775757776},
-    {512, 512, 16384, 0.055615998804569244, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.09677579701320914},
-    {128, 1024, 65536, 0.14347200095653534, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.1271990188246168},
-    {64, 64, 131072, 0.1728000044822693, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10705142684086508},
-    {384, 384, 24576, 0.06252799928188324, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.05082375921732002},
-    {1280, 1920, 16384, 0.3750080019235611, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.13562323507180601},
-    {1024, 1024, 49152, 0.3903200030326843, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1250950307049987},
-    {1536, 2560, 768, 0.16118399798870087, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.11547955194726242},
-};
-static const Point tf32_9_unaligned[] = {
-    {2047, 2047, 2047, 0.3269760012626648, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03367145637702099},
-    {1531, 1531, 1531, 0.18025599420070648, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.023412458000362495},
-    {5003, 5003, 5003, 3.3424160480499268, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0254116960926805},
-    {127, 4099, 1023, 0.04633599892258644, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.010365310442548455},
-    {4096, 1, 4096, 0.04390399903059006, 8.317766166719343, 0.0, 8.317766166719343, -0.05063880694654366},
-    {1, 4096, 4096, 0.049056001007556915, 0.0, 8.317766166719343, 8.317766166719343, 0.060318306258572006},
-    {16, 11008, 4096, 0.11409599706530571, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0013858252921087916},
-    {4096, 4096, 4096, 1.8430399894714355, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01581588652346748},
-    {1024, 1024, 1024, 0.07955200225114822, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.016392823753520382},
-};
-static const Point tf32_10_aligned[] = {
-    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07163348668673843},
-    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.035411678317857846},
-    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04184284587808165},
-    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05742798130387827},
-    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11177286578666076},
-    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.09525333627436078},
-    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0944024677394062},
-    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0341957884808181},
-    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, 0.07627237940385882},
-    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1909869514833579},
-    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.05258620616163146},
-    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.024635260697415957},
-    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.013621909963032827},
-    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.9312546366819447},
-    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.021233341499711407},
-    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, 0.04239155315710816},
-    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04987576257849025},
-    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08769583346028016},
-    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08600760880761434},
-    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.07397192380987415},
-    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.18790905541246541},
-    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0330836902986351},
-    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.1225621220144464},
-    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.019153428171308023},
-    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.02709931873394919},
-    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.032824033824868884},
-    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.06863933777156765},
-    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.04134055314407566},
-    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.013620248922548372},
-    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.01476026791853913},
-    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.03051926263529642},
-    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.043328294430250686},
-    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05848413930623158},
-    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06619818559717942},
-    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08339600180182177},
-};
-static const Point tf32_10_unaligned[] = {
-    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.017156672604394255},
-    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.007108070005739827},
-    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.020817281754554374},
-    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0034037341912475892},
-    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.009378783892637878},
-    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.025126298326462175},
-    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.07526197560425481},
-    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04943422038520919},
-    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.026466538951607898},
-};
-static const Point tf32_11_aligned[] = {
-    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.16736876991700744},
-    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0835696224430166},
-    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10300177146004601},
-    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.18551504109832806},
-    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.027650114591968297},
-    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.34090673707566255},
-    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3164393162224643},
-    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.02105104151495541},
-    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.2832423789685111},
-    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.5884344582450106},
-    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.12380520941595582},
-    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3505422765323033},
-    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.02286774963126464},
-    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.2263917755500931},
-    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.4916087880609889},
-    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.4127923473049116},
-    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3578893148795925},
-    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2562220215025372},
-    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6346798737085563},
-    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.24833504342429158},
-    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.6695419262417696},
-    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.20492997271312077},
-    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.21707246592693627},
-    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0950150872458585},
-    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.15736970048496543},
-    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.13895324241262116},
-    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2084101097139394},
-    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1994158414220792},
-    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2026245264811192},
-    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20369029243382256},
-    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.20704353867597206},
-    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.19687132093092394},
-    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.13437922364354835},
-    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1783234132736193},
-    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15945681990981347},
-};
-static const Point tf32_11_unaligned[] = {
-    {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.019099353970501626},
-    {1531, 1531, 1531, 0.11692799627780914, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.13523322357289305},
-    {5003, 5003, 5003, 2.665616035461426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010291126363119187},
-    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.15190880789036118},
-    {4096, 1, 4096, 0.04982399940490723, 8.317766166719343, 0.0, 8.317766166719343, -0.20736388692014984},
-    {1, 4096, 4096, 0.10096000134944916, 0.0, 8.317766166719343, 8.317766166719343, 0.4988637415312397},
-    {16, 11008, 4096, 0.10942399874329567, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.032286203558300725},
-    {4096, 4096, 4096, 1.476639986038208, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0033802871205166137},
-    {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15164085133386543},
-};
-static const Point tf32_12_aligned[] = {
     {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.10218236764593402},
     {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04101611301031602},
     {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06321833140803225},
@@ -13701,7 +16930,7 @@ static const Point tf32_12_aligned[] = {
     {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.17783965051410713},
     {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.12318780579640964},
 };
-static const Point tf32_12_unaligned[] = {
+static const Point tf32_1_unaligned[] = {
     {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.0262878005561375},
     {1531, 1531, 1531, 0.11404799669981003, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03570188752052682},
     {5003, 5003, 5003, 2.6757280826568604, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.029288265060409418},
@@ -13712,7 +16941,551 @@ static const Point tf32_12_unaligned[] = {
     {4096, 4096, 4096, 1.4788640141487122, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.009625554465589091},
     {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11245075772874465},
 };
+static const Point tf32_2_aligned[] = {
+    {256, 256, 256, 0.0162559999153018, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.25836791850061164},
+    {512, 512, 512, 0.016575999557971954, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.2852527264807769},
+    {1024, 1024, 1024, 0.0814879983663559, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.7350075368904027},
+    {2048, 2048, 2048, 0.12619200348854065, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.23622098827365895},
+    {4096, 4096, 4096, 0.710096001625061, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.21199595829235918},
+    {8192, 8192, 8192, 5.356384038925171, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.03301543674480466},
+    {4092, 4092, 4092, 0.9566560089588165, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.08650225848912539},
+    {3000, 3000, 3000, 0.34614400565624237, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.19007722709006072},
+    {1, 4096, 4096, 0.04076800122857094, 0.0, 8.317766166719343, 8.317766166719343, 0.18253047708650966},
+    {16, 8192, 4096, 0.07683199644088745, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.269785967208779},
+    {64, 4096, 8192, 0.06860800087451935, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.30196082468507474},
+    {128, 8192, 8192, 0.13368000090122223, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.31230104054986807},
+    {8192, 128, 8192, 0.1350719928741455, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.32266006636520744},
+    {4096, 32, 4096, 0.04124800115823746, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.17172739352429248},
+    {80, 8192, 4096, 0.07620799914002419, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.2086403632458248},
+    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.24052228234917955},
+    {8, 11008, 4096, 0.10223999992012978, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.22880713490773805},
+    {16, 4096, 4096, 0.04121600091457367, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.18250517604267724},
+    {4, 14336, 4096, 0.1295360028743744, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21506358162922068},
+    {4096, 16, 4096, 0.04105599969625473, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.1786156044059261},
+    {6, 8192, 4096, 0.07737600058317184, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.2853809405516765},
+    {12, 4096, 8192, 0.06519999727606773, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.3035003907676189},
+    {4096, 4096, 512, 0.4216479957103729, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.03340726844616765},
+    {5120, 7168, 1024, 0.9850239753723145, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.01625058816015508},
+    {8192, 8192, 256, 1.6244159936904907, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.12474977412439993},
+    {2048, 2048, 128, 0.09086399897933006, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.06402555427453126},
+    {16384, 4096, 64, 1.629263997077942, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.18435278107318404},
+    {256, 256, 32768, 0.10300800204277039, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06508141011997409},
+    {512, 512, 16384, 0.06652799993753433, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.11611574870198464},
+    {128, 1024, 65536, 0.20665599405765533, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.026903424230687006},
+    {64, 64, 131072, 0.31910398602485657, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.11038497372588851},
+    {384, 384, 24576, 0.08588799834251404, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08517708051454587},
+    {1280, 1920, 16384, 0.3330239951610565, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.15639504005965024},
+    {1024, 1024, 49152, 0.36615999042987823, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.16888093676629903},
+    {1536, 2560, 768, 0.09822400286793709, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1770986738715023},
+};
+static const Point tf32_2_unaligned[] = {
+    {2047, 2047, 2047, 0.25835199654102325, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027964029648022526},
+    {1531, 1531, 1531, 0.14097599685192108, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.027934385046445364},
+    {5003, 5003, 5003, 3.1202399730682373, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0651295846744599},
+    {127, 4099, 1023, 0.036768000572919846, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.009017280013339941},
+    {4096, 1, 4096, 0.04076800122857094, 8.317766166719343, 0.0, 8.317766166719343, -0.05883633354179478},
+    {1, 4096, 4096, 0.04577599838376045, 0.0, 8.317766166719343, 8.317766166719343, 0.05702607737301786},
+    {16, 11008, 4096, 0.10454399883747101, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.004733867477617977},
+    {4096, 4096, 4096, 1.55759996175766, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04949960922774033},
+    {1024, 1024, 1024, 0.057920001447200775, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005026250453438661},
+};
+static const Point tf32_3_aligned[] = {
+    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.14238419871633762},
+    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12293011609668955},
+    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1371601780187948},
+    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1780530970279342},
+    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11351337195924971},
+    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.08985704940157259},
+    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5692625684032993},
+    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.2043607433673719},
+    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.24035751027256805},
+    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.46199387916431733},
+    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.13644669910616505},
+    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.33196217794138605},
+    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.33469542356071924},
+    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.4806220559452421},
+    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.37892323892716623},
+    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.7197078804752527},
+    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.6797261710261266},
+    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2325507616069597},
+    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8765276206283353},
+    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5464797745914065},
+    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4568635735782067},
+    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.17278563027892463},
+    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.1850473935538476},
+    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.14052471415302212},
+    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.09062592193907136},
+    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.07649195857865872},
+    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.25828602336555206},
+    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16063127147114775},
+    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.18006838627757316},
+    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20919327518269562},
+    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.2162776932517666},
+    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.18620625438314384},
+    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1743866795284458},
+    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.15676108469635663},
+    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15048777669359228},
+};
+static const Point tf32_3_unaligned[] = {
+    {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.007912597787961358},
+    {1531, 1531, 1531, 0.1167520023882389, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.028930835093860203},
+    {5003, 5003, 5003, 2.7174400091171265, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.016230482319217004},
+    {127, 4099, 1023, 0.033904001116752625, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.026829828029831845},
+    {4096, 1, 4096, 0.07023999840021133, 8.317766166719343, 0.0, 8.317766166719343, -0.17572488156380583},
+    {1, 4096, 4096, 0.100832000374794, 0.0, 8.317766166719343, 8.317766166719343, 0.18620675113893245},
+    {16, 11008, 4096, 0.10904000326991081, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.16768595731997854},
+    {4096, 4096, 4096, 1.4770399928092957, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.022551971980310597},
+    {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04493566878775217},
+};
+static const Point tf32_4_aligned[] = {
+    {256, 256, 256, 0.013743999879807234, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.05589478889766678},
+    {512, 512, 512, 0.018783999606966972, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08311579572954084},
+    {1024, 1024, 1024, 0.031328000128269196, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.051866002807294476},
+    {2048, 2048, 2048, 0.06028800085186958, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07197941641921418},
+    {4096, 4096, 4096, 0.4833280146121979, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.02274930090793165},
+    {8192, 8192, 8192, 3.5954560041427612, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.02092871708251313},
+    {4092, 4092, 4092, 0.6471680104732513, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3149934163849556},
+    {3000, 3000, 3000, 0.24611200392246246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0314673683625241},
+    {1, 4096, 4096, 0.1027039997279644, 0.0, 8.317766166719343, 8.317766166719343, 0.003928772916826209},
+    {16, 8192, 4096, 0.10513600334525108, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.009064040175952833},
+    {64, 4096, 8192, 0.19673599302768707, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.0004061919613542503},
+    {128, 8192, 8192, 0.19996799528598785, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.012801242871993327},
+    {8192, 128, 8192, 0.19758400321006775, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.04127035181089645},
+    {4096, 32, 4096, 0.10070399940013885, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.019775608847369973},
+    {80, 8192, 4096, 0.10684800148010254, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.017175321490793642},
+    {1, 11008, 4096, 0.10793600231409073, 0.0, 9.306377560173125, 8.317766166719343, 0.02613792889848897},
+    {8, 11008, 4096, 0.10625599697232246, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.009275662625957385},
+    {16, 4096, 4096, 0.10076799988746643, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.016064553134499917},
+    {4, 14336, 4096, 0.11084800213575363, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03914606999209988},
+    {4096, 16, 4096, 0.10054399818181992, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.019316266146076354},
+    {6, 8192, 4096, 0.10472000017762184, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.006361682823741381},
+    {12, 4096, 8192, 0.19766399264335632, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.008593495058417637},
+    {4096, 4096, 512, 0.07968000322580338, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.008571624747181613},
+    {5120, 7168, 1024, 0.2895680069923401, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.039097594112512075},
+    {8192, 8192, 256, 0.18585599958896637, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.06678698767045602},
+    {2048, 2048, 128, 0.01462399959564209, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1750730262925738},
+    {16384, 4096, 64, 0.12043200060725212, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.04899906348805016},
+    {256, 256, 32768, 0.7648800015449524, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.02499207831240793},
+    {512, 512, 16384, 0.3996480107307434, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.04733084491454499},
+    {128, 1024, 65536, 1.5616479516029358, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.04812429916588464},
+    {64, 64, 131072, 3.011583924293518, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.020908957580439206},
+    {384, 384, 24576, 0.5776000022888184, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.02288222804219647},
+    {1280, 1920, 16384, 0.38940800726413727, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.08626849952312696},
+    {1024, 1024, 49152, 1.1695679426193237, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0015593875910152404},
+    {1536, 2560, 768, 0.029920000582933426, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.012687151247784832},
+};
+static const Point tf32_4_unaligned[] = {
+    {2047, 2047, 2047, 0.13897600024938583, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.019849997535043656},
+    {1531, 1531, 1531, 0.10505600273609161, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03484715935375104},
+    {5003, 5003, 5003, 1.881887972354889, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.009323807585822578},
+    {127, 4099, 1023, 0.06945599988102913, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.02624284956889552},
+    {4096, 1, 4096, 0.2186559960246086, 8.317766166719343, 0.0, 8.317766166719343, 0.03869865204102537},
+    {1, 4096, 4096, 0.21638399362564087, 0.0, 8.317766166719343, 8.317766166719343, 0.02831741635071002},
+    {16, 11008, 4096, 0.20420800149440765, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.059432033015162825},
+    {4096, 4096, 4096, 0.9114879965782166, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.008878940585815039},
+    {1024, 1024, 1024, 0.0721919983625412, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005226561867398547},
+};
+static const Point tf32_5_aligned[] = {
+    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07961957307606216},
+    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.024990511750608624},
+    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03131588953463419},
+    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08192777107561551},
+    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0007616816137461872},
+    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06874029404227497},
+    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0699329896137144},
+    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.03769541423778535},
+    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.019368291825844434},
+    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.012523280439814951},
+    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.018416254228603407},
+    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.010616012419687881},
+    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.017189785385543492},
+    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.017834072196628945},
+    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.009135699473662407},
+    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.1330641222504711},
+    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04735338435077068},
+    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.007022560641994095},
+    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.1704829626054648},
+    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.005091940993206697},
+    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.014543435321534947},
+    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.026821252885435885},
+    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03073791334613644},
+    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.06034505171733115},
+    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0010079226637775252},
+    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1479327775470163},
+    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.02535236239071569},
+    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.03326476228684151},
+    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.03182773161949341},
+    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.007732340618079706},
+    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.013188854165633758},
+    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.00554651082892683},
+    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11350035379899083},
+    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.017837939553511446},
+    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.01861738992153138},
+};
+static const Point tf32_5_unaligned[] = {
+    {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.23577008444906208},
+    {1531, 1531, 1531, 0.1196800023317337, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.4065112256088228},
+    {5003, 5003, 5003, 2.7368959188461304, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.16915888250179334},
+    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.04378816451296682},
+    {4096, 1, 4096, 0.07977599650621414, 8.317766166719343, 0.0, 8.317766166719343, 0.14610004795113907},
+    {1, 4096, 4096, 0.10332799702882767, 0.0, 8.317766166719343, 8.317766166719343, 0.13415138736396187},
+    {16, 11008, 4096, 0.10966400057077408, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.4174150674812042},
+    {4096, 4096, 4096, 1.480944037437439, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.19268121287713086},
+    {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05386228862690006},
+};
+static const Point tf32_6_aligned[] = {
+    {256, 256, 256, 0.018192000687122345, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09988169551150942},
+    {512, 512, 512, 0.046271998435258865, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.054876181943138716},
+    {1024, 1024, 1024, 0.15059199929237366, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08967516682660105},
+    {2048, 2048, 2048, 0.5863040089607239, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.11156956676022635},
+    {4096, 4096, 4096, 3.1263359785079956, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.10042969156368639},
+    {8192, 8192, 8192, 12.628384113311768, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.04724656558575101},
+    {4092, 4092, 4092, 3.9504319429397583, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.33563267534325636},
+    {3000, 3000, 3000, 1.2960000038146973, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.13229403554162839},
+    {1, 4096, 4096, 0.04761600121855736, 0.0, 8.317766166719343, 8.317766166719343, 0.04617770241520896},
+    {16, 8192, 4096, 0.08857599645853043, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.050330706615472155},
+    {64, 4096, 8192, 0.09292799979448318, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.06332161422229657},
+    {128, 8192, 8192, 0.22201600670814514, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.009168547465288232},
+    {8192, 128, 8192, 0.22020799666643143, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0009916050022164198},
+    {4096, 32, 4096, 0.050223998725414276, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.1551009612730207},
+    {80, 8192, 4096, 0.12950399518013, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.13067178834515217},
+    {1, 11008, 4096, 0.10710400342941284, 0.0, 9.306377560173125, 8.317766166719343, 0.04543358237057266},
+    {8, 11008, 4096, 0.10777600109577179, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.023575346707489352},
+    {16, 4096, 4096, 0.0533440001308918, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.028480749991604232},
+    {4, 14336, 4096, 0.1377120018005371, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.003432210356228637},
+    {4096, 16, 4096, 0.05153600126504898, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.006000141894768194},
+    {6, 8192, 4096, 0.08425600081682205, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.0045815657200178475},
+    {12, 4096, 8192, 0.0830719992518425, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.2539283198662606},
+    {4096, 4096, 512, 3.0755839347839355, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.23000728368584847},
+    {5120, 7168, 1024, 6.762223958969116, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.23243331565726638},
+    {8192, 8192, 256, 12.189056396484375, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22761462518791895},
+    {2048, 2048, 128, 0.561711996793747, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.09638311629078068},
+    {16384, 4096, 64, 12.285007953643799, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23749490503942022},
+    {256, 256, 32768, 0.04931199923157692, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.3292571638495514},
+    {512, 512, 16384, 0.0828159973025322, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.051019043197948616},
+    {128, 1024, 65536, 0.14188799262046814, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.43331249149927803},
+    {64, 64, 131072, 0.06220800057053566, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.04590369006512572},
+    {384, 384, 24576, 0.07179200276732445, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.07357665500706209},
+    {1280, 1920, 16384, 0.5208800137042999, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.21385347440350594},
+    {1024, 1024, 49152, 0.4483200013637543, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.178281135640669},
+    {1536, 2560, 768, 0.5387200117111206, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0810907593557733},
+};
+static const Point tf32_6_unaligned[] = {
+    {2047, 2047, 2047, 0.8585600256919861, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04696142224940951},
+    {1531, 1531, 1531, 0.4970239996910095, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.00433381513750348},
+    {5003, 5003, 5003, 6.840512037277222, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.021577970843669664},
+    {127, 4099, 1023, 0.11587200313806534, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.022183835991990954},
+    {4096, 1, 4096, 0.05011200159788132, 8.317766166719343, 0.0, 8.317766166719343, -0.0922237696234902},
+    {1, 4096, 4096, 0.06270400062203407, 0.0, 8.317766166719343, 8.317766166719343, 0.13194094949941246},
+    {16, 11008, 4096, 0.14295999705791473, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0022145212133759373},
+    {4096, 4096, 4096, 4.506943941116333, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.05015572041112518},
+    {1024, 1024, 1024, 0.2279840037226677, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04794501952366652},
+};
+static const Point tf32_7_aligned[] = {
+    {1, 4096, 4096, 0.03497600182890892, 0.0, 8.317766166719343, 8.317766166719343, -0.04733131245609033},
+    {16, 8192, 4096, 0.2961919903755188, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.10063103742557403},
+    {1, 11008, 4096, 0.07241600006818771, 0.0, 9.306377560173125, 8.317766166719343, 0.23088457198136625},
+    {8, 11008, 4096, 0.1754560023546219, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.07272720970700636},
+    {16, 4096, 4096, 0.1607999950647354, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.005143468019280798},
+    {4, 14336, 4096, 0.1064319983124733, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.23434678949342663},
+    {4096, 16, 4096, 0.16051199287176132, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.006936132351239017},
+    {6, 8192, 4096, 0.13047999888658524, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.06677050946550184},
+    {12, 4096, 8192, 0.3004159927368164, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.23881942790712993},
+};
+static const Point tf32_7_unaligned[] = {
+    {4096, 1, 4096, 0.03518399968743324, 8.317766166719343, 0.0, 8.317766166719343, -0.23664607185317357},
+    {1, 4096, 4096, 0.05169599875807762, 0.0, 8.317766166719343, 8.317766166719343, 0.14814288827677052},
+    {16, 11008, 4096, 0.7283680140972137, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.1224374561161492},
+};
+static const Point tf32_8_aligned[] = {
+    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.0010871879640538648},
+    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08641670776597304},
+    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09027663987069245},
+    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07968951783086524},
+    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0350856879686817},
+    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.10510585234994817},
+    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3166107438039454},
+    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.05542374762987534},
+    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.02081072265173208},
+    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.17997558482875176},
+    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.044659355308232326},
+    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.05773906050206037},
+    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.08422390610350698},
+    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03828957456793723},
+    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.11542786854065082},
+    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.34271738253037115},
+    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2996157238730495},
+    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.01650530060036078},
+    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4915697124070445},
+    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.06326806620548421},
+    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.18471148479491406},
+    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.05483795174774214},
+    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06016897159633533},
+    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.038488274913490994},
+    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.036608767844509574},
+    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0023152128035883444},
+    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.022879664850524107},
+    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.05585653658875161},
+    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07115817463288132},
+    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07924260422961478},
+    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.06901829216696517},
+    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08796766412841474},
+    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12838823911835667},
+    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.14620966157289492},
+    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08129805764992172},
+};
+static const Point tf32_8_unaligned[] = {
+    {2047, 2047, 2047, 0.201664000749588, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.009127036250653036},
+    {1531, 1531, 1531, 0.11779200285673141, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2898656613358185},
+    {5003, 5003, 5003, 2.6783519983291626, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.004106202221215583},
+    {127, 4099, 1023, 0.0342399999499321, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.08608509265990845},
+    {4096, 1, 4096, 0.07558400183916092, 8.317766166719343, 0.0, 8.317766166719343, -0.07690142290436434},
+    {1, 4096, 4096, 0.10118400305509567, 0.0, 8.317766166719343, 8.317766166719343, 0.21543041738496144},
+    {16, 11008, 4096, 0.10931199789047241, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.11092549594795967},
+    {4096, 4096, 4096, 1.4395039677619934, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.013632593144358841},
+    {1024, 1024, 1024, 0.03564799949526787, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1417915130511115},
+};
+static const Point tf32_9_aligned[] = {
+    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.20889112089564402},
+    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.161935560289459},
+    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11507685013158417},
+    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.059583798283747},
+    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.12461802593232166},
+    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.08672043639084825},
+    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.32456018171787615},
+    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.016506993775670876},
+    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.0792807712533349},
+    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04447197712834746},
+    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.018702493915131714},
+    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04522525353635308},
+    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.045504394655353275},
+    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.3597671232427988},
+    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.018474285651353582},
+    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.01408573146927227},
+    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.042766626720419164},
+    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.050485691223166505},
+    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.00413180697177672},
+    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05215689248386447},
+    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.03764241128627535},
+    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0877950052234935},
+    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.16909701244132969},
+    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.1884873842724969},
+    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1824101651544376},
+    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.07286987753346331},
+    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.17277251483137496},
+    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.0041155595013554515},
+    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.16144518062785596},
+    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.11528711436606606},
+    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.31895895941003316},
+    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.056091951521663345},
+    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.07477958353774569},
+    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06811299990875054},
+    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.07192388408767666},
+};
+static const Point tf32_9_unaligned[] = {
+    {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03380500522502603},
+    {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03047150486629695},
+    {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.014815132234092108},
+    {127, 4099, 1023, 0.4021120071411133, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.05022390959978848},
+    {4096, 1, 4096, 0.13230399787425995, 8.317766166719343, 0.0, 8.317766166719343, 0.13242814988522658},
+    {1, 4096, 4096, 0.10657599940896034, 0.0, 8.317766166719343, 8.317766166719343, -0.083815798902383},
+    {16, 11008, 4096, 0.3208959996700287, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.01728603814501683},
+    {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.03603313288340417},
+    {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.049294110707189975},
+};
+static const Point tf32_10_aligned[] = {
+    {256, 256, 256, 0.014208000153303146, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.23321316545921117},
+    {512, 512, 512, 0.01865600049495697, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0018009998085205153},
+    {1024, 1024, 1024, 0.16575999557971954, 6.931471805599453, 6.931471805599453, 6.931471805599453, 1.0877125084714676},
+    {2048, 2048, 2048, 0.18507199734449387, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.23279941966833462},
+    {4096, 4096, 4096, 0.9277920126914978, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.22283956085356457},
+    {8192, 8192, 8192, 6.38369607925415, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.038796487171439215},
+    {4092, 4092, 4092, 1.2264639735221863, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05655558660200026},
+    {3000, 3000, 3000, 0.4864639937877655, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1627719721854832},
+    {1, 4096, 4096, 0.04447999969124794, 0.0, 8.317766166719343, 8.317766166719343, 0.07822482915847133},
+    {16, 8192, 4096, 0.07859200239181519, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04178686983145129},
+    {64, 4096, 8192, 0.07331199944019318, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.24115414491699266},
+    {128, 8192, 8192, 0.1497120037674904, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.2776264627076921},
+    {8192, 128, 8192, 0.15068800002336502, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.2841244632254157},
+    {4096, 32, 4096, 0.04451199993491173, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.0617590795240929},
+    {80, 8192, 4096, 0.08214399963617325, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.04767754059011241},
+    {1, 11008, 4096, 0.10062399879097939, 0.0, 9.306377560173125, 8.317766166719343, -0.06461182071625551},
+    {8, 11008, 4096, 0.09865599870681763, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.08838634127738583},
+    {16, 4096, 4096, 0.04507200047373772, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08309424035313526},
+    {4, 14336, 4096, 0.12910400331020355, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03026114570606417},
+    {4096, 16, 4096, 0.04424000158905983, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0644624118415834},
+    {6, 8192, 4096, 0.07580800354480743, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.01184209171321939},
+    {12, 4096, 8192, 0.06960000097751617, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.23091606164996276},
+    {4096, 4096, 512, 0.7973439991474152, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.12506287329290186},
+    {5120, 7168, 1024, 1.8063519597053528, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.08927758118398282},
+    {8192, 8192, 256, 3.1411999464035034, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1774063394578308},
+    {2048, 2048, 128, 0.15932799875736237, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.09153052981061935},
+    {16384, 4096, 64, 3.15067195892334, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.19350414838281504},
+    {256, 256, 32768, 0.06771200150251389, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.021959391775757776},
+    {512, 512, 16384, 0.055615998804569244, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.09677579701320914},
+    {128, 1024, 65536, 0.14347200095653534, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.1271990188246168},
+    {64, 64, 131072, 0.1728000044822693, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10705142684086508},
+    {384, 384, 24576, 0.06252799928188324, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.05082375921732002},
+    {1280, 1920, 16384, 0.3750080019235611, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.13562323507180601},
+    {1024, 1024, 49152, 0.3903200030326843, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1250950307049987},
+    {1536, 2560, 768, 0.16118399798870087, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.11547955194726242},
+};
+static const Point tf32_10_unaligned[] = {
+    {2047, 2047, 2047, 0.3269760012626648, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03367145637702099},
+    {1531, 1531, 1531, 0.18025599420070648, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.023412458000362495},
+    {5003, 5003, 5003, 3.3424160480499268, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0254116960926805},
+    {127, 4099, 1023, 0.04633599892258644, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.010365310442548455},
+    {4096, 1, 4096, 0.04390399903059006, 8.317766166719343, 0.0, 8.317766166719343, -0.05063880694654366},
+    {1, 4096, 4096, 0.049056001007556915, 0.0, 8.317766166719343, 8.317766166719343, 0.060318306258572006},
+    {16, 11008, 4096, 0.11409599706530571, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0013858252921087916},
+    {4096, 4096, 4096, 1.8430399894714355, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01581588652346748},
+    {1024, 1024, 1024, 0.07955200225114822, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.016392823753520382},
+};
+static const Point tf32_11_aligned[] = {
+    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07163348668673843},
+    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.035411678317857846},
+    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04184284587808165},
+    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05742798130387827},
+    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11177286578666076},
+    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.09525333627436078},
+    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0944024677394062},
+    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0341957884808181},
+    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, 0.07627237940385882},
+    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1909869514833579},
+    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.05258620616163146},
+    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.024635260697415957},
+    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.013621909963032827},
+    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.9312546366819447},
+    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.021233341499711407},
+    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, 0.04239155315710816},
+    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04987576257849025},
+    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08769583346028016},
+    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08600760880761434},
+    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.07397192380987415},
+    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.18790905541246541},
+    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0330836902986351},
+    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.1225621220144464},
+    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.019153428171308023},
+    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.02709931873394919},
+    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.032824033824868884},
+    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.06863933777156765},
+    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.04134055314407566},
+    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.013620248922548372},
+    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.01476026791853913},
+    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.03051926263529642},
+    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.043328294430250686},
+    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05848413930623158},
+    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06619818559717942},
+    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08339600180182177},
+};
+static const Point tf32_11_unaligned[] = {
+    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.017156672604394255},
+    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.007108070005739827},
+    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.020817281754554374},
+    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0034037341912475892},
+    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.009378783892637878},
+    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.025126298326462175},
+    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.07526197560425481},
+    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04943422038520919},
+    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.026466538951607898},
+};
+static const Point tf32_12_aligned[] = {
+    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.16736876991700744},
+    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0835696224430166},
+    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10300177146004601},
+    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.18551504109832806},
+    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.027650114591968297},
+    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.34090673707566255},
+    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3164393162224643},
+    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.02105104151495541},
+    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.2832423789685111},
+    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.5884344582450106},
+    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.12380520941595582},
+    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3505422765323033},
+    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.02286774963126464},
+    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.2263917755500931},
+    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.4916087880609889},
+    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.4127923473049116},
+    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3578893148795925},
+    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2562220215025372},
+    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6346798737085563},
+    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.24833504342429158},
+    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.6695419262417696},
+    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.20492997271312077},
+    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.21707246592693627},
+    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0950150872458585},
+    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.15736970048496543},
+    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.13895324241262116},
+    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2084101097139394},
+    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1994158414220792},
+    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2026245264811192},
+    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20369029243382256},
+    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.20704353867597206},
+    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.19687132093092394},
+    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.13437922364354835},
+    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1783234132736193},
+    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15945681990981347},
+};
+static const Point tf32_12_unaligned[] = {
+    {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.019099353970501626},
+    {1531, 1531, 1531, 0.11692799627780914, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.13523322357289305},
+    {5003, 5003, 5003, 2.665616035461426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010291126363119187},
+    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.15190880789036118},
+    {4096, 1, 4096, 0.04982399940490723, 8.317766166719343, 0.0, 8.317766166719343, -0.20736388692014984},
+    {1, 4096, 4096, 0.10096000134944916, 0.0, 8.317766166719343, 8.317766166719343, 0.4988637415312397},
+    {16, 11008, 4096, 0.10942399874329567, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.032286203558300725},
+    {4096, 4096, 4096, 1.476639986038208, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0033802871205166137},
+    {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15164085133386543},
+};
 static const Point tf32_13_aligned[] = {
+    {256, 256, 256, 0.0144640002399683, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.10540504830516119},
+    {512, 512, 512, 0.02457600086927414, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10503669059184799},
+    {1024, 1024, 1024, 0.07049600034952164, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04803394975171213},
+    {2048, 2048, 2048, 0.25887998938560486, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.17532781043324233},
+    {4096, 4096, 4096, 1.2889599800109863, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.10883411220680249},
+    {8192, 8192, 8192, 6.699183940887451, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.1485477530352795},
+    {4092, 4092, 4092, 1.6524479985237122, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.14010514870014007},
+    {3000, 3000, 3000, 0.6356640160083771, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.13261226412206686},
+    {1, 4096, 4096, 0.045632001012563705, 0.0, 8.317766166719343, 8.317766166719343, 0.04762264930936661},
+    {16, 8192, 4096, 0.07977599650621414, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.023649824197028258},
+    {64, 4096, 8192, 0.07627199962735176, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.18215661997266136},
+    {128, 8192, 8192, 0.15748800337314606, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.18053929135521932},
+    {8192, 128, 8192, 0.15769599378108978, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.1818590946448081},
+    {4096, 32, 4096, 0.04700800031423569, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.025816764646260672},
+    {80, 8192, 4096, 0.09366399794816971, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.026851533549768665},
+    {1, 11008, 4096, 0.10400000214576721, 0.0, 9.306377560173125, 8.317766166719343, 0.005041509263116317},
+    {8, 11008, 4096, 0.09948799759149551, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.052711593844980614},
+    {16, 4096, 4096, 0.04668800160288811, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04524274590326488},
+    {4, 14336, 4096, 0.13097600638866425, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.06478584725428517},
+    {4096, 16, 4096, 0.04588799923658371, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.027959167571625105},
+    {6, 8192, 4096, 0.07815999910235405, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.025780770012741105},
+    {12, 4096, 8192, 0.07318399846553802, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.21987739193669104},
+    {4096, 4096, 512, 1.2020000219345093, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.18331635788640824},
+    {5120, 7168, 1024, 2.62774395942688, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.14111271978892842},
+    {8192, 8192, 256, 4.709200143814087, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.21859188874194532},
+    {2048, 2048, 128, 0.22977600246667862, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.07486931493422312},
+    {16384, 4096, 64, 4.74456000328064, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23369957338880218},
+    {256, 256, 32768, 0.05846399813890457, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.13267518028816752},
+    {512, 512, 16384, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.024050118879024314},
+    {128, 1024, 65536, 0.13398399949073792, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.3246816369335764},
+    {64, 64, 131072, 0.1234080009162426, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1221918704063484},
+    {384, 384, 24576, 0.05772799998521805, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.18991008282651067},
+    {1280, 1920, 16384, 0.3651999980211258, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.20216827764922726},
+    {1024, 1024, 49152, 0.40692800283432007, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11074963341916044},
+    {1536, 2560, 768, 0.22364799678325653, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0801811589538477},
+};
+static const Point tf32_13_unaligned[] = {
+    {2047, 2047, 2047, 0.41251200437545776, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0355413873796634},
+    {1531, 1531, 1531, 0.23126399517059326, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.01038717315563772},
+    {5003, 5003, 5003, 3.8498239517211914, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.019904172247492427},
+    {127, 4099, 1023, 0.05835200101137161, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.008452020988603825},
+    {4096, 1, 4096, 0.045712001621723175, 8.317766166719343, 0.0, 8.317766166719343, -0.061721693835946896},
+    {1, 4096, 4096, 0.05209600180387497, 0.0, 8.317766166719343, 8.317766166719343, 0.06900563020472106},
+    {16, 11008, 4096, 0.11494400352239609, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.004820561788964203},
+    {4096, 4096, 4096, 2.2092959880828857, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.008847934493668679},
+    {1024, 1024, 1024, 0.10408000275492668, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.02726287057840976},
+};
+static const Point tf32_14_aligned[] = {
     {256, 256, 256, 0.01360000018030405, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.3079940227172962},
     {512, 512, 512, 0.017632000148296356, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.13579561561172285},
     {1024, 1024, 1024, 0.02696000039577484, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.048658468616734805},
@@ -13749,7 +17522,7 @@ static const Point tf32_13_aligned[] = {
     {1024, 1024, 49152, 0.32203198969364166, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2850361570055533},
     {1536, 2560, 768, 0.07215999811887741, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.04681158882010947},
 };
-static const Point tf32_13_unaligned[] = {
+static const Point tf32_14_unaligned[] = {
     {2047, 2047, 2047, 0.21852800250053406, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.06800496367575237},
     {1531, 1531, 1531, 0.12284799665212631, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.017218811916897572},
     {5003, 5003, 5003, 2.8646559715270996, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.00582384682694297},
@@ -13760,7 +17533,151 @@ static const Point tf32_13_unaligned[] = {
     {4096, 4096, 4096, 1.615664005279541, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.023540934077851326},
     {1024, 1024, 1024, 0.04723200015723705, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04452788253919247},
 };
-static const Point tf32_14_aligned[] = {
+static const Point tf32_15_aligned[] = {
+    {256, 256, 256, 0.010400000028312206, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.3409596294841058},
+    {512, 512, 512, 0.01500799972563982, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.059307667332595876},
+    {1024, 1024, 1024, 0.03630400076508522, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.029036824978038375},
+    {2048, 2048, 2048, 0.14323199540376663, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.22049433581179298},
+    {4096, 4096, 4096, 0.9211840033531189, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.1702000298304924},
+    {8192, 8192, 8192, 8.196144104003906, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06288542223986344},
+    {4092, 4092, 4092, 1.257248044013977, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.14116022992044128},
+    {3000, 3000, 3000, 0.4144800007343292, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1577631863881573},
+    {1, 4096, 4096, 0.041120000183582306, 0.0, 8.317766166719343, 8.317766166719343, 0.32965345954768416},
+    {16, 8192, 4096, 0.07017599791288376, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3183381263436632},
+    {64, 4096, 8192, 0.07049600034952164, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.39507827479979424},
+    {128, 8192, 8192, 0.15404799580574036, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.16002224720535405},
+    {8192, 128, 8192, 0.1512639969587326, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.1417846667768472},
+    {4096, 32, 4096, 0.06230400130152702, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.22885665987023449},
+    {80, 8192, 4096, 0.08985599875450134, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.1675921867351873},
+    {1, 11008, 4096, 0.08099199831485748, 0.0, 9.306377560173125, 8.317766166719343, 0.4440678808463437},
+    {8, 11008, 4096, 0.08211199939250946, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.4522204006949269},
+    {16, 4096, 4096, 0.04224000126123428, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.34871753607156564},
+    {4, 14336, 4096, 0.10449599847197533, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.36218278499269},
+    {4096, 16, 4096, 0.06171200051903725, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.2293390952081688},
+    {6, 8192, 4096, 0.06831999868154526, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.29760863601093596},
+    {12, 4096, 8192, 0.06764800101518631, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.38827435111463354},
+    {4096, 4096, 512, 0.34033599495887756, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.05830845485487882},
+    {5120, 7168, 1024, 0.8244799971580505, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.18397174499166796},
+    {8192, 8192, 256, 1.2728480100631714, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.07523490069896882},
+    {2048, 2048, 128, 0.08182399719953537, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.04385386468512462},
+    {16384, 4096, 64, 1.2579200267791748, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.20628610969122077},
+    {256, 256, 32768, 0.11604799702763557, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.11878481752374472},
+    {512, 512, 16384, 0.07313599810004234, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.10270755867603533},
+    {128, 1024, 65536, 0.22921599447727203, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.12336122115122215},
+    {64, 64, 131072, 0.3814080059528351, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.18630296607381},
+    {384, 384, 24576, 0.09375999867916107, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1303712265702235},
+    {1280, 1920, 16384, 0.47121599316596985, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14386553012218653},
+    {1024, 1024, 49152, 0.5551200211048126, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.181055466864048},
+    {1536, 2560, 768, 0.09206400066614151, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09200297556899592},
+};
+static const Point tf32_15_unaligned[] = {
+    {2047, 2047, 2047, 0.24201600253582, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.031803234167378104},
+    {1531, 1531, 1531, 0.1316159963607788, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07964224053553697},
+    {5003, 5003, 5003, 3.077728033065796, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.040655189110573225},
+    {127, 4099, 1023, 0.03892799839377403, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.062061060960527284},
+    {4096, 1, 4096, 0.06430399790406227, 8.317766166719343, 0.0, 8.317766166719343, -0.02096414854131931},
+    {1, 4096, 4096, 0.05040000006556511, 0.0, 8.317766166719343, 8.317766166719343, 0.011981703216509853},
+    {16, 11008, 4096, 0.09641599655151367, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.11380646031492316},
+    {4096, 4096, 4096, 1.7019200325012207, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.022207261155203276},
+    {1024, 1024, 1024, 0.05455999821424484, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.011015167063373195},
+};
+static const Point tf32_16_aligned[] = {
+    {256, 256, 256, 0.011744000017642975, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08712034393437387},
+    {512, 512, 512, 0.01703999936580658, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.021186211240351163},
+    {1024, 1024, 1024, 0.02643200010061264, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03758889957188801},
+    {2048, 2048, 2048, 0.048895999789237976, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.10613742752905007},
+    {4096, 4096, 4096, 0.38124799728393555, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.026330990011664748},
+    {8192, 8192, 8192, 3.043168067932129, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.004868241130063718},
+    {4092, 4092, 4092, 0.5310240089893341, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3054425748348652},
+    {3000, 3000, 3000, 0.20019200444221497, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.041451562647534815},
+    {1, 4096, 4096, 0.07875200361013412, 0.0, 8.317766166719343, 8.317766166719343, -0.031548546013932054},
+    {16, 8192, 4096, 0.08644800260663033, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.037986352814702216},
+    {64, 4096, 8192, 0.15062400698661804, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02905572965219142},
+    {128, 8192, 8192, 0.15732800215482712, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02401106817595614},
+    {8192, 128, 8192, 0.19647999852895737, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.17686369159651857},
+    {4096, 32, 4096, 0.07840000092983246, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.04128009885723},
+    {80, 8192, 4096, 0.08697599917650223, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.033681936342245575},
+    {1, 11008, 4096, 0.09539200365543365, 0.0, 9.306377560173125, 8.317766166719343, 0.12453606664204314},
+    {8, 11008, 4096, 0.094735998660326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11611916100096324},
+    {16, 4096, 4096, 0.07995199784636497, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.01767876428750421},
+    {4, 14336, 4096, 0.11023999750614166, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.25166661885190555},
+    {4096, 16, 4096, 0.07806399837136269, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.04291093599000673},
+    {6, 8192, 4096, 0.0859999991953373, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.034424322381860696},
+    {12, 4096, 8192, 0.14980799704790115, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.029921514629136566},
+    {4096, 4096, 512, 0.0676800012588501, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.022593155752917066},
+    {5120, 7168, 1024, 0.23820799589157104, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.06331546337673946},
+    {8192, 8192, 256, 0.18188799917697906, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.04045980230708556},
+    {2048, 2048, 128, 0.013183999806642532, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1612878207337644},
+    {16384, 4096, 64, 0.10494400188326836, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.006556040194085459},
+    {256, 256, 32768, 0.580592006444931, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.00025058487357185416},
+    {512, 512, 16384, 0.3004800081253052, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.007255237881478934},
+    {128, 1024, 65536, 1.1541119813919067, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0031617000890754457},
+    {64, 64, 131072, 2.261647939682007, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.01161080181790206},
+    {384, 384, 24576, 0.43329599499702454, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.016161041038334985},
+    {1280, 1920, 16384, 0.3068000078201294, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11179111486218275},
+    {1024, 1024, 49152, 0.8584800064563751, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.07483639124415428},
+    {1536, 2560, 768, 0.02420799992978573, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.04646192914050172},
+};
+static const Point tf32_16_unaligned[] = {
+    {2047, 2047, 2047, 0.2033279985189438, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.07467590583686376},
+    {1531, 1531, 1531, 0.11913599818944931, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2532623978748947},
+    {5003, 5003, 5003, 2.681872010231018, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.019604952373941477},
+    {127, 4099, 1023, 0.034671999514102936, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.10424588633681471},
+    {4096, 1, 4096, 0.07995199784636497, 8.317766166719343, 0.0, 8.317766166719343, -0.030282961813473126},
+    {1, 4096, 4096, 0.10102400183677673, 0.0, 8.317766166719343, 8.317766166719343, 0.20488103983197994},
+    {16, 11008, 4096, 0.1090880036354065, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.1785719107793988},
+    {4096, 4096, 4096, 1.440496027469635, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0017040523705609007},
+    {1024, 1024, 1024, 0.03500799834728241, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1533920097713093},
+};
+static const Point tf32_17_aligned[] = {
+    {256, 256, 256, 0.013535999692976475, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.11701132361300484},
+    {512, 512, 512, 0.014112000353634357, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1101524889753324},
+    {1024, 1024, 1024, 0.02147199958562851, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10702155467373856},
+    {2048, 2048, 2048, 0.07212799787521362, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07195476857580566},
+    {4096, 4096, 4096, 0.40694400668144226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06996229853237228},
+    {8192, 8192, 8192, 3.043231964111328, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.008125030263801927},
+    {4092, 4092, 4092, 0.6275520026683807, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3634870219150218},
+    {3000, 3000, 3000, 0.17299200594425201, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.02858081260498149},
+    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, 0.0003968944447511166},
+    {16, 8192, 4096, 0.08220800012350082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.17989264262292184},
+    {64, 4096, 8192, 0.12264000251889229, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.034041657215731096},
+    {128, 8192, 8192, 0.14127999544143677, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.06925124439405908},
+    {8192, 128, 8192, 0.1467519998550415, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.09502940903457609},
+    {4096, 32, 4096, 0.07023999840021133, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03920597851819384},
+    {80, 8192, 4096, 0.0785600021481514, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.12249106583608745},
+    {1, 11008, 4096, 0.09886400029063225, 0.0, 9.306377560173125, 8.317766166719343, 0.35483220648715497},
+    {8, 11008, 4096, 0.0944799967110157, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.307710926638061},
+    {16, 4096, 4096, 0.06649599969387054, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.012565349095654403},
+    {4, 14336, 4096, 0.11631999909877777, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5020244627049187},
+    {4096, 16, 4096, 0.07123199850320816, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0555187448051968},
+    {6, 8192, 4096, 0.08342400193214417, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.19646600264333497},
+    {12, 4096, 8192, 0.12004799768328667, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.04995101754229292},
+    {4096, 4096, 512, 0.06678400188684464, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.12693199625983884},
+    {5120, 7168, 1024, 0.23552000522613525, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.06907367648474565},
+    {8192, 8192, 256, 0.1613759994506836, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.01636011730845033},
+    {2048, 2048, 128, 0.014864000026136637, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.05596760861019892},
+    {16384, 4096, 64, 0.112271998077631, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.12489154919327249},
+    {256, 256, 32768, 0.4302240014076233, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09154593008762618},
+    {512, 512, 16384, 0.2250239998102188, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07699374355733889},
+    {128, 1024, 65536, 0.8676159977912903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07823343547250522},
+    {64, 64, 131072, 1.7249760031700134, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.07102932641534053},
+    {384, 384, 24576, 0.3262079954147339, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09111975415648975},
+    {1280, 1920, 16384, 0.2484320029616356, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10996222971690485},
+    {1024, 1024, 49152, 0.6542560160160065, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.13812085926972714},
+    {1536, 2560, 768, 0.032496001571416855, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1063515530710457},
+};
+static const Point tf32_17_unaligned[] = {
+    {2047, 2047, 2047, 0.20337600260972977, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0008478951139268839},
+    {1531, 1531, 1531, 0.11495999991893768, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.26726149325615395},
+    {5003, 5003, 5003, 2.6779520511627197, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.005406379954720425},
+    {127, 4099, 1023, 0.0339680016040802, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.08425035606705622},
+    {4096, 1, 4096, 0.07596799731254578, 8.317766166719343, 0.0, 8.317766166719343, -0.0721721436325754},
+    {1, 4096, 4096, 0.10060799866914749, 0.0, 8.317766166719343, 8.317766166719343, 0.20938309634185653},
+    {16, 11008, 4096, 0.10867200046777725, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.11704499108491617},
+    {4096, 4096, 4096, 1.4453759789466858, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.010631082545038232},
+    {1024, 1024, 1024, 0.03561599925160408, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13801189909436878},
+};
+static const Point tf32_18_aligned[] = {
     {256, 256, 256, 0.020368000492453575, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.045066545860240684},
     {512, 512, 512, 0.01532800029963255, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3701013032437933},
     {1024, 1024, 1024, 0.03824000060558319, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.20045120703844493},
@@ -13797,7 +17714,7 @@ static const Point tf32_14_aligned[] = {
     {1024, 1024, 49152, 0.5453920066356659, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.13590920092817038},
     {1536, 2560, 768, 0.1048320010304451, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.13111936106306452},
 };
-static const Point tf32_14_unaligned[] = {
+static const Point tf32_18_unaligned[] = {
     {2047, 2047, 2047, 0.25860799849033356, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.018200747140202072},
     {1531, 1531, 1531, 0.1400960013270378, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0619640945899987},
     {5003, 5003, 5003, 3.1159520149230957, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.02065230638050742},
@@ -13808,23 +17725,7 @@ static const Point tf32_14_unaligned[] = {
     {4096, 4096, 4096, 1.561344027519226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06913122098978569},
     {1024, 1024, 1024, 0.05804799869656563, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0009716862025844767},
 };
-static const Point tf32_15_aligned[] = {
-    {1, 4096, 4096, 0.03497600182890892, 0.0, 8.317766166719343, 8.317766166719343, -0.04733131245609033},
-    {16, 8192, 4096, 0.2961919903755188, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.10063103742557403},
-    {1, 11008, 4096, 0.07241600006818771, 0.0, 9.306377560173125, 8.317766166719343, 0.23088457198136625},
-    {8, 11008, 4096, 0.1754560023546219, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.07272720970700636},
-    {16, 4096, 4096, 0.1607999950647354, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.005143468019280798},
-    {4, 14336, 4096, 0.1064319983124733, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.23434678949342663},
-    {4096, 16, 4096, 0.16051199287176132, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.006936132351239017},
-    {6, 8192, 4096, 0.13047999888658524, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.06677050946550184},
-    {12, 4096, 8192, 0.3004159927368164, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.23881942790712993},
-};
-static const Point tf32_15_unaligned[] = {
-    {4096, 1, 4096, 0.03518399968743324, 8.317766166719343, 0.0, 8.317766166719343, -0.23664607185317357},
-    {1, 4096, 4096, 0.05169599875807762, 0.0, 8.317766166719343, 8.317766166719343, 0.14814288827677052},
-    {16, 11008, 4096, 0.7283680140972137, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.1224374561161492},
-};
-static const Point tf32_16_aligned[] = {
+static const Point tf32_19_aligned[] = {
     {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.06738242794151103},
     {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.003981847926619982},
     {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14471920608166478},
@@ -13861,7 +17762,7 @@ static const Point tf32_16_aligned[] = {
     {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.13116568447047738},
     {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.25454794910784506},
 };
-static const Point tf32_16_unaligned[] = {
+static const Point tf32_19_unaligned[] = {
     {2047, 2047, 2047, 0.3251839876174927, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04268633195640229},
     {1531, 1531, 1531, 0.2595840096473694, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2552552160482518},
     {5003, 5003, 5003, 5.0763840675354, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.017244317367725043},
@@ -13873,106 +17774,144 @@ static const Point tf32_16_unaligned[] = {
     {1024, 1024, 1024, 0.10574400052428246, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08260330624064732},
 };
 
-static const Member members[17] = {
-    {64, 128, 32, 1, 1, true, true,
-     {tf32_0_aligned, 35, {0.006280643696233629, 0.00023559914749884516, 0.0006654634611998588, 0.015442911061455039, 0.0}},
-     {tf32_0_unaligned, 9, {0.011035991701021621, 0.0005169725845781996, 0.0022396095452938735, 0.06287964125830171, 0.0}}
-     , 1, 1
-     , false, 0
-    },
-    {128, 128, 32, 16, 1, true, true,
-     {tf32_1_aligned, 35, {0.009151253600353524, 0.0003461922589150736, 0.0056627023778170246, 0.03470469524965955, 3.5420238945775213}},
-     {tf32_1_unaligned, 9, {0.017329165472138926, 0.00038469168829328125, 0.001966055764299799, 0.18405737683774318, 8.39936869169914}}
-     , 1, 1
-     , false, 0
-    },
-    {128, 256, 32, 1, 1, true, true,
-     {tf32_2_aligned, 35, {0.0037263948473462774, 0.0005579834613056184, 0.004608490463951379, 0.022914461910411906, 0.0}},
-     {tf32_2_unaligned, 9, {0.007908019456172402, 0.00040334320882252147, 0.0, 0.38516708164485325, 0.0}}
-     , 1, 1
-     , false, 0
-    },
-    {128, 256, 32, 1, 1, true, true,
-     {tf32_3_aligned, 35, {0.0035816992340202726, 0.000717483334022145, 0.005192812374370096, 0.025068828812104576, 0.0}},
-     {tf32_3_unaligned, 9, {0.02435719378159694, 0.0014260280233720096, 0.0, 0.05126419725975105, 0.0}}
-     , 1, 1
-     , false, 0
-    },
-    {128, 128, 32, 4, 1, true, true,
-     {tf32_4_aligned, 35, {0.0062993899217989304, 0.00044937136146058304, 0.01061055664735395, 0.032423679105754936, 0.032522452595710745}},
-     {tf32_4_unaligned, 9, {0.011841678131075886, 0.0008713675200253075, 0.006488594103134919, 0.0, 2.120388762208696}}
-     , 1, 1
-     , false, 0
-    },
-    {64, 64, 32, 128, 1, true, true,
-     {tf32_5_aligned, 35, {0.022455930536017056, 0.0, 0.0015697901469783166, 0.10247815091856814, 23.403955715391735}},
-     {tf32_5_unaligned, 9, {0.06059593418659448, 0.0, 0.00022394267338703424, 0.5702270360834121, 70.93045063977662}}
-     , 1, 1
-     , false, 0
-    },
-    {16, 8, 512, 1, 2, true, false,
-     {tf32_6_aligned, 9, {0.02100548716152174, 1.3634088608620477e-05, 0.0, 0.211211748306946, 0.0}},
-     {tf32_6_unaligned, 3, {0.0, 0.0025390141692765546, 0.0, 0.0, 0.0}}
-     , 1, 1
-     , true, 1
-    },
-    {128, 192, 32, 1, 1, true, true,
-     {tf32_7_aligned, 35, {0.004484178934443757, 0.0004463017911595202, 0.004229232955489603, 0.021731043501960957, 0.0}},
-     {tf32_7_unaligned, 9, {0.009908873346734334, 0.000392968445410591, 0.0, 0.31666454186210174, 0.0}}
-     , 1, 1
-     , false, 0
-    },
-    {128, 256, 32, 1, 1, true, true,
-     {tf32_8_aligned, 35, {0.0027098950271411374, 0.0005423205182775112, 0.006377860115280006, 0.02372315550281216, 0.0}},
-     {tf32_8_unaligned, 9, {0.0, 0.0002705109066475809, 0.012630889349148276, 0.32049163766839117, 0.0}}
-     , 2, 1
-     , false, 0
-    },
-    {128, 128, 32, 8, 1, true, true,
-     {tf32_9_aligned, 35, {0.007580757304072186, 0.00033579368202253364, 0.00996693447247542, 0.042470470625919535, 0.02235603787306347}},
-     {tf32_9_unaligned, 9, {0.01563122494054192, 0.000766934598175739, 0.0, 0.08630807619142392, 5.312482770121222}}
-     , 1, 1
-     , false, 0
-    },
-    {64, 64, 32, 1, 1, true, true,
-     {tf32_10_aligned, 35, {0.00450938392014844, 0.0004600207945136483, 0.001126445707303675, 0.0, 0.0}},
-     {tf32_10_unaligned, 9, {0.010773673754293308, 0.0004800980837064651, 0.0, 0.0, 0.0}}
-     , 1, 1
-     , false, 0
-    },
-    {64, 64, 32, 1, 1, true, true,
-     {tf32_11_aligned, 35, {0.004912739096079435, 0.00024376192175765263, 0.0007741772098629829, 0.011244017028093346, 0.0}},
-     {tf32_11_unaligned, 9, {0.01730853935915336, 0.0003398616323472233, 0.0, 0.007249782823111144, 0.0}}
+static const Member members[20] = {
+    {128, 128, 32, 1, 1, true, true,
+     {tf32_0_aligned, 35, {0.011710958054888686, 0.000711216784259574, 0.0006056712829778143, 0.0, 4.132680427503097}},
+     {tf32_0_unaligned, 9, {0.0, 0.0008118899865331895, 0.02031147956921642, 0.1099145091440136, 0.0}}
+     , true
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {tf32_12_aligned, 35, {0.005867927535607751, 0.00033575904372629454, 0.0016355631534292654, 0.01711344434293333, 0.0}},
-     {tf32_12_unaligned, 9, {0.0, 0.00035127825906521547, 0.01166021807439349, 0.2355563305797277, 0.0}}
+     {tf32_1_aligned, 35, {0.005867927535607751, 0.00033575904372629454, 0.0016355631534292654, 0.01711344434293333, 0.0}},
+     {tf32_1_unaligned, 9, {0.0, 0.00035127825906521547, 0.01166021807439349, 0.2355563305797277, 0.0}}
+     , false
      , 1, 1
      , false, 0
     },
-    {128, 128, 32, 2, 1, true, true,
-     {tf32_13_aligned, 35, {0.005978226303099445, 0.0003352440908238233, 0.011136201045480546, 0.04770218900104436, 0.0}},
-     {tf32_13_unaligned, 9, {0.010233129466745018, 0.00045081556860152646, 0.0008464062364638686, 0.20568091479179104, 1.5591858320075038}}
+    {128, 128, 32, 4, 1, true, true,
+     {tf32_2_aligned, 35, {0.010016197216614056, 0.0003250046808788527, 0.010332424671803009, 0.04757231635494769, 0.0}},
+     {tf32_2_unaligned, 9, {0.014723024645111119, 0.0005654592942428202, 0.0, 0.1526821437951838, 2.8842873756863576}}
+     , false
      , 1, 1
      , false, 0
     },
-    {64, 128, 32, 4, 1, true, true,
-     {tf32_14_aligned, 35, {0.01606485600765739, 0.0003060079769203363, 0.004590871134019718, 0.02490406669310095, 0.0}},
-     {tf32_14_unaligned, 9, {0.018615292725235218, 0.000572564839785094, 0.00439004254767049, 0.03471060457764415, 0.0}}
+    {64, 128, 32, 1, 1, true, true,
+     {tf32_3_aligned, 35, {0.006280643696233629, 0.00023559914749884516, 0.0006654634611998588, 0.015442911061455039, 0.0}},
+     {tf32_3_unaligned, 9, {0.011035991701021621, 0.0005169725845781996, 0.0022396095452938735, 0.06287964125830171, 0.0}}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {128, 256, 32, 1, 1, true, true,
+     {tf32_4_aligned, 35, {0.0035816992340202726, 0.000717483334022145, 0.005192812374370096, 0.025068828812104576, 0.0}},
+     {tf32_4_unaligned, 9, {0.02435719378159694, 0.0014260280233720096, 0.0, 0.05126419725975105, 0.0}}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {128, 256, 32, 1, 1, true, true,
+     {tf32_5_aligned, 35, {0.0027098950271411374, 0.0005423205182775112, 0.006377860115280006, 0.02372315550281216, 0.0}},
+     {tf32_5_unaligned, 9, {0.0, 0.0002705109066475809, 0.012630889349148276, 0.32049163766839117, 0.0}}
+     , false
+     , 2, 1
+     , false, 0
+    },
+    {128, 128, 32, 32, 1, true, true,
+     {tf32_6_aligned, 35, {0.010544123733580971, 0.0003904792943947429, 0.002544314846348983, 0.024556447240624862, 12.585114521920616}},
+     {tf32_6_unaligned, 9, {0.020663440729787326, 0.0005110737091770784, 0.0002098404902685313, 0.230569649358405, 20.22264829207983}}
+     , false
      , 1, 1
      , false, 0
     },
     {16, 2, 512, 1, 5, true, false,
-     {tf32_15_aligned, 9, {0.02001941901601332, 0.0002600411634643219, 0.0, 0.0, 228.83291537308864}},
-     {tf32_15_unaligned, 3, {0.0, 0.0012664166970787567, 0.0, 0.0, 0.0}}
+     {tf32_7_aligned, 9, {0.02001941901601332, 0.0002600411634643219, 0.0, 0.0, 228.83291537308864}},
+     {tf32_7_unaligned, 3, {0.0, 0.0012664166970787567, 0.0, 0.0, 0.0}}
+     , false
      , 1, 1
      , true, 0
     },
+    {128, 192, 32, 1, 1, true, true,
+     {tf32_8_aligned, 35, {0.004484178934443757, 0.0004463017911595202, 0.004229232955489603, 0.021731043501960957, 0.0}},
+     {tf32_8_unaligned, 9, {0.009908873346734334, 0.000392968445410591, 0.0, 0.31666454186210174, 0.0}}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {64, 64, 32, 128, 1, true, true,
+     {tf32_9_aligned, 35, {0.022455930536017056, 0.0, 0.0015697901469783166, 0.10247815091856814, 23.403955715391735}},
+     {tf32_9_unaligned, 9, {0.06059593418659448, 0.0, 0.00022394267338703424, 0.5702270360834121, 70.93045063977662}}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {128, 128, 32, 8, 1, true, true,
+     {tf32_10_aligned, 35, {0.007580757304072186, 0.00033579368202253364, 0.00996693447247542, 0.042470470625919535, 0.02235603787306347}},
+     {tf32_10_unaligned, 9, {0.01563122494054192, 0.000766934598175739, 0.0, 0.08630807619142392, 5.312482770121222}}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {64, 64, 32, 1, 1, true, true,
+     {tf32_11_aligned, 35, {0.00450938392014844, 0.0004600207945136483, 0.001126445707303675, 0.0, 0.0}},
+     {tf32_11_unaligned, 9, {0.010773673754293308, 0.0004800980837064651, 0.0, 0.0, 0.0}}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {64, 64, 32, 1, 1, true, true,
+     {tf32_12_aligned, 35, {0.004912739096079435, 0.00024376192175765263, 0.0007741772098629829, 0.011244017028093346, 0.0}},
+     {tf32_12_unaligned, 9, {0.01730853935915336, 0.0003398616323472233, 0.0, 0.007249782823111144, 0.0}}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {128, 128, 32, 12, 1, true, true,
+     {tf32_13_aligned, 35, {0.00756038566331373, 0.0003573282955857677, 0.007229045663677031, 0.03570710818519439, 1.693011939172543}},
+     {tf32_13_unaligned, 9, {0.016493299267629297, 0.0, 0.004604514871083761, 0.26854560145104717, 4.66568883825095}}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {128, 128, 32, 2, 1, true, true,
+     {tf32_14_aligned, 35, {0.005978226303099445, 0.0003352440908238233, 0.011136201045480546, 0.04770218900104436, 0.0}},
+     {tf32_14_unaligned, 9, {0.010233129466745018, 0.00045081556860152646, 0.0008464062364638686, 0.20568091479179104, 1.5591858320075038}}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {64, 128, 32, 3, 1, true, true,
+     {tf32_15_aligned, 35, {0.008565458419803456, 0.0003249875695063165, 0.005038695398857734, 0.0294791967895959, 0.0}},
+     {tf32_15_unaligned, 9, {0.023783648676838007, 0.0003375775817670871, 0.00127145187965606, 0.15123927666429354, 0.0}}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {128, 256, 32, 1, 1, true, true,
+     {tf32_16_aligned, 35, {0.0033916784384254066, 0.0005561469748331123, 0.004951798911115882, 0.025913690713257553, 0.0}},
+     {tf32_16_unaligned, 9, {0.009691967935552735, 0.00036354258058912876, 0.0, 0.3871591859756462, 0.0}}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {128, 192, 32, 1, 1, true, true,
+     {tf32_17_aligned, 35, {0.005247190039189255, 0.0004497796093330031, 0.003176562731054091, 0.018404870000238358, 0.0}},
+     {tf32_17_unaligned, 9, {0.009642922073144239, 0.00039525110092510844, 0.0, 0.3166850217660883, 0.0}}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {64, 128, 32, 4, 1, true, true,
+     {tf32_18_aligned, 35, {0.01606485600765739, 0.0003060079769203363, 0.004590871134019718, 0.02490406669310095, 0.0}},
+     {tf32_18_unaligned, 9, {0.018615292725235218, 0.000572564839785094, 0.00439004254767049, 0.03471060457764415, 0.0}}
+     , false
+     , 1, 1
+     , false, 0
+    },
     {128, 128, 32, 1, 2, true, false,
-     {tf32_16_aligned, 35, {0.004723775057471162, 0.0016211222234211646, 0.0022216363453318065, 0.23669147539118607, 0.0}},
-     {tf32_16_unaligned, 9, {0.026651043324381216, 0.0020452982129835506, 0.0, 0.33898833740411627, 0.0}}
+     {tf32_19_aligned, 35, {0.004723775057471162, 0.0016211222234211646, 0.0022216363453318065, 0.23669147539118607, 0.0}},
+     {tf32_19_unaligned, 9, {0.026651043324381216, 0.0020452982129835506, 0.0, 0.33898833740411627, 0.0}}
+     , false
      , 1, 1
      , false, 0
     },
@@ -13986,6 +17925,23 @@ static void features(const Member& m, int M, int N, int K, int sm_count, int bat
     // A member with clusters launches whole clusters of cluster_m x cluster_n tiles.
     const long long tiles_m = ceil_div(M, (long long)m.BM * m.cluster_m) * m.cluster_m;
     const long long tiles_n = ceil_div(N, (long long)m.BN * m.cluster_n) * m.cluster_n;
+    if (m.stream_k) {  // the busiest block's K tiles, the tiles each finishes, a shared tile's partial sums
+        const long long tiles = batch * tiles_m * tiles_n, k_tiles = K > m.BK ? ceil_div(K, m.BK) : 1;
+        // min(sm_count, tiles * k_tiles), the product only formed where it is small
+        long long blocks = tiles < sm_count && tiles * k_tiles < sm_count ? tiles * k_tiles : sm_count;
+        if (blocks < 1) blocks = 1;
+        const long long rest = tiles % blocks;
+        const long long dealt = rest == 0 ? 0 : (tiles / blocks == 0 ? tiles : blocks + rest);
+        f[0] = 1.0;
+        f[1] = (double)ceil_div(tiles - dealt, blocks) * k_tiles + (double)ceil_div(dealt * k_tiles, blocks);
+        f[2] = (double)ceil_div(tiles, blocks);
+        f[3] = 4.0 * batch * ((double)M * K * tiles_n + (double)K * N * tiles_m) / 1e9;
+        const long long share = dealt * k_tiles / blocks;  // the finisher reads the other pieces in turn
+        long long pieces = dealt ? 1 + ceil_div(k_tiles - 1, share > 1 ? share : 1) : 1;
+        if (pieces > blocks) pieces = blocks;
+        f[4] = 8.0 * m.BM * m.BN * (pieces - 1) / 1e9;
+        return;
+    }
     if (m.decode) {  // blocks of BN columns of the big operand, passes of BM rows, the bytes of both operands, the work
         const long long rows = M < N ? M : N, cols = M < N ? N : M;
         const long long blocks = batch * ceil_div(cols, m.BN), passes = ceil_div(rows, m.BM);
@@ -14039,7 +17995,7 @@ static int best(int M, int N, int K, bool use_aligned, int sm_count, bool beta_u
                 double& best_ms) {
     int found = -1;
     best_ms = HUGE_VAL;
-    for (int i = 0; i < 17; ++i) {
+    for (int i = 0; i < 20; ++i) {
         const Member& m = members[i];
         const Model& model = use_aligned ? m.aligned : m.unaligned;
         if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
@@ -14057,7 +18013,7 @@ static int choose(int M, int N, int K, bool aligned, int sm_count, bool beta_use
         const int found = best(M, N, K, pass == 0 ? aligned : !aligned, sm_count, beta_used, sm90a, batch, ms);
         if (found >= 0) return found;
     }
-    for (int i = 0; i < 17; ++i)
+    for (int i = 0; i < 20; ++i)
         if ((members[i].beta || !beta_used) && (!members[i].sm90a || sm90a)) return i;
     return 0;
 }
@@ -14274,7 +18230,7 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     Device caps;
     const cudaError_t status = device_caps(caps);
     if (status != cudaSuccess) return (int)status;
-    int pick = 16;  // a GPU this library was not tuned for: the portable member
+    int pick = 19;  // a GPU this library was not tuned for: the portable member
     if (caps.tuned_gpu) {
         const bool aligned = lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 &&
             reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
@@ -14305,6 +18261,9 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     case 14: return gemmgen_tf32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 15: return gemmgen_tf32_15_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 16: return gemmgen_tf32_16_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 17: return gemmgen_tf32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 18: return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 19: return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     }
     return cudaErrorInvalidValue;
 }

@@ -20,7 +20,8 @@ from .selection import MemberShape, alignment_class, tight_leading_dimensions
 MANIFEST_FORMAT = 1
 EXHAUSTIVE_LIMIT = 64      # a space with more valid points is searched per shape by a strategy
 WINNERS_PER_SHAPE = 3      # candidates a searched space gives per shape
-MAX_MEMBERS = 16           # kernels a library keeps (each costs compile time and .cu size)
+MAX_MEMBERS = 20           # kernels a library keeps (each costs compile time and .cu size) ...
+GAIN_PER_SHAPE = 0.001     # ... while one more gains at least this (0.1%) a tuned shape, on average
 MAX_LISTED_MEMBERS = 64    # members a library may name (each is found, and its points planned)
 PRECISION_OF_MATH = {"simt": "fp32", "3xtf32": "fp32", "tf32": "tf32"}
 PRECISION_WORDS = {"fp32": "FP32-accurate (math simt or 3xtf32)", "tf32": "TF32 (math tf32)"}
@@ -151,7 +152,7 @@ def portable_member(plan: Plan) -> bool:
 def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape], limit: int) -> list[Plan]:
     """Greedy: add the candidate that most lowers the sum over shapes of log(kept best / best), where
     a shape no kept candidate was timed at counts as 4x slower; stop at `limit` or when nothing
-    gains 0.2% a shape. Always keeps a portable candidate (portable_member)."""
+    gains GAIN_PER_SHAPE (0.1%) a shape. Always keeps a portable candidate (portable_member)."""
     keys = [shape_key(s) for s in shapes]
     best = {k: min((m.times[(kernel_key(p), k)] for p in plans if (kernel_key(p), k) in m.times), default=None)
             for k in keys}
@@ -172,7 +173,7 @@ def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape
         if not options:
             break
         value, _, plan = min(options, key=lambda o: (o[0], o[1]))
-        if kept and current - value < 0.002 * len(keys):
+        if kept and current - value < GAIN_PER_SHAPE * len(keys):
             break
         kept.append(plan)
         current = value
