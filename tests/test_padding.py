@@ -53,6 +53,18 @@ def test_short_leading_dimensions_are_refused_before_a_launch():
         gpu_pad.pad(0, 2, 4, 3, 0, 0, 8, 0, 1, 0, 0)
 
 
+@pytest.mark.parametrize("answer,status,capturing", [(0, 0, False), (0, 1, True), (1, 0, True)])
+def test_a_stream_that_captures_or_cannot_say_takes_no_workspace(monkeypatch, answer, status, capturing):
+    """cuStreamIsCapturing's error (the legacy stream while another thread captures) counts as
+    capturing, as in the .cu: the unaligned member runs, nothing raises."""
+    class Driver:
+        def cuStreamIsCapturing(self, stream, out):
+            out._obj.value = status
+            return answer
+    monkeypatch.setattr(gpu_pad, "cuda", lambda: Driver())
+    assert gpu_pad.capturing(0) is capturing
+
+
 # --- which operands are copied, and where -----------------------------------------------------------
 
 def test_an_aligned_call_and_a_call_without_k_pad_nothing():

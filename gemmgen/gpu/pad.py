@@ -101,10 +101,11 @@ def grid(rows: int, cols: int, batch: int = 1) -> tuple[int, int, int]:
 
 
 def capturing(stream: int) -> bool:
-    """Whether `stream` is capturing a CUDA graph (workspace is then not taken from the pool)."""
+    """Whether `stream` is capturing a CUDA graph, or cannot say (the legacy stream while another
+    thread captures): workspace is then not taken from the pool, as the library's .cu decides."""
     status = ctypes.c_int(0)
-    _status(cuda().cuStreamIsCapturing(ctypes.c_void_p(stream), ctypes.byref(status)),
-            "asking whether the stream is capturing")
+    if cuda().cuStreamIsCapturing(ctypes.c_void_p(stream), ctypes.byref(status)):
+        return True
     return status.value != 0  # CU_STREAM_CAPTURE_STATUS_NONE
 
 
