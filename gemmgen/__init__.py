@@ -30,12 +30,18 @@ def __getattr__(name: str):
     """gemmgen.matmul (gemmgen.library.dispatch.matmul): out = alpha * A @ B + beta * out on the GPU, by
     gemmgen's tuned library of a precision ("fp32": as accurate as FP32; "tf32"); gemmgen.linear
     (gemmgen.torch.fused.linear): act(x @ weight^T + bias) for PyTorch tensors, the bias and the
-    activation fused into the GEMM's store. Loaded on first use, so that `import gemmgen` stays
-    light, and then the function itself: no wrapper per call."""
+    activation fused into the GEMM's store; gemmgen.release_workspace(device=None)
+    (gemmgen.gpu.pad.release): the memory unaligned calls' padding copies keep, given back. Loaded
+    on first use, so that `import gemmgen` stays light, and then the function itself: no wrapper
+    per call."""
     if name == "matmul":
         from .library.dispatch import matmul
         globals()["matmul"] = matmul
         return matmul
+    if name == "release_workspace":  # the padding copies' memory pool back to the GPU
+        from .gpu.pad import release
+        globals()["release_workspace"] = release
+        return release
     if name == "linear":  # act(x @ weight^T + bias) in one GEMM, differentiable: needs PyTorch
         from .torch.fused import linear
         globals()["linear"] = linear
@@ -43,4 +49,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'gemmgen' has no attribute {name!r}")
 
 
-__all__ = ["SpecError", "__version__", "linear", "matmul"]
+__all__ = ["SpecError", "__version__", "linear", "matmul", "release_workspace"]

@@ -44,6 +44,7 @@
 // C ABI:
 //   extern "C" int gemmgen_fp32(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 //   extern "C" int gemmgen_fp32_batched(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, int batch, long long strideA, long long strideB, long long strideC, cudaStream_t stream);
+//   extern "C" int gemmgen_fp32_release_workspace(void);
 #ifdef __NVCC__
 #pragma nv_diag_suppress 177  // constants a multi-architecture build leaves unused on some targets
 #endif
@@ -17841,6 +17842,18 @@ static cudaError_t run_padded(int M, int N, int K, float alpha, const float* A, 
 }
 
 }  // namespace gemmgen_fp32_choice
+
+// The padded calls' workspace back to the current device: its pool keeps what it has held between
+// calls (at most the largest workspace one call took); this waits for the device's queued work and
+// returns all of it. A later padded call takes workspace again.
+extern "C" int gemmgen_fp32_release_workspace(void)
+{
+    cudaMemPool_t pool;
+    cudaError_t status = gemmgen_fp32_choice::workspace_pool(pool);
+    if (status == cudaSuccess) status = cudaDeviceSynchronize();
+    if (status == cudaSuccess) status = cudaMemPoolTrimTo(pool, 0);
+    return (int)status;
+}
 
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
 // Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading

@@ -22,6 +22,12 @@
 // Tuned on NVIDIA H100 80GB HBM3 at 44 shapes; fp32 (cuBLAS FP32's precision). Any M, N, K >= 0,
 //   pointer alignment and leading dimension works; a batch is chosen for by its matrices' M, N, K,
 //   its batch count and its strides' alignment.
+//
+// A call whose rows are not 16-byte aligned may copy its unaligned operands into workspace whose
+//   rows are, where the model says that pays, and run an aligned member there (stream-ordered, from
+//   a memory pool of this library's own, none while the stream captures a graph). The pool keeps
+//   what it has held between calls; gemmgen_fp32_release_workspace() gives it back to the current
+//   device, once the device's queued work is done (a cudaError_t).
 
 #ifndef GEMMGEN_FP32_H
 #define GEMMGEN_FP32_H
@@ -38,6 +44,8 @@ int gemmgen_fp32(int M, int N, int K, float alpha, const float *A, int lda, cons
 int gemmgen_fp32_batched(int M, int N, int K, float alpha, const float *A, int lda, const float *B,
                          int ldb, float beta, float *C, int ldc, int batch, long long strideA,
                          long long strideB, long long strideC, cudaStream_t stream);
+
+int gemmgen_fp32_release_workspace(void);
 
 #ifdef __cplusplus
 }

@@ -109,6 +109,10 @@ def test_cupy_arrays_run_padded_too(precision):
     out = gemmgen.matmul(a, b, precision=precision)
     cp.cuda.runtime.deviceSynchronize()
     check(torch.from_dlpack(out), A, B, None, 1.0, 0.0, precision, "CuPy")
+    assert gemmgen.release_workspace() >= 1  # the pool that call took its workspace from, trimmed
+    again = gemmgen.matmul(a, b, precision=precision)
+    cp.cuda.runtime.deviceSynchronize()
+    assert bool(cp.allclose(again, out, rtol=1e-5, atol=1e-5))
 
 
 def test_tf32_padding_rounds_to_nearest_so_its_error_is_cublas_tf32s():

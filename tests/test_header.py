@@ -84,6 +84,9 @@ def test_a_librarys_header_declares_both_entry_points_as_its_cu_defines_them(nam
         definition = re.search(rf'^extern "C" int {launcher}\(([^;]*?)\)\s*\{{', source, re.M | re.S).group(1)
         assert prototype(header, launcher) == normal(definition), launcher
     assert f"gemmgen_{name}_batched: strided batches, as cuBLAS's SgemmStridedBatched" in header
+    # the padded calls' workspace, given back: declared as the .cu defines it
+    assert f"int gemmgen_{name}_release_workspace(void);" in header
+    assert re.search(rf'^extern "C" int gemmgen_{name}_release_workspace\(void\)\s*\{{', source, re.M)
 
 
 # --- build writes it ------------------------------------------------------------------------------

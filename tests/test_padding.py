@@ -65,6 +65,31 @@ def test_a_stream_that_captures_or_cannot_say_takes_no_workspace(monkeypatch, an
     assert gpu_pad.capturing(0) is capturing
 
 
+def test_release_workspace_trims_only_pools_that_exist(monkeypatch):
+    """gemmgen.release_workspace is gpu/pad.py's release: nothing to do (and no driver needed) before
+    a call padded; afterwards the device's pool is trimmed once its queued work is done."""
+    import gemmgen
+    assert gemmgen.release_workspace is gpu_pad.release
+    monkeypatch.setattr(gpu_pad, "_launchers", {})
+    assert gpu_pad.release() == 0
+    calls = []
+
+    class Driver:
+        def cuCtxSynchronize(self):
+            calls.append("sync")
+            return 0
+
+        def cuMemPoolTrimTo(self, pool, size):
+            calls.append(("trim", pool.value, size.value))
+            return 0
+
+    monkeypatch.setattr(gpu_pad, "cuda", lambda: Driver())
+    monkeypatch.setattr(gpu_pad, "current", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(gpu_pad, "_launchers", {0: type("L", (), {"pool": 1234})(), 1: type("L", (), {"pool": 99})()})
+    assert gpu_pad.release(1) == 1
+    assert calls == ["sync", ("trim", 99, 0)]
+
+
 # --- which operands are copied, and where -----------------------------------------------------------
 
 def test_an_aligned_call_and_a_call_without_k_pad_nothing():

@@ -83,14 +83,16 @@ def fast_path_lines(plan: Plan, indent: str = "") -> list[str]:
 
 
 def assemble_header(launcher: str, first_line: str, about: list[str], parameters: str,
-                    batched: str | None = None) -> str:
+                    batched: str | None = None, more: list[str] = ()) -> str:
     """A header: `first_line`, the `about` comment lines, then the prototype of `launcher`
-    (`parameters` as abi_parameters gives them) and of its batched entry point (`batched`, where it
-    has one) for C and C++, in an include guard."""
+    (`parameters` as abi_parameters gives them), of its batched entry point (`batched`, where it
+    has one) and the lines of `more` (other prototypes) for C and C++, in an include guard."""
     guard = f"{launcher.upper()}_H"
     prototypes = _prototype(launcher, parameters)
     if batched:
         prototypes += ["", *_prototype(f"{launcher}_batched", batched)]
+    for line in more:
+        prototypes += ["", line]
     lines = [first_line, "//", *about, f"#ifndef {guard}", f"#define {guard}", "",
              "#include <cuda_runtime.h>", "", "#ifdef __cplusplus", 'extern "C" {', "#endif", "",
              *prototypes, "", "#ifdef __cplusplus", "}", "#endif", "",

@@ -7,6 +7,7 @@ caching allocator does) so that a call in a loop does not map memory again.
     pad(src, rows, cols, ld_src, stride_src, dst, ld_dst, stride_dst, batch, device, stream, round_tf32)
     address = allocate(device, stream, nbytes)   # 0 where the pool cannot give it
     free(address, stream)
+    release()                                    # the pools' memory back to the GPU
     capturing(stream)                            # a CUDA graph capture: no workspace is taken then
     with current(device): ...                    # its context current (two driver calls)
 """
@@ -134,6 +135,23 @@ def allocate(device: int, stream: int, nbytes: int) -> int:
     status = cuda().cuMemAllocFromPoolAsync(ctypes.byref(address), ctypes.c_size_t(nbytes),
                                             ctypes.c_void_p(_launcher(device).pool), ctypes.c_void_p(stream))
     return address.value if status == 0 else 0
+
+
+def release(device: int | None = None) -> int:
+    """Give the workspace pools' memory back (`device`'s, or every device's that has one), once the
+    work queued on that device is done; returns how many pools were trimmed. The pools keep what
+    they held between calls otherwise (at most the largest workspace one call took)."""
+    trimmed = 0
+    for ordinal, launcher in list(_launchers.items()):
+        if device is not None and ordinal != device:
+            continue
+        lib = cuda()
+        with current(ordinal):
+            _status(lib.cuCtxSynchronize(), "waiting for the GPU before releasing padding workspace")
+            _status(lib.cuMemPoolTrimTo(ctypes.c_void_p(launcher.pool), ctypes.c_size_t(0)),
+                    "releasing padding workspace")
+        trimmed += 1
+    return trimmed
 
 
 def free(address: int, stream: int) -> None:
