@@ -10,8 +10,6 @@ tuned library.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -19,19 +17,9 @@ from gemmgen.gpu import verify
 
 torch = pytest.importorskip("torch")
 
+from test_gpu_matmul_batched import MATH, PRECISIONS, cuda  # noqa: E402,F401 - cuda: the skips, autouse
+
 pytestmark = pytest.mark.gpu
-
-GENERATED = Path(__file__).resolve().parent.parent / "generated"
-PRECISIONS = [p for p in ("fp32", "tf32") if (GENERATED / f"{p}.json").is_file()]
-MATH = {"fp32": "3xtf32", "tf32": "tf32"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA GPU")
-    if not PRECISIONS:
-        pytest.skip("no shipped library tuned yet (generated/fp32.json)")
 
 
 def operand(rows, cols, layout, seed, pad=0, batch=0):

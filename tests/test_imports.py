@@ -41,6 +41,9 @@ LAZY_INTERNAL = {
     ("gemmgen", "gemmgen.torch.fused"):
         "gemmgen.linear is loaded on first use (the package's __getattr__): it needs PyTorch, which "
         "`import gemmgen` must not load",
+    ("gemmgen", "gemmgen.gpu.pad"):
+        "gemmgen.release_workspace is loaded on first use (the package's __getattr__), so that "
+        "`import gemmgen` loads no CUDA bindings",
 }
 MAX_LINES = 700
 

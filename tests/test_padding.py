@@ -70,7 +70,7 @@ def test_release_workspace_trims_only_pools_that_exist(monkeypatch):
     a call padded; afterwards the device's pool is trimmed once its queued work is done."""
     import gemmgen
     assert gemmgen.release_workspace is gpu_pad.release
-    monkeypatch.setattr(gpu_pad, "_launchers", {})
+    monkeypatch.setattr(gpu_pad, "_pools", {})
     assert gpu_pad.release() == 0
     calls = []
 
@@ -85,9 +85,11 @@ def test_release_workspace_trims_only_pools_that_exist(monkeypatch):
 
     monkeypatch.setattr(gpu_pad, "cuda", lambda: Driver())
     monkeypatch.setattr(gpu_pad, "current", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(gpu_pad, "_launchers", {0: type("L", (), {"pool": 1234})(), 1: type("L", (), {"pool": 99})()})
+    monkeypatch.setattr(gpu_pad, "_pools", {0: 1234, 1: 99})
     assert gpu_pad.release(1) == 1
     assert calls == ["sync", ("trim", 99, 0)]
+    calls.clear()
+    assert gpu_pad.release() == 2 and calls == ["sync", ("trim", 1234, 0), "sync", ("trim", 99, 0)]
 
 
 # --- which operands are copied, and where -----------------------------------------------------------
@@ -324,3 +326,15 @@ def test_without_workspace_the_unaligned_member_runs(monkeypatch, capturing, mem
     run(16, 32, 48, 1.0, 0.0, 7)
     assert fallback_calls == [(16, 32, 48, 1.0, 0.0, 7)]
     assert not member.calls and not host.copies and not host.buffers
+
+
+def test_a_pad_launch_passes_its_arguments_and_rounds_with_the_tf32_kernel(monkeypatch):
+    from test_transpose import loaded_on_fake_device
+    driver = loaded_on_fake_device(monkeypatch, gpu_pad._KERNELS, [601, 602])
+    gpu_pad.pad(1000, 70000, 33, 33, 0, 5000, 36, 0, 1, 0, 4)
+    gpu_pad.pad(1000, 8, 7, 7, 63, 5000, 8, 64, 5, 0, 4, round_tf32=True)
+    first, second = driver.launches
+    assert (first["function"], first["grid"], first["block"], first["stream"]) == (601, (1, 65535, 1), (256, 1, 1), 4)
+    assert (second["function"], second["grid"]) == (602, gpu_pad.grid(8, 7, 5))
+    assert second["args"] == {"in": 1000, "rows": 8, "cols": 7, "ld_in": 7, "stride_in": 63, "out": 5000,
+                              "ld_out": 8, "stride_out": 64, "batch": 5}

@@ -53,3 +53,29 @@ def test_short_leading_dimensions_are_refused_before_a_launch():
 def test_the_float4_kernel_takes_only_calls_whose_every_row_is_16_byte_aligned(src, ld_src, dst, ld_dst, strides,
                                                                              vector):
     assert transpose.vectorised(src, ld_src, dst, ld_dst, strides) is vector
+
+
+# --- the launch, on a faked driver: what reaches cuLaunchKernelEx ---------------------------------
+
+def loaded_on_fake_device(monkeypatch, kernels, functions):
+    """`kernels` as if loaded on device 0 (context 0x111, the CUfunctions `functions`), on
+    test_launch's stand-in for libcuda, which decodes each launch's arguments by signature."""
+    from gemmgen.gpu import copy_kernels
+    from test_launch import FakeCuda
+    driver = FakeCuda({f: kernels.signature for f in functions}, current=0x7)
+    monkeypatch.setattr(copy_kernels, "cuda", lambda: driver)
+    monkeypatch.setattr(kernels, "loaded", {0: copy_kernels.Loaded(0x111, functions, kernels.signature)})
+    return driver
+
+
+def test_a_transpose_launch_passes_its_arguments_and_picks_the_float4_kernel_where_rows_align(monkeypatch):
+    driver = loaded_on_fake_device(monkeypatch, transpose._KERNELS, [501, 502])
+    transpose.transpose(4096, 100, 300, 304, 8192, 100, 0, 9)  # every row 16-byte aligned
+    transpose.transpose(4100, 100, 300, 301, 8192, 101, 0, 9, batch=3, strides=(30100, 30300))
+    first, second = driver.launches
+    assert (first["function"], first["grid"], first["block"], first["stream"]) == \
+        (502, transpose.grid(100, 300, 1, transpose.VTILE), (16, 16, 1), 9)
+    assert (second["function"], second["grid"], second["block"]) == (501, transpose.grid(100, 300, 3), (32, 8, 1))
+    assert second["args"] == {"in": 4100, "rows": 100, "cols": 300, "ld_in": 301, "out": 8192, "ld_out": 101,
+                              "batch": 3, "stride_in": 30100, "stride_out": 30300}
+    assert first["context"] == second["context"] == 0x111 and driver.current == 0x7  # the caller's again

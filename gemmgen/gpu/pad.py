@@ -14,67 +14,34 @@ caching allocator does) so that a call in a loop does not map memory again.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import threading
 
-from ..codegen.cuda import render_template
-from .compile import compile_source
-from .launch import Arguments, CudaError, LaunchConfig, cuda, error_text
-from .runtime import _check, _driver, device_info, on_device
+from .copy_kernels import CopyKernels, check
+from .launch import cuda
+from .runtime import _check, _driver, on_device
 
 THREADS, UNROLL = 256, 4   # as templates/pad.cuh.j2 has them: a block covers THREADS x UNROLL floats of a row
 KERNELS = ("gemmgen_pad", "gemmgen_pad_tf32")
 _MAX_GRID_Y = 65535
 SIGNATURE = (("in", "p"), ("rows", "i"), ("cols", "i"), ("ld_in", "l"), ("stride_in", "l"), ("out", "p"),
              ("ld_out", "l"), ("stride_out", "l"), ("batch", "i"))
+_KERNELS = CopyKernels("pad.cu.j2", KERNELS, SIGNATURE, "padding kernels")
 
-_lock = threading.Lock()
-
-
-class _Launcher:
-    """The two kernels on one device (as is, rounded to TF32), an argument buffer written in place
-    per call and a launch configuration; `lock` guards both."""
-
-    __slots__ = ("context", "functions", "arguments", "slots", "params", "config", "config_ref", "lock", "pool")
-
-    def __init__(self, context: int, functions: tuple[int, int], pool):
-        self.context, self.functions = context, tuple(ctypes.c_void_p(f) for f in functions)
-        self.arguments = Arguments(SIGNATURE)
-        self.slots = tuple(self.arguments.slot(name) for name, _ in SIGNATURE)
-        self.params = ctypes.c_void_p(self.arguments.kernel_params)
-        self.config = LaunchConfig(1, 1, 1, THREADS, 1, 1, 0, None, None, 0)
-        self.config_ref = ctypes.byref(self.config)
-        self.lock = threading.Lock()
-        self.pool = pool
+_pools: dict[int, int] = {}   # device -> its workspace pool (a CUmemoryPool handle)
+_pools_lock = threading.Lock()
 
 
-_launchers: dict[int, _Launcher] = {}
-
-
-def _launcher(device: int) -> _Launcher:
-    """The kernels and the workspace pool on `device`, made once."""
-    found = _launchers.get(device)
-    if found is not None:
-        return found
-    with _lock:
-        if device not in _launchers:
-            info = device_info(device)
-            compiled = compile_source(render_template("pad.cu.j2"), info.target, list(KERNELS), filename="pad.cu")
-            lib = cuda()
-            with on_device(device) as context:
-                module = ctypes.c_void_p()
-                _status(lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(compiled.cubin)),
-                        "loading gemmgen's padding kernels")
-                functions = []
-                for name in KERNELS:
-                    function = ctypes.c_void_p()
-                    symbol = compiled.lowered_names[name].encode()
-                    _status(lib.cuModuleGetFunction(ctypes.byref(function), module, ctypes.c_char_p(symbol)),
-                            f"finding {name} in its cubin")
-                    functions.append(function.value)
-                _launchers[device] = _Launcher(int(context), tuple(functions), _new_pool(device))
-        return _launchers[device]
+def _pool(device: int) -> int:
+    """The workspace pool of `device`, made once."""
+    found = _pools.get(device)
+    if found is None:
+        with _pools_lock:
+            if device not in _pools:
+                with on_device(device):
+                    _pools[device] = _new_pool(device)
+            found = _pools[device]
+    return found
 
 
 def _new_pool(device: int):
@@ -91,11 +58,6 @@ def _new_pool(device: int):
     return int(pool)  # the CUmemoryPool handle, as the driver's C functions take it
 
 
-def _status(status: int, what: str) -> None:
-    if status:
-        raise CudaError(f"{what}: {error_text(status)}", status)
-
-
 def grid(rows: int, cols: int, batch: int = 1) -> tuple[int, int, int]:
     """Blocks of a launch: THREADS x UNROLL columns a block, a block a row (rows beyond 65535 walked)."""
     return -(-cols // (THREADS * UNROLL)), min(rows * batch, _MAX_GRID_Y), 1
@@ -110,22 +72,9 @@ def capturing(stream: int) -> bool:
     return status.value != 0  # CU_STREAM_CAPTURE_STATUS_NONE
 
 
-@contextlib.contextmanager
 def current(device: int):
-    """The device's primary context current inside the block (the caller's again after it), by two
-    driver calls where the runtime's on_device makes several."""
-    launcher = _launcher(device)
-    lib = cuda()
-    previous = ctypes.c_void_p()
-    lib.cuCtxGetCurrent(ctypes.byref(previous))
-    switch = previous.value != launcher.context
-    if switch:
-        _status(lib.cuCtxSetCurrent(ctypes.c_void_p(launcher.context)), "making the GPU's context current")
-    try:
-        yield
-    finally:
-        if switch:
-            lib.cuCtxSetCurrent(previous)
+    """The device's primary context current inside a `with` block (the caller's again after it)."""
+    return _KERNELS.current(device)
 
 
 def allocate(device: int, stream: int, nbytes: int) -> int:
@@ -133,7 +82,7 @@ def allocate(device: int, stream: int, nbytes: int) -> int:
     (the GPU's memory is full): the caller then goes without."""
     address = ctypes.c_uint64(0)
     status = cuda().cuMemAllocFromPoolAsync(ctypes.byref(address), ctypes.c_size_t(nbytes),
-                                            ctypes.c_void_p(_launcher(device).pool), ctypes.c_void_p(stream))
+                                            ctypes.c_void_p(_pool(device)), ctypes.c_void_p(stream))
     return address.value if status == 0 else 0
 
 
@@ -142,21 +91,20 @@ def release(device: int | None = None) -> int:
     work queued on that device is done; returns how many pools were trimmed. The pools keep what
     they held between calls otherwise (at most the largest workspace one call took)."""
     trimmed = 0
-    for ordinal, launcher in list(_launchers.items()):
+    for ordinal, pool in list(_pools.items()):
         if device is not None and ordinal != device:
             continue
         lib = cuda()
         with current(ordinal):
-            _status(lib.cuCtxSynchronize(), "waiting for the GPU before releasing padding workspace")
-            _status(lib.cuMemPoolTrimTo(ctypes.c_void_p(launcher.pool), ctypes.c_size_t(0)),
-                    "releasing padding workspace")
+            check(lib.cuCtxSynchronize(), "waiting for the GPU before releasing padding workspace")
+            check(lib.cuMemPoolTrimTo(ctypes.c_void_p(pool), ctypes.c_size_t(0)), "releasing padding workspace")
         trimmed += 1
     return trimmed
 
 
 def free(address: int, stream: int) -> None:
     """Give workspace back to its pool once `stream` has done with it."""
-    _status(cuda().cuMemFreeAsync(ctypes.c_uint64(address), ctypes.c_void_p(stream)), "freeing padding workspace")
+    check(cuda().cuMemFreeAsync(ctypes.c_uint64(address), ctypes.c_void_p(stream)), "freeing padding workspace")
 
 
 def pad(src: int, rows: int, cols: int, ld_src: int, stride_src: int, dst: int, ld_dst: int, stride_dst: int,
@@ -167,25 +115,6 @@ def pad(src: int, rows: int, cols: int, ld_src: int, stride_src: int, dst: int, 
         return
     if ld_src < cols or ld_dst < cols:
         raise ValueError(f"pad: leading dimensions {ld_src}, {ld_dst} below {cols}")
-    launcher = _launcher(device)
-    lib = cuda()
-    gx, gy, gz = grid(rows, cols, batch)
     values = (src, rows, cols, ld_src, stride_src, dst, ld_dst, stride_dst, batch)
-    with launcher.lock:
-        current = ctypes.c_void_p()
-        lib.cuCtxGetCurrent(ctypes.byref(current))
-        switch = current.value != launcher.context
-        if switch:
-            _status(lib.cuCtxSetCurrent(ctypes.c_void_p(launcher.context)), "making the GPU's context current")
-        try:
-            for (view, index), value in zip(launcher.slots, values):
-                view[index] = value
-            config = launcher.config
-            config.grid_x, config.grid_y, config.grid_z, config.stream = gx, gy, gz, stream
-            status = lib.cuLaunchKernelEx(launcher.config_ref, launcher.functions[bool(round_tf32)],
-                                          launcher.params, None)
-            if status:
-                _status(status, f"launching gemmgen_pad on {batch} x {rows} x {cols}")
-        finally:
-            if switch:
-                lib.cuCtxSetCurrent(current)
+    _KERNELS.launch(device, int(bool(round_tf32)), grid(rows, cols, batch), (THREADS, 1), values, stream,
+                    f"launching gemmgen_pad on {batch} x {rows} x {cols}")
