@@ -338,3 +338,42 @@ def test_a_pad_launch_passes_its_arguments_and_rounds_with_the_tf32_kernel(monke
     assert (second["function"], second["grid"]) == (602, gpu_pad.grid(8, 7, 5))
     assert second["args"] == {"in": 1000, "rows": 8, "cols": 7, "ld_in": 7, "stride_in": 63, "out": 5000,
                               "ld_out": 8, "stride_out": 64, "batch": 5}
+
+
+def test_the_runtime_pads_an_unaligned_call_that_pays_once_per_call_key(monkeypatch):
+    """LibraryRuntime.launch of the shipped tf32 library on a faked H100: 1531^3 with odd leading
+    dimensions pads (the aligned member runs on copies, rounded to TF32, and C comes back), the
+    padded launch is made once for its call key, and a small call runs its unaligned member as it is."""
+    import gemmgen.library.runtime as library_runtime
+    from fake_device import INFO
+    HostPadding(monkeypatch)
+    monkeypatch.setattr(library_runtime, "device_info", lambda ordinal=0: INFO)
+    runtime = library_runtime.LibraryRuntime(Manifest.read(GENERATED / "tf32.json"))
+    member, made = LibraryOnHost(("row", "col")), []
+
+    class Member:  # every member computes on the host
+        def __init__(self, index):
+            self.index = index
+
+        def prepare(self, *args):
+            made.append((self.index,) + args[:6])
+            return member.prepare(*args)
+
+        def launch(self, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=None, batch=1, strides=(0, 0, 0)):
+            member.launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream, batch, strides)
+
+    monkeypatch.setattr(runtime, "kernel", Member)
+    rng = np.random.default_rng(8)
+    n = 1531
+    a, b, c = _buffer(rng, n, n), _buffer(rng, n, n), np.full(n * n + 8, np.nan, np.float32)
+    for _ in range(2):
+        chosen = runtime.launch(n, n, n, 1.0, _address(a), n, _address(b), n, 0.0, _address(c), n)
+    assert runtime.manifest.candidates()[chosen].models.get("aligned") is not None
+    A, B = (to_tf32(x[:n * n].reshape(n, n)).astype(np.float64) for x in (a, b))
+    np.testing.assert_allclose(c[:n * n].reshape(n, n), A @ B.T, rtol=1e-4, atol=1e-3)
+    padded_lds = [args[4:7] for args in made if args[4:7] == (1532, 1532, 1532)]
+    assert len(padded_lds) == 1  # the aligned member prepared once, on rows of 1532 floats
+    assert member.calls == [(n, n, n)] * 2
+    small = _buffer(rng, 64, 63)
+    runtime.launch(64, 64, 63, 1.0, _address(small), 63, _address(small), 63, 0.0, _address(c), 64)
+    assert member.calls[-1] == (64, 64, 63) and member.pointers[-1][0] == _address(small)  # as it is

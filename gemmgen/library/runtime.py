@@ -133,11 +133,16 @@ class LibraryRuntime:
             self.kernel(index).launch(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream=stream, batch=batch,
                                       strides=strides)
             return index
-        run = self.prepare(M, N, K, lda, ldb, ldc, (A % 16, B % 16, C % 16), beta != 0.0, batch, strides)
+        run = self._prepared(M, N, K, lda, ldb, ldc, A % 16, B % 16, C % 16, beta != 0.0, batch, tuple(strides))
         if not C or not A or not B:
             raise CudaError(f"{self.name}: null pointer for a matrix with elements", 1)
         run(A, B, C, alpha, beta, stream_handle(stream))
         return index
+
+    @lru_cache(maxsize=256)  # noqa: B019 - a padded call key's launch, made once
+    def _prepared(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int, a16: int, b16: int, c16: int,
+                  beta_used: bool, batch: int, strides: tuple[int, int, int]):
+        return self.prepare(M, N, K, lda, ldb, ldc, (a16, b16, c16), beta_used, batch, strides)
 
     @lru_cache(maxsize=4096)  # noqa: B019 - a call's whole decision, once per call key (host time per call)
     def _decide(self, M: int, N: int, K: int, lda: int, ldb: int, ldc: int, a16: int, b16: int, c16: int,
