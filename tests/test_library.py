@@ -453,6 +453,9 @@ def test_explain_summarises_a_library_and_what_its_manifest_keeps():
     assert "tensorcore_3xtf32" in result.output and "(runs on every GPU)" in result.output
     (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
     assert f"shapes ({len(library.shapes)}):" in result.output
+    assert "padding: an unaligned call copies its unaligned operands into aligned workspace" in result.output
+    assert "nearest TF32" not in result.output  # fp32's copies are exact; tf32's round
+    assert "the copies round A and B to nearest TF32" in invoke("explain", SPECS_DIR / "tf32.gemm").output
     if (GENERATED_DIR / "fp32.json").is_file():
         assert "leave-one-out median" in result.output and "members kept:" in result.output
     data = json.loads(invoke("explain", SPECS_DIR / "fp32.gemm", "--json").output)

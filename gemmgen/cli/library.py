@@ -18,6 +18,7 @@ from ..library.dispatch import LibraryRuntime
 from ..library.emit import library_header_source, library_source
 from ..library.manifest import Manifest, ManifestError, build_manifest
 from ..library.model import Library, kernel_key, portable_member
+from ..library.padding import rule as padding_rule
 from ..library.tune import TuneReport, tune_library
 from ..outputs import OutputError, check_outputs, complete_pending, write_set
 from ..plan.space import describe
@@ -206,7 +207,7 @@ def summary(library: Library, manifest_dir: Path = Path("generated")) -> dict:
                 "portable": any(portable_member(p) for p in m.plans)} for m in library.members]
     result = {"library": library.name, "precision": library.precision, "baseline": library.baseline,
               "layout": library.layouts, "members": members, "candidates": len(library.candidates()),
-              "shapes": [str(s) for s in library.shapes]}
+              "shapes": [str(s) for s in library.shapes], "padding": padding_rule(library.precision)}
     path = manifest_dir / f"{library.name}.json"
     try:
         complete_pending(path)  # an interrupted build of it finished first
@@ -228,6 +229,7 @@ def render_summary(s: dict) -> str:
         lines.append(f"  {m['name']:24s} {how:22s} math {'/'.join(m['math'])}, {'/'.join(m['targets'])}"
                      + ("  (runs on every GPU)" if m["portable"] else ""))
     lines += ["", f"shapes ({len(s['shapes'])}): " + ", ".join(s["shapes"])]
+    lines += ["", f"padding: {s['padding']}"]
     if "manifest" in s:
         m = s["manifest"]
         lines += ["", f"tuned ({m['path']}, {m['device']}): leave-one-out median {m['leave_one_out'][0]:.3f}, "

@@ -20,9 +20,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..gpu import pad as gpu_pad
+from .selection import PAD_COPY_MS, PAD_GAIN, PAD_GB_PER_MS, PAD_ROW_FLOATS
 
 # Floats a workspace part is rounded up to (128 bytes: TMA's and float4's alignment, with room).
 PART_FLOATS = 32
+
+
+def rule(precision: str) -> str:
+    """When a library of `precision` pads, in words (gemmgen explain)."""
+    rounding = "; the copies round A and B to nearest TF32" if precision == "tf32" else ""
+    return (f"an unaligned call copies its unaligned operands into aligned workspace and runs the aligned "
+            f"member there where that member and the copies (each float read and written at {PAD_GB_PER_MS:g} "
+            f"TB/s, rows of at least {PAD_ROW_FLOATS} floats, {PAD_COPY_MS * 1e3:g} us a copy) are predicted to "
+            f"take at most {PAD_GAIN:g} times the unaligned member's time{rounding}")
 
 
 def operand_aligned(ld: int, pointer: int, stride: int) -> bool:
