@@ -22,14 +22,15 @@ import sys
 
 import torch
 
-from torch_records import check_timed_arguments, meta, parse_shapes, refuse_to_overwrite, table, use_device, write_record
+from torch_records import (check_timed_arguments, meta, parse_shapes, refuse_to_overwrite, table, use_device,
+                           write_record)
 
 import gemmgen.library.dispatch as dispatch
 from gemmgen.gpu import bench as gpu_bench
 from gemmgen.gpu.baseline import cublas_gemm
 from gemmgen.gpu.runtime import device_info
 from gemmgen.library.padding import PaddedLaunch, padding
-from gemmgen.library.selection import _best, pad_ms
+from gemmgen.library.selection import best_in_class, pad_ms
 
 SHAPES = ((255, 255, 255), (511, 511, 511), (767, 767, 767), (1023, 1023, 1023), (1531, 1531, 1531),
           (2047, 2047, 2047), (3071, 3071, 3071), (4095, 4095, 4095), (1024, 1024, 1024), (4096, 4096, 4096),
@@ -96,21 +97,23 @@ def main(argv=None) -> dict:
         "faster way (or the two are within 5%).\n\n"
         + table(["precision", "M x N x K", "pad", "decided", "model: unpadded", "model: padded", "unpadded",
                  "padded", "aligned", "cuBLAS", "decided x cuBLAS", "right"], rows)
-        + f"\n\nDecided the slower way at {len(wrong)} of {len(results)}" + (f": {', '.join(wrong)}." if wrong else "."))
+        + f"\n\nDecided the slower way at {len(wrong)} of {len(results)}"
+        + (f": {', '.join(wrong)}." if wrong else "."))
     write_record(args.out, record)
     print(record["markdown"])
     return record
 
 
 def _measure(runtime, precision, M, N, K, pad, generator, flusher, stream, budget) -> dict:
-    A, B, C = operand(M, K, "row", pad, generator), operand(K, N, "col", pad, generator), operand(M, N, "row", pad, generator)
+    A, B = operand(M, K, "row", pad, generator), operand(K, N, "col", pad, generator)
+    C = operand(M, N, "row", pad, generator)
     lds = (A.stride(0), B.stride(1), C.stride(0))
     pointers = (A.data_ptr(), B.data_ptr(), C.data_ptr())
     pads = padding(ROW_COL, M, N, K, lds, pointers, 1, (0, 0, 0))
     unaligned = runtime.choose(M, N, K, *lds, pointers, 0.0)
     sms = runtime.info.sm_count
-    member, aligned_ms = _best(runtime.candidates, M, N, K, "aligned", sms, False, True, 1)
-    _, unaligned_ms = _best(runtime.candidates, M, N, K, "unaligned", sms, False, True, 1)
+    member, aligned_ms = best_in_class(runtime.candidates, M, N, K, "aligned", sms, False, True, 1)
+    _, unaligned_ms = best_in_class(runtime.candidates, M, N, K, "unaligned", sms, False, True, 1)
     copy_ms = pad_ms(pads.copies(False))
     decided = runtime.padding(M, N, K, lds, pointers, False)
     unpadded_run = runtime.kernel(unaligned).prepare(M, N, K, *lds, tuple(p % 16 for p in pointers), False)

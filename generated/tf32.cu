@@ -18125,11 +18125,12 @@ struct Part { bool pad; long long rows, cols, count, ld, stride, new_ld, new_str
 static void copy(const float* in, long long ld_in, long long stride_in, float* out, long long ld_out,
                  long long stride_out, const Part& p, bool round_tf32, cudaStream_t stream) {
     const long long all_rows = p.rows * p.count;
-    const dim3 grid((unsigned)((p.cols + 1023) / 1024), (unsigned)(all_rows < 65535 ? all_rows : 65535));
+    constexpr int threads = gemmgen_tf32_PAD_THREADS, span = threads * gemmgen_tf32_PAD_UNROLL;
+    const dim3 grid((unsigned)((p.cols + span - 1) / span), (unsigned)(all_rows < 65535 ? all_rows : 65535));
     if (round_tf32)
-        gemmgen_tf32_pad_tf32<<<grid, 256, 0, stream>>>(in, (int)p.rows, (int)p.cols, ld_in, stride_in, out, ld_out, stride_out, (int)p.count);
+        gemmgen_tf32_pad_tf32<<<grid, threads, 0, stream>>>(in, (int)p.rows, (int)p.cols, ld_in, stride_in, out, ld_out, stride_out, (int)p.count);
     else
-        gemmgen_tf32_pad<<<grid, 256, 0, stream>>>(in, (int)p.rows, (int)p.cols, ld_in, stride_in, out, ld_out, stride_out, (int)p.count);
+        gemmgen_tf32_pad<<<grid, threads, 0, stream>>>(in, (int)p.rows, (int)p.cols, ld_in, stride_in, out, ld_out, stride_out, (int)p.count);
 }
 
 // An unaligned call on aligned copies of its unaligned operands, where that pays: workspace from the

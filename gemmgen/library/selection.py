@@ -270,8 +270,8 @@ def _eligible(c: Candidate, beta_used: bool, sm90a: bool) -> bool:
     return (c.beta or not beta_used) and (sm90a or not c.needs_sm90a)
 
 
-def _best(candidates: list[Candidate], M: int, N: int, K: int, cls: str, sm_count: int, beta_used: bool,
-          sm90a: bool, batch: int) -> tuple[int, float]:
+def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str, sm_count: int,
+                  beta_used: bool, sm90a: bool, batch: int) -> tuple[int, float]:
     """The eligible member predicted fastest in one class, and its predicted ms ((-1, inf) where
     none has a model of that class)."""
     best, best_ms = -1, math.inf
@@ -291,7 +291,7 @@ def choose(candidates: list[Candidate], M: int, N: int, K: int, klass: str, sm_c
     among those that can take it. A class without data for any eligible member borrows the other
     class's models."""
     for cls in (klass, *[c for c in CLASSES if c != klass]):
-        best, _ = _best(candidates, M, N, K, cls, sm_count, beta_used, sm90a, batch)
+        best, _ = best_in_class(candidates, M, N, K, cls, sm_count, beta_used, sm90a, batch)
         if best >= 0:
             return best
     return next((i for i, c in enumerate(candidates) if _eligible(c, beta_used, sm90a)), 0)
@@ -325,8 +325,8 @@ def choose_padded(candidates: list[Candidate], M: int, N: int, K: int, copies: l
     it is)."""
     if K <= 0 or not copies:
         return -1
-    aligned, aligned_ms = _best(candidates, M, N, K, "aligned", sm_count, beta_used, sm90a, batch)
-    unaligned, unaligned_ms = _best(candidates, M, N, K, "unaligned", sm_count, beta_used, sm90a, batch)
+    aligned, aligned_ms = best_in_class(candidates, M, N, K, "aligned", sm_count, beta_used, sm90a, batch)
+    unaligned, unaligned_ms = best_in_class(candidates, M, N, K, "unaligned", sm_count, beta_used, sm90a, batch)
     if aligned < 0 or unaligned < 0:
         return -1
     return aligned if aligned_ms + pad_ms(copies) <= PAD_GAIN * unaligned_ms else -1
