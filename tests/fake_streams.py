@@ -18,8 +18,8 @@ over `local_bytes_per_ms`, anything else nothing. Events read those clocks (elap
 split's timings, what a balance learns from them and a measured peer bandwidth follow the
 simulated machine.
 
-The split issues from one thread per device, so the layer takes a lock around its queues, and each
-op records the thread that issued it. An event may be recorded again (as a CUDA event is): a wait
+The layer takes a lock around its queues (a caller may split from several threads), and each op
+records the thread that issued it. An event may be recorded again (as a CUDA event is): a wait
 waits for its latest record at the time of the wait.
 """
 

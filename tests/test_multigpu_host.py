@@ -1,12 +1,11 @@
 """The host's share of a split GEMM (issue 30): a call key is prepared once (parts, buffers, steps,
-events) and later calls only bind their arrays; each device's work is issued and waited for on its
-own thread; the calling thread's work is the same for 2, 4 and 8 devices. Devices simulated on the
-CPU (tests/fake_streams.py)."""
+events) and later calls only bind their arrays; the devices' steps are issued in rounds from the
+calling thread, a fixed amount of work per device; a block every part needs is relayed from part
+to part. Devices simulated on the CPU (tests/fake_streams.py)."""
 
 from __future__ import annotations
 
 import sys
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -26,14 +25,13 @@ PLANNING = {"schedule", "make_parts", "partition", "choose_axis", "split_traffic
 OURS = (str(Path(gemmgen.__file__).parent), fake_streams.__file__)
 
 
-def calling_thread_work(call) -> Counter:
-    """The function calls (Python functions and builtins) that gemmgen and the fake layer make on
-    this thread while `call()` runs, by name. The device threads are not profiled (sys.setprofile
-    is per thread); neither is the threading module's own waiting, whose steps depend on timing."""
+def calling_thread_work(call, where=OURS) -> Counter:
+    """The function calls (Python functions and builtins) made on this thread while `call()` runs,
+    by name, in the files under `where` (gemmgen's and the fake layer's by default)."""
     counts = Counter()
 
     def profile(frame, event, arg):
-        if event in ("call", "c_call") and frame.f_code.co_filename.startswith(OURS):
+        if event in ("call", "c_call") and frame.f_code.co_filename.startswith(where):
             counts[frame.f_code.co_name if event == "call" else getattr(arg, "__qualname__", str(arg))] += 1
 
     sys.setprofile(profile)
@@ -98,30 +96,54 @@ def test_after_a_failed_call_the_next_one_prepares_afresh_and_is_right():
     np.testing.assert_allclose(dC, expected(A, B, C0, 1.0, 1.0), rtol=1e-4, atol=1e-4)
 
 
-# --- one thread per device, constant work on the caller's ----------------------------------------------
+# --- issued in rounds from the calling thread; B relayed ------------------------------------------
 
 @pytest.mark.parametrize("axis, beta", [(0, 0.0), (1, 0.5), (2, 0.5)], ids=["rows", "columns-staged", "K-summed"])
-def test_each_device_is_issued_from_its_own_thread_and_never_from_the_callers(axis, beta):
+def test_every_devices_first_kernel_is_queued_before_any_devices_second(axis, beta):
     layer = SimulatedDevices(4)
     A, B, C0, (dA, dB, dC) = problem(256, 256, 256, ("row",) * 3)
     split_gemm(small_plan(), dA, dB, dC, beta=beta, devices=[0, 1, 2, 3], layer=layer, axis=axis)
     np.testing.assert_allclose(dC, expected(A, B, C0, 1.0, beta), rtol=1e-4, atol=1e-4)
-    caller = threading.get_ident()
-    launches = [op for op in layer.ops if op.kind == "launch"]
-    threads = {device: {op.thread for op in launches if op.device == device} for device in range(4)}
-    assert all(len(t) == 1 for t in threads.values()), threads           # one thread per device
-    assert len(set().union(*threads.values())) == 4 and caller not in set().union(*threads.values())
-    # The caller's only op: copying the staged C into C, when beta reads C.
-    assert {op.kind for op in layer.ops if op.thread == caller} <= ({"copy"} if beta else set())
+    launches = [op.device for op in layer.ops if op.kind == "launch"]
+    firsts = [launches.index(device) for device in range(4)]
+    seconds = [i for i, device in enumerate(launches) if launches.index(device) != i]
+    assert max(firsts) < min(seconds), launches
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_block_every_part_needs_leaves_its_device_once_and_is_relayed_part_to_part(axis, seed):
+    """Bands of rows all need B (bands of columns all need A): device 0 sends it once, to device
+    1; device 2 takes it from device 1 once it has landed there, device 3 from device 2. Right for
+    any order the simulated streams run in."""
+    layer = SimulatedDevices(seed)
+    M, N, K = 256, 256, 192
+    A, B, C0, (dA, dB, dC) = problem(M, N, K, ("row",) * 3, seed=seed)
+    split_gemm(small_plan(), dA, dB, dC, devices=[0, 1, 2, 3], layer=layer, axis=axis)
+    np.testing.assert_allclose(dC, expected(A, B, C0, 1.0, 0.0), rtol=1e-4, atol=1e-4)
+    copies = [op for op in layer.ops if op.kind == "copy" and op.link[0] != op.link[1]]
+    shared = 4 * K * (N if axis == 0 else M)  # all of B (or A)
+    band = 4 * K * (M if axis == 0 else N) // 4  # a part's own band of A (or B)
+    out_band = 4 * M * N // 4
+    sent = Counter()
+    for op in copies:
+        sent[op.link] += op.nbytes
+    assert sent[0, 1] == shared + band and sent[0, 2] == sent[0, 3] == band
+    assert sent[1, 2] == sent[2, 3] == shared and not sent[1, 3]
+    assert sent[1, 0] == sent[2, 0] == sent[3, 0] == out_band  # C's bands back
+    for relayed in (op for op in copies if op.link in ((1, 2), (2, 3))):
+        holders = [op for op in SimulatedDevices.ancestors(relayed) if op.kind == "copy"
+                   and op.link == (relayed.link[0] - 1, relayed.link[0]) and op.nbytes == relayed.nbytes]
+        assert holders, "a relayed block waits for its copy into the part before"
 
 
 @pytest.mark.parametrize("axis, beta", [(0, 0.0), (0, 0.5), (1, 0.0), (2, 0.5)],
                          ids=["rows", "rows-staged", "columns", "K-summed"])
-def test_the_calling_threads_work_per_call_is_the_same_for_2_4_and_8_devices(axis, beta):
-    """After the first call of a key, a call plans nothing, allocates nothing and makes the same
-    calls on the calling thread whatever the number of devices: the copies, kernels, events and
-    waits of each device are issued on that device's thread."""
-    work, plan = {}, small_plan()
+def test_after_the_first_call_a_call_only_issues_a_fixed_amount_per_device(axis, beta):
+    """After the first call of a key, a call plans nothing and allocates nothing; what it does on
+    the calling thread is bounded by a fixed amount per step (a step's copies, kernel and events)
+    and per device (waiting for it), nothing more."""
+    work, steps, plan = {}, {}, small_plan()
     for count in (2, 4, 8):
         layer = SimulatedDevices(count)
         A, B, C0, (dA, dB, dC) = problem(512, 512, 256, ("row",) * 3)
@@ -129,29 +151,31 @@ def test_the_calling_threads_work_per_call_is_the_same_for_2_4_and_8_devices(axi
         run = lambda: split_gemm(plan, dA, dB, dC, alpha=0.5, beta=beta, devices=devices,  # noqa: E731
                                  layer=layer, axis=axis)
         first = calling_thread_work(run)
-        assert PLANNING & set(first)  # the first call prepares, on the calling thread
-        ops = len(layer.ops)
+        assert PLANNING & set(first)  # the first call prepares
+        allocated = len(layer.allocated)
         dC[...] = C0
-        work[count] = calling_thread_work(run)
+        # gemmgen's own calls: the simulated devices' running of the queued work is not the host's
+        launched = sum(op.kind == "launch" for op in layer.ops)
+        work[count] = sum(calling_thread_work(run, OURS[:1]).values())
+        steps[count] = sum(op.kind == "launch" for op in layer.ops) - launched
         np.testing.assert_allclose(dC, expected(A, B, C0, 0.5, beta), rtol=1e-4, atol=1e-4)
-        assert len(layer.ops) - ops > 6 * count  # the devices' work was all issued, by their threads
-        assert not PLANNING & set(work[count]), sorted(PLANNING & set(work[count]))
-    assert work[2] == work[4] == work[8], (work[2] - work[8]) + (work[8] - work[2])
-    assert sum(work[8].values()) < 150
+        assert len(layer.allocated) == allocated
+        assert not PLANNING & set(calling_thread_work(run)), "a later call plans again"
+    assert all(work[n] <= 35 * (steps[n] + n) for n in work), (work, steps)
 
 
-def test_resident_shards_are_launched_and_waited_for_on_their_devices_threads():
+def test_resident_shards_are_launched_a_device_at_a_time_before_any_is_waited_for():
     M, N, K = 256, 70, 90
     rng = np.random.default_rng(0)
     A, B = rng.uniform(-1, 1, (M, K)).astype(np.float32), rng.uniform(-1, 1, (K, N)).astype(np.float32)
-    shards = [Shard(on_device(A[64 * d:64 * (d + 1)], d), on_device(B, d)) for d in range(4)]
+    shards = [Shard(on_device(A[32 * d:32 * (d + 1)], d % 4), on_device(B, d % 4)) for d in range(8)]
     layer = SimulatedDevices(3)
     result = resident_gemm(small_plan(), shards, layer=layer)
     for d, band in enumerate(result.bands):
-        np.testing.assert_allclose(band, A[64 * d:64 * (d + 1)].astype(np.float64) @ B, rtol=1e-4, atol=1e-4)
-    launches = [op for op in layer.ops if op.kind == "launch"]
-    assert len({op.thread for op in launches}) == 4 and threading.get_ident() not in {op.thread for op in launches}
-    assert len(result.kernel_ms) == 4 and all(ms > 0 for ms in result.kernel_ms)
+        np.testing.assert_allclose(band, A[32 * d:32 * (d + 1)].astype(np.float64) @ B, rtol=1e-4, atol=1e-4)
+    launches = [op.device for op in layer.ops if op.kind == "launch"]
+    assert launches == [0, 1, 2, 3, 0, 1, 2, 3]  # a shard of each device in turn
+    assert len(result.kernel_ms) == 8 and all(ms > 0 for ms in result.kernel_ms)
 
 
 def test_a_resident_shard_that_fails_is_named():

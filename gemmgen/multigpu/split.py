@@ -18,10 +18,11 @@ compute stream and gathers on a third, ordered by events. Every operand keeps th
 was built for (A, B and C row- or column-major): regions move as 2-D copies with their leading
 dimensions, and an operand already on a part's device is used where it is.
 
-The host's share is held to a fixed cost per call, whatever the number of devices: the parts,
-buffers, steps and events of a call key are prepared once and kept by the layer (prepared.py), and
-each device's copies, kernels and waits are issued from that device's own thread (workers.py); the
-calling thread posts the call once and waits once.
+The host's share is held small: the parts, buffers, steps and events of a call key are prepared
+once and kept by the layer (prepared.py), and a call only issues the devices' steps, in rounds of
+one step per device from the calling thread (fanout.py), so that every device's first kernel is
+queued within the first round. A block that several parts need is relayed from part to part
+rather than sent from its device to each (prepared.py).
 
 With beta != 0 nothing is written to the caller's C unless every device finished: results land
 in a staging matrix on C's device, copied into C at the end. With beta = 0 (C's old values no
@@ -53,7 +54,7 @@ from ..plan import Plan
 from .cupy_layer import CupyLayer
 from .parts import Balance, Part, Region, choose_axis, make_parts
 from .prepared import PreparedCache, PreparedSplit, SplitCall
-from .workers import THREADS, Fanout
+from .fanout import Fanout
 
 DEFAULT_CHUNKS = 4
 
@@ -77,7 +78,7 @@ class DeviceLayer(Protocol):
     """What a split GEMM needs from the devices. Streams, events and copies are asynchronous;
     `synchronize` waits for a device's work and raises if any of it failed. `prepared` (a
     PreparedCache) keeps the layer's prepared splits; a layer without one prepares every call.
-    Its methods are called from the device threads, several at once."""
+    Its methods are called from the thread that calls the split."""
 
     prepared: PreparedCache
 
@@ -226,8 +227,8 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
     The first call of a key (kernel, sizes, leading dimensions, devices of A, B and C, `devices`,
     axis, beta != 0, chunks) prepares the split: parts, buffers, steps and events (prepared.py),
     kept by the layer for the next calls; each device's share is issued and waited for on that
-    device's own thread (workers.py). So a call's host work on the calling thread is the same for
-    any number of devices, except with a balance, whose sizes are worked out anew each call.
+    calling thread in rounds of one step per device (fanout.py). With a balance, the sizes are
+    worked out anew each call.
     """
     layer = layer or default_layer()
     if not devices:
@@ -283,10 +284,7 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
         result = SplitResult(prepared.parts, prepared.axis, steps=prepared.steps,
                              bytes_moved=prepared.bytes_moved)
         call = SplitCall(prepared, {"A": a.ptr, "B": b.ptr, "C": c.ptr}, alpha, beta, result)
-        try:
-            THREADS.run(call, prepared.home)
-        finally:  # interrupted (Ctrl-C): the devices still finish before another call reuses the buffers
-            call.done.wait()
+        call.run(prepared.home)  # interrupted (Ctrl-C): the devices still finish before it goes on up
         if not call.errors and prepared.beta_used:
             try:
                 where.at(prepared.home, "writing C")
@@ -338,14 +336,14 @@ class ResidentResult:
 
 
 class _ResidentCall(Fanout):
-    """Each device's shards launched, waited for and timed on its own thread."""
+    """Each device's shards launched, then waited for and timed, device by device."""
 
     def __init__(self, layer: DeviceLayer, launches: dict[int, list], alpha: float, beta: float):
-        super().__init__(frozenset(launches))
+        super().__init__(launches)
         self.layer, self.launches, self.alpha, self.beta = layer, launches, alpha, beta
         self.kernel_ms: dict[int, float] = {}  # per shard
 
-    def issue(self, device: int) -> None:
+    def steps(self, device: int):
         layer = self.layer
         self.at(device, "running the kernel")
         for launch in self.launches[device]:
@@ -353,6 +351,7 @@ class _ResidentCall(Fanout):
             layer.record(device, compute, start)
             layer.launch(kernel, a.rows, b.cols, a.cols, self.alpha, a, b, self.beta, c, compute)
             layer.record(device, compute, end)
+            yield
 
     def finish(self, device: int) -> None:
         self.at(device, "waiting for the results")
@@ -366,8 +365,8 @@ def resident_gemm(kernels: Plan | Callable[[int], Launcher], shards: list[Shard]
                   layer: DeviceLayer | None = None) -> ResidentResult:
     """Each shard's C = alpha A B + beta C on the device that holds its A, with no copies: the
     shards are, say, bands of A's rows with B on every device (giving bands of C's rows), or bands
-    of B's columns with A everywhere. Every shard is checked before any launch; each device's
-    kernels are then launched and waited for on that device's own thread (workers.py)."""
+    of B's columns with A everywhere. Every shard is checked before any launch; the kernels are
+    then launched, a shard of each device in turn, and the devices waited for (fanout.py)."""
     layer = layer or default_layer()
     kernel_on = _kernels(kernels, layer)
     where = _Failure()
@@ -404,8 +403,7 @@ def resident_gemm(kernels: Plan | Callable[[int], Launcher], shards: list[Shard]
         raise MultiGpuError(f"device {where.device} failed while {where.stage}: {exc}") from exc
     if not launches:
         return ResidentResult(bands, [], (time.perf_counter() - started) * 1e3)
-    THREADS.start(launches)
-    call = THREADS.run(_ResidentCall(layer, launches, alpha, beta), next(iter(launches)))
+    call = _ResidentCall(layer, launches, alpha, beta).run(next(iter(launches)))
     if call.errors:
         device, stage, exc = call.errors[0]
         raise MultiGpuError(f"device {device} failed while {stage}: {exc}") from exc
