@@ -7,8 +7,9 @@ For each device count N (those this machine has), each subject (the fp32 library
 per GPU; hopper_simt, a kernel) and each shape (8192^3 and 16384x16384x8192): inputs on GPU 0, the
 split end to end and resident shards (bands of A's rows, B on every GPU), each checked against
 float64, and timed in turns beside one GPU on the whole problem (multigpu.scaling.measure_scaling),
-as a fraction of N x one GPU's throughput. Must: end to end >= 0.85, resident >= 0.95. The batched
-must (a batch of 64 of 1024^3 >= 0.9 N) is listed as pending issue 29: gemmgen has no batched call.
+as a fraction of N x one GPU's throughput. Must: end to end >= 0.85, resident >= 0.95. Then a
+batch of 64 of 1024^3 split by batch (multigpu.batched), end to end from GPU 0, for the fp32 and
+tf32 libraries' batched entry points (the fp32 one must: >= 0.90 x N).
 
 The links between the GPUs (nvidia-smi topo -m, a peer copy bandwidth matrix) are recorded first.
 Writes multigpu.json (links, rows, verdicts) and multigpu.md (the same as tables) to --out; exit 1
@@ -32,9 +33,8 @@ COUNTS = (2, 4)
 SUBJECTS = ("fp32", "hopper_simt")
 SHAPES = ((8192, 8192, 8192), (16384, 16384, 8192))
 MUST = {"end_to_end": 0.85, "resident": 0.95}
-PENDING = [{"must": "a batched call (batch 64 of 1024^3) >= 0.90 x N", "status": "pending issue 29",
-            "why": "gemmgen has no batched entry point yet; a batch will split by batch first "
-                   "(gemmgen.multigpu.parts.batch_parts)"}]
+BATCHED = (64, 1024, 1024, 1024)
+BATCHED_MUST = 0.90
 
 
 def subject(name: str, devices: list[int]):
@@ -79,14 +79,24 @@ def markdown(results: dict) -> str:
                      f"{row['resident_tflops']:.1f} | {row['resident_scaling']:.2f}{mark(ok['resident >= 0.95 x N'])} | "
                      f"{'ok' if ok['matches float64'] else 'FAIL (%.2g)' % row['worst_error_ratio']} |")
     lines.append("")
+    if results["batched"]:
+        batch, M, N, K = BATCHED
+        lines += [f"A batch of {batch} of {M}x{N}x{K} split by batch (whole matrices per GPU), end to end from "
+                  f"GPU 0, beside one GPU's batched launch on the whole batch:", "",
+                  f"| library | GPUs | 1 GPU TFLOP/s | end to end TFLOP/s | x N (must {BATCHED_MUST:.2f}) | "
+                  "moved per GPU | float64 check |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+        for row in results["batched"]:
+            good = row["verdict"][f"end_to_end >= {BATCHED_MUST:.2f} x N"]
+            lines.append(f"| {row['subject']} | {len(row['devices'])} | {row['one_gpu_tflops']:.1f} | "
+                         f"{row['end_to_end_tflops']:.1f} | {row['end_to_end_scaling']:.2f}{'' if good else ' **below**'} | "
+                         f"{row['bound']} | {'ok' if row['verdict']['matches float64'] else 'FAIL'} |")
+        lines.append("")
     for item in results["not_run"]:
         lines.append(f"- not run: {item}")
-    for item in results["pending"]:
-        lines.append(f"- {item['must']}: {item['status']} ({item['why']})")
     failed = [f"{r['subject']} on {len(r['devices'])} GPUs at {r['shape']}: {name}"
-              for r in results["rows"] for name, good in r["verdict"].items() if not good]
+              for r in results["rows"] + results["batched"] for name, good in r["verdict"].items() if not good]
     lines += ["", f"Must-holds: {'all held' if not failed else 'failed: ' + '; '.join(failed)}"
-              + f" ({len(results['rows'])} rows).", "", links_markdown(results["links"])]
+              + f" ({len(results['rows']) + len(results['batched'])} rows).", "", links_markdown(results["links"])]
     return "\n".join(lines)
 
 
@@ -97,11 +107,15 @@ def main(argv=None) -> int:
     parser.add_argument("--subjects", nargs="+", default=list(SUBJECTS))
     parser.add_argument("--shapes", nargs="+", default=[f"{m}x{n}x{k}" for m, n, k in SHAPES])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--chunks", type=int, default=None, help="blocks each part streams (default: the split's)")
+    parser.add_argument("--batched", nargs="*", default=["fp32", "tf32"], metavar="LIBRARY",
+                        help="libraries whose batched call is split by batch (none: skip)")
     args = parser.parse_args(argv)
     from gemmgen.gpu.runtime import device_count, device_info
     from gemmgen.multigpu.cupy_layer import CupyLayer
     from gemmgen.multigpu.parts import AXIS_NAMES
-    from gemmgen.multigpu.scaling import measure_scaling, scaling_record
+    from gemmgen.multigpu.scaling import measure_batched_scaling, measure_scaling, scaling_record
+    from gemmgen.multigpu.split import DEFAULT_CHUNKS
     from gemmgen.multigpu.topology import record_links
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -111,7 +125,8 @@ def main(argv=None) -> int:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     shapes = [tuple(int(x) for x in s.lower().split("x")) for s in args.shapes]
     results = {"meta": meta, "links": record_links(CupyLayer(), list(range(available))), "rows": [],
-               "not_run": [], "pending": PENDING}
+               "not_run": [], "batched": []}
+    chunks = args.chunks or DEFAULT_CHUNKS
     print(json.dumps(results["links"]["peer_bandwidth"]["gbps"]), flush=True)
     for count in args.counts:
         if count > available:
@@ -121,7 +136,7 @@ def main(argv=None) -> int:
         for name in args.subjects:
             kernels, math = subject(name, devices)
             for M, N, K in shapes:
-                report, worst = measure_scaling(kernels, M, N, K, devices, runs=args.runs, math=math)
+                report, worst = measure_scaling(kernels, M, N, K, devices, runs=args.runs, math=math, chunks=chunks)
                 row = {"subject": name, "shape": f"{M}x{N}x{K}", "math": math,
                        "split": AXIS_NAMES[report.split.axis], **scaling_record(report, worst)}
                 row["verdict"] = verdict(row)
@@ -129,6 +144,20 @@ def main(argv=None) -> int:
                 print(f"{name} on {count} GPUs at {M}x{N}x{K}: end to end {row['end_to_end_scaling']:.3f} x N, "
                       f"resident {row['resident_scaling']:.3f} x N, error ratio {worst:.2g}: "
                       + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in row["verdict"].items()), flush=True)
+        for name in args.batched:
+            kernels, math = subject(name, devices)
+            batch, M, N, K = BATCHED
+            row = {"subject": name, "math": math, **measure_batched_scaling(kernels, batch, M, N, K, devices,
+                                                                             runs=args.runs, math=math, chunks=chunks)}
+            # What each GPU but the first must receive and send back, in MiB: the bound the links set
+            share = batch // count
+            row["bound"] = f"{4 * share * (M * K + K * N + M * N) / 2**20:.0f} MiB"
+            row["verdict"] = {f"end_to_end >= {BATCHED_MUST:.2f} x N": row["end_to_end_scaling"] >= BATCHED_MUST,
+                              "matches float64": row["worst_error_ratio"] <= 1.0}
+            results["batched"].append(row)
+            print(f"{name} batched {batch} x {M}x{N}x{K} on {count} GPUs: one GPU {row['one_gpu_ms']:.3f} ms, "
+                  f"split {row['end_to_end_ms']:.3f} ms: {row['end_to_end_scaling']:.3f} x N, error ratio "
+                  f"{row['worst_error_ratio']:.2g}", flush=True)
     (args.out / "multigpu.json").write_text(json.dumps(results, indent=1))
     text = markdown(results)
     (args.out / "multigpu.md").write_text(text)
@@ -136,7 +165,7 @@ def main(argv=None) -> int:
     if not results["rows"]:
         print(f"nothing measured: this machine has {available} GPU(s); the must-holds need 2 or more", flush=True)
         return 1
-    return 0 if all(all(r["verdict"].values()) for r in results["rows"]) else 1
+    return 0 if all(all(r["verdict"].values()) for r in results["rows"] + results["batched"]) else 1
 
 
 if __name__ == "__main__":

@@ -195,7 +195,7 @@ class SimulatedDevices:
             self.view(dst)[...] += self.view(src)
         self._issue(Op("accumulate", stream[0], stream, run))
 
-    def launch(self, kernel, M, N, K, alpha, a, b, beta, c, stream):
+    def launch(self, kernel, M, N, K, alpha, a, b, beta, c, stream, *, batch=1, strides=(0, 0, 0)):
         device = stream[0]
         self._maybe_fail(device, "launch")
         assert a.device == b.device == c.device == device, \
@@ -203,8 +203,9 @@ class SimulatedDevices:
         assert (a.rows, a.cols, b.rows, b.cols, c.rows, c.cols) == (M, K, K, N, M, N)
 
         def run():
-            kernel.launch(M, N, K, alpha, a.ptr, a.ld, b.ptr, b.ld, beta, c.ptr, c.ld)
-        self._issue(Op("launch", device, stream, run, flops=2.0 * M * N * K))
+            batched = {"batch": batch, "strides": strides} if batch != 1 else {}  # a 2-D launcher takes none
+            kernel.launch(M, N, K, alpha, a.ptr, a.ld, b.ptr, b.ld, beta, c.ptr, c.ld, **batched)
+        self._issue(Op("launch", device, stream, run, flops=2.0 * M * N * K * batch))
 
     def elapsed_ms(self, start, end):
         assert start.op.done and end.op.done, "elapsed time of events that have not completed"

@@ -175,6 +175,42 @@ def test_the_library_split_over_every_gpu_from_inputs_anywhere_matches_float64(p
             assert worst_error_ratio(cp, A, cp.asarray(B), made, math) <= 1.0, (M, N, K)
 
 
+BATCH_CASES = [  # (A's lead, B's lead, out's layout per matrix, pad): shared operands, strided batches
+    ((10,), (10,), "row", 0), ((10,), (), "row", 0), ((), (10,), "col", 0), ((7,), (7,), "col", 3),
+    ((2, 5), (1, 5), "row", 1)]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("lead_a, lead_b, c_layout, pad", BATCH_CASES,
+                         ids=["packed", "B-shared-folds", "A-shared", "padded-strides", "4-D-broadcast"])
+def test_a_batch_split_over_every_gpu_matches_float64(precision, lead_a, lead_b, c_layout, pad):
+    """gemmgen.matmul of batches with devices="all": whole matrices per GPU (a shared operand sent
+    to each once, relayed), or one GEMM of stacked rows where B is shared; strides with gaps and
+    leading dimensions past the width take the per-matrix copies; beta reads C."""
+    import cupy as cp
+
+    import gemmgen
+    from gemmgen.multigpu.scaling import worst_error_ratio
+
+    _several()
+    math = "tf32" if precision == "tf32" else "3xtf32"
+    M, N, K = 301, 257, 190
+    rng = cp.random.default_rng(7)
+
+    def batch(lead, rows, cols):
+        storage = rng.uniform(-1, 1, lead + (rows, cols + pad), dtype=cp.float32)
+        return storage[..., :cols]  # rows `pad` floats past the width; batches that far apart too
+    A, B = batch(lead_a, M, K), batch(lead_b, K, N)
+    lead = cp.broadcast_shapes(lead_a, lead_b)
+    C0 = rng.uniform(-1, 1, lead + (M, N), dtype=cp.float32)
+    C = C0.copy() if c_layout == "row" else cp.ascontiguousarray(C0.swapaxes(-1, -2)).swapaxes(-1, -2)
+    assert gemmgen.matmul(A, B, C, alpha=0.5, beta=-1.0, precision=precision, devices="all") is C
+    a, b = cp.broadcast_to(A, lead + (M, K)).reshape(-1, M, K), cp.broadcast_to(B, lead + (K, N)).reshape(-1, K, N)
+    c, c0 = C.reshape(-1, M, N), C0.reshape(-1, M, N)
+    for i in range(a.shape[0]):
+        assert worst_error_ratio(cp, 0.5 * a[i], b[i], c[i], math, -1.0, c0[i]) <= 1.0, i
+
+
 def test_the_links_between_the_gpus_are_measured_and_nvidia_smi_read():
     import shutil
 
@@ -188,6 +224,22 @@ def test_the_links_between_the_gpus_are_measured_and_nvidia_smi_read():
     assert len(gbps) == len(devices) and all(v is not None and v > 5.0 for row in gbps for v in row)
     if shutil.which("nvidia-smi"):
         assert links["topology"]["error"] is None and "GPU0" in links["topology"]["text"]
+
+
+@pytest.mark.parametrize("count", [2, 4])
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_a_batch_of_64_of_1024_cubed_split_by_batch_holds_its_must(precision, count):
+    """Issue 30's batched must: a batch of 64 of 1024^3 from GPU 0, end to end >= 0.9 N of one
+    GPU's batched launch, checked against float64."""
+    from gemmgen.library.dispatch import library
+    from gemmgen.multigpu.scaling import measure_batched_scaling
+
+    devices = _count(count)
+    record = measure_batched_scaling(lambda d: library(precision, d), 64, 1024, 1024, 1024, devices,
+                                     math="tf32" if precision == "tf32" else "3xtf32")
+    print(record)
+    assert record["worst_error_ratio"] <= 1.0
+    assert record["end_to_end_scaling"] >= 0.9
 
 
 @pytest.mark.parametrize("count", [2, 4])

@@ -88,9 +88,6 @@ def test_a_new_out_is_made_on_As_device_and_all_splits_over_every_device(devices
 def test_what_a_split_call_cannot_take_is_refused_before_any_work(devices):
     layer, _ = devices
     (_, _, _), (dA, dB, dC) = operands(64, 64, 64, ("row", "col", "row"), places=(0, 0, 0))
-    with pytest.raises(ShapeError, match=r"A has shape \(4, 64, 64\): a batch of matrices runs on one GPU: leave "
-                                         r"`devices` out"):
-        gemmgen.matmul(on_device(np.zeros((4, 64, 64)), 0).reshape(4, 64, 64), dB, devices=[0, 1])
     with pytest.raises(ValueError, match="takes no stream"):
         gemmgen.matmul(dA, dB, dC, devices=[0, 1], stream=5)
     with pytest.raises(ValueError, match=r"device\(s\) \[4\] not present: this machine has 4"):
@@ -100,6 +97,42 @@ def test_what_a_split_call_cannot_take_is_refused_before_any_work(devices):
     with pytest.raises(ShapeError, match="inner sizes differ"):
         gemmgen.matmul(dA, on_device(np.zeros((32, 8)), 0), devices=[0, 1])
     assert not layer.ops
+
+
+def batch_of(values, device, layout):
+    """A (batch, rows, cols) array on `device` whose matrices are `layout`-major."""
+    if layout == "row":
+        return on_device(values, device)
+    return on_device(np.ascontiguousarray(values.transpose(0, 2, 1)), device).transpose(0, 2, 1)
+
+
+@pytest.mark.parametrize("layouts", [("row", "row", "row"), ("row", "col", "row"), ("col", "row", "col")])
+def test_a_batch_splits_over_devices_by_whole_matrices(layouts, devices):
+    layer, libraries = devices
+    rng = np.random.default_rng(4)
+    A, B, C = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((10, 48, 32), (10, 32, 40), (10, 48, 40)))
+    dA, dB, dC = (batch_of(x, d, layout) for x, d, layout in zip((A, B, C), (1, 0, 0), layouts))
+    assert gemmgen.matmul(dA, dB, dC, alpha=0.5, beta=2.0, devices=[0, 1, 2, 3]) is dC
+    np.testing.assert_allclose(dC, 0.5 * np.einsum("bmk,bkn->bmn", A.astype(np.float64), B) + 2.0 * C,
+                               rtol=1e-5, atol=1e-5)
+    matrices = {device: sum(c[0] if len(c) == 4 else 1 for c in library.calls)  # (batch, M, N, K) or (M, N, K)
+                for (_, device), library in libraries.items() if library.calls}
+    assert matrices == {0: 3, 1: 3, 2: 2, 3: 2}  # whole matrices, each once
+
+
+def test_a_shared_operand_of_a_batch_goes_to_each_device_once(devices):
+    layer, libraries = devices
+    rng = np.random.default_rng(5)
+    A, B = rng.uniform(-1, 1, (48, 32)).astype(np.float32), rng.uniform(-1, 1, (8, 32, 40)).astype(np.float32)
+    out = gemmgen.matmul(on_device(A, 0), on_device(B, 0), devices="all")  # A broadcast over the batch
+    assert out.shape == (8, 48, 40) and out.device == 0
+    np.testing.assert_allclose(out, np.einsum("mk,bkn->bmn", A.astype(np.float64), B), rtol=1e-5, atol=1e-5)
+    sent = [op.nbytes for op in layer.ops if op.kind == "copy" and op.link == (0, 1)]
+    assert sum(sent) == 4 * (48 * 32 + 2 * 32 * 40)  # A once, B's 2 matrices
+    # A batch whose rows fold into one GEMM (B shared) splits as that GEMM, by rows
+    folded = gemmgen.matmul(on_device(B.transpose(0, 2, 1).copy(), 0), on_device(A.T.copy(), 0), devices=[0, 1])
+    np.testing.assert_allclose(folded, np.einsum("bnk,km->bnm", B.transpose(0, 2, 1).astype(np.float64), A.T),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_the_shipped_library_runs_split_with_a_runtime_per_device(monkeypatch):

@@ -162,11 +162,20 @@ def musthold_script():
 def test_the_musthold_command_measures_each_subject_and_count_it_can_and_says_what_it_could_not(
         musthold_script, fake_machine, monkeypatch, tmp_path):
     """On three simulated GPUs: 2 GPUs measured for the fp32 library and hopper_simt, 4 listed as not
-    run, the batched must pending issue 29; the made-up end to end (0.8 x N) fails its must."""
+    run, the batch of 64 split by batch for both libraries; the made-up end to end (0.8 x N) fails
+    its must, the made-up batched scaling (0.95 x N) holds its."""
     import gemmgen.multigpu.cupy_layer
     import gemmgen.multigpu.scaling
     monkeypatch.setattr(gemmgen.multigpu.cupy_layer, "CupyLayer", lambda: fake_machine)
     monkeypatch.setattr(gemmgen.multigpu.scaling, "measure_scaling", fake_measure(fake_machine))
+    batched = []
+
+    def fake_batched(kernel_on, batch, M, N, K, devices, **options):
+        batched.append((kernel_on(devices[0]).name, batch, M, N, K, tuple(devices)))
+        return {"devices": devices, "batch": batch, "M": M, "N": N, "K": K, "one_gpu_ms": 1.0, "one_gpu_tflops": 137.4,
+                "end_to_end_ms": 0.5 / 0.95, "end_to_end_tflops": 261.1, "end_to_end_scaling": 0.95,
+                "worst_error_ratio": 0.1}
+    monkeypatch.setattr(gemmgen.multigpu.scaling, "measure_batched_scaling", fake_batched)
     monkeypatch.setattr(dispatch, "_runtimes", {})
     status = musthold_script.main(["--out", str(tmp_path), "--shapes", "384x256x128", "512x384x256"])
     assert status == 1
@@ -180,7 +189,10 @@ def test_the_musthold_command_measures_each_subject_and_count_it_can_and_says_wh
     assert written["links"]["topology"]["error"] == "nvidia-smi is not on PATH"
     text = (tmp_path / "multigpu.md").read_text()
     assert "| fp32 | 2 | 512x384x256 | rows of C (M) |" in text and "| 0.80 **below** |" in text
-    assert "- a batched call (batch 64 of 1024^3) >= 0.90 x N: pending issue 29" in text
+    assert [b[1:] for b in batched] == [(64, 1024, 1024, 1024, (0, 1))] * 2
+    assert [(r["subject"], r["verdict"]) for r in written["batched"]] == [
+        (name, {"end_to_end >= 0.90 x N": True, "matches float64": True}) for name in ("fp32", "tf32")]
+    assert "| fp32 | 2 | 137.4 | 261.1 | 0.95 | 384 MiB | ok |" in text
     assert "Must-holds: failed: fp32 on 2 GPUs at 384x256x128: end_to_end >= 0.85 x N;" in text
     assert "| GPU 1 | 400.0 | 2000.0 | 25.0 |" in text and "not recorded: nvidia-smi is not on PATH" in text
     # Rows from an honest machine pass; one that measured nothing fails, saying why.

@@ -8,10 +8,9 @@ computes (a band of rows is another shape than the whole), from the manifest tun
 The inputs may start on any GPUs; C gathers on its own device (a C that matmul makes lies on A's).
 The call waits for the devices holding its operands, and returns with C complete.
 
-A split takes 2-D matrices. Batched calls run on one GPU (one strided-batched launch); splitting a
-batch over devices (whole matrices per device, gemmgen.multigpu.parts.batch_parts) is not built,
-and awaits a machine with several GPUs to measure it on, so 3-D operands are refused here with that
-reason, not multiplied.
+A batched call (3-D or more operands) is routed as on one GPU (one strided-batched launch, or one
+GEMM of stacked rows where A's batches fold) and that launch split over the devices: whole matrices
+per device (gemmgen.multigpu.batched), or, for a folded batch, the one GEMM split as any other.
 """
 
 from __future__ import annotations
@@ -19,11 +18,10 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from ..gpu.runtime import ShapeError, require_cupy
+from ..gpu.runtime import require_cupy
+from ..multigpu.batched import BatchResult, split_batched
+from ..multigpu.parts import Region
 from ..multigpu.split import Launcher, SplitResult, default_layer, resolve_devices, split_gemm
-
-BATCHED = ("a batch of matrices runs on one GPU: leave `devices` out (a split over devices takes 2-D "
-           "matrices; splitting batches over GPUs is not built)")
 
 
 def layer():
@@ -32,15 +30,11 @@ def layer():
 
 
 def check_call(A: Any, B: Any, out: Any, devices, stream) -> list[int]:
-    """The device list of a split call, after refusing what it cannot take: a stream (the call
-    waits for its inputs and returns with C complete) and 3-D operands (batches run on one GPU)."""
+    """The device list of a split call, after refusing a stream (the call waits for its inputs and
+    returns with C complete)."""
     if stream is not None:
         raise ValueError("a call split over devices takes no stream: it waits for its inputs' devices and "
                          "returns with C complete")
-    for x, name in ((A, "A"), (B, "B"), (out, "out")):
-        shape = getattr(x, "shape", None)
-        if shape is not None and len(shape) == 3:
-            raise ShapeError(f"{name} has shape {tuple(shape)}: {BATCHED}")
     return resolve_devices(devices, layer().device_count())
 
 
@@ -71,3 +65,25 @@ def split_call(runtime_on: Callable[[int], Launcher], A: Any, B: Any, C: Any, al
     if swap:
         A, B, C = B.T, A.T, C.T
     return split_gemm(runtime_on, A, B, C, alpha=alpha, beta=beta, devices=devices, layer=layer())
+
+
+def split_batched_call(runtime_on: Callable[[int], Launcher], arrays: tuple[Any, Any, Any],
+                       pointers: tuple[int, int, int], way, shape: tuple[int, int, int], batch: int,
+                       strides: tuple[int, int, int], alpha: float, beta: float,
+                       devices: list[int]) -> SplitResult | BatchResult:
+    """A routed batched launch (dispatch.py's: A, B and C, their first matrices' addresses and
+    batch strides, `way`'s layouts, leading dimensions and swap) split over `devices`: by batch,
+    or, for a batch of 1 (a folded batch), as one GEMM."""
+    layouts = runtime_on(devices[0]).layouts
+    lda, ldb, ldc = way.lds
+    (pa, pb, pc), (sa, sb, sc) = pointers, strides
+    da, db, dc = (layer().device_of(x) for x in arrays)
+    M, N, K = shape
+    if way.swap:  # C^T = B^T A^T: B's matrices are the launch's A, A's its B
+        (pa, da, sa), (pb, db, sb), M, N = (pb, db, sb), (pa, da, sa), N, M
+    a, b, c = (Region(da, pa, M, K, layouts["A"], lda), Region(db, pb, K, N, layouts["B"], ldb),
+               Region(dc, pc, M, N, layouts["C"], ldc))
+    if batch == 1:
+        return split_gemm(runtime_on, a, b, c, alpha=alpha, beta=beta, devices=devices, layer=layer())
+    return split_batched(runtime_on, a, b, c, batch=batch, strides=(sa, sb, sc), alpha=alpha, beta=beta,
+                         devices=devices, layer=layer())

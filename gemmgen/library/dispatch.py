@@ -460,8 +460,9 @@ def _array_operand(array: Any, name: str) -> tuple[Operand, int]:
 def _array_matmul(A, B, out, alpha, beta, precision, stream, devices=None):
     _check_precision(precision)
     A, B = _as_array(A, "A"), _as_array(B, "B")
-    if devices is None and (len(A.shape) != 2 or len(B.shape) != 2 or (out is not None and len(out.shape) != 2)):
-        return _array_batched(A, B, None if out is None else _as_array(out, "out"), alpha, beta, precision, stream)
+    if len(A.shape) != 2 or len(B.shape) != 2 or (out is not None and len(out.shape) != 2):
+        return _array_batched(A, B, None if out is None else _as_array(out, "out"), alpha, beta, precision, stream,
+                              devices)
     a, pa = _array_operand(A, "A")
     b, pb = _array_operand(B, "B")
     if a.cols != b.rows:
@@ -535,10 +536,10 @@ def _array_dims(array: Any, name: str) -> tuple[tuple[int, ...], tuple[int, ...]
     return shape, tuple(s // 4 for s in strides), interface["data"][0]
 
 
-def _array_batched(A, B, out, alpha, beta, precision, stream):
+def _array_batched(A, B, out, alpha, beta, precision, stream, devices=None):
     """gemmgen.matmul of arrays with batch dimensions: as the torch path decides (batches.py), one
     GEMM of stacked rows or one strided-batched launch, copies only where no single stride walks
-    an operand's batches."""
+    an operand's batches; with `devices`, that launch split over them (devices.py)."""
     (a_shape, a_str, pa), (b_shape, b_str, pb) = _array_dims(A, "A"), _array_dims(B, "B")
     M, K, N = a_shape[-2], a_shape[-1], b_shape[-1]
     if b_shape[-2] != K:
@@ -558,7 +559,7 @@ def _array_batched(A, B, out, alpha, beta, precision, stream):
         raise ShapeError(str(exc)) from None
     device = _device_of(A)
     for x, what in ((B, "B"), (out, "out")):
-        if _device_of(x) != device:
+        if devices is None and _device_of(x) != device:
             raise ShapeError(f"A is on GPU {device} but {what} on GPU {_device_of(x)}")
     if batching.batch == 0 or M == 0 or N == 0:
         return out
@@ -569,10 +570,14 @@ def _array_batched(A, B, out, alpha, beta, precision, stream):
         A = _copy(A, way.copy_a, batching.lead) if way.copy_a else A
         B = _copy(B, way.copy_b, batching.lead) if way.copy_b else B
         if not way.copy_c:
-            return _array_batched(A, B, out, alpha, beta, precision, stream)
+            return _array_batched(A, B, out, alpha, beta, precision, stream, devices)
         staged = _copy(out, "row")
-        _array_batched(A, B, staged, alpha, beta, precision, stream)
+        _array_batched(A, B, staged, alpha, beta, precision, stream, devices)
         out[...] = staged
+        return out
+    if devices is not None:
+        split_devices.split_batched_call(lambda d: library(precision, d, way.klass), (A, B, out), (pa, pb, pc),
+                                         way, (M, N, K), batch, (sa, sb, sc), alpha, beta, devices)
         return out
     runtime = library(precision, device, way.klass)
     handle = stream_handle(stream) if stream is not None else _current_stream(out)

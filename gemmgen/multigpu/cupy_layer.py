@@ -135,9 +135,35 @@ class CupyLayer:
             target = self._view(dst)
             target += self._view(src)
 
-    def launch(self, kernel, M, N, K, alpha, a: Region, b: Region, beta, c: Region, stream) -> None:
+    def copy_batch(self, dst: Region, dst_stride: int, src: Region, src_stride: int, count: int, stream) -> None:
+        """`count` matrices, `src_stride` and `dst_stride` floats apart: one 2-D copy (a matrix per
+        line) where each matrix is dense at both ends, else a copy per matrix."""
+        lines, length = (src.rows, src.cols) if src.layout == "row" else (src.cols, src.rows)
+        size = lines * length
+        if count == 1 or not (src.ld == dst.ld == length and min(src_stride, dst_stride) >= size):
+            for index in range(count):
+                self.copy(Region(dst.device, dst.ptr + FLOAT_BYTES * index * dst_stride, dst.rows, dst.cols,
+                                 dst.layout, dst.ld),
+                          Region(src.device, src.ptr + FLOAT_BYTES * index * src_stride, src.rows, src.cols,
+                                 src.layout, src.ld), stream)
+            return
+        if (dst.rows, dst.cols, dst.layout) != (src.rows, src.cols, src.layout):
+            raise ValueError("copy between batches of matrices of other sizes or layouts")
+        if size == 0:
+            return
+        self._peer(dst.device, src.device)
+        with self.cp.cuda.Device(dst.device):
+            self.cp.cuda.runtime.memcpy2DAsync(dst.ptr, FLOAT_BYTES * dst_stride, src.ptr, FLOAT_BYTES * src_stride,
+                                               FLOAT_BYTES * size, count, self.MEMCPY_DEFAULT, stream.ptr)
+
+    def launch(self, kernel, M, N, K, alpha, a: Region, b: Region, beta, c: Region, stream, *, batch: int = 1,
+               strides: tuple[int, int, int] = (0, 0, 0)) -> None:
         with self.cp.cuda.Device(c.device):
-            kernel.launch(M, N, K, alpha, a.ptr, a.ld, b.ptr, b.ld, beta, c.ptr, c.ld, stream=stream)
+            if batch == 1:
+                kernel.launch(M, N, K, alpha, a.ptr, a.ld, b.ptr, b.ld, beta, c.ptr, c.ld, stream=stream)
+            else:
+                kernel.launch(M, N, K, alpha, a.ptr, a.ld, b.ptr, b.ld, beta, c.ptr, c.ld, stream=stream,
+                              batch=batch, strides=strides)
 
     def elapsed_ms(self, start, end) -> float:
         return self.cp.cuda.get_elapsed_time(start, end)

@@ -75,6 +75,7 @@ def scaling_record(report: ScalingReport, worst: float) -> dict:
             "end_to_end_ms": split.end_to_end_ms, "end_to_end_tflops": report.end_to_end_tflops,
             "end_to_end_scaling": report.scaling(report.end_to_end_tflops),
             "resident_ms": report.resident.end_to_end_ms if report.resident else None,
+            "resident_kernel_ms": list(report.resident.kernel_ms) if report.resident else None,
             "resident_tflops": report.resident_tflops,
             "resident_scaling": report.scaling(report.resident_tflops),
             "worst_error_ratio": worst}
@@ -171,3 +172,63 @@ def measure_scaling(kernels: Plan | Callable[[int], Launcher], M: int, N: int, K
                            one_gpu_kernel_ms=ones.slowest_kernel_ms)
     release(layer)  # the split's buffers (the inputs go with this function)
     return report, worst
+
+
+def measure_batched_scaling(kernel_on: Callable[[int], Launcher], batch: int, M: int, N: int, K: int,
+                            devices: list[int], *, runs: int = 3, math: str = "3xtf32",
+                            chunks: int = DEFAULT_CHUNKS, layer: CupyLayer | None = None) -> dict:
+    """A strided batch (A, B and C packed, in the launcher's layouts, on the first device) split by
+    batch over `devices` end to end, beside one GPU's batched launch on the whole batch; both
+    checked against float64, then timed alike and in turns (host time of a call until C is
+    complete; medians of `runs` after a warm-up round). A record for multigpu.json."""
+    import cupy as cp
+    from .batched import split_batched
+
+    layer = layer or CupyLayer()
+    home = devices[0]
+    kernel = kernel_on(home)
+    layouts = kernel.layouts
+    with cp.cuda.Device(home):
+        rng = cp.random.default_rng(batch * 7 + M + N + K)
+        values = {"A": rng.uniform(-1, 1, (batch, M, K), dtype=cp.float32),
+                  "B": rng.uniform(-1, 1, (batch, K, N), dtype=cp.float32)}
+        values["C"] = cp.full((batch, M, N), cp.nan, dtype=cp.float32)
+        stored = {name: x if layouts[name] == "row" else cp.ascontiguousarray(x.transpose(0, 2, 1))
+                  for name, x in values.items()}
+    regions = {name: Region(home, stored[name].data.ptr, *values[name].shape[1:], layouts[name],
+                            values[name].shape[2] if layouts[name] == "row" else values[name].shape[1])
+               for name in "ABC"}
+    strides = tuple(values[name].shape[1] * values[name].shape[2] for name in "ABC")
+    compute = layer.stream(home, "compute")
+
+    def one_gpu() -> float:
+        started = time.perf_counter()
+        a, b, c = regions["A"], regions["B"], regions["C"]
+        layer.launch(kernel, M, N, K, 1.0, a, b, 0.0, c, compute, batch=batch, strides=strides)
+        layer.synchronize(home)
+        return (time.perf_counter() - started) * 1e3
+
+    def split() -> float:
+        return split_batched(kernel_on, regions["A"], regions["B"], regions["C"], batch=batch, strides=strides,
+                             devices=devices, layer=layer, chunks=chunks).end_to_end_ms
+
+    def worst() -> float:
+        with cp.cuda.Device(home):
+            C = stored["C"] if layouts["C"] == "row" else stored["C"].transpose(0, 2, 1)
+            return max(worst_error_ratio(cp, values["A"][i], values["B"][i], C[i], math) for i in range(batch))
+
+    error = 0.0
+    for run in (one_gpu, split):
+        with cp.cuda.Device(home):
+            stored["C"].fill(cp.nan)
+        run()
+        error = max(error, worst())
+    one_gpu(), split()
+    rounds = [(one_gpu(), split()) for _ in range(runs)]
+    ones, splits = (sorted(r[i] for r in rounds)[runs // 2] for i in range(2))
+    flops = 2.0 * batch * M * N * K
+    release(layer)
+    return {"devices": devices, "batch": batch, "M": M, "N": N, "K": K, "chunks": chunks,
+            "one_gpu_ms": ones, "one_gpu_tflops": flops / ones / 1e9,
+            "end_to_end_ms": splits, "end_to_end_tflops": flops / splits / 1e9,
+            "end_to_end_scaling": ones / (len(devices) * splits), "worst_error_ratio": error}

@@ -217,7 +217,8 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
 
     `kernels` is a Plan (compiled for each device) or a function giving the kernel to launch on
     a device. A, B and C are device arrays (CuPy, PyTorch, ...) in the kernel's layouts, on any
-    GPUs; C's device gathers the result. `axis` forces the split (0 rows, 1 columns, 2 K; default:
+    GPUs, or Regions (a device address with its size, layout and leading dimension); C's device
+    gathers the result. `axis` forces the split (0 rows, 1 columns, 2 K; default:
     the fewest bytes), `chunks` the blocks each part streams in. `local_views=False` copies even
     operands already on a part's device (to exercise the copies on one GPU). `balance=Balance()`
     (kept by the caller across calls) sizes the parts from the calls before of the same shape,
@@ -242,7 +243,10 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
         where.at(devices[0], "preparing the kernel")
         first = kernel_on(devices[0])
         layouts = first.layouts
-        a, b, c = (layer.locate(x, layouts[n], n) for x, n in ((A, "A"), (B, "B"), (C, "C")))
+        a, b, c = (x if isinstance(x, Region) else layer.locate(x, layouts[n], n)
+                   for x, n in ((A, "A"), (B, "B"), (C, "C")))
+        for device in sorted({x.device for x in (A, B, C) if isinstance(x, Region)}):
+            layer.synchronize(device)  # given as Regions: the caller may still be writing them
         M, K, N = a.rows, a.cols, b.cols
         if b.rows != K or (c.rows, c.cols) != (M, N):
             raise ValueError(f"A is {a.rows} x {a.cols}, B {b.rows} x {b.cols} and C {c.rows} x "

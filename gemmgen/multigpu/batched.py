@@ -1,0 +1,325 @@
+"""A strided batch of GEMMs split over several GPUs by batch: whole matrices per GPU.
+
+`split_batched` takes the batched C ABI's call (the first matrix of A, B and C, the batch count and
+the strides between matrices, 0 for an operand every batch shares) and gives each device a run of
+whole matrices (parts.batch_parts): no GEMM is cut, no partial sum travels, and each device runs
+its share as batched launches of the same launcher (a library's batched entry point, a Kernel).
+
+A device's share is streamed in `chunks` steps of matrices: a step copies its matrices of A and B
+(and of C, where beta reads it) into the device's buffers, launches the batched kernel on them and
+sends its matrices of C back, while the next step's copies and the last step's gather run on
+their own streams. A shared operand (stride 0) goes to each device once, relayed from device to
+device (as prepared.py relays a split's shared block). The device holding C computes its share in
+place. With beta != 0 the results land in a staging batch on C's device, copied into C only once
+every device has finished, so that a failure leaves C as it was.
+
+Like split_gemm, the first call of a key prepares everything (buffers, steps, events) and later
+calls only bind their addresses; the steps are issued in rounds from the calling thread
+(fanout.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
+
+from .fanout import Fanout
+from .parts import FLOAT_BYTES, Region, batch_parts, partition
+from .prepared import Ref, bind
+from .split import MultiGpuError
+
+
+def shifted(region: Region, floats: int) -> Region:
+    """The same matrix `floats` further on: the next matrix of a batch."""
+    return Region(region.device, region.ptr + FLOAT_BYTES * floats, region.rows, region.cols, region.layout,
+                  region.ld)
+
+
+def packed_stride(region: Region) -> int:
+    """The stride of a batch of such matrices packed one after another, each dense."""
+    return region.rows * region.cols
+
+
+class Strided(NamedTuple):
+    """Matrices of a batch: the first one (a Ref: inside the caller's operand, or a buffer) and the
+    stride to the next in floats (0: one matrix for every batch)."""
+
+    first: Ref
+    stride: int
+
+    def at(self, index: int) -> "Strided":
+        slot, region = self.first
+        return Strided((slot, shifted(region, index * self.stride)), self.stride)
+
+
+class BatchCopy(NamedTuple):
+    dst: Strided
+    src: Strided
+    count: int
+
+
+class BatchStep(NamedTuple):
+    """One batched launch of a device's share, with the copies before it and the gather after it."""
+
+    copies: tuple[BatchCopy, ...]
+    after: tuple[Any, ...]        # events of other devices' copies that these relay
+    copied: Any
+    count: int
+    a: Strided
+    b: Strided
+    c: Strided
+    beta: float | None            # None: the call's beta
+    start: Any
+    end: Any
+    gather: BatchCopy | None
+    sent: Any
+
+
+@dataclass
+class BatchPart:
+    device: int
+    start: int                    # its matrices: [start, stop)
+    stop: int
+    kernel: Any
+    copies: Any                   # streams
+    compute: Any
+    out: Any
+    steps: list[BatchStep]
+    begin: Any
+    done: Any
+
+
+@dataclass
+class BatchResult:
+    parts: list[tuple[int, int, int]]          # (device, start, stop)
+    kernel_ms: dict[int, float] = field(default_factory=dict)   # per part
+    end_to_end_ms: float = 0.0
+    bytes_moved: int = 0
+
+
+def copy_batch(layer, copy: BatchCopy, bases: dict[str, int], stream) -> None:
+    """Issue a BatchCopy: one strided copy where the layer has one, else a copy per matrix."""
+    dst, src = bind(copy.dst.first, bases), bind(copy.src.first, bases)
+    strided = getattr(layer, "copy_batch", None)
+    if strided is not None:
+        strided(dst, copy.dst.stride, src, copy.src.stride, copy.count, stream)
+        return
+    for index in range(copy.count):
+        layer.copy(shifted(dst, index * copy.dst.stride), shifted(src, index * copy.src.stride), stream)
+
+
+class PreparedBatch:
+    """Everything a batched split of one call key needs, made once: each part's buffers, steps and
+    events. `operands`: the first matrices of A, B and C as Regions whose ptr is 0 (the call's
+    addresses are bound per call), with their strides."""
+
+    def __init__(self, layer, kernel_on: Callable[[int], Any], at: Callable[[int, str], None],
+                 operands: dict[str, Region], strides: dict[str, int], batch: int, devices: list[int], *,
+                 beta_used: bool, chunks: int):
+        self.layer = layer
+        self.allocated: list[Region] = []
+        self.home = operands["C"].device
+        self.beta_used = beta_used
+        self.bytes_moved = 0
+        self.parts: list[BatchPart] = []
+        whole = {name: Strided((name, region), strides[name]) for name, region in operands.items()}
+        try:
+            at(self.home, "allocating the staging C")
+            c = operands["C"]
+            self.staging = (Strided((None, self._allocate(self.home, c, batch)), packed_stride(c))
+                            if beta_used else whole["C"])
+            self._prepare(kernel_on, at, operands, whole, batch, devices, chunks)
+        except BaseException:
+            self.release()
+            raise
+        self.devices = [part.device for part in self.parts]
+        self.home_out = layer.stream(self.home, "out")
+
+    def _allocate(self, device: int, like: Region, count: int) -> Region:
+        """A buffer of `count` dense matrices like `like` (the first of them)."""
+        lines, length = (like.rows, like.cols) if like.layout == "row" else (like.cols, like.rows)
+        block = self.layer.allocate(device, max(1, count) * lines, length, "row")
+        self.allocated.append(block)
+        return Region(device, block.ptr, like.rows, like.cols, like.layout, max(1, length))
+
+    def _moved(self, copy: BatchCopy) -> None:
+        if copy.dst.first[1].device != copy.src.first[1].device:
+            self.bytes_moved += copy.count * copy.dst.first[1].nbytes
+
+    def _prepare(self, kernel_on, at, operands, whole, batch, devices, chunks) -> None:
+        layer, home = self.layer, self.home
+        placed = [(d, start, stop) for d, (start, stop) in zip(devices, batch_parts(batch, devices)) if stop > start]
+        relay = len({d for d, _, _ in placed}) == len(placed)
+        held: dict[str, tuple[Strided, Any]] = {}  # a shared operand: the newest device holding it, its event
+        for device, start, stop in placed:
+            at(device, "preparing the kernel")
+            kernel = kernel_on(device)
+            at(device, "allocating its buffers")
+            local = {name: operands[name].device == device for name in "AB"}
+            bufs = {}
+            for name in "AB":
+                shared = whole[name].stride == 0
+                if local[name]:
+                    bufs[name] = whole[name].at(start)
+                else:
+                    count = 1 if shared else stop - start
+                    bufs[name] = Strided((None, self._allocate(device, operands[name], count)),
+                                         0 if shared else packed_stride(operands[name]))
+            in_place = device == home
+            bufs["C"] = (self.staging.at(start) if in_place else
+                         Strided((None, self._allocate(device, operands["C"], stop - start)),
+                                 packed_stride(operands["C"])))
+            pieces = 1 if all(local.values()) and in_place else chunks
+            streams = [layer.stream(device, role) for role in ("in", "compute", "out")]
+            steps = []
+            for first, last in partition(stop - start, [0] * max(1, pieces), 1):
+                if last <= first:
+                    continue
+                count = last - first
+                copies, after = [], []
+                copied = layer.event(device)
+                for name in "AB":
+                    if local[name] or (whole[name].stride == 0 and first > 0):
+                        continue
+                    src = whole[name].at(start + first)
+                    if whole[name].stride == 0:
+                        holder = held.get(name) if relay else None
+                        if holder is not None:
+                            src = holder[0]
+                            after.append(holder[1])
+                        held[name] = (bufs[name], copied)
+                    copies.append(BatchCopy(bufs[name].at(first), src, 1 if whole[name].stride == 0 else count))
+                if self.beta_used:  # C's matrices in, where beta reads them
+                    target = bufs["C"].at(first)
+                    copies.append(BatchCopy(target, whole["C"].at(start + first), count))
+                for copy in copies:
+                    self._moved(copy)
+                gather = None
+                if not in_place:
+                    gather = BatchCopy(self.staging.at(start + first), bufs["C"].at(first), count)
+                    self._moved(gather)
+                steps.append(BatchStep(tuple(copies), tuple(after), copied if copies else None, count,
+                                       bufs["A"].at(first), bufs["B"].at(first), bufs["C"].at(first),
+                                       None, layer.event(device), layer.event(device), gather,
+                                       layer.event(device) if gather else None))
+            self.parts.append(BatchPart(device, start, stop, kernel, *streams, steps, layer.event(device),
+                                        layer.event(device)))
+
+    def release(self) -> None:
+        for region in self.allocated:
+            self.layer.free(region)
+        self.allocated = []
+
+
+class BatchCall(Fanout):
+    """One call of a prepared batched split."""
+
+    def __init__(self, prepared: PreparedBatch, shape: tuple[int, int, int], bases: dict[str, int],
+                 alpha: float, beta: float, result: BatchResult):
+        super().__init__(prepared.devices)
+        self.prepared, self.shape, self.bases = prepared, shape, bases
+        self.alpha, self.beta, self.result = alpha, beta, result
+
+    def steps(self, device: int):
+        prepared, bases, layer = self.prepared, self.bases, self.prepared.layer
+        M, N, K = self.shape
+        for index, part in enumerate(prepared.parts):
+            if part.device != device:
+                continue
+            layer.record(device, part.copies, part.begin)
+            for step in part.steps:
+                if step.copies:
+                    self.at(device, "copying its inputs")
+                    for event in step.after:
+                        layer.wait(device, part.copies, event)
+                    for copy in step.copies:
+                        copy_batch(layer, copy, bases, part.copies)
+                    layer.record(device, part.copies, step.copied)
+                    layer.wait(device, part.compute, step.copied)
+                self.at(device, "running the kernel")
+                layer.record(device, part.compute, step.start)
+                a, b, c = (bind(x.first, bases) for x in (step.a, step.b, step.c))
+                layer.launch(part.kernel, M, N, K, self.alpha, a, b, self.beta, c, part.compute,
+                             batch=step.count, strides=(step.a.stride, step.b.stride, step.c.stride))
+                layer.record(device, part.compute, step.end)
+                if step.gather is not None:
+                    self.at(device, "sending its C back")
+                    layer.wait(device, part.out, step.end)
+                    copy_batch(layer, step.gather, bases, part.out)
+                    layer.record(device, part.out, step.sent)
+                yield
+
+    def finish(self, device: int) -> None:
+        layer = self.prepared.layer
+        self.at(device, "waiting for the results")
+        layer.synchronize(device)
+        for index, part in enumerate(self.prepared.parts):
+            if part.device == device:
+                self.result.kernel_ms[index] = sum(layer.elapsed_ms(s.start, s.end) for s in part.steps)
+
+
+def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region, *, batch: int,
+                  strides: tuple[int, int, int], alpha: float = 1.0, beta: float = 0.0, devices: list[int],
+                  layer, chunks: int = 4) -> BatchResult:
+    """C[i] = alpha A[i] B[i] + beta C[i] for i < batch, whole matrices per device. `a`, `b`, `c`:
+    the first matrices (Regions: device, address, size, layout and leading dimension in the
+    launcher's layouts), `strides` the floats between matrices (0: shared by every batch; C's may
+    not be 0 with batch > 1). `kernels(device)` gives the launcher (its `launch` takes `batch` and
+    `strides`). Returns once C is complete; raises MultiGpuError naming the device that failed."""
+    if batch < 0:
+        raise ValueError(f"batch must be >= 0, not {batch}")
+    if batch > 1 and strides[2] == 0:
+        raise ValueError("C's batch stride is 0: every batch would write one matrix")
+    if not devices:
+        raise ValueError("no devices to split over")
+    started = time.perf_counter()
+    M, K, N = a.rows, a.cols, b.cols
+    if b.rows != K or (c.rows, c.cols) != (M, N):
+        raise ValueError(f"A's matrices are {a.rows} x {a.cols}, B's {b.rows} x {b.cols} and C's {c.rows} x "
+                         f"{c.cols}: C's must be M x N for A's M x K times B's K x N")
+    if batch == 0 or M == 0 or N == 0:
+        return BatchResult([])
+    stride = dict(zip("ABC", strides))
+    for device in sorted({x.device for x in (a, b, c)}):  # the caller may still be writing them
+        layer.synchronize(device)
+    offsets = {name: Region(x.device, 0, x.rows, x.cols, x.layout, x.ld) for name, x in zip("ABC", (a, b, c))}
+    stage: dict[str, Any] = {"device": devices[0], "what": "preparing the kernel"}
+    first = kernels(devices[0])
+    key = ("batched", first, M, N, K, batch, tuple(strides), tuple((x.device, x.layout, x.ld) for x in (a, b, c)),
+           tuple(devices), beta != 0, chunks)
+    cache = getattr(layer, "prepared", None)
+    prepared = cache.get(key) if cache is not None else None
+    if prepared is None:
+        try:
+            prepared = PreparedBatch(layer, kernels, lambda device, what: stage.update(device=device, what=what),
+                                     offsets, stride, batch, devices, beta_used=beta != 0, chunks=chunks)
+        except ValueError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure: say which device, write nothing
+            raise MultiGpuError(f"device {stage['device']} failed while {stage['what']}: {exc}; "
+                                "C was not written") from exc
+        if cache is not None:
+            cache.put(key, prepared)
+    result = BatchResult([(p.device, p.start, p.stop) for p in prepared.parts], bytes_moved=prepared.bytes_moved)
+    bases = {"A": a.ptr, "B": b.ptr, "C": c.ptr}
+    call = BatchCall(prepared, (M, N, K), bases, alpha, beta, result).run(prepared.home)
+    if not call.errors and prepared.beta_used:
+        try:
+            copy_batch(layer, BatchCopy(Strided(("C", offsets["C"]), stride["C"]), prepared.staging, batch),
+                       bases, prepared.home_out)
+            layer.synchronize(prepared.home)
+        except Exception as exc:  # noqa: BLE001
+            call.errors.append((prepared.home, "writing C", exc))
+    if call.errors:
+        if cache is not None:
+            cache.drop(key)
+        else:
+            prepared.release()
+        device, stage, exc = call.errors[0]
+        written = "C was not written" if beta != 0 else "C is partly written (beta = 0: its old values were not an input)"
+        raise MultiGpuError(f"device {device} failed while {stage}: {exc}; {written}") from exc
+    if cache is None:
+        prepared.release()
+    result.end_to_end_ms = (time.perf_counter() - started) * 1e3
+    return result
