@@ -9,6 +9,7 @@ from typing import Callable
 
 from ..gpu.verify import tolerance
 from ..plan import Plan
+from .batched import split_batched
 from .cupy_layer import CupyLayer
 from .parts import Balance, Part, Region, make_parts
 from .split import (DEFAULT_CHUNKS, Launcher, ResidentResult, Shard, SplitResult, release, resident_gemm,
@@ -182,7 +183,6 @@ def measure_batched_scaling(kernel_on: Callable[[int], Launcher], batch: int, M:
     checked against float64, then timed alike and in turns (host time of a call until C is
     complete; medians of `runs` after a warm-up round). A record for multigpu.json."""
     import cupy as cp
-    from .batched import split_batched
 
     layer = layer or CupyLayer()
     home = devices[0]
