@@ -12,6 +12,7 @@ import pytest
 from fake_streams import SimArray, SimulatedDevices
 from gemmgen.multigpu.batched import split_batched
 from gemmgen.multigpu.parts import Region
+from gemmgen.multigpu.prepared import PreparedCache
 from gemmgen.multigpu.split import MultiGpuError
 from test_multigpu import small_plan
 
@@ -98,6 +99,16 @@ def test_a_later_call_of_the_same_shape_allocates_nothing():
     _, got, want, _, _ = run(8, 32, 32, 32, layer=layer, seed=1)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert len(layer.allocated) == allocated and len(layer.prepared.entries) == 1
+
+
+def test_the_oldest_prepared_batch_goes_with_its_buffers_when_another_comes():
+    layer = SimulatedDevices(0)
+    first = None
+    for m in range(PreparedCache.KEPT + 1):
+        _, got, want, _, _ = run(4, 16 + 8 * m, 24, 16, layer=layer)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        first = first or list(layer.allocated)
+    assert len(layer.prepared.entries) == PreparedCache.KEPT and all(region in layer.freed for region in first)
 
 
 def test_more_devices_than_matrices_leaves_the_rest_idle():

@@ -20,6 +20,7 @@ calls only bind their addresses; the steps are issued in rounds from the calling
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
@@ -118,6 +119,7 @@ class PreparedBatch:
                  operands: dict[str, Region], strides: dict[str, int], batch: int, devices: list[int], *,
                  beta_used: bool, chunks: int):
         self.layer = layer
+        self.lock = threading.Lock()      # one call of it at a time: they share buffers and events
         self.allocated: list[Region] = []
         self.home = operands["C"].device
         self.beta_used = beta_used
@@ -303,14 +305,15 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
             cache.put(key, prepared)
     result = BatchResult([(p.device, p.start, p.stop) for p in prepared.parts], bytes_moved=prepared.bytes_moved)
     bases = {"A": a.ptr, "B": b.ptr, "C": c.ptr}
-    call = BatchCall(prepared, (M, N, K), bases, alpha, beta, result).run(prepared.home)
-    if not call.errors and prepared.beta_used:
-        try:
-            copy_batch(layer, BatchCopy(Strided(("C", offsets["C"]), stride["C"]), prepared.staging, batch),
-                       bases, prepared.home_out)
-            layer.synchronize(prepared.home)
-        except Exception as exc:  # noqa: BLE001
-            call.errors.append((prepared.home, "writing C", exc))
+    with prepared.lock:
+        call = BatchCall(prepared, (M, N, K), bases, alpha, beta, result).run(prepared.home)
+        if not call.errors and prepared.beta_used:
+            try:
+                copy_batch(layer, BatchCopy(Strided(("C", offsets["C"]), stride["C"]), prepared.staging, batch),
+                           bases, prepared.home_out)
+                layer.synchronize(prepared.home)
+            except Exception as exc:  # noqa: BLE001
+                call.errors.append((prepared.home, "writing C", exc))
     if call.errors:
         if cache is not None:
             cache.drop(key)
