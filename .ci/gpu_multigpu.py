@@ -93,7 +93,8 @@ def markdown(results: dict) -> str:
         lines.append("")
     for item in results["not_run"]:
         lines.append(f"- not run: {item}")
-    failed = [f"{r['subject']} on {len(r['devices'])} GPUs at {r['shape']}: {name}"
+    failed = [f"{r['subject']} on {len(r['devices'])} GPUs at "
+              f"{r.get('shape') or 'a batch of %d of %dx%dx%d' % (r['batch'], r['M'], r['N'], r['K'])}: {name}"
               for r in results["rows"] + results["batched"] for name, good in r["verdict"].items() if not good]
     lines += ["", f"Must-holds: {'all held' if not failed else 'failed: ' + '; '.join(failed)}"
               + f" ({len(results['rows']) + len(results['batched'])} rows).", "", links_markdown(results["links"])]

@@ -229,6 +229,10 @@ class SimulatedDevices:
         with self.lock:
             self._run_until_idle(device)
 
+    def drain(self, device):
+        """The caller's streams are not simulated: the layer's own work is all there is."""
+        self.synchronize(device)
+
     def _run_until_idle(self, device):
         while any(q for (d, _), q in self.queues.items() if d == device):
             heads = [q[0] for q in self.queues.values() if q and self._ready(q[0])]

@@ -193,6 +193,7 @@ def test_the_musthold_command_measures_each_subject_and_count_it_can_and_says_wh
     assert [(r["subject"], r["verdict"]) for r in written["batched"]] == [
         (name, {"end_to_end >= 0.90 x N": True, "matches float64": True}) for name in ("fp32", "tf32")]
     assert "| fp32 | 2 | 137.4 | 261.1 | 0.95 | 384 MiB | ok |" in text
+    assert "Must-holds: failed:" in text and "a batch of 64" not in text.split("Must-holds")[1].split("\n")[0]
     assert "Must-holds: failed: fp32 on 2 GPUs at 384x256x128: end_to_end >= 0.85 x N;" in text
     assert "| GPU 1 | 400.0 | 2000.0 | 25.0 |" in text and "not recorded: nvidia-smi is not on PATH" in text
     # Rows from an honest machine pass; one that measured nothing fails, saying why.

@@ -284,7 +284,7 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
         return BatchResult([])
     stride = dict(zip("ABC", strides))
     for device in sorted({x.device for x in (a, b, c)}):  # the caller may still be writing them
-        layer.synchronize(device)
+        layer.drain(device)
     offsets = {name: Region(x.device, 0, x.rows, x.cols, x.layout, x.ld) for name, x in zip("ABC", (a, b, c))}
     stage: dict[str, Any] = {"device": devices[0], "what": "preparing the kernel"}
     first = kernels(devices[0])

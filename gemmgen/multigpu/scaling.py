@@ -127,8 +127,8 @@ def measure_scaling(kernels: Plan | Callable[[int], Launcher], M: int, N: int, K
                     local_views: bool = True, balance: Balance | None = None, math: str | None = None,
                     layer: CupyLayer | None = None) -> tuple[ScalingReport, float]:
     """One GPU on the whole problem against the split over `devices` (inputs starting on the
-    first, in the kernel's layouts) and against shards already resident (bands of A's rows, B on
-    each device); the split and the shards are checked against float64 first.
+    first, in the kernel's layouts) and against shards already resident (bands of A's rows, B and
+    the band's C on each device); the split and the shards are checked against float64 first.
 
     `kernels` is a Plan or a function giving each device's launcher (a library's LibraryRuntime
     per device); `math` the tolerance's math mode (default: the plan's, or the launcher's plan's).
@@ -157,7 +157,8 @@ def measure_scaling(kernels: Plan | Callable[[int], Launcher], M: int, N: int, K
     for part in rows:
         with cp.cuda.Device(part.device):
             shards.append(Shard(cp.array(A[part.start:part.stop], order="C" if kernel.layouts["A"] == "row" else "F"),
-                                cp.array(B, order="C" if kernel.layouts["B"] == "row" else "F")))
+                                cp.array(B, order="C" if kernel.layouts["B"] == "row" else "F"),
+                                cp.empty((part.size, N), cp.float32, order="C" if kernel.layouts["C"] == "row" else "F")))
     resident = lambda: resident_gemm(kernels, shards, layer=layer)  # noqa: E731
     first = resident()
     with cp.cuda.Device(home):

@@ -76,7 +76,8 @@ class Launcher(Protocol):
 
 class DeviceLayer(Protocol):
     """What a split GEMM needs from the devices. Streams, events and copies are asynchronous;
-    `synchronize` waits for a device's work and raises if any of it failed. `prepared` (a
+    `synchronize` waits for the work the layer queued on a device and raises if any of it failed;
+    `drain` waits for all of a device's work, its caller's too. `prepared` (a
     PreparedCache) keeps the layer's prepared splits; a layer without one prepares every call.
     Its methods are called from the thread that calls the split."""
 
@@ -99,6 +100,7 @@ class DeviceLayer(Protocol):
                beta: float, c: Region, stream: Any) -> None: ...
     def elapsed_ms(self, start: Any, end: Any) -> float: ...
     def synchronize(self, device: int) -> None: ...
+    def drain(self, device: int) -> None: ...
 
 
 def _kernels(kernels: Plan | Callable[[int], Launcher], layer: DeviceLayer) -> Callable[[int], Launcher]:
@@ -246,7 +248,7 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
         a, b, c = (x if isinstance(x, Region) else layer.locate(x, layouts[n], n)
                    for x, n in ((A, "A"), (B, "B"), (C, "C")))
         for device in sorted({x.device for x in (A, B, C) if isinstance(x, Region)}):
-            layer.synchronize(device)  # given as Regions: the caller may still be writing them
+            layer.drain(device)  # given as Regions: the caller may still be writing them
         M, K, N = a.rows, a.cols, b.cols
         if b.rows != K or (c.rows, c.cols) != (M, N):
             raise ValueError(f"A is {a.rows} x {a.cols}, B {b.rows} x {b.cols} and C {c.rows} x "
