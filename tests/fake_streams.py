@@ -12,7 +12,8 @@ layouts); a launch or copy whose operands sit on another device than its stream 
 operation is kept with what it waited for, so a test can ask what a kernel depended on.
 
 Time is simulated too: an op starts when its stream's previous op and the event it waits for have
-ended; a kernel lasts its GFLOP (divided by its device's `speed`), a copy between devices its
+ended, and not before the host issued it (the host's clock moves to the end of a device's work when
+it waits for that device); a kernel lasts its GFLOP (divided by its device's `speed`), a copy between devices its
 bytes over `link_bytes_per_ms` (or that pair's entry in `links`), a copy on one device its bytes
 over `local_bytes_per_ms`, anything else nothing. Events read those clocks (elapsed_ms), so a
 split's timings, what a balance learns from them and a measured peer bandwidth follow the
@@ -73,6 +74,7 @@ class Op:
     link: tuple[int, int] | None = None   # a copy's (source, destination) devices
     nbytes: int = 0             # a copy's bytes
     thread: int = 0             # the host thread that issued it
+    issued: float = 0.0         # simulated ms at which the host issued it: it starts no sooner
 
 
 @dataclass(eq=False)
@@ -100,6 +102,7 @@ class SimulatedDevices:
         self.last: dict[tuple[int, str], Op] = {}
         self.ops: list[Op] = []
         self.moved = 0
+        self.host_ms = 0.0  # the host's simulated clock: where its last wait for a device ended
         self.kernels: dict = {}
         self.freed: list[Region] = []
 
@@ -157,6 +160,7 @@ class SimulatedDevices:
     def _issue(self, op: Op) -> Op:
         with self.lock:
             op.thread = threading.get_ident()
+            op.issued = self.host_ms
             op.after = self.last.get(op.stream)
             self.last[op.stream] = op
             self.queues.setdefault(op.stream, []).append(op)
@@ -228,6 +232,8 @@ class SimulatedDevices:
         self._maybe_fail(device, "sync")
         with self.lock:
             self._run_until_idle(device)
+            ends = [op.end for op in self.ops if op.device == device and op.done]
+            self.host_ms = max([self.host_ms] + ends)  # the host waited until then
 
     def drain(self, device):
         """The caller's streams are not simulated: the layer's own work is all there is."""
@@ -240,7 +246,7 @@ class SimulatedDevices:
                 raise RuntimeError("deadlock: every stream waits on an event that cannot complete")
             op = self.rng.choice(heads)
             self.queues[op.stream].pop(0)
-            op.end = max((x.end for x in (op.after, op.waits_for) if x is not None), default=0.0)
+            op.end = max([x.end for x in (op.after, op.waits_for) if x is not None] + [op.issued])
             op.end += self._duration(op)
             if op.run is not None:
                 op.run()

@@ -147,3 +147,31 @@ def test_bad_arguments_are_refused_before_any_work():
         split_batched(kernel, a, b, c, batch=-1, strides=(64, 64, 64), devices=[0, 1], layer=layer)
     assert split_batched(kernel, a, b, c, batch=0, strides=(64, 64, 64), devices=[0, 1], layer=layer).parts == []
     assert not layer.ops
+
+
+def test_with_a_balance_the_device_holding_the_batch_takes_more_when_links_bound_the_others():
+    """Simulated links slow enough that a remote device spends longer receiving its matrices than
+    computing them: the calls after the first two give the inputs' device the larger share, all
+    devices finish sooner than with even parts, and every result stays right."""
+    from gemmgen.multigpu.parts import Balance
+
+    M = N = K = 64
+    flops = 2 * M * N * K / 1e9                       # simulated ms per matrix at speed 1
+    layer = SimulatedDevices(0, link_bytes_per_ms=4 * 3 * M * N / (2 * flops))  # a matrix's A, B in: 2 x its kernel
+    balance = Balance()
+    rng = np.random.default_rng(0)
+    sa, a, stride_a, A = stack(32, M, K, "row", 0, rng)
+    sb, b, stride_b, B = stack(32, K, N, "row", 0, rng)
+    sc, c, stride_c, _ = stack(32, M, N, "row", 0, rng)
+    plan = small_plan()
+    spans = []
+    for call in range(6):
+        result = split_batched(lambda d: layer.kernel(d, plan), a, b, c, batch=32,
+                               strides=(stride_a, stride_b, stride_c), devices=[0, 1, 2, 3], layer=layer,
+                               balance=balance)
+        np.testing.assert_allclose(read(sc, c, stride_c, 32), np.einsum("bmk,bkn->bmn", A.astype(np.float64), B),
+                                   rtol=1e-4, atol=1e-4)
+        spans.append(max(result.span_ms.values()))
+        sizes = [stop - start for _, start, stop in result.parts]
+    assert sizes[0] > 8 and sizes[0] == max(sizes), sizes   # even parts would be 8 each
+    assert spans[-1] < 0.9 * spans[0], spans

@@ -174,7 +174,7 @@ def test_the_musthold_command_measures_each_subject_and_count_it_can_and_says_wh
         batched.append((kernel_on(devices[0]).name, batch, M, N, K, tuple(devices)))
         return {"devices": devices, "batch": batch, "M": M, "N": N, "K": K, "one_gpu_ms": 1.0, "one_gpu_tflops": 137.4,
                 "end_to_end_ms": 0.5 / 0.95, "end_to_end_tflops": 261.1, "end_to_end_scaling": 0.95,
-                "worst_error_ratio": 0.1}
+                "balanced_parts": [40, 24], "even_scaling": 0.5, "worst_error_ratio": 0.1}
     monkeypatch.setattr(gemmgen.multigpu.scaling, "measure_batched_scaling", fake_batched)
     monkeypatch.setattr(dispatch, "_runtimes", {})
     status = musthold_script.main(["--out", str(tmp_path), "--shapes", "384x256x128", "512x384x256"])
@@ -192,7 +192,7 @@ def test_the_musthold_command_measures_each_subject_and_count_it_can_and_says_wh
     assert [b[1:] for b in batched] == [(64, 1024, 1024, 1024, (0, 1))] * 2
     assert [(r["subject"], r["verdict"]) for r in written["batched"]] == [
         (name, {"end_to_end >= 0.90 x N": True, "matches float64": True}) for name in ("fp32", "tf32")]
-    assert "| fp32 | 2 | 137.4 | 261.1 | 0.95 | 384 MiB | ok |" in text
+    assert "| fp32 | 2 | 137.4 | 261.1 | 0.95 | 40 / 24 | 0.50 | 384 MiB | ok |" in text
     assert "Must-holds: failed:" in text and "a batch of 64" not in text.split("Must-holds")[1].split("\n")[0]
     assert "Must-holds: failed: fp32 on 2 GPUs at 384x256x128: end_to_end >= 0.85 x N;" in text
     assert "| GPU 1 | 400.0 | 2000.0 | 25.0 |" in text and "not recorded: nvidia-smi is not on PATH" in text

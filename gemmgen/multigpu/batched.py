@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 from .fanout import Fanout
-from .parts import FLOAT_BYTES, Region, batch_parts, partition
+from .parts import FLOAT_BYTES, Balance, Region, batch_parts, partition
 from .prepared import Ref, bind
 from .split import MultiGpuError
 
@@ -95,6 +95,7 @@ class BatchPart:
 class BatchResult:
     parts: list[tuple[int, int, int]]          # (device, start, stop)
     kernel_ms: dict[int, float] = field(default_factory=dict)   # per part
+    span_ms: dict[int, float] = field(default_factory=dict)     # per part: its start to its C back
     end_to_end_ms: float = 0.0
     bytes_moved: int = 0
 
@@ -117,7 +118,7 @@ class PreparedBatch:
 
     def __init__(self, layer, kernel_on: Callable[[int], Any], at: Callable[[int, str], None],
                  operands: dict[str, Region], strides: dict[str, int], batch: int, devices: list[int], *,
-                 beta_used: bool, chunks: int):
+                 beta_used: bool, chunks: int, weights: list[float] | None = None):
         self.layer = layer
         self.lock = threading.Lock()      # one call of it at a time: they share buffers and events
         self.allocated: list[Region] = []
@@ -131,7 +132,7 @@ class PreparedBatch:
             c = operands["C"]
             self.staging = (Strided((None, self._allocate(self.home, c, batch)), packed_stride(c))
                             if beta_used else whole["C"])
-            self._prepare(kernel_on, at, operands, whole, batch, devices, chunks)
+            self._prepare(kernel_on, at, operands, whole, batch, devices, chunks, weights)
         except BaseException:
             self.release()
             raise
@@ -149,9 +150,14 @@ class PreparedBatch:
         if copy.dst.first[1].device != copy.src.first[1].device:
             self.bytes_moved += copy.count * copy.dst.first[1].nbytes
 
-    def _prepare(self, kernel_on, at, operands, whole, batch, devices, chunks) -> None:
+    def _prepare(self, kernel_on, at, operands, whole, batch, devices, chunks, weights) -> None:
         layer, home = self.layer, self.home
-        placed = [(d, start, stop) for d, (start, stop) in zip(devices, batch_parts(batch, devices)) if stop > start]
+        self.positions = []
+        placed = []
+        for position, (d, (start, stop)) in enumerate(zip(devices, batch_parts(batch, devices, weights))):
+            if stop > start:
+                placed.append((d, start, stop))
+                self.positions.append(position)
         relay = len({d for d, _, _ in placed}) == len(placed)
         held: dict[str, tuple[Strided, Any]] = {}  # a shared operand: the newest device holding it, its event
         for device, start, stop in placed:
@@ -251,6 +257,7 @@ class BatchCall(Fanout):
                     copy_batch(layer, step.gather, bases, part.out)
                     layer.record(device, part.out, step.sent)
                 yield
+            layer.record(device, part.out if part.steps[-1].gather is not None else part.compute, part.done)
 
     def finish(self, device: int) -> None:
         layer = self.prepared.layer
@@ -259,16 +266,23 @@ class BatchCall(Fanout):
         for index, part in enumerate(self.prepared.parts):
             if part.device == device:
                 self.result.kernel_ms[index] = sum(layer.elapsed_ms(s.start, s.end) for s in part.steps)
+                self.result.span_ms[index] = layer.elapsed_ms(part.begin, part.done)
 
 
 def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region, *, batch: int,
                   strides: tuple[int, int, int], alpha: float = 1.0, beta: float = 0.0, devices: list[int],
-                  layer, chunks: int = 4) -> BatchResult:
+                  layer, chunks: int = 4, balance: Balance | None = None) -> BatchResult:
     """C[i] = alpha A[i] B[i] + beta C[i] for i < batch, whole matrices per device. `a`, `b`, `c`:
     the first matrices (Regions: device, address, size, layout and leading dimension in the
     launcher's layouts), `strides` the floats between matrices (0: shared by every batch; C's may
     not be 0 with batch > 1). `kernels(device)` gives the launcher (its `launch` takes `batch` and
-    `strides`). Returns once C is complete; raises MultiGpuError naming the device that failed."""
+    `strides`). Returns once C is complete; raises MultiGpuError naming the device that failed.
+
+    `balance=Balance()`, kept by the caller across calls, sizes the parts from the calls before of
+    the same key: a device whose matrices must first cross a link (the batch's inputs on one GPU)
+    then takes fewer than the device that holds them, so that all finish together. From one GPU's
+    inputs a batch of small matrices is bound by that GPU's links; the balance moves work back to
+    it rather than leaving it idle while the others wait for their copies."""
     if batch < 0:
         raise ValueError(f"batch must be >= 0, not {batch}")
     if batch > 1 and strides[2] == 0:
@@ -290,12 +304,16 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
     first = kernels(devices[0])
     key = ("batched", first, M, N, K, batch, tuple(strides), tuple((x.device, x.layout, x.ld) for x in (a, b, c)),
            tuple(devices), beta != 0, chunks)
+    learnt = key[1:]
+    weights = balance.weights(learnt, len(devices), batch) if balance is not None else None
+    key += (tuple(batch_parts(batch, devices, weights)),)
     cache = getattr(layer, "prepared", None)
     prepared = cache.get(key) if cache is not None else None
     if prepared is None:
         try:
             prepared = PreparedBatch(layer, kernels, lambda device, what: stage.update(device=device, what=what),
-                                     offsets, stride, batch, devices, beta_used=beta != 0, chunks=chunks)
+                                     offsets, stride, batch, devices, beta_used=beta != 0, chunks=chunks,
+                                     weights=weights)
         except ValueError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure: say which device, write nothing
@@ -324,5 +342,8 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
         raise MultiGpuError(f"device {device} failed while {stage}: {exc}; {written}") from exc
     if cache is None:
         prepared.release()
+    if balance is not None:
+        balance.learn(learnt, len(devices), [(position, part.stop - part.start, (result.kernel_ms[i], result.span_ms[i]))
+                                             for i, (position, part) in enumerate(zip(prepared.positions, prepared.parts))])
     result.end_to_end_ms = (time.perf_counter() - started) * 1e3
     return result

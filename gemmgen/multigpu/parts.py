@@ -1,5 +1,5 @@
 """What a split GEMM cuts and where, as pure functions with no device: matrices as regions of device
-memory, the parts of an axis (and of a batch: batch_parts, for issue 29's batched calls), the byte
+memory, the parts of an axis (and of a batch: batch_parts, for batched calls), the byte
 model that chooses the axis (split_traffic, choose_axis), balancing repeated calls (Balance), and
 each part's schedule of copy and kernel steps."""
 
@@ -83,14 +83,12 @@ def partition(length: int, devices: list[int], granule: int,
     return bounds
 
 
-def batch_parts(batch: int, devices: list[int]) -> list[tuple[int, int]]:
-    """The hook for batched calls (issue 29 adds them): a strided batch splits by batch first,
-    [start, stop) of whole matrices per device, as evenly as can be, so that no GEMM is cut, no
-    partial sum travels and each device runs its share as one batched launch. Only a batch smaller
-    than the device count would leave devices idle; cutting each matrix as well is then the 2-D
-    split's job. Nothing launches batches yet: gemmgen.matmul(devices=...) refuses 3-D operands
-    naming issue 29."""
-    return partition(batch, devices, 1)
+def batch_parts(batch: int, devices: list[int], weights: list[float] | None = None) -> list[tuple[int, int]]:
+    """A strided batch's parts (multigpu/batched.py): [start, stop) of whole matrices per device, as
+    evenly as can be or in proportion to `weights` (a Balance's), so that no GEMM is cut, no partial
+    sum travels and each device runs its share as batched launches. A batch smaller than the device
+    count leaves devices idle."""
+    return partition(batch, devices, 1, weights)
 
 
 def make_parts(M: int, N: int, K: int, devices: list[int], axis: int, granule: int,

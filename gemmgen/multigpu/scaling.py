@@ -180,9 +180,10 @@ def measure_batched_scaling(kernel_on: Callable[[int], Launcher], batch: int, M:
                             devices: list[int], *, runs: int = 3, math: str = "3xtf32",
                             chunks: int = DEFAULT_CHUNKS, layer: CupyLayer | None = None) -> dict:
     """A strided batch (A, B and C packed, in the launcher's layouts, on the first device) split by
-    batch over `devices` end to end, beside one GPU's batched launch on the whole batch; both
+    batch over `devices` end to end, with a Balance kept across the calls (the record's parts are
+    what it learned) and with even parts, beside one GPU's batched launch on the whole batch; all
     checked against float64, then timed alike and in turns (host time of a call until C is
-    complete; medians of `runs` after a warm-up round). A record for multigpu.json."""
+    complete; medians of `runs` after 4 warm-up rounds). A record for multigpu.json."""
     import cupy as cp
 
     layer = layer or CupyLayer()
@@ -209,9 +210,12 @@ def measure_batched_scaling(kernel_on: Callable[[int], Launcher], batch: int, M:
         layer.synchronize(home)
         return (time.perf_counter() - started) * 1e3
 
-    def split() -> float:
+    balance = Balance()
+
+    def split(balanced: bool = True) -> float:
         return split_batched(kernel_on, regions["A"], regions["B"], regions["C"], batch=batch, strides=strides,
-                             devices=devices, layer=layer, chunks=chunks).end_to_end_ms
+                             devices=devices, layer=layer, chunks=chunks,
+                             balance=balance if balanced else None).end_to_end_ms
 
     def worst() -> float:
         with cp.cuda.Device(home):
@@ -219,17 +223,22 @@ def measure_batched_scaling(kernel_on: Callable[[int], Launcher], batch: int, M:
             return max(worst_error_ratio(cp, values["A"][i], values["B"][i], C[i], math) for i in range(batch))
 
     error = 0.0
-    for run in (one_gpu, split):
+    for run in (one_gpu, split, lambda: split(False)):
         with cp.cuda.Device(home):
             stored["C"].fill(cp.nan)
+        layer.drain(home)  # the fill ran on the null stream, which our non-blocking streams do not wait for
         run()
         error = max(error, worst())
-    one_gpu(), split()
-    rounds = [(one_gpu(), split()) for _ in range(runs)]
-    ones, splits = (sorted(r[i] for r in rounds)[runs // 2] for i in range(2))
+    for _ in range(4):  # warm-up; the balance learns from these calls
+        one_gpu(), split()
+    rounds = [(one_gpu(), split(), split(False)) for _ in range(runs)]
+    ones, splits, evens = (sorted(r[i] for r in rounds)[runs // 2] for i in range(3))
     flops = 2.0 * batch * M * N * K
+    parts = split_batched(kernel_on, regions["A"], regions["B"], regions["C"], batch=batch, strides=strides,
+                          devices=devices, layer=layer, chunks=chunks, balance=balance).parts
     release(layer)
     return {"devices": devices, "batch": batch, "M": M, "N": N, "K": K, "chunks": chunks,
             "one_gpu_ms": ones, "one_gpu_tflops": flops / ones / 1e9,
             "end_to_end_ms": splits, "end_to_end_tflops": flops / splits / 1e9,
-            "end_to_end_scaling": ones / (len(devices) * splits), "worst_error_ratio": error}
+            "end_to_end_scaling": ones / (len(devices) * splits), "balanced_parts": [stop - start for _, start, stop in parts],
+            "even_end_to_end_ms": evens, "even_scaling": ones / (len(devices) * evens), "worst_error_ratio": error}

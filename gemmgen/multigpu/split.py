@@ -31,9 +31,7 @@ H200s). A device that fails raises MultiGpuError naming it. Repeated calls of on
 balanced if the caller asks (`Balance`): a device that starts late or runs slower takes less.
 `resident_gemm` is the case with nothing to move: each device multiplies the shards it holds.
 
-Batched calls (issue 29) will split by batch first: whole matrices per device (parts.batch_parts),
-each device's share one batched launch, nothing cut or summed across devices. Until the batched
-entry points exist, there is nothing to split: gemmgen.matmul(devices=...) refuses 3-D operands.
+Batched calls split by batch instead, whole matrices per device (batched.py).
 
 What runs on a device is anything with the C ABI's `launch(M, N, K, alpha, A, lda, B, ldb, beta,
 C, ldc, stream=...)` and a `layouts` dict ({"A": "row" | "col", "B": ..., "C": ...}): a gemmgen
