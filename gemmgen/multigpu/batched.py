@@ -98,6 +98,7 @@ class BatchResult:
     span_ms: dict[int, float] = field(default_factory=dict)     # per part: its start to its C back
     end_to_end_ms: float = 0.0
     bytes_moved: int = 0
+    issue_ms: float = 0.0                                        # host time issuing the devices' steps
 
 
 def copy_batch(layer, copy: BatchCopy, bases: dict[str, int], stream) -> None:
@@ -325,6 +326,7 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
     bases = {"A": a.ptr, "B": b.ptr, "C": c.ptr}
     with prepared.lock:
         call = BatchCall(prepared, (M, N, K), bases, alpha, beta, result).run(prepared.home)
+        result.issue_ms = call.issue_ms
         if not call.errors and prepared.beta_used:
             try:
                 copy_batch(layer, BatchCopy(Strided(("C", offsets["C"]), stride["C"]), prepared.staging, batch),

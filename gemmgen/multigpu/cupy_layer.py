@@ -38,11 +38,10 @@ class CupyLayer:
         return runtime.device_count()
 
     def locate(self, array: Any, layout: str, what: str) -> Region:
+        """The array as a Region. (The caller may still be writing it on a stream of its own, which
+        ours do not wait for: a split drains each operand's device once before it starts.)"""
         m = as_matrix(array, what, layout)
         device = self.cp.cuda.runtime.pointerGetAttributes(m.ptr).device if m.ptr else 0
-        # The caller may still be writing it on its own stream, which ours do not wait for.
-        with self.cp.cuda.Device(device):
-            self.cp.cuda.Device(device).synchronize()
         return Region(device, m.ptr, m.rows, m.cols, m.layout, m.ld)
 
     def device_of(self, array: Any) -> int:

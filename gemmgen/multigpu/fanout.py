@@ -22,6 +22,7 @@ issuing waits for every device too, then goes on up.
 
 from __future__ import annotations
 
+import time
 from typing import Iterator
 
 
@@ -34,6 +35,7 @@ class Fanout:
         self.devices = list(dict.fromkeys(devices))
         self.stage: dict[int, str] = {}  # per device: what it is doing, for the error that names it
         self.errors: list[tuple[int, str, BaseException]] = []
+        self.issue_ms = 0.0  # host time spent issuing the rounds
 
     def steps(self, device: int) -> Iterator[None]:
         """Queue the device's share, yielding after each step."""
@@ -54,6 +56,7 @@ class Fanout:
     def run(self, home: int) -> "Fanout":
         """Issue every device's steps in rounds, then after_issue (its failure counted on `home`),
         then finish each device."""
+        started = time.perf_counter()
         try:
             active = {device: self.steps(device) for device in self.devices}
             while active:
@@ -65,6 +68,7 @@ class Fanout:
                     except Exception as exc:  # noqa: BLE001 - kept for the caller, which raises it
                         self._failed(device, exc)
                         del active[device]
+            self.issue_ms = (time.perf_counter() - started) * 1e3
             try:
                 self.after_issue()
             except Exception as exc:  # noqa: BLE001

@@ -74,6 +74,7 @@ def scaling_record(report: ScalingReport, worst: float) -> dict:
             "one_gpu_kernel_ms": report.one_gpu_kernel_ms,
             "kernel_tflops": report.kernel_tflops, "efficiency": report.efficiency,
             "end_to_end_ms": split.end_to_end_ms, "end_to_end_tflops": report.end_to_end_tflops,
+            "issue_ms": split.issue_ms, "span_ms": list(split.span_ms.values()),
             "end_to_end_scaling": report.scaling(report.end_to_end_tflops),
             "resident_ms": report.resident.end_to_end_ms if report.resident else None,
             "resident_kernel_ms": list(report.resident.kernel_ms) if report.resident else None,
@@ -148,6 +149,7 @@ def measure_scaling(kernels: Plan | Callable[[int], Launcher], M: int, N: int, K
     with cp.cuda.Device(home):
         A, B, C = _inputs(cp, M, N, K, kernel.layouts, M * 31 + N * 17 + K)
         regions = [layer.locate(x, kernel.layouts[n], n) for x, n in ((A, "A"), (B, "B"), (C, "C"))]
+        layer.drain(home)  # made on the null stream, which the layer's streams do not wait for
         split = lambda: split_gemm(kernels, A, B, C, devices=devices, layer=layer, axis=axis,  # noqa: E731
                                    chunks=chunks, local_views=local_views, balance=balance)
         one_gpu = lambda: _one_gpu(layer, kernel, home, *regions)  # noqa: E731

@@ -134,6 +134,7 @@ class SplitResult:
     end_to_end_ms: float = 0.0
     bytes_moved: int = 0            # between devices
     steps: dict[int, int] = field(default_factory=dict)          # kernels per part
+    issue_ms: float = 0.0           # host time issuing the devices' steps
 
     @property
     def slowest_kernel_ms(self) -> float:
@@ -245,8 +246,8 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
         layouts = first.layouts
         a, b, c = (x if isinstance(x, Region) else layer.locate(x, layouts[n], n)
                    for x, n in ((A, "A"), (B, "B"), (C, "C")))
-        for device in sorted({x.device for x in (A, B, C) if isinstance(x, Region)}):
-            layer.drain(device)  # given as Regions: the caller may still be writing them
+        for device in sorted({a.device, b.device, c.device}):
+            layer.drain(device)  # the caller may still be writing them on a stream of its own
         M, K, N = a.rows, a.cols, b.cols
         if b.rows != K or (c.rows, c.cols) != (M, N):
             raise ValueError(f"A is {a.rows} x {a.cols}, B {b.rows} x {b.cols} and C {c.rows} x "
@@ -289,6 +290,7 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
                              bytes_moved=prepared.bytes_moved)
         call = SplitCall(prepared, {"A": a.ptr, "B": b.ptr, "C": c.ptr}, alpha, beta, result)
         call.run(prepared.home)  # interrupted (Ctrl-C): the devices still finish before it goes on up
+        result.issue_ms = call.issue_ms
         if not call.errors and prepared.beta_used:
             try:
                 where.at(prepared.home, "writing C")
@@ -401,6 +403,9 @@ def resident_gemm(kernels: Plan | Callable[[int], Launcher], shards: list[Shard]
                                  f"{b.cols}, C {c.rows} x {c.cols} do not multiply")
             launches.setdefault(device, []).append((index, kernel, a, b, c, layer.stream(device, "compute"),
                                                     layer.event(device), layer.event(device)))
+        for device in launches:  # once each: the caller may still be writing the shards
+            where.at(device, "waiting for the caller's work")
+            layer.drain(device)
     except ValueError:
         raise  # shards that do not multiply, or not on one device each
     except Exception as exc:  # noqa: BLE001
