@@ -83,14 +83,14 @@ def markdown(results: dict) -> str:
         batch, M, N, K = BATCHED
         lines += [f"A batch of {batch} of {M}x{N}x{K} split by batch (whole matrices per GPU), end to end from "
                   f"GPU 0, beside one GPU's batched launch on the whole batch:", "",
-                  f"| library | GPUs | 1 GPU TFLOP/s | end to end TFLOP/s (balanced) | x N (must {BATCHED_MUST:.2f}) | "
+                  f"| library | GPUs | 1 GPU TFLOP/s | end to end TFLOP/s (sized) | x N (must {BATCHED_MUST:.2f}) | "
                   "matrices per GPU | even parts: x N | moved per GPU (even) | float64 check |",
                   "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
         for row in results["batched"]:
             good = row["verdict"][f"end_to_end >= {BATCHED_MUST:.2f} x N"]
             lines.append(f"| {row['subject']} | {len(row['devices'])} | {row['one_gpu_tflops']:.1f} | "
                          f"{row['end_to_end_tflops']:.1f} | {row['end_to_end_scaling']:.2f}{'' if good else ' **below**'} | "
-                         f"{' / '.join(map(str, row['balanced_parts']))} | {row['even_scaling']:.2f} | "
+                         f"{' / '.join(map(str, row['parts']))} | {row['even_scaling']:.2f} | "
                          f"{row['bound']} | {'ok' if row['verdict']['matches float64'] else 'FAIL'} |")
         lines.append("")
     for item in results["not_run"]:

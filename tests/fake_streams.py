@@ -15,7 +15,8 @@ Time is simulated too: an op starts when its stream's previous op and the event 
 ended, and not before the host issued it (the host's clock moves to the end of a device's work when
 it waits for that device); a kernel lasts its GFLOP (divided by its device's `speed`), a copy between devices its
 bytes over `link_bytes_per_ms` (or that pair's entry in `links`), a copy on one device its bytes
-over `local_bytes_per_ms`, anything else nothing. Events read those clocks (elapsed_ms), so a
+over `local_bytes_per_ms`, anything else nothing; with `port_bytes_per_ms`, a device's outgoing
+copies also take turns on its one port at that rate. Events read those clocks (elapsed_ms), so a
 split's timings, what a balance learns from them and a measured peer bandwidth follow the
 simulated machine.
 
@@ -89,9 +90,11 @@ class SimulatedDevices:
     def __init__(self, seed: int = 0, fail_on: tuple[int, str] | None = None, tf32: bool = False,
                  speed: dict[int, float] | None = None, link_bytes_per_ms: float = float("inf"),
                  links: dict[tuple[int, int], float] | None = None, local_bytes_per_ms: float = float("inf"),
-                 count: int = 8):
+                 count: int = 8, port_bytes_per_ms: float = float("inf")):
         self.speed, self.link_bytes_per_ms = speed or {}, link_bytes_per_ms
         self.links, self.local_bytes_per_ms, self.count = links or {}, local_bytes_per_ms, count
+        self.port_bytes_per_ms = port_bytes_per_ms
+        self.port_free: dict[int, float] = {}  # per device: when its outgoing port is next free
         self.lock = threading.RLock()
         self.prepared = PreparedCache()
         self.allocated: list[Region] = []
@@ -249,7 +252,13 @@ class SimulatedDevices:
             op = self.rng.choice(heads)
             self.queues[op.stream].pop(0)
             op.end = max([x.end for x in (op.after, op.waits_for) if x is not None] + [op.issued])
-            op.end += self._duration(op)
+            if op.kind == "copy" and op.link[0] != op.link[1] and self.port_bytes_per_ms != float("inf"):
+                # the source's outgoing port carries one copy at a time
+                op.end = max(op.end, self.port_free.get(op.link[0], 0.0))
+                op.end += max(self._duration(op), op.nbytes / self.port_bytes_per_ms)
+                self.port_free[op.link[0]] = op.end
+            else:
+                op.end += self._duration(op)
             if op.run is not None:
                 op.run()
             op.done = True

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fake_streams import SimArray, SimulatedDevices
-from gemmgen.multigpu.batched import split_batched
+from gemmgen.multigpu.batched import Shares, home_share, split_batched
 from gemmgen.multigpu.parts import Region
 from gemmgen.multigpu.prepared import PreparedCache
 from gemmgen.multigpu.split import MultiGpuError
@@ -149,29 +149,43 @@ def test_bad_arguments_are_refused_before_any_work():
     assert not layer.ops
 
 
-def test_with_a_balance_the_device_holding_the_batch_takes_more_when_links_bound_the_others():
-    """Simulated links slow enough that a remote device spends longer receiving its matrices than
-    computing them: the calls after the first two give the inputs' device the larger share, all
-    devices finish sooner than with even parts, and every result stays right."""
-    from gemmgen.multigpu.parts import Balance
+def test_the_share_of_the_gpu_holding_the_inputs_follows_its_links():
+    # 64 matrices; a kernel of 1 ms a matrix; a matrix's inputs 8 MB, its C 4 MB
+    fast = dict(in_bytes=8e6, out_bytes=4e6, out_gbps=1e6, in_gbps=1e6)
+    assert home_share(64, 3, 1.0, **fast) == 16                    # fast links: even
+    slow = dict(in_bytes=8e6, out_bytes=4e6, out_gbps=4.0, in_gbps=4.0)   # a matrix's inputs: 2 ms out
+    assert home_share(64, 3, 1.0, **slow) == round(64 * 2 / 3)      # n0 x 1 ms = (64 - n0) x 2 ms
+    assert home_share(64, 1, 1.0, **slow) == round(64 * 2 / 3)      # the link is shared: as many remotes as one
+    assert home_share(64, 0, 1.0, **slow) == 64 and home_share(10, 3, 1.0, **dict(slow, out_gbps=1e-9)) == 10
 
+
+@pytest.mark.parametrize("speed", ["fast", "slow"])
+def test_after_its_first_call_a_batch_from_one_gpu_gives_that_gpu_the_share_its_links_call_for(speed):
+    """Simulated links: fast (every device takes an even share), or each GPU's one outgoing port so
+    slow that a matrix's inputs take twice its kernel to leave: the calls after the first keep
+    about two thirds on the inputs' GPU, end sooner than even parts, and stay right; the key is
+    prepared twice, no more."""
     M = N = K = 64
     flops = 2 * M * N * K / 1e9                       # simulated ms per matrix at speed 1
-    layer = SimulatedDevices(0, link_bytes_per_ms=4 * 3 * M * N / (2 * flops))  # a matrix's A, B in: 2 x its kernel
-    balance = Balance()
+    port = float("inf") if speed == "fast" else 4 * 2 * M * K / (2 * flops)
+    layer = SimulatedDevices(0, port_bytes_per_ms=port)
     rng = np.random.default_rng(0)
-    sa, a, stride_a, A = stack(32, M, K, "row", 0, rng)
-    sb, b, stride_b, B = stack(32, K, N, "row", 0, rng)
-    sc, c, stride_c, _ = stack(32, M, N, "row", 0, rng)
+    sa, a, stride_a, A = stack(48, M, K, "row", 0, rng)
+    sb, b, stride_b, B = stack(48, K, N, "row", 0, rng)
+    sc, c, stride_c, _ = stack(48, M, N, "row", 0, rng)
     plan = small_plan()
-    spans = []
-    for call in range(6):
-        result = split_batched(lambda d: layer.kernel(d, plan), a, b, c, batch=32,
+    shares, spans, parts = Shares(), [], []
+    for call in range(4):
+        result = split_batched(lambda d: layer.kernel(d, plan), a, b, c, batch=48,
                                strides=(stride_a, stride_b, stride_c), devices=[0, 1, 2, 3], layer=layer,
-                               balance=balance)
-        np.testing.assert_allclose(read(sc, c, stride_c, 32), np.einsum("bmk,bkn->bmn", A.astype(np.float64), B),
+                               shares=shares)
+        np.testing.assert_allclose(read(sc, c, stride_c, 48), np.einsum("bmk,bkn->bmn", A.astype(np.float64), B),
                                    rtol=1e-4, atol=1e-4)
         spans.append(max(result.span_ms.values()))
-        sizes = [stop - start for _, start, stop in result.parts]
-    assert sizes[0] > 8 and sizes[0] == max(sizes), sizes   # even parts would be 8 each
-    assert spans[-1] < 0.9 * spans[0], spans
+        parts.append([stop - start for _, start, stop in result.parts])
+    assert parts[0] == [12, 12, 12, 12] and parts[1] == parts[2] == parts[3]
+    if speed == "fast":
+        assert parts[1] == [12, 12, 12, 12]
+    else:
+        assert 28 <= parts[1][0] <= 36 and spans[-1] < 0.8 * spans[0], (parts, spans)
+    assert len(layer.prepared.entries) == (1 if speed == "fast" else 2)

@@ -174,7 +174,7 @@ def test_the_musthold_command_measures_each_subject_and_count_it_can_and_says_wh
         batched.append((kernel_on(devices[0]).name, batch, M, N, K, tuple(devices)))
         return {"devices": devices, "batch": batch, "M": M, "N": N, "K": K, "one_gpu_ms": 1.0, "one_gpu_tflops": 137.4,
                 "end_to_end_ms": 0.5 / 0.95, "end_to_end_tflops": 261.1, "end_to_end_scaling": 0.95,
-                "balanced_parts": [40, 24], "even_scaling": 0.5, "worst_error_ratio": 0.1}
+                "parts": [40, 24], "even_scaling": 0.5, "worst_error_ratio": 0.1}
     monkeypatch.setattr(gemmgen.multigpu.scaling, "measure_batched_scaling", fake_batched)
     monkeypatch.setattr(dispatch, "_runtimes", {})
     status = musthold_script.main(["--out", str(tmp_path), "--shapes", "384x256x128", "512x384x256"])

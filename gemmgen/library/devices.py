@@ -10,8 +10,8 @@ The call waits for the devices holding its operands, and returns with C complete
 
 A batched call (3-D or more operands) is routed as on one GPU (one strided-batched launch, or one
 GEMM of stacked rows where A's batches fold) and that launch split over the devices: whole matrices
-per device (gemmgen.multigpu.batched), sized by what the calls before of the same key measured
-(BATCH_BALANCE), or, for a folded batch, the one GEMM split as any other.
+per device (gemmgen.multigpu.batched: the GPU holding the inputs keeps the share its links call
+for, from the first call of each key), or, for a folded batch, the one GEMM split as any other.
 """
 
 from __future__ import annotations
@@ -21,14 +21,8 @@ from typing import Any, Callable
 
 from ..gpu.runtime import require_cupy
 from ..multigpu.batched import BatchResult, split_batched
-from ..multigpu.parts import Balance, Region
+from ..multigpu.parts import Region
 from ..multigpu.split import Launcher, SplitResult, default_layer, resolve_devices, split_gemm
-
-
-BATCH_BALANCE = Balance()
-"""The sizes of batched calls' parts, learned from the calls before of each key: a batch whose
-matrices start on one GPU is bound by that GPU's links, so that GPU keeps more of it (the first two
-calls of a key split evenly)."""
 
 
 def layer():
@@ -93,4 +87,4 @@ def split_batched_call(runtime_on: Callable[[int], Launcher], arrays: tuple[Any,
     if batch == 1:
         return split_gemm(runtime_on, a, b, c, alpha=alpha, beta=beta, devices=devices, layer=layer())
     return split_batched(runtime_on, a, b, c, batch=batch, strides=(sa, sb, sc), alpha=alpha, beta=beta,
-                         devices=devices, layer=layer(), balance=BATCH_BALANCE)
+                         devices=devices, layer=layer())

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 from .fanout import Fanout
-from .parts import FLOAT_BYTES, Balance, Region, batch_parts, partition
+from .parts import FLOAT_BYTES, Region, batch_parts, partition
 from .prepared import Ref, bind
+from .topology import peer_bandwidth
 from .split import MultiGpuError
 
 
@@ -101,6 +103,68 @@ class BatchResult:
     issue_ms: float = 0.0                                        # host time issuing the devices' steps
 
 
+def home_share(batch: int, remotes: int, kernel_ms: float, in_bytes: int, out_bytes: int,
+               out_gbps: float, in_gbps: float) -> int:
+    """How many of `batch` matrices the GPU holding the inputs keeps when `remotes` other GPUs take
+    the rest, evenly. Each remote matrix must leave that GPU (`in_bytes` at `out_gbps`, every
+    remote sharing its ports) and its C come back (`out_bytes` at `in_gbps`), while the GPU itself
+    computes a matrix in `kernel_ms`. Finishing together: n0 kernel_ms = (batch - n0) m, where m
+    is the per-matrix time of the slowest of the outgoing link, the incoming link and the remotes'
+    own kernels (kernel_ms / remotes); with fast links that is an even split."""
+    if remotes <= 0 or kernel_ms <= 0:
+        return batch
+    per_ms = lambda gbps: gbps * 1e6  # noqa: E731 - bytes a millisecond
+    m = max(in_bytes / per_ms(out_gbps), out_bytes / per_ms(in_gbps), kernel_ms / remotes)
+    return min(batch, max(0, round(batch * m / (kernel_ms + m))))
+
+
+class Shares:
+    """The parts of batched calls whose inputs lie on one GPU of the split, by call key: the first
+    call of a key splits evenly and times the inputs' GPU's kernels; later calls give that GPU
+    `home_share` of the batch, from that time and the links' bandwidth (topology.peer_bandwidth,
+    measured once per pair of GPUs with 64 MiB copies). Kept once learned, so that a key is
+    prepared at most twice."""
+
+    KEPT = 64
+    PROBE_BYTES = 64 << 20
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.weights: OrderedDict[tuple, list[float]] = OrderedDict()
+        self.rates: dict[tuple[int, int], float] = {}   # (source, destination): GB/s
+
+    def rate(self, layer, source: int, destination: int) -> float:
+        if (source, destination) not in self.rates:
+            pair = sorted({source, destination})
+            gbps = peer_bandwidth(layer, pair, self.PROBE_BYTES, repeats=3)["gbps"]
+            for i, a in enumerate(pair):
+                for j, b in enumerate(pair):
+                    self.rates[a, b] = gbps[i][j] or float("inf")  # too fast to time: no bound
+        return self.rates[source, destination]
+
+    def get(self, key: tuple) -> list[float] | None:
+        with self.lock:
+            return self.weights.get(key)
+
+    def learn(self, key: tuple, layer, devices: list[int], home: int, batch: int, kernel_ms_per_matrix: float,
+              in_bytes: int, out_bytes: int) -> None:
+        remotes = [d for d in devices if d != home]
+        if not remotes or home not in devices:
+            return
+        out_gbps = min(self.rate(layer, home, d) for d in remotes)
+        in_gbps = min(self.rate(layer, d, home) for d in remotes)
+        n0 = home_share(batch, len(remotes), kernel_ms_per_matrix, in_bytes, out_bytes, out_gbps, in_gbps)
+        rest = (batch - n0) / len(remotes)
+        weights = [float(n0) if d == home else rest for d in devices]
+        with self.lock:
+            self.weights[key] = weights
+            if len(self.weights) > self.KEPT:
+                self.weights.popitem(last=False)
+
+
+SHARES = Shares()
+
+
 def copy_batch(layer, copy: BatchCopy, bases: dict[str, int], stream) -> None:
     """Issue a BatchCopy: one strided copy where the layer has one, else a copy per matrix."""
     dst, src = bind(copy.dst.first, bases), bind(copy.src.first, bases)
@@ -153,12 +217,8 @@ class PreparedBatch:
 
     def _prepare(self, kernel_on, at, operands, whole, batch, devices, chunks, weights) -> None:
         layer, home = self.layer, self.home
-        self.positions = []
-        placed = []
-        for position, (d, (start, stop)) in enumerate(zip(devices, batch_parts(batch, devices, weights))):
-            if stop > start:
-                placed.append((d, start, stop))
-                self.positions.append(position)
+        placed = [(d, start, stop) for d, (start, stop) in zip(devices, batch_parts(batch, devices, weights))
+                  if stop > start]
         relay = len({d for d, _, _ in placed}) == len(placed)
         held: dict[str, tuple[Strided, Any]] = {}  # a shared operand: the newest device holding it, its event
         for device, start, stop in placed:
@@ -272,18 +332,17 @@ class BatchCall(Fanout):
 
 def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region, *, batch: int,
                   strides: tuple[int, int, int], alpha: float = 1.0, beta: float = 0.0, devices: list[int],
-                  layer, chunks: int = 4, balance: Balance | None = None) -> BatchResult:
+                  layer, chunks: int = 4, shares: Shares | None = SHARES) -> BatchResult:
     """C[i] = alpha A[i] B[i] + beta C[i] for i < batch, whole matrices per device. `a`, `b`, `c`:
     the first matrices (Regions: device, address, size, layout and leading dimension in the
     launcher's layouts), `strides` the floats between matrices (0: shared by every batch; C's may
     not be 0 with batch > 1). `kernels(device)` gives the launcher (its `launch` takes `batch` and
     `strides`). Returns once C is complete; raises MultiGpuError naming the device that failed.
 
-    `balance=Balance()`, kept by the caller across calls, sizes the parts from the calls before of
-    the same key: a device whose matrices must first cross a link (the batch's inputs on one GPU)
-    then takes fewer than the device that holds them, so that all finish together. From one GPU's
-    inputs a batch of small matrices is bound by that GPU's links; the balance moves work back to
-    it rather than leaving it idle while the others wait for their copies."""
+    Where A's and B's matrices lie on one GPU of `devices` (shared operands aside), `shares` (the
+    process's by default; None: always even) sizes the parts from the first call of the key: a
+    batch of small matrices is bound by that GPU's links, not by the other GPUs' arithmetic, so it
+    keeps the share that makes its kernels end as its last copies do (home_share)."""
     if batch < 0:
         raise ValueError(f"batch must be >= 0, not {batch}")
     if batch > 1 and strides[2] == 0:
@@ -306,7 +365,9 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
     key = ("batched", first, M, N, K, batch, tuple(strides), tuple((x.device, x.layout, x.ld) for x in (a, b, c)),
            tuple(devices), beta != 0, chunks)
     learnt = key[1:]
-    weights = balance.weights(learnt, len(devices), batch) if balance is not None else None
+    inputs = {x.device for x, s in ((a, strides[0]), (b, strides[1])) if s or batch == 1}
+    source = next(iter(inputs)) if len(inputs) == 1 else None
+    weights = shares.get(learnt) if shares is not None and source in devices else None
     key += (tuple(batch_parts(batch, devices, weights)),)
     cache = getattr(layer, "prepared", None)
     prepared = cache.get(key) if cache is not None else None
@@ -344,8 +405,13 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
         raise MultiGpuError(f"device {device} failed while {stage}: {exc}; {written}") from exc
     if cache is None:
         prepared.release()
-    if balance is not None:
-        balance.learn(learnt, len(devices), [(position, part.stop - part.start, (result.kernel_ms[i], result.span_ms[i]))
-                                             for i, (position, part) in enumerate(zip(prepared.positions, prepared.parts))])
+    if weights is None and shares is not None and source in devices:
+        here = [i for i, part in enumerate(prepared.parts) if part.device == source]
+        if here and result.kernel_ms.get(here[0]):
+            part = prepared.parts[here[0]]
+            in_bytes = FLOAT_BYTES * ((M * K if strides[0] else 0) + (K * N if strides[1] else 0)
+                                      + (M * N if beta != 0 else 0))
+            shares.learn(learnt, layer, devices, source, batch, result.kernel_ms[here[0]] / (part.stop - part.start),
+                         in_bytes, FLOAT_BYTES * M * N)
     result.end_to_end_ms = (time.perf_counter() - started) * 1e3
     return result

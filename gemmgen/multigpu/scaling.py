@@ -9,7 +9,7 @@ from typing import Callable
 
 from ..gpu.verify import tolerance
 from ..plan import Plan
-from .batched import split_batched
+from .batched import Shares, split_batched
 from .cupy_layer import CupyLayer
 from .parts import Balance, Part, Region, make_parts
 from .split import (DEFAULT_CHUNKS, Launcher, ResidentResult, Shard, SplitResult, release, resident_gemm,
@@ -182,10 +182,10 @@ def measure_batched_scaling(kernel_on: Callable[[int], Launcher], batch: int, M:
                             devices: list[int], *, runs: int = 3, math: str = "3xtf32",
                             chunks: int = DEFAULT_CHUNKS, layer: CupyLayer | None = None) -> dict:
     """A strided batch (A, B and C packed, in the launcher's layouts, on the first device) split by
-    batch over `devices` end to end, with a Balance kept across the calls (the record's parts are
-    what it learned) and with even parts, beside one GPU's batched launch on the whole batch; all
-    checked against float64, then timed alike and in turns (host time of a call until C is
-    complete; medians of `runs` after 4 warm-up rounds). A record for multigpu.json."""
+    batch over `devices` end to end, its parts sized as gemmgen.matmul sizes them (batched.Shares:
+    the record's `parts`) and even, beside one GPU's batched launch on the whole batch; all checked
+    against float64, then timed alike and in turns (host time of a call until C is complete;
+    medians of `runs` after 2 warm-up rounds). A record for multigpu.json."""
     import cupy as cp
 
     layer = layer or CupyLayer()
@@ -212,12 +212,12 @@ def measure_batched_scaling(kernel_on: Callable[[int], Launcher], batch: int, M:
         layer.synchronize(home)
         return (time.perf_counter() - started) * 1e3
 
-    balance = Balance()
+    shares = Shares()
 
-    def split(balanced: bool = True) -> float:
+    def split(sized: bool = True) -> float:
         return split_batched(kernel_on, regions["A"], regions["B"], regions["C"], batch=batch, strides=strides,
                              devices=devices, layer=layer, chunks=chunks,
-                             balance=balance if balanced else None).end_to_end_ms
+                             shares=shares if sized else None).end_to_end_ms
 
     def worst() -> float:
         with cp.cuda.Device(home):
@@ -231,16 +231,16 @@ def measure_batched_scaling(kernel_on: Callable[[int], Launcher], batch: int, M:
         layer.drain(home)  # the fill ran on the null stream, which our non-blocking streams do not wait for
         run()
         error = max(error, worst())
-    for _ in range(4):  # warm-up; the balance learns from these calls
+    for _ in range(2):  # warm-up (the first split call of the key sizes the next ones' parts)
         one_gpu(), split()
     rounds = [(one_gpu(), split(), split(False)) for _ in range(runs)]
     ones, splits, evens = (sorted(r[i] for r in rounds)[runs // 2] for i in range(3))
     flops = 2.0 * batch * M * N * K
     parts = split_batched(kernel_on, regions["A"], regions["B"], regions["C"], batch=batch, strides=strides,
-                          devices=devices, layer=layer, chunks=chunks, balance=balance).parts
+                          devices=devices, layer=layer, chunks=chunks, shares=shares).parts
     release(layer)
     return {"devices": devices, "batch": batch, "M": M, "N": N, "K": K, "chunks": chunks,
             "one_gpu_ms": ones, "one_gpu_tflops": flops / ones / 1e9,
             "end_to_end_ms": splits, "end_to_end_tflops": flops / splits / 1e9,
-            "end_to_end_scaling": ones / (len(devices) * splits), "balanced_parts": [stop - start for _, start, stop in parts],
+            "end_to_end_scaling": ones / (len(devices) * splits), "parts": [stop - start for _, start, stop in parts],
             "even_end_to_end_ms": evens, "even_scaling": ones / (len(devices) * evens), "worst_error_ratio": error}
