@@ -120,10 +120,10 @@ def home_share(batch: int, remotes: int, kernel_ms: float, in_bytes: int, out_by
 
 class Shares:
     """The parts of batched calls whose inputs lie on one GPU of the split, by call key: the first
-    call of a key splits evenly and times the inputs' GPU's kernels; later calls give that GPU
-    `home_share` of the batch, from that time and the links' bandwidth (topology.peer_bandwidth,
-    measured once per pair of GPUs with 64 MiB copies). Kept once learned, so that a key is
-    prepared at most twice."""
+    two calls of a key split evenly, and the second times the inputs' GPU's kernels (the first may
+    load them, inside its timers); later calls give that GPU `home_share` of the batch, from that
+    time and the links' bandwidth (topology.peer_bandwidth, measured once per pair of GPUs with
+    64 MiB copies). Kept once learned, so that a key is prepared at most twice."""
 
     KEPT = 64
     PROBE_BYTES = 64 << 20
@@ -132,6 +132,7 @@ class Shares:
         self.lock = threading.Lock()
         self.weights: OrderedDict[tuple, list[float]] = OrderedDict()
         self.rates: dict[tuple[int, int], float] = {}   # (source, destination): GB/s
+        self.seen: OrderedDict[tuple, None] = OrderedDict()  # keys called once
 
     def rate(self, layer, source: int, destination: int) -> float:
         if (source, destination) not in self.rates:
@@ -150,6 +151,13 @@ class Shares:
               in_bytes: int, out_bytes: int) -> None:
         remotes = [d for d in devices if d != home]
         if not remotes or home not in devices:
+            return
+        with self.lock:
+            first = key not in self.seen
+            self.seen[key] = None
+            if len(self.seen) > self.KEPT:
+                self.seen.popitem(last=False)
+        if first:
             return
         out_gbps = min(self.rate(layer, home, d) for d in remotes)
         in_gbps = min(self.rate(layer, d, home) for d in remotes)

@@ -231,7 +231,7 @@ def measure_batched_scaling(kernel_on: Callable[[int], Launcher], batch: int, M:
         layer.drain(home)  # the fill ran on the null stream, which our non-blocking streams do not wait for
         run()
         error = max(error, worst())
-    for _ in range(2):  # warm-up (the first split call of the key sizes the next ones' parts)
+    for _ in range(2):  # warm-up (the second split call of the key sizes the next ones' parts)
         one_gpu(), split()
     rounds = [(one_gpu(), split(), split(False)) for _ in range(runs)]
     ones, splits, evens = (sorted(r[i] for r in rounds)[runs // 2] for i in range(3))
