@@ -29,7 +29,6 @@ from typing import Any, Callable, NamedTuple
 from .fanout import Fanout
 from .parts import FLOAT_BYTES, Region, batch_parts, partition
 from .prepared import Ref, bind
-from .topology import peer_bandwidth
 from .split import MultiGpuError
 
 
@@ -103,52 +102,40 @@ class BatchResult:
     issue_ms: float = 0.0                                        # host time issuing the devices' steps
 
 
-def home_share(batch: int, remotes: int, kernel_ms: float, in_bytes: int, out_bytes: int,
-               out_gbps: float, in_gbps: float) -> int:
-    """How many of `batch` matrices the GPU holding the inputs keeps when `remotes` other GPUs take
-    the rest, evenly. Each remote matrix must leave that GPU (`in_bytes` at `out_gbps`, every
-    remote sharing its ports) and its C come back (`out_bytes` at `in_gbps`), while the GPU itself
-    computes a matrix in `kernel_ms`. Finishing together: n0 kernel_ms = (batch - n0) m, where m
-    is the per-matrix time of the slowest of the outgoing link, the incoming link and the remotes'
-    own kernels (kernel_ms / remotes); with fast links that is an even split."""
-    if remotes <= 0 or kernel_ms <= 0:
-        return batch
-    per_ms = lambda gbps: gbps * 1e6  # noqa: E731 - bytes a millisecond
-    m = max(in_bytes / per_ms(out_gbps), out_bytes / per_ms(in_gbps), kernel_ms / remotes)
-    return min(batch, max(0, round(batch * m / (kernel_ms + m))))
+def home_share(batch: int, kernel_ms: float, remote_per_ms: float) -> int:
+    """How many of `batch` matrices the GPU holding the inputs keeps, computing one in `kernel_ms`,
+    when the other GPUs together finish `remote_per_ms` matrices a millisecond (their copies in and
+    out included: from one GPU's inputs, usually that GPU's links, which they share). Finishing
+    together: n0 kernel_ms = (batch - n0) / remote_per_ms. With links fast enough that the remotes
+    are bound by their own kernels (remote_per_ms = remotes / kernel_ms), that is an even split."""
+    if remote_per_ms <= 0 or kernel_ms <= 0:
+        return batch if remote_per_ms <= 0 else 0
+    return min(batch, max(0, round(batch / (1.0 + kernel_ms * remote_per_ms))))
 
 
 class Shares:
     """The parts of batched calls whose inputs lie on one GPU of the split, by call key: the first
-    two calls of a key split evenly, and the second times the inputs' GPU's kernels (the first may
-    load them, inside its timers); later calls give that GPU `home_share` of the batch, from that
-    time and the links' bandwidth (topology.peer_bandwidth, measured once per pair of GPUs with
-    64 MiB copies). Kept once learned, so that a key is prepared at most twice."""
+    two calls of a key split evenly, and the second measures what the inputs' GPU takes a matrix
+    (its kernels) and how many matrices a millisecond the others finish (their spans, copies
+    included; the first call may load kernels inside its timers); later calls give that GPU its
+    `home_share` and the others the rest, evenly. Kept once learned, so that a key is prepared at
+    most twice."""
 
     KEPT = 64
-    PROBE_BYTES = 64 << 20
 
     def __init__(self):
         self.lock = threading.Lock()
         self.weights: OrderedDict[tuple, list[float]] = OrderedDict()
-        self.rates: dict[tuple[int, int], float] = {}   # (source, destination): GB/s
         self.seen: OrderedDict[tuple, None] = OrderedDict()  # keys called once
-
-    def rate(self, layer, source: int, destination: int) -> float:
-        if (source, destination) not in self.rates:
-            pair = sorted({source, destination})
-            gbps = peer_bandwidth(layer, pair, self.PROBE_BYTES, repeats=3)["gbps"]
-            for i, a in enumerate(pair):
-                for j, b in enumerate(pair):
-                    self.rates[a, b] = gbps[i][j] or float("inf")  # too fast to time: no bound
-        return self.rates[source, destination]
 
     def get(self, key: tuple) -> list[float] | None:
         with self.lock:
             return self.weights.get(key)
 
-    def learn(self, key: tuple, layer, devices: list[int], home: int, batch: int, kernel_ms_per_matrix: float,
-              in_bytes: int, out_bytes: int) -> None:
+    def learn(self, key: tuple, devices: list[int], home: int, batch: int, kernel_ms_per_matrix: float,
+              remote: list[tuple[int, float]]) -> None:
+        """After an even call of `key`: the home GPU's kernel time a matrix, and each other GPU's
+        (matrices, span ms)."""
         remotes = [d for d in devices if d != home]
         if not remotes or home not in devices:
             return
@@ -157,11 +144,11 @@ class Shares:
             self.seen[key] = None
             if len(self.seen) > self.KEPT:
                 self.seen.popitem(last=False)
-        if first:
+        if first or not remote:
             return
-        out_gbps = min(self.rate(layer, home, d) for d in remotes)
-        in_gbps = min(self.rate(layer, d, home) for d in remotes)
-        n0 = home_share(batch, len(remotes), kernel_ms_per_matrix, in_bytes, out_bytes, out_gbps, in_gbps)
+        slowest = max(span for _, span in remote)
+        per_ms = sum(count for count, _ in remote) / slowest if slowest > 0 else float("inf")
+        n0 = home_share(batch, kernel_ms_per_matrix, per_ms)
         rest = (batch - n0) / len(remotes)
         weights = [float(n0) if d == home else rest for d in devices]
         with self.lock:
@@ -348,9 +335,10 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
     `strides`). Returns once C is complete; raises MultiGpuError naming the device that failed.
 
     Where A's and B's matrices lie on one GPU of `devices` (shared operands aside), `shares` (the
-    process's by default; None: always even) sizes the parts from the first call of the key: a
-    batch of small matrices is bound by that GPU's links, not by the other GPUs' arithmetic, so it
-    keeps the share that makes its kernels end as its last copies do (home_share)."""
+    process's by default; None: always even) sizes the parts from the key's second call: a batch
+    of small matrices is bound by that GPU's links, not by the other GPUs' arithmetic, so it keeps
+    the share that makes its kernels end as the others do (home_share), all of it where the
+    others cannot help."""
     if batch < 0:
         raise ValueError(f"batch must be >= 0, not {batch}")
     if batch > 1 and strides[2] == 0:
@@ -417,9 +405,7 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
         here = [i for i, part in enumerate(prepared.parts) if part.device == source]
         if here and result.kernel_ms.get(here[0]):
             part = prepared.parts[here[0]]
-            in_bytes = FLOAT_BYTES * ((M * K if strides[0] else 0) + (K * N if strides[1] else 0)
-                                      + (M * N if beta != 0 else 0))
-            shares.learn(learnt, layer, devices, source, batch, result.kernel_ms[here[0]] / (part.stop - part.start),
-                         in_bytes, FLOAT_BYTES * M * N)
+            remote = [(p.stop - p.start, result.span_ms[i]) for i, p in enumerate(prepared.parts) if p.device != source]
+            shares.learn(learnt, devices, source, batch, result.kernel_ms[here[0]] / (part.stop - part.start), remote)
     result.end_to_end_ms = (time.perf_counter() - started) * 1e3
     return result
