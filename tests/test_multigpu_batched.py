@@ -152,9 +152,11 @@ def test_bad_arguments_are_refused_before_any_work():
 
 def test_the_share_of_the_gpu_holding_the_inputs_follows_what_the_others_finish():
     # 64 matrices, a kernel of 1 ms a matrix on the inputs' GPU
-    assert home_share(64, 1.0, 3.0) == 16           # three others bound by their kernels: even
-    assert home_share(64, 1.0, 0.5) == round(64 / 1.5)  # links: the others finish half a matrix a ms
-    assert home_share(64, 1.0, 0.0) == 64 and home_share(64, 1.0, 1e9) == 0
+    assert home_share(64, 3, 1.0, 0.0, 1.0) == 16                  # others bound by their kernels: even
+    assert home_share(64, 3, 1.0, 0.0, 6.0) == round(64 * 2 / 3)   # links: 2 ms a matrix, shared by 3
+    assert home_share(64, 3, 1.0, 8.0, 1.0) == round((8 + 64 / 3) / (1 + 1 / 3))  # and a fixed 8 ms
+    assert home_share(64, 3, 1.0, 64.0, 0.1) == 64                # others no sooner than it alone: all
+    assert home_share(64, 0, 1.0, 0.0, 1.0) == 64
 
 
 @pytest.mark.parametrize("speed", ["fast", "slow"])
@@ -162,7 +164,7 @@ def test_after_its_first_call_a_batch_from_one_gpu_gives_that_gpu_the_share_its_
     """Simulated links: fast (every device takes an even share), or each GPU's one outgoing port so
     slow that a matrix's inputs take twice its kernel to leave: the calls after the second keep
     about two thirds on the inputs' GPU, end sooner than even parts, and stay right; the key is
-    prepared twice, no more."""
+    prepared at most three times."""
     M = N = K = 64
     flops = 2 * M * N * K / 1e9                       # simulated ms per matrix at speed 1
     port = float("inf") if speed == "fast" else 4 * 2 * M * K / (2 * flops)
@@ -173,7 +175,7 @@ def test_after_its_first_call_a_batch_from_one_gpu_gives_that_gpu_the_share_its_
     sc, c, stride_c, _ = stack(48, M, N, "row", 0, rng)
     plan = small_plan()
     shares, spans, parts = Shares(), [], []
-    for call in range(5):
+    for call in range(6):
         result = split_batched(lambda d: layer.kernel(d, plan), a, b, c, batch=48,
                                strides=(stride_a, stride_b, stride_c), devices=[0, 1, 2, 3], layer=layer,
                                shares=shares)
@@ -181,9 +183,9 @@ def test_after_its_first_call_a_batch_from_one_gpu_gives_that_gpu_the_share_its_
                                    rtol=1e-4, atol=1e-4)
         spans.append(max(result.span_ms.values()))
         parts.append([stop - start for _, start, stop in result.parts])
-    assert parts[0] == parts[1] == [12, 12, 12, 12] and parts[2] == parts[3] == parts[4]
+    assert parts[0] == parts[1] == [12, 12, 12, 12] and parts[3] == parts[4] == parts[5]
     if speed == "fast":
-        assert parts[2] == [12, 12, 12, 12]
+        assert parts[3] == [12, 12, 12, 12]
     else:
-        assert 28 <= parts[2][0] <= 36 and spans[-1] < 0.8 * spans[0], (parts, spans)
-    assert len(layer.prepared.entries) == (1 if speed == "fast" else 2)
+        assert 26 <= parts[3][0] <= 38 and spans[-1] < 0.8 * spans[0], (parts, spans)
+    assert len(layer.prepared.entries) <= (1 if speed == "fast" else 3)

@@ -102,31 +102,35 @@ class BatchResult:
     issue_ms: float = 0.0                                        # host time issuing the devices' steps
 
 
-def home_share(batch: int, kernel_ms: float, remote_per_ms: float) -> int:
+def home_share(batch: int, remotes: int, kernel_ms: float, fixed_ms: float, per_matrix_ms: float) -> int:
     """How many of `batch` matrices the GPU holding the inputs keeps, computing one in `kernel_ms`,
-    when the other GPUs together finish `remote_per_ms` matrices a millisecond (their copies in and
-    out included: from one GPU's inputs, usually that GPU's links, which they share). Finishing
-    together: n0 kernel_ms = (batch - n0) / remote_per_ms. With links fast enough that the remotes
-    are bound by their own kernels (remote_per_ms = remotes / kernel_ms), that is an even split."""
-    if remote_per_ms <= 0 or kernel_ms <= 0:
-        return batch if remote_per_ms <= 0 else 0
-    return min(batch, max(0, round(batch / (1.0 + kernel_ms * remote_per_ms))))
+    when each of `remotes` other GPUs given r matrices finishes in fixed_ms + per_matrix_ms r (its
+    copies in and out included: from one GPU's inputs, usually that GPU's shared links). Finishing
+    together: n0 kernel_ms = fixed_ms + per_matrix_ms (batch - n0) / remotes; all of the batch
+    where the others cannot finish sooner than it alone would."""
+    if remotes <= 0 or fixed_ms >= batch * kernel_ms:
+        return batch
+    per = max(0.0, per_matrix_ms) / remotes
+    n0 = (fixed_ms + per * batch) / (kernel_ms + per)
+    return min(batch, max(0, round(n0)))
 
 
 class Shares:
-    """The parts of batched calls whose inputs lie on one GPU of the split, by call key: the first
-    two calls of a key split evenly, and the second measures what the inputs' GPU takes a matrix
-    (its kernels) and how many matrices a millisecond the others finish (their spans, copies
-    included; the first call may load kernels inside its timers); later calls give that GPU its
-    `home_share` and the others the rest, evenly. Kept once learned, so that a key is prepared at
-    most twice."""
+    """The parts of batched calls whose inputs lie on one GPU of the split, by call key. The first
+    two calls of a key split evenly (the first may load kernels inside its timers); the second
+    measures what the inputs' GPU takes a matrix (its kernels) and when the others finish (their
+    spans, copies included), and the third call is sized by `home_share` as if the others' time
+    were per matrix only; the third's spans give a second point, and from then on the key is
+    sized by the line through both (a fixed time plus a time a matrix). So a key is prepared at
+    most three times."""
 
     KEPT = 64
 
     def __init__(self):
         self.lock = threading.Lock()
         self.weights: OrderedDict[tuple, list[float]] = OrderedDict()
-        self.seen: OrderedDict[tuple, None] = OrderedDict()  # keys called once
+        self.points: OrderedDict[tuple, list[tuple[float, float]]] = OrderedDict()  # (matrices, span)
+        self.final: set[tuple] = set()
 
     def get(self, key: tuple) -> list[float] | None:
         with self.lock:
@@ -134,21 +138,34 @@ class Shares:
 
     def learn(self, key: tuple, devices: list[int], home: int, batch: int, kernel_ms_per_matrix: float,
               remote: list[tuple[int, float]]) -> None:
-        """After an even call of `key`: the home GPU's kernel time a matrix, and each other GPU's
+        """After a call of `key`: the home GPU's kernel time a matrix, and each other GPU's
         (matrices, span ms)."""
         remotes = [d for d in devices if d != home]
         if not remotes or home not in devices:
             return
         with self.lock:
-            first = key not in self.seen
-            self.seen[key] = None
-            if len(self.seen) > self.KEPT:
-                self.seen.popitem(last=False)
-        if first or not remote:
+            if key in self.final:
+                return
+            points = self.points.setdefault(key, [])
+            if len(self.points) > self.KEPT:
+                self.points.popitem(last=False)
+            if remote:
+                slowest = max(remote, key=lambda x: x[1])
+                points.append((slowest[0], slowest[1]))
+            calls = len(points)
+        if calls < 2:
             return
-        slowest = max(span for _, span in remote)
-        per_ms = sum(count for count, _ in remote) / slowest if slowest > 0 else float("inf")
-        n0 = home_share(batch, kernel_ms_per_matrix, per_ms)
+        if calls == 2:  # the even call: a time per matrix alone
+            matrices, span = points[1]
+            fixed, per = 0.0, span / max(1, matrices)
+        else:  # through the even call's point and the sized call's
+            (r1, t1), (r2, t2) = points[1], points[-1]
+            per = (t2 - t1) / (r2 - r1) if r2 != r1 else 0.0
+            per = max(0.0, per)
+            fixed = max(0.0, t1 - per * r1)
+            with self.lock:
+                self.final.add(key)
+        n0 = home_share(batch, len(remotes), kernel_ms_per_matrix, fixed, per)
         rest = (batch - n0) / len(remotes)
         weights = [float(n0) if d == home else rest for d in devices]
         with self.lock:
@@ -335,10 +352,10 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
     `strides`). Returns once C is complete; raises MultiGpuError naming the device that failed.
 
     Where A's and B's matrices lie on one GPU of `devices` (shared operands aside), `shares` (the
-    process's by default; None: always even) sizes the parts from the key's second call: a batch
-    of small matrices is bound by that GPU's links, not by the other GPUs' arithmetic, so it keeps
-    the share that makes its kernels end as the others do (home_share), all of it where the
-    others cannot help."""
+    process's by default; None: always even) sizes the parts from the key's second and third
+    calls: a batch of small matrices is bound by that GPU's links, not by the other GPUs'
+    arithmetic, so it keeps the share that makes its kernels end as the others do (home_share),
+    all of it where the others cannot help."""
     if batch < 0:
         raise ValueError(f"batch must be >= 0, not {batch}")
     if batch > 1 and strides[2] == 0:
@@ -401,7 +418,7 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
         raise MultiGpuError(f"device {device} failed while {stage}: {exc}; {written}") from exc
     if cache is None:
         prepared.release()
-    if weights is None and shares is not None and source in devices:
+    if shares is not None and source in devices:
         here = [i for i, part in enumerate(prepared.parts) if part.device == source]
         if here and result.kernel_ms.get(here[0]):
             part = prepared.parts[here[0]]
