@@ -185,7 +185,7 @@ def measure_batched_scaling(kernel_on: Callable[[int], Launcher], batch: int, M:
     batch over `devices` end to end, its parts sized as gemmgen.matmul sizes them (batched.Shares:
     the record's `parts`) and even, beside one GPU's batched launch on the whole batch; all checked
     against float64, then timed alike and in turns (host time of a call until C is complete;
-    medians of `runs` after 2 warm-up rounds). A record for multigpu.json."""
+    medians of `runs` after 3 warm-up rounds). A record for multigpu.json."""
     import cupy as cp
 
     layer = layer or CupyLayer()
@@ -224,6 +224,8 @@ def measure_batched_scaling(kernel_on: Callable[[int], Launcher], batch: int, M:
             C = stored["C"] if layouts["C"] == "row" else stored["C"].transpose(0, 2, 1)
             return max(worst_error_ratio(cp, values["A"][i], values["B"][i], C[i], math) for i in range(batch))
 
+    for _ in range(3):  # warm-up: the key's second and third split calls size the later ones' parts
+        one_gpu(), split()
     error = 0.0
     for run in (one_gpu, split, lambda: split(False)):
         with cp.cuda.Device(home):
@@ -231,8 +233,6 @@ def measure_batched_scaling(kernel_on: Callable[[int], Launcher], batch: int, M:
         layer.drain(home)  # the fill ran on the null stream, which our non-blocking streams do not wait for
         run()
         error = max(error, worst())
-    for _ in range(2):  # warm-up (the second split call of the key sizes the next ones' parts)
-        one_gpu(), split()
     rounds = [(one_gpu(), split(), split(False)) for _ in range(runs)]
     ones, splits, evens = (sorted(r[i] for r in rounds)[runs // 2] for i in range(3))
     flops = 2.0 * batch * M * N * K
