@@ -182,7 +182,7 @@ def test_a_remote_devices_first_kernel_waits_for_its_first_chunk_not_all_its_inp
     layer = SimulatedDevices(0)
     split_gemm(small_plan(), dA, dB, dC, devices=[0, 1], layer=layer, axis=0, chunks=4)
     remote = [op for op in layer.ops if op.device == 1]
-    copies_in = [op for op in remote if op.kind == "copy" and op.stream == (1, "in")]
+    copies_in = [op for op in layer.ops if op.kind == "copy" and op.link == (0, 1)]  # sent by GPU 0
     launches = [op for op in remote if op.kind == "launch"]
     gathers = [op for op in remote if op.kind == "copy" and op.stream == (1, "out")]
     first_needs = layer.ancestors(launches[0]) & set(copies_in)

@@ -137,6 +137,19 @@ def test_a_block_every_part_needs_leaves_its_device_once_and_is_relayed_part_to_
         assert holders, "a relayed block waits for its copy into the part before"
 
 
+def test_the_inputs_device_sends_each_block_on_one_stream_in_the_order_the_rounds_need_them():
+    """GPU 0 holds A and B: what it sends goes out on its one send stream, a block after another,
+    in the order the rounds issue them (GPU 1's slices of A and B, then GPU 2's and GPU 3's slices
+    of A, B reaching them from GPU 1 and 2), not as three streams pulling at once."""
+    layer = SimulatedDevices(1)
+    A, B, C0, (dA, dB, dC) = problem(256, 256, 192, ("row",) * 3)
+    split_gemm(small_plan(), dA, dB, dC, devices=[0, 1, 2, 3], layer=layer, axis=0)
+    np.testing.assert_allclose(dC, expected(A, B, C0, 1.0, 0.0), rtol=1e-4, atol=1e-4)
+    leaving = [op for op in layer.ops if op.kind == "copy" and op.link[0] == 0 and op.link[1] != 0]
+    assert {op.stream for op in leaving} == {(0, "send")}
+    assert [op.link[1] for op in leaving][:8] == [1, 1, 2, 3, 1, 1, 2, 3]
+
+
 @pytest.mark.parametrize("axis, beta", [(0, 0.0), (0, 0.5), (1, 0.0), (2, 0.5)],
                          ids=["rows", "rows-staged", "columns", "K-summed"])
 def test_after_the_first_call_a_call_only_issues_a_fixed_amount_per_device(axis, beta):

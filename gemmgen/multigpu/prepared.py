@@ -48,6 +48,8 @@ class PreparedStep(NamedTuple):
     copies: tuple[tuple[Ref, Ref], ...]   # (dst, src) on the copy stream before the kernel
     after: tuple[Any, ...]                # events of other devices' copies that these relay
     copied: Any                           # event after those copies (None: no copies)
+    pushed: tuple[tuple[int, tuple[Ref, Ref], Any], ...]  # (source device, (dst, src), its event): sent
+                                          # by the source's "send" stream, one copy after another
     M: int
     N: int
     K: int
@@ -188,7 +190,7 @@ class PreparedSplit:
                 program = self.programs[device] = DeviceProgram(device, layer.event(device))
             prepared = []
             for step in steps:
-                copies, after = [], []
+                copies, after, pushed = [], [], []
                 copied = layer.event(device) if step.copy_a or step.copy_b or step.copy_c else None
                 for name, block in (("A", step.copy_a), ("B", step.copy_b), ("C", step.copy_c)):
                     if block is not None:
@@ -198,8 +200,12 @@ class PreparedSplit:
                             source = holder[0]
                             after.append(holder[1])
                         held[name, block] = (dst, copied)
-                        copies.append((dst, source))
-                        self._moved(*copies[-1])
+                        self._moved(dst, source)
+                        origin = source[1].device
+                        if source[0] is not None and origin != device:  # from the caller's operand
+                            pushed.append((origin, (dst, source), layer.event(origin)))
+                        else:
+                            copies.append((dst, source))
                 a_ref = self._in(bufs["A"], step.rows, step.ks)
                 b_ref = self._in(bufs["B"], step.ks, step.cols)
                 c_ref = self._in(bufs["C"], step.rows, step.cols)
@@ -209,7 +215,7 @@ class PreparedSplit:
                               self._in(bufs["C"], *step.gather))
                     self._moved(*gather)
                 beta = (None if applies_beta else 0.0) if step.first else 1.0
-                prepared.append(PreparedStep(tuple(copies), tuple(after), copied,
+                prepared.append(PreparedStep(tuple(copies), tuple(after), copied, tuple(pushed),
                                              c_ref[1].rows, c_ref[1].cols, a_ref[1].cols, a_ref, b_ref, c_ref,
                                              beta, layer.event(device), layer.event(device), gather,
                                              layer.event(device) if gather else None))
@@ -241,8 +247,13 @@ class SplitCall(Fanout):
         for part in program.parts:
             copies, compute, out = part.copies, part.compute, part.out
             for step in part.steps:
-                if step.copies:
+                if step.copied is not None:
                     self.at(device, "copying its inputs")
+                    for origin, (dst, src), sent in step.pushed:  # the holder sends, in the order issued
+                        send = layer.stream(origin, "send")
+                        layer.copy(bind(dst, bases), bind(src, bases), send)
+                        layer.record(origin, send, sent)
+                        layer.wait(device, copies, sent)
                     for event in step.after:  # a relayed block: once the part before has it
                         layer.wait(device, copies, event)
                     for dst, src in step.copies:
