@@ -67,6 +67,8 @@ class BatchStep(NamedTuple):
     copies: tuple[BatchCopy, ...]
     after: tuple[Any, ...]        # events of other devices' copies that these relay
     copied: Any
+    pushed: tuple[tuple[int, BatchCopy, Any], ...]  # (source device, copy, its event): sent by the
+                                                    # source's one "send" stream, in the order issued
     count: int
     a: Strided
     b: Strided
@@ -276,11 +278,16 @@ class PreparedBatch:
                     copies.append(BatchCopy(target, whole["C"].at(start + first), count))
                 for copy in copies:
                     self._moved(copy)
+                # From the caller's operands on another GPU: that GPU sends them, one after another.
+                pushed = [(copy.src.first[1].device, copy, layer.event(copy.src.first[1].device)) for copy in copies
+                          if copy.src.first[0] is not None and copy.src.first[1].device != device]
+                copies = [copy for copy in copies if copy.src.first[0] is None or copy.src.first[1].device == device]
                 gather = None
                 if not in_place:
                     gather = BatchCopy(self.staging.at(start + first), bufs["C"].at(first), count)
                     self._moved(gather)
-                steps.append(BatchStep(tuple(copies), tuple(after), copied if copies else None, count,
+                steps.append(BatchStep(tuple(copies), tuple(after), copied if copies or pushed else None,
+                                       tuple(pushed), count,
                                        bufs["A"].at(first), bufs["B"].at(first), bufs["C"].at(first),
                                        None, layer.event(device), layer.event(device), gather,
                                        layer.event(device) if gather else None))
@@ -310,8 +317,13 @@ class BatchCall(Fanout):
                 continue
             layer.record(device, part.copies, part.begin)
             for step in part.steps:
-                if step.copies:
+                if step.copied is not None:
                     self.at(device, "copying its inputs")
+                    for origin, copy, sent in step.pushed:
+                        send = layer.stream(origin, "send")
+                        copy_batch(layer, copy, bases, send)
+                        layer.record(origin, send, sent)
+                        layer.wait(device, part.copies, sent)
                     for event in step.after:
                         layer.wait(device, part.copies, event)
                     for copy in step.copies:
