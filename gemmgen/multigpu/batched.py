@@ -104,72 +104,56 @@ class BatchResult:
     issue_ms: float = 0.0                                        # host time issuing the devices' steps
 
 
-def home_share(batch: int, remotes: int, kernel_ms: float, fixed_ms: float, per_matrix_ms: float) -> int:
-    """How many of `batch` matrices the GPU holding the inputs keeps, computing one in `kernel_ms`,
-    when each of `remotes` other GPUs given r matrices finishes in fixed_ms + per_matrix_ms r (its
-    copies in and out included: from one GPU's inputs, usually that GPU's shared links). Finishing
-    together: n0 kernel_ms = fixed_ms + per_matrix_ms (batch - n0) / remotes; all of the batch
-    where the others cannot finish sooner than it alone would."""
-    if remotes <= 0 or fixed_ms >= batch * kernel_ms:
-        return batch
-    per = max(0.0, per_matrix_ms) / remotes
-    n0 = (fixed_ms + per * batch) / (kernel_ms + per)
-    return min(batch, max(0, round(n0)))
+def keep_home(batch: int, kernel_ms: float, remote_span_ms: float) -> bool:
+    """Whether the GPU holding a batch's inputs should keep all of it: when, split evenly, the other
+    GPUs took longer to finish their shares (copies in and out included) than that GPU would take
+    to compute the whole batch at `kernel_ms` a matrix."""
+    return remote_span_ms >= batch * kernel_ms
 
 
 class Shares:
-    """The parts of batched calls whose inputs lie on one GPU of the split, by call key. The first
-    two calls of a key split evenly (the first may load kernels inside its timers); the second
-    measures what the inputs' GPU takes a matrix (its kernels) and when the others finish (their
-    spans, copies included), and the third call is sized by `home_share` as if the others' time
-    were per matrix only; the third's spans give a second point, and from then on the key is
-    sized by the line through both (a fixed time plus a time a matrix). So a key is prepared at
-    most three times."""
+    """Where batched calls whose inputs lie on one GPU of the split run, by call key. The first two
+    calls of a key split evenly (the first may load kernels inside its timers); the second measures
+    what the inputs' GPU takes a matrix (its kernels) and when the others finished (their spans).
+    Where they finished no sooner than that GPU alone would have (`keep_home`: a batch of small
+    matrices from one GPU is bound by its links), later calls keep the batch there; else they split
+    evenly. Decided once, so that a key is prepared at most twice.
+
+    (Fitting shares between those two, from the spans of an even call and a sized one, was tried on
+    4 H200s and measured no better: the spans shrink little with fewer matrices, and the fits
+    swung between calls from 27 to 41 of 64 matrices on GPU 0 of two.)"""
 
     KEPT = 64
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.weights: OrderedDict[tuple, list[float]] = OrderedDict()
-        self.points: OrderedDict[tuple, list[tuple[float, float]]] = OrderedDict()  # (matrices, span)
-        self.final: set[tuple] = set()
+        self.weights: OrderedDict[tuple, list[float] | None] = OrderedDict()
+        self.seen: OrderedDict[tuple, None] = OrderedDict()  # keys called once
 
     def get(self, key: tuple) -> list[float] | None:
         with self.lock:
             return self.weights.get(key)
 
+    def decided(self, key: tuple) -> bool:
+        with self.lock:
+            return key in self.weights
+
     def learn(self, key: tuple, devices: list[int], home: int, batch: int, kernel_ms_per_matrix: float,
-              remote: list[tuple[int, float]]) -> None:
-        """After a call of `key`: the home GPU's kernel time a matrix, and each other GPU's
-        (matrices, span ms)."""
-        remotes = [d for d in devices if d != home]
-        if not remotes or home not in devices:
+              remote_spans: list[float]) -> None:
+        """After an even call of `key`: the home GPU's kernel time a matrix, the others' spans."""
+        if home not in devices or not remote_spans:
             return
         with self.lock:
-            if key in self.final:
+            if key in self.weights:
                 return
-            points = self.points.setdefault(key, [])
-            if len(self.points) > self.KEPT:
-                self.points.popitem(last=False)
-            if remote:
-                slowest = max(remote, key=lambda x: x[1])
-                points.append((slowest[0], slowest[1]))
-            calls = len(points)
-        if calls < 2:
+            first = key not in self.seen
+            self.seen[key] = None
+            if len(self.seen) > self.KEPT:
+                self.seen.popitem(last=False)
+        if first:
             return
-        if calls == 2:  # the even call: a time per matrix alone
-            matrices, span = points[1]
-            fixed, per = 0.0, span / max(1, matrices)
-        else:  # through the even call's point and the sized call's
-            (r1, t1), (r2, t2) = points[1], points[-1]
-            per = (t2 - t1) / (r2 - r1) if r2 != r1 else 0.0
-            per = max(0.0, per)
-            fixed = max(0.0, t1 - per * r1)
-            with self.lock:
-                self.final.add(key)
-        n0 = home_share(batch, len(remotes), kernel_ms_per_matrix, fixed, per)
-        rest = (batch - n0) / len(remotes)
-        weights = [float(n0) if d == home else rest for d in devices]
+        home_only = keep_home(batch, kernel_ms_per_matrix, max(remote_spans))
+        weights = [1.0 if d == home else 0.0 for d in devices] if home_only else None
         with self.lock:
             self.weights[key] = weights
             if len(self.weights) > self.KEPT:
@@ -364,10 +348,9 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
     `strides`). Returns once C is complete; raises MultiGpuError naming the device that failed.
 
     Where A's and B's matrices lie on one GPU of `devices` (shared operands aside), `shares` (the
-    process's by default; None: always even) sizes the parts from the key's second and third
-    calls: a batch of small matrices is bound by that GPU's links, not by the other GPUs'
-    arithmetic, so it keeps the share that makes its kernels end as the others do (home_share),
-    all of it where the others cannot help."""
+    process's by default; None: always even) decides from the key's second call whether the split
+    pays: a batch of small matrices is bound by that GPU's links, not by the other GPUs'
+    arithmetic, and where the others finished no sooner than it would alone, it keeps the batch."""
     if batch < 0:
         raise ValueError(f"batch must be >= 0, not {batch}")
     if batch > 1 and strides[2] == 0:
@@ -430,11 +413,11 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
         raise MultiGpuError(f"device {device} failed while {stage}: {exc}; {written}") from exc
     if cache is None:
         prepared.release()
-    if shares is not None and source in devices:
+    if shares is not None and source in devices and not shares.decided(learnt):
         here = [i for i, part in enumerate(prepared.parts) if part.device == source]
         if here and result.kernel_ms.get(here[0]):
             part = prepared.parts[here[0]]
-            remote = [(p.stop - p.start, result.span_ms[i]) for i, p in enumerate(prepared.parts) if p.device != source]
-            shares.learn(learnt, devices, source, batch, result.kernel_ms[here[0]] / (part.stop - part.start), remote)
+            spans = [result.span_ms[i] for i, p in enumerate(prepared.parts) if p.device != source]
+            shares.learn(learnt, devices, source, batch, result.kernel_ms[here[0]] / (part.stop - part.start), spans)
     result.end_to_end_ms = (time.perf_counter() - started) * 1e3
     return result
