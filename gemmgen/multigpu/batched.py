@@ -8,10 +8,15 @@ its share as batched launches of the same launcher (a library's batched entry po
 A device's share is streamed in `chunks` steps of matrices: a step copies its matrices of A and B
 (and of C, where beta reads it) into the device's buffers, launches the batched kernel on them and
 sends its matrices of C back, while the next step's copies and the last step's gather run on
-their own streams. A shared operand (stride 0) goes to each device once, relayed from device to
-device (as prepared.py relays a split's shared block). The device holding C computes its share in
-place. With beta != 0 the results land in a staging batch on C's device, copied into C only once
-every device has finished, so that a failure leaves C as it was.
+their own streams. What a device holding the caller's matrices sends leaves on its one send stream,
+in the order the rounds issue it; a shared operand (stride 0) goes to each device once, relayed from
+device to device (as prepared.py does a split's). The device holding C computes its share in place.
+With beta != 0 the results land in a staging batch on C's device, copied into C only once every
+device has finished, so that a failure leaves C as it was.
+
+A batch of small matrices from one GPU is bound by that GPU's links rather than by the others'
+arithmetic: `Shares` keeps such a batch on its GPU from a shape's third call, where its second,
+split evenly, showed the others finishing no sooner than that GPU would alone.
 
 Like split_gemm, the first call of a key prepares everything (buffers, steps, events) and later
 calls only bind their addresses; the steps are issued in rounds from the calling thread
