@@ -12,10 +12,10 @@ What a part needs from the caller's operands on another GPU, that GPU sends on i
 stream, in the order the rounds issue the steps, rather than every receiving GPU pulling at once
 (on 4 H200s three concurrent pulls of 2048 x 2048 blocks got about 120 GB/s each; sent in order,
 fp32 8192^3 over 4 GPUs went from 3.56 to 3.08 ms). A block that several parts need (all of B for
-bands of rows, all of A for bands of columns) is relayed: the first part copies it from where it lies, each next part from the part before it, once
-that part's copy has landed. The source's device sends it once instead of once per part: on 4
-H200s, 256 MiB to three GPUs took 2.2 ms sent from one and 1.0 ms relayed along the chain, each
-GPU's NVLink ports then sending and receiving it once.
+bands of rows, all of A for bands of columns) is relayed: the first part gets it from where it
+lies, each next part copies it from the part before, once that part has it. Its GPU sends it once
+instead of once per part: on 4 H200s, 256 MiB to three GPUs took 2.2 ms sent from one and 1.0 ms
+relayed along the chain, each GPU's NVLink ports then sending and receiving it once.
 """
 
 from __future__ import annotations
