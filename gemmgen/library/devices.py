@@ -10,8 +10,9 @@ The call waits for the devices holding its operands, and returns with C complete
 
 A batched call (3-D or more operands) is routed as on one GPU (one strided-batched launch, or one
 GEMM of stacked rows where A's batches fold) and that launch split over the devices: whole matrices
-per device (gemmgen.multigpu.batched: the GPU holding the inputs keeps the share its links call
-for, from the first call of each key), or, for a folded batch, the one GEMM split as any other.
+per device (gemmgen.multigpu.batched; from each shape's third call, the GPU holding the inputs
+keeps the batch where the others could not finish sooner than it alone), or, for a folded batch,
+the one GEMM split as any other.
 """
 
 from __future__ import annotations

@@ -75,9 +75,11 @@ class Launcher(Protocol):
 class DeviceLayer(Protocol):
     """What a split GEMM needs from the devices. Streams, events and copies are asynchronous;
     `synchronize` waits for the work the layer queued on a device and raises if any of it failed;
-    `drain` waits for all of a device's work, its caller's too. `prepared` (a
-    PreparedCache) keeps the layer's prepared splits; a layer without one prepares every call.
-    Its methods are called from the thread that calls the split."""
+    `drain` waits for all of a device's work, its caller's too. `prepared` (a PreparedCache) keeps
+    the layer's prepared splits; a layer without one prepares every call. A layer may also have
+    `copy_batch(dst, dst_stride, src, src_stride, count, stream)`, a batch of matrices in one copy
+    (batched.py copies them one by one otherwise). Its methods are called from the thread that
+    calls the split."""
 
     prepared: PreparedCache
 
@@ -95,7 +97,8 @@ class DeviceLayer(Protocol):
     def copy(self, dst: Region, src: Region, stream: Any) -> None: ...
     def accumulate(self, dst: Region, src: Region, stream: Any) -> None: ...
     def launch(self, kernel: Launcher, M: int, N: int, K: int, alpha: float, a: Region, b: Region,
-               beta: float, c: Region, stream: Any) -> None: ...
+               beta: float, c: Region, stream: Any, *, batch: int = 1,
+               strides: tuple[int, int, int] = (0, 0, 0)) -> None: ...
     def elapsed_ms(self, start: Any, end: Any) -> float: ...
     def synchronize(self, device: int) -> None: ...
     def drain(self, device: int) -> None: ...
@@ -228,8 +231,8 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
 
     The first call of a key (kernel, sizes, leading dimensions, devices of A, B and C, `devices`,
     axis, beta != 0, chunks) prepares the split: parts, buffers, steps and events (prepared.py),
-    kept by the layer for the next calls; each device's share is issued and waited for on that
-    calling thread in rounds of one step per device (fanout.py). With a balance, the sizes are
+    kept by the layer for the next calls; the devices' shares are issued from the calling thread in
+    rounds of one step per device, then waited for (fanout.py). With a balance, the sizes are
     worked out anew each call.
     """
     layer = layer or default_layer()
