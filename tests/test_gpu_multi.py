@@ -248,7 +248,7 @@ def test_a_batch_of_64_of_1024_cubed_split_by_batch_holds_its_must(precision, co
 def test_end_to_end_scaling_and_resident_shards_hold_their_must(subject, shape, count):
     """Issue 30's must-holds (14's on 2): inputs on GPU 0, checked against float64: end to end >=
     0.85 N, shards already resident >= 0.95 N, on 2 and on 4 GPUs, for the fp32 library (a runtime
-    per GPU) and the kernels. (The batched must: test_a_batch_of_64_of_1024_cubed_split_by_batch_holds_its_must.)"""
+    per GPU) and the kernels. (The batched must is the test above.)"""
     from gemmgen.multigpu.scaling import measure_scaling
 
     devices = _count(count)

@@ -197,7 +197,7 @@ def test_a_resident_shard_that_fails_is_named():
         resident_gemm(small_plan(), shards, layer=SimulatedDevices(0, fail_on=(2, "sync")))
 
 
-# --- batches (issue 29): split by batch first ------------------------------------------------------------
+# --- batches: split by batch first --------------------------------------------------------------------------
 
 def test_a_batch_splits_into_whole_matrices_per_device():
     assert batch_parts(64, [0, 1, 2, 3]) == [(0, 16), (16, 32), (32, 48), (48, 64)]
