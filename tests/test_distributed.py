@@ -189,3 +189,39 @@ def test_a_scheduler_that_does_not_answer_is_reported_with_how_to_start_one(monk
     with pytest.raises(ClusterError, match=r"no Dask scheduler answers at tcp://127.0.0.1:\d+.*dask scheduler"):
         with connect(f"tcp://127.0.0.1:{port}"):
             pass
+
+
+def test_a_worker_missing_from_the_scheduler_for_a_moment_keeps_its_candidate(monkeypatch):
+    """A worker whose heartbeats come late on a loaded host drops out of the scheduler's list and
+    comes back: its running candidate is still due, not lost. One missing for LEFT_GRACE_S has
+    left: its candidate is cancelled and recorded as lost."""
+    import gemmgen.tuning.distributed as cluster
+
+    class Future:
+        cancelled = False
+
+        def done(self):
+            return False
+
+        def cancel(self):
+            self.cancelled = True
+
+    listed = {"tcp://a": {}, "tcp://b": {}}
+    clock = [100.0]
+    monkeypatch.setattr(cluster, "gpu_workers", lambda client: dict(listed))
+    monkeypatch.setattr(cluster.time, "monotonic", lambda: clock[0])
+    runner = cluster.ClusterRunner(client=None)
+    held = Future()
+    running = {held: ("job", "tcp://b")}
+    del listed["tcp://b"]
+    assert runner._abandoned(running) == []              # missing: a late heartbeat, perhaps
+    clock[0] += cluster.LEFT_GRACE_S / 2
+    listed["tcp://b"] = {}
+    assert runner._abandoned(running) == [] and not held.cancelled  # back: its candidate still due
+    del listed["tcp://b"]
+    clock[0] += cluster.LEFT_GRACE_S / 2
+    assert runner._abandoned(running) == []              # missing again: the grace starts anew
+    clock[0] += cluster.LEFT_GRACE_S
+    (gone,) = runner._abandoned(running)
+    assert gone[0] is held and held.cancelled and gone[1]["status"] == "lost"
+    assert "left while running it" in gone[1]["reason"]

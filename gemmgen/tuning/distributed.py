@@ -10,7 +10,8 @@ jobs through ClusterRunner, the runner.Runner whose workers are the cluster's:
   started again after a candidate that kills it (a GPU fault poisons a CUDA context), so a fault
   costs only that candidate, recorded as `crash`; one silent for CANDIDATE_TIMEOUT_S is killed and
   recorded as `timeout`;
-- a worker lost while holding a candidate (its host died, it was killed) costs that candidate,
+- a worker lost while holding a candidate (its host died, it was killed, or it has been missing
+  from the scheduler for LEFT_GRACE_S: a late heartbeat is not a loss) costs that candidate,
   recorded as `lost` with the reason; the rest go to the workers that remain;
 - results come back here and are appended to the JSON-lines database as they arrive (runner.py),
   so an interrupted tuning resumes and nothing is measured twice.
@@ -34,6 +35,7 @@ from .runner import CANDIDATE_TIMEOUT_S, Runner, RunnerError, compile_job, descr
 
 WORKER_WAIT_S = 60.0        # for a cluster's first GPU worker to join
 CONNECT_TIMEOUT_S = 30.0    # for a scheduler to answer
+LEFT_GRACE_S = 30.0         # a worker missing from the scheduler this long has left (not a late heartbeat)
 
 
 class ClusterError(RunnerError):
@@ -166,6 +168,7 @@ class ClusterRunner(Runner):
         super().__init__(measurer)
         self.client = client
         self.workers = 0
+        self.missing: dict[str, float] = {}  # worker address -> when it was first seen missing
 
     @property
     def gpus(self) -> int:
@@ -197,10 +200,18 @@ class ClusterRunner(Runner):
         return answers.pop()
 
     def _abandoned(self, running: dict) -> list[tuple]:
+        """The running candidates whose worker has been missing from the scheduler for LEFT_GRACE_S:
+        a worker whose heartbeats come late on a loaded host drops out and comes back under its
+        own address, its candidate still due (a CI run once recorded such a one as lost)."""
         workers = gpu_workers(self.client)
+        now = time.monotonic()
+        self.missing = {address: since for address, since in self.missing.items() if address not in workers}
         gone = []
         for future, (_, address) in running.items():
-            if not future.done() and address not in workers:
+            if future.done() or address in workers:
+                continue
+            since = self.missing.setdefault(address, now)
+            if now - since >= LEFT_GRACE_S:
                 future.cancel()  # its worker left: no result will come
                 gone.append((future, {"status": "lost", "reason": f"the worker {address} left while running it"}))
         return gone
