@@ -32,15 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 from .fanout import Fanout
-from .parts import FLOAT_BYTES, Region, batch_parts, partition
+from .parts import Region, batch_parts, partition
 from .prepared import Ref, bind
-from .split import MultiGpuError
-
-
-def shifted(region: Region, floats: int) -> Region:
-    """The same matrix `floats` further on: the next matrix of a batch."""
-    return Region(region.device, region.ptr + FLOAT_BYTES * floats, region.rows, region.cols, region.layout,
-                  region.ld)
+from .split import Failure, MultiGpuError, written_note
 
 
 def packed_stride(region: Region) -> int:
@@ -57,7 +51,7 @@ class Strided(NamedTuple):
 
     def at(self, index: int) -> "Strided":
         slot, region = self.first
-        return Strided((slot, shifted(region, index * self.stride)), self.stride)
+        return Strided((slot, region.shifted(index * self.stride)), self.stride)
 
 
 class BatchCopy(NamedTuple):
@@ -176,7 +170,7 @@ def copy_batch(layer, copy: BatchCopy, bases: dict[str, int], stream) -> None:
         strided(dst, copy.dst.stride, src, copy.src.stride, copy.count, stream)
         return
     for index in range(copy.count):
-        layer.copy(shifted(dst, index * copy.dst.stride), shifted(src, index * copy.src.stride), stream)
+        layer.copy(dst.shifted(index * copy.dst.stride), src.shifted(index * copy.src.stride), stream)
 
 
 class PreparedBatch:
@@ -301,7 +295,7 @@ class BatchCall(Fanout):
     def steps(self, device: int):
         prepared, bases, layer = self.prepared, self.bases, self.prepared.layer
         M, N, K = self.shape
-        for index, part in enumerate(prepared.parts):
+        for part in prepared.parts:
             if part.device != device:
                 continue
             layer.record(device, part.copies, part.begin)
@@ -373,7 +367,8 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
     for device in sorted({x.device for x in (a, b, c)}):  # the caller may still be writing them
         layer.drain(device)
     offsets = {name: Region(x.device, 0, x.rows, x.cols, x.layout, x.ld) for name, x in zip("ABC", (a, b, c))}
-    stage: dict[str, Any] = {"device": devices[0], "what": "preparing the kernel"}
+    where = Failure()
+    where.at(devices[0], "preparing the kernel")
     first = kernels(devices[0])
     key = ("batched", first, M, N, K, batch, tuple(strides), tuple((x.device, x.layout, x.ld) for x in (a, b, c)),
            tuple(devices), beta != 0, chunks)
@@ -386,13 +381,12 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
     prepared = cache.get(key) if cache is not None else None
     if prepared is None:
         try:
-            prepared = PreparedBatch(layer, kernels, lambda device, what: stage.update(device=device, what=what),
-                                     offsets, stride, batch, devices, beta_used=beta != 0, chunks=chunks,
-                                     weights=weights)
+            prepared = PreparedBatch(layer, kernels, where.at, offsets, stride, batch, devices,
+                                     beta_used=beta != 0, chunks=chunks, weights=weights)
         except ValueError:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure: say which device, write nothing
-            raise MultiGpuError(f"device {stage['device']} failed while {stage['what']}: {exc}; "
+            raise MultiGpuError(f"device {where.device} failed while {where.stage}: {exc}; "
                                 "C was not written") from exc
         if cache is not None:
             cache.put(key, prepared)
@@ -414,8 +408,7 @@ def split_batched(kernels: Callable[[int], Any], a: Region, b: Region, c: Region
         else:
             prepared.release()
         device, stage, exc = call.errors[0]
-        written = "C was not written" if beta != 0 else "C is partly written (beta = 0: its old values were not an input)"
-        raise MultiGpuError(f"device {device} failed while {stage}: {exc}; {written}") from exc
+        raise MultiGpuError(f"device {device} failed while {stage}: {exc}; " + written_note(beta)) from exc
     if cache is None:
         prepared.release()
     if shares is not None and source in devices and not shares.decided(learnt):

@@ -141,10 +141,7 @@ class CupyLayer:
         size = lines * length
         if count == 1 or not (src.ld == dst.ld == length and min(src_stride, dst_stride) >= size):
             for index in range(count):
-                self.copy(Region(dst.device, dst.ptr + FLOAT_BYTES * index * dst_stride, dst.rows, dst.cols,
-                                 dst.layout, dst.ld),
-                          Region(src.device, src.ptr + FLOAT_BYTES * index * src_stride, src.rows, src.cols,
-                                 src.layout, src.ld), stream)
+                self.copy(dst.shifted(index * dst_stride), src.shifted(index * src_stride), stream)
             return
         if (dst.rows, dst.cols, dst.layout) != (src.rows, src.cols, src.layout):
             raise ValueError("copy between batches of matrices of other sizes or layouts")

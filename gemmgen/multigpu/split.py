@@ -144,7 +144,7 @@ class SplitResult:
         return max(self.kernel_ms.values()) if self.kernel_ms else 0.0
 
 
-class _Failure:
+class Failure:
     """Which device and stage a split is at, for the error that names them."""
 
     def __init__(self):
@@ -239,7 +239,7 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
     if not devices:
         raise ValueError("no devices to split over")
     kernel_on = _kernels(kernels, layer)
-    where = _Failure()
+    where = Failure()
     started = time.perf_counter()
     cache = getattr(layer, "prepared", None)
     key = prepared = None
@@ -287,7 +287,7 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
         raise  # arguments that cannot be split (ShapeError included): nothing was started
     except Exception as exc:  # noqa: BLE001 - any failure: say which device, write nothing
         raise MultiGpuError(f"device {where.device} failed while {where.stage}: {exc}; "
-                            + _written(beta)) from exc
+                            + written_note(beta)) from exc
     with prepared.lock:
         result = SplitResult(prepared.parts, prepared.axis, steps=prepared.steps,
                              bytes_moved=prepared.bytes_moved)
@@ -307,7 +307,7 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
         else:
             prepared.release()
         device, stage, exc = call.errors[0]  # the first to fail: the others may have failed for it
-        raise MultiGpuError(f"device {device} failed while {stage}: {exc}; " + _written(beta)) from exc
+        raise MultiGpuError(f"device {device} failed while {stage}: {exc}; " + written_note(beta)) from exc
     if cache is None:
         prepared.release()
     if learnt is not None:
@@ -318,7 +318,8 @@ def split_gemm(kernels: Plan | Callable[[int], Launcher], A: Any, B: Any, C: Any
     return result
 
 
-def _written(beta: float) -> str:
+def written_note(beta: float) -> str:
+    """What a failed split (or batched split) left of C."""
     return ("C was not written" if beta != 0 else
             "C is partly written (beta = 0: its old values were not an input)")
 
@@ -378,7 +379,7 @@ def resident_gemm(kernels: Plan | Callable[[int], Launcher], shards: list[Shard]
     then launched, a shard of each device in turn, and the devices waited for (fanout.py)."""
     layer = layer or default_layer()
     kernel_on = _kernels(kernels, layer)
-    where = _Failure()
+    where = Failure()
     started = time.perf_counter()
     bands, launches = [], {}
     try:
