@@ -1,9 +1,13 @@
-"""What reading MN-major operands in the kernel costs: the fp32 library's chosen member at each shape
+"""What reading MN-major operands in the kernel costs: a library's chosen member at each shape
 (A row, B col) beside the same member built for the other three layouts of A and B (a column-major
 A read into registers from its MN-major tile; a row-major B transposed K-major by the producer's
-warps, with as many stages as then fit), and beside torch.matmul in FP32 in each layout, in turns.
+warps, with as many stages as then fit; the tf32 kernels take only the first), and beside
+torch.matmul in the library's precision in each layout, in turns. For A col, B col the member is the
+one the library's relaid class (layouts.RELAID) chooses, which leaves out members that cannot read
+that layout at speed.
 
-    python benchmarks/mn_major.py --out mn_major.json [--shapes 4096x4096x4096 ...] [--rounds 7] [--calls 10]
+    python benchmarks/mn_major.py --out mn_major.json [--library fp32|tf32] [--shapes 4096x4096x4096 ...]
+                                  [--rounds 7] [--calls 10]
 
 Each kernel is timed by CUDA events over --calls launches, --rounds times in turns; medians. Issue 26
 asks each layout >= 0.9x the library's best layout at 4096^3 and 2048x8192x2048.
@@ -22,6 +26,7 @@ from torch_records import (check_timed_arguments, elapsed_ms, meta, parse_shapes
                            timed_arguments, use_device, write_record)
 
 import gemmgen.library.dispatch as dispatch
+from gemmgen.library.layouts import RELAID
 from gemmgen.gpu.compile import compile_all
 from gemmgen.gpu.runtime import Kernel
 from gemmgen.language.errors import SpecError
@@ -54,6 +59,8 @@ def operand(rows: int, cols: int, layout: str, device, generator) -> torch.Tenso
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     timed_arguments(parser, SHAPES)
+    parser.add_argument("--library", choices=("fp32", "tf32"), default="fp32",
+                        help="the library whose members are timed, beside torch.matmul in its precision (default fp32)")
     args = parser.parse_args(argv)
     args.shapes = parse_shapes(parser, args.shapes)
     check_timed_arguments(parser, args)
@@ -61,11 +68,16 @@ def main(argv=None) -> dict:
     device = torch.device(args.device)
     use_device(device)
     stream = torch.cuda.current_stream().cuda_stream
-    runtime = dispatch.library("fp32", torch.cuda.current_device())
+    runtime = dispatch.library(args.library, torch.cuda.current_device())
+    relaid = (dispatch.library(args.library, torch.cuda.current_device(), ("col", "col"))
+              if ("col", "col") in RELAID.get(args.library, ()) else None)
     work = []
     for M, N, K in args.shapes:
         plan = runtime.kernel_plan(runtime.choose(M, N, K, K, K, N))
-        work.append(((M, N, K), plan, {layouts: layout_variant(plan, *layouts) for layouts in LAYOUTS}))
+        found = {layouts: layout_variant(plan, *layouts) for layouts in LAYOUTS}
+        if relaid is not None:  # the member the relaid class runs there
+            found[("col", "col")] = relaid.kernel_plan(relaid.choose(M, N, K, M, K, N))
+        work.append(((M, N, K), plan, found))
     compile_all([p for *_, found in work for p in found.values() if not isinstance(p, str)])
     generator = torch.Generator(device=device).manual_seed(args.seed)
     results = []
@@ -98,7 +110,7 @@ def main(argv=None) -> dict:
             error = float((out.double() - reference).norm() / reference.norm())
             runs[label] = (run, [], (variant, error))
         saved = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = args.library == "tf32"
         try:
             for run, _, _ in runs.values():
                 run()
@@ -118,7 +130,7 @@ def main(argv=None) -> dict:
                 row.update(kernel=variant.spec.name, stages=variant.stages, x_best_layout=best / ms,
                            x_torch=torch_ms / ms, error=error)
             else:
-                row.update(kernel="torch.matmul FP32")
+                row.update(kernel=f"torch.matmul {args.library.upper()}")
             results.append(row)
         print(f"{M}x{N}x{K}: {len(runs)} timed", flush=True)
     rows = [[r["shape"], r["layouts"], r["kernel"], str(r.get("stages", "")),
@@ -129,9 +141,10 @@ def main(argv=None) -> dict:
     record = {"meta": m, "settings": {"shapes": ["x".join(map(str, s)) for s in args.shapes],
                                       "rounds": args.rounds, "calls": args.calls},
               "results": results}
-    record["markdown"] = (f"On {m['device']} (driver {m.get('driver')}), commit {m['commit']}, {m['date']}: the fp32 "
-                          "library's member chosen for each shape, built for each layout of A and B, beside "
-                          "torch.matmul FP32 in the same layout:\n\n"
+    record["settings"]["library"] = args.library
+    record["markdown"] = (f"On {m['device']} (driver {m.get('driver')}), commit {m['commit']}, {m['date']}: the "
+                          f"{args.library} library's member chosen for each shape, built for each layout of A and "
+                          f"B, beside torch.matmul {args.library.upper()} in the same layout:\n\n"
                           + table(["M x N x K", "layouts", "kernel", "stages", "TFLOP/s", "x best layout",
                                    "x torch", "error"], rows))
     write_record(args.out, record)

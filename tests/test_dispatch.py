@@ -301,7 +301,7 @@ def test_a_layouts_manifest_must_hold_the_layout_its_name_says(tmp_path, monkeyp
     try:  # fp32_cc: the base library's members built with a column-major A (layouts.RELAID)
         assert dispatch.available_classes("fp32") == frozenset({("row", "col"), ("row", "row"), ("col", "col"),
                                                                 ("col", "col", "col")})
-        assert dispatch.available_classes("tf32") == frozenset({("row", "col")})
+        assert dispatch.available_classes("tf32") == frozenset({("row", "col"), ("col", "col"), ("col", "col", "col")})
     finally:
         dispatch.available_classes.cache_clear()
 
@@ -331,6 +331,39 @@ def test_the_relaid_runtime_builds_the_base_members_with_a_column_major_a(monkey
         assert chosen not in relaid.left_out
         if M > 16:  # where the decode member does not compete, the same member as the base library's
             assert chosen == base.choose(M, N, K, K, K, N, (0, 0, 0))
+
+
+def test_the_tf32_relaid_runtime_reads_a_column_major_a_into_registers_and_leaves_out_what_cannot(monkeypatch):
+    """tf32_cc: the tf32 members built with a column-major A, which their consumers read from its
+    MN-major tile into registers; left out (never chosen) are the decode member, clusters (they
+    multicast K-major slices), 128-row ping-pong tiles (two slabs' fragments do not fit) and the
+    cp.async member, which would copy A 4 bytes at a time, far from the speed its timings promise."""
+    import gemmgen.library.dispatch as dispatch
+    import gemmgen.library.runtime as library_runtime
+    from fake_device import INFO
+    monkeypatch.setattr(library_runtime, "device_info", lambda ordinal=0: INFO)
+    monkeypatch.setattr(dispatch, "_runtimes", {})
+    base = dispatch.library("tf32", 0)
+    relaid = dispatch.library("tf32", 0, ("col", "col"))
+    assert relaid.name == "tf32_cc"
+    expected = {}
+    for index, (member, plan) in enumerate(zip(base.manifest.members, base.plans)):
+        if member.decode:
+            expected[index] = "reads A and B along K"
+        elif plan.cluster_m * plan.cluster_n > 1:
+            expected[index] = "multicast slices of K-major"
+        elif plan.pingpong and plan.BM > 64:
+            expected[index] = "two slabs' fragments"
+        elif getattr(plan.mainloop, "copies", False):
+            expected[index] = "4 bytes at a time"
+    assert sorted(relaid.left_out) == sorted(expected) and len(expected) >= 4
+    for index, words in expected.items():
+        assert words in relaid.left_out[index]
+    for index, plan in enumerate(relaid.plans):
+        if index not in relaid.left_out and plan.mainloop.tma:
+            assert plan.mainloop.math_template == "wgmma_tf32_a.cuh.j2" and plan.mainloop.a_from_registers
+    for M, N, K in ((4096, 4096, 4096), (2048, 8192, 2048), (127, 4099, 1023), (16, 11008, 4096), (8192, 128, 8192)):
+        assert relaid.choose(M, N, K, M, K, N, (0, 0, 0)) not in relaid.left_out
 
 
 def test_the_relaid_runtime_writing_c_column_major(monkeypatch):

@@ -39,6 +39,15 @@ for base, variant, values in (("hopper_3xtf32", "", {}), ("hopper_3xtf32", "_spl
     for layouts in LAYOUTS:
         name = f"{base}{variant}_{layouts}"
         SPECS[name] = _spec(base, layouts, name, **values)
+# math tf32 reads a column-major A into registers as it lies (round nearest consumer: rounded there);
+# its B stays column-major (K-major).
+for base, variant, values in (("hopper_tf32", "", {}), ("hopper_tf32", "_split", {"split": 4}),
+                              ("hopper_tf32_persistent", "", {}), ("hopper_tf32_streamk", "", {}),
+                              ("hopper_tf32_staged", "", {}), ("hopper_tf32", "_rounded", {"round": "nearest",
+                                                                                          "round_by": "consumer"}),
+                              ("hopper_tf32_pingpong", "", {})):
+    name = f"{base}{variant}_cc"
+    SPECS[name] = _spec(base, "cc", name, **values)
 
 # (M, N, K, padding of each leading dimension, aligned): TMA-ready (each ld rounded up to a multiple
 # of 4 floats before the padding: edge tiles on every side, several K tiles, ld past the width) and
@@ -58,9 +67,10 @@ def kernels(cp):
     yield from kernel_cache(SPECS)
 
 
-def _check(out: np.ndarray, A, B, C, alpha, beta, what: str):
-    error = check(out, A, B, C, alpha, beta, what, "3xtf32")
-    assert error < 2e-6, f"{what}: relative error {error:.2e} is not FP32's"
+def _check(out: np.ndarray, A, B, C, alpha, beta, what: str, math: str = "3xtf32"):
+    error = check(out, A, B, C, alpha, beta, what, math)
+    if math == "3xtf32":
+        assert error < 2e-6, f"{what}: relative error {error:.2e} is not FP32's"
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:3])) + f"+{s[3]}" + ("" if s[4] else "-odd"))
@@ -78,7 +88,7 @@ def test_every_layout_and_schedule_through_python(name, shape, kernels, cp):
     kernel.launch(M, N, K, 1.5, a.data.ptr, lda, b.data.ptr, ldb, -0.5, c.data.ptr, ldc)
     cp.cuda.runtime.deviceSynchronize()
     host = c.get().reshape(M, ldc)
-    _check(host[:, :N], A, B, C, 1.5, -0.5, f"{name} {M}x{N}x{K} pad {pad}")
+    _check(host[:, :N], A, B, C, 1.5, -0.5, f"{name} {M}x{N}x{K} pad {pad}", kernel.plan.math)
     assert np.isnan(host[:, N:]).all(), f"{name}: wrote C's padding"
 
 

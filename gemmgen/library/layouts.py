@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LAYOUTS = ("row", "col")
-RELAID = {"fp32": (("col", "col"), ("col", "col", "col")), "tf32": ()}
+RELAID = {"fp32": (("col", "col"), ("col", "col", "col")), "tf32": (("col", "col"), ("col", "col", "col"))}
 CLASSES = (("row", "col"), ("row", "row"), ("col", "col"), ("col", "row"))
 SUFFIX = {("row", "col"): "", ("row", "row"): "_rr", ("col", "col"): "_cc", ("col", "row"): "_cr"}
 

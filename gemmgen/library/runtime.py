@@ -24,7 +24,8 @@ from .selection import alignment_class, choose, choose_padded
 class LibraryRuntime:
     """A library manifest ready to run on one device: choose a member per call, launch it. With
     `relaid` (an operand class of layouts.RELAID), the base library's members built in that class's
-    layouts, chosen by the same models; a member that cannot be built so is never chosen."""
+    layouts, chosen by the same models; a member that cannot be built so, or would run markedly
+    slower so (Mainloop.slow_layouts), is never chosen."""
 
     def __init__(self, manifest: Manifest, device: int = 0, relaid: tuple[str, ...] | None = None):
         self.manifest = manifest
@@ -42,8 +43,11 @@ class LibraryRuntime:
                 try:
                     spec = plan.spec.with_values(layout_A=relaid[0], layout_B=relaid[1], layout_C=self.layouts["C"])
                     self.plans[index] = make_plan(replace(spec, name=f"{plan.spec.name}_{suffix}"))
+                    why = self.plans[index].mainloop.slow_layouts(self.plans[index])
                 except SpecError as exc:
-                    self.left_out[index] = exc.message
+                    why = exc.message
+                if why:  # its base timings do not hold here
+                    self.left_out[index] = why
                     self.candidates[index] = replace(self.candidates[index], models={})
         tuned = manifest.device.compute_capability
         self.tuned_gpu = list(self.info.compute_capability) == list(tuned)

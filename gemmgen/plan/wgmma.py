@@ -128,8 +128,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         loader_registers = COPY_LOADER_REGISTERS if copies else launch - 8 if loaders > consumers else launch
         limit = min(SETMAXNREG_CAP, (launch * (loaders + consumers) - loaders * loader_registers)
                     // consumers // 8 * 8)
-    if math != "3xtf32":  # round nearest consumer: also A's rounded fragments, two tiles' (see wgmma_round_a.cuh.j2)
-        registers = accumulators + 48 + (2 * 4 * BK // 8 if rounding == "consumer" else 0)
+    if math != "3xtf32":  # A from registers (round nearest consumer, a column-major A): two tiles' fragments (wgmma_round_a.cuh.j2)
+        registers = accumulators + 48 + (2 * 4 * BK // 8 if rounding == "consumer" or not a_k_major else 0)
     elif tma:  # also one K tile's products and A's big and small fragments (see wgmma_kernel.cu.j2)
         registers = 2 * accumulators + 32 + 40
     else:      # also one K tile's products (see wgmma_async.cu.j2)
@@ -182,16 +182,26 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
 
 def _check_mn_major(spec: Spec, math: str, a_k_major: bool, b_k_major: bool) -> None:
     """TMA copies tiles as they lie, and wgmma reads TF32 operands from shared memory only K-major.
-    The 3xtf32 kernel reads A into registers anyway (to split it), so a column-major A is read from
-    its MN-major tile there; a row-major B lands MN-major and the producer's warps, which write B's
-    TF32 remainders already, transpose it K-major as they split it."""
+    The consumers read a column-major A's fragments from its MN-major tile into registers (3xtf32
+    splits them there anyway; tf32 takes them as they lie, or rounds them with `round nearest
+    consumer`) and issue wgmma with A from registers; a row-major B (3xtf32) lands MN-major and the
+    producer's warps, which write B's TF32 remainders already, transpose it K-major as they split it."""
     layouts = ("layout.A", "layout.B")
-    if math != "3xtf32":
+    if math != "3xtf32" and not b_k_major:
         raise spec.error(layouts, "wgmma reads TF32 operands from shared memory only K-major, and TMA "
-                         "copies tiles as they lie: with math tf32, A must be row-major and B "
-                         "column-major (K contiguous in both)",
-                         "layout A row, B col; math 3xtf32 (which transposes in shared memory); or "
+                         "copies tiles as they lie: with math tf32, B must be column-major (K "
+                         "contiguous; a column-major A is read into registers)",
+                         "layout B col; math 3xtf32 (which transposes B in shared memory); or "
                          "stages N copy (cp.async lands any layout K-major)")
+    if math != "3xtf32" and spec.written("round") and spec["round"] == "nearest" and spec["round.by"] == "producer":
+        raise spec.error(("layout.A", "round.by"), "round nearest producer rounds the landed tiles in shared "
+                         "memory, where wgmma reads A K-major; a column-major A lands MN-major and is read "
+                         "into registers instead", "round nearest consumer (A rounded in registers)")
+    if math != "3xtf32" and spec["schedule"] == "pingpong" and spec["block.m"] > 64:
+        raise spec.error(("layout.A", "block.m"), "with math tf32 the consumers read a column-major A's "
+                         "fragments into registers, one 64-row slab's; a ping-pong consumer with a "
+                         f"{spec['block.m']}-row tile would hold two slabs' fragments twice over beside its "
+                         "accumulators", "block 64 x N x 32 with schedule pingpong, or layout A row")
     if spec["cluster.m"] * spec["cluster.n"] > 1:
         raise spec.error(layouts + ("cluster.m",), "the blocks of a cluster multicast slices of K-major "
                          "tiles; a column-major A or row-major B lands in 32-row boxes along M or N",

@@ -58,6 +58,11 @@ class Mainloop:
     # another kernel, the tensor maps a call encodes, and the words for the variant that runs
     parameters = MAIN
 
+    def slow_layouts(self, plan: Plan) -> str | None:
+        """Why this mainloop runs its plan's layouts markedly slower than A row, B col, where it
+        does (a library relaid into other layouts does not choose it by A row, B col timings)."""
+        return None
+
     def hands_over(self, M: int, N: int, K: int, lda: int, ldb: int, pointers: dict[str, int],
                    batch: int = 1, strides: tuple[int, int] = (0, 0)) -> bool:
         """Whether this call goes to the fallback kernel instead (pointers: address % 16 of A, B, C;

@@ -161,6 +161,14 @@ class WgmmaAsync(Mainloop):
                                 for x, k_major in loads) + "; any leading dimension and 4-byte alignment"),
         ]
 
+    def slow_layouts(self, plan: Plan) -> str | None:
+        mn_major = [x for x, layout, k_major in (("A", plan.spec["layout.A"], "row"), ("B", plan.spec["layout.B"], "col"))
+                    if layout != k_major]
+        if not self.copies or not mn_major or self.tma:
+            return None
+        return (f"its cp.async loader copies an MN-major {' and '.join(mn_major)} 4 bytes at a time (0.49-0.59x "
+                "cuBLAS TF32 on an H100, BENCHMARKS.md), far from its K-major speed")
+
     def vector_requirements(self, layout_a: str, layout_b: str) -> list[tuple[str, str | None, str, int]]:
         """16-byte loads (copies) of K-contiguous operands."""
         return ([("A", "K", "lda", 4)] if layout_a == "row" else []) + ([("B", "K", "ldb", 4)] if layout_b == "col" else [])
@@ -174,7 +182,7 @@ class WgmmaTma(WgmmaAsync):
     promote_tiles: int = 1       # 3xtf32: K tiles summed in the tensor cores before each add into FP32
     fallback: Plan | None = None
     rounding: str = "truncate"   # tf32: truncate, or round to nearest by the producer (A and B) or consumer (A)
-    a_k_major: bool = True       # A row-major; else (3xtf32) its MN-major tile is read into registers
+    a_k_major: bool = True       # A row-major; else its MN-major tile is read into registers
     b_k_major: bool = True       # B column-major; else (3xtf32) the producer transposes its MN-major tile
 
     name = "wgmma"
@@ -334,8 +342,10 @@ class WgmmaTma(WgmmaAsync):
         """How an MN-major operand reaches wgmma (none for A row, B col)."""
         rows = []
         if not self.a_k_major:
+            how = {"3xtf32": "as they split them", "consumer": "as they round them"}.get(
+                self.math if self.math == "3xtf32" else self.rounding, "as they lie")
             rows.append(("A column-major", "TMA lands its tiles MN-major (boxes of 32 rows by BK); the consumers "
-                                           "read their fragments from there into registers as they split them "
+                                           f"read their fragments from there into registers {how} "
                                            "(2 wavefronts a read: a warp's 4 K rows share banks in pairs)"))
         if not self.b_k_major:
             rows.append(("B row-major", "TMA lands its tiles MN-major (boxes of 32 columns by BK); the "
@@ -358,19 +368,23 @@ class WgmmaTma(WgmmaAsync):
     @property
     def math_template(self) -> str:
         """The consumers' math: TF32 products (of tiles as TMA wrote them, of tiles the producer
-        rounded, or of A rounded in registers), or 3xtf32's three with A split in registers."""
+        rounded, of A rounded in registers, or of an MN-major A read into registers as it lies),
+        or 3xtf32's three with A split in registers."""
+        if self.math == "tf32" and self.rounding == "truncate" and not self.a_k_major:
+            return "wgmma_tf32_a.cuh.j2"  # an MN-major A through registers, as it lies
         return {"3xtf32": "wgmma_3xtf32.cuh.j2"}.get(self.math, ROUNDING_TEMPLATES[self.rounding])
 
     @property
     def tma_helpers(self) -> tuple[str, ...]:
-        """Device code the TMA kernel includes after the schedule's: rounding to TF32 in place, and
-        reading MN-major tiles."""
+        """Device code the TMA kernel includes after the schedule's: rounding to TF32 in place,
+        reading MN-major tiles, and transposing a row-major B's."""
         return ((() if self.rounding == "truncate" else ("wgmma_round.cuh.j2",))
-                + (() if self.k_major else ("wgmma_mn_major.cuh.j2",)))
+                + (() if self.k_major else ("wgmma_mn_major.cuh.j2",))
+                + (() if self.b_k_major else ("wgmma_transpose_b.cuh.j2",)))
 
     @property
     def a_from_registers(self) -> bool:
-        return self.math == "3xtf32" or self.rounding == "consumer"
+        return self.math == "3xtf32" or self.rounding == "consumer" or not self.a_k_major
 
     @staticmethod
     def consumer_row0(plan: Plan) -> str:
