@@ -399,26 +399,3 @@ def test_matmul_takes_vectors_as_numpy_matmul_does(host_libraries):
     np.testing.assert_allclose(dot.values, x.astype(np.float64) @ x, rtol=1e-5)
     with pytest.raises(ShapeError, match="vectors, matrices or batches"):
         gemmgen.matmul(HostArray(np.float32(1.0) * np.ones((), np.float32)), HostArray(x))
-
-
-def test_a_large_copied_operand_streams_in_chunks_and_small_or_double_copies_do_not():
-    """library/streamed.py: one large copied operand goes in chunks of whole tiles (at most 4, each
-    at least 1024 rows or columns of C); none where both or C are copied, in batches, or small."""
-    from gemmgen.library import streamed
-    from gemmgen.library.layouts import Route
-    b_copied = Route(("row", "col"), False, (4096, 4096, 4096), copy_b="col")
-    a_copied = Route(("row", "col"), True, (4096, 4096, 4096), copy_a="row")
-    assert streamed.plan(b_copied, 4096, 4096, 4096, False) == 4
-    assert streamed.plan(a_copied, 2048, 8192, 2048, False) == 2
-    assert streamed.plan(b_copied, 4096, 1500, 4096, False) == 0      # 1500 columns: one chunk
-    assert streamed.plan(b_copied, 512, 2048, 1024, False) == 0       # 2M floats: copied whole
-    assert streamed.plan(b_copied, 4096, 4096, 4096, True) == 0       # batches
-    both = Route(("row", "col"), False, (4096, 4096, 4096), copy_a="row", copy_b="col")
-    assert streamed.plan(both, 4096, 4096, 4096, False) == 0
-    c_too = Route(("row", "col"), False, (4096, 4096, 4096), copy_b="col", copy_c=True)
-    assert streamed.plan(c_too, 4096, 4096, 4096, False) == 0
-    for width, chunks in ((4096, 4), (4100, 4), (2048, 2), (4100, 2), (1500, 1)):
-        edges = streamed.bounds(width, chunks)
-        assert edges[0][0] == 0 and edges[-1][1] == width and len(edges) <= chunks
-        assert all(a[1] == b[0] for a, b in zip(edges, edges[1:]))
-        assert all(start % streamed.CHUNK_ALIGN == 0 for start, _ in edges)

@@ -85,40 +85,6 @@ def test_matmul_in_every_layout_matches_float64(precision, layouts, M, N, K, pad
         assert torch.isnan(base.as_strided((base.shape[0], pad), (base.stride(0), 1), base.shape[1])).all()
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("M,N,K,copied", [(2100, 4100, 2048, "A"), (4100, 2300, 2048, "B"), (2048, 2048, 2048, None)])
-def test_a_large_copied_operand_streams_beside_its_gemm_in_chunks(precision, M, N, K, copied, monkeypatch):
-    """A col with B row: one operand is copied K-major; a large one goes in chunks on a side stream,
-    each band's GEMM after its part (library/streamed.py), and C is right to the edges, beta included,
-    with nothing written past its lines."""
-    import gemmgen
-    import gemmgen.library.streamed as streamed
-    bands = []
-    copy_of = streamed.run
-
-    def spy(torch_, route, chunks, *args, **kwargs):
-        bands.append((route.copy_a, route.copy_b, chunks))
-        return copy_of(torch_, route, chunks, *args, **kwargs)
-    monkeypatch.setattr(streamed, "run", spy)
-    A, B, C = make(M, K, "col", 4), make(K, N, "row", 5), make(M, N, "row", 6, pad=4)
-    C64 = C.double()
-    with pytest.warns(RuntimeWarning, match="copied"):
-        out = gemmgen.matmul(A, B, C, alpha=1.5, beta=0.5, precision=precision)
-    assert out is C and len(bands) == 1 and bands[0][2] >= 2
-    if copied:  # the smaller operand is the one copied
-        assert (bands[0][0] is not None) == (copied == "A") and (bands[0][1] is not None) == (copied == "B")
-    torch.cuda.synchronize()
-    reference = 1.5 * (A.double() @ B.double()) + 0.5 * C64
-    scale = 1.5 * (A.double().abs() @ B.double().abs()) + 0.5 * C64.abs()
-    assert_close(C, reference, scale, K, MATH[precision], f"{precision} streamed {M}x{N}x{K}")
-    assert torch.isnan(C.as_strided((M, 4), (C.stride(0), 1), N)).all()
-    new = gemmgen.matmul(A, B, precision=precision)  # into a new output, the same bands
-    torch.cuda.synchronize()
-    assert len(bands) == 2
-    assert_close(new, A.double() @ B.double(), A.double().abs() @ B.double().abs(), K, MATH[precision],
-                 f"{precision} streamed {M}x{N}x{K} into a new output")
-
-
 # --- gradients -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("precision", PRECISIONS)

@@ -31,7 +31,6 @@ from ..gpu.runtime import ShapeError, as_matrix, device_array, require_cupy, str
 from ..gpu.transpose import transpose
 from ..outputs import complete_pending
 from . import devices as split_devices
-from . import streamed
 from .batches import (BatchError, Batching, batch_stride, broadcast, dense_reason, folded_row_stride, plan_batches,
                       vector_views)
 from .layouts import CLASSES, RELAID, Operand, Route, library_name, route
@@ -376,12 +375,6 @@ def _torch_with_copies(torch, call: _Call, A, B, out, alpha, beta, precision, st
     way = call.route
     _warn_once(way.reasons)
     lead = tuple(call.shape[:-2])
-    chunks = streamed.plan(way, A.shape[-2], B.shape[-1], A.shape[-1], bool(lead)) if stream is None else 0
-    if chunks > 1 and not torch.cuda.is_current_stream_capturing():
-        if out is None:
-            out = A.new_empty(call.shape)
-        return streamed.run(torch, way, chunks, A, B, out, copy=_torch_copy, gemm=lambda a, b, c: _torch_matmul(
-            torch, a, b, c, alpha, beta, precision, None))
     if way.copy_a:
         A = _torch_copy(A, way.copy_a, lead)
     if way.copy_b:
