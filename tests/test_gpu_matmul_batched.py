@@ -85,9 +85,9 @@ def test_batched_matmul_matches_float64(precision, case, monkeypatch):
     lead_a, lead_b, M, N, K, la, lb, pad, offset = CASES[case]
     A = batch_of(lead_a, M, K, la, 1, pad, offset)
     B = batch_of(lead_b, K, N, lb, 2, pad, offset)
-    # tf32 copies an MN-major operand (wgmma reads TF32 operands K-major only); fp32 runs a
-    # column-major A, or a row-major A and B as C^T = B^T A^T, in its relaid class, copying nothing.
-    copied = "broadcast" in case or (precision == "tf32" and (la == "col" or lb == "row"))
+    # Both precisions run a column-major A, or a row-major A and B as C^T = B^T A^T, in their
+    # relaid classes, copying nothing; only a column-major A with a row-major B copies one.
+    copied = "broadcast" in case or (la == "col" and lb == "row")
     with pytest.warns(RuntimeWarning, match="copied|copying") if copied else warnings.catch_warnings():
         if not copied:
             warnings.filterwarnings("error", message="gemmgen:")  # a copy nobody expected fails the case
