@@ -23,12 +23,17 @@ measured 0.27x (tf32) and 0.56x (fp32) of the TMA-fed ones at 4096^3 on an H100:
 copying the operand K-major first (one pass over it, 2-15% at 4096^3 and 2048x8192x2048).
 
 RELAID lists the classes a precision serves in the kernel from its base library: the same members,
-chosen by the same timings, built in the class's layouts. The fp32 (3xTF32) TMA kernels read a
-column-major A from its MN-major tile as they split it into registers, at 1.00-1.02x their A row
-speed (benchmarks/mn_major.py); a row-major B they transpose in shared memory at 0.72-0.75x, which
-is slower than copying it, so the classes with a row-major B are not served that way. A relaid
-class may also write C column-major (A, B, C): A row, B row into a row-major C is then C^T = B^T A^T
-with both operands column-major, no copy. A manifest named for a class is used where it exists.
+chosen by the same timings, built in the class's layouts. The TMA kernels of both precisions read a
+column-major A from its MN-major tile into registers and issue wgmma with A from registers (3xTF32
+splits it there anyway; tf32 takes it as it lies), at 1.00-1.02x (fp32, benchmarks/mn_major.py) and
+0.97-1.01x (tf32) of their A row speed on an H100. A member that cannot be built so (clusters, the
+decode member, 128-row ping-pong tiles in tf32) or would read the class's layout far slower than its
+timings say (the cp.async member's 4-byte copies: Mainloop.slow_layouts) is never chosen there. A
+row-major B the 3xTF32 kernels transpose in shared memory at 0.72-0.75x, which is slower than copying
+it, and tf32 cannot read it at all (wgmma takes TF32 B K-major), so the classes with a row-major B are
+not served that way. A relaid class may also write C column-major (A, B, C): A row, B row into a
+row-major C is then C^T = B^T A^T with both operands column-major, no copy. A manifest named for a
+class is used where it exists.
 """
 
 from __future__ import annotations
