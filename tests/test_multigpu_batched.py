@@ -186,3 +186,29 @@ def test_after_its_second_call_a_batch_from_one_gpu_stays_there_when_the_others_
     else:
         assert parts[2] == parts[3] == [(0, 48)] and spans[-1] < spans[1], (parts, spans)
     assert len(layer.prepared.entries) <= 2
+
+
+def test_a_batch_kept_on_its_gpu_runs_as_one_launch_in_place():
+    """A batch the split keeps on the GPU holding it (here the only device), C there and beta 0: one
+    batched launch in place, no copies, nothing prepared; with beta the staged path runs as before,
+    and a shared operand on another GPU is still copied in."""
+    M, N, K = 24, 40, 16
+    layer = SimulatedDevices(0)
+    rng = np.random.default_rng(3)
+    sa, a, stride_a, A = stack(6, M, K, "row", 0, rng)
+    sb, b, stride_b, B = stack(6, K, N, "row", 0, rng)
+    sc, c, stride_c, _ = stack(6, M, N, "row", 0, rng)
+    plan = small_plan()
+    kinds = []
+    real_issue = layer._issue
+    layer._issue = lambda op: (kinds.append(op.kind), real_issue(op))[1]
+    result = split_batched(lambda d: layer.kernel(d, plan), a, b, c, batch=6, strides=(stride_a, stride_b, stride_c),
+                           devices=[0], layer=layer, alpha=2.0)
+    np.testing.assert_allclose(read(sc, c, stride_c, 6), 2.0 * np.einsum("bmk,bkn->bmn", A.astype(np.float64), B),
+                               rtol=1e-4, atol=1e-4)
+    assert [k for k in kinds if k in ("launch", "copy")] == ["launch"] and result.parts == [(0, 0, 6)]
+    assert result.span_ms[0] > 0 and not layer.prepared.entries
+    kinds.clear()
+    split_batched(lambda d: layer.kernel(d, plan), a, b, c, batch=6, strides=(stride_a, stride_b, stride_c),
+                  devices=[0], layer=layer, beta=0.5)
+    assert "copy" in kinds and layer.prepared.entries  # beta: C staged, so that a failure leaves it as it was
