@@ -128,8 +128,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         loader_registers = COPY_LOADER_REGISTERS if copies else launch - 8 if loaders > consumers else launch
         limit = min(SETMAXNREG_CAP, (launch * (loaders + consumers) - loaders * loader_registers)
                     // consumers // 8 * 8)
-    if math != "3xtf32":  # A from registers (round nearest consumer, a column-major A): two tiles' fragments (wgmma_round_a.cuh.j2)
-        registers = accumulators + 48 + (2 * 4 * BK // 8 if rounding == "consumer" or not a_k_major else 0)
+    if math != "3xtf32":  # TMA-fed A from registers (round nearest consumer, a column-major A): two tiles' fragments (wgmma_round_a.cuh.j2)
+        registers = accumulators + 48 + (2 * 4 * BK // 8 if rounding == "consumer" or (tma and not a_k_major) else 0)
     elif tma:  # also one K tile's products and A's big and small fragments (see wgmma_kernel.cu.j2)
         registers = 2 * accumulators + 32 + 40
     else:      # also one K tile's products (see wgmma_async.cu.j2)
