@@ -141,8 +141,10 @@ def test_inference_mode_and_no_grad_take_the_cpp_path(native):
     assert not z.requires_grad
     assert_close(y, x, w.detach().t(), "fp32", "inference mode")
     assert_close(z, x, w.detach().t(), "fp32", "no_grad")
-    grad = torch.ops.gemmgen.matmul(x, w.t())  # a Parameter: the autograd.Function in Python
-    assert grad.requires_grad and grad.grad_fn is not None
+    grad = torch.ops.gemmgen.matmul(x, w.t())  # a Parameter: the C++ autograd Function, no Python object
+    assert grad.requires_grad and "MatmulFunction" in grad.grad_fn.name(), grad.grad_fn.name()
+    grad.backward(torch.ones_like(grad))
+    assert_close(w.grad.t(), x.t(), torch.ones(16, 64, device="cuda"), "fp32", "the weight's gradient")
 
 
 def test_threads_may_call_at_once(native):

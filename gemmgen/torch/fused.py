@@ -11,6 +11,8 @@ Where a gradient is needed, the forward keeps what the backward reads: relu and 
 the fused output; gelu, gelu_tanh and silu run the GEMM with its bias fused and the activation as
 PyTorch's, keeping the pre-activation. The backward is PyTorch's activation backward, the bias
 gradient a sum over rows, and the two GEMMs torch.ops.gemmgen.matmul in the forward's precision.
+A call with neither bias nor activation is torch.ops.gemmgen.matmul(x, weight.T) itself: with its
+C++ kernels (torch/native.cpp) it makes no Python object a call, forward or backward.
 """
 
 from __future__ import annotations
@@ -190,6 +192,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     (out_features); `activation` None, "relu", "gelu" (erf), "gelu_tanh" or "silu". Differentiable."""
     activation = check_activation(activation)
     _check(x, weight, bias, precision)
+    if bias is None and activation == "none":  # a plain GEMM: the operator, whose autograd is C++ where built
+        y = matmul_op(x.reshape(-1, x.shape[-1]), weight.t(), 1.0, precision)
+        return y.view(*x.shape[:-1], weight.shape[0])
     x2 = _row_major(x.reshape(-1, x.shape[-1]), "x")
     weight = _row_major(weight, "weight")
     if bias is not None and bias.stride(0) != 1:

@@ -5,8 +5,10 @@
 // Python objects, the GIL is taken, and the result is unboxed again. That costs a few microseconds
 // a call, more than the rest of a prepared launch. Here a call that needs no gradient stays in C++:
 //
-//   Autograd kernel: a gradient needed -> Python (an autograd.Function whose backward is this
-//                    operator again); else redispatch below autograd, in C++.
+//   Autograd kernel: a gradient needed -> a C++ autograd Function (MatmulFunction) whose backward
+//                    is this operator again; else redispatch below autograd. Either way no Python
+//                    object is made per call (Python's autograd.Function made several, and their
+//                    collections stalled a training step: BENCHMARKS.md, 2026-11-26).
 //   CUDA kernel:     one lookup by what decides the launch (precision, device, sizes, strides,
 //                    A's and B's address % 16) -> the output's allocation and one cuLaunchKernelEx
 //                    per prepared step, on PyTorch's current stream.
@@ -49,7 +51,7 @@ struct LaunchConfig {  // CUlaunchConfig, as cuda.h lays it out (no launch attri
 };
 
 struct Python {  // what install() was given; never freed (the interpreter may be gone at exit)
-    py::object describe, fallback, with_grad, error_text;
+    py::object describe, fallback, error_text;
     CtxGetCurrent ctx_get = nullptr;
     CtxSetCurrent ctx_set = nullptr;
     LaunchKernelEx launch = nullptr;
@@ -315,24 +317,84 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, double alpha, c
     return out;
 }
 
+// --- autograd: ops.py's gradients() in C++ ----------------------------------------------------------
+
+using MatmulOp = at::Tensor(const at::Tensor&, const at::Tensor&, double, c10::string_view);
+
+const c10::TypedOperatorHandle<MatmulOp>& matmul_op() {
+    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("gemmgen::matmul", "").typed<MatmulOp>();
+    return op;
+}
+
+// A matrix (or each of a batch) lying column-major, a transposed view of a row-major one: its
+// gradient is made so too, as PyTorch's gradient layout contract wants (else AccumulateGrad copies it).
+bool column_major(const at::Tensor& x) { return x.stride(-2) == 1 && x.stride(-1) != 1; }
+
+// alpha * a @ b where a gradient is needed. The forward keeps only what the backward reads (grad_a
+// needs b, grad_b needs a); the backward runs this operator again, through the dispatcher, so that
+// it too is traced, captured and differentiated. grad_a = alpha grad b^T and grad_b = alpha a^T grad,
+// each in its input's layout (a column-major one as the transposed product seen through .mT); a
+// matrix b that served every batch of a (an nn.Linear weight) gets one GEMM over all of them, a's
+// rows and grad's stacked; an input broadcast over batch dimensions gets its gradients summed.
+struct MatmulFunction : public torch::autograd::Function<MatmulFunction> {
+    static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
+                              double alpha, const std::string& precision) {
+        at::Tensor out = matmul_op().call(a, b, alpha, precision);  // grad mode is off here
+        const bool needs_a = ctx->needs_input_grad(0), needs_b = ctx->needs_input_grad(1);
+        ctx->save_for_backward({needs_b ? a : at::Tensor(), needs_a ? b : at::Tensor()});
+        ctx->saved_data["alpha"] = alpha;
+        ctx->saved_data["precision"] = precision;
+        ctx->saved_data["a_column"] = column_major(a);
+        ctx->saved_data["b_column"] = column_major(b);
+        ctx->saved_data["a_shape"] = a.sizes().vec();
+        ctx->saved_data["b_shape"] = b.sizes().vec();
+        return out;
+    }
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                   torch::autograd::variable_list grads) {
+        const auto saved = ctx->get_saved_variables();
+        const at::Tensor& a = saved[0];
+        const at::Tensor& b = saved[1];
+        const at::Tensor& grad = grads[0];
+        const double alpha = ctx->saved_data["alpha"].toDouble();
+        const std::string precision = ctx->saved_data["precision"].toStringRef();
+        const auto a_shape = ctx->saved_data["a_shape"].toIntVector();
+        const auto b_shape = ctx->saved_data["b_shape"].toIntVector();
+        auto multiply = [&](const at::Tensor& x, const at::Tensor& y) { return matmul_op().call(x, y, alpha, precision); };
+        at::Tensor grad_a, grad_b;
+        if (ctx->needs_input_grad(0)) {
+            grad_a = ctx->saved_data["a_column"].toBool() ? multiply(b, grad.mT()).mT() : multiply(grad, b.mT());
+            if (grad_a.sizes() != at::IntArrayRef(a_shape)) grad_a = grad_a.sum_to_size(a_shape);
+        }
+        if (ctx->needs_input_grad(1)) {
+            at::Tensor x = a, g = grad;
+            if (b_shape.size() == 2 && a.dim() > 2) {  // stacked: the sum over batches is one GEMM with K = batch x M
+                x = a.reshape({-1, a.size(-1)});
+                g = grad.reshape({-1, grad.size(-1)});
+            }
+            grad_b = ctx->saved_data["b_column"].toBool() ? multiply(g.mT(), x).mT() : multiply(x.mT(), g);
+            if (grad_b.sizes() != at::IntArrayRef(b_shape)) grad_b = grad_b.sum_to_size(b_shape);
+        }
+        return {grad_a, grad_b, at::Tensor(), at::Tensor()};
+    }
+};
+
 at::Tensor matmul_autograd(c10::DispatchKeySet keys, const at::Tensor& a, const at::Tensor& b, double alpha,
                            c10::string_view precision) {
     if (at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad()))
-        return call_python(python->with_grad, a, b, alpha, precision);
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("gemmgen::matmul", "")
-                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, c10::string_view)>();
+        return MatmulFunction::apply(a, b, alpha, std::string(precision));
     at::AutoDispatchBelowAutograd below;
-    return op.redispatch(keys & c10::after_autograd_keyset, a, b, alpha, precision);
+    return matmul_op().redispatch(keys & c10::after_autograd_keyset, a, b, alpha, precision);
 }
 
 torch::Library* cuda_kernels = nullptr;  // registered for the process (never freed: see `calls`)
 torch::Library* autograd_kernels = nullptr;
 
-void install(py::object describe, py::object fallback, py::object with_grad, py::object error_text,
-             uintptr_t ctx_get, uintptr_t ctx_set, uintptr_t launch_kernel_ex) {
+void install(py::object describe, py::object fallback, py::object error_text, uintptr_t ctx_get,
+             uintptr_t ctx_set, uintptr_t launch_kernel_ex) {
     TORCH_CHECK(python == nullptr, "gemmgen: the C++ kernels are installed already");
-    python = new Python{describe, fallback, with_grad, error_text, reinterpret_cast<CtxGetCurrent>(ctx_get),
+    python = new Python{describe, fallback, error_text, reinterpret_cast<CtxGetCurrent>(ctx_get),
                         reinterpret_cast<CtxSetCurrent>(ctx_set), reinterpret_cast<LaunchKernelEx>(launch_kernel_ex)};
     cuda_kernels = new torch::Library(torch::Library::IMPL, "gemmgen", c10::DispatchKey::CUDA, __FILE__, __LINE__);
     cuda_kernels->impl("matmul", TORCH_FN(matmul_cuda));
@@ -356,7 +418,7 @@ size_t keys_kept() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "torch.ops.gemmgen.matmul's CUDA and Autograd kernels (gemmgen/torch/native.py)";
-    m.def("install", &install, "register the kernels: Python's describe, fallback, with_grad and error_text, and "
+    m.def("install", &install, "register the kernels: Python's describe, fallback and error_text, and "
           "the addresses of cuCtxGetCurrent, cuCtxSetCurrent and cuLaunchKernelEx");
     m.def("matmul", &matmul_direct, "alpha * a @ b into a new tensor, by the CUDA kernel (no autograd)");
     m.def("keys_kept", &keys_kept, "how many call keys the C++ kernel keeps");

@@ -7,8 +7,9 @@ host the operator took 16.7 us at 64x64x64 where gemmgen.matmul took 12.1 and to
 The C++ kernels keep Python for what is decided once per call key: on a key's first call,
 `describe` resolves it as gemmgen.matmul does (library/dispatch.py) and hands C++ the prepared
 launch (CUfunctions, launch configurations, argument buffers, and where A, B, C, alpha, tensor
-maps and stream-K's workspace go). A call that needs a gradient goes to `with_grad` (ops.py's
-autograd.Function); a key whose operands must be copied first, or whose arguments are wrong,
+maps and stream-K's workspace go). A call that needs a gradient goes through a C++ autograd
+Function (ops.py's gradients(), written again there), whose backward is the operator again; a key
+whose operands must be copied first, or whose arguments are wrong,
 goes to `fallback`, which serves or reports it as the Python kernel would. gemmgen.matmul of two
 torch tensors into a new output takes the same C++ path (without the dispatcher, so without
 autograd), registered with dispatch.use_torch_launcher.
@@ -27,7 +28,6 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -133,7 +133,7 @@ def _address(function) -> int:
     return ctypes.cast(function, ctypes.c_void_p).value
 
 
-def install(with_grad: Callable) -> str | None:
+def install() -> str | None:
     """Build and register the C++ kernels; None when they are in place, else why not (the caller
     then registers the Python kernels)."""
     reason = disabled_reason()
@@ -144,7 +144,7 @@ def install(with_grad: Callable) -> str | None:
     except Exception as exc:  # a compiler, ninja or headers missing; a failed build
         return f"the C++ kernels could not be built ({_first_error(str(exc)) or type(exc).__name__})"
     lib = cuda()
-    module.install(describe, torch_matmul, with_grad, error_text, _address(lib.cuCtxGetCurrent),
+    module.install(describe, torch_matmul, error_text, _address(lib.cuCtxGetCurrent),
                    _address(lib.cuCtxSetCurrent), _address(lib.cuLaunchKernelEx))
     global installed
     installed = module

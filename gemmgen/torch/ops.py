@@ -6,8 +6,9 @@ needs no gradient never enters Python, its call key looked up and launched in C+
 the Autograd kernel is then the whole host path of a call that needs no gradient (where only the
 CUDA kernel lies below it, no mode or functionalization active, it launches gemmgen at once, one
 Python call from the dispatcher; else it redispatches below autograd, as
-torch.library.register_autograd does). A call that needs a gradient goes, from either, through an
-autograd.Function whose forward runs the operator below autograd. register_autograd's wrapper
+torch.library.register_autograd does). A call that needs a gradient goes through an autograd
+Function whose forward runs the operator below autograd: native.cpp's MatmulFunction, which makes
+no Python object a call, or, with the Python kernels, _Matmul below. register_autograd's wrapper
 redispatched every call, and with custom_op's it cost 20 us a call on an H100 host
 (benchmarks/torch_host.py). torch.compile(fullgraph=True) traces the operator, forward and
 backward (its fake tensors take the redispatch), and CUDA graphs capture and replay it.
@@ -112,8 +113,6 @@ _CUDA = torch._C.DispatchKey.CUDA
 
 def _redispatch(keyset, a, b, alpha, precision):
     with torch._C._AutoDispatchBelowAutograd():
-        if keyset is None:  # from the C++ Autograd kernel: dispatched afresh, autograd excluded
-            return matmul_op(a, b, alpha, precision)
         return matmul_op.redispatch(keyset & _BELOW_AUTOGRAD, a, b, alpha, precision)
 
 
@@ -150,16 +149,11 @@ def _matmul_autograd(keyset, a, b, alpha=1.0, precision="fp32"):
     return _redispatch(keyset, a, b, alpha, precision)
 
 
-def _with_grad(a, b, alpha, precision):
-    """The C++ Autograd kernel's call where a gradient is needed."""
-    return _Matmul.apply(a, b, alpha, precision, None)
-
-
 torch.library.register_fake("gemmgen::matmul", _matmul_fake, lib=_library)
 matmul_op = torch.ops.gemmgen.matmul.default  # the overload itself: no overload resolution per call
 
 # Why the Python kernels serve the operator (None: the C++ kernels do).
-python_kernels_reason = native.install(_with_grad)
+python_kernels_reason = native.install()
 if python_kernels_reason is not None:
     if not native.disabled_reason():
         warnings.warn(f"gemmgen: torch.ops.gemmgen.matmul runs its Python kernels, a few microseconds more per "
