@@ -187,21 +187,22 @@ def _check_mn_major(spec: Spec, math: str, a_k_major: bool, b_k_major: bool) -> 
     consumer`) and issue wgmma with A from registers; a row-major B (3xtf32) lands MN-major and the
     producer's warps, which write B's TF32 remainders already, transpose it K-major as they split it."""
     layouts = ("layout.A", "layout.B")
-    if math != "3xtf32" and not b_k_major:
-        raise spec.error(layouts, "wgmma reads TF32 operands from shared memory only K-major, and TMA "
-                         "copies tiles as they lie: with math tf32, B must be column-major (K "
-                         "contiguous; a column-major A is read into registers)",
-                         "layout B col; math 3xtf32 (which transposes B in shared memory); or "
-                         "stages N copy (cp.async lands any layout K-major)")
-    if math != "3xtf32" and spec.written("round") and spec["round"] == "nearest" and spec["round.by"] == "producer":
-        raise spec.error(("layout.A", "round.by"), "round nearest producer rounds the landed tiles in shared "
-                         "memory, where wgmma reads A K-major; a column-major A lands MN-major and is read "
-                         "into registers instead", "round nearest consumer (A rounded in registers)")
-    if math != "3xtf32" and spec["schedule"] == "pingpong" and spec["block.m"] > 64:
-        raise spec.error(("layout.A", "block.m"), "with math tf32 the consumers read a column-major A's "
-                         "fragments into registers, one 64-row slab's; a ping-pong consumer with a "
-                         f"{spec['block.m']}-row tile would hold two slabs' fragments twice over beside its "
-                         "accumulators", "block 64 x N x 32 with schedule pingpong, or layout A row")
+    if math != "3xtf32":
+        if not b_k_major:
+            raise spec.error(layouts, "wgmma reads TF32 operands from shared memory only K-major, and TMA "
+                             "copies tiles as they lie: with math tf32, B must be column-major (K "
+                             "contiguous; a column-major A is read into registers)",
+                             "layout B col; math 3xtf32 (which transposes B in shared memory); or "
+                             "stages N copy (cp.async lands any layout K-major)")
+        if spec.written("round") and spec["round"] == "nearest" and spec["round.by"] == "producer":
+            raise spec.error(("layout.A", "round.by"), "round nearest producer rounds the landed tiles in "
+                             "shared memory, where wgmma reads A K-major; a column-major A lands MN-major and "
+                             "is read into registers instead", "round nearest consumer (A rounded in registers)")
+        if spec["schedule"] == "pingpong" and spec["block.m"] > 64:
+            raise spec.error(("layout.A", "block.m"), "with math tf32 the consumers read a column-major A's "
+                             "fragments into registers, one 64-row slab's; a ping-pong consumer with a "
+                             f"{spec['block.m']}-row tile would hold two slabs' fragments twice over beside "
+                             "its accumulators", "block 64 x N x 32 with schedule pingpong, or layout A row")
     if spec["cluster.m"] * spec["cluster.n"] > 1:
         raise spec.error(layouts + ("cluster.m",), "the blocks of a cluster multicast slices of K-major "
                          "tiles; a column-major A or row-major B lands in 32-row boxes along M or N",

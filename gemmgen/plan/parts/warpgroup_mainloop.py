@@ -164,7 +164,7 @@ class WgmmaAsync(Mainloop):
     def slow_layouts(self, plan: Plan) -> str | None:
         mn_major = [x for x, layout, k_major in (("A", plan.spec["layout.A"], "row"), ("B", plan.spec["layout.B"], "col"))
                     if layout != k_major]
-        if not self.copies or not mn_major or self.tma:
+        if not (self.copies and mn_major):
             return None
         return (f"its cp.async loader copies an MN-major {' and '.join(mn_major)} 4 bytes at a time (0.49-0.59x "
                 "cuBLAS TF32 on an H100, BENCHMARKS.md), far from its K-major speed")
