@@ -11,8 +11,9 @@ Where a gradient is needed, the forward keeps what the backward reads: relu and 
 the fused output; gelu, gelu_tanh and silu run the GEMM with its bias fused and the activation as
 PyTorch's, keeping the pre-activation. The backward is PyTorch's activation backward, the bias
 gradient a sum over rows, and the two GEMMs torch.ops.gemmgen.matmul in the forward's precision.
-A call with neither bias nor activation is torch.ops.gemmgen.matmul(x, weight.T) itself: with its
-C++ kernels (torch/native.cpp) it makes no Python object a call, forward or backward.
+A call with neither bias nor activation is torch.ops.gemmgen.matmul(x, weight.T) itself. Where the
+C++ kernels are built (torch/native.cpp), both operators' autograd is C++ (there, _Linear's is
+written again), so that a training step makes no Python object a call; else _Linear serves.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 
 from ..library.dispatch import PRECISIONS, library
 from ..library.fused import check_activation, fused_members
+from . import native
 from .ops import matmul_op
 
 _library = torch.library.Library("gemmgen", "FRAGMENT")
@@ -132,6 +134,9 @@ def _linear_fake(x, weight, bias=None, activation="none", precision="fp32"):
 _library.impl("linear", _linear_cuda, "CUDA")
 torch.library.register_fake("gemmgen::linear", _linear_fake, lib=_library)
 linear_op = torch.ops.gemmgen.linear.default
+# Where the C++ kernels are built, the operator's Autograd kernel is native.cpp's LinearFunction (this
+# module's _Linear, written again in C++: no Python object a call); else _Linear serves.
+cpp_autograd = native.install_linear()
 
 
 class _Linear(torch.autograd.Function):
@@ -205,7 +210,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             raise ValueError(f"activation {activation!r} runs fused, but gemmgen.linear knows no PyTorch "
                              "backward for it yet: call it under torch.no_grad(), or add it to _BACKWARD "
                              "in gemmgen/torch/fused.py")
-        y = _Linear.apply(x2, weight, bias, activation, precision)
+        y = (linear_op(x2, weight, bias, activation, precision) if cpp_autograd
+             else _Linear.apply(x2, weight, bias, activation, precision))
     else:
         y = linear_op(x2, weight, bias, activation, precision)
     return y.view(*x.shape[:-1], weight.shape[0])

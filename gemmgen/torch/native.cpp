@@ -380,6 +380,76 @@ struct MatmulFunction : public torch::autograd::Function<MatmulFunction> {
     }
 };
 
+// --- gemmgen.linear's autograd: fused.py's _Linear in C++ -----------------------------------------
+
+using LinearOp = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
+                            c10::string_view);
+
+const c10::TypedOperatorHandle<LinearOp>& linear_op() {
+    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("gemmgen::linear", "").typed<LinearOp>();
+    return op;
+}
+
+// The activations whose backward reads the output (the fused op applies them); the others' reads
+// the pre-activation, which the fused op returns (bias fused) and PyTorch activates.
+bool keeps_output(const std::string& activation) { return activation == "none" || activation == "relu"; }
+
+at::Tensor activate(const at::Tensor& pre, const std::string& activation) {
+    if (activation == "gelu") return at::gelu(pre, "none");
+    if (activation == "gelu_tanh") return at::gelu(pre, "tanh");
+    if (activation == "silu") return at::silu(pre);
+    TORCH_CHECK(false, "gemmgen.linear knows no PyTorch pass for activation ", activation);
+}
+
+at::Tensor activation_backward(const at::Tensor& grad, const at::Tensor& kept, const std::string& activation) {
+    if (activation == "none") return grad;
+    if (activation == "relu") return at::threshold_backward(grad, kept, 0);
+    if (activation == "gelu") return at::gelu_backward(grad, kept, "none");
+    if (activation == "gelu_tanh") return at::gelu_backward(grad, kept, "tanh");
+    if (activation == "silu") return at::silu_backward(grad, kept);
+    TORCH_CHECK(false, "gemmgen.linear knows no PyTorch backward for activation ", activation);
+}
+
+// act(x @ weight^T + bias) where a gradient is needed: the forward keeps what the backward reads
+// (the output for none and relu, else the pre-activation), the backward is PyTorch's activation
+// backward, the bias gradient a sum over rows and the two GEMMs the matmul operator.
+struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+    static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                              const std::optional<at::Tensor>& bias, const std::string& activation,
+                              const std::string& precision) {
+        const bool output_kept = keeps_output(activation);
+        at::Tensor kept = linear_op().call(x, weight, bias, output_kept ? activation : "none", precision);
+        at::Tensor out = output_kept ? kept : activate(kept, activation);
+        ctx->save_for_backward({ctx->needs_input_grad(1) ? x : at::Tensor(), ctx->needs_input_grad(0) ? weight : at::Tensor(),
+                                kept});
+        ctx->saved_data["activation"] = activation;
+        ctx->saved_data["precision"] = precision;
+        return out;
+    }
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                   torch::autograd::variable_list grads) {
+        const auto saved = ctx->get_saved_variables();
+        const std::string precision = ctx->saved_data["precision"].toStringRef();
+        const at::Tensor pre = activation_backward(grads[0], saved[2], ctx->saved_data["activation"].toStringRef());
+        at::Tensor grad_x, grad_w, grad_b;
+        if (ctx->needs_input_grad(0)) grad_x = matmul_op().call(pre, saved[1], 1.0, precision);      // (M x N) (N x K)
+        if (ctx->needs_input_grad(1)) grad_w = matmul_op().call(pre.t(), saved[0], 1.0, precision);  // (N x M) (M x K)
+        if (ctx->needs_input_grad(2)) grad_b = pre.sum(0);
+        return {grad_x, grad_w, grad_b, at::Tensor(), at::Tensor()};
+    }
+};
+
+at::Tensor linear_autograd(c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, c10::string_view activation,
+                           c10::string_view precision) {
+    if (at::GradMode::is_enabled() &&
+        (x.requires_grad() || weight.requires_grad() || (bias.has_value() && bias->defined() && bias->requires_grad())))
+        return LinearFunction::apply(x, weight, bias, std::string(activation), std::string(precision));
+    at::AutoDispatchBelowAutograd below;
+    return linear_op().redispatch(keys & c10::after_autograd_keyset, x, weight, bias, activation, precision);
+}
+
 at::Tensor matmul_autograd(c10::DispatchKeySet keys, const at::Tensor& a, const at::Tensor& b, double alpha,
                            c10::string_view precision) {
     if (at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad()))
@@ -403,6 +473,12 @@ void install(py::object describe, py::object fallback, py::object error_text, ui
     autograd_kernels->impl("matmul", TORCH_FN(matmul_autograd));
 }
 
+// gemmgen::linear's Autograd kernel, once fused.py has defined the operator (its CUDA kernel is Python).
+void install_linear() {
+    TORCH_CHECK(autograd_kernels != nullptr, "gemmgen: install() first");
+    autograd_kernels->impl("linear", TORCH_FN(linear_autograd));
+}
+
 // gemmgen.matmul's fast path for two torch tensors into a new output (library/dispatch.py takes it
 // once installed): the CUDA kernel without the dispatcher, so without autograd, as gemmgen.matmul is.
 at::Tensor matmul_direct(const at::Tensor& a, const at::Tensor& b, double alpha, const std::string& precision) {
@@ -420,6 +496,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "torch.ops.gemmgen.matmul's CUDA and Autograd kernels (gemmgen/torch/native.py)";
     m.def("install", &install, "register the kernels: Python's describe, fallback and error_text, and "
           "the addresses of cuCtxGetCurrent, cuCtxSetCurrent and cuLaunchKernelEx");
+    m.def("install_linear", &install_linear, "register gemmgen::linear's Autograd kernel (a C++ autograd Function)");
     m.def("matmul", &matmul_direct, "alpha * a @ b into a new tensor, by the CUDA kernel (no autograd)");
     m.def("keys_kept", &keys_kept, "how many call keys the C++ kernel keeps");
 }

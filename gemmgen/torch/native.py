@@ -152,4 +152,13 @@ def install() -> str | None:
     return None
 
 
+def install_linear() -> bool:
+    """Register gemmgen::linear's Autograd kernel in C++ (fused.py's _Linear, written again in
+    native.cpp) where the C++ kernels are installed; whether it did."""
+    if installed is None:
+        return False
+    installed.install_linear()
+    return True
+
+
 installed = None  # the extension module once its kernels are registered
