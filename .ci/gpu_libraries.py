@@ -29,10 +29,11 @@ sys.path.insert(0, str(ROOT))
 
 
 def _shapes(path: Path):
-    """A shapes file (specs/library_shapes.txt's format) as bench cases."""
+    """A shapes file's single GEMMs (specs/library_shapes.txt's format) as bench cases (its batches
+    are benchmarks/torch_batched.py's)."""
     from gemmgen.language.shapes import parse_shapes
     from gemmgen.gpu.verify import Case
-    return [Case(s.M, s.N, s.K, pad=s.pad) for s in parse_shapes(path.read_text(), str(path))]
+    return [Case(s.M, s.N, s.K, pad=s.pad) for s in parse_shapes(path.read_text(), str(path)) if s.batch == 1]
 
 
 def tune(libraries: list[str], out: Path) -> int:

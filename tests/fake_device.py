@@ -121,6 +121,13 @@ class FakeCublas:
         _gemm(alpha_value, a, b, beta_value, matrix_at(C, m, n, 1, ldc),
               computeType == CUBLAS_COMPUTE_32F_FAST_TF32)
 
+    def gemmStridedBatchedEx(self, handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,
+                             strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo):
+        """gemmEx on each of batchCount matrices, the operands' strides (in elements) apart."""
+        for i in range(batchCount):
+            self.gemmEx(handle, transa, transb, m, n, k, alpha, A + 4 * i * strideA, Atype, lda,
+                        B + 4 * i * strideB, Btype, ldb, beta, C + 4 * i * strideC, Ctype, ldc, computeType, algo)
+
 
 class ReferenceKernel:
     """gemmgen.gpu.runtime.Kernel whose launch computes the C ABI on the CPU, in the plan's layouts;

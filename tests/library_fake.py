@@ -25,15 +25,17 @@ LAYOUTS = {"A": "row", "B": "col", "C": "row"}
 
 
 def true_ms(plan, shape) -> float:
-    """The fake GPU's time for a candidate at a shape (M, N, K, pad)."""
+    """The fake GPU's time for a candidate at a shape (M, N, K, pad, batch)."""
     m = library_model.member_shape(plan, 1)
-    f = features(m, shape.M, shape.N, shape.K, INFO.sm_count)
+    batch = getattr(shape, "batch", 1)
+    f = features(m, shape.M, shape.N, shape.K, INFO.sm_count, batch)
     per_step = 0.0006 if plan.math == "3xtf32" else 0.0002
     if not plan.arch.has_wgmma:
         per_step *= 3
     if library_model.shape_class(shape, LAYOUTS) == "unaligned" and plan.tma:
         per_step *= 2.5  # the fallback
     where = f"{shape.M}x{shape.N}x{shape.K}" + (f" pad {shape.pad}" if shape.pad else "")
+    where += f" batch {batch}" if batch != 1 else ""
     noise = 1 + 0.03 * ((zlib.crc32(f"{library_model.kernel_key(plan)}{where}".encode()) % 1000) / 500 - 1)
     return (0.004 + per_step * f[1] + 0.002 * f[2] + 0.2 * f[3] + 1.0 * f[4]) * noise
 

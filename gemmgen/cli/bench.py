@@ -134,7 +134,8 @@ def _bench_libraries(spec, kernel, shapes, json_path, plot_path, budget, manifes
     check_outputs(filter(None, [json_path, plot_path]), inputs=input_paths(spec, [], manifest_path), force=force)
     for library in load_libraries(spec, kernel):
         manifest = _manifest(library, manifest_path)
-        default = tuple(Case(s.M, s.N, s.K, pad=s.pad) for s in library.shapes)
+        # single GEMMs: the batched shapes a library is tuned at are timed by benchmarks/torch_batched.py
+        default = tuple(Case(s.M, s.N, s.K, pad=s.pad) for s in library.shapes if s.batch == 1)
         rows += cli_library.bench(library, manifest, parse_shapes(shapes, default), budget=budget,
                                   console=console, progress_factory=progress_bar)
     if json_path:

@@ -78,10 +78,11 @@ def manifest_table(manifest: Manifest, title: str) -> Table:
     names = [m.name for m in manifest.members]
     loo = manifest.leave_one_out.per_shape
     for row in manifest.shapes:
-        shape = f"{row.M}x{row.N}x{row.K}" + (f" pad {row.pad}" if row.pad else "")
+        shape = (f"{row.M}x{row.N}x{row.K}" + (f" batch {row.batch}" if row.batch != 1 else "")
+                 + (f" pad {row.pad}" if row.pad else ""))
         ms = row.chosen_ms
         cublas = row.cublas_ms
-        ratio = loo.get(f"{row.M}x{row.N}x{row.K} {row.klass}")
+        ratio = loo.get(f"{row.M}x{row.N}x{row.K}" + (f"*{row.batch}" if row.batch != 1 else "") + f" {row.klass}")
         table.add_row(shape, row.klass, f"{cublas:.4f}" if cublas else "-", names[row.chosen],
                       f"{ms:.4f}" if ms else "-", f"{cublas / ms:.2f}" if ms and cublas else "-",
                       f"{row.best_candidate_ms:.4f}" if row.best_candidate_ms else "-",

@@ -36,13 +36,15 @@ def baseline_for(math: str) -> str:
 
 
 def cublas_gemm(M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,
-                beta: float, C: int, ldc: int, layouts: dict[str, str], *, tf32: bool = False) -> None:
+                beta: float, C: int, ldc: int, layouts: dict[str, str], *, tf32: bool = False,
+                batch: int = 1, strides: tuple[int, int, int] = (0, 0, 0)) -> None:
     """C = alpha A@B + beta C by cublasGemmEx on raw device addresses, the launcher's ABI, with
-    `layouts` = {"A": "row" or "col", "B": ..., "C": ...}. The compute type is named,
-    CUBLAS_COMPUTE_32F or CUBLAS_COMPUTE_32F_FAST_TF32, so that neither CUPY_TF32 nor CuPy's
-    cached choice can change what the baseline computes."""
+    `layouts` = {"A": "row" or "col", "B": ..., "C": ...}; with `batch` > 1 cublasGemmStridedBatchedEx
+    over `batch` matrices `strides` floats apart (A's, B's, C's), as the batched entry point takes
+    them. The compute type is named, CUBLAS_COMPUTE_32F or CUBLAS_COMPUTE_32F_FAST_TF32, so that
+    neither CUPY_TF32 nor CuPy's cached choice can change what the baseline computes."""
     cp, cublas = _cupy(), _cublas()
-    if M == 0 or N == 0:
+    if M == 0 or N == 0 or batch == 0:
         return
     # cuBLAS is column-major. A column-major C is A@B as it stands; a row-major C, read
     # column-major, is C^T = B^T A^T: the operands swap places and M swaps with N. An operand
@@ -54,6 +56,14 @@ def cublas_gemm(M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, 
           for name in "AB"}
     compute = cublas.CUBLAS_COMPUTE_32F_FAST_TF32 if tf32 else cublas.CUBLAS_COMPUTE_32F
     scalars = np.array([alpha, beta], dtype=np.float32)  # host pointers: read before gemmEx returns
+    if batch != 1:
+        stride = dict(zip("ABC", strides))
+        cublas.gemmStridedBatchedEx(cp.cuda.device.get_cublas_handle(), op[first[2]], op[second[2]], m, n, K,
+                                    scalars.ctypes.data, first[0], CUDA_R_32F, first[1], stride[first[2]],
+                                    second[0], CUDA_R_32F, second[1], stride[second[2]],
+                                    scalars.ctypes.data + 4, C, CUDA_R_32F, ldc, stride["C"], batch, compute,
+                                    cublas.CUBLAS_GEMM_DEFAULT)
+        return
     cublas.gemmEx(cp.cuda.device.get_cublas_handle(), op[first[2]], op[second[2]], m, n, K,
                   scalars.ctypes.data, first[0], CUDA_R_32F, first[1],
                   second[0], CUDA_R_32F, second[1],

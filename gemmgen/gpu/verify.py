@@ -66,9 +66,10 @@ class Case:
     beta: float = 0.0
     pad: int = 0
     offset: int = 0
+    batch: int = 1  # strided matrices of M x N x K, one after another (tuning times batched shapes)
 
     def __str__(self) -> str:
-        text = f"{self.M}x{self.N}x{self.K}"
+        text = f"{self.M}x{self.N}x{self.K}" + (f" batch {self.batch}" if self.batch != 1 else "")
         if (self.alpha, self.beta) != (1.0, 0.0):
             text += f" a={self.alpha:g} b={self.beta:g}"
         if self.pad:

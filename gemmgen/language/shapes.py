@@ -1,4 +1,4 @@
-"""A library's shapes, `MxNxK [pad P]`: written in the spec or read from a shapes file beside it,
+"""A library's shapes, `MxNxK [batch B] [pad P]`: written in the spec or read from a shapes file beside it,
 each one range-checked where it was written.
 
 A shapes file is read only from the spec's folder or below it (a spec handed to you cannot make
@@ -18,13 +18,15 @@ from .textfile import read_text
 MAX_DIMENSION = 2**31 - 1          # M, N, K and leading dimensions are C ints in the entry point
 MAX_SHAPES_BYTES = 1_000_000       # ~50,000 shapes, far more than a library is ever tuned at
 QUOTED = 40                        # characters of a bad line that a message repeats
-SHAPE_USAGE = "MxNxK [pad P], e.g. 4096x4096x4096 or 127x4099x1023 pad 1"
-RANGE = f"M, N and K from 1 to {MAX_DIMENSION}; pad P from 0 with max(M, N, K) + P at most {MAX_DIMENSION}"
+SHAPE_USAGE = "MxNxK [batch B] [pad P], e.g. 4096x4096x4096, 127x4099x1023 pad 1 or 512x512x512 batch 64"
+RANGE = (f"M, N and K from 1 to {MAX_DIMENSION}; batch B from 1 to {MAX_DIMENSION}; pad P from 0 with "
+         f"max(M, N, K) + P at most {MAX_DIMENSION}")
 
 
 @dataclass(frozen=True)
 class LibraryShape:
-    """A shape a library is tuned for: M x N x K, leading dimensions `pad` floats past tight."""
+    """A shape a library is tuned for: M x N x K, leading dimensions `pad` floats past tight, and
+    `batch` such matrices one after another (a strided-batched call; 1: a single GEMM)."""
 
     M: int
     N: int
@@ -32,9 +34,11 @@ class LibraryShape:
     pad: int = 0
     span: Span | None = field(default=None, compare=False)
     origin: tuple[str, str] | None = field(default=None, compare=False, repr=False)  # (path, text) of a shapes file
+    batch: int = 1
 
     def __str__(self) -> str:
-        return f"{self.M}x{self.N}x{self.K}" + (f" pad {self.pad}" if self.pad else "")
+        return (f"{self.M}x{self.N}x{self.K}" + (f" batch {self.batch}" if self.batch != 1 else "")
+                + (f" pad {self.pad}" if self.pad else ""))
 
 
 def quote(text: str, limit: int = QUOTED) -> str:
@@ -52,9 +56,9 @@ def _number(digits: str) -> int | None:
     return int(digits)
 
 
-def shape_problem(M: int | None, N: int | None, K: int | None, pad: int | None) -> str:
+def shape_problem(M: int | None, N: int | None, K: int | None, pad: int | None, batch: int | None = 1) -> str:
     """What is out of range in a shape (its numbers None where too large to hold), or ''."""
-    for name, value in (("M", M), ("N", N), ("K", K)):
+    for name, value in (("M", M), ("N", N), ("K", K), ("batch", batch)):
         if value is None:
             return f"{name} is larger than {MAX_DIMENSION}"
         if value < 1:
@@ -65,22 +69,25 @@ def shape_problem(M: int | None, N: int | None, K: int | None, pad: int | None) 
 
 
 def shape_of(text: str, pad_text: str | None, span: Span, path: str, source: str,
-             origin: tuple[str, str] | None = None) -> LibraryShape:
-    """The shape `MxNxK` (and pad) written at `span`, or a SpecError there saying what is out of range."""
+             origin: tuple[str, str] | None = None, batch_text: str | None = None) -> LibraryShape:
+    """The shape `MxNxK` (and batch, pad) written at `span`, or a SpecError there saying what is out
+    of range."""
     M, N, K = (_number(x) for x in text.split("x"))
     pad = _number(pad_text) if pad_text else 0
-    problem = shape_problem(M, N, K, pad)
+    batch = _number(batch_text) if batch_text else 1
+    problem = shape_problem(M, N, K, pad, batch)
     if problem:
-        raise SpecError(f"shape {quote(text + (f' pad {pad_text}' if pad_text else ''))}: {problem}",
-                        path=path, text=source, span=span, allowed=RANGE)
-    return LibraryShape(M, N, K, pad, span, origin)
+        written = text + (f" batch {batch_text}" if batch_text else "") + (f" pad {pad_text}" if pad_text else "")
+        raise SpecError(f"shape {quote(written)}: {problem}", path=path, text=source, span=span, allowed=RANGE)
+    return LibraryShape(M, N, K, pad, span, origin, batch)
 
 
-_SHAPE_LINE = re.compile(r"^[ \t]*([0-9]+x[0-9]+x[0-9]+)(?:[ \t]+pad[ \t]+([0-9]+))?[ \t]*(?:#.*)?$")
+_SHAPE_LINE = re.compile(r"^[ \t]*([0-9]+x[0-9]+x[0-9]+)(?:[ \t]+batch[ \t]+([0-9]+))?(?:[ \t]+pad[ \t]+([0-9]+))?"
+                         r"[ \t]*(?:#.*)?$")
 
 
 def parse_shapes(content: str, path: str) -> list[LibraryShape]:
-    """The shapes of a shapes file's text (one `MxNxK [pad P]` per line, # comments); a line that is
+    """The shapes of a shapes file's text (one `MxNxK [batch B] [pad P]` per line, # comments); a line that is
     no shape, or a shape out of range, is a SpecError at that line of `path`."""
     shapes = []
     content = content.removeprefix("\ufeff")
@@ -94,7 +101,7 @@ def parse_shapes(content: str, path: str) -> list[LibraryShape]:
         if not match:
             raise SpecError(f"not a shape: {quote(line)}", path=path, text=content, span=span,
                             allowed=SHAPE_USAGE)
-        shapes.append(shape_of(match.group(1), match.group(2), span, path, content, origin))
+        shapes.append(shape_of(match.group(1), match.group(3), span, path, content, origin, match.group(2)))
     return shapes
 
 
@@ -102,7 +109,7 @@ def read_shapes_file(name: str, span: Span, path: str, text: str) -> list[Librar
     """The shapes of the file `name` that the spec at `path` names at `span`, read from the spec's
     folder or below it. Every problem is a SpecError: at the spec's line when the file cannot be
     used, at the file's line when a line of it is wrong."""
-    def refuse(message: str, allowed: str = "a text file in the spec's folder, one MxNxK [pad P] per line"):
+    def refuse(message: str, allowed: str = "a text file in the spec's folder, one MxNxK [batch B] [pad P] per line"):
         return SpecError(message, path=path, text=text, span=span, allowed=allowed)
 
     folder = Path(path).parent if not path.startswith("<") else Path(".")
@@ -125,5 +132,5 @@ def read_shapes_file(name: str, span: Span, path: str, text: str) -> list[Librar
         raise refuse(f"cannot read the shapes file {where}: {exc.strerror}") from None
     shapes = parse_shapes(content, str(where))
     if not shapes:
-        raise refuse(f"the shapes file {where} lists no shapes", "one MxNxK [pad P] per line")
+        raise refuse(f"the shapes file {where} lists no shapes", "one MxNxK [batch B] [pad P] per line")
     return shapes

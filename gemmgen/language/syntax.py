@@ -56,7 +56,8 @@ USAGE = {
     "decode": "decode columns C warps W [slices S]   e.g. decode columns 4 warps 8 slices 2 (M or N <= 16)",
     "library": "library NAME { members ...; shapes ... }",
     "members": "members NAME, NAME, ...   kernels or search spaces in this file or in NAME.gemm beside it",
-    "shapes": 'shapes MxNxK [pad P], ...   e.g. shapes 4096x4096x4096, 127x4099x1023 pad 1; or shapes "FILE"',
+    "shapes": 'shapes MxNxK [batch B] [pad P], ...   e.g. shapes 4096x4096x4096, 127x4099x1023 pad 1, '
+              '512x512x512 batch 64; or shapes "FILE"',
     "precision": "precision fp32 | tf32",
 }
 LIBRARY_SETTINGS = ("layout", "members", "shapes", "precision")
@@ -430,9 +431,17 @@ class _ToStatements(Transformer):
     def members(self, meta, c):
         return ("members", _span(meta), [(str(token), _span(token)) for token in c])
 
+    def shape_batch(self, c):
+        return ("batch", str(c[0]))
+
+    def shape_pad(self, c):
+        return ("pad", str(c[0]))
+
     @v_args(meta=True)
     def shape(self, meta, c):
-        return shape_of(str(c[0]), str(c[1]) if len(c) > 1 else None, _span(meta), self.path, self.text)
+        extra = dict(c[1:])
+        return shape_of(str(c[0]), extra.get("pad"), _span(meta), self.path, self.text,
+                        batch_text=extra.get("batch"))
 
     @v_args(meta=True)
     def shapes(self, meta, c):

@@ -34,8 +34,8 @@ def library_source(manifest: Manifest, origin: str, source_lines: list[str]) -> 
         models = {}
         for cls, model in member.models.items():
             if model:
-                points = [[int(M), int(N), int(K)] + [repr(float(x)) for x in rest]
-                          for M, N, K, *rest in model.points]
+                points = [[int(M), int(N), int(K)] + [repr(float(x)) for x in fitted] + [int(batch), repr(float(lb))]
+                          for M, N, K, *fitted, batch, lb in model.points]
                 models[cls] = SimpleNamespace(points=points, coef=[repr(float(c)) for c in model.coef])
             else:
                 models[cls] = None

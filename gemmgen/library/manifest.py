@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..language.load import parse
+from ..language.shapes import LibraryShape
 from ..plan import Plan, make_plan
 from ..plan.parts.decode import PRODUCTS
 from ..plan.space import describe, to_text
-from .model import (MANIFEST_FORMAT, MAX_MEMBERS, Library, Measurements, kernel_key, member_shape, portable_member,
-                    read_db, select_members, shape_class, shape_key, slots_per_sm)
-from .selection import Candidate, MemberShape, Model, choose, fit_all, leave_one_out, serves
+from .model import (MANIFEST_FORMAT, MAX_MEMBERS, Library, Measurements, kernel_key, measured_at, member_shape,
+                    portable_member, read_db, select_members, shape_class, shape_key, slots_per_sm)
+from .selection import Candidate, MemberShape, Model, choose, fit_all, leave_one_out, measured_key, serves
 
 
 class ManifestError(ValueError):
@@ -105,25 +106,27 @@ class TunedShape:
     chosen: int                  # index of the member the choice takes here
     ms: dict[int, float]         # member index -> measured ms (the members timed here)
     best_candidate_ms: float | None  # the fastest candidate timed here, kept or not
+    batch: int = 1                   # a strided batch of this many matrices
 
     @property
     def key(self) -> str:
-        """MxNxK, +pad when padded (the database's shape key)."""
-        return f"{self.M}x{self.N}x{self.K}" + (f"+{self.pad}" if self.pad else "")
+        """MxNxK, *batch for a strided batch, +pad when padded (the database's shape key)."""
+        return shape_key(LibraryShape(self.M, self.N, self.K, self.pad, batch=self.batch))
 
     @property
     def chosen_ms(self) -> float | None:
         return self.ms.get(self.chosen)
 
     def to_dict(self) -> dict:
-        return {"M": self.M, "N": self.N, "K": self.K, "pad": self.pad, "class": self.klass,
+        data = {"M": self.M, "N": self.N, "K": self.K, "pad": self.pad, "class": self.klass,
                 "cublas_ms": self.cublas_ms, "chosen": self.chosen, "ms": {str(i): t for i, t in self.ms.items()},
                 "best_candidate_ms": self.best_candidate_ms}
+        return data if self.batch == 1 else {**data, "batch": self.batch}
 
     @classmethod
     def from_dict(cls, data: dict) -> "TunedShape":
         return cls(data["M"], data["N"], data["K"], data["pad"], data["class"], data["cublas_ms"], data["chosen"],
-                   {int(i): t for i, t in data["ms"].items()}, data["best_candidate_ms"])
+                   {int(i): t for i, t in data["ms"].items()}, data["best_candidate_ms"], data.get("batch", 1))
 
 
 @dataclass
@@ -262,7 +265,7 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
     sm_count = _sm_count(by_device[device])
     slots = {kernel_key(p): slots_per_sm(p) for p in kept}
     member_shapes = [member_shape(p, slots[kernel_key(p)]) for p in kept]
-    data = [{(s.M, s.N, s.K, shape_class(s, layouts)): m.times[(kernel_key(p), shape_key(s))]
+    data = [{measured_at(s, layouts): m.times[(kernel_key(p), shape_key(s))]
              for s in shapes if (kernel_key(p), shape_key(s)) in m.times} for p in kept]
     models = fit_all(member_shapes, data, sm_count)
     flags = [(p.beta, p.arch.has_wgmma) for p in kept]
@@ -288,16 +291,22 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
         best_any = min((m.times[(kernel_key(p), shape_key(s))] for p in plans
                         if (kernel_key(p), shape_key(s)) in m.times), default=None)
         table.append(TunedShape(s.M, s.N, s.K, s.pad, cls, m.cublas.get(shape_key(s)),
-                                choose(candidates, s.M, s.N, s.K, cls, sm_count), times, best_any))
+                                choose(candidates, s.M, s.N, s.K, cls, sm_count, batch=s.batch), times, best_any,
+                                s.batch))
     device_name, driver = device.split("|")
     portable = next((i for i, p in enumerate(kept) if portable_member(p)), None)
     return Manifest(
         library=library.name, precision=library.precision, baseline=library.baseline, layout=layouts,
         device=TunedDevice(device_name, driver, sm_count, _compute_capability(kept)),
         members=members, portable=portable, shapes=table,
-        leave_one_out=LeaveOneOutQuality(loo.median, loo.worst, {f"{M}x{N}x{K} {cls}": r
-                                                                  for (M, N, K, cls), r in loo.ratios.items()}),
+        leave_one_out=LeaveOneOutQuality(loo.median, loo.worst, {_label(key): r for key, r in loo.ratios.items()}),
         candidates_timed=len(plans))
+
+
+def _label(key: tuple) -> str:
+    """A leave-one-out ratio's shape: "MxNxK class", the batch after MxNxK as *B."""
+    M, N, K, cls, batch = measured_key(key)
+    return f"{shape_key(LibraryShape(M, N, K, batch=batch))} {cls}"
 
 
 def _sm_count(records: dict[str, dict]) -> int:

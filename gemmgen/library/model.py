@@ -79,8 +79,15 @@ def kernel_key(plan: Plan) -> str:
 
 
 def shape_key(shape: LibraryShape) -> str:
-    """The database's key of a library's shape: MxNxK, +P when padded."""
-    return tuning_db.shape_key(shape.M, shape.N, shape.K, shape.pad)
+    """The database's key of a library's shape: MxNxK, *B for a batch, +P when padded."""
+    return tuning_db.shape_key(shape.M, shape.N, shape.K, shape.pad, shape.batch)
+
+
+def measured_at(shape: LibraryShape, layouts: dict[str, str]) -> tuple:
+    """The key of a shape's measurement in a member's data (selection.fit_all): (M, N, K, class),
+    with the batch after for a strided batch."""
+    key = (shape.M, shape.N, shape.K, shape_class(shape, layouts))
+    return key if shape.batch == 1 else (*key, shape.batch)
 
 
 def read_db(db: Path, library: str) -> dict[str, dict[str, dict]]:

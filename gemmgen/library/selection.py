@@ -11,8 +11,10 @@ tuned, the choice rests on two things:
   traffic through L2; split K's extra pass over C), with c >= 0 fitted to the member's own
   measurements, relative error minimised.
 - What was measured near the shape: the model's error at the tuned shapes, spread to their
-  neighbours (distance in log M, log N, log K), corrects the prediction. At a tuned shape the
-  measurement itself is the prediction.
+  neighbours (distance in log M, log N, log K and log batch), corrects the prediction. At a tuned
+  shape the measurement itself is the prediction. The model is fitted to single GEMMs; a library
+  tuned at strided batches (`MxNxK batch B`) keeps those measurements as points too, whose errors
+  correct the calls of batches near them.
 
 Calls are of two alignment classes, with separate data: "aligned" (lda, ldb, ldc multiples of 4
 floats and A, B, C 16-byte aligned: vector loads, TMA) and "unaligned" (the scalar or register-fed
@@ -202,24 +204,32 @@ def _nonnegative_least_squares(X: list[list[float]], y: list[float]) -> list[flo
     return best
 
 
+Point = tuple[int, int, int, float, float, float, float, float, int, float]
+
+
 @dataclass
 class Model:
-    """One member's fitted model in one alignment class, and the tuned shapes it was fitted to:
-    (M, N, K, measured ms, ln M, ln N, ln K, ln(measured / model)) each."""
+    """One member's fitted model in one alignment class, and the tuned shapes it was fitted to or
+    corrected by: (M, N, K, measured ms, ln M, ln N, ln K, ln(measured / model), batch, ln batch)
+    each (batch 1: a single GEMM, which the fit uses; a strided batch's point only corrects)."""
 
     coef: list[float]
-    points: list[tuple[int, int, int, float, float, float, float, float]] = field(default_factory=list)
+    points: list[Point] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"coef": self.coef, "points": [list(p) for p in self.points]}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Model":
-        return cls(list(data["coef"]), [tuple(p) for p in data["points"]])
+        # points of 8 numbers (a manifest from before batched shapes were tuned) are single GEMMs
+        return cls(list(data["coef"]), [tuple(p) if len(p) == 10 else (*p, 1, 0.0) for p in data["points"]])
 
 
-def fit(member: MemberShape, points: list[tuple[int, int, int, float]], sm_count: int) -> Model | None:
-    """The model of a member from (M, N, K, ms) measurements of one class; None without two."""
+def fit(member: MemberShape, points: list[tuple[int, int, int, float]], sm_count: int,
+        batched: list[tuple[int, int, int, int, float]] = ()) -> Model | None:
+    """The model of a member from (M, N, K, ms) measurements of single GEMMs in one class, with the
+    (batch, M, N, K, ms) of strided batches as points it is corrected by; None without two single
+    GEMMs."""
     points = [p for p in points if p[3] > 0 and min(p[:3]) > 0]
     if len(points) < 2:
         return None
@@ -227,29 +237,30 @@ def fit(member: MemberShape, points: list[tuple[int, int, int, float]], sm_count
     X = [[f / ms for f in features(member, M, N, K, sm_count)[:terms]] for M, N, K, ms in points]
     coef = _nonnegative_least_squares(X, [1.0] * len(points)) + [0.0] * (5 - terms)
     model = Model([float(c) for c in coef])
-    for M, N, K, ms in points:
-        base = math.fsum(c * f for c, f in zip(coef, features(member, M, N, K, sm_count)))
+    for batch, M, N, K, ms in [(1, *p) for p in points] + [p for p in batched if p[4] > 0 and min(p[:4]) > 0]:
+        base = math.fsum(c * f for c, f in zip(coef, features(member, M, N, K, sm_count, batch)))
         ratio = ms / base if base > 0 else 1.0
-        model.points.append((M, N, K, ms, math.log(M), math.log(N), math.log(K), math.log(ratio)))
+        model.points.append((M, N, K, ms, math.log(M), math.log(N), math.log(K), math.log(ratio), batch,
+                             math.log(batch)))
     return model
 
 
 def predict(member: MemberShape, model: Model, M: int, N: int, K: int, sm_count: int, batch: int = 1) -> float:
-    """Predicted ms of one call: the measurement at a tuned shape, else the model corrected by the
-    errors it made at the tuned shapes nearby (for a batch: near its matrices' M, N, K); infinite
-    where the member is not built for the call (`serves`)."""
+    """Predicted ms of one call (`batch` strided matrices of M x N x K): the measurement at a tuned
+    shape, else the model corrected by the errors it made at the tuned shapes nearby (in log M,
+    log N, log K and log batch); infinite where the member is not built for the call (`serves`)."""
     if not serves(member, M, N):
         return math.inf
-    for pM, pN, pK, ms, *_ in model.points:
-        if (pM, pN, pK) == (M, N, K) and batch == 1:
+    for pM, pN, pK, ms, *_, pb, _ in model.points:
+        if (pM, pN, pK, pb) == (M, N, K, batch):
             return ms
     base = sum(c * f for c, f in zip(model.coef, features(member, M, N, K, sm_count, batch)))
-    if M <= 0 or N <= 0 or K <= 0:
+    if M <= 0 or N <= 0 or K <= 0 or batch <= 0:
         return base
-    q = (math.log(M), math.log(N), math.log(K))
+    q = (math.log(M), math.log(N), math.log(K), math.log(batch))
     weighted, total = 0.0, PRIOR
-    for *_, lm, ln, lk, log_ratio in model.points:
-        d2 = (q[0] - lm) ** 2 + (q[1] - ln) ** 2 + (q[2] - lk) ** 2
+    for *_, lm, ln, lk, log_ratio, _, lb in model.points:
+        d2 = (q[0] - lm) ** 2 + (q[1] - ln) ** 2 + (q[2] - lk) ** 2 + (q[3] - lb) ** 2
         w = 1.0 / (1.0 + d2 / (BANDWIDTH * BANDWIDTH))
         weighted += w * log_ratio
         total += w
@@ -332,13 +343,20 @@ def choose_padded(candidates: list[Candidate], M: int, N: int, K: int, copies: l
     return aligned if aligned_ms + pad_ms(copies) <= PAD_GAIN * unaligned_ms else -1
 
 
-def fit_all(shapes: list[MemberShape], measurements: list[dict[tuple[int, int, int, str], float]],
+def measured_key(key: tuple) -> tuple:
+    """(M, N, K, class, batch) of a measurement's key: (M, N, K, class), or with the batch after."""
+    return (*key, 1) if len(key) == 4 else tuple(key)
+
+
+def fit_all(shapes: list[MemberShape], measurements: list[dict[tuple, float]],
             sm_count: int) -> list[dict[str, Model | None]]:
-    """Models of every member per class from {(M, N, K, class): ms}."""
+    """Models of every member per class from {(M, N, K, class[, batch]): ms}."""
     result = []
     for shape, measured in zip(shapes, measurements):
-        result.append({cls: fit(shape, [(M, N, K, ms) for (M, N, K, c), ms in measured.items() if c == cls],
-                                sm_count) for cls in CLASSES})
+        keyed = [(measured_key(key), ms) for key, ms in measured.items()]
+        result.append({cls: fit(shape, [(M, N, K, ms) for (M, N, K, c, b), ms in keyed if c == cls and b == 1],
+                                sm_count, [(b, M, N, K, ms) for (M, N, K, c, b), ms in keyed if c == cls and b != 1])
+                       for cls in CLASSES})
     return result
 
 
@@ -347,7 +365,7 @@ class LeaveOneOut:
     """For each tuned shape: the time of the member chosen without its measurements, over the best
     measured one there (1.0 = the best was chosen)."""
 
-    ratios: dict[tuple[int, int, int, str], float]
+    ratios: dict[tuple, float]  # (M, N, K, class[, batch]) -> ratio
 
     @property
     def median(self) -> float:
@@ -358,14 +376,14 @@ class LeaveOneOut:
         return max(self.ratios.values(), default=1.0)
 
 
-def leave_one_out(shapes: list[MemberShape], measurements: list[dict[tuple[int, int, int, str], float]],
+def leave_one_out(shapes: list[MemberShape], measurements: list[dict[tuple, float]],
                   sm_count: int, flags: list[tuple[bool, bool]] | None = None) -> LeaveOneOut:
     """Choose at each tuned shape with that shape's measurements left out of every model."""
     flags = flags or [(True, False)] * len(shapes)
-    keys = sorted({key for measured in measurements for key in measured})
+    keys = sorted({key for measured in measurements for key in measured}, key=measured_key)
     ratios = {}
     for key in keys:
-        M, N, K, cls = key
+        M, N, K, cls, batch = measured_key(key)
         measured_here = [m.get(key) for m in measurements]
         known = [ms for ms in measured_here if ms]
         if not known:
@@ -375,6 +393,6 @@ def leave_one_out(shapes: list[MemberShape], measurements: list[dict[tuple[int, 
                       for i, s in enumerate(shapes)]
         # Only members measured here can be judged (the rest are eligible but have no time to compare).
         chosen = choose([c if measured_here[i] else Candidate(c.shape, {}) for i, c in enumerate(candidates)],
-                        M, N, K, cls, sm_count)
+                        M, N, K, cls, sm_count, batch=batch)
         ratios[key] = measured_here[chosen] / min(known) if measured_here[chosen] else math.inf
     return LeaveOneOut(ratios)

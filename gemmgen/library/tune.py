@@ -27,8 +27,8 @@ from ..tuning.jobs import BASELINE, TIME, VALIDATE, Device, Job
 from ..tuning.runner import Runner
 from ..tuning.tune import tune as tune_space
 from ..tuning.workers import open_runner
-from .model import (MAX_MEMBERS, WINNERS_PER_SHAPE, Library, Measurements, kernel_key, member_shape, read_db,
-                    select_members, shape_class, shape_key, slots_per_sm)
+from .model import (MAX_MEMBERS, WINNERS_PER_SHAPE, Library, Measurements, kernel_key, measured_at, member_shape,
+                    read_db, select_members, shape_class, shape_key, slots_per_sm)
 from .selection import CLASSES, Model, fit_all, predict, serves
 
 BUDGET_S = 0.05   # seconds of timed launches per timing (a library times hundreds)
@@ -38,7 +38,7 @@ WARMUP_S = 0.03   # seconds of warm-up before each
 # --- its jobs -----------------------------------------------------------------------------------
 
 def _case(shape: LibraryShape) -> Case:
-    return Case(shape.M, shape.N, shape.K, pad=shape.pad)
+    return Case(shape.M, shape.N, shape.K, pad=shape.pad, batch=shape.batch)
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,10 @@ def record_device(db: Path, library: Library, device: Device) -> None:
 
 
 def _anchors(shapes: list[LibraryShape], layouts: dict[str, str], count: int) -> list[LibraryShape]:
-    """`count` shapes spread over (log M, log N, log K) by farthest-point sampling, at least two of
-    each alignment class present (so each class gets a model)."""
+    """`count` single-GEMM shapes spread over (log M, log N, log K) by farthest-point sampling, at
+    least two of each alignment class present (so each class gets a model; strided batches are
+    timed where the model predicts, as the other shapes are)."""
+    shapes = [s for s in shapes if s.batch == 1]
     if len(shapes) <= count:
         return list(shapes)
     point = {s: (math.log(s.M), math.log(s.N), math.log(s.K)) for s in shapes}
@@ -245,7 +247,7 @@ def _done(job: Job, m: Measurements) -> bool:
 def _fit(plans: list[Plan], m: Measurements, slots: dict[str, int], shapes: list[LibraryShape],
          layouts: dict[str, str], sm_count: int) -> dict[str, dict[str, Model | None]]:
     members = [member_shape(p, slots[kernel_key(p)]) for p in plans]
-    data = [{(s.M, s.N, s.K, shape_class(s, layouts)): m.times[(kernel_key(p), shape_key(s))]
+    data = [{measured_at(s, layouts): m.times[(kernel_key(p), shape_key(s))]
              for s in shapes if (kernel_key(p), shape_key(s)) in m.times} for p in plans]
     return {kernel_key(p): models for p, models in zip(plans, fit_all(members, data, sm_count))}
 
@@ -255,4 +257,5 @@ def _predicted(plan: Plan, models: dict, slots: dict, shape: LibraryShape, cls: 
     model = per_class.get(cls) or next((m for m in per_class.values() if m), None)
     if model is None:
         return math.inf
-    return predict(member_shape(plan, slots[kernel_key(plan)]), model, shape.M, shape.N, shape.K, sm_count)
+    return predict(member_shape(plan, slots[kernel_key(plan)]), model, shape.M, shape.N, shape.K, sm_count,
+                   shape.batch)

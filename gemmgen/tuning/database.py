@@ -56,7 +56,7 @@ DEVICE = "device"          # the scope's `what` of the GPU's facts
 NOT_A_SHAPE = (VALIDATION, DEVICE)  # scopes whose records hold no timing
 CUBLAS_KEY = "cublas"      # the key of the baseline's timing
 DEVICE_KEY = "device"      # the key of the GPU's facts
-_SHAPE = re.compile(r"(\d+)x(\d+)x(\d+)(?:\+(\d+))?$")
+_SHAPE = re.compile(r"(\d+)x(\d+)x(\d+)(?:\*(\d+))?(?:\+(\d+))?$")
 _DEFAULTS = {"group": "1", "occ": "0", "unroll": "0", "split": "1", "schedule": "data-parallel",
              "cluster": "1x1", "promote": "0"}  # settings describe() leaves out at these values
 
@@ -65,9 +65,10 @@ class DatabaseError(ValueError):
     """A tuning database that cannot be used: the message names the file (and line)."""
 
 
-def shape_key(M: int, N: int, K: int, pad: int = 0) -> str:
-    """A shape as a scope names it: MxNxK, +P for leading dimensions P floats past tight."""
-    return f"{M}x{N}x{K}" + (f"+{pad}" if pad else "")
+def shape_key(M: int, N: int, K: int, pad: int = 0, batch: int = 1) -> str:
+    """A shape as a scope names it: MxNxK, *B for a strided batch of B such matrices, +P for leading
+    dimensions P floats past tight."""
+    return f"{M}x{N}x{K}" + (f"*{batch}" if batch != 1 else "") + (f"+{pad}" if pad else "")
 
 
 @dataclass(frozen=True)
@@ -101,16 +102,19 @@ class Scope:
         return f"{self.device}|{self.driver}"
 
     @property
-    def shape(self) -> tuple[int, int, int, int] | None:
-        """(M, N, K, pad) of a timing's scope; None for validation, the device, or anything else."""
+    def shape(self) -> tuple[int, int, int, int, int] | None:
+        """(M, N, K, pad, batch) of a timing's scope; None for validation, the device, or anything else."""
         found = _SHAPE.match(self.what)
-        return tuple(int(x or 0) for x in found.groups()) if found else None
+        if not found:
+            return None
+        M, N, K, batch, pad = found.groups()
+        return int(M), int(N), int(K), int(pad or 0), int(batch or 1)
 
 
 def db_scope(device: str, driver: str, shape, owner: str) -> str:
-    """The scope of a search's records at a shape (its M, N and K: a search times tight leading
+    """The scope of a search's records at a shape (its M, N, K and batch: a search times tight leading
     dimensions)."""
-    return str(Scope(device, driver, shape_key(shape.M, shape.N, shape.K), owner))
+    return str(Scope(device, driver, shape_key(shape.M, shape.N, shape.K, batch=getattr(shape, "batch", 1)), owner))
 
 
 def append(db: Path, entry: dict) -> None:
@@ -196,7 +200,7 @@ def migrate(entry: dict) -> dict:
     the MxNxK of its scope."""
     if entry.get("status") == "ok" and "ms" in entry and "tflops" not in entry:
         shape = Scope.of(entry).shape
-        entry["tflops"] = (2.0 * shape[0] * shape[1] * shape[2] / (entry["ms"] * 1e-3) / 1e12
+        entry["tflops"] = (2.0 * shape[0] * shape[1] * shape[2] * shape[4] / (entry["ms"] * 1e-3) / 1e12
                            if shape and entry["ms"] else 0.0)
     return entry
 

@@ -1,6 +1,7 @@
 """How a job is measured on a GPU, in the worker process that may die: a candidate validated on small
 awkward shapes (VALIDATION_CASES) against float64, timed at a shape (median of CUDA events, L2
-flushed between launches), or both; cuBLAS timed at a shape in the candidates' precision and
+flushed between launches; a batched shape through the strided-batched entry point, its matrices
+dense one after another), or both; cuBLAS timed at a shape in the candidates' precision and
 layouts, on the same buffers. The one measurer of searches and libraries, on this host or a Dask
 cluster: GpuMeasurer, a small picklable object sent with each job, whose process keeps its state
 (timing buffers, the L2 flusher, validation inputs, loaded kernels) between jobs."""
@@ -35,8 +36,16 @@ def _cupy():
     return cupy
 
 
+def batch_strides(shape: Case, layouts: dict) -> tuple[int, int, int]:
+    """Floats between consecutive matrices of A, B and C in a batch: each matrix dense after the last,
+    in its layout, with the shape's leading dimensions."""
+    rows = {"A": (shape.M, shape.K), "B": (shape.K, shape.N), "C": (shape.M, shape.N)}
+    lds = leading_dimensions(shape, layouts)
+    return tuple(max(1, rows[x][0] if layouts[x] == "row" else rows[x][1]) * lds[x] for x in "ABC")
+
+
 def _tflops(shape: Case, ms: float) -> float:
-    return 2.0 * shape.M * shape.N * shape.K / (ms * 1e-3) / 1e12 if ms else 0.0
+    return 2.0 * shape.M * shape.N * shape.K * shape.batch / (ms * 1e-3) / 1e12 if ms else 0.0
 
 
 class _State:
@@ -52,7 +61,7 @@ class _State:
 
     def pointers(self, shape: Case, layouts: dict) -> tuple:
         """A, lda, B, ldb, C, ldc on random inputs of this shape (made on its first job)."""
-        key = (shape.M, shape.N, shape.K, shape.pad)
+        key = (shape.M, shape.N, shape.K, shape.pad, shape.batch)
         if key != self.shape:
             cp = _cupy()
             self.buffers = {}  # the last shape's buffers go first
@@ -60,7 +69,7 @@ class _State:
             for name, (rows, cols) in (("A", (shape.M, shape.K)), ("B", (shape.K, shape.N)),
                                        ("C", (shape.M, shape.N))):
                 size = max(max(1, rows) * (max(1, cols) + shape.pad), max(1, cols) * (max(1, rows) + shape.pad))
-                self.buffers[name] = rng.uniform(-1, 1, size + 64, dtype=cp.float32)
+                self.buffers[name] = rng.uniform(-1, 1, size * shape.batch + 64, dtype=cp.float32)
             self.shape = key
         lds = leading_dimensions(shape, layouts)
         return tuple(x for name in "ABC" for x in (self.buffers[name].data.ptr, lds[name]))
@@ -106,8 +115,10 @@ def measure(job: Job, compiled) -> dict:
         layouts = dict(job.layouts) or {"A": "row", "B": "row", "C": "row"}
         a, lda, b, ldb, c, ldc = state.pointers(job.shape, layouts)
         s = job.shape
+        strides = batch_strides(s, layouts)
         return _timed(state, lambda: cublas_gemm(s.M, s.N, s.K, 1.0, a, lda, b, ldb, 0.0, c, ldc, layouts,
-                                                 tf32=job.point == "cuBLAS TF32"), job)
+                                                 tf32=job.point == "cuBLAS TF32", batch=s.batch,
+                                                 strides=strides), job)
     kernel = state.kernel(job, compiled)
     try:
         if job.kind in (MEASURE, VALIDATE):
@@ -118,9 +129,12 @@ def measure(job: Job, compiled) -> dict:
             if job.kind == VALIDATE:
                 return {"status": "ok"}
         s = job.shape
-        a, lda, b, ldb, c, ldc = state.pointers(s, {x: job.plan.spec[f"layout.{x}"] for x in "ABC"})
+        layouts = {x: job.plan.spec[f"layout.{x}"] for x in "ABC"}
+        a, lda, b, ldb, c, ldc = state.pointers(s, layouts)
         vectors = epilogue_vectors(_cupy(), job.plan, s.M, s.N)  # a fused epilogue's, kept referenced
         extra = vector_pointers(vectors)
+        if s.batch != 1:
+            extra.update(batch=s.batch, strides=batch_strides(s, layouts))
         return _timed(state, lambda: kernel.launch(s.M, s.N, s.K, 1.0, a, lda, b, ldb, 0.0, c, ldc, **extra), job)
     finally:
         if job.kind == MEASURE:  # a search's point is measured once: its module goes at once
