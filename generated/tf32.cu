@@ -9,8 +9,8 @@
 //   }
 //
 // TF32 inputs (timed against cuBLAS TF32); layout A row, B col, C row.
-// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 44 shapes; 173 candidate kernels
-// timed, 20 kept:
+// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 50 shapes; 173 candidate kernels
+// timed, 19 kept:
 //   tf32_0   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k staged  (sm_90a, from lib_tf32_streamk)
 //   tf32_1   block=128x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
 //   tf32_2   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_tf32_split)
@@ -29,16 +29,15 @@
 //   tf32_15  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=3  (sm_90a, from lib_tf32_split)
 //   tf32_16  block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 staged  (sm_90a, from lib_tf32_staged)
 //   tf32_17  block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
-//   tf32_18  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_tf32_split)
-//   tf32_19  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
+//   tf32_18  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
 //
 // Each call runs the member predicted fastest for its M, N, K, batch count and alignment class
 // (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
 // per block, fitted to each member's measurements and corrected by them near the tuned shapes.
 // Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
-// over the best there: median 1.001, worst 7.554.
+// over the best there: median 1.004, worst 7.554.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
-// compute capability 9.0; elsewhere tf32_19 runs.
+// compute capability 9.0; elsewhere tf32_18 runs.
 //
 // Build for Hopper and, if you like, other GPUs:
 //   nvcc -c -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 tf32.cu
@@ -15451,881 +15450,6 @@ static inline int gemmgen_tf32_17(int M, int N, int K, float alpha, const float*
 //
 // spec:
 //   kernel tf32_18 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    64 x 128 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    4
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 99392 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_18_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_18_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_18_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_18_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_18_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_18_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_18_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_18_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_18_fallback_kernel<true> : gemmgen_tf32_18_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_18_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_18_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_18_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_18_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_18_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_18_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_18_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_18_kernel<true> : gemmgen_tf32_18_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_18_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 19: tf32_19 ===========================================
-// gemmgen_tf32_19: generated by gemmgen 0.1.0 from <library tf32: tf32_19> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_19 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     block    128 x 128 x 32
@@ -16362,13 +15486,13 @@ static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_19(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_19_impl {
+namespace gemmgen_tf32_18_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block, K step
@@ -16519,7 +15643,7 @@ __device__ __forceinline__ int sB_index(int k, int n) { return (k) * 136 + n; }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_tf32_19_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_18_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -16723,7 +15847,7 @@ gemmgen_tf32_19_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
-}  // namespace gemmgen_tf32_19_impl
+}  // namespace gemmgen_tf32_18_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -16733,11 +15857,11 @@ gemmgen_tf32_19_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_19_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_19_impl;
+    using namespace gemmgen_tf32_18_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -16760,7 +15884,7 @@ static inline int gemmgen_tf32_19_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_19_kernel<true> : gemmgen_tf32_19_kernel<false>;
+        aligned ? gemmgen_tf32_18_kernel<true> : gemmgen_tf32_18_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -16770,10 +15894,10 @@ static inline int gemmgen_tf32_19_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_19(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 #ifndef __CUDACC_RTC__
@@ -16882,6 +16006,12 @@ static const Point tf32_0_aligned[] = {
     {1280, 1920, 16384, 0.8279680013656616, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.6612725373649553, 1, 0.0},
     {1024, 1024, 49152, 0.8636480271816254, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.46258714346353647, 1, 0.0},
     {1536, 2560, 768, 0.04124800115823746, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08165677169091703, 1, 0.0},
+    {512, 512, 512, 0.10979200154542923, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.035147595695609254, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.08681599795818329, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.26283609612862574, 32, 3.4657359027997265},
+    {128, 128, 128, 0.030912000685930252, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.4786478625623895, 256, 5.545177444479562},
+    {512, 512, 64, 0.07329599931836128, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4944807519986126, 128, 4.852030263919617},
+    {512, 64, 512, 0.0822880007326603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3245519004327212, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.09523200243711472, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.15182107168034953, 8, 2.0794415416798357},
 };
 static const Point tf32_0_unaligned[] = {
     {2047, 2047, 2047, 0.20083200186491013, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0011420716810975392, 1, 0.0},
@@ -16930,6 +16060,12 @@ static const Point tf32_1_aligned[] = {
     {1280, 1920, 16384, 0.35443198680877686, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11095760588258677, 1, 0.0},
     {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.17783965051410713, 1, 0.0},
     {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.12318780579640964, 1, 0.0},
+    {512, 512, 512, 0.0799039974808693, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.11649524439289217, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.19600314189115542, 32, 3.4657359027997265},
+    {128, 128, 128, 0.024480000138282776, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6802117584115935, 256, 5.545177444479562},
+    {512, 512, 64, 0.06800000369548798, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4111099982575655, 128, 4.852030263919617},
+    {512, 64, 512, 0.07156800106167793, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.6504717786843407, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.0769599974155426, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08993059787793277, 8, 2.0794415416798357},
 };
 static const Point tf32_1_unaligned[] = {
     {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.0262878005561375, 1, 0.0},
@@ -16978,6 +16114,12 @@ static const Point tf32_2_aligned[] = {
     {1280, 1920, 16384, 0.3330239951610565, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.15639504005965024, 1, 0.0},
     {1024, 1024, 49152, 0.36615999042987823, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.16888093676629903, 1, 0.0},
     {1536, 2560, 768, 0.09822400286793709, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1770986738715023, 1, 0.0},
+    {512, 512, 512, 0.4581120014190674, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.11635013468187923, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.8499040007591248, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2023570434807646, 32, 3.4657359027997265},
+    {128, 128, 128, 0.09996800124645233, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.03146072106901214, 256, 5.545177444479562},
+    {512, 512, 64, 0.858383983373642, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.22152538213191617, 128, 4.852030263919617},
+    {512, 64, 512, 0.1425279974937439, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.3669428776825943, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.8416480123996735, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.14581698653704406, 8, 2.0794415416798357},
 };
 static const Point tf32_2_unaligned[] = {
     {2047, 2047, 2047, 0.25835199654102325, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027964029648022526, 1, 0.0},
@@ -17026,6 +16168,12 @@ static const Point tf32_3_aligned[] = {
     {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1743866795284458, 1, 0.0},
     {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.15676108469635663, 1, 0.0},
     {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15048777669359228, 1, 0.0},
+    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.04451600772887008, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.0524200421332088, 32, 3.4657359027997265},
+    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6243083045545418, 256, 5.545177444479562},
+    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3884763323190958, 128, 4.852030263919617},
+    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.4223462315855451, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.13764634613087126, 8, 2.0794415416798357},
 };
 static const Point tf32_3_unaligned[] = {
     {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.007912597787961358, 1, 0.0},
@@ -17074,6 +16222,12 @@ static const Point tf32_4_aligned[] = {
     {1280, 1920, 16384, 0.38940800726413727, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.08626849952312696, 1, 0.0},
     {1024, 1024, 49152, 1.1695679426193237, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0015593875910152404, 1, 0.0},
     {1536, 2560, 768, 0.029920000582933426, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.012687151247784832, 1, 0.0},
+    {512, 512, 512, 0.09411200135946274, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1578952983087389, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.07798399776220322, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.06425557817982341, 32, 3.4657359027997265},
+    {128, 128, 128, 0.028495999984443188, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.32698254655469045, 256, 5.545177444479562},
+    {512, 512, 64, 0.07239999994635582, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.20251114176722693, 128, 4.852030263919617},
+    {512, 64, 512, 0.07727999985218048, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.02570403583402615, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.10147199779748917, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.0033051095401354703, 8, 2.0794415416798357},
 };
 static const Point tf32_4_unaligned[] = {
     {2047, 2047, 2047, 0.13897600024938583, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.019849997535043656, 1, 0.0},
@@ -17122,6 +16276,12 @@ static const Point tf32_5_aligned[] = {
     {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11350035379899083, 1, 0.0},
     {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.017837939553511446, 1, 0.0},
     {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.01861738992153138, 1, 0.0},
+    {512, 512, 512, 0.09094399958848953, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.22690494493070573, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.08259200304746628, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.08498200439515656, 32, 3.4657359027997265},
+    {128, 128, 128, 0.034832000732421875, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.08948060576077009, 256, 5.545177444479562},
+    {512, 512, 64, 0.07689599692821503, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.17117977127951967, 128, 4.852030263919617},
+    {512, 64, 512, 0.08271999657154083, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2002872950766283, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.09529600292444229, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.027913212970587836, 8, 2.0794415416798357},
 };
 static const Point tf32_5_unaligned[] = {
     {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.23577008444906208, 1, 0.0},
@@ -17170,6 +16330,12 @@ static const Point tf32_6_aligned[] = {
     {1280, 1920, 16384, 0.5208800137042999, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.21385347440350594, 1, 0.0},
     {1024, 1024, 49152, 0.4483200013637543, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.178281135640669, 1, 0.0},
     {1536, 2560, 768, 0.5387200117111206, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0810907593557733, 1, 0.0},
+    {512, 512, 512, 3.0860800743103027, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.23341420417465106, 64, 4.1588830833596715},
+    {1024, 1024, 128, 6.103519916534424, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.22905849746298784, 32, 3.4657359027997265},
+    {128, 128, 128, 0.5885280072689056, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.049747857101117336, 256, 5.545177444479562},
+    {512, 512, 64, 6.128239870071411, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.23377966923633106, 128, 4.852030263919617},
+    {512, 64, 512, 0.5995040237903595, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.294271937132582, 128, 4.852030263919617},
+    {2048, 2048, 256, 5.968127965927124, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20526907027789337, 8, 2.0794415416798357},
 };
 static const Point tf32_6_unaligned[] = {
     {2047, 2047, 2047, 0.8585600256919861, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04696142224940951, 1, 0.0},
@@ -17234,6 +16400,12 @@ static const Point tf32_8_aligned[] = {
     {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12838823911835667, 1, 0.0},
     {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.14620966157289492, 1, 0.0},
     {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08129805764992172, 1, 0.0},
+    {512, 512, 512, 0.09542399644851685, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.14053860114435116, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.08443200215697289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.03213794878257903, 32, 3.4657359027997265},
+    {128, 128, 128, 0.028416000306606293, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.4995906546087223, 256, 5.545177444479562},
+    {512, 512, 64, 0.07894399762153625, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1419294577566132, 128, 4.852030263919617},
+    {512, 64, 512, 0.0756480023264885, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3308403238951479, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.0982080027461052, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.019323031353874292, 8, 2.0794415416798357},
 };
 static const Point tf32_8_unaligned[] = {
     {2047, 2047, 2047, 0.201664000749588, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.009127036250653036, 1, 0.0},
@@ -17282,6 +16454,12 @@ static const Point tf32_9_aligned[] = {
     {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.07477958353774569, 1, 0.0},
     {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06811299990875054, 1, 0.0},
     {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.07192388408767666, 1, 0.0},
+    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.16427013437927657, 64, 4.1588830833596715},
+    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.16324402510829647, 32, 3.4657359027997265},
+    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.05623779371378747, 256, 5.545177444479562},
+    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.16203423677539225, 128, 4.852030263919617},
+    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.051195283640406486, 128, 4.852030263919617},
+    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.16696589044293084, 8, 2.0794415416798357},
 };
 static const Point tf32_9_unaligned[] = {
     {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03380500522502603, 1, 0.0},
@@ -17330,6 +16508,12 @@ static const Point tf32_10_aligned[] = {
     {1280, 1920, 16384, 0.3750080019235611, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.13562323507180601, 1, 0.0},
     {1024, 1024, 49152, 0.3903200030326843, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1250950307049987, 1, 0.0},
     {1536, 2560, 768, 0.16118399798870087, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.11547955194726242, 1, 0.0},
+    {512, 512, 512, 0.831631988286972, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1671666913204445, 64, 4.1588830833596715},
+    {1024, 1024, 128, 1.6002400517463684, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1979734814230333, 32, 3.4657359027997265},
+    {128, 128, 128, 0.16892799735069275, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.03302291951299978, 256, 5.545177444479562},
+    {512, 512, 64, 1.61052805185318, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.20873340063852386, 128, 4.852030263919617},
+    {512, 64, 512, 0.19607999920845032, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.6000923107347713, 128, 4.852030263919617},
+    {2048, 2048, 256, 1.5703840255737305, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.17049349616504364, 8, 2.0794415416798357},
 };
 static const Point tf32_10_unaligned[] = {
     {2047, 2047, 2047, 0.3269760012626648, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03367145637702099, 1, 0.0},
@@ -17378,6 +16562,12 @@ static const Point tf32_11_aligned[] = {
     {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05848413930623158, 1, 0.0},
     {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06619818559717942, 1, 0.0},
     {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08339600180182177, 1, 0.0},
+    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.005410121309794494, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07869742586202084, 32, 3.4657359027997265},
+    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.32788015917466484, 256, 5.545177444479562},
+    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2267963515207845, 128, 4.852030263919617},
+    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.24144363181401046, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.03582117513173369, 8, 2.0794415416798357},
 };
 static const Point tf32_11_unaligned[] = {
     {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.017156672604394255, 1, 0.0},
@@ -17426,6 +16616,12 @@ static const Point tf32_12_aligned[] = {
     {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.13437922364354835, 1, 0.0},
     {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1783234132736193, 1, 0.0},
     {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15945681990981347, 1, 0.0},
+    {512, 512, 512, 0.17030400037765503, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.022195340817147406, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.15556799620389938, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2500493917912655, 32, 3.4657359027997265},
+    {128, 128, 128, 0.03195200115442276, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.48559216454606813, 256, 5.545177444479562},
+    {512, 512, 64, 0.1361600011587143, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4431271938454717, 128, 4.852030263919617},
+    {512, 64, 512, 0.07513599842786789, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.5054195029278943, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.1879199966788292, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.003692019065127096, 8, 2.0794415416798357},
 };
 static const Point tf32_12_unaligned[] = {
     {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.019099353970501626, 1, 0.0},
@@ -17474,6 +16670,12 @@ static const Point tf32_13_aligned[] = {
     {1280, 1920, 16384, 0.3651999980211258, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.20216827764922726, 1, 0.0},
     {1024, 1024, 49152, 0.40692800283432007, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11074963341916044, 1, 0.0},
     {1536, 2560, 768, 0.22364799678325653, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0801811589538477, 1, 0.0},
+    {512, 512, 512, 1.2083200216293335, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.18856048652027368, 64, 4.1588830833596715},
+    {1024, 1024, 128, 2.35097599029541, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2181152179965107, 32, 3.4657359027997265},
+    {128, 128, 128, 0.23891200125217438, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.035878958454359025, 256, 5.545177444479562},
+    {512, 512, 64, 2.3640960454940796, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.22621898499011153, 128, 4.852030263919617},
+    {512, 64, 512, 0.26044800877571106, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.5354715338357339, 128, 4.852030263919617},
+    {2048, 2048, 256, 2.3045918941497803, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.19313032768955232, 8, 2.0794415416798357},
 };
 static const Point tf32_13_unaligned[] = {
     {2047, 2047, 2047, 0.41251200437545776, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0355413873796634, 1, 0.0},
@@ -17522,6 +16724,12 @@ static const Point tf32_14_aligned[] = {
     {1280, 1920, 16384, 0.35598400235176086, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.15796246434543454, 1, 0.0},
     {1024, 1024, 49152, 0.32203198969364166, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2850361570055533, 1, 0.0},
     {1536, 2560, 768, 0.07215999811887741, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.04681158882010947, 1, 0.0},
+    {512, 512, 512, 0.27484801411628723, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.08409992624050963, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.4845759868621826, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.20035299667466147, 32, 3.4657359027997265},
+    {128, 128, 128, 0.06727999821305275, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.20507055459843065, 256, 5.545177444479562},
+    {512, 512, 64, 0.4822559952735901, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.23970757857263686, 128, 4.852030263919617},
+    {512, 64, 512, 0.11228799819946289, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.11622374488912472, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.47760000824928284, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.1029954251146135, 8, 2.0794415416798357},
 };
 static const Point tf32_14_unaligned[] = {
     {2047, 2047, 2047, 0.21852800250053406, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.06800496367575237, 1, 0.0},
@@ -17570,6 +16778,12 @@ static const Point tf32_15_aligned[] = {
     {1280, 1920, 16384, 0.47121599316596985, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14386553012218653, 1, 0.0},
     {1024, 1024, 49152, 0.5551200211048126, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.181055466864048, 1, 0.0},
     {1536, 2560, 768, 0.09206400066614151, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09200297556899592, 1, 0.0},
+    {512, 512, 512, 0.35180801153182983, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.025156199947026416, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.6408320069313049, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.14349228270264291, 32, 3.4657359027997265},
+    {128, 128, 128, 0.08374399691820145, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.06704778934931979, 256, 5.545177444479562},
+    {512, 512, 64, 0.6374719738960266, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2062104592651523, 128, 4.852030263919617},
+    {512, 64, 512, 0.1409599930047989, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.2675765191214564, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.6625119745731354, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.10313522944192412, 8, 2.0794415416798357},
 };
 static const Point tf32_15_unaligned[] = {
     {2047, 2047, 2047, 0.24201600253582, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.031803234167378104, 1, 0.0},
@@ -17618,6 +16832,12 @@ static const Point tf32_16_aligned[] = {
     {1280, 1920, 16384, 0.3068000078201294, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11179111486218275, 1, 0.0},
     {1024, 1024, 49152, 0.8584800064563751, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.07483639124415428, 1, 0.0},
     {1536, 2560, 768, 0.02420799992978573, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.04646192914050172, 1, 0.0},
+    {512, 512, 512, 0.09011200070381165, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.2636694592550166, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.07561600208282471, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.13571189919541482, 32, 3.4657359027997265},
+    {128, 128, 128, 0.027904000133275986, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.4048576122315536, 256, 5.545177444479562},
+    {512, 512, 64, 0.07078400254249573, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.26119420514579295, 128, 4.852030263919617},
+    {512, 64, 512, 0.07755200192332268, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1919188264802641, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.09359999746084213, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.050015337067004874, 8, 2.0794415416798357},
 };
 static const Point tf32_16_unaligned[] = {
     {2047, 2047, 2047, 0.2033279985189438, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.07467590583686376, 1, 0.0},
@@ -17666,6 +16886,12 @@ static const Point tf32_17_aligned[] = {
     {1280, 1920, 16384, 0.2484320029616356, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10996222971690485, 1, 0.0},
     {1024, 1024, 49152, 0.6542560160160065, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.13812085926972714, 1, 0.0},
     {1536, 2560, 768, 0.032496001571416855, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1063515530710457, 1, 0.0},
+    {512, 512, 512, 0.08339200168848038, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09109267954548171, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.020370178919604548, 32, 3.4657359027997265},
+    {128, 128, 128, 0.02489599958062172, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.45367762656609073, 256, 5.545177444479562},
+    {512, 512, 64, 0.07116799801588058, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.23395570651065656, 128, 4.852030263919617},
+    {512, 64, 512, 0.07089600339531898, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.34033586582953546, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.08164800330996513, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.07613589861487342, 8, 2.0794415416798357},
 };
 static const Point tf32_17_unaligned[] = {
     {2047, 2047, 2047, 0.20337600260972977, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0008478951139268839, 1, 0.0},
@@ -17679,54 +16905,6 @@ static const Point tf32_17_unaligned[] = {
     {1024, 1024, 1024, 0.03561599925160408, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13801189909436878, 1, 0.0},
 };
 static const Point tf32_18_aligned[] = {
-    {256, 256, 256, 0.020368000492453575, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.045066545860240684, 1, 0.0},
-    {512, 512, 512, 0.01532800029963255, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3701013032437933, 1, 0.0},
-    {1024, 1024, 1024, 0.03824000060558319, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.20045120703844493, 1, 0.0},
-    {2048, 2048, 2048, 0.14860799908638, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.23466308346250653, 1, 0.0},
-    {4096, 4096, 4096, 0.8578720092773438, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.23270752839248973, 1, 0.0},
-    {8192, 8192, 8192, 8.464655876159668, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.14538730239754238, 1, 0.0},
-    {4092, 4092, 4092, 1.26145601272583, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.1531488000816237, 1, 0.0},
-    {3000, 3000, 3000, 0.4256480038166046, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.15587597559446473, 1, 0.0},
-    {1, 4096, 4096, 0.039423998445272446, 0.0, 8.317766166719343, 8.317766166719343, 0.2045122600707467, 1, 0.0},
-    {16, 8192, 4096, 0.06708799675107002, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.322556586189482, 1, 0.0},
-    {64, 4096, 8192, 0.0682239979505539, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.41050335854961556, 1, 0.0},
-    {128, 8192, 8192, 0.15931200236082077, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.18185628267558018, 1, 0.0},
-    {8192, 128, 8192, 0.15275199711322784, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.13980739656825347, 1, 0.0},
-    {4096, 32, 4096, 0.06108799949288368, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.2550013604008116, 1, 0.0},
-    {80, 8192, 4096, 0.09299200028181076, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.1212727461452413, 1, 0.0},
-    {1, 11008, 4096, 0.08329600095748901, 0.0, 9.306377560173125, 8.317766166719343, 0.2675741058566547, 1, 0.0},
-    {8, 11008, 4096, 0.08367999643087387, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.26832731274326643, 1, 0.0},
-    {16, 4096, 4096, 0.04032000154256821, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.22090847518498702, 1, 0.0},
-    {4, 14336, 4096, 0.10486400127410889, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2752777621486148, 1, 0.0},
-    {4096, 16, 4096, 0.06278400123119354, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.2912517131125354, 1, 0.0},
-    {6, 8192, 4096, 0.06612799689173698, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3135322991566291, 1, 0.0},
-    {12, 4096, 8192, 0.06388800218701363, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.37530449848770436, 1, 0.0},
-    {4096, 4096, 512, 0.40196800231933594, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.0012211146067418336, 1, 0.0},
-    {5120, 7168, 1024, 1.0031840205192566, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.05612940489496546, 1, 0.0},
-    {8192, 8192, 256, 1.5541599988937378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1395761800659629, 1, 0.0},
-    {2048, 2048, 128, 0.09550399705767632, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.0017197827715892066, 1, 0.0},
-    {16384, 4096, 64, 1.5395039916038513, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.21199110701636348, 1, 0.0},
-    {256, 256, 32768, 0.09388799965381622, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.10236158788878542, 1, 0.0},
-    {512, 512, 16384, 0.06273600086569786, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.10744969998373821, 1, 0.0},
-    {128, 1024, 65536, 0.18812799453735352, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.04804480384622497, 1, 0.0},
-    {64, 64, 131072, 0.2919519990682602, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1395664778162614, 1, 0.0},
-    {384, 384, 24576, 0.0793600007891655, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.10186547949586429, 1, 0.0},
-    {1280, 1920, 16384, 0.5013439953327179, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.08838679014852739, 1, 0.0},
-    {1024, 1024, 49152, 0.5453920066356659, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.13590920092817038, 1, 0.0},
-    {1536, 2560, 768, 0.1048320010304451, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.13111936106306452, 1, 0.0},
-};
-static const Point tf32_18_unaligned[] = {
-    {2047, 2047, 2047, 0.25860799849033356, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.018200747140202072, 1, 0.0},
-    {1531, 1531, 1531, 0.1400960013270378, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0619640945899987, 1, 0.0},
-    {5003, 5003, 5003, 3.1159520149230957, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.02065230638050742, 1, 0.0},
-    {127, 4099, 1023, 0.03675200045108795, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.041677429259660954, 1, 0.0},
-    {4096, 1, 4096, 0.06255999952554703, 8.317766166719343, 0.0, 8.317766166719343, -0.05965098745425125, 1, 0.0},
-    {1, 4096, 4096, 0.0453919991850853, 0.0, 8.317766166719343, 8.317766166719343, 0.03856005580641968, 1, 0.0},
-    {16, 11008, 4096, 0.10438399761915207, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.10697114857074036, 1, 0.0},
-    {4096, 4096, 4096, 1.561344027519226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06913122098978569, 1, 0.0},
-    {1024, 1024, 1024, 0.05804799869656563, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0009716862025844767, 1, 0.0},
-};
-static const Point tf32_19_aligned[] = {
     {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.06738242794151103, 1, 0.0},
     {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.003981847926619982, 1, 0.0},
     {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14471920608166478, 1, 0.0},
@@ -17762,8 +16940,14 @@ static const Point tf32_19_aligned[] = {
     {1280, 1920, 16384, 1.919647991657257, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.29264136945698477, 1, 0.0},
     {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.13116568447047738, 1, 0.0},
     {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.25454794910784506, 1, 0.0},
+    {512, 512, 512, 0.2559039890766144, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.04585327069489218, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.177824005484581, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2541991124429392, 32, 3.4657359027997265},
+    {128, 128, 128, 0.03014400042593479, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3439066769003394, 256, 5.545177444479562},
+    {512, 512, 64, 0.11313599720597267, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3440295216994143, 128, 4.852030263919617},
+    {512, 64, 512, 0.11807999759912491, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.0828142732584964, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.29308798909187317, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.14581360721978973, 8, 2.0794415416798357},
 };
-static const Point tf32_19_unaligned[] = {
+static const Point tf32_18_unaligned[] = {
     {2047, 2047, 2047, 0.3251839876174927, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04268633195640229, 1, 0.0},
     {1531, 1531, 1531, 0.2595840096473694, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2552552160482518, 1, 0.0},
     {5003, 5003, 5003, 5.0763840675354, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.017244317367725043, 1, 0.0},
@@ -17775,51 +16959,51 @@ static const Point tf32_19_unaligned[] = {
     {1024, 1024, 1024, 0.10574400052428246, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08260330624064732, 1, 0.0},
 };
 
-static const Member members[20] = {
+static const Member members[19] = {
     {128, 128, 32, 1, 1, true, true,
-     {tf32_0_aligned, 35, {0.011710958054888686, 0.000711216784259574, 0.0006056712829778143, 0.0, 4.132680427503097}},
+     {tf32_0_aligned, 41, {0.011710958054888686, 0.000711216784259574, 0.0006056712829778143, 0.0, 4.132680427503097}},
      {tf32_0_unaligned, 9, {0.0, 0.0008118899865331895, 0.02031147956921642, 0.1099145091440136, 0.0}}
      , true
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {tf32_1_aligned, 35, {0.005867927535607751, 0.00033575904372629454, 0.0016355631534292654, 0.01711344434293333, 0.0}},
+     {tf32_1_aligned, 41, {0.005867927535607751, 0.00033575904372629454, 0.0016355631534292654, 0.01711344434293333, 0.0}},
      {tf32_1_unaligned, 9, {0.0, 0.00035127825906521547, 0.01166021807439349, 0.2355563305797277, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 4, 1, true, true,
-     {tf32_2_aligned, 35, {0.010016197216614056, 0.0003250046808788527, 0.010332424671803009, 0.04757231635494769, 0.0}},
+     {tf32_2_aligned, 41, {0.010016197216614056, 0.0003250046808788527, 0.010332424671803009, 0.04757231635494769, 0.0}},
      {tf32_2_unaligned, 9, {0.014723024645111119, 0.0005654592942428202, 0.0, 0.1526821437951838, 2.8842873756863576}}
      , false
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 1, 1, true, true,
-     {tf32_3_aligned, 35, {0.006280643696233629, 0.00023559914749884516, 0.0006654634611998588, 0.015442911061455039, 0.0}},
+     {tf32_3_aligned, 41, {0.006280643696233629, 0.00023559914749884516, 0.0006654634611998588, 0.015442911061455039, 0.0}},
      {tf32_3_unaligned, 9, {0.011035991701021621, 0.0005169725845781996, 0.0022396095452938735, 0.06287964125830171, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_4_aligned, 35, {0.0035816992340202726, 0.000717483334022145, 0.005192812374370096, 0.025068828812104576, 0.0}},
+     {tf32_4_aligned, 41, {0.0035816992340202726, 0.000717483334022145, 0.005192812374370096, 0.025068828812104576, 0.0}},
      {tf32_4_unaligned, 9, {0.02435719378159694, 0.0014260280233720096, 0.0, 0.05126419725975105, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_5_aligned, 35, {0.0027098950271411374, 0.0005423205182775112, 0.006377860115280006, 0.02372315550281216, 0.0}},
+     {tf32_5_aligned, 41, {0.0027098950271411374, 0.0005423205182775112, 0.006377860115280006, 0.02372315550281216, 0.0}},
      {tf32_5_unaligned, 9, {0.0, 0.0002705109066475809, 0.012630889349148276, 0.32049163766839117, 0.0}}
      , false
      , 2, 1
      , false, 0
     },
     {128, 128, 32, 32, 1, true, true,
-     {tf32_6_aligned, 35, {0.010544123733580971, 0.0003904792943947429, 0.002544314846348983, 0.024556447240624862, 12.585114521920616}},
+     {tf32_6_aligned, 41, {0.010544123733580971, 0.0003904792943947429, 0.002544314846348983, 0.024556447240624862, 12.585114521920616}},
      {tf32_6_unaligned, 9, {0.020663440729787326, 0.0005110737091770784, 0.0002098404902685313, 0.230569649358405, 20.22264829207983}}
      , false
      , 1, 1
@@ -17833,85 +17017,78 @@ static const Member members[20] = {
      , true, 0
     },
     {128, 192, 32, 1, 1, true, true,
-     {tf32_8_aligned, 35, {0.004484178934443757, 0.0004463017911595202, 0.004229232955489603, 0.021731043501960957, 0.0}},
+     {tf32_8_aligned, 41, {0.004484178934443757, 0.0004463017911595202, 0.004229232955489603, 0.021731043501960957, 0.0}},
      {tf32_8_unaligned, 9, {0.009908873346734334, 0.000392968445410591, 0.0, 0.31666454186210174, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 128, 1, true, true,
-     {tf32_9_aligned, 35, {0.022455930536017056, 0.0, 0.0015697901469783166, 0.10247815091856814, 23.403955715391735}},
+     {tf32_9_aligned, 41, {0.022455930536017056, 0.0, 0.0015697901469783166, 0.10247815091856814, 23.403955715391735}},
      {tf32_9_unaligned, 9, {0.06059593418659448, 0.0, 0.00022394267338703424, 0.5702270360834121, 70.93045063977662}}
      , false
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 8, 1, true, true,
-     {tf32_10_aligned, 35, {0.007580757304072186, 0.00033579368202253364, 0.00996693447247542, 0.042470470625919535, 0.02235603787306347}},
+     {tf32_10_aligned, 41, {0.007580757304072186, 0.00033579368202253364, 0.00996693447247542, 0.042470470625919535, 0.02235603787306347}},
      {tf32_10_unaligned, 9, {0.01563122494054192, 0.000766934598175739, 0.0, 0.08630807619142392, 5.312482770121222}}
      , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_11_aligned, 35, {0.00450938392014844, 0.0004600207945136483, 0.001126445707303675, 0.0, 0.0}},
+     {tf32_11_aligned, 41, {0.00450938392014844, 0.0004600207945136483, 0.001126445707303675, 0.0, 0.0}},
      {tf32_11_unaligned, 9, {0.010773673754293308, 0.0004800980837064651, 0.0, 0.0, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_12_aligned, 35, {0.004912739096079435, 0.00024376192175765263, 0.0007741772098629829, 0.011244017028093346, 0.0}},
+     {tf32_12_aligned, 41, {0.004912739096079435, 0.00024376192175765263, 0.0007741772098629829, 0.011244017028093346, 0.0}},
      {tf32_12_unaligned, 9, {0.01730853935915336, 0.0003398616323472233, 0.0, 0.007249782823111144, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 12, 1, true, true,
-     {tf32_13_aligned, 35, {0.00756038566331373, 0.0003573282955857677, 0.007229045663677031, 0.03570710818519439, 1.693011939172543}},
+     {tf32_13_aligned, 41, {0.00756038566331373, 0.0003573282955857677, 0.007229045663677031, 0.03570710818519439, 1.693011939172543}},
      {tf32_13_unaligned, 9, {0.016493299267629297, 0.0, 0.004604514871083761, 0.26854560145104717, 4.66568883825095}}
      , false
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 2, 1, true, true,
-     {tf32_14_aligned, 35, {0.005978226303099445, 0.0003352440908238233, 0.011136201045480546, 0.04770218900104436, 0.0}},
+     {tf32_14_aligned, 41, {0.005978226303099445, 0.0003352440908238233, 0.011136201045480546, 0.04770218900104436, 0.0}},
      {tf32_14_unaligned, 9, {0.010233129466745018, 0.00045081556860152646, 0.0008464062364638686, 0.20568091479179104, 1.5591858320075038}}
      , false
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 3, 1, true, true,
-     {tf32_15_aligned, 35, {0.008565458419803456, 0.0003249875695063165, 0.005038695398857734, 0.0294791967895959, 0.0}},
+     {tf32_15_aligned, 41, {0.008565458419803456, 0.0003249875695063165, 0.005038695398857734, 0.0294791967895959, 0.0}},
      {tf32_15_unaligned, 9, {0.023783648676838007, 0.0003375775817670871, 0.00127145187965606, 0.15123927666429354, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_16_aligned, 35, {0.0033916784384254066, 0.0005561469748331123, 0.004951798911115882, 0.025913690713257553, 0.0}},
+     {tf32_16_aligned, 41, {0.0033916784384254066, 0.0005561469748331123, 0.004951798911115882, 0.025913690713257553, 0.0}},
      {tf32_16_unaligned, 9, {0.009691967935552735, 0.00036354258058912876, 0.0, 0.3871591859756462, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
     {128, 192, 32, 1, 1, true, true,
-     {tf32_17_aligned, 35, {0.005247190039189255, 0.0004497796093330031, 0.003176562731054091, 0.018404870000238358, 0.0}},
+     {tf32_17_aligned, 41, {0.005247190039189255, 0.0004497796093330031, 0.003176562731054091, 0.018404870000238358, 0.0}},
      {tf32_17_unaligned, 9, {0.009642922073144239, 0.00039525110092510844, 0.0, 0.3166850217660883, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
-    {64, 128, 32, 4, 1, true, true,
-     {tf32_18_aligned, 35, {0.01606485600765739, 0.0003060079769203363, 0.004590871134019718, 0.02490406669310095, 0.0}},
-     {tf32_18_unaligned, 9, {0.018615292725235218, 0.000572564839785094, 0.00439004254767049, 0.03471060457764415, 0.0}}
-     , false
-     , 1, 1
-     , false, 0
-    },
     {128, 128, 32, 1, 2, true, false,
-     {tf32_19_aligned, 35, {0.004723775057471162, 0.0016211222234211646, 0.0022216363453318065, 0.23669147539118607, 0.0}},
-     {tf32_19_unaligned, 9, {0.026651043324381216, 0.0020452982129835506, 0.0, 0.33898833740411627, 0.0}}
+     {tf32_18_aligned, 41, {0.004723775057471162, 0.0016211222234211646, 0.0022216363453318065, 0.23669147539118607, 0.0}},
+     {tf32_18_unaligned, 9, {0.026651043324381216, 0.0020452982129835506, 0.0, 0.33898833740411627, 0.0}}
      , false
      , 1, 1
      , false, 0
@@ -18000,7 +17177,7 @@ static int best(int M, int N, int K, bool use_aligned, int sm_count, bool beta_u
                 double& best_ms) {
     int found = -1;
     best_ms = HUGE_VAL;
-    for (int i = 0; i < 20; ++i) {
+    for (int i = 0; i < 19; ++i) {
         const Member& m = members[i];
         const Model& model = use_aligned ? m.aligned : m.unaligned;
         if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
@@ -18018,7 +17195,7 @@ static int choose(int M, int N, int K, bool aligned, int sm_count, bool beta_use
         const int found = best(M, N, K, pass == 0 ? aligned : !aligned, sm_count, beta_used, sm90a, batch, ms);
         if (found >= 0) return found;
     }
-    for (int i = 0; i < 20; ++i)
+    for (int i = 0; i < 19; ++i)
         if ((members[i].beta || !beta_used) && (!members[i].sm90a || sm90a)) return i;
     return 0;
 }
@@ -18248,7 +17425,7 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     Device caps;
     const cudaError_t status = device_caps(caps);
     if (status != cudaSuccess) return (int)status;
-    int pick = 19;  // a GPU this library was not tuned for: the portable member
+    int pick = 18;  // a GPU this library was not tuned for: the portable member
     if (caps.tuned_gpu) {
         const bool aligned = lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 &&
             reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
@@ -18281,7 +17458,6 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     case 16: return gemmgen_tf32_16_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 17: return gemmgen_tf32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 18: return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
-    case 19: return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     }
     return cudaErrorInvalidValue;
 }
