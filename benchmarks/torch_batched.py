@@ -10,8 +10,8 @@ batch x M x K, B batch x K x N) and precision, two ways take turns on the same t
 - torch: torch.bmm(A, B, out=out) in the same precision (allow_tf32 off for fp32, on for tf32).
 
 Each shape runs in two layouts of B: "k-major" (each B matrix column-major, B = Bt.mT: what the
-libraries read without a copy) and "row-major" (B dense as torch.randn makes it: gemmgen copies it
-K-major first, once per call, and says so). Issue 29 asks gemmgen >= 2.0 x torch in fp32 and >= 0.95 x
+libraries' members read as built) and "row-major" (B dense as torch.randn makes it: read in place too,
+as C^T = B^T A^T by the members built with `layout A col`). Issue 29 asks gemmgen >= 2.0 x torch in fp32 and >= 0.95 x
 in tf32. Every member is compiled first, in parallel; each way is warmed up, then timed as batches of
 --calls calls by CUDA events, in turns, --rounds times; a way's figure is its median batch. Errors
 are relative to float64 (Frobenius).
@@ -150,8 +150,8 @@ def markdown(record: dict) -> str:
     return (f"On {m['device']} (driver {m.get('driver')}), torch {m['torch']}, commit {m['commit']}, {m['date']}: "
             f"medians of {s['rounds']} rounds in turns, batches of {s['calls']} calls; gemmgen = "
             "gemmgen.matmul(A, B, out) (one strided-batched launch), torch = torch.bmm(A, B, out=out) in the same "
-            "precision; B k-major: each matrix column-major (read in place), row-major: copied K-major by gemmgen "
-            "first; errors relative to float64:\n\n" + table(header, rows))
+            "precision; B k-major: each matrix column-major, row-major: dense rows (both read in place); errors "
+            "relative to float64:\n\n" + table(header, rows))
 
 
 def parse(argv=None):
