@@ -809,6 +809,25 @@ gemmgen_epilogue_tma_staged_kernel(const __grid_constant__ TensorMap map_a, cons
             // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
             // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
             // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+            const int thread_n0 = lane % 4 * TN;
+            const bool read_c = beta != 0.0f;
+            if (!read_c) {  // C's old values unread: each value is final here, all computed before any store
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; ++j) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                acc[rm * TM + i][rn * TN + j] = activation_gelu_tanh(alpha * acc[rm * TM + i][rn * TN + j] + bias[min(block_m0 + m, M - 1)]);
+                            }
+                    }
+            }
             {
                 const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
                 float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
@@ -834,7 +853,7 @@ gemmgen_epilogue_tma_staged_kernel(const __grid_constant__ TensorMap map_a, cons
                                 for (int v = 0; v < TN; ++v) {
                                     const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
                                     const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                    out[j8][v] = read_c ? activation_gelu_tanh((read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v]) + bias[min(block_m0 + m, M - 1)]) : alpha * acc[i][a + v];
+                                    out[j8][v] = read_c ? activation_gelu_tanh((read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v]) + bias[min(block_m0 + m, M - 1)]) : acc[i][a + v];
                                 }
             #pragma unroll
                             for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
@@ -842,19 +861,6 @@ gemmgen_epilogue_tma_staged_kernel(const __grid_constant__ TensorMap map_a, cons
                                 // addressed: a register array indexed at run time would go to local memory)
                                 *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
                                     make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
-                            }
-                        }
-                        if (!read_c) {  // the vectors and the activation, on the box: a loop of 4 values a turn
-                            __syncwarp();  // every lane's part of the box is written
-                        #pragma unroll 1
-                            for (int q = lane; q < 4 * C_BOX_N; q += 32) {  // the box's float4s: 16 rows of C_BOX_N / 4
-                                const int row = q / (C_BOX_N / 4), col = q % (C_BOX_N / 4) * 4;  // in the box
-                                float4& chunk = *reinterpret_cast<float4*>(&box[row * 32 + (col ^ ((row & 7) << 2))]);
-                                float v[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
-                        #pragma unroll
-                                for (int e = 0; e < 4; ++e)
-                                    v[e] = activation_gelu_tanh(v[e] + bias[min(block_m0 + warp_m0 + row, M - 1)]);
-                                chunk = make_float4(v[0], v[1], v[2], v[3]);
                             }
                         }
                         fence_shared_for_tma();

@@ -160,7 +160,6 @@ class Epilogue:
 
     staged: ClassVar[bool] = False     # assembled in shared memory (the tiled kernels' staged store)
     tma_store: ClassVar[bool] = False  # boxes stored by TMA (the TMA-fed wgmma kernels' staged store)
-    in_boxes: ClassVar[bool] = False   # a fused epilogue applied to those boxes in shared memory (TmaStore)
     template: ClassVar[str] = "epilogue_direct.cuh.j2"  # its store macros
     store: ClassVar[str] = "registers"   # how C is written: "registers", "staged" or "tma" (explain replays it)
     store_parameters: ClassVar[tuple[Parameter, ...]] = ()   # what the store adds to the kernel's parameters
@@ -451,36 +450,6 @@ class TmaStore(Epilogue):
     def smem_bytes(self, consumers: int) -> int:
         """Shared bytes of every consumer warp's boxes."""
         return consumers * 4 * self.c_buffers * 4 * self.c_box_outer * self.c_box_inner
-
-    @property
-    def in_boxes(self) -> bool:
-        """Whether a fused epilogue's vectors and activation are applied to each box in shared memory,
-        by a loop over its float4s that is not unrolled, rather than to every accumulator before the
-        store: where C is row-major in boxes of 32 floats a row. The pass over the accumulators is
-        unrolled over all of them (at 128 x 256, 1650 instructions of GELU a thread): issued between
-        two tiles, it also pushed the main loop's code out of the instruction cache (Nsight Compute:
-        7 times the stalls for instructions, benchmarks/epilogue/2026-11-26-h100-fa425b6-profiles.md)."""
-        return self.fused and not self.atomic and self.c_layout == "row" and self.c_box_inner == 32
-
-    @property
-    def tma_registers_template(self) -> str:
-        """The pass over the accumulators before the TMA store: none where the boxes take it (`in_boxes`)."""
-        return "epilogue_unfused.cuh.j2" if self.in_boxes else self.registers_template
-
-    @property
-    def box_pass_template(self) -> str:
-        """What is done to each box before TMA stores it: the vectors and activation (`in_boxes`), or nothing."""
-        return "epilogue_box_pass.cuh.j2" if self.in_boxes else "epilogue_box_none.cuh.j2"
-
-    def boxed(self, product: str, old: str, read_c: str, m: str, n: str, acc: str, clamp: bool = False) -> str:
-        """C expression of what a box holds for the accumulator `acc` (`product` is alpha times it):
-        `stored`'s, but where the boxes take the fused epilogue (`in_boxes`), the product where C is
-        not read (the box pass does the rest)."""
-        if not self.in_boxes:
-            return self.stored(product, old, read_c, m, n, acc, clamp)
-        if not self.beta:
-            return product
-        return f"read_c ? {self.value(product, old, read_c, m, n, clamp)} : {product}"
 
     @property
     def c_box_swizzle(self) -> int:
