@@ -2,6 +2,11 @@
 member with bias + GELU on other schedules and stores, beside the plain member, in turns.
 
     python benchmarks/epilogue_schedules.py --out schedules.json [--precisions fp32 tf32] [--rounds 7] [--calls 10]
+    python benchmarks/epilogue_schedules.py --members --out members.json
+
+With --members: every member of the library (the decode kernels aside), plain and with bias + GELU as
+gemmgen.linear would build it were that member chosen (library/fused.py's plan), beside the member the
+library chooses plain: which member's fused kernel comes closest to the library's plain GEMM.
 
 For each shape (4096^3, 2048 x 5632 x 2048, 8192 x 1024 x 1024 by default) and precision, the member
 the library chooses is timed plain (alpha beta, what gemmgen.matmul runs) and with `bias col` and
@@ -68,11 +73,30 @@ def parts(plan):
     return found
 
 
+def every_member(runtime):
+    """(label, plan) of each member but the decode kernels, plain ("fp32_3") and fused as
+    gemmgen.linear builds it ("fp32_3 fused": library/fused.py), or the reason it cannot be fused."""
+    from gemmgen.library.fused import fused_members
+    fused = fused_members(runtime)
+    found = []
+    for index in range(len(runtime.candidates)):
+        plan = runtime.kernel_plan(index)
+        if plan.path == "decode":
+            continue
+        name = plan.spec.name
+        found.append((name, plan))
+        variant = fused.plan(index, True, "gelu")
+        found.append((f"{name} fused", variant if variant is not None else "takes no fused epilogue"))
+    return found
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     timed_arguments(parser, SHAPES)
     parser.add_argument("--parts", action="store_true",
                         help="time the epilogue's pieces (bias, relu, gelu) on the member's own schedule instead")
+    parser.add_argument("--members", action="store_true",
+                        help="time every member plain and fused (as gemmgen.linear builds it) instead")
     args = parser.parse_args(argv)
     args.shapes = parse_shapes(parser, args.shapes)
     check_timed_arguments(parser, args)
@@ -88,8 +112,11 @@ def main(argv=None) -> dict:
         for M, N, K in args.shapes:
             member = runtime.choose(M, N, K, K, K, N)
             plan = runtime.kernel_plan(member)
-            work.append(((M, N, K), precision, plan.spec.name,
-                         [("plain", plan)] + (parts(plan) if args.parts else variants(plan))))
+            if args.members:
+                found = [("plain", plan)] + every_member(runtime)
+            else:
+                found = [("plain", plan)] + (parts(plan) if args.parts else variants(plan))
+            work.append(((M, N, K), precision, plan.spec.name, found))
     compile_all([p for *_, found in work for _, p in found if not isinstance(p, str)])
     results = []
     for (M, N, K), precision, name, found in work:
