@@ -175,3 +175,50 @@ def test_the_measurer_times_a_batch_through_the_batched_entry_point_and_cublas(m
         B = buffers["B"][:3 * 40 * 16].reshape(3, 40, 16).astype(np.float64)       # column-major: K x N
         C = buffers["C"][:3 * 24 * 40].reshape(3, 24, 40)
         np.testing.assert_allclose(C, A @ B.transpose(0, 2, 1), rtol=1e-2, atol=1e-2)
+
+
+class NoRoomForHugeBatches(library_fake.LibraryMeasurer):
+    """The fake GPU, whose memory cannot hold a batch of 100000: every job there fails, as the measurer's
+    check of its room makes it fail before allocating."""
+
+    def measure(self, job, compiled):
+        if getattr(job.shape, "batch", 1) == 100000:
+            with open(self.log, "a") as handle:
+                handle.write(f"{job.kind}\t{job.key}\t{job.what}\t-\t0\n")
+            return {"status": "crash", "reason": "MemoryError: shape 4096x4096x4096 batch 100000: its operands "
+                                                 "need 20132.7 GB, and this GPU has 80.0 GB free"}
+        return super().measure(job, compiled)
+
+
+def test_a_batch_the_gpu_cannot_hold_is_skipped_and_costs_no_candidate(monkeypatch, tmp_path):
+    """cuBLAS fails at a shape too large for the GPU: the tuner times nothing more there, so no candidate
+    is marked broken by it, and the library is built from the other shapes."""
+    gpu = FakeGpu(tmp_path / "measured.log").install(monkeypatch)
+    gpu.measurer = NoRoomForHugeBatches(str(gpu.log))
+    monkeypatch.setattr("gemmgen.tuning.measure.default_measurer", lambda: gpu.measurer)
+    path = tmp_path / "batches.gemm"
+    path.write_text(LIBRARY.replace("512x512x512 batch 16", "512x512x512 batch 16, 4096x4096x4096 batch 100000"))
+    (library,) = load_libraries(path)
+    db = tmp_path / "batches.jsonl"
+    report = tune_library(library, db=db)
+    assert [str(s) for s in report.skipped] == ["4096x4096x4096 batch 100000"] and report.failures == []
+    assert [t.kind for t in gpu.tasks if t.what == "4096x4096x4096*100000"] == ["baseline"]
+    manifest = build_manifest(library, db)
+    assert manifest.candidates_timed == 3 and all(r.batch != 100000 for r in manifest.shapes)  # none lost
+
+
+def test_the_measurer_refuses_operands_larger_than_the_free_memory_before_allocating(monkeypatch):
+    import gemmgen.tuning.measure as measure
+    from types import SimpleNamespace
+    from gemmgen.gpu.verify import Case
+    allocated = []
+    fake = SimpleNamespace(get_default_memory_pool=lambda: SimpleNamespace(free_all_blocks=lambda: None),
+                           cuda=SimpleNamespace(runtime=SimpleNamespace(memGetInfo=lambda: (80 << 30, 80 << 30))),
+                           random=SimpleNamespace(default_rng=lambda seed: allocated.append(seed)))
+    monkeypatch.setattr(measure, "_cupy", lambda: fake)
+    state = measure._State.__new__(measure._State)
+    state.shape, state.buffers = None, {}
+    with pytest.raises(MemoryError, match=r"4096x4096x4096 batch 100000: its operands need 20132.7 GB, and this GPU "
+                                          r"has 85.9 GB free"):
+        state.pointers(Case(4096, 4096, 4096, batch=100000), {"A": "row", "B": "col", "C": "row"})
+    assert allocated == []  # nothing was allocated

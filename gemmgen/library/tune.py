@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -101,6 +101,7 @@ class TuneReport:
     seconds: float
     failures: list[dict]
     gpus: int = 1     # the GPUs that measured at once
+    skipped: list[LibraryShape] = field(default_factory=list)  # shapes where cuBLAS failed: not tuned
 
 
 def tune_library(library: Library, *, db: Path, progress: Callable[[dict], None] | None = None,
@@ -159,12 +160,17 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
         if todo:
             runner.run(todo, db, progress)
 
-    anchor_shapes = _anchors(shapes, layouts, anchors)
     # Each phase decides from what the phases before it timed, and nothing else, so that a run
     # resumed after an interruption (or run on other workers) makes the same decisions and
     # measures nothing twice.
-    # 1. every candidate validated, then timed at the anchors (cuBLAS at every shape).
+    # 1. every candidate validated, then timed at the anchors (cuBLAS at every shape). A shape where
+    # cuBLAS failed (operands larger than the GPU holds, say) is timed no further: a candidate that
+    # failed there would count as broken everywhere.
     run([jobs.validate(plan) for plan in candidates] + [jobs.cublas(s) for s in shapes])
+    baselines = measured().cublas
+    skipped = [s for s in shapes if shape_key(s) not in baselines]
+    shapes = [s for s in shapes if shape_key(s) in baselines]
+    anchor_shapes = _anchors(shapes, layouts, anchors)
     valid = [p for p in candidates if measured().valid(kernel_key(p))]
     phase1 = [jobs.time(p, s) for s in anchor_shapes for p in valid]
     run(phase1)
@@ -194,8 +200,9 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
     extra += [p for p in specialists(valid, chosen, measured(), shapes) if p not in extra]
     run([jobs.time(p, s) for s in shapes for p in chosen + extra])
     m = measured()
-    failures = [entry for entry in m.status.values() if entry.get("status") != "ok"]
-    return TuneReport(library, device_key, m, evaluated, time.perf_counter() - started, failures, runner.gpus)
+    failures = [entry for key, entry in m.status.items() if entry.get("status") != "ok" and key != CUBLAS_KEY]
+    return TuneReport(library, device_key, m, evaluated, time.perf_counter() - started, failures, runner.gpus,
+                      skipped)
 
 
 SPECIALIST_MARGIN = 1.05   # a candidate this much faster than every chosen one at some shape ...

@@ -44,6 +44,19 @@ def batch_strides(shape: Case, layouts: dict) -> tuple[int, int, int]:
     return tuple(max(1, rows[x][0] if layouts[x] == "row" else rows[x][1]) * lds[x] for x in "ABC")
 
 
+def _check_room(cp, shape: Case, needed: int) -> None:
+    """MemoryError where the operands of `shape` (`needed` bytes) would not fit in the GPU's free
+    memory (with room for cuBLAS's workspace and the kernels'), said before anything is allocated."""
+    try:
+        cp.get_default_memory_pool().free_all_blocks()
+        free = cp.cuda.runtime.memGetInfo()[0]
+    except AttributeError:  # a stand-in without memory queries (the tests' fake device)
+        return
+    if needed > 0.9 * free:
+        raise MemoryError(f"shape {shape}: its operands need {needed / 1e9:.1f} GB, and this GPU has "
+                          f"{free / 1e9:.1f} GB free")
+
+
 def _tflops(shape: Case, ms: float) -> float:
     return 2.0 * shape.M * shape.N * shape.K * shape.batch / (ms * 1e-3) / 1e12 if ms else 0.0
 
@@ -60,16 +73,19 @@ class _State:
         self.kernels: OrderedDict = OrderedDict()
 
     def pointers(self, shape: Case, layouts: dict) -> tuple:
-        """A, lda, B, ldb, C, ldc on random inputs of this shape (made on its first job)."""
+        """A, lda, B, ldb, C, ldc on random inputs of this shape (made on its first job). MemoryError,
+        before allocating, for a shape whose operands this GPU cannot hold."""
         key = (shape.M, shape.N, shape.K, shape.pad, shape.batch)
         if key != self.shape:
             cp = _cupy()
             self.buffers = {}  # the last shape's buffers go first
+            sizes = {name: max(max(1, rows) * (max(1, cols) + shape.pad), max(1, cols) * (max(1, rows) + shape.pad))
+                     * shape.batch + 64 for name, (rows, cols) in (("A", (shape.M, shape.K)), ("B", (shape.K, shape.N)),
+                                                                   ("C", (shape.M, shape.N)))}
+            _check_room(cp, shape, 4 * sum(sizes.values()))
             rng = cp.random.default_rng(12345)
-            for name, (rows, cols) in (("A", (shape.M, shape.K)), ("B", (shape.K, shape.N)),
-                                       ("C", (shape.M, shape.N))):
-                size = max(max(1, rows) * (max(1, cols) + shape.pad), max(1, cols) * (max(1, rows) + shape.pad))
-                self.buffers[name] = rng.uniform(-1, 1, size * shape.batch + 64, dtype=cp.float32)
+            for name, size in sizes.items():
+                self.buffers[name] = rng.uniform(-1, 1, size, dtype=cp.float32)
             self.shape = key
         lds = leading_dimensions(shape, layouts)
         return tuple(x for name in "ABC" for x in (self.buffers[name].data.ptr, lds[name]))
