@@ -203,6 +203,11 @@ def test_a_batch_the_gpu_cannot_hold_is_skipped_and_costs_no_candidate(monkeypat
     report = tune_library(library, db=db)
     assert [str(s) for s in report.skipped] == ["4096x4096x4096 batch 100000"] and report.failures == []
     assert [t.kind for t in gpu.tasks if t.what == "4096x4096x4096*100000"] == ["baseline"]
+    assert "MemoryError" in next(iter(report.skipped.values()))
+    tasks = len(gpu.tasks)
+    again = tune_library(library, db=db)  # resumed: only cuBLAS there again (a failed baseline is not recorded)
+    assert again.evaluated == 1 and [t.what for t in gpu.tasks[tasks:]] == ["4096x4096x4096*100000"]
+    assert [str(s) for s in again.skipped] == ["4096x4096x4096 batch 100000"]
     manifest = build_manifest(library, db)
     assert manifest.candidates_timed == 3 and all(r.batch != 100000 for r in manifest.shapes)  # none lost
 

@@ -117,11 +117,11 @@ def tune(library: Library, *, db: Path, output: str | None, manifest_path: str |
     console.print(f"{library.name}: {report.evaluated} validations and timings in {report.seconds:.0f} s "
                   f"({rate:.2f}/s) on {report.gpus} GPU(s); {len(report.failures)} candidate(s) failed",
                   soft_wrap=True)
-    for shape in report.skipped:
+    for shape, reason in report.skipped.items():
         path = shape.origin[0] if shape.origin else library.spec.path
         where = f" ({path}:{shape.span.line})" if shape.span else ""
         console.print(f"[yellow]warning:[/] {library.name} was not tuned at {shape}{where}: cuBLAS failed there "
-                      f"(its record in {db} says why; operands larger than the GPU's memory, say)", soft_wrap=True)
+                      f"({reason})", soft_wrap=True)
     manifest = build_manifest(library, db, device=report.device.split("|")[0])
     manifest.database = str(db)
     console.print(manifest_table(manifest, f"library {library.name} on {manifest.device.name}"))

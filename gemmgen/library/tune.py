@@ -101,7 +101,7 @@ class TuneReport:
     seconds: float
     failures: list[dict]
     gpus: int = 1     # the GPUs that measured at once
-    skipped: list[LibraryShape] = field(default_factory=list)  # shapes where cuBLAS failed: not tuned
+    skipped: dict[LibraryShape, str] = field(default_factory=dict)  # shapes where cuBLAS failed (why): not tuned
 
 
 def tune_library(library: Library, *, db: Path, progress: Callable[[dict], None] | None = None,
@@ -151,6 +151,13 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
         return Measurements.of(read_db(db, library.name).get(device_key, {}))
 
     evaluated = 0
+    baseline_failures: dict[str, dict] = {}  # shape key -> cuBLAS's failed record (reported, never recorded)
+
+    def report(entry: dict) -> None:
+        if entry.get("key") == CUBLAS_KEY and entry.get("status") != "ok":
+            baseline_failures[Scope.of(entry).what] = entry
+        if progress:
+            progress(entry)
 
     def run(batch: list[Job]) -> None:
         nonlocal evaluated
@@ -158,7 +165,7 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
         todo = [job for job in batch if not _done(job, done) and _serves(job)]
         evaluated += len(todo)
         if todo:
-            runner.run(todo, db, progress)
+            runner.run(todo, db, report)
 
     # Each phase decides from what the phases before it timed, and nothing else, so that a run
     # resumed after an interruption (or run on other workers) makes the same decisions and
@@ -200,9 +207,9 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
     extra += [p for p in specialists(valid, chosen, measured(), shapes) if p not in extra]
     run([jobs.time(p, s) for s in shapes for p in chosen + extra])
     m = measured()
-    failures = [entry for key, entry in m.status.items() if entry.get("status") != "ok" and key != CUBLAS_KEY]
+    failures = [entry for entry in m.status.values() if entry.get("status") != "ok"]
     return TuneReport(library, device_key, m, evaluated, time.perf_counter() - started, failures, runner.gpus,
-                      skipped)
+                      {s: baseline_failures.get(shape_key(s), {}).get("reason", "no timing") for s in skipped})
 
 
 SPECIALIST_MARGIN = 1.05   # a candidate this much faster than every chosen one at some shape ...
