@@ -160,7 +160,10 @@ class GpuProcess:
         returned; `crash` if it raised (the process then ends: its CUDA context may be poisoned)
         or killed the process; `timeout` if it took longer than `timeout`."""
         try:
-            return self.call(_guarded, (function, *args), timeout)
+            fields = self.call(_guarded, (function, *args), timeout)
+            if fields.get("status") == "crash":  # the process retires after this reply: the next call
+                self.close()                     # must not reach it before it has gone
+            return fields
         except ChildDied as exc:
             return {"status": "crash", "reason": f"the GPU process{self.where} died (exit code {exc.code}) "
                                                  f"during {doing}; the candidate faulted on the GPU"}
