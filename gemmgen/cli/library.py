@@ -14,9 +14,10 @@ from rich.table import Table
 
 from ..gpu import bench as gpu_bench, runtime as gpu_runtime
 from ..gpu.bench import plot_library
+from ..language.shapes import LibraryShape
 from ..library.dispatch import LibraryRuntime
 from ..library.emit import library_header_source, library_source
-from ..library.manifest import Manifest, ManifestError, build_manifest
+from ..library.manifest import Manifest, ManifestError, build_manifest, loo_label
 from ..library.model import Library, kernel_key, portable_member
 from ..library.padding import rule as padding_rule
 from ..library.tune import TuneReport, tune_library
@@ -78,11 +79,10 @@ def manifest_table(manifest: Manifest, title: str) -> Table:
     names = [m.name for m in manifest.members]
     loo = manifest.leave_one_out.per_shape
     for row in manifest.shapes:
-        shape = (f"{row.M}x{row.N}x{row.K}" + (f" batch {row.batch}" if row.batch != 1 else "")
-                 + (f" pad {row.pad}" if row.pad else ""))
+        shape = str(LibraryShape(row.M, row.N, row.K, row.pad, batch=row.batch))
         ms = row.chosen_ms
         cublas = row.cublas_ms
-        ratio = loo.get(f"{row.M}x{row.N}x{row.K}" + (f"*{row.batch}" if row.batch != 1 else "") + f" {row.klass}")
+        ratio = loo.get(loo_label(row.M, row.N, row.K, row.klass, row.batch))
         table.add_row(shape, row.klass, f"{cublas:.4f}" if cublas else "-", names[row.chosen],
                       f"{ms:.4f}" if ms else "-", f"{cublas / ms:.2f}" if ms and cublas else "-",
                       f"{row.best_candidate_ms:.4f}" if row.best_candidate_ms else "-",

@@ -303,10 +303,13 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
         candidates_timed=len(plans))
 
 
-def _label(key: tuple) -> str:
+def loo_label(M: int, N: int, K: int, cls: str, batch: int = 1) -> str:
     """A leave-one-out ratio's shape: "MxNxK class", the batch after MxNxK as *B."""
-    M, N, K, cls, batch = measured_key(key)
     return f"{shape_key(LibraryShape(M, N, K, batch=batch))} {cls}"
+
+
+def _label(key: tuple) -> str:
+    return loo_label(*measured_key(key))
 
 
 def _sm_count(records: dict[str, dict]) -> int:
