@@ -114,7 +114,7 @@ class Scope:
 def db_scope(device: str, driver: str, shape, owner: str) -> str:
     """The scope of a search's records at a shape (its M, N, K and batch: a search times tight leading
     dimensions)."""
-    return str(Scope(device, driver, shape_key(shape.M, shape.N, shape.K, batch=getattr(shape, "batch", 1)), owner))
+    return str(Scope(device, driver, shape_key(shape.M, shape.N, shape.K, batch=shape.batch), owner))
 
 
 def append(db: Path, entry: dict) -> None:

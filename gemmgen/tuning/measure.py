@@ -79,9 +79,11 @@ class _State:
         if key != self.shape:
             cp = _cupy()
             self.buffers = {}  # the last shape's buffers go first
-            sizes = {name: max(max(1, rows) * (max(1, cols) + shape.pad), max(1, cols) * (max(1, rows) + shape.pad))
-                     * shape.batch + 64 for name, (rows, cols) in (("A", (shape.M, shape.K)), ("B", (shape.K, shape.N)),
-                                                                   ("C", (shape.M, shape.N)))}
+            sizes = {}  # floats of each operand: `batch` matrices, each long enough for either layout
+            for name, (rows, cols) in (("A", (shape.M, shape.K)), ("B", (shape.K, shape.N)),
+                                       ("C", (shape.M, shape.N))):
+                size = max(max(1, rows) * (max(1, cols) + shape.pad), max(1, cols) * (max(1, rows) + shape.pad))
+                sizes[name] = size * shape.batch + 64
             _check_room(cp, shape, 4 * sum(sizes.values()))
             rng = cp.random.default_rng(12345)
             for name, size in sizes.items():

@@ -109,9 +109,9 @@ class Evaluator:
 
     def jobs(self, points: list[tuple], with_cublas: bool) -> list[Job]:
         """The baseline (first, when it is not recorded yet) and each point, validated and timed."""
-        batch = getattr(self.shape, "batch", 1)
-        what, owner = shape_key(self.shape.M, self.shape.N, self.shape.K, batch=batch), self.space.spec.name
-        shape = Case(self.shape.M, self.shape.N, self.shape.K, batch=batch)  # timed with tight leading dimensions
+        s = self.shape
+        what, owner = shape_key(s.M, s.N, s.K, batch=s.batch), self.space.spec.name
+        shape = Case(s.M, s.N, s.K, batch=s.batch)  # timed with tight leading dimensions
         jobs = []
         if with_cublas:
             spec = self.space.plans[0].spec  # a space's layouts are rarely searched; cuBLAS takes the first
@@ -180,7 +180,7 @@ def best_recorded(spec: Spec, db: Path, shape: Case | None = None) -> tuple[Plan
     by_key = {point_key(plan.spec): plan for plan in space.plans}
     records = tuning_db.read(db)
     tuning_db.check_labels(db, records, {k: describe(p.spec) for k, p in by_key.items()}, space=spec.name)
-    want = shape_key(shape.M, shape.N, shape.K, batch=getattr(shape, "batch", 1)) if shape is not None else None
+    want = shape_key(shape.M, shape.N, shape.K, batch=shape.batch) if shape is not None else None
     candidates = [r for r in tuning_db.latest(records).values()
                   if r.get("status") == "ok" and r["key"] in by_key
                   and tuning_db.Scope.of(r).owner == spec.name
