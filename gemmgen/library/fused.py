@@ -1,5 +1,6 @@
 """A library's members with a fused epilogue: the member a library chooses for a call, compiled once
-more with `bias col` and an activation in its store (what gemmgen.linear runs).
+more with `bias col` and an activation in its store, and without beta (what gemmgen.linear runs:
+C is written, never read).
 
 A shipped library's .cu holds its members as they were tuned, with `alpha beta` epilogues. A call
 that wants act(A @ B + bias) runs the member the library predicts fastest for its shape and
@@ -55,7 +56,13 @@ class FusedMembers:
         key = (index, bias, activation)
         if key not in self._plans:
             plan = self.runtime.kernel_plan(index)
-            spec = replace(plan.spec.with_values(bias="col" if bias else "none", activation=activation),
+            # Without beta: gemmgen.linear never reads C, and beta's code (C's old values added per
+            # accumulator, in a second copy of the activation) made the kernel 40% larger (SASS of
+            # tf32_5 with bias + GELU: 6624 -> 3760 instructions). H100, 027873b, fused / plain at the
+            # shapes below: fp32 0.984 -> 1.005, 0.960 -> 0.984, 0.941 -> 0.962; tf32 0.950 -> 0.956,
+            # 0.961 -> 0.970, 0.927 -> 0.947 (benchmarks/epilogue/2026-11-26-h100-027873b-no-beta.json).
+            spec = replace(plan.spec.with_values(bias="col" if bias else "none", activation=activation,
+                                                 epilogue_beta=False),
                            name=fused_name(plan.spec.name, bias, activation))
             self._plans[key] = None
             # Which store and schedule the fused kernel takes, from the library's chosen members with
