@@ -3,20 +3,20 @@
 // library:
 //   library tf32 {
 //     layout   A row, B col, C row
-//     members  lib_tf32_tma, lib_tf32_staged, lib_tf32_split, lib_tf32_streamk, lib_tf32_cluster, lib_tf32_pingpong, lib_tf32_async, lib_tf32_copy, tensorcore_tf32, lib_tf32_decode, lib_tf32_decode_tc
+//     members  lib_tf32_tma, lib_tf32_staged, lib_tf32_split, lib_tf32_streamk, lib_tf32_wide, lib_tf32_cluster, lib_tf32_pingpong, lib_tf32_async, lib_tf32_copy, tensorcore_tf32, lib_tf32_decode, lib_tf32_decode_tc
 //     shapes   "library_shapes.txt"
 //     precision tf32
 //   }
 //
 // TF32 inputs (timed against cuBLAS TF32); layout A row, B col, C row.
-// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 50 shapes; 173 candidate kernels
-// timed, 19 kept:
+// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 53 shapes; 181 candidate kernels
+// timed, 20 kept:
 //   tf32_0   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k staged  (sm_90a, from lib_tf32_streamk)
 //   tf32_1   block=128x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
 //   tf32_2   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_tf32_split)
 //   tf32_3   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
-//   tf32_4   block=128x256x32 math=tf32 vec=A1B1 stages=4c frag=1 group=8  (sm_90a, from lib_tf32_copy)
-//   tf32_5   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 cluster=2x1 staged  (sm_90a, from lib_tf32_cluster)
+//   tf32_4   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 cluster=2x1 staged  (sm_90a, from lib_tf32_cluster)
+//   tf32_5   block=128x256x32 math=tf32 vec=A1B1 stages=4c frag=1 group=8  (sm_90a, from lib_tf32_copy)
 //   tf32_6   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=32  (sm_90a, from lib_tf32_split)
 //   tf32_7   decode=1x4x2  (sm_90, from lib_tf32_decode)
 //   tf32_8   block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
@@ -25,19 +25,20 @@
 //   tf32_11  block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
 //   tf32_12  block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
 //   tf32_13  block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=12  (sm_90a, from lib_tf32_split)
-//   tf32_14  block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=2  (sm_90a, from lib_tf32_split)
-//   tf32_15  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=3  (sm_90a, from lib_tf32_split)
-//   tf32_16  block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 staged  (sm_90a, from lib_tf32_staged)
+//   tf32_14  block=128x240x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_wide)
+//   tf32_15  block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=2  (sm_90a, from lib_tf32_split)
+//   tf32_16  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=3  (sm_90a, from lib_tf32_split)
 //   tf32_17  block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
-//   tf32_18  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
+//   tf32_18  block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
+//   tf32_19  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
 //
 // Each call runs the member predicted fastest for its M, N, K, batch count and alignment class
 // (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
 // per block, fitted to each member's measurements and corrected by them near the tuned shapes.
 // Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
-// over the best there: median 1.004, worst 7.554.
+// over the best there: median 1.000, worst 7.554.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
-// compute capability 9.0; elsewhere tf32_18 runs.
+// compute capability 9.0; elsewhere tf32_19 runs.
 //
 // Build for Hopper and, if you like, other GPUs:
 //   nvcc -c -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 tf32.cu
@@ -4127,466 +4128,6 @@ static inline int gemmgen_tf32_3(int M, int N, int K, float alpha, const float* 
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   4 copy
-//     raster   group 8
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma fed by cp.async)
-//   block tile (BM x BN x BK)  128 x 256 x 32
-//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 loader warpgroup (cp.async) + 2 consumer warpgroup(s) of 64 x 256
-//   registers                  56 per loader thread, 224 per consumer thread (setmaxnreg); 128 accumulators
-//   shared memory              4 stages of A and B tiles as they lie (wgmma truncates them to TF32), K-major, 128-byte swizzle; 197696 bytes per block
-//   loads                      A: cp.async of 16 B when aligned, else 4 B, a warp along K; B: cp.async of 16 B when aligned, else 4 B, a warp along K; any leading dimension and 4-byte alignment
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C
-//   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_4(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_4_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 1;  // warpgroups that load tiles, 3 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile as it lies in memory (wgmma truncates it to TF32)
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 197696;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// cp.async of one float into shared memory: `bytes` 4 copies it, 0 writes a zero (no read).
-__device__ __forceinline__ void copy_float(float* destination, const float* source, int bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
-                 :: "r"(shared_address(destination)), "l"(source), "r"(bytes) : "memory");
-}
-
-// cp.async of 4 floats (16 bytes, both addresses 16-byte aligned), or with `bytes` 0 four zeros.
-__device__ __forceinline__ void copy_float4(float* destination, const float* source, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(shared_address(destination)), "l"(source), "r"(bytes) : "memory");
-}
-
-// The barrier gets this thread's arrival once its cp.asyncs so far have landed (it counts among
-// the arrivals the barrier was set up for: .noinc).
-__device__ __forceinline__ void arrive_when_copied(unsigned long long* barrier) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B), element
-// (0, 0) at src; what lies outside the matrix is written as zero. Each copy's place steps by a
-// constant (rows 8 apart keep their swizzle), so a copy costs an add, a compare and the cp.async.
-// K contiguous: a warp copies the 32 k of one row (128 bytes of memory) into the 32 banks of its
-// swizzled row, the thread's rows 4 apart. Rows contiguous: a warp copies 8 rows x 4 k (4 runs of
-// 32 bytes), whose places in the K-major tile lie in 8 different 16-byte chunks: 32 banks again;
-// the thread's rows 32 apart, then its k 4 apart.
-// VECTOR (K-contiguous rows 16-byte aligned, K a multiple of 4): 16 bytes a copy, a warp 4 rows of
-// 8 chunks, 4 rows of 128 bytes in memory and in the tile.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void copy_tile(float* tile, const float* src, int ld, int rows_left, int k_left,
-                                          int loader_thread) {
-    const int lane = loader_thread % 32, warp = loader_thread / 32;
-    if constexpr (K_CONTIGUOUS && VECTOR) {
-        const int row = loader_thread / 8, k = loader_thread % 8 * 4;  // then rows row + 16 i
-        const float* from = src + (long long)row * ld + k;
-        float* to = tile + swizzled(row, k);  // rows row + 16 i: the same swizzle, 16 rows on
-        const bool k_inside = k < k_left;     // all 4 or none: K is a multiple of 4
-        const long long step = 16LL * ld;
-#pragma unroll 8
-        for (int i = 0; i < ROWS / 16; ++i, from += step) {
-            const bool inside = k_inside && row + 16 * i < rows_left;
-            copy_float4(to + i * 16 * 32, inside ? from : src, inside ? 16 : 0);
-        }
-    } else if constexpr (K_CONTIGUOUS) {
-        const int row = warp, k = lane;  // then rows row + 4 i
-        const float* from = src + (long long)row * ld + k;
-        float* even = tile + swizzled(row, k);            // rows row + 8 j: the same swizzle, 8 rows on
-        float* odd = tile + swizzled(row + 4, k) - 4 * 32;  // rows row + 4 + 8 j
-        const bool k_inside = k < k_left;
-        const long long step = 4LL * ld;
-#pragma unroll 8  // 8 copies at a time: unrolled whole, ptxas computes every address first and spills
-        for (int i = 0; i < ROWS / 4; ++i, from += step) {
-            const bool inside = k_inside && row + 4 * i < rows_left;
-            copy_float((i % 2 ? odd : even) + i * 4 * 32, inside ? from : src, inside ? 4 : 0);
-        }
-    } else {
-        const int row = warp * 8 + lane % 8, k0 = lane / 8;  // then rows row + 32 r, k k0 + 4 j
-        const float* first = src + (long long)k0 * ld + row;
-        const long long step = 4LL * ld;
-#pragma unroll 1
-        for (int j = 0; j < BK / 4; ++j, first += step) {
-            const int k = k0 + 4 * j;
-            float* to = tile + swizzled(row, k);  // rows row + 32 r: the same swizzle, 32 rows on
-            const float* from = first;
-            const bool k_inside = k < k_left;
-#pragma unroll
-            for (int r = 0; r < ROWS / 32; ++r, from += 32) {
-                const bool inside = k_inside && row + 32 * r < rows_left;
-                copy_float(to + r * 32 * 32, inside ? from : src, inside ? 4 : 0);
-            }
-        }
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_4_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loader: the copies of a tile go out once its stage is free; the stage's full barrier
-        // completes when every loader thread's copies of it have landed ------------------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        for (int t = 0; t < k_tiles; ++t) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps every copy's addresses from one tile to the next and the loader
-            // spills; hiding that the leading dimensions and the thread stay the same makes it
-            // recompute each where it is used.
-            int lda_now = lda, ldb_now = ldb, thread_now = loader_thread;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now), "+r"(thread_now));
-            copy_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(stage, A_tile + t * a_k_step, lda_now, m_left, k_left,
-                                                                    thread_now);
-            copy_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, B_tile + t * b_k_step, ldb_now,
-                                                                    n_left, k_left, thread_now);
-            arrive_when_copied(&full[s]);
-        }
-        asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's last copies, before it leaves
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        // cp.async wrote the stage through the generic proxy; wgmma reads it through the async one
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_4_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_4_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_4_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_4_kernel<true> : gemmgen_tf32_4_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_4(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_4_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 5: tf32_5 ===========================================
-// gemmgen_tf32_5: generated by gemmgen 0.1.0 from <library tf32: tf32_5> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_5 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 256 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
 //     stages   4 tma
 //     raster   group 8
 //     cluster  2 x 1
@@ -4605,25 +4146,25 @@ static inline int gemmgen_tf32_4(int M, int N, int K, float alpha, const float* 
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_5_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   otherwise                  the fallback gemmgen_tf32_4_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_5(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_4(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-// ---- fallback: the register-fed wgmma kernel (tf32_5_fallback) for calls TMA cannot describe:
+// ---- fallback: the register-fed wgmma kernel (tf32_4_fallback) for calls TMA cannot describe:
 // K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_5_fallback_impl {
+namespace gemmgen_tf32_4_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -4854,7 +4395,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_5_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_4_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -4995,7 +4536,7 @@ gemmgen_tf32_5_fallback_kernel(int M, int N, int K, float alpha, const float* __
 #endif
 }
 
-}  // namespace gemmgen_tf32_5_fallback_impl
+}  // namespace gemmgen_tf32_4_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -5005,11 +4546,11 @@ gemmgen_tf32_5_fallback_kernel(int M, int N, int K, float alpha, const float* __
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_5_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_4_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_5_fallback_impl;
+    using namespace gemmgen_tf32_4_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -5032,7 +4573,7 @@ static inline int gemmgen_tf32_5_fallback_batched(int M, int N, int K, float alp
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_5_fallback_kernel<true> : gemmgen_tf32_5_fallback_kernel<false>;
+        aligned ? gemmgen_tf32_4_fallback_kernel<true> : gemmgen_tf32_4_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -5042,14 +4583,14 @@ static inline int gemmgen_tf32_5_fallback_batched(int M, int N, int K, float alp
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_5_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_4_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_5_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_4_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
-namespace gemmgen_tf32_5_impl {
+namespace gemmgen_tf32_4_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -5290,7 +4831,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (a multi-architecture build compiles it for older GPUs too)
 __cluster_dims__(CLUSTER_BLOCKS, 1, 1)
 #endif
-gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         const __grid_constant__ TensorMap map_c,
         int batch,
@@ -5471,7 +5012,7 @@ gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 #endif
 }
 
-}  // namespace gemmgen_tf32_5_impl
+}  // namespace gemmgen_tf32_4_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -5484,11 +5025,11 @@ gemmgen_tf32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_5_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_4_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_5_impl;
+    using namespace gemmgen_tf32_4_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -5506,7 +5047,7 @@ static inline int gemmgen_tf32_5_batched(int M, int N, int K, float alpha, const
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_tf32_5_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_tf32_4_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     // Whole clusters of CLUSTER_M x CLUSTER_N C tiles (the blocks past C's edge store nothing).
@@ -5571,12 +5112,472 @@ static inline int gemmgen_tf32_5_batched(int M, int N, int K, float alpha, const
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_5_kernel<true> : gemmgen_tf32_5_kernel<false>;
+        aligned ? gemmgen_tf32_4_kernel<true> : gemmgen_tf32_4_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
         *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_4(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_4_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 5: tf32_5 ===========================================
+// gemmgen_tf32_5: generated by gemmgen 0.1.0 from <library tf32: tf32_5> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_5 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 256 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 copy
+//     raster   group 8
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma fed by cp.async)
+//   block tile (BM x BN x BK)  128 x 256 x 32
+//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 loader warpgroup (cp.async) + 2 consumer warpgroup(s) of 64 x 256
+//   registers                  56 per loader thread, 224 per consumer thread (setmaxnreg); 128 accumulators
+//   shared memory              4 stages of A and B tiles as they lie (wgmma truncates them to TF32), K-major, 128-byte swizzle; 197696 bytes per block
+//   loads                      A: cp.async of 16 B when aligned, else 4 B, a warp along K; B: cp.async of 16 B when aligned, else 4 B, a warp along K; any leading dimension and 4-byte alignment
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C
+//   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_5(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_5_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 1;  // warpgroups that load tiles, 3 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile as it lies in memory (wgmma truncates it to TF32)
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// cp.async of one float into shared memory: `bytes` 4 copies it, 0 writes a zero (no read).
+__device__ __forceinline__ void copy_float(float* destination, const float* source, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :: "r"(shared_address(destination)), "l"(source), "r"(bytes) : "memory");
+}
+
+// cp.async of 4 floats (16 bytes, both addresses 16-byte aligned), or with `bytes` 0 four zeros.
+__device__ __forceinline__ void copy_float4(float* destination, const float* source, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(shared_address(destination)), "l"(source), "r"(bytes) : "memory");
+}
+
+// The barrier gets this thread's arrival once its cp.asyncs so far have landed (it counts among
+// the arrivals the barrier was set up for: .noinc).
+__device__ __forceinline__ void arrive_when_copied(unsigned long long* barrier) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B), element
+// (0, 0) at src; what lies outside the matrix is written as zero. Each copy's place steps by a
+// constant (rows 8 apart keep their swizzle), so a copy costs an add, a compare and the cp.async.
+// K contiguous: a warp copies the 32 k of one row (128 bytes of memory) into the 32 banks of its
+// swizzled row, the thread's rows 4 apart. Rows contiguous: a warp copies 8 rows x 4 k (4 runs of
+// 32 bytes), whose places in the K-major tile lie in 8 different 16-byte chunks: 32 banks again;
+// the thread's rows 32 apart, then its k 4 apart.
+// VECTOR (K-contiguous rows 16-byte aligned, K a multiple of 4): 16 bytes a copy, a warp 4 rows of
+// 8 chunks, 4 rows of 128 bytes in memory and in the tile.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void copy_tile(float* tile, const float* src, int ld, int rows_left, int k_left,
+                                          int loader_thread) {
+    const int lane = loader_thread % 32, warp = loader_thread / 32;
+    if constexpr (K_CONTIGUOUS && VECTOR) {
+        const int row = loader_thread / 8, k = loader_thread % 8 * 4;  // then rows row + 16 i
+        const float* from = src + (long long)row * ld + k;
+        float* to = tile + swizzled(row, k);  // rows row + 16 i: the same swizzle, 16 rows on
+        const bool k_inside = k < k_left;     // all 4 or none: K is a multiple of 4
+        const long long step = 16LL * ld;
+#pragma unroll 8
+        for (int i = 0; i < ROWS / 16; ++i, from += step) {
+            const bool inside = k_inside && row + 16 * i < rows_left;
+            copy_float4(to + i * 16 * 32, inside ? from : src, inside ? 16 : 0);
+        }
+    } else if constexpr (K_CONTIGUOUS) {
+        const int row = warp, k = lane;  // then rows row + 4 i
+        const float* from = src + (long long)row * ld + k;
+        float* even = tile + swizzled(row, k);            // rows row + 8 j: the same swizzle, 8 rows on
+        float* odd = tile + swizzled(row + 4, k) - 4 * 32;  // rows row + 4 + 8 j
+        const bool k_inside = k < k_left;
+        const long long step = 4LL * ld;
+#pragma unroll 8  // 8 copies at a time: unrolled whole, ptxas computes every address first and spills
+        for (int i = 0; i < ROWS / 4; ++i, from += step) {
+            const bool inside = k_inside && row + 4 * i < rows_left;
+            copy_float((i % 2 ? odd : even) + i * 4 * 32, inside ? from : src, inside ? 4 : 0);
+        }
+    } else {
+        const int row = warp * 8 + lane % 8, k0 = lane / 8;  // then rows row + 32 r, k k0 + 4 j
+        const float* first = src + (long long)k0 * ld + row;
+        const long long step = 4LL * ld;
+#pragma unroll 1
+        for (int j = 0; j < BK / 4; ++j, first += step) {
+            const int k = k0 + 4 * j;
+            float* to = tile + swizzled(row, k);  // rows row + 32 r: the same swizzle, 32 rows on
+            const float* from = first;
+            const bool k_inside = k < k_left;
+#pragma unroll
+            for (int r = 0; r < ROWS / 32; ++r, from += 32) {
+                const bool inside = k_inside && row + 32 * r < rows_left;
+                copy_float(to + r * 32 * 32, inside ? from : src, inside ? 4 : 0);
+            }
+        }
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_5_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loader: the copies of a tile go out once its stage is free; the stage's full barrier
+        // completes when every loader thread's copies of it have landed ------------------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        for (int t = 0; t < k_tiles; ++t) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps every copy's addresses from one tile to the next and the loader
+            // spills; hiding that the leading dimensions and the thread stay the same makes it
+            // recompute each where it is used.
+            int lda_now = lda, ldb_now = ldb, thread_now = loader_thread;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now), "+r"(thread_now));
+            copy_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(stage, A_tile + t * a_k_step, lda_now, m_left, k_left,
+                                                                    thread_now);
+            copy_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, B_tile + t * b_k_step, ldb_now,
+                                                                    n_left, k_left, thread_now);
+            arrive_when_copied(&full[s]);
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");  // this thread's last copies, before it leaves
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        // cp.async wrote the stage through the generic proxy; wgmma reads it through the async one
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_5_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_5_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_5_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_5_kernel<true> : gemmgen_tf32_5_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -11765,31 +11766,31 @@ static inline int gemmgen_tf32_13(int M, int N, int K, float alpha, const float*
 //   kernel tf32_14 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    128 x 240 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
-//     raster   row
-//     split    2
-//     epilogue alpha beta
+//     raster   group 8
+//     schedule persistent
+//     epilogue alpha beta staged
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    2 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   block tile (BM x BN x BK)  128 x 240 x 32
+//   math                       tf32, wgmma 64 x 240 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 240
+//   accumulators               120 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 205888 bytes per block
+//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 16 floats (2 in turn, 64-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_14_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -11816,7 +11817,7 @@ constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr int COPIES = 1;  // each tile rounded to TF32
 constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
@@ -11827,7 +11828,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -11871,8 +11872,11 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -11965,19 +11969,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_14_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
 }
 
 // Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
@@ -12071,14 +12062,6 @@ gemmgen_tf32_14_fallback_kernel(int M, int N, int K, float alpha, const float* _
     B += batch_index * strideB;
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
     const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
@@ -12167,8 +12150,9 @@ gemmgen_tf32_14_fallback_kernel(int M, int N, int K, float alpha, const float* _
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -12182,7 +12166,13 @@ gemmgen_tf32_14_fallback_kernel(int M, int N, int K, float alpha, const float* _
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
                     }
             }
     }
@@ -12223,17 +12213,15 @@ static inline int gemmgen_tf32_14_fallback_batched(int M, int N, int K, float al
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_14_fallback_kernel<true> : gemmgen_tf32_14_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_14_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -12248,20 +12236,25 @@ static inline int gemmgen_tf32_14_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_tf32_14_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 128, BN = 240, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 30, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 132160;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 16 floats along C's rows, 64-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 16, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 205888;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -12296,17 +12289,20 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
+// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
+    int block = tile;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -12357,6 +12353,28 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
 }
 
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -12385,11 +12403,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %122, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n240k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119 }, %120, %121, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -12401,23 +12419,42 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_14_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
+// ---- the tile scheduler (schedule persistent) -----------------------------------------
+// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
+// consumers walk the same list, so the producer's copies run on into the next tile while the
+// consumers store the last one.
+struct Segment {
+    int tile;     // C tile, numbered as tile_origin takes them
+    int k_begin;  // the first of its K tiles this block multiplies
+    int k_end;    // one past the last
+};
+
+struct Schedule {
+    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
+    int k_tiles;    // K tiles per C tile
+    int next_tile;  // this block's next whole tile
+
+    __device__ Schedule(int M, int N, int K, int batch) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+        k_tiles = (K + BK - 1) / BK;
+        next_tile = blockIdx.x;
     }
-}
+
+    __device__ bool next(Segment& segment) {
+        if (next_tile >= tiles) return false;
+        segment.tile = next_tile;
+        segment.k_begin = 0;
+        segment.k_end = k_tiles;
+        next_tile += gridDim.x;
+        return true;
+    }
+};
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        const __grid_constant__ TensorMap map_c,
         int batch,
         long long strideA,
         long long strideB,
@@ -12432,21 +12469,13 @@ gemmgen_tf32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
     float* sA = smem;                                 // STAGES x BM rows x BK floats
     float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
+    Schedule schedule(M, N, K, batch);
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
@@ -12463,12 +12492,19 @@ gemmgen_tf32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            int it = 0;
+            for (Segment segment; schedule.next(segment);) {
+                int block_m0, block_n0, batch_index;
+                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
+                    barrier_expect_bytes(&full[s], STAGE_BYTES);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
+                }
             }
         }
         return;
@@ -12479,54 +12515,111 @@ gemmgen_tf32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     const int consumer = warpgroup - 1;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
+    int it = 0;  // K tiles of earlier segments
+    for (Segment segment; schedule.next(segment);) {
+        int block_m0, block_n0, batch_index;
+        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+        const int m_left = M - block_m0;
+        const int n_left = N - block_n0;
+        const int k_tiles = segment.k_end - segment.k_begin;
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+        for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+        for (int t = 0; t < k_tiles; ++t) {
+            const int s = (it + t) % STAGES;
+            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+            const float* b_tile = sB + s * B_STAGE_FLOATS;
+            fence_accumulators(acc);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BK; kk += 8)
+                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+            wgmma_commit();
+            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+            fence_accumulators(acc);
+            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
+        }
+        wgmma_wait<0>();
         fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
+        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
+        it += k_tiles;
 
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            {
+                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+                if (warp_m0 < m_left) {
+            #pragma unroll
+                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                        if (box_n * C_BOX_N >= n_left) break;
+                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                        __syncwarp();
+            #pragma unroll
+                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)  // the box's groups of 8 columns
+            #pragma unroll
+                            for (int i = 0; i < TM; ++i) {
+                                const int row = lane / 4 + i * 8, col = j8 * 8 + lane % 4 * TN;  // in the box; TN = 2 columns
+                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                float out[TN];
+            #pragma unroll
+                                for (int v = 0; v < TN; ++v) {
+                                    const int m = warp_m0 + row, n = box_n * C_BOX_N + col + v;
+                                    out[v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                                }
+                                *reinterpret_cast<float2*>(&box[row * 16 + (col ^ (((row >> 1) & 3) << 2))]) = make_float2(out[0], out[1]);
+                            }
+                        fence_shared_for_tma();
+                        __syncwarp();
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                        ++stored_boxes;
+                    }
+                }
+            }
+        } else {
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+            const int thread_n0 = lane % 4 * TN;
+            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+            {
+                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                        if (m >= m_left) continue;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; j += CV) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                if (n + CV - 1 >= n_left) continue;
+                                float* c = C_tile + (long long)(m) * ldc + (n);
+                                float old[CV], out[CV];
+                                if (read_c) load_vec<CV>(old, c);
+            #pragma unroll
+                                for (int v = 0; v < CV; ++v) {
+                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                                }
+                                store_vec<CV>(c, out);
+                            }
                     }
             }
+        }
     }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
 #endif
 }
 
@@ -12612,17 +12705,35 @@ static inline int gemmgen_tf32_14_batched(int M, int N, int K, float alpha, cons
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 16 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {16, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_64B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_14_kernel<true> : gemmgen_tf32_14_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_14_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return (int)error;
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -12640,13 +12751,13 @@ static inline int gemmgen_tf32_14(int M, int N, int K, float alpha, const float*
 //   kernel tf32_15 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    128 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    3
+//     split    2
 //     epilogue alpha beta
 //   }
 //
@@ -12654,14 +12765,14 @@ static inline int gemmgen_tf32_14(int M, int N, int K, float alpha, const float*
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
+//   block tile (BM x BN x BK)  128 x 128 x 32
 //   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 99392 bytes per block
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    3 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    2 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_15_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
@@ -12702,7 +12813,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -13123,9 +13234,9 @@ static inline int gemmgen_tf32_15_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_tf32_15_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
@@ -13133,10 +13244,10 @@ constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 99392;
+constexpr int SMEM_BYTES = 132160;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -13515,29 +13626,31 @@ static inline int gemmgen_tf32_15(int M, int N, int K, float alpha, const float*
 //   kernel tf32_16 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 256 x 32
+//     block    64 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
-//     raster   group 8
-//     epilogue alpha beta staged
+//     raster   row
+//     split    3
+//     epilogue alpha beta
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 256 x 32
-//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
-//   accumulators               128 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 230464 bytes per block
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 99392 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    3 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_16_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
+//   vector path needs          nothing
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_16(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -13564,7 +13677,7 @@ constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr int COPIES = 1;  // each tile rounded to TF32
 constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
@@ -13575,7 +13688,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
+constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -13619,11 +13732,8 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -13718,6 +13828,19 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_16_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
 // Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
 __device__ __forceinline__ unsigned to_tf32(float x) {
     unsigned tf32;
@@ -13809,6 +13932,14 @@ gemmgen_tf32_16_fallback_kernel(int M, int N, int K, float alpha, const float* _
     B += batch_index * strideB;
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
     const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
@@ -13897,9 +14028,8 @@ gemmgen_tf32_16_fallback_kernel(int M, int N, int K, float alpha, const float* _
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -13913,13 +14043,7 @@ gemmgen_tf32_16_fallback_kernel(int M, int N, int K, float alpha, const float* _
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
                     }
             }
     }
@@ -13960,15 +14084,17 @@ static inline int gemmgen_tf32_16_fallback_batched(int M, int N, int K, float al
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_16_fallback_kernel<true> : gemmgen_tf32_16_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_16_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -13983,25 +14109,20 @@ static inline int gemmgen_tf32_16_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_tf32_16_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
-// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
-constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
-constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
-
-constexpr int SMEM_BYTES = 230464;
-static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -14045,11 +14166,8 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -14100,28 +14218,6 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
 }
 
-// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
-
-// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
-__device__ __forceinline__ void fence_shared_for_tma() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
-// of the box outside the matrix are not written, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
-                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
-                    "r"(inner), "r"(outer), "r"(batch) : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
-template <int PENDING>
-__device__ __forceinline__ void tma_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
-}
-
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -14150,11 +14246,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -14166,11 +14262,23 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_16_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        const __grid_constant__ TensorMap map_c,
         int batch,
         long long strideA,
         long long strideB,
@@ -14185,8 +14293,7 @@ gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
     float* sA = smem;                                 // STAGES x BM rows x BK floats
     float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
@@ -14196,7 +14303,11 @@ gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
@@ -14217,8 +14328,8 @@ gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                 const int s = t % STAGES;
                 if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
                 barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
         return;
@@ -14229,7 +14340,6 @@ gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     const int consumer = warpgroup - 1;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
-    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
 #pragma unroll
     for (int i = 0; i < TM; ++i)
@@ -14254,86 +14364,30 @@ gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     wgmma_wait<0>();
     fence_accumulators(acc);
 
-    if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-        // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-        // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-        // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-        {
-            const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
-            float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-            const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-            const bool read_c = beta != 0.0f;
-            // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-            // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-            const bool swap = lane / 4 % 2;
-            if (warp_m0 < m_left) {
-        #pragma unroll
-                for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                    if (box_n * C_BOX_N >= n_left) break;
-                    float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                    if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                    __syncwarp();
-        #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                        float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-        #pragma unroll
-                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-        #pragma unroll
-                            for (int v = 0; v < TN; ++v) {
-                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                                const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
-                            }
-        #pragma unroll
-                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                            const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                            // addressed: a register array indexed at run time would go to local memory)
-                            *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
-                        }
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
                     }
-                    fence_shared_for_tma();
-                    __syncwarp();
-                    if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                    ++stored_boxes;
-                }
             }
-        }
-    } else {
-        // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-        const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-        const int thread_n0 = lane % 4 * TN;
-        // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-        {
-            constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-            float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-            const bool read_c = beta != 0.0f;
-        #pragma unroll
-            for (int rm = 0; rm < RM; ++rm)
-        #pragma unroll
-                for (int i = 0; i < TM; ++i) {
-                    const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                    if (m >= m_left) continue;
-        #pragma unroll
-                    for (int rn = 0; rn < RN; ++rn)
-        #pragma unroll
-                        for (int j = 0; j < TN; j += CV) {
-                            const int n = thread_n0 + rn * SUB_N + j;
-                            if (n + CV - 1 >= n_left) continue;
-                            float* c = C_tile + (long long)(m) * ldc + (n);
-                            float old[CV], out[CV];
-                            if (read_c) load_vec<CV>(old, c);
-        #pragma unroll
-                            for (int v = 0; v < CV; ++v) {
-                                out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                            }
-                            store_vec<CV>(c, out);
-                        }
-                }
-        }
     }
-    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
 #endif
 }
 
@@ -14419,28 +14473,17 @@ static inline int gemmgen_tf32_16_batched(int M, int N, int K, float alpha, cons
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
-    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
-    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
-    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
-    CUtensorMap map_c = {};
-    if (aligned) {
-        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
-        const cuuint32_t box[3] = {32, 16, 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_16_kernel<true> : gemmgen_tf32_16_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_16_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -15450,6 +15493,856 @@ static inline int gemmgen_tf32_17(int M, int N, int K, float alpha, const float*
 //
 // spec:
 //   kernel tf32_18 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 256 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   group 8
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 256 x 32
+//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
+//   accumulators               128 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 197696 bytes per block
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_18_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_18_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_18_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_18_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_18_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_18_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_18_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_18_fallback_kernel<true> : gemmgen_tf32_18_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_18_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_18_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_18_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_18_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_18_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_18_kernel<true> : gemmgen_tf32_18_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 19: tf32_19 ===========================================
+// gemmgen_tf32_19: generated by gemmgen 0.1.0 from <library tf32: tf32_19> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_19 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     block    128 x 128 x 32
@@ -15486,13 +16379,13 @@ static inline int gemmgen_tf32_17(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_19(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_18_impl {
+namespace gemmgen_tf32_19_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block, K step
@@ -15643,7 +16536,7 @@ __device__ __forceinline__ int sB_index(int k, int n) { return (k) * 136 + n; }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_tf32_18_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_19_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -15847,7 +16740,7 @@ gemmgen_tf32_18_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
-}  // namespace gemmgen_tf32_18_impl
+}  // namespace gemmgen_tf32_19_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -15857,11 +16750,11 @@ gemmgen_tf32_18_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_19_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_18_impl;
+    using namespace gemmgen_tf32_19_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -15884,7 +16777,7 @@ static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_18_kernel<true> : gemmgen_tf32_18_kernel<false>;
+        aligned ? gemmgen_tf32_19_kernel<true> : gemmgen_tf32_19_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -15894,10 +16787,10 @@ static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_19(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 #ifndef __CUDACC_RTC__
@@ -15971,47 +16864,50 @@ struct Model { const Point* points; int count; double coef[5]; };  // count 0: n
 struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; bool stream_k; int cluster_m, cluster_n; bool decode; int decode_products; };
 
 static const Point tf32_0_aligned[] = {
-    {256, 256, 256, 0.013632000423967838, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.210124690232815, 1, 0.0},
-    {512, 512, 512, 0.017055999487638474, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.24835055581666252, 1, 0.0},
-    {1024, 1024, 1024, 0.022895999252796173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10067719096740389, 1, 0.0},
-    {2048, 2048, 2048, 0.08585599809885025, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1758839296674131, 1, 0.0},
-    {4096, 4096, 4096, 0.5775839984416962, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.2250203393223173, 1, 0.0},
-    {8192, 8192, 8192, 3.9812639951705933, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.35562301148941117, 1, 0.0},
-    {4092, 4092, 4092, 0.7702399790287018, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.06282790437947634, 1, 0.0},
-    {3000, 3000, 3000, 0.26921600103378296, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.13325724065605105, 1, 0.0},
-    {1, 4096, 4096, 0.04508800059556961, 0.0, 8.317766166719343, 8.317766166719343, 0.17673147817990434, 1, 0.0},
-    {16, 8192, 4096, 0.07126399874687195, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.19312866873429288, 1, 0.0},
-    {64, 4096, 8192, 0.07212799787521362, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.18690699919686032, 1, 0.0},
-    {128, 8192, 8192, 0.12272000312805176, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1766943863073065, 1, 0.0},
-    {8192, 128, 8192, 0.1220959983766079, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.17159663045026816, 1, 0.0},
-    {4096, 32, 4096, 0.045264000073075294, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.18062734542822104, 1, 0.0},
-    {80, 8192, 4096, 0.0687360018491745, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.15701050159254923, 1, 0.0},
-    {1, 11008, 4096, 0.09003200009465218, 0.0, 9.306377560173125, 8.317766166719343, 0.20775971874490579, 1, 0.0},
-    {8, 11008, 4096, 0.08921600133180618, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.19865496562855436, 1, 0.0},
-    {16, 4096, 4096, 0.04548799991607666, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1855638823182739, 1, 0.0},
-    {4, 14336, 4096, 0.114656001329422, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.23192757939840897, 1, 0.0},
-    {4096, 16, 4096, 0.04508800059556961, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.17673147817990434, 1, 0.0},
-    {6, 8192, 4096, 0.0687360018491745, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.15701050159254923, 1, 0.0},
-    {12, 4096, 8192, 0.0692639984190464, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.14638997811268484, 1, 0.0},
-    {4096, 4096, 512, 0.0788159966468811, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2963241056619085, 1, 0.0},
-    {5120, 7168, 1024, 0.2765600085258484, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.3923893607523198, 1, 0.0},
-    {8192, 8192, 256, 0.18411199748516083, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.12548338870231254, 1, 0.0},
-    {2048, 2048, 128, 0.01945599913597107, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.015658843716883485, 1, 0.0},
-    {16384, 4096, 64, 0.11694400012493134, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.4251789280999525, 1, 0.0},
-    {256, 256, 32768, 0.06305600330233574, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.17465701074451598, 1, 0.0},
-    {512, 512, 16384, 0.0806720033288002, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.26328309550789214, 1, 0.0},
-    {128, 1024, 65536, 0.15428800135850906, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.33446392488783244, 1, 0.0},
-    {64, 64, 131072, 0.1111999973654747, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.047556653092197164, 1, 0.0},
-    {384, 384, 24576, 0.08905600011348724, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.42647514610107495, 1, 0.0},
-    {1280, 1920, 16384, 0.8279680013656616, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.6612725373649553, 1, 0.0},
-    {1024, 1024, 49152, 0.8636480271816254, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.46258714346353647, 1, 0.0},
-    {1536, 2560, 768, 0.04124800115823746, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08165677169091703, 1, 0.0},
-    {512, 512, 512, 0.10979200154542923, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.035147595695609254, 64, 4.1588830833596715},
-    {1024, 1024, 128, 0.08681599795818329, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.26283609612862574, 32, 3.4657359027997265},
-    {128, 128, 128, 0.030912000685930252, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.4786478625623895, 256, 5.545177444479562},
-    {512, 512, 64, 0.07329599931836128, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4944807519986126, 128, 4.852030263919617},
-    {512, 64, 512, 0.0822880007326603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3245519004327212, 128, 4.852030263919617},
-    {2048, 2048, 256, 0.09523200243711472, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.15182107168034953, 8, 2.0794415416798357},
+    {256, 256, 256, 0.013632000423967838, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2532683302227461, 1, 0.0},
+    {512, 512, 512, 0.017055999487638474, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.27622358615351017, 1, 0.0},
+    {1024, 1024, 1024, 0.022895999252796173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10217174593541015, 1, 0.0},
+    {2048, 2048, 2048, 0.08585599809885025, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.12383105238498456, 1, 0.0},
+    {4096, 4096, 4096, 0.5775839984416962, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.15746460123847902, 1, 0.0},
+    {8192, 8192, 8192, 3.9812639951705933, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.2850214206651746, 1, 0.0},
+    {4092, 4092, 4092, 0.7702399790287018, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.13038364246331458, 1, 0.0},
+    {3000, 3000, 3000, 0.26921600103378296, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.06979781895917311, 1, 0.0},
+    {1, 4096, 4096, 0.04508800059556961, 0.0, 8.317766166719343, 8.317766166719343, 0.19734262660286775, 1, 0.0},
+    {16, 8192, 4096, 0.07126399874687195, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.23276705770805198, 1, 0.0},
+    {64, 4096, 8192, 0.07212799787521362, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.22613573962338282, 1, 0.0},
+    {128, 8192, 8192, 0.12272000312805176, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.2300646477841069, 1, 0.0},
+    {8192, 128, 8192, 0.1220959983766079, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.22496689192706848, 1, 0.0},
+    {4096, 32, 4096, 0.045264000073075294, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.20123849385118445, 1, 0.0},
+    {80, 8192, 4096, 0.0687360018491745, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.1966488905663083, 1, 0.0},
+    {1, 11008, 4096, 0.09003200009465218, 0.0, 9.306377560173125, 8.317766166719343, 0.2540831329754022, 1, 0.0},
+    {8, 11008, 4096, 0.08921600133180618, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.24497837985905088, 1, 0.0},
+    {16, 4096, 4096, 0.04548799991607666, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.20617503074123741, 1, 0.0},
+    {4, 14336, 4096, 0.114656001329422, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.28321355466283554, 1, 0.0},
+    {4096, 16, 4096, 0.04508800059556961, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.19734262660286775, 1, 0.0},
+    {6, 8192, 4096, 0.0687360018491745, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.1966488905663083, 1, 0.0},
+    {12, 4096, 8192, 0.0692639984190464, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.18561871853920747, 1, 0.0},
+    {4096, 4096, 512, 0.0788159966468811, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2540580721005277, 1, 0.0},
+    {5120, 7168, 1024, 0.2765600085258484, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.33232218939600217, 1, 0.0},
+    {8192, 8192, 256, 0.18411199748516083, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.08993704764686489, 1, 0.0},
+    {2048, 2048, 128, 0.01945599913597107, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.014461610916866726, 1, 0.0},
+    {16384, 4096, 64, 0.11694400012493134, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.4006765409893972, 1, 0.0},
+    {256, 256, 32768, 0.06305600330233574, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.19430767310054475, 1, 0.0},
+    {512, 512, 16384, 0.0806720033288002, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.30173594800224035, 1, 0.0},
+    {128, 1024, 65536, 0.15428800135850906, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.38531234453479996, 1, 0.0},
+    {64, 64, 131072, 0.1111999973654747, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0660107209910816, 1, 0.0},
+    {384, 384, 24576, 0.08905600011348724, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.45971271737954017, 1, 0.0},
+    {1280, 1920, 16384, 0.8279680013656616, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.7284307206311396, 1, 0.0},
+    {1024, 1024, 49152, 0.8636480271816254, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.5310074123183518, 1, 0.0},
+    {1536, 2560, 768, 0.04124800115823746, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05466097714922735, 1, 0.0},
+    {2048, 5632, 2048, 0.18028800189495087, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.30159312944324046, 1, 0.0},
+    {4096, 11008, 4096, 1.3437760472297668, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.2894859664371064, 1, 0.0},
+    {1024, 14336, 4096, 0.5528320074081421, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.07060813461713356, 1, 0.0},
+    {512, 512, 512, 0.10979200154542923, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.07741362925699002, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.08681599795818329, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2666087444564001, 32, 3.4657359027997265},
+    {128, 128, 128, 0.030912000685930252, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.4485274079286393, 256, 5.545177444479562},
+    {512, 512, 64, 0.07329599931836128, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4662593900175581, 128, 4.852030263919617},
+    {512, 64, 512, 0.0822880007326603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.35635505457259514, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.09523200243711472, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.12147582411237767, 8, 2.0794415416798357},
 };
 static const Point tf32_0_unaligned[] = {
     {2047, 2047, 2047, 0.20083200186491013, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0011420716810975392, 1, 0.0},
@@ -16025,47 +16921,50 @@ static const Point tf32_0_unaligned[] = {
     {1024, 1024, 1024, 0.03484800085425377, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.154690582320896, 1, 0.0},
 };
 static const Point tf32_1_aligned[] = {
-    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.10218236764593402, 1, 0.0},
-    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04101611301031602, 1, 0.0},
-    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06321833140803225, 1, 0.0},
-    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.11654280492801546, 1, 0.0},
-    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.021461719320646902, 1, 0.0},
-    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.028779859778152523, 1, 0.0},
-    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.501671180694029, 1, 0.0},
-    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.19639841062242544, 1, 0.0},
-    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, 0.04294522774666861, 1, 0.0},
-    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.43423136574421606, 1, 0.0},
-    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.001065525462771137, 1, 0.0},
-    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1107944283556435, 1, 0.0},
-    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.10659975937887103, 1, 0.0},
-    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.02773727943722649, 1, 0.0},
-    {80, 8192, 4096, 0.0660799965262413, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.19794247320089983, 1, 0.0},
-    {1, 11008, 4096, 0.09996800124645233, 0.0, 9.306377560173125, 8.317766166719343, 0.6234641889922057, 1, 0.0},
-    {8, 11008, 4096, 0.08963199704885483, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.5111817249408123, 1, 0.0},
-    {16, 4096, 4096, 0.051552001386880875, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.004271371331035184, 1, 0.0},
-    {4, 14336, 4096, 0.10579200088977814, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6609670587608797, 1, 0.0},
-    {4096, 16, 4096, 0.05097600072622299, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.015507457254152032, 1, 0.0},
-    {6, 8192, 4096, 0.08457600325345993, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4695262110358509, 1, 0.0},
-    {12, 4096, 8192, 0.0942080020904541, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.018531251014207255, 1, 0.0},
-    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2310107527340541, 1, 0.0},
-    {5120, 7168, 1024, 0.2239520028233528, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.135781327271448, 1, 0.0},
-    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.11554404443056542, 1, 0.0},
-    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.06620191495133827, 1, 0.0},
-    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2615709033002633, 1, 0.0},
-    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.10712136014564433, 1, 0.0},
-    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1213653063880035, 1, 0.0},
-    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.11970692589170552, 1, 0.0},
-    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.08693745908886104, 1, 0.0},
-    {384, 384, 24576, 0.2459840029478073, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09034596138457462, 1, 0.0},
-    {1280, 1920, 16384, 0.35443198680877686, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11095760588258677, 1, 0.0},
-    {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.17783965051410713, 1, 0.0},
-    {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.12318780579640964, 1, 0.0},
-    {512, 512, 512, 0.0799039974808693, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.11649524439289217, 64, 4.1588830833596715},
-    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.19600314189115542, 32, 3.4657359027997265},
-    {128, 128, 128, 0.024480000138282776, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6802117584115935, 256, 5.545177444479562},
-    {512, 512, 64, 0.06800000369548798, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4111099982575655, 128, 4.852030263919617},
-    {512, 64, 512, 0.07156800106167793, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.6504717786843407, 128, 4.852030263919617},
-    {2048, 2048, 256, 0.0769599974155426, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08993059787793277, 8, 2.0794415416798357},
+    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.10328302234603752, 1, 0.0},
+    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04159050309866432, 1, 0.0},
+    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06133902917452198, 1, 0.0},
+    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.11012904554218936, 1, 0.0},
+    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01407912561019766, 1, 0.0},
+    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.03642275367296183, 1, 0.0},
+    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5090402156389462, 1, 0.0},
+    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.20268720804968646, 1, 0.0},
+    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, 0.04312397823188072, 1, 0.0},
+    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.43570392543715597, 1, 0.0},
+    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.00021041022725694816, 1, 0.0},
+    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.11430757257298507, 1, 0.0},
+    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.11011290359621259, 1, 0.0},
+    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.027300830171804465, 1, 0.0},
+    {80, 8192, 4096, 0.0660799965262413, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.20040825220110042, 1, 0.0},
+    {1, 11008, 4096, 0.09996800124645233, 0.0, 9.306377560173125, 8.317766166719343, 0.6253972977183724, 1, 0.0},
+    {8, 11008, 4096, 0.08963199704885483, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.5132605990564857, 1, 0.0},
+    {16, 4096, 4096, 0.051552001386880875, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.003967590426280795, 1, 0.0},
+    {4, 14336, 4096, 0.10579200088977814, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6637798071897868, 1, 0.0},
+    {4096, 16, 4096, 0.05097600072622299, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.015203676349397597, 1, 0.0},
+    {6, 8192, 4096, 0.08457600325345993, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4708397751059241, 1, 0.0},
+    {12, 4096, 8192, 0.0942080020904541, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.018137389653687466, 1, 0.0},
+    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2258977889106461, 1, 0.0},
+    {5120, 7168, 1024, 0.2239520028233528, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.12914885369306534, 1, 0.0},
+    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.11152239897564761, 1, 0.0},
+    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.06706802300624627, 1, 0.0},
+    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.26207447901270775, 1, 0.0},
+    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.10766860174725422, 1, 0.0},
+    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12101415657936497, 1, 0.0},
+    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.11992783730641467, 1, 0.0},
+    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.08775571109489995, 1, 0.0},
+    {384, 384, 24576, 0.2459840029478073, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09050824200269632, 1, 0.0},
+    {1280, 1920, 16384, 0.35443198680877686, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10647991071224792, 1, 0.0},
+    {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.17401309290562222, 1, 0.0},
+    {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.11870509133704933, 1, 0.0},
+    {2048, 5632, 2048, 0.14999999850988388, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.11810409690357737, 1, 0.0},
+    {4096, 11008, 4096, 1.1890239715576172, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.049484665750229896, 1, 0.0},
+    {1024, 14336, 4096, 0.3853759914636612, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.014933525832084666, 1, 0.0},
+    {512, 512, 512, 0.0799039974808693, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.12160820821630003, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1980769485220817, 32, 3.4657359027997265},
+    {128, 128, 128, 0.024480000138282776, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6810778664665014, 256, 5.545177444479562},
+    {512, 512, 64, 0.06800000369548798, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.41152605616542903, 128, 4.852030263919617},
+    {512, 64, 512, 0.07156800106167793, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.6537830013367077, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.0769599974155426, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08607875960183344, 8, 2.0794415416798357},
 };
 static const Point tf32_1_unaligned[] = {
     {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.0262878005561375, 1, 0.0},
@@ -16079,47 +16978,50 @@ static const Point tf32_1_unaligned[] = {
     {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11245075772874465, 1, 0.0},
 };
 static const Point tf32_2_aligned[] = {
-    {256, 256, 256, 0.0162559999153018, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.25836791850061164, 1, 0.0},
-    {512, 512, 512, 0.016575999557971954, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.2852527264807769, 1, 0.0},
-    {1024, 1024, 1024, 0.0814879983663559, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.7350075368904027, 1, 0.0},
-    {2048, 2048, 2048, 0.12619200348854065, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.23622098827365895, 1, 0.0},
-    {4096, 4096, 4096, 0.710096001625061, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.21199595829235918, 1, 0.0},
-    {8192, 8192, 8192, 5.356384038925171, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.03301543674480466, 1, 0.0},
-    {4092, 4092, 4092, 0.9566560089588165, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.08650225848912539, 1, 0.0},
-    {3000, 3000, 3000, 0.34614400565624237, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.19007722709006072, 1, 0.0},
-    {1, 4096, 4096, 0.04076800122857094, 0.0, 8.317766166719343, 8.317766166719343, 0.18253047708650966, 1, 0.0},
-    {16, 8192, 4096, 0.07683199644088745, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.269785967208779, 1, 0.0},
-    {64, 4096, 8192, 0.06860800087451935, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.30196082468507474, 1, 0.0},
-    {128, 8192, 8192, 0.13368000090122223, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.31230104054986807, 1, 0.0},
-    {8192, 128, 8192, 0.1350719928741455, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.32266006636520744, 1, 0.0},
-    {4096, 32, 4096, 0.04124800115823746, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.17172739352429248, 1, 0.0},
-    {80, 8192, 4096, 0.07620799914002419, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.2086403632458248, 1, 0.0},
-    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.24052228234917955, 1, 0.0},
-    {8, 11008, 4096, 0.10223999992012978, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.22880713490773805, 1, 0.0},
-    {16, 4096, 4096, 0.04121600091457367, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.18250517604267724, 1, 0.0},
-    {4, 14336, 4096, 0.1295360028743744, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21506358162922068, 1, 0.0},
-    {4096, 16, 4096, 0.04105599969625473, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.1786156044059261, 1, 0.0},
-    {6, 8192, 4096, 0.07737600058317184, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.2853809405516765, 1, 0.0},
-    {12, 4096, 8192, 0.06519999727606773, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.3035003907676189, 1, 0.0},
-    {4096, 4096, 512, 0.4216479957103729, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.03340726844616765, 1, 0.0},
-    {5120, 7168, 1024, 0.9850239753723145, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.01625058816015508, 1, 0.0},
-    {8192, 8192, 256, 1.6244159936904907, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.12474977412439993, 1, 0.0},
-    {2048, 2048, 128, 0.09086399897933006, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.06402555427453126, 1, 0.0},
-    {16384, 4096, 64, 1.629263997077942, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.18435278107318404, 1, 0.0},
-    {256, 256, 32768, 0.10300800204277039, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06508141011997409, 1, 0.0},
-    {512, 512, 16384, 0.06652799993753433, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.11611574870198464, 1, 0.0},
-    {128, 1024, 65536, 0.20665599405765533, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.026903424230687006, 1, 0.0},
-    {64, 64, 131072, 0.31910398602485657, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.11038497372588851, 1, 0.0},
-    {384, 384, 24576, 0.08588799834251404, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08517708051454587, 1, 0.0},
-    {1280, 1920, 16384, 0.3330239951610565, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.15639504005965024, 1, 0.0},
-    {1024, 1024, 49152, 0.36615999042987823, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.16888093676629903, 1, 0.0},
-    {1536, 2560, 768, 0.09822400286793709, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1770986738715023, 1, 0.0},
-    {512, 512, 512, 0.4581120014190674, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.11635013468187923, 64, 4.1588830833596715},
-    {1024, 1024, 128, 0.8499040007591248, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2023570434807646, 32, 3.4657359027997265},
-    {128, 128, 128, 0.09996800124645233, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.03146072106901214, 256, 5.545177444479562},
-    {512, 512, 64, 0.858383983373642, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.22152538213191617, 128, 4.852030263919617},
-    {512, 64, 512, 0.1425279974937439, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.3669428776825943, 128, 4.852030263919617},
-    {2048, 2048, 256, 0.8416480123996735, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.14581698653704406, 8, 2.0794415416798357},
+    {256, 256, 256, 0.0162559999153018, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2544960542062634, 1, 0.0},
+    {512, 512, 512, 0.016575999557971954, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.28212650014858903, 1, 0.0},
+    {1024, 1024, 1024, 0.0814879983663559, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.7355761425260937, 1, 0.0},
+    {2048, 2048, 2048, 0.12619200348854065, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.23901330754648714, 1, 0.0},
+    {4096, 4096, 4096, 0.710096001625061, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.21837319326782498, 1, 0.0},
+    {8192, 8192, 8192, 5.356384038925171, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.04255559468138936, 1, 0.0},
+    {4092, 4092, 4092, 0.9566560089588165, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.08014185215548446, 1, 0.0},
+    {3000, 3000, 3000, 0.34614400565624237, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1946455403698333, 1, 0.0},
+    {1, 4096, 4096, 0.04076800122857094, 0.0, 8.317766166719343, 8.317766166719343, 0.18205631475364797, 1, 0.0},
+    {16, 8192, 4096, 0.07683199644088745, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.2683096166327641, 1, 0.0},
+    {64, 4096, 8192, 0.06860800087451935, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.2970407117802683, 1, 0.0},
+    {128, 8192, 8192, 0.13368000090122223, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3041470468836713, 1, 0.0},
+    {8192, 128, 8192, 0.1350719928741455, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.31450607269901065, 1, 0.0},
+    {4096, 32, 4096, 0.04124800115823746, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.1702931603220774, 1, 0.0},
+    {80, 8192, 4096, 0.07620799914002419, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.2049929248053225, 1, 0.0},
+    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.23992855636860774, 1, 0.0},
+    {8, 11008, 4096, 0.10223999992012978, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.22796517717925108, 1, 0.0},
+    {16, 4096, 4096, 0.04121600091457367, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.18156094963355743, 1, 0.0},
+    {4, 14336, 4096, 0.1295360028743744, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2143839656870771, 1, 0.0},
+    {4096, 16, 4096, 0.04105599969625473, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.1776713779968063, 1, 0.0},
+    {6, 8192, 4096, 0.07737600058317184, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.2842658082241703, 1, 0.0},
+    {12, 4096, 8192, 0.06519999727606773, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.30065882459887056, 1, 0.0},
+    {4096, 4096, 512, 0.4216479957103729, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.035786754310482165, 1, 0.0},
+    {5120, 7168, 1024, 0.9850239753723145, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.016353796701460387, 1, 0.0},
+    {8192, 8192, 256, 1.6244159936904907, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1285981582002878, 1, 0.0},
+    {2048, 2048, 128, 0.09086399897933006, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.059524744337147995, 1, 0.0},
+    {16384, 4096, 64, 1.629263997077942, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.18953963498652912, 1, 0.0},
+    {256, 256, 32768, 0.10300800204277039, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06371223581115325, 1, 0.0},
+    {512, 512, 16384, 0.06652799993753433, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12015564535658527, 1, 0.0},
+    {128, 1024, 65536, 0.20665599405765533, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.028491465415280946, 1, 0.0},
+    {64, 64, 131072, 0.31910398602485657, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10663217018646778, 1, 0.0},
+    {384, 384, 24576, 0.08588799834251404, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08654781992107977, 1, 0.0},
+    {1280, 1920, 16384, 0.3330239951610565, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.16671214452725652, 1, 0.0},
+    {1024, 1024, 49152, 0.36615999042987823, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.18149780505754864, 1, 0.0},
+    {1536, 2560, 768, 0.09822400286793709, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.17567183943952583, 1, 0.0},
+    {2048, 5632, 2048, 0.3787679970264435, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.11100082659559729, 1, 0.0},
+    {4096, 11008, 4096, 2.4562079906463623, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.058776852821279923, 1, 0.0},
+    {1024, 14336, 4096, 0.9340160191059113, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.18763668733126673, 1, 0.0},
+    {512, 512, 512, 0.4581120014190674, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1187296205461938, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.8499040007591248, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.207074644796359, 32, 3.4657359027997265},
+    {128, 128, 128, 0.09996800124645233, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.035961531006395556, 256, 5.545177444479562},
+    {512, 512, 64, 0.858383983373642, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2266941164659298, 128, 4.852030263919617},
+    {512, 64, 512, 0.1425279974937439, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.36385201486970725, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.8416480123996735, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.1496673449286156, 8, 2.0794415416798357},
 };
 static const Point tf32_2_unaligned[] = {
     {2047, 2047, 2047, 0.25835199654102325, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027964029648022526, 1, 0.0},
@@ -16133,47 +17035,50 @@ static const Point tf32_2_unaligned[] = {
     {1024, 1024, 1024, 0.057920001447200775, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005026250453438661, 1, 0.0},
 };
 static const Point tf32_3_aligned[] = {
-    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.14238419871633762, 1, 0.0},
-    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12293011609668955, 1, 0.0},
-    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1371601780187948, 1, 0.0},
-    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1780530970279342, 1, 0.0},
-    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11351337195924971, 1, 0.0},
-    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.08985704940157259, 1, 0.0},
-    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5692625684032993, 1, 0.0},
-    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.2043607433673719, 1, 0.0},
-    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.24035751027256805, 1, 0.0},
-    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.46199387916431733, 1, 0.0},
-    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.13644669910616505, 1, 0.0},
-    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.33196217794138605, 1, 0.0},
-    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.33469542356071924, 1, 0.0},
-    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.4806220559452421, 1, 0.0},
-    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.37892323892716623, 1, 0.0},
-    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.7197078804752527, 1, 0.0},
-    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.6797261710261266, 1, 0.0},
-    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2325507616069597, 1, 0.0},
-    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8765276206283353, 1, 0.0},
-    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5464797745914065, 1, 0.0},
-    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4568635735782067, 1, 0.0},
-    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.17278563027892463, 1, 0.0},
-    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.1850473935538476, 1, 0.0},
-    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.14052471415302212, 1, 0.0},
-    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.09062592193907136, 1, 0.0},
-    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.07649195857865872, 1, 0.0},
-    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.25828602336555206, 1, 0.0},
-    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16063127147114775, 1, 0.0},
-    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.18006838627757316, 1, 0.0},
-    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20919327518269562, 1, 0.0},
-    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.2162776932517666, 1, 0.0},
-    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.18620625438314384, 1, 0.0},
-    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1743866795284458, 1, 0.0},
-    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.15676108469635663, 1, 0.0},
-    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15048777669359228, 1, 0.0},
-    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.04451600772887008, 64, 4.1588830833596715},
-    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.0524200421332088, 32, 3.4657359027997265},
-    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6243083045545418, 256, 5.545177444479562},
-    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3884763323190958, 128, 4.852030263919617},
-    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.4223462315855451, 128, 4.852030263919617},
-    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.13764634613087126, 8, 2.0794415416798357},
+    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15317948059916234, 1, 0.0},
+    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12943674845547998, 1, 0.0},
+    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.12506859941972387, 1, 0.0},
+    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.15235515192746554, 1, 0.0},
+    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.08382308578359103, 1, 0.0},
+    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.0585514661475708, 1, 0.0},
+    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5988924649506046, 1, 0.0},
+    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.231744056552643, 1, 0.0},
+    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.23920395735224267, 1, 0.0},
+    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.46774861256950556, 1, 0.0},
+    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1395288760128949, 1, 0.0},
+    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3596335244011223, 1, 0.0},
+    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3623667700204555, 1, 0.0},
+    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.4822550412490687, 1, 0.0},
+    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.3998036232590683, 1, 0.0},
+    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.7279113133629111, 1, 0.0},
+    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.6887034956320555, 1, 0.0},
+    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.23206669903658522, 1, 0.0},
+    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8893929821723789, 1, 0.0},
+    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5467056566417603, 1, 0.0},
+    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.46177167796063917, 1, 0.0},
+    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.17335744886201282, 1, 0.0},
+    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.16633306379811197, 1, 0.0},
+    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.11446451400958171, 1, 0.0},
+    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.07838683049152381, 1, 0.0},
+    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.08028726016665354, 1, 0.0},
+    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.24561041978458098, 1, 0.0},
+    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16389313639883024, 1, 0.0},
+    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.17614779728090546, 1, 0.0},
+    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20968345182299974, 1, 0.0},
+    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.22181917287664138, 1, 0.0},
+    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.186342803882056, 1, 0.0},
+    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.15075425788216068, 1, 0.0},
+    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.12583904023464038, 1, 0.0},
+    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.13377714148784758, 1, 0.0},
+    {2048, 5632, 2048, 0.18507199734449387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.11614047574969628, 1, 0.0},
+    {4096, 11008, 4096, 1.4221120476722717, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.06709448264265092, 1, 0.0},
+    {1024, 14336, 4096, 0.462799996137619, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0961760620183793, 1, 0.0},
+    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06323033748460566, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.052159821147241936, 32, 3.4657359027997265},
+    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6205130029665469, 256, 5.545177444479562},
+    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3758170332415445, 128, 4.852030263919617},
+    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.43039442964581887, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.12645930404980874, 8, 2.0794415416798357},
 };
 static const Point tf32_3_unaligned[] = {
     {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.007912597787961358, 1, 0.0},
@@ -16187,103 +17092,52 @@ static const Point tf32_3_unaligned[] = {
     {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04493566878775217, 1, 0.0},
 };
 static const Point tf32_4_aligned[] = {
-    {256, 256, 256, 0.013743999879807234, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.05589478889766678, 1, 0.0},
-    {512, 512, 512, 0.018783999606966972, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08311579572954084, 1, 0.0},
-    {1024, 1024, 1024, 0.031328000128269196, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.051866002807294476, 1, 0.0},
-    {2048, 2048, 2048, 0.06028800085186958, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07197941641921418, 1, 0.0},
-    {4096, 4096, 4096, 0.4833280146121979, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.02274930090793165, 1, 0.0},
-    {8192, 8192, 8192, 3.5954560041427612, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.02092871708251313, 1, 0.0},
-    {4092, 4092, 4092, 0.6471680104732513, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3149934163849556, 1, 0.0},
-    {3000, 3000, 3000, 0.24611200392246246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0314673683625241, 1, 0.0},
-    {1, 4096, 4096, 0.1027039997279644, 0.0, 8.317766166719343, 8.317766166719343, 0.003928772916826209, 1, 0.0},
-    {16, 8192, 4096, 0.10513600334525108, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.009064040175952833, 1, 0.0},
-    {64, 4096, 8192, 0.19673599302768707, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.0004061919613542503, 1, 0.0},
-    {128, 8192, 8192, 0.19996799528598785, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.012801242871993327, 1, 0.0},
-    {8192, 128, 8192, 0.19758400321006775, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.04127035181089645, 1, 0.0},
-    {4096, 32, 4096, 0.10070399940013885, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.019775608847369973, 1, 0.0},
-    {80, 8192, 4096, 0.10684800148010254, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.017175321490793642, 1, 0.0},
-    {1, 11008, 4096, 0.10793600231409073, 0.0, 9.306377560173125, 8.317766166719343, 0.02613792889848897, 1, 0.0},
-    {8, 11008, 4096, 0.10625599697232246, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.009275662625957385, 1, 0.0},
-    {16, 4096, 4096, 0.10076799988746643, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.016064553134499917, 1, 0.0},
-    {4, 14336, 4096, 0.11084800213575363, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03914606999209988, 1, 0.0},
-    {4096, 16, 4096, 0.10054399818181992, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.019316266146076354, 1, 0.0},
-    {6, 8192, 4096, 0.10472000017762184, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.006361682823741381, 1, 0.0},
-    {12, 4096, 8192, 0.19766399264335632, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.008593495058417637, 1, 0.0},
-    {4096, 4096, 512, 0.07968000322580338, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.008571624747181613, 1, 0.0},
-    {5120, 7168, 1024, 0.2895680069923401, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.039097594112512075, 1, 0.0},
-    {8192, 8192, 256, 0.18585599958896637, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.06678698767045602, 1, 0.0},
-    {2048, 2048, 128, 0.01462399959564209, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1750730262925738, 1, 0.0},
-    {16384, 4096, 64, 0.12043200060725212, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.04899906348805016, 1, 0.0},
-    {256, 256, 32768, 0.7648800015449524, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.02499207831240793, 1, 0.0},
-    {512, 512, 16384, 0.3996480107307434, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.04733084491454499, 1, 0.0},
-    {128, 1024, 65536, 1.5616479516029358, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.04812429916588464, 1, 0.0},
-    {64, 64, 131072, 3.011583924293518, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.020908957580439206, 1, 0.0},
-    {384, 384, 24576, 0.5776000022888184, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.02288222804219647, 1, 0.0},
-    {1280, 1920, 16384, 0.38940800726413727, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.08626849952312696, 1, 0.0},
-    {1024, 1024, 49152, 1.1695679426193237, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0015593875910152404, 1, 0.0},
-    {1536, 2560, 768, 0.029920000582933426, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.012687151247784832, 1, 0.0},
-    {512, 512, 512, 0.09411200135946274, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1578952983087389, 64, 4.1588830833596715},
-    {1024, 1024, 128, 0.07798399776220322, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.06425557817982341, 32, 3.4657359027997265},
-    {128, 128, 128, 0.028495999984443188, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.32698254655469045, 256, 5.545177444479562},
-    {512, 512, 64, 0.07239999994635582, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.20251114176722693, 128, 4.852030263919617},
-    {512, 64, 512, 0.07727999985218048, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.02570403583402615, 128, 4.852030263919617},
-    {2048, 2048, 256, 0.10147199779748917, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.0033051095401354703, 8, 2.0794415416798357},
+    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08210492579424206, 1, 0.0},
+    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.026956070248183927, 1, 0.0},
+    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03128721763189083, 1, 0.0},
+    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07459433382705258, 1, 0.0},
+    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.007791914135734734, 1, 0.0},
+    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.07775601806974261, 1, 0.0},
+    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.07847003343432897, 1, 0.0},
+    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.03182447935475763, 1, 0.0},
+    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.019355797844279096, 1, 0.0},
+    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.014544161544186395, 1, 0.0},
+    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.017979845213130178, 1, 0.0},
+    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.007496208510268845, 1, 0.0},
+    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.015012738761012447, 1, 0.0},
+    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.018574974622949648, 1, 0.0},
+    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.01160755974982484, 1, 0.0},
+    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.13620648830529797, 1, 0.0},
+    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05055957771739431, 1, 0.0},
+    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.006952415225412953, 1, 0.0},
+    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.1750350252896972, 1, 0.0},
+    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.0059598797514778335, 1, 0.0},
+    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.016493106041101265, 1, 0.0},
+    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.026594812886925376, 1, 0.0},
+    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.025959594155578067, 1, 0.0},
+    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0538664079299987, 1, 0.0},
+    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.004035103403477042, 1, 0.0},
+    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.14793100958049313, 1, 0.0},
+    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.025041043411839426, 1, 0.0},
+    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.0315383663268945, 1, 0.0},
+    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.030725213892457377, 1, 0.0},
+    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.00652732432480792, 1, 0.0},
+    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.011308821021842051, 1, 0.0},
+    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.0042480756717066135, 1, 0.0},
+    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10822066926719927, 1, 0.0},
+    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.016435533820058714, 1, 0.0},
+    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.013948544758736817, 1, 0.0},
+    {2048, 5632, 2048, 0.14401599764823914, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.04845698244197564, 1, 0.0},
+    {4096, 11008, 4096, 1.0347359776496887, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0015887044374150946, 1, 0.0},
+    {1024, 14336, 4096, 0.36182400584220886, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.02229549503234504, 1, 0.0},
+    {512, 512, 512, 0.09094399958848953, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.23168326412126408, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.08259200304746628, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.08601826087146497, 32, 3.4657359027997265},
+    {128, 128, 128, 0.034832000732421875, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.09018141809306233, 256, 5.545177444479562},
+    {512, 512, 64, 0.07689599692821503, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.17078819337184598, 128, 4.852030263919617},
+    {512, 64, 512, 0.08271999657154083, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.20182523248794945, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.09529600292444229, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.024985516196858175, 8, 2.0794415416798357},
 };
 static const Point tf32_4_unaligned[] = {
-    {2047, 2047, 2047, 0.13897600024938583, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.019849997535043656, 1, 0.0},
-    {1531, 1531, 1531, 0.10505600273609161, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03484715935375104, 1, 0.0},
-    {5003, 5003, 5003, 1.881887972354889, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.009323807585822578, 1, 0.0},
-    {127, 4099, 1023, 0.06945599988102913, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.02624284956889552, 1, 0.0},
-    {4096, 1, 4096, 0.2186559960246086, 8.317766166719343, 0.0, 8.317766166719343, 0.03869865204102537, 1, 0.0},
-    {1, 4096, 4096, 0.21638399362564087, 0.0, 8.317766166719343, 8.317766166719343, 0.02831741635071002, 1, 0.0},
-    {16, 11008, 4096, 0.20420800149440765, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.059432033015162825, 1, 0.0},
-    {4096, 4096, 4096, 0.9114879965782166, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.008878940585815039, 1, 0.0},
-    {1024, 1024, 1024, 0.0721919983625412, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005226561867398547, 1, 0.0},
-};
-static const Point tf32_5_aligned[] = {
-    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07961957307606216, 1, 0.0},
-    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.024990511750608624, 1, 0.0},
-    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03131588953463419, 1, 0.0},
-    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08192777107561551, 1, 0.0},
-    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0007616816137461872, 1, 0.0},
-    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06874029404227497, 1, 0.0},
-    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0699329896137144, 1, 0.0},
-    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.03769541423778535, 1, 0.0},
-    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.019368291825844434, 1, 0.0},
-    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.012523280439814951, 1, 0.0},
-    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.018416254228603407, 1, 0.0},
-    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.010616012419687881, 1, 0.0},
-    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.017189785385543492, 1, 0.0},
-    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.017834072196628945, 1, 0.0},
-    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.009135699473662407, 1, 0.0},
-    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.1330641222504711, 1, 0.0},
-    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04735338435077068, 1, 0.0},
-    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.007022560641994095, 1, 0.0},
-    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.1704829626054648, 1, 0.0},
-    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.005091940993206697, 1, 0.0},
-    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.014543435321534947, 1, 0.0},
-    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.026821252885435885, 1, 0.0},
-    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03073791334613644, 1, 0.0},
-    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.06034505171733115, 1, 0.0},
-    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0010079226637775252, 1, 0.0},
-    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1479327775470163, 1, 0.0},
-    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.02535236239071569, 1, 0.0},
-    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.03326476228684151, 1, 0.0},
-    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.03182773161949341, 1, 0.0},
-    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.007732340618079706, 1, 0.0},
-    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.013188854165633758, 1, 0.0},
-    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.00554651082892683, 1, 0.0},
-    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11350035379899083, 1, 0.0},
-    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.017837939553511446, 1, 0.0},
-    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.01861738992153138, 1, 0.0},
-    {512, 512, 512, 0.09094399958848953, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.22690494493070573, 64, 4.1588830833596715},
-    {1024, 1024, 128, 0.08259200304746628, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.08498200439515656, 32, 3.4657359027997265},
-    {128, 128, 128, 0.034832000732421875, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.08948060576077009, 256, 5.545177444479562},
-    {512, 512, 64, 0.07689599692821503, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.17117977127951967, 128, 4.852030263919617},
-    {512, 64, 512, 0.08271999657154083, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2002872950766283, 128, 4.852030263919617},
-    {2048, 2048, 256, 0.09529600292444229, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.027913212970587836, 8, 2.0794415416798357},
-};
-static const Point tf32_5_unaligned[] = {
     {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.23577008444906208, 1, 0.0},
     {1531, 1531, 1531, 0.1196800023317337, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.4065112256088228, 1, 0.0},
     {5003, 5003, 5003, 2.7368959188461304, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.16915888250179334, 1, 0.0},
@@ -16294,48 +17148,108 @@ static const Point tf32_5_unaligned[] = {
     {4096, 4096, 4096, 1.480944037437439, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.19268121287713086, 1, 0.0},
     {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05386228862690006, 1, 0.0},
 };
+static const Point tf32_5_aligned[] = {
+    {256, 256, 256, 0.013743999879807234, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.054237183136323544, 1, 0.0},
+    {512, 512, 512, 0.018783999606966972, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08196475659769377, 1, 0.0},
+    {1024, 1024, 1024, 0.031328000128269196, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05176903558736128, 1, 0.0},
+    {2048, 2048, 2048, 0.06028800085186958, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07491049035305401, 1, 0.0},
+    {4096, 4096, 4096, 0.4833280146121979, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.019322155164285666, 1, 0.0},
+    {8192, 8192, 8192, 3.5954560041427612, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.024541450248806274, 1, 0.0},
+    {4092, 4092, 4092, 0.6471680104732513, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.31157280209831706, 1, 0.0},
+    {3000, 3000, 3000, 0.24611200392246246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.03383016812901678, 1, 0.0},
+    {1, 4096, 4096, 0.1027039997279644, 0.0, 8.317766166719343, 8.317766166719343, 0.004167933409285997, 1, 0.0},
+    {16, 8192, 4096, 0.10513600334525108, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.00888126039503523, 1, 0.0},
+    {64, 4096, 8192, 0.19673599302768707, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.0004463247930794695, 1, 0.0},
+    {128, 8192, 8192, 0.19996799528598785, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.013432705146370565, 1, 0.0},
+    {8192, 128, 8192, 0.19758400321006775, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.04226814725606056, 1, 0.0},
+    {4096, 32, 4096, 0.10070399940013885, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.01963041218253124, 1, 0.0},
+    {80, 8192, 4096, 0.10684800148010254, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.016809301196915573, 1, 0.0},
+    {1, 11008, 4096, 0.10793600231409073, 0.0, 9.306377560173125, 8.317766166719343, 0.025745404238589658, 1, 0.0},
+    {8, 11008, 4096, 0.10625599697232246, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.008856519479033162, 1, 0.0},
+    {16, 4096, 4096, 0.10076799988746643, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.015847834701628153, 1, 0.0},
+    {4, 14336, 4096, 0.11084800213575363, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03844711086659911, 1, 0.0},
+    {4096, 16, 4096, 0.10054399818181992, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.01912343778130287, 1, 0.0},
+    {6, 8192, 4096, 0.10472000017762184, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.006207805053501344, 1, 0.0},
+    {12, 4096, 8192, 0.19766399264335632, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.008714225236468908, 1, 0.0},
+    {4096, 4096, 512, 0.07968000322580338, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.010277276301529279, 1, 0.0},
+    {5120, 7168, 1024, 0.2895680069923401, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.041625546875155926, 1, 0.0},
+    {8192, 8192, 256, 0.18585599958896637, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.0674781339995669, 1, 0.0},
+    {2048, 2048, 128, 0.01462399959564209, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1757801135451413, 1, 0.0},
+    {16384, 4096, 64, 0.12043200060725212, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.05057687731861847, 1, 0.0},
+    {256, 256, 32768, 0.7648800015449524, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.025388463804495928, 1, 0.0},
+    {512, 512, 16384, 0.3996480107307434, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.04751836016395012, 1, 0.0},
+    {128, 1024, 65536, 1.5616479516029358, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.04842867786543486, 1, 0.0},
+    {64, 64, 131072, 3.011583924293518, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.021353514470748933, 1, 0.0},
+    {384, 384, 24576, 0.5776000022888184, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.02316874840220878, 1, 0.0},
+    {1280, 1920, 16384, 0.38940800726413727, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.08845192964391703, 1, 0.0},
+    {1024, 1024, 49152, 1.1695679426193237, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.002308048069952749, 1, 0.0},
+    {1536, 2560, 768, 0.029920000582933426, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.010923476225186638, 1, 0.0},
+    {2048, 5632, 2048, 0.18140800297260284, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.020668310612638116, 1, 0.0},
+    {4096, 11008, 4096, 1.3270719647407532, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.026557181910908622, 1, 0.0},
+    {1024, 14336, 4096, 0.47196799516677856, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0175616302775813, 1, 0.0},
+    {512, 512, 512, 0.09411200135946274, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.15618964675439134, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.07798399776220322, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.06479591124312759, 32, 3.4657359027997265},
+    {128, 128, 128, 0.028495999984443188, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.32809190515025505, 256, 5.545177444479562},
+    {512, 512, 64, 0.07239999994635582, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2040773176286343, 128, 4.852030263919617},
+    {512, 64, 512, 0.07727999985218048, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.02542836503194031, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.10147199779748917, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.002647306524449151, 8, 2.0794415416798357},
+};
+static const Point tf32_5_unaligned[] = {
+    {2047, 2047, 2047, 0.13897600024938583, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.019849997535043656, 1, 0.0},
+    {1531, 1531, 1531, 0.10505600273609161, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03484715935375104, 1, 0.0},
+    {5003, 5003, 5003, 1.881887972354889, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.009323807585822578, 1, 0.0},
+    {127, 4099, 1023, 0.06945599988102913, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.02624284956889552, 1, 0.0},
+    {4096, 1, 4096, 0.2186559960246086, 8.317766166719343, 0.0, 8.317766166719343, 0.03869865204102537, 1, 0.0},
+    {1, 4096, 4096, 0.21638399362564087, 0.0, 8.317766166719343, 8.317766166719343, 0.02831741635071002, 1, 0.0},
+    {16, 11008, 4096, 0.20420800149440765, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.059432033015162825, 1, 0.0},
+    {4096, 4096, 4096, 0.9114879965782166, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.008878940585815039, 1, 0.0},
+    {1024, 1024, 1024, 0.0721919983625412, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005226561867398547, 1, 0.0},
+};
 static const Point tf32_6_aligned[] = {
-    {256, 256, 256, 0.018192000687122345, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09988169551150942, 1, 0.0},
-    {512, 512, 512, 0.046271998435258865, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.054876181943138716, 1, 0.0},
-    {1024, 1024, 1024, 0.15059199929237366, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08967516682660105, 1, 0.0},
-    {2048, 2048, 2048, 0.5863040089607239, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.11156956676022635, 1, 0.0},
-    {4096, 4096, 4096, 3.1263359785079956, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.10042969156368639, 1, 0.0},
-    {8192, 8192, 8192, 12.628384113311768, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.04724656558575101, 1, 0.0},
-    {4092, 4092, 4092, 3.9504319429397583, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.33563267534325636, 1, 0.0},
-    {3000, 3000, 3000, 1.2960000038146973, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.13229403554162839, 1, 0.0},
-    {1, 4096, 4096, 0.04761600121855736, 0.0, 8.317766166719343, 8.317766166719343, 0.04617770241520896, 1, 0.0},
-    {16, 8192, 4096, 0.08857599645853043, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.050330706615472155, 1, 0.0},
-    {64, 4096, 8192, 0.09292799979448318, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.06332161422229657, 1, 0.0},
-    {128, 8192, 8192, 0.22201600670814514, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.009168547465288232, 1, 0.0},
-    {8192, 128, 8192, 0.22020799666643143, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0009916050022164198, 1, 0.0},
-    {4096, 32, 4096, 0.050223998725414276, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.1551009612730207, 1, 0.0},
-    {80, 8192, 4096, 0.12950399518013, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.13067178834515217, 1, 0.0},
-    {1, 11008, 4096, 0.10710400342941284, 0.0, 9.306377560173125, 8.317766166719343, 0.04543358237057266, 1, 0.0},
-    {8, 11008, 4096, 0.10777600109577179, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.023575346707489352, 1, 0.0},
-    {16, 4096, 4096, 0.0533440001308918, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.028480749991604232, 1, 0.0},
-    {4, 14336, 4096, 0.1377120018005371, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.003432210356228637, 1, 0.0},
-    {4096, 16, 4096, 0.05153600126504898, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.006000141894768194, 1, 0.0},
-    {6, 8192, 4096, 0.08425600081682205, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.0045815657200178475, 1, 0.0},
-    {12, 4096, 8192, 0.0830719992518425, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.2539283198662606, 1, 0.0},
-    {4096, 4096, 512, 3.0755839347839355, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.23000728368584847, 1, 0.0},
-    {5120, 7168, 1024, 6.762223958969116, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.23243331565726638, 1, 0.0},
-    {8192, 8192, 256, 12.189056396484375, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22761462518791895, 1, 0.0},
-    {2048, 2048, 128, 0.561711996793747, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.09638311629078068, 1, 0.0},
-    {16384, 4096, 64, 12.285007953643799, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23749490503942022, 1, 0.0},
-    {256, 256, 32768, 0.04931199923157692, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.3292571638495514, 1, 0.0},
-    {512, 512, 16384, 0.0828159973025322, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.051019043197948616, 1, 0.0},
-    {128, 1024, 65536, 0.14188799262046814, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.43331249149927803, 1, 0.0},
-    {64, 64, 131072, 0.06220800057053566, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.04590369006512572, 1, 0.0},
-    {384, 384, 24576, 0.07179200276732445, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.07357665500706209, 1, 0.0},
-    {1280, 1920, 16384, 0.5208800137042999, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.21385347440350594, 1, 0.0},
-    {1024, 1024, 49152, 0.4483200013637543, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.178281135640669, 1, 0.0},
-    {1536, 2560, 768, 0.5387200117111206, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0810907593557733, 1, 0.0},
-    {512, 512, 512, 3.0860800743103027, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.23341420417465106, 64, 4.1588830833596715},
-    {1024, 1024, 128, 6.103519916534424, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.22905849746298784, 32, 3.4657359027997265},
-    {128, 128, 128, 0.5885280072689056, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.049747857101117336, 256, 5.545177444479562},
-    {512, 512, 64, 6.128239870071411, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.23377966923633106, 128, 4.852030263919617},
-    {512, 64, 512, 0.5995040237903595, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.294271937132582, 128, 4.852030263919617},
-    {2048, 2048, 256, 5.968127965927124, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20526907027789337, 8, 2.0794415416798357},
+    {256, 256, 256, 0.018192000687122345, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09356813978225753, 1, 0.0},
+    {512, 512, 512, 0.046271998435258865, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.060493429286268434, 1, 0.0},
+    {1024, 1024, 1024, 0.15059199929237366, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10108469704034045, 1, 0.0},
+    {2048, 2048, 2048, 0.5863040089607239, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.12434489577660174, 1, 0.0},
+    {4096, 4096, 4096, 3.1263359785079956, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.08805596923305348, 1, 0.0},
+    {8192, 8192, 8192, 12.628384113311768, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.05831780959480964, 1, 0.0},
+    {4092, 4092, 4092, 3.9504319429397583, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3232670341607846, 1, 0.0},
+    {3000, 3000, 3000, 1.2960000038146973, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.14478973803017967, 1, 0.0},
+    {1, 4096, 4096, 0.04761600121855736, 0.0, 8.317766166719343, 8.317766166719343, 0.050453137438209776, 1, 0.0},
+    {16, 8192, 4096, 0.08857599645853043, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.05160336419922152, 1, 0.0},
+    {64, 4096, 8192, 0.09292799979448318, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.059192058098108145, 1, 0.0},
+    {128, 8192, 8192, 0.22201600670814514, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.00010764414360696246, 1, 0.0},
+    {8192, 128, 8192, 0.22020799666643143, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.008284586606678681, 1, 0.0},
+    {4096, 32, 4096, 0.050223998725414276, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.15613502957570205, 1, 0.0},
+    {80, 8192, 4096, 0.12950399518013, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.13856905382352738, 1, 0.0},
+    {1, 11008, 4096, 0.10710400342941284, 0.0, 9.306377560173125, 8.317766166719343, 0.046263654145986065, 1, 0.0},
+    {8, 11008, 4096, 0.10777600109577179, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.024206065295434648, 1, 0.0},
+    {16, 4096, 4096, 0.0533440001308918, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.029846411768978485, 1, 0.0},
+    {4, 14336, 4096, 0.1377120018005371, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0030121015688838763, 1, 0.0},
+    {4096, 16, 4096, 0.05153600126504898, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.004634480117393965, 1, 0.0},
+    {6, 8192, 4096, 0.08425600081682205, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.004041816742433964, 1, 0.0},
+    {12, 4096, 8192, 0.0830719992518425, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.25506139716551046, 1, 0.0},
+    {4096, 4096, 512, 3.0755839347839355, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.21619628455646062, 1, 0.0},
+    {5120, 7168, 1024, 6.762223958969116, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.21854898544766152, 1, 0.0},
+    {8192, 8192, 256, 12.189056396484375, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.21365823274655757, 1, 0.0},
+    {2048, 2048, 128, 0.561711996793747, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.10967851475085336, 1, 0.0},
+    {16384, 4096, 64, 12.285007953643799, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.22353054971282998, 1, 0.0},
+    {256, 256, 32768, 0.04931199923157692, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.33155561164126934, 1, 0.0},
+    {512, 512, 16384, 0.0828159973025322, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.04641499048021389, 1, 0.0},
+    {128, 1024, 65536, 0.14188799262046814, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.43126369775473855, 1, 0.0},
+    {64, 64, 131072, 0.06220800057053566, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.04310450948459096, 1, 0.0},
+    {384, 384, 24576, 0.07179200276732445, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.07169105687770393, 1, 0.0},
+    {1280, 1920, 16384, 0.5208800137042999, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.22246379838524466, 1, 0.0},
+    {1024, 1024, 49152, 0.4483200013637543, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.18379866152354632, 1, 0.0},
+    {1536, 2560, 768, 0.5387200117111206, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09432608555323688, 1, 0.0},
+    {2048, 5632, 2048, 1.8159040212631226, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.008612966432613054, 1, 0.0},
+    {4096, 11008, 4096, 8.47544002532959, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09964980732200844, 1, 0.0},
+    {1024, 14336, 4096, 2.825392007827759, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.11965469066916, 1, 0.0},
+    {512, 512, 512, 3.0860800743103027, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.2196032050452631, 64, 4.1588830833596715},
+    {1024, 1024, 128, 6.103519916534424, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2151420693416769, 32, 3.4657359027997265},
+    {128, 128, 128, 0.5885280072689056, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.06304325556119005, 256, 5.545177444479562},
+    {512, 512, 64, 6.128239870071411, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2198606175497141, 128, 4.852030263919617},
+    {512, 64, 512, 0.5995040237903595, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.30486425714359017, 128, 4.852030263919617},
+    {2048, 2048, 256, 5.968127965927124, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.19135787863376316, 8, 2.0794415416798357},
 };
 static const Point tf32_6_unaligned[] = {
     {2047, 2047, 2047, 0.8585600256919861, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04696142224940951, 1, 0.0},
@@ -16365,47 +17279,50 @@ static const Point tf32_7_unaligned[] = {
     {16, 11008, 4096, 0.7283680140972137, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.1224374561161492, 1, 0.0},
 };
 static const Point tf32_8_aligned[] = {
-    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.0010871879640538648, 1, 0.0},
-    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08641670776597304, 1, 0.0},
-    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09027663987069245, 1, 0.0},
-    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07968951783086524, 1, 0.0},
-    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0350856879686817, 1, 0.0},
-    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.10510585234994817, 1, 0.0},
-    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3166107438039454, 1, 0.0},
-    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.05542374762987534, 1, 0.0},
-    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.02081072265173208, 1, 0.0},
-    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.17997558482875176, 1, 0.0},
-    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.044659355308232326, 1, 0.0},
-    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.05773906050206037, 1, 0.0},
-    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.08422390610350698, 1, 0.0},
-    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03828957456793723, 1, 0.0},
-    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.11542786854065082, 1, 0.0},
-    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.34271738253037115, 1, 0.0},
-    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2996157238730495, 1, 0.0},
-    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.01650530060036078, 1, 0.0},
-    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4915697124070445, 1, 0.0},
-    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.06326806620548421, 1, 0.0},
-    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.18471148479491406, 1, 0.0},
-    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.05483795174774214, 1, 0.0},
-    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06016897159633533, 1, 0.0},
-    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.038488274913490994, 1, 0.0},
-    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.036608767844509574, 1, 0.0},
-    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0023152128035883444, 1, 0.0},
-    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.022879664850524107, 1, 0.0},
-    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.05585653658875161, 1, 0.0},
-    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07115817463288132, 1, 0.0},
-    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07924260422961478, 1, 0.0},
-    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.06901829216696517, 1, 0.0},
-    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08796766412841474, 1, 0.0},
-    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12838823911835667, 1, 0.0},
-    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.14620966157289492, 1, 0.0},
-    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08129805764992172, 1, 0.0},
-    {512, 512, 512, 0.09542399644851685, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.14053860114435116, 64, 4.1588830833596715},
-    {1024, 1024, 128, 0.08443200215697289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.03213794878257903, 32, 3.4657359027997265},
-    {128, 128, 128, 0.028416000306606293, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.4995906546087223, 256, 5.545177444479562},
-    {512, 512, 64, 0.07894399762153625, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1419294577566132, 128, 4.852030263919617},
-    {512, 64, 512, 0.0756480023264885, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3308403238951479, 128, 4.852030263919617},
-    {2048, 2048, 256, 0.0982080027461052, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.019323031353874292, 8, 2.0794415416798357},
+    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0005640680086891574, 1, 0.0},
+    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08763080148844142, 1, 0.0},
+    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08886578889412372, 1, 0.0},
+    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07409583676060688, 1, 0.0},
+    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.02622189714221268, 1, 0.0},
+    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.09451366665598933, 1, 0.0},
+    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3254564060849933, 1, 0.0},
+    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.06461962782334746, 1, 0.0},
+    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.02147121307060411, 1, 0.0},
+    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.18084418770198168, 1, 0.0},
+    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.044769460740159576, 1, 0.0},
+    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.060343057511782774, 1, 0.0},
+    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.08766871396323221, 1, 0.0},
+    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.037956998304538615, 1, 0.0},
+    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.11714737767728037, 1, 0.0},
+    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.3442637802545222, 1, 0.0},
+    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3012863950507863, 1, 0.0},
+    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.017057424001802764, 1, 0.0},
+    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.49419204570770936, 1, 0.0},
+    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0627683527635603, 1, 0.0},
+    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.1854450123689833, 1, 0.0},
+    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.055346443519393135, 1, 0.0},
+    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.055630608705350956, 1, 0.0},
+    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.031110196550131707, 1, 0.0},
+    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.03937050959283362, 1, 0.0},
+    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.001767074931679929, 1, 0.0},
+    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.020517861159369006, 1, 0.0},
+    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.057559672480293075, 1, 0.0},
+    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07190925734894013, 1, 0.0},
+    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.08065019736661772, 1, 0.0},
+    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.07107317179102739, 1, 0.0},
+    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08933029415687668, 1, 0.0},
+    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12018853186956936, 1, 0.0},
+    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.14314695152790846, 1, 0.0},
+    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.07786560787679435, 1, 0.0},
+    {2048, 5632, 2048, 0.15673600137233734, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02873198846842258, 1, 0.0},
+    {4096, 11008, 4096, 1.112816035747528, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.010066623461334145, 1, 0.0},
+    {1024, 14336, 4096, 0.3651840090751648, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.02908894138645322, 1, 0.0},
+    {512, 512, 512, 0.09542399644851685, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.145328933290652, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.08443200215697289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.031820443058897925, 32, 3.4657359027997265},
+    {128, 128, 128, 0.028416000306606293, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.4994527976776055, 256, 5.545177444479562},
+    {512, 512, 64, 0.07894399762153625, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.13958934045283947, 128, 4.852030263919617},
+    {512, 64, 512, 0.0756480023264885, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3330196076015647, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.0982080027461052, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.016786101571111926, 8, 2.0794415416798357},
 };
 static const Point tf32_8_unaligned[] = {
     {2047, 2047, 2047, 0.201664000749588, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.009127036250653036, 1, 0.0},
@@ -16419,47 +17336,50 @@ static const Point tf32_8_unaligned[] = {
     {1024, 1024, 1024, 0.03564799949526787, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1417915130511115, 1, 0.0},
 };
 static const Point tf32_9_aligned[] = {
-    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.20889112089564402, 1, 0.0},
-    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.161935560289459, 1, 0.0},
-    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11507685013158417, 1, 0.0},
-    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.059583798283747, 1, 0.0},
-    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.12461802593232166, 1, 0.0},
-    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.08672043639084825, 1, 0.0},
-    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.32456018171787615, 1, 0.0},
-    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.016506993775670876, 1, 0.0},
-    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.0792807712533349, 1, 0.0},
-    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04447197712834746, 1, 0.0},
-    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.018702493915131714, 1, 0.0},
-    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04522525353635308, 1, 0.0},
-    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.045504394655353275, 1, 0.0},
-    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.3597671232427988, 1, 0.0},
-    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.018474285651353582, 1, 0.0},
-    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.01408573146927227, 1, 0.0},
-    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.042766626720419164, 1, 0.0},
-    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.050485691223166505, 1, 0.0},
-    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.00413180697177672, 1, 0.0},
-    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05215689248386447, 1, 0.0},
-    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.03764241128627535, 1, 0.0},
-    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0877950052234935, 1, 0.0},
-    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.16909701244132969, 1, 0.0},
-    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.1884873842724969, 1, 0.0},
-    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1824101651544376, 1, 0.0},
-    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.07286987753346331, 1, 0.0},
-    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.17277251483137496, 1, 0.0},
-    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.0041155595013554515, 1, 0.0},
-    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.16144518062785596, 1, 0.0},
-    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.11528711436606606, 1, 0.0},
-    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.31895895941003316, 1, 0.0},
-    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.056091951521663345, 1, 0.0},
-    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.07477958353774569, 1, 0.0},
-    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06811299990875054, 1, 0.0},
-    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.07192388408767666, 1, 0.0},
-    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.16427013437927657, 64, 4.1588830833596715},
-    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.16324402510829647, 32, 3.4657359027997265},
-    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.05623779371378747, 256, 5.545177444479562},
-    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.16203423677539225, 128, 4.852030263919617},
-    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.051195283640406486, 128, 4.852030263919617},
-    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.16696589044293084, 8, 2.0794415416798357},
+    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.209263406713003, 1, 0.0},
+    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1730260537100223, 1, 0.0},
+    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13018971451055097, 1, 0.0},
+    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07547264845558312, 1, 0.0},
+    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.10923176745141086, 1, 0.0},
+    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.07267406888138134, 1, 0.0},
+    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3091915637322684, 1, 0.0},
+    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.03217108242171284, 1, 0.0},
+    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.07511787814946096, 1, 0.0},
+    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0418150879889582, 1, 0.0},
+    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.009375730744262905, 1, 0.0},
+    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.05799619703669553, 1, 0.0},
+    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.05827533815569562, 1, 0.0},
+    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.3555678672133802, 1, 0.0},
+    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.008719933233560021, 1, 0.0},
+    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.015435609604511095, 1, 0.0},
+    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.04373652167360719, 1, 0.0},
+    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.050195666098170895, 1, 0.0},
+    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.004263752427520183, 1, 0.0},
+    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05244691760886026, 1, 0.0},
+    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.037324151576080995, 1, 0.0},
+    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.08870345839837168, 1, 0.0},
+    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.15227367990504795, 1, 0.0},
+    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.17182874347212668, 1, 0.0},
+    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.16539758962180967, 1, 0.0},
+    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.08955150916073484, 1, 0.0},
+    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.15567496417280785, 1, 0.0},
+    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.004648315999336735, 1, 0.0},
+    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.16933308326673224, 1, 0.0},
+    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.11345902626253761, 1, 0.0},
+    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.33772850046434616, 1, 0.0},
+    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.060687297723790036, 1, 0.0},
+    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.08614204679757194, 1, 0.0},
+    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.07428472465475365, 1, 0.0},
+    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08830634642986739, 1, 0.0},
+    {2048, 5632, 2048, 6.7488319873809814, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.01952377805832342, 1, 0.0},
+    {4096, 11008, 4096, 33.20473670959473, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.1698763592017195, 1, 0.0},
+    {1024, 14336, 4096, 11.227696418762207, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.2060244928857889, 1, 0.0},
+    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1474468018429948, 64, 4.1588830833596715},
+    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1462009265787849, 32, 3.4657359027997265},
+    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.07291942534105908, 256, 5.545177444479562},
+    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.14496278552638311, 128, 4.852030263919617},
+    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.06771294492492452, 128, 4.852030263919617},
+    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.14997925195195008, 8, 2.0794415416798357},
 };
 static const Point tf32_9_unaligned[] = {
     {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03380500522502603, 1, 0.0},
@@ -16473,47 +17393,50 @@ static const Point tf32_9_unaligned[] = {
     {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.049294110707189975, 1, 0.0},
 };
 static const Point tf32_10_aligned[] = {
-    {256, 256, 256, 0.014208000153303146, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.23321316545921117, 1, 0.0},
-    {512, 512, 512, 0.01865600049495697, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0018009998085205153, 1, 0.0},
-    {1024, 1024, 1024, 0.16575999557971954, 6.931471805599453, 6.931471805599453, 6.931471805599453, 1.0877125084714676, 1, 0.0},
-    {2048, 2048, 2048, 0.18507199734449387, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.23279941966833462, 1, 0.0},
-    {4096, 4096, 4096, 0.9277920126914978, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.22283956085356457, 1, 0.0},
-    {8192, 8192, 8192, 6.38369607925415, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.038796487171439215, 1, 0.0},
-    {4092, 4092, 4092, 1.2264639735221863, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05655558660200026, 1, 0.0},
-    {3000, 3000, 3000, 0.4864639937877655, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1627719721854832, 1, 0.0},
-    {1, 4096, 4096, 0.04447999969124794, 0.0, 8.317766166719343, 8.317766166719343, 0.07822482915847133, 1, 0.0},
-    {16, 8192, 4096, 0.07859200239181519, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04178686983145129, 1, 0.0},
-    {64, 4096, 8192, 0.07331199944019318, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.24115414491699266, 1, 0.0},
-    {128, 8192, 8192, 0.1497120037674904, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.2776264627076921, 1, 0.0},
-    {8192, 128, 8192, 0.15068800002336502, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.2841244632254157, 1, 0.0},
-    {4096, 32, 4096, 0.04451199993491173, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.0617590795240929, 1, 0.0},
-    {80, 8192, 4096, 0.08214399963617325, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.04767754059011241, 1, 0.0},
-    {1, 11008, 4096, 0.10062399879097939, 0.0, 9.306377560173125, 8.317766166719343, -0.06461182071625551, 1, 0.0},
-    {8, 11008, 4096, 0.09865599870681763, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.08838634127738583, 1, 0.0},
-    {16, 4096, 4096, 0.04507200047373772, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08309424035313526, 1, 0.0},
-    {4, 14336, 4096, 0.12910400331020355, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03026114570606417, 1, 0.0},
-    {4096, 16, 4096, 0.04424000158905983, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0644624118415834, 1, 0.0},
-    {6, 8192, 4096, 0.07580800354480743, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.01184209171321939, 1, 0.0},
-    {12, 4096, 8192, 0.06960000097751617, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.23091606164996276, 1, 0.0},
-    {4096, 4096, 512, 0.7973439991474152, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.12506287329290186, 1, 0.0},
-    {5120, 7168, 1024, 1.8063519597053528, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.08927758118398282, 1, 0.0},
-    {8192, 8192, 256, 3.1411999464035034, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1774063394578308, 1, 0.0},
-    {2048, 2048, 128, 0.15932799875736237, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.09153052981061935, 1, 0.0},
-    {16384, 4096, 64, 3.15067195892334, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.19350414838281504, 1, 0.0},
-    {256, 256, 32768, 0.06771200150251389, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.021959391775757776, 1, 0.0},
-    {512, 512, 16384, 0.055615998804569244, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.09677579701320914, 1, 0.0},
-    {128, 1024, 65536, 0.14347200095653534, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.1271990188246168, 1, 0.0},
-    {64, 64, 131072, 0.1728000044822693, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10705142684086508, 1, 0.0},
-    {384, 384, 24576, 0.06252799928188324, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.05082375921732002, 1, 0.0},
-    {1280, 1920, 16384, 0.3750080019235611, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.13562323507180601, 1, 0.0},
-    {1024, 1024, 49152, 0.3903200030326843, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1250950307049987, 1, 0.0},
-    {1536, 2560, 768, 0.16118399798870087, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.11547955194726242, 1, 0.0},
-    {512, 512, 512, 0.831631988286972, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1671666913204445, 64, 4.1588830833596715},
-    {1024, 1024, 128, 1.6002400517463684, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1979734814230333, 32, 3.4657359027997265},
-    {128, 128, 128, 0.16892799735069275, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.03302291951299978, 256, 5.545177444479562},
-    {512, 512, 64, 1.61052805185318, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.20873340063852386, 128, 4.852030263919617},
-    {512, 64, 512, 0.19607999920845032, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.6000923107347713, 128, 4.852030263919617},
-    {2048, 2048, 256, 1.5703840255737305, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.17049349616504364, 8, 2.0794415416798357},
+    {256, 256, 256, 0.014208000153303146, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.24089893375043103, 1, 0.0},
+    {512, 512, 512, 0.01865600049495697, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0029045684278284235, 1, 0.0},
+    {1024, 1024, 1024, 0.16575999557971954, 6.931471805599453, 6.931471805599453, 6.931471805599453, 1.09397658918889, 1, 0.0},
+    {2048, 2048, 2048, 0.18507199734449387, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.22191016012497033, 1, 0.0},
+    {4096, 4096, 4096, 0.9277920126914978, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.21007476161072963, 1, 0.0},
+    {8192, 8192, 8192, 6.38369607925415, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.024922503792306174, 1, 0.0},
+    {4092, 4092, 4092, 1.2264639735221863, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.06930144500121442, 1, 0.0},
+    {3000, 3000, 3000, 0.4864639937877655, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.15089423188985493, 1, 0.0},
+    {1, 4096, 4096, 0.04447999969124794, 0.0, 8.317766166719343, 8.317766166719343, 0.07820320469922194, 1, 0.0},
+    {16, 8192, 4096, 0.07859200239181519, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.045391097796539055, 1, 0.0},
+    {64, 4096, 8192, 0.07331199944019318, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.24623966145016415, 1, 0.0},
+    {128, 8192, 8192, 0.1497120037674904, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.2884194636409591, 1, 0.0},
+    {8192, 128, 8192, 0.15068800002336502, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.2949174641586827, 1, 0.0},
+    {4096, 32, 4096, 0.04451199993491173, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.0632269488625145, 1, 0.0},
+    {80, 8192, 4096, 0.08214399963617325, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.05444575116392636, 1, 0.0},
+    {1, 11008, 4096, 0.10062399879097939, 0.0, 9.306377560173125, 8.317766166719343, -0.06114897395583761, 1, 0.0},
+    {8, 11008, 4096, 0.09865599870681763, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0845855181376394, 1, 0.0},
+    {16, 4096, 4096, 0.04507200047373772, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.0837994556982511, 1, 0.0},
+    {4, 14336, 4096, 0.12910400331020355, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.034659656161977095, 1, 0.0},
+    {4096, 16, 4096, 0.04424000158905983, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.06516762718669936, 1, 0.0},
+    {6, 8192, 4096, 0.07580800354480743, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.014930434720423501, 1, 0.0},
+    {12, 4096, 8192, 0.06960000097751617, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.23311556337869344, 1, 0.0},
+    {4096, 4096, 512, 0.7973439991474152, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.13609705032541133, 1, 0.0},
+    {5120, 7168, 1024, 1.8063519597053528, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.10098549552822436, 1, 0.0},
+    {8192, 8192, 256, 3.1411999464035034, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.18862514233298494, 1, 0.0},
+    {2048, 2048, 128, 0.15932799875736237, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.08244377589192371, 1, 0.0},
+    {16384, 4096, 64, 3.15067195892334, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.20410829215458334, 1, 0.0},
+    {256, 256, 32768, 0.06771200150251389, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.02006313540942334, 1, 0.0},
+    {512, 512, 16384, 0.055615998804569244, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.10459202874687012, 1, 0.0},
+    {128, 1024, 65536, 0.14347200095653534, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.13157907225243168, 1, 0.0},
+    {64, 64, 131072, 0.1728000044822693, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.11348731643875713, 1, 0.0},
+    {384, 384, 24576, 0.06252799928188324, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.05405961477337498, 1, 0.0},
+    {1280, 1920, 16384, 0.3750080019235611, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12295276526322962, 1, 0.0},
+    {1024, 1024, 49152, 0.3903200030326843, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11102110721336947, 1, 0.0},
+    {1536, 2560, 768, 0.16118399798870087, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.10561082366751687, 1, 0.0},
+    {2048, 5632, 2048, 0.5966559946537018, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.020726812239310412, 1, 0.0},
+    {4096, 11008, 4096, 2.6267999410629272, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.1420576562738255, 1, 0.0},
+    {1024, 14336, 4096, 0.9990400075912476, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.001616816929621651, 1, 0.0},
+    {512, 512, 512, 0.831631988286972, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1782008683529539, 64, 4.1588830833596715},
+    {1024, 1024, 128, 1.6002400517463684, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2086514536437108, 32, 3.4657359027997265},
+    {128, 128, 128, 0.16892799735069275, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.0239361655943041, 256, 5.545177444479562},
+    {512, 512, 64, 1.61052805185318, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2192055988580431, 128, 4.852030263919617},
+    {512, 64, 512, 0.19607999920845032, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.5920291932254937, 128, 4.852030263919617},
+    {2048, 2048, 256, 1.5703840255737305, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.18157782605785153, 8, 2.0794415416798357},
 };
 static const Point tf32_10_unaligned[] = {
     {2047, 2047, 2047, 0.3269760012626648, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03367145637702099, 1, 0.0},
@@ -16527,47 +17450,50 @@ static const Point tf32_10_unaligned[] = {
     {1024, 1024, 1024, 0.07955200225114822, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.016392823753520382, 1, 0.0},
 };
 static const Point tf32_11_aligned[] = {
-    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07163348668673843, 1, 0.0},
-    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.035411678317857846, 1, 0.0},
-    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04184284587808165, 1, 0.0},
-    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05742798130387827, 1, 0.0},
-    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11177286578666076, 1, 0.0},
-    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.09525333627436078, 1, 0.0},
-    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0944024677394062, 1, 0.0},
-    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0341957884808181, 1, 0.0},
-    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, 0.07627237940385882, 1, 0.0},
-    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1909869514833579, 1, 0.0},
-    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.05258620616163146, 1, 0.0},
-    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.024635260697415957, 1, 0.0},
-    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.013621909963032827, 1, 0.0},
-    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.9312546366819447, 1, 0.0},
-    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.021233341499711407, 1, 0.0},
-    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, 0.04239155315710816, 1, 0.0},
-    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04987576257849025, 1, 0.0},
-    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08769583346028016, 1, 0.0},
-    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08600760880761434, 1, 0.0},
-    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.07397192380987415, 1, 0.0},
-    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.18790905541246541, 1, 0.0},
-    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0330836902986351, 1, 0.0},
-    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.1225621220144464, 1, 0.0},
-    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.019153428171308023, 1, 0.0},
-    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.02709931873394919, 1, 0.0},
-    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.032824033824868884, 1, 0.0},
-    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.06863933777156765, 1, 0.0},
-    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.04134055314407566, 1, 0.0},
-    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.013620248922548372, 1, 0.0},
-    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.01476026791853913, 1, 0.0},
-    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.03051926263529642, 1, 0.0},
-    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.043328294430250686, 1, 0.0},
-    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05848413930623158, 1, 0.0},
-    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06619818559717942, 1, 0.0},
-    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08339600180182177, 1, 0.0},
-    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.005410121309794494, 64, 4.1588830833596715},
-    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07869742586202084, 32, 3.4657359027997265},
-    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.32788015917466484, 256, 5.545177444479562},
-    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2267963515207845, 128, 4.852030263919617},
-    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.24144363181401046, 128, 4.852030263919617},
-    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.03582117513173369, 8, 2.0794415416798357},
+    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07954096710286562, 1, 0.0},
+    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03825688623564431, 1, 0.0},
+    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03698272991804963, 1, 0.0},
+    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.04859801206760568, 1, 0.0},
+    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.10210602611642434, 1, 0.0},
+    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.08535070988772292, 1, 0.0},
+    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0847356280691697, 1, 0.0},
+    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.024766094688221642, 1, 0.0},
+    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, 0.08373947603570782, 1, 0.0},
+    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.19845404811520684, 1, 0.0},
+    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.06130170882987292, 1, 0.0},
+    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.03393797801220757, 1, 0.0},
+    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.022924627277824412, 1, 0.0},
+    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.9387217333137938, 1, 0.0},
+    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.02979664085002488, 1, 0.0},
+    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, 0.05095485250742166, 1, 0.0},
+    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.058439061928803826, 1, 0.0},
+    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.09516293009212907, 1, 0.0},
+    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.09457090815792799, 1, 0.0},
+    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0814390204417231, 1, 0.0},
+    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.1953761520443144, 1, 0.0},
+    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.04179919296687676, 1, 0.0},
+    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.11538991777174602, 1, 0.0},
+    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.010494339917405789, 1, 0.0},
+    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.021487933037257836, 1, 0.0},
+    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03189387962993059, 1, 0.0},
+    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.06835204173882746, 1, 0.0},
+    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.031610110703233996, 1, 0.0},
+    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.004236141570530544, 1, 0.0},
+    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0048535226536330685, 1, 0.0},
+    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.04051495974012789, 1, 0.0},
+    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.03371421673901664, 1, 0.0},
+    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.04861044267715449, 1, 0.0},
+    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.056246557173364166, 1, 0.0},
+    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.07637754698974504, 1, 0.0},
+    {2048, 5632, 2048, 0.6498399972915649, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03174670522857977, 1, 0.0},
+    {4096, 11008, 4096, 4.598895788192749, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.08292173664970308, 1, 0.0},
+    {1024, 14336, 4096, 1.5083199739456177, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.10097333736868312, 1, 0.0},
+    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.012582325552494675, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.08127858692131842, 32, 3.4657359027997265},
+    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.32695000497972665, 256, 5.545177444479562},
+    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.22613538583621035, 128, 4.852030263919617},
+    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2472177515141999, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.030416058661430642, 8, 2.0794415416798357},
 };
 static const Point tf32_11_unaligned[] = {
     {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.017156672604394255, 1, 0.0},
@@ -16581,47 +17507,50 @@ static const Point tf32_11_unaligned[] = {
     {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.026466538951607898, 1, 0.0},
 };
 static const Point tf32_12_aligned[] = {
-    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.16736876991700744, 1, 0.0},
-    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0835696224430166, 1, 0.0},
-    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10300177146004601, 1, 0.0},
-    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.18551504109832806, 1, 0.0},
-    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.027650114591968297, 1, 0.0},
-    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.34090673707566255, 1, 0.0},
-    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3164393162224643, 1, 0.0},
-    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.02105104151495541, 1, 0.0},
-    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.2832423789685111, 1, 0.0},
-    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.5884344582450106, 1, 0.0},
-    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.12380520941595582, 1, 0.0},
-    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3505422765323033, 1, 0.0},
-    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.02286774963126464, 1, 0.0},
-    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.2263917755500931, 1, 0.0},
-    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.4916087880609889, 1, 0.0},
-    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.4127923473049116, 1, 0.0},
-    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3578893148795925, 1, 0.0},
-    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2562220215025372, 1, 0.0},
-    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6346798737085563, 1, 0.0},
-    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.24833504342429158, 1, 0.0},
-    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.6695419262417696, 1, 0.0},
-    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.20492997271312077, 1, 0.0},
-    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.21707246592693627, 1, 0.0},
-    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0950150872458585, 1, 0.0},
-    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.15736970048496543, 1, 0.0},
-    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.13895324241262116, 1, 0.0},
-    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2084101097139394, 1, 0.0},
-    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1994158414220792, 1, 0.0},
-    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2026245264811192, 1, 0.0},
-    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20369029243382256, 1, 0.0},
-    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.20704353867597206, 1, 0.0},
-    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.19687132093092394, 1, 0.0},
-    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.13437922364354835, 1, 0.0},
-    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1783234132736193, 1, 0.0},
-    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15945681990981347, 1, 0.0},
-    {512, 512, 512, 0.17030400037765503, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.022195340817147406, 64, 4.1588830833596715},
-    {1024, 1024, 128, 0.15556799620389938, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2500493917912655, 32, 3.4657359027997265},
-    {128, 128, 128, 0.03195200115442276, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.48559216454606813, 256, 5.545177444479562},
-    {512, 512, 64, 0.1361600011587143, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4431271938454717, 128, 4.852030263919617},
-    {512, 64, 512, 0.07513599842786789, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.5054195029278943, 128, 4.852030263919617},
-    {2048, 2048, 256, 0.1879199966788292, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.003692019065127096, 8, 2.0794415416798357},
+    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15287120832304837, 1, 0.0},
+    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07985926533141843, 1, 0.0},
+    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.12636549178043124, 1, 0.0},
+    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.22001545514257614, 1, 0.0},
+    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06565251939068079, 1, 0.0},
+    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.30042753540689604, 1, 0.0},
+    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.278529431398635, 1, 0.0},
+    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.01628853644574499, 1, 0.0},
+    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.28483497590507956, 1, 0.0},
+    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.5724335849132752, 1, 0.0},
+    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.11141005846688792, 1, 0.0},
+    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.31280779385693325, 1, 0.0},
+    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.014866733044105499, 1, 0.0},
+    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.22209497418280896, 1, 0.0},
+    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.46501361504004457, 1, 0.0},
+    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.4093107981850512, 1, 0.0},
+    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3525194320438778, 1, 0.0},
+    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.25494636723953107, 1, 0.0},
+    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6249036503593259, 1, 0.0},
+    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.2470593891612853, 1, 0.0},
+    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.6571347579288982, 1, 0.0},
+    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.20297698564042932, 1, 0.0},
+    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.24035973876644404, 1, 0.0},
+    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.12778479468156986, 1, 0.0},
+    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.1701285239740376, 1, 0.0},
+    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.14478420197184838, 1, 0.0},
+    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23125373476717903, 1, 0.0},
+    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1928142148624526, 1, 0.0},
+    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2162391415197161, 1, 0.0},
+    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20444822210482833, 1, 0.0},
+    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1935876366284447, 1, 0.0},
+    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1990518058524299, 1, 0.0},
+    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17097467106595807, 1, 0.0},
+    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2183769297690632, 1, 0.0},
+    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.18302461776336454, 1, 0.0},
+    {2048, 5632, 2048, 0.47254401445388794, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.13534607522583492, 1, 0.0},
+    {4096, 11008, 4096, 4.197216033935547, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.3132102581913237, 1, 0.0},
+    {1024, 14336, 4096, 1.3764640092849731, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.2969171570855796, 1, 0.0},
+    {512, 512, 512, 0.17030400037765503, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.001091932022360375, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.15556799620389938, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2544699365451946, 32, 3.4657359027997265},
+    {128, 128, 128, 0.03195200115442276, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.49142312410529526, 256, 5.545177444479562},
+    {512, 512, 64, 0.1361600011587143, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4657662117476665, 128, 4.852030263919617},
+    {512, 64, 512, 0.07513599842786789, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.4847312396899983, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.1879199966788292, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.01586766886271197, 8, 2.0794415416798357},
 };
 static const Point tf32_12_unaligned[] = {
     {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.019099353970501626, 1, 0.0},
@@ -16635,47 +17564,50 @@ static const Point tf32_12_unaligned[] = {
     {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15164085133386543, 1, 0.0},
 };
 static const Point tf32_13_aligned[] = {
-    {256, 256, 256, 0.0144640002399683, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.10540504830516119, 1, 0.0},
-    {512, 512, 512, 0.02457600086927414, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10503669059184799, 1, 0.0},
-    {1024, 1024, 1024, 0.07049600034952164, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04803394975171213, 1, 0.0},
-    {2048, 2048, 2048, 0.25887998938560486, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.17532781043324233, 1, 0.0},
-    {4096, 4096, 4096, 1.2889599800109863, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.10883411220680249, 1, 0.0},
-    {8192, 8192, 8192, 6.699183940887451, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.1485477530352795, 1, 0.0},
-    {4092, 4092, 4092, 1.6524479985237122, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.14010514870014007, 1, 0.0},
-    {3000, 3000, 3000, 0.6356640160083771, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.13261226412206686, 1, 0.0},
-    {1, 4096, 4096, 0.045632001012563705, 0.0, 8.317766166719343, 8.317766166719343, 0.04762264930936661, 1, 0.0},
-    {16, 8192, 4096, 0.07977599650621414, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.023649824197028258, 1, 0.0},
-    {64, 4096, 8192, 0.07627199962735176, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.18215661997266136, 1, 0.0},
-    {128, 8192, 8192, 0.15748800337314606, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.18053929135521932, 1, 0.0},
-    {8192, 128, 8192, 0.15769599378108978, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.1818590946448081, 1, 0.0},
-    {4096, 32, 4096, 0.04700800031423569, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.025816764646260672, 1, 0.0},
-    {80, 8192, 4096, 0.09366399794816971, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.026851533549768665, 1, 0.0},
-    {1, 11008, 4096, 0.10400000214576721, 0.0, 9.306377560173125, 8.317766166719343, 0.005041509263116317, 1, 0.0},
-    {8, 11008, 4096, 0.09948799759149551, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.052711593844980614, 1, 0.0},
-    {16, 4096, 4096, 0.04668800160288811, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04524274590326488, 1, 0.0},
-    {4, 14336, 4096, 0.13097600638866425, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.06478584725428517, 1, 0.0},
-    {4096, 16, 4096, 0.04588799923658371, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.027959167571625105, 1, 0.0},
-    {6, 8192, 4096, 0.07815999910235405, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.025780770012741105, 1, 0.0},
-    {12, 4096, 8192, 0.07318399846553802, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.21987739193669104, 1, 0.0},
-    {4096, 4096, 512, 1.2020000219345093, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.18331635788640824, 1, 0.0},
-    {5120, 7168, 1024, 2.62774395942688, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.14111271978892842, 1, 0.0},
-    {8192, 8192, 256, 4.709200143814087, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.21859188874194532, 1, 0.0},
-    {2048, 2048, 128, 0.22977600246667862, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.07486931493422312, 1, 0.0},
-    {16384, 4096, 64, 4.74456000328064, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23369957338880218, 1, 0.0},
-    {256, 256, 32768, 0.05846399813890457, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.13267518028816752, 1, 0.0},
-    {512, 512, 16384, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.024050118879024314, 1, 0.0},
-    {128, 1024, 65536, 0.13398399949073792, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.3246816369335764, 1, 0.0},
-    {64, 64, 131072, 0.1234080009162426, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1221918704063484, 1, 0.0},
-    {384, 384, 24576, 0.05772799998521805, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.18991008282651067, 1, 0.0},
-    {1280, 1920, 16384, 0.3651999980211258, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.20216827764922726, 1, 0.0},
-    {1024, 1024, 49152, 0.40692800283432007, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11074963341916044, 1, 0.0},
-    {1536, 2560, 768, 0.22364799678325653, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0801811589538477, 1, 0.0},
-    {512, 512, 512, 1.2083200216293335, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.18856048652027368, 64, 4.1588830833596715},
-    {1024, 1024, 128, 2.35097599029541, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2181152179965107, 32, 3.4657359027997265},
-    {128, 128, 128, 0.23891200125217438, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.035878958454359025, 256, 5.545177444479562},
-    {512, 512, 64, 2.3640960454940796, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.22621898499011153, 128, 4.852030263919617},
-    {512, 64, 512, 0.26044800877571106, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.5354715338357339, 128, 4.852030263919617},
-    {2048, 2048, 256, 2.3045918941497803, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.19313032768955232, 8, 2.0794415416798357},
+    {256, 256, 256, 0.0144640002399683, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.11153648894823745, 1, 0.0},
+    {512, 512, 512, 0.02457600086927414, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10527456402465986, 1, 0.0},
+    {1024, 1024, 1024, 0.07049600034952164, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04259242959873218, 1, 0.0},
+    {2048, 2048, 2048, 0.25887998938560486, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16789776213941876, 1, 0.0},
+    {4096, 4096, 4096, 1.2889599800109863, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.10041504088523659, 1, 0.0},
+    {8192, 8192, 8192, 6.699183940887451, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.1396997966730533, 1, 0.0},
+    {4092, 4092, 4092, 1.6524479985237122, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.14851010101577886, 1, 0.0},
+    {3000, 3000, 3000, 0.6356640160083771, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.12469558382704622, 1, 0.0},
+    {1, 4096, 4096, 0.045632001012563705, 0.0, 8.317766166719343, 8.317766166719343, 0.045959146278863314, 1, 0.0},
+    {16, 8192, 4096, 0.07977599650621414, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.02294718000816633, 1, 0.0},
+    {64, 4096, 8192, 0.07627199962735176, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.18527529700795714, 1, 0.0},
+    {128, 8192, 8192, 0.15748800337314606, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.18773422152417224, 1, 0.0},
+    {8192, 128, 8192, 0.15769599378108978, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.18905402481376088, 1, 0.0},
+    {4096, 32, 4096, 0.04700800031423569, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.02597776278907214, 1, 0.0},
+    {80, 8192, 4096, 0.09366399794816971, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.031104018383363605, 1, 0.0},
+    {1, 11008, 4096, 0.10400000214576721, 0.0, 9.306377560173125, 8.317766166719343, 0.005207345901147303, 1, 0.0},
+    {8, 11008, 4096, 0.09948799759149551, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.05208593436646398, 1, 0.0},
+    {16, 4096, 4096, 0.04668800160288811, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04448513685133385, 1, 0.0},
+    {4, 14336, 4096, 0.13097600638866425, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.06422023128160753, 1, 0.0},
+    {4096, 16, 4096, 0.04588799923658371, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.027201558519693924, 1, 0.0},
+    {6, 8192, 4096, 0.07815999910235405, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.025707417292546216, 1, 0.0},
+    {12, 4096, 8192, 0.07318399846553802, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.22033126924264282, 1, 0.0},
+    {4096, 4096, 512, 1.2020000219345093, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.19100022419806006, 1, 0.0},
+    {5120, 7168, 1024, 2.62774395942688, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.14918217784291624, 1, 0.0},
+    {8192, 8192, 256, 4.709200143814087, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22652273262915232, 1, 0.0},
+    {2048, 2048, 128, 0.22977600246667862, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.06797332695402886, 1, 0.0},
+    {16384, 4096, 64, 4.74456000328064, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.241394828006915, 1, 0.0},
+    {256, 256, 32768, 0.05846399813890457, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.13280696517074736, 1, 0.0},
+    {512, 512, 16384, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.028247028066711765, 1, 0.0},
+    {128, 1024, 65536, 0.13398399949073792, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.3299810278216781, 1, 0.0},
+    {64, 64, 131072, 0.1234080009162426, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.12466663820266001, 1, 0.0},
+    {384, 384, 24576, 0.05772799998521805, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.19390698631647976, 1, 0.0},
+    {1280, 1920, 16384, 0.3651999980211258, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.19354453304331268, 1, 0.0},
+    {1024, 1024, 49152, 0.40692800283432007, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.10180288559363225, 1, 0.0},
+    {1536, 2560, 768, 0.22364799678325653, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.07278335833360426, 1, 0.0},
+    {2048, 5632, 2048, 0.8269439935684204, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.020880964403891804, 1, 0.0},
+    {4096, 11008, 4096, 3.44486403465271, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.09781746292898025, 1, 0.0},
+    {1024, 14336, 4096, 1.2015680074691772, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.035621110446571756, 1, 0.0},
+    {512, 512, 512, 1.2083200216293335, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.19624435283192543, 64, 4.1588830833596715},
+    {1024, 1024, 128, 2.35097599029541, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.22582348276124753, 32, 3.4657359027997265},
+    {128, 128, 128, 0.23891200125217438, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.028982970474164725, 256, 5.545177444479562},
+    {512, 512, 64, 2.3640960454940796, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2338484810334606, 128, 4.852030263919617},
+    {512, 64, 512, 0.26044800877571106, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.5314729119859207, 128, 4.852030263919617},
+    {2048, 2048, 256, 2.3045918941497803, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.2009949560737312, 8, 2.0794415416798357},
 };
 static const Point tf32_13_unaligned[] = {
     {2047, 2047, 2047, 0.41251200437545776, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0355413873796634, 1, 0.0},
@@ -16689,49 +17621,109 @@ static const Point tf32_13_unaligned[] = {
     {1024, 1024, 1024, 0.10408000275492668, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.02726287057840976, 1, 0.0},
 };
 static const Point tf32_14_aligned[] = {
-    {256, 256, 256, 0.01360000018030405, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.3079940227172962, 1, 0.0},
-    {512, 512, 512, 0.017632000148296356, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.13579561561172285, 1, 0.0},
-    {1024, 1024, 1024, 0.02696000039577484, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.048658468616734805, 1, 0.0},
-    {2048, 2048, 2048, 0.10208000242710114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.15373794066593455, 1, 0.0},
-    {4096, 4096, 4096, 0.6409439742565155, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.1332847224989664, 1, 0.0},
-    {8192, 8192, 8192, 4.707776069641113, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.07017300975423756, 1, 0.0},
-    {4092, 4092, 4092, 0.8882240056991577, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.19354349618628094, 1, 0.0},
-    {3000, 3000, 3000, 0.2982880026102066, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.10237067818601196, 1, 0.0},
-    {1, 4096, 4096, 0.04753600060939789, 0.0, 8.317766166719343, 8.317766166719343, 0.1286795471084897, 1, 0.0},
-    {16, 8192, 4096, 0.07078400254249573, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4359421526340228, 1, 0.0},
-    {64, 4096, 8192, 0.07916799932718277, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.12838541827318448, 1, 0.0},
-    {128, 8192, 8192, 0.12332800030708313, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3647465228425098, 1, 0.0},
-    {8192, 128, 8192, 0.12460800260305405, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3750718782003151, 1, 0.0},
-    {4096, 32, 4096, 0.0480320006608963, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.12068013301627448, 1, 0.0},
-    {80, 8192, 4096, 0.07073600217700005, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.36766352539378144, 1, 0.0},
-    {1, 11008, 4096, 0.10220800340175629, 0.0, 9.306377560173125, 8.317766166719343, 0.24708033232388935, 1, 0.0},
-    {8, 11008, 4096, 0.10572800040245056, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2750638781516605, 1, 0.0},
-    {16, 4096, 4096, 0.04873599857091904, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.14467464166522392, 1, 0.0},
-    {4, 14336, 4096, 0.1398880034685135, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5254248831540193, 1, 0.0},
-    {4096, 16, 4096, 0.04801600053906441, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.12979099420015264, 1, 0.0},
-    {6, 8192, 4096, 0.06856000050902367, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.41500629889219676, 1, 0.0},
-    {12, 4096, 8192, 0.0785440020263195, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.15854284881811775, 1, 0.0},
-    {4096, 4096, 512, 0.24024000018835068, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.050479918244559704, 1, 0.0},
-    {5120, 7168, 1024, 0.6101920008659363, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.10688463197536373, 1, 0.0},
-    {8192, 8192, 256, 0.878495991230011, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.04093572885691583, 1, 0.0},
-    {2048, 2048, 128, 0.055456001311540604, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.011797502676903458, 1, 0.0},
-    {16384, 4096, 64, 0.8709439933300018, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1609237812508429, 1, 0.0},
-    {256, 256, 32768, 0.18303999304771423, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06412470436579877, 1, 0.0},
-    {512, 512, 16384, 0.10171199962496758, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12921719627275866, 1, 0.0},
-    {128, 1024, 65536, 0.3498559892177582, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.09835278960413482, 1, 0.0},
-    {64, 64, 131072, 0.6147840023040771, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.13961194903424967, 1, 0.0},
-    {384, 384, 24576, 0.14113599807024002, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1043050186311434, 1, 0.0},
-    {1280, 1920, 16384, 0.35598400235176086, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.15796246434543454, 1, 0.0},
-    {1024, 1024, 49152, 0.32203198969364166, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2850361570055533, 1, 0.0},
-    {1536, 2560, 768, 0.07215999811887741, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.04681158882010947, 1, 0.0},
-    {512, 512, 512, 0.27484801411628723, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.08409992624050963, 64, 4.1588830833596715},
-    {1024, 1024, 128, 0.4845759868621826, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.20035299667466147, 32, 3.4657359027997265},
-    {128, 128, 128, 0.06727999821305275, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.20507055459843065, 256, 5.545177444479562},
-    {512, 512, 64, 0.4822559952735901, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.23970757857263686, 128, 4.852030263919617},
-    {512, 64, 512, 0.11228799819946289, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.11622374488912472, 128, 4.852030263919617},
-    {2048, 2048, 256, 0.47760000824928284, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.1029954251146135, 8, 2.0794415416798357},
+    {256, 256, 256, 0.014688000082969666, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.06668704357258386, 1, 0.0},
+    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.06558383635696599, 1, 0.0},
+    {1024, 1024, 1024, 0.025696000084280968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.07005074870241484, 1, 0.0},
+    {2048, 2048, 2048, 0.08528000116348267, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05743228935672531, 1, 0.0},
+    {4096, 4096, 4096, 0.42872001230716705, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.015082099006956723, 1, 0.0},
+    {8192, 8192, 8192, 3.1861919164657593, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.08277488075608283, 1, 0.0},
+    {4092, 4092, 4092, 0.6192159950733185, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3528780309366084, 1, 0.0},
+    {3000, 3000, 3000, 0.19169600307941437, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.01759430904655757, 1, 0.0},
+    {1, 4096, 4096, 0.07657600194215775, 0.0, 8.317766166719343, 8.317766166719343, -0.02736599924383927, 1, 0.0},
+    {16, 8192, 4096, 0.08662399649620056, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.07623546553170521, 1, 0.0},
+    {64, 4096, 8192, 0.1443520039319992, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.029589223783720843, 1, 0.0},
+    {128, 8192, 8192, 0.15033599734306335, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.022114130452394187, 1, 0.0},
+    {8192, 128, 8192, 0.1764639988541603, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.12196155669092573, 1, 0.0},
+    {4096, 32, 4096, 0.07319999858736992, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0767585880220141, 1, 0.0},
+    {80, 8192, 4096, 0.08444800227880478, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.04142125022470801, 1, 0.0},
+    {1, 11008, 4096, 0.09838399663567543, 0.0, 9.306377560173125, 8.317766166719343, 0.19390522301577645, 1, 0.0},
+    {8, 11008, 4096, 0.09759999811649323, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.18456466545227496, 1, 0.0},
+    {16, 4096, 4096, 0.07556800171732903, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.041773837675785984, 1, 0.0},
+    {4, 14336, 4096, 0.1149120032787323, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.33463496552498245, 1, 0.0},
+    {4096, 16, 4096, 0.07587200030684471, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.03871795698849122, 1, 0.0},
+    {6, 8192, 4096, 0.08763199672102928, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.08927733510421888, 1, 0.0},
+    {12, 4096, 8192, 0.14099200069904327, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.04888321327501323, 1, 0.0},
+    {4096, 4096, 512, 0.07150400057435036, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.08688374637714129, 1, 0.0},
+    {5120, 7168, 1024, 0.24452800303697586, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.04404948383547626, 1, 0.0},
+    {8192, 8192, 256, 0.16208000481128693, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.03931777513923592, 1, 0.0},
+    {2048, 2048, 128, 0.018991999328136444, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.01930044241276261, 1, 0.0},
+    {16384, 4096, 64, 0.11444799974560738, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.06570543707494014, 1, 0.0},
+    {256, 256, 32768, 0.5550079941749573, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.0001814652028457203, 1, 0.0},
+    {512, 512, 16384, 0.2770240008831024, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.030658940897940246, 1, 0.0},
+    {128, 1024, 65536, 1.0829440355300903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.019067144732172005, 1, 0.0},
+    {64, 64, 131072, 2.1735520362854004, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.0036572668915887956, 1, 0.0},
+    {384, 384, 24576, 0.4058240056037903, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.03520245038207103, 1, 0.0},
+    {1280, 1920, 16384, 0.27822399139404297, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14161010638153082, 1, 0.0},
+    {1024, 1024, 49152, 0.8286080062389374, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.05719375216687671, 1, 0.0},
+    {1536, 2560, 768, 0.024320000782608986, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03597111177300758, 1, 0.0},
+    {2048, 5632, 2048, 0.13623999804258347, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.05168400326063521, 1, 0.0},
+    {4096, 11008, 4096, 1.0489920377731323, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.004760577134615088, 1, 0.0},
+    {1024, 14336, 4096, 0.3442879915237427, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.025998823788426422, 1, 0.0},
+    {512, 512, 512, 0.09398400038480759, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02263717783081974, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.0716640017926693, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.03882307155378429, 32, 3.4657359027997265},
+    {128, 128, 128, 0.02638399973511696, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3399578985886136, 256, 5.545177444479562},
+    {512, 512, 64, 0.07964800298213959, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.09142856543008965, 128, 4.852030263919617},
+    {512, 64, 512, 0.07382400333881378, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.19651584075911926, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.08310399949550629, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.0933522996524861, 8, 2.0794415416798357},
 };
 static const Point tf32_14_unaligned[] = {
+    {2047, 2047, 2047, 0.2032639980316162, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03086952339325758, 1, 0.0},
+    {1531, 1531, 1531, 0.11540799960494041, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.23364437310584582, 1, 0.0},
+    {5003, 5003, 5003, 2.7205439805984497, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.02880356812867962, 1, 0.0},
+    {127, 4099, 1023, 0.03359999880194664, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.10606381927290856, 1, 0.0},
+    {4096, 1, 4096, 0.0796000026166439, 8.317766166719343, 0.0, 8.317766166719343, -0.03911934849309479, 1, 0.0},
+    {1, 4096, 4096, 0.10039999708533287, 0.0, 8.317766166719343, 8.317766166719343, 0.19402963488345099, 1, 0.0},
+    {16, 11008, 4096, 0.10847999900579453, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.16409563995238757, 1, 0.0},
+    {4096, 4096, 4096, 1.515775978565216, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.030561300652875906, 1, 0.0},
+    {1024, 1024, 1024, 0.03516799956560135, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14045924798835668, 1, 0.0},
+};
+static const Point tf32_15_aligned[] = {
+    {256, 256, 256, 0.01360000018030405, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.30091477284160806, 1, 0.0},
+    {512, 512, 512, 0.017632000148296356, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.13021262810170436, 1, 0.0},
+    {1024, 1024, 1024, 0.02696000039577484, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04562211610691766, 1, 0.0},
+    {2048, 2048, 2048, 0.10208000242710114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16674700937499445, 1, 0.0},
+    {4096, 4096, 4096, 0.6409439742565155, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.15116589712269604, 1, 0.0},
+    {8192, 8192, 8192, 4.707776069641113, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.09092746962402005, 1, 0.0},
+    {4092, 4092, 4092, 0.8882240056991577, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.17569207081585236, 1, 0.0},
+    {3000, 3000, 3000, 0.2982880026102066, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.11813534344293464, 1, 0.0},
+    {1, 4096, 4096, 0.04753600060939789, 0.0, 8.317766166719343, 8.317766166719343, 0.1289560189839957, 1, 0.0},
+    {16, 8192, 4096, 0.07078400254249573, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.42983100612030894, 1, 0.0},
+    {64, 4096, 8192, 0.07916799932718277, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.12358593454570271, 1, 0.0},
+    {128, 8192, 8192, 0.12332800030708313, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.347257255879624, 1, 0.0},
+    {8192, 128, 8192, 0.12460800260305405, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.35758261123742946, 1, 0.0},
+    {4096, 32, 4096, 0.0480320006608963, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.1196141871796632, 1, 0.0},
+    {80, 8192, 4096, 0.07073600217700005, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.3571873327062726, 1, 0.0},
+    {1, 11008, 4096, 0.10220800340175629, 0.0, 9.306377560173125, 8.317766166719343, 0.24354919190873484, 1, 0.0},
+    {8, 11008, 4096, 0.10572800040245056, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2711245617437977, 1, 0.0},
+    {16, 4096, 4096, 0.04873599857091904, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.14429516794622646, 1, 0.0},
+    {4, 14336, 4096, 0.1398880034685135, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.519467250497636, 1, 0.0},
+    {4096, 16, 4096, 0.04801600053906441, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.12941152048115528, 1, 0.0},
+    {6, 8192, 4096, 0.06856000050902367, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.40963483954839963, 1, 0.0},
+    {12, 4096, 8192, 0.0785440020263195, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.15639820258991508, 1, 0.0},
+    {4096, 4096, 512, 0.24024000018835068, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.057383202801407615, 1, 0.0},
+    {5120, 7168, 1024, 0.6101920008659363, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.11800720668787851, 1, 0.0},
+    {8192, 8192, 256, 0.878495991230011, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.03603140502058211, 1, 0.0},
+    {2048, 2048, 128, 0.055456001311540604, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.01136620227008953, 1, 0.0},
+    {16384, 4096, 64, 0.8709439933300018, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1586554295860229, 1, 0.0},
+    {256, 256, 32768, 0.18303999304771423, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.060880880534830824, 1, 0.0},
+    {512, 512, 16384, 0.10171199962496758, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.13203169535332232, 1, 0.0},
+    {128, 1024, 65536, 0.3498559892177582, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.09784287013490196, 1, 0.0},
+    {64, 64, 131072, 0.6147840023040771, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1342294466174634, 1, 0.0},
+    {384, 384, 24576, 0.14113599807024002, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.10389176512361217, 1, 0.0},
+    {1280, 1920, 16384, 0.35598400235176086, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17522865559818593, 1, 0.0},
+    {1024, 1024, 49152, 0.32203198969364166, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.3074301687079999, 1, 0.0},
+    {1536, 2560, 768, 0.07215999811887741, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05328711107595481, 1, 0.0},
+    {2048, 5632, 2048, 0.3133919984102249, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.025373923228159637, 1, 0.0},
+    {4096, 11008, 4096, 2.1507679224014282, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09221561690988637, 1, 0.0},
+    {1024, 14336, 4096, 0.816864013671875, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.22377849939610783, 1, 0.0},
+    {512, 512, 512, 0.27484801411628723, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.07719664168366171, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.4845759868621826, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.19736438987782487, 32, 3.4657359027997265},
+    {128, 128, 128, 0.06727999821305275, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2046392541916166, 256, 5.545177444479562},
+    {512, 512, 64, 0.4822559952735901, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2376602783752641, 128, 4.852030263919617},
+    {512, 64, 512, 0.11228799819946289, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.12072268404190438, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.47760000824928284, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.098350907044438, 8, 2.0794415416798357},
+};
+static const Point tf32_15_unaligned[] = {
     {2047, 2047, 2047, 0.21852800250053406, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.06800496367575237, 1, 0.0},
     {1531, 1531, 1531, 0.12284799665212631, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.017218811916897572, 1, 0.0},
     {5003, 5003, 5003, 2.8646559715270996, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.00582384682694297, 1, 0.0},
@@ -16742,50 +17734,53 @@ static const Point tf32_14_unaligned[] = {
     {4096, 4096, 4096, 1.615664005279541, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.023540934077851326, 1, 0.0},
     {1024, 1024, 1024, 0.04723200015723705, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04452788253919247, 1, 0.0},
 };
-static const Point tf32_15_aligned[] = {
-    {256, 256, 256, 0.010400000028312206, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.3409596294841058, 1, 0.0},
-    {512, 512, 512, 0.01500799972563982, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.059307667332595876, 1, 0.0},
-    {1024, 1024, 1024, 0.03630400076508522, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.029036824978038375, 1, 0.0},
-    {2048, 2048, 2048, 0.14323199540376663, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.22049433581179298, 1, 0.0},
-    {4096, 4096, 4096, 0.9211840033531189, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.1702000298304924, 1, 0.0},
-    {8192, 8192, 8192, 8.196144104003906, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06288542223986344, 1, 0.0},
-    {4092, 4092, 4092, 1.257248044013977, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.14116022992044128, 1, 0.0},
-    {3000, 3000, 3000, 0.4144800007343292, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1577631863881573, 1, 0.0},
-    {1, 4096, 4096, 0.041120000183582306, 0.0, 8.317766166719343, 8.317766166719343, 0.32965345954768416, 1, 0.0},
-    {16, 8192, 4096, 0.07017599791288376, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3183381263436632, 1, 0.0},
-    {64, 4096, 8192, 0.07049600034952164, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.39507827479979424, 1, 0.0},
-    {128, 8192, 8192, 0.15404799580574036, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.16002224720535405, 1, 0.0},
-    {8192, 128, 8192, 0.1512639969587326, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.1417846667768472, 1, 0.0},
-    {4096, 32, 4096, 0.06230400130152702, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.22885665987023449, 1, 0.0},
-    {80, 8192, 4096, 0.08985599875450134, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.1675921867351873, 1, 0.0},
-    {1, 11008, 4096, 0.08099199831485748, 0.0, 9.306377560173125, 8.317766166719343, 0.4440678808463437, 1, 0.0},
-    {8, 11008, 4096, 0.08211199939250946, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.4522204006949269, 1, 0.0},
-    {16, 4096, 4096, 0.04224000126123428, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.34871753607156564, 1, 0.0},
-    {4, 14336, 4096, 0.10449599847197533, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.36218278499269, 1, 0.0},
-    {4096, 16, 4096, 0.06171200051903725, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.2293390952081688, 1, 0.0},
-    {6, 8192, 4096, 0.06831999868154526, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.29760863601093596, 1, 0.0},
-    {12, 4096, 8192, 0.06764800101518631, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.38827435111463354, 1, 0.0},
-    {4096, 4096, 512, 0.34033599495887756, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.05830845485487882, 1, 0.0},
-    {5120, 7168, 1024, 0.8244799971580505, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.18397174499166796, 1, 0.0},
-    {8192, 8192, 256, 1.2728480100631714, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.07523490069896882, 1, 0.0},
-    {2048, 2048, 128, 0.08182399719953537, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.04385386468512462, 1, 0.0},
-    {16384, 4096, 64, 1.2579200267791748, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.20628610969122077, 1, 0.0},
-    {256, 256, 32768, 0.11604799702763557, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.11878481752374472, 1, 0.0},
-    {512, 512, 16384, 0.07313599810004234, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.10270755867603533, 1, 0.0},
-    {128, 1024, 65536, 0.22921599447727203, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.12336122115122215, 1, 0.0},
-    {64, 64, 131072, 0.3814080059528351, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.18630296607381, 1, 0.0},
-    {384, 384, 24576, 0.09375999867916107, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1303712265702235, 1, 0.0},
-    {1280, 1920, 16384, 0.47121599316596985, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14386553012218653, 1, 0.0},
-    {1024, 1024, 49152, 0.5551200211048126, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.181055466864048, 1, 0.0},
-    {1536, 2560, 768, 0.09206400066614151, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09200297556899592, 1, 0.0},
-    {512, 512, 512, 0.35180801153182983, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.025156199947026416, 64, 4.1588830833596715},
-    {1024, 1024, 128, 0.6408320069313049, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.14349228270264291, 32, 3.4657359027997265},
-    {128, 128, 128, 0.08374399691820145, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.06704778934931979, 256, 5.545177444479562},
-    {512, 512, 64, 0.6374719738960266, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2062104592651523, 128, 4.852030263919617},
-    {512, 64, 512, 0.1409599930047989, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.2675765191214564, 128, 4.852030263919617},
-    {2048, 2048, 256, 0.6625119745731354, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.10313522944192412, 8, 2.0794415416798357},
+static const Point tf32_16_aligned[] = {
+    {256, 256, 256, 0.010400000028312206, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.3355165349966317, 1, 0.0},
+    {512, 512, 512, 0.01500799972563982, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.05611210135907645, 1, 0.0},
+    {1024, 1024, 1024, 0.03630400076508522, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.02934002308117517, 1, 0.0},
+    {2048, 2048, 2048, 0.14323199540376663, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.22623808925440442, 1, 0.0},
+    {4096, 4096, 4096, 0.9211840033531189, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.1814311750208531, 1, 0.0},
+    {8192, 8192, 8192, 8.196144104003906, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.048193627170392245, 1, 0.0},
+    {4092, 4092, 4092, 1.257248044013977, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.12996249949673516, 1, 0.0},
+    {3000, 3000, 3000, 0.4144800007343292, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1664534126414393, 1, 0.0},
+    {1, 4096, 4096, 0.041120000183582306, 0.0, 8.317766166719343, 8.317766166719343, 0.32836920801602126, 1, 0.0},
+    {16, 8192, 4096, 0.07017599791288376, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3158930599189175, 1, 0.0},
+    {64, 4096, 8192, 0.07049600034952164, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.38733948502567495, 1, 0.0},
+    {128, 8192, 8192, 0.15404799580574036, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.14670732423270427, 1, 0.0},
+    {8192, 128, 8192, 0.1512639969587326, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.12846974380419734, 1, 0.0},
+    {4096, 32, 4096, 0.06230400130152702, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.22965277793581002, 1, 0.0},
+    {80, 8192, 4096, 0.08985599875450134, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.15976393941231104, 1, 0.0},
+    {1, 11008, 4096, 0.08099199831485748, 0.0, 9.306377560173125, 8.317766166719343, 0.43973741269467526, 1, 0.0},
+    {8, 11008, 4096, 0.08211199939250946, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.4473001475949983, 1, 0.0},
+    {16, 4096, 4096, 0.04224000126123428, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.34658288459395725, 1, 0.0},
+    {4, 14336, 4096, 0.10449599847197533, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.35892197161142053, 1, 0.0},
+    {4096, 16, 4096, 0.06171200051903725, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.23126162784630505, 1, 0.0},
+    {6, 8192, 4096, 0.06831999868154526, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.29582233171529604, 1, 0.0},
+    {12, 4096, 8192, 0.06764800101518631, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.38412369801216106, 1, 0.0},
+    {4096, 4096, 512, 0.34033599495887756, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.05330452333441592, 1, 0.0},
+    {5120, 7168, 1024, 0.8244799971580505, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.18461145936332676, 1, 0.0},
+    {8192, 8192, 256, 1.2728480100631714, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0845932613905455, 1, 0.0},
+    {2048, 2048, 128, 0.08182399719953537, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.05472951208025443, 1, 0.0},
+    {16384, 4096, 64, 1.2579200267791748, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.22008224771248244, 1, 0.0},
+    {256, 256, 32768, 0.11604799702763557, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.11678815998607689, 1, 0.0},
+    {512, 512, 16384, 0.07313599810004234, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.11274330485334537, 1, 0.0},
+    {128, 1024, 65536, 0.22921599447727203, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.12672383758009617, 1, 0.0},
+    {64, 64, 131072, 0.3814080059528351, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.17927649991062575, 1, 0.0},
+    {384, 384, 24576, 0.09375999867916107, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.13413622413389004, 1, 0.0},
+    {1280, 1920, 16384, 0.47121599316596985, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.15996528682578365, 1, 0.0},
+    {1024, 1024, 49152, 0.5551200211048126, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.19858920232749022, 1, 0.0},
+    {1536, 2560, 768, 0.09206400066614151, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09037101854263845, 1, 0.0},
+    {2048, 5632, 2048, 0.3861440122127533, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.18977070646551034, 1, 0.0},
+    {4096, 11008, 4096, 3.6200320720672607, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.20541275556062674, 1, 0.0},
+    {1024, 14336, 4096, 1.3741439580917358, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.3533546448331855, 1, 0.0},
+    {512, 512, 512, 0.35180801153182983, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.020152268426563584, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.6408320069313049, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.15549681098042226, 32, 3.4657359027997265},
+    {128, 128, 128, 0.08374399691820145, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.07792343674444974, 256, 5.545177444479562},
+    {512, 512, 64, 0.6374719738960266, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21989788254387896, 128, 4.852030263919617},
+    {512, 64, 512, 0.1409599930047989, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.2600308583203789, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.6625119745731354, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.11245028933639607, 8, 2.0794415416798357},
 };
-static const Point tf32_15_unaligned[] = {
+static const Point tf32_16_unaligned[] = {
     {2047, 2047, 2047, 0.24201600253582, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.031803234167378104, 1, 0.0},
     {1531, 1531, 1531, 0.1316159963607788, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07964224053553697, 1, 0.0},
     {5003, 5003, 5003, 3.077728033065796, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.040655189110573225, 1, 0.0},
@@ -16796,102 +17791,51 @@ static const Point tf32_15_unaligned[] = {
     {4096, 4096, 4096, 1.7019200325012207, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.022207261155203276, 1, 0.0},
     {1024, 1024, 1024, 0.05455999821424484, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.011015167063373195, 1, 0.0},
 };
-static const Point tf32_16_aligned[] = {
-    {256, 256, 256, 0.011744000017642975, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08712034393437387, 1, 0.0},
-    {512, 512, 512, 0.01703999936580658, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.021186211240351163, 1, 0.0},
-    {1024, 1024, 1024, 0.02643200010061264, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03758889957188801, 1, 0.0},
-    {2048, 2048, 2048, 0.048895999789237976, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.10613742752905007, 1, 0.0},
-    {4096, 4096, 4096, 0.38124799728393555, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.026330990011664748, 1, 0.0},
-    {8192, 8192, 8192, 3.043168067932129, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.004868241130063718, 1, 0.0},
-    {4092, 4092, 4092, 0.5310240089893341, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3054425748348652, 1, 0.0},
-    {3000, 3000, 3000, 0.20019200444221497, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.041451562647534815, 1, 0.0},
-    {1, 4096, 4096, 0.07875200361013412, 0.0, 8.317766166719343, 8.317766166719343, -0.031548546013932054, 1, 0.0},
-    {16, 8192, 4096, 0.08644800260663033, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.037986352814702216, 1, 0.0},
-    {64, 4096, 8192, 0.15062400698661804, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02905572965219142, 1, 0.0},
-    {128, 8192, 8192, 0.15732800215482712, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02401106817595614, 1, 0.0},
-    {8192, 128, 8192, 0.19647999852895737, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.17686369159651857, 1, 0.0},
-    {4096, 32, 4096, 0.07840000092983246, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.04128009885723, 1, 0.0},
-    {80, 8192, 4096, 0.08697599917650223, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.033681936342245575, 1, 0.0},
-    {1, 11008, 4096, 0.09539200365543365, 0.0, 9.306377560173125, 8.317766166719343, 0.12453606664204314, 1, 0.0},
-    {8, 11008, 4096, 0.094735998660326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11611916100096324, 1, 0.0},
-    {16, 4096, 4096, 0.07995199784636497, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.01767876428750421, 1, 0.0},
-    {4, 14336, 4096, 0.11023999750614166, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.25166661885190555, 1, 0.0},
-    {4096, 16, 4096, 0.07806399837136269, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.04291093599000673, 1, 0.0},
-    {6, 8192, 4096, 0.0859999991953373, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.034424322381860696, 1, 0.0},
-    {12, 4096, 8192, 0.14980799704790115, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.029921514629136566, 1, 0.0},
-    {4096, 4096, 512, 0.0676800012588501, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.022593155752917066, 1, 0.0},
-    {5120, 7168, 1024, 0.23820799589157104, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.06331546337673946, 1, 0.0},
-    {8192, 8192, 256, 0.18188799917697906, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.04045980230708556, 1, 0.0},
-    {2048, 2048, 128, 0.013183999806642532, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1612878207337644, 1, 0.0},
-    {16384, 4096, 64, 0.10494400188326836, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.006556040194085459, 1, 0.0},
-    {256, 256, 32768, 0.580592006444931, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.00025058487357185416, 1, 0.0},
-    {512, 512, 16384, 0.3004800081253052, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.007255237881478934, 1, 0.0},
-    {128, 1024, 65536, 1.1541119813919067, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0031617000890754457, 1, 0.0},
-    {64, 64, 131072, 2.261647939682007, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.01161080181790206, 1, 0.0},
-    {384, 384, 24576, 0.43329599499702454, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.016161041038334985, 1, 0.0},
-    {1280, 1920, 16384, 0.3068000078201294, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11179111486218275, 1, 0.0},
-    {1024, 1024, 49152, 0.8584800064563751, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.07483639124415428, 1, 0.0},
-    {1536, 2560, 768, 0.02420799992978573, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.04646192914050172, 1, 0.0},
-    {512, 512, 512, 0.09011200070381165, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.2636694592550166, 64, 4.1588830833596715},
-    {1024, 1024, 128, 0.07561600208282471, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.13571189919541482, 32, 3.4657359027997265},
-    {128, 128, 128, 0.027904000133275986, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.4048576122315536, 256, 5.545177444479562},
-    {512, 512, 64, 0.07078400254249573, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.26119420514579295, 128, 4.852030263919617},
-    {512, 64, 512, 0.07755200192332268, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1919188264802641, 128, 4.852030263919617},
-    {2048, 2048, 256, 0.09359999746084213, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.050015337067004874, 8, 2.0794415416798357},
-};
-static const Point tf32_16_unaligned[] = {
-    {2047, 2047, 2047, 0.2033279985189438, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.07467590583686376, 1, 0.0},
-    {1531, 1531, 1531, 0.11913599818944931, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2532623978748947, 1, 0.0},
-    {5003, 5003, 5003, 2.681872010231018, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.019604952373941477, 1, 0.0},
-    {127, 4099, 1023, 0.034671999514102936, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.10424588633681471, 1, 0.0},
-    {4096, 1, 4096, 0.07995199784636497, 8.317766166719343, 0.0, 8.317766166719343, -0.030282961813473126, 1, 0.0},
-    {1, 4096, 4096, 0.10102400183677673, 0.0, 8.317766166719343, 8.317766166719343, 0.20488103983197994, 1, 0.0},
-    {16, 11008, 4096, 0.1090880036354065, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.1785719107793988, 1, 0.0},
-    {4096, 4096, 4096, 1.440496027469635, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0017040523705609007, 1, 0.0},
-    {1024, 1024, 1024, 0.03500799834728241, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1533920097713093, 1, 0.0},
-};
 static const Point tf32_17_aligned[] = {
-    {256, 256, 256, 0.013535999692976475, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.11701132361300484, 1, 0.0},
-    {512, 512, 512, 0.014112000353634357, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1101524889753324, 1, 0.0},
-    {1024, 1024, 1024, 0.02147199958562851, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10702155467373856, 1, 0.0},
-    {2048, 2048, 2048, 0.07212799787521362, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07195476857580566, 1, 0.0},
-    {4096, 4096, 4096, 0.40694400668144226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06996229853237228, 1, 0.0},
-    {8192, 8192, 8192, 3.043231964111328, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.008125030263801927, 1, 0.0},
-    {4092, 4092, 4092, 0.6275520026683807, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3634870219150218, 1, 0.0},
-    {3000, 3000, 3000, 0.17299200594425201, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.02858081260498149, 1, 0.0},
-    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, 0.0003968944447511166, 1, 0.0},
-    {16, 8192, 4096, 0.08220800012350082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.17989264262292184, 1, 0.0},
-    {64, 4096, 8192, 0.12264000251889229, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.034041657215731096, 1, 0.0},
-    {128, 8192, 8192, 0.14127999544143677, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.06925124439405908, 1, 0.0},
-    {8192, 128, 8192, 0.1467519998550415, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.09502940903457609, 1, 0.0},
-    {4096, 32, 4096, 0.07023999840021133, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03920597851819384, 1, 0.0},
-    {80, 8192, 4096, 0.0785600021481514, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.12249106583608745, 1, 0.0},
-    {1, 11008, 4096, 0.09886400029063225, 0.0, 9.306377560173125, 8.317766166719343, 0.35483220648715497, 1, 0.0},
-    {8, 11008, 4096, 0.0944799967110157, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.307710926638061, 1, 0.0},
-    {16, 4096, 4096, 0.06649599969387054, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.012565349095654403, 1, 0.0},
-    {4, 14336, 4096, 0.11631999909877777, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5020244627049187, 1, 0.0},
-    {4096, 16, 4096, 0.07123199850320816, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0555187448051968, 1, 0.0},
-    {6, 8192, 4096, 0.08342400193214417, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.19646600264333497, 1, 0.0},
-    {12, 4096, 8192, 0.12004799768328667, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.04995101754229292, 1, 0.0},
-    {4096, 4096, 512, 0.06678400188684464, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.12693199625983884, 1, 0.0},
-    {5120, 7168, 1024, 0.23552000522613525, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.06907367648474565, 1, 0.0},
-    {8192, 8192, 256, 0.1613759994506836, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.01636011730845033, 1, 0.0},
-    {2048, 2048, 128, 0.014864000026136637, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.05596760861019892, 1, 0.0},
-    {16384, 4096, 64, 0.112271998077631, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.12489154919327249, 1, 0.0},
-    {256, 256, 32768, 0.4302240014076233, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09154593008762618, 1, 0.0},
-    {512, 512, 16384, 0.2250239998102188, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07699374355733889, 1, 0.0},
-    {128, 1024, 65536, 0.8676159977912903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07823343547250522, 1, 0.0},
-    {64, 64, 131072, 1.7249760031700134, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.07102932641534053, 1, 0.0},
-    {384, 384, 24576, 0.3262079954147339, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09111975415648975, 1, 0.0},
-    {1280, 1920, 16384, 0.2484320029616356, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10996222971690485, 1, 0.0},
-    {1024, 1024, 49152, 0.6542560160160065, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.13812085926972714, 1, 0.0},
-    {1536, 2560, 768, 0.032496001571416855, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1063515530710457, 1, 0.0},
-    {512, 512, 512, 0.08339200168848038, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09109267954548171, 64, 4.1588830833596715},
-    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.020370178919604548, 32, 3.4657359027997265},
-    {128, 128, 128, 0.02489599958062172, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.45367762656609073, 256, 5.545177444479562},
-    {512, 512, 64, 0.07116799801588058, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.23395570651065656, 128, 4.852030263919617},
-    {512, 64, 512, 0.07089600339531898, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.34033586582953546, 128, 4.852030263919617},
-    {2048, 2048, 256, 0.08164800330996513, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.07613589861487342, 8, 2.0794415416798357},
+    {256, 256, 256, 0.013535999692976475, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.12050173284983755, 1, 0.0},
+    {512, 512, 512, 0.014112000353634357, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10757996908204832, 1, 0.0},
+    {1024, 1024, 1024, 0.02147199958562851, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10740609188351041, 1, 0.0},
+    {2048, 2048, 2048, 0.07212799787521362, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07675715607690572, 1, 0.0},
+    {4096, 4096, 4096, 0.40694400668144226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0780699687060959, 1, 0.0},
+    {8192, 8192, 8192, 3.043231964111328, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.0016649623667777164, 1, 0.0},
+    {4092, 4092, 4092, 0.6275520026683807, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.35539630838971265, 1, 0.0},
+    {3000, 3000, 3000, 0.17299200594425201, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.0202489987630546, 1, 0.0},
+    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, 0.001192262734673297, 1, 0.0},
+    {16, 8192, 4096, 0.08220800012350082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.17930324390399238, 1, 0.0},
+    {64, 4096, 8192, 0.12264000251889229, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.033922580355351055, 1, 0.0},
+    {128, 8192, 8192, 0.14127999544143677, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.06691669957824455, 1, 0.0},
+    {8192, 128, 8192, 0.1467519998550415, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0919305864357211, 1, 0.0},
+    {4096, 32, 4096, 0.07023999840021133, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03970491722066927, 1, 0.0},
+    {80, 8192, 4096, 0.0785600021481514, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.12112832233702084, 1, 0.0},
+    {1, 11008, 4096, 0.09886400029063225, 0.0, 9.306377560173125, 8.317766166719343, 0.35362695503630687, 1, 0.0},
+    {8, 11008, 4096, 0.0944799967110157, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3063926228710609, 1, 0.0},
+    {16, 4096, 4096, 0.06649599969387054, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.011867910826035449, 1, 0.0},
+    {4, 14336, 4096, 0.11631999909877777, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4998390261233301, 1, 0.0},
+    {4096, 16, 4096, 0.07123199850320816, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.056168809408237916, 1, 0.0},
+    {6, 8192, 4096, 0.08342400193214417, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.19599918547678158, 1, 0.0},
+    {12, 4096, 8192, 0.12004799768328667, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.04947350496051831, 1, 0.0},
+    {4096, 4096, 512, 0.06678400188684464, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.1301848465446904, 1, 0.0},
+    {5120, 7168, 1024, 0.23552000522613525, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.07551190237537057, 1, 0.0},
+    {8192, 8192, 256, 0.1613759994506836, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.017354524362306244, 1, 0.0},
+    {2048, 2048, 128, 0.014864000026136637, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.05298932918248838, 1, 0.0},
+    {16384, 4096, 64, 0.112271998077631, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.13084270204508244, 1, 0.0},
+    {256, 256, 32768, 0.4302240014076233, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09015329169436469, 1, 0.0},
+    {512, 512, 16384, 0.2250239998102188, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07639855269468908, 1, 0.0},
+    {128, 1024, 65536, 0.8676159977912903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07713210707795112, 1, 0.0},
+    {64, 64, 131072, 1.7249760031700134, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.06936548714943913, 1, 0.0},
+    {384, 384, 24576, 0.3262079954147339, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09001282625518989, 1, 0.0},
+    {1280, 1920, 16384, 0.2484320029616356, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11749847697251468, 1, 0.0},
+    {1024, 1024, 49152, 0.6542560160160065, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.14102654013549526, 1, 0.0},
+    {1536, 2560, 768, 0.032496001571416855, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1086135397148377, 1, 0.0},
+    {2048, 5632, 2048, 0.14606399834156036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.07281669783838096, 1, 0.0},
+    {4096, 11008, 4096, 1.1851360201835632, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.07097212061261796, 1, 0.0},
+    {1024, 14336, 4096, 0.399152010679245, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.07628947689203998, 1, 0.0},
+    {512, 512, 512, 0.08339200168848038, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.08758854327696017, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.023329366423516754, 32, 3.4657359027997265},
+    {128, 128, 128, 0.02489599958062172, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.45623745687060163, 256, 5.545177444479562},
+    {512, 512, 64, 0.07116799801588058, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.23979314898865425, 128, 4.852030263919617},
+    {512, 64, 512, 0.07089600339531898, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3394709100070189, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.08164800330996513, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.07687384096535052, 8, 2.0794415416798357},
 };
 static const Point tf32_17_unaligned[] = {
     {2047, 2047, 2047, 0.20337600260972977, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0008478951139268839, 1, 0.0},
@@ -16905,49 +17849,109 @@ static const Point tf32_17_unaligned[] = {
     {1024, 1024, 1024, 0.03561599925160408, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13801189909436878, 1, 0.0},
 };
 static const Point tf32_18_aligned[] = {
-    {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.06738242794151103, 1, 0.0},
-    {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.003981847926619982, 1, 0.0},
-    {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14471920608166478, 1, 0.0},
-    {2048, 2048, 2048, 0.22515200078487396, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05452809493667206, 1, 0.0},
-    {4096, 4096, 4096, 1.7058559656143188, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.08662077860278634, 1, 0.0},
-    {8192, 8192, 8192, 13.485167980194092, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.09391771389128857, 1, 0.0},
-    {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.48189963524805335, 1, 0.0},
-    {3000, 3000, 3000, 1.2967679500579834, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.3904985773346837, 1, 0.0},
-    {1, 4096, 4096, 0.29016000032424927, 0.0, 8.317766166719343, 8.317766166719343, 0.23036713227811287, 1, 0.0},
-    {16, 8192, 4096, 0.23475199937820435, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.06368408761911876, 1, 0.0},
-    {64, 4096, 8192, 0.4789760112762451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.019758623571574277, 1, 0.0},
-    {128, 8192, 8192, 0.48230400681495667, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.12957019702587408, 1, 0.0},
-    {8192, 128, 8192, 0.4813760071992874, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.1314961473185544, 1, 0.0},
-    {4096, 32, 4096, 0.24040000140666962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.02568403968036472, 1, 0.0},
-    {80, 8192, 4096, 0.2314079999923706, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.13958594602539823, 1, 0.0},
-    {1, 11008, 4096, 0.2260800004005432, 0.0, 9.306377560173125, 8.317766166719343, -0.13001843601965773, 1, 0.0},
-    {8, 11008, 4096, 0.22998400032520294, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.12192390034238856, 1, 0.0},
-    {16, 4096, 4096, 0.23078399896621704, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.006627777427791772, 1, 0.0},
-    {4, 14336, 4096, 0.22934399545192719, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.16977250673991476, 1, 0.0},
-    {4096, 16, 4096, 0.22803199291229248, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.018624042187853383, 1, 0.0},
-    {6, 8192, 4096, 0.22764800488948822, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.08444350367072233, 1, 0.0},
-    {12, 4096, 8192, 0.45529599487781525, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0030771367357170644, 1, 0.0},
-    {4096, 4096, 512, 0.2282239943742752, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06862148261849804, 1, 0.0},
-    {5120, 7168, 1024, 1.0906400084495544, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.04031529558215447, 1, 0.0},
-    {8192, 8192, 256, 0.4739519953727722, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.05733298544153609, 1, 0.0},
-    {2048, 2048, 128, 0.02147199958562851, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.004670505867430468, 1, 0.0},
-    {16384, 4096, 64, 0.15887999534606934, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.020332087999242802, 1, 0.0},
-    {256, 256, 32768, 1.8849760293960571, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.10402667965434448, 1, 0.0},
-    {512, 512, 16384, 0.9659200012683868, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.0701348784914023, 1, 0.0},
-    {128, 1024, 65536, 3.8055520057678223, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.09690592882887365, 1, 0.0},
-    {64, 64, 131072, 7.486000061035156, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.1164728683489169, 1, 0.0},
-    {384, 384, 24576, 1.7966720461845398, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.3192916887406955, 1, 0.0},
-    {1280, 1920, 16384, 1.919647991657257, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.29264136945698477, 1, 0.0},
-    {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.13116568447047738, 1, 0.0},
-    {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.25454794910784506, 1, 0.0},
-    {512, 512, 512, 0.2559039890766144, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.04585327069489218, 64, 4.1588830833596715},
-    {1024, 1024, 128, 0.177824005484581, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2541991124429392, 32, 3.4657359027997265},
-    {128, 128, 128, 0.03014400042593479, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3439066769003394, 256, 5.545177444479562},
-    {512, 512, 64, 0.11313599720597267, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3440295216994143, 128, 4.852030263919617},
-    {512, 64, 512, 0.11807999759912491, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.0828142732584964, 128, 4.852030263919617},
-    {2048, 2048, 256, 0.29308798909187317, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.14581360721978973, 8, 2.0794415416798357},
+    {256, 256, 256, 0.011983999982476234, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.11751592805605418, 1, 0.0},
+    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.060218981597997094, 1, 0.0},
+    {1024, 1024, 1024, 0.02627200074493885, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0631705657741752, 1, 0.0},
+    {2048, 2048, 2048, 0.0498879998922348, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.10047806532529203, 1, 0.0},
+    {4096, 4096, 4096, 0.40406399965286255, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.023448863424614646, 1, 0.0},
+    {8192, 8192, 8192, 3.1429280042648315, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.03220794160264412, 1, 0.0},
+    {4092, 4092, 4092, 0.5676159858703613, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.36375677330431583, 1, 0.0},
+    {3000, 3000, 3000, 0.20281599462032318, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.036445993335501324, 1, 0.0},
+    {1, 4096, 4096, 0.07823999971151352, 0.0, 8.317766166719343, 8.317766166719343, -0.03534943690402632, 1, 0.0},
+    {16, 8192, 4096, 0.08633600175380707, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.03803301509043971, 1, 0.0},
+    {64, 4096, 8192, 0.15033599734306335, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.023697011051546153, 1, 0.0},
+    {128, 8192, 8192, 0.1597760021686554, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.0037023651384230577, 1, 0.0},
+    {8192, 128, 8192, 0.19767999649047852, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.18652975399793525, 1, 0.0},
+    {4096, 32, 4096, 0.07913599908351898, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.02952279823324195, 1, 0.0},
+    {80, 8192, 4096, 0.08640000224113464, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.027786817975252103, 1, 0.0},
+    {1, 11008, 4096, 0.09534400328993797, 0.0, 9.306377560173125, 8.317766166719343, 0.12469651505190062, 1, 0.0},
+    {8, 11008, 4096, 0.09457599744200706, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11500665383038133, 1, 0.0},
+    {16, 4096, 4096, 0.07919999957084656, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.02448083411698075, 1, 0.0},
+    {4, 14336, 4096, 0.10979200154542923, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.24727290694709103, 1, 0.0},
+    {4096, 16, 4096, 0.07849600166082382, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.034822614150023315, 1, 0.0},
+    {6, 8192, 4096, 0.08516800031065941, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.026139824513163747, 1, 0.0},
+    {12, 4096, 8192, 0.14982399344444275, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.022250374418421683, 1, 0.0},
+    {4096, 4096, 512, 0.0828159973025322, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.1387879186924415, 1, 0.0},
+    {5120, 7168, 1024, 0.24905600398778915, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.043847037917171275, 1, 0.0},
+    {8192, 8192, 256, 0.17335999757051468, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.06964388971970029, 1, 0.0},
+    {2048, 2048, 128, 0.01484800036996603, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.21682221126027357, 1, 0.0},
+    {16384, 4096, 64, 0.11999999731779099, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.027611292320817913, 1, 0.0},
+    {256, 256, 32768, 0.5735999941825867, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.001160583908436242, 1, 0.0},
+    {512, 512, 16384, 0.2911680042743683, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.013535741422601128, 1, 0.0},
+    {128, 1024, 65536, 1.1400320529937744, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.001992184044861601, 1, 0.0},
+    {64, 64, 131072, 2.2717440128326416, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.007248545330424339, 1, 0.0},
+    {384, 384, 24576, 0.4317919909954071, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.0075591222621616706, 1, 0.0},
+    {1280, 1920, 16384, 0.2969760000705719, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14240038201900004, 1, 0.0},
+    {1024, 1024, 49152, 0.8829279839992523, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.037695582449390426, 1, 0.0},
+    {1536, 2560, 768, 0.02659199945628643, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.018753914705316333, 1, 0.0},
+    {2048, 5632, 2048, 0.15079999715089798, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0330308001364697, 1, 0.0},
+    {4096, 11008, 4096, 0.9803680181503296, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.09113112080335832, 1, 0.0},
+    {1024, 14336, 4096, 0.35923199355602264, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.06584217795558657, 1, 0.0},
+    {512, 512, 512, 0.09163199737668037, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.2399471988485226, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.07932800054550171, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.10243908702351774, 32, 3.4657359027997265},
+    {128, 128, 128, 0.030400000512599945, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.41790610889276036, 256, 5.545177444479562},
+    {512, 512, 64, 0.07380800321698189, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.20575509933167968, 128, 4.852030263919617},
+    {512, 64, 512, 0.08153600245714188, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.20271967443035366, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.09980800002813339, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.053083266175254044, 8, 2.0794415416798357},
 };
 static const Point tf32_18_unaligned[] = {
+    {2047, 2047, 2047, 0.20238400250673294, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.07578427225010706, 1, 0.0},
+    {1531, 1531, 1531, 0.1188799999654293, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.25855004984041696, 1, 0.0},
+    {5003, 5003, 5003, 2.6751359701156616, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.023459246665604196, 1, 0.0},
+    {127, 4099, 1023, 0.03379200026392937, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09718424139956121, 1, 0.0},
+    {4096, 1, 4096, 0.08347200229763985, 8.317766166719343, 0.0, 8.317766166719343, -0.00404257884304748, 1, 0.0},
+    {1, 4096, 4096, 0.10003200173377991, 0.0, 8.317766166719343, 8.317766166719343, 0.17813793301984404, 1, 0.0},
+    {16, 11008, 4096, 0.10849599912762642, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.1916614459724707, 1, 0.0},
+    {4096, 4096, 4096, 1.4525759816169739, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.00684886162915961, 1, 0.0},
+    {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.149126471524242, 1, 0.0},
+};
+static const Point tf32_19_aligned[] = {
+    {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.06982416307336108, 1, 0.0},
+    {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.005327626248150594, 1, 0.0},
+    {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14592964074550505, 1, 0.0},
+    {2048, 2048, 2048, 0.22515200078487396, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.060515067806730966, 1, 0.0},
+    {4096, 4096, 4096, 1.7058559656143188, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.09278007829480302, 1, 0.0},
+    {8192, 8192, 8192, 13.485167980194092, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.1001522512372522, 1, 0.0},
+    {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.47574730225787126, 1, 0.0},
+    {3000, 3000, 3000, 1.2967679500579834, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.3855261069379283, 1, 0.0},
+    {1, 4096, 4096, 0.29016000032424927, 0.0, 8.317766166719343, 8.317766166719343, 0.23100194009032957, 1, 0.0},
+    {16, 8192, 4096, 0.23475199937820435, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.06410432287401943, 1, 0.0},
+    {64, 4096, 8192, 0.4789760112762451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.019888090262085083, 1, 0.0},
+    {128, 8192, 8192, 0.48230400681495667, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.13130116620785587, 1, 0.0},
+    {8192, 128, 8192, 0.4813760071992874, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.13322711650053615, 1, 0.0},
+    {4096, 32, 4096, 0.24040000140666962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.02609911054885731, 1, 0.0},
+    {80, 8192, 4096, 0.2314079999923706, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.140741177212333, 1, 0.0},
+    {1, 11008, 4096, 0.2260800004005432, 0.0, 9.306377560173125, 8.317766166719343, -0.1307869892515706, 1, 0.0},
+    {8, 11008, 4096, 0.22998400032520294, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.1227999505540641, 1, 0.0},
+    {16, 4096, 4096, 0.23078399896621704, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.006100208676375707, 1, 0.0},
+    {4, 14336, 4096, 0.22934399545192719, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.17117077288111934, 1, 0.0},
+    {4096, 16, 4096, 0.22803199291229248, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.01809647343643733, 1, 0.0},
+    {6, 8192, 4096, 0.22764800488948822, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.08474032790317688, 1, 0.0},
+    {12, 4096, 8192, 0.45529599487781525, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0025838275642360567, 1, 0.0},
+    {4096, 4096, 512, 0.2282239943742752, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07380800741915657, 1, 0.0},
+    {5120, 7168, 1024, 1.0906400084495544, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.03468142981560943, 1, 0.0},
+    {8192, 8192, 256, 0.4739519953727722, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.061516933687248705, 1, 0.0},
+    {2048, 2048, 128, 0.02147199958562851, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0019233875738176615, 1, 0.0},
+    {16384, 4096, 64, 0.15887999534606934, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.020884632550091008, 1, 0.0},
+    {256, 256, 32768, 1.8849760293960571, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.10530472281539581, 1, 0.0},
+    {512, 512, 16384, 0.9659200012683868, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.07068350334929323, 1, 0.0},
+    {128, 1024, 65536, 3.8055520057678223, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.09791895963713966, 1, 0.0},
+    {64, 64, 131072, 7.486000061035156, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.11797453929685783, 1, 0.0},
+    {384, 384, 24576, 1.7966720461845398, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.32025409658317133, 1, 0.0},
+    {1280, 1920, 16384, 1.919647991657257, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.28826300530125276, 1, 0.0},
+    {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.1293665607677066, 1, 0.0},
+    {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.24929065651027468, 1, 0.0},
+    {2048, 5632, 2048, 0.7763039767742157, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.13844973799983462, 1, 0.0},
+    {4096, 11008, 4096, 5.042191982269287, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.006392566754962946, 1, 0.0},
+    {1024, 14336, 4096, 1.6607680320739746, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.04833222871281257, 1, 0.0},
+    {512, 512, 512, 0.2559039890766144, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.04066674589423358, 64, 4.1588830833596715},
+    {1024, 1024, 128, 0.177824005484581, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.25179496747395363, 32, 3.4657359027997265},
+    {128, 128, 128, 0.03014400042593479, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.34115955860672637, 256, 5.545177444479562},
+    {512, 512, 64, 0.11313599720597267, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3444424877037417, 128, 4.852030263919617},
+    {512, 64, 512, 0.11807999759912491, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.07874673580552642, 128, 4.852030263919617},
+    {2048, 2048, 256, 0.29308798909187317, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.1416297304703236, 8, 2.0794415416798357},
+};
+static const Point tf32_19_unaligned[] = {
     {2047, 2047, 2047, 0.3251839876174927, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04268633195640229, 1, 0.0},
     {1531, 1531, 1531, 0.2595840096473694, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2552552160482518, 1, 0.0},
     {5003, 5003, 5003, 5.0763840675354, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.017244317367725043, 1, 0.0},
@@ -16959,51 +17963,51 @@ static const Point tf32_18_unaligned[] = {
     {1024, 1024, 1024, 0.10574400052428246, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08260330624064732, 1, 0.0},
 };
 
-static const Member members[19] = {
+static const Member members[20] = {
     {128, 128, 32, 1, 1, true, true,
-     {tf32_0_aligned, 41, {0.011710958054888686, 0.000711216784259574, 0.0006056712829778143, 0.0, 4.132680427503097}},
+     {tf32_0_aligned, 44, {0.012432555802603495, 0.0006618335488246654, 0.0007398879249177297, 0.0, 4.061954662992403}},
      {tf32_0_unaligned, 9, {0.0, 0.0008118899865331895, 0.02031147956921642, 0.1099145091440136, 0.0}}
      , true
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {tf32_1_aligned, 41, {0.005867927535607751, 0.00033575904372629454, 0.0016355631534292654, 0.01711344434293333, 0.0}},
+     {tf32_1_aligned, 44, {0.0058728599887867515, 0.0003360467594560929, 0.0016404361879563832, 0.01628747945428812, 0.0}},
      {tf32_1_unaligned, 9, {0.0, 0.00035127825906521547, 0.01166021807439349, 0.2355563305797277, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 4, 1, true, true,
-     {tf32_2_aligned, 41, {0.010016197216614056, 0.0003250046808788527, 0.010332424671803009, 0.04757231635494769, 0.0}},
+     {tf32_2_aligned, 44, {0.009994404624705133, 0.00032364398458370946, 0.010273421759361103, 0.04964891800537198, 0.0}},
      {tf32_2_unaligned, 9, {0.014723024645111119, 0.0005654592942428202, 0.0, 0.1526821437951838, 2.8842873756863576}}
      , false
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 1, 1, true, true,
-     {tf32_3_aligned, 41, {0.006280643696233629, 0.00023559914749884516, 0.0006654634611998588, 0.015442911061455039, 0.0}},
+     {tf32_3_aligned, 44, {0.006336887135024851, 0.0002369502254588504, 0.0006996237823954274, 0.012200248711765714, 0.0}},
      {tf32_3_unaligned, 9, {0.011035991701021621, 0.0005169725845781996, 0.0022396095452938735, 0.06287964125830171, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_4_aligned, 41, {0.0035816992340202726, 0.000717483334022145, 0.005192812374370096, 0.025068828812104576, 0.0}},
-     {tf32_4_unaligned, 9, {0.02435719378159694, 0.0014260280233720096, 0.0, 0.05126419725975105, 0.0}}
-     , false
-     , 1, 1
-     , false, 0
-    },
-    {128, 256, 32, 1, 1, true, true,
-     {tf32_5_aligned, 41, {0.0027098950271411374, 0.0005423205182775112, 0.006377860115280006, 0.02372315550281216, 0.0}},
-     {tf32_5_unaligned, 9, {0.0, 0.0002705109066475809, 0.012630889349148276, 0.32049163766839117, 0.0}}
+     {tf32_4_aligned, 44, {0.00272114368532508, 0.0005433694564742487, 0.006392620255394411, 0.02252376725694122, 0.0}},
+     {tf32_4_unaligned, 9, {0.0, 0.0002705109066475809, 0.012630889349148276, 0.32049163766839117, 0.0}}
      , false
      , 2, 1
      , false, 0
     },
+    {128, 256, 32, 1, 1, true, true,
+     {tf32_5_aligned, 44, {0.003577426520353665, 0.0007171591880587137, 0.005175151621870804, 0.02564712872275739, 0.0}},
+     {tf32_5_unaligned, 9, {0.02435719378159694, 0.0014260280233720096, 0.0, 0.05126419725975105, 0.0}}
+     , false
+     , 1, 1
+     , false, 0
+    },
     {128, 128, 32, 32, 1, true, true,
-     {tf32_6_aligned, 41, {0.010544123733580971, 0.0003904792943947429, 0.002544314846348983, 0.024556447240624862, 12.585114521920616}},
+     {tf32_6_aligned, 44, {0.010283990552762162, 0.0003908679090770439, 0.0025479228441979552, 0.024804427850703876, 12.831840812413999}},
      {tf32_6_unaligned, 9, {0.020663440729787326, 0.0005110737091770784, 0.0002098404902685313, 0.230569649358405, 20.22264829207983}}
      , false
      , 1, 1
@@ -17017,78 +18021,85 @@ static const Member members[19] = {
      , true, 0
     },
     {128, 192, 32, 1, 1, true, true,
-     {tf32_8_aligned, 41, {0.004484178934443757, 0.0004463017911595202, 0.004229232955489603, 0.021731043501960957, 0.0}},
+     {tf32_8_aligned, 44, {0.004472860629730889, 0.00044724338905367946, 0.004254759455743381, 0.020393206702591263, 0.0}},
      {tf32_8_unaligned, 9, {0.009908873346734334, 0.000392968445410591, 0.0, 0.31666454186210174, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 128, 1, true, true,
-     {tf32_9_aligned, 41, {0.022455930536017056, 0.0, 0.0015697901469783166, 0.10247815091856814, 23.403955715391735}},
+     {tf32_9_aligned, 44, {0.021844775236365577, 0.0, 0.0015706421653500558, 0.10221950360409932, 24.587328774888686}},
      {tf32_9_unaligned, 9, {0.06059593418659448, 0.0, 0.00022394267338703424, 0.5702270360834121, 70.93045063977662}}
      , false
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 8, 1, true, true,
-     {tf32_10_aligned, 41, {0.007580757304072186, 0.00033579368202253364, 0.00996693447247542, 0.042470470625919535, 0.02235603787306347}},
+     {tf32_10_aligned, 44, {0.007793457564523546, 0.00033824605830355567, 0.009904466978948052, 0.040036468147395456, 0.0}},
      {tf32_10_unaligned, 9, {0.01563122494054192, 0.000766934598175739, 0.0, 0.08630807619142392, 5.312482770121222}}
      , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_11_aligned, 41, {0.00450938392014844, 0.0004600207945136483, 0.001126445707303675, 0.0, 0.0}},
+     {tf32_11_aligned, 44, {0.004611255056013369, 0.0004554047139847099, 0.001135461297135354, 0.0, 0.0}},
      {tf32_11_unaligned, 9, {0.010773673754293308, 0.0004800980837064651, 0.0, 0.0, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_12_aligned, 41, {0.004912739096079435, 0.00024376192175765263, 0.0007741772098629829, 0.011244017028093346, 0.0}},
+     {tf32_12_aligned, 44, {0.004867923763373286, 0.00024039397728002038, 0.0007212490836447669, 0.018123957819160458, 0.0}},
      {tf32_12_unaligned, 9, {0.01730853935915336, 0.0003398616323472233, 0.0, 0.007249782823111144, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 12, 1, true, true,
-     {tf32_13_aligned, 41, {0.00756038566331373, 0.0003573282955857677, 0.007229045663677031, 0.03570710818519439, 1.693011939172543}},
+     {tf32_13_aligned, 44, {0.00768539997559027, 0.00035823593613642276, 0.007233091617608825, 0.03433484936795789, 1.6363964716294441}},
      {tf32_13_unaligned, 9, {0.016493299267629297, 0.0, 0.004604514871083761, 0.26854560145104717, 4.66568883825095}}
      , false
      , 1, 1
      , false, 0
     },
+    {128, 240, 32, 1, 1, true, true,
+     {tf32_14_aligned, 44, {0.005109103888126216, 0.0005299449108939714, 0.00437018655884419, 0.020596455573027146, 0.0}},
+     {tf32_14_unaligned, 9, {0.00826195803786149, 0.0003913763727570239, 0.0, 0.3610282428286697, 0.0}}
+     , false
+     , 1, 1
+     , false, 0
+    },
     {128, 128, 32, 2, 1, true, true,
-     {tf32_14_aligned, 41, {0.005978226303099445, 0.0003352440908238233, 0.011136201045480546, 0.04770218900104436, 0.0}},
-     {tf32_14_unaligned, 9, {0.010233129466745018, 0.00045081556860152646, 0.0008464062364638686, 0.20568091479179104, 1.5591858320075038}}
+     {tf32_15_aligned, 44, {0.005835668600947442, 0.0003333382166547635, 0.011152165692109275, 0.051206610893567164, 0.0}},
+     {tf32_15_unaligned, 9, {0.010233129466745018, 0.00045081556860152646, 0.0008464062364638686, 0.20568091479179104, 1.5591858320075038}}
      , false
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 3, 1, true, true,
-     {tf32_15_aligned, 41, {0.008565458419803456, 0.0003249875695063165, 0.005038695398857734, 0.0294791967895959, 0.0}},
-     {tf32_15_unaligned, 9, {0.023783648676838007, 0.0003375775817670871, 0.00127145187965606, 0.15123927666429354, 0.0}}
-     , false
-     , 1, 1
-     , false, 0
-    },
-    {128, 256, 32, 1, 1, true, true,
-     {tf32_16_aligned, 41, {0.0033916784384254066, 0.0005561469748331123, 0.004951798911115882, 0.025913690713257553, 0.0}},
-     {tf32_16_unaligned, 9, {0.009691967935552735, 0.00036354258058912876, 0.0, 0.3871591859756462, 0.0}}
+     {tf32_16_aligned, 44, {0.008567881387117705, 0.0003225282018060434, 0.004959121551301406, 0.03274544225811701, 0.0}},
+     {tf32_16_unaligned, 9, {0.023783648676838007, 0.0003375775817670871, 0.00127145187965606, 0.15123927666429354, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
     {128, 192, 32, 1, 1, true, true,
-     {tf32_17_aligned, 41, {0.005247190039189255, 0.0004497796093330031, 0.003176562731054091, 0.018404870000238358, 0.0}},
+     {tf32_17_aligned, 44, {0.005247689792619583, 0.0004490172846897924, 0.003138943218087349, 0.019608975269850965, 0.0}},
      {tf32_17_unaligned, 9, {0.009642922073144239, 0.00039525110092510844, 0.0, 0.3166850217660883, 0.0}}
      , false
      , 1, 1
      , false, 0
     },
+    {128, 256, 32, 1, 1, true, true,
+     {tf32_18_aligned, 44, {0.0034322461152204112, 0.0005479558162691673, 0.005640985720202613, 0.027365304248508363, 0.0}},
+     {tf32_18_unaligned, 9, {0.008493135423902447, 0.00038554421319101235, 0.0, 0.3839438493720763, 0.0}}
+     , false
+     , 1, 1
+     , false, 0
+    },
     {128, 128, 32, 1, 2, true, false,
-     {tf32_18_aligned, 41, {0.004723775057471162, 0.0016211222234211646, 0.0022216363453318065, 0.23669147539118607, 0.0}},
-     {tf32_18_unaligned, 9, {0.026651043324381216, 0.0020452982129835506, 0.0, 0.33898833740411627, 0.0}}
+     {tf32_19_aligned, 44, {0.004743544116461333, 0.0016186398108594341, 0.002169392582097357, 0.2397073613990058, 0.0}},
+     {tf32_19_unaligned, 9, {0.026651043324381216, 0.0020452982129835506, 0.0, 0.33898833740411627, 0.0}}
      , false
      , 1, 1
      , false, 0
@@ -17177,7 +18188,7 @@ static int best(int M, int N, int K, bool use_aligned, int sm_count, bool beta_u
                 double& best_ms) {
     int found = -1;
     best_ms = HUGE_VAL;
-    for (int i = 0; i < 19; ++i) {
+    for (int i = 0; i < 20; ++i) {
         const Member& m = members[i];
         const Model& model = use_aligned ? m.aligned : m.unaligned;
         if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
@@ -17195,7 +18206,7 @@ static int choose(int M, int N, int K, bool aligned, int sm_count, bool beta_use
         const int found = best(M, N, K, pass == 0 ? aligned : !aligned, sm_count, beta_used, sm90a, batch, ms);
         if (found >= 0) return found;
     }
-    for (int i = 0; i < 19; ++i)
+    for (int i = 0; i < 20; ++i)
         if ((members[i].beta || !beta_used) && (!members[i].sm90a || sm90a)) return i;
     return 0;
 }
@@ -17425,7 +18436,7 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     Device caps;
     const cudaError_t status = device_caps(caps);
     if (status != cudaSuccess) return (int)status;
-    int pick = 18;  // a GPU this library was not tuned for: the portable member
+    int pick = 19;  // a GPU this library was not tuned for: the portable member
     if (caps.tuned_gpu) {
         const bool aligned = lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 &&
             reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
@@ -17458,6 +18469,7 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     case 16: return gemmgen_tf32_16_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 17: return gemmgen_tf32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 18: return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 19: return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     }
     return cudaErrorInvalidValue;
 }
