@@ -41,8 +41,7 @@ class LibraryRuntime:
             suffix = "".join(layout[0] for layout in self.layouts.values())
             for index, plan in enumerate(self.plans):
                 try:
-                    spec = plan.spec.with_values(layout_A=relaid[0], layout_B=relaid[1], layout_C=self.layouts["C"])
-                    self.plans[index] = make_plan(replace(spec, name=f"{plan.spec.name}_{suffix}"))
+                    self.plans[index] = _relaid(plan, relaid, self.layouts["C"], suffix)
                     why = self.plans[index].mainloop.slow_layouts(self.plans[index])
                 except SpecError as exc:
                     why = exc.message
@@ -156,3 +155,16 @@ class LibraryRuntime:
         if padded is not None:
             return padded
         return self.choose(M, N, K, lda, ldb, ldc, (a16, b16, c16), 1.0 if beta_used else 0.0, batch, strides), None
+
+
+def _relaid(plan, relaid: tuple[str, ...], c_layout: str, suffix: str):
+    """A member's plan built in a relaid class's layouts, with the settings its mainloop takes there
+    (Mainloop.relaid_settings) where they plan, else in the layouts alone (SpecError where not even so)."""
+    spec = plan.spec.with_values(layout_A=relaid[0], layout_B=relaid[1], layout_C=c_layout)
+    extra = plan.mainloop.relaid_settings(plan, relaid[0], relaid[1])
+    if extra:
+        try:
+            return make_plan(replace(spec.with_values(**extra), name=f"{plan.spec.name}_{suffix}"))
+        except SpecError:
+            pass
+    return make_plan(replace(spec, name=f"{plan.spec.name}_{suffix}"))

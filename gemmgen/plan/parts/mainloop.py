@@ -63,6 +63,11 @@ class Mainloop:
         does (a library relaid into other layouts does not choose it by A row, B col timings)."""
         return None
 
+    def relaid_settings(self, plan: Plan, layout_a: str, layout_b: str) -> dict[str, object]:
+        """Settings this mainloop's plan takes besides the layouts when a library relays it into
+        A `layout_a`, B `layout_b` (library/runtime.py tries them first)."""
+        return {}
+
     def hands_over(self, M: int, N: int, K: int, lda: int, ldb: int, pointers: dict[str, int],
                    batch: int = 1, strides: tuple[int, int] = (0, 0)) -> bool:
         """Whether this call goes to the fallback kernel instead (pointers: address % 16 of A, B, C;

@@ -235,6 +235,15 @@ class WgmmaTma(WgmmaAsync):
         return not (self.tma_ready(M, N, K, lda, ldb, pointers)
                     and self.batches_ready(M, N, K, lda, ldb, batch, strides))
 
+    def relaid_settings(self, plan: Plan, layout_a: str, layout_b: str) -> dict[str, object]:
+        """A TF32 kernel reading a column-major A's fragments into registers stores C through shared
+        memory (staged): stored from registers, the same kernel ran 0.79-0.87x its A row speed, staged
+        0.99-1.02x (H100, 537a679: 128 x 256 at 4096^3, 2048x8192x2048, 2048x5632x2048, 2048^3;
+        benchmarks/layouts/2026-11-26-h100-537a679-relaid-store.json)."""
+        if self.math == "tf32" and layout_a == "col" and not plan.spec["epilogue.staged"]:
+            return {"epilogue_staged": True}
+        return {}
+
     @property
     def k_major(self) -> bool:
         """Both operands K-major (A row, B col): each lands as one box per stage, as wgmma reads it."""
