@@ -144,13 +144,13 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// One step of a lane: UNROLL x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
+// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
 // past the tile's `vectors` and for columns past the edge), all issued before any is used.
-template <int V>
-__device__ __forceinline__ void load_step(float (&b)[UNROLL][COLUMNS][V], const float* const (&column)[COLUMNS],
+template <int V, int U>
+__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
         const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
+    for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int c = 0; c < COLUMNS; ++c) {
             const int q = q0 + u * STEP;
@@ -168,6 +168,7 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
         float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
 {
     constexpr int V = ALIGNED ? 4 : 1;
+    constexpr int U = ALIGNED ? UNROLL : 4 * UNROLL;  // steps issued together: scalar loads keep as many bytes in flight
     constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp % GROUPS, slice = warp / GROUPS;
@@ -198,11 +199,11 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
-        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * UNROLL) {
-            float b[UNROLL][COLUMNS][V];  // UNROLL * COLUMNS loads in flight
-            load_step<V>(b, column, live, k0, q0, vectors);
+        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
+            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
+            load_step<V, U>(b, column, live, k0, q0, vectors);
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
+            for (int u = 0; u < U; ++u) {
                 const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
