@@ -125,6 +125,7 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* ro
 }
 static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
 static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
+static_assert(CHUNKS_IN_FLIGHT % 2 == 0, "the scalar variant issues half the float4s, four floats each");
 
 // V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
 template <int V>
@@ -167,7 +168,8 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
         float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
 {
     constexpr int V = ALIGNED ? 4 : 1;
-    constexpr int U = ALIGNED ? UNROLL : 4 * UNROLL;  // steps issued together: scalar loads keep as many bytes in flight
+    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
+    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
     constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp % GROUPS, slice = warp / GROUPS;
@@ -330,7 +332,7 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
 {
     constexpr int V = ALIGNED ? 4 : 1;
     constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 32)
-    constexpr int U = CHUNKS_IN_FLIGHT;  // chunks in flight: float4s, or (unaligned) 4 floats each, the same bytes
+    constexpr int U = ALIGNED ? CHUNKS_IN_FLIGHT : CHUNKS_IN_FLIGHT / 2;  // scalar loads: 4 per chunk
     static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int tile = warp % TILES, slice = warp / TILES;

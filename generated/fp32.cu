@@ -12,7 +12,7 @@
 // Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 53 shapes; 85 candidate kernels
 // timed, 18 kept:
 //   fp32_0   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k  (sm_90a, from lib_3xtf32_streamk)
-//   fp32_1   decode=1x8x1 math=3xtf32  (sm_90, from lib_fp32_decode_tc)
+//   fp32_1   decode=1x4x1  (sm_90, from lib_fp32_decode)
 //   fp32_2   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent  (sm_90a, from lib_3xtf32_persistent)
 //   fp32_3   block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_3xtf32_split)
 //   fp32_4   block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_3xtf32_split)
@@ -25,16 +25,16 @@
 //   fp32_11  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_3xtf32_split)
 //   fp32_12  block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_3xtf32_split)
 //   fp32_13  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2  (sm_90a, from lib_3xtf32_split)
-//   fp32_14  decode=1x4x2  (sm_90, from lib_fp32_decode)
-//   fp32_15  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2  (sm_90a, from lib_3xtf32_split)
-//   fp32_16  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=16  (sm_90a, from lib_3xtf32_split)
+//   fp32_14  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2  (sm_90a, from lib_3xtf32_split)
+//   fp32_15  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=16  (sm_90a, from lib_3xtf32_split)
+//   fp32_16  decode=1x4x2  (sm_90, from lib_fp32_decode)
 //   fp32_17  block=128x64x32 warp=32x32 math=3xtf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_3xtf32)
 //
 // Each call runs the member predicted fastest for its M, N, K, batch count and alignment class
 // (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
 // per block, fitted to each member's measurements and corrected by them near the tuned shapes.
 // Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
-// over the best there: median 1.000, worst 2.060.
+// over the best there: median 1.000, worst 5.790.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
 // compute capability 9.0; elsewhere fp32_17 runs.
 //
@@ -1258,8 +1258,7 @@ static inline int gemmgen_fp32_0(int M, int N, int K, float alpha, const float* 
 //   kernel fp32_1 {
 //     target   sm_90
 //     layout   A row, B col, C row
-//     decode   columns 1 warps 8 slices 1
-//     math     3xtf32
+//     decode   columns 1 warps 4 slices 1
 //     epilogue alpha beta
 //   }
 //
@@ -1267,17 +1266,16 @@ static inline int gemmgen_fp32_0(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                   sm_90
-//   math                     3xtf32: 5 to 16 rows on the tensor cores, mma.sync m16n8k8 3xTF32 (A and B split into big + small TF32 parts, rounded to nearest; big x big + big x small + small x big: FP32-accurate); 1 to 4 rows FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
+//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
 //   orientation              M <= N: rows of A in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B in shared memory, rows of A streamed
 //   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
 //   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
-//   threads per block        256 (8 warps: 8 column group(s) of 1 warp(s), each a slice of K) = 8 columns
+//   threads per block        128 (4 warps: 4 column group(s) of 1 warp(s), each a slice of K) = 4 columns
 //   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
-//   tensor path              1 tile(s) of 8 columns per block, 8 warp(s) per tile, each a slice of K; per lane 8 float4s of its column in flight, each two k steps of 3 mma.sync; passes of 5 to 8 rows read 8 rows of A
-//   K slices' sums           896 shared floats, added in slice order (deterministic)
-//   registers (estimate)     56 live floats per lane at 16 rows, 37 at 1
-//   shared memory per block  0 dynamic + 36352 static bytes
-//   schedule                 a block per 8 columns of the big operand, of every batch
+//   K slices' sums           none (one warp per column group)
+//   registers (estimate)     52 live floats per lane at 16 rows, 37 at 1
+//   shared memory per block  0 dynamic + 32772 static bytes
+//   schedule                 a block per 4 columns of the big operand, of every batch
 //   epilogue                 alpha * A*B + beta * C
 //   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
 //
@@ -1295,22 +1293,22 @@ namespace gemmgen_fp32_1_impl {
 // memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
 // K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
 constexpr int COLUMNS = 1;  // columns per warp
-constexpr int WARPS = 8;
+constexpr int WARPS = 4;
 constexpr int SLICES = 1;  // warps per column group, each a slice of K
 constexpr int GROUPS = WARPS / SLICES;  // column groups per block
-constexpr int BLOCK_COLS = 8;  // columns per block = COLUMNS * GROUPS
-constexpr int THREADS = 256;
+constexpr int BLOCK_COLS = 4;  // columns per block = COLUMNS * GROUPS
+constexpr int THREADS = 128;
 constexpr int MAX_ROWS = 16;  // rows per pass
 constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
-constexpr int PART_FLOATS = 896;  // shared partial sums of slices 1 .. SLICES - 1
+constexpr int PART_FLOATS = 1;  // shared partial sums of slices 1 .. SLICES - 1
 constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
 // The tensor path (passes of 5 to 16 rows; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
 // step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
-constexpr int PRODUCTS = 3;
+constexpr int PRODUCTS = 0;
 constexpr int TILES = 1;
-constexpr int TILE_SLICES = 8;
+constexpr int TILE_SLICES = 4;
 constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its column per lane, issued together
 
 // ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
@@ -1400,13 +1398,13 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// One step of a lane: UNROLL x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
+// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
 // past the tile's `vectors` and for columns past the edge), all issued before any is used.
-template <int V>
-__device__ __forceinline__ void load_step(float (&b)[UNROLL][COLUMNS][V], const float* const (&column)[COLUMNS],
+template <int V, int U>
+__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
         const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
 #pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
+    for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int c = 0; c < COLUMNS; ++c) {
             const int q = q0 + u * STEP;
@@ -1419,11 +1417,13 @@ __device__ __forceinline__ void load_step(float (&b)[UNROLL][COLUMNS][V], const 
 // the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
 // starts 16-byte aligned. C is read only where beta != 0.
 template <int R, bool ALIGNED>
-__device__ __noinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
+__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
         const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
         float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
 {
     constexpr int V = ALIGNED ? 4 : 1;
+    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
+    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
     constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int group = warp % GROUPS, slice = warp / GROUPS;
@@ -1454,11 +1454,11 @@ __device__ __noinline__ void decode_pass(int rows, int cols, int col0, int K, fl
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
-        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * UNROLL) {
-            float b[UNROLL][COLUMNS][V];  // UNROLL * COLUMNS loads in flight
-            load_step<V>(b, column, live, k0, q0, vectors);
+        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
+            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
+            load_step<V, U>(b, column, live, k0, q0, vectors);
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
+            for (int u = 0; u < U; ++u) {
                 const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
@@ -1580,7 +1580,7 @@ __device__ __forceinline__ void load_chunks(float (&b)[U][4], const float* colum
 // (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
 // TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of each K tile.
 template <int R, bool ALIGNED>
-__device__ __noinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
+__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
         const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
         float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
 {
@@ -1675,7 +1675,7 @@ __device__ __forceinline__ void decode_wide_pass(int rows, int cols, int col0, i
 }
 
 template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 2)
+__global__ void __launch_bounds__(THREADS)
 gemmgen_fp32_1_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
@@ -13604,523 +13604,6 @@ static inline int gemmgen_fp32_13(int M, int N, int K, float alpha, const float*
 //
 // spec:
 //   kernel fp32_14 {
-//     target   sm_90
-//     layout   A row, B col, C row
-//     decode   columns 1 warps 4 slices 2
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                   sm_90
-//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
-//   orientation              M <= N: rows of A in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B in shared memory, rows of A streamed
-//   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
-//   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
-//   threads per block        128 (4 warps: 2 column group(s) of 2 warp(s), each a slice of K) = 2 columns
-//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
-//   K slices' sums           32 shared floats, added in slice order (deterministic)
-//   registers (estimate)     52 live floats per lane at 16 rows, 37 at 1
-//   shared memory per block  0 dynamic + 32896 static bytes
-//   schedule                 a block per 2 columns of the big operand, of every batch
-//   epilogue                 alpha * A*B + beta * C
-//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_fp32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_fp32_14_impl {
-
-// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
-// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
-// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
-// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
-constexpr int COLUMNS = 1;  // columns per warp
-constexpr int WARPS = 4;
-constexpr int SLICES = 2;  // warps per column group, each a slice of K
-constexpr int GROUPS = WARPS / SLICES;  // column groups per block
-constexpr int BLOCK_COLS = 2;  // columns per block = COLUMNS * GROUPS
-constexpr int THREADS = 128;
-constexpr int MAX_ROWS = 16;  // rows per pass
-constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
-constexpr int PART_FLOATS = 32;  // shared partial sums of slices 1 .. SLICES - 1
-constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
-constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
-constexpr int SMEM_BYTES = 0;  // its shared memory is static
-// The tensor path (passes of 5 to 16 rows; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
-// step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
-constexpr int PRODUCTS = 0;
-constexpr int TILES = 1;
-constexpr int TILE_SLICES = 4;
-constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its column per lane, issued together
-
-// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
-
-// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
-// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
-template <int BYTES>
-__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    const int src_bytes = valid ? BYTES : 0;
-    if constexpr (BYTES == 16) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
-    } else {
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
-                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
-    }
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-// Wait until at most PENDING committed groups are still in flight.
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
-}
-// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
-// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
-__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
-                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
-        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
-// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
-// which is exactly the TF32 fragment layout above when shared rows run along K.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
-}
-
-__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
-                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
-}
-static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
-static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
-static_assert(CHUNKS_IN_FLIGHT % 2 == 0, "the scalar variant issues half the float4s, four floats each");
-
-// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// One step of a lane: UNROLL x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
-// past the tile's `vectors` and for columns past the edge), all issued before any is used.
-template <int V>
-__device__ __forceinline__ void load_step(float (&b)[UNROLL][COLUMNS][V], const float* const (&column)[COLUMNS],
-        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            const int q = q0 + u * STEP;
-            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
-            else fill_zero<V>(b[u][c]);
-        }
-}
-
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
-// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
-// starts 16-byte aligned. C is read only where beta != 0.
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
-{
-    constexpr int V = ALIGNED ? 4 : 1;
-    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int group = warp % GROUPS, slice = warp / GROUPS;
-    const int j0 = col0 + group * COLUMNS;  // the warp's first column
-
-    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
-    bool live[COLUMNS];
-#pragma unroll
-    for (int c = 0; c < COLUMNS; ++c) {
-        live[c] = j0 + c < cols;
-        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
-    }
-    float acc[R][COLUMNS];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
-
-    for (int k0 = 0; k0 < K; k0 += KT) {
-        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
-        __syncthreads();  // every warp is done with the last tile
-        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
-        // one wait, in place of a load and a store per vector, one L2 round trip after another.
-        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
-            const int r = i / vectors, k = i % vectors * V;
-            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * UNROLL) {
-            float b[UNROLL][COLUMNS][V];  // UNROLL * COLUMNS loads in flight
-            load_step<V>(b, column, live, k0, q0, vectors);
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    float a[V];  // one vector of row r, reused over the warp's columns
-                    load_vec<V>(a, s_rows + r * KT + q * V);
-#pragma unroll
-                    for (int c = 0; c < COLUMNS; ++c)
-#pragma unroll
-                        for (int v = 0; v < V; ++v) acc[r][c] = fmaf(a[v], b[u][c][v], acc[r][c]);
-                }
-            }
-        }
-    }
-
-    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c)
-#pragma unroll
-            for (int offset = 16; offset > 0; offset /= 2)
-                acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], offset);
-    if (slice > 0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int c = 0; c < COLUMNS; ++c)
-                if ((r * COLUMNS + c) % 32 == lane)
-                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = acc[r][c];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) {
-            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
-            float sum = acc[r][c];
-            for (int s = 1; s < SLICES; ++s)
-                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
-            float* out = C + r * c_row + (j0 + c) * c_col;
-            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
-        }
-    __syncthreads();  // s_part is free for the next pass
-}
-
-// ---- the tensor path: a pass of 5 to 16 rows (R = 8 or 16) on mma.sync m16n8k8 ------------------
-// The sum over K is order-free: lane 4g + t takes k = 16q + 4t .. 16q + 4t + 3 of chunk q (one float4
-// of its column g of the tile, and of rows g and g + 8 of the small operand) as k slots t and t + 4
-// of two k steps (.x .y, then .z .w), the same slots for A and for B.
-
-// Where k of a row of shared memory lies: odd rows swap their 16-float halves, so that the two rows
-// a quarter warp reads (g, t = 0..3 for two g) fall on all 32 banks.
-__device__ __forceinline__ int swizzled(int r, int k) { return k ^ ((r & 1) << 4); }
-
-// Four floats of shared memory (16-byte aligned) by ld.shared: the passes are calls, in which the
-// compiler no longer knows s_rows is shared (volatile: never hoisted past the tile's barriers).
-__device__ __forceinline__ void load_shared4(float (&v)[4], const float* p) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ld.shared.v4.f32 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(address));
-}
-
-// c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
-// PRODUCTS 3: both split into big + small TF32 parts, big x big into c, small x big + big x small into
-// their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
-// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
-template <bool UPPER>
-__device__ __forceinline__ void mma_step(float (&c)[4], float (&cs)[4], float a0, float a1, float a2, float a3,
-                                         float b0, float b1) {
-    unsigned ab[4] = {0u, 0u, 0u, 0u}, bb[2];
-    if constexpr (PRODUCTS == 3) {
-        unsigned as[4] = {0u, 0u, 0u, 0u}, bs[2];
-        split_tf32(a0, ab[0], as[0]);
-        split_tf32(a2, ab[2], as[2]);
-        if constexpr (UPPER) {
-            split_tf32(a1, ab[1], as[1]);
-            split_tf32(a3, ab[3], as[3]);
-        }
-        split_tf32(b0, bb[0], bs[0]);
-        split_tf32(b1, bb[1], bs[1]);
-        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
-        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
-    } else {
-        ab[0] = to_tf32(a0);
-        ab[2] = to_tf32(a2);
-        if constexpr (UPPER) {
-            ab[1] = to_tf32(a1);
-            ab[3] = to_tf32(a3);
-        }
-        bb[0] = to_tf32(b0);
-        bb[1] = to_tf32(b1);
-    }
-    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
-}
-
-// A lane's U float4s of its column (or 4 floats each, unaligned): chunks q0, q0 + TILE_SLICES, ..,
-// each at 16 q of `column` (the lane's 4 t already added), zeros past `left` floats and where not live.
-template <int U, bool ALIGNED>
-__device__ __forceinline__ void load_chunks(float (&b)[U][4], const float* column, int q0, int left, bool live) {
-    if (live && (q0 + (U - 1) * TILE_SLICES) * 16 + 4 <= left) {  // every chunk whole: no checks
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + (q0 + u * TILE_SLICES) * 16 + e);
-        return;
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = (q0 + u * TILE_SLICES) * 16;
-#pragma unroll
-        for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
-            if (live && k + e < left) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + k + e);
-            else fill_zero<ALIGNED ? 4 : 1>(b[u] + e);
-        }
-    }
-}
-
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 5 to R rows
-// (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
-// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of each K tile.
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
-{
-    constexpr int V = ALIGNED ? 4 : 1;
-    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 32)
-    constexpr int U = ALIGNED ? CHUNKS_IN_FLIGHT : CHUNKS_IN_FLIGHT / 2;  // scalar loads: 4 per chunk
-    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int tile = warp % TILES, slice = warp / TILES;
-    const int g = lane / 4, t = lane % 4;
-    const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
-    const bool live = j < cols;
-    const float* column = G + (live ? (long long)j * ldg : 0);
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // cs: the small products (3xtf32)
-
-    // A batch of U chunks is issued after the last one is multiplied, the next tile's first batch
-    // included: its loads are in flight through the tile's barriers and refill of the small operand.
-    // Every warp has a batch in every tile but the last (a whole tile is KT / 16 >= TILE_SLICES chunks).
-    float b[U][4];
-    load_chunks<U, ALIGNED>(b, column + 4 * t, slice, min(KT, K) - 4 * t, live);
-    for (int k0 = 0; k0 < K; k0 += KT) {
-        const int klen = min(KT, K - k0), chunks = (klen + 15) / 16;
-        const int vectors = chunks * 16 / V;  // per row: up to a whole chunk, zeros past klen
-        __syncthreads();  // every warp is done with the last tile
-        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
-            const int r = i / vectors, k = i % vectors * V;
-            const bool valid = r < rows && k < klen;
-            cp_async<4 * V>(s_rows + r * KT + swizzled(r, k), valid ? S + r * lds + k0 + k : S, valid);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-#pragma unroll 1
-        for (int q0 = slice; q0 < chunks; q0 += TILE_SLICES * U) {
-            // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts
-            // (2.4e-6 at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): each batch's products start from zero
-            // in p and ps, which are added into c and cs here, rounding to nearest.
-            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int q = min(q0 + u * TILE_SLICES, chunks - 1);  // past the tile: b is zero
-                float a[4], a8[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8 at k = 16q + 4t ..
-                load_shared4(a, s_rows + g * KT + swizzled(g, q * 16) + 4 * t);
-                if constexpr (R == 16) load_shared4(a8, s_rows + (g + 8) * KT + swizzled(g + 8, q * 16) + 4 * t);
-                mma_step<R == 16>(p, ps, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
-                mma_step<R == 16>(p, ps, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                c[i] += p[i];
-                cs[i] += ps[i];
-            }
-            // the next batch: of this tile, else the first of the next tile (none past K)
-            const bool here = q0 + TILE_SLICES * U < chunks;
-            const int next_k0 = here ? k0 : k0 + KT, next_q = here ? q0 + TILE_SLICES * U : slice;
-            load_chunks<U, ALIGNED>(b, column + next_k0 + 4 * t, next_q, min(KT, K - next_k0) - 4 * t, live);
-        }
-    }
-
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c[i] += cs[i];  // zero but in 3xtf32
-    // Across the tile's slices in slice order; lane 4g + t holds rows g, g + 8 x columns 2t, 2t + 1.
-    if (slice > 0) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) s_part[((slice - 1) * TILES + tile) * 128 + lane * 4 + i] = c[i];
-    }
-    __syncthreads();
-    if (slice == 0) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = g + 8 * (i / 2), jc = col0 + tile * 8 + 2 * t + i % 2;
-            if (r >= rows || jc >= cols) continue;
-            float sum = c[i];
-            for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * 128 + lane * 4 + i];
-            float* out = C + r * c_row + jc * c_col;
-            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
-        }
-    }
-    __syncthreads();  // s_part is free for the next pass
-}
-
-// A pass of 5 to 16 rows: FFMA, or the tensor path (only the one taken is instantiated).
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_wide_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
-{
-    if constexpr (PRODUCTS == 0)
-        decode_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
-    else
-        decode_tensor_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS)
-gemmgen_fp32_14_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-    __shared__ __align__(16) float s_rows[TILE_FLOATS];
-    __shared__ float s_part[PART_FLOATS];
-    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
-    const bool transposed = M > N;
-    const int rows = transposed ? N : M, cols = transposed ? M : N;
-    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
-    const long long batch_index = blockIdx.x / blocks;
-    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
-    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    C += batch_index * strideC;
-    const float* S = transposed ? B : A;
-    const float* G = transposed ? A : B;
-    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
-    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
-    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
-
-    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
-        const int left = min(rows - r0, MAX_ROWS);
-        const float* s = S + r0 * lds;
-        float* c = C + r0 * c_row;
-        if (left == 1)
-            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left == 2)
-            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left <= 4)
-            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else if (left <= 8)
-            decode_wide_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-        else
-            decode_wide_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
-    }
-}
-
-}  // namespace gemmgen_fp32_14_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_14_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_14_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
-    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_14_kernel<true> : gemmgen_fp32_14_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_14(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 15: fp32_15 ===========================================
-// gemmgen_fp32_15: generated by gemmgen 0.1.0 from <library fp32: fp32_15> (edit the spec, not this file)
-//
-// spec:
-//   kernel fp32_15 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    64 x 128 x 32
@@ -14145,6 +13628,1022 @@ static inline int gemmgen_fp32_14(int M, int N, int K, float alpha, const float*
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
 //   split K                    2 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_fp32_14_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (fp32_14_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_14_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
+// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
+// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
+// rounding it here measured only 15% more accurate and 8% slower on an H100.
+__device__ __forceinline__ unsigned tf32_remainder(float x) {
+    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+}
+
+__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<uint4*>(small + i) =
+            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+    }
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_14_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
+// same place in `small`.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        uint4 big_run, small_run;
+        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
+        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
+        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
+        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
+        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_14_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
+    // three products start from zero in tile_product, which is added into acc rounding to
+    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
+    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
+    float tile_product[TM][RN * TN];
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    }
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_14_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_14_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_14_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_14_fallback_kernel<true> : gemmgen_fp32_14_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_14_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_14_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_14_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_fp32_14_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
+constexpr int SMEM_BYTES = 164960;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
+// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
+// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
+// rounding it here measured only 15% more accurate and 8% slower on an H100.
+__device__ __forceinline__ unsigned tf32_remainder(float x) {
+    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+}
+
+__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<uint4*>(small + i) =
+            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+    }
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_14_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
+    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        else if (tid >= 32) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                barrier_wait(&full[s], (t / STAGES) & 1);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+                barrier_arrive(&ready[s]);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
+    // three products start from zero in tile_product, which is added into acc here, rounding to
+    // nearest. A is split into big and small in registers; B's remainders come from the producer.
+    float tile_product[TM][RN * TN];
+    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
+    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
+    // alternate between two sets of registers (the MMAs read theirs until they complete).
+    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
+    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_stage = sA + s * A_STAGE_FLOATS;
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)
+        #pragma unroll
+            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
+                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
+            }
+    };
+    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        const float* b_small = sB_small + s * B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
+        }
+        wgmma_commit();
+    };
+    auto add_product = [&](int t) {  // once the tile's MMAs have completed
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    };
+    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
+    for (int t = 0; t < k_tiles; t += 2) {
+        multiply(t, a_big_even, a_small_even);
+        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
+        wgmma_wait<0>();
+        add_product(t);
+        if (t + 1 < k_tiles) {
+            multiply(t + 1, a_big_odd, a_small_odd);
+            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
+            wgmma_wait<0>();
+            add_product(t + 1);
+        }
+    }
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_14_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_14_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_14_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_fp32_14_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_14_kernel<true> : gemmgen_fp32_14_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_14_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_14(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 15: fp32_15 ===========================================
+// gemmgen_fp32_15: generated by gemmgen 0.1.0 from <library fp32: fp32_15> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_15 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 128 x 32
+//     math     3xtf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    16
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    16 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_15_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
@@ -14185,7 +14684,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 16;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -14653,9 +15152,9 @@ static inline int gemmgen_fp32_15_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_fp32_15_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
@@ -14664,10 +15163,10 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 164960;
+constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 16;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -15137,223 +15636,88 @@ static inline int gemmgen_fp32_15(int M, int N, int K, float alpha, const float*
 //
 // spec:
 //   kernel fp32_16 {
-//     target   sm_90a
+//     target   sm_90
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
-//     math     3xtf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    16
+//     decode   columns 1 warps 4 slices 2
 //     epilogue alpha beta
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    16 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_fp32_16_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   target                   sm_90
+//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
+//   orientation              M <= N: rows of A in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B in shared memory, rows of A streamed
+//   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
+//   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
+//   threads per block        128 (4 warps: 2 column group(s) of 2 warp(s), each a slice of K) = 2 columns
+//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
+//   K slices' sums           32 shared floats, added in slice order (deterministic)
+//   registers (estimate)     52 live floats per lane at 16 rows, 37 at 1
+//   shared memory per block  0 dynamic + 32896 static bytes
+//   schedule                 a block per 2 columns of the big operand, of every batch
+//   epilogue                 alpha * A*B + beta * C
+//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_fp32_16(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
-#include <cuda.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-// ---- fallback: the register-fed wgmma kernel (fp32_16_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
+namespace gemmgen_fp32_16_impl {
 
-namespace gemmgen_fp32_16_fallback_impl {
+// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
+// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
+// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
+// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
+constexpr int COLUMNS = 1;  // columns per warp
+constexpr int WARPS = 4;
+constexpr int SLICES = 2;  // warps per column group, each a slice of K
+constexpr int GROUPS = WARPS / SLICES;  // column groups per block
+constexpr int BLOCK_COLS = 2;  // columns per block = COLUMNS * GROUPS
+constexpr int THREADS = 128;
+constexpr int MAX_ROWS = 16;  // rows per pass
+constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
+constexpr int PART_FLOATS = 32;  // shared partial sums of slices 1 .. SLICES - 1
+constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
+constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
+constexpr int SMEM_BYTES = 0;  // its shared memory is static
+// The tensor path (passes of 5 to 16 rows; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
+// step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
+constexpr int PRODUCTS = 0;
+constexpr int TILES = 1;
+constexpr int TILE_SLICES = 4;
+constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its column per lane, issued together
 
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
 
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 197696;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 16;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
+// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
+// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const int src_bytes = valid ? BYTES : 0;
+    if constexpr (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
     } else {
-        regs[0] = *src;
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
+                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
     }
 }
 
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
 }
 
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Wait until at most PENDING committed groups are still in flight.
 template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
 }
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
+// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
 
 // Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
 __device__ __forceinline__ unsigned to_tf32(float x) {
@@ -15369,248 +15733,371 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
+                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
-    }
+// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
+// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
+// which is exactly the TF32 fragment layout above when shared rows run along K.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
 }
 
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_16_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
 }
+static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
+static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
+static_assert(CHUNKS_IN_FLIGHT % 2 == 0, "the scalar variant issues half the float4s, four floats each");
 
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
+// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
     } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
+        regs[0] = *src;
     }
 }
 
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
 #pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
+// past the tile's `vectors` and for columns past the edge), all issued before any is used.
+template <int V, int U>
+__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
+        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            const int q = q0 + u * STEP;
+            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
+            else fill_zero<V>(b[u][c]);
+        }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
+// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
+// starts 16-byte aligned. C is read only where beta != 0.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    constexpr int V = ALIGNED ? 4 : 1;
+    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
+    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
+    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = warp % GROUPS, slice = warp / GROUPS;
+    const int j0 = col0 + group * COLUMNS;  // the warp's first column
+
+    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
+    bool live[COLUMNS];
+#pragma unroll
+    for (int c = 0; c < COLUMNS; ++c) {
+        live[c] = j0 + c < cols;
+        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
+    }
+    float acc[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
+        __syncthreads();  // every warp is done with the last tile
+        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
+        // one wait, in place of a load and a store per vector, one L2 round trip after another.
+        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+            const int r = i / vectors, k = i % vectors * V;
+            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
+            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
+            load_step<V, U>(b, column, live, k0, q0, vectors);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float a[V];  // one vector of row r, reused over the warp's columns
+                    load_vec<V>(a, s_rows + r * KT + q * V);
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c)
+#pragma unroll
+                        for (int v = 0; v < V; ++v) acc[r][c] = fmaf(a[v], b[u][c][v], acc[r][c]);
+                }
             }
+        }
+    }
+
+    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c)
+#pragma unroll
+            for (int offset = 16; offset > 0; offset /= 2)
+                acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], offset);
+    if (slice > 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int c = 0; c < COLUMNS; ++c)
+                if ((r * COLUMNS + c) % 32 == lane)
+                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = acc[r][c];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
+            float sum = acc[r][c];
+            for (int s = 1; s < SLICES; ++s)
+                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
+            float* out = C + r * c_row + (j0 + c) * c_col;
+            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+        }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+// ---- the tensor path: a pass of 5 to 16 rows (R = 8 or 16) on mma.sync m16n8k8 ------------------
+// The sum over K is order-free: lane 4g + t takes k = 16q + 4t .. 16q + 4t + 3 of chunk q (one float4
+// of its column g of the tile, and of rows g and g + 8 of the small operand) as k slots t and t + 4
+// of two k steps (.x .y, then .z .w), the same slots for A and for B.
+
+// Where k of a row of shared memory lies: odd rows swap their 16-float halves, so that the two rows
+// a quarter warp reads (g, t = 0..3 for two g) fall on all 32 banks.
+__device__ __forceinline__ int swizzled(int r, int k) { return k ^ ((r & 1) << 4); }
+
+// Four floats of shared memory (16-byte aligned) by ld.shared: the passes are calls, in which the
+// compiler no longer knows s_rows is shared (volatile: never hoisted past the tile's barriers).
+__device__ __forceinline__ void load_shared4(float (&v)[4], const float* p) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ld.shared.v4.f32 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(address));
+}
+
+// c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
+// PRODUCTS 3: both split into big + small TF32 parts, big x big into c, small x big + big x small into
+// their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
+// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
+template <bool UPPER>
+__device__ __forceinline__ void mma_step(float (&c)[4], float (&cs)[4], float a0, float a1, float a2, float a3,
+                                         float b0, float b1) {
+    unsigned ab[4] = {0u, 0u, 0u, 0u}, bb[2];
+    if constexpr (PRODUCTS == 3) {
+        unsigned as[4] = {0u, 0u, 0u, 0u}, bs[2];
+        split_tf32(a0, ab[0], as[0]);
+        split_tf32(a2, ab[2], as[2]);
+        if constexpr (UPPER) {
+            split_tf32(a1, ab[1], as[1]);
+            split_tf32(a3, ab[3], as[3]);
+        }
+        split_tf32(b0, bb[0], bs[0]);
+        split_tf32(b1, bb[1], bs[1]);
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
+    } else {
+        ab[0] = to_tf32(a0);
+        ab[2] = to_tf32(a2);
+        if constexpr (UPPER) {
+            ab[1] = to_tf32(a1);
+            ab[3] = to_tf32(a3);
+        }
+        bb[0] = to_tf32(b0);
+        bb[1] = to_tf32(b1);
+    }
+    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
+}
+
+// A lane's U float4s of its column (or 4 floats each, unaligned): chunks q0, q0 + TILE_SLICES, ..,
+// each at 16 q of `column` (the lane's 4 t already added), zeros past `left` floats and where not live.
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_chunks(float (&b)[U][4], const float* column, int q0, int left, bool live) {
+    if (live && (q0 + (U - 1) * TILE_SLICES) * 16 + 4 <= left) {  // every chunk whole: no checks
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + (q0 + u * TILE_SLICES) * 16 + e);
+        return;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = (q0 + u * TILE_SLICES) * 16;
+#pragma unroll
+        for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
+            if (live && k + e < left) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + k + e);
+            else fill_zero<ALIGNED ? 4 : 1>(b[u] + e);
         }
     }
 }
 
-// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
-// same place in `small`.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 5 to R rows
+// (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
+// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of each K tile.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    constexpr int V = ALIGNED ? 4 : 1;
+    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 32)
+    constexpr int U = ALIGNED ? CHUNKS_IN_FLIGHT : CHUNKS_IN_FLIGHT / 2;  // scalar loads: 4 per chunk
+    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tile = warp % TILES, slice = warp / TILES;
+    const int g = lane / 4, t = lane % 4;
+    const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
+    const bool live = j < cols;
+    const float* column = G + (live ? (long long)j * ldg : 0);
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // cs: the small products (3xtf32)
+
+    // A batch of U chunks is issued after the last one is multiplied, the next tile's first batch
+    // included: its loads are in flight through the tile's barriers and refill of the small operand.
+    // Every warp has a batch in every tile but the last (a whole tile is KT / 16 >= TILE_SLICES chunks).
+    float b[U][4];
+    load_chunks<U, ALIGNED>(b, column + 4 * t, slice, min(KT, K) - 4 * t, live);
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        const int klen = min(KT, K - k0), chunks = (klen + 15) / 16;
+        const int vectors = chunks * 16 / V;  // per row: up to a whole chunk, zeros past klen
+        __syncthreads();  // every warp is done with the last tile
+        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+            const int r = i / vectors, k = i % vectors * V;
+            const bool valid = r < rows && k < klen;
+            cp_async<4 * V>(s_rows + r * KT + swizzled(r, k), valid ? S + r * lds + k0 + k : S, valid);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll 1
+        for (int q0 = slice; q0 < chunks; q0 += TILE_SLICES * U) {
+            // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts
+            // (2.4e-6 at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): each batch's products start from zero
+            // in p and ps, which are added into c and cs here, rounding to nearest.
+            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        uint4 big_run, small_run;
-        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
-        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
-        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
-        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
-        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
+            for (int u = 0; u < U; ++u) {
+                const int q = min(q0 + u * TILE_SLICES, chunks - 1);  // past the tile: b is zero
+                float a[4], a8[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8 at k = 16q + 4t ..
+                load_shared4(a, s_rows + g * KT + swizzled(g, q * 16) + 4 * t);
+                if constexpr (R == 16) load_shared4(a8, s_rows + (g + 8) * KT + swizzled(g + 8, q * 16) + 4 * t);
+                mma_step<R == 16>(p, ps, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
+                mma_step<R == 16>(p, ps, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[i] += p[i];
+                cs[i] += ps[i];
+            }
+            // the next batch: of this tile, else the first of the next tile (none past K)
+            const bool here = q0 + TILE_SLICES * U < chunks;
+            const int next_k0 = here ? k0 : k0 + KT, next_q = here ? q0 + TILE_SLICES * U : slice;
+            load_chunks<U, ALIGNED>(b, column + next_k0 + 4 * t, next_q, min(KT, K - next_k0) - 4 * t, live);
+        }
     }
+
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[i] += cs[i];  // zero but in 3xtf32
+    // Across the tile's slices in slice order; lane 4g + t holds rows g, g + 8 x columns 2t, 2t + 1.
+    if (slice > 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s_part[((slice - 1) * TILES + tile) * 128 + lane * 4 + i] = c[i];
+    }
+    __syncthreads();
+    if (slice == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = g + 8 * (i / 2), jc = col0 + tile * 8 + 2 * t + i % 2;
+            if (r >= rows || jc >= cols) continue;
+            float sum = c[i];
+            for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * 128 + lane * 4 + i];
+            float* out = C + r * c_row + jc * c_col;
+            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+        }
+    }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+// A pass of 5 to 16 rows: FFMA, or the tensor path (only the one taken is instantiated).
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_wide_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    if constexpr (PRODUCTS == 0)
+        decode_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
+    else
+        decode_tensor_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
 }
 
 template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_16_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+__global__ void __launch_bounds__(THREADS)
+gemmgen_fp32_16_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
         long long strideB,
         long long strideC)
 {
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    __shared__ __align__(16) float s_rows[TILE_FLOATS];
+    __shared__ float s_part[PART_FLOATS];
+    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
+    const bool transposed = M > N;
+    const int rows = transposed ? N : M, cols = transposed ? M : N;
+    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
+    const long long batch_index = blockIdx.x / blocks;
+    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
+    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
     B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
+    C += batch_index * strideC;
+    const float* S = transposed ? B : A;
+    const float* G = transposed ? A : B;
+    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
+    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
+    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
 
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
+        const int left = min(rows - r0, MAX_ROWS);
+        const float* s = S + r0 * lds;
+        float* c = C + r0 * c_row;
+        if (left == 1)
+            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left == 2)
+            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 4)
+            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 8)
+            decode_wide_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else
+            decode_wide_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
     }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
-    // three products start from zero in tile_product, which is added into acc rounding to
-    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
-    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
-    float tile_product[TM][RN * TN];
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
 }
 
-}  // namespace gemmgen_fp32_16_fallback_impl
+}  // namespace gemmgen_fp32_16_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -15620,11 +16107,11 @@ gemmgen_fp32_16_fallback_kernel(int M, int N, int K, float alpha, const float* _
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_16_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_16_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_16_fallback_impl;
+    using namespace gemmgen_fp32_16_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -15640,504 +16127,19 @@ static inline int gemmgen_fp32_16_fallback_batched(int M, int N, int K, float al
     }
     if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
 
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
+    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_16_fallback_kernel<true> : gemmgen_fp32_16_fallback_kernel<false>;
+        aligned ? gemmgen_fp32_16_kernel<true> : gemmgen_fp32_16_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_16_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_16_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_16_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_fp32_16_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 197728;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 16;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
-}
-
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
-    }
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_16_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
-    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
-        else if (tid >= 32) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-                barrier_arrive(&ready[s]);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
-    // three products start from zero in tile_product, which is added into acc here, rounding to
-    // nearest. A is split into big and small in registers; B's remainders come from the producer.
-    float tile_product[TM][RN * TN];
-    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
-    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
-    // alternate between two sets of registers (the MMAs read theirs until they complete).
-    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
-    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_stage = sA + s * A_STAGE_FLOATS;
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)
-        #pragma unroll
-            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
-                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
-            }
-    };
-    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        const float* b_small = sB_small + s * B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
-        }
-        wgmma_commit();
-    };
-    auto add_product = [&](int t) {  // once the tile's MMAs have completed
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    };
-    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-    for (int t = 0; t < k_tiles; t += 2) {
-        multiply(t, a_big_even, a_small_even);
-        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
-        wgmma_wait<0>();
-        add_product(t);
-        if (t + 1 < k_tiles) {
-            multiply(t + 1, a_big_odd, a_small_odd);
-            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-            wgmma_wait<0>();
-            add_product(t + 1);
-        }
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_16_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_16_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_16_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_fp32_16_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_16_kernel<true> : gemmgen_fp32_16_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_16_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -16758,20 +16760,20 @@ static const Point fp32_0_unaligned[] = {
     {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.18302662516355542, 1, 0.0},
 };
 static const Point fp32_1_aligned[] = {
-    {1, 4096, 4096, 0.03643200173974037, 0.0, 8.317766166719343, 8.317766166719343, -0.043935801541271, 1, 0.0},
-    {16, 8192, 4096, 0.14531200379133224, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.16900701395152212, 1, 0.0},
-    {1, 11008, 4096, 0.07420799881219864, 0.0, 9.306377560173125, 8.317766166719343, 0.04373773464386768, 1, 0.0},
-    {8, 11008, 4096, 0.09400000050663948, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.17398999138231885, 1, 0.0},
-    {16, 4096, 4096, 0.07852800190448761, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10606679153969983, 1, 0.0},
-    {4, 14336, 4096, 0.09487999975681305, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.14507846543197747, 1, 0.0},
-    {4096, 16, 4096, 0.07902399823069572, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.11236309960772957, 1, 0.0},
-    {6, 8192, 4096, 0.07318399846553802, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.08035156723908009, 1, 0.0},
-    {12, 4096, 8192, 0.14009599387645721, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.28501395137495616, 1, 0.0},
+    {1, 4096, 4096, 0.03558399900794029, 0.0, 8.317766166719343, 8.317766166719343, -0.04887695948742804, 1, 0.0},
+    {16, 8192, 4096, 0.16155199706554413, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.12431969118061573, 1, 0.0},
+    {1, 11008, 4096, 0.07337599992752075, 0.0, 9.306377560173125, 8.317766166719343, 0.20852842635529284, 1, 0.0},
+    {8, 11008, 4096, 0.09523200243711472, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.22018763353481405, 1, 0.0},
+    {16, 4096, 4096, 0.09020800143480301, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07735716569444616, 1, 0.0},
+    {4, 14336, 4096, 0.09467199817299843, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.07721959713826985, 1, 0.0},
+    {4096, 16, 4096, 0.08915200084447861, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.06558182248693462, 1, 0.0},
+    {6, 8192, 4096, 0.07259200140833855, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.11162060033626132, 1, 0.0},
+    {12, 4096, 8192, 0.16025599837303162, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.30553371931100665, 1, 0.0},
 };
 static const Point fp32_1_unaligned[] = {
-    {4096, 1, 4096, 0.036607999354600906, 8.317766166719343, 0.0, 8.317766166719343, -0.19392450495139502, 1, 0.0},
-    {1, 4096, 4096, 0.04491199925541878, 0.0, 8.317766166719343, 8.317766166719343, 0.010513719962130503, 1, 0.0},
-    {16, 11008, 4096, 0.2543039917945862, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.7410369775490966, 1, 0.0},
+    {4096, 1, 4096, 0.03587200120091438, 8.317766166719343, 0.0, 8.317766166719343, -0.14513513557257304, 1, 0.0},
+    {1, 4096, 4096, 0.04185599833726883, 0.0, 8.317766166719343, 8.317766166719343, 0.009142900169608309, 1, 0.0},
+    {16, 11008, 4096, 0.37702399492263794, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.24840306260096756, 1, 0.0},
 };
 static const Point fp32_2_aligned[] = {
     {256, 256, 256, 0.015744000673294067, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.011040893257878614, 1, 0.0},
@@ -17458,22 +17460,6 @@ static const Point fp32_13_unaligned[] = {
     {1024, 1024, 1024, 0.05742400139570236, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.12088930984516777, 1, 0.0},
 };
 static const Point fp32_14_aligned[] = {
-    {1, 4096, 4096, 0.03516799956560135, 0.0, 8.317766166719343, 8.317766166719343, -0.04693702335655131, 1, 0.0},
-    {16, 8192, 4096, 0.2934400141239166, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0976428278173067, 1, 0.0},
-    {1, 11008, 4096, 0.07248000055551529, 0.0, 9.306377560173125, 8.317766166719343, 0.22742705490918047, 1, 0.0},
-    {8, 11008, 4096, 0.17449599504470825, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.07342507089195568, 1, 0.0},
-    {16, 4096, 4096, 0.1595040038228035, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.007590284671929112, 1, 0.0},
-    {4, 14336, 4096, 0.10633599758148193, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.2328100517836426, 1, 0.0},
-    {4096, 16, 4096, 0.15936000645160675, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.008493474598328594, 1, 0.0},
-    {6, 8192, 4096, 0.13065600395202637, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.07152421495359922, 1, 0.0},
-    {12, 4096, 8192, 0.2996799945831299, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.24217820008410024, 1, 0.0},
-};
-static const Point fp32_14_unaligned[] = {
-    {4096, 1, 4096, 0.03540800139307976, 8.317766166719343, 0.0, 8.317766166719343, -0.23640209961696404, 1, 0.0},
-    {1, 4096, 4096, 0.05183999985456467, 0.0, 8.317766166719343, 8.317766166719343, 0.14482212696925242, 1, 0.0},
-    {16, 11008, 4096, 0.722432017326355, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.1081519181848143, 1, 0.0},
-};
-static const Point fp32_15_aligned[] = {
     {256, 256, 256, 0.02300800010561943, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.18799247705819455, 1, 0.0},
     {512, 512, 512, 0.018303999677300453, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.181846751846068, 1, 0.0},
     {1024, 1024, 1024, 0.046351999044418335, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.019519701758307504, 1, 0.0},
@@ -17519,7 +17505,7 @@ static const Point fp32_15_aligned[] = {
     {512, 64, 512, 0.16435199975967407, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.13375306099332876, 128, 4.852030263919617},
     {2048, 2048, 256, 0.5386559963226318, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.0020090974461320944, 8, 2.0794415416798357},
 };
-static const Point fp32_15_unaligned[] = {
+static const Point fp32_14_unaligned[] = {
     {2047, 2047, 2047, 0.3075839877128601, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.06197665558979432, 1, 0.0},
     {1531, 1531, 1531, 0.16307200491428375, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.021194871466246084, 1, 0.0},
     {5003, 5003, 5003, 4.583728075027466, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.04685070042502498, 1, 0.0},
@@ -17530,7 +17516,7 @@ static const Point fp32_15_unaligned[] = {
     {4096, 4096, 4096, 2.291375994682312, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04273733081430756, 1, 0.0},
     {1024, 1024, 1024, 0.06019200012087822, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0072343577967786945, 1, 0.0},
 };
-static const Point fp32_16_aligned[] = {
+static const Point fp32_15_aligned[] = {
     {256, 256, 256, 0.024992000311613083, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.1378109167365842, 1, 0.0},
     {512, 512, 512, 0.03200000151991844, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08330825331367615, 1, 0.0},
     {1024, 1024, 1024, 0.09616000205278397, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06172408739497688, 1, 0.0},
@@ -17576,7 +17562,7 @@ static const Point fp32_16_aligned[] = {
     {512, 64, 512, 0.3924480080604553, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.13749653494972547, 128, 4.852030263919617},
     {2048, 2048, 256, 3.0350239276885986, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.18770762778456349, 8, 2.0794415416798357},
 };
-static const Point fp32_16_unaligned[] = {
+static const Point fp32_15_unaligned[] = {
     {2047, 2047, 2047, 0.5800159871578217, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03293017659414018, 1, 0.0},
     {1531, 1531, 1531, 0.31756800413131714, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.02335675354949462, 1, 0.0},
     {5003, 5003, 5003, 5.55297589302063, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.020122069553962656, 1, 0.0},
@@ -17586,6 +17572,22 @@ static const Point fp32_16_unaligned[] = {
     {16, 11008, 4096, 0.14591999351978302, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.01977148739715016, 1, 0.0},
     {4096, 4096, 4096, 3.4407360553741455, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.039960958875504, 1, 0.0},
     {1024, 1024, 1024, 0.13849599659442902, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.030735170419604996, 1, 0.0},
+};
+static const Point fp32_16_aligned[] = {
+    {1, 4096, 4096, 0.03516799956560135, 0.0, 8.317766166719343, 8.317766166719343, -0.04693702335655131, 1, 0.0},
+    {16, 8192, 4096, 0.2934400141239166, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0976428278173067, 1, 0.0},
+    {1, 11008, 4096, 0.07248000055551529, 0.0, 9.306377560173125, 8.317766166719343, 0.22742705490918047, 1, 0.0},
+    {8, 11008, 4096, 0.17449599504470825, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.07342507089195568, 1, 0.0},
+    {16, 4096, 4096, 0.1595040038228035, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.007590284671929112, 1, 0.0},
+    {4, 14336, 4096, 0.10633599758148193, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.2328100517836426, 1, 0.0},
+    {4096, 16, 4096, 0.15936000645160675, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.008493474598328594, 1, 0.0},
+    {6, 8192, 4096, 0.13065600395202637, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.07152421495359922, 1, 0.0},
+    {12, 4096, 8192, 0.2996799945831299, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.24217820008410024, 1, 0.0},
+};
+static const Point fp32_16_unaligned[] = {
+    {4096, 1, 4096, 0.03540800139307976, 8.317766166719343, 0.0, 8.317766166719343, -0.1594131398858126, 1, 0.0},
+    {1, 4096, 4096, 0.04108799993991852, 0.0, 8.317766166719343, 8.317766166719343, -0.01063485593291749, 1, 0.0},
+    {16, 11008, 4096, 0.7148639857769012, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.1746098509378007, 1, 0.0},
 };
 static const Point fp32_17_aligned[] = {
     {256, 256, 256, 0.01889600045979023, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.022055123359097727, 1, 0.0},
@@ -17652,11 +17654,11 @@ static const Member members[18] = {
      , true
      , false, 0
     },
-    {16, 8, 512, 1, 2, true, false,
-     {fp32_1_aligned, 9, {0.01853418605294224, 0.0, 0.0, 0.2587393775275894, 0.0}},
-     {fp32_1_unaligned, 3, {0.0, 0.0025251295820508616, 0.0, 0.0, 0.0}}
+    {16, 4, 512, 1, 4, true, false,
+     {fp32_1_aligned, 9, {0.024319533214127467, 0.0, 0.0, 0.14859162514341953, 17.765499315625522}},
+     {fp32_1_unaligned, 3, {0.0, 0.002356537342606898, 0.0, 0.0, 0.0}}
      , false
-     , true, 3
+     , true, 0
     },
     {128, 128, 32, 1, 1, true, true,
      {fp32_2_aligned, 44, {0.006470784415323975, 0.000928371098828215, 0.0019852817483554126, 0.034100245044642624, 0.0}},
@@ -17730,23 +17732,23 @@ static const Member members[18] = {
      , false
      , false, 0
     },
-    {16, 2, 512, 1, 5, true, false,
-     {fp32_14_aligned, 9, {0.020155533990494967, 0.0002639088096640239, 0.0, 0.0, 226.22402957280323}},
-     {fp32_14_unaligned, 3, {0.0, 0.0012741685390716048, 0.0, 0.0, 0.0}}
-     , false
-     , true, 0
-    },
     {64, 128, 32, 2, 1, true, true,
-     {fp32_15_aligned, 44, {0.011039496673252385, 0.0006323371942436401, 0.005444620442042223, 0.032707724846114554, 0.0}},
-     {fp32_15_unaligned, 9, {0.017855116856810602, 0.0005330906600092824, 0.0032106394175979492, 0.18301431490983952, 0.0}}
+     {fp32_14_aligned, 44, {0.011039496673252385, 0.0006323371942436401, 0.005444620442042223, 0.032707724846114554, 0.0}},
+     {fp32_14_unaligned, 9, {0.017855116856810602, 0.0005330906600092824, 0.0032106394175979492, 0.18301431490983952, 0.0}}
      , false
      , false, 0
     },
     {128, 128, 32, 16, 1, true, true,
-     {fp32_16_aligned, 44, {0.014954941051299582, 0.0009206227607156666, 0.0028475424989464018, 0.019729186907959235, 5.780833699908752}},
-     {fp32_16_unaligned, 9, {0.01960872294080795, 0.0, 0.0024025497210963514, 0.4527549090074489, 7.759459056759237}}
+     {fp32_15_aligned, 44, {0.014954941051299582, 0.0009206227607156666, 0.0028475424989464018, 0.019729186907959235, 5.780833699908752}},
+     {fp32_15_unaligned, 9, {0.01960872294080795, 0.0, 0.0024025497210963514, 0.4527549090074489, 7.759459056759237}}
      , false
      , false, 0
+    },
+    {16, 2, 512, 1, 5, true, false,
+     {fp32_16_aligned, 9, {0.020155533990494967, 0.0002639088096640239, 0.0, 0.0, 226.22402957280323}},
+     {fp32_16_unaligned, 3, {0.0, 0.001179752746826612, 0.0, 0.0, 0.0}}
+     , false
+     , true, 0
     },
     {128, 64, 32, 1, 1, true, false,
      {fp32_17_aligned, 44, {0.004215802199472245, 0.0015691385048910865, 0.0016273741731064877, 0.05564664324503876, 0.0}},
