@@ -160,11 +160,12 @@ class LibraryRuntime:
 def _relaid(plan, relaid: tuple[str, ...], c_layout: str, suffix: str):
     """A member's plan built in a relaid class's layouts, with the settings its mainloop takes there
     (Mainloop.relaid_settings) where they plan, else in the layouts alone (SpecError where not even so)."""
-    spec = plan.spec.with_values(layout_A=relaid[0], layout_B=relaid[1], layout_C=c_layout)
+    spec = replace(plan.spec.with_values(layout_A=relaid[0], layout_B=relaid[1], layout_C=c_layout),
+                   name=f"{plan.spec.name}_{suffix}")
     extra = plan.mainloop.relaid_settings(plan, relaid[0], relaid[1])
     if extra:
         try:
-            return make_plan(replace(spec.with_values(**extra), name=f"{plan.spec.name}_{suffix}"))
+            return make_plan(spec.with_values(**extra))
         except SpecError:
             pass
-    return make_plan(replace(spec, name=f"{plan.spec.name}_{suffix}"))
+    return make_plan(spec)
