@@ -1,7 +1,8 @@
 """A CPU stand-in for the GPU side of library tuning: a measurer (gemmgen.tuning.measure.GpuMeasurer's
 stand-in, run by the tuning's runner in its GPU process, or a Dask worker's) whose timings come from a
 synthetic model of each candidate (waves of blocks, K steps, operand traffic; TMA slower on unaligned
-rows, mma.sync slower than wgmma). Deterministic. Each job it measures is logged to a file, so that a
+rows and on split ones, clusters hardly; mma.sync slower than wgmma). Deterministic. Each job it
+measures is logged to a file, so that a
 test sees what ran."""
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ def true_ms(plan, shape) -> float:
     per_step = 0.0006 if plan.math == "3xtf32" else 0.0002
     if not plan.arch.has_wgmma:
         per_step *= 3
-    if library_model.shape_class(shape, LAYOUTS) == "unaligned" and plan.tma:
+    klass = library_model.shape_class(shape, LAYOUTS)
+    if klass == "unaligned" and plan.tma:
         per_step *= 2.5  # the fallback
+    if klass == "split" and plan.tma:
+        per_step *= 1.05 if plan.cluster_m * plan.cluster_n > 1 else 1.5  # five sectors a row, not four
     where = f"{shape.M}x{shape.N}x{shape.K}" + (f" pad {shape.pad}" if shape.pad else "")
     where += f" batch {batch}" if batch != 1 else ""
     noise = 1 + 0.03 * ((zlib.crc32(f"{library_model.kernel_key(plan)}{where}".encode()) % 1000) / 500 - 1)

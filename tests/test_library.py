@@ -161,6 +161,10 @@ def test_alignment_class():
     assert alignment_class(4096, 4096, 4096, (256, 512, 1024)) == "aligned"
     assert alignment_class(1023, 4096, 4096) == "unaligned"
     assert alignment_class(4096, 4096, 4096, (256, 516, 1024)) == "unaligned"  # B 4 bytes off
+    # rows 16- but not 32-byte aligned: A's or B's (C's stores hardly care)
+    assert alignment_class(4092, 4096, 4096) == "split" == alignment_class(4096, 4092, 4096)
+    assert alignment_class(4096, 4096, 4092) == "aligned"
+    assert alignment_class(4096, 4096, 4096, strides=(8, 12, 8)) == "split"
 
 
 def test_fit_is_nonnegative_and_exact_at_tuned_shapes():
@@ -256,7 +260,7 @@ def test_emitted_cu_has_one_entry_point_and_static_members(fp32_manifest):
 
 def choices_in_c(source: str, name: str, cases, tmp_path: Path) -> list[int]:
     """Compile the .cu's choice of member (plain C++) with the host compiler and run it on cases of
-    (M, N, K, aligned, beta used, batch)."""
+    (M, N, K, class, beta used, batch): class True or "aligned", False or "unaligned", or "split"."""
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         pytest.skip("no host C++ compiler")
@@ -265,15 +269,23 @@ def choices_in_c(source: str, name: str, cases, tmp_path: Path) -> list[int]:
     program = tmp_path / "choose.cpp"
     program.write_text("#include <math.h>\n#include <stdio.h>\n" + source[start:end] + "}\n" + f"""
 int main() {{
-    int M, N, K, aligned, beta, batch;
-    while (scanf("%d %d %d %d %d %d", &M, &N, &K, &aligned, &beta, &batch) == 6)
-        printf("%d\\n", gemmgen_{name}_choice::choose(M, N, K, aligned, 132, beta, true, batch));
+    int M, N, K, klass, beta, batch;  // klass 0: unaligned, 1: aligned, 2: split
+    while (scanf("%d %d %d %d %d %d", &M, &N, &K, &klass, &beta, &batch) == 6)
+        printf("%d\\n", gemmgen_{name}_choice::choose(M, N, K, klass != 0, klass == 2, 132, beta, true, batch));
 }}
 """)
     subprocess.run([compiler, "-O1", "-o", str(tmp_path / "choose"), str(program)], check=True)
-    feed = "\n".join(f"{M} {N} {K} {int(a)} {int(b)} {batch}" for M, N, K, a, b, batch in cases)
+    feed = "\n".join(f"{M} {N} {K} {CLASS_CODE[class_of(a)]} {int(b)} {batch}" for M, N, K, a, b, batch in cases)
     return [int(x) for x in subprocess.run([str(tmp_path / "choose")], input=feed, capture_output=True,
                                            text=True, check=True).stdout.split()]
+
+
+CLASS_CODE = {"unaligned": 0, "aligned": 1, "split": 2}
+
+
+def class_of(a) -> str:
+    """A case's alignment class: a class name, or True (aligned) or False (unaligned)."""
+    return a if isinstance(a, str) else ("aligned" if a else "unaligned")
 
 
 def _batch(rng: random.Random) -> int:
@@ -290,12 +302,16 @@ def test_the_cu_chooses_as_python_does(fp32_manifest, tmp_path):
     source = library_source(manifest, "fp32.gemm", [])
     rng = random.Random(7)
     cases = [(int(2 ** rng.uniform(0, 15)), int(2 ** rng.uniform(0, 15)), int(2 ** rng.uniform(0, 17)),
-              rng.random() < 0.7, rng.random() < 0.3, _batch(rng)) for _ in range(1500)]
-    cases += [(r.M, r.N, r.K, r.klass == "aligned", False, batch) for r in manifest.shapes for batch in (1, 8, 512)]
+              rng.choice(["aligned", "aligned", "split", "unaligned"]), rng.random() < 0.3, _batch(rng))
+             for _ in range(1500)]
+    cases += [(r.M, r.N, r.K, k, False, batch) for r in manifest.shapes for batch in (1, 8, 512)
+              for k in {r.klass, "aligned" if r.klass == "split" else r.klass}]
     candidates = manifest.candidates()
-    python = [choose(candidates, M, N, K, "aligned" if a else "unaligned", 132, beta_used=b, batch=batch)
-              for M, N, K, a, b, batch in cases]
+    python = [choose(candidates, M, N, K, class_of(a), 132, beta_used=b, batch=batch) for M, N, K, a, b, batch in cases]
     assert choices_in_c(source, "fp32", cases, tmp_path) == python
+    # split rows: somewhere a call whose rows are only 16-byte aligned runs another member than the aligned call
+    assert any(choose(candidates, M, N, K, "split", 132) != choose(candidates, M, N, K, "aligned", 132)
+               for M, N, K in [(4092, 4092, 4092), (2500, 2500, 2500), (3000, 2000, 700)])
     # the batch matters: somewhere a batch of small products runs another member than one of them
     assert any(choose(candidates, M, N, K, "aligned", 132, batch=64) != choose(candidates, M, N, K, "aligned", 132)
                for M, N, K in [(64, 64, 64), (128, 128, 256), (256, 256, 1024), (512, 512, 512)])

@@ -21,7 +21,7 @@ from gemmgen.gpu.compile import compile_source
 from gemmgen.library import padding as padding_module
 from gemmgen.library.manifest import Manifest
 from gemmgen.library.padding import PaddedLaunch, padding
-from gemmgen.library.selection import choose_padded, pad_ms
+from gemmgen.library.selection import alignment_class, choose_padded, pad_ms
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
 SHIPPED = [name for name in ("fp32", "tf32") if (GENERATED / f"{name}.json").is_file()]
@@ -99,30 +99,33 @@ def test_an_aligned_call_and_a_call_without_k_pad_nothing():
     assert padding(ROW_COL, 64, 64, 0, (65, 65, 65), (0, 0, 0), 1, (0, 0, 0)) is None  # A and B unread
 
 
-def test_only_the_unaligned_operand_is_copied_into_rows_of_whole_16_bytes():
+def test_only_the_unaligned_operand_is_copied_into_rows_of_whole_128_bytes():
     p = padding(ROW_COL, 100, 50, 33, (33, 36, 52), (0, 0, 0), 1, (0, 0, 0))
     (a,) = p.parts
-    assert (a.name, a.rows, a.cols, a.ld, a.new_ld, a.offset) == ("A", 100, 33, 33, 36, 0)
-    assert p.lds == (36, 36, 52) and p.strides == (0, 0, 0)
-    assert p.floats == 3616  # 100 rows of 36, rounded up to 32 floats (128 bytes)
+    assert (a.name, a.rows, a.cols, a.ld, a.new_ld, a.offset) == ("A", 100, 33, 33, 64, 0)
+    assert p.lds == (64, 36, 52) and p.strides == (0, 0, 0)
+    assert p.floats == 6400  # 100 rows of 64
+    # rows of 4 mod 8 floats would leave the padded call split (a TMA member up to 2x slower)
+    assert alignment_class(*padding(ROW_COL, 64, 64, 4099, (4099, 4099, 64), (0, 0, 0), 1, (0, 0, 0)).lds) == "aligned"
+    assert alignment_class(*p.lds) == "split"  # B, not copied, has rows of 36 floats
 
 
 def test_a_pointer_off_16_bytes_pads_its_operand_by_its_stored_rows():
     p = padding({"A": "col", "B": "row", "C": "col"}, 10, 20, 30, (12, 20, 12), (0, 4, 0), 1, (0, 0, 0))
     (b,) = p.parts  # B row-major: K rows of N floats
-    assert (b.name, b.rows, b.cols, b.new_ld) == ("B", 30, 20, 20)
+    assert (b.name, b.rows, b.cols, b.new_ld) == ("B", 30, 20, 32)
     p = padding({"A": "col", "B": "row", "C": "col"}, 10, 20, 30, (12, 20, 13), (0, 0, 0), 1, (0, 0, 0))
     (c,) = p.parts  # C column-major: N rows of M floats
-    assert (c.name, c.rows, c.cols, c.new_ld) == ("C", 20, 10, 12)
+    assert (c.name, c.rows, c.cols, c.new_ld) == ("C", 20, 10, 32)
 
 
 def test_batches_keep_one_matrix_each_and_a_broadcast_operand_is_copied_once():
     p = padding(ROW_COL, 8, 8, 7, (7, 7, 8), (0, 0, 0), 5, (0, 63, 64))
     a, b = p.parts
     assert (a.count, a.stride, a.new_stride) == (1, 0, 0)
-    assert (b.count, b.stride, b.new_ld, b.new_stride) == (5, 63, 8, 64)
-    assert b.offset == 64  # after A's 8 x 8, rounded to 32 floats
-    assert p.strides == (0, 64, 64)  # C was aligned: its own stride
+    assert (b.count, b.stride, b.new_ld, b.new_stride) == (5, 63, 32, 256)
+    assert b.offset == 256  # after A's 8 rows of 32
+    assert p.strides == (0, 256, 64)  # C was aligned: its own stride
 
 
 def test_the_copies_cost_two_passes_over_their_floats_and_c_two_more_when_beta_reads_it():
@@ -151,16 +154,17 @@ def _pays_in_c(source: str, name: str, cases, binary: Path) -> list[bool]:
     end = source.index(f"}}  // namespace gemmgen_{name}_choice", start)
     program = "#include <math.h>\n#include <stdio.h>\n" + source[start:end] + "}\n" + f"""
 int main() {{
-    int M, N, K, beta, batch, n;
-    while (scanf("%d %d %d %d %d %d", &M, &N, &K, &beta, &batch, &n) == 6) {{
+    int M, N, K, split, beta, batch, n;
+    while (scanf("%d %d %d %d %d %d %d", &M, &N, &K, &split, &beta, &batch, &n) == 7) {{
         gemmgen_{name}_choice::Copy copies[4];
         for (int i = 0; i < n; ++i) scanf("%lld %lld %lld", &copies[i].count, &copies[i].rows, &copies[i].cols);
-        printf("%d\\nend\\n", gemmgen_{name}_choice::padding_pays(M, N, K, copies, n, 132, beta, true, batch) ? 1 : 0);
+        printf("%d\\nend\\n", gemmgen_{name}_choice::padding_pays(M, N, K, copies, n, split, 132, beta, true, batch) ? 1 : 0);
     }}
 }}
 """
-    feed = "\n".join(f"{M} {N} {K} {int(beta)} {batch} {len(copies)} " + " ".join(f"{c} {r} {w}" for c, r, w in copies)
-                     for M, N, K, beta, batch, copies in cases)
+    feed = "\n".join(f"{M} {N} {K} {int(split)} {int(beta)} {batch} {len(copies)} "
+                     + " ".join(f"{c} {r} {w}" for c, r, w in copies)
+                     for M, N, K, split, beta, batch, copies in cases)
     runs, _ = run_on_host(program, feed, binary)
     return [bool(rows[0][0]) for rows in runs]
 
@@ -176,15 +180,18 @@ def test_the_cu_pads_where_python_pads(name, tmp_path):
         M, N, K = (int(2 ** rng.uniform(0, 13.5)) for _ in range(3))
         batch = 1 if rng.random() < 0.7 else int(2 ** rng.uniform(1, 6))
         beta = rng.random() < 0.3
-        lds = tuple(x + rng.choice([0, 1, 3]) for x in (K, K, N))
+        lds = tuple(x + rng.choice([0, 1, 3, 4]) for x in (K, K, N))
         strides = tuple(rng.choice([0, rows * ld, rows * ld + 1]) if batch > 1 else 0
                         for rows, ld in ((M, lds[0]), (N, lds[1]), (M, lds[2])))
         strides = strides[:2] + (M * lds[2] + (strides[2] % 4 if batch > 1 else 0),)
         p = padding(ROW_COL, M, N, K, lds, (0, 0, 0), batch, strides)
         if p is not None:
-            cases.append((M, N, K, beta, batch, p.copies(beta)))
-    python = [choose_padded(candidates, M, N, K, copies, 132, beta_used=beta, batch=batch) >= 0
-              for M, N, K, beta, batch, copies in cases]
+            split = alignment_class(*p.lds, strides=p.strides) == "split"  # B (or A) not copied, rows of 4 mod 8
+            cases.append((M, N, K, split, beta, batch, p.copies(beta)))
+    python = [choose_padded(candidates, M, N, K, copies, 132, beta_used=beta, batch=batch,
+                            padded_class="split" if split else "aligned") >= 0
+              for M, N, K, split, beta, batch, copies in cases]
+    assert any(case[3] for case in cases)
     assert _pays_in_c((GENERATED / f"{name}.cu").read_text(), name, cases, tmp_path / "pays") == python
     assert any(python) and not all(python)
 
@@ -371,8 +378,8 @@ def test_the_runtime_pads_an_unaligned_call_that_pays_once_per_call_key(monkeypa
     assert runtime.manifest.candidates()[chosen].models.get("aligned") is not None
     A, B = (to_tf32(x[:n * n].reshape(n, n)).astype(np.float64) for x in (a, b))
     np.testing.assert_allclose(c[:n * n].reshape(n, n), A @ B.T, rtol=1e-4, atol=1e-3)
-    padded_lds = [args[4:7] for args in made if args[4:7] == (1532, 1532, 1532)]
-    assert len(padded_lds) == 1  # the aligned member prepared once, on rows of 1532 floats
+    padded_lds = [args[4:7] for args in made if args[4:7] == (1536, 1536, 1536)]
+    assert len(padded_lds) == 1  # the aligned member prepared once, on rows of 1536 floats (128-byte rows)
     assert member.calls == [(n, n, n)] * 2
     small = _buffer(rng, 64, 63)
     runtime.launch(64, 64, 63, 1.0, _address(small), 63, _address(small), 63, 0.0, _address(c), 64)

@@ -34,9 +34,11 @@ def library_source(manifest: Manifest, origin: str, source_lines: list[str]) -> 
         models = {}
         for cls, model in member.models.items():
             if model:
-                points = [[int(M), int(N), int(K)] + [repr(float(x)) for x in fitted] + [int(batch), repr(float(lb))]
-                          for M, N, K, *fitted, batch, lb in model.points]
-                models[cls] = SimpleNamespace(points=points, coef=[repr(float(c)) for c in model.coef])
+                points = [[int(M), int(N), int(K)] + [repr(float(x)) for x in fitted]
+                          + [int(batch), repr(float(lb)), int(split)]
+                          for M, N, K, *fitted, batch, lb, split in model.points]
+                models[cls] = SimpleNamespace(points=points, coef=[repr(float(c)) for c in model.coef],
+                                              split_ratio=repr(float(model.split_ratio)))
             else:
                 models[cls] = None
         members.append(SimpleNamespace(**{**vars(member), "models": models,

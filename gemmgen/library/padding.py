@@ -3,7 +3,8 @@
 A call whose rows are not 16-byte aligned (an odd leading dimension, a pointer off 16 bytes, an odd
 batch stride) cannot be read by TMA or float4 loads; the library's unaligned class serves it with
 scalar or register-fed loads, at about half the speed. Copying each unaligned operand into workspace
-whose rows are aligned (gpu/pad.py: rows ld' = cols rounded up to 4 floats) costs two passes over
+whose rows are aligned (gpu/pad.py: rows ld' = cols rounded up to 32 floats, 128 bytes: rows only
+16-byte aligned would make the call SPLIT, up to 2x slower on a TMA member) costs two passes over
 its floats; for most calls above a few hundred microseconds that is far less than what the aligned
 member saves. selection.choose_padded decides per call; C, if unaligned, is computed in workspace
 and copied back. In the tf32 library the copies round A and B to nearest TF32, as cuBLAS TF32 does,
@@ -52,7 +53,8 @@ def c_rows(layouts: dict[str, str]) -> dict[str, tuple[str, str]]:
 
 
 def padded_ld(cols: int) -> int:
-    return max(4, -(-cols // 4) * 4)
+    """A copy's leading dimension: whole 128-byte rows (the TMA members' K tile, and a row of L2)."""
+    return max(PART_FLOATS, -(-cols // PART_FLOATS) * PART_FLOATS)
 
 
 @dataclass(frozen=True)

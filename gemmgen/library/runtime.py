@@ -116,13 +116,14 @@ class LibraryRuntime:
         """(the aligned member, the Padding) of a call that pays to pad, else None (align: A's, B's
         and C's addresses, or their residues mod 16)."""
         pads = padding(self.layouts, M, N, K, lds, align, batch, strides) if self.tuned_gpu else None
-        member = self._padded(M, N, K, tuple(pads.copies(beta_used)), beta_used, batch) if pads else -1
+        member = self._padded(M, N, K, tuple(pads.copies(beta_used)), beta_used, batch,
+                              alignment_class(*pads.lds, strides=pads.strides)) if pads else -1
         return (member, pads) if member >= 0 else None
 
     @lru_cache(maxsize=4096)  # noqa: B019 - as _choose
-    def _padded(self, M: int, N: int, K: int, copies: tuple, beta_used: bool, batch: int) -> int:
+    def _padded(self, M: int, N: int, K: int, copies: tuple, beta_used: bool, batch: int, padded_class: str) -> int:
         return choose_padded(self.candidates, M, N, K, list(copies), self.info.sm_count, beta_used=beta_used,
-                             sm90a=self.info.compute_capability == (9, 0), batch=batch)
+                             sm90a=self.info.compute_capability == (9, 0), batch=batch, padded_class=padded_class)
 
     def launch(self, M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,
                beta: float, C: int, ldc: int, stream: Any = None, smallest=None, batch: int = 1,

@@ -18,8 +18,13 @@ tuned, the choice rests on two things:
 
 Calls are of two alignment classes, with separate data: "aligned" (lda, ldb, ldc multiples of 4
 floats and A, B, C 16-byte aligned: vector loads, TMA) and "unaligned" (the scalar or register-fed
-paths). The same arithmetic is emitted as C for the library's dispatcher (codegen), so the .cu
-and gemmgen.matmul choose alike.
+paths). An aligned call whose rows are not all 32-byte aligned (a leading dimension or batch stride
+of 4 mod 8 floats) is "split": each 128-byte row of a tile spans five 32-byte sectors, not four,
+and a TMA member fed at its L2 limit slows by up to 2x (the 2 x 1 cluster members, which share
+half their loads, by about 5%). Split calls are predicted by the aligned models times the member's
+own split ratio, its measurements at split tuned shapes over its aligned prediction there. The same
+arithmetic is emitted as C for the library's dispatcher (codegen), so the .cu and gemmgen.matmul
+choose alike.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from ..plan.parts.decode import TENSOR_MIN_ROWS
 
 from ..plan.schedule import dealt_tiles
 
-CLASSES = ("aligned", "unaligned")
+CLASSES = ("aligned", "unaligned")  # the classes with models of their own
+SPLIT = "split"  # aligned, but some rows only 16-byte aligned: the aligned models x the split ratio
 FEATURES = ("launch", "main loop (waves x K steps)", "waves", "operand traffic (GB)", "split K pass over C (GB)")
 # With fewer measurements than this in a class, only the first two terms are fitted.
 FULL_MODEL_POINTS = 8
@@ -47,10 +53,19 @@ PRIOR = 0.25
 def alignment_class(lda: int, ldb: int, ldc: int, pointers: tuple[int, int, int] = (0, 0, 0),
                     strides: tuple[int, int, int] = (0, 0, 0)) -> str:
     """The class of a call: whether every row (of every batch, `strides` floats apart) starts
-    16-byte aligned (4 floats)."""
+    16-byte aligned (4 floats), and if so whether A's and B's leading dimensions and strides keep
+    their rows 32-byte aligned too (else SPLIT; the pointers are judged to 16 bytes, and C's rows
+    not at all: split, its stores cost a TMA member about 7%, its loads up to 2x)."""
     aligned = (lda % 4 == 0 and ldb % 4 == 0 and ldc % 4 == 0 and all(p % 16 == 0 for p in pointers)
                and all(s % 4 == 0 for s in strides))
-    return "aligned" if aligned else "unaligned"
+    if not aligned:
+        return "unaligned"
+    return "aligned" if all(x % 8 == 0 for x in (lda, ldb, *strides[:2])) else SPLIT
+
+
+def model_class(klass: str) -> str:
+    """The class whose models predict a call of `klass` (a split call: the aligned ones)."""
+    return "aligned" if klass == SPLIT else klass
 
 
 def tight_leading_dimensions(M: int, N: int, K: int, layouts: dict[str, str], pad: int = 0) -> tuple[int, int, int]:
@@ -204,62 +219,83 @@ def _nonnegative_least_squares(X: list[list[float]], y: list[float]) -> list[flo
     return best
 
 
-Point = tuple[int, int, int, float, float, float, float, float, int, float]
+Point = tuple[int, int, int, float, float, float, float, float, int, float, int]
 
 
 @dataclass
 class Model:
     """One member's fitted model in one alignment class, and the tuned shapes it was fitted to or
-    corrected by: (M, N, K, measured ms, ln M, ln N, ln K, ln(measured / model), batch, ln batch)
-    each (batch 1: a single GEMM, which the fit uses; a strided batch's point only corrects)."""
+    corrected by: (M, N, K, measured ms, ln M, ln N, ln K, ln(measured / model), batch, ln batch,
+    split) each (batch 1: a single GEMM, which the fit uses; a strided batch's point only corrects;
+    split 1: a split call's measurement, which neither fits nor corrects but sets `split_ratio`)."""
 
     coef: list[float]
     points: list[Point] = field(default_factory=list)
+    split_ratio: float = 1.0  # a split call's time over the aligned prediction (at least 1)
 
     def to_dict(self) -> dict:
-        return {"coef": self.coef, "points": [list(p) for p in self.points]}
+        return {"coef": self.coef, "points": [list(p) for p in self.points], "split_ratio": self.split_ratio}
 
     @classmethod
     def from_dict(cls, data: dict) -> "Model":
-        # points of 8 numbers (a manifest from before batched shapes were tuned) are single GEMMs
-        return cls(list(data["coef"]), [tuple(p) if len(p) == 10 else (*p, 1, 0.0) for p in data["points"]])
+        # points of 8 numbers (a manifest from before batched shapes were tuned) are single GEMMs,
+        # and of 10 (before split calls) aligned ones
+        filled = {8: (1, 0.0, 0), 10: (0,), 11: ()}
+        return cls(list(data["coef"]), [(*p, *filled[len(p)]) for p in data["points"]],
+                   float(data.get("split_ratio", 1.0)))
+
+
+def _point(member: MemberShape, coef: list[float], sm_count: int, batch: int, M: int, N: int, K: int, ms: float,
+           split: int) -> Point:
+    base = math.fsum(c * f for c, f in zip(coef, features(member, M, N, K, sm_count, batch)))
+    ratio = ms / base if base > 0 else 1.0
+    return (M, N, K, ms, math.log(M), math.log(N), math.log(K), math.log(ratio), batch, math.log(batch), split)
 
 
 def fit(member: MemberShape, points: list[tuple[int, int, int, float]], sm_count: int,
-        batched: list[tuple[int, int, int, int, float]] = ()) -> Model | None:
+        batched: list[tuple[int, int, int, int, float]] = (),
+        split: list[tuple[int, int, int, int, float]] = ()) -> Model | None:
     """The model of a member from (M, N, K, ms) measurements of single GEMMs in one class, with the
-    (batch, M, N, K, ms) of strided batches as points it is corrected by; None without two single
-    GEMMs."""
+    (batch, M, N, K, ms) of strided batches as points it is corrected by, and of split calls as the
+    points its split ratio comes from (the geometric mean of their time over the prediction, at
+    least 1); None without two single GEMMs."""
     points = [p for p in points if p[3] > 0 and min(p[:3]) > 0]
     if len(points) < 2:
         return None
     terms = 5 if len(points) >= FULL_MODEL_POINTS else 2
     X = [[f / ms for f in features(member, M, N, K, sm_count)[:terms]] for M, N, K, ms in points]
-    coef = _nonnegative_least_squares(X, [1.0] * len(points)) + [0.0] * (5 - terms)
-    model = Model([float(c) for c in coef])
+    coef = [float(c) for c in _nonnegative_least_squares(X, [1.0] * len(points)) + [0.0] * (5 - terms)]
+    model = Model(coef)
     for batch, M, N, K, ms in [(1, *p) for p in points] + [p for p in batched if p[4] > 0 and min(p[:4]) > 0]:
-        base = math.fsum(c * f for c, f in zip(coef, features(member, M, N, K, sm_count, batch)))
-        ratio = ms / base if base > 0 else 1.0
-        model.points.append((M, N, K, ms, math.log(M), math.log(N), math.log(K), math.log(ratio), batch,
-                             math.log(batch)))
+        model.points.append(_point(member, coef, sm_count, batch, M, N, K, ms, 0))
+    split = [p for p in split if p[4] > 0 and min(p[:4]) > 0]
+    logs = [math.log(ms / predict(member, model, M, N, K, sm_count, batch)) for batch, M, N, K, ms in split
+            if serves(member, M, N)]
+    model.split_ratio = max(1.0, math.exp(math.fsum(logs) / len(logs))) if logs else 1.0
+    model.points += [_point(member, coef, sm_count, batch, M, N, K, ms, 1) for batch, M, N, K, ms in split]
     return model
 
 
-def predict(member: MemberShape, model: Model, M: int, N: int, K: int, sm_count: int, batch: int = 1) -> float:
-    """Predicted ms of one call (`batch` strided matrices of M x N x K): the measurement at a tuned
-    shape, else the model corrected by the errors it made at the tuned shapes nearby (in log M,
-    log N, log K and log batch); infinite where the member is not built for the call (`serves`)."""
+def predict(member: MemberShape, model: Model, M: int, N: int, K: int, sm_count: int, batch: int = 1,
+            split: bool = False) -> float:
+    """Predicted ms of one call (`batch` strided matrices of M x N x K; `split`: of the SPLIT class):
+    the measurement at a tuned shape, else the model corrected by the errors it made at the tuned
+    shapes nearby (in log M, log N, log K and log batch), times the split ratio for a split call;
+    infinite where the member is not built for the call (`serves`)."""
     if not serves(member, M, N):
         return math.inf
-    for pM, pN, pK, ms, *_, pb, _ in model.points:
-        if (pM, pN, pK, pb) == (M, N, K, batch):
+    for pM, pN, pK, ms, *_, pb, _, p_split in model.points:
+        if (pM, pN, pK, pb, p_split) == (M, N, K, batch, int(split)):
             return ms
-    base = sum(c * f for c, f in zip(model.coef, features(member, M, N, K, sm_count, batch)))
+    scale = model.split_ratio if split else 1.0
+    base = sum(c * f for c, f in zip(model.coef, features(member, M, N, K, sm_count, batch))) * scale
     if M <= 0 or N <= 0 or K <= 0 or batch <= 0:
         return base
     q = (math.log(M), math.log(N), math.log(K), math.log(batch))
     weighted, total = 0.0, PRIOR
-    for *_, lm, ln, lk, log_ratio, _, lb in model.points:
+    for *_, lm, ln, lk, log_ratio, _, lb, p_split in model.points:
+        if p_split:
+            continue
         d2 = (q[0] - lm) ** 2 + (q[1] - ln) ** 2 + (q[2] - lk) ** 2 + (q[3] - lb) ** 2
         w = 1.0 / (1.0 + d2 / (BANDWIDTH * BANDWIDTH))
         weighted += w * log_ratio
@@ -283,14 +319,14 @@ def _eligible(c: Candidate, beta_used: bool, sm90a: bool) -> bool:
 
 def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str, sm_count: int,
                   beta_used: bool, sm90a: bool, batch: int) -> tuple[int, float]:
-    """The eligible member predicted fastest in one class, and its predicted ms ((-1, inf) where
-    none has a model of that class)."""
+    """The eligible member predicted fastest in one class (SPLIT: by the aligned models), and its
+    predicted ms ((-1, inf) where none has a model of that class)."""
     best, best_ms = -1, math.inf
     for index, c in enumerate(candidates):
-        model = c.models.get(cls)
+        model = c.models.get(model_class(cls))
         if model is None or not _eligible(c, beta_used, sm90a):
             continue
-        ms = predict(c.shape, model, M, N, K, sm_count, batch)
+        ms = predict(c.shape, model, M, N, K, sm_count, batch, cls == SPLIT)
         if ms < best_ms:
             best, best_ms = index, ms
     return best, best_ms
@@ -301,7 +337,7 @@ def choose(candidates: list[Candidate], M: int, N: int, K: int, klass: str, sm_c
     """Index of the member predicted fastest for the call (`batch` strided matrices of M x N x K)
     among those that can take it. A class without data for any eligible member borrows the other
     class's models."""
-    for cls in (klass, *[c for c in CLASSES if c != klass]):
+    for cls in (klass, *[c for c in CLASSES if c != model_class(klass)]):
         best, _ = best_in_class(candidates, M, N, K, cls, sm_count, beta_used, sm90a, batch)
         if best >= 0:
             return best
@@ -330,13 +366,15 @@ def pad_ms(copies: list[tuple[int, int, int]]) -> float:
 
 
 def choose_padded(candidates: list[Candidate], M: int, N: int, K: int, copies: list[tuple[int, int, int]],
-                  sm_count: int, *, beta_used: bool = True, sm90a: bool = True, batch: int = 1) -> int:
+                  sm_count: int, *, beta_used: bool = True, sm90a: bool = True, batch: int = 1,
+                  padded_class: str = "aligned") -> int:
     """For an unaligned call whose padding copies are `copies` (pad_ms's): the aligned member to run
-    on padded operands where padding pays (PAD_GAIN), else -1 (the unaligned class's member runs as
-    it is)."""
+    on padded operands (whose class is `padded_class`: SPLIT where an operand not copied has rows
+    only 16-byte aligned) where padding pays (PAD_GAIN), else -1 (the unaligned class's member runs
+    as it is)."""
     if K <= 0 or not copies:
         return -1
-    aligned, aligned_ms = best_in_class(candidates, M, N, K, "aligned", sm_count, beta_used, sm90a, batch)
+    aligned, aligned_ms = best_in_class(candidates, M, N, K, padded_class, sm_count, beta_used, sm90a, batch)
     unaligned, unaligned_ms = best_in_class(candidates, M, N, K, "unaligned", sm_count, beta_used, sm90a, batch)
     if aligned < 0 or unaligned < 0:
         return -1
@@ -350,12 +388,15 @@ def measured_key(key: tuple) -> tuple:
 
 def fit_all(shapes: list[MemberShape], measurements: list[dict[tuple, float]],
             sm_count: int) -> list[dict[str, Model | None]]:
-    """Models of every member per class from {(M, N, K, class[, batch]): ms}."""
+    """Models of every member per class from {(M, N, K, class[, batch]): ms} (the aligned model
+    takes the split measurements for its split ratio)."""
     result = []
     for shape, measured in zip(shapes, measurements):
         keyed = [(measured_key(key), ms) for key, ms in measured.items()]
+        split = [(b, M, N, K, ms) for (M, N, K, c, b), ms in keyed if c == SPLIT]
         result.append({cls: fit(shape, [(M, N, K, ms) for (M, N, K, c, b), ms in keyed if c == cls and b == 1],
-                                sm_count, [(b, M, N, K, ms) for (M, N, K, c, b), ms in keyed if c == cls and b != 1])
+                                sm_count, [(b, M, N, K, ms) for (M, N, K, c, b), ms in keyed if c == cls and b != 1],
+                                split if cls == "aligned" else ())
                        for cls in CLASSES})
     return result
 

@@ -29,7 +29,7 @@ from ..tuning.tune import tune as tune_space
 from ..tuning.workers import open_runner
 from .model import (MAX_MEMBERS, WINNERS_PER_SHAPE, Library, Measurements, kernel_key, measured_at, member_shape,
                     read_db, select_members, shape_class, shape_key, slots_per_sm)
-from .selection import CLASSES, Model, fit_all, predict, serves
+from .selection import CLASSES, SPLIT, Model, fit_all, model_class, predict, serves
 
 BUDGET_S = 0.05   # seconds of timed launches per timing (a library times hundreds)
 WARMUP_S = 0.03   # seconds of warm-up before each
@@ -268,8 +268,8 @@ def _fit(plans: list[Plan], m: Measurements, slots: dict[str, int], shapes: list
 
 def _predicted(plan: Plan, models: dict, slots: dict, shape: LibraryShape, cls: str, sm_count: int) -> float:
     per_class = models.get(kernel_key(plan), {})
-    model = per_class.get(cls) or next((m for m in per_class.values() if m), None)
+    model = per_class.get(model_class(cls)) or next((m for m in per_class.values() if m), None)
     if model is None:
         return math.inf
     return predict(member_shape(plan, slots[kernel_key(plan)]), model, shape.M, shape.N, shape.K, sm_count,
-                   shape.batch)
+                   shape.batch, cls == SPLIT)
