@@ -214,7 +214,7 @@ extern "C" double host_us_per_call(int entry, int M, int N, int K, const float* 
     using namespace gemmgen_{library}_choice;
     Device caps;
     device_caps(caps);
-    const int pick = choose(M, N, K, true, caps.sm_count, false, caps.sm90a, 1);
+    const int pick = choose(M, N, K, true, K % 8 != 0, caps.sm_count, false, caps.sm90a, 1);  // lda = ldb = K
     auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < calls; ++i) {{
         if (entry) gemmgen_{library}(M, N, K, 1.0f, A, K, B, K, 0.0f, C, N, stream);
