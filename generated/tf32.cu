@@ -3,34 +3,33 @@
 // library:
 //   library tf32 {
 //     layout   A row, B col, C row
-//     members  lib_tf32_tma, lib_tf32_staged, lib_tf32_split, lib_tf32_streamk, lib_tf32_wide, lib_tf32_cluster, lib_tf32_pingpong, lib_tf32_async, lib_tf32_copy, tensorcore_tf32, lib_tf32_decode, lib_tf32_decode_tc
+//     members  lib_tf32_tma, lib_tf32_staged, lib_tf32_split, lib_tf32_streamk, lib_tf32_wide, lib_tf32_cluster, lib_tf32_pingpong, lib_tf32_skinny, lib_tf32_async, lib_tf32_copy, tensorcore_tf32, lib_tf32_decode, lib_tf32_decode_tc
 //     shapes   "library_shapes.txt"
 //     precision tf32
 //   }
 //
 // TF32 inputs (timed against cuBLAS TF32); layout A row, B col, C row.
-// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 53 shapes; 181 candidate kernels
-// timed, 20 kept:
+// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 53 shapes; 197 candidate kernels
+// timed, 19 kept:
 //   tf32_0   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k staged  (sm_90a, from lib_tf32_streamk)
 //   tf32_1   block=128x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
-//   tf32_2   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_tf32_split)
-//   tf32_3   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
-//   tf32_4   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 cluster=2x1 staged  (sm_90a, from lib_tf32_cluster)
+//   tf32_2   block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=4  (sm_90a, from lib_tf32_skinny)
+//   tf32_3   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 cluster=2x1 staged  (sm_90a, from lib_tf32_cluster)
+//   tf32_4   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
 //   tf32_5   block=128x256x32 math=tf32 vec=A1B1 stages=4c frag=1 group=8  (sm_90a, from lib_tf32_copy)
-//   tf32_6   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=32  (sm_90a, from lib_tf32_split)
+//   tf32_6   block=64x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_tf32_split)
 //   tf32_7   decode=1x4x2  (sm_90, from lib_tf32_decode)
 //   tf32_8   block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
-//   tf32_9   block=64x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_tf32_split)
-//   tf32_10  block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_tf32_split)
-//   tf32_11  block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
-//   tf32_12  block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
-//   tf32_13  block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=12  (sm_90a, from lib_tf32_split)
+//   tf32_9   block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=8  (sm_90a, from lib_tf32_skinny)
+//   tf32_10  block=64x256x32 math=tf32 vec=A1B1 stages=5 frag=1 split=2  (sm_90a, from lib_tf32_skinny)
+//   tf32_11  block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
+//   tf32_12  block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
+//   tf32_13  block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_tf32_split)
 //   tf32_14  block=128x240x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_wide)
-//   tf32_15  block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=2  (sm_90a, from lib_tf32_split)
-//   tf32_16  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=3  (sm_90a, from lib_tf32_split)
-//   tf32_17  block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
-//   tf32_18  block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
-//   tf32_19  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
+//   tf32_15  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=3  (sm_90a, from lib_tf32_split)
+//   tf32_16  block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
+//   tf32_17  block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
+//   tf32_18  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
 //
 // Each call runs the member predicted fastest for its M, N, K, batch count and alignment class
 // (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
@@ -38,7 +37,7 @@
 // Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
 // over the best there: median 1.000, worst 7.299.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
-// compute capability 9.0; elsewhere tf32_19 runs.
+// compute capability 9.0; elsewhere tf32_18 runs.
 //
 // Build for Hopper and, if you like, other GPUs:
 //   nvcc -c -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 tf32.cu
@@ -2232,11 +2231,11 @@ static inline int gemmgen_tf32_1(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_2 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    64 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   4 tma
+//     stages   8 tma
 //     raster   row
 //     split    4
 //     epilogue alpha beta
@@ -2246,11 +2245,11 @@ static inline int gemmgen_tf32_1(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
+//   block tile (BM x BN x BK)  64 x 128 x 32
 //   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
+//   shared memory              8 stages of A and B tiles, K-major, 128-byte swizzle; 197760 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
 //   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
@@ -2715,17 +2714,17 @@ static inline int gemmgen_tf32_2_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_2_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 8;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 132160;
+constexpr int SMEM_BYTES = 197760;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
 constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
@@ -3107,13 +3106,13 @@ static inline int gemmgen_tf32_2(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_3 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    128 x 256 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   6 tma
+//     stages   4 tma
 //     raster   group 8
-//     schedule pingpong
+//     cluster  2 x 1
 //     epilogue alpha beta staged
 //   }
 //
@@ -3121,12 +3120,11 @@ static inline int gemmgen_tf32_2(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 181344 bytes per block
-//   schedule                   pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, its two consumer warpgroups taking them in turn, so that one stores its tile while the other multiplies the next
+//   block tile (BM x BN x BK)  128 x 256 x 32
+//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
+//   accumulators               128 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 230464 bytes per block
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
@@ -3577,11 +3575,20 @@ static inline int gemmgen_tf32_3_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_3_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 6;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int STAGES = 4;
+// Clusters of CLUSTER_M x CLUSTER_N blocks: block (i, j) of a cluster (rank i + CLUSTER_M j) shares
+// A's tile with the blocks of its row i and B's with those of its column j. Each loads one slice
+// of each shared tile and multicasts it, so a stage is filled by its row and column together.
+constexpr int CLUSTER_M = 2, CLUSTER_N = 1, CLUSTER_BLOCKS = CLUSTER_M * CLUSTER_N;
+constexpr int A_SLICE_ROWS = BM / CLUSTER_N;  // rows of A's tile each block of a row loads
+constexpr int B_SLICE_ROWS = BN / CLUSTER_M;  // rows of B's tile each block of a column loads
+constexpr unsigned ROW_0_BLOCKS = 0x1;     // ranks of row 0: 0, CLUSTER_M, 2 CLUSTER_M, ...
+constexpr unsigned COLUMN_0_BLOCKS = 0x3;  // ranks of column 0: 0 ... CLUSTER_M - 1
+constexpr int SHARERS = CLUSTER_M + CLUSTER_N - 1;  // blocks whose consumers free a stage of this one
+constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
@@ -3592,7 +3599,7 @@ constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
 constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
 constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
 
-constexpr int SMEM_BYTES = 181344;
+constexpr int SMEM_BYTES = 230464;
 static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
@@ -3630,12 +3637,14 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
-// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
-__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = tile;
+// Which C tile this block computes, and of which batch. Clusters of CLUSTER_M x CLUSTER_N blocks
+// are numbered along a 1-D grid and walk C in cluster-sized tiles (raster group G: G rows of them
+// at a time, so that neighbouring clusters share A and B in L2); block rank r of a cluster takes
+// the tile (r % CLUSTER_M, r / CLUSTER_M) inside its cluster's. Blocks past C's edge store nothing.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM);  // in cluster tiles
+    const int tiles_n = (N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN);
+    int block = blockIdx.x / CLUSTER_BLOCKS;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
@@ -3644,8 +3653,9 @@ __device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m
     const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
     const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
     const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
+    const int rank = blockIdx.x % CLUSTER_BLOCKS;  // %cluster_ctarank of a 1-D cluster
+    block_m0 = (tile_m * CLUSTER_M + rank % CLUSTER_M) * BM;
+    block_n0 = (tile_n * CLUSTER_N + rank / CLUSTER_M) * BN;
 }
 
 // ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
@@ -3716,6 +3726,44 @@ __device__ __forceinline__ void tma_store_wait_read() {
     asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
 }
 
+// ---- thread-block clusters: the blocks of a cluster fill each other's stages ------------------
+
+__device__ __forceinline__ unsigned block_rank() {  // this block's rank in its cluster
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return rank;
+}
+
+// Every thread of every block of the cluster: what each did before is visible to all after.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// One arrival on the barrier at the same place in the shared memory of each block in `blocks`
+// (bit r: cluster rank r), this one included if its bit is set.
+__device__ __forceinline__ void barrier_arrive_in(unsigned long long* barrier, unsigned blocks) {
+#pragma unroll
+    for (int rank = 0; rank < CLUSTER_BLOCKS; ++rank)
+        if (blocks >> rank & 1)
+            asm volatile("{\n"
+                         ".reg .b32 remote;\n"
+                         "mapa.shared::cluster.u32 remote, %0, %1;\n"
+                         "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+                         "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
+}
+
+// TMA multicast: the box lands at the same place in the shared memory of each block in `blocks`,
+// and completes bytes on the barrier at the same place in each.
+__device__ __forceinline__ void tma_load_multicast(float* destination, const TensorMap* map,
+                                                   unsigned long long* barrier, int inner, int outer,
+                                                   int batch, unsigned short blocks) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%0], [%1, { %2, %3, %4 }], [%5], %6;\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)), "h"(blocks) : "memory");
+}
+
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -3744,18 +3792,13 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
-
-// Ping-pong: the consumer warpgroups hand the turn to wait on the stages to each other with named
-// barriers (1: warpgroup 0's turn, 2: warpgroup 1's), 256 threads each: one arrives, the other syncs.
-__device__ __forceinline__ void turn_wait(int turn) { asm volatile("bar.sync %0, 256;\n" :: "r"(turn) : "memory"); }
-__device__ __forceinline__ void turn_give(int turn) { asm volatile("bar.arrive %0, 256;\n" :: "r"(turn) : "memory"); }
 
 // Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
 __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
@@ -3765,45 +3808,11 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- the tile scheduler (schedule pingpong) -----------------------------------------
-// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
-// consumers walk the same list, so the producer's copies run on into the next tile while the
-// consumers store the last one.
-struct Segment {
-    int tile;     // C tile, numbered as tile_origin takes them
-    int k_begin;  // the first of its K tiles this block multiplies
-    int k_end;    // one past the last
-};
-
-struct Schedule {
-    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
-    int k_tiles;    // K tiles per C tile
-    int next_tile;  // this block's next whole tile
-
-    __device__ Schedule(int M, int N, int K, int batch) {
-        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-        k_tiles = (K + BK - 1) / BK;
-        next_tile = blockIdx.x;
-    }
-
-    __device__ bool next(Segment& segment) {
-        if (next_tile >= tiles) return false;
-        segment.tile = next_tile;
-        segment.k_begin = 0;
-        segment.k_end = k_tiles;
-        next_tile += gridDim.x;
-        return true;
-    }
-
-    // The whole tiles this block has still to walk (ping-pong: its consumers' turns).
-    __device__ int tiles_left() const {
-        const int stride = gridDim.x;
-        return (tiles - next_tile + stride - 1) / stride;
-    }
-};
-
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (a multi-architecture build compiles it for older GPUs too)
+__cluster_dims__(CLUSTER_BLOCKS, 1, 1)
+#endif
 gemmgen_tf32_3_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         const __grid_constant__ TensorMap map_c,
@@ -3826,38 +3835,47 @@ gemmgen_tf32_3_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
-    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
-    Schedule schedule(M, N, K, batch);
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const unsigned rank = block_rank(), rank_m = rank % CLUSTER_M, rank_n = rank / CLUSTER_M;
+    const unsigned short row_blocks = ROW_0_BLOCKS << rank_m;                    // share A's tile
+    const unsigned short column_blocks = COLUMN_0_BLOCKS << (CLUSTER_M * rank_n);  // share B's tile
+    const unsigned sharers = row_blocks | column_blocks;  // fill this block's stages, and free them
+    const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], 4);  // one arrival per warp of the consumer whose tile it holds
+            barrier_init(&empty[s], CONSUMERS * 4 * SHARERS);  // one arrival per consumer warp of each sharer
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
-    __syncthreads();
+    cluster_sync();  // every block's barriers are ready before any block multicasts or frees a stage
 
     if (warpgroup == 0) {
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            int it = 0;
-            for (Segment segment; schedule.next(segment);) {
-                int block_m0, block_n0, batch_index;
-                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
-                    const int s = it % STAGES;
-                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
-                    barrier_expect_bytes(&full[s], STAGE_BYTES);
-                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
-                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
-                }
+            // This block's slices: rows rank_n * A_SLICE_ROWS ... of A's tile for its row, and
+            // rows rank_m * B_SLICE_ROWS ... of B's tile for its column.
+            const int a_slice = rank_n * A_SLICE_ROWS, b_slice = rank_m * B_SLICE_ROWS;
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);  // freed by every sharer
+                barrier_expect_bytes(&full[s], STAGE_BYTES);  // what the row and column deliver here
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
+                tma_load_multicast(sB + s * B_STAGE_FLOATS + b_slice * BK, &map_b, &full[s], t * BK, block_n0 + b_slice, b_batch, column_blocks);
             }
+            // Stay until every sharer has freed each stage for the last time: no block may then
+            // write into this one's shared memory or arrive on its barriers after it has exited.
+            for (int t = k_tiles > STAGES ? k_tiles - STAGES : 0; t < k_tiles; ++t)
+                barrier_wait(&empty[t % STAGES], (t / STAGES) & 1);
         }
         return;
     }
@@ -3869,127 +3887,107 @@ gemmgen_tf32_3_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int warp_in_group = tid % 128 / 32;
     int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
-    int it = 0;  // K tiles of earlier segments
-    int turn = 0;  // the block's tiles so far: tile `turn` is consumer turn % CONSUMERS's
-    // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
-    // other multiplies the next. A consumer waits for its tile's stages only once the other has
-    // waited for all of the tile before (the turn), so that a stage's fills are awaited in order.
-    const int block_tiles = schedule.tiles_left();
-    for (Segment segment; schedule.next(segment); ++turn) {
-        const int k_tiles = segment.k_end - segment.k_begin;
-        if (turn % CONSUMERS != consumer) {  // the other consumer's tile
-            it += k_tiles;
-            continue;
-        }
-        if (turn > 0) turn_wait(1 + consumer);
-        int block_m0, block_n0, batch_index;
-        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-        const int m_left = M - block_m0;
-        const int n_left = N - block_n0;
 #pragma unroll
-        for (int i = 0; i < TM; ++i)
+    for (int i = 0; i < TM; ++i)
 #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-        for (int t = 0; t < k_tiles; ++t) {
-            const int s = (it + t) % STAGES;
-            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
-            const float* a_tile = sA + s * A_STAGE_FLOATS;  // the stage holds this consumer's tile alone
-            const float* b_tile = sB + s * B_STAGE_FLOATS;
-            fence_accumulators(acc);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BK; kk += 8)
-                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-            wgmma_commit();
-            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-            fence_accumulators(acc);
-            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
-        }
-        // Every stage of this tile is waited for: the other consumer may wait for its tile's.
-        if (turn + 1 < block_tiles) turn_give(2 - consumer);  // the other consumer's barrier
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
-        it += k_tiles;
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
 
-        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-            {
-                const int warp_m0 = warp_in_group * 16;  // the warp's first row in its consumer's tile
-                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-                const bool swap = lane / 4 % 2;
-                if (warp_m0 < m_left) {
-            #pragma unroll
-                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                        if (box_n * C_BOX_N >= n_left) break;
-                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                        __syncwarp();
-            #pragma unroll
-                        for (int i = 0; i < TM; ++i) {
-                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-            #pragma unroll
-                                for (int v = 0; v < TN; ++v) {
-                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
-                                }
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                                // addressed: a register array indexed at run time would go to local memory)
-                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive_in(&empty[(t - 1) % STAGES], sharers);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    if (k_tiles > 0 && lane == 0) barrier_arrive_in(&empty[(k_tiles - 1) % STAGES], sharers);  // the producers wait for every stage's last use
+
+    if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+        // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+        // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+        // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+        {
+            const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+            float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+            const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+            const bool read_c = beta != 0.0f;
+            // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+            // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+            const bool swap = lane / 4 % 2;
+            if (warp_m0 < m_left) {
+        #pragma unroll
+                for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                    if (box_n * C_BOX_N >= n_left) break;
+                    float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                    if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                    __syncwarp();
+        #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                        float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+        #pragma unroll
+                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+        #pragma unroll
+                            for (int v = 0; v < TN; ++v) {
+                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
                             }
+        #pragma unroll
+                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                            const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                            // addressed: a register array indexed at run time would go to local memory)
+                            *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
                         }
-                        fence_shared_for_tma();
-                        __syncwarp();
-                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                        ++stored_boxes;
                     }
+                    fence_shared_for_tma();
+                    __syncwarp();
+                    if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                    ++stored_boxes;
                 }
             }
-        } else {
-            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile
-            const int thread_n0 = lane % 4 * TN;
-            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-            {
-                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-            #pragma unroll
-                for (int rm = 0; rm < RM; ++rm)
-            #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                        if (m >= m_left) continue;
-            #pragma unroll
-                        for (int rn = 0; rn < RN; ++rn)
-            #pragma unroll
-                            for (int j = 0; j < TN; j += CV) {
-                                const int n = thread_n0 + rn * SUB_N + j;
-                                if (n + CV - 1 >= n_left) continue;
-                                float* c = C_tile + (long long)(m) * ldc + (n);
-                                float old[CV], out[CV];
-                                if (read_c) load_vec<CV>(old, c);
-            #pragma unroll
-                                for (int v = 0; v < CV; ++v) {
-                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                                }
-                                store_vec<CV>(c, out);
+        }
+    } else {
+        // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+        const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+        const int thread_n0 = lane % 4 * TN;
+        // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+        {
+            constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+            float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+            const bool read_c = beta != 0.0f;
+        #pragma unroll
+            for (int rm = 0; rm < RM; ++rm)
+        #pragma unroll
+                for (int i = 0; i < TM; ++i) {
+                    const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                    if (m >= m_left) continue;
+        #pragma unroll
+                    for (int rn = 0; rn < RN; ++rn)
+        #pragma unroll
+                        for (int j = 0; j < TN; j += CV) {
+                            const int n = thread_n0 + rn * SUB_N + j;
+                            if (n + CV - 1 >= n_left) continue;
+                            float* c = C_tile + (long long)(m) * ldc + (n);
+                            float old[CV], out[CV];
+                            if (read_c) load_vec<CV>(old, c);
+        #pragma unroll
+                            for (int v = 0; v < CV; ++v) {
+                                out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
                             }
-                    }
-            }
+                            store_vec<CV>(c, out);
+                        }
+                }
         }
     }
     if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
@@ -4034,7 +4032,9 @@ static inline int gemmgen_tf32_3_batched(int M, int N, int K, float alpha, const
         return gemmgen_tf32_3_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    // Whole clusters of CLUSTER_M x CLUSTER_N C tiles (the blocks past C's edge store nothing).
+    const long long blocks = (long long)((M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM)) *
+                             ((N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN)) * CLUSTER_BLOCKS * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
 
     // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
@@ -4065,7 +4065,7 @@ static inline int gemmgen_tf32_3_batched(int M, int N, int K, float alpha, const
     const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
     const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
     const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
+    const cuuint32_t box_rows[2] = {A_SLICE_ROWS, B_SLICE_ROWS};  // each block of a cluster loads slices
     for (int i = 0; i < 2; ++i) {
         const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
         const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
@@ -4097,14 +4097,7 @@ static inline int gemmgen_tf32_3_batched(int M, int N, int K, float alpha, const
         aligned ? gemmgen_tf32_3_kernel<true> : gemmgen_tf32_3_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
-    int device = 0, sms = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
         *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
@@ -4124,13 +4117,13 @@ static inline int gemmgen_tf32_3(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_4 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 256 x 32
+//     block    64 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   4 tma
+//     stages   6 tma
 //     raster   group 8
-//     cluster  2 x 1
+//     schedule pingpong
 //     epilogue alpha beta staged
 //   }
 //
@@ -4138,11 +4131,12 @@ static inline int gemmgen_tf32_3(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 256 x 32
-//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
-//   accumulators               128 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 230464 bytes per block
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 181344 bytes per block
+//   schedule                   pingpong: min(C tiles, SMs) blocks, block b walking tiles b, b + grid, ... in raster order, its two consumer warpgroups taking them in turn, so that one stores its tile while the other multiplies the next
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
@@ -4593,20 +4587,11 @@ static inline int gemmgen_tf32_4_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_4_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-// Clusters of CLUSTER_M x CLUSTER_N blocks: block (i, j) of a cluster (rank i + CLUSTER_M j) shares
-// A's tile with the blocks of its row i and B's with those of its column j. Each loads one slice
-// of each shared tile and multicasts it, so a stage is filled by its row and column together.
-constexpr int CLUSTER_M = 2, CLUSTER_N = 1, CLUSTER_BLOCKS = CLUSTER_M * CLUSTER_N;
-constexpr int A_SLICE_ROWS = BM / CLUSTER_N;  // rows of A's tile each block of a row loads
-constexpr int B_SLICE_ROWS = BN / CLUSTER_M;  // rows of B's tile each block of a column loads
-constexpr unsigned ROW_0_BLOCKS = 0x1;     // ranks of row 0: 0, CLUSTER_M, 2 CLUSTER_M, ...
-constexpr unsigned COLUMN_0_BLOCKS = 0x3;  // ranks of column 0: 0 ... CLUSTER_M - 1
-constexpr int SHARERS = CLUSTER_M + CLUSTER_N - 1;  // blocks whose consumers free a stage of this one
-constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int STAGES = 6;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
@@ -4617,7 +4602,7 @@ constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
 constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
 constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
 
-constexpr int SMEM_BYTES = 230464;
+constexpr int SMEM_BYTES = 181344;
 static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
 constexpr int RASTER_GROUP = 8;  // block rows per raster group
@@ -4655,14 +4640,12 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Which C tile this block computes, and of which batch. Clusters of CLUSTER_M x CLUSTER_N blocks
-// are numbered along a 1-D grid and walk C in cluster-sized tiles (raster group G: G rows of them
-// at a time, so that neighbouring clusters share A and B in L2); block rank r of a cluster takes
-// the tile (r % CLUSTER_M, r / CLUSTER_M) inside its cluster's. Blocks past C's edge store nothing.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM);  // in cluster tiles
-    const int tiles_n = (N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN);
-    int block = blockIdx.x / CLUSTER_BLOCKS;
+// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
+// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = tile;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
@@ -4671,9 +4654,8 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
     const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
     const int tile_n = (block % blocks_per_group) / group_rows;
-    const int rank = blockIdx.x % CLUSTER_BLOCKS;  // %cluster_ctarank of a 1-D cluster
-    block_m0 = (tile_m * CLUSTER_M + rank % CLUSTER_M) * BM;
-    block_n0 = (tile_n * CLUSTER_N + rank / CLUSTER_M) * BN;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
 }
 
 // ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
@@ -4744,44 +4726,6 @@ __device__ __forceinline__ void tma_store_wait_read() {
     asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
 }
 
-// ---- thread-block clusters: the blocks of a cluster fill each other's stages ------------------
-
-__device__ __forceinline__ unsigned block_rank() {  // this block's rank in its cluster
-    unsigned rank;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-    return rank;
-}
-
-// Every thread of every block of the cluster: what each did before is visible to all after.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// One arrival on the barrier at the same place in the shared memory of each block in `blocks`
-// (bit r: cluster rank r), this one included if its bit is set.
-__device__ __forceinline__ void barrier_arrive_in(unsigned long long* barrier, unsigned blocks) {
-#pragma unroll
-    for (int rank = 0; rank < CLUSTER_BLOCKS; ++rank)
-        if (blocks >> rank & 1)
-            asm volatile("{\n"
-                         ".reg .b32 remote;\n"
-                         "mapa.shared::cluster.u32 remote, %0, %1;\n"
-                         "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-                         "}\n" :: "r"(shared_address(barrier)), "r"(rank) : "memory");
-}
-
-// TMA multicast: the box lands at the same place in the shared memory of each block in `blocks`,
-// and completes bytes on the barrier at the same place in each.
-__device__ __forceinline__ void tma_load_multicast(float* destination, const TensorMap* map,
-                                                   unsigned long long* barrier, int inner, int outer,
-                                                   int batch, unsigned short blocks) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-                 "[%0], [%1, { %2, %3, %4 }], [%5], %6;\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)), "h"(blocks) : "memory");
-}
-
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -4810,13 +4754,18 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
+
+// Ping-pong: the consumer warpgroups hand the turn to wait on the stages to each other with named
+// barriers (1: warpgroup 0's turn, 2: warpgroup 1's), 256 threads each: one arrives, the other syncs.
+__device__ __forceinline__ void turn_wait(int turn) { asm volatile("bar.sync %0, 256;\n" :: "r"(turn) : "memory"); }
+__device__ __forceinline__ void turn_give(int turn) { asm volatile("bar.arrive %0, 256;\n" :: "r"(turn) : "memory"); }
 
 // Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
 __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
@@ -4826,11 +4775,45 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
+// ---- the tile scheduler (schedule pingpong) -----------------------------------------
+// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
+// consumers walk the same list, so the producer's copies run on into the next tile while the
+// consumers store the last one.
+struct Segment {
+    int tile;     // C tile, numbered as tile_origin takes them
+    int k_begin;  // the first of its K tiles this block multiplies
+    int k_end;    // one past the last
+};
+
+struct Schedule {
+    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
+    int k_tiles;    // K tiles per C tile
+    int next_tile;  // this block's next whole tile
+
+    __device__ Schedule(int M, int N, int K, int batch) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+        k_tiles = (K + BK - 1) / BK;
+        next_tile = blockIdx.x;
+    }
+
+    __device__ bool next(Segment& segment) {
+        if (next_tile >= tiles) return false;
+        segment.tile = next_tile;
+        segment.k_begin = 0;
+        segment.k_end = k_tiles;
+        next_tile += gridDim.x;
+        return true;
+    }
+
+    // The whole tiles this block has still to walk (ping-pong: its consumers' turns).
+    __device__ int tiles_left() const {
+        const int stride = gridDim.x;
+        return (tiles - next_tile + stride - 1) / stride;
+    }
+};
+
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // (a multi-architecture build compiles it for older GPUs too)
-__cluster_dims__(CLUSTER_BLOCKS, 1, 1)
-#endif
 gemmgen_tf32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         const __grid_constant__ TensorMap map_c,
@@ -4853,47 +4836,38 @@ gemmgen_tf32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const unsigned rank = block_rank(), rank_m = rank % CLUSTER_M, rank_n = rank / CLUSTER_M;
-    const unsigned short row_blocks = ROW_0_BLOCKS << rank_m;                    // share A's tile
-    const unsigned short column_blocks = COLUMN_0_BLOCKS << (CLUSTER_M * rank_n);  // share B's tile
-    const unsigned sharers = row_blocks | column_blocks;  // fill this block's stages, and free them
-    const int k_tiles = (K + BK - 1) / BK;
+    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
+    Schedule schedule(M, N, K, batch);
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; ++s) {
             barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4 * SHARERS);  // one arrival per consumer warp of each sharer
+            barrier_init(&empty[s], 4);  // one arrival per warp of the consumer whose tile it holds
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
     }
-    cluster_sync();  // every block's barriers are ready before any block multicasts or frees a stage
+    __syncthreads();
 
     if (warpgroup == 0) {
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            // This block's slices: rows rank_n * A_SLICE_ROWS ... of A's tile for its row, and
-            // rows rank_m * B_SLICE_ROWS ... of B's tile for its column.
-            const int a_slice = rank_n * A_SLICE_ROWS, b_slice = rank_m * B_SLICE_ROWS;
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);  // freed by every sharer
-                barrier_expect_bytes(&full[s], STAGE_BYTES);  // what the row and column deliver here
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load_multicast(sB + s * B_STAGE_FLOATS + b_slice * BK, &map_b, &full[s], t * BK, block_n0 + b_slice, b_batch, column_blocks);
+            int it = 0;
+            for (Segment segment; schedule.next(segment);) {
+                int block_m0, block_n0, batch_index;
+                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
+                    barrier_expect_bytes(&full[s], STAGE_BYTES);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
+                }
             }
-            // Stay until every sharer has freed each stage for the last time: no block may then
-            // write into this one's shared memory or arrive on its barriers after it has exited.
-            for (int t = k_tiles > STAGES ? k_tiles - STAGES : 0; t < k_tiles; ++t)
-                barrier_wait(&empty[t % STAGES], (t / STAGES) & 1);
         }
         return;
     }
@@ -4905,107 +4879,127 @@ gemmgen_tf32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int warp_in_group = tid % 128 / 32;
     int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
+    int it = 0;  // K tiles of earlier segments
+    int turn = 0;  // the block's tiles so far: tile `turn` is consumer turn % CONSUMERS's
+    // Ping-pong: the block's tiles go to the consumers in turn, so that one stores its tile while the
+    // other multiplies the next. A consumer waits for its tile's stages only once the other has
+    // waited for all of the tile before (the turn), so that a stage's fills are awaited in order.
+    const int block_tiles = schedule.tiles_left();
+    for (Segment segment; schedule.next(segment); ++turn) {
+        const int k_tiles = segment.k_end - segment.k_begin;
+        if (turn % CONSUMERS != consumer) {  // the other consumer's tile
+            it += k_tiles;
+            continue;
+        }
+        if (turn > 0) turn_wait(1 + consumer);
+        int block_m0, block_n0, batch_index;
+        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+        const int m_left = M - block_m0;
+        const int n_left = N - block_n0;
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+        for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+        for (int t = 0; t < k_tiles; ++t) {
+            const int s = (it + t) % STAGES;
+            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+            const float* a_tile = sA + s * A_STAGE_FLOATS;  // the stage holds this consumer's tile alone
+            const float* b_tile = sB + s * B_STAGE_FLOATS;
+            fence_accumulators(acc);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BK; kk += 8)
+                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+            wgmma_commit();
+            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+            fence_accumulators(acc);
+            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
+        }
+        // Every stage of this tile is waited for: the other consumer may wait for its tile's.
+        if (turn + 1 < block_tiles) turn_give(2 - consumer);  // the other consumer's barrier
+        wgmma_wait<0>();
         fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive_in(&empty[(t - 1) % STAGES], sharers);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-    if (k_tiles > 0 && lane == 0) barrier_arrive_in(&empty[(k_tiles - 1) % STAGES], sharers);  // the producers wait for every stage's last use
+        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
+        it += k_tiles;
 
-    if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-        // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-        // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-        // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-        {
-            const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
-            float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-            const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-            const bool read_c = beta != 0.0f;
-            // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-            // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-            const bool swap = lane / 4 % 2;
-            if (warp_m0 < m_left) {
-        #pragma unroll
-                for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                    if (box_n * C_BOX_N >= n_left) break;
-                    float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                    if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                    __syncwarp();
-        #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                        float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-        #pragma unroll
-                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-        #pragma unroll
-                            for (int v = 0; v < TN; ++v) {
-                                const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                                const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            {
+                const int warp_m0 = warp_in_group * 16;  // the warp's first row in its consumer's tile
+                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+                const bool swap = lane / 4 % 2;
+                if (warp_m0 < m_left) {
+            #pragma unroll
+                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                        if (box_n * C_BOX_N >= n_left) break;
+                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                        __syncwarp();
+            #pragma unroll
+                        for (int i = 0; i < TM; ++i) {
+                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+            #pragma unroll
+                                for (int v = 0; v < TN; ++v) {
+                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                                }
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                                // addressed: a register array indexed at run time would go to local memory)
+                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
                             }
-        #pragma unroll
-                        for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                            const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                            // addressed: a register array indexed at run time would go to local memory)
-                            *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
                         }
+                        fence_shared_for_tma();
+                        __syncwarp();
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                        ++stored_boxes;
                     }
-                    fence_shared_for_tma();
-                    __syncwarp();
-                    if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                    ++stored_boxes;
                 }
             }
-        }
-    } else {
-        // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-        const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-        const int thread_n0 = lane % 4 * TN;
-        // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-        {
-            constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-            float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-            const bool read_c = beta != 0.0f;
-        #pragma unroll
-            for (int rm = 0; rm < RM; ++rm)
-        #pragma unroll
-                for (int i = 0; i < TM; ++i) {
-                    const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                    if (m >= m_left) continue;
-        #pragma unroll
-                    for (int rn = 0; rn < RN; ++rn)
-        #pragma unroll
-                        for (int j = 0; j < TN; j += CV) {
-                            const int n = thread_n0 + rn * SUB_N + j;
-                            if (n + CV - 1 >= n_left) continue;
-                            float* c = C_tile + (long long)(m) * ldc + (n);
-                            float old[CV], out[CV];
-                            if (read_c) load_vec<CV>(old, c);
-        #pragma unroll
-                            for (int v = 0; v < CV; ++v) {
-                                out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+        } else {
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = warp_in_group * 16 + lane / 4;  // in this consumer's own tile
+            const int thread_n0 = lane % 4 * TN;
+            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+            {
+                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                        if (m >= m_left) continue;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; j += CV) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                if (n + CV - 1 >= n_left) continue;
+                                float* c = C_tile + (long long)(m) * ldc + (n);
+                                float old[CV], out[CV];
+                                if (read_c) load_vec<CV>(old, c);
+            #pragma unroll
+                                for (int v = 0; v < CV; ++v) {
+                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                                }
+                                store_vec<CV>(c, out);
                             }
-                            store_vec<CV>(c, out);
-                        }
-                }
+                    }
+            }
         }
     }
     if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
@@ -5050,9 +5044,7 @@ static inline int gemmgen_tf32_4_batched(int M, int N, int K, float alpha, const
         return gemmgen_tf32_4_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
-    // Whole clusters of CLUSTER_M x CLUSTER_N C tiles (the blocks past C's edge store nothing).
-    const long long blocks = (long long)((M + CLUSTER_M * BM - 1) / (CLUSTER_M * BM)) *
-                             ((N + CLUSTER_N * BN - 1) / (CLUSTER_N * BN)) * CLUSTER_BLOCKS * batch;
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
 
     // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
@@ -5083,7 +5075,7 @@ static inline int gemmgen_tf32_4_batched(int M, int N, int K, float alpha, const
     const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
     const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
     const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {A_SLICE_ROWS, B_SLICE_ROWS};  // each block of a cluster loads slices
+    const cuuint32_t box_rows[2] = {BM, BN};
     for (int i = 0; i < 2; ++i) {
         const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
         const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
@@ -5115,7 +5107,14 @@ static inline int gemmgen_tf32_4_batched(int M, int N, int K, float alpha, const
         aligned ? gemmgen_tf32_4_kernel<true> : gemmgen_tf32_4_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return (int)error;
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
         *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
@@ -5595,13 +5594,13 @@ static inline int gemmgen_tf32_5(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_6 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    64 x 64 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    32
+//     split    128
 //     epilogue alpha beta
 //   }
 //
@@ -5609,14 +5608,14 @@ static inline int gemmgen_tf32_5(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
+//   block tile (BM x BN x BK)  64 x 64 x 32
+//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 66624 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    32 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    128 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_6_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
@@ -5657,7 +5656,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 32;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -6078,20 +6077,20 @@ static inline int gemmgen_tf32_6_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_6_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 132160;
+constexpr int SMEM_BYTES = 66624;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 32;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -6215,11 +6214,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -7839,13 +7838,13 @@ static inline int gemmgen_tf32_8(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_9 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 64 x 32
+//     block    64 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   4 tma
+//     stages   8 tma
 //     raster   row
-//     split    128
+//     split    8
 //     epilogue alpha beta
 //   }
 //
@@ -7853,14 +7852,14 @@ static inline int gemmgen_tf32_8(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 64 x 32
-//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 66624 bytes per block
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              8 stages of A and B tiles, K-major, 128-byte swizzle; 197760 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    128 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    8 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_9_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
@@ -7901,7 +7900,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -8322,20 +8321,20 @@ static inline int gemmgen_tf32_9_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_9_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int STAGES = 8;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 66624;
+constexpr int SMEM_BYTES = 197760;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 128;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -8459,11 +8458,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -8714,13 +8713,13 @@ static inline int gemmgen_tf32_9(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_10 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    64 x 256 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   4 tma
+//     stages   5 tma
 //     raster   row
-//     split    8
+//     split    2
 //     epilogue alpha beta
 //   }
 //
@@ -8728,14 +8727,14 @@ static inline int gemmgen_tf32_9(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
+//   block tile (BM x BN x BK)  64 x 256 x 32
+//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 256
+//   accumulators               128 floats per consumer thread
+//   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 205904 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    8 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    2 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_10_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
@@ -8776,7 +8775,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -9197,20 +9196,20 @@ static inline int gemmgen_tf32_10_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_tf32_10_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int BM = 64, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 5;
+constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 132160;
+constexpr int SMEM_BYTES = 205904;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -9334,11 +9333,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -9593,6 +9592,848 @@ static inline int gemmgen_tf32_10(int M, int N, int K, float alpha, const float*
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
+//     stages   5 tma
+//     raster   row
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  64 x 64 x 32
+//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 83024 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_11_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_11(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_11_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_11_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_11_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_11_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_11_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_11_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_11_fallback_kernel<true> : gemmgen_tf32_11_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_11_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_11_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_11_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 5;
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 83024;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_11_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_11_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_11_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_11_kernel<true> : gemmgen_tf32_11_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_11(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_11_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 12: tf32_12 ===========================================
+// gemmgen_tf32_12: generated by gemmgen 0.1.0 from <library tf32: tf32_12> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_12 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    64 x 64 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
 //     stages   4 async
 //     raster   group 8
 //     epilogue alpha beta
@@ -9613,13 +10454,13 @@ static inline int gemmgen_tf32_10(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_11(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_11_impl {
+namespace gemmgen_tf32_12_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -9850,7 +10691,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_11_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_12_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -9951,801 +10792,6 @@ gemmgen_tf32_11_kernel(int M, int N, int K, float alpha, const float* __restrict
             wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
         wgmma_commit();
         wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_11_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_11_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_11_kernel<true> : gemmgen_tf32_11_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_11(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_11_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 12: tf32_12 ===========================================
-// gemmgen_tf32_12: generated by gemmgen 0.1.0 from <library tf32: tf32_12> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_12 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    64 x 64 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   5 tma
-//     raster   row
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 64 x 32
-//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 64
-//   accumulators               32 floats per consumer thread
-//   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 83024 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_12_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_12_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_12_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_12_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_12_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_12_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_12_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_12_fallback_kernel<true> : gemmgen_tf32_12_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_12_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_12_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 5;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 83024;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
         fence_accumulators(acc);
         if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
     }
@@ -10792,16 +10838,13 @@ gemmgen_tf32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
 // Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
 // dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
 // Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
 static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
     using namespace gemmgen_tf32_12_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
@@ -10814,68 +10857,24 @@ static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, cons
     if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
     if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
         return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
     if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_12_kernel<true> : gemmgen_tf32_12_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -10899,7 +10898,7 @@ static inline int gemmgen_tf32_12(int M, int N, int K, float alpha, const float*
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    12
+//     split    4
 //     epilogue alpha beta
 //   }
 //
@@ -10914,7 +10913,7 @@ static inline int gemmgen_tf32_12(int M, int N, int K, float alpha, const float*
 //   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    12 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_13_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
@@ -10955,7 +10954,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 12;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -11389,7 +11388,7 @@ constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
 constexpr int SMEM_BYTES = 132160;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 12;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -12753,13 +12752,13 @@ static inline int gemmgen_tf32_14(int M, int N, int K, float alpha, const float*
 //   kernel tf32_15 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    64 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    2
+//     split    3
 //     epilogue alpha beta
 //   }
 //
@@ -12767,14 +12766,14 @@ static inline int gemmgen_tf32_14(int M, int N, int K, float alpha, const float*
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
+//   block tile (BM x BN x BK)  64 x 128 x 32
 //   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 99392 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    2 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    3 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_15_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          nothing
@@ -12815,7 +12814,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -13236,9 +13235,9 @@ static inline int gemmgen_tf32_15_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_tf32_15_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
@@ -13246,10 +13245,10 @@ constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 132160;
+constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -13628,31 +13627,31 @@ static inline int gemmgen_tf32_15(int M, int N, int K, float alpha, const float*
 //   kernel tf32_16 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    128 x 192 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
-//     raster   row
-//     split    3
-//     epilogue alpha beta
+//     raster   group 8
+//     schedule persistent
+//     epilogue alpha beta staged
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 99392 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    3 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   block tile (BM x BN x BK)  128 x 192 x 32
+//   math                       tf32, wgmma 64 x 192 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 192
+//   accumulators               96 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 197696 bytes per block
+//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_16_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_16(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -13679,7 +13678,7 @@ constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr int COPIES = 1;  // each tile rounded to TF32
 constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
@@ -13690,7 +13689,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -13734,8 +13733,11 @@ __device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& 
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -13828,19 +13830,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
     for (int i = 0; i < TM; ++i)
 #pragma unroll
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_16_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
 }
 
 // Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
@@ -13934,14 +13923,6 @@ gemmgen_tf32_16_fallback_kernel(int M, int N, int K, float alpha, const float* _
     B += batch_index * strideB;
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
     const int k_tiles = (K + BK - 1) / BK;
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
@@ -14030,8 +14011,9 @@ gemmgen_tf32_16_fallback_kernel(int M, int N, int K, float alpha, const float* _
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -14045,7 +14027,13 @@ gemmgen_tf32_16_fallback_kernel(int M, int N, int K, float alpha, const float* _
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
                     }
             }
     }
@@ -14086,17 +14074,15 @@ static inline int gemmgen_tf32_16_fallback_batched(int M, int N, int K, float al
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_16_fallback_kernel<true> : gemmgen_tf32_16_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_16_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -14111,20 +14097,25 @@ static inline int gemmgen_tf32_16_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_tf32_16_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int BM = 128, BN = 192, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 24, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -14159,17 +14150,20 @@ __device__ __forceinline__ void fill_zero(float* regs) {
     for (int v = 0; v < V; ++v) regs[v] = 0.0f;
 }
 
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
+// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
     const int tiles_m = (M + BM - 1) / BM;
     const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
+    int block = tile;
     // Strided batches: the tiles of batch b come after all of batch b - 1's.
     batch_index = block / (tiles_m * tiles_n);
     block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
     block_m0 = tile_m * BM;
     block_n0 = tile_n * BN;
 }
@@ -14220,6 +14214,28 @@ __device__ __forceinline__ void tma_load(float* destination, const TensorMap* ma
                     "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
 }
 
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
 // Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
 // descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
 __device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
@@ -14248,11 +14264,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %98, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95 }, %96, %97, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -14264,23 +14280,42 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_16_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
+// ---- the tile scheduler (schedule persistent) -----------------------------------------
+// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
+// consumers walk the same list, so the producer's copies run on into the next tile while the
+// consumers store the last one.
+struct Segment {
+    int tile;     // C tile, numbered as tile_origin takes them
+    int k_begin;  // the first of its K tiles this block multiplies
+    int k_end;    // one past the last
+};
+
+struct Schedule {
+    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
+    int k_tiles;    // K tiles per C tile
+    int next_tile;  // this block's next whole tile
+
+    __device__ Schedule(int M, int N, int K, int batch) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+        k_tiles = (K + BK - 1) / BK;
+        next_tile = blockIdx.x;
     }
-}
+
+    __device__ bool next(Segment& segment) {
+        if (next_tile >= tiles) return false;
+        segment.tile = next_tile;
+        segment.k_begin = 0;
+        segment.k_end = k_tiles;
+        next_tile += gridDim.x;
+        return true;
+    }
+};
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        const __grid_constant__ TensorMap map_c,
         int batch,
         long long strideA,
         long long strideB,
@@ -14295,21 +14330,13 @@ gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
     float* sA = smem;                                 // STAGES x BM rows x BK floats
     float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
     unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
     unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
 
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
+    Schedule schedule(M, N, K, batch);
     const int tid = threadIdx.x;
     const int warpgroup = tid / 128;
 
@@ -14326,12 +14353,19 @@ gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            int it = 0;
+            for (Segment segment; schedule.next(segment);) {
+                int block_m0, block_n0, batch_index;
+                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
+                    barrier_expect_bytes(&full[s], STAGE_BYTES);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
+                }
             }
         }
         return;
@@ -14342,54 +14376,120 @@ gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     const int consumer = warpgroup - 1;
     const int lane = tid % 32;
     const int warp_in_group = tid % 128 / 32;
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
     float acc[TM][RN * TN];
+    int it = 0;  // K tiles of earlier segments
+    for (Segment segment; schedule.next(segment);) {
+        int block_m0, block_n0, batch_index;
+        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+        const int m_left = M - block_m0;
+        const int n_left = N - block_n0;
+        const int k_tiles = segment.k_end - segment.k_begin;
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+        for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+        for (int t = 0; t < k_tiles; ++t) {
+            const int s = (it + t) % STAGES;
+            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+            const float* b_tile = sB + s * B_STAGE_FLOATS;
+            fence_accumulators(acc);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BK; kk += 8)
+                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+            wgmma_commit();
+            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+            fence_accumulators(acc);
+            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
+        }
+        wgmma_wait<0>();
         fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
+        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
+        it += k_tiles;
 
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            {
+                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+                const bool swap = lane / 4 % 2;
+                if (warp_m0 < m_left) {
+            #pragma unroll
+                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                        if (box_n * C_BOX_N >= n_left) break;
+                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                        __syncwarp();
+            #pragma unroll
+                        for (int i = 0; i < TM; ++i) {
+                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+            #pragma unroll
+                                for (int v = 0; v < TN; ++v) {
+                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                                }
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                                // addressed: a register array indexed at run time would go to local memory)
+                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+                            }
+                        }
+                        fence_shared_for_tma();
+                        __syncwarp();
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                        ++stored_boxes;
+                    }
+                }
+            }
+        } else {
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+            const int thread_n0 = lane % 4 * TN;
+            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+            {
+                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                        if (m >= m_left) continue;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; j += CV) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                if (n + CV - 1 >= n_left) continue;
+                                float* c = C_tile + (long long)(m) * ldc + (n);
+                                float old[CV], out[CV];
+                                if (read_c) load_vec<CV>(old, c);
+            #pragma unroll
+                                for (int v = 0; v < CV; ++v) {
+                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                                }
+                                store_vec<CV>(c, out);
+                            }
                     }
             }
+        }
     }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
 #endif
 }
 
@@ -14475,17 +14575,35 @@ static inline int gemmgen_tf32_16_batched(int M, int N, int K, float alpha, cons
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {32, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_16_kernel<true> : gemmgen_tf32_16_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_16_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return (int)error;
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -14503,31 +14621,29 @@ static inline int gemmgen_tf32_16(int M, int N, int K, float alpha, const float*
 //   kernel tf32_17 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 192 x 32
+//     block    128 x 256 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   group 8
-//     schedule persistent
-//     epilogue alpha beta staged
+//     epilogue alpha beta
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 192 x 32
-//   math                       tf32, wgmma 64 x 192 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 192
-//   accumulators               96 floats per consumer thread
+//   block tile (BM x BN x BK)  128 x 256 x 32
+//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
+//   accumulators               128 floats per consumer thread
 //   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 197696 bytes per block
-//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
 //   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
+//   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_17_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_17(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -14973,998 +15089,6 @@ static inline int gemmgen_tf32_17_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_tf32_17_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 192, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 24, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
-// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
-constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
-constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
-
-constexpr int SMEM_BYTES = 197696;
-static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
-// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
-__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = tile;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
-
-// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
-__device__ __forceinline__ void fence_shared_for_tma() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
-// of the box outside the matrix are not written, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
-                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
-                    "r"(inner), "r"(outer), "r"(batch) : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
-template <int PENDING>
-__device__ __forceinline__ void tma_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %98, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95 }, %96, %97, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- the tile scheduler (schedule persistent) -----------------------------------------
-// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
-// consumers walk the same list, so the producer's copies run on into the next tile while the
-// consumers store the last one.
-struct Segment {
-    int tile;     // C tile, numbered as tile_origin takes them
-    int k_begin;  // the first of its K tiles this block multiplies
-    int k_end;    // one past the last
-};
-
-struct Schedule {
-    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
-    int k_tiles;    // K tiles per C tile
-    int next_tile;  // this block's next whole tile
-
-    __device__ Schedule(int M, int N, int K, int batch) {
-        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-        k_tiles = (K + BK - 1) / BK;
-        next_tile = blockIdx.x;
-    }
-
-    __device__ bool next(Segment& segment) {
-        if (next_tile >= tiles) return false;
-        segment.tile = next_tile;
-        segment.k_begin = 0;
-        segment.k_end = k_tiles;
-        next_tile += gridDim.x;
-        return true;
-    }
-};
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        const __grid_constant__ TensorMap map_c,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
-    Schedule schedule(M, N, K, batch);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            int it = 0;
-            for (Segment segment; schedule.next(segment);) {
-                int block_m0, block_n0, batch_index;
-                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
-                    const int s = it % STAGES;
-                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
-                    barrier_expect_bytes(&full[s], STAGE_BYTES);
-                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
-                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
-                }
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
-    float acc[TM][RN * TN];
-    int it = 0;  // K tiles of earlier segments
-    for (Segment segment; schedule.next(segment);) {
-        int block_m0, block_n0, batch_index;
-        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-        const int m_left = M - block_m0;
-        const int n_left = N - block_n0;
-        const int k_tiles = segment.k_end - segment.k_begin;
-#pragma unroll
-        for (int i = 0; i < TM; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-        for (int t = 0; t < k_tiles; ++t) {
-            const int s = (it + t) % STAGES;
-            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
-            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-            const float* b_tile = sB + s * B_STAGE_FLOATS;
-            fence_accumulators(acc);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BK; kk += 8)
-                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-            wgmma_commit();
-            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-            fence_accumulators(acc);
-            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
-        }
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
-        it += k_tiles;
-
-        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-            {
-                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
-                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-                const bool swap = lane / 4 % 2;
-                if (warp_m0 < m_left) {
-            #pragma unroll
-                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                        if (box_n * C_BOX_N >= n_left) break;
-                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                        __syncwarp();
-            #pragma unroll
-                        for (int i = 0; i < TM; ++i) {
-                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-            #pragma unroll
-                                for (int v = 0; v < TN; ++v) {
-                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
-                                }
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                                // addressed: a register array indexed at run time would go to local memory)
-                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
-                            }
-                        }
-                        fence_shared_for_tma();
-                        __syncwarp();
-                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                        ++stored_boxes;
-                    }
-                }
-            }
-        } else {
-            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-            const int thread_n0 = lane % 4 * TN;
-            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-            {
-                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-            #pragma unroll
-                for (int rm = 0; rm < RM; ++rm)
-            #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                        if (m >= m_left) continue;
-            #pragma unroll
-                        for (int rn = 0; rn < RN; ++rn)
-            #pragma unroll
-                            for (int j = 0; j < TN; j += CV) {
-                                const int n = thread_n0 + rn * SUB_N + j;
-                                if (n + CV - 1 >= n_left) continue;
-                                float* c = C_tile + (long long)(m) * ldc + (n);
-                                float old[CV], out[CV];
-                                if (read_c) load_vec<CV>(old, c);
-            #pragma unroll
-                                for (int v = 0; v < CV; ++v) {
-                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                                }
-                                store_vec<CV>(c, out);
-                            }
-                    }
-            }
-        }
-    }
-    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
-#endif
-}
-
-}  // namespace gemmgen_tf32_17_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_17_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_17_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_17_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
-    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
-    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
-    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
-    CUtensorMap map_c = {};
-    if (aligned) {
-        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
-        const cuuint32_t box[3] = {32, 16, 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_17_kernel<true> : gemmgen_tf32_17_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
-    int device = 0, sms = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_17(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 18: tf32_18 ===========================================
-// gemmgen_tf32_18: generated by gemmgen 0.1.0 from <library tf32: tf32_18> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_18 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 256 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   group 8
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 256 x 32
-//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
-//   accumulators               128 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 197696 bytes per block
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_18_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_18_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_18_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_18_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_18_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_18_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_18_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_18_fallback_kernel<true> : gemmgen_tf32_18_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_18_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_18_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
@@ -16123,7 +15247,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_18_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -16240,7 +15364,7 @@ gemmgen_tf32_18_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 #endif
 }
 
-}  // namespace gemmgen_tf32_18_impl
+}  // namespace gemmgen_tf32_17_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -16253,11 +15377,11 @@ gemmgen_tf32_18_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_17_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_18_impl;
+    using namespace gemmgen_tf32_17_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -16275,7 +15399,7 @@ static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, cons
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_tf32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_tf32_17_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -16325,7 +15449,7 @@ static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, cons
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_18_kernel<true> : gemmgen_tf32_18_kernel<false>;
+        aligned ? gemmgen_tf32_17_kernel<true> : gemmgen_tf32_17_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
@@ -16334,17 +15458,17 @@ static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_17(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 19: tf32_19 ===========================================
-// gemmgen_tf32_19: generated by gemmgen 0.1.0 from <library tf32: tf32_19> (edit the spec, not this file)
+// ==== member 18: tf32_18 ===========================================
+// gemmgen_tf32_18: generated by gemmgen 0.1.0 from <library tf32: tf32_18> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_19 {
+//   kernel tf32_18 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     block    128 x 128 x 32
@@ -16381,13 +15505,13 @@ static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_19(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_19_impl {
+namespace gemmgen_tf32_18_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block, K step
@@ -16538,7 +15662,7 @@ __device__ __forceinline__ int sB_index(int k, int n) { return (k) * 136 + n; }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_tf32_19_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_18_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -16742,7 +15866,7 @@ gemmgen_tf32_19_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
-}  // namespace gemmgen_tf32_19_impl
+}  // namespace gemmgen_tf32_18_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -16752,11 +15876,11 @@ gemmgen_tf32_19_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_19_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_19_impl;
+    using namespace gemmgen_tf32_18_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -16779,7 +15903,7 @@ static inline int gemmgen_tf32_19_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_19_kernel<true> : gemmgen_tf32_19_kernel<false>;
+        aligned ? gemmgen_tf32_18_kernel<true> : gemmgen_tf32_18_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -16789,10 +15913,10 @@ static inline int gemmgen_tf32_19_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_19(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 #ifndef __CUDACC_RTC__
@@ -16981,120 +16105,63 @@ static const Point tf32_1_unaligned[] = {
     {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11245075772874465, 1, 0.0, 0},
 };
 static const Point tf32_2_aligned[] = {
-    {256, 256, 256, 0.0162559999153018, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2565219060102154, 1, 0.0, 0},
-    {512, 512, 512, 0.016575999557971954, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.2837978887340601, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.0814879983663559, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.7363538138039878, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.12619200348854065, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.23576367728414022, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.710096001625061, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.21384308509870895, 1, 0.0, 0},
-    {8192, 8192, 8192, 5.356384038925171, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.03716115011267969, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.34614400565624237, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1907095382021117, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04076800122857094, 0.0, 8.317766166719343, 8.317766166719343, 0.1821140767054042, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07683199644088745, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.26966817279586064, 1, 0.0, 0},
-    {64, 4096, 8192, 0.06860800087451935, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.29919376952664933, 1, 0.0, 0},
-    {128, 8192, 8192, 0.13368000090122223, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.30830261201214776, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1350719928741455, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.31866163782748713, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04124800115823746, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.17079868039660034, 1, 0.0, 0},
-    {80, 8192, 4096, 0.07620799914002419, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.20731921892934382, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.24125215130932795, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10223999992012978, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.22939741235196334, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04121600091457367, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.18183796886340411, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1295360028743744, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2159425420303829, 1, 0.0, 0},
-    {4096, 16, 4096, 0.04105599969625473, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.17794839722665295, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07737600058317184, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.2854632424229746, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06519999727606773, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.30184530901393236, 1, 0.0, 0},
-    {4096, 4096, 512, 0.4216479957103729, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.038158699597730834, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.9850239753723145, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.013252460851753637, 1, 0.0, 0},
-    {8192, 8192, 256, 1.6244159936904907, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.13078513396504837, 1, 0.0, 0},
-    {2048, 2048, 128, 0.09086399897933006, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.05833900798934431, 1, 0.0, 0},
-    {16384, 4096, 64, 1.629263997077942, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.19134236506765862, 1, 0.0, 0},
-    {256, 256, 32768, 0.10300800204277039, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.0644379369682405, 1, 0.0, 0},
-    {512, 512, 16384, 0.06652799993753433, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1183877169671508, 1, 0.0, 0},
-    {128, 1024, 65536, 0.20665599405765533, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.02782906040905484, 1, 0.0, 0},
-    {64, 64, 131072, 0.31910398602485657, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10844334450185127, 1, 0.0, 0},
-    {384, 384, 24576, 0.08588799834251404, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08600745316804077, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.3330239951610565, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.16152870137827374, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.36615999042987823, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.17562093431088718, 1, 0.0, 0},
-    {1536, 2560, 768, 0.09822400286793709, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.17364213796210098, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.3787679970264435, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.10736472180443092, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.4562079906463623, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06346737605126374, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.9340160191059113, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.19214962103269553, 1, 0.0, 0},
-    {512, 512, 512, 0.4581120014190674, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.12110156583344259, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.8499040007591248, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.20898902760621957, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.09996800124645233, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.03714726735419915, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.858383983373642, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2284383127133829, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1425279974937439, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.36196286060490335, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.8416480123996735, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.1517926287918284, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.9566560089588165, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.08466493391383761, 1, 0.0, 1},
+    {256, 256, 256, 0.011103999800980091, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.3493916822559644, 1, 0.0, 0},
+    {512, 512, 512, 0.015072000212967396, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.11409949090155995, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.038015998899936676, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10863353931274798, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.14824000000953674, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.2377937830190776, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.8621599972248077, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.2534348683249895, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.799839973449707, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.5281532444463891, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.42073601484298706, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.17556541049709037, 1, 0.0, 0},
+    {1, 4096, 4096, 0.040063999593257904, 0.0, 8.317766166719343, 8.317766166719343, 0.46101450768228575, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06708799675107002, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4858875870865798, 1, 0.0, 0},
+    {64, 4096, 8192, 0.06867200136184692, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.5326569035401593, 1, 0.0, 0},
+    {128, 8192, 8192, 0.17107200622558594, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.2759950184699621, 1, 0.0, 0},
+    {8192, 128, 8192, 0.13364800065755844, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.029119944495523773, 1, 0.0, 0},
+    {4096, 32, 4096, 0.047040000557899475, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.23004455234437274, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08692799881100655, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.13495142111020697, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08102399855852127, 0.0, 9.306377560173125, 8.317766166719343, 0.4206621560557408, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08188799768686295, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.41702035797214265, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04102399945259094, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.46088541681279316, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10076799988746643, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.401709202800697, 1, 0.0, 0},
+    {4096, 16, 4096, 0.046799998730421066, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.2602965728052049, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06518399715423584, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4769602676677691, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06623999774456024, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.6071935707108783, 1, 0.0, 0},
+    {4096, 4096, 512, 0.4209440052509308, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.013053319203663481, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.9448000192642212, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.15463864900176555, 1, 0.0, 0},
+    {8192, 8192, 256, 1.6276800036430359, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.13904579998688765, 1, 0.0, 0},
+    {2048, 2048, 128, 0.10204800218343735, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.078372914185458, 1, 0.0, 0},
+    {16384, 4096, 64, 1.617471992969513, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.22907673751201546, 1, 0.0, 0},
+    {256, 256, 32768, 0.060864001512527466, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.11825189524847575, 1, 0.0, 0},
+    {512, 512, 16384, 0.048928000032901764, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2885583002593619, 1, 0.0, 0},
+    {128, 1024, 65536, 0.13814400136470795, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.10112300258599645, 1, 0.0, 0},
+    {64, 64, 131072, 0.16278399527072906, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.04852208629972333, 1, 0.0, 0},
+    {384, 384, 24576, 0.05689600110054016, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2047148350498575, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4804159998893738, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11532417603949643, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5962079763412476, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.054231636221799405, 1, 0.0, 0},
+    {1536, 2560, 768, 0.10363199934363365, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1331220627642705, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.3744640052318573, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.2720749508938339, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.157984018325806, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.3447098528016261, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5173760056495667, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.44527385530800756, 1, 0.0, 0},
+    {512, 512, 512, 0.43745599687099457, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0515296206803984, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.8118079900741577, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1972458573337741, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.09833600372076035, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.04131982574691956, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.8164959847927094, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2266643761690576, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.15081599354743958, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.3084744318731798, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.8406240046024323, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.16045461888829737, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.2722240090370178, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.13652288039591678, 1, 0.0, 1},
 };
 static const Point tf32_2_unaligned[] = {
-    {2047, 2047, 2047, 0.25835199654102325, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027964029648022526, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.14097599685192108, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.027934385046445364, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.1202399730682373, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0651295846744599, 1, 0.0, 0},
-    {127, 4099, 1023, 0.036768000572919846, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.009017280013339941, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04076800122857094, 8.317766166719343, 0.0, 8.317766166719343, -0.05883633354179478, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04577599838376045, 0.0, 8.317766166719343, 8.317766166719343, 0.05702607737301786, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10454399883747101, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.004733867477617977, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.55759996175766, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04949960922774033, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.057920001447200775, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005026250453438661, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.25915199518203735, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.013373117291280087, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.14188799262046814, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.08257622652891342, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.1594560146331787, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0029067182574632725, 1, 0.0, 0},
+    {127, 4099, 1023, 0.0382080003619194, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0798768908363943, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04572800174355507, 8.317766166719343, 0.0, 8.317766166719343, -0.08228960066528992, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04670400172472, 0.0, 8.317766166719343, 8.317766166719343, 0.07215184811005791, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10496000200510025, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.22692935285914165, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.5752639770507812, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.10032339008541798, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05993599817156792, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.011251769496536073, 1, 0.0, 0},
 };
 static const Point tf32_3_aligned[] = {
-    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.16007480805253538, 1, 0.0, 0},
-    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.133665931985279, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1179680119121945, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.13671138072705968, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06555616278857726, 1, 0.0, 0},
-    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.039204872658728476, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.24852096321837083, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.2386067729936153, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.47128857154287856, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.14154523195272484, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3766824259051331, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3794156715244663, 1, 0.0, 0},
-    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.4833211261396034, 1, 0.0, 0},
-    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.41256359318967517, 1, 0.0, 0},
-    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.7329287342088544, 1, 0.0, 0},
-    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.6941890644974882, 1, 0.0, 0},
-    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.23186845463168348, 1, 0.0, 0},
-    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8972393562957474, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5469309243327657, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.46480215726979673, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.1738722448323145, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.1556239866051366, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.09882263986283374, 1, 0.0, 0},
-    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.07232847763849946, 1, 0.0, 0},
-    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.08382963630975102, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23493532110307955, 1, 0.0, 0},
-    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16558411282061047, 1, 0.0, 0},
-    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.17358063122262296, 1, 0.0, 0},
-    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20971318069680692, 1, 0.0, 0},
-    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.22483848919721663, 1, 0.0, 0},
-    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.18618458951324876, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.13616072879592608, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.10668214354986534, 1, 0.0, 0},
-    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.12401214189471439, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.18507199734449387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.09936241422098921, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.4221120476722717, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.048202914933839616, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.462799996137619, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.07794634295161748, 1, 0.0, 0},
-    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.07393941467758106, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.049895737625963034, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6169706268234494, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.36535609062180685, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.4346164089126548, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.12100380453153932, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.6171215991672275, 1, 0.0, 1},
-};
-static const Point tf32_3_unaligned[] = {
-    {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.007912597787961358, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1167520023882389, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.028930835093860203, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.7174400091171265, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.016230482319217004, 1, 0.0, 0},
-    {127, 4099, 1023, 0.033904001116752625, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.026829828029831845, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07023999840021133, 8.317766166719343, 0.0, 8.317766166719343, -0.17572488156380583, 1, 0.0, 0},
-    {1, 4096, 4096, 0.100832000374794, 0.0, 8.317766166719343, 8.317766166719343, 0.18620675113893245, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10904000326991081, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.16768595731997854, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4770399928092957, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.022551971980310597, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04493566878775217, 1, 0.0, 0},
-};
-static const Point tf32_4_aligned[] = {
     {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08515321482624068, 1, 0.0, 0},
     {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.029437288136098777, 1, 0.0, 0},
     {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03172852101811627, 1, 0.0, 0},
@@ -17140,7 +16207,7 @@ static const Point tf32_4_aligned[] = {
     {2048, 2048, 256, 0.09529600292444229, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02362582984979207, 8, 2.0794415416798357, 0},
     {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.08655584874151324, 1, 0.0, 1},
 };
-static const Point tf32_4_unaligned[] = {
+static const Point tf32_3_unaligned[] = {
     {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.23577008444906208, 1, 0.0, 0},
     {1531, 1531, 1531, 0.1196800023317337, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.4065112256088228, 1, 0.0, 0},
     {5003, 5003, 5003, 2.7368959188461304, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.16915888250179334, 1, 0.0, 0},
@@ -17150,6 +16217,63 @@ static const Point tf32_4_unaligned[] = {
     {16, 11008, 4096, 0.10966400057077408, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.4174150674812042, 1, 0.0, 0},
     {4096, 4096, 4096, 1.480944037437439, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.19268121287713086, 1, 0.0, 0},
     {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05386228862690006, 1, 0.0, 0},
+};
+static const Point tf32_4_aligned[] = {
+    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.16007480805253538, 1, 0.0, 0},
+    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.133665931985279, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1179680119121945, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.13671138072705968, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06555616278857726, 1, 0.0, 0},
+    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.039204872658728476, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.24852096321837083, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.2386067729936153, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.47128857154287856, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.14154523195272484, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3766824259051331, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3794156715244663, 1, 0.0, 0},
+    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.4833211261396034, 1, 0.0, 0},
+    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.41256359318967517, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.7329287342088544, 1, 0.0, 0},
+    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.6941890644974882, 1, 0.0, 0},
+    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.23186845463168348, 1, 0.0, 0},
+    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8972393562957474, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5469309243327657, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.46480215726979673, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.1738722448323145, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.1556239866051366, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.09882263986283374, 1, 0.0, 0},
+    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.07232847763849946, 1, 0.0, 0},
+    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.08382963630975102, 1, 0.0, 0},
+    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23493532110307955, 1, 0.0, 0},
+    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16558411282061047, 1, 0.0, 0},
+    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.17358063122262296, 1, 0.0, 0},
+    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20971318069680692, 1, 0.0, 0},
+    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.22483848919721663, 1, 0.0, 0},
+    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.18618458951324876, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.13616072879592608, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.10668214354986534, 1, 0.0, 0},
+    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.12401214189471439, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.18507199734449387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.09936241422098921, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.4221120476722717, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.048202914933839616, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.462799996137619, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.07794634295161748, 1, 0.0, 0},
+    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.07393941467758106, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.049895737625963034, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6169706268234494, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.36535609062180685, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.4346164089126548, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.12100380453153932, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.6171215991672275, 1, 0.0, 1},
+};
+static const Point tf32_4_unaligned[] = {
+    {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.007912597787961358, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1167520023882389, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.028930835093860203, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.7174400091171265, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.016230482319217004, 1, 0.0, 0},
+    {127, 4099, 1023, 0.033904001116752625, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.026829828029831845, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07023999840021133, 8.317766166719343, 0.0, 8.317766166719343, -0.17572488156380583, 1, 0.0, 0},
+    {1, 4096, 4096, 0.100832000374794, 0.0, 8.317766166719343, 8.317766166719343, 0.18620675113893245, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10904000326991081, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.16768595731997854, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4770399928092957, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.022551971980310597, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.04493566878775217, 1, 0.0, 0},
 };
 static const Point tf32_5_aligned[] = {
     {256, 256, 256, 0.013743999879807234, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.06233345052044946, 1, 0.0, 0},
@@ -17209,61 +16333,61 @@ static const Point tf32_5_unaligned[] = {
     {1024, 1024, 1024, 0.0721919983625412, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005226561867398547, 1, 0.0, 0},
 };
 static const Point tf32_6_aligned[] = {
-    {256, 256, 256, 0.018192000687122345, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09939440610493104, 1, 0.0, 0},
-    {512, 512, 512, 0.046271998435258865, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.05563771012405103, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.15059199929237366, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09101906104073881, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.5863040089607239, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.11299290631687693, 1, 0.0, 0},
-    {4096, 4096, 4096, 3.1263359785079956, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.09916354009925217, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.628384113311768, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.04819793178927135, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.2960000038146973, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1336317584498122, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04761600121855736, 0.0, 8.317766166719343, 8.317766166719343, 0.04662222628566489, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08857599645853043, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.05044530849400196, 1, 0.0, 0},
-    {64, 4096, 8192, 0.09292799979448318, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.06305042572590412, 1, 0.0, 0},
-    {128, 8192, 8192, 0.22201600670814514, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.008383917351140097, 1, 0.0, 0},
-    {8192, 128, 8192, 0.22020799666643143, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.00020697488806826515, 1, 0.0, 0},
-    {4096, 32, 4096, 0.050223998725414276, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.15520454245369586, 1, 0.0, 0},
-    {80, 8192, 4096, 0.12950399518013, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.13147911830594863, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10710400342941284, 0.0, 9.306377560173125, 8.317766166719343, 0.045549387053446994, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10777600109577179, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.02361248251399504, 1, 0.0, 0},
-    {16, 4096, 4096, 0.0533440001308918, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.02862521844687376, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1377120018005371, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.00341534056576413, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05153600126504898, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.005855673439498522, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08425600081682205, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.004507361132545438, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0830719992518425, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.2541898002132177, 1, 0.0, 0},
-    {4096, 4096, 512, 3.0755839347839355, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.22837570482559474, 1, 0.0, 0},
-    {5120, 7168, 1024, 6.762223958969116, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.23082930807851426, 1, 0.0, 0},
-    {8192, 8192, 256, 12.189056396484375, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22594982396394603, 1, 0.0, 0},
-    {2048, 2048, 128, 0.561711996793747, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.09798645759133112, 1, 0.0, 0},
-    {16384, 4096, 64, 12.285007953643799, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23581581149632191, 1, 0.0, 0},
-    {256, 256, 32768, 0.04931199923157692, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.32992608712501803, 1, 0.0, 0},
-    {512, 512, 16384, 0.0828159973025322, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.050892298774357816, 1, 0.0, 0},
-    {128, 1024, 65536, 0.14188799262046814, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.43385289312438985, 1, 0.0, 0},
-    {64, 64, 131072, 0.06220800057053566, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.045632665336880665, 1, 0.0, 0},
-    {384, 384, 24576, 0.07179200276732445, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.07373384685567416, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.5208800137042999, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.21432903579401746, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.4483200013637543, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.17808255521224722, 1, 0.0, 0},
-    {1536, 2560, 768, 0.5387200117111206, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08264402620269302, 1, 0.0, 0},
-    {2048, 5632, 2048, 1.8159040212631226, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.02035347768110922, 1, 0.0, 0},
-    {4096, 11008, 4096, 8.47544002532959, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.11084136526839863, 1, 0.0, 0},
-    {1024, 14336, 4096, 2.825392007827759, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.1307425968454975, 1, 0.0, 0},
-    {512, 512, 512, 3.0860800743103027, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.23178262531439722, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 6.103519916534424, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.22738899841749083, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.5885280072689056, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.051351198401667776, 256, 5.545177444479562, 0},
-    {512, 512, 64, 6.128239870071411, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.23210540951124747, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.5995040237903595, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.2955799111902984, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 5.968127965927124, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20360907329044303, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 3.9504319429397583, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3343671569239175, 1, 0.0, 1},
+    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.20894223612143223, 1, 0.0, 0},
+    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.16562051697914568, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.12013470832725673, 1, 0.0, 0},
+    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.06491251578046676, 1, 0.0, 0},
+    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.11944921157581204, 1, 0.0, 0},
+    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.08198811700403215, 1, 0.0, 0},
+    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.021764633929643208, 1, 0.0, 0},
+    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.07784214314154922, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04361251543870876, 1, 0.0, 0},
+    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.015580870451596769, 1, 0.0, 0},
+    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04952180374819627, 1, 0.0, 0},
+    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.049800944867196335, 1, 0.0, 0},
+    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.358394092081342, 1, 0.0, 0},
+    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.015216465481431612, 1, 0.0, 0},
+    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.01457132264979179, 1, 0.0, 0},
+    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.043060456087664706, 1, 0.0, 0},
+    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05042902852295018, 1, 0.0, 0},
+    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.004145393097179392, 1, 0.0, 0},
+    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05221355518408082, 1, 0.0, 0},
+    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.03750120887201316, 1, 0.0, 0},
+    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.08812772929853425, 1, 0.0, 0},
+    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.16345858293338159, 1, 0.0, 0},
+    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.18290200115496252, 1, 0.0, 0},
+    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.17670873580190427, 1, 0.0, 0},
+    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.07845751100646214, 1, 0.0, 0},
+    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1670432941565443, 1, 0.0, 0},
+    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.004282515926037237, 1, 0.0, 0},
+    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1641077345646525, 1, 0.0, 0},
+    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.11459612831892169, 1, 0.0, 0},
+    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.32527069409767845, 1, 0.0, 0},
+    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.05765579252048333, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.07862954219729824, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.07027075338233632, 1, 0.0, 0},
+    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.07741339131561507, 1, 0.0, 0},
+    {2048, 5632, 2048, 6.7488319873809814, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.00880164033815083, 1, 0.0, 0},
+    {4096, 11008, 4096, 33.20473670959473, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.18013170901359019, 1, 0.0, 0},
+    {1024, 14336, 4096, 11.227696418762207, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.21623244849376597, 1, 0.0, 0},
+    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1586317048713284, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.15753298804299204, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.06182542718678629, 256, 5.545177444479562, 0},
+    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.15631392741493527, 128, 4.852030263919617, 0},
+    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.05672935439452625, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.16127331718677443, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3193973719579011, 1, 0.0, 1},
 };
 static const Point tf32_6_unaligned[] = {
-    {2047, 2047, 2047, 0.8585600256919861, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04696142224940951, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.4970239996910095, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.00433381513750348, 1, 0.0, 0},
-    {5003, 5003, 5003, 6.840512037277222, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.021577970843669664, 1, 0.0, 0},
-    {127, 4099, 1023, 0.11587200313806534, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.022183835991990954, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05011200159788132, 8.317766166719343, 0.0, 8.317766166719343, -0.0922237696234902, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06270400062203407, 0.0, 8.317766166719343, 8.317766166719343, 0.13194094949941246, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14295999705791473, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0022145212133759373, 1, 0.0, 0},
-    {4096, 4096, 4096, 4.506943941116333, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.05015572041112518, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.2279840037226677, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04794501952366652, 1, 0.0, 0},
+    {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03380500522502603, 1, 0.0, 0},
+    {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03047150486629695, 1, 0.0, 0},
+    {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.014815132234092108, 1, 0.0, 0},
+    {127, 4099, 1023, 0.4021120071411133, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.05022390959978848, 1, 0.0, 0},
+    {4096, 1, 4096, 0.13230399787425995, 8.317766166719343, 0.0, 8.317766166719343, 0.13242814988522658, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10657599940896034, 0.0, 8.317766166719343, 8.317766166719343, -0.083815798902383, 1, 0.0, 0},
+    {16, 11008, 4096, 0.3208959996700287, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.01728603814501683, 1, 0.0, 0},
+    {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.03603313288340417, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.049294110707189975, 1, 0.0, 0},
 };
 static const Point tf32_7_aligned[] = {
     {1, 4096, 4096, 0.03497600182890892, 0.0, 8.317766166719343, 8.317766166719343, -0.04733131245609033, 1, 0.0, 0},
@@ -17339,177 +16463,120 @@ static const Point tf32_8_unaligned[] = {
     {1024, 1024, 1024, 0.03564799949526787, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1417915130511115, 1, 0.0, 0},
 };
 static const Point tf32_9_aligned[] = {
-    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.20894223612143223, 1, 0.0, 0},
-    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.16562051697914568, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.12013470832725673, 1, 0.0, 0},
-    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.06491251578046676, 1, 0.0, 0},
-    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.11944921157581204, 1, 0.0, 0},
-    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.08198811700403215, 1, 0.0, 0},
-    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.021764633929643208, 1, 0.0, 0},
-    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.07784214314154922, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04361251543870876, 1, 0.0, 0},
-    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.015580870451596769, 1, 0.0, 0},
-    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04952180374819627, 1, 0.0, 0},
-    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.049800944867196335, 1, 0.0, 0},
-    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.358394092081342, 1, 0.0, 0},
-    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.015216465481431612, 1, 0.0, 0},
-    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.01457132264979179, 1, 0.0, 0},
-    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.043060456087664706, 1, 0.0, 0},
-    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05042902852295018, 1, 0.0, 0},
-    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.004145393097179392, 1, 0.0, 0},
-    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05221355518408082, 1, 0.0, 0},
-    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.03750120887201316, 1, 0.0, 0},
-    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.08812772929853425, 1, 0.0, 0},
-    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.16345858293338159, 1, 0.0, 0},
-    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.18290200115496252, 1, 0.0, 0},
-    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.17670873580190427, 1, 0.0, 0},
-    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.07845751100646214, 1, 0.0, 0},
-    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1670432941565443, 1, 0.0, 0},
-    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.004282515926037237, 1, 0.0, 0},
-    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1641077345646525, 1, 0.0, 0},
-    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.11459612831892169, 1, 0.0, 0},
-    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.32527069409767845, 1, 0.0, 0},
-    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.05765579252048333, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.07862954219729824, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.07027075338233632, 1, 0.0, 0},
-    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.07741339131561507, 1, 0.0, 0},
-    {2048, 5632, 2048, 6.7488319873809814, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.00880164033815083, 1, 0.0, 0},
-    {4096, 11008, 4096, 33.20473670959473, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.18013170901359019, 1, 0.0, 0},
-    {1024, 14336, 4096, 11.227696418762207, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.21623244849376597, 1, 0.0, 0},
-    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1586317048713284, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.15753298804299204, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.06182542718678629, 256, 5.545177444479562, 0},
-    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.15631392741493527, 128, 4.852030263919617, 0},
-    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.05672935439452625, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.16127331718677443, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3193973719579011, 1, 0.0, 1},
+    {256, 256, 256, 0.011615999974310398, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.32569592139229475, 1, 0.0, 0},
+    {512, 512, 512, 0.020255999639630318, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07880961704309883, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05507199838757515, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08332923990628857, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.21376000344753265, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.15679833159850348, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.9634400010108948, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.2957579761473761, 1, 0.0, 0},
+    {8192, 8192, 8192, 7.55788779258728, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.042862311696195934, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5283360183238983, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.15778617943253015, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04070400074124336, 0.0, 8.317766166719343, 8.317766166719343, 0.3084072148510386, 1, 0.0, 0},
+    {16, 8192, 4096, 0.0687360018491745, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3287839900470819, 1, 0.0, 0},
+    {64, 4096, 8192, 0.07161600142717361, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.5217474102645362, 1, 0.0, 0},
+    {128, 8192, 8192, 0.17665600031614304, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.2563297871870543, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1391039937734604, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.01734725674529861, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05119999870657921, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.08549372052915898, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09356799721717834, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.035288468525611544, 1, 0.0, 0},
+    {1, 11008, 4096, 0.0809439979493618, 0.0, 9.306377560173125, 8.317766166719343, 0.1970391947017287, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0817599967122078, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.19980971029473363, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04251199960708618, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.3390354604924816, 1, 0.0, 0},
+    {4, 14336, 4096, 0.09993600100278854, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2584292333623061, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05076799914240837, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0947021649915743, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06569600105285645, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.29401024736048414, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06598400324583054, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.5049064338616687, 1, 0.0, 0},
+    {4096, 4096, 512, 0.7748160064220428, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.11870094181477228, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.7213599681854248, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.028012497429803978, 1, 0.0, 0},
+    {8192, 8192, 256, 3.051535964012146, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1870548740841884, 1, 0.0, 0},
+    {2048, 2048, 128, 0.17484800517559052, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.023878314557542336, 1, 0.0, 0},
+    {16384, 4096, 64, 3.0532000064849854, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.21131496651194218, 1, 0.0, 0},
+    {256, 256, 32768, 0.046720001846551895, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06490583463836666, 1, 0.0, 0},
+    {512, 512, 16384, 0.06252799928188324, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.030448033008735262, 1, 0.0, 0},
+    {128, 1024, 65536, 0.13577600568532944, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.2699348931568091, 1, 0.0, 0},
+    {64, 64, 131072, 0.1056319996714592, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.09101525827643363, 1, 0.0, 0},
+    {384, 384, 24576, 0.062272001057863235, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.16501513217138764, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4968160092830658, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.03703444871047165, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5940159857273102, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.031011385605590976, 1, 0.0, 0},
+    {1536, 2560, 768, 0.16838400065898895, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0867784617448744, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.5723519921302795, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.1360162158985699, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.660096049308777, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.25902369161193284, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.0799840092658997, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.04669721897854295, 1, 0.0, 0},
+    {512, 512, 512, 0.7894399762153625, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.13739915492872468, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 1.5296319723129272, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1989255598998981, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.16467200219631195, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.036083110114411975, 256, 5.545177444479562, 0},
+    {512, 512, 64, 1.5335039496421814, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2093702242266668, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.24319999665021896, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.3512703489821534, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 1.5612319707870483, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20372609982377748, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.5449919700622559, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.17698279638427414, 1, 0.0, 1},
 };
 static const Point tf32_9_unaligned[] = {
-    {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03380500522502603, 1, 0.0, 0},
-    {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03047150486629695, 1, 0.0, 0},
-    {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.014815132234092108, 1, 0.0, 0},
-    {127, 4099, 1023, 0.4021120071411133, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.05022390959978848, 1, 0.0, 0},
-    {4096, 1, 4096, 0.13230399787425995, 8.317766166719343, 0.0, 8.317766166719343, 0.13242814988522658, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10657599940896034, 0.0, 8.317766166719343, 8.317766166719343, -0.083815798902383, 1, 0.0, 0},
-    {16, 11008, 4096, 0.3208959996700287, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.01728603814501683, 1, 0.0, 0},
-    {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.03603313288340417, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.049294110707189975, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.33537599444389343, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.005869607942788173, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.18454399704933167, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.05087012274713359, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.3328800201416016, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02811284159880792, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04879999905824661, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.06393191232728293, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05313599854707718, 8.317766166719343, 0.0, 8.317766166719343, -0.07164836913150298, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04915200173854828, 0.0, 8.317766166719343, 8.317766166719343, 0.0416134647259575, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11513599753379822, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.19780175066109473, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.850160002708435, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05539961965013848, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.08140800148248672, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.01235886438629932, 1, 0.0, 0},
 };
 static const Point tf32_10_aligned[] = {
-    {256, 256, 256, 0.014208000153303146, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.24294453255007395, 1, 0.0, 0},
-    {512, 512, 512, 0.01865600049495697, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.004630363506076663, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.16575999557971954, 6.931471805599453, 6.931471805599453, 6.931471805599453, 1.0952925921098342, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.18507199734449387, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.2191955937512381, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.9277920126914978, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.20667544974645471, 1, 0.0, 0},
-    {8192, 8192, 8192, 6.38369607925415, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.021029128185916054, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.4864639937877655, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.14779956906049976, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04447999969124794, 0.0, 8.317766166719343, 8.317766166719343, 0.07851840928173112, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07859200239181519, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04670711034809015, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07331199944019318, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.2477771114918394, 1, 0.0, 0},
-    {128, 8192, 8192, 0.1497120037674904, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.29142887727549954, 1, 0.0, 0},
-    {8192, 128, 8192, 0.15068800002336502, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.29792687779322324, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04451199993491173, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.06382697005619943, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08214399963617325, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.056359586961088066, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10062399879097939, 0.0, 9.306377560173125, 8.317766166719343, -0.05978852767694018, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09865599870681763, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.083161587341258, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04507200047373772, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08425358131246627, 1, 0.0, 0},
-    {4, 14336, 4096, 0.12910400331020355, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.03628327553108275, 1, 0.0, 0},
-    {4096, 16, 4096, 0.04424000158905983, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.06562175280091437, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07580800354480743, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.016149185674935784, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06960000097751617, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.23397664303880047, 1, 0.0, 0},
-    {4096, 4096, 512, 0.7973439991474152, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.13863030894009296, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.8063519597053528, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.10377566250116212, 1, 0.0, 0},
-    {8192, 8192, 256, 3.1411999464035034, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.19114602524577895, 1, 0.0, 0},
-    {2048, 2048, 128, 0.15932799875736237, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.08049278305883792, 1, 0.0, 0},
-    {16384, 4096, 64, 3.15067195892334, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2064268970647609, 1, 0.0, 0},
-    {256, 256, 32768, 0.06771200150251389, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.01953690433429582, 1, 0.0, 0},
-    {512, 512, 16384, 0.055615998804569244, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.10686854147610228, 1, 0.0, 0},
-    {128, 1024, 65536, 0.14347200095653534, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.132907819337331, 1, 0.0, 0},
-    {64, 64, 131072, 0.1728000044822693, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1154401696355366, 1, 0.0, 0},
-    {384, 384, 24576, 0.06252799928188324, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.055042977987079085, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.3750080019235611, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11925696864260792, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.3903200030326843, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.10677831929286287, 1, 0.0, 0},
-    {1536, 2560, 768, 0.16118399798870087, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.10333899667604705, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.5966559946537018, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.017748575247626762, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.6267999410629272, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.1385786266622837, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.9990400075912476, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0017765437777832942, 1, 0.0, 0},
-    {512, 512, 512, 0.831631988286972, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.18073412696763547, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 1.6002400517463684, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2110068670187052, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.16892799735069275, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.021985172761218353, 256, 5.545177444479562, 0},
-    {512, 512, 64, 1.61052805185318, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.22149337555612636, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.19607999920845032, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.5897382825694455, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 1.5703840255737305, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.1840668610891649, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.2264639735221863, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0726962821411335, 1, 0.0, 1},
+    {256, 256, 256, 0.01414399966597557, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.32357942149711244, 1, 0.0, 0},
+    {512, 512, 512, 0.01756799966096878, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.192448123742538, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.028192000463604927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.007463073857425074, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.12460800260305405, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07530081929844049, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.7831839919090271, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.07075935823711484, 1, 0.0, 0},
+    {8192, 8192, 8192, 11.759535789489746, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.6936507656111178, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.351855993270874, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.05860069631887636, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04464000090956688, 0.0, 8.317766166719343, 8.317766166719343, 0.08316643923130684, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06723199784755707, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.37924549664870993, 1, 0.0, 0},
+    {64, 4096, 8192, 0.07604799792170525, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.14161741022168187, 1, 0.0, 0},
+    {128, 8192, 8192, 0.13795199990272522, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.33161473336929675, 1, 0.0, 0},
+    {8192, 128, 8192, 0.2210400030016899, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.34665828825688433, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05787200108170509, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.2909782668748887, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08593599870800972, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.4102763857348496, 1, 0.0, 0},
+    {1, 11008, 4096, 0.084111999720335, 0.0, 9.306377560173125, 8.317766166719343, 0.549882765504436, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08361600339412689, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.5373262559109843, 1, 0.0, 0},
+    {16, 4096, 4096, 0.046271998435258865, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.11281443253937944, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10187200084328651, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6666296738596855, 1, 0.0, 0},
+    {4096, 16, 4096, 0.058031998574733734, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.31950351590055825, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06534399837255478, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.35826318719951233, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0737600028514862, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.13853275230980347, 1, 0.0, 0},
+    {4096, 4096, 512, 0.25678399205207825, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07107517832009295, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.59756800532341, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.23451089613567322, 1, 0.0, 0},
+    {8192, 8192, 256, 0.9520640075206757, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.04644279510671086, 1, 0.0, 0},
+    {2048, 2048, 128, 0.06195199862122536, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.053991770862843576, 1, 0.0, 0},
+    {16384, 4096, 64, 0.9351199865341187, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.17033164281268462, 1, 0.0, 0},
+    {256, 256, 32768, 0.1624479964375496, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.08050707738407335, 1, 0.0, 0},
+    {512, 512, 16384, 0.09211200103163719, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2105292263542762, 1, 0.0, 0},
+    {128, 1024, 65536, 0.3142080008983612, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.12438627749670413, 1, 0.0, 0},
+    {64, 64, 131072, 0.6002240180969238, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.01567844006641132, 1, 0.0, 0},
+    {384, 384, 24576, 0.1241919994354248, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.17661907560101428, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4819360077381134, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.022817924677451307, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.295184001326561, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.5320448652596161, 1, 0.0, 0},
+    {1536, 2560, 768, 0.07719999924302101, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0710354567109038, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.33051200211048126, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.07998120060654733, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.178735971450806, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.6334098675474107, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.378656029701233, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.6271585353303516, 1, 0.0, 0},
+    {512, 512, 512, 0.2733120024204254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.008696403327470507, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.4805919975042343, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1257345172267704, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.06968000158667564, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.44425681288191166, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.47913599014282227, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.17147549371094434, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.14767999947071075, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.5235712114450184, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.4790560007095337, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.03158761661280091, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.0911999940872192, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.26172433467989936, 1, 0.0, 1},
 };
 static const Point tf32_10_unaligned[] = {
-    {2047, 2047, 2047, 0.3269760012626648, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03367145637702099, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.18025599420070648, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.023412458000362495, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.3424160480499268, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0254116960926805, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04633599892258644, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.010365310442548455, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04390399903059006, 8.317766166719343, 0.0, 8.317766166719343, -0.05063880694654366, 1, 0.0, 0},
-    {1, 4096, 4096, 0.049056001007556915, 0.0, 8.317766166719343, 8.317766166719343, 0.060318306258572006, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11409599706530571, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0013858252921087916, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.8430399894714355, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01581588652346748, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.07955200225114822, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.016392823753520382, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.225600004196167, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.029073236530787958, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1281759962439537, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.08803749770688131, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.9371519088745117, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.059278605045604185, 1, 0.0, 0},
+    {127, 4099, 1023, 0.0329120010137558, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.09745567586255172, 1, 0.0, 0},
+    {4096, 1, 4096, 0.058720000088214874, 8.317766166719343, 0.0, 8.317766166719343, -0.0595352284034418, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06270400062203407, 0.0, 8.317766166719343, 8.317766166719343, 0.008948083480237307, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12232000008225441, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.303219639823785, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.5936480164527893, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06488244168456538, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04995200037956238, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.07306680745149209, 1, 0.0, 0},
 };
 static const Point tf32_11_aligned[] = {
-    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07667778890471104, 1, 0.0, 0},
-    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.037230899517144235, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03874171059681073, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.051808502136501386, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.10563299977200404, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.08897051612121437, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.028202058692444076, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, 0.08100458824834177, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1957191603278406, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.058109857227014165, 1, 0.0, 0},
-    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.030534477852212145, 1, 0.0, 0},
-    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.01952112711782891, 1, 0.0, 0},
-    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.9359868455264276, 1, 0.0, 0},
-    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.02666717056587572, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, 0.04782538222327252, 1, 0.0, 0},
-    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05530959164465471, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.092428042304763, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.09144143787377879, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.07870413265435691, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.19264126425694827, 1, 0.0, 0},
-    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.03860734136401792, 1, 0.0, 0},
-    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.11792401438098277, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.013614258185989337, 1, 0.0, 0},
-    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.023374903666825306, 1, 0.0, 0},
-    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03242734902206598, 1, 0.0, 0},
-    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.06883977206887834, 1, 0.0, 0},
-    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.03517373521262857, 1, 0.0, 0},
-    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.007672876501348179, 1, 0.0, 0},
-    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.008481751345554499, 1, 0.0, 0},
-    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.03685413291020976, 1, 0.0, 0},
-    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.03723520465081858, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05222376957060957, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.059890650255129116, 1, 0.0, 0},
-    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0788914418285325, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6498399972915649, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03508996626925965, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.598895788192749, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.08646573241925577, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5083199739456177, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.10449639004030767, 1, 0.0, 0},
-    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.010048228943258025, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.08059591784031836, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.32748347437186215, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.22674942152641372, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.24518190029865958, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.032230238974177386, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.08826260172474934, 1, 0.0, 1},
-};
-static const Point tf32_11_unaligned[] = {
-    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.017156672604394255, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.007108070005739827, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.020817281754554374, 1, 0.0, 0},
-    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0034037341912475892, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.009378783892637878, 1, 0.0, 0},
-    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.025126298326462175, 1, 0.0, 0},
-    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.07526197560425481, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04943422038520919, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.026466538951607898, 1, 0.0, 0},
-};
-static const Point tf32_12_aligned[] = {
     {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15789989449126943, 1, 0.0, 0},
     {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08117226211931482, 1, 0.0, 0},
     {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11859640830115642, 1, 0.0, 0},
@@ -17555,7 +16622,7 @@ static const Point tf32_12_aligned[] = {
     {2048, 2048, 256, 0.1879199966788292, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.012293973279028097, 8, 2.0794415416798357, 0},
     {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.2912176759885595, 1, 0.0, 1},
 };
-static const Point tf32_12_unaligned[] = {
+static const Point tf32_11_unaligned[] = {
     {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.019099353970501626, 1, 0.0, 0},
     {1531, 1531, 1531, 0.11692799627780914, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.13523322357289305, 1, 0.0, 0},
     {5003, 5003, 5003, 2.665616035461426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010291126363119187, 1, 0.0, 0},
@@ -17566,62 +16633,119 @@ static const Point tf32_12_unaligned[] = {
     {4096, 4096, 4096, 1.476639986038208, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0033802871205166137, 1, 0.0, 0},
     {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15164085133386543, 1, 0.0, 0},
 };
+static const Point tf32_12_aligned[] = {
+    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07667778890471104, 1, 0.0, 0},
+    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.037230899517144235, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03874171059681073, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.051808502136501386, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.10563299977200404, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.08897051612121437, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.028202058692444076, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, 0.08100458824834177, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1957191603278406, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.058109857227014165, 1, 0.0, 0},
+    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.030534477852212145, 1, 0.0, 0},
+    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.01952112711782891, 1, 0.0, 0},
+    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.9359868455264276, 1, 0.0, 0},
+    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.02666717056587572, 1, 0.0, 0},
+    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, 0.04782538222327252, 1, 0.0, 0},
+    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05530959164465471, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.092428042304763, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.09144143787377879, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.07870413265435691, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.19264126425694827, 1, 0.0, 0},
+    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.03860734136401792, 1, 0.0, 0},
+    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.11792401438098277, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.013614258185989337, 1, 0.0, 0},
+    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.023374903666825306, 1, 0.0, 0},
+    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03242734902206598, 1, 0.0, 0},
+    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.06883977206887834, 1, 0.0, 0},
+    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.03517373521262857, 1, 0.0, 0},
+    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.007672876501348179, 1, 0.0, 0},
+    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.008481751345554499, 1, 0.0, 0},
+    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.03685413291020976, 1, 0.0, 0},
+    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.03723520465081858, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05222376957060957, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.059890650255129116, 1, 0.0, 0},
+    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.0788914418285325, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6498399972915649, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03508996626925965, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.598895788192749, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.08646573241925577, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5083199739456177, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.10449639004030767, 1, 0.0, 0},
+    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.010048228943258025, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.08059591784031836, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.32748347437186215, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.22674942152641372, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.24518190029865958, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.032230238974177386, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.08826260172474934, 1, 0.0, 1},
+};
+static const Point tf32_12_unaligned[] = {
+    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.017156672604394255, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.007108070005739827, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.020817281754554374, 1, 0.0, 0},
+    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0034037341912475892, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.009378783892637878, 1, 0.0, 0},
+    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.025126298326462175, 1, 0.0, 0},
+    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.07526197560425481, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04943422038520919, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.026466538951607898, 1, 0.0, 0},
+};
 static const Point tf32_13_aligned[] = {
-    {256, 256, 256, 0.0144640002399683, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.11594600769476598, 1, 0.0, 0},
-    {512, 512, 512, 0.02457600086927414, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10515184250987866, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.07049600034952164, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03810669193928319, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.25887998938560486, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16196404413083332, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.2889599800109863, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.09386648433777797, 1, 0.0, 0},
-    {8192, 8192, 8192, 6.699183940887451, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.13300184381880004, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6356640160083771, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.11846649784984188, 1, 0.0, 0},
-    {1, 4096, 4096, 0.045632001012563705, 0.0, 8.317766166719343, 8.317766166719343, 0.04475379133690321, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07977599650621414, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.022355874257167993, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07627199962735176, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.18762481644581497, 1, 0.0, 0},
-    {128, 8192, 8192, 0.15748800337314606, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.19317776107206372, 1, 0.0, 0},
-    {8192, 128, 8192, 0.15769599378108978, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.1944975643616525, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04700800031423569, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.026171942159789595, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09366399794816971, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.03443582693675129, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10400000214576721, 0.0, 9.306377560173125, 8.317766166719343, 0.0053784843871791995, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09948799759149551, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.05156102559039471, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04668800160288811, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04397410906490633, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13097600638866425, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.0637362293571154, 1, 0.0, 0},
-    {4096, 16, 4096, 0.04588799923658371, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.026690530733266542, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07815999910235405, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.025600133945086125, 1, 0.0, 0},
-    {12, 4096, 8192, 0.07318399846553802, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.2206690163144868, 1, 0.0, 0},
-    {4096, 4096, 512, 1.2020000219345093, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.19729297123013376, 1, 0.0, 0},
-    {5120, 7168, 1024, 2.62774395942688, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.15571410731336793, 1, 0.0, 0},
-    {8192, 8192, 256, 4.709200143814087, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.23304368164057393, 1, 0.0, 0},
-    {2048, 2048, 128, 0.22977600246667862, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.06224875110546494, 1, 0.0, 0},
-    {16384, 4096, 64, 4.74456000328064, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.24775846988677494, 1, 0.0, 0},
-    {256, 256, 32768, 0.05846399813890457, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.13292269337738943, 1, 0.0, 0},
-    {512, 512, 16384, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.03133901096152319, 1, 0.0, 0},
-    {128, 1024, 65536, 0.13398399949073792, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.33374786061072104, 1, 0.0, 0},
-    {64, 64, 131072, 0.1234080009162426, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.12628517427971864, 1, 0.0, 0},
-    {384, 384, 24576, 0.05772799998521805, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.19676228130963125, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.3651999980211258, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.18718251888764115, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.40692800283432007, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.09537810845280054, 1, 0.0, 0},
-    {1536, 2560, 768, 0.22364799678325653, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.06674645121605315, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.8269439935684204, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.027268541431311414, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.44486403465271, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.09116961343874325, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.2015680074691772, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.029070744914581077, 1, 0.0, 0},
-    {512, 512, 512, 1.2083200216293335, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.20253709986399904, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 2.35097599029541, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2321877878043993, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.23891200125217438, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.023258394625600774, 256, 5.545177444479562, 0},
-    {512, 512, 64, 2.3640960454940796, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.24016018411393456, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.26044800877571106, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.5281225015722794, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 2.3045918941497803, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20746370163738595, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.6524479985237122, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.15504795696676424, 1, 0.0, 1},
+    {256, 256, 256, 0.0162559999153018, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2565219060102154, 1, 0.0, 0},
+    {512, 512, 512, 0.016575999557971954, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.2837978887340601, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.0814879983663559, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.7363538138039878, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.12619200348854065, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.23576367728414022, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.710096001625061, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.21384308509870895, 1, 0.0, 0},
+    {8192, 8192, 8192, 5.356384038925171, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.03716115011267969, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.34614400565624237, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1907095382021117, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04076800122857094, 0.0, 8.317766166719343, 8.317766166719343, 0.1821140767054042, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07683199644088745, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.26966817279586064, 1, 0.0, 0},
+    {64, 4096, 8192, 0.06860800087451935, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.29919376952664933, 1, 0.0, 0},
+    {128, 8192, 8192, 0.13368000090122223, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.30830261201214776, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1350719928741455, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.31866163782748713, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04124800115823746, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.17079868039660034, 1, 0.0, 0},
+    {80, 8192, 4096, 0.07620799914002419, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.20731921892934382, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.24125215130932795, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10223999992012978, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.22939741235196334, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04121600091457367, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.18183796886340411, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1295360028743744, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2159425420303829, 1, 0.0, 0},
+    {4096, 16, 4096, 0.04105599969625473, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.17794839722665295, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07737600058317184, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.2854632424229746, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06519999727606773, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.30184530901393236, 1, 0.0, 0},
+    {4096, 4096, 512, 0.4216479957103729, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.038158699597730834, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.9850239753723145, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.013252460851753637, 1, 0.0, 0},
+    {8192, 8192, 256, 1.6244159936904907, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.13078513396504837, 1, 0.0, 0},
+    {2048, 2048, 128, 0.09086399897933006, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.05833900798934431, 1, 0.0, 0},
+    {16384, 4096, 64, 1.629263997077942, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.19134236506765862, 1, 0.0, 0},
+    {256, 256, 32768, 0.10300800204277039, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.0644379369682405, 1, 0.0, 0},
+    {512, 512, 16384, 0.06652799993753433, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1183877169671508, 1, 0.0, 0},
+    {128, 1024, 65536, 0.20665599405765533, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.02782906040905484, 1, 0.0, 0},
+    {64, 64, 131072, 0.31910398602485657, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10844334450185127, 1, 0.0, 0},
+    {384, 384, 24576, 0.08588799834251404, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08600745316804077, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.3330239951610565, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.16152870137827374, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.36615999042987823, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.17562093431088718, 1, 0.0, 0},
+    {1536, 2560, 768, 0.09822400286793709, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.17364213796210098, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.3787679970264435, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.10736472180443092, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.4562079906463623, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06346737605126374, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.9340160191059113, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.19214962103269553, 1, 0.0, 0},
+    {512, 512, 512, 0.4581120014190674, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.12110156583344259, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.8499040007591248, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.20898902760621957, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.09996800124645233, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.03714726735419915, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.858383983373642, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2284383127133829, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.1425279974937439, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.36196286060490335, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.8416480123996735, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.1517926287918284, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.9566560089588165, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.08466493391383761, 1, 0.0, 1},
 };
 static const Point tf32_13_unaligned[] = {
-    {2047, 2047, 2047, 0.41251200437545776, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0355413873796634, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.23126399517059326, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.01038717315563772, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.8498239517211914, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.019904172247492427, 1, 0.0, 0},
-    {127, 4099, 1023, 0.05835200101137161, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.008452020988603825, 1, 0.0, 0},
-    {4096, 1, 4096, 0.045712001621723175, 8.317766166719343, 0.0, 8.317766166719343, -0.061721693835946896, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05209600180387497, 0.0, 8.317766166719343, 8.317766166719343, 0.06900563020472106, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11494400352239609, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.004820561788964203, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.2092959880828857, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.008847934493668679, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.10408000275492668, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.02726287057840976, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.25835199654102325, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027964029648022526, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.14097599685192108, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.027934385046445364, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.1202399730682373, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0651295846744599, 1, 0.0, 0},
+    {127, 4099, 1023, 0.036768000572919846, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.009017280013339941, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04076800122857094, 8.317766166719343, 0.0, 8.317766166719343, -0.05883633354179478, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04577599838376045, 0.0, 8.317766166719343, 8.317766166719343, 0.05702607737301786, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10454399883747101, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.004733867477617977, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.55759996175766, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04949960922774033, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.057920001447200775, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005026250453438661, 1, 0.0, 0},
 };
 static const Point tf32_14_aligned[] = {
     {256, 256, 256, 0.014688000082969666, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.05929147951640773, 1, 0.0, 0},
@@ -17681,63 +16805,6 @@ static const Point tf32_14_unaligned[] = {
     {1024, 1024, 1024, 0.03516799956560135, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14045924798835668, 1, 0.0, 0},
 };
 static const Point tf32_15_aligned[] = {
-    {256, 256, 256, 0.01360000018030405, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.3046538593532405, 1, 0.0, 0},
-    {512, 512, 512, 0.017632000148296356, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1331461167046693, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.02696000039577484, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0473057816488262, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.10208000242710114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1596273830590394, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.6409439742565155, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.14147525845199968, 1, 0.0, 0},
-    {8192, 8192, 8192, 4.707776069641113, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.07974765197775506, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.2982880026102066, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.10955294661093365, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04753600060939789, 0.0, 8.317766166719343, 8.317766166719343, 0.12888284272363085, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07078400254249573, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4331680982195725, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07916799932718277, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.12623001178154847, 1, 0.0, 0},
-    {128, 8192, 8192, 0.12332800030708313, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.35664902513540553, 1, 0.0, 0},
-    {8192, 128, 8192, 0.12460800260305405, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3669743804932109, 1, 0.0, 0},
-    {4096, 32, 4096, 0.0480320006608963, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.12025855336358311, 1, 0.0, 0},
-    {80, 8192, 4096, 0.07073600217700005, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.36284902652195666, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10220800340175629, 0.0, 9.306377560173125, 8.317766166719343, 0.2455693489962657, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10572800040245056, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.27336219722455324, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04873599857091904, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.14457266048310186, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1398880034685135, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5227796463014024, 1, 0.0, 0},
-    {4096, 16, 4096, 0.04801600053906441, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.12968901301803076, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06856000050902367, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.41257754190136947, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0785440020263195, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.15762552028141805, 1, 0.0, 0},
-    {4096, 4096, 512, 0.24024000018835068, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.05336821655112706, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.6101920008659363, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.11178929120563792, 1, 0.0, 0},
-    {8192, 8192, 256, 0.878495991230011, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0390413170001484, 1, 0.0, 0},
-    {2048, 2048, 128, 0.055456001311540604, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.011899064828060463, 1, 0.0, 0},
-    {16384, 4096, 64, 0.8709439933300018, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.16030055292936457, 1, 0.0, 0},
-    {256, 256, 32768, 0.18303999304771423, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.0625256059302656, 1, 0.0, 0},
-    {512, 512, 16384, 0.10171199962496758, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.13044174583366575, 1, 0.0, 0},
-    {128, 1024, 65536, 0.3498559892177582, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.09802341411880189, 1, 0.0, 0},
-    {64, 64, 131072, 0.6147840023040771, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.13701622026989735, 1, 0.0, 0},
-    {384, 384, 24576, 0.14113599807024002, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.10402373831157545, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.35598400235176086, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.16592820845052883, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.32203198969364166, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.29543439382051834, 1, 0.0, 0},
-    {1536, 2560, 768, 0.07215999811887741, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.04958755072231243, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.3133919984102249, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.017585625702779724, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.1507679224014282, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.10221191928593809, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.816864013671875, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.2334427016890653, 1, 0.0, 0},
-    {512, 512, 512, 0.27484801411628723, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.08121162793394231, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.4845759868621826, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1993706253763242, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.06727999821305275, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.20517211674958744, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.4822559952735901, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.23917855448550604, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11228799819946289, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.11800771860276887, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.47760000824928284, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.10121500551928818, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.8882240056991577, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.18536699142072346, 1, 0.0, 1},
-};
-static const Point tf32_15_unaligned[] = {
-    {2047, 2047, 2047, 0.21852800250053406, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.06800496367575237, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.12284799665212631, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.017218811916897572, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.8646559715270996, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.00582384682694297, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03134400025010109, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.013285298177724333, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04742399975657463, 8.317766166719343, 0.0, 8.317766166719343, -0.12788464515868822, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06159999966621399, 0.0, 8.317766166719343, 8.317766166719343, 0.13364879542151747, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12121599912643433, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.06524440628017447, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.615664005279541, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.023540934077851326, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04723200015723705, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04452788253919247, 1, 0.0, 0},
-};
-static const Point tf32_16_aligned[] = {
     {256, 256, 256, 0.010400000028312206, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.33841200987069175, 1, 0.0, 0},
     {512, 512, 512, 0.01500799972563982, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.057904802587453376, 1, 0.0, 0},
     {1024, 1024, 1024, 0.03630400076508522, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.027324294895253166, 1, 0.0, 0},
@@ -17783,7 +16850,7 @@ static const Point tf32_16_aligned[] = {
     {2048, 2048, 256, 0.6625119745731354, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.11377203199227105, 8, 2.0794415416798357, 0},
     {4092, 4092, 4092, 1.257248044013977, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.1368583590040971, 1, 0.0, 1},
 };
-static const Point tf32_16_unaligned[] = {
+static const Point tf32_15_unaligned[] = {
     {2047, 2047, 2047, 0.24201600253582, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.031803234167378104, 1, 0.0, 0},
     {1531, 1531, 1531, 0.1316159963607788, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07964224053553697, 1, 0.0, 0},
     {5003, 5003, 5003, 3.077728033065796, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.040655189110573225, 1, 0.0, 0},
@@ -17794,7 +16861,7 @@ static const Point tf32_16_unaligned[] = {
     {4096, 4096, 4096, 1.7019200325012207, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.022207261155203276, 1, 0.0, 0},
     {1024, 1024, 1024, 0.05455999821424484, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.011015167063373195, 1, 0.0, 0},
 };
-static const Point tf32_17_aligned[] = {
+static const Point tf32_16_aligned[] = {
     {256, 256, 256, 0.013535999692976475, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.11482686040000788, 1, 0.0, 0},
     {512, 512, 512, 0.014112000353634357, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.11159729161242488, 1, 0.0, 0},
     {1024, 1024, 1024, 0.02147199958562851, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10489364746785293, 1, 0.0, 0},
@@ -17840,7 +16907,7 @@ static const Point tf32_17_aligned[] = {
     {2048, 2048, 256, 0.08164800330996513, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.07230507210885594, 8, 2.0794415416798357, 0},
     {4092, 4092, 4092, 0.6275520026683807, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.37573823089585245, 1, 0.0, 1},
 };
-static const Point tf32_17_unaligned[] = {
+static const Point tf32_16_unaligned[] = {
     {2047, 2047, 2047, 0.20337600260972977, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0008478951139268839, 1, 0.0, 0},
     {1531, 1531, 1531, 0.11495999991893768, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.26726149325615395, 1, 0.0, 0},
     {5003, 5003, 5003, 2.6779520511627197, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.005406379954720425, 1, 0.0, 0},
@@ -17851,7 +16918,7 @@ static const Point tf32_17_unaligned[] = {
     {4096, 4096, 4096, 1.4453759789466858, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.010631082545038232, 1, 0.0, 0},
     {1024, 1024, 1024, 0.03561599925160408, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13801189909436878, 1, 0.0, 0},
 };
-static const Point tf32_18_aligned[] = {
+static const Point tf32_17_aligned[] = {
     {256, 256, 256, 0.011983999982476234, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1253228218751256, 1, 0.0, 0},
     {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0661314103461105, 1, 0.0, 0},
     {1024, 1024, 1024, 0.02627200074493885, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0628132261408056, 1, 0.0, 0},
@@ -17897,7 +16964,7 @@ static const Point tf32_18_aligned[] = {
     {2048, 2048, 256, 0.09980800002813339, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.0579824233367866, 8, 2.0794415416798357, 0},
     {4092, 4092, 4092, 0.5676159858703613, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.38904130748644494, 1, 0.0, 1},
 };
-static const Point tf32_18_unaligned[] = {
+static const Point tf32_17_unaligned[] = {
     {2047, 2047, 2047, 0.20238400250673294, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.07578427225010706, 1, 0.0, 0},
     {1531, 1531, 1531, 0.1188799999654293, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.25855004984041696, 1, 0.0, 0},
     {5003, 5003, 5003, 2.6751359701156616, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.023459246665604196, 1, 0.0, 0},
@@ -17908,7 +16975,7 @@ static const Point tf32_18_unaligned[] = {
     {4096, 4096, 4096, 1.4525759816169739, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.00684886162915961, 1, 0.0, 0},
     {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.149126471524242, 1, 0.0, 0},
 };
-static const Point tf32_19_aligned[] = {
+static const Point tf32_18_aligned[] = {
     {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.057347193645500394, 1, 0.0, 0},
     {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0016495506471369463, 1, 0.0, 0},
     {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1422413434490549, 1, 0.0, 0},
@@ -17954,7 +17021,7 @@ static const Point tf32_19_aligned[] = {
     {2048, 2048, 256, 0.29308798909187317, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.15570696222300365, 8, 2.0794415416798357, 0},
     {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.4990651601994226, 1, 0.0, 1},
 };
-static const Point tf32_19_unaligned[] = {
+static const Point tf32_18_unaligned[] = {
     {2047, 2047, 2047, 0.3251839876174927, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04268633195640229, 1, 0.0, 0},
     {1531, 1531, 1531, 0.2595840096473694, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2552552160482518, 1, 0.0, 0},
     {5003, 5003, 5003, 5.0763840675354, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.017244317367725043, 1, 0.0, 0},
@@ -17966,7 +17033,7 @@ static const Point tf32_19_unaligned[] = {
     {1024, 1024, 1024, 0.10574400052428246, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08260330624064732, 1, 0.0, 0},
 };
 
-static const Member members[20] = {
+static const Member members[19] = {
     {128, 128, 32, 1, 1, true, true,
      {tf32_0_aligned, 44, {0.01249625289148368, 0.0006574469265334372, 0.0007569708429596815, 0.0, 4.054091065877245}, 1.261198546785612},
      {tf32_0_unaligned, 9, {0.0, 0.0008118899865331895, 0.02031147956921642, 0.1099145091440136, 0.0}, 1.0}
@@ -17981,25 +17048,25 @@ static const Member members[20] = {
      , 1, 1
      , false, 0
     },
-    {128, 128, 32, 4, 1, true, true,
-     {tf32_2_aligned, 44, {0.010055126018007494, 0.000324294215113472, 0.01025492705261041, 0.04868789679662748, 0.0}, 1.1971630707201177},
-     {tf32_2_unaligned, 9, {0.014723024645111119, 0.0005654592942428202, 0.0, 0.1526821437951838, 2.8842873756863576}, 1.0}
-     , false
-     , 1, 1
-     , false, 0
-    },
-    {64, 128, 32, 1, 1, true, true,
-     {tf32_3_aligned, 44, {0.0063710897528581395, 0.00023768982842252038, 0.0007244844000403661, 0.010264535768356807, 0.0}, 1.8597076822890197},
-     {tf32_3_unaligned, 9, {0.011035991701021621, 0.0005169725845781996, 0.0022396095452938735, 0.06287964125830171, 0.0}, 1.0}
+    {64, 128, 32, 4, 1, true, true,
+     {tf32_2_aligned, 44, {0.010480474266756329, 0.00014682647403226344, 0.004851864478203944, 0.07740754329370601, 0.0}, 1.238157676180003},
+     {tf32_2_unaligned, 9, {0.02335401853651269, 9.682819592324348e-05, 0.0029900745462283556, 0.20715170078350004, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_4_aligned, 44, {0.0027198013560755215, 0.000544618116232945, 0.006426057364643725, 0.021334581602285865, 0.0}, 1.0930500760981103},
-     {tf32_4_unaligned, 9, {0.0, 0.0002705109066475809, 0.012630889349148276, 0.32049163766839117, 0.0}, 1.0}
+     {tf32_3_aligned, 44, {0.0027198013560755215, 0.000544618116232945, 0.006426057364643725, 0.021334581602285865, 0.0}, 1.0930500760981103},
+     {tf32_3_unaligned, 9, {0.0, 0.0002705109066475809, 0.012630889349148276, 0.32049163766839117, 0.0}, 1.0}
      , false
      , 2, 1
+     , false, 0
+    },
+    {64, 128, 32, 1, 1, true, true,
+     {tf32_4_aligned, 44, {0.0063710897528581395, 0.00023768982842252038, 0.0007244844000403661, 0.010264535768356807, 0.0}, 1.8597076822890197},
+     {tf32_4_unaligned, 9, {0.011035991701021621, 0.0005169725845781996, 0.0022396095452938735, 0.06287964125830171, 0.0}, 1.0}
+     , false
+     , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
@@ -18009,9 +17076,9 @@ static const Member members[20] = {
      , 1, 1
      , false, 0
     },
-    {128, 128, 32, 32, 1, true, true,
-     {tf32_6_aligned, 44, {0.010518468979379648, 0.0003905940057459608, 0.0025455325399856847, 0.02442513622295484, 12.613088648673328}, 1.3616908887411057},
-     {tf32_6_unaligned, 9, {0.020663440729787326, 0.0005110737091770784, 0.0002098404902685313, 0.230569649358405, 20.22264829207983}, 1.0}
+    {64, 64, 32, 128, 1, true, true,
+     {tf32_6_aligned, 44, {0.022247914964053293, 0.0, 0.0015700116304476735, 0.10241187178939508, 23.800075377396816}, 1.2958551353808225},
+     {tf32_6_unaligned, 9, {0.06059593418659448, 0.0, 0.00022394267338703424, 0.5702270360834121, 70.93045063977662}, 1.0}
      , false
      , 1, 1
      , false, 0
@@ -18030,37 +17097,37 @@ static const Member members[20] = {
      , 1, 1
      , false, 0
     },
-    {64, 64, 32, 128, 1, true, true,
-     {tf32_9_aligned, 44, {0.022247914964053293, 0.0, 0.0015700116304476735, 0.10241187178939508, 23.800075377396816}, 1.2958551353808225},
-     {tf32_9_unaligned, 9, {0.06059593418659448, 0.0, 0.00022394267338703424, 0.5702270360834121, 70.93045063977662}, 1.0}
+    {64, 128, 32, 8, 1, true, true,
+     {tf32_9_aligned, 44, {0.011099889200841873, 0.00018863226627439855, 0.004722337664893046, 0.04910339909941227, 0.0}, 1.3741034448921092},
+     {tf32_9_unaligned, 9, {0.023486470936244015, 3.102205989294704e-05, 0.004417131931543161, 0.20456165457579564, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
-    {128, 128, 32, 8, 1, true, true,
-     {tf32_10_aligned, 44, {0.007854593376720575, 0.00033901032717714285, 0.009880366078773888, 0.03929194841603874, 0.0}, 1.168747843797342},
-     {tf32_10_unaligned, 9, {0.01563122494054192, 0.000766934598175739, 0.0, 0.08630807619142392, 5.312482770121222}, 1.0}
-     , false
-     , 1, 1
-     , false, 0
-    },
-    {64, 64, 32, 1, 1, true, true,
-     {tf32_11_aligned, 44, {0.004575023086393171, 0.0004570899184488197, 0.0011313649710081397, 0.0, 0.0}, 1.0},
-     {tf32_11_unaligned, 9, {0.010773673754293308, 0.0004800980837064651, 0.0, 0.0, 0.0}, 1.0}
+    {64, 256, 32, 2, 1, true, true,
+     {tf32_10_aligned, 44, {0.0065366893018325165, 0.000286617090536607, 0.011778816474788201, 0.06558665380932623, 0.0}, 1.245300221910745},
+     {tf32_10_unaligned, 9, {0.018924027656934014, 0.0004387844636918474, 0.0, 0.22461831325726936, 0.19614577465162755}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_12_aligned, 44, {0.004882627778237186, 0.00024145944855509914, 0.0007409125039502885, 0.015822110842031573, 0.0}, 1.3157612086145674},
-     {tf32_12_unaligned, 9, {0.01730853935915336, 0.0003398616323472233, 0.0, 0.007249782823111144, 0.0}, 1.0}
+     {tf32_11_aligned, 44, {0.004882627778237186, 0.00024145944855509914, 0.0007409125039502885, 0.015822110842031573, 0.0}, 1.3157612086145674},
+     {tf32_11_unaligned, 9, {0.01730853935915336, 0.0003398616323472233, 0.0, 0.007249782823111144, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
-    {128, 128, 32, 12, 1, true, true,
-     {tf32_13_aligned, 44, {0.007779305882424302, 0.00035880841315942953, 0.007234847732671401, 0.03338833125282032, 1.5910403421683825}, 1.2317932669380218},
-     {tf32_13_unaligned, 9, {0.016493299267629297, 0.0, 0.004604514871083761, 0.26854560145104717, 4.66568883825095}, 1.0}
+    {64, 64, 32, 1, 1, true, true,
+     {tf32_12_aligned, 44, {0.004575023086393171, 0.0004570899184488197, 0.0011313649710081397, 0.0, 0.0}, 1.0},
+     {tf32_12_unaligned, 9, {0.010773673754293308, 0.0004800980837064651, 0.0, 0.0, 0.0}, 1.0}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {128, 128, 32, 4, 1, true, true,
+     {tf32_13_aligned, 44, {0.010055126018007494, 0.000324294215113472, 0.01025492705261041, 0.04868789679662748, 0.0}, 1.1971630707201177},
+     {tf32_13_unaligned, 9, {0.014723024645111119, 0.0005654592942428202, 0.0, 0.1526821437951838, 2.8842873756863576}, 1.0}
      , false
      , 1, 1
      , false, 0
@@ -18072,37 +17139,30 @@ static const Member members[20] = {
      , 1, 1
      , false, 0
     },
-    {128, 128, 32, 2, 1, true, true,
-     {tf32_15_aligned, 44, {0.005916179972271093, 0.00033432514905460363, 0.011138508848166504, 0.049329418511052193, 0.0}, 1.2800229433334893},
-     {tf32_15_unaligned, 9, {0.010233129466745018, 0.00045081556860152646, 0.0008464062364638686, 0.20568091479179104, 1.5591858320075038}, 1.0}
-     , false
-     , 1, 1
-     , false, 0
-    },
     {64, 128, 32, 3, 1, true, true,
-     {tf32_16_aligned, 44, {0.008607848423514306, 0.00032371202225390383, 0.004960245803600827, 0.031178954234766597, 0.0}, 1.2416459398816793},
-     {tf32_16_unaligned, 9, {0.023783648676838007, 0.0003375775817670871, 0.00127145187965606, 0.15123927666429354, 0.0}, 1.0}
+     {tf32_15_aligned, 44, {0.008607848423514306, 0.00032371202225390383, 0.004960245803600827, 0.031178954234766597, 0.0}, 1.2416459398816793},
+     {tf32_15_unaligned, 9, {0.023783648676838007, 0.0003375775817670871, 0.00127145187965606, 0.15123927666429354, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 192, 32, 1, 1, true, true,
-     {tf32_17_aligned, 44, {0.005234209405084713, 0.0004506829201054693, 0.003210445916634507, 0.016691560654031764, 0.0}, 1.4795870083885285},
-     {tf32_17_unaligned, 9, {0.009642922073144239, 0.00039525110092510844, 0.0, 0.3166850217660883, 0.0}, 1.0}
+     {tf32_16_aligned, 44, {0.005234209405084713, 0.0004506829201054693, 0.003210445916634507, 0.016691560654031764, 0.0}, 1.4795870083885285},
+     {tf32_16_unaligned, 9, {0.009642922073144239, 0.00039525110092510844, 0.0, 0.3166850217660883, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_18_aligned, 44, {0.0034147644715989754, 0.000550585741890043, 0.005745901547347795, 0.02375743066445756, 0.0}, 1.4628314874963309},
-     {tf32_18_unaligned, 9, {0.008493135423902447, 0.00038554421319101235, 0.0, 0.3839438493720763, 0.0}, 1.0}
+     {tf32_17_aligned, 44, {0.0034147644715989754, 0.000550585741890043, 0.005745901547347795, 0.02375743066445756, 0.0}, 1.4628314874963309},
+     {tf32_17_unaligned, 9, {0.008493135423902447, 0.00038554421319101235, 0.0, 0.3839438493720763, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 1, 2, true, false,
-     {tf32_19_aligned, 44, {0.004680019154638925, 0.0016280028948399868, 0.0024224853989675233, 0.22831470935935685, 0.0}, 1.5569919733429414},
-     {tf32_19_unaligned, 9, {0.026651043324381216, 0.0020452982129835506, 0.0, 0.33898833740411627, 0.0}, 1.0}
+     {tf32_18_aligned, 44, {0.004680019154638925, 0.0016280028948399868, 0.0024224853989675233, 0.22831470935935685, 0.0}, 1.5569919733429414},
+     {tf32_18_unaligned, 9, {0.026651043324381216, 0.0020452982129835506, 0.0, 0.33898833740411627, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
@@ -18194,7 +17254,7 @@ static int best(int M, int N, int K, bool use_aligned, bool split, int sm_count,
                 int batch, double& best_ms) {
     int found = -1;
     best_ms = HUGE_VAL;
-    for (int i = 0; i < 20; ++i) {
+    for (int i = 0; i < 19; ++i) {
         const Member& m = members[i];
         const Model& model = use_aligned ? m.aligned : m.unaligned;
         if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
@@ -18213,7 +17273,7 @@ static int choose(int M, int N, int K, bool aligned, bool split, int sm_count, b
         const int found = best(M, N, K, pass == 0 ? aligned : !aligned, split, sm_count, beta_used, sm90a, batch, ms);
         if (found >= 0) return found;
     }
-    for (int i = 0; i < 20; ++i)
+    for (int i = 0; i < 19; ++i)
         if ((members[i].beta || !beta_used) && (!members[i].sm90a || sm90a)) return i;
     return 0;
 }
@@ -18447,7 +17507,7 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     Device caps;
     const cudaError_t status = device_caps(caps);
     if (status != cudaSuccess) return (int)status;
-    int pick = 19;  // a GPU this library was not tuned for: the portable member
+    int pick = 18;  // a GPU this library was not tuned for: the portable member
     if (caps.tuned_gpu) {
         const bool aligned = lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 &&
             reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
@@ -18483,7 +17543,6 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     case 16: return gemmgen_tf32_16_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 17: return gemmgen_tf32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 18: return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
-    case 19: return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     }
     return cudaErrorInvalidValue;
 }
