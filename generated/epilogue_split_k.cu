@@ -186,10 +186,6 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* ro
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_epilogue_split_k_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {

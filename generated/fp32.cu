@@ -3071,10 +3071,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_3_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -3557,10 +3553,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_3_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -3708,9 +3700,6 @@ gemmgen_fp32_3_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         }
     }
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -3829,19 +3818,7 @@ static inline int gemmgen_fp32_3_batched(int M, int N, int K, float alpha, const
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_fp32_3_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
@@ -4110,10 +4087,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_4_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -4596,10 +4569,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_4_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -4747,9 +4716,6 @@ gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         }
     }
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -4868,19 +4834,7 @@ static inline int gemmgen_fp32_4_batched(int M, int N, int K, float alpha, const
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_fp32_4_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
@@ -6132,10 +6086,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_6_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -6618,10 +6568,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_6_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -6769,9 +6715,6 @@ gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         }
     }
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -6890,19 +6833,7 @@ static inline int gemmgen_fp32_6_batched(int M, int N, int K, float alpha, const
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_fp32_6_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
@@ -7171,10 +7102,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_7_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -7657,10 +7584,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_7_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -7808,9 +7731,6 @@ gemmgen_fp32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         }
     }
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -7929,19 +7849,7 @@ static inline int gemmgen_fp32_7_batched(int M, int N, int K, float alpha, const
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_fp32_7_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
@@ -10900,10 +10808,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_11_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -11386,10 +11290,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_11_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -11537,9 +11437,6 @@ gemmgen_fp32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         }
     }
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -11658,19 +11555,7 @@ static inline int gemmgen_fp32_11_batched(int M, int N, int K, float alpha, cons
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_fp32_11_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
@@ -11939,10 +11824,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_12_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -12425,10 +12306,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_12_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -12576,9 +12453,6 @@ gemmgen_fp32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         }
     }
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -12697,19 +12571,7 @@ static inline int gemmgen_fp32_12_batched(int M, int N, int K, float alpha, cons
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_fp32_12_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
@@ -12978,10 +12840,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_13_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -13464,10 +13322,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_13_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -13615,9 +13469,6 @@ gemmgen_fp32_13_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         }
     }
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -13736,19 +13587,7 @@ static inline int gemmgen_fp32_13_batched(int M, int N, int K, float alpha, cons
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_fp32_13_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
@@ -14017,10 +13856,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_14_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -14503,10 +14338,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_14_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -14654,9 +14485,6 @@ gemmgen_fp32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         }
     }
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -14775,19 +14603,7 @@ static inline int gemmgen_fp32_14_batched(int M, int N, int K, float alpha, cons
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_fp32_14_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
@@ -15056,10 +14872,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_15_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -15542,10 +15354,6 @@ __device__ __forceinline__ void write_remainders(const float* tile, float* small
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_fp32_15_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -15693,9 +15501,6 @@ gemmgen_fp32_15_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         }
     }
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -15814,19 +15619,7 @@ static inline int gemmgen_fp32_15_batched(int M, int N, int K, float alpha, cons
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_fp32_15_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }

@@ -2437,10 +2437,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_tf32_2_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -2875,10 +2871,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_tf32_2_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -2977,9 +2969,6 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     wgmma_wait<0>();
     fence_accumulators(acc);
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -3098,19 +3087,7 @@ static inline int gemmgen_tf32_2_batched(int M, int N, int K, float alpha, const
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_tf32_2_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
@@ -5823,10 +5800,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_tf32_6_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -6261,10 +6234,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_tf32_6_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -6363,9 +6332,6 @@ gemmgen_tf32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     wgmma_wait<0>();
     fence_accumulators(acc);
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -6484,19 +6450,7 @@ static inline int gemmgen_tf32_6_batched(int M, int N, int K, float alpha, const
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_tf32_6_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
@@ -8090,10 +8044,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_tf32_9_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -8528,10 +8478,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_tf32_9_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -8630,9 +8576,6 @@ gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     wgmma_wait<0>();
     fence_accumulators(acc);
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -8751,19 +8694,7 @@ static inline int gemmgen_tf32_9_batched(int M, int N, int K, float alpha, const
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_tf32_9_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
@@ -8988,10 +8919,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_tf32_10_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -9426,10 +9353,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_tf32_10_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -9528,9 +9451,6 @@ gemmgen_tf32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     wgmma_wait<0>();
     fence_accumulators(acc);
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -9649,19 +9569,7 @@ static inline int gemmgen_tf32_10_batched(int M, int N, int K, float alpha, cons
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_tf32_10_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
@@ -11190,10 +11098,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_tf32_13_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -11628,10 +11532,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_tf32_13_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -11730,9 +11630,6 @@ gemmgen_tf32_13_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     wgmma_wait<0>();
     fence_accumulators(acc);
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -11851,19 +11748,7 @@ static inline int gemmgen_tf32_13_batched(int M, int N, int K, float alpha, cons
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_tf32_13_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
@@ -13073,10 +12958,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_tf32_15_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -13511,10 +13392,6 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
 extern "C" __global__ void gemmgen_tf32_15_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
-#if __CUDA_ARCH__ >= 900
-    // A TMA kernel launched after this pass may start now (it waits for this pass before adding into C)
-    asm volatile("griddepcontrol.launch_dependents;\n");
-#endif
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
@@ -13613,9 +13490,6 @@ gemmgen_tf32_15_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     wgmma_wait<0>();
     fence_accumulators(acc);
 
-    // split K: C = beta * C (the pass launched before this kernel, which may start first) is done
-    // and visible before this block adds into C
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
@@ -13734,19 +13608,7 @@ static inline int gemmgen_tf32_15_batched(int M, int N, int K, float alpha, cons
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
     gemmgen_tf32_15_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    // A programmatic dependent launch: the kernel may start before the launch before it ends (it
-    // waits for it before adding into C)
-    cudaLaunchAttribute overlap[1] = {};
-    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)blocks, SPLIT_K);
-    config.blockDim = dim3(THREADS);
-    config.dynamicSmemBytes = SMEM_BYTES;
-    config.stream = stream;
-    config.attrs = overlap;
-    config.numAttrs = 1;
-    cudaLaunchKernelEx(&config, kernel, *reinterpret_cast<const TensorMap*>(&maps[0]),
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }

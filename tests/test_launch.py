@@ -382,26 +382,3 @@ def test_a_described_split_k_launch_has_both_steps_in_order(monkeypatch):
         got = {name: KINDS[kind][0].from_buffer_copy(buffer, offset).value
                for (name, kind), offset in zip(signature, offsets)}
         assert got == call["args"] and grid == call["grid"]
-
-
-def test_split_ks_tma_kernel_overlaps_the_pass_over_c_and_waits_for_it_before_adding_into_c():
-    """A programmatic dependent launch: the TMA kernel's step carries the attribute (the C launcher
-    launches it so too), its consumers wait before their first add into C, and the pass lets it
-    start; a SIMT split K kernel, which does not wait, is launched plainly."""
-    from gemmgen.codegen.cuda import generate
-    from gemmgen.language.load import load_one
-    from conftest import SPECS_DIR
-    plan = plan_of(TMA.format(extra="split 4"))
-    scale, main = decide(plan, 64, 4096, 8192, 8192, 8192, 4096, (0, 0, 0), 132).steps
-    assert scale.kernel == "scale_c" and not scale.programmatic and main.programmatic
-    config = launch.PreparedStep(main, 1, "main").config
-    attribute = ctypes.cast(config.attributes, ctypes.POINTER(launch.LaunchAttribute)).contents
-    assert (config.attribute_count, attribute.id, attribute.value) == (1, 6, 1)  # PROGRAMMATIC_STREAM_SERIALIZATION
-    assert launch.PreparedStep(scale, 1, "scale").config.attribute_count == 0
-    source = generate(plan)
-    kernel = source[source.rindex("---- consumers"):]  # the TMA kernel's (its fallback's come first)
-    assert kernel.index("griddepcontrol.wait") < kernel.index("atomicAdd(c, alpha")
-    assert "griddepcontrol.launch_dependents" in source and "cudaLaunchAttributeProgrammaticStreamSerialization" in source
-    assert "griddepcontrol.wait" not in generate(plan_of(TMA.format(extra="")))
-    simt = make_plan(load_one(SPECS_DIR / "split_k.gemm"))
-    assert not any(step.programmatic for step in decide(simt, 300, 200, 5000, 5000, 200, 200, (0, 0, 0), 132).steps)

@@ -108,8 +108,7 @@ class Arguments:
 class Step:
     """One kernel launch of a call, decided: which kernel (`main`, `scale_c`, `reduce_clear`,
     `reduce_finish`), which variant of main, its grid (x, y), threads, shared bytes, parameters,
-    the values fixed by the call key, the tensor maps a call encodes, stream-K's workspace bytes and
-    whether it may start before the launch before it ends (`programmatic`: it waits for it itself)."""
+    the values fixed by the call key, the tensor maps a call encodes and stream-K's workspace bytes."""
 
     kernel: str
     aligned: bool
@@ -120,7 +119,6 @@ class Step:
     fixed: dict = field(default_factory=dict)
     maps: tuple[TensorMapSpec, ...] = ()
     workspace: int = 0
-    programmatic: bool = False
 
     @property
     def per_call(self) -> tuple[str, ...]:
@@ -164,10 +162,8 @@ def decide(plan, M: int, N: int, K: int, lda: int, ldb: int, ldc: int, align: tu
         signature = plan.signature
         fixed = {**{p.name: sizes[p.name] for p in signature if p.name in sizes}, **fixed}
         grid = plan.scheduler.launch_grid(M, N, K, sms, batch)
-        # split K's TMA kernel overlaps the pass over C before it (Schedule.programmatic)
-        programmatic = plan.scheduler.programmatic and mainloop.frame == "wgmma_kernel.cu.j2" and len(steps) > 0
         steps.append(Step("main", aligned, grid, plan.threads, plan.smem_bytes, signature, fixed,
-                          tuple(maps + c_maps), plan.scheduler.workspace_bytes(grid[0]), programmatic))
+                          tuple(maps + c_maps), plan.scheduler.workspace_bytes(grid[0])))
         variant = mainloop.variant(aligned, plan.epilogue.aligned_store)
     steps += [_helper_step(h, sizes) for h in helpers if not h.before and (h.empty_too or (M and N and batch))]
     return Decision(tuple(steps), variant=variant)
@@ -257,25 +253,12 @@ class TensorMapCache:
 # --- a prepared launch ---------------------------------------------------------------------------
 
 class LaunchConfig(ctypes.Structure):
-    """CUlaunchConfig (cuda.h): grid, block, shared bytes, stream and launch attributes."""
+    """CUlaunchConfig (cuda.h): grid, block, shared bytes and stream, no launch attributes."""
 
     _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
                 ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
                 ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p), ("attributes", ctypes.c_void_p),
                 ("attribute_count", ctypes.c_uint)]
-
-
-class LaunchAttribute(ctypes.Structure):
-    """CUlaunchAttribute (cuda.h): an id, padding to 8 bytes, a 64-byte value (here its first int)."""
-
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
-                ("value_rest", ctypes.c_char * 60)]
-
-
-# CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, allowed: a step's kernel may start before the
-# launch before it on its stream ends. One array for the process: configs (and torch/native.cpp's
-# copies of them) point at it.
-_PROGRAMMATIC = (LaunchAttribute * 1)(LaunchAttribute(6, b"", 1))
 
 
 # Where each per-call value sits in a call's values: A, B, C, alpha, beta, the fused
@@ -295,9 +278,7 @@ class PreparedStep:
     def __init__(self, step: Step, function: int, what: str, map_cache_size: int = 16):
         self.step, self.what = step, what
         self.function = ctypes.c_void_p(function)
-        self.config = LaunchConfig(step.grid[0], step.grid[1], 1, step.threads, 1, 1, step.smem, None,
-                                   ctypes.cast(_PROGRAMMATIC, ctypes.c_void_p) if step.programmatic else None,
-                                   1 if step.programmatic else 0)
+        self.config = LaunchConfig(step.grid[0], step.grid[1], 1, step.threads, 1, 1, step.smem, None, None, 0)
         self.config_ref = ctypes.byref(self.config)
         self.stream = 0
         self.arguments = arguments = Arguments(step.signature)

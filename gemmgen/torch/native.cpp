@@ -43,7 +43,7 @@ using CtxGetCurrent = int (*)(void**);
 using CtxSetCurrent = int (*)(void*);
 using LaunchKernelEx = int (*)(const void*, void*, void**, void**);
 
-struct LaunchConfig {  // CUlaunchConfig, as cuda.h lays it out (attributes: launch.py's, alive for the process)
+struct LaunchConfig {  // CUlaunchConfig, as cuda.h lays it out (no launch attributes)
     unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
     void* stream;
     void* attributes;

@@ -148,36 +148,6 @@ class Schedule:
     c_dims: ClassVar[str] = "(unsigned)blocks"  # the launch's grid, a C expression
     c_grid: ClassVar[tuple[str, ...]] = ()      # C statements: `grid` from `blocks` and `sms`
     c_grid_note: ClassVar[str] = ""
-    # The TMA kernel's launch may overlap the helper launched before it (a programmatic dependent
-    # launch, sm_90: the helper lets it start, its walk waits before adding into C): `before_store`,
-    # the walk's wait (wgmma_tiles.cuh.j2); `programmatic_launch`, the C launcher's config for it.
-    programmatic: ClassVar[bool] = False
-    before_store: ClassVar[str] = ""
-
-    @property
-    def programmatic_launch(self) -> str:
-        """The C launcher's statements before a programmatic launch (none for another)."""
-        if not self.programmatic:
-            return ""
-        return ("// A programmatic dependent launch: the kernel may start before the launch before it ends (it\n"
-                "// waits for it before adding into C)\n"
-                "cudaLaunchAttribute overlap[1] = {};\n"
-                "overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;\n"
-                "overlap[0].val.programmaticStreamSerializationAllowed = 1;\n"
-                "cudaLaunchConfig_t config = {};\n"
-                f"config.gridDim = {self.c_dims};\n"
-                "config.blockDim = dim3(THREADS);\n"
-                "config.dynamicSmemBytes = SMEM_BYTES;\n"
-                "config.stream = stream;\n"
-                "config.attrs = overlap;\n"
-                "config.numAttrs = 1;\n")
-
-    @property
-    def wgmma_launch_open(self) -> str:
-        """The TMA kernel's launch in its C launcher, up to its first argument."""
-        if self.programmatic:
-            return "cudaLaunchKernelEx(&config, kernel, "
-        return f"kernel<<<{self.c_dims}, THREADS, SMEM_BYTES, stream>>>("
 
     def launch_blocks(self, M: int, N: int, K: int, sms: int, batch: int = 1) -> int:
         """Blocks along x the launcher starts on a GPU of `sms` SMs (the launcher's arithmetic)."""
@@ -225,14 +195,6 @@ class SplitK(Schedule):
     helpers: ClassVar[tuple[str, ...]] = ("split_k.cuh.j2",)
     launches: ClassVar[tuple[Helper, ...]] = (Helper("scale_c", SCALE_C, 256, spread=True),)  # C = beta * C
     c_dims: ClassVar[str] = "dim3((unsigned)blocks, SPLIT_K)"
-    # The TMA kernel starts while the pass over C still runs (its launch, the producer's first loads
-    # and the main loop overlap it; the pass cost 2-6 us of a 40-70 us call, H100): its consumers wait
-    # for the pass before adding into C.
-    programmatic: ClassVar[bool] = True
-    before_store: ClassVar[str] = (
-        "// split K: C = beta * C (the pass launched before this kernel, which may start first) is done\n"
-        "// and visible before this block adds into C\n"
-        'asm volatile("griddepcontrol.wait;\\n" ::: "memory");\n')
 
     @property
     def split_constants(self) -> list[tuple[str, int, str]]:
