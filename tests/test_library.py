@@ -181,6 +181,28 @@ def test_fit_is_nonnegative_and_exact_at_tuned_shapes():
     assert predict(member, model, 3000, 3000, 3000, 132) == pytest.approx(truth, rel=0.02)
 
 
+def test_a_split_call_costs_the_members_split_ratio_measured_at_split_shapes():
+    """Rows only 16-byte aligned: the aligned model times the ratio the member's split measurements
+    show (not less than 1); the split measurements neither fit the model nor correct its neighbours,
+    and each is the prediction at its own shape and class."""
+    member = MemberShape(128, 128, 32, 1, 1)
+    law = lambda M, N, K: 0.01 + 0.0003 * features(member, M, N, K, 132)[1]  # noqa: E731
+    shapes = [(256, 256, 256), (1024, 512, 2048), (4096, 4096, 4096), (128, 8192, 1024), (2048, 64, 8192),
+              (512, 512, 512), (8192, 8192, 256), (64, 64, 65536)]
+    split = [(1, 4092, 4092, 4092, 1.5 * law(4092, 4092, 4092)), (1, 2000, 3000, 700, 1.4 * law(2000, 3000, 700))]
+    model = fit(member, [(M, N, K, law(M, N, K)) for M, N, K in shapes], 132, split=split)
+    alone = fit(member, [(M, N, K, law(M, N, K)) for M, N, K in shapes], 132)
+    assert model.coef == alone.coef and model.split_ratio == pytest.approx(math.sqrt(1.5 * 1.4), rel=0.02)
+    assert predict(member, model, 4092, 4092, 4092, 132, split=True) == split[0][4]
+    assert predict(member, model, 4092, 4092, 4092, 132) == predict(member, alone, 4092, 4092, 4092, 132)
+    assert predict(member, model, 2500, 2500, 2500, 132, split=True) == pytest.approx(
+        model.split_ratio * predict(member, alone, 2500, 2500, 2500, 132))
+    faster = fit(member, [(M, N, K, law(M, N, K)) for M, N, K in shapes], 132,
+                 split=[(1, 4092, 4092, 4092, 0.9 * law(4092, 4092, 4092))])
+    assert faster.split_ratio == 1.0  # rows split never help
+    assert type(model).from_dict(model.to_dict()) == model
+
+
 # --- tuning on a faked GPU, the manifest and the .cu ----------------------------------------------
 
 @pytest.fixture
