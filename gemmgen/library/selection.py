@@ -18,8 +18,8 @@ tuned, the choice rests on two things:
 
 Calls are of two alignment classes, with separate data: "aligned" (lda, ldb, ldc multiples of 4
 floats and A, B, C 16-byte aligned: vector loads, TMA) and "unaligned" (the scalar or register-fed
-paths). An aligned call whose rows are not all 32-byte aligned (a leading dimension or batch stride
-of 4 mod 8 floats) is "split": each 128-byte row of a tile spans five 32-byte sectors, not four,
+paths). An aligned call whose A or B rows are not all 32-byte aligned (a leading dimension or batch
+stride of 4 mod 8 floats) is "split": each 128-byte row of a tile spans five 32-byte sectors, not four,
 and a TMA member fed at its L2 limit slows by up to 2x (the 2 x 1 cluster members, which share
 half their loads, by about 5%). Split calls are predicted by the aligned models times the member's
 own split ratio, its measurements at split tuned shapes over its aligned prediction there. The same
