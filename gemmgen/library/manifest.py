@@ -101,7 +101,7 @@ class TunedShape:
     N: int
     K: int
     pad: int
-    klass: str                   # alignment class ("aligned", "unaligned"); "class" in the file
+    klass: str                   # alignment class ("aligned", "split", "unaligned"); "class" in the file
     cublas_ms: float | None
     chosen: int                  # index of the member the choice takes here
     ms: dict[int, float]         # member index -> measured ms (the members timed here)
