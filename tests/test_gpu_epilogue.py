@@ -1,6 +1,7 @@
 """GPU tests of the fused epilogues (issue 29): C = act(alpha * scale ⊙ (A@B) + beta * C + bias) against
 float64 on every path (naive, SIMT tiles with a staged store, mma.sync with split K, register-fed
-wgmma, TMA-fed wgmma with registers' and TMA's stores, persistent, stream-K, ping-pong), in each
+wgmma, TMA-fed wgmma with registers' and TMA's stores, persistent, stream-K, ping-pong, split K in a
+cluster), in each
 path's own layouts and with C (and A, B where the path takes them) column-major, bias and scale
 indexed by row and by column; every activation on one kernel. The calls go through the Python
 runtime (bias=/scale= CuPy arrays) with odd sizes, leading dimensions past the width, pointers one
@@ -8,7 +9,7 @@ float off 16-byte alignment (A, B, C and the vectors), beta on and off (off: C h
 not survive), K = 0 through the raw C ABI; nothing may be written outside C.
 
 Run with `python -m pytest -m gpu tests/test_gpu_epilogue.py` on a machine with an sm_90 GPU and
-CuPy; skipped without them. 16 kernels are compiled (NVRTC), then each runs 5 small calls.
+CuPy; skipped without them. 18 kernels are compiled (NVRTC), then each runs 5 small calls.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ SPECS = {
                             block_n=128, warp_n=128, mma_n=128, activation="gelu"),
     "streamk": _spec("epilogue_streamk", "streamk", scale="row"),
     "pingpong": _spec("epilogue_pingpong", "pingpong", bias="row"),
+    # split K in a cluster: the slices summed before one epilogue (its fallback unsplit, for GELU)
+    "tma_split_cluster": _spec("epilogue_tma", "tma_split_cluster", split=4, split_by="cluster"),
+    "tma_staged_split_cluster_col": _spec("epilogue_tma_staged", "tma_staged_split_cluster_col", layout_C="col",
+                                          bias="row", activation="silu", split=2, split_by="cluster",
+                                          schedule="data-parallel"),
 } | {
     f"activation_{name}": _spec("epilogue_naive", f"activation_{name}", layout_C="col", bias="col", scale="row",
                                 activation=name)

@@ -120,6 +120,9 @@ SETTINGS: dict[str, Setting] = {
                             "min N with N from 1 to 8"),
     "split": Setting(1, lambda v: isinstance(v, int) and 1 <= v <= 256,
                      "1 to 256 slices of K per C tile"),
+    # How split K's slices meet: atomicAdd into C after a pass C = beta * C, or (TMA-fed wgmma) as the
+    # blocks of one thread-block cluster, summed in block 0 through distributed shared memory.
+    "split.by": Setting("atomic", _WORDS("atomic", "cluster"), "atomic or cluster"),
     "occupancy": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 32,
                          "0 (compiler's choice) to 32 blocks per SM"),
     "schedule": Setting("data-parallel", _WORDS(*SCHEDULES), ", ".join(SCHEDULES)),

@@ -48,7 +48,8 @@ USAGE = {
     "math": "math simt | tf32 | 3xtf32",
     "mma": "mma M x N x K          e.g. mma 16 x 8 x 8 (mma.sync), mma 64 x 128 x 8 (wgmma)",
     "occupancy": "occupancy N",
-    "split": "split N          (K cut into N slices whose products are added into C)",
+    "split": "split N [atomic | cluster]   (K cut into N slices whose products are added into C: by atomicAdd, "
+             "or summed in a thread-block cluster)",
     "schedule": "schedule data-parallel | persistent | stream-k | pingpong",
     "cluster": "cluster M x N          e.g. cluster 2 x 1 (blocks of a cluster share A and B tiles by TMA multicast)",
     "promote": "promote K              e.g. promote 64 (3xtf32: K between adds of the tensor cores' sums into FP32)",
@@ -394,9 +395,13 @@ class _ToStatements(Transformer):
     def occupancy(self, meta, c):
         return self._statement("occupancy", meta, occupancy=c[0])
 
+    def split_by(self, c):
+        return c[0]
+
     @v_args(meta=True)
     def split(self, meta, c):
-        return self._statement("split", meta, split=c[0])
+        by = c[1] if len(c) > 1 else _Value(("atomic",), _span(meta))
+        return self._statement("split", meta, split=c[0], **{"split.by": by})
 
     @v_args(meta=True)
     def promote(self, meta, c):

@@ -15,7 +15,7 @@ from .parts.mainloop import Mainloop, MmaSync, Tiled
 from .parts.tile import Tile
 from .parts.epilogue import check_on_tiles as check_epilogue_on_tiles
 from .parts.epilogue import check_staged_fits, tiled_epilogue
-from .parts.schedule import check_one_block_per_tile, check_split_cuts_shared_tiles, schedule_of
+from .parts.schedule import check_one_block_per_tile, check_split_by, check_split_cuts_shared_tiles, schedule_of
 
 
 def _largest_vector(run: int) -> int:
@@ -270,6 +270,7 @@ def tiled_plan(spec: Spec, arch: Arch) -> Plan:
     check_one_block_per_tile(spec)
     check_epilogue_on_tiles(spec, uses_shared)
     check_split_cuts_shared_tiles(spec, uses_shared)
+    check_split_by(spec, tma=False)
     occupancy = spec["occupancy"]
     if occupancy and occupancy * threads > arch.max_threads_per_sm:
         raise spec.error("occupancy", f"{occupancy} blocks of {threads} threads exceed the "

@@ -49,6 +49,9 @@ DRAM_BYTES_PER_CLOCK = 12.8      # HBM to one SM when all share it: 3.35 TB/s / 
 # two kernels and its pass over C. Measured on an H100 (testbed_small, 1024^3): split 2 took a median
 # 9 us more than split 1 on the same tiles; 6 us of it are charged here, the atomics in the epilogue.
 SPLIT_PASS_CLOCKS = 12000
+# Split K in a cluster: block 0 reads the other blocks' accumulators through distributed shared
+# memory, assumed at an SM's L2 intake (a round figure; no data sheet gives it).
+DSMEM_BYTES_PER_CLOCK = 64
 # FFMA issues from each of an SM's 4 schedulers every clock only with about 2 warps on each to
 # cover its latency: fewer resident warps leave issue slots empty.
 SIMT_WARPS_TO_ISSUE = 8
@@ -235,8 +238,11 @@ def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumption
     sync = assume.sync if plan.consumers else 0.0
     step = max(parts) + (1 - overlap) * (sum(parts) - max(parts)) + sync
     epilogue = epilogue_clocks(plan, assume)
-    if split > 1:
+    atomic = split > 1 and not plan.scheduler.in_cluster
+    if atomic:
         epilogue = 4 * BM * BN * ATOMIC_COST / GLOBAL_BYTES_PER_CLOCK
+    elif split > 1:  # split K in a cluster: block 0 reads the other slices' sums, then stores C once
+        epilogue += 4 * BM * BN * (split - 1) / DSMEM_BYTES_PER_CLOCK
     mainloop = k_steps * step
     block_clocks = mainloop + epilogue + BLOCK_OVERHEAD_CLOCKS
     if plan.schedule == "stream-k":
@@ -262,7 +268,7 @@ def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumption
         # The busiest SM runs per_sm blocks, `resident` at a time sharing its pipes; resident
         # blocks hide each other's fixed costs but not their math.
         sm_clocks = per_sm * (mainloop + (epilogue + BLOCK_OVERHEAD_CLOCKS) / resident)
-    if split > 1:
+    if atomic:
         sm_clocks += SPLIT_PASS_CLOCKS + 8 * M * N / (DRAM_BYTES_PER_CLOCK * sms)
     useful = 2.0 * M * N * K / sms
     prior = math.log(useful / sm_clocks)

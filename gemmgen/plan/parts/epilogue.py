@@ -471,6 +471,12 @@ def _largest_vector(run: int) -> int:
     return 4 if run % 4 == 0 else 2 if run % 2 == 0 else 1
 
 
+def atomic_split(spec: Spec) -> bool:
+    """Whether split K's slices add into C with atomics (`split N`, N > 1, not `split N cluster`,
+    whose block 0 stores the summed tile as an unsplit kernel does)."""
+    return spec["split"] > 1 and spec["split.by"] == "atomic"
+
+
 def direct_vector(c_layout: str, TM: int, TN: int, m_step: int, split_k: int) -> int:
     """Floats per store of C: a thread's run along C's contiguous dimension, none where a lane's
     accumulator rows are m_step apart (no two adjacent along M) or under split K (one atomicAdd
@@ -484,7 +490,7 @@ def tiled_epilogue(spec: Spec, BM: int, BN: int, TM: int, TN: int, m_step: int) 
     """The epilogue of a tiled kernel (checked by check_on_tiles)."""
     c_layout = spec["layout.C"]
     common = dict(c_layout=c_layout, beta=spec["epilogue.beta"], reduce_count=spec["reduce.count"],
-                  c_vector=direct_vector(c_layout, TM, TN, m_step, spec["split"]), atomic=spec["split"] > 1,
+                  c_vector=direct_vector(c_layout, TM, TN, m_step, spec["split"]), atomic=atomic_split(spec),
                   **fused_settings(spec))
     if not spec["epilogue.staged"]:
         return Epilogue(**common)
@@ -498,8 +504,9 @@ def warpgroup_epilogue(spec: Spec, BN: int) -> Epilogue:
     """The epilogue of a wgmma kernel (checked by check_tma_store)."""
     c_layout, beta, fused = spec["layout.C"], spec["epilogue.beta"], fused_settings(spec)
     if not spec["epilogue.staged"]:
-        return Epilogue(c_layout=c_layout, beta=beta, c_vector=direct_vector(c_layout, 2, 2, 8, spec["split"]),
-                        atomic=spec["split"] > 1, **fused)
+        atomic = atomic_split(spec)
+        return Epilogue(c_layout=c_layout, beta=beta, c_vector=direct_vector(c_layout, 2, 2, 8, 2 if atomic else 1),
+                        atomic=atomic, **fused)
     # Each consumer warp owns 16 rows of the tile, so its boxes are 16 rows by up to 32 columns of
     # C; along C's contiguous dimension a box row is 32, 64 or 128 bytes, which is the swizzle TMA
     # applies (and what spreads the warp's writes over the banks).
@@ -515,11 +522,12 @@ def fused_settings(spec: Spec) -> dict:
     if name not in ACTIVATIONS:
         raise spec.error("activation", f"unknown activation '{name}'",
                          "; ".join(f"{key}: {entry.words}" for key, entry in ACTIVATIONS.items()))
-    if name != "none" and spec["split"] > 1:
+    if name != "none" and atomic_split(spec):
         raise spec.error(("activation", "split"), f"split K adds each slice's partial product into C with "
                          f"atomicAdd, after that slice's epilogue; {name} of a partial sum is not {name} "
-                         "of the whole", f"split 1 (or schedule stream-k, which sums a tile's slices before "
-                         f"its epilogue) with activation {name}, or no activation with split")
+                         "of the whole", f"split {spec['split']} cluster (target sm_90a, stages N tma: the "
+                         "slices summed before one epilogue), schedule stream-k, or split 1 with "
+                         f"activation {name}")
     return dict(bias=spec["bias"], scale=spec["scale"], activation=ACTIVATIONS[name])
 
 
@@ -565,7 +573,7 @@ def check_tma_store(spec: Spec, tma: bool) -> None:
         raise spec.error("epilogue.staged", "the wgmma staged epilogue writes C through shared memory and "
                          "stores it with TMA; this kernel's loader warpgroups have no TMA",
                          "stages N tma, or an epilogue without staged")
-    if spec["split"] > 1:
+    if atomic_split(spec):
         raise spec.error(("epilogue.staged", "split"), "split K adds each slice's product into C with "
                          "atomics; a TMA store would overwrite the other slices' sums",
-                         "split 1 with staged, or an epilogue without staged")
+                         f"split {spec['split']} cluster or split 1 with staged, or an epilogue without staged")

@@ -4,6 +4,7 @@
   tiles, a block past C's edge storing nothing);
 - SplitK: the same, and a block per slice of the K tiles too (blockIdx.y), the slices adding into
   C with atomics after the launcher has set C = beta * C;
+- ClusterSplitK: the slices of a tile as one cluster, summed in block 0's registers, which stores C;
 - Persistent: no more blocks than SMs, block b walking tiles b, b + grid, ... (clusters: whole
   clusters walking cluster tiles); the TMA producer runs on into the next tile;
 - StreamK: as persistent, but the last partial wave and one before it dealt out by K tile, the
@@ -45,6 +46,7 @@ class Schedule:
     name: ClassVar[str] = "data-parallel"
     scheduled: ClassVar[bool] = False   # blocks walk C tiles through a tile scheduler (Schedule struct)
     pingpong: ClassVar[bool] = False    # the block's tiles alternate between its two consumers
+    in_cluster: ClassVar[bool] = False  # split K's slices of a tile are one cluster (ClusterSplitK)
     max_scheduled_blocks: ClassVar[int] = MAX_SCHEDULED_BLOCKS
     # templates: code the kernels include (after common.cuh.j2), and the TMA kernel's walk over tiles
     helpers: ClassVar[tuple[str, ...]] = ()
@@ -216,6 +218,40 @@ class SplitK(Schedule):
 
 
 @dataclass(frozen=True)
+class ClusterSplitK(Schedule):
+    """`split N cluster`: split K's slices of a C tile run as one thread-block cluster of N blocks
+    (blockIdx.y, its cluster rank). After their main loops, blocks 1 ... N-1 leave their accumulators
+    in their own shared memory, and block 0 adds them into its own through distributed shared memory
+    and stores C once, with beta and any epilogue: no pass over C first, no atomics, the same bits
+    every run."""
+
+    helpers: ClassVar[tuple[str, ...]] = ("split_cluster.cuh.j2",)
+    c_dims: ClassVar[str] = "dim3((unsigned)blocks, SPLIT_K)"
+    in_cluster: ClassVar[bool] = True
+
+    @property
+    def cluster_template(self) -> str:
+        return "wgmma_split_cluster.cuh.j2"
+
+    @property
+    def split_constants(self) -> list[tuple[str, int, str]]:
+        return [("SPLIT_K", self.split_k, "slices of K per C tile (blockIdx.y), one cluster of blocks")]
+
+    def k_tile_of(self, t: str) -> str:
+        return f"(k_tile0 + {t})"
+
+    def describe(self) -> str:
+        return (f"data-parallel: one cluster of {self.split_k} blocks per C tile, a block per K slice, "
+                "summed in block 0")
+
+    def work_rows(self, k_slices: str) -> list[tuple[str, str]]:
+        return [("split K", f"{self.split_k} {k_slices} (blockIdx.y), the blocks of one cluster "
+                 f"(__cluster_dims__(1, {self.split_k}, 1)): blocks 1-{self.split_k - 1} leave their "
+                 "accumulators in shared memory, block 0 adds them through distributed shared memory "
+                 "and stores C once (beta and the epilogue as unsplit; no pass over C, no atomics)")]
+
+
+@dataclass(frozen=True)
 class Persistent(Schedule):
     """No more blocks than SMs (clusters: whole clusters), each walking tiles in raster order."""
 
@@ -308,7 +344,8 @@ SCHEDULES = {cls.name: cls for cls in (Schedule, Persistent, StreamK, PingPong)}
 def schedule_of(spec: Spec, BM: int, BN: int, BK: int, consumers: int = 0) -> Schedule:
     """The schedule a (checked) spec asks for, dealing BM x BN tiles of BK-deep K tiles."""
     split_k = spec["split"]
-    cls = SplitK if split_k > 1 else SCHEDULES[spec["schedule"]]
+    split = ClusterSplitK if spec["split.by"] == "cluster" else SplitK
+    cls = split if split_k > 1 else SCHEDULES[spec["schedule"]]
     return cls(BM=BM, BN=BN, BK=BK, raster_group=spec["raster.group"], cluster_m=spec["cluster.m"],
                cluster_n=spec["cluster.n"], consumers=consumers, split_k=split_k)
 
@@ -325,6 +362,32 @@ def check_one_block_per_tile(spec: Spec) -> None:
         raise spec.error(("cluster.m", "cluster.n"), "thread-block clusters share tiles by TMA multicast, "
                          "on the TMA-fed wgmma kernels (target sm_90a, math tf32 or 3xtf32, stages N "
                          "tma); this kernel's blocks load their own tiles", "cluster 1 x 1, or no cluster line")
+
+
+# A cluster of split K's slices: at most the 8 blocks every sm_90 GPU schedules as one cluster.
+MAX_CLUSTER_SLICES = 8
+
+
+def check_split_by(spec: Spec, tma: bool, BM: int = 0, BN: int = 0, stage_floats: int = 0) -> None:
+    """`split N cluster`: the TMA-fed wgmma kernel's blocks of one C tile form a cluster of at most
+    8; block 0 reads the others' accumulators from the stages' shared memory, which must hold them."""
+    if spec["split.by"] != "cluster":
+        return
+    split_k = spec["split"]
+    if split_k == 1:
+        raise spec.error("split.by", "split 1 cluster has no slices to sum", "split N cluster with N from 2 to 8")
+    if not tma:
+        raise spec.error("split.by", "split K in a cluster sums the slices through distributed shared "
+                         "memory, in the TMA-fed wgmma kernel (target sm_90a, math tf32 or 3xtf32, stages N "
+                         "tma); this kernel's slices add into C with atomics", f"split {split_k} (atomic)")
+    if split_k > MAX_CLUSTER_SLICES:
+        raise spec.error("split", f"split {split_k} cluster asks a cluster of {split_k} blocks; every "
+                         f"sm_90 GPU schedules clusters of up to {MAX_CLUSTER_SLICES}",
+                         f"split 2 to {MAX_CLUSTER_SLICES} cluster, or split {split_k} atomic")
+    if BM * BN > stage_floats:
+        raise spec.error(("split", "stages"), f"block 1 ... of a cluster leave their {BM} x {BN} "
+                         f"accumulators in their stages' shared memory, {stage_floats} floats",
+                         "more stages, or split N atomic")
 
 
 def check_split_cuts_shared_tiles(spec: Spec, uses_shared: bool) -> None:
@@ -378,7 +441,8 @@ def check_cluster(spec: Spec, tma: bool, BM: int, BN: int) -> None:
                          "cluster with schedule data-parallel or persistent, or no cluster line")
     if spec["split"] > 1:
         raise spec.error(cluster + ("split",), "split K's blocks add into C with atomics; clusters are "
-                         "built for one block per C tile", "split 1 with a cluster")
+                         "built for one block per C tile (split N cluster makes clusters of its own, of "
+                         "a tile's K slices)", "split 1 with a cluster")
     if cluster_m * cluster_n > 8:
         raise spec.error(cluster, f"a cluster of {cluster_m} x {cluster_n} = {cluster_m * cluster_n} "
                          "blocks is more than the 8 every sm_90 GPU can schedule",
