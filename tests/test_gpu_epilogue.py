@@ -67,11 +67,10 @@ SPECS = {
                             block_n=128, warp_n=128, mma_n=128, activation="gelu"),
     "streamk": _spec("epilogue_streamk", "streamk", scale="row"),
     "pingpong": _spec("epilogue_pingpong", "pingpong", bias="row"),
-    # split K in a cluster: the slices summed before one epilogue (its fallback unsplit, for GELU)
-    "tma_split_cluster": _spec("epilogue_tma", "tma_split_cluster", split=4, split_by="cluster"),
-    "tma_staged_split_cluster_col": _spec("epilogue_tma_staged", "tma_staged_split_cluster_col", layout_C="col",
-                                          bias="row", activation="silu", split=2, split_by="cluster",
-                                          schedule="data-parallel"),
+    # split K in a cluster: block 0 stores C with the bias, the other slices add their scaled products
+    "tma_split_cluster": _spec("epilogue_tma", "tma_split_cluster", activation="none", split=4, split_by="cluster"),
+    "tma_split_cluster_col": _spec("epilogue_tma", "tma_split_cluster_col", layout_C="col", bias="row", scale="col",
+                                   activation="none", split=2, split_by="cluster"),
 } | {
     f"activation_{name}": _spec("epilogue_naive", f"activation_{name}", layout_C="col", bias="col", scale="row",
                                 activation=name)

@@ -106,9 +106,9 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         stage_bytes = 4 * BK * (BM + BN) * (2 if math == "3xtf32" else 1)
     # mbarriers per stage (full, empty; TMA 3xtf32 or rounding: ready), and slack to align buffers to 1024 B.
     barriers = (3 if tma and (math == "3xtf32" or rounding != "truncate") else 2) * 8 * stages
-    check_split_by(spec, tma, BM, BN, stages * stage_bytes // 4)
+    check_split_by(spec, tma)
     if spec["split"] > 1 and spec["split.by"] == "cluster":
-        barriers += 2 * 8  # split K in a cluster: block 0's "partials ready" and each block's "partials read"
+        barriers += 8  # split K in a cluster: "block 0 has stored C"
     smem_bytes = stages * stage_bytes + c_stage_bytes + barriers + 1024
     if smem_bytes > arch.smem_per_block:
         staged = f" and the staged epilogue's {c_stage_bytes}" if c_stage_bytes else ""
@@ -158,9 +158,6 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     check_walk(spec, tma, math)
     check_cluster(spec, tma, BM, BN)
     fallback = None
-    # The fallback's split K adds into C with atomics: under `split N cluster`, unsplit where an
-    # activation must see the whole sum.
-    fallback_split = spec["split"] if spec["activation"] == "none" else 1
     if tma:
         # Calls TMA cannot describe go to the register-fed kernel (stages N async) with 64 x 128
         # blocks. On an H100 in TF32 it beat mma.sync, the fallback before it, at every shape
@@ -170,7 +167,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         fallback = wgmma_plan(replace(spec.with_values(
             block_m=64, block_n=128, warp_m=64, warp_n=128, mma_m=64, mma_n=128, mma_k=8, stages=4,
             stages_fill="async", schedule="data-parallel", cluster_m=1, cluster_n=1, epilogue_staged=False,
-            promote=0, split=fallback_split, split_by="atomic", **({"round": "nearest"} if spec.written("round") else {})),
+            promote=0, split_by="atomic", **({"round": "nearest"} if spec.written("round") else {})),
             name=f"{spec.name}_fallback"), arch)  # make_plan's choice for it: the register-fed path
     tile = Tile(BM=BM, BN=BN, BK=BK, WM=64, WN=BN, TM=2, TN=2, RM=slabs, RN=BN // 8,
                 SUB_M=64 if slabs > 1 else 16, SUB_N=8, warp_tiling=True, warps_m=consumers, warps_n=1,

@@ -472,8 +472,8 @@ def _largest_vector(run: int) -> int:
 
 
 def atomic_split(spec: Spec) -> bool:
-    """Whether split K's slices add into C with atomics (`split N`, N > 1, not `split N cluster`,
-    whose block 0 stores the summed tile as an unsplit kernel does)."""
+    """Whether every slice of split K adds into C with atomics (`split N`, N > 1; under `split N
+    cluster` block 0 stores C as an unsplit kernel does, and the others' adds are the schedule's)."""
     return spec["split"] > 1 and spec["split.by"] == "atomic"
 
 
@@ -522,12 +522,11 @@ def fused_settings(spec: Spec) -> dict:
     if name not in ACTIVATIONS:
         raise spec.error("activation", f"unknown activation '{name}'",
                          "; ".join(f"{key}: {entry.words}" for key, entry in ACTIVATIONS.items()))
-    if name != "none" and atomic_split(spec):
+    if name != "none" and spec["split"] > 1:
         raise spec.error(("activation", "split"), f"split K adds each slice's partial product into C with "
                          f"atomicAdd, after that slice's epilogue; {name} of a partial sum is not {name} "
-                         "of the whole", f"split {spec['split']} cluster (target sm_90a, stages N tma: the "
-                         "slices summed before one epilogue), schedule stream-k, or split 1 with "
-                         f"activation {name}")
+                         "of the whole", f"split 1 (or schedule stream-k, which sums a tile's slices before "
+                         f"its epilogue) with activation {name}, or no activation with split")
     return dict(bias=spec["bias"], scale=spec["scale"], activation=ACTIVATIONS[name])
 
 
@@ -573,7 +572,7 @@ def check_tma_store(spec: Spec, tma: bool) -> None:
         raise spec.error("epilogue.staged", "the wgmma staged epilogue writes C through shared memory and "
                          "stores it with TMA; this kernel's loader warpgroups have no TMA",
                          "stages N tma, or an epilogue without staged")
-    if atomic_split(spec):
+    if spec["split"] > 1:
         raise spec.error(("epilogue.staged", "split"), "split K adds each slice's product into C with "
                          "atomics; a TMA store would overwrite the other slices' sums",
-                         f"split {spec['split']} cluster or split 1 with staged, or an epilogue without staged")
+                         "split 1 with staged, or an epilogue without staged")

@@ -4,7 +4,7 @@
   tiles, a block past C's edge storing nothing);
 - SplitK: the same, and a block per slice of the K tiles too (blockIdx.y), the slices adding into
   C with atomics after the launcher has set C = beta * C;
-- ClusterSplitK: the slices of a tile as one cluster, summed in block 0's registers, which stores C;
+- ClusterSplitK: the slices of a tile as one cluster, block 0 storing C and the others adding into it;
 - Persistent: no more blocks than SMs, block b walking tiles b, b + grid, ... (clusters: whole
   clusters walking cluster tiles); the TMA producer runs on into the next tile;
 - StreamK: as persistent, but the last partial wave and one before it dealt out by K tile, the
@@ -220,10 +220,9 @@ class SplitK(Schedule):
 @dataclass(frozen=True)
 class ClusterSplitK(Schedule):
     """`split N cluster`: split K's slices of a C tile run as one thread-block cluster of N blocks
-    (blockIdx.y, its cluster rank). After their main loops, blocks 1 ... N-1 leave their accumulators
-    in their own shared memory, and block 0 adds them into its own through distributed shared memory
-    and stores C once, with beta and any epilogue: no pass over C first, no atomics, the same bits
-    every run."""
+    (blockIdx.y, its cluster rank). Block 0 stores C = alpha * (its product) + beta * C as an
+    unsplit kernel does, then tells the others through their barriers, and they add their products
+    into C (two floats per atomic access where C allows): no pass C = beta * C before the kernel."""
 
     helpers: ClassVar[tuple[str, ...]] = ("split_cluster.cuh.j2",)
     c_dims: ClassVar[str] = "dim3((unsigned)blocks, SPLIT_K)"
@@ -241,14 +240,18 @@ class ClusterSplitK(Schedule):
         return f"(k_tile0 + {t})"
 
     def describe(self) -> str:
-        return (f"data-parallel: one cluster of {self.split_k} blocks per C tile, a block per K slice, "
-                "summed in block 0")
+        return (f"data-parallel: one cluster of {self.split_k} blocks per C tile, a block per K slice; "
+                "block 0 stores C, the others add into it")
+
+    @property
+    def abi_notes(self) -> list[str]:
+        return [f"split K: {self.split_k} slices of K, the first stored into C and the others added with "
+                "atomics, so results may differ in the last bits from run to run."]
 
     def work_rows(self, k_slices: str) -> list[tuple[str, str]]:
         return [("split K", f"{self.split_k} {k_slices} (blockIdx.y), the blocks of one cluster "
-                 f"(__cluster_dims__(1, {self.split_k}, 1)): blocks 1-{self.split_k - 1} leave their "
-                 "accumulators in shared memory, block 0 adds them through distributed shared memory "
-                 "and stores C once (beta and the epilogue as unsplit; no pass over C, no atomics)")]
+                 f"(__cluster_dims__(1, {self.split_k}, 1)): block 0 stores C = alpha * (its product) + "
+                 f"beta * C, then blocks 1-{self.split_k - 1} add theirs with atomics (no pass over C first)")]
 
 
 @dataclass(frozen=True)
@@ -368,26 +371,22 @@ def check_one_block_per_tile(spec: Spec) -> None:
 MAX_CLUSTER_SLICES = 8
 
 
-def check_split_by(spec: Spec, tma: bool, BM: int = 0, BN: int = 0, stage_floats: int = 0) -> None:
-    """`split N cluster`: the TMA-fed wgmma kernel's blocks of one C tile form a cluster of at most
-    8; block 0 reads the others' accumulators from the stages' shared memory, which must hold them."""
+def check_split_by(spec: Spec, tma: bool) -> None:
+    """`split N cluster`: the TMA-fed wgmma kernel's blocks of one C tile form a cluster of at most 8."""
     if spec["split.by"] != "cluster":
         return
     split_k = spec["split"]
     if split_k == 1:
         raise spec.error("split.by", "split 1 cluster has no slices to sum", "split N cluster with N from 2 to 8")
     if not tma:
-        raise spec.error("split.by", "split K in a cluster sums the slices through distributed shared "
-                         "memory, in the TMA-fed wgmma kernel (target sm_90a, math tf32 or 3xtf32, stages N "
-                         "tma); this kernel's slices add into C with atomics", f"split {split_k} (atomic)")
+        raise spec.error("split.by", "split K in a cluster has block 0 store C and tells the other slices' "
+                         "blocks through cluster barriers, in the TMA-fed wgmma kernel (target sm_90a, math "
+                         "tf32 or 3xtf32, stages N tma); this kernel's slices add into C after a pass over C",
+                         f"split {split_k} (atomic)")
     if split_k > MAX_CLUSTER_SLICES:
         raise spec.error("split", f"split {split_k} cluster asks a cluster of {split_k} blocks; every "
                          f"sm_90 GPU schedules clusters of up to {MAX_CLUSTER_SLICES}",
                          f"split 2 to {MAX_CLUSTER_SLICES} cluster, or split {split_k} atomic")
-    if BM * BN > stage_floats:
-        raise spec.error(("split", "stages"), f"block 1 ... of a cluster leave their {BM} x {BN} "
-                         f"accumulators in their stages' shared memory, {stage_floats} floats",
-                         "more stages, or split N atomic")
 
 
 def check_split_cuts_shared_tiles(spec: Spec, uses_shared: bool) -> None:
