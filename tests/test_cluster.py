@@ -338,3 +338,55 @@ def test_pingpong_clusters_take_every_tile_once_together_and_count_their_turns(c
     source = generate(plan)
     assert "barrier_init(&empty[s], 4 * SHARERS);" in source  # one consumer frees a stage, in every sharer
     assert "pingpong clusters" in source
+
+
+# --- split K in a cluster (`split N cluster`) -----------------------------------------------------
+
+SPLIT_KERNEL = """kernel s {{
+  target   {target}
+  layout   A row, B col, C row
+  block    64 x {bn} x 32
+  math     tf32
+  stages   {stages}
+  split    {split}{extra}
+}}
+"""
+
+
+def split_spec(split="4 cluster", target="sm_90a", bn=256, stages="5 tma", extra=""):
+    (spec,) = parse(SPLIT_KERNEL.format(split=split, target=target, bn=bn, stages=stages, extra=extra))
+    return spec
+
+
+def test_split_cluster_stores_c_from_block_0_without_a_pass_over_c():
+    plan = make_plan(split_spec())
+    assert plan.split_k == 4 and plan.scheduler.in_cluster and not plan.epilogue.atomic
+    source = generate(plan)
+    assert "__cluster_dims__(1, SPLIT_K, 1)" in source and "constexpr int SPLIT_K = 4;" in source
+    # the TMA kernel launches alone; only its register-fed fallback keeps atomic split K's pass
+    assert "gemmgen_s_scale_c" not in source and "gemmgen_s_fallback_scale_c<<<" in source
+    assert "barrier_wait_cluster(c_stored, 0);" in source and "add_pair(" in source
+    assert "split=4-cluster" in describe(plan.spec) and "  split    4 cluster\n" in to_text(plan.spec)
+    assert "  split    4\n" in to_text(split_spec("4"))
+    # written without a word, split is atomic, and its spec is the same point as before the word existed
+    assert not split_spec("4").written("split.by") and make_plan(split_spec("4")).epilogue.atomic
+
+
+@pytest.mark.parametrize("split, target, stages, extra, where, message", [
+    ("16 cluster", "sm_90a", "5 tma", "", "7:12", "clusters of up to 8"),
+    ("1 cluster", "sm_90a", "5 tma", "", "7:14", "split 1 cluster has no slices to sum"),
+    ("4 cluster", "sm_90a", "4 async", "", "7:14", "in the TMA-fed wgmma kernel"),
+    ("4 cluster", "sm_90a", "5 tma", "\n  activation gelu", "8:14", "gelu of a partial sum is not gelu"),
+    ("4 wide", "sm_90a", "5 tma", "", "7:14", "atomic or cluster"),
+])
+def test_what_split_cluster_cannot_do_is_an_error_at_its_line(split, target, stages, extra, where, message):
+    with pytest.raises(SpecError) as error:
+        make_plan(split_spec(split, target=target, stages=stages, extra=extra))
+    assert f"<spec>:{where}" in str(error.value) and message in str(error.value), str(error.value)
+
+
+def test_a_tiled_kernel_takes_no_split_cluster():
+    (tiled,) = parse("kernel t {\n  target sm_80\n  block 64 x 64 x 8\n  thread 4 x 4\n  split 2 cluster\n}\n")
+    with pytest.raises(SpecError) as error:
+        make_plan(tiled)
+    assert "<spec>:5:11" in str(error.value) and "in the TMA-fed wgmma kernel" in str(error.value), str(error.value)

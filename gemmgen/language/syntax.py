@@ -400,8 +400,8 @@ class _ToStatements(Transformer):
 
     @v_args(meta=True)
     def split(self, meta, c):
-        by = c[1] if len(c) > 1 else _Value(("atomic",), _span(meta))
-        return self._statement("split", meta, split=c[0], **{"split.by": by})
+        by = {"split.by": c[1]} if len(c) > 1 else {}  # unwritten: atomic (and no new key for old specs)
+        return self._statement("split", meta, split=c[0], **by)
 
     @v_args(meta=True)
     def promote(self, meta, c):
