@@ -9,7 +9,8 @@ tuned, the choice rests on two things:
       t = c0 + c1 * waves * k_steps + c2 * waves + c3 * tile_bytes + c4 * split_bytes
   (launch cost; the main loop of the busiest SM; each wave's prologue and epilogue; operand
   traffic through L2; split K's extra pass over C), with c >= 0 fitted to the member's own
-  measurements, relative error minimised.
+  measurements, relative error minimised, each measurement weighed by how near the fastest member
+  it was there (the model matters where the member may be chosen).
 - What was measured near the shape: the model's error at the tuned shapes, spread to their
   neighbours (distance in log M, log N, log K and log batch), corrects the prediction. At a tuned
   shape the measurement itself is the prediction. The model is fitted to single GEMMs; a library
@@ -48,6 +49,18 @@ FULL_MODEL_POINTS = 8
 # weight of "no correction", which takes over far from every tuned shape.
 BANDWIDTH = 0.5
 PRIOR = 0.25
+# A member's fit weighs each of its measurements by how near the fastest member it was there: fully
+# up to COMPETITIVE times the best time, then as (COMPETITIVE / ratio)^FALLOFF. Its model matters
+# where it may be chosen; where it is far behind, being predicted slow is enough. On the H100
+# databases, leave-one-out over the tf32 library's 53 tuned calls: geometric mean chosen / best
+# 1.0845 unweighted, 1.0705 so (fp32's: 1.0597 and 1.0595).
+COMPETITIVE = 1.25
+FALLOFF = 4.0
+
+
+def _weight(ratio: float) -> float:
+    """The fit's weight of a measurement `ratio` times the fastest member's at its shape."""
+    return 1.0 if ratio <= COMPETITIVE else (COMPETITIVE / ratio) ** FALLOFF
 
 
 def alignment_class(lda: int, ldb: int, ldc: int, pointers: tuple[int, int, int] = (0, 0, 0),
@@ -254,17 +267,23 @@ def _point(member: MemberShape, coef: list[float], sm_count: int, batch: int, M:
 
 def fit(member: MemberShape, points: list[tuple[int, int, int, float]], sm_count: int,
         batched: list[tuple[int, int, int, int, float]] = (),
-        split: list[tuple[int, int, int, int, float]] = ()) -> Model | None:
+        split: list[tuple[int, int, int, int, float]] = (),
+        best: dict[tuple[int, int, int], float] | None = None) -> Model | None:
     """The model of a member from (M, N, K, ms) measurements of single GEMMs in one class, with the
     (batch, M, N, K, ms) of strided batches as points it is corrected by, and of split calls as the
     points its split ratio comes from (the geometric mean of their time over the prediction, at
-    least 1); None without two single GEMMs."""
+    least 1); None without two single GEMMs. `best`: the fastest member's ms at each (M, N, K) of the
+    class, by which each measurement is weighed (_weight); without it, all weigh the same."""
     points = [p for p in points if p[3] > 0 and min(p[:3]) > 0]
     if len(points) < 2:
         return None
     terms = 5 if len(points) >= FULL_MODEL_POINTS else 2
     X = [[f / ms for f in features(member, M, N, K, sm_count)[:terms]] for M, N, K, ms in points]
-    coef = [float(c) for c in _nonnegative_least_squares(X, [1.0] * len(points)) + [0.0] * (5 - terms)]
+    y = [1.0] * len(points)
+    if best:  # each row weighed by how near the fastest member the measurement was (_weight)
+        y = [math.sqrt(_weight(ms / best.get((M, N, K), ms))) for M, N, K, ms in points]
+        X = [[v * w for v in row] for row, w in zip(X, y)]
+    coef = [float(c) for c in _nonnegative_least_squares(X, y) + [0.0] * (5 - terms)]
     model = Model(coef)
     for batch, M, N, K, ms in [(1, *p) for p in points] + [p for p in batched if p[4] > 0 and min(p[:4]) > 0]:
         model.points.append(_point(member, coef, sm_count, batch, M, N, K, ms, 0))
@@ -390,13 +409,20 @@ def fit_all(shapes: list[MemberShape], measurements: list[dict[tuple, float]],
             sm_count: int) -> list[dict[str, Model | None]]:
     """Models of every member per class from {(M, N, K, class[, batch]): ms} (the aligned model
     takes the split measurements for its split ratio)."""
+    bests: dict[str, dict[tuple[int, int, int], float]] = {cls: {} for cls in CLASSES}
+    for measured in measurements:
+        for key, ms in measured.items():
+            M, N, K, c, b = measured_key(key)
+            if c in bests and b == 1 and ms > 0:
+                here = bests[c]
+                here[(M, N, K)] = min(here.get((M, N, K), ms), ms)
     result = []
     for shape, measured in zip(shapes, measurements):
         keyed = [(measured_key(key), ms) for key, ms in measured.items()]
         split = [(b, M, N, K, ms) for (M, N, K, c, b), ms in keyed if c == SPLIT]
         result.append({cls: fit(shape, [(M, N, K, ms) for (M, N, K, c, b), ms in keyed if c == cls and b == 1],
                                 sm_count, [(b, M, N, K, ms) for (M, N, K, c, b), ms in keyed if c == cls and b != 1],
-                                split if cls == "aligned" else ())
+                                split if cls == "aligned" else (), bests[cls])
                        for cls in CLASSES})
     return result
 
