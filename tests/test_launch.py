@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import struct
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -21,6 +22,7 @@ from cubin_params import kernel_parameters
 from gemmgen.gpu import launch
 from gemmgen.gpu.launch import (BATCH, KINDS, MAIN, REDUCE_CLEAR, REDUCE_FINISH, SCALE_C, Arguments, CudaError, PreparedLaunch,
                             PreparedStep, Step, TensorMapSpec, decide, parameter_offsets, tma_signature)
+from gemmgen.codegen.cuda import generate
 from gemmgen.plan import make_plan
 from gemmgen.language.load import parse
 
@@ -109,17 +111,17 @@ def test_the_tma_step_encodes_a_and_b_in_slices_of_their_clusters_tiles():
     plan = plan_of(TMA.format(extra="cluster 2 x 1"))
     (step,) = decide(plan, 1000, 700, 300, 300, 304, 700, (0, 0, 0), 132).steps
     assert [(m.param, m.operand, m.inner, m.outer, m.ld, m.box_inner, m.box_outer, m.swizzle, m.promote)
-            for m in step.maps] == [("map_a", "A", 300, 1000, 300, 32, 128, 128, True),
-                                    ("map_b", "B", 300, 700, 304, 32, 64, 128, True)]
+            for m in step.maps] == [("map_a", "A", 300, 1000, 300, 32, 128, 128, 256),
+                                    ("map_b", "B", 300, 700, 304, 32, 64, 128, 256)]
     assert step.grid == (plan.cluster_grid(1000, 700), 1) == (8 * 6, 1)  # tiles rounded up to whole clusters
     assert step.fixed == {"M": 1000, "N": 700, "K": 300, "ldc": 700, "batch": 1, "strideA": 0, "strideB": 0, "strideC": 0}
     assert step.per_call == ("alpha", "beta", "C")
 
 
 @pytest.mark.parametrize("layouts, maps", [
-    ("A col, B col", [("map_a", "A", 1000, 300, 1004, 32, 32), ("map_b", "B", 300, 700, 304, 32, 128)]),
-    ("A row, B row", [("map_a", "A", 300, 1000, 300, 32, 128), ("map_b", "B", 700, 300, 704, 32, 32)]),
-    ("A col, B row", [("map_a", "A", 1000, 300, 1004, 32, 32), ("map_b", "B", 700, 300, 704, 32, 32)])])
+    ("A col, B col", [("map_a", "A", 1000, 300, 1004, 32, 32, 128), ("map_b", "B", 300, 700, 304, 32, 128, 256)]),
+    ("A row, B row", [("map_a", "A", 300, 1000, 300, 32, 128, 256), ("map_b", "B", 700, 300, 704, 32, 32, 128)]),
+    ("A col, B row", [("map_a", "A", 1000, 300, 1004, 32, 32, 128), ("map_b", "B", 700, 300, 704, 32, 32, 128)])])
 def test_mn_major_operands_are_encoded_as_rows_by_k_in_32_row_boxes(layouts, maps):
     """3xtf32 reads a column-major A or row-major B from MN-major tiles: TMA views it as (rows, K),
     rows contiguous, and loads boxes of 32 rows by BK; a K-major operand stays (K, rows), one box."""
@@ -128,8 +130,27 @@ def test_mn_major_operands_are_encoded_as_rows_by_k_in_32_row_boxes(layouts, map
     lda = 1004 if layouts.startswith("A col") else 300
     ldb = 704 if layouts.endswith("B row") else 304
     (step,) = decide(plan, 1000, 700, 300, lda, ldb, 700, (0, 0, 0), 132).steps
-    assert [(m.param, m.operand, m.inner, m.outer, m.ld, m.box_inner, m.box_outer) for m in step.maps[:2]] == maps
-    assert all((m.swizzle, m.promote) == (128, True) for m in step.maps[:2])
+    assert [(m.param, m.operand, m.inner, m.outer, m.ld, m.box_inner, m.box_outer, m.promote)
+            for m in step.maps[:2]] == maps  # L2 promotion: 256 bytes at most for K-major tiles, 128 for MN-major
+    assert all(m.swizzle == 128 for m in step.maps[:2])
+
+
+def test_k_major_tiles_are_promoted_256_bytes_only_where_every_row_starts_128_byte_aligned():
+    """Rows off 128 bytes (ld = 4092, say) ran 20% slower with 256-byte L2 promotion on an H100; the
+    C launcher's condition (wgmma_maps_k_major.cuh.j2) is the same."""
+    plan = plan_of(TMA.format(extra=""))
+    (step,) = decide(plan, 64, 4096, 4096, 4096, 4096, 4096, (0, 0, 0), 132).steps
+    a = step.maps[0]
+    assert a.promote == 256 and a.promotion(1 << 20) == 256
+    assert a.promotion((1 << 20) + 64) == 128                       # the matrix starts off 128 bytes
+    assert replace(a, ld=4092).promotion(1 << 20) == 128            # rows 16-byte aligned only
+    assert replace(a, ld=4104).promotion(1 << 20) == 128            # rows 32-byte aligned only
+    assert replace(a, batches=3, batch_stride=4096 * 4100).promotion(1 << 20) == 256
+    assert replace(a, batches=3, batch_stride=4096 * 4096 + 8).promotion(1 << 20) == 128  # a later batch is off
+    source = generate(plan)
+    assert ("reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&\n"
+            "                              (one || batch_strides[i] % 32 == 0);") in source
+    assert "rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B" in source
 
 
 def test_the_staged_epilogue_gets_cs_map_only_where_c_is_aligned():
@@ -263,7 +284,8 @@ def test_a_prepared_tma_launch_writes_the_call_and_launches_once_in_the_kernels_
     assert (args["M"], args["N"], args["K"], args["ldc"], args["C"]) == (1024, 512, 256, 512, 0xC000)
     assert (args["alpha"], args["beta"], args["workspace"]) == (2.0, 0.5, 0xF000 + step.workspace)
     for name, address, rows, box in (("map_a", 0xA000, 1024, 128), ("map_b", 0xB000, 512, 128)):
-        assert struct.unpack_from("<QQQQIIii", args[name]) == (address, 256, rows, 256 * 4, 32, box, 3, 2)
+        # swizzle 3 (128 bytes), L2 promotion 3 (256 bytes: rows 128-byte aligned)
+        assert struct.unpack_from("<QQQQIIii", args[name]) == (address, 256, rows, 256 * 4, 32, box, 3, 3)
     assert struct.unpack_from("<QQQ", args["map_c"]) == (0xC000, 512, 1024)
     fake.current = 0x200  # the kernel's context already current: no switch
     run(0xA000, 0xB000, 0xC000, 1.0, 0.0, 77)

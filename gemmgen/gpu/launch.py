@@ -180,7 +180,7 @@ def _helper_step(helper: Helper, sizes: dict[str, int]) -> Step:
 _cuda = None
 _SWIZZLE = {32: 1, 64: 2, 128: 3}           # CUtensorMapSwizzle
 _FLOAT32 = 7                                # CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-_L2_128B, _L2_NONE = 2, 0                   # CUtensorMapL2promotion
+_L2 = {0: 0, 64: 1, 128: 2, 256: 3}         # CUtensorMapL2promotion by bytes
 
 
 def cuda():
@@ -218,7 +218,7 @@ def encode_tensor_map(spec: TensorMapSpec, address: int, what: str) -> bytes:
     ones = (ctypes.c_uint32 * 3)(1, 1, 1)
     status = cuda().cuTensorMapEncodeTiled(out, ctypes.c_int(_FLOAT32), ctypes.c_uint(3), ctypes.c_void_p(address),
                                            dims, strides, box, ones, ctypes.c_int(0), ctypes.c_int(_SWIZZLE[spec.swizzle]),
-                                           ctypes.c_int(_L2_128B if spec.promote else _L2_NONE), ctypes.c_int(0))
+                                           ctypes.c_int(_L2[spec.promotion(address)]), ctypes.c_int(0))
     if status:
         raise CudaError(f"{what}: {error_text(status)}", status)
     return bytes(out)

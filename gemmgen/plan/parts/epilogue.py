@@ -445,7 +445,7 @@ class TmaStore(Epilogue):
             return [], {"map_c": bytes(128)}
         inner, outer = (N, M) if self.c_layout == "row" else (M, N)
         return [TensorMapSpec("map_c", "C", inner, outer, ldc, self.c_box_inner, self.c_box_outer,
-                              self.c_box_swizzle, False, batch, stride_c)], {}
+                              self.c_box_swizzle, 0, batch, stride_c)], {}
 
     def smem_bytes(self, consumers: int) -> int:
         """Shared bytes of every consumer warp's boxes."""

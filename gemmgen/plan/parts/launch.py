@@ -119,9 +119,16 @@ class TensorMapSpec:
     box_inner: int
     box_outer: int
     swizzle: int      # bytes: 32, 64 or 128
-    promote: bool     # L2 promotion of 128 bytes
+    promote: int      # L2 promotion in bytes (0: none), 256 only where every row starts 128-byte aligned
     batches: int = 1
     batch_stride: int = 0
+
+    def promotion(self, address: int) -> int:
+        """The L2 promotion (bytes) the map of a tensor at `address` gets: `promote`, but 128 for 256
+        where a row (of any batch) starts off a 128-byte boundary (the C launcher decides alike)."""
+        if self.promote == 256 and (address % 128 or self.ld % 32 or (self.batches > 1 and self.batch_stride % 32)):
+            return 128
+        return self.promote
 
     @property
     def batch_dims(self) -> tuple[int, int]:
