@@ -48,7 +48,6 @@ class Mainloop:
     tma = False
     promote_tiles = 1
     fallback = None               # the Plan of the kernel for calls this one cannot take
-    prefetch_tiles = 0            # TMA kernels: K tiles ahead of its loads the producer brings into L2
 
     @property
     def helpers(self) -> tuple[str, ...]:

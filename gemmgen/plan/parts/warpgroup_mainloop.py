@@ -184,7 +184,6 @@ class WgmmaTma(WgmmaAsync):
     rounding: str = "truncate"   # tf32: truncate, or round to nearest by the producer (A and B) or consumer (A)
     a_k_major: bool = True       # A row-major; else its MN-major tile is read into registers
     b_k_major: bool = True       # B column-major; else (3xtf32) the producer transposes its MN-major tile
-    prefetch_tiles: int = 0      # K tiles ahead of its loads the one-tile producer asks TMA to bring into L2 (0: none)
 
     name = "wgmma"
     tma = True
@@ -291,11 +290,6 @@ class WgmmaTma(WgmmaAsync):
                          f"{'rows' if x == 'A' else 'columns'} by BK")
             lines.append("    " + load.format(f" + box * {box} * BK", f"{at} + box * {box}, {k}"))
         return lines
-
-    def stage_prefetches(self, plan: Plan, k: str) -> list[str]:
-        """TMA prefetches into L2 of the K-major boxes a later stage loads (K offset `k`)."""
-        return [f"tma_prefetch(&map_{x.lower()}, {k}, {'block_m0' if x == 'A' else 'block_n0'}, {x.lower()}_batch);"
-                for x, k_major, _, _, _ in self.boxes(plan) if k_major]
 
     # ---- 3xtf32's B: its remainders beside the tile TMA wrote, or (row-major B) the tile TMA landed
     # MN-major, transposed K-major in place with its remainders by the producer's warps
