@@ -2,7 +2,7 @@
 the boxes STAGES K tiles ahead of each load, against the same kernel without: each eligible member of both
 libraries (data-parallel or split K, no clusters) and cuBLAS, one call after an L2 flush, in turns.
 
-Runs at the commit that added WgmmaTma.prefetch_tiles (see BENCHMARKS.md, fifteenth session; reverted after):
+Runs at efa6b0b, which added WgmmaTma.prefetch_tiles (reverted by the next commit):
 
     python benchmarks/experiments/l2_prefetch_tried.py OUT.json
 
