@@ -73,6 +73,7 @@ TILED = """kernel t {
 LAUNCHES = {
     "data-parallel": TMA.format(block="128 x 128", extra=""),
     "split K": TMA.format(block="128 x 128", extra="split 3"),
+    "split K in a cluster": TMA.format(block="128 x 128", extra="split 4 cluster"),
     "clusters": TMA.format(block="128 x 128", extra="cluster 2 x 1"),
     "persistent": TMA.format(block="128 x 256", extra="schedule persistent"),
     "persistent clusters": TMA.format(block="128 x 128", extra="schedule persistent\n  cluster 2 x 2"),
@@ -170,8 +171,8 @@ def test_the_c_launcher_starts_the_grid_the_python_launch_decides(name, tmp_path
 
 def test_the_launches_cover_every_schedule_and_a_helper_kernel():
     plans = [make_plan(parse(text)[0]) for text in LAUNCHES.values()]
-    assert {type(p.scheduler).__name__ for p in plans} == {"Schedule", "SplitK", "Persistent", "StreamK", "PingPong",
-                                                               "DecodeSchedule"}
+    assert {type(p.scheduler).__name__ for p in plans} == {"Schedule", "SplitK", "ClusterSplitK", "Persistent", "StreamK",
+                                                               "PingPong", "DecodeSchedule"}
     assert any(p.helper_launches for p in plans) and any(p.cluster_blocks > 1 and p.scheduled for p in plans)
 
 

@@ -218,14 +218,14 @@ class SplitK(Schedule):
 
 
 @dataclass(frozen=True)
-class ClusterSplitK(Schedule):
+class ClusterSplitK(SplitK):
     """`split N cluster`: split K's slices of a C tile run as one thread-block cluster of N blocks
     (blockIdx.y, its cluster rank). Block 0 stores C = alpha * (its product) + beta * C as an
     unsplit kernel does, then tells the others through their barriers, and they add their products
     into C (two floats per atomic access where C allows): no pass C = beta * C before the kernel."""
 
     helpers: ClassVar[tuple[str, ...]] = ("split_cluster.cuh.j2",)
-    c_dims: ClassVar[str] = "dim3((unsigned)blocks, SPLIT_K)"
+    launches: ClassVar[tuple[Helper, ...]] = ()
     in_cluster: ClassVar[bool] = True
 
     @property
@@ -235,9 +235,6 @@ class ClusterSplitK(Schedule):
     @property
     def split_constants(self) -> list[tuple[str, int, str]]:
         return [("SPLIT_K", self.split_k, "slices of K per C tile (blockIdx.y), one cluster of blocks")]
-
-    def k_tile_of(self, t: str) -> str:
-        return f"(k_tile0 + {t})"
 
     def describe(self) -> str:
         return (f"data-parallel: one cluster of {self.split_k} blocks per C tile, a block per K slice; "
