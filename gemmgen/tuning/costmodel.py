@@ -49,9 +49,6 @@ DRAM_BYTES_PER_CLOCK = 12.8      # HBM to one SM when all share it: 3.35 TB/s / 
 # two kernels and its pass over C. Measured on an H100 (testbed_small, 1024^3): split 2 took a median
 # 9 us more than split 1 on the same tiles; 6 us of it are charged here, the atomics in the epilogue.
 SPLIT_PASS_CLOCKS = 12000
-# Split K in a cluster: block 0 reads the other blocks' accumulators through distributed shared
-# memory, assumed at an SM's L2 intake (a round figure; no data sheet gives it).
-DSMEM_BYTES_PER_CLOCK = 64
 # FFMA issues from each of an SM's 4 schedulers every clock only with about 2 warps on each to
 # cover its latency: fewer resident warps leave issue slots empty.
 SIMT_WARPS_TO_ISSUE = 8
@@ -241,8 +238,8 @@ def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumption
     atomic = split > 1 and not plan.scheduler.in_cluster
     if atomic:
         epilogue = 4 * BM * BN * ATOMIC_COST / GLOBAL_BYTES_PER_CLOCK
-    elif split > 1:  # split K in a cluster: block 0 reads the other slices' sums, then stores C once
-        epilogue += 4 * BM * BN * (split - 1) / DSMEM_BYTES_PER_CLOCK
+    elif split > 1:  # split K in a cluster: block 0 stores C, then the other slices add into it
+        epilogue += 4 * BM * BN * ATOMIC_COST / GLOBAL_BYTES_PER_CLOCK
     mainloop = k_steps * step
     block_clocks = mainloop + epilogue + BLOCK_OVERHEAD_CLOCKS
     if plan.schedule == "stream-k":
