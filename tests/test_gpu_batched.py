@@ -42,6 +42,7 @@ SPECS = {
     "hopper_skinny": _spec("hopper_skinny"),                   # register-fed wgmma
     "hopper_tf32": _spec("hopper_tf32"),                       # TMA-fed wgmma, data-parallel
     "hopper_tf32_split": _spec("hopper_tf32", "hopper_tf32_split", split=4),
+    "hopper_tf32_split_workspace": _spec("hopper_tf32", "hopper_tf32_split_workspace", split=4, split_by="workspace"),
     "hopper_tf32_persistent": _spec("hopper_tf32_persistent"),
     "hopper_tf32_streamk": _spec("hopper_tf32_streamk"),
     "hopper_tf32_pingpong": _spec("hopper_tf32_pingpong"),

@@ -71,6 +71,12 @@ SPECS = {
     "tma_split_cluster": _spec("epilogue_tma", "tma_split_cluster", activation="none", split=4, split_by="cluster"),
     "tma_split_cluster_col": _spec("epilogue_tma", "tma_split_cluster_col", layout_C="col", bias="row", scale="col",
                                    activation="none", split=2, split_by="cluster"),
+    # split K through a workspace: the last slice sums the tile and runs the whole epilogue (activation too)
+    "tma_split_workspace": _spec("epilogue_tma", "tma_split_workspace", split=4, split_by="workspace"),
+    "tma_split_workspace_col": _spec("epilogue_tma", "tma_split_workspace_col", layout_C="col", bias="row", scale="col",
+                                     activation="silu", split=3, split_by="workspace"),
+    "tma_staged_split_workspace": _spec("epilogue_tma_staged", "tma_staged_split_workspace", scale="row",
+                                        schedule="data-parallel", split=2, split_by="workspace"),
 } | {
     f"activation_{name}": _spec("epilogue_naive", f"activation_{name}", layout_C="col", bias="col", scale="row",
                                 activation=name)

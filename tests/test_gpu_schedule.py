@@ -3,7 +3,8 @@ results against float64 where tiles fill whole waves, part of one, or fewer than
 bits every run; and the nvcc-built C ABI with its per-stream workspace, on two streams at once. Also
 `cluster M x N` (specs/hopper_tf32_cluster.gemm and clusters of every shape on both TMA kernels): results
 against float64 where clusters run past C's edge, through the Python runtime and the C ABI. And
-`split N cluster`: against float64, through the Python runtime and the C ABI.
+`split N cluster` and `split N workspace`: against float64, through the Python runtime and the C ABI
+(the workspace's: the same bits every run).
 
 Run with `pytest -m gpu`; skipped without a GPU and CuPy.
 """
@@ -78,6 +79,21 @@ SPLIT_CLUSTERED = {
         split=2, split_by="cluster"), name="x3tf32_split2_cluster"),
 }
 SPECS.update(SPLIT_CLUSTERED)
+# Split K through a workspace (`split N workspace`): every slice writes its product to the tile's
+# slots, the last to finish sums them in K order and stores C; 2 to 128 slices, one or two consumer
+# warpgroups, tf32 and 3xtf32, a staged (TMA-stored) C.
+SPLIT_WORKSPACE = {
+    "tf32_split4_workspace": replace(load_one(ROOT / "specs" / "hopper_tf32.gemm").with_values(
+        split=4, split_by="workspace"), name="tf32_split4_workspace"),
+    "tf32_64x128_split128_workspace": replace(load_one(ROOT / "specs" / "hopper_tf32.gemm").with_values(
+        block_m=64, block_n=128, warp_n=128, mma_n=128, stages=8, raster_group=1, split=128, split_by="workspace"),
+        name="tf32_64x128_split128_workspace"),
+    "tf32_split3_workspace_staged": replace(load_one(ROOT / "specs" / "hopper_tf32.gemm").with_values(
+        split=3, split_by="workspace", epilogue_staged=True), name="tf32_split3_workspace_staged"),
+    "x3tf32_split2_workspace": replace(load_one(ROOT / "specs" / "hopper_3xtf32.gemm").with_values(
+        split=2, split_by="workspace"), name="x3tf32_split2_workspace"),
+}
+SPECS.update(SPLIT_WORKSPACE)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -116,7 +132,8 @@ def test_scheduled_kernels_match_float64(name, kernels):
     assert report.ok, "\n".join(f"{r.case}: {r.message}" for r in report.failures)
 
 
-@pytest.mark.parametrize("name", ["hopper_tf32_streamk", "hopper_3xtf32_streamk"])
+@pytest.mark.parametrize("name", ["hopper_tf32_streamk", "hopper_3xtf32_streamk", "tf32_split4_workspace",
+                                  "x3tf32_split2_workspace"])
 @pytest.mark.parametrize("M,N,K", [(1024, 1024, 8192), (4092, 4092, 512), (64, 64, 131072 // 4)])
 def test_stream_k_gives_the_same_bits_every_run(name, M, N, K, cp, kernels):
     kernel = kernels(name)
@@ -161,7 +178,8 @@ def _build_abi(name: str, folder: Path, spec=None):
 
 
 @pytest.mark.parametrize("name", ["hopper_tf32_streamk", "hopper_3xtf32_streamk", "hopper_tf32_persistent",
-                                  "hopper_tf32_pingpong", "tf32_64x256_split8_cluster"])
+                                  "hopper_tf32_pingpong", "tf32_64x256_split8_cluster",
+                                  "tf32_split4_workspace"])
 def test_c_abi_on_two_streams_at_once_matches_float64(name, cp, tmp_path):
     """Each stream gets its own workspace: two stream-K GEMMs in flight together stay right, call
     after call and grid after grid (the flags the kernels leave zeroed, in a fixed place), and
@@ -192,7 +210,7 @@ def test_c_abi_on_two_streams_at_once_matches_float64(name, cp, tmp_path):
         for i, out in enumerate(outs):
             bad = ~(np.abs(out.get() - reference) <= tolerance)
             assert not bad.any(), f"{name} {M}x{N}x{K} on stream {i}: {int(bad.sum())} elements wrong"
-        if "streamk" in name:
+        if "streamk" in name or "workspace" in name:
             assert np.array_equal(outs[0].get(), outs[1].get()), "the two streams' results differ"
 
 

@@ -473,12 +473,12 @@ class Kernel:
             self._sms = device_info(self.device).sm_count
         return self._sms
 
-    WORKSPACES = 16  # streams whose stream-K workspace a Kernel keeps, as the C launcher does
+    WORKSPACES = 16  # streams whose workspace a Kernel keeps, as the C launcher does
 
     def _workspace(self, stream: int, size: int) -> int:
-        """Stream-K's workspace for launches on `stream`, as the C launcher keeps one: per stream
-        (launches on one stream run in turn), grown when needed, zeroed when allocated (the kernels
-        leave its flags zeroed); the workspace of the stream used longest ago goes when a
+        """The workspace of stream-K and of split K through a workspace, for launches on `stream`, as
+        the C launcher keeps one: per stream (launches on one stream run in turn), grown when needed,
+        zeroed when allocated (the kernels leave its counters zeroed); the workspace of the stream used longest ago goes when a
         seventeenth stream comes. Inside a CUDA graph capture (the first call on the capture
         stream) it is allocated outside the capture and zeroed on a stream of its own; one it
         outgrows there is kept until close(), since the capture's stream cannot be waited for."""
@@ -492,17 +492,17 @@ class Kernel:
                     self.__dict__.setdefault("_retired", []).append(address)
                 else:
                     _check(driver.cuStreamSynchronize(stream), "waiting for the stream before growing a workspace")
-                    _check(driver.cuMemFree(address), "freeing a stream-K workspace")
+                    _check(driver.cuMemFree(address), "freeing a workspace")
             if len(spaces) >= self.WORKSPACES and not capturing:
                 # Its stream may be gone: wait for the whole context before freeing what it used.
                 _check(driver.cuCtxSynchronize(), "waiting for kernels before freeing a workspace")
-                _check(driver.cuMemFree(spaces.pop(next(iter(spaces)))[0]), "freeing a stream-K workspace")
+                _check(driver.cuMemFree(spaces.pop(next(iter(spaces)))[0]), "freeing a workspace")
             held = size + size // 4
             if capturing:
                 address = self._allocate_outside_capture(held)
             else:
-                address = int(_check(driver.cuMemAlloc(held), f"allocating a {held}-byte stream-K workspace"))
-                _check(driver.cuMemsetD8Async(address, 0, held, stream), "zeroing a stream-K workspace")
+                address = int(_check(driver.cuMemAlloc(held), f"allocating a {held}-byte workspace"))
+                _check(driver.cuMemsetD8Async(address, 0, held, stream), "zeroing a workspace")
         spaces[stream] = (address, held)
         return address
 
@@ -515,11 +515,11 @@ class Kernel:
         relaxed = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
         previous = _check(driver.cuThreadExchangeStreamCaptureMode(relaxed), "entering relaxed capture mode")
         try:
-            address = int(_check(driver.cuMemAlloc(size), f"allocating a {size}-byte stream-K workspace"))
+            address = int(_check(driver.cuMemAlloc(size), f"allocating a {size}-byte workspace"))
             side = _check(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value),
                           "creating a stream to zero a workspace on")
             try:
-                _check(driver.cuMemsetD8Async(address, 0, size, side), "zeroing a stream-K workspace")
+                _check(driver.cuMemsetD8Async(address, 0, size, side), "zeroing a workspace")
                 _check(driver.cuStreamSynchronize(side), "waiting for a workspace to be zeroed")
             finally:
                 driver.cuStreamDestroy(side)

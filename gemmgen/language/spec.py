@@ -121,8 +121,9 @@ SETTINGS: dict[str, Setting] = {
     "split": Setting(1, lambda v: isinstance(v, int) and 1 <= v <= 256,
                      "1 to 256 slices of K per C tile"),
     # How split K's slices meet: atomicAdd into C after a pass C = beta * C, or (TMA-fed wgmma) as the
-    # blocks of one thread-block cluster, block 0 storing C and the others adding into it after it.
-    "split.by": Setting("atomic", _WORDS("atomic", "cluster"), "atomic or cluster"),
+    # blocks of one thread-block cluster, block 0 storing C and the others adding into it after it,
+    # or through a workspace, the last slice of a tile to finish adding them all in K order.
+    "split.by": Setting("atomic", _WORDS("atomic", "cluster", "workspace"), "atomic, cluster or workspace"),
     "occupancy": Setting(0, lambda v: isinstance(v, int) and 0 <= v <= 32,
                          "0 (compiler's choice) to 32 blocks per SM"),
     "schedule": Setting("data-parallel", _WORDS(*SCHEDULES), ", ".join(SCHEDULES)),

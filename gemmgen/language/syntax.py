@@ -48,8 +48,8 @@ USAGE = {
     "math": "math simt | tf32 | 3xtf32",
     "mma": "mma M x N x K          e.g. mma 16 x 8 x 8 (mma.sync), mma 64 x 128 x 8 (wgmma)",
     "occupancy": "occupancy N",
-    "split": "split N [atomic | cluster]   (K cut into N slices whose products are added into C: by atomicAdd, "
-             "or summed in a thread-block cluster)",
+    "split": "split N [atomic | cluster | workspace]   (K cut into N slices whose products are added into C: "
+             "by atomicAdd, in a thread-block cluster, or summed from a workspace by the tile's last slice)",
     "schedule": "schedule data-parallel | persistent | stream-k | pingpong",
     "cluster": "cluster M x N          e.g. cluster 2 x 1 (blocks of a cluster share A and B tiles by TMA multicast)",
     "promote": "promote K              e.g. promote 64 (3xtf32: K between adds of the tensor cores' sums into FP32)",

@@ -60,7 +60,7 @@ def describe(spec: Spec) -> str:
     if v("occupancy"):
         parts.append(f"occ={v('occupancy')}")
     if v("split") > 1:
-        parts.append(f"split={v('split')}" + ("-cluster" if v("split.by") == "cluster" else ""))
+        parts.append(f"split={v('split')}" + ("" if v("split.by") == "atomic" else "-" + v("split.by")))
     if v("schedule") != "data-parallel":
         parts.append(f"schedule={v('schedule')}")
     if v("cluster.m") * v("cluster.n") > 1:
@@ -197,7 +197,7 @@ def to_text(spec: Spec, name: str | None = None, comment: str = "") -> str:
     if v("occupancy"):
         lines.append(f"  occupancy {v('occupancy')}")
     if v("split") > 1:
-        lines.append(f"  split    {v('split')}" + (" cluster" if v("split.by") == "cluster" else ""))
+        lines.append(f"  split    {v('split')}" + ("" if v("split.by") == "atomic" else " " + v("split.by")))
     if v("schedule") != "data-parallel":
         lines.append(f"  schedule {v('schedule')}")
     if v("cluster.m") * v("cluster.n") > 1:

@@ -107,8 +107,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
     # mbarriers per stage (full, empty; TMA 3xtf32 or rounding: ready), and slack to align buffers to 1024 B.
     barriers = (3 if tma and (math == "3xtf32" or rounding != "truncate") else 2) * 8 * stages
     check_split_by(spec, tma)
-    if spec["split"] > 1 and spec["split.by"] == "cluster":
-        barriers += 8  # split K in a cluster: "block 0 has stored C"
+    if spec["split"] > 1 and spec["split.by"] in ("cluster", "workspace"):
+        barriers += 8  # split K in a cluster: "block 0 has stored C"; through a workspace: "the last slice"
     smem_bytes = stages * stage_bytes + c_stage_bytes + barriers + 1024
     if smem_bytes > arch.smem_per_block:
         staged = f" and the staged epilogue's {c_stage_bytes}" if c_stage_bytes else ""
@@ -167,7 +167,9 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         fallback = wgmma_plan(replace(spec.with_values(
             block_m=64, block_n=128, warp_m=64, warp_n=128, mma_m=64, mma_n=128, mma_k=8, stages=4,
             stages_fill="async", schedule="data-parallel", cluster_m=1, cluster_n=1, epilogue_staged=False,
-            promote=0, split_by="atomic", **({"round": "nearest"} if spec.written("round") else {})),
+            promote=0, split_by="atomic", **({"round": "nearest"} if spec.written("round") else {}),
+            # its split K adds into C by atomics, after each slice's epilogue: no activation of a part
+            **({"split": 1} if spec["activation"] != "none" else {})),
             name=f"{spec.name}_fallback"), arch)  # make_plan's choice for it: the register-fed path
     tile = Tile(BM=BM, BN=BN, BK=BK, WM=64, WN=BN, TM=2, TN=2, RM=slabs, RN=BN // 8,
                 SUB_M=64 if slabs > 1 else 16, SUB_N=8, warp_tiling=True, warps_m=consumers, warps_n=1,

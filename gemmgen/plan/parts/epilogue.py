@@ -522,11 +522,11 @@ def fused_settings(spec: Spec) -> dict:
     if name not in ACTIVATIONS:
         raise spec.error("activation", f"unknown activation '{name}'",
                          "; ".join(f"{key}: {entry.words}" for key, entry in ACTIVATIONS.items()))
-    if name != "none" and spec["split"] > 1:
+    if name != "none" and spec["split"] > 1 and spec["split.by"] != "workspace":
         raise spec.error(("activation", "split"), f"split K adds each slice's partial product into C with "
-                         f"atomicAdd, after that slice's epilogue; {name} of a partial sum is not {name} "
-                         "of the whole", f"split 1 (or schedule stream-k, which sums a tile's slices before "
-                         f"its epilogue) with activation {name}, or no activation with split")
+                         f"atomics, after that slice's epilogue; {name} of a partial sum is not {name} "
+                         "of the whole", f"split {spec['split']} workspace (or schedule stream-k), which sum a "
+                         f"tile's slices before its epilogue, with activation {name}; or no activation with split")
     return dict(bias=spec["bias"], scale=spec["scale"], activation=ACTIVATIONS[name])
 
 
@@ -572,7 +572,8 @@ def check_tma_store(spec: Spec, tma: bool) -> None:
         raise spec.error("epilogue.staged", "the wgmma staged epilogue writes C through shared memory and "
                          "stores it with TMA; this kernel's loader warpgroups have no TMA",
                          "stages N tma, or an epilogue without staged")
-    if spec["split"] > 1:
+    if spec["split"] > 1 and spec["split.by"] != "workspace":
         raise spec.error(("epilogue.staged", "split"), "split K adds each slice's product into C with "
                          "atomics; a TMA store would overwrite the other slices' sums",
-                         "split 1 with staged, or an epilogue without staged")
+                         f"split {spec['split']} workspace (the last slice stores the sum), split 1 with "
+                         "staged, or an epilogue without staged")

@@ -5,6 +5,8 @@
 - SplitK: the same, and a block per slice of the K tiles too (blockIdx.y), the slices adding into
   C with atomics after the launcher has set C = beta * C;
 - ClusterSplitK: the slices of a tile as one cluster, block 0 storing C and the others adding into it;
+- WorkspaceSplitK: the slices writing their products to a workspace, the last of a tile's to finish
+  adding them in K order and storing C as an unsplit kernel does;
 - Persistent: no more blocks than SMs, block b walking tiles b, b + grid, ... (clusters: whole
   clusters walking cluster tiles); the TMA producer runs on into the next tile;
 - StreamK: as persistent, but the last partial wave and one before it dealt out by K tile, the
@@ -252,6 +254,61 @@ class ClusterSplitK(SplitK):
 
 
 @dataclass(frozen=True)
+class WorkspaceSplitK(SplitK):
+    """`split N workspace`: block (tile, y) writes its slice's product to the tile's slot y of a
+    workspace and counts itself in; the last of the tile's N blocks to arrive adds the N slots in K
+    order and stores C as an unsplit kernel does (alpha, beta, bias, scale, activation, a staged
+    store): no pass C = beta * C before the kernel, no atomics into C, and the same bits every run."""
+
+    helpers: ClassVar[tuple[str, ...]] = ("split_workspace.cuh.j2",)
+    launches: ClassVar[tuple[Helper, ...]] = ()
+    parameters: ClassVar[tuple[Parameter, ...]] = (Parameter("workspace", "p"),)
+    launch_template: ClassVar[str] = "launch_split_workspace.cuh.j2"
+
+    @property
+    def cluster_template(self) -> str:
+        return "wgmma_split_workspace.cuh.j2"
+
+    @property
+    def split_constants(self) -> list[tuple[str, int, str]]:
+        return [("SPLIT_K", self.split_k, "slices of K per C tile (blockIdx.y), summed through a workspace")]
+
+    def workspace_bytes(self, blocks: int) -> int:
+        """A region per C tile (`blocks` of them, every batch's): its counter, padded to 128 bytes,
+        then a slot of BM x BN sums per slice. A tile's region sits at the same place whatever the
+        grid, so that a counter the last launch left zeroed is never a slot of this one."""
+        return 4 * blocks * self.region_floats
+
+    @property
+    def counter_floats(self) -> int:
+        return WORKSPACE_COUNTER_FLOATS
+
+    @property
+    def region_floats(self) -> int:
+        return WORKSPACE_COUNTER_FLOATS + self.split_k * self.BM * self.BN
+
+    def describe(self) -> str:
+        return (f"data-parallel: one block per C tile and K slice ({self.split_k}), the slices summed "
+                "through a workspace by the last to finish")
+
+    @property
+    def abi_notes(self) -> list[str]:
+        return [f"split K: {self.split_k} slices of K, each written to a workspace (kept per device and "
+                "stream, grown as calls need), the last to finish adding them in K order: the same bits "
+                "every run."]
+
+    def work_rows(self, k_slices: str) -> list[tuple[str, str]]:
+        return [("split K", f"{self.split_k} {k_slices} (blockIdx.y), each written to the tile's slot of a "
+                 f"workspace ({self.region_floats * 4 // 1024} KiB per C tile); the last to finish adds "
+                 "the slots in K order and stores C (no pass over C first, no atomics)")]
+
+
+# The counter at the head of each C tile's region of a `split N workspace` workspace, padded so that
+# the slots after it start 128-byte aligned.
+WORKSPACE_COUNTER_FLOATS = 32
+
+
+@dataclass(frozen=True)
 class Persistent(Schedule):
     """No more blocks than SMs (clusters: whole clusters), each walking tiles in raster order."""
 
@@ -344,7 +401,7 @@ SCHEDULES = {cls.name: cls for cls in (Schedule, Persistent, StreamK, PingPong)}
 def schedule_of(spec: Spec, BM: int, BN: int, BK: int, consumers: int = 0) -> Schedule:
     """The schedule a (checked) spec asks for, dealing BM x BN tiles of BK-deep K tiles."""
     split_k = spec["split"]
-    split = ClusterSplitK if spec["split.by"] == "cluster" else SplitK
+    split = {"cluster": ClusterSplitK, "workspace": WorkspaceSplitK}.get(spec["split.by"], SplitK)
     cls = split if split_k > 1 else SCHEDULES[spec["schedule"]]
     return cls(BM=BM, BN=BN, BK=BK, raster_group=spec["raster.group"], cluster_m=spec["cluster.m"],
                cluster_n=spec["cluster.n"], consumers=consumers, split_k=split_k)
@@ -369,10 +426,19 @@ MAX_CLUSTER_SLICES = 8
 
 
 def check_split_by(spec: Spec, tma: bool) -> None:
-    """`split N cluster`: the TMA-fed wgmma kernel's blocks of one C tile form a cluster of at most 8."""
+    """`split N cluster`: the TMA-fed wgmma kernel's blocks of one C tile form a cluster of at most 8;
+    `split N workspace`: the TMA-fed wgmma kernel's slices meet in a workspace."""
+    split_k = spec["split"]
+    if spec["split.by"] == "workspace":
+        if split_k == 1:
+            raise spec.error("split.by", "split 1 workspace has no slices to sum", "split N workspace with N from 2")
+        if not tma:
+            raise spec.error("split.by", "split K through a workspace is built for the TMA-fed wgmma kernel "
+                             "(target sm_90a, math tf32 or 3xtf32, stages N tma); this kernel's slices add "
+                             "into C after a pass over C", f"split {split_k} (atomic)")
+        return
     if spec["split.by"] != "cluster":
         return
-    split_k = spec["split"]
     if split_k == 1:
         raise spec.error("split.by", "split 1 cluster has no slices to sum", "split N cluster with N from 2 to 8")
     if not tma:
