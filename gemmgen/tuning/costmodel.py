@@ -235,11 +235,13 @@ def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumption
     sync = assume.sync if plan.consumers else 0.0
     step = max(parts) + (1 - overlap) * (sum(parts) - max(parts)) + sync
     epilogue = epilogue_clocks(plan, assume)
-    atomic = split > 1 and not plan.scheduler.in_cluster
-    if atomic:
+    split_by = plan.scheduler.split_by if split > 1 else ""
+    if split_by == "atomic":
         epilogue = 4 * BM * BN * ATOMIC_COST / GLOBAL_BYTES_PER_CLOCK
-    elif split > 1:  # split K in a cluster: block 0 stores C, then the other slices add into it
+    elif split_by == "cluster":  # block 0 stores C, then the other slices add into it
         epilogue += 4 * BM * BN * ATOMIC_COST / GLOBAL_BYTES_PER_CLOCK
+    elif split_by == "workspace":  # every slice writes its sums; the last reads them all back, then stores C
+        epilogue += 4 * BM * BN * (1 + split) / GLOBAL_BYTES_PER_CLOCK
     mainloop = k_steps * step
     block_clocks = mainloop + epilogue + BLOCK_OVERHEAD_CLOCKS
     if plan.schedule == "stream-k":
@@ -265,7 +267,7 @@ def features(plan: Plan, shape: Case, sms: int, assume: Assumptions = Assumption
         # The busiest SM runs per_sm blocks, `resident` at a time sharing its pipes; resident
         # blocks hide each other's fixed costs but not their math.
         sm_clocks = per_sm * (mainloop + (epilogue + BLOCK_OVERHEAD_CLOCKS) / resident)
-    if atomic:
+    if split_by == "atomic":
         sm_clocks += SPLIT_PASS_CLOCKS + 8 * M * N / (DRAM_BYTES_PER_CLOCK * sms)
     useful = 2.0 * M * N * K / sms
     prior = math.log(useful / sm_clocks)

@@ -49,6 +49,7 @@ class Schedule:
     scheduled: ClassVar[bool] = False   # blocks walk C tiles through a tile scheduler (Schedule struct)
     pingpong: ClassVar[bool] = False    # the block's tiles alternate between its two consumers
     in_cluster: ClassVar[bool] = False  # split K's slices of a tile are one cluster (ClusterSplitK)
+    split_by: ClassVar[str] = "atomic"  # how split K's slices meet: atomic, cluster or workspace
     max_scheduled_blocks: ClassVar[int] = MAX_SCHEDULED_BLOCKS
     # templates: code the kernels include (after common.cuh.j2), and the TMA kernel's walk over tiles
     helpers: ClassVar[tuple[str, ...]] = ()
@@ -229,6 +230,7 @@ class ClusterSplitK(SplitK):
     helpers: ClassVar[tuple[str, ...]] = ("split_cluster.cuh.j2",)
     launches: ClassVar[tuple[Helper, ...]] = ()
     in_cluster: ClassVar[bool] = True
+    split_by: ClassVar[str] = "cluster"
 
     @property
     def cluster_template(self) -> str:
@@ -262,6 +264,7 @@ class WorkspaceSplitK(SplitK):
 
     helpers: ClassVar[tuple[str, ...]] = ("split_workspace.cuh.j2",)
     launches: ClassVar[tuple[Helper, ...]] = ()
+    split_by: ClassVar[str] = "workspace"
     parameters: ClassVar[tuple[Parameter, ...]] = (Parameter("workspace", "p"),)
     launch_template: ClassVar[str] = "launch_split_workspace.cuh.j2"
 
