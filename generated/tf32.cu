@@ -3,41 +3,42 @@
 // library:
 //   library tf32 {
 //     layout   A row, B col, C row
-//     members  lib_tf32_tma, lib_tf32_staged, lib_tf32_split, lib_tf32_streamk, lib_tf32_wide, lib_tf32_cluster, lib_tf32_pingpong, lib_tf32_skinny, lib_tf32_async, lib_tf32_copy, tensorcore_tf32, lib_tf32_decode, lib_tf32_decode_tc
+//     members  lib_tf32_tma, lib_tf32_staged, lib_tf32_split, lib_tf32_split_workspace, lib_tf32_skinny_workspace, lib_tf32_streamk, lib_tf32_wide, lib_tf32_cluster, lib_tf32_pingpong, lib_tf32_skinny, lib_tf32_async, lib_tf32_copy, tensorcore_tf32, lib_tf32_decode, lib_tf32_decode_tc
 //     shapes   "library_shapes.txt"
 //     precision tf32
 //   }
 //
 // TF32 inputs (timed against cuBLAS TF32); layout A row, B col, C row.
-// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 53 shapes; 197 candidate kernels
-// timed, 19 kept:
+// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 53 shapes; 229 candidate kernels
+// timed, 20 kept:
 //   tf32_0   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k staged  (sm_90a, from lib_tf32_streamk)
 //   tf32_1   block=128x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
-//   tf32_2   block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=4  (sm_90a, from lib_tf32_skinny)
+//   tf32_2   block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=4-workspace  (sm_90a, from lib_tf32_skinny_workspace)
 //   tf32_3   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 cluster=2x1 staged  (sm_90a, from lib_tf32_cluster)
 //   tf32_4   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
 //   tf32_5   block=128x256x32 math=tf32 vec=A1B1 stages=4c frag=1 group=8  (sm_90a, from lib_tf32_copy)
 //   tf32_6   block=64x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_tf32_split)
 //   tf32_7   decode=1x4x2  (sm_90, from lib_tf32_decode)
 //   tf32_8   block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
-//   tf32_9   block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=8  (sm_90a, from lib_tf32_skinny)
-//   tf32_10  block=64x256x32 math=tf32 vec=A1B1 stages=5 frag=1 split=2  (sm_90a, from lib_tf32_skinny)
-//   tf32_11  block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
-//   tf32_12  block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
-//   tf32_13  block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_tf32_split)
+//   tf32_9   block=128x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_tf32_split_workspace)
+//   tf32_10  block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_tf32_split_workspace)
+//   tf32_11  block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 split=8-workspace  (sm_90a, from lib_tf32_skinny_workspace)
+//   tf32_12  block=64x64x32 math=tf32 vec=A1B1 stages=5 frag=1  (sm_90a, from lib_tf32_tma)
+//   tf32_13  block=64x64x32 math=tf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_tf32_async)
 //   tf32_14  block=128x240x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_wide)
-//   tf32_15  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=3  (sm_90a, from lib_tf32_split)
-//   tf32_16  block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
-//   tf32_17  block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
-//   tf32_18  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
+//   tf32_15  block=64x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=3-workspace  (sm_90a, from lib_tf32_split_workspace)
+//   tf32_16  block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=8  (sm_90a, from lib_tf32_skinny)
+//   tf32_17  block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
+//   tf32_18  block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
+//   tf32_19  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
 //
 // Each call runs the member predicted fastest for its M, N, K, batch count and alignment class
 // (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
 // per block, fitted to each member's measurements and corrected by them near the tuned shapes.
 // Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
-// over the best there: median 1.000, worst 7.299.
+// over the best there: median 1.000, worst 7.316.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
-// compute capability 9.0; elsewhere tf32_18 runs.
+// compute capability 9.0; elsewhere tf32_19 runs.
 //
 // Build for Hopper and, if you like, other GPUs:
 //   nvcc -c -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 tf32.cu
@@ -2245,7 +2246,7 @@ static inline int gemmgen_tf32_1(int M, int N, int K, float alpha, const float* 
 //     load B   vector 1
 //     stages   8 tma
 //     raster   row
-//     split    4
+//     split    4 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -2257,13 +2258,13 @@ static inline int gemmgen_tf32_1(int M, int N, int K, float alpha, const float* 
 //   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
 //   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              8 stages of A and B tiles, K-major, 128-byte swizzle; 197760 bytes per block
+//   shared memory              8 stages of A and B tiles, K-major, 128-byte swizzle; 197768 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_2_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_2(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -2728,14 +2729,14 @@ constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 8;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 197760;
+constexpr int SMEM_BYTES = 197768;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -2875,23 +2876,77 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_2_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
+// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
+// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
+// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
+// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
+// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
+// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
+// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
+// tile's again, for the next launch on the same workspace.
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int COUNTER_FLOATS = 32;
+constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
+constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
+
+// The block's consumer warpgroups only (its producer warpgroup has returned).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
+}
+
+// Writes this thread's share of the slice's product to its slot and counts the block in; true in
+// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
+__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
+                                           int* last) {
+    float* region = workspace + blockIdx.x * REGION_FLOATS;
+    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2)
+            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
+    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
+    consumers_sync();
+    if (consumer_thread == 0) {
+        int* counter = reinterpret_cast<int*>(region);
+        const int arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
+        *last = arrived == SPLIT_K;
     }
+    consumers_sync();
+    if (!*last) return false;
+    __threadfence();  // the other slices' sums, seen after their counts
+    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2) {
+            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+            acc[i][j] = first.x;
+            acc[i][j + 1] = first.y;
+        }
+    for (int y = 1; y < SPLIT_K; ++y) {
+        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
+#pragma unroll
+        for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; j += 2) {
+                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+                acc[i][j] += sums.x;
+                acc[i][j + 1] += sums.y;
+            }
+    }
+    return true;
 }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        float* __restrict__ workspace,
         int batch,
         long long strideA,
         long long strideB,
@@ -2916,6 +2971,7 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
+    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
     // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
     const int tiles_in_k = (K + BK - 1) / BK;
     const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
@@ -2976,14 +3032,18 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
+    // Split K through the workspace: this slice's product to its slot; the block that counts in last
+    // holds the tile's sum in acc and stores it below, the others are done.
+    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
 
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -2997,7 +3057,13 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
                     }
             }
     }
@@ -3017,6 +3083,46 @@ gemmgen_tf32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_tf32_2_impl {
+// Split K's workspace (see split K above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_tf32_2_impl
+
 static inline int gemmgen_tf32_2_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
@@ -3091,16 +3197,20 @@ static inline int gemmgen_tf32_2_batched(int M, int N, int K, float alpha, const
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
     // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_2_kernel<true> : gemmgen_tf32_2_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_2_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -7866,13 +7976,13 @@ static inline int gemmgen_tf32_8(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_9 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 128 x 32
+//     block    128 x 64 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   8 tma
+//     stages   4 tma
 //     raster   row
-//     split    8
+//     split    4 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -7880,17 +7990,17 @@ static inline int gemmgen_tf32_8(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              8 stages of A and B tiles, K-major, 128-byte swizzle; 197760 bytes per block
+//   block tile (BM x BN x BK)  128 x 64 x 32
+//   math                       tf32, wgmma 64 x 64 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 64
+//   accumulators               32 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 99400 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    8 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_9_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_9(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -7928,7 +8038,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 99392;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -8349,20 +8459,20 @@ static inline int gemmgen_tf32_9_fallback(int M, int N, int K, float alpha, cons
 namespace gemmgen_tf32_9_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 8;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 197760;
+constexpr int SMEM_BYTES = 99400;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -8486,11 +8596,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -8502,23 +8612,77 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_9_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
+// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
+// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
+// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
+// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
+// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
+// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
+// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
+// tile's again, for the next launch on the same workspace.
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int COUNTER_FLOATS = 32;
+constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
+constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
+
+// The block's consumer warpgroups only (its producer warpgroup has returned).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
+}
+
+// Writes this thread's share of the slice's product to its slot and counts the block in; true in
+// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
+__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
+                                           int* last) {
+    float* region = workspace + blockIdx.x * REGION_FLOATS;
+    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2)
+            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
+    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
+    consumers_sync();
+    if (consumer_thread == 0) {
+        int* counter = reinterpret_cast<int*>(region);
+        const int arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
+        *last = arrived == SPLIT_K;
     }
+    consumers_sync();
+    if (!*last) return false;
+    __threadfence();  // the other slices' sums, seen after their counts
+    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2) {
+            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+            acc[i][j] = first.x;
+            acc[i][j + 1] = first.y;
+        }
+    for (int y = 1; y < SPLIT_K; ++y) {
+        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
+#pragma unroll
+        for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; j += 2) {
+                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+                acc[i][j] += sums.x;
+                acc[i][j + 1] += sums.y;
+            }
+    }
+    return true;
 }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        float* __restrict__ workspace,
         int batch,
         long long strideA,
         long long strideB,
@@ -8543,6 +8707,7 @@ gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
+    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
     // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
     const int tiles_in_k = (K + BK - 1) / BK;
     const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
@@ -8603,14 +8768,18 @@ gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
+    // Split K through the workspace: this slice's product to its slot; the block that counts in last
+    // holds the tile's sum in acc and stores it below, the others are done.
+    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
 
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -8624,7 +8793,13 @@ gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
                     }
             }
     }
@@ -8644,6 +8819,46 @@ gemmgen_tf32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_tf32_9_impl {
+// Split K's workspace (see split K above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_tf32_9_impl
+
 static inline int gemmgen_tf32_9_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
@@ -8718,16 +8933,20 @@ static inline int gemmgen_tf32_9_batched(int M, int N, int K, float alpha, const
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
     // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_9_kernel<true> : gemmgen_tf32_9_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_9_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -8745,13 +8964,13 @@ static inline int gemmgen_tf32_9(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_10 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    64 x 256 x 32
+//     block    128 x 128 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
-//     stages   5 tma
+//     stages   4 tma
 //     raster   row
-//     split    2
+//     split    2 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -8759,17 +8978,17 @@ static inline int gemmgen_tf32_9(int M, int N, int K, float alpha, const float* 
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 256 x 32
-//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 256
-//   accumulators               128 floats per consumer thread
-//   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 205904 bytes per block
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132168 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    2 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    2 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_10_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_10(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -9228,20 +9447,20 @@ static inline int gemmgen_tf32_10_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_tf32_10_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 5;
-constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 205904;
+constexpr int SMEM_BYTES = 132168;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y), summed through a workspace
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -9365,11 +9584,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -9381,23 +9600,77 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
         for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
 }
 
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_10_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
+// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
+// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
+// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
+// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
+// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
+// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
+// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
+// tile's again, for the next launch on the same workspace.
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int COUNTER_FLOATS = 32;
+constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
+constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
+
+// The block's consumer warpgroups only (its producer warpgroup has returned).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
+}
+
+// Writes this thread's share of the slice's product to its slot and counts the block in; true in
+// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
+__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
+                                           int* last) {
+    float* region = workspace + blockIdx.x * REGION_FLOATS;
+    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2)
+            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
+    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
+    consumers_sync();
+    if (consumer_thread == 0) {
+        int* counter = reinterpret_cast<int*>(region);
+        const int arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
+        *last = arrived == SPLIT_K;
     }
+    consumers_sync();
+    if (!*last) return false;
+    __threadfence();  // the other slices' sums, seen after their counts
+    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2) {
+            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+            acc[i][j] = first.x;
+            acc[i][j + 1] = first.y;
+        }
+    for (int y = 1; y < SPLIT_K; ++y) {
+        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
+#pragma unroll
+        for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; j += 2) {
+                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+                acc[i][j] += sums.x;
+                acc[i][j + 1] += sums.y;
+            }
+    }
+    return true;
 }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
 gemmgen_tf32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        float* __restrict__ workspace,
         int batch,
         long long strideA,
         long long strideB,
@@ -9422,6 +9695,7 @@ gemmgen_tf32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
     const int m_left = M - block_m0;
     const int n_left = N - block_n0;
+    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
     // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
     const int tiles_in_k = (K + BK - 1) / BK;
     const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
@@ -9482,14 +9756,18 @@ gemmgen_tf32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
+    // Split K through the workspace: this slice's product to its slot; the block that counts in last
+    // holds the tile's sum in acc and stores it below, the others are done.
+    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
 
     // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
     const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
     const int thread_n0 = lane % 4 * TN;
     // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
     {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
         float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
     #pragma unroll
         for (int rm = 0; rm < RM; ++rm)
     #pragma unroll
@@ -9503,7 +9781,13 @@ gemmgen_tf32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                         const int n = thread_n0 + rn * SUB_N + j;
                         if (n + CV - 1 >= n_left) continue;
                         float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
                     }
             }
     }
@@ -9523,6 +9807,46 @@ gemmgen_tf32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_tf32_10_impl {
+// Split K's workspace (see split K above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_tf32_10_impl
+
 static inline int gemmgen_tf32_10_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
@@ -9597,16 +9921,20 @@ static inline int gemmgen_tf32_10_batched(int M, int N, int K, float alpha, cons
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
     // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_10_kernel<true> : gemmgen_tf32_10_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_10_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -9622,6 +9950,994 @@ static inline int gemmgen_tf32_10(int M, int N, int K, float alpha, const float*
 //
 // spec:
 //   kernel tf32_11 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    64 x 128 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   6 tma
+//     raster   row
+//     split    8 workspace
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              6 stages of A and B tiles, K-major, 128-byte swizzle; 148584 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    8 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (256 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_11_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_11(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_11_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_11_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_11_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_11_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_11_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_11_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_11_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_11_fallback_kernel<true> : gemmgen_tf32_11_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_11_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_11_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_11_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_11_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 6;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 148584;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y), summed through a workspace
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
+// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
+// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
+// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
+// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
+// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
+// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
+// tile's again, for the next launch on the same workspace.
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int COUNTER_FLOATS = 32;
+constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
+constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
+
+// The block's consumer warpgroups only (its producer warpgroup has returned).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
+}
+
+// Writes this thread's share of the slice's product to its slot and counts the block in; true in
+// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
+__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
+                                           int* last) {
+    float* region = workspace + blockIdx.x * REGION_FLOATS;
+    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2)
+            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
+    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
+    consumers_sync();
+    if (consumer_thread == 0) {
+        int* counter = reinterpret_cast<int*>(region);
+        const int arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
+        *last = arrived == SPLIT_K;
+    }
+    consumers_sync();
+    if (!*last) return false;
+    __threadfence();  // the other slices' sums, seen after their counts
+    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2) {
+            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+            acc[i][j] = first.x;
+            acc[i][j + 1] = first.y;
+        }
+    for (int y = 1; y < SPLIT_K; ++y) {
+        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
+#pragma unroll
+        for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; j += 2) {
+                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+                acc[i][j] += sums.x;
+                acc[i][j + 1] += sums.y;
+            }
+    }
+    return true;
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        float* __restrict__ workspace,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    // Split K through the workspace: this slice's product to its slot; the block that counts in last
+    // holds the tile's sum in acc and stores it below, the others are done.
+    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_11_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_tf32_11_impl {
+// Split K's workspace (see split K above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_tf32_11_impl
+
+static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_11_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_11_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_11_kernel<true> : gemmgen_tf32_11_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_11(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_11_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 12: tf32_12 ===========================================
+// gemmgen_tf32_12: generated by gemmgen 0.1.0 from <library tf32: tf32_12> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_12 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    64 x 64 x 32
@@ -9645,25 +10961,25 @@ static inline int gemmgen_tf32_10(int M, int N, int K, float alpha, const float*
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_11_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   otherwise                  the fallback gemmgen_tf32_12_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_11(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-// ---- fallback: the register-fed wgmma kernel (tf32_11_fallback) for calls TMA cannot describe:
+// ---- fallback: the register-fed wgmma kernel (tf32_12_fallback) for calls TMA cannot describe:
 // K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_11_fallback_impl {
+namespace gemmgen_tf32_12_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -9890,7 +11206,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_11_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_12_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -10031,7 +11347,7 @@ gemmgen_tf32_11_fallback_kernel(int M, int N, int K, float alpha, const float* _
 #endif
 }
 
-}  // namespace gemmgen_tf32_11_fallback_impl
+}  // namespace gemmgen_tf32_12_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -10041,11 +11357,11 @@ gemmgen_tf32_11_fallback_kernel(int M, int N, int K, float alpha, const float* _
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_11_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_12_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_11_fallback_impl;
+    using namespace gemmgen_tf32_12_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -10068,7 +11384,7 @@ static inline int gemmgen_tf32_11_fallback_batched(int M, int N, int K, float al
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_11_fallback_kernel<true> : gemmgen_tf32_11_fallback_kernel<false>;
+        aligned ? gemmgen_tf32_12_fallback_kernel<true> : gemmgen_tf32_12_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -10078,14 +11394,14 @@ static inline int gemmgen_tf32_11_fallback_batched(int M, int N, int K, float al
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_11_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_12_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_11_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
-namespace gemmgen_tf32_11_impl {
+namespace gemmgen_tf32_12_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -10242,7 +11558,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -10359,7 +11675,7 @@ gemmgen_tf32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 #endif
 }
 
-}  // namespace gemmgen_tf32_11_impl
+}  // namespace gemmgen_tf32_12_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -10372,11 +11688,11 @@ gemmgen_tf32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_11_impl;
+    using namespace gemmgen_tf32_12_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -10394,7 +11710,7 @@ static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, cons
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_tf32_11_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_tf32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -10448,7 +11764,7 @@ static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, cons
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_11_kernel<true> : gemmgen_tf32_11_kernel<false>;
+        aligned ? gemmgen_tf32_12_kernel<true> : gemmgen_tf32_12_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
@@ -10457,17 +11773,17 @@ static inline int gemmgen_tf32_11_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_11(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_12(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_11_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 12: tf32_12 ===========================================
-// gemmgen_tf32_12: generated by gemmgen 0.1.0 from <library tf32: tf32_12> (edit the spec, not this file)
+// ==== member 13: tf32_13 ===========================================
+// gemmgen_tf32_13: generated by gemmgen 0.1.0 from <library tf32: tf32_13> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_12 {
+//   kernel tf32_13 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    64 x 64 x 32
@@ -10494,13 +11810,13 @@ static inline int gemmgen_tf32_11(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_13(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_12_impl {
+namespace gemmgen_tf32_13_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -10731,7 +12047,7 @@ __device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROW
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_12_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_13_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -10872,7 +12188,7 @@ gemmgen_tf32_12_kernel(int M, int N, int K, float alpha, const float* __restrict
 #endif
 }
 
-}  // namespace gemmgen_tf32_12_impl
+}  // namespace gemmgen_tf32_13_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -10882,11 +12198,11 @@ gemmgen_tf32_12_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_13_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_12_impl;
+    using namespace gemmgen_tf32_13_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -10909,891 +12225,12 @@ static inline int gemmgen_tf32_12_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_12_kernel<true> : gemmgen_tf32_12_kernel<false>;
+        aligned ? gemmgen_tf32_13_kernel<true> : gemmgen_tf32_13_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
     kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_12(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 13: tf32_13 ===========================================
-// gemmgen_tf32_13: generated by gemmgen 0.1.0 from <library tf32: tf32_13> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_13 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 128 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    4
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 132160 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_13_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_13(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_13_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_13_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_13_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_13_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_13_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_13_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_13_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_13_fallback_kernel<true> : gemmgen_tf32_13_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_13_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_13_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_13_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_13_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 132160;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_13_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_13_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_13_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_13_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_13_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_13_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_13_kernel<true> : gemmgen_tf32_13_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_13_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -12806,7 +13243,7 @@ static inline int gemmgen_tf32_14(int M, int N, int K, float alpha, const float*
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    3
+//     split    3 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -12818,13 +13255,13 @@ static inline int gemmgen_tf32_14(int M, int N, int K, float alpha, const float*
 //   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
 //   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 99392 bytes per block
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 99400 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    3 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    3 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (96 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_15_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_15(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -13289,14 +13726,568 @@ constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 99392;
+constexpr int SMEM_BYTES = 99400;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 3;  // slices of K per C tile (blockIdx.y), summed through a workspace
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
+// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
+// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
+// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
+// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
+// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
+// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
+// tile's again, for the next launch on the same workspace.
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int COUNTER_FLOATS = 32;
+constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
+constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
+
+// The block's consumer warpgroups only (its producer warpgroup has returned).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
+}
+
+// Writes this thread's share of the slice's product to its slot and counts the block in; true in
+// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
+__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
+                                           int* last) {
+    float* region = workspace + blockIdx.x * REGION_FLOATS;
+    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2)
+            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
+    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
+    consumers_sync();
+    if (consumer_thread == 0) {
+        int* counter = reinterpret_cast<int*>(region);
+        const int arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
+        *last = arrived == SPLIT_K;
+    }
+    consumers_sync();
+    if (!*last) return false;
+    __threadfence();  // the other slices' sums, seen after their counts
+    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2) {
+            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+            acc[i][j] = first.x;
+            acc[i][j + 1] = first.y;
+        }
+    for (int y = 1; y < SPLIT_K; ++y) {
+        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
+#pragma unroll
+        for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; j += 2) {
+                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+                acc[i][j] += sums.x;
+                acc[i][j + 1] += sums.y;
+            }
+    }
+    return true;
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_15_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        float* __restrict__ workspace,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    // Split K through the workspace: this slice's product to its slot; the block that counts in last
+    // holds the tile's sum in acc and stores it below, the others are done.
+    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_15_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_tf32_15_impl {
+// Split K's workspace (see split K above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_tf32_15_impl
+
+static inline int gemmgen_tf32_15_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_15_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_15_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_15_kernel<true> : gemmgen_tf32_15_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_15(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_15_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 16: tf32_16 ===========================================
+// gemmgen_tf32_16: generated by gemmgen 0.1.0 from <library tf32: tf32_16> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_16 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    64 x 128 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   8 tma
+//     raster   row
+//     split    8
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  64 x 128 x 32
+//   math                       tf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              8 stages of A and B tiles, K-major, 128-byte swizzle; 197760 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    8 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_16_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_16(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_16_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_16_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -13438,7 +14429,441 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_tf32_15_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+extern "C" __global__ void gemmgen_tf32_16_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_16_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_16_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_16_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_16_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_16_fallback_kernel<true> : gemmgen_tf32_16_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_16_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_16_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_16_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_16_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 8;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+constexpr int SMEM_BYTES = 197760;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_tf32_16_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -13451,7 +14876,7 @@ extern "C" __global__ void gemmgen_tf32_15_scale_c(int M, int N, float beta, flo
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_15_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -13565,986 +14990,6 @@ gemmgen_tf32_15_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 #endif
 }
 
-}  // namespace gemmgen_tf32_15_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_15_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_15_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_15_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = true;
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_15_kernel<true> : gemmgen_tf32_15_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_tf32_15_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_15(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_15_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 16: tf32_16 ===========================================
-// gemmgen_tf32_16: generated by gemmgen 0.1.0 from <library tf32: tf32_16> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_16 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 192 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   group 8
-//     schedule persistent
-//     epilogue alpha beta staged
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 192 x 32
-//   math                       tf32, wgmma 64 x 192 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 192
-//   accumulators               96 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 197696 bytes per block
-//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_16_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_16(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_16_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_16_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_16_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_16_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_16_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_16_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_16_fallback_kernel<true> : gemmgen_tf32_16_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_16_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_16_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_16_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 192, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 24, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
-// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
-constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
-constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
-
-constexpr int SMEM_BYTES = 197696;
-static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
-// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
-__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = tile;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
-
-// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
-__device__ __forceinline__ void fence_shared_for_tma() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
-// of the box outside the matrix are not written, so edge tiles need no code of their own.
-__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
-                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
-                    "r"(inner), "r"(outer), "r"(batch) : "memory");
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
-template <int PENDING>
-__device__ __forceinline__ void tma_store_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %98, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95 }, %96, %97, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// ---- the tile scheduler (schedule persistent) -----------------------------------------
-// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
-// consumers walk the same list, so the producer's copies run on into the next tile while the
-// consumers store the last one.
-struct Segment {
-    int tile;     // C tile, numbered as tile_origin takes them
-    int k_begin;  // the first of its K tiles this block multiplies
-    int k_end;    // one past the last
-};
-
-struct Schedule {
-    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
-    int k_tiles;    // K tiles per C tile
-    int next_tile;  // this block's next whole tile
-
-    __device__ Schedule(int M, int N, int K, int batch) {
-        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-        k_tiles = (K + BK - 1) / BK;
-        next_tile = blockIdx.x;
-    }
-
-    __device__ bool next(Segment& segment) {
-        if (next_tile >= tiles) return false;
-        segment.tile = next_tile;
-        segment.k_begin = 0;
-        segment.k_end = k_tiles;
-        next_tile += gridDim.x;
-        return true;
-    }
-};
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        const __grid_constant__ TensorMap map_c,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
-    Schedule schedule(M, N, K, batch);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            int it = 0;
-            for (Segment segment; schedule.next(segment);) {
-                int block_m0, block_n0, batch_index;
-                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
-                    const int s = it % STAGES;
-                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
-                    barrier_expect_bytes(&full[s], STAGE_BYTES);
-                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
-                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
-                }
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
-    float acc[TM][RN * TN];
-    int it = 0;  // K tiles of earlier segments
-    for (Segment segment; schedule.next(segment);) {
-        int block_m0, block_n0, batch_index;
-        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
-        const int m_left = M - block_m0;
-        const int n_left = N - block_n0;
-        const int k_tiles = segment.k_end - segment.k_begin;
-#pragma unroll
-        for (int i = 0; i < TM; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-        for (int t = 0; t < k_tiles; ++t) {
-            const int s = (it + t) % STAGES;
-            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
-            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-            const float* b_tile = sB + s * B_STAGE_FLOATS;
-            fence_accumulators(acc);
-            wgmma_fence();
-            #pragma unroll
-            for (int kk = 0; kk < BK; kk += 8)
-                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-            wgmma_commit();
-            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-            fence_accumulators(acc);
-            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
-        }
-        wgmma_wait<0>();
-        fence_accumulators(acc);
-        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
-        it += k_tiles;
-
-        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
-            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
-            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
-            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
-            {
-                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
-                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
-                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
-                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
-                const bool swap = lane / 4 % 2;
-                if (warp_m0 < m_left) {
-            #pragma unroll
-                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
-                        if (box_n * C_BOX_N >= n_left) break;
-                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
-                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
-                        __syncwarp();
-            #pragma unroll
-                        for (int i = 0; i < TM; ++i) {
-                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
-                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
-            #pragma unroll
-                                for (int v = 0; v < TN; ++v) {
-                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
-                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
-                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
-                                }
-            #pragma unroll
-                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
-                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
-                                // addressed: a register array indexed at run time would go to local memory)
-                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
-                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
-                            }
-                        }
-                        fence_shared_for_tma();
-                        __syncwarp();
-                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
-                        ++stored_boxes;
-                    }
-                }
-            }
-        } else {
-            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-            const int thread_n0 = lane % 4 * TN;
-            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-            {
-                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-                const bool read_c = beta != 0.0f;
-            #pragma unroll
-                for (int rm = 0; rm < RM; ++rm)
-            #pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                        if (m >= m_left) continue;
-            #pragma unroll
-                        for (int rn = 0; rn < RN; ++rn)
-            #pragma unroll
-                            for (int j = 0; j < TN; j += CV) {
-                                const int n = thread_n0 + rn * SUB_N + j;
-                                if (n + CV - 1 >= n_left) continue;
-                                float* c = C_tile + (long long)(m) * ldc + (n);
-                                float old[CV], out[CV];
-                                if (read_c) load_vec<CV>(old, c);
-            #pragma unroll
-                                for (int v = 0; v < CV; ++v) {
-                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                                }
-                                store_vec<CV>(c, out);
-                            }
-                    }
-            }
-        }
-    }
-    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
-#endif
-}
-
 }  // namespace gemmgen_tf32_16_impl
 
 #ifndef __CUDACC_RTC__
@@ -14631,35 +15076,17 @@ static inline int gemmgen_tf32_16_batched(int M, int N, int K, float alpha, cons
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
-    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
-    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
-    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
-    CUtensorMap map_c = {};
-    if (aligned) {
-        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
-        const cuuint32_t box[3] = {32, 16, 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = true;
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
         aligned ? gemmgen_tf32_16_kernel<true> : gemmgen_tf32_16_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
-    int device = 0, sms = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_tf32_16_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -14677,29 +15104,31 @@ static inline int gemmgen_tf32_16(int M, int N, int K, float alpha, const float*
 //   kernel tf32_17 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 256 x 32
+//     block    128 x 192 x 32
 //     math     tf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   group 8
-//     epilogue alpha beta
+//     schedule persistent
+//     epilogue alpha beta staged
 //   }
 //
 // layout: A row, B col, C row
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 256 x 32
-//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
-//   accumulators               128 floats per consumer thread
+//   block tile (BM x BN x BK)  128 x 192 x 32
+//   math                       tf32, wgmma 64 x 192 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 192
+//   accumulators               96 floats per consumer thread
 //   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 197696 bytes per block
+//   schedule                   persistent: min(C tiles, SMs) blocks, block b multiplying tiles b, b + grid, ... in raster order; the producer runs on into the next tile while the consumers store the last
 //   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C
+//   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_tf32_17_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_tf32_17(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -15145,6 +15574,1002 @@ static inline int gemmgen_tf32_17_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_tf32_17_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 192, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 24, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
+// The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
+// (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
+constexpr int C_BOX_N = 32, C_BUFFERS = 2, C_BOX_FLOATS = 16 * C_BOX_N;
+constexpr int C_STAGE_FLOATS = CONSUMERS * 4 * C_BUFFERS * C_BOX_FLOATS;
+
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * (STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + C_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + staged C + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Where C tile number `tile` starts, and its batch. The tile scheduler deals tiles out in this order;
+// raster group G walks G tile-rows at a time so that tiles in flight together share A and B in L2.
+__device__ __forceinline__ void tile_origin(int tile, int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = tile;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// ---- TMA stores: the staged epilogue's boxes go from shared memory to C ---------------------
+
+// Make this thread's writes to shared memory visible to TMA (the async proxy) before a store reads them.
+__device__ __forceinline__ void fence_shared_for_tma() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// TMA: copy a box from shared memory to (inner, outer) of matrix `batch` of a 3-D tensor; parts
+// of the box outside the matrix are not written, so edge tiles need no code of their own.
+__device__ __forceinline__ void tma_store(const TensorMap* map, const float* source, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, { %2, %3, %4 }], [%1];\n"
+                 :: "l"(reinterpret_cast<unsigned long long>(map)), "r"(shared_address(source)),
+                    "r"(inner), "r"(outer), "r"(batch) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's TMA stores still read their shared memory.
+template <int PENDING>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %98, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95 }, %96, %97, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// ---- the tile scheduler (schedule persistent) -----------------------------------------
+// Each block walks a list of segments, K tiles [k_begin, k_end) of one C tile. The producer and the
+// consumers walk the same list, so the producer's copies run on into the next tile while the
+// consumers store the last one.
+struct Segment {
+    int tile;     // C tile, numbered as tile_origin takes them
+    int k_begin;  // the first of its K tiles this block multiplies
+    int k_end;    // one past the last
+};
+
+struct Schedule {
+    int tiles;      // C tiles, of every batch (batch b's after batch b - 1's)
+    int k_tiles;    // K tiles per C tile
+    int next_tile;  // this block's next whole tile
+
+    __device__ Schedule(int M, int N, int K, int batch) {
+        tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+        k_tiles = (K + BK - 1) / BK;
+        next_tile = blockIdx.x;
+    }
+
+    __device__ bool next(Segment& segment) {
+        if (next_tile >= tiles) return false;
+        segment.tile = next_tile;
+        segment.k_begin = 0;
+        segment.k_end = k_tiles;
+        next_tile += gridDim.x;
+        return true;
+    }
+};
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        const __grid_constant__ TensorMap map_c,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sC = sB + STAGES * B_STAGE_FLOATS;         // the staged epilogue's boxes
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_STAGE_FLOATS);
+    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
+    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
+
+    // Every warpgroup walks the same segments; `it` counts the K tiles walked, for the stages.
+    Schedule schedule(M, N, K, batch);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            int it = 0;
+            for (Segment segment; schedule.next(segment);) {
+                int block_m0, block_n0, batch_index;
+                tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+                const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+                const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+                for (int k_tile = segment.k_begin; k_tile < segment.k_end; ++k_tile, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) barrier_wait(&empty[s], (it / STAGES - 1) & 1);
+                    barrier_expect_bytes(&full[s], STAGE_BYTES);
+                    tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], k_tile * BK, block_m0, a_batch);
+                    tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], k_tile * BK, block_n0, b_batch);
+                }
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    int stored_boxes = 0;  // by this warp's staged epilogues: the next goes to box stored_boxes % C_BUFFERS
+    float acc[TM][RN * TN];
+    int it = 0;  // K tiles of earlier segments
+    for (Segment segment; schedule.next(segment);) {
+        int block_m0, block_n0, batch_index;
+        tile_origin(segment.tile, M, N, block_m0, block_n0, batch_index);
+        const int m_left = M - block_m0;
+        const int n_left = N - block_n0;
+        const int k_tiles = segment.k_end - segment.k_begin;
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+        for (int t = 0; t < k_tiles; ++t) {
+            const int s = (it + t) % STAGES;
+            barrier_wait(&ready[s], ((it + t) / STAGES) & 1);
+            const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
+            const float* b_tile = sB + s * B_STAGE_FLOATS;
+            fence_accumulators(acc);
+            wgmma_fence();
+            #pragma unroll
+            for (int kk = 0; kk < BK; kk += 8)
+                wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+            wgmma_commit();
+            wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
+            fence_accumulators(acc);
+            if (t > 0 && lane == 0) barrier_arrive(&empty[((it + t) - 1) % STAGES]);
+        }
+        wgmma_wait<0>();
+        fence_accumulators(acc);
+        if (lane == 0) barrier_arrive(&empty[(it + k_tiles - 1) % STAGES]);  // the segment's last buffer
+        it += k_tiles;
+
+        if (ALIGNED) {  // C and ldc 16-byte aligned: through shared memory and TMA
+            // ---- epilogue through shared memory and TMA: C = alpha * A*B + beta * C. Each consumer
+            // warp writes its 16 rows of the tile, C_BOX_N columns at a time, into one of its C_BUFFERS boxes
+            // and has TMA store the box; the warp goes on to the next box while TMA reads this one ----------
+            {
+                const int warp_m0 = consumer * 64 + warp_in_group * 16;  // the warp's first row in the tile
+                float* boxes = sC + (consumer * 4 + warp_in_group) * C_BUFFERS * C_BOX_FLOATS;
+                const float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+                // Lanes of odd rows store their 8-column groups in the order 2, 3, 0, 1: under the 128-byte
+                // swizzle a half-warp's float2 stores then cover all 32 banks (2 wavefronts a warp, not 4).
+                const bool swap = lane / 4 % 2;
+                if (warp_m0 < m_left) {
+            #pragma unroll
+                    for (int box_n = 0; box_n < BN / C_BOX_N; ++box_n) {
+                        if (box_n * C_BOX_N >= n_left) break;
+                        float* box = boxes + stored_boxes % C_BUFFERS * C_BOX_FLOATS;  // the boxes take turns across tiles
+                        if (lane == 0) tma_store_wait_read<C_BUFFERS - 1>();  // TMA has read what this box held
+                        __syncwarp();
+            #pragma unroll
+                        for (int i = 0; i < TM; ++i) {
+                            const int row = lane / 4 + i * 8, m = warp_m0 + row;  // in the box, in the tile
+                            float out[C_BOX_N / 8][TN];  // the row's 8-column groups
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8)
+            #pragma unroll
+                                for (int v = 0; v < TN; ++v) {
+                                    const int a = (box_n * C_BOX_N / 8 + j8) * TN;  // this thread's accumulators acc[i][a], acc[i][a + 1]
+                                    const int n = box_n * C_BOX_N + j8 * 8 + lane % 4 * TN + v;
+                                    out[j8][v] = read_c && m < m_left && n < n_left ? alpha * acc[i][a + v] + beta * C_tile[(long long)(m) * ldc + (n)] : alpha * acc[i][a + v];
+                                }
+            #pragma unroll
+                            for (int j8 = 0; j8 < C_BOX_N / 8; ++j8) {
+                                const int group = swap ? j8 ^ 2 : j8;  // what this lane stores now (values selected, not
+                                // addressed: a register array indexed at run time would go to local memory)
+                                *reinterpret_cast<float2*>(&box[row * 32 + (group * 8 + lane % 4 * TN ^ ((row & 7) << 2))]) =
+                                    make_float2(swap ? out[j8 ^ 2][0] : out[j8][0], swap ? out[j8 ^ 2][1] : out[j8][1]);
+                            }
+                        }
+                        fence_shared_for_tma();
+                        __syncwarp();
+                        if (lane == 0) tma_store(&map_c, box, block_n0 + box_n * C_BOX_N, block_m0 + warp_m0, batch_index);
+                        ++stored_boxes;
+                    }
+                }
+            }
+        } else {
+            // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+            const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+            const int thread_n0 = lane % 4 * TN;
+            // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+            {
+                constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+                float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+                const bool read_c = beta != 0.0f;
+            #pragma unroll
+                for (int rm = 0; rm < RM; ++rm)
+            #pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                        if (m >= m_left) continue;
+            #pragma unroll
+                        for (int rn = 0; rn < RN; ++rn)
+            #pragma unroll
+                            for (int j = 0; j < TN; j += CV) {
+                                const int n = thread_n0 + rn * SUB_N + j;
+                                if (n + CV - 1 >= n_left) continue;
+                                float* c = C_tile + (long long)(m) * ldc + (n);
+                                float old[CV], out[CV];
+                                if (read_c) load_vec<CV>(old, c);
+            #pragma unroll
+                                for (int v = 0; v < CV; ++v) {
+                                    out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                                }
+                                store_vec<CV>(c, out);
+                            }
+                    }
+            }
+        }
+    }
+    if (ALIGNED && lane == 0) tma_store_wait_read<0>();  // the block's shared memory outlives TMA's reads
+#endif
+}
+
+}  // namespace gemmgen_tf32_17_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_17_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_17_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_tf32_17_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {32, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_17_kernel<true> : gemmgen_tf32_17_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (error != cudaSuccess) return (int)error;
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_17(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 18: tf32_18 ===========================================
+// gemmgen_tf32_18: generated by gemmgen 0.1.0 from <library tf32: tf32_18> (edit the spec, not this file)
+//
+// spec:
+//   kernel tf32_18 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 256 x 32
+//     math     tf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   group 8
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 256 x 32
+//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
+//   accumulators               128 floats per consumer thread
+//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 197696 bytes per block
+//   raster                     groups of 8 block rows
+//   epilogue                   alpha * A*B + beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_tf32_18_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_tf32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (tf32_18_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_tf32_18_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 1;  // each tile rounded to TF32
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 99392;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int RASTER_GROUP = 8;  // block rows per raster group
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int blocks_per_group = RASTER_GROUP * tiles_n;
+    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
+    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
+    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
+    const int tile_n = (block % blocks_per_group) / group_rows;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
+            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
+                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_tf32_18_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        fence_accumulators(acc);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 8)
+            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
+        fence_accumulators(acc);
+        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_tf32_18_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_tf32_18_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_tf32_18_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
+        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_tf32_18_fallback_kernel<true> : gemmgen_tf32_18_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_tf32_18_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_tf32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_tf32_18_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
@@ -15303,7 +16728,7 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_tf32_18_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -15420,7 +16845,7 @@ gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 #endif
 }
 
-}  // namespace gemmgen_tf32_17_impl
+}  // namespace gemmgen_tf32_18_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -15433,11 +16858,11 @@ gemmgen_tf32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_17_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_17_impl;
+    using namespace gemmgen_tf32_18_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -15455,7 +16880,7 @@ static inline int gemmgen_tf32_17_batched(int M, int N, int K, float alpha, cons
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_tf32_17_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_tf32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -15509,7 +16934,7 @@ static inline int gemmgen_tf32_17_batched(int M, int N, int K, float alpha, cons
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_17_kernel<true> : gemmgen_tf32_17_kernel<false>;
+        aligned ? gemmgen_tf32_18_kernel<true> : gemmgen_tf32_18_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
@@ -15518,17 +16943,17 @@ static inline int gemmgen_tf32_17_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_17(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 18: tf32_18 ===========================================
-// gemmgen_tf32_18: generated by gemmgen 0.1.0 from <library tf32: tf32_18> (edit the spec, not this file)
+// ==== member 19: tf32_19 ===========================================
+// gemmgen_tf32_19: generated by gemmgen 0.1.0 from <library tf32: tf32_19> (edit the spec, not this file)
 //
 // spec:
-//   kernel tf32_18 {
+//   kernel tf32_19 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     block    128 x 128 x 32
@@ -15565,13 +16990,13 @@ static inline int gemmgen_tf32_17(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_19(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_18_impl {
+namespace gemmgen_tf32_19_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block, K step
@@ -15722,7 +17147,7 @@ __device__ __forceinline__ int sB_index(int k, int n) { return (k) * 136 + n; }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_tf32_18_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_19_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -15926,7 +17351,7 @@ gemmgen_tf32_18_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
-}  // namespace gemmgen_tf32_18_impl
+}  // namespace gemmgen_tf32_19_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -15936,11 +17361,11 @@ gemmgen_tf32_18_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_19_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_18_impl;
+    using namespace gemmgen_tf32_19_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -15963,7 +17388,7 @@ static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_18_kernel<true> : gemmgen_tf32_18_kernel<false>;
+        aligned ? gemmgen_tf32_19_kernel<true> : gemmgen_tf32_19_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -15973,10 +17398,10 @@ static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_19(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 #ifndef __CUDACC_RTC__
@@ -16051,50 +17476,50 @@ struct Model { const Point* points; int count; double coef[5]; double split_rati
 struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; bool stream_k; int cluster_m, cluster_n; bool decode; int decode_products; };
 
 static const Point tf32_0_aligned[] = {
-    {256, 256, 256, 0.013632000423967838, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.567209285388187, 1, 0.0, 0},
-    {512, 512, 512, 0.017055999487638474, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5339883286131895, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.022895999252796173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.30163980964025705, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.08585599809885025, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.123940841121738, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.5775839984416962, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.08947146177182148, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.9812639951705933, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.20555442860999415, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.26921600103378296, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.01839170919069157, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04508800059556961, 0.0, 8.317766166719343, 8.317766166719343, 0.07524351693634433, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07126399874687195, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1787023646785755, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07212799787521362, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.17227855920762644, 1, 0.0, 0},
-    {128, 8192, 8192, 0.12272000312805176, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.23119338859729976, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1220959983766079, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.22609563274026154, 1, 0.0, 0},
-    {4096, 32, 4096, 0.045264000073075294, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.07913938418466092, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0687360018491745, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.142584197536832, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09003200009465218, 0.0, 9.306377560173125, 8.317766166719343, 0.225652947837018, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08921600133180618, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.21654819472066664, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04548799991607666, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08407592107471382, 1, 0.0, 0},
-    {4, 14336, 4096, 0.114656001329422, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2750892043257663, 1, 0.0, 0},
-    {4096, 16, 4096, 0.04508800059556961, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.07524351693634433, 1, 0.0, 0},
-    {6, 8192, 4096, 0.0687360018491745, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.142584197536832, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0692639984190464, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.13176153812345096, 1, 0.0, 0},
-    {4096, 4096, 512, 0.0788159966468811, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.26398702740747065, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2765600085258484, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.2806352451382278, 1, 0.0, 0},
-    {8192, 8192, 256, 0.18411199748516083, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.08262992017034651, 1, 0.0, 0},
-    {2048, 2048, 128, 0.01945599913597107, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.2852025570385525, 1, 0.0, 0},
-    {16384, 4096, 64, 0.11694400012493134, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.3002718023168615, 1, 0.0, 0},
-    {256, 256, 32768, 0.06305600330233574, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.09434310731219146, 1, 0.0, 0},
-    {512, 512, 16384, 0.0806720033288002, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.2482716883967556, 1, 0.0, 0},
-    {128, 1024, 65536, 0.15428800135850906, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.3832574701900929, 1, 0.0, 0},
-    {64, 64, 131072, 0.1111999973654747, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.005705498323414371, 1, 0.0, 0},
-    {384, 384, 24576, 0.08905600011348724, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.39199924297022376, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.8279680013656616, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.79015552815797, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8636480271816254, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.5973080286606037, 1, 0.0, 0},
-    {1536, 2560, 768, 0.04124800115823746, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.14779662131814064, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.18028800189495087, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.25677084009315565, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.3437760472297668, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.2142819474291218, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.5528320074081421, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0042071385408830346, 1, 0.0, 0},
-    {512, 512, 512, 0.10979200154542923, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06748467395004679, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08681599795818329, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18577696282773276, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.030912000685930252, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.1777864618069535, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07329599931836128, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3203787308083242, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.0822880007326603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2958834411998267, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.09523200243711472, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.14310918689093532, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.7702399790287018, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.19837678192997202, 1, 0.0, 1},
+    {256, 256, 256, 0.013632000423967838, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.5648368628431927, 1, 0.0, 0},
+    {512, 512, 512, 0.017055999487638474, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5290092173621785, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.022895999252796173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.30079649067350855, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.08585599809885025, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.12301055510944386, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.5775839984416962, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.08822916443146106, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.9812639951705933, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.20423331941255715, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.26921600103378296, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.017245670522432956, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04508800059556961, 0.0, 8.317766166719343, 8.317766166719343, 0.07670539853137824, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07126399874687195, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.17979725410329328, 1, 0.0, 0},
+    {64, 4096, 8192, 0.07212799787521362, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1737108630077892, 1, 0.0, 0},
+    {128, 8192, 8192, 0.12272000312805176, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.23239378514329348, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1220959983766079, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.22729602928625506, 1, 0.0, 0},
+    {4096, 32, 4096, 0.045264000073075294, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.08060126577969484, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0687360018491745, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.14367908696154985, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09003200009465218, 0.0, 9.306377560173125, 8.317766166719343, 0.22665373756100798, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08921600133180618, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.21754898444465662, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04548799991607666, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08553780266974781, 1, 0.0, 0},
+    {4, 14336, 4096, 0.114656001329422, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.27615403159507235, 1, 0.0, 0},
+    {4096, 16, 4096, 0.04508800059556961, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.07670539853137824, 1, 0.0, 0},
+    {6, 8192, 4096, 0.0687360018491745, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.14367908696154985, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0692639984190464, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.13319384192361367, 1, 0.0, 0},
+    {4096, 4096, 512, 0.0788159966468811, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.26338645663999943, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2765600085258484, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.27963163311870465, 1, 0.0, 0},
+    {8192, 8192, 256, 0.18411199748516083, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.08238065978459223, 1, 0.0, 0},
+    {2048, 2048, 128, 0.01945599913597107, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.28547425754205635, 1, 0.0, 0},
+    {16384, 4096, 64, 0.11694400012493134, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2990602032513339, 1, 0.0, 0},
+    {256, 256, 32768, 0.06305600330233574, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.1007167873593512, 1, 0.0, 0},
+    {512, 512, 16384, 0.0806720033288002, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.2503433833189568, 1, 0.0, 0},
+    {128, 1024, 65536, 0.15428800135850906, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.38581441146853523, 1, 0.0, 0},
+    {64, 64, 131072, 0.1111999973654747, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0071333409753318675, 1, 0.0, 0},
+    {384, 384, 24576, 0.08905600011348724, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.3951108602081365, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.8279680013656616, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.7914094251926032, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8636480271816254, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.5986407572296759, 1, 0.0, 0},
+    {1536, 2560, 768, 0.04124800115823746, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.14731682745861152, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.18028800189495087, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.2556896809240936, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.3437760472297668, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.2130095123602921, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.5528320074081421, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0029711204316660743, 1, 0.0, 0},
+    {512, 512, 512, 0.10979200154542923, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06808524471751802, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08681599795818329, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18538407571275306, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.030912000685930252, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.17751476130344965, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07329599931836128, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.31936168259975733, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.0822880007326603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2963601041383504, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.09523200243711472, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.1428972894933601, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.7702399790287018, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.19961907927033262, 1, 0.0, 1},
 };
 static const Point tf32_0_unaligned[] = {
     {2047, 2047, 2047, 0.20083200186491013, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.011739267006207787, 1, 0.0, 0},
@@ -16108,50 +17533,50 @@ static const Point tf32_0_unaligned[] = {
     {1024, 1024, 1024, 0.03484800085425377, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13382234389858189, 1, 0.0, 0},
 };
 static const Point tf32_1_aligned[] = {
-    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08178525092463843, 1, 0.0, 0},
-    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04934031140991122, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06244417348969877, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07290501970802798, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.017546490565127207, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06868476794651908, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.21503192590058595, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, -0.05409973640854545, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3644387005320611, 1, 0.0, 0},
-    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.09949215764022436, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.06993674540310717, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.06574207642633473, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.11941029449895746, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0660799965262413, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.14956164114672235, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09996800124645233, 0.0, 9.306377560173125, 8.317766166719343, 0.5635457117486679, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08963199704885483, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.45440793065555707, 1, 0.0, 0},
-    {16, 4096, 4096, 0.051552001386880875, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.0987134015998858, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10579200088977814, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6201704751121849, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05097600072622299, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.10994948752300275, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08457600325345993, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.39634614139275265, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0942080020904541, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.12663402064802282, 1, 0.0, 0},
-    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.20657969483486233, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2239520028233528, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.10222414921022911, 1, 0.0, 0},
-    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.11400043945544687, 1, 0.0, 0},
-    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.11683416440781687, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.22707841626814954, 1, 0.0, 0},
-    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.24791598040659338, 1, 0.0, 0},
-    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2390078932536237, 1, 0.0, 0},
-    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.2561442396280091, 1, 0.0, 0},
-    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.23681976064764074, 1, 0.0, 0},
-    {384, 384, 24576, 0.2459840029478073, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.22167594240895913, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.35443198680877686, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1428716472965289, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.22648146112076928, 1, 0.0, 0},
-    {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08507161985136971, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14999999850988388, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.10063400631822814, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.1890239715576172, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08408757132419876, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3853759914636612, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.046763391039572486, 1, 0.0, 0},
-    {512, 512, 512, 0.0799039974808693, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.14092630229208392, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1865027878827388, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.024480000138282776, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.7308440078680721, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.06800000369548798, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.38722669137871546, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07156800106167793, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.6531314012327426, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.0769599974155426, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08379803702295927, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5403504405537826, 1, 0.0, 1},
+    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08332861668780497, 1, 0.0, 0},
+    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.05154343626268733, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06532776099321745, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07635254023755204, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.013685421563288598, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06460100253521917, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.21132646095878974, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, -0.057924533642563045, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.36061390329804366, 1, 0.0, 0},
+    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10354429106963477, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.06588461197369658, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.06168994299692431, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.12323509173297505, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0660799965262413, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.14573684391270472, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09996800124645233, 0.0, 9.306377560173125, 8.317766166719343, 0.5597209145146504, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08963199704885483, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.45058313342153944, 1, 0.0, 0},
+    {16, 4096, 4096, 0.051552001386880875, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.10253819883390336, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10579200088977814, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6163456778781673, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05097600072622299, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11377428475702026, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08457600325345993, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.39252134415873513, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0942080020904541, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.13068615407743323, 1, 0.0, 0},
+    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2081692064601449, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2239520028233528, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.10493899387090504, 1, 0.0, 0},
+    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.11373808597941916, 1, 0.0, 0},
+    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1168282760954985, 1, 0.0, 0},
+    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23129069739206817, 1, 0.0, 0},
+    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.25215873231526986, 1, 0.0, 0},
+    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.24318499929362875, 1, 0.0, 0},
+    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.26042065135475234, 1, 0.0, 0},
+    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24111321775448924, 1, 0.0, 0},
+    {384, 384, 24576, 0.2459840029478073, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.22589656785922893, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.35443198680877686, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.147058453296266, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23074658951576824, 1, 0.0, 0},
+    {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08753404333125998, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14999999850988388, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.1040845971894936, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.1890239715576172, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08022299601671166, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3853759914636612, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.04290312372248721, 1, 0.0, 0},
+    {512, 512, 512, 0.0799039974808693, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.13933679066680144, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18856168748422525, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.024480000138282776, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.7308381195557538, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.06800000369548798, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3910180517041387, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07156800106167793, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.6514182678885032, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.0769599974155426, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08364715913404125, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5364893715519439, 1, 0.0, 1},
 };
 static const Point tf32_1_unaligned[] = {
     {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.02238278471460163, 1, 0.0, 0},
@@ -16165,107 +17590,107 @@ static const Point tf32_1_unaligned[] = {
     {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10675031910508036, 1, 0.0, 0},
 };
 static const Point tf32_2_aligned[] = {
-    {256, 256, 256, 0.011103999800980091, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.590319508276843, 1, 0.0, 0},
-    {512, 512, 512, 0.015072000212967396, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3325279218954623, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.038015998899936676, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.5289976884478788, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.14824000000953674, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.6231213041444577, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.8621599972248077, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.4929529235837706, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.799839973449707, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.4313995262368467, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.42073601484298706, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.4859237218192494, 1, 0.0, 0},
-    {1, 4096, 4096, 0.040063999593257904, 0.0, 8.317766166719343, 8.317766166719343, 0.345227142136014, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06708799675107002, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3055382441420434, 1, 0.0, 0},
-    {64, 4096, 8192, 0.06867200136184692, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.5080879532160556, 1, 0.0, 0},
-    {128, 8192, 8192, 0.17107200622558594, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.19828251235701086, 1, 0.0, 0},
-    {8192, 128, 8192, 0.13364800065755844, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.04859256161742751, 1, 0.0, 0},
-    {4096, 32, 4096, 0.047040000557899475, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.01821275950221516, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08692799881100655, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.07571023884350675, 1, 0.0, 0},
-    {1, 11008, 4096, 0.08102399855852127, 0.0, 9.306377560173125, 8.317766166719343, 0.18850841022949166, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08188799768686295, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.18971404329206698, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04102399945259094, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.3512473901445182, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10076799988746643, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.15048888826364948, 1, 0.0, 0},
-    {4096, 16, 4096, 0.046799998730421066, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.036715772979236824, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06518399715423584, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.29047459285302163, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06623999774456024, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.5606547495743718, 1, 0.0, 0},
-    {4096, 4096, 512, 0.4209440052509308, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.653355554349939, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.9448000192642212, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.7120363793118233, 1, 0.0, 0},
-    {8192, 8192, 256, 1.6276800036430359, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.6128716954204873, 1, 0.0, 0},
-    {2048, 2048, 128, 0.10204800218343735, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.6487621146010443, 1, 0.0, 0},
-    {16384, 4096, 64, 1.617471992969513, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.5813323936883598, 1, 0.0, 0},
-    {256, 256, 32768, 0.060864001512527466, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.10285111244558132, 1, 0.0, 0},
-    {512, 512, 16384, 0.048928000032901764, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.25227372234178086, 1, 0.0, 0},
-    {128, 1024, 65536, 0.13814400136470795, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.021355041033591482, 1, 0.0, 0},
-    {64, 64, 131072, 0.16278399527072906, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.0037522687179378173, 1, 0.0, 0},
-    {384, 384, 24576, 0.05689600110054016, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.17295024113985444, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4804159998893738, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11435740353816, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5962079763412476, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.039118261444207436, 1, 0.0, 0},
-    {1536, 2560, 768, 0.10363199934363365, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.7011346676862441, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.3744640052318573, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.6704163021405833, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.157984018325806, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.10514226307145487, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5173760056495667, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.20662263411349202, 1, 0.0, 0},
-    {512, 512, 512, 0.43745599687099457, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.6148792528732041, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.8118079900741577, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.5932079088599823, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.09833600372076035, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.6858152030395828, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.8164959847927094, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.5786046084948234, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.15081599354743958, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.9902977703709085, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.8406240046024323, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.5871052887126227, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.2722240090370178, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.10329917766239172, 1, 0.0, 1},
+    {256, 256, 256, 0.010127999819815159, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.379189393591428, 1, 0.0, 0},
+    {512, 512, 512, 0.01206399966031313, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.27134855276695774, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.028384000062942505, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.6863094530114588, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.14452800154685974, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.5829876569882416, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.9042400121688843, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.4200315394858762, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.077568054199219, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.36791687882002955, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.4259200096130371, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.4326080182790322, 1, 0.0, 0},
+    {1, 4096, 4096, 0.040352001786231995, 0.0, 8.317766166719343, 8.317766166719343, 0.5300802521884705, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06601600348949432, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3989625821105524, 1, 0.0, 0},
+    {64, 4096, 8192, 0.06387200206518173, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.534863084577363, 1, 0.0, 0},
+    {128, 8192, 8192, 0.150176003575325, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.09199264639129792, 1, 0.0, 0},
+    {8192, 128, 8192, 0.12479999661445618, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.0931028882207029, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04831999912858009, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.16373856104456797, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08336000144481659, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.05014335498130698, 1, 0.0, 0},
+    {1, 11008, 4096, 0.0830719992518425, 0.0, 9.306377560173125, 8.317766166719343, 0.30192204520126525, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08416000008583069, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3045371181548024, 1, 0.0, 0},
+    {16, 4096, 4096, 0.040063999593257904, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.5015942951497387, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10486400127410889, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.264647960597802, 1, 0.0, 0},
+    {4096, 16, 4096, 0.048287998884916306, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.19005541913934437, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06537599861621857, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4047468634973681, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06412799656391144, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.6385237983089631, 1, 0.0, 0},
+    {4096, 4096, 512, 0.32603199779987335, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.8140097066050528, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.7732320129871368, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.8360845683291728, 1, 0.0, 0},
+    {8192, 8192, 256, 1.1719679832458496, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.8405759088363954, 1, 0.0, 0},
+    {2048, 2048, 128, 0.08044800162315369, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.7630870760025091, 1, 0.0, 0},
+    {16384, 4096, 64, 1.0986080169677734, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.8610984405584226, 1, 0.0, 0},
+    {256, 256, 32768, 0.05689600110054016, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1662289778368938, 1, 0.0, 0},
+    {512, 512, 16384, 0.04561600089073181, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.28140027224304737, 1, 0.0, 0},
+    {128, 1024, 65536, 0.14079999923706055, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.037578887923684905, 1, 0.0, 0},
+    {64, 64, 131072, 0.15916800498962402, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1092288873639798, 1, 0.0, 0},
+    {384, 384, 24576, 0.0544000007212162, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1973693860392056, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.46191999316215515, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17452922369738025, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5823519825935364, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.025724025911105657, 1, 0.0, 0},
+    {1536, 2560, 768, 0.09588799998164177, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.678654996219824, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.38897599279880524, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.5760009139404728, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.09935998916626, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.11429621201722207, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.4311679601669312, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.17378301370231627, 1, 0.0, 0},
+    {512, 512, 512, 0.3731040060520172, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.6791480185387432, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.6334879994392395, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.7340656342899935, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.09460799768567085, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.600956094530549, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.5806080102920532, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.8112536352101742, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.20003199577331543, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.6060246195024689, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.6162240207195282, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.7956534570830666, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.1701279878616333, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.1616630032643101, 1, 0.0, 1},
 };
 static const Point tf32_2_unaligned[] = {
-    {2047, 2047, 2047, 0.25915199518203735, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.048689022391901454, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.14188799262046814, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.06653127218505753, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.1594560146331787, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.07913778522274256, 1, 0.0, 0},
-    {127, 4099, 1023, 0.0382080003619194, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.08895113202286395, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04572800174355507, 8.317766166719343, 0.0, 8.317766166719343, -0.0743723420586763, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04670400172472, 0.0, 8.317766166719343, 8.317766166719343, 0.036347979822578404, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10496000200510025, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.19072668918867838, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.5752639770507812, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.1758795010113032, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05993599817156792, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.013094404777221715, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2603679895401001, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04275685517704022, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.14235199987888336, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.06567917596230625, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.130703926086426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.06798176044048757, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03799999877810478, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.08146725810856681, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04678399860858917, 8.317766166719343, 0.0, 8.317766166719343, -0.08019864310671294, 1, 0.0, 0},
+    {1, 4096, 4096, 0.045791998505592346, 0.0, 8.317766166719343, 8.317766166719343, 0.03366423883987342, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10409600287675858, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.1820204705804311, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.5580000281333923, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.16847469162899603, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05961599946022034, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.005956361042703512, 1, 0.0, 0},
 };
 static const Point tf32_3_aligned[] = {
-    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15427126540323796, 1, 0.0, 0},
-    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.083187409670259, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06615802259442109, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07330042991385238, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.026940237058819375, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.10017449895379844, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.022847115918692897, 1, 0.0, 0},
-    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.03480355393936822, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.005531290069716614, 1, 0.0, 0},
-    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02738242483626665, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.008474211581363439, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.018961222401266065, 1, 0.0, 0},
-    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.03642266469091284, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.004047124986218295, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.13081062619088601, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04537008750819897, 1, 0.0, 0},
-    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.022216211420060975, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.17421014352466802, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.024211497625503262, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.007251144864248874, 1, 0.0, 0},
-    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03665266193543765, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.026332053383424044, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.04113351815604937, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0072712672213353985, 1, 0.0, 0},
-    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07491250345874322, 1, 0.0, 0},
-    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.017789817671343494, 1, 0.0, 0},
-    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.01948618205573082, 1, 0.0, 0},
-    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.019177610391169587, 1, 0.0, 0},
-    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0032277151242691275, 1, 0.0, 0},
-    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.00012230707208081389, 1, 0.0, 0},
-    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.006974970520229472, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.09996878999490678, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.018482026568062016, 1, 0.0, 0},
-    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03770096981416302, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14401599764823914, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03707498449247943, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.0347359776496887, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.021816296195955057, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.36182400584220886, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.006588474033923771, 1, 0.0, 0},
-    {512, 512, 512, 0.09094399958848953, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.23131080489341815, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08259200304746628, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07722360632355597, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.034832000732421875, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.11551216360032951, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07689599692821503, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1565867434667395, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08271999657154083, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.19096038934874263, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.09529600292444229, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.026560507858607283, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.09756578953718838, 1, 0.0, 1},
+    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1546873948631396, 1, 0.0, 0},
+    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08383784200591261, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0668252443230217, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07302363422037918, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.02721880831015596, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.10046869540424214, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.022988112330614135, 1, 0.0, 0},
+    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.03590893694628687, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.004757463526043353, 1, 0.0, 0},
+    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02852409686142466, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.009163824154906151, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.019810688000528733, 1, 0.0, 0},
+    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.037651130734932745, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.003348445895779458, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.13022415291669195, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04479432536246145, 1, 0.0, 0},
+    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.023312147037129742, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.1738614590841454, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.025460649001269608, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.006465475952592763, 1, 0.0, 0},
+    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03782932756506537, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.026206254931131913, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.04098316417373541, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.007273017044732977, 1, 0.0, 0},
+    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07506792282847251, 1, 0.0, 0},
+    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.017634072090242762, 1, 0.0, 0},
+    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.017892922472436377, 1, 0.0, 0},
+    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.017720172695567506, 1, 0.0, 0},
+    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.004750556561981952, 1, 0.0, 0},
+    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.0017661899288595126, 1, 0.0, 0},
+    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.008486182746916199, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10033986478748737, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.01955953562115479, 1, 0.0, 0},
+    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03752703080788358, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14401599764823914, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03694156642274024, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.0347359776496887, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.022056954396564295, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.36182400584220886, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.006501683422667186, 1, 0.0, 0},
+    {512, 512, 512, 0.09094399958848953, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.2314366033457103, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08259200304746628, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.0771570836367639, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.034832000732421875, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.11576900703195277, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07689599692821503, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.15645806788039704, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.08271999657154083, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1905667648856973, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.09529600292444229, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02654350636375624, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0978414260437236, 1, 0.0, 1},
 };
 static const Point tf32_3_unaligned[] = {
     {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.2507069820872503, 1, 0.0, 0},
@@ -16279,50 +17704,50 @@ static const Point tf32_3_unaligned[] = {
     {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03924570775448768, 1, 0.0, 0},
 };
 static const Point tf32_4_aligned[] = {
-    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08928065256421437, 1, 0.0, 0},
-    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1078115540049059, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0993384974344417, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.19606834907406775, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.1435797637502405, 1, 0.0, 0},
-    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.11922757359117558, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.17057357405408113, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.1059839318310852, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3608102003627906, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.0069566668875269905, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.31302870319644877, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3157619488157821, 1, 0.0, 0},
-    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.3595312545137539, 1, 0.0, 0},
-    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.3536270036454537, 1, 0.0, 0},
-    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.630501636046157, 1, 0.0, 0},
-    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.5943291724428067, 1, 0.0, 0},
-    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10135578913071971, 1, 0.0, 0},
-    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8104455002983905, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.4186642156413917, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.35156513153146973, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.017343962121670317, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.19979173860792954, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.16212747266961547, 1, 0.0, 0},
-    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10455076533083109, 1, 0.0, 0},
-    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.016543410150769815, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2653728136623695, 1, 0.0, 0},
-    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.35992312106799085, 1, 0.0, 0},
-    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.3361422614290375, 1, 0.0, 0},
-    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.40002663497657387, 1, 0.0, 0},
-    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.4332665171736322, 1, 0.0, 0},
-    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.36767118660066683, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.24190378937965454, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.18703414413443145, 1, 0.0, 0},
-    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1577865209753204, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.18507199734449387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.1696743789748244, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.4221120476722717, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.1249595814405166, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.462799996137619, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.15562494183586206, 1, 0.0, 0},
-    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.029771662674788105, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.05371268171518785, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6842568529824307, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.40362295835254336, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3735396727018009, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.1488273159832868, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.538871839996824, 1, 0.0, 1},
+    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08760419381543494, 1, 0.0, 0},
+    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10631795617165186, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0980437057099925, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.19524686025304627, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.14279765925102123, 1, 0.0, 0},
+    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.11842296187069642, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.17135274496898636, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.10698501788484552, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.36181128641655086, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.0060300346172096125, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.31395533546676635, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3166885810860994, 1, 0.0, 0},
+    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.36053234056751415, 1, 0.0, 0},
+    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.35462808969921394, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.6315027220999174, 1, 0.0, 0},
+    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.595330258496567, 1, 0.0, 0},
+    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10235687518448011, 1, 0.0, 0},
+    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8114465863521508, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.4196653016951519, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3525662175852301, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.018270594391987735, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.19934548873613508, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.1615388235242408, 1, 0.0, 0},
+    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.1045852954108347, 1, 0.0, 0},
+    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.015825733103468673, 1, 0.0, 0},
+    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2641769045562341, 1, 0.0, 0},
+    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.359060032150373, 1, 0.0, 0},
+    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.3352571727061668, 1, 0.0, 0},
+    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.3991748743556237, 1, 0.0, 0},
+    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.43242050567331514, 1, 0.0, 0},
+    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.366800668700185, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.24106074449142748, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1861785824457134, 1, 0.0, 0},
+    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15698932483398959, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.18507199734449387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.16893251835115297, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.4221120476722717, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.12418775373686246, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.462799996137619, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.1548404815292503, 1, 0.0, 0},
+    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.03021791254658242, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.053276068166640114, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6849745300297317, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4026544926360013, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.37411039647491745, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.14879109535473897, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5396539444960432, 1, 0.0, 1},
 };
 static const Point tf32_4_unaligned[] = {
     {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0043771595131275026, 1, 0.0, 0},
@@ -16336,180 +17761,180 @@ static const Point tf32_4_unaligned[] = {
     {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.024591146542325082, 1, 0.0, 0},
 };
 static const Point tf32_5_aligned[] = {
-    {256, 256, 256, 0.013743999879807234, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1551998461114951, 1, 0.0, 0},
-    {512, 512, 512, 0.018783999606966972, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.15114883767614712, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.031328000128269196, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08659523942025105, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.06028800085186958, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.06799829718069465, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.4833280146121979, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.05056247458125228, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.5954560041427612, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.010971379782181866, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.24611200392246246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.012340463916562367, 1, 0.0, 0},
-    {1, 4096, 4096, 0.1027039997279644, 0.0, 8.317766166719343, 8.317766166719343, 0.0003680572482014296, 1, 0.0, 0},
-    {16, 8192, 4096, 0.10513600334525108, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.007971168795508798, 1, 0.0, 0},
-    {64, 4096, 8192, 0.19673599302768707, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.005312095009528195, 1, 0.0, 0},
-    {128, 8192, 8192, 0.19996799528598785, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.004143585833362111, 1, 0.0, 0},
-    {8192, 128, 8192, 0.19758400321006775, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.030559220714947908, 1, 0.0, 0},
-    {4096, 32, 4096, 0.10070399940013885, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.022787365812261127, 1, 0.0, 0},
-    {80, 8192, 4096, 0.10684800148010254, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.017156411989916, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10793600231409073, 0.0, 9.306377560173125, 8.317766166719343, 0.026274471756711763, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10625599697232246, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.009568355654643299, 1, 0.0, 0},
-    {16, 4096, 4096, 0.10076799988746643, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.019494189108822956, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11084800213575363, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.04108195695683854, 1, 0.0, 0},
-    {4096, 16, 4096, 0.10054399818181992, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.022606342774344205, 1, 0.0, 0},
-    {6, 8192, 4096, 0.10472000017762184, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.005099541669497124, 1, 0.0, 0},
-    {12, 4096, 8192, 0.19766399264335632, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.013050267895399238, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07968000322580338, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.0075358542543698176, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2895680069923401, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.018756655424717696, 1, 0.0, 0},
-    {8192, 8192, 256, 0.18585599958896637, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.060598558408024805, 1, 0.0, 0},
-    {2048, 2048, 128, 0.01462399959564209, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.06217740505934275, 1, 0.0, 0},
-    {16384, 4096, 64, 0.12043200060725212, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.03571575144729747, 1, 0.0, 0},
-    {256, 256, 32768, 0.7648800015449524, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.034004186825822826, 1, 0.0, 0},
-    {512, 512, 16384, 0.3996480107307434, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.0553887668116624, 1, 0.0, 0},
-    {128, 1024, 65536, 1.5616479516029358, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.05868829083016076, 1, 0.0, 0},
-    {64, 64, 131072, 3.011583924293518, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.03126944365101515, 1, 0.0, 0},
-    {384, 384, 24576, 0.5776000022888184, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.03178197273645424, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.38940800726413727, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.06526224858203042, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1695679426193237, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.014261113247317546, 1, 0.0, 0},
-    {1536, 2560, 768, 0.029920000582933426, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.018101682786222366, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.18140800297260284, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.0011959802141768858, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.3270719647407532, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.05958566127142207, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.47196799516677856, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.046006008386167314, 1, 0.0, 0},
-    {512, 512, 512, 0.09411200135946274, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1589310688015508, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.07798399776220322, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.04974608677694299, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.028495999984443188, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2580613856470569, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07239999994635582, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.17698553791145036, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07727999985218048, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.017921752183948897, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.10147199779748917, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.0018320486664687734, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6471680104732513, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3427703340179366, 1, 0.0, 1},
+    {256, 256, 256, 0.013743999879807234, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15530282162974732, 1, 0.0, 0},
+    {512, 512, 512, 0.018783999606966972, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.15129558228020906, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.031328000128269196, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.08674096854294638, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.06028800085186958, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.06796491882125255, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.4833280146121979, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.05059733265702578, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.5954560041427612, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.011007718410950352, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.24611200392246246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.012382708384166025, 1, 0.0, 0},
+    {1, 4096, 4096, 0.1027039997279644, 0.0, 8.317766166719343, 8.317766166719343, 0.00011872667732432503, 1, 0.0, 0},
+    {16, 8192, 4096, 0.10513600334525108, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.007754886173820161, 1, 0.0, 0},
+    {64, 4096, 8192, 0.19673599302768707, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.005056838245542576, 1, 0.0, 0},
+    {128, 8192, 8192, 0.19996799528598785, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.004345099671099141, 1, 0.0, 0},
+    {8192, 128, 8192, 0.19758400321006775, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.03073123233491745, 1, 0.0, 0},
+    {4096, 32, 4096, 0.10070399940013885, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.023029352190351772, 1, 0.0, 0},
+    {80, 8192, 4096, 0.10684800148010254, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.01695453707747409, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10793600231409073, 0.0, 9.306377560173125, 8.317766166719343, 0.02607468361103691, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10625599697232246, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.009370663974030814, 1, 0.0, 0},
+    {16, 4096, 4096, 0.10076799988746643, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.019741766413530714, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11084800213575363, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.04090634684942209, 1, 0.0, 0},
+    {4096, 16, 4096, 0.10054399818181992, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.022852053136676067, 1, 0.0, 0},
+    {6, 8192, 4096, 0.10472000017762184, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.004880989643489322, 1, 0.0, 0},
+    {12, 4096, 8192, 0.19766399264335632, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.012788591151043307, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07968000322580338, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.007516202415364379, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2895680069923401, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.018736986569603667, 1, 0.0, 0},
+    {8192, 8192, 256, 0.18585599958896637, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.060591794228042346, 1, 0.0, 0},
+    {2048, 2048, 128, 0.01462399959564209, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.06219341746993679, 1, 0.0, 0},
+    {16384, 4096, 64, 0.12043200060725212, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.03570061969335249, 1, 0.0, 0},
+    {256, 256, 32768, 0.7648800015449524, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.03370238730320489, 1, 0.0, 0},
+    {512, 512, 16384, 0.3996480107307434, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.055109970466504746, 1, 0.0, 0},
+    {128, 1024, 65536, 1.5616479516029358, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.05839072629169422, 1, 0.0, 0},
+    {64, 64, 131072, 3.011583924293518, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.030958941013922783, 1, 0.0, 0},
+    {384, 384, 24576, 0.5776000022888184, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.031491113252315066, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.38940800726413727, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.06534790508059127, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1695679426193237, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.01405015507032082, 1, 0.0, 0},
+    {1536, 2560, 768, 0.029920000582933426, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.018085818406891378, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.18140800297260284, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.00120606771364858, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.3270719647407532, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.059613987479149345, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.47196799516677856, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.04600544703117823, 1, 0.0, 0},
+    {512, 512, 512, 0.09411200135946274, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.15895072064055632, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.07798399776220322, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.04974309577476219, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.028495999984443188, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.25803771942711234, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07239999994635582, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.176973377338328, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07727999985218048, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.017835370558105745, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.10147199779748917, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.0018400403245059122, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6471680104732513, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3428046492989036, 1, 0.0, 1},
 };
 static const Point tf32_5_unaligned[] = {
-    {2047, 2047, 2047, 0.13897600024938583, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0062071866926120475, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.10505600273609161, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.016210433185828085, 1, 0.0, 0},
-    {5003, 5003, 5003, 1.881887972354889, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.005288163509776117, 1, 0.0, 0},
-    {127, 4099, 1023, 0.06945599988102913, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.048552019540208644, 1, 0.0, 0},
-    {4096, 1, 4096, 0.2186559960246086, 8.317766166719343, 0.0, 8.317766166719343, 0.0831470815809734, 1, 0.0, 0},
-    {1, 4096, 4096, 0.21638399362564087, 0.0, 8.317766166719343, 8.317766166719343, 0.07278877219743897, 1, 0.0, 0},
-    {16, 11008, 4096, 0.20420800149440765, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.02545387544120971, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.9114879965782166, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0050960910852890185, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.0721919983625412, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.032259181580230854, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.13897600024938583, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.006205287939498951, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.10505600273609161, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0161992010443486, 1, 0.0, 0},
+    {5003, 5003, 5003, 1.881887972354889, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.005269056842416517, 1, 0.0, 0},
+    {127, 4099, 1023, 0.06945599988102913, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.048538550582056625, 1, 0.0, 0},
+    {4096, 1, 4096, 0.2186559960246086, 8.317766166719343, 0.0, 8.317766166719343, 0.08292765169775033, 1, 0.0, 0},
+    {1, 4096, 4096, 0.21638399362564087, 0.0, 8.317766166719343, 8.317766166719343, 0.07256927179214717, 1, 0.0, 0},
+    {16, 11008, 4096, 0.20420800149440765, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.02564126629912468, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.9114879965782166, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.005077773406980354, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.0721919983625412, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.032232906872724294, 1, 0.0, 0},
 };
 static const Point tf32_6_aligned[] = {
-    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.25251762649324483, 1, 0.0, 0},
-    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02977743393977725, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.10545226414927952, 1, 0.0, 0},
-    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.20712319791412867, 1, 0.0, 0},
-    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.4413296538475576, 1, 0.0, 0},
-    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.34906964323065937, 1, 0.0, 0},
-    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.2740104060622972, 1, 0.0, 0},
-    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.12172530077400077, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.11513666465637844, 1, 0.0, 0},
-    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1803241952443309, 1, 0.0, 0},
-    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.18893875070584792, 1, 0.0, 0},
-    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.1886596095868479, 1, 0.0, 0},
-    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.450614637363335, 1, 0.0, 0},
-    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.21852785567009078, 1, 0.0, 0},
-    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.022508766317149577, 1, 0.0, 0},
-    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.002322121362278274, 1, 0.0, 0},
-    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07666499422277555, 1, 0.0, 0},
-    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0286752248156359, 1, 0.0, 0},
-    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.02597758948425556, 1, 0.0, 0},
-    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.015148340007025737, 1, 0.0, 0},
-    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.03352220601904732, 1, 0.0, 0},
-    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.4079198880053536, 1, 0.0, 0},
-    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.4399241097722455, 1, 0.0, 0},
-    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.4169406003546325, 1, 0.0, 0},
-    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.15129172136722768, 1, 0.0, 0},
-    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.4029209060640877, 1, 0.0, 0},
-    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06876767101223989, 1, 0.0, 0},
-    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.05912796216989732, 1, 0.0, 0},
-    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.026796943299294045, 1, 0.0, 0},
-    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.005241173147353666, 1, 0.0, 0},
-    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.028363840549431536, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.09591278908663596, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06310954717595156, 1, 0.0, 0},
-    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.16607675476996828, 1, 0.0, 0},
-    {2048, 5632, 2048, 6.7488319873809814, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.2685862846580478, 1, 0.0, 0},
-    {4096, 11008, 4096, 33.20473670959473, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.503409739771976, 1, 0.0, 0},
-    {1024, 14336, 4096, 11.227696418762207, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.537758181502478, 1, 0.0, 0},
-    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.40309300994330044, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.39435270221054025, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.16792380518690347, 256, 5.545177444479562, 0},
-    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3916809707986541, 128, 4.852030263919617, 0},
-    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1816214365465457, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.40099205745119887, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.6407813458611351, 1, 0.0, 1},
+    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.24781252287454006, 1, 0.0, 0},
+    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.01970771220078714, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.11829508813659706, 1, 0.0, 0},
+    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.22084974143909342, 1, 0.0, 0},
+    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.4552829735019786, 1, 0.0, 0},
+    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.3622673888968411, 1, 0.0, 0},
+    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.28782617421448753, 1, 0.0, 0},
+    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.12287129646802673, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.11759664829786975, 1, 0.0, 0},
+    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.19014994949362862, 1, 0.0, 0},
+    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.20115730653546704, 1, 0.0, 0},
+    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.20087816541646694, 1, 0.0, 0},
+    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.4552889582346396, 1, 0.0, 0},
+    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.22664265553139523, 1, 0.0, 0},
+    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.021764081315193463, 1, 0.0, 0},
+    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.0032057762829392315, 1, 0.0, 0},
+    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07841436740975086, 1, 0.0, 0},
+    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.028718237673851885, 1, 0.0, 0},
+    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.024228216297280288, 1, 0.0, 0},
+    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.014864712341354665, 1, 0.0, 0},
+    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.03527548798753993, 1, 0.0, 0},
+    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.42187320765977465, 1, 0.0, 0},
+    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.4539187445630688, 1, 0.0, 0},
+    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.4309515573334285, 1, 0.0, 0},
+    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.16501826489219265, 1, 0.0, 0},
+    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.4169318630428836, 1, 0.0, 0},
+    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06305758058882614, 1, 0.0, 0},
+    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.04966372855507211, 1, 0.0, 0},
+    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.034467808068893366, 1, 0.0, 0},
+    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.004806078010114349, 1, 0.0, 0},
+    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.02033438312640064, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.10767833222551434, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.05335768820222942, 1, 0.0, 0},
+    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.17978260641017424, 1, 0.0, 0},
+    {2048, 5632, 2048, 6.7488319873809814, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.28250370812300996, 1, 0.0, 0},
+    {4096, 11008, 4096, 33.20473670959473, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.5174109904648181, 1, 0.0, 0},
+    {1024, 14336, 4096, 11.227696418762207, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.5516987531628985, 1, 0.0, 0},
+    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.41704632959772153, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.4083444041734512, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.18165034871186833, 256, 5.545177444479562, 0},
+    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.40567267276156505, 128, 4.852030263919617, 0},
+    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.19534798007151064, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.4149837594141098, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.654709873987899, 1, 0.0, 1},
 };
 static const Point tf32_6_unaligned[] = {
-    {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.026572615415053943, 1, 0.0, 0},
-    {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03914222870916703, 1, 0.0, 0},
-    {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.00810602096441053, 1, 0.0, 0},
-    {127, 4099, 1023, 0.4021120071411133, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.029191077453208505, 1, 0.0, 0},
-    {4096, 1, 4096, 0.13230399787425995, 8.317766166719343, 0.0, 8.317766166719343, 0.18555221531679306, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10657599940896034, 0.0, 8.317766166719343, 8.317766166719343, -0.03069173347081648, 1, 0.0, 0},
-    {16, 11008, 4096, 0.3208959996700287, 2.772588722239781, 9.306377560173125, 8.317766166719343, -3.0047517380900484e-05, 1, 0.0, 0},
-    {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.04266951423756415, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.06267837380001694, 1, 0.0, 0},
+    {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.026572690881210698, 1, 0.0, 0},
+    {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0391421490368448, 1, 0.0, 0},
+    {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.008106016901398302, 1, 0.0, 0},
+    {127, 4099, 1023, 0.4021120071411133, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.02919102120574949, 1, 0.0, 0},
+    {4096, 1, 4096, 0.13230399787425995, 8.317766166719343, 0.0, 8.317766166719343, 0.18555221530221377, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10657599940896034, 0.0, 8.317766166719343, 8.317766166719343, -0.030691733485395722, 1, 0.0, 0},
+    {16, 11008, 4096, 0.3208959996700287, 2.772588722239781, 9.306377560173125, 8.317766166719343, -3.03283016409076e-05, 1, 0.0, 0},
+    {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.04266949883618357, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.06267833628705337, 1, 0.0, 0},
 };
 static const Point tf32_7_aligned[] = {
-    {1, 4096, 4096, 0.03497600182890892, 0.0, 8.317766166719343, 8.317766166719343, -0.016285637188194653, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2961919903755188, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.6191880516557681, 1, 0.0, 0},
-    {1, 11008, 4096, 0.07241600006818771, 0.0, 9.306377560173125, 8.317766166719343, 0.05155683083292579, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1754560023546219, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.29094126809181825, 1, 0.0, 0},
-    {16, 4096, 4096, 0.1607999950647354, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.5266400986502543, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1064319983124733, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.07521962893545647, 1, 0.0, 0},
-    {4096, 16, 4096, 0.16051199287176132, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5248474343182962, 1, 0.0, 0},
-    {6, 8192, 4096, 0.13047999888658524, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3697932091051301, 1, 0.0, 0},
-    {12, 4096, 8192, 0.3004159927368164, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.6993772447444059, 1, 0.0, 0},
+    {1, 4096, 4096, 0.03497600182890892, 0.0, 8.317766166719343, 8.317766166719343, -0.01589206286841039, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2961919903755188, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.6240564476536897, 1, 0.0, 0},
+    {1, 11008, 4096, 0.07241600006818771, 0.0, 9.306377560173125, 8.317766166719343, 0.05023532715291903, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1754560023546219, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2940192886860492, 1, 0.0, 0},
+    {16, 4096, 4096, 0.1607999950647354, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.5317551411914683, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1064319983124733, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.07412212772720449, 1, 0.0, 0},
+    {4096, 16, 4096, 0.16051199287176132, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5299624768595101, 1, 0.0, 0},
+    {6, 8192, 4096, 0.13047999888658524, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.37229785219215716, 1, 0.0, 0},
+    {12, 4096, 8192, 0.3004159927368164, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.7035402736459, 1, 0.0, 0},
 };
 static const Point tf32_7_unaligned[] = {
-    {4096, 1, 4096, 0.03518399968743324, 8.317766166719343, 0.0, 8.317766166719343, -0.06776933653762826, 1, 0.0, 0},
-    {1, 4096, 4096, 0.040991999208927155, 0.0, 8.317766166719343, 8.317766166719343, 0.08501614494984025, 1, 0.0, 0},
-    {16, 11008, 4096, 0.7036959826946259, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.2568541772180892, 1, 0.0, 0},
+    {4096, 1, 4096, 0.03518399968743324, 8.317766166719343, 0.0, 8.317766166719343, -0.06776852096628565, 1, 0.0, 0},
+    {1, 4096, 4096, 0.040991999208927155, 0.0, 8.317766166719343, 8.317766166719343, 0.08501696052118303, 1, 0.0, 0},
+    {16, 11008, 4096, 0.7036959826946259, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.256854992789432, 1, 0.0, 0},
 };
 static const Point tf32_8_aligned[] = {
-    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.018314412606811294, 1, 0.0, 0},
-    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10863701117539584, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11697469633793271, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08970639409066301, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.011265124303841028, 1, 0.0, 0},
-    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.057315521662058305, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.09524338313942109, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.1456217252386509, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.08004291381671567, 1, 0.0, 0},
-    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.17594863562312238, 1, 0.0, 0},
-    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02860226271014292, 1, 0.0, 0},
-    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.012201575729724084, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.08123497230747063, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.029595350428134888, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.25400110076991844, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.21296885034920393, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.1395721666823346, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4209048801436586, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05895425169486721, 1, 0.0, 0},
-    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.08255759418047226, 1, 0.0, 0},
-    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.19256804633575184, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.04696258896790865, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.011301768583569141, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.04120570122764593, 1, 0.0, 0},
-    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03602664535095451, 1, 0.0, 0},
-    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.0014185065594798762, 1, 0.0, 0},
-    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.22551131058177992, 1, 0.0, 0},
-    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.22121422976307556, 1, 0.0, 0},
-    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.24647120053941154, 1, 0.0, 0},
-    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24763671848808672, 1, 0.0, 0},
-    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2507291538870737, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1240045447231625, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23910837172703933, 1, 0.0, 0},
-    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08379726957674888, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.15673600137233734, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.008538511733730091, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.112816035747528, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.01446943691712475, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3651840090751648, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.007265311037471426, 1, 0.0, 0},
-    {512, 512, 512, 0.09542399644851685, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1581518981508629, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08443200215697289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.022093689578051853, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.028416000306606293, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5399318172311071, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07894399762153625, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.12374068264956, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.0756480023264885, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.310994353071617, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.0982080027461052, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.013156987915774911, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3400906535254106, 1, 0.0, 1},
+    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.01736174207386904, 1, 0.0, 0},
+    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10990791225072656, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11855434807182626, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.09143644685828117, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.013165947935725782, 1, 0.0, 0},
+    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.05934083126986609, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.0934094328635945, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.14759901594560298, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0780656231097635, 1, 0.0, 0},
+    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.17801724810481961, 1, 0.0, 0},
+    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.030670875191840172, 1, 0.0, 0},
+    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.010132963248026804, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.08321226301442261, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.02761805972118279, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.25202381006296654, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.21099155964225197, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.14154945738928662, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4189275894367066, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.06093154240181921, 1, 0.0, 0},
+    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0805803034735202, 1, 0.0, 0},
+    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.19463665881744896, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.04767383712446323, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.012542531273289996, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.041343574251383554, 1, 0.0, 0},
+    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03600421663850626, 1, 0.0, 0},
+    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 2.92608248256822e-05, 1, 0.0, 0},
+    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.22765515928222382, 1, 0.0, 0},
+    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2233323038836213, 1, 0.0, 0},
+    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.24862821040937227, 1, 0.0, 0},
+    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24980037911636857, 1, 0.0, 0},
+    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2528643308583048, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12612261884370818, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.24126097387078158, 1, 0.0, 0},
+    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08503079490721273, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.15673600137233734, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.010220666460810298, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.112816035747528, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.012578182718460928, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3651840090751648, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.009169305063683419, 1, 0.0, 0},
+    {512, 512, 512, 0.09542399644851685, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1574406499943084, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08443200215697289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.02287793476084544, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.028416000306606293, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5399093885186589, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07894399762153625, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.12506937380193722, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.0756480023264885, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.31021696026512924, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.0982080027461052, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.013085432891073, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.33818982989352586, 1, 0.0, 1},
 };
 static const Point tf32_8_unaligned[] = {
     {2047, 2047, 2047, 0.201664000749588, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.021443665357360895, 1, 0.0, 0},
@@ -16523,166 +17948,223 @@ static const Point tf32_8_unaligned[] = {
     {1024, 1024, 1024, 0.03564799949526787, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1469009384196146, 1, 0.0, 0},
 };
 static const Point tf32_9_aligned[] = {
-    {256, 256, 256, 0.011615999974310398, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.4933377424759095, 1, 0.0, 0},
-    {512, 512, 512, 0.020255999639630318, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.29053176208221504, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05507199838757515, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.35193827365965963, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.21376000344753265, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.4156185302305864, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.9634400010108948, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.5115156932925534, 1, 0.0, 0},
-    {8192, 8192, 8192, 7.55788779258728, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.20971615013435801, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5283360183238983, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.39079963016528496, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04070400074124336, 0.0, 8.317766166719343, 8.317766166719343, 0.16463565252206017, 1, 0.0, 0},
-    {16, 8192, 4096, 0.0687360018491745, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1628724964565191, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07161600142717361, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.3813359743582711, 1, 0.0, 0},
-    {128, 8192, 8192, 0.17665600031614304, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.10039170037433269, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1391039937734604, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.138590830067423, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05119999870657921, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.05735417814205834, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09356799721717834, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.153025228566279, 1, 0.0, 0},
-    {1, 11008, 4096, 0.0809439979493618, 0.0, 9.306377560173125, 8.317766166719343, 0.03814939837436004, 1, 0.0, 0},
-    {8, 11008, 4096, 0.0817599967122078, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.037715231934368, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04251199960708618, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1893436173585648, 1, 0.0, 0},
-    {4, 14336, 4096, 0.09993600100278854, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08912762515386459, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05076799914240837, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.03977867218983244, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06569600105285645, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.132669297716896, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06598400324583054, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.3966478656414151, 1, 0.0, 0},
-    {4096, 4096, 512, 0.7748160064220428, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.21357952425174284, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.7213599681854248, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.2793993124470591, 1, 0.0, 0},
-    {8192, 8192, 256, 3.051535964012146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.1640414077078698, 1, 0.0, 0},
-    {2048, 2048, 128, 0.17484800517559052, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.30940248821652866, 1, 0.0, 0},
-    {16384, 4096, 64, 3.0532000064849854, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.13518050141332166, 1, 0.0, 0},
-    {256, 256, 32768, 0.046720001846551895, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.03988243584981509, 1, 0.0, 0},
-    {512, 512, 16384, 0.06252799928188324, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1436869555343159, 1, 0.0, 0},
-    {128, 1024, 65536, 0.13577600568532944, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.19330115066401266, 1, 0.0, 0},
-    {64, 64, 131072, 0.1056319996714592, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.31920620156032253, 1, 0.0, 0},
-    {384, 384, 24576, 0.062272001057863235, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1659292873979997, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4968160092830658, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.15485199193804028, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5940159857273102, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.05145563445739311, 1, 0.0, 0},
-    {1536, 2560, 768, 0.16838400065898895, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.39462288793136874, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.5723519921302795, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.40079341507982613, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.660096049308777, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.4760100220075122, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.0799840092658997, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.2625942011081188, 1, 0.0, 0},
-    {512, 512, 512, 0.7894399762153625, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.19488131113779056, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 1.5296319723129272, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.14806449222679163, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.16467200219631195, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.3693639128884831, 256, 5.545177444479562, 0},
-    {512, 512, 64, 1.5335039496421814, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.13605941831746973, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.24319999665021896, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.6757163222830455, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 1.5612319707870483, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.14630508604084186, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.5449919700622559, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.03860127744939236, 1, 0.0, 1},
+    {256, 256, 256, 0.009056000038981438, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.22522212259231914, 1, 0.0, 0},
+    {512, 512, 512, 0.011327999643981457, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.06777984053066964, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03049599938094616, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3269642757890111, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.13836799561977386, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.400767106971189, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.8582720160484314, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.3299648887020978, 1, 0.0, 0},
+    {8192, 8192, 8192, 7.811520099639893, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.00030918124700048637, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.42712000012397766, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.2637286956651939, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06164800003170967, 0.0, 8.317766166719343, 8.317766166719343, 0.38591853225100925, 1, 0.0, 0},
+    {16, 8192, 4096, 0.12097599729895592, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4176190637811391, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08038400113582611, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.18460474699525262, 1, 0.0, 0},
+    {128, 8192, 8192, 0.1372160017490387, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.05768740291718216, 1, 0.0, 0},
+    {8192, 128, 8192, 0.13967999815940857, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.07548514251643686, 1, 0.0, 0},
+    {4096, 32, 4096, 0.03903999924659729, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.5279334230609789, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08761599659919739, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.09499049814345703, 1, 0.0, 0},
+    {1, 11008, 4096, 0.1764480024576187, 0.0, 9.306377560173125, 8.317766166719343, 0.4070744953768317, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1677439957857132, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3564872486248285, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06265600025653839, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.40213719485528077, 1, 0.0, 0},
+    {4, 14336, 4096, 0.23430399596691132, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5415698019870482, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0387520007789135, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.52052906828495, 1, 0.0, 0},
+    {6, 8192, 4096, 0.13465599715709686, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.5247502644151282, 1, 0.0, 0},
+    {12, 4096, 8192, 0.09937599673867226, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.3967001844584561, 1, 0.0, 0},
+    {4096, 4096, 512, 0.3201279938220978, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.45943421671615003, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.8181440234184265, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.46395734009957446, 1, 0.0, 0},
+    {8192, 8192, 256, 1.1942239999771118, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.4086060290357393, 1, 0.0, 0},
+    {2048, 2048, 128, 0.07699199765920639, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.38469673608458654, 1, 0.0, 0},
+    {16384, 4096, 64, 1.0623199939727783, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.4701738767525727, 1, 0.0, 0},
+    {256, 256, 32768, 0.08617600053548813, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.24645533199708713, 1, 0.0, 0},
+    {512, 512, 16384, 0.05644800141453743, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.06787882771134024, 1, 0.0, 0},
+    {128, 1024, 65536, 0.174112007021904, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.18720207487711651, 1, 0.0, 0},
+    {64, 64, 131072, 0.28990399837493896, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.3450171380664798, 1, 0.0, 0},
+    {384, 384, 24576, 0.07145600020885468, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1775221774612009, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4467040002346039, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.23817319764475894, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5042719841003418, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.21943104878329114, 1, 0.0, 0},
+    {1536, 2560, 768, 0.09355199709534645, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.37053808486878786, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.3920480012893677, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.3352368250928373, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.9314240217208862, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.07433764124418907, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.9676640033721924, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.07470423056643491, 1, 0.0, 0},
+    {512, 512, 512, 0.3737120032310486, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.304669657292078, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.6094399988651276, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.3391195858737875, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.09139200299978256, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.21324024593340896, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.5745439827442169, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.3980834340820431, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11521599814295769, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.1345318433551968, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.5963839888572693, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.4161187484033915, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.1894239783287048, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0036615558765051583, 1, 0.0, 1},
 };
 static const Point tf32_9_unaligned[] = {
-    {2047, 2047, 2047, 0.33537599444389343, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03839840047438033, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.18454399704933167, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03531623652716133, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.3328800201416016, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.11259760497830495, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04879999905824661, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0716353377171135, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05313599854707718, 8.317766166719343, 0.0, 8.317766166719343, -0.09536710353236771, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04915200173854828, 0.0, 8.317766166719343, 8.317766166719343, -0.002246366128832216, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11513599753379822, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.14858229785244556, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.850160002708435, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.13025670516997037, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.08140800148248672, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.012429550075490148, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2624000012874603, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.037847185021080844, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.14209599792957306, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03616929474844733, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.148271918296814, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.03387147080647004, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03843199834227562, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.02744497485141562, 1, 0.0, 0},
+    {4096, 1, 4096, 0.038704000413417816, 8.317766166719343, 0.0, 8.317766166719343, 0.004388908804425071, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04662400111556053, 0.0, 8.317766166719343, 8.317766166719343, 0.01299752717190802, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10425599664449692, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.01163450364325289, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6176480054855347, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.05467128419090882, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05990400165319443, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.01205198211955427, 1, 0.0, 0},
 };
 static const Point tf32_10_aligned[] = {
-    {256, 256, 256, 0.01414399966597557, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.737711472275099, 1, 0.0, 0},
-    {512, 512, 512, 0.01756799966096878, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5739625192159972, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.028192000463604927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.24970570397746247, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.12460800260305405, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03998554076135311, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.7831839919090271, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.07468589137010745, 1, 0.0, 0},
-    {8192, 8192, 8192, 11.759535789489746, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.8865828773837271, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.351855993270874, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.04475601174531572, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04464000090956688, 0.0, 8.317766166719343, 8.317766166719343, -0.14163451800817325, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06723199784755707, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.22171812186435694, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07604799792170525, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.004437771816668814, 1, 0.0, 0},
-    {128, 8192, 8192, 0.13795199990272522, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.40546109070420444, 1, 0.0, 0},
-    {8192, 128, 8192, 0.2210400030016899, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.38139411555828345, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05787200108170509, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.0972765047617069, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08593599870800972, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.3713079573806788, 1, 0.0, 0},
-    {1, 11008, 4096, 0.084111999720335, 0.0, 9.306377560173125, 8.317766166719343, 0.4229204116618052, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08361600339412689, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.41411957366661895, 1, 0.0, 0},
-    {16, 4096, 4096, 0.046271998435258865, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.10819425708621296, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10187200084328651, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5813444865033549, 1, 0.0, 0},
-    {4096, 16, 4096, 0.058031998574733734, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.110411480846611, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06534399837255478, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.1963834118850345, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0737600028514862, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.014411192034582406, 1, 0.0, 0},
-    {4096, 4096, 512, 0.25678399205207825, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.08863757101847754, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.59756800532341, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.18194842367078948, 1, 0.0, 0},
-    {8192, 8192, 256, 0.9520640075206757, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.019142116765730962, 1, 0.0, 0},
-    {2048, 2048, 128, 0.06195199862122536, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.1210981306180749, 1, 0.0, 0},
-    {16384, 4096, 64, 0.9351199865341187, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.10801561275347607, 1, 0.0, 0},
-    {256, 256, 32768, 0.1624479964375496, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.21755217306438496, 1, 0.0, 0},
-    {512, 512, 16384, 0.09211200103163719, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.29082386041344926, 1, 0.0, 0},
-    {128, 1024, 65536, 0.3142080008983612, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.20700830529986178, 1, 0.0, 0},
-    {64, 64, 131072, 0.6002240180969238, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.15882522912876781, 1, 0.0, 0},
-    {384, 384, 24576, 0.1241919994354248, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2792006289180892, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4819360077381134, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.16467457861945747, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.295184001326561, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.3302883438862444, 1, 0.0, 0},
-    {1536, 2560, 768, 0.07719999924302101, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1460582038115475, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.33051200211048126, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.0037599969462633093, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.178735971450806, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.7916759077315337, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.378656029701233, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.7706435981553963, 1, 0.0, 0},
-    {512, 512, 512, 0.2733120024204254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02625879602585505, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.4805919975042343, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.06599411271329247, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.06968000158667564, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.5692897431558338, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.47913599014282227, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.09902617104532836, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.14767999947071075, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.594364161894367, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.4790560007095337, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.005657224409161927, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.0911999940872192, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.4068173894531519, 1, 0.0, 1},
+    {256, 256, 256, 0.01398400031030178, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.14903829541401292, 1, 0.0, 0},
+    {512, 512, 512, 0.013535999692976475, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.2963033852337959, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01889600045979023, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15888103012766974, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.08352000266313553, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1425947182907427, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.5606080293655396, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0909015181352608, 1, 0.0, 0},
+    {8192, 8192, 8192, 4.41158390045166, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.006572386642324044, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.2727999985218048, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0020801778808536933, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04623999819159508, 0.0, 8.317766166719343, 8.317766166719343, 0.009049801275591416, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06697600334882736, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3795390122845696, 1, 0.0, 0},
+    {64, 4096, 8192, 0.07335999980568886, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05345510200423192, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11097600311040878, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3604800624420753, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11158400028944016, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3659437457834551, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04540799930691719, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.009107098265246501, 1, 0.0, 0},
+    {80, 8192, 4096, 0.06576000154018402, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.3612163901897872, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.20602589928435908, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10025600343942642, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.18050067022931932, 1, 0.0, 0},
+    {16, 4096, 4096, 0.08377600088715553, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.6033511968976221, 1, 0.0, 0},
+    {4, 14336, 4096, 0.14153599739074707, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5253278044037554, 1, 0.0, 0},
+    {4096, 16, 4096, 0.045951999723911285, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0028019834381340677, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06811199709773064, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.39635798249611853, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0785600021481514, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.015028764086589036, 1, 0.0, 0},
+    {4096, 4096, 512, 0.16099199652671814, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06642859701443356, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.4941439926624298, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.006761031961503375, 1, 0.0, 0},
+    {8192, 8192, 256, 0.5331199765205383, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0062234657995071975, 1, 0.0, 0},
+    {2048, 2048, 128, 0.03705599904060364, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.0021719668612929445, 1, 0.0, 0},
+    {16384, 4096, 64, 0.4902399927377701, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.11588268743733979, 1, 0.0, 0},
+    {256, 256, 32768, 0.1685439944267273, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.4592149857817115, 1, 0.0, 0},
+    {512, 512, 16384, 0.0920960009098053, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.4225016805608086, 1, 0.0, 0},
+    {128, 1024, 65536, 0.3253920078277588, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.4674407689976439, 1, 0.0, 0},
+    {64, 64, 131072, 0.5949279963970184, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5433541976915074, 1, 0.0, 0},
+    {384, 384, 24576, 0.12988799810409546, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.44971635014038697, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.32255999743938446, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2292192433910566, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.2975519895553589, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.27831132681414383, 1, 0.0, 0},
+    {1536, 2560, 768, 0.05132799968123436, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.10243550174203127, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.2451840043067932, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.023334224515754506, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.0264639854431152, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.2370894023641079, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.7244479954242706, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.29717025699610145, 1, 0.0, 0},
+    {512, 512, 512, 0.1868640035390854, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.08259784872648378, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.27059200406074524, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.11391992477691423, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.047168001532554626, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.23911350613689977, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.2760159969329834, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.20136367067222405, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11207999661564827, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.21941661610214735, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.27588799595832825, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.010442779488533949, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.7992480099201202, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.26374781843242506, 1, 0.0, 1},
 };
 static const Point tf32_10_unaligned[] = {
-    {2047, 2047, 2047, 0.225600004196167, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.07212800959866113, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1281759962439537, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.060962791997601296, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.9371519088745117, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.13032708832026754, 1, 0.0, 0},
-    {127, 4099, 1023, 0.0329120010137558, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.07429620157637096, 1, 0.0, 0},
-    {4096, 1, 4096, 0.058720000088214874, 8.317766166719343, 0.0, 8.317766166719343, -0.09662149289585453, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06270400062203407, 0.0, 8.317766166719343, 8.317766166719343, -0.027999763790800845, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12232000008225441, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.25424237211457124, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.5936480164527893, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.13222197154294776, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04995200037956238, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0912305696654857, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.22782400250434875, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.07545031737691216, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.12531200051307678, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.012891779320777688, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.9308159351348877, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.018827362612613377, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03207999840378761, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.006352583065594392, 1, 0.0, 0},
+    {4096, 1, 4096, 0.045744000002741814, 8.317766166719343, 0.0, 8.317766166719343, -0.11332844810009914, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06169600039720535, 0.0, 8.317766166719343, 8.317766166719343, 0.1858300216861924, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12121599912643433, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.07908870695891126, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6540000438690186, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006479288024431503, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04944000020623207, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.06668141669364892, 1, 0.0, 0},
 };
 static const Point tf32_11_aligned[] = {
-    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.02863196420763553, 1, 0.0, 0},
-    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.037320912295200424, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.19966406504613865, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.3760829357119533, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.23836248216354014, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12682748821997716, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1831911234451345, 1, 0.0, 0},
-    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.06894608952292862, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4034500745316932, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10405243632251165, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1495899554889492, 1, 0.0, 0},
-    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.17808457141208933, 1, 0.0, 0},
-    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.021755181372076347, 1, 0.0, 0},
-    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.29339947026424723, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.17525150066999684, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.1234709365310676, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04661143089623983, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4076089551447997, 1, 0.0, 0},
-    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.03872445281799432, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.478457611795973, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.04032194805067068, 1, 0.0, 0},
-    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.37104682752284573, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.2807852176392321, 1, 0.0, 0},
-    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.27554044116460813, 1, 0.0, 0},
-    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.16737471978615923, 1, 0.0, 0},
-    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.22406030128821475, 1, 0.0, 0},
-    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.48939067044488893, 1, 0.0, 0},
-    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.4486273932958056, 1, 0.0, 0},
-    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.4871745236783205, 1, 0.0, 0},
-    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5161344411318332, 1, 0.0, 0},
-    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.4689968108466444, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.3549802535328547, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.39526265882144396, 1, 0.0, 0},
-    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.31240291473604953, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.47254401445388794, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.029111177857471027, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.197216033935547, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.14259600241748305, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.3764640092849731, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.12445586028816244, 1, 0.0, 0},
-    {512, 512, 512, 0.17030400037765503, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.13177902077876213, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.15556799620389938, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.20021511611344614, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03195200115442276, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5140136419196063, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.1361600011587143, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.467000841502945, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07513599842786789, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3855399521149956, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.1879199966788292, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.11731407226625555, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.1055592919050798, 1, 0.0, 1},
+    {256, 256, 256, 0.011327999643981457, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.3996563750312736, 1, 0.0, 0},
+    {512, 512, 512, 0.01708799973130226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.44855548786888105, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04686399921774864, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.6406999036556064, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2053920030593872, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.606419689372734, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.0950400233268738, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.499643677126697, 1, 0.0, 0},
+    {8192, 8192, 8192, 8.238815784454346, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.19078694578628064, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5553440153598785, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.4789736398848248, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04396799951791763, 0.0, 8.317766166719343, 8.317766166719343, 0.23561099821702844, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07360000163316727, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.16460209380071136, 1, 0.0, 0},
+    {64, 4096, 8192, 0.06924799829721451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.3736604520031421, 1, 0.0, 0},
+    {128, 8192, 8192, 0.15803200006484985, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.05491337043738658, 1, 0.0, 0},
+    {8192, 128, 8192, 0.14639999717473984, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.13136833278453122, 1, 0.0, 0},
+    {4096, 32, 4096, 0.057472001761198044, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.03848480930844307, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09601600095629692, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.22022739382186657, 1, 0.0, 0},
+    {1, 11008, 4096, 0.14107199758291245, 0.0, 9.306377560173125, 8.317766166719343, 0.4799574882679384, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0926239974796772, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05318623021806803, 1, 0.0, 0},
+    {16, 4096, 4096, 0.044895999133586884, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.24441357533124544, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1146400012075901, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.11534817883217616, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05750399827957153, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.022728520031538656, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07295999675989151, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.16492907384744782, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06870400160551071, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.4291840546130006, 1, 0.0, 0},
+    {4096, 4096, 512, 0.5977280139923096, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.6870541330013238, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.3498080372810364, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.7184848654669725, 1, 0.0, 0},
+    {8192, 8192, 256, 2.2652159929275513, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.6922091309420251, 1, 0.0, 0},
+    {2048, 2048, 128, 0.13656000047922134, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.7733999450682272, 1, 0.0, 0},
+    {16384, 4096, 64, 2.073311924934387, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.7662961752976178, 1, 0.0, 0},
+    {256, 256, 32768, 0.04982399940490723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.01144503942657472, 1, 0.0, 0},
+    {512, 512, 16384, 0.06019200012087822, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.15019659519548764, 1, 0.0, 0},
+    {128, 1024, 65536, 0.12295999750494957, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.1504175693074203, 1, 0.0, 0},
+    {64, 64, 131072, 0.1120000034570694, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.0005192143305923235, 1, 0.0, 0},
+    {384, 384, 24576, 0.06486400216817856, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.18500963427347264, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4753759950399399, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.22396831296114275, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5702400207519531, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.07189351535463669, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1613759994506836, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.6246002590374676, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.562608003616333, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.5768267547244649, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.0398560762405396, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.4598260657141372, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.1285760402679443, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.3338125921848123, 1, 0.0, 0},
+    {512, 512, 512, 0.6892800033092499, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5445423780583816, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 1.1151039600372314, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.7019263310901706, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.1518079936504364, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.6675475043947768, 256, 5.545177444479562, 0},
+    {512, 512, 64, 1.0740159749984741, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.7346520866962953, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.3579839915037155, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.5087176257895604, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 1.174784004688263, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.6593546323282478, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.398144006729126, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.25491464556089494, 1, 0.0, 1},
 };
 static const Point tf32_11_unaligned[] = {
+    {2047, 2047, 2047, 0.3336000144481659, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04123698308647731, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1847359985113144, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03466839543422611, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.380623936653137, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.07081551813521643, 1, 0.0, 0},
+    {127, 4099, 1023, 0.047648001462221146, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.05399276552464324, 1, 0.0, 0},
+    {4096, 1, 4096, 0.0607680007815361, 8.317766166719343, 0.0, 8.317766166719343, -0.11362452381888788, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04887999966740608, 0.0, 8.317766166719343, 8.317766166719343, 0.0017335157209167214, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11363200098276138, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.08457536817183876, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.8599199652671814, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.09271127924049627, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.08144000172615051, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.024039570040760662, 1, 0.0, 0},
+};
+static const Point tf32_12_aligned[] = {
+    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.02650165132140421, 1, 0.0, 0},
+    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03710845234792673, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.20210318507115424, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.3799840891739698, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.24266010268683572, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.1223863379506855, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.18736490903353512, 1, 0.0, 0},
+    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.06533191181268742, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.39983589682145226, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10812272102397538, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.14533625998710167, 1, 0.0, 0},
+    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.18233826691393687, 1, 0.0, 0},
+    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.018141003661835294, 1, 0.0, 0},
+    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.28944487143057784, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.17129690183632754, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11951633769739828, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04299725318599896, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.40365435631113034, 1, 0.0, 0},
+    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.03511027510775328, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.47484343408573204, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.04439223275213437, 1, 0.0, 0},
+    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.37367503757323905, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.28436554541371495, 1, 0.0, 0},
+    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.27680246763644745, 1, 0.0, 0},
+    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.16908029710596045, 1, 0.0, 0},
+    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2277962304939608, 1, 0.0, 0},
+    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.4938306459187991, 1, 0.0, 0},
+    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.45294132908792933, 1, 0.0, 0},
+    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.49167861529151835, 1, 0.0, 0},
+    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5206708704679672, 1, 0.0, 0},
+    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.47339445137342884, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.35944754250928, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.3997778933087087, 1, 0.0, 0},
+    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.31532006893207454, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.47254401445388794, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0331259223562414, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.197216033935547, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.13828369101855598, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.3764640092849731, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.1201616237352553, 1, 0.0, 0},
+    {512, 512, 512, 0.17030400037765503, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.13440723082915546, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.15556799620389938, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.20122858058147572, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03195200115442276, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5157192192394074, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.1361600011587143, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.47077167089816924, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07513599842786789, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3833129736490912, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.1879199966788292, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.11852266293654286, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.10126167138178427, 1, 0.0, 1},
+};
+static const Point tf32_12_unaligned[] = {
     {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03250247011484256, 1, 0.0, 0},
     {1531, 1531, 1531, 0.11692799627780914, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.1379266031083617, 1, 0.0, 0},
     {5003, 5003, 5003, 2.665616035461426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.028758321641027273, 1, 0.0, 0},
@@ -16693,165 +18175,108 @@ static const Point tf32_11_unaligned[] = {
     {4096, 4096, 4096, 1.476639986038208, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.014650557590755666, 1, 0.0, 0},
     {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14414122571102078, 1, 0.0, 0},
 };
-static const Point tf32_12_aligned[] = {
-    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.000483661007463796, 1, 0.0, 0},
-    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02258848588261863, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11160593352194831, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16681471443054935, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.2291420458381402, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.21480311966351776, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1493303103705037, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, -0.019341210055980267, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.09537336202351869, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.055320396777612024, 1, 0.0, 0},
-    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08904935145046633, 1, 0.0, 0},
-    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.10006270218484946, 1, 0.0, 0},
-    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.8356410472221059, 1, 0.0, 0},
-    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.08528690341002089, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, -0.06412869175262413, 1, 0.0, 0},
-    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.05664448233124199, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.007917755999558898, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.020512636102117825, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.021641665649964874, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.09229546595262632, 1, 0.0, 0},
-    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.07482291264060834, 1, 0.0, 0},
-    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2167136697037175, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.12730509542706775, 1, 0.0, 0},
-    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10684219368880511, 1, 0.0, 0},
-    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02099511023176945, 1, 0.0, 0},
-    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.04663881122697768, 1, 0.0, 0},
-    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.15911992592603946, 1, 0.0, 0},
-    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12804273497662613, 1, 0.0, 0},
-    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.13424370959734988, 1, 0.0, 0},
-    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.08982273536216918, 1, 0.0, 0},
-    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.15998117667113296, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1776912464110779, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.18612389343303407, 1, 0.0, 0},
-    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1754500052133432, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6498399972915649, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.1539670861482898, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.598895788192749, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.21046652134593366, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5083199739456177, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.22789212941167347, 1, 0.0, 0},
-    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08874142637947664, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.028433483425454462, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.31605123558156545, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.20898802399395774, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16149060151712277, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.11343896815793704, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.2117716477908855, 1, 0.0, 1},
-};
-static const Point tf32_12_unaligned[] = {
-    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.005889080620549575, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.0013769016135831268, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03457329418295171, 1, 0.0, 0},
-    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.00925163657021593, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.013779353106812015, 1, 0.0, 0},
-    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.02072572911228797, 1, 0.0, 0},
-    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.06646244071286156, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06303226872224481, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.023741244770960245, 1, 0.0, 0},
-};
 static const Point tf32_13_aligned[] = {
-    {256, 256, 256, 0.0162559999153018, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.5354448708844002, 1, 0.0, 0},
-    {512, 512, 512, 0.016575999557971954, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5488023160871329, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.0814879983663559, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.5037156025486954, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.12619200348854065, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.40905111503978386, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.710096001625061, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.3112451946596657, 1, 0.0, 0},
-    {8192, 8192, 8192, 5.356384038925171, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06443657337843826, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.34614400565624237, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.32292721073755326, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04076800122857094, 0.0, 8.317766166719343, 8.317766166719343, 0.017617226460279512, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07683199644088745, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1212803299267714, 1, 0.0, 0},
-    {64, 4096, 8192, 0.06860800087451935, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.21201735449539502, 1, 0.0, 0},
-    {128, 8192, 8192, 0.13368000090122223, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.25717692045695895, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1350719928741455, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.26753594627229826, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04124800115823746, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.01429971155900402, 1, 0.0, 0},
-    {80, 8192, 4096, 0.07620799914002419, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.07700192880219385, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.08894313036147586, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10223999992012978, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.07911137167682755, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04121600091457367, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.021249065459100033, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1295360028743744, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.06617391501929254, 1, 0.0, 0},
-    {4096, 16, 4096, 0.04105599969625473, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.017359493822348776, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07737600058317184, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.1340999066397089, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06519999727606773, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.19840460601754584, 1, 0.0, 0},
-    {4096, 4096, 512, 0.4216479957103729, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.24066785945017616, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.9850239753723145, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.24582590370506519, 1, 0.0, 0},
-    {8192, 8192, 256, 1.6244159936904907, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.17682322840353198, 1, 0.0, 0},
-    {2048, 2048, 128, 0.09086399897933006, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.37327220851792914, 1, 0.0, 0},
-    {16384, 4096, 64, 1.629263997077942, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.13659090528823006, 1, 0.0, 0},
-    {256, 256, 32768, 0.10300800204277039, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.11654073506038472, 1, 0.0, 0},
-    {512, 512, 16384, 0.06652799993753433, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1707894017195171, 1, 0.0, 0},
-    {128, 1024, 65536, 0.20665599405765533, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.036871451043623014, 1, 0.0, 0},
-    {64, 64, 131072, 0.31910398602485657, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.132210565066549, 1, 0.0, 0},
-    {384, 384, 24576, 0.08588799834251404, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.13465389800089295, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.3330239951610565, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.15235737997562573, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.36615999042987823, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11951740410969815, 1, 0.0, 0},
-    {1536, 2560, 768, 0.09822400286793709, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.4289603751711172, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.3787679970264435, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.2782604227671623, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.4562079906463623, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.031205531036651597, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.9340160191059113, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0945182489383171, 1, 0.0, 0},
-    {512, 512, 512, 0.4581120014190674, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.15772499321446456, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.8499040007591248, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.11403909469680105, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.09996800124645233, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.2777859331743857, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.858383983373642, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.09884100065911451, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1425279974937439, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.6462878071844576, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.8416480123996735, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.15542027293598645, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.9566560089588165, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.012878782023022953, 1, 0.0, 1},
+    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.000209513699485842, 1, 0.0, 0},
+    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0228378403197305, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11247709601474805, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1679988329129084, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.23041639455479762, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.21611255996911832, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.15057564396312778, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, -0.020485638155792258, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0942289339237067, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05656025803201226, 1, 0.0, 0},
+    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.09032384365837476, 1, 0.0, 0},
+    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.101337194392758, 1, 0.0, 0},
+    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.8344966191222937, 1, 0.0, 0},
+    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.08649681957897536, 1, 0.0, 0},
+    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, -0.06533860792157857, 1, 0.0, 0},
+    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.05785439850019652, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.009062184099370962, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.0217225522710723, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.022786093749776967, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.09115103785281424, 1, 0.0, 0},
+    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.07606277389500853, 1, 0.0, 0},
+    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.21757421610179573, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.12839872431273822, 1, 0.0, 0},
+    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10735727386726555, 1, 0.0, 0},
+    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02118718550276038, 1, 0.0, 0},
+    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.04733489551047463, 1, 0.0, 0},
+    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1604355800838726, 1, 0.0, 0},
+    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12933270299288024, 1, 0.0, 0},
+    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1355723696970607, 1, 0.0, 0},
+    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.09115793975429677, 1, 0.0, 0},
+    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1612882208612897, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1790098324209554, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1874542605803693, 1, 0.0, 0},
+    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1763994582040434, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6498399972915649, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.15517246493281095, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.598895788192749, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.2117435955335618, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5083199739456177, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.22916584993810135, 1, 0.0, 0},
+    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08960197277755502, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.028473297616624316, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3162433108525565, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.20969402629609915, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16070744318119978, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.11394374390127589, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.21304599650754305, 1, 0.0, 1},
 };
 static const Point tf32_13_unaligned[] = {
-    {2047, 2047, 2047, 0.25835199654102325, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03937585614865369, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.14097599685192108, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.014695717892832916, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.1202399730682373, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.06133519634603026, 1, 0.0, 0},
-    {127, 4099, 1023, 0.036768000572919846, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.0063012280657757545, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04076800122857094, 8.317766166719343, 0.0, 8.317766166719343, -0.05449233109337311, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04577599838376045, 0.0, 8.317766166719343, 8.317766166719343, 0.06137007982143943, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10454399883747101, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.00081941635995273, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.55759996175766, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.054892508115339925, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.057920001447200775, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.015407165459438547, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.006007609666137242, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.001273949223447459, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03444087182517763, 1, 0.0, 0},
+    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.009234830656709297, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.01369934274070474, 1, 0.0, 0},
+    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.020805739478395237, 1, 0.0, 0},
+    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.06656715613851683, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.062900727285686, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.023701484033045405, 1, 0.0, 0},
 };
 static const Point tf32_14_aligned[] = {
-    {256, 256, 256, 0.014688000082969666, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.055638144786476086, 1, 0.0, 0},
-    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09443328319651492, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.025696000084280968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09834026365637766, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.08528000116348267, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07243697043669632, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.42872001230716705, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.008439467975464495, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.1861919164657593, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12551359253570954, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.19169600307941437, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.004739239702421595, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07657600194215775, 0.0, 8.317766166719343, 8.317766166719343, -0.10335791870908125, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08662399649620056, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.014296691254245417, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1443520039319992, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.1084260649875912, 1, 0.0, 0},
-    {128, 8192, 8192, 0.15033599734306335, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.07731697810842256, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1764639988541603, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.07820637920229202, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07319999858736992, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.14967197503889806, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08444800227880478, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.013856071695852753, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09838399663567543, 0.0, 9.306377560173125, 8.317766166719343, 0.1388111396203218, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09759999811649323, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.130421259406889, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07556800171732903, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.11693783826926182, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1149120032787323, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.28985082300382187, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07587200030684471, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11319602437167439, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08763199672102928, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.026290404834304015, 1, 0.0, 0},
-    {12, 4096, 8192, 0.14099200069904327, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.13077239455062203, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07150400057435036, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.0752240415596056, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.24452800303697586, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.021251956119331176, 1, 0.0, 0},
-    {8192, 8192, 256, 0.16208000481128693, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.031175569635355692, 1, 0.0, 0},
-    {2048, 2048, 128, 0.018991999328136444, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02084318159149014, 1, 0.0, 0},
-    {16384, 4096, 64, 0.11444799974560738, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.0487408591831117, 1, 0.0, 0},
-    {256, 256, 32768, 0.5550079941749573, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09856133286329433, 1, 0.0, 0},
-    {512, 512, 16384, 0.2770240008831024, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.11857324711745605, 1, 0.0, 0},
-    {128, 1024, 65536, 1.0829440355300903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.11660211266154331, 1, 0.0, 0},
-    {64, 64, 131072, 2.1735520362854004, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10719001984237622, 1, 0.0, 0},
-    {384, 384, 24576, 0.4058240056037903, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.13013031565176617, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.27822399139404297, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.1480028213451184, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8286080062389374, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11481428013187023, 1, 0.0, 0},
-    {1536, 2560, 768, 0.024320000782608986, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0039419835932534494, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.13623999804258347, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.01607295477492466, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.0489920377731323, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.029120674731359465, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3442879915237427, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.005814118259835999, 1, 0.0, 0},
-    {512, 512, 512, 0.09398400038480759, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.028207051865897108, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.0716640017926693, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.04583111799046837, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02638399973511696, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3470927940493926, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07964800298213959, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.07258625541320032, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07382400333881378, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1785821027494847, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08310399949550629, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.086096526586611, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6192159950733185, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3761869323851831, 1, 0.0, 1},
+    {256, 256, 256, 0.014688000082969666, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.05483247012062492, 1, 0.0, 0},
+    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09637713421641243, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.025696000084280968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10048927723787776, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.08528000116348267, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07412303194429981, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.42872001230716705, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.00863977258136768, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.1861919164657593, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12668760020318598, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.19169600307941437, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.005058277826773048, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07657600194215775, 0.0, 8.317766166719343, 8.317766166719343, -0.1081492332200947, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08662399649620056, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.010182939696477726, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1443520039319992, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.11342391567259388, 1, 0.0, 0},
+    {128, 8192, 8192, 0.15033599734306335, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08117239759491447, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1764639988541603, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.07491458528091509, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07319999858736992, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.15431571268893912, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08444800227880478, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.017645141387536412, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09838399663567543, 0.0, 9.306377560173125, 8.317766166719343, 0.13503103314438392, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09759999811649323, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.12668768351483825, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07556800171732903, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.12168951128716703, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1149120032787323, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.28657781906420027, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07587200030684471, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11791482823585703, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08763199672102928, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.022125771932481355, 1, 0.0, 0},
+    {12, 4096, 8192, 0.14099200069904327, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.1359157380054045, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07150400057435036, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07513218303800435, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.24452800303697586, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.020828642146517588, 1, 0.0, 0},
+    {8192, 8192, 256, 0.16208000481128693, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.030961667916674273, 1, 0.0, 0},
+    {2048, 2048, 128, 0.018991999328136444, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.020941972036809888, 1, 0.0, 0},
+    {16384, 4096, 64, 0.11444799974560738, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.048241188489227635, 1, 0.0, 0},
+    {256, 256, 32768, 0.5550079941749573, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.10455828459028955, 1, 0.0, 0},
+    {512, 512, 16384, 0.2770240008831024, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12404079128711934, 1, 0.0, 0},
+    {128, 1024, 65536, 1.0829440355300903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.12255277759541426, 1, 0.0, 0},
+    {64, 64, 131072, 2.1735520362854004, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.11342592882421307, 1, 0.0, 0},
+    {384, 384, 24576, 0.4058240056037903, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1359417135784145, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.27822399139404297, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14944446421459154, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8286080062389374, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11885234391166942, 1, 0.0, 0},
+    {1536, 2560, 768, 0.024320000782608986, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.005432781351894479, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.13623999804258347, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.015117836300383556, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.0489920377731323, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.029870192069615765, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3442879915237427, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.006458862490826203, 1, 0.0, 0},
+    {512, 512, 512, 0.09398400038480759, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.027979629004289838, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.0716640017926693, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.04609201039597388, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02638399973511696, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3474805279430719, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07964800298213959, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.07197857083051001, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07382400333881378, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.17715348684660936, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08310399949550629, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08593114638529317, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6192159950733185, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3763759360191446, 1, 0.0, 1},
 };
 static const Point tf32_14_unaligned[] = {
     {2047, 2047, 2047, 0.2032639980316162, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.024564457013528895, 1, 0.0, 0},
@@ -16865,109 +18290,166 @@ static const Point tf32_14_unaligned[] = {
     {1024, 1024, 1024, 0.03516799956560135, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1507831998192384, 1, 0.0, 0},
 };
 static const Point tf32_15_aligned[] = {
-    {256, 256, 256, 0.010400000028312206, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.3959279218775229, 1, 0.0, 0},
-    {512, 512, 512, 0.01500799972563982, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.11522926096782757, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03630400076508522, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.24676474236491916, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.14323199540376663, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.47565693286127975, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.9211840033531189, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.3774582893153459, 1, 0.0, 0},
-    {8192, 8192, 8192, 8.196144104003906, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.09937588464390765, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.4144800007343292, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.3918538319635518, 1, 0.0, 0},
-    {1, 4096, 4096, 0.041120000183582306, 0.0, 8.317766166719343, 8.317766166719343, 0.1909563414829306, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07017599791288376, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.11675977748455318, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07049600034952164, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.26877448099390977, 1, 0.0, 0},
-    {128, 8192, 8192, 0.15404799580574036, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.02236859623711231, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1512639969587326, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0041310158086053555, 1, 0.0, 0},
-    {4096, 32, 4096, 0.06230400130152702, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0022209149300233136, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08985599875450134, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.011694614786694178, 1, 0.0, 0},
-    {1, 11008, 4096, 0.08099199831485748, 0.0, 9.306377560173125, 8.317766166719343, 0.2601037985466742, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08211199939250946, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.27383759658509954, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04224000126123428, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.2178293851282425, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10449599847197533, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.1392457886485621, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06171200051903725, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.011768155133246362, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06831999868154526, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.08995596517233358, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06764800101518631, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.2275363106706075, 1, 0.0, 0},
-    {4096, 4096, 512, 0.34033599495887756, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.45876348206150636, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.8244799971580505, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.5282218743484571, 1, 0.0, 0},
-    {8192, 8192, 256, 1.2728480100631714, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.3826558354958697, 1, 0.0, 0},
-    {2048, 2048, 128, 0.08182399719953537, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.3774869985889278, 1, 0.0, 0},
-    {16384, 4096, 64, 1.2579200267791748, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.2970735978367881, 1, 0.0, 0},
-    {256, 256, 32768, 0.11604799702763557, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.39587156516308514, 1, 0.0, 0},
-    {512, 512, 16384, 0.07313599810004234, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.24281820932024364, 1, 0.0, 0},
-    {128, 1024, 65536, 0.22921599447727203, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.3653187208934691, 1, 0.0, 0},
-    {64, 64, 131072, 0.3814080059528351, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5277426381204904, 1, 0.0, 0},
-    {384, 384, 24576, 0.09375999867916107, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.3465364544107673, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.47121599316596985, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.273831380108691, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5551200211048126, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2906479442128868, 1, 0.0, 0},
-    {1536, 2560, 768, 0.09206400066614151, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.4221577702363012, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.3861440122127533, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.4497096043772221, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.6200320720672607, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.007556328035153126, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.3741439580917358, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.15844465040690417, 1, 0.0, 0},
-    {512, 512, 512, 0.35180801153182983, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.42561122715365407, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.6408320069313049, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.3366358061295211, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.08374399691820145, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.3542930739247326, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.6374719738960266, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.29217409258592075, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1409599930047989, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.6778710176357079, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.6625119745731354, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.35072794703040244, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.257248044013977, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.06643757281597701, 1, 0.0, 1},
+    {256, 256, 256, 0.009535999968647957, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2496583389335406, 1, 0.0, 0},
+    {512, 512, 512, 0.011839999817311764, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.13480507175925405, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.026016000658273697, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.41818763326149755, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.1327200010418892, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.43069824474364515, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.8947039842605591, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.30924292175918544, 1, 0.0, 0},
+    {8192, 8192, 8192, 11.926623821258545, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.35707139175089314, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.41600000858306885, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.2815676035129537, 1, 0.0, 0},
+    {1, 4096, 4096, 0.03923200070858002, 0.0, 8.317766166719343, 8.317766166719343, 0.27883439767321416, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06905599683523178, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.21783548325387728, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0644799992442131, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.2860480355095956, 1, 0.0, 0},
+    {128, 8192, 8192, 0.14564800262451172, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.05645717761371272, 1, 0.0, 0},
+    {8192, 128, 8192, 0.13635199517011642, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.009495850273440248, 1, 0.0, 0},
+    {4096, 32, 4096, 0.060047999024391174, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.07806198559273583, 1, 0.0, 0},
+    {80, 8192, 4096, 0.19787199795246124, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.8883415040855901, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08161600306630135, 0.0, 9.306377560173125, 8.317766166719343, 0.38494311819764615, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08195199817419052, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3890514471853243, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04044799879193306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.3093588079554217, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10654399916529655, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.26927919496759556, 1, 0.0, 0},
+    {4096, 16, 4096, 0.061135999858379364, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.09601864783527932, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06862400099635124, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.211560101740736, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06387200206518173, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.27657406205461277, 1, 0.0, 0},
+    {4096, 4096, 512, 0.2710080146789551, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.5301826349750423, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.7434720098972321, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.4930948384664116, 1, 0.0, 0},
+    {8192, 8192, 256, 0.8897119760513306, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.5718435889031063, 1, 0.0, 0},
+    {2048, 2048, 128, 0.05923200026154518, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.5186564371231295, 1, 0.0, 0},
+    {16384, 4096, 64, 0.9015679955482483, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.4493623732515013, 1, 0.0, 0},
+    {256, 256, 32768, 0.10358399897813797, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.43534332292767813, 1, 0.0, 0},
+    {512, 512, 16384, 0.06351999938488007, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.29728026132459295, 1, 0.0, 0},
+    {128, 1024, 65536, 0.2059839963912964, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.40492379056467476, 1, 0.0, 0},
+    {64, 64, 131072, 0.34569600224494934, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5624510461444306, 1, 0.0, 0},
+    {384, 384, 24576, 0.08345600217580795, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.3844541891414951, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4474399983882904, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2518324596174685, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5232640206813812, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2838649291133914, 1, 0.0, 0},
+    {1536, 2560, 768, 0.08452800288796425, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.35297796927417624, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.3794720023870468, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.3491879198767878, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.584720015525818, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09453859291439451, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.3876959681510925, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.2657797978503227, 1, 0.0, 0},
+    {512, 512, 512, 0.29393599927425385, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.44896897578099687, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.47974398732185364, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.45107772116934647, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.0698080025613308, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.354369724857491, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.4947520047426224, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.36430692098366074, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.16223999857902527, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.37910376682465213, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.48691199719905853, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.4892467248155064, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.1825760006904602, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.030285451985492415, 1, 0.0, 1},
 };
 static const Point tf32_15_unaligned[] = {
-    {2047, 2047, 2047, 0.24201600253582, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.07044190108658896, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1316159963607788, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.048368957142340116, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.077728033065796, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.08456858103209847, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03892799839377403, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.06483456172893755, 1, 0.0, 0},
-    {4096, 1, 4096, 0.06430399790406227, 8.317766166719343, 0.0, 8.317766166719343, -0.05728398317608813, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05040000006556511, 0.0, 8.317766166719343, 8.317766166719343, -0.003428793237623111, 1, 0.0, 0},
-    {16, 11008, 4096, 0.09641599655151367, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.08602797981449377, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.7019200325012207, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06533055121745178, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05455999821424484, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.00025079198178585513, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.24313600361347198, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.06093975662956651, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.13180800527334213, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.05308188926181102, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.0584800243377686, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.0807884195243296, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03846399858593941, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.07293634163967792, 1, 0.0, 0},
+    {4096, 1, 4096, 0.06439999863505363, 8.317766166719343, 0.0, 8.317766166719343, -0.06906792885480705, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05060800164937973, 0.0, 8.317766166719343, 8.317766166719343, 0.0027171550925688304, 1, 0.0, 0},
+    {16, 11008, 4096, 0.09619200229644775, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.08881768078951678, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6520959734916687, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.08525427541448335, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05443200096487999, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.002400563760093465, 1, 0.0, 0},
 };
 static const Point tf32_16_aligned[] = {
-    {256, 256, 256, 0.013535999692976475, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.2031361717311934, 1, 0.0, 0},
-    {512, 512, 512, 0.014112000353634357, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08362111529057163, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.02147199958562851, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10851437377274639, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.07212799787521362, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08972341730596098, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.40694400668144226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0694405611024091, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.043231964111328, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.02719801502956448, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.17299200594425201, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.047273395258603676, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, -0.1151783230002383, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08220800012350082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.08544915255247156, 1, 0.0, 0},
-    {64, 4096, 8192, 0.12264000251889229, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.16193292817911492, 1, 0.0, 0},
-    {128, 8192, 8192, 0.14127999544143677, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.020442478692098004, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1467519998550415, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.017557902966074325, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07023999840021133, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07188554332647194, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0785600021481514, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.0400592215129976, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09886400029063225, 0.0, 9.306377560173125, 8.317766166719343, 0.26994170138104295, 1, 0.0, 0},
-    {8, 11008, 4096, 0.0944799967110157, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2245846672003738, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06649599969387054, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.12666167900426353, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11631999909877777, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.43254153616012686, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07123199850320816, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05786133523713223, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08342400193214417, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.1001325910343238, 1, 0.0, 0},
-    {12, 4096, 8192, 0.12004799768328667, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.18329453977643875, 1, 0.0, 0},
-    {4096, 4096, 512, 0.06678400188684464, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.12151087139799645, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.23552000522613525, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.06198390847570661, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1613759994506836, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.024771718691886192, 1, 0.0, 0},
-    {2048, 2048, 128, 0.014864000026136637, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.026777405493851877, 1, 0.0, 0},
-    {16384, 4096, 64, 0.112271998077631, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.09328842331412032, 1, 0.0, 0},
-    {256, 256, 32768, 0.4302240014076233, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.25742210397778365, 1, 0.0, 0},
-    {512, 512, 16384, 0.2250239998102188, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2244339309662216, 1, 0.0, 0},
-    {128, 1024, 65536, 0.8676159977912903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.2430410574009287, 1, 0.0, 0},
-    {64, 64, 131072, 1.7249760031700134, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24591258797863036, 1, 0.0, 0},
-    {384, 384, 24576, 0.3262079954147339, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.25054704068998424, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.2484320029616356, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12547181514531536, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6542560160160065, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2396419217371399, 1, 0.0, 0},
-    {1536, 2560, 768, 0.032496001571416855, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.10093136128536322, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14606399834156036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.055946652178333424, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.1851360201835632, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08779526267756502, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.399152010679245, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0920226127793678, 1, 0.0, 0},
-    {512, 512, 512, 0.08339200168848038, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.10057797120415951, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.00739109487588613, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02489599958062172, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5425423528147577, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07116799801588058, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21678022301462066, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07089600339531898, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.32187389577163833, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08164800330996513, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.0775927055172672, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6275520026683807, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.36371037899115155, 1, 0.0, 1},
+    {256, 256, 256, 0.011615999974310398, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.4977616014442155, 1, 0.0, 0},
+    {512, 512, 512, 0.020255999639630318, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.2932486559583955, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05507199838757515, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3523055354998446, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.21376000344753265, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.4165055614473127, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.9634400010108948, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.5146475583109884, 1, 0.0, 0},
+    {8192, 8192, 8192, 7.55788779258728, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.21536214488011401, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5283360183238983, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.3926798756041055, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04070400074124336, 0.0, 8.317766166719343, 8.317766166719343, 0.16137038877818943, 1, 0.0, 0},
+    {16, 8192, 4096, 0.0687360018491745, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.1603108255280043, 1, 0.0, 0},
+    {64, 4096, 8192, 0.07161600142717361, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.37504756606755113, 1, 0.0, 0},
+    {128, 8192, 8192, 0.17665600031614304, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.09474043544721593, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1391039937734604, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.1442420949945398, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05119999870657921, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.05813921941120714, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09356799721717834, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.15574801725942772, 1, 0.0, 0},
+    {1, 11008, 4096, 0.0809439979493618, 0.0, 9.306377560173125, 8.317766166719343, 0.037191692110996356, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0817599967122078, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.03650090900653319, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04251199960708618, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.18566431317684803, 1, 0.0, 0},
+    {4, 14336, 4096, 0.09993600100278854, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0876727027415797, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05076799914240837, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.03990819070201691, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06569600105285645, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.13045620704952937, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06598400324583054, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.3923223469280481, 1, 0.0, 0},
+    {4096, 4096, 512, 0.7748160064220428, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.21139754568787328, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.7213599681854248, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.27833454114767964, 1, 0.0, 0},
+    {8192, 8192, 256, 3.051535964012146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.16107664752093534, 1, 0.0, 0},
+    {2048, 2048, 128, 0.17484800517559052, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.30647463237687456, 1, 0.0, 0},
+    {16384, 4096, 64, 3.0532000064849854, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.13139167552507994, 1, 0.0, 0},
+    {256, 256, 32768, 0.046720001846551895, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.04308380602378521, 1, 0.0, 0},
+    {512, 512, 16384, 0.06252799928188324, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.15140113298220156, 1, 0.0, 0},
+    {128, 1024, 65536, 0.13577600568532944, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.18364555644339212, 1, 0.0, 0},
+    {64, 64, 131072, 0.1056319996714592, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.33496615715402656, 1, 0.0, 0},
+    {384, 384, 24576, 0.062272001057863235, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.16927860700658268, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4968160092830658, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.16219120224981182, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5940159857273102, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06087039382889998, 1, 0.0, 0},
+    {1536, 2560, 768, 0.16838400065898895, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.3933782118438303, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.5723519921302795, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.4016062759390498, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.660096049308777, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.47915730884085167, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.0799840092658997, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.26575826336914976, 1, 0.0, 0},
+    {512, 512, 512, 0.7894399762153625, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.19269933257392105, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 1.5296319723129272, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.14459727297758787, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.16467200219631195, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.36643605704882903, 256, 5.545177444479562, 0},
+    {512, 512, 64, 1.5335039496421814, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.13231413841405087, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.24319999665021896, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.6730091432226535, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 1.5612319707870483, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.1433783218915413, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.5449919700622559, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.04171854482595179, 1, 0.0, 1},
 };
 static const Point tf32_16_unaligned[] = {
+    {2047, 2047, 2047, 0.33537599444389343, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03839840047438033, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.18454399704933167, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03531623652716133, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.3328800201416016, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.11259760497830495, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04879999905824661, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0716353377171135, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05313599854707718, 8.317766166719343, 0.0, 8.317766166719343, -0.09536710353236771, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04915200173854828, 0.0, 8.317766166719343, 8.317766166719343, -0.002246366128832216, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11513599753379822, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.14858229785244556, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.850160002708435, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.13025670516997037, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.08140800148248672, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.012429550075490148, 1, 0.0, 0},
+};
+static const Point tf32_17_aligned[] = {
+    {256, 256, 256, 0.013535999692976475, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.2024142428645933, 1, 0.0, 0},
+    {512, 512, 512, 0.014112000353634357, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08467694684038464, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.02147199958562851, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10987836812558836, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.07212799787521362, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.09126807017731813, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.40694400668144226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.07114129499850007, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.043231964111328, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.025396257269276145, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.17299200594425201, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.04563279981412905, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, -0.1169180541581706, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08220800012350082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.08370942139453932, 1, 0.0, 0},
+    {64, 4096, 8192, 0.12264000251889229, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.16375579048760155, 1, 0.0, 0},
+    {128, 8192, 8192, 0.14127999544143677, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.022265341000584648, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1467519998550415, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.015735040657587535, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07023999840021133, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07362527448440429, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0785600021481514, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.038319490355065426, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09886400029063225, 0.0, 9.306377560173125, 8.317766166719343, 0.2682019702231107, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0944799967110157, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2228449360424415, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06649599969387054, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.12840141016219578, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11631999909877777, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4308018050021946, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07123199850320816, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.059601066395064586, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08342400193214417, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.09839285987639171, 1, 0.0, 0},
+    {12, 4096, 8192, 0.12004799768328667, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.18511740208492541, 1, 0.0, 0},
+    {4096, 4096, 512, 0.06678400188684464, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.12218991716755623, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.23552000522613525, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.06314356312395446, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1613759994506836, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.02467173338469063, 1, 0.0, 0},
+    {2048, 2048, 128, 0.014864000026136637, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02687946644580305, 1, 0.0, 0},
+    {16384, 4096, 64, 0.112271998077631, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.09479095413687111, 1, 0.0, 0},
+    {256, 256, 32768, 0.4302240014076233, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.25931260489341706, 1, 0.0, 0},
+    {512, 512, 16384, 0.2250239998102188, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.22630134564258286, 1, 0.0, 0},
+    {128, 1024, 65536, 0.8676159977912903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.2449433125940496, 1, 0.0, 0},
+    {64, 64, 131072, 1.7249760031700134, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24782077423002516, 1, 0.0, 0},
+    {384, 384, 24576, 0.3262079954147339, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2524297842566769, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.2484320029616356, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12733922982167667, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6542560160160065, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2415402429426241, 1, 0.0, 0},
+    {1536, 2560, 768, 0.032496001571416855, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.10203433408406645, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14606399834156036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.05746507143490504, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.1851360201835632, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08609940946823162, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.399152010679245, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.09032026191013352, 1, 0.0, 0},
+    {512, 512, 512, 0.08339200168848038, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09989892543459955, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.00817339665215597, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02489599958062172, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5426444137667088, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07116799801588058, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21816992350633727, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07089600339531898, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3211498411834864, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08164800330996513, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.07754419440350542, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6275520026683807, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3620096450950606, 1, 0.0, 1},
+};
+static const Point tf32_17_unaligned[] = {
     {2047, 2047, 2047, 0.20337600260972977, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.011303139574319054, 1, 0.0, 0},
     {1531, 1531, 1531, 0.11495999991893768, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2328442442540599, 1, 0.0, 0},
     {5003, 5003, 5003, 2.6779520511627197, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02973844688706693, 1, 0.0, 0},
@@ -16978,53 +18460,53 @@ static const Point tf32_16_unaligned[] = {
     {4096, 4096, 4096, 1.4453759789466858, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.035186970380336614, 1, 0.0, 0},
     {1024, 1024, 1024, 0.03561599925160408, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14440163421495372, 1, 0.0, 0},
 };
-static const Point tf32_17_aligned[] = {
-    {256, 256, 256, 0.011983999982476234, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.24043213842058142, 1, 0.0, 0},
-    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1619249040836989, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.02627200074493885, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.12834270439156664, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.0498879998922348, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07843765783110443, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.40406399965286255, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.07598768519188026, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.1429280042648315, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.09076553410840188, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.20281599462032318, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.012489446658566848, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07823999971151352, 0.0, 8.317766166719343, 8.317766166719343, -0.08853685315594398, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08633600175380707, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0040670923342591425, 1, 0.0, 0},
-    {64, 4096, 8192, 0.15033599734306335, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.06777395413979477, 1, 0.0, 0},
-    {128, 8192, 8192, 0.1597760021686554, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.029985181412648988, 1, 0.0, 0},
-    {8192, 128, 8192, 0.19767999649047852, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.16992097792607713, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07913599908351898, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.08023908981453448, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08640000224113464, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.009505533580751364, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09534400328993797, 0.0, 9.306377560173125, 8.317766166719343, 0.08809921181950409, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09457599744200706, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.07910730123856327, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07919999957084656, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.07707794645478237, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10979200154542923, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21870504208310027, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07849600166082382, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.08679140905918374, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08516800031065941, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.016718993457747706, 1, 0.0, 0},
-    {12, 4096, 8192, 0.14982399344444275, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.06846800736093979, 1, 0.0, 0},
-    {4096, 4096, 512, 0.0828159973025322, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.1524543588391447, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.24905600398778915, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.006076431961372121, 1, 0.0, 0},
-    {8192, 8192, 256, 0.17335999757051468, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.054309065281195744, 1, 0.0, 0},
-    {2048, 2048, 128, 0.01484800036996603, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10816337013019808, 1, 0.0, 0},
-    {16384, 4096, 64, 0.11999999731779099, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.016613947447087413, 1, 0.0, 0},
-    {256, 256, 32768, 0.5735999941825867, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.04919956057460181, 1, 0.0, 0},
-    {512, 512, 16384, 0.2911680042743683, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.05940789900705505, 1, 0.0, 0},
-    {128, 1024, 65536, 1.1400320529937744, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.049313564916813026, 1, 0.0, 0},
-    {64, 64, 131072, 2.2717440128326416, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.043557515829962964, 1, 0.0, 0},
-    {384, 384, 24576, 0.4317919909954071, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.0553439814509226, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.2969760000705719, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12543103385501866, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8829279839992523, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.05703771600276635, 1, 0.0, 0},
-    {1536, 2560, 768, 0.02659199945628643, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.00476289851611214, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.15079999715089798, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.0022478940733538784, 1, 0.0, 0},
-    {4096, 11008, 4096, 0.9803680181503296, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.037733294914281304, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.35923199355602264, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.024249204737909077, 1, 0.0, 0},
-    {512, 512, 512, 0.09163199737668037, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.25361363899522604, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.07932800054550171, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.09280212235193135, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.030400000512599945, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3472435482402367, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07380800321698189, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.18304752151623316, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08153600245714188, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.18327967006802418, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.09980800002813339, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.06029061930879355, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.5676159858703613, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.4161284502489113, 1, 0.0, 1},
+static const Point tf32_18_aligned[] = {
+    {256, 256, 256, 0.011983999982476234, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.24106710381382848, 1, 0.0, 0},
+    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.16303155486455664, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.02627200074493885, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.12954259344293992, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.0498879998922348, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07797963848705468, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.40406399965286255, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.07641544436815956, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.1429280042648315, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0912093677227949, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.20281599462032318, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.012831301032103082, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07823999971151352, 0.0, 8.317766166719343, 8.317766166719343, -0.0908854826253442, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08633600175380707, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.006094273008478675, 1, 0.0, 0},
+    {64, 4096, 8192, 0.15033599734306335, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.07022797823224776, 1, 0.0, 0},
+    {128, 8192, 8192, 0.1597760021686554, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.03190839822281133, 1, 0.0, 0},
+    {8192, 128, 8192, 0.19767999649047852, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.16829045085882674, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07913599908351898, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0825163924563645, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08640000224113464, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.011392181310025725, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09534400328993797, 0.0, 9.306377560173125, 8.317766166719343, 0.08623293827267675, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09457599744200706, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.07726150162375178, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07919999957084656, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.07940955380592826, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10979200154542923, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21707519809897344, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07849600166082382, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.08910488676528738, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08516800031065941, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.018768288136423523, 1, 0.0, 0},
+    {12, 4096, 8192, 0.14982399344444275, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.07098523632037003, 1, 0.0, 0},
+    {4096, 4096, 512, 0.0828159973025322, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.15269696027811375, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.24905600398778915, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.00583901569704419, 1, 0.0, 0},
+    {8192, 8192, 256, 0.17335999757051468, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.05426632149900053, 1, 0.0, 0},
+    {2048, 2048, 128, 0.01484800036996603, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10858132418642029, 1, 0.0, 0},
+    {16384, 4096, 64, 0.11999999731779099, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.016420777904125917, 1, 0.0, 0},
+    {256, 256, 32768, 0.5735999941825867, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.052156495686441456, 1, 0.0, 0},
+    {512, 512, 16384, 0.2911680042743683, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.06212153906414748, 1, 0.0, 0},
+    {128, 1024, 65536, 1.1400320529937744, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.05223639646324453, 1, 0.0, 0},
+    {64, 64, 131072, 2.2717440128326416, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.04661320029792924, 1, 0.0, 0},
+    {384, 384, 24576, 0.4317919909954071, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.0581871375593903, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.2969760000705719, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12621268821094067, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8829279839992523, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.05909295489715852, 1, 0.0, 0},
+    {1536, 2560, 768, 0.02659199945628643, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.004433461039549943, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.15079999715089798, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.0024273062245423783, 1, 0.0, 0},
+    {4096, 11008, 4096, 0.9803680181503296, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.03737821776786816, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.35923199355602264, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.02417893725093727, 1, 0.0, 0},
+    {512, 512, 512, 0.09163199737668037, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.2538562404341951, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.07932800054550171, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.09276191809745243, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.030400000512599945, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.34718591279058947, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07380800321698189, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1829171936883989, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.08153600245714188, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.18254481407579373, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.09980800002813339, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.060368321902302444, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.5676159858703613, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.4165507200327364, 1, 0.0, 1},
 };
-static const Point tf32_17_unaligned[] = {
+static const Point tf32_18_unaligned[] = {
     {2047, 2047, 2047, 0.20238400250673294, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.026345959974256695, 1, 0.0, 0},
     {1531, 1531, 1531, 0.1188799999654293, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.23586093188067775, 1, 0.0, 0},
     {5003, 5003, 5003, 2.6751359701156616, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.0377927631526369, 1, 0.0, 0},
@@ -17035,194 +18517,201 @@ static const Point tf32_17_unaligned[] = {
     {4096, 4096, 4096, 1.4525759816169739, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.021219299314767202, 1, 0.0, 0},
     {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1526225761601521, 1, 0.0, 0},
 };
-static const Point tf32_18_aligned[] = {
-    {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.07882677346729366, 1, 0.0, 0},
-    {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06712842597405352, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.053335227385190406, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.22515200078487396, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.03314998749791787, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.7058559656143188, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.008232021922098669, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.485167980194092, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.002777362017615023, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.2967679500579834, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.49022308408262866, 1, 0.0, 0},
-    {1, 4096, 4096, 0.29016000032424927, 0.0, 8.317766166719343, 8.317766166719343, 0.3609893194095196, 1, 0.0, 0},
-    {16, 8192, 4096, 0.23475199937820435, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.060967214273972135, 1, 0.0, 0},
-    {64, 4096, 8192, 0.4789760112762451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.15378457876421534, 1, 0.0, 0},
-    {128, 8192, 8192, 0.48230400681495667, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.006993942445187443, 1, 0.0, 0},
-    {8192, 128, 8192, 0.4813760071992874, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.008919892737867733, 1, 0.0, 0},
-    {4096, 32, 4096, 0.24040000140666962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.15506023030245691, 1, 0.0, 0},
-    {80, 8192, 4096, 0.2314079999923706, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.019076990759055907, 1, 0.0, 0},
-    {1, 11008, 4096, 0.2260800004005432, 0.0, 9.306377560173125, 8.317766166719343, -0.007331970994356509, 1, 0.0, 0},
-    {8, 11008, 4096, 0.22998400032520294, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.00015682264025894174, 1, 0.0, 0},
-    {16, 4096, 4096, 0.23078399896621704, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.12338616151378927, 1, 0.0, 0},
-    {4, 14336, 4096, 0.22934399545192719, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.05063016788126792, 1, 0.0, 0},
-    {4096, 16, 4096, 0.22803199291229248, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.11138989675372757, 1, 0.0, 0},
-    {6, 8192, 4096, 0.22764800488948822, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.04090471380673252, 1, 0.0, 0},
-    {12, 4096, 8192, 0.45529599487781525, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.13320091685942076, 1, 0.0, 0},
-    {4096, 4096, 512, 0.2282239943742752, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.00556520421491909, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.0906400084495544, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.12793950718763755, 1, 0.0, 0},
-    {8192, 8192, 256, 0.4739519953727722, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0023952410035940138, 1, 0.0, 0},
-    {2048, 2048, 128, 0.02147199958562851, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.006720660475380247, 1, 0.0, 0},
-    {16384, 4096, 64, 0.15887999534606934, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.00017673345468635857, 1, 0.0, 0},
-    {256, 256, 32768, 1.8849760293960571, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.2505473598219161, 1, 0.0, 0},
-    {512, 512, 16384, 0.9659200012683868, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.2101142948010537, 1, 0.0, 0},
-    {128, 1024, 65536, 3.8055520057678223, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.242563848036879, 1, 0.0, 0},
-    {64, 64, 131072, 7.486000061035156, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.265875909933538, 1, 0.0, 0},
-    {384, 384, 24576, 1.7966720461845398, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.46312760539993875, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.919647991657257, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.4011585650417682, 1, 0.0, 0},
-    {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.25790021775222177, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.32696240130744475, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.7763039767742157, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.23706043876530958, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.042191982269287, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09547609724895144, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.6607680320739746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.05500118092570323, 1, 0.0, 0},
-    {512, 512, 512, 0.2559039890766144, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.12003995752830922, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.177824005484581, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2791073851390664, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03014400042593479, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.33251551055752865, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.11313599720597267, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.31945758547577324, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11807999759912491, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15401394312032804, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.29308798909187317, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.2033685485789982, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5767931602696584, 1, 0.0, 1},
+static const Point tf32_19_aligned[] = {
+    {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.07996988966142864, 1, 0.0, 0},
+    {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06829000893725848, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.052641997177126844, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.22515200078487396, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.03267280421964349, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.7058559656143188, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.007727892831358613, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.485167980194092, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.002265356622785164, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.2967679500579834, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.4900221819557374, 1, 0.0, 0},
+    {1, 4096, 4096, 0.29016000032424927, 0.0, 8.317766166719343, 8.317766166719343, 0.36233605317863216, 1, 0.0, 0},
+    {16, 8192, 4096, 0.23475199937820435, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.06201827989824981, 1, 0.0, 0},
+    {64, 4096, 8192, 0.4789760112762451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.15502230625070063, 1, 0.0, 0},
+    {128, 8192, 8192, 0.48230400681495667, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.006280473026391656, 1, 0.0, 0},
+    {8192, 128, 8192, 0.4813760071992874, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.008206423319072027, 1, 0.0, 0},
+    {4096, 32, 4096, 0.24040000140666962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.15634511135318283, 1, 0.0, 0},
+    {80, 8192, 4096, 0.2314079999923706, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.01822996139089238, 1, 0.0, 0},
+    {1, 11008, 4096, 0.2260800004005432, 0.0, 9.306377560173125, 8.317766166719343, -0.006377796333373624, 1, 0.0, 0},
+    {8, 11008, 4096, 0.22998400032520294, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.0010811669258595428, 1, 0.0, 0},
+    {16, 4096, 4096, 0.23078399896621704, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.12470269102797159, 1, 0.0, 0},
+    {4, 14336, 4096, 0.22934399545192719, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.049850258540682986, 1, 0.0, 0},
+    {4096, 16, 4096, 0.22803199291229248, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.1127064262679101, 1, 0.0, 0},
+    {6, 8192, 4096, 0.22764800488948822, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.041990194084042885, 1, 0.0, 0},
+    {12, 4096, 8192, 0.45529599487781525, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.13454250421727076, 1, 0.0, 0},
+    {4096, 4096, 512, 0.2282239943742752, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.005151892655239802, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.0906400084495544, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.12749751039632293, 1, 0.0, 0},
+    {8192, 8192, 256, 0.4739519953727722, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.002053203155951165, 1, 0.0, 0},
+    {2048, 2048, 128, 0.02147199958562851, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.006825512074151963, 1, 0.0, 0},
+    {16384, 4096, 64, 0.15887999534606934, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.0001706887433673194, 1, 0.0, 0},
+    {256, 256, 32768, 1.8849760293960571, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.2521447105548583, 1, 0.0, 0},
+    {512, 512, 16384, 0.9659200012683868, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.21148989891706854, 1, 0.0, 0},
+    {128, 1024, 65536, 3.8055520057678223, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.24408876803572377, 1, 0.0, 0},
+    {64, 64, 131072, 7.486000061035156, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.26754677724157805, 1, 0.0, 0},
+    {384, 384, 24576, 1.7966720461845398, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.4646294942888339, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.919647991657257, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.4011533663113251, 1, 0.0, 0},
+    {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.25861643331988277, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.326604949443281, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.7763039767742157, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.23665314724316494, 1, 0.0, 0},
+    {4096, 11008, 4096, 5.042191982269287, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09499207993095239, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.6607680320739746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.054623018198950546, 1, 0.0, 0},
+    {512, 512, 512, 0.2559039890766144, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.11962664596862993, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.177824005484581, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2789135907908993, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03014400042593479, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.33241065895875693, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.11313599720597267, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.31947032613224186, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11807999759912491, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15387544406211176, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.29308798909187317, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20303280470301413, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5762908608450156, 1, 0.0, 1},
 };
-static const Point tf32_18_unaligned[] = {
-    {2047, 2047, 2047, 0.3251839876174927, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.050939485347576176, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.2595840096473694, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2349451572894888, 1, 0.0, 0},
-    {5003, 5003, 5003, 5.0763840675354, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.022074709516300764, 1, 0.0, 0},
-    {127, 4099, 1023, 0.10513600334525108, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.031386399479021554, 1, 0.0, 0},
-    {4096, 1, 4096, 0.2961440086364746, 8.317766166719343, 0.0, 8.317766166719343, -0.06742439910262381, 1, 0.0, 0},
-    {1, 4096, 4096, 0.3405120074748993, 0.0, 8.317766166719343, 8.317766166719343, 0.07218013843118573, 1, 0.0, 0},
-    {16, 11008, 4096, 0.34305599331855774, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.053841036388959845, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.4191360473632812, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.040281312794432325, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.10574400052428246, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.12301131685161573, 1, 0.0, 0},
+static const Point tf32_19_unaligned[] = {
+    {2047, 2047, 2047, 0.3251839876174927, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.05088287684963823, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.2595840096473694, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.23492849958670914, 1, 0.0, 0},
+    {5003, 5003, 5003, 5.0763840675354, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.02200113667925534, 1, 0.0, 0},
+    {127, 4099, 1023, 0.10513600334525108, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.031465317981328955, 1, 0.0, 0},
+    {4096, 1, 4096, 0.2961440086364746, 8.317766166719343, 0.0, 8.317766166719343, -0.06786946760488405, 1, 0.0, 0},
+    {1, 4096, 4096, 0.3405120074748993, 0.0, 8.317766166719343, 8.317766166719343, 0.07173506992892544, 1, 0.0, 0},
+    {16, 11008, 4096, 0.34305599331855774, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.054175693596915875, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.4191360473632812, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.040309215871122295, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.10574400052428246, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.12304218640036126, 1, 0.0, 0},
 };
 
-static const Member members[19] = {
+static const Member members[20] = {
     {128, 128, 32, 1, 1, true, true,
-     {tf32_0_aligned, 44, {0.018631478154877073, 0.0006094659234201392, 0.0009070995396270241, 0.0, 4.239542423734873}, 1.306210446138094},
+     {tf32_0_aligned, 44, {0.018646423948313014, 0.0006086334515394673, 0.0009118913803629459, 0.0, 4.156855608279764}, 1.3063778355153313},
      {tf32_0_unaligned, 9, {0.0, 0.0005543298815329547, 0.018957114266063804, 0.17898505202981918, 0.0}, 1.0}
      , true
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {tf32_1_aligned, 44, {0.005089039712448051, 0.0003908258699943904, 0.001785766399975927, 0.0, 0.0}, 1.6737770249920207},
+     {tf32_1_aligned, 44, {0.005106359023580655, 0.0003925142193084812, 0.0017703880505524764, 0.0, 0.0}, 1.6727150486474371},
      {tf32_1_unaligned, 9, {0.0, 0.0003337889029104249, 0.011612529880484987, 0.24132780087730826, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 4, 1, true, true,
-     {tf32_2_aligned, 44, {0.008320650276104416, 0.00013615115814231475, 0.011343857739623148, 0.06426361211345893, 0.0}, 1.271662554801027},
-     {tf32_2_unaligned, 9, {0.02418804072909505, 6.603758279400764e-05, 0.0019785713873474615, 0.24776418093898905, 0.0}, 1.0}
+     {tf32_2_aligned, 44, {0.004224885075160646, 0.00015506395050564857, 0.010160634698093588, 0.06508519038065723, 0.0}, 1.1729891738231473},
+     {tf32_2_unaligned, 9, {0.02302776128383002, 0.00011678039646263624, 0.002561602036397691, 0.22104202077785318, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_3_aligned, 44, {0.0036517394982186215, 0.0005495002749434239, 0.00642440427154695, 0.018989133996436095, 0.0}, 1.1016380268251402},
+     {tf32_3_aligned, 44, {0.003648748047862468, 0.000550413817288421, 0.006426257697708691, 0.018810403412716285, 0.0}, 1.1019099729588122},
      {tf32_3_unaligned, 9, {0.0, 0.0, 0.01976548668421989, 0.33993873622390003, 0.0}, 1.0}
      , false
      , 2, 1
      , false, 0
     },
     {64, 128, 32, 1, 1, true, true,
-     {tf32_4_aligned, 44, {0.005395411018483722, 0.0002936364547246861, 0.0006527129416468125, 0.0, 0.0}, 1.8393235393739364},
+     {tf32_4_aligned, 44, {0.005381010027831397, 0.0002933898436432341, 0.0006550210290505044, 0.0, 0.0}, 1.8394639575385887},
      {tf32_4_unaligned, 9, {0.01115811344736278, 0.0006113203572116301, 0.0007536098856911114, 0.03920425686423055, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_5_aligned, 44, {0.0051056798544639815, 0.0007097303339648574, 0.005250884514212765, 0.02173276991596263, 0.0}, 1.389711978683098},
-     {tf32_5_unaligned, 9, {0.028435597340519165, 0.0013072817972929847, 0.0009365395535800492, 0.06663142471620007, 0.0}, 1.0}
+     {tf32_5_aligned, 44, {0.005105396667339487, 0.0007099523213875874, 0.005251076575657486, 0.021692363079249065, 0.0}, 1.389773870065973},
+     {tf32_5_unaligned, 9, {0.02846120150992983, 0.001307769288224184, 0.0008953655148291541, 0.06659191029358268, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 128, 1, true, true,
-     {tf32_6_aligned, 44, {0.032829874933677, 0.00027874973778431163, 0.001334201494202562, 0.0, 7.818056880264311}, 1.3881352421233566},
-     {tf32_6_unaligned, 9, {0.05326018164727085, 0.0, 0.0002531408446816765, 0.5634383511139976, 69.79812533746761}, 1.0}
+     {tf32_6_aligned, 44, {0.0329406255083429, 0.000276602574924198, 0.001337462094110774, 0.0, 7.01114989612864}, 1.3905883397291248},
+     {tf32_6_unaligned, 9, {0.05326009604351927, 0.0, 0.0002531424707779851, 0.5634381188996168, 69.79809446662055}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {16, 2, 512, 1, 5, true, false,
-     {tf32_7_aligned, 9, {0.008968831290881427, 0.0007068867944737753, 0.0, 0.0, 51.85013831710572}, 1.0},
-     {tf32_7_unaligned, 3, {0.0, 0.0010696320158068973, 0.0, 0.0, 0.0}, 1.0}
+     {tf32_7_aligned, 9, {0.008870891844306944, 0.0007104905132039664, 0.0, 0.0, 50.5409228097501}, 1.0},
+     {tf32_7_unaligned, 3, {0.0, 0.0010696311434460338, 0.0, 0.0, 0.0}, 1.0}
      , false
      , 1, 1
      , true, 0
     },
     {128, 192, 32, 1, 1, true, true,
-     {tf32_8_aligned, 44, {0.0033551955991324993, 0.0005346425488549726, 0.004464083815329651, 0.0, 0.0}, 1.417191865685602},
+     {tf32_8_aligned, 44, {0.0033685899411902585, 0.0005358041751522248, 0.004452925856581309, 0.0, 0.0}, 1.416766508340122},
      {tf32_8_unaligned, 9, {0.012264224045404944, 0.0002522020780071599, 0.0, 0.3568482501236173, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
+    {128, 64, 32, 4, 1, true, true,
+     {tf32_9_aligned, 44, {0.0041434421072610444, 0.00038943736283040615, 0.0064212371135217595, 0.0, 0.0}, 1.2610220807832104},
+     {tf32_9_unaligned, 9, {0.01828840791016247, 6.611526566864291e-05, 0.005272055657176919, 0.19011907414947424, 0.0}, 1.0}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {128, 128, 32, 2, 1, true, true,
+     {tf32_10_aligned, 44, {0.007947909271138679, 0.0004931991696694411, 0.00631076707051977, 0.0, 0.0}, 1.33680311241804},
+     {tf32_10_unaligned, 9, {0.008245398974400664, 0.00035729930446761745, 0.004271264482270242, 0.23363174569645262, 1.470872157976963}, 1.0}
+     , false
+     , 1, 1
+     , false, 0
+    },
     {64, 128, 32, 8, 1, true, true,
-     {tf32_9_aligned, 44, {0.011952591207863014, 0.00010233865660697195, 0.006838742589272374, 0.0831002147541383, 0.0}, 1.3604228050074805},
-     {tf32_9_unaligned, 9, {0.02427427725574543, 3.996409892691382e-05, 0.003894057179657964, 0.23540669015485313, 0.0}, 1.0}
-     , false
-     , 1, 1
-     , false, 0
-    },
-    {64, 256, 32, 2, 1, true, true,
-     {tf32_10_aligned, 44, {0.015645684989391107, 0.00032868884528588626, 0.012574368999262396, 0.032299970423061396, 0.0}, 1.329854989331893},
-     {tf32_10_unaligned, 9, {0.017448416989800996, 0.00047760752261304394, 0.0, 0.2444554483552703, 0.0}, 1.0}
+     {tf32_11_aligned, 44, {0.0078920166344962, 0.00017934478176070815, 0.008737756489014323, 0.053701835545724406, 0.0}, 1.1849785169265574},
+     {tf32_11_unaligned, 9, {0.020984649205203203, 0.00032438635844138244, 0.0044189945577643615, 0.12704327354642608, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_11_aligned, 44, {0.0033675287077801225, 0.0003332141638867925, 0.0006349747405098131, 0.0, 0.0}, 1.282981427656854},
-     {tf32_11_unaligned, 9, {0.01657967000706688, 0.0003010143225068241, 0.0, 0.028975598873714245, 0.0}, 1.0}
+     {tf32_12_aligned, 44, {0.0033489879074391983, 0.0003347400879151107, 0.0006271178807553027, 0.0, 0.0}, 1.282080250880427},
+     {tf32_12_unaligned, 9, {0.01657967000706688, 0.0003010143225068241, 0.0, 0.028975598873714245, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_12_aligned, 44, {0.0034591971729761068, 0.0005192973464966748, 0.0010626192867221212, 0.0, 0.0}, 1.0},
-     {tf32_12_unaligned, 9, {0.010229245678370413, 0.00048683999738711027, 0.0, 0.0, 0.0}, 1.0}
-     , false
-     , 1, 1
-     , false, 0
-    },
-    {128, 128, 32, 4, 1, true, true,
-     {tf32_13_aligned, 44, {0.012642200639986206, 0.00032678667432421796, 0.014433739574416807, 0.037303567507030615, 0.0}, 1.2203265022778698},
-     {tf32_13_unaligned, 9, {0.014327292374930129, 0.0005872996567097104, 0.0, 0.1453624641431769, 3.020775051417674}, 1.0}
+     {tf32_13_aligned, 44, {0.0034540758505909423, 0.0005199945951263968, 0.0010597843905107683, 0.0, 0.0}, 1.0},
+     {tf32_13_unaligned, 9, {0.010231758689077634, 0.0004867750199516077, 0.0, 0.0, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 240, 32, 1, 1, true, true,
-     {tf32_14_aligned, 44, {0.004631565050869083, 0.0005883487542413412, 0.004548124680607121, 0.006318592183123033, 0.0}, 1.4643425975098003},
+     {tf32_14_aligned, 44, {0.004608393531992832, 0.0005920601341304141, 0.004553573149361203, 0.005584114444668826, 0.0}, 1.464989071611403},
      {tf32_14_unaligned, 9, {0.012308463485808113, 0.00020051679982074355, 0.0, 0.406529328680495, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 3, 1, true, true,
-     {tf32_15_aligned, 44, {0.0055015836691145095, 0.0004630032038764014, 0.008561333877821415, 0.0, 0.0}, 1.2498769064386457},
-     {tf32_15_unaligned, 9, {0.02290414067536322, 0.00037374095679489495, 0.0013718941872799875, 0.15120117196293317, 0.0}, 1.0}
+     {tf32_15_aligned, 44, {0.003832158926957705, 0.0004361301501922853, 0.007099734212898146, 0.0, 0.0}, 1.2001631923798324},
+     {tf32_15_unaligned, 9, {0.022467319297466655, 0.0003932363572004846, 0.001551360352996206, 0.14109700962203595, 0.0}, 1.0}
+     , false
+     , 1, 1
+     , false, 0
+    },
+    {64, 128, 32, 8, 1, true, true,
+     {tf32_16_aligned, 44, {0.012062128752997718, 9.955138172370638e-05, 0.006812989212465352, 0.08523053513508135, 0.0}, 1.3591655972378778},
+     {tf32_16_unaligned, 9, {0.02427427725574543, 3.996409892691382e-05, 0.003894057179657964, 0.23540669015485313, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 192, 32, 1, 1, true, true,
-     {tf32_16_aligned, 44, {0.0033288451779883957, 0.0005368959414317183, 0.0034236248375165367, 0.0, 0.0}, 1.4808498008008961},
-     {tf32_16_unaligned, 9, {0.012158513300886051, 0.0002520084803014318, 0.0, 0.3563691948495204, 0.0}, 1.0}
+     {tf32_17_aligned, 44, {0.003338049545003563, 0.0005379246270000128, 0.003414169474011797, 0.0, 0.0}, 1.4804471424047703},
+     {tf32_17_unaligned, 9, {0.012158513300886051, 0.0002520084803014318, 0.0, 0.3563691948495204, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_17_aligned, 44, {0.0049012740321160994, 0.000576462545667131, 0.005715666325137961, 0.016014064503788016, 0.0}, 1.489822315139044},
-     {tf32_17_unaligned, 9, {0.013514445033111623, 0.00015871573414371853, 0.0, 0.4311871615683119, 0.0}, 1.0}
+     {tf32_18_aligned, 44, {0.00489449489161058, 0.0005782419754339827, 0.005718153061038893, 0.0156805279623033, 0.0}, 1.4904851255887535},
+     {tf32_18_unaligned, 9, {0.013514445033111623, 0.00015871573414371853, 0.0, 0.4311871615683119, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 1, 2, true, false,
-     {tf32_18_aligned, 44, {0.005488260402844252, 0.0013952003417639555, 0.0030489458986376833, 0.22348117649728588, 0.0}, 1.5627314980466351},
-     {tf32_18_unaligned, 9, {0.031464819614960816, 0.0020524890933182063, 0.0, 0.3343988288226694, 0.0}, 1.0}
+     {tf32_19_aligned, 44, {0.0054871264494744144, 0.0013928547112873975, 0.003045566946629727, 0.2239628446499347, 0.0}, 1.5623125815379648},
+     {tf32_19_unaligned, 9, {0.03143255543135792, 0.0020539204929033526, 0.0, 0.33425206739404456, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
@@ -17314,7 +18803,7 @@ static int best(int M, int N, int K, bool use_aligned, bool split, int sm_count,
                 int batch, double& best_ms) {
     int found = -1;
     best_ms = HUGE_VAL;
-    for (int i = 0; i < 19; ++i) {
+    for (int i = 0; i < 20; ++i) {
         const Member& m = members[i];
         const Model& model = use_aligned ? m.aligned : m.unaligned;
         if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
@@ -17333,7 +18822,7 @@ static int choose(int M, int N, int K, bool aligned, bool split, int sm_count, b
         const int found = best(M, N, K, pass == 0 ? aligned : !aligned, split, sm_count, beta_used, sm90a, batch, ms);
         if (found >= 0) return found;
     }
-    for (int i = 0; i < 19; ++i)
+    for (int i = 0; i < 20; ++i)
         if ((members[i].beta || !beta_used) && (!members[i].sm90a || sm90a)) return i;
     return 0;
 }
@@ -17567,7 +19056,7 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     Device caps;
     const cudaError_t status = device_caps(caps);
     if (status != cudaSuccess) return (int)status;
-    int pick = 18;  // a GPU this library was not tuned for: the portable member
+    int pick = 19;  // a GPU this library was not tuned for: the portable member
     if (caps.tuned_gpu) {
         const bool aligned = lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 &&
             reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
@@ -17603,6 +19092,7 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     case 16: return gemmgen_tf32_16_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 17: return gemmgen_tf32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 18: return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 19: return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     }
     return cudaErrorInvalidValue;
 }
