@@ -90,6 +90,8 @@ SPLIT_WORKSPACE = {
         name="tf32_64x128_split128_workspace"),
     "tf32_split3_workspace_staged": replace(load_one(ROOT / "specs" / "hopper_tf32.gemm").with_values(
         split=3, split_by="workspace", epilogue_staged=True), name="tf32_split3_workspace_staged"),
+    "tf32_split4_workspace_staged_acol": replace(load_one(ROOT / "specs" / "hopper_tf32.gemm").with_values(
+        layout_A="col", split=4, split_by="workspace", epilogue_staged=True), name="tf32_split4_workspace_staged_acol"),
     "x3tf32_split2_workspace": replace(load_one(ROOT / "specs" / "hopper_3xtf32.gemm").with_values(
         split=2, split_by="workspace"), name="x3tf32_split2_workspace"),
 }

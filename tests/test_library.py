@@ -498,7 +498,7 @@ def test_explain_summarises_a_library_and_what_its_manifest_keeps():
     if (GENERATED_DIR / "fp32.json").is_file():
         assert "leave-one-out median" in result.output and "members kept:" in result.output
     data = json.loads(invoke("explain", SPECS_DIR / "fp32.gemm", "--json").output)
-    assert data[0]["library"] == "fp32" and data[0]["candidates"] == 85
+    assert data[0]["library"] == "fp32" and data[0]["candidates"] == 97
 
 
 def test_a_stream_k_member_is_modelled_and_chosen_in_c_as_in_python(monkeypatch, tmp_path):

@@ -12,7 +12,8 @@ tuned, the choice rests on two things:
   measurements, relative error minimised, each measurement weighed by how near the fastest member
   it was there (the model matters where the member may be chosen).
 - What was measured near the shape: the model's error at the tuned shapes, spread to their
-  neighbours (distance in log M, log N, log K and log batch), corrects the prediction. At a tuned
+  neighbours (distance in log M, log N, log K and log batch; M and N from one tile up, for a
+  tile member's work is the same at any M below BM), corrects the prediction. At a tuned
   shape the measurement itself is the prediction. The model is fitted to single GEMMs; a library
   tuned at strided batches (`MxNxK batch B`) keeps those measurements as points too, whose errors
   correct the calls of batches near them.
@@ -258,11 +259,19 @@ class Model:
                    float(data.get("split_ratio", 1.0)))
 
 
+def tile_logs(member: MemberShape, M: int, N: int) -> tuple[float, float]:
+    """ln M and ln N as the corrections measure distance: from one tile up (BM rows, BN columns; a
+    tile member does the same work for any M below BM), the decode member's from 1."""
+    if member.decode:
+        return math.log(M), math.log(N)
+    return math.log(max(M, member.BM)), math.log(max(N, member.BN))
+
+
 def _point(member: MemberShape, coef: list[float], sm_count: int, batch: int, M: int, N: int, K: int, ms: float,
            split: int) -> Point:
     base = math.fsum(c * f for c, f in zip(coef, features(member, M, N, K, sm_count, batch)))
     ratio = ms / base if base > 0 else 1.0
-    return (M, N, K, ms, math.log(M), math.log(N), math.log(K), math.log(ratio), batch, math.log(batch), split)
+    return (M, N, K, ms, *tile_logs(member, M, N), math.log(K), math.log(ratio), batch, math.log(batch), split)
 
 
 def fit(member: MemberShape, points: list[tuple[int, int, int, float]], sm_count: int,
@@ -299,7 +308,7 @@ def predict(member: MemberShape, model: Model, M: int, N: int, K: int, sm_count:
             split: bool = False) -> float:
     """Predicted ms of one call (`batch` strided matrices of M x N x K; `split`: of the SPLIT class):
     the measurement at a tuned shape, else the model corrected by the errors it made at the tuned
-    shapes nearby (in log M, log N, log K and log batch), times the split ratio for a split call;
+    shapes nearby (in log M, log N from one tile up, log K and log batch), times the split ratio for a split call;
     infinite where the member is not built for the call (`serves`)."""
     if not serves(member, M, N):
         return math.inf
@@ -310,7 +319,7 @@ def predict(member: MemberShape, model: Model, M: int, N: int, K: int, sm_count:
     base = sum(c * f for c, f in zip(model.coef, features(member, M, N, K, sm_count, batch))) * scale
     if M <= 0 or N <= 0 or K <= 0 or batch <= 0:
         return base
-    q = (math.log(M), math.log(N), math.log(K), math.log(batch))
+    q = (*tile_logs(member, M, N), math.log(K), math.log(batch))
     weighted, total = 0.0, PRIOR
     for *_, lm, ln, lk, log_ratio, _, lb, p_split in model.points:
         if p_split:
