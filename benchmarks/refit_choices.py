@@ -3,7 +3,7 @@ calls of the libraries' bench (specs/library_shapes.txt and benchmarks/library_h
 whose choice differs between the manifest at a git revision and the working tree's, then on a GPU the
 old and new members and cuBLAS in the library's precision at each, one call after an L2 flush, in turns.
 
-    python benchmarks/refit_choices.py list --old REV CHANGED.json      # no GPU (needs git)
+    python benchmarks/refit_choices.py list --old REV CHANGED.json [--shapes FILE]   # no GPU (needs git)
     python benchmarks/refit_choices.py time CHANGED.json OUT.json        # on the GPU
 
 Recorded: benchmarks/libraries/2026-11-26-h100-4a261f6-refit-choices.json (BENCHMARKS.md's run log)."""
@@ -20,14 +20,15 @@ ROOT = Path(__file__).resolve().parent.parent
 ROW_COL = {"A": "row", "B": "col", "C": "row"}
 
 
-def changed_choices(old_rev: str) -> dict[str, list[dict]]:
-    """{library: [{shape, old, new}]} where the working tree's manifest chooses another member."""
+def changed_choices(old_rev: str, shape_files: list[Path] | None = None) -> dict[str, list[dict]]:
+    """{library: [{shape, old, new}]} where the working tree's manifest chooses another member, at the
+    libraries' bench shapes or at those of `shape_files` (specs/library_shapes.txt's format)."""
     from gemmgen.language.shapes import parse_shapes
     from gemmgen.library.manifest import Manifest
     from gemmgen.library.selection import alignment_class, choose, tight_leading_dimensions
 
     shapes = []
-    for path in (ROOT / "specs" / "library_shapes.txt", ROOT / "benchmarks" / "library_heldout.txt"):
+    for path in shape_files or (ROOT / "specs" / "library_shapes.txt", ROOT / "benchmarks" / "library_heldout.txt"):
         shapes += [s for s in parse_shapes(path.read_text(), str(path)) if s.batch == 1]
     found = {}
     for library in ("tf32", "fp32"):
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     listing = verbs.add_parser("list", help="the calls whose choice changed (no GPU; needs git)")
     listing.add_argument("--old", required=True, help="the git revision of the earlier manifests")
     listing.add_argument("changed", help="the JSON to write")
+    listing.add_argument("--shapes", nargs="+", type=Path, help="shape files to judge at (default: the libraries' bench's)")
     timing = verbs.add_parser("time", help="time the old and new members at those calls (GPU)")
     timing.add_argument("changed", help="the JSON `list` wrote")
     timing.add_argument("out", help="the record to write")
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch_records import refuse_to_overwrite, write_record
     if args.verb == "list":
         refuse_to_overwrite(args.changed, False)
-        found = changed_choices(args.old)
+        found = changed_choices(args.old, args.shapes)
         write_record(args.changed, {"old": args.old, "changed": found})
         for library, rows in found.items():
             print(f"{library}: {len(rows)} calls choose another member", *(f"  {r}" for r in rows), sep="\n")
