@@ -377,7 +377,7 @@ def test_split_cluster_stores_c_from_block_0_without_a_pass_over_c():
     ("1 cluster", "sm_90a", "5 tma", "", "7:14", "split 1 cluster has no slices to sum"),
     ("4 cluster", "sm_90a", "4 async", "", "7:14", "in the TMA-fed wgmma kernel"),
     ("4 cluster", "sm_90a", "5 tma", "\n  activation gelu", "8:14", "gelu of a partial sum is not gelu"),
-    ("4 wide", "sm_90a", "5 tma", "", "7:14", "atomic or cluster"),
+    ("4 wide", "sm_90a", "5 tma", "", "7:14", "atomic, cluster or workspace"),
 ])
 def test_what_split_cluster_cannot_do_is_an_error_at_its_line(split, target, stages, extra, where, message):
     with pytest.raises(SpecError) as error:
@@ -390,3 +390,39 @@ def test_a_tiled_kernel_takes_no_split_cluster():
     with pytest.raises(SpecError) as error:
         make_plan(tiled)
     assert "<spec>:5:11" in str(error.value) and "in the TMA-fed wgmma kernel" in str(error.value), str(error.value)
+
+
+# --- split K through a workspace (`split N workspace`) ---------------------------------------------
+
+def test_split_workspace_sums_the_slices_in_its_last_block_without_a_pass_over_c():
+    plan = make_plan(split_spec("4 workspace"))
+    assert plan.split_k == 4 and plan.scheduler.split_by == "workspace" and not plan.epilogue.atomic
+    source = generate(plan)
+    assert "constexpr int SPLIT_K = 4;" in source and "__cluster_dims__" not in source
+    # the TMA kernel launches alone, with its workspace; its register-fed fallback keeps atomic split K's pass
+    assert "gemmgen_s_scale_c" not in source and "gemmgen_s_fallback_scale_c<<<" in source
+    assert "if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;" in source
+    assert "stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace)" in source
+    assert "split=4-workspace" in describe(plan.spec) and "  split    4 workspace\n" in to_text(plan.spec)
+    # a region per C tile: its counter (128 bytes), then a 64 x 256 slot per slice
+    assert plan.scheduler.workspace_bytes(10) == 4 * 10 * (32 + 4 * 64 * 256)
+    # the kernel takes the workspace after C's parameters, before the batches'
+    assert [name for name, _ in plan.signature][-5:] == ["workspace", "batch", "strideA", "strideB", "strideC"]
+
+
+def test_split_workspace_takes_an_activation_and_a_staged_store():
+    """The last slice runs the whole epilogue on the whole sum: activations and staged stores are fine;
+    the register-fed fallback (atomic split K) then runs unsplit."""
+    plan = make_plan(split_spec("3 workspace", extra="\n  activation gelu\n  epilogue alpha beta staged"))
+    assert plan.epilogue.tma_store and plan.epilogue.activation.name == "gelu" and plan.fallback.split_k == 1
+    assert make_plan(split_spec("3 workspace")).fallback.split_k == 3
+
+
+@pytest.mark.parametrize("split, stages, where, message", [
+    ("1 workspace", "5 tma", "7:14", "split 1 workspace has no slices to sum"),
+    ("4 workspace", "4 async", "7:14", "built for the TMA-fed wgmma kernel"),
+])
+def test_what_split_workspace_cannot_do_is_an_error_at_its_line(split, stages, where, message):
+    with pytest.raises(SpecError) as error:
+        make_plan(split_spec(split, stages=stages))
+    assert f"<spec>:{where}" in str(error.value) and message in str(error.value), str(error.value)

@@ -83,6 +83,7 @@ SPECS.update(SPLIT_CLUSTERED)
 # slots, the last to finish sums them in K order and stores C; 2 to 128 slices, one or two consumer
 # warpgroups, tf32 and 3xtf32, a staged (TMA-stored) C.
 SPLIT_WORKSPACE = {
+    "hopper_tf32_split_workspace": load_one(ROOT / "specs" / "hopper_tf32_split_workspace.gemm"),
     "tf32_split4_workspace": replace(load_one(ROOT / "specs" / "hopper_tf32.gemm").with_values(
         split=4, split_by="workspace"), name="tf32_split4_workspace"),
     "tf32_64x128_split128_workspace": replace(load_one(ROOT / "specs" / "hopper_tf32.gemm").with_values(

@@ -12,8 +12,9 @@ tuned, the choice rests on two things:
   measurements, relative error minimised, each measurement weighed by how near the fastest member
   it was there (the model matters where the member may be chosen).
 - What was measured near the shape: the model's error at the tuned shapes, spread to their
-  neighbours (distance in log M, log N, log K and log batch; M and N from one tile up, for a
-  tile member's work is the same at any M below BM), corrects the prediction. At a tuned
+  neighbours (distance in log M, log N, log K and log batch), corrects the prediction. Below one
+  tile (M under BM, N under BN) a tile member does a whole tile's work, and an untuned call there
+  is predicted as one of a whole tile. At a tuned
   shape the measurement itself is the prediction. The model is fitted to single GEMMs; a library
   tuned at strided batches (`MxNxK batch B`) keeps those measurements as points too, whose errors
   correct the calls of batches near them.
@@ -259,19 +260,20 @@ class Model:
                    float(data.get("split_ratio", 1.0)))
 
 
-def tile_logs(member: MemberShape, M: int, N: int) -> tuple[float, float]:
-    """ln M and ln N as the corrections measure distance: from one tile up (BM rows, BN columns; a
-    tile member does the same work for any M below BM), the decode member's from 1."""
+def one_tile_up(member: MemberShape, M: int, N: int) -> tuple[int, int]:
+    """M and N raised to one tile (BM rows, BN columns): a tile member does the same work below them,
+    so its prediction there is its prediction at a whole tile (the decode member's work changes
+    with every row: M and N as they are)."""
     if member.decode:
-        return math.log(M), math.log(N)
-    return math.log(max(M, member.BM)), math.log(max(N, member.BN))
+        return M, N
+    return max(M, member.BM), max(N, member.BN)
 
 
 def _point(member: MemberShape, coef: list[float], sm_count: int, batch: int, M: int, N: int, K: int, ms: float,
            split: int) -> Point:
     base = math.fsum(c * f for c, f in zip(coef, features(member, M, N, K, sm_count, batch)))
     ratio = ms / base if base > 0 else 1.0
-    return (M, N, K, ms, *tile_logs(member, M, N), math.log(K), math.log(ratio), batch, math.log(batch), split)
+    return (M, N, K, ms, math.log(M), math.log(N), math.log(K), math.log(ratio), batch, math.log(batch), split)
 
 
 def fit(member: MemberShape, points: list[tuple[int, int, int, float]], sm_count: int,
@@ -308,18 +310,20 @@ def predict(member: MemberShape, model: Model, M: int, N: int, K: int, sm_count:
             split: bool = False) -> float:
     """Predicted ms of one call (`batch` strided matrices of M x N x K; `split`: of the SPLIT class):
     the measurement at a tuned shape, else the model corrected by the errors it made at the tuned
-    shapes nearby (in log M, log N from one tile up, log K and log batch), times the split ratio for a split call;
+    shapes nearby (in log M, log N, log K and log batch), times the split ratio for a split call; M and
+    N below one tile predicted as one tile (one_tile_up);
     infinite where the member is not built for the call (`serves`)."""
     if not serves(member, M, N):
         return math.inf
     for pM, pN, pK, ms, *_, pb, _, p_split in model.points:
         if (pM, pN, pK, pb, p_split) == (M, N, K, batch, int(split)):
             return ms
+    M, N = one_tile_up(member, M, N)
     scale = model.split_ratio if split else 1.0
     base = sum(c * f for c, f in zip(model.coef, features(member, M, N, K, sm_count, batch))) * scale
     if M <= 0 or N <= 0 or K <= 0 or batch <= 0:
         return base
-    q = (*tile_logs(member, M, N), math.log(K), math.log(batch))
+    q = (math.log(M), math.log(N), math.log(K), math.log(batch))
     weighted, total = 0.0, PRIOR
     for *_, lm, ln, lk, log_ratio, _, lb, p_split in model.points:
         if p_split:
