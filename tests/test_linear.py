@@ -125,11 +125,13 @@ def test_a_call_runs_a_member_that_can_fuse(precision, M, N, K, monkeypatch):
     index = members.choose(M, N, K, K, K, N, (0, 0, 0), True, "gelu")
     assert members.kernel(index, True, "gelu") is not None
     decode = runtime.plans[library_choice].path == "decode"
-    if runtime.plans[library_choice].split_k == 1 and not decode:
+
+    def fuses(plan):  # split K through a workspace sums the slices before its epilogue; atomic split K cannot
+        return plan.path != "decode" and (plan.split_k == 1 or plan.scheduler.split_by == "workspace")
+    if fuses(runtime.plans[library_choice]):
         assert index == library_choice  # the library's own choice where it can fuse
-    else:  # split K or the decode member (decode-sized M): the fastest member that can
-        assert index == fastest_of([i for i, plan in enumerate(runtime.plans)
-                                    if plan.split_k == 1 and plan.path != "decode"])
+    else:  # atomic split K or the decode member (decode-sized M): the fastest member that can
+        assert index == fastest_of([i for i, plan in enumerate(runtime.plans) if fuses(plan)])
     # a bias alone fuses into every member but the decode one
     bias_alone = members.choose(M, N, K, K, K, N, (0, 0, 0), True, "none")
     if decode:

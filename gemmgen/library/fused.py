@@ -11,7 +11,8 @@ value, where PyTorch's F.linear + activation re-read and re-write C once for the
 the activation.
 
 A member whose plan cannot take the epilogue (a nonlinear activation after split K's atomic sums,
-which the libraries choose for decode-sized M) is passed over for the fastest member that can; where
+which the libraries choose for decode-sized M; split K through a workspace sums the slices first and
+takes it) is passed over for the fastest member that can; where
 none can, the caller runs the plain member and the epilogue as separate passes.
 """
 

@@ -524,9 +524,10 @@ def fused_settings(spec: Spec) -> dict:
                          "; ".join(f"{key}: {entry.words}" for key, entry in ACTIVATIONS.items()))
     if name != "none" and spec["split"] > 1 and spec["split.by"] != "workspace":
         raise spec.error(("activation", "split"), f"split K adds each slice's partial product into C with "
-                         f"atomics, after that slice's epilogue; {name} of a partial sum is not {name} "
-                         "of the whole", f"split {spec['split']} workspace (or schedule stream-k), which sum a "
-                         f"tile's slices before its epilogue, with activation {name}; or no activation with split")
+                         f"atomicAdd, after that slice's epilogue; {name} of a partial sum is not {name} "
+                         "of the whole", f"split 1 with activation {name}; on the TMA-fed wgmma kernels also "
+                         f"split {spec['split']} workspace or schedule stream-k, which sum a tile's slices "
+                         "before its epilogue; or no activation with split")
     return dict(bias=spec["bias"], scale=spec["scale"], activation=ACTIVATIONS[name])
 
 
