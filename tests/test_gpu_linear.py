@@ -109,13 +109,15 @@ def test_gradients_match_float64(activation):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32"])
-def test_a_decode_sized_call_is_fused(precision):
-    # the libraries choose split-K members for a few tokens: the call runs a member that can fuse
+@pytest.mark.parametrize("tokens, width", [(16, 1024), (16, 4096), (128, 4096), (4096, 128)])
+def test_a_decode_sized_call_is_fused(precision, tokens, width):
+    # the libraries choose split-K members for a few tokens (or a few columns): the call runs a member
+    # that can fuse (split K through a workspace fuses; atomic split K passes it on to another member)
     import gemmgen
     from gemmgen.torch import fused
-    x, weight, bias = uniform(16, 4096, seed=14), uniform(1024, 4096, seed=15), uniform(1024, seed=16)
+    x, weight, bias = uniform(tokens, 4096, seed=14), uniform(width, 4096, seed=15), uniform(width, seed=16)
     y = gemmgen.linear(x, weight, bias, "gelu", precision=precision)
     assert relative_error(y, reference(x, weight, bias, "gelu")) <= TOLERANCE[precision]
     runs = [call[0] for key, call in fused._calls.items()
-            if key[:3] == (precision, "gelu", False) and key[4] == (16, 4096)]
+            if key[:3] == (precision, "gelu", False) and key[4] == (tokens, 4096)]
     assert runs and all(run is not None for run in runs)
