@@ -70,10 +70,14 @@ def test_every_member_of_a_shipped_library_plans_with_a_bias_and_each_activation
     for index, plan in enumerate(runtime.plans):
         for activation in ACTIVATIONS:
             kernel = members.kernel(index, True, activation)
-            if kernel is None:  # refused: a nonlinear activation after split K's atomic sums, and the
-                # decode member (no fused epilogue at all), nothing else
-                assert (plan.split_k > 1 and activation != "none") or plan.path == "decode", (plan.name, activation)
+            if kernel is None:  # refused: a nonlinear activation after split K's atomic sums, the decode
+                # member (no fused epilogue at all) and, for now, split K through a workspace; nothing else
+                workspace = plan.split_k > 1 and plan.scheduler.split_by == "workspace"
+                assert (plan.split_k > 1 and activation != "none") or plan.path == "decode" or workspace, \
+                    (plan.name, activation)
                 continue
+            # every member fused kernel of a plain one may be built: the workspace ones are passed over
+            assert not (plan.split_k > 1 and plan.scheduler.split_by == "workspace")
             spec = kernel.plan.spec
             assert (spec["bias"], spec["activation"]) == ("col", activation)
             # C is never read (gemmgen.linear's beta is 0): no beta code, which made the kernel 40% larger
@@ -126,15 +130,13 @@ def test_a_call_runs_a_member_that_can_fuse(precision, M, N, K, monkeypatch):
     assert members.kernel(index, True, "gelu") is not None
     decode = runtime.plans[library_choice].path == "decode"
 
-    def fuses(plan):  # split K through a workspace sums the slices before its epilogue; atomic split K cannot
-        return plan.path != "decode" and (plan.split_k == 1 or plan.scheduler.split_by == "workspace")
-    if fuses(runtime.plans[library_choice]):
-        assert index == library_choice  # the library's own choice where it can fuse
-    else:  # atomic split K or the decode member (decode-sized M): the fastest member that can
-        assert index == fastest_of([i for i, plan in enumerate(runtime.plans) if fuses(plan)])
-    # a bias alone fuses into every member but the decode one
-    bias_alone = members.choose(M, N, K, K, K, N, (0, 0, 0), True, "none")
-    if decode:
-        assert bias_alone == fastest_of([i for i, plan in enumerate(runtime.plans) if plan.path != "decode"])
-    else:
-        assert bias_alone == library_choice
+    def fuses(plan, activation):
+        # not the decode member; an activation not after atomic split K's sums; for now, no split K
+        # through a workspace (passed over until the fused library call has run on a GPU)
+        workspace = plan.split_k > 1 and plan.scheduler.split_by == "workspace"
+        return plan.path != "decode" and not workspace and (plan.split_k == 1 or activation == "none")
+    for activation, chosen in (("gelu", index), ("none", members.choose(M, N, K, K, K, N, (0, 0, 0), True, "none"))):
+        if fuses(runtime.plans[library_choice], activation):
+            assert chosen == library_choice  # the library's own choice where it can fuse
+        else:  # the fastest member that can
+            assert chosen == fastest_of([i for i, plan in enumerate(runtime.plans) if fuses(plan, activation)])
