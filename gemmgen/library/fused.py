@@ -12,8 +12,8 @@ the activation.
 
 A member whose plan cannot take the epilogue (a nonlinear activation after split K's atomic sums,
 which the libraries choose for decode-sized M; for now any split K through a workspace, see plan())
-is passed over for the fastest member that can; where
-none can, the caller runs the plain member and the epilogue as separate passes.
+is passed over for the fastest member that can; where none can, the caller runs the plain member
+and the epilogue as separate passes.
 """
 
 from __future__ import annotations
