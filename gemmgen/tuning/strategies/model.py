@@ -39,13 +39,14 @@ OPTIONS = {
     "l2": (Assumptions.l2, "bytes per clock L2 delivers to each SM when all load"),
     "granule": (Assumptions.granule, "bytes L2 moves as one piece"),
     "sync": (Assumptions.sync, "clocks of each K step's hand-over between producers and consumers"),
+    "dram": (Assumptions.dram, "weight of HBM's clocks per K step (0: not counted)"),
     "sms": (0, "SMs of the GPU; 0: the evaluator's (the device's, or the recording's)"),
 }
 
 
 # options that set the cost model's assumptions (costmodel.Assumptions), by field
 ASSUMED = {"multicast": "multicast", "direct": "direct", "gpc": "gpc_share",
-           "latency": "latency", "l2": "l2", "granule": "granule", "sync": "sync"}
+           "latency": "latency", "l2": "l2", "granule": "granule", "sync": "sync", "dram": "dram"}
 
 
 def tune(space, evaluate, options):
