@@ -48,13 +48,17 @@ class Schedule:
     name: ClassVar[str] = "data-parallel"
     scheduled: ClassVar[bool] = False   # blocks walk C tiles through a tile scheduler (Schedule struct)
     pingpong: ClassVar[bool] = False    # the block's tiles alternate between its two consumers
-    in_cluster: ClassVar[bool] = False  # split K's slices of a tile are one cluster (ClusterSplitK)
     split_by: ClassVar[str] = "atomic"  # how split K's slices meet: atomic, cluster or workspace
     max_scheduled_blocks: ClassVar[int] = MAX_SCHEDULED_BLOCKS
     # templates: code the kernels include (after common.cuh.j2), and the TMA kernel's walk over tiles
     helpers: ClassVar[tuple[str, ...]] = ()
     walk_template: ClassVar[str] = "wgmma_tiles.cuh.j2"
     parameters: ClassVar[tuple[Parameter, ...]] = ()  # kernel parameters after the main ones
+
+    @property
+    def in_cluster(self) -> bool:
+        """Whether split K's slices of a tile are one cluster (ClusterSplitK)."""
+        return self.split_by == "cluster"
 
     @property
     def cluster_template(self) -> str:
@@ -229,7 +233,6 @@ class ClusterSplitK(SplitK):
 
     helpers: ClassVar[tuple[str, ...]] = ("split_cluster.cuh.j2",)
     launches: ClassVar[tuple[Helper, ...]] = ()
-    in_cluster: ClassVar[bool] = True
     split_by: ClassVar[str] = "cluster"
 
     @property
