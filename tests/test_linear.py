@@ -70,15 +70,15 @@ def test_every_member_of_a_shipped_library_plans_with_a_bias_and_each_activation
     for index, plan in enumerate(runtime.plans):
         for activation in ACTIVATIONS:
             kernel = members.kernel(index, True, activation)
-            if kernel is None:  # refused: a nonlinear activation after split K's atomic sums, the decode
-                # member (no fused epilogue at all) and, for now, split K through a workspace; nothing else
-                workspace = plan.split_k > 1 and plan.scheduler.split_by == "workspace"
-                assert (plan.split_k > 1 and activation != "none") or plan.path == "decode" or workspace, \
-                    (plan.name, activation)
+            if kernel is None:  # refused: a nonlinear activation after split K's atomic sums, and the
+                # decode member (no fused epilogue at all); nothing else
+                atomic = plan.split_k > 1 and plan.scheduler.split_by == "atomic"
+                assert (atomic and activation != "none") or plan.path == "decode", (plan.name, activation)
                 continue
-            # every member fused kernel of a plain one may be built: the workspace ones are passed over
-            assert not (plan.split_k > 1 and plan.scheduler.split_by == "workspace")
             spec = kernel.plan.spec
+            if plan.split_k > 1 and plan.scheduler.split_by == "workspace":
+                # split K through a workspace takes any epilogue (its last slice stores C), and keeps it
+                assert (kernel.plan.split_k, kernel.plan.scheduler.split_by) == (plan.split_k, "workspace")
             assert (spec["bias"], spec["activation"]) == ("col", activation)
             # C is never read (gemmgen.linear's beta is 0): no beta code, which made the kernel 40% larger
             assert not spec["epilogue.beta"] and not kernel.plan.epilogue.beta and plan.spec["epilogue.beta"]
@@ -130,10 +130,9 @@ def test_a_call_runs_a_member_that_can_fuse(precision, M, N, K, monkeypatch):
     assert members.kernel(index, True, "gelu") is not None
 
     def fuses(plan, activation):
-        # not the decode member; an activation not after atomic split K's sums; for now, no split K
-        # through a workspace (passed over until the fused library call has run on a GPU)
-        workspace = plan.split_k > 1 and plan.scheduler.split_by == "workspace"
-        return plan.path != "decode" and not workspace and (plan.split_k == 1 or activation == "none")
+        # not the decode member; an activation not after atomic split K's sums (a workspace's are fine)
+        atomic = plan.split_k > 1 and plan.scheduler.split_by == "atomic"
+        return plan.path != "decode" and (not atomic or activation == "none")
     for activation, chosen in (("gelu", index), ("none", members.choose(M, N, K, K, K, N, (0, 0, 0), True, "none"))):
         if fuses(runtime.plans[library_choice], activation):
             assert chosen == library_choice  # the library's own choice where it can fuse

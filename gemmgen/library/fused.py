@@ -11,8 +11,7 @@ value, where PyTorch's F.linear + activation re-read and re-write C once for the
 the activation.
 
 A member whose plan cannot take the epilogue (a nonlinear activation after split K's atomic sums,
-which the libraries choose for decode-sized M; for now any split K through a workspace, see plan())
-is passed over for the fastest member that can; where none can, the caller runs the plain member
+which the libraries choose for decode-sized M) is passed over for the fastest member that can; where none can, the caller runs the plain member
 and the epilogue as separate passes.
 """
 
@@ -57,12 +56,6 @@ class FusedMembers:
         key = (index, bias, activation)
         if key not in self._plans:
             plan = self.runtime.kernel_plan(index)
-            if plan.split_k > 1 and plan.scheduler.split_by == "workspace":
-                # Its kernels take a fused epilogue (test_gpu_epilogue.py: bias, scale, GELU, SiLU, staged),
-                # but the fused library call without beta has not run on a GPU yet (test_gpu_linear.py's
-                # decode-sized cases): passed over, as atomic split K is, until it has.
-                self._plans[key] = None
-                return None
             # Without beta: gemmgen.linear never reads C, and beta's code (C's old values added per
             # accumulator, in a second copy of the activation) made the kernel 40% larger (SASS of
             # tf32_5 with bias + GELU: 6624 -> 3760 instructions). H100, 027873b, fused / plain at the
