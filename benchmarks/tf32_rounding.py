@@ -1,6 +1,7 @@
-"""What rounding to TF32 costs (issue 28): hopper_tf32 (wgmma truncates A and B to TF32) against the
-same kernel with `round nearest producer` (warps 1-3 of the producer round each landed A and B tile
-in shared memory) and `round nearest consumer` (they round B; the consumers round A in registers),
+"""What rounding to TF32 costs (issue 28): hopper_tf32 (TMA rounds A and B to nearest TF32 as it
+copies them, its default) against the same kernel with `round truncate` (wgmma truncates the floats
+as they lie), `round nearest producer` (warps 1-3 of the producer round each landed A and B tile in
+shared memory) and `round nearest consumer` (they round B; the consumers round A in registers),
 beside cuBLAS TF32 (torch.matmul with allow_tf32), in turns.
 
     export PYTHONPATH=/tmp/site:$PWD GEMMGEN_CACHE=/tmp/gemmgen-cache
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -33,9 +35,11 @@ from gemmgen.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (2048, 5632, 2048), (8192, 1024, 1024))
-KERNELS = (("truncate", "hopper_tf32.gemm", "hopper_tf32"),
-           ("round producer", "hopper_tf32_rounded.gemm", "hopper_tf32_rounded"),
-           ("round consumer", "hopper_tf32_rounded.gemm", "hopper_tf32_rounded_a"))
+# (label, spec file, kernel, settings on it)
+KERNELS = (("round tma", "hopper_tf32.gemm", "hopper_tf32", {}),
+           ("truncate", "hopper_tf32.gemm", "hopper_tf32", {"round": "truncate"}),
+           ("round producer", "hopper_tf32_rounded.gemm", "hopper_tf32_rounded", {}),
+           ("round consumer", "hopper_tf32_rounded.gemm", "hopper_tf32_rounded_a", {}))
 ROTATED_BYTES = 256 << 20  # inputs per way rotated over at least this much (an H100's L2 is 50 MB)
 
 
@@ -54,7 +58,9 @@ def main(argv=None) -> dict:
     use_device(device)
     index = torch.cuda.current_device()
     stream = torch.cuda.current_stream().cuda_stream
-    plans = {label: make_plan(load_one(ROOT / "specs" / path, name)) for label, path, name in KERNELS}
+    plans = {label: make_plan(replace(load_one(ROOT / "specs" / path, name).with_values(**settings),
+                                      name=name + ("_truncate" if settings else "")))
+             for label, path, name, settings in KERNELS}
     compile_all(list(plans.values()))
     kernels = {label: Kernel(plan, device=index) for label, plan in plans.items()}
     generator = torch.Generator(device=device).manual_seed(args.seed)
@@ -117,11 +123,11 @@ def main(argv=None) -> dict:
     m = meta(args.commit, device)
     record = {"meta": m, "settings": {"shapes": ["x".join(map(str, s)) for s in args.shapes], "rounds": args.rounds,
                                       "calls": args.calls, "warmup": args.warmup, "seed": args.seed,
-                                      "kernels": {label: name for label, _, name in KERNELS}},
+                                      "kernels": {label: plan.name for label, plan in plans.items()}},
               "results": results}
     record["markdown"] = (f"On {m['device']} (driver {m.get('driver')}), commit {m['commit']}, {m['date']}: "
-                          "hopper_tf32 truncating to TF32, rounding to nearest in the producer or (A) in the "
-                          "consumers, and cuBLAS TF32, in turns; relative error against float64:\n\n"
+                          "hopper_tf32 rounding to nearest TF32 by TMA, truncating, rounding in the producer or "
+                          "(A) in the consumers, and cuBLAS TF32, in turns; relative error against float64:\n\n"
                           + table(["M x N x K", "way", "TFLOP/s", "x cuBLAS", "rel. error", "error x cuBLAS"], rows))
     write_record(args.out, record)
     print(record["markdown"])

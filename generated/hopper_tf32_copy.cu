@@ -9,6 +9,7 @@
 //     math     tf32
 //     mma      64 x 256 x 8
 //     stages   4 copy
+//     round    truncate
 //     raster   group 8
 //     epilogue alpha beta
 //   }

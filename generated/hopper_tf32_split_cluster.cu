@@ -22,6 +22,7 @@
 //   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 256
 //   accumulators               128 floats per consumer thread
 //   shared memory              5 stages of A and B tiles, K-major, 128-byte swizzle; 205912 bytes per block
+//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
 //   split K                    4 slices of the K tiles per C tile (blockIdx.y), the blocks of one cluster (__cluster_dims__(1, 4, 1)): block 0 stores C = alpha * (its product) + beta * C, then blocks 1-3 add theirs with atomics (no pass over C first)
@@ -915,6 +916,7 @@ extern "C" int gemmgen_hopper_tf32_split_cluster_batched(int M, int N, int K, fl
     // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
     // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
     // the wgmma descriptors.
+    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
     CUtensorMap maps[2];
     const void* bases[2] = {A, B};
     const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
@@ -930,7 +932,7 @@ extern "C" int gemmgen_hopper_tf32_split_cluster_batched(int M, int N, int K, fl
         // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
         const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
                               (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
                                        dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                        CU_TENSOR_MAP_SWIZZLE_128B,
                                        rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,

@@ -336,8 +336,9 @@ def test_the_relaid_runtime_builds_the_base_members_with_a_column_major_a(monkey
 def test_the_tf32_relaid_runtime_reads_a_column_major_a_into_registers_and_leaves_out_what_cannot(monkeypatch):
     """tf32_cc: the tf32 members built with a column-major A, which their consumers read from its
     MN-major tile into registers; left out (never chosen) are the decode member, clusters (they
-    multicast K-major slices), 128-row ping-pong tiles (two slabs' fragments do not fit) and the
-    cp.async member, which would copy A 4 bytes at a time, far from the speed its timings promise."""
+    multicast K-major slices), 128-row ping-pong tiles (two slabs' fragments do not fit) and a cp.async
+    member (none since the tf32 library keeps no truncating member), which would copy A 4 bytes at a
+    time, far from the speed its timings promise."""
     import gemmgen.library.dispatch as dispatch
     import gemmgen.library.runtime as library_runtime
     from fake_device import INFO
@@ -356,7 +357,7 @@ def test_the_tf32_relaid_runtime_reads_a_column_major_a_into_registers_and_leave
             expected[index] = "two slabs' fragments"
         elif getattr(plan.mainloop, "copies", False):
             expected[index] = "4 bytes at a time"
-    assert sorted(relaid.left_out) == sorted(expected) and len(expected) >= 4
+    assert sorted(relaid.left_out) == sorted(expected) and len(expected) >= 3
     for index, words in expected.items():
         assert words in relaid.left_out[index]
     for index, plan in enumerate(relaid.plans):

@@ -541,12 +541,14 @@ def test_explain_all_reports_progress_after_each_kernel():
 
 
 def test_a_column_major_a_in_tf32_says_how_it_reaches_wgmma():
-    """math tf32 with layout A col: TMA lands A MN-major and the consumers read it into registers as
-    it lies (truncated by wgmma), or round it there with round nearest consumer; the kernel includes
-    no transpose of B."""
-    truncating = plan_of("hopper_tf32", layout_A="col")
-    text = render_text(explain(truncating, resources(168)))
-    assert "A column-major: TMA lands its tiles MN-major" in text and "into registers as they lie" in text
-    assert truncating.mainloop.tma_helpers == ("wgmma_mn_major.cuh.j2",)
+    """math tf32 with layout A col: TMA lands A MN-major, rounded to TF32, and the consumers read it
+    into registers as it is (with round truncate: as it lies, truncated by wgmma), or round it there
+    with round nearest consumer; the kernel includes no transpose of B."""
+    plain = plan_of("hopper_tf32", layout_A="col")
+    text = " ".join(render_text(explain(plain, resources(168))).split())
+    assert "A column-major: TMA lands its tiles MN-major" in text and "into registers as TMA rounded them" in text
+    assert plain.mainloop.tma_helpers == ("wgmma_mn_major.cuh.j2",)
+    truncating = plan_of("hopper_tf32", layout_A="col", round="truncate")
+    assert "into registers as they lie" in dict(truncating.mainloop.mn_major_rows())["A column-major"]
     rounded = plan_of("hopper_tf32", layout_A="col", round="nearest", round_by="consumer")
     assert "into registers as they round them" in dict(rounded.mainloop.mn_major_rows())["A column-major"]

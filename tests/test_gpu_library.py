@@ -329,6 +329,69 @@ def test_library_c_abi_pads_odd_calls_rounding_tf32_to_nearest(M, N, K, pad, cp,
     assert np.allclose(again, out, rtol=1e-5, atol=1e-5)  # the same (a split member's sums may differ in the last bits)
 
 
+def _cublas_tf32_error(A, B, reference) -> float:
+    """PyTorch's TF32 matmul (cuBLAS, rounding A and B to nearest TF32) of the same inputs, its
+    relative error against `reference`."""
+    torch = pytest.importorskip("torch")
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        product = (torch.from_numpy(A).cuda() @ torch.from_numpy(B).cuda()).double().cpu().numpy()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    return float(np.linalg.norm(product - reference) / np.linalg.norm(reference))
+
+
+@pytest.mark.skipif("tf32" not in LIBRARIES, reason="no tf32 library tuned yet")
+@pytest.mark.parametrize("M,N,K", [(4096, 4096, 4096), (2048, 5632, 2048), (16, 4096, 4096), (128, 4096, 4096),
+                                   (4096, 1, 4096), (300, 300, 40000), (5, 7000, 3000), (8192, 128, 8192),
+                                   (1024, 1024, 65536), (127, 4099, 1023)])
+def test_library_tf32_error_is_at_most_cublas_tf32s(M, N, K, cp, library_abi):
+    """Issue 28: gemmgen_tf32's error against float64 at most 1.1x cuBLAS TF32's on the same inputs,
+    in every regime (TMA rounds A and B to nearest TF32 as it copies them, as cuBLAS rounds; the
+    register-fed, mma.sync and decode members round too, or multiply in FP32)."""
+    entry, _, _, _ = library_abi("tf32")
+    A, B, _ = _inputs(M, N, K, seed=29)
+    a, lda = _place(cp, A, "row", 0)
+    b, ldb = _place(cp, B, "col", 0)
+    c, ldc = _place(cp, np.zeros((M, N), np.float32), "row", 0)
+    assert entry(M, N, K, 1.0, a.data.ptr, lda, b.data.ptr, ldb, 0.0, c.data.ptr, ldc, None) == 0
+    cp.cuda.runtime.deviceSynchronize()
+    reference = A.astype(np.float64) @ B.astype(np.float64)
+    out = c[: M * ldc].reshape(M, ldc)[:, :N].get().astype(np.float64)
+    error = float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
+    cublas = _cublas_tf32_error(A, B, reference)
+    print(f"gemmgen_tf32 {M}x{N}x{K}: relative error {error:.4e}, cuBLAS TF32's {cublas:.4e}")
+    assert error <= 1.1 * cublas, (error, cublas)
+
+
+@pytest.mark.skipif("tf32" not in LIBRARIES, reason="no tf32 library tuned yet")
+def test_every_tf32_member_rounds_as_cublas_tf32(cp):
+    """Each member of the tf32 library on its own, at a call its kind takes (1000 x 1536 x 2048; the
+    decode member 8 rows), within 1.1x cuBLAS TF32's error on the same inputs: none truncates."""
+    from gemmgen.library import dispatch
+    runtime = dispatch.library("tf32", 0)
+    calls = {}
+    for M in (1000, 8):
+        A, B, _ = _inputs(M, 1536, 2048, seed=31)
+        reference = A.astype(np.float64) @ B.astype(np.float64)
+        calls[M] = (cp.asarray(A), cp.asarray(np.ascontiguousarray(B.T)), reference,  # B column-major
+                    _cublas_tf32_error(A, B, reference))
+    N, K = 1536, 2048
+    errors, bounds = {}, {}
+    for index, member in enumerate(runtime.manifest.members):
+        M = 8 if runtime.kernel_plan(index).path == "decode" else 1000
+        a, bt, reference, cublas = calls[M]
+        c = cp.zeros((M, N), np.float32)
+        runtime.kernel(index).launch(M, N, K, 1.0, a.data.ptr, K, bt.data.ptr, K, 0.0, c.data.ptr, N)
+        cp.cuda.runtime.deviceSynchronize()
+        out = c.get().astype(np.float64)
+        errors[member.name] = float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
+        bounds[member.name] = 1.1 * cublas
+    print(", ".join(f"{n} {e:.4e} (bound {bounds[n]:.4e})" for n, e in errors.items()))
+    assert all(errors[n] <= bounds[n] for n in errors), errors
+
+
 @pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
 @pytest.mark.parametrize("precision", LIBRARIES)
 def test_library_c_abi_refuses_bad_arguments_and_writes_nothing(precision, cp, library_abi):

@@ -215,7 +215,7 @@ class FakeCuda:
 
     def __init__(self, signatures: dict[int, tuple], current: int = 0x100, fail: int = 0):
         self.signatures, self.current, self.fail = signatures, current, fail
-        self.launches, self.encoded, self.switches, self.batch_dims = [], [], [], []
+        self.launches, self.encoded, self.switches, self.batch_dims, self.types = [], [], [], [], []
 
     def cuCtxGetCurrent(self, ref):
         ref._obj.value = self.current or None
@@ -244,9 +244,11 @@ class FakeCuda:
 
     def cuTensorMapEncodeTiled(self, out, dtype, rank, address, dims, strides, box, ones, interleave, swizzle,
                                promotion, fill):
-        assert (dtype.value, rank.value, interleave.value, fill.value) == (7, 3, 0, 0) and list(ones) == [1, 1, 1]
-        assert box[2] == 1  # one matrix of the batches at a time
+        # FLOAT32 (7), or TFLOAT32 (11): TMA rounds A and B to nearest TF32 as it copies them
+        assert dtype.value in (7, 11) and (rank.value, interleave.value, fill.value) == (3, 0, 0)
+        assert list(ones) == [1, 1, 1] and box[2] == 1  # one matrix of the batches at a time
         self.encoded.append(address.value)
+        self.types.append(dtype.value)
         self.batch_dims.append((dims[2], strides[1]))
         described = struct.pack("<QQQQIIii", address.value, dims[0], dims[1], strides[0], box[0], box[1],
                                 swizzle.value, promotion.value)
@@ -291,6 +293,17 @@ def test_a_prepared_tma_launch_writes_the_call_and_launches_once_in_the_kernels_
     run(0xA000, 0xB000, 0xC000, 1.0, 0.0, 77)
     assert fake.switches == [0x200, 0x100] and len(fake.launches) == 2
     assert fake.encoded == [0xA000, 0xB000, 0xC000]  # the second call's maps came from the cache
+    assert fake.types == [11, 11, 7]  # A and B TFLOAT32 (TMA rounds them to nearest TF32), C FLOAT32
+
+
+def test_tensor_maps_of_a_truncating_or_3xtf32_kernel_are_float32(monkeypatch):
+    for extra, math in (("round truncate", "tf32"), ("", "3xtf32")):
+        plan = plan_of(TMA.format(extra=extra).replace("math     tf32", f"math     {math}"))
+        decision = decide(plan, 256, 256, 256, 256, 256, 256, (0, 0, 0), 132)
+        fake = FakeCuda({0x51: decision.steps[0].signature})
+        monkeypatch.setattr(launch, "_cuda", fake)
+        prepared(decision, {"main": 0x51})(0xA000, 0xB000, 0xC000, 1.0, 0.0, 0)
+        assert fake.types == [7, 7], (extra, math)  # the floats as they lie (3xtf32 splits them itself)
 
 
 def test_tensor_maps_are_kept_for_each_operands_last_few_addresses(monkeypatch):

@@ -1,8 +1,10 @@
-"""`round truncate | nearest [producer | consumer]` on the TMA-fed tf32 kernel (issue 28): the spec
-line and its errors at the line, the Plan, the generated code (producer warps rounding landed tiles
-in place behind a `ready` barrier; consumers rounding A's fragments in registers), the explain rows,
-and NVRTC builds of each variant on every schedule the tf32 library uses. GPU results:
-tests/test_gpu_rounding.py; timings: benchmarks/tf32_rounding.py."""
+"""`round nearest [tma | producer | consumer] | truncate` on the TMA-fed tf32 kernel (issue 28): the
+spec line and its errors at the line, the Plan, the generated code (TMA rounding as it copies into
+tensor maps of type TFLOAT32, the default; producer warps rounding landed tiles in place behind a
+`ready` barrier; consumers rounding A's fragments in registers), the explain rows, the copy kernel
+that must say it truncates, a library refusing a truncating member, and NVRTC builds of each variant
+on every schedule the tf32 library uses. GPU results: tests/test_gpu_rounding.py; timings:
+benchmarks/tf32_rounding.py."""
 
 from __future__ import annotations
 
@@ -57,12 +59,15 @@ def position(error: SpecError) -> tuple[int, int]:
 
 # --- the spec line ---------------------------------------------------------------------------
 
-def test_round_nearest_alone_rounds_in_the_producer():
-    plan = make_plan(spec_of("round nearest"))
-    assert plan.mainloop.rounding == "producer"
+def test_no_round_line_and_round_nearest_alone_have_tma_round():
+    for line in (None, "round nearest", "round nearest tma"):
+        plan = make_plan(spec_of(line))
+        assert plan.mainloop.rounding == "tma" and plan.mainloop.tma_rounds and not plan.truncates, line
+    assert make_plan(spec_of("round nearest producer")).mainloop.rounding == "producer"
     assert make_plan(spec_of("round nearest consumer")).mainloop.rounding == "consumer"
-    assert make_plan(spec_of("round truncate")).mainloop.rounding == "truncate"
-    assert make_plan(spec_of(None)).mainloop.rounding == "truncate"
+    truncating = make_plan(spec_of("round truncate"))
+    assert truncating.mainloop.rounding == "truncate" and truncating.truncates
+    assert not make_plan(spec_of(None, math="3xtf32", bn=128)).truncates  # it splits the floats itself
 
 
 def test_an_unknown_rounding_is_an_error_at_its_word():
@@ -85,8 +90,8 @@ def test_truncate_takes_no_second_word():
 
 
 def test_a_search_set_over_who_rounds_expands():
-    spec = spec_of("round nearest {producer, consumer}")
-    assert [make_plan(point).mainloop.rounding for point in spec.points()] == ["producer", "consumer"]
+    spec = spec_of("round nearest {tma, producer, consumer}")
+    assert [make_plan(point).mainloop.rounding for point in spec.points()] == ["tma", "producer", "consumer"]
 
 
 @pytest.mark.parametrize("math, why", [("3xtf32", "splits each float"), ("simt", "math simt multiplies in FP32")])
@@ -99,7 +104,7 @@ def test_round_with_other_math_is_an_error_at_the_round_line(math, why):
 def test_round_truncate_on_the_register_fed_kernel_is_an_error():
     error = error_of("round truncate", bm=64, bn=128, fill="async")
     assert position(error) == (7, 9)
-    assert "rounds each tile to TF32 on its way to shared memory" in str(error)
+    assert "rounds each tile to TF32 in its loaders" in str(error)
     # round nearest says what that kernel does anyway: accepted, and its code is the plain kernel's
     rounded, plain = make_plan(spec_of("round nearest", bm=64, bn=128, fill="async")), \
         make_plan(spec_of(None, bm=64, bn=128, fill="async"))
@@ -120,16 +125,46 @@ def test_consumer_rounding_with_two_slab_pingpong_tiles_is_refused():
     error = error_of("round nearest consumer", bm=bm, bn=bn, extra=extra)
     assert position(error) == (7, 9)
     assert "two slabs' fragments" in str(error)
-    assert "round nearest producer, or block 64 x N x 32" in str(error)
+    assert "round nearest (TMA rounds), or block 64 x N x 32" in str(error)
 
 
 # --- the Plan and the generated code ---------------------------------------------------------
 
-def test_the_default_and_round_truncate_generate_the_same_kernel():
+def test_tma_rounding_and_round_truncate_differ_only_in_the_maps_type():
+    """The same kernel: TMA's rounding is the launcher's A and B tensor maps of type TFLOAT32."""
     plain, truncate = make_plan(spec_of(None)), make_plan(spec_of("round truncate"))
-    body = lambda plan: generate(plan).split("// derived by the Plan:")[1]  # noqa: E731 (after the quoted spec)
+    body = lambda plan: tma_kernel(plan).split('extern "C"')[0]  # noqa: E731 (the kernel, not its launchers)
     assert body(plain) == body(truncate)
     assert "round_in_place" not in body(plain) and "ready = full;" in body(plain)
+    rounding, truncating = generate(plain), generate(truncate)
+    assert "encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3," in rounding
+    assert "TMA rounds each float to nearest TF32 as it copies it" in rounding
+    assert "TFLOAT32" not in truncating and "encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3," in truncating
+    # C's map (a staged store) stays FLOAT32; so do 3xtf32's A and B, which it splits itself
+    staged = generate(make_plan(spec_of(None, extra="  epilogue alpha beta staged\n")))
+    assert "encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32," in staged and "DATA_TYPE_TFLOAT32, 3," in staged
+    assert "TFLOAT32" not in generate(make_plan(spec_of(None, math="3xtf32", bn=128)))
+
+
+def test_tma_rounds_a_column_major_a_too():
+    """A column-major A lands MN-major and the consumers read it into registers: as TMA rounded it."""
+    plan = make_plan(spec_of(None, extra="  epilogue alpha beta staged\n").with_values(layout_A="col"))
+    maps = plan.mainloop.tensor_maps(plan, 512, 512, 256, 512, 256)
+    assert [(m.operand, m.tf32) for m in maps] == [("A", True), ("B", True)]
+    assert plan.mainloop.math_template == "wgmma_tf32_a.cuh.j2"
+    assert "encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3," in generate(plan)
+    assert any("as TMA rounded them" in note for note in plan.mainloop.notes(plan))
+
+
+def test_a_copy_kernel_must_say_it_truncates():
+    error = error_of(None, bm=128, bn=256, fill="copy")
+    assert position(error) == (6, 14)  # the stages line's `copy`
+    assert "stages N copy lands tiles as they lie, and wgmma truncates them to TF32" in str(error)
+    assert "round truncate (to accept truncation)" in str(error)
+    error = error_of("round nearest", bm=128, bn=256, fill="copy")
+    assert position(error) == (7, 9)  # the round line
+    plan = make_plan(spec_of("round truncate", fill="copy"))
+    assert plan.truncates and not plan.tma
 
 
 def tma_kernel(plan) -> str:
@@ -192,8 +227,9 @@ def test_explain_rows_say_how_it_rounds_and_what_it_costs():
     assert f"{2 * 4 * 32 * 384} B, on TMA's writes and wgmma's reads of {base} B (+75%)" in producer["rounding traffic"]
     assert "A by the consumers" in consumer["TF32 rounding"]
     assert f"{2 * 4 * 32 * 256} B;" in consumer["rounding traffic"] and "(+50%)" in consumer["rounding traffic"]
-    assert "TF32 rounding" not in dict(make_plan(spec_of(None)).rows())
-    truncating = make_plan(spec_of(None))
+    assert dict(make_plan(spec_of(None)).rows())["TF32 rounding"].startswith("to nearest, by TMA as it copies A and B")
+    assert "TF32 rounding" not in dict(make_plan(spec_of("round truncate")).rows())
+    truncating = make_plan(spec_of("round truncate"))
     assert any("truncates A and B to TF32" in note for note in truncating.mainloop.notes(truncating))
 
 
@@ -204,8 +240,10 @@ def test_explain_notes_say_how_it_rounds_and_what_it_costs():
     text = render_text(explain(make_plan(spec_of("round nearest consumer")), resources))
     assert "TF32 rounding: to nearest (cvt.rna): B by the producer's warps 1-3" in " ".join(text.split())
     assert "rounding traffic: per K tile B's tile read and written again: 65536 B;" in " ".join(text.split())
+    text = render_text(explain(make_plan(spec_of("round truncate")), resources))
+    assert "TF32 rounding: none (round truncate); wgmma truncates A and B to TF32" in " ".join(text.split())
     text = render_text(explain(make_plan(spec_of(None)), resources))
-    assert "TF32 rounding: none; wgmma truncates A and B to TF32" in " ".join(text.split())
+    assert "TF32 rounding: to nearest, by TMA as it copies A and B" in " ".join(text.split())
 
 
 def test_the_shipped_rounding_specs_are_hopper_tf32_but_for_the_round_line():
@@ -218,17 +256,21 @@ def test_the_shipped_rounding_specs_are_hopper_tf32_but_for_the_round_line():
 
 
 def test_a_point_written_back_as_text_keeps_its_rounding_and_its_own_key():
-    """Tuning records and library manifests keep points as text and keys: a rounding point must
-    come back rounding, and not share a key with the truncating kernel (whose key is as before)."""
+    """Tuning records and library manifests keep points as text and keys: a point must come back
+    rounding as it did, and the ways must not share a key. TMA's rounding (the default) keys as the
+    truncating kernels did before it, whose timings it keeps (the same kernel but for its maps' type,
+    measured as fast); `round truncate` has a key of its own."""
     from gemmgen.plan.space import describe, point_key, to_text
-    points = {line: spec_of(line) for line in (None, "round truncate", "round nearest", "round nearest consumer")}
+    lines = (None, "round nearest", "round truncate", "round nearest producer", "round nearest consumer")
+    points = {line: spec_of(line) for line in lines}
     for line, spec in points.items():
         (again,) = parse(to_text(spec))
         assert make_plan(again).mainloop.rounding == make_plan(spec).mainloop.rounding, line
     keys = {line: point_key(spec) for line, spec in points.items()}
-    assert keys[None] == keys["round truncate"]
-    assert len({keys[None], keys["round nearest"], keys["round nearest consumer"]}) == 3
+    assert keys[None] == keys["round nearest"]
+    assert len(set(keys.values())) == 4
     assert "round=consumer" in describe(points["round nearest consumer"]) and "round" not in describe(points[None])
+    assert "round=truncate" in describe(points["round truncate"])
 
 
 # --- NVRTC: each variant on each schedule ----------------------------------------------------

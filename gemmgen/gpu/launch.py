@@ -179,7 +179,7 @@ def _helper_step(helper: Helper, sizes: dict[str, int]) -> Step:
 
 _cuda = None
 _SWIZZLE = {32: 1, 64: 2, 128: 3}           # CUtensorMapSwizzle
-_FLOAT32 = 7                                # CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+_FLOAT32, _TFLOAT32 = 7, 11                 # CU_TENSOR_MAP_DATA_TYPE_FLOAT32, _TFLOAT32 (TMA rounds to nearest TF32)
 _L2 = {0: 0, 64: 1, 128: 2, 256: 3}         # CUtensorMapL2promotion by bytes
 
 
@@ -208,17 +208,19 @@ def error_text(status: int) -> str:
 
 def encode_tensor_map(spec: TensorMapSpec, address: int, what: str) -> bytes:
     """cuTensorMapEncodeTiled of a 3-D float32 tensor (inner, outer, batches) at `address`, rows ld
-    floats apart and batches as spec.batch_dims has them, boxes of box_inner x box_outer x 1: its
-    128 bytes, ready to be written into an argument (as the C launcher encodes it)."""
+    floats apart and batches as spec.batch_dims has them, boxes of box_inner x box_outer x 1, of type
+    TFLOAT32 where TMA rounds it to TF32 (spec.tf32): its 128 bytes, ready to be written into an
+    argument (as the C launcher encodes it)."""
     out = (ctypes.c_ubyte * TENSOR_MAP_BYTES)()
     batches, batch_stride = spec.batch_dims
     dims = (ctypes.c_uint64 * 3)(spec.inner, spec.outer, batches)
     strides = (ctypes.c_uint64 * 2)(spec.ld * 4, batch_stride * 4)
     box = (ctypes.c_uint32 * 3)(spec.box_inner, spec.box_outer, 1)
     ones = (ctypes.c_uint32 * 3)(1, 1, 1)
-    status = cuda().cuTensorMapEncodeTiled(out, ctypes.c_int(_FLOAT32), ctypes.c_uint(3), ctypes.c_void_p(address),
-                                           dims, strides, box, ones, ctypes.c_int(0), ctypes.c_int(_SWIZZLE[spec.swizzle]),
-                                           ctypes.c_int(_L2[spec.promotion(address)]), ctypes.c_int(0))
+    status = cuda().cuTensorMapEncodeTiled(out, ctypes.c_int(_TFLOAT32 if spec.tf32 else _FLOAT32), ctypes.c_uint(3),
+                                           ctypes.c_void_p(address), dims, strides, box, ones, ctypes.c_int(0),
+                                           ctypes.c_int(_SWIZZLE[spec.swizzle]), ctypes.c_int(_L2[spec.promotion(address)]),
+                                           ctypes.c_int(0))
     if status:
         raise CudaError(f"{what}: {error_text(status)}", status)
     return bytes(out)

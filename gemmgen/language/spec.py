@@ -129,13 +129,15 @@ SETTINGS: dict[str, Setting] = {
     "schedule": Setting("data-parallel", _WORDS(*SCHEDULES), ", ".join(SCHEDULES)),
     "cluster.m": Setting(1, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 blocks along M"),
     "cluster.n": Setting(1, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 blocks along N"),
-    # TMA-fed tf32: wgmma reads the floats TMA wrote and truncates them to TF32, or (nearest) the
-    # producer's warps 1-3 round them in place first, or (nearest consumer) they round B in place
-    # and the consumers round A in registers.
-    "round": Setting("truncate", _WORDS("truncate", "nearest"), "truncate or nearest"),
-    "round.by": Setting("producer", _WORDS("producer", "consumer"),
-                        "producer (warps 1-3 round A and B in shared memory) or consumer (A rounded "
-                        "in the consumers' registers, B by the producer's warps)"),
+    # TMA-fed tf32: A and B rounded to nearest TF32 (as cuBLAS rounds) by TMA as it copies them
+    # (tensor maps of type TFLOAT32), or by the producer's warps 1-3 in shared memory, or B so and A in
+    # the consumers' registers; or (truncate) wgmma reads the floats as they lie and drops their low 13
+    # bits. `stages N copy` can only truncate, and must say so.
+    "round": Setting("nearest", _WORDS("truncate", "nearest"), "truncate or nearest"),
+    "round.by": Setting("tma", _WORDS("tma", "producer", "consumer"),
+                        "tma (TMA rounds A and B as it copies them), producer (warps 1-3 round A and B "
+                        "in shared memory) or consumer (A rounded in the consumers' registers, B by the "
+                        "producer's warps)"),
     # The decode kernel (plan/decode.py): a warp streams `columns` columns of the big operand, `warps`
     # warps per block, `slices` of them sharing a column group with a slice of K each (0: not a decode kernel).
     "decode.columns": Setting(0, _WORDS(1, 2, 4, 8), "1, 2, 4 or 8 columns per warp"),

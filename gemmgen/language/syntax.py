@@ -53,7 +53,7 @@ USAGE = {
     "schedule": "schedule data-parallel | persistent | stream-k | pingpong",
     "cluster": "cluster M x N          e.g. cluster 2 x 1 (blocks of a cluster share A and B tiles by TMA multicast)",
     "promote": "promote K              e.g. promote 64 (3xtf32: K between adds of the tensor cores' sums into FP32)",
-    "round": "round truncate | nearest [producer | consumer]   (TMA-fed tf32: TF32 by truncation, or rounded to nearest)",
+    "round": "round nearest [tma | producer | consumer] | truncate   (TMA-fed tf32: rounded to nearest TF32, by default by TMA as it copies; or truncated)",
     "decode": "decode columns C warps W [slices S]   e.g. decode columns 4 warps 8 slices 2 (M or N <= 16)",
     "library": "library NAME { members ...; shapes ... }",
     "members": "members NAME, NAME, ...   kernels or search spaces in this file or in NAME.gemm beside it",
@@ -409,11 +409,12 @@ class _ToStatements(Transformer):
 
     @v_args(meta=True)
     def round(self, meta, c):
-        # `round nearest` rounds in the producer warps unless `consumer` says A is rounded in registers.
+        # `round nearest` has TMA round A and B as it copies them, unless `producer` or `consumer` says
+        # who else rounds them.
         if len(c) == 2 and c[0].values != ("nearest",):
             raise self._err(c[1].span, f"'round {c[0].values[0]}' takes no second word: only 'round "
                             "nearest' says who rounds", USAGE["round"])
-        by = c[1] if len(c) == 2 else _Value(("producer",), _span(meta))
+        by = c[1] if len(c) == 2 else _Value(("tma",), _span(meta))
         return self._statement("round", meta, round=c[0], **{"round.by": by})
 
     @v_args(meta=True)

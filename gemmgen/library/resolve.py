@@ -90,6 +90,11 @@ def resolve(lib: LibrarySpec, kernels: list[Spec]) -> Library:
             if plan.epilogue.fused:
                 raise lib.error(span, f"member '{name}' fuses an epilogue ({plan.epilogue.formula}), which a "
                                 "library's entry point does not take", "kernels without bias, scale or activation lines")
+            if plan.truncates:
+                raise lib.error(span, f"member '{name}' truncates A and B to TF32 (round truncate), where a "
+                                "library's TF32 members round to nearest as cuBLAS does: truncation has about "
+                                "2.6x its error", "members that round: no round line (TMA rounds as it copies), "
+                                "or stages N tma / async")
             plans.append(plan)
         if not plans:
             raise lib.error(span, f"member '{name}' cannot be built in this library's layout (A {layouts['A']}, "

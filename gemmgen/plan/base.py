@@ -84,6 +84,7 @@ class Plan:
     consumer_registers = _from("mainloop", "consumer_registers")
     promote_tiles = _from("mainloop", "promote_tiles")
     fallback = _from("mainloop", "fallback")
+    truncates = _from("mainloop", "truncates", "whether A and B reach TF32 by truncation, not rounded to nearest")
 
     # The schedule's numbers, by their short names: how blocks take C tiles (data-parallel, split K,
     # persistent, stream-k, pingpong) and thread-block clusters (cluster_m x cluster_n blocks share

@@ -104,8 +104,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         stage_bytes = 4 * BK * (BM + BN * (2 if math == "3xtf32" else 1))
     else:    # 3xtf32: A's and B's remainders too
         stage_bytes = 4 * BK * (BM + BN) * (2 if math == "3xtf32" else 1)
-    # mbarriers per stage (full, empty; TMA 3xtf32 or rounding: ready), and slack to align buffers to 1024 B.
-    barriers = (3 if tma and (math == "3xtf32" or rounding != "truncate") else 2) * 8 * stages
+    # mbarriers per stage (full, empty; TMA 3xtf32 or rounding by warps: ready), and slack to align buffers to 1024 B.
+    barriers = (3 if tma and (math == "3xtf32" or rounding in ("producer", "consumer")) else 2) * 8 * stages
     check_split_by(spec, tma)
     if spec["split"] > 1 and spec["split.by"] in ("cluster", "workspace"):
         barriers += 8  # split K in a cluster: "block 0 has stored C"; through a workspace: "the last slice"
@@ -167,7 +167,8 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
         fallback = wgmma_plan(replace(spec.with_values(
             block_m=64, block_n=128, warp_m=64, warp_n=128, mma_m=64, mma_n=128, mma_k=8, stages=4,
             stages_fill="async", schedule="data-parallel", cluster_m=1, cluster_n=1, epilogue_staged=False,
-            promote=0, split_by="atomic", **({"round": "nearest"} if spec.written("round") else {}),
+            promote=0, split_by="atomic",  # (its loaders round every tile, whatever the round line)
+            **({"round": "nearest", "round_by": "tma"} if spec.written("round") else {}),
             # its split K adds into C by atomics, after each slice's epilogue: no activation of a part
             **({"split": 1} if spec["activation"] != "none" else {})),
             name=f"{spec.name}_fallback"), arch)  # make_plan's choice for it: the register-fed path
@@ -188,7 +189,7 @@ def wgmma_plan(spec: Spec, arch: Arch) -> Plan:
 def _check_mn_major(spec: Spec, math: str, a_k_major: bool, b_k_major: bool) -> None:
     """TMA copies tiles as they lie, and wgmma reads TF32 operands from shared memory only K-major.
     The consumers read a column-major A's fragments from its MN-major tile into registers (3xtf32
-    splits them there anyway; tf32 takes them as they lie, or rounds them with `round nearest
+    splits them there anyway; tf32 takes them as TMA rounded them, or rounds them with `round nearest
     consumer`) and issue wgmma with A from registers; a row-major B (3xtf32) lands MN-major and the
     producer's warps, which write B's TF32 remainders already, transpose it K-major as they split it."""
     layouts = ("layout.A", "layout.B")
@@ -220,17 +221,19 @@ def _check_mn_major(spec: Spec, math: str, a_k_major: bool, b_k_major: bool) -> 
 
 def _check_copies(spec: Spec, math: str) -> None:
     """cp.async copies floats as they lie: TF32 read by truncation, no rounding on the way (the
-    register-fed loaders round, the TMA producer's warps the same in shared memory). With 3xtf32 the
-    loader splits each landed tile a tile behind the consumers, so it needs 3 stages."""
+    register-fed loaders round, TMA as it copies), so a tf32 copy kernel must say `round truncate`.
+    With 3xtf32 the loader splits each landed tile a tile behind the consumers, so it needs 3 stages."""
     if math == "3xtf32" and spec["stages"] < 3:
         raise spec.error(("stages", "math"), f"with math 3xtf32 and stages N copy, the loader splits a "
                          "landed tile into TF32 big and small while the consumers multiply the one before "
                          f"it and the next one's copies are in flight: 3 stages at least, not {spec['stages']}",
                          "stages 3 copy or more")
-    if spec.written("round") and spec["round"] == "nearest":
-        raise spec.error(("round", "stages.fill"), "stages N copy lands tiles as they lie, and wgmma "
-                         "truncates them to TF32; rounding to nearest needs a pass over each tile",
-                         "round truncate (or no round line), or stages N async / tma")
+    if math == "tf32" and spec["round"] == "nearest":
+        raise spec.error(("round", "stages.fill") if spec.written("round") else "stages.fill",
+                         "stages N copy lands tiles as they lie, and wgmma truncates them to TF32 (about "
+                         "2.6x cuBLAS TF32's error on random data), where math tf32 rounds them to nearest "
+                         "by default; rounding them would take a pass over each tile",
+                         "round truncate (to accept truncation), or stages N tma / async (which round)")
     if spec["layout.B"] == "row" and spec["block.n"] % 32:
         raise spec.error(("layout.B", "block.n"), f"the loader copies a row-major B in groups of 32 "
                          f"columns (a warp: 8 columns x 4 k, the warpgroup 32); block N = "
@@ -238,23 +241,27 @@ def _check_copies(spec: Spec, math: str) -> None:
 
 
 def rounding_of(spec: Spec, math: str, tma: bool, slabs: int) -> str:
-    """How the TMA-fed tf32 kernel's A and B become TF32 (`round`): truncate (wgmma reads the floats
-    TMA wrote and drops their low 13 bits), producer (the producer's warps 1-3 round both tiles to
-    nearest in shared memory) or consumer (those warps round B; the consumers read A into registers
-    and round it there). The register-fed kernel always rounds, in its loaders."""
+    """How the TMA-fed tf32 kernel's A and B become TF32 (`round`): tma (TMA rounds them to nearest
+    as it copies them: tensor maps of type TFLOAT32; the default), producer (the producer's warps 1-3
+    round both tiles in shared memory), consumer (those warps round B; the consumers read A into
+    registers and round it there) or truncate (wgmma reads the floats TMA wrote and drops their low 13
+    bits). The register-fed kernel always rounds, in its loaders; cp.async copies truncate."""
     if not spec.written("round"):
-        return "truncate"
+        return "tma" if tma and math == "tf32" else "truncate"
     nearest = spec["round"] == "nearest"
     if math != "tf32":
         raise spec.error("round", f"round chooses how math tf32 reads its inputs; math {math} splits "
                          "each float into TF32 big and small parts (rounded to nearest) itself",
                          "no round line, or math tf32")
     if not tma:
-        if nearest:
+        if spec["stages.fill"] == "copy":
+            return "truncate"  # (_check_copies: a tf32 copy kernel says so)
+        if nearest and spec["round.by"] == "tma":
             return "truncate"  # the register-fed kernel's loaders round every tile already
-        raise spec.error("round", "the register-fed wgmma kernel (stages N async) rounds each tile to "
-                         "TF32 on its way to shared memory; only the TMA-fed kernel can truncate",
-                         "round nearest, or no round line")
+        raise spec.error(("round", "round.by") if nearest else "round",
+                         "the register-fed wgmma kernel (stages N async) rounds each tile to TF32 in its "
+                         "loaders, on their way to shared memory: it neither truncates nor rounds by TMA "
+                         "or a producer", "round nearest, or no round line")
     if not nearest:
         return "truncate"
     by = spec["round.by"]
@@ -262,7 +269,7 @@ def rounding_of(spec: Spec, math: str, tma: bool, slabs: int) -> str:
         raise spec.error(("round", "round.by", "block.m"), "round nearest consumer reads A's fragments into "
                          "registers for each 64-row slab; a ping-pong consumer with a 128-row tile "
                          "would hold two slabs' fragments twice over beside its 128 x N accumulators",
-                         "round nearest producer, or block 64 x N x 32 with schedule pingpong")
+                         "round nearest (TMA rounds), or block 64 x N x 32 with schedule pingpong")
     return by
 
 

@@ -122,6 +122,7 @@ class TensorMapSpec:
     promote: int      # L2 promotion in bytes (0: none), 256 only where every row starts 128-byte aligned
     batches: int = 1
     batch_stride: int = 0
+    tf32: bool = False  # elements of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it
 
     def promotion(self, address: int) -> int:
         """The L2 promotion (bytes) the map of a tensor at `address` gets: `promote`, but 128 for 256

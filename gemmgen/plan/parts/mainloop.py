@@ -48,6 +48,7 @@ class Mainloop:
     tma = False
     promote_tiles = 1
     fallback = None               # the Plan of the kernel for calls this one cannot take
+    truncates = False             # whether A and B reach TF32 by truncation (cuBLAS rounds to nearest)
 
     @property
     def helpers(self) -> tuple[str, ...]:

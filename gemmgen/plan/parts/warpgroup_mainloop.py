@@ -33,8 +33,12 @@ TMA_BATCH_CHECKS = tma_batch_checks()
 MN_BOX = 32  # floats along M or N in a box of an MN-major operand: one 128-byte swizzled row
 
 # The TMA-fed tf32 consumers' math per `round` (wgmma.py's rounding_of).
-ROUNDING_TEMPLATES = {"truncate": "wgmma_tf32.cuh.j2", "producer": "wgmma_round_shared.cuh.j2",
-                      "consumer": "wgmma_round_a.cuh.j2"}
+ROUNDING_TEMPLATES = {"tma": "wgmma_tf32.cuh.j2", "truncate": "wgmma_tf32.cuh.j2",
+                      "producer": "wgmma_round_shared.cuh.j2", "consumer": "wgmma_round_a.cuh.j2"}
+# The tensor maps' element type of A and B: TMA rounds floats to nearest TF32 as it copies them into a
+# TFLOAT32 map (its rounding is cvt.rna's: on an H100 the tf32 members' error became cuBLAS TF32's to
+# five digits, at the same speed).
+MAP_DATA_TYPES = {True: "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32", False: "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
 
 if TYPE_CHECKING:
     from ..base import Plan
@@ -58,6 +62,11 @@ class WgmmaAsync(Mainloop):
     template = "wgmma_async.cu.j2"
     global_loads = None   # whole 128-byte K rows, or rows along M or N: full sectors either way
     owns_sm = True
+
+    @property
+    def truncates(self) -> bool:
+        """cp.async copies land floats as they lie, and wgmma truncates them (the loaders round)."""
+        return self.math == "tf32" and self.copies
     tensor_flops_per_clock = 2048
     no_conflicts = "none predicted: wgmma reads 128-byte swizzled K-major tiles"
 
@@ -181,7 +190,7 @@ class WgmmaTma(WgmmaAsync):
 
     promote_tiles: int = 1       # 3xtf32: K tiles summed in the tensor cores before each add into FP32
     fallback: Plan | None = None
-    rounding: str = "truncate"   # tf32: truncate, or round to nearest by the producer (A and B) or consumer (A)
+    rounding: str = "truncate"   # tf32: round to nearest by TMA, the producer (A and B) or consumer (A); or truncate
     a_k_major: bool = True       # A row-major; else its MN-major tile is read into registers
     b_k_major: bool = True       # B column-major; else (3xtf32) the producer transposes its MN-major tile
 
@@ -200,9 +209,9 @@ class WgmmaTma(WgmmaAsync):
 
     def rounding_notes(self, plan: Plan) -> list[str]:
         if self.math == "tf32" and self.rounding == "truncate":
-            return ["TF32 rounding: none; wgmma truncates A and B to TF32 (drops each float's low 13 bits), "
-                    "where cuBLAS rounds to nearest: about twice its error on random data (`round nearest` "
-                    "rounds them first)"]
+            return ["TF32 rounding: none (round truncate); wgmma truncates A and B to TF32 (drops each float's "
+                    "low 13 bits), where cuBLAS rounds to nearest: about 2.6x its error on random data (with "
+                    "no round line TMA rounds them as it copies them, at no cost)"]
         if self.rounding != "truncate":
             return [f"{label}: {value}" for label, value in self.rounding_rows(plan)]
         if self.promote_tiles == 1:
@@ -314,6 +323,27 @@ class WgmmaTma(WgmmaAsync):
         """The device function giving (row, k)'s place in A's tile, which 3xtf32's consumers read."""
         return "swizzled" if self.a_k_major else "swizzled_mn"
 
+    @property
+    def truncates(self) -> bool:
+        return self.math == "tf32" and self.rounding == "truncate"
+
+    @property
+    def tma_rounds(self) -> bool:
+        """Whether TMA rounds A and B to nearest TF32 as it copies them (their maps' type TFLOAT32)."""
+        return self.math == "tf32" and self.rounding == "tma"
+
+    @property
+    def map_data_type(self) -> str:
+        """The CUtensorMapDataType of A's and B's maps, as the C launcher encodes them."""
+        return MAP_DATA_TYPES[self.tma_rounds]
+
+    @property
+    def map_type_words(self) -> str:
+        """The C launcher's comment on its maps' type, after their description: a line more where TMA
+        rounds (the FLOAT32 maps' launchers read as they did)."""
+        return ("\n    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS "
+                "rounds." if self.tma_rounds else "")
+
     def tensor_maps(self, plan: Plan, M: int, N: int, K: int, lda: int, ldb: int, batch: int = 1,
                     strides: tuple[int, int] = (0, 0)) -> list[TensorMapSpec]:
         # With clusters each block loads a slice of the tiles its cluster row and column share. TMA's
@@ -322,14 +352,17 @@ class WgmmaTma(WgmmaAsync):
         # 128-byte aligned (on an H100 the skinny tf32 calls ran 2-4% faster than with 128, the large ones
         # the same), else of 128 (rows off 128 bytes, e.g. ld = 4092, measured 20% faster so than with 256).
         # Batches: a third dimension, the stride apart (tma_batches_ready).
-        # An MN-major operand (3xtf32): (rows, K), boxes of 32 rows x BK (boxes()).
+        # An MN-major operand (3xtf32): (rows, K), boxes of 32 rows x BK (boxes()). TF32 rounded by TMA:
+        # maps of type TFLOAT32 (tma_rounds).
         maps = []
         for (x, k_major, tile_rows, _, _), param, rows, ld, stride, sharing in zip(
                 self.boxes(plan), ("map_a", "map_b"), (M, N), (lda, ldb), strides, (plan.cluster_n, plan.cluster_m)):
             if k_major:
-                maps.append(TensorMapSpec(param, x, K, rows, ld, plan.BK, tile_rows // sharing, 128, 256, batch, stride))
+                maps.append(TensorMapSpec(param, x, K, rows, ld, plan.BK, tile_rows // sharing, 128, 256, batch, stride,
+                                          self.tma_rounds))
             else:
-                maps.append(TensorMapSpec(param, x, rows, K, ld, MN_BOX, plan.BK, 128, 128, batch, stride))
+                maps.append(TensorMapSpec(param, x, rows, K, ld, MN_BOX, plan.BK, 128, 128, batch, stride,
+                                          self.tma_rounds))
         return maps
 
     def variant(self, aligned: bool, aligned_store: str) -> str:
@@ -352,8 +385,8 @@ class WgmmaTma(WgmmaAsync):
         """How an MN-major operand reaches wgmma (none for A row, B col)."""
         rows = []
         if not self.a_k_major:
-            how = {"3xtf32": "as they split them", "consumer": "as they round them"}.get(
-                self.math if self.math == "3xtf32" else self.rounding, "as they lie")
+            how = {"3xtf32": "as they split them", "consumer": "as they round them",
+                   "tma": "as TMA rounded them"}.get(self.math if self.math == "3xtf32" else self.rounding, "as they lie")
             rows.append(("A column-major", "TMA lands its tiles MN-major (boxes of 32 rows by BK); the consumers "
                                            f"read their fragments from there into registers {how} "
                                            "(2 wavefronts a read: a warp's 4 K rows share banks in pairs)"))
@@ -380,7 +413,7 @@ class WgmmaTma(WgmmaAsync):
         """The consumers' math: TF32 products (of tiles as TMA wrote them, of tiles the producer
         rounded, of A rounded in registers, or of an MN-major A read into registers as it lies),
         or 3xtf32's three with A split in registers."""
-        if self.math == "tf32" and self.rounding == "truncate" and not self.a_k_major:
+        if self.math == "tf32" and self.rounding in ("tma", "truncate") and not self.a_k_major:
             return "wgmma_tf32_a.cuh.j2"  # an MN-major A through registers, as it lies
         return {"3xtf32": "wgmma_3xtf32.cuh.j2"}.get(self.math, ROUNDING_TEMPLATES[self.rounding])
 
@@ -388,7 +421,7 @@ class WgmmaTma(WgmmaAsync):
     def tma_helpers(self) -> tuple[str, ...]:
         """Device code the TMA kernel includes after the schedule's: rounding to TF32 in place,
         reading MN-major tiles, and transposing a row-major B's."""
-        return ((() if self.rounding == "truncate" else ("wgmma_round.cuh.j2",))
+        return ((("wgmma_round.cuh.j2",) if self.rounding in ("producer", "consumer") else ())
                 + (() if self.k_major else ("wgmma_mn_major.cuh.j2",))
                 + (() if self.b_k_major else ("wgmma_transpose_b.cuh.j2",)))
 
@@ -405,8 +438,11 @@ class WgmmaTma(WgmmaAsync):
     def rounding_rows(self, plan: Plan) -> list[tuple[str, str]]:
         """How A and B become TF32, and what rounding them costs in shared-memory traffic per K tile
         (TMA's writes and wgmma's reads of A once and B once per consumer warpgroup are the base)."""
-        if self.rounding == "truncate":
-            return []  # (the truncating kernels' explain notes say so; their headers stay as they were)
+        if self.rounding == "truncate" or self.math != "tf32":
+            return []  # (the truncating kernels' explain notes say so)
+        if self.rounding == "tma":
+            return [("TF32 rounding", "to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), "
+                                      "as cuBLAS rounds: no extra work or shared-memory traffic")]
         tile_bytes = 4 * plan.BK
         b_readers = 1 if plan.pingpong else self.consumers
         base = tile_bytes * (plan.BM + plan.BN) + tile_bytes * (plan.BM + b_readers * plan.BN)
