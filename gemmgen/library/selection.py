@@ -349,14 +349,24 @@ def _eligible(c: Candidate, beta_used: bool, sm90a: bool) -> bool:
     return (c.beta or not beta_used) and (sm90a or not c.needs_sm90a)
 
 
+def vector_call(candidates: list[Candidate], M: int, N: int) -> bool:
+    """Whether a call is a matrix-vector product (one row or one column) that a library with a decode
+    member leaves to it: cuBLAS multiplies those in FP32 even in its TF32 mode (an H100 measured its
+    error 1.4e-7 there, against TF32's 2.6e-4), and the decode member, exact FP32, reads the matrix at
+    HBM bandwidth; a TF32 tile member would have TF32's error for no speed."""
+    return min(M, N) == 1 and any(c.shape.decode for c in candidates)
+
+
 def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str, sm_count: int,
                   beta_used: bool, sm90a: bool, batch: int) -> tuple[int, float]:
     """The eligible member predicted fastest in one class (SPLIT: by the aligned models), and its
-    predicted ms ((-1, inf) where none has a model of that class)."""
+    predicted ms ((-1, inf) where none has a model of that class). A matrix-vector product goes to
+    the decode members (vector_call)."""
     best, best_ms = -1, math.inf
+    decode_only = vector_call(candidates, M, N)
     for index, c in enumerate(candidates):
         model = c.models.get(model_class(cls))
-        if model is None or not _eligible(c, beta_used, sm90a):
+        if model is None or not _eligible(c, beta_used, sm90a) or (decode_only and not c.shape.decode):
             continue
         ms = predict(c.shape, model, M, N, K, sm_count, batch, cls == SPLIT)
         if ms < best_ms:
