@@ -182,11 +182,17 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
         live[c] = j0 + c < cols;
         column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
     }
-    float acc[R][COLUMNS];
+    // PARTS partial sums per row and column, step u's float v going to (u * V + v) % PARTS: shorter
+    // chains of FP32 adds, so that a matrix-vector product has cuBLAS's error (4 for up to two rows
+    // and columns in all, 2 for up to four: more spilled at 8 warps' 128 registers a thread).
+    constexpr int PARTS = R * COLUMNS <= 2 ? 4 : (R * COLUMNS <= 4 ? 2 : 1);
+    float acc[R][COLUMNS][PARTS];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
+        for (int c = 0; c < COLUMNS; ++c)
+#pragma unroll
+            for (int p = 0; p < PARTS; ++p) acc[r][c][p] = 0.0f;
 
     for (int k0 = 0; k0 < K; k0 += KT) {
         const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
@@ -213,27 +219,38 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
 #pragma unroll
                     for (int c = 0; c < COLUMNS; ++c)
 #pragma unroll
-                        for (int v = 0; v < V; ++v) acc[r][c] = fmaf(a[v], b[u][c][v], acc[r][c]);
+                        for (int v = 0; v < V; ++v) {
+                            float& part = acc[r][c][(u * V + v) % PARTS];
+                            part = fmaf(a[v], b[u][c][v], part);
+                        }
                 }
             }
         }
     }
 
-    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
+    // The parts in pairs, then across the lanes (every lane ends with the warp's sums), then across
+    // the slices in slice order.
+    float sums[R][COLUMNS];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int c = 0; c < COLUMNS; ++c)
+        for (int c = 0; c < COLUMNS; ++c) {
+#pragma unroll
+            for (int width = PARTS / 2; width > 0; width /= 2)
+#pragma unroll
+                for (int p = 0; p < width; ++p) acc[r][c][p] += acc[r][c][p + width];
+            sums[r][c] = acc[r][c][0];
 #pragma unroll
             for (int offset = 16; offset > 0; offset /= 2)
-                acc[r][c] += __shfl_xor_sync(0xffffffffu, acc[r][c], offset);
+                sums[r][c] += __shfl_xor_sync(0xffffffffu, sums[r][c], offset);
+        }
     if (slice > 0) {
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int c = 0; c < COLUMNS; ++c)
                 if ((r * COLUMNS + c) % 32 == lane)
-                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = acc[r][c];
+                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = sums[r][c];
     }
     __syncthreads();
 #pragma unroll
@@ -241,7 +258,7 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
 #pragma unroll
         for (int c = 0; c < COLUMNS; ++c) {
             if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
-            float sum = acc[r][c];
+            float sum = sums[r][c];
             for (int s = 1; s < SLICES; ++s)
                 sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
             float* out = C + r * c_row + (j0 + c) * c_col;

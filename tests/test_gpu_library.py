@@ -365,6 +365,38 @@ def test_library_tf32_error_is_at_most_cublas_tf32s(M, N, K, cp, library_abi):
     assert error <= 1.1 * cublas, (error, cublas)
 
 
+@pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
+@pytest.mark.parametrize("precision", LIBRARIES)
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (4096, 1, 4096), (1, 14336, 4096), (1, 3001, 777)])
+def test_library_matrix_vector_error_is_at_most_cublas(precision, M, N, K, cp, library_abi):
+    """A matrix-vector product runs on the decode member in FP32, as cuBLAS runs it in both its
+    modes: its error at most cuBLAS FP32's (fp32, issue 28) or 1.1x cuBLAS TF32's (tf32), on the same
+    inputs; cuBLAS TF32's is FP32's there."""
+    torch = pytest.importorskip("torch")
+    entry, _, _, _ = library_abi(precision)
+    A, B, _ = _inputs(M, N, K, seed=37)
+    a, lda = _place(cp, A, "row", 0)
+    b, ldb = _place(cp, B, "col", 0)
+    c, ldc = _place(cp, np.zeros((M, N), np.float32), "row", 0)
+    assert entry(M, N, K, 1.0, a.data.ptr, lda, b.data.ptr, ldb, 0.0, c.data.ptr, ldc, None) == 0
+    cp.cuda.runtime.deviceSynchronize()
+    reference = A.astype(np.float64) @ B.astype(np.float64)
+    out = c[: M * ldc].reshape(M, ldc)[:, :N].get().astype(np.float64)
+    error = float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
+    if precision == "tf32":
+        bound = 1.1 * _cublas_tf32_error(A, B, reference)
+    else:
+        saved = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            product = (torch.from_numpy(A).cuda() @ torch.from_numpy(B).cuda()).double().cpu().numpy()
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = saved
+        bound = float(np.linalg.norm(product - reference) / np.linalg.norm(reference))
+    print(f"gemmgen_{precision} {M}x{N}x{K}: relative error {error:.4e}, bound {bound:.4e}")
+    assert error <= bound, (error, bound)
+
+
 @pytest.mark.skipif("tf32" not in LIBRARIES, reason="no tf32 library tuned yet")
 def test_every_tf32_member_rounds_as_cublas_tf32(cp):
     """Each member of the tf32 library on its own, at a call its kind takes (1000 x 1536 x 2048; the
