@@ -182,10 +182,11 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
         live[c] = j0 + c < cols;
         column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
     }
-    // PARTS partial sums per row and column, step u's float v going to (u * V + v) % PARTS: shorter
-    // chains of FP32 adds, so that a matrix-vector product has cuBLAS's error (4 for up to two rows
-    // and columns in all, 2 for up to four: more spilled at 8 warps' 128 registers a thread).
-    constexpr int PARTS = R * COLUMNS <= 2 ? 4 : (R * COLUMNS <= 4 ? 2 : 1);
+    // A matrix-vector product (one row, one column a warp) sums into PARTS = 4 partial sums, step u's
+    // float v into (u * V + v) % 4: chains of FP32 adds a quarter as long, for cuBLAS's error there
+    // (which it gets in FP32 in either mode). Elsewhere one sum per row and column: more registers
+    // cost the 4-warp points occupancy (ptxas: 80 -> 96 registers, and 12% at 1x4096x4096 ld+1).
+    constexpr int PARTS = R == 1 && COLUMNS == 1 ? 4 : 1;
     float acc[R][COLUMNS][PARTS];
 #pragma unroll
     for (int r = 0; r < R; ++r)
