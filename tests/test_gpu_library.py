@@ -329,17 +329,32 @@ def test_library_c_abi_pads_odd_calls_rounding_tf32_to_nearest(M, N, K, pad, cp,
     assert np.allclose(again, out, rtol=1e-5, atol=1e-5)  # the same (a split member's sums may differ in the last bits)
 
 
-def _cublas_tf32_error(A, B, reference) -> float:
-    """PyTorch's TF32 matmul (cuBLAS, rounding A and B to nearest TF32) of the same inputs, its
-    relative error against `reference`."""
+def _cublas_error(A, B, reference, tf32: bool = True) -> float:
+    """PyTorch's matmul of the same inputs (cuBLAS; with `tf32`, its TF32 mode, which rounds A and B
+    to nearest TF32), its relative error against `reference`."""
     torch = pytest.importorskip("torch")
     saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
         product = (torch.from_numpy(A).cuda() @ torch.from_numpy(B).cuda()).double().cpu().numpy()
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
     return float(np.linalg.norm(product - reference) / np.linalg.norm(reference))
+
+
+def _library_error(entry, cp, A, B) -> tuple[float, np.ndarray]:
+    """The library's C ABI on A (row-major) and B (column-major), C = A @ B: its relative error
+    against float64, and that float64 product."""
+    M, K = A.shape
+    N = B.shape[1]
+    a, lda = _place(cp, A, "row", 0)
+    b, ldb = _place(cp, B, "col", 0)
+    c, ldc = _place(cp, np.zeros((M, N), np.float32), "row", 0)
+    assert entry(M, N, K, 1.0, a.data.ptr, lda, b.data.ptr, ldb, 0.0, c.data.ptr, ldc, None) == 0
+    cp.cuda.runtime.deviceSynchronize()
+    reference = A.astype(np.float64) @ B.astype(np.float64)
+    out = c[: M * ldc].reshape(M, ldc)[:, :N].get().astype(np.float64)
+    return float(np.linalg.norm(out - reference) / np.linalg.norm(reference)), reference
 
 
 @pytest.mark.skipif("tf32" not in LIBRARIES, reason="no tf32 library tuned yet")
@@ -352,15 +367,8 @@ def test_library_tf32_error_is_at_most_cublas_tf32s(M, N, K, cp, library_abi):
     register-fed, mma.sync and decode members round too, or multiply in FP32)."""
     entry, _, _, _ = library_abi("tf32")
     A, B, _ = _inputs(M, N, K, seed=29)
-    a, lda = _place(cp, A, "row", 0)
-    b, ldb = _place(cp, B, "col", 0)
-    c, ldc = _place(cp, np.zeros((M, N), np.float32), "row", 0)
-    assert entry(M, N, K, 1.0, a.data.ptr, lda, b.data.ptr, ldb, 0.0, c.data.ptr, ldc, None) == 0
-    cp.cuda.runtime.deviceSynchronize()
-    reference = A.astype(np.float64) @ B.astype(np.float64)
-    out = c[: M * ldc].reshape(M, ldc)[:, :N].get().astype(np.float64)
-    error = float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
-    cublas = _cublas_tf32_error(A, B, reference)
+    error, reference = _library_error(entry, cp, A, B)
+    cublas = _cublas_error(A, B, reference)
     print(f"gemmgen_tf32 {M}x{N}x{K}: relative error {error:.4e}, cuBLAS TF32's {cublas:.4e}")
     assert error <= 1.1 * cublas, (error, cublas)
 
@@ -372,27 +380,11 @@ def test_library_matrix_vector_error_is_at_most_cublas(precision, M, N, K, cp, l
     """A matrix-vector product runs on the decode member in FP32, as cuBLAS runs it in both its
     modes: its error at most cuBLAS FP32's (fp32, issue 28) or 1.1x cuBLAS TF32's (tf32), on the same
     inputs; cuBLAS TF32's is FP32's there."""
-    torch = pytest.importorskip("torch")
     entry, _, _, _ = library_abi(precision)
     A, B, _ = _inputs(M, N, K, seed=37)
-    a, lda = _place(cp, A, "row", 0)
-    b, ldb = _place(cp, B, "col", 0)
-    c, ldc = _place(cp, np.zeros((M, N), np.float32), "row", 0)
-    assert entry(M, N, K, 1.0, a.data.ptr, lda, b.data.ptr, ldb, 0.0, c.data.ptr, ldc, None) == 0
-    cp.cuda.runtime.deviceSynchronize()
-    reference = A.astype(np.float64) @ B.astype(np.float64)
-    out = c[: M * ldc].reshape(M, ldc)[:, :N].get().astype(np.float64)
-    error = float(np.linalg.norm(out - reference) / np.linalg.norm(reference))
-    if precision == "tf32":
-        bound = 1.1 * _cublas_tf32_error(A, B, reference)
-    else:
-        saved = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        try:
-            product = (torch.from_numpy(A).cuda() @ torch.from_numpy(B).cuda()).double().cpu().numpy()
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = saved
-        bound = float(np.linalg.norm(product - reference) / np.linalg.norm(reference))
+    error, reference = _library_error(entry, cp, A, B)
+    tf32 = precision == "tf32"
+    bound = (1.1 if tf32 else 1.0) * _cublas_error(A, B, reference, tf32)
     print(f"gemmgen_{precision} {M}x{N}x{K}: relative error {error:.4e}, bound {bound:.4e}")
     assert error <= bound, (error, bound)
 
@@ -408,7 +400,7 @@ def test_every_tf32_member_rounds_as_cublas_tf32(cp):
         A, B, _ = _inputs(M, 1536, 2048, seed=31)
         reference = A.astype(np.float64) @ B.astype(np.float64)
         calls[M] = (cp.asarray(A), cp.asarray(np.ascontiguousarray(B.T)), reference,  # B column-major
-                    _cublas_tf32_error(A, B, reference))
+                    _cublas_error(A, B, reference))
     N, K = 1536, 2048
     errors, bounds = {}, {}
     for index, member in enumerate(runtime.manifest.members):
