@@ -127,14 +127,17 @@ def test_a_call_runs_a_member_that_can_fuse(precision, M, N, K, monkeypatch):
                                           M, N, K, 132) for i in able if runtime.candidates[i].models.get("aligned")}
         return min(predicted, key=predicted.get)
     index = members.choose(M, N, K, K, K, N, (0, 0, 0), True, "gelu")
-    assert members.kernel(index, True, "gelu") is not None
+    assert (members.kernel(index, True, "gelu") is not None) == (min(M, N) > 1)
 
     def fuses(plan, activation):
         # not the decode member; an activation not after atomic split K's sums (a workspace's are fine)
         atomic = plan.split_k > 1 and plan.scheduler.split_by == "atomic"
         return plan.path != "decode" and (not atomic or activation == "none")
     for activation, chosen in (("gelu", index), ("none", members.choose(M, N, K, K, K, N, (0, 0, 0), True, "none"))):
-        if fuses(runtime.plans[library_choice], activation):
+        if min(M, N) == 1:  # a matrix-vector product: the library's decode member, unfused, in FP32 as cuBLAS
+            assert chosen == library_choice and runtime.plans[chosen].path == "decode"
+            assert members.kernel(chosen, True, activation) is None
+        elif fuses(runtime.plans[library_choice], activation):
             assert chosen == library_choice  # the library's own choice where it can fuse
         else:  # the fastest member that can
             assert chosen == fastest_of([i for i, plan in enumerate(runtime.plans) if fuses(plan, activation)])

@@ -24,7 +24,7 @@ from ..language.errors import SpecError
 from ..plan import Plan, make_plan
 from ..plan.parts.epilogue import ACTIVATIONS
 from .dispatch import LibraryRuntime
-from .selection import alignment_class, choose
+from .selection import alignment_class, choose, vector_call
 
 
 def check_activation(activation: str | None) -> str:
@@ -92,10 +92,12 @@ class FusedMembers:
                bias: bool, activation: str) -> int:
         """The member for the call: the library's choice where it can take the epilogue, else the
         one predicted fastest among those that can (a split-K member, chosen for decode-sized M,
-        cannot apply an activation to its atomic sums)."""
+        cannot apply an activation to its atomic sums). A matrix-vector product keeps the library's
+        decode member, in FP32 as cuBLAS multiplies it, and the caller runs the epilogue as passes."""
         runtime = self.runtime
         index = runtime.choose(M, N, K, lda, ldb, ldc, pointers)
-        if self.plan(index, bias, activation) is not None or not runtime.tuned_gpu:
+        if (self.plan(index, bias, activation) is not None or not runtime.tuned_gpu
+                or vector_call(runtime.candidates, M, N)):
             return index
         able = [i for i in range(len(runtime.candidates)) if self.plan(i, bias, activation) is not None]
         if not able:
