@@ -11,8 +11,9 @@ value, where PyTorch's F.linear + activation re-read and re-write C once for the
 the activation.
 
 A member whose plan cannot take the epilogue (a nonlinear activation after split K's atomic sums,
-which the libraries choose for decode-sized M) is passed over for the fastest member that can; where none can, the caller runs the plain member
-and the epilogue as separate passes.
+which the libraries choose for decode-sized M) is passed over for the fastest member that can; where
+none can, and for a matrix-vector product (the decode member's, in FP32), the caller runs the plain
+member and the epilogue as separate passes.
 """
 
 from __future__ import annotations

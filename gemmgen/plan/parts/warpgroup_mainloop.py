@@ -62,13 +62,13 @@ class WgmmaAsync(Mainloop):
     template = "wgmma_async.cu.j2"
     global_loads = None   # whole 128-byte K rows, or rows along M or N: full sectors either way
     owns_sm = True
+    tensor_flops_per_clock = 2048
+    no_conflicts = "none predicted: wgmma reads 128-byte swizzled K-major tiles"
 
     @property
     def truncates(self) -> bool:
         """cp.async copies land floats as they lie, and wgmma truncates them (the loaders round)."""
         return self.math == "tf32" and self.copies
-    tensor_flops_per_clock = 2048
-    no_conflicts = "none predicted: wgmma reads 128-byte swizzled K-major tiles"
 
     def intensities(self, plan: Plan) -> tuple[tuple[str, int, int], tuple[str, int, int] | None]:
         return self.block_intensity(plan), None  # the tensor cores read shared memory themselves
