@@ -468,11 +468,13 @@ gemmgen_fp32_0_fallback_kernel(int M, int N, int K, float alpha, const float* __
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -1019,11 +1021,13 @@ gemmgen_fp32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
@@ -1692,11 +1696,13 @@ gemmgen_fp32_1_fallback_kernel(int M, int N, int K, float alpha, const float* __
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -2168,11 +2174,13 @@ gemmgen_fp32_1_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
@@ -2803,11 +2811,13 @@ gemmgen_fp32_2_fallback_kernel(int M, int N, int K, float alpha, const float* __
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -3247,11 +3257,13 @@ gemmgen_fp32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
@@ -4408,11 +4420,13 @@ gemmgen_fp32_4_fallback_kernel(int M, int N, int K, float alpha, const float* __
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -4829,11 +4843,13 @@ gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
@@ -5428,11 +5444,13 @@ gemmgen_fp32_5_fallback_kernel(int M, int N, int K, float alpha, const float* __
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -5904,11 +5922,13 @@ gemmgen_fp32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
@@ -6557,11 +6577,13 @@ gemmgen_fp32_6_fallback_kernel(int M, int N, int K, float alpha, const float* __
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -7033,11 +7055,13 @@ gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
@@ -7686,11 +7710,13 @@ gemmgen_fp32_7_fallback_kernel(int M, int N, int K, float alpha, const float* __
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -8107,11 +8133,13 @@ gemmgen_fp32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
@@ -8706,11 +8734,13 @@ gemmgen_fp32_8_fallback_kernel(int M, int N, int K, float alpha, const float* __
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -9182,11 +9212,13 @@ gemmgen_fp32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
@@ -9835,11 +9867,13 @@ gemmgen_fp32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -10311,11 +10345,13 @@ gemmgen_fp32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
@@ -10946,11 +10982,13 @@ gemmgen_fp32_10_fallback_kernel(int M, int N, int K, float alpha, const float* _
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -11390,11 +11428,13 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
@@ -12012,11 +12052,13 @@ gemmgen_fp32_11_fallback_kernel(int M, int N, int K, float alpha, const float* _
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -12433,11 +12475,13 @@ gemmgen_fp32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
@@ -13014,11 +13058,13 @@ gemmgen_fp32_12_fallback_kernel(int M, int N, int K, float alpha, const float* _
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -13488,11 +13534,13 @@ gemmgen_fp32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
@@ -14144,11 +14192,13 @@ gemmgen_fp32_13_kernel(int M, int N, int K, float alpha, const float* __restrict
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -14682,11 +14732,13 @@ gemmgen_fp32_14_fallback_kernel(int M, int N, int K, float alpha, const float* _
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -15158,11 +15210,13 @@ gemmgen_fp32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
@@ -16348,11 +16402,13 @@ gemmgen_fp32_16_fallback_kernel(int M, int N, int K, float alpha, const float* _
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -16769,11 +16825,13 @@ gemmgen_fp32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed
@@ -17368,11 +17426,13 @@ gemmgen_fp32_17_fallback_kernel(int M, int N, int K, float alpha, const float* _
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -17844,11 +17904,13 @@ gemmgen_fp32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed

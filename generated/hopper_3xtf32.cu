@@ -415,11 +415,13 @@ gemmgen_hopper_3xtf32_fallback_kernel(int M, int N, int K, float alpha, const fl
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
@@ -831,11 +833,13 @@ gemmgen_hopper_3xtf32_kernel(const __grid_constant__ TensorMap map_a, const __gr
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; a group's first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; a group's first MMA zeroes the sum
             wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0 || accumulate);
             wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
         wgmma_commit();
     };
     auto add_product = [&](int t) {  // once the tile's MMAs have completed

@@ -397,11 +397,13 @@ gemmgen_hopper_skinny_kernel(int M, int N, int K, float alpha, const float* __re
         fence_accumulators(tile_product);
         wgmma_fence();
         #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms first; the first MMA zeroes the sum
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
             wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
             wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
         wgmma_commit();
         wgmma_wait<0>();
         fence_accumulators(tile_product);
