@@ -373,6 +373,23 @@ def test_library_tf32_error_is_at_most_cublas_tf32s(M, N, K, cp, library_abi):
     assert error <= 1.1 * cublas, (error, cublas)
 
 
+@pytest.mark.skipif("fp32" not in LIBRARIES, reason="no fp32 library tuned yet")
+@pytest.mark.parametrize("M,N,K", [(512, 512, 512), (768, 768, 768), (2048, 2048, 128), (8192, 8192, 256),
+                                   (1531, 1531, 1531), (4096, 4096, 4096), (5, 7000, 3000), (6, 8192, 4096),
+                                   (16, 8192, 4096)])
+def test_library_fp32_error_is_at_most_cublas_fp32s(M, N, K, cp, library_abi):
+    """Issue 28: gemmgen_fp32's error against float64 at most cuBLAS FP32's on the same inputs, at
+    short K too, where cuBLAS's sums are short: the 3xTF32 members add each K tile's small terms
+    before its big ones, and the decode member's tensor path sums each chunk's big products from
+    zero, so few of the tensor cores' adds cut (toward zero) at the product's full size."""
+    entry, _, _, _ = library_abi("fp32")
+    A, B, _ = _inputs(M, N, K, seed=31)
+    error, reference = _library_error(entry, cp, A, B)
+    cublas = _cublas_error(A, B, reference, tf32=False)
+    print(f"gemmgen_fp32 {M}x{N}x{K}: relative error {error:.4e}, cuBLAS FP32's {cublas:.4e}")
+    assert error <= cublas, (error, cublas)
+
+
 @pytest.mark.skipif(not LIBRARIES, reason="no shipped library tuned yet")
 @pytest.mark.parametrize("precision", LIBRARIES)
 @pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (4096, 1, 4096), (1, 14336, 4096), (1, 3001, 777)])
