@@ -379,25 +379,24 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
         __syncthreads();
 #pragma unroll 1
         for (int q0 = slice; q0 < chunks; q0 += TILE_SLICES * U) {
-            // The tensor cores round each sum toward zero at the size of what they add into, so a sum
-            // kept in them all along K drifts (2.4e-6 at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): each
-            // chunk's products start from zero in p, added into c rounding to nearest, and each batch's
-            // small products in ps, added into cs.
-            float ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts
+            // (2.4e-6 at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): each batch's products start from zero
+            // in p and ps, which are added into c and cs here, rounding to nearest.
+            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 const int q = min(q0 + u * TILE_SLICES, chunks - 1);  // past the tile: b is zero
                 float a[4], a8[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8 at k = 16q + 4t ..
                 load_shared4(a, s_rows + g * KT + swizzled(g, q * 16) + 4 * t);
                 if constexpr (R == 16) load_shared4(a8, s_rows + (g + 8) * KT + swizzled(g + 8, q * 16) + 4 * t);
-                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 mma_step<R == 16>(p, ps, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
                 mma_step<R == 16>(p, ps, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) c[i] += p[i];
             }
 #pragma unroll
-            for (int i = 0; i < 4; ++i) cs[i] += ps[i];
+            for (int i = 0; i < 4; ++i) {
+                c[i] += p[i];
+                cs[i] += ps[i];
+            }
             // the next batch: of this tile, else the first of the next tile (none past K)
             const bool here = q0 + TILE_SLICES * U < chunks;
             const int next_k0 = here ? k0 : k0 + KT, next_q = here ? q0 + TILE_SLICES * U : slice;
