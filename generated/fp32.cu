@@ -290,19 +290,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -586,6 +600,7 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -761,19 +776,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -972,14 +1001,16 @@ gemmgen_fp32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 }
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
             int k_tiles = 0;  // in all of this block's segments
             for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }
@@ -1497,19 +1528,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -1809,6 +1854,7 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 164968;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -1981,19 +2027,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -2124,12 +2184,14 @@ gemmgen_fp32_1_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }
@@ -2633,19 +2695,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -2929,6 +3005,7 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -3104,19 +3181,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -3208,14 +3299,16 @@ gemmgen_fp32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 }
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
             int k_tiles = 0;  // in all of this block's segments
             for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }
@@ -4221,19 +4314,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -4533,6 +4640,7 @@ constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 99424;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -4705,19 +4813,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -4793,12 +4915,14 @@ gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }
@@ -5245,19 +5369,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -5557,6 +5695,7 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 99432;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -5729,19 +5868,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -5872,12 +6025,14 @@ gemmgen_fp32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }
@@ -6378,19 +6533,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -6690,6 +6859,7 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197736;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -6862,19 +7032,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -7005,12 +7189,14 @@ gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }
@@ -7511,19 +7697,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -7823,6 +8023,7 @@ constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -7995,19 +8196,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -8083,12 +8298,14 @@ gemmgen_fp32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }
@@ -8535,19 +8752,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -8847,6 +9078,7 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 132200;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -9019,19 +9251,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -9162,12 +9408,14 @@ gemmgen_fp32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }
@@ -9668,19 +9916,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -9980,6 +10242,7 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 164968;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -10152,19 +10415,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -10295,12 +10572,14 @@ gemmgen_fp32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }
@@ -10804,19 +11083,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -11100,6 +11393,7 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 132192;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -11275,19 +11569,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -11379,14 +11687,16 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                 }
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
             int k_tiles = 0;  // in all of this block's segments
             for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }
@@ -11853,19 +12163,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -12165,6 +12489,7 @@ constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -12337,19 +12662,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -12425,12 +12764,14 @@ gemmgen_fp32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }
@@ -12880,19 +13221,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -13176,6 +13531,7 @@ constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 // The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
 // (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
@@ -13378,19 +13734,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -13484,14 +13854,16 @@ gemmgen_fp32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                 }
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
             int k_tiles = 0;  // in all of this block's segments
             for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }
@@ -14014,19 +14386,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -14533,19 +14919,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -14845,6 +15245,7 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 99432;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -15017,19 +15418,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -15160,12 +15575,14 @@ gemmgen_fp32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }
@@ -16203,19 +16620,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -16515,6 +16946,7 @@ constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -16687,19 +17119,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -16775,12 +17221,14 @@ gemmgen_fp32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }
@@ -17227,19 +17675,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -17539,6 +18001,7 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197736;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -17711,19 +18174,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
@@ -17854,12 +18331,14 @@ gemmgen_fp32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile, at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
+        // its big part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, tid - 32, SPLITTERS);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
                 barrier_arrive(&ready[s]);
             }

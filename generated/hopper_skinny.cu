@@ -219,19 +219,33 @@ __device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& sma
     small = to_tf32(x - __uint_as_float(big));
 }
 
-// B's remainders: the tensor core reads x as big = x with its low 13 bits cleared, so small =
-// x - big (exact in FP32) goes to the same offset of the small tile, and one descriptor layout
-// serves both; B itself stays as TMA wrote it. The tensor core truncates small to TF32 in turn:
-// rounding it here measured only 15% more accurate and 8% slower on an H100.
-__device__ __forceinline__ unsigned tf32_remainder(float x) {
-    return __float_as_uint(x - __uint_as_float(__float_as_uint(x) & 0xFFFFE000u));
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
 }
 
-__device__ __forceinline__ void write_remainders(const float* tile, float* small, int floats, int thread, int threads) {
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
     for (int i = thread * 4; i < floats; i += threads * 4) {
         const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<uint4*>(small + i) =
-            make_uint4(tf32_remainder(x.x), tf32_remainder(x.y), tf32_remainder(x.z), tf32_remainder(x.w));
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
     }
 }
 
