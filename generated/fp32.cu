@@ -600,7 +600,10 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -1001,12 +1004,12 @@ gemmgen_fp32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 }
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
             int k_tiles = 0;  // in all of this block's segments
             for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -1854,7 +1857,10 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 164968;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -2184,10 +2190,10 @@ gemmgen_fp32_1_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -3005,7 +3011,10 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -3299,12 +3308,12 @@ gemmgen_fp32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 }
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
             int k_tiles = 0;  // in all of this block's segments
             for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -4640,7 +4649,10 @@ constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 99424;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -4915,10 +4927,10 @@ gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -5695,7 +5707,10 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 99432;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -6025,10 +6040,10 @@ gemmgen_fp32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -6859,7 +6874,10 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197736;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -7189,10 +7207,10 @@ gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -8023,7 +8041,10 @@ constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -8298,10 +8319,10 @@ gemmgen_fp32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -9078,7 +9099,10 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 132200;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -9408,10 +9432,10 @@ gemmgen_fp32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -10242,7 +10266,10 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 164968;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -10572,10 +10599,10 @@ gemmgen_fp32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -11393,7 +11420,10 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 132192;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -11687,12 +11717,12 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                 }
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
             int k_tiles = 0;  // in all of this block's segments
             for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -12489,7 +12519,10 @@ constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -12764,10 +12797,10 @@ gemmgen_fp32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -13531,7 +13564,10 @@ constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 // The staged epilogue: each consumer warp's 16 rows of C go out in boxes of C_BOX_N columns
 // (16 x 32 floats along C's rows, 128-byte swizzle), written into C_BUFFERS boxes in turn.
@@ -13854,12 +13890,12 @@ gemmgen_fp32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                 }
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
             int k_tiles = 0;  // in all of this block's segments
             for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -15245,7 +15281,10 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 99432;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -15575,10 +15614,10 @@ gemmgen_fp32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -16946,7 +16985,10 @@ constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197728;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -17221,10 +17263,10 @@ gemmgen_fp32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -18001,7 +18043,10 @@ constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-constexpr int ROUND_B_MAX_K = 1024;  // up to this K, B's big part is rounded to nearest (else truncated)
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 197736;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
@@ -18331,10 +18376,10 @@ gemmgen_fp32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
                 tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
             }
         }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding
-        // its big part to nearest in place first), at their own pace behind the copies.
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_MAX_K;  // short sums: cuBLAS FP32's error is small there
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);

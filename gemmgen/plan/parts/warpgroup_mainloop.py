@@ -39,12 +39,15 @@ ROUNDING_TEMPLATES = {"tma": "wgmma_tf32.cuh.j2", "truncate": "wgmma_tf32.cuh.j2
 # TFLOAT32 map (its rounding is cvt.rna's: on an H100 the tf32 members' error became cuBLAS TF32's to
 # five digits, at the same speed).
 MAP_DATA_TYPES = {True: "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32", False: "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
-# 3xtf32's B: the tensor core reads the float TMA wrote as its big part, truncated. Up to this K the
-# producer's warps round the big part to nearest in place first, a store more per float: on an H100
-# the fp32 library's error at short K fell from 1.8e-7 to 1.2-1.3e-7 (cuBLAS FP32's sums are short
-# there, its error 1.4-2.1e-7), at 2-7% of the speed of those calls. Longer sums (cuBLAS FP32 5.7e-7
-# at K = 1024 and up) keep the truncation's speed.
+# 3xtf32's B: the tensor core reads the float TMA wrote as its big part, truncated. Where cuBLAS
+# FP32's error is small the producer's warps round the big part to nearest in place first, a store more
+# per float: sums of K <= ROUND_B_SHORT_K, and small calls (M x N <= ROUND_B_MAX_MN) of K <=
+# ROUND_B_MAX_K. On an H100 (fa88dff, the fp32 library): the error there fell from 1.8-2.0e-7 to
+# 1.2-1.6e-7 (cuBLAS FP32 1.4-2.1e-7 at 256^3 to 768^3 and 16384x4096x64), and rounding cost 1-4% of
+# those calls' speed but 5-10% at large calls of K 256-1024, where cuBLAS FP32's error is 2.9-5.7e-7.
+ROUND_B_SHORT_K = 128
 ROUND_B_MAX_K = 1024
+ROUND_B_MAX_MN = 1 << 21
 
 if TYPE_CHECKING:
     from ..base import Plan
@@ -214,14 +217,16 @@ class WgmmaTma(WgmmaAsync):
         return self.rounding_notes(plan) + [f"{label}: {words}" for label, words in self.mn_major_rows()]
 
     @property
-    def round_b_max_k(self) -> int:
-        return ROUND_B_MAX_K
+    def round_b_limits(self) -> dict[str, int]:
+        """Where 3xtf32 rounds B's big part to nearest (the kernel's round_b): see ROUND_B_MAX_K."""
+        return {"ROUND_B_SHORT_K": ROUND_B_SHORT_K, "ROUND_B_MAX_K": ROUND_B_MAX_K, "ROUND_B_MAX_MN": ROUND_B_MAX_MN}
 
     def rounding_notes(self, plan: Plan) -> list[str]:
         if self.math == "3xtf32":
-            return [f"TF32 split of B: its big part rounded to nearest by the producer's warps 1-3 where K <= "
-                    f"{ROUND_B_MAX_K} (a store more per float), else truncated by the tensor core; A split in "
-                    "registers, rounded to nearest"] + self.promote_notes(plan)
+            return [f"TF32 split of B: its big part rounded to nearest by the producer's warps 1-3 (a store more "
+                    f"per float) where K <= {ROUND_B_SHORT_K}, or K <= {ROUND_B_MAX_K} and M x N <= "
+                    f"{ROUND_B_MAX_MN}, else truncated by the tensor core; A split in registers, rounded to "
+                    "nearest"] + self.promote_notes(plan)
         if self.math == "tf32" and self.rounding == "truncate":
             return ["TF32 rounding: none (round truncate); wgmma truncates A and B to TF32 (drops each float's "
                     "low 13 bits), where cuBLAS rounds to nearest: about 2.6x its error on random data (with "
@@ -324,10 +329,10 @@ class WgmmaTma(WgmmaAsync):
     @property
     def splitter_words(self) -> tuple[str, ...]:
         if self.b_k_major:
-            return ("Warps 1-3 write the TF32 remainders of each landed B tile (at K <= ROUND_B_MAX_K rounding",
-                    "its big part to nearest in place first), at their own pace behind the copies.")
-        return ("Warps 1-3 transpose each landed B tile K-major and write its TF32 remainders (at K <=",
-                "ROUND_B_MAX_K rounding its big part to nearest), at their own pace behind the copies.")
+            return ("Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big",
+                    "part to nearest in place first), at their own pace behind the copies.")
+        return ("Warps 1-3 transpose each landed B tile K-major and write its TF32 remainders (with round_b",
+                "rounding its big part to nearest), at their own pace behind the copies.")
 
     @property
     def splitter_step(self) -> str:
