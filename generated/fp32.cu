@@ -601,7 +601,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -1009,7 +1009,7 @@ gemmgen_fp32_0_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         else if (tid >= 32) {
             int k_tiles = 0;  // in all of this block's segments
             for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -1858,7 +1858,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -2193,7 +2193,7 @@ gemmgen_fp32_1_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
         // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -3012,7 +3012,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -3313,7 +3313,7 @@ gemmgen_fp32_2_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         else if (tid >= 32) {
             int k_tiles = 0;  // in all of this block's segments
             for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -4650,7 +4650,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -4930,7 +4930,7 @@ gemmgen_fp32_4_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
         // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -5708,7 +5708,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -6043,7 +6043,7 @@ gemmgen_fp32_5_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
         // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -6875,7 +6875,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -7210,7 +7210,7 @@ gemmgen_fp32_6_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
         // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -8042,7 +8042,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -8322,7 +8322,7 @@ gemmgen_fp32_7_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
         // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -9100,7 +9100,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -9435,7 +9435,7 @@ gemmgen_fp32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
         // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -10267,7 +10267,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -10602,7 +10602,7 @@ gemmgen_fp32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
         // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
         // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -11421,7 +11421,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -11722,7 +11722,7 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         else if (tid >= 32) {
             int k_tiles = 0;  // in all of this block's segments
             for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -12520,7 +12520,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -12800,7 +12800,7 @@ gemmgen_fp32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
         // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -13565,7 +13565,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -13895,7 +13895,7 @@ gemmgen_fp32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         else if (tid >= 32) {
             int k_tiles = 0;  // in all of this block's segments
             for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -15282,7 +15282,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -15617,7 +15617,7 @@ gemmgen_fp32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
         // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -16986,7 +16986,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -17266,7 +17266,7 @@ gemmgen_fp32_16_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
         // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
@@ -18044,7 +18044,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
@@ -18379,7 +18379,7 @@ gemmgen_fp32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
         // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
         // part to nearest in place first), at their own pace behind the copies.
         else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);

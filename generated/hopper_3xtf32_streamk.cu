@@ -541,7 +541,7 @@ constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
 constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
 // B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int PROMOTE_TILES = 2;  // K tiles summed in the tensor cores before each add into acc
@@ -950,7 +950,7 @@ gemmgen_hopper_3xtf32_streamk_kernel(const __grid_constant__ TensorMap map_a, co
         else if (tid >= 32) {
             int k_tiles = 0;  // in all of this block's segments
             for (Segment segment; schedule.next(segment);) k_tiles += segment.k_end - segment.k_begin;
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N <= ROUND_B_MAX_MN);
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
             for (int t = 0; t < k_tiles; ++t) {
                 const int s = t % STAGES;
                 barrier_wait(&full[s], (t / STAGES) & 1);
