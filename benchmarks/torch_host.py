@@ -25,12 +25,13 @@ Ways of calling:
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
 
 import torch
+
+from torch_records import meta, refuse_to_overwrite, write_record
 
 import gemmgen
 import gemmgen.torch  # noqa: F401 - registers torch.ops.gemmgen.matmul
@@ -81,10 +82,13 @@ def batch_us(call, a, b, calls: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write the results to")
+    parser.add_argument("--force", action="store_true", help="replace --out even if gemmgen did not write it")
+    parser.add_argument("--commit", help="the commit to record (default: $GEMMGEN_COMMIT, else git's HEAD)")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32"))
     parser.add_argument("--calls", type=int, default=200, help="calls per timed batch (keep below 1024)")
     parser.add_argument("--rounds", type=int, default=30, help="batches of each way, in turns")
     args = parser.parse_args()
+    refuse_to_overwrite(args.out, args.force)
 
     calls = ways(args.precision)
     rows = []
@@ -122,11 +126,10 @@ def main() -> None:
     print("| --- | --- | ---: | ---: |")
     for row in rows:
         print(f"| {row['shape']} | {row['way']} | {row['median_us']:.1f} | {row['min_us']:.1f} |")
-    with open(args.out, "w") as out:
-        json.dump({"device": device, "torch": torch.__version__, "gemmgen": gemmgen.__version__,
-                   "precision": args.precision, "operator_kernels": kernels, "calls_per_batch": args.calls,
-                   "rounds": args.rounds,
-                   "rows": rows}, out, indent=1)
+    write_record(args.out, {"meta": meta(args.commit, torch.device("cuda")), "device": device,
+                            "torch": torch.__version__, "gemmgen": gemmgen.__version__, "precision": args.precision,
+                            "operator_kernels": kernels, "calls_per_batch": args.calls, "rounds": args.rounds,
+                            "rows": rows})
     print(f"\nwrote {args.out}")
 
 
