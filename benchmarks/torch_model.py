@@ -26,11 +26,10 @@ For each mode:
   backward, AdamW step; one optimizer, built before any routing, serves every mode), each by CUDA
   events after warm-up (the first gemmgen calls compile their kernels), medians over --repeats
   rounds in which every mode takes one turn;
-- Python's collector: every turn starts with gc.collect(), in every mode, untimed. A turn's routing
-  (57 modules made, then dropped) is garbage a user who routes once never makes; left to the
-  collector, its full collections (about 0.1 s over the ~315,000 objects such a process tracks)
-  landed in the next timed steps. The full collections that still fall in timed work are counted
-  (`full_collections_timed`);
+- Python's full (generation 2) collections that fell in each mode's timed work
+  (`full_collections_timed`): at 9d75c37 a run made about 5, of 0.1 s each over the ~315,000
+  objects such a process tracks, and gemmgen tf32's steps spread over 50-126 ms where PyTorch
+  TF32's kept to 52-54 (with the collector off, 50-59); the count says which rounds met one;
 - the speed over PyTorch FP32 and over PyTorch TF32.
 
 Writes JSON (device, driver, torch version, commit, date, settings, results) to --out and prints
@@ -303,7 +302,6 @@ def run(args) -> dict:
         for _ in range(args.repeats):  # in turns
             for name in args.modes:
                 with mode(model, name):
-                    gc.collect()  # the turn's routing garbage, untimed (the docstring says why)
                     with counting_full_collections() as counted:
                         times[name]["forward"].append(elapsed_ms(lambda: forward(model, inputs), device))
                         times[name]["step"].append(elapsed_ms(lambda: train_step(model, optimizer, inputs, targets),
@@ -328,8 +326,7 @@ def run(args) -> dict:
                                                         / found[f"{what}_ms"])
     settings = {**asdict(config), "dtype": "float32", "repeats": args.repeats, "warmup": args.warmup,
                 "optimizer": f"AdamW(lr={args.lr})", "seed": args.seed, "parameters": parameters,
-                "forward": "under torch.no_grad", "timing": "CUDA events, median over rounds in turns",
-                "collector": "gc.collect() before each turn, untimed"}
+                "forward": "under torch.no_grad", "timing": "CUDA events, median over rounds in turns"}
     return {"benchmark": "torch_model", "meta": meta(args.commit, device), "settings": settings,
             "results": [results[name] for name in args.modes], "warnings": noted}
 
