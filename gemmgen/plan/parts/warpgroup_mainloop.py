@@ -31,6 +31,7 @@ def tma_batch_checks(a_outer: str = "M", b_outer: str = "N") -> tuple[str, ...]:
 
 TMA_BATCH_CHECKS = tma_batch_checks()
 MN_BOX = 32  # floats along M or N in a box of an MN-major operand: one 128-byte swizzled row
+RELAID_STAGES = 4  # the fewest TMA stages of a tf32 member relaid to read a column-major A (relaid_settings)
 
 # The TMA-fed tf32 consumers' math per `round` (wgmma.py's rounding_of).
 ROUNDING_TEMPLATES = {"tma": "wgmma_tf32.cuh.j2", "truncate": "wgmma_tf32.cuh.j2",
@@ -271,10 +272,18 @@ class WgmmaTma(WgmmaAsync):
         """A TF32 kernel reading a column-major A's fragments into registers stores C through shared
         memory (staged): stored from registers, the same kernel ran 0.79-0.87x its A row speed, staged
         0.99-1.02x (H100, 537a679: 128 x 256 at 4096^3, 2048x8192x2048, 2048x5632x2048, 2048^3;
-        benchmarks/layouts/2026-11-26-h100-537a679-relaid-store.json)."""
-        if self.math == "tf32" and layout_a == "col" and not plan.spec["epilogue.staged"]:
-            return {"epilogue_staged": True}
-        return {}
+        benchmarks/layouts/2026-11-26-h100-537a679-relaid-store.json). And it keeps RELAID_STAGES
+        stages at least, whose loads cover the fragments' reads: the 128 x 256 member of 3 stages ran
+        331-338 TFLOP/s at 4096^3 relaid, the same tile of 4 stages 0.97-1.00x the A row member's 369
+        (H100, benchmarks/torch/2026-11-27-h100-9d75c37-layouts.json against f1776b3's)."""
+        if self.math != "tf32" or layout_a != "col":
+            return {}
+        settings: dict[str, object] = {}
+        if not plan.spec["epilogue.staged"]:
+            settings["epilogue_staged"] = True
+        if self.tma and self.stages < RELAID_STAGES:
+            settings["stages"] = RELAID_STAGES
+        return settings
 
     @property
     def k_major(self) -> bool:
