@@ -15,7 +15,6 @@ torch.bmm in the same precision, --rounds times; medians.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from dataclasses import replace
@@ -23,8 +22,7 @@ from dataclasses import replace
 import torch
 
 from torch_batched import SHAPES, operands, parse_batched_shapes
-from torch_records import (check_timed_arguments, elapsed_ms, meta, refuse_to_overwrite, table, timed_arguments,
-                           use_device, write_record)
+from torch_records import elapsed_ms, meta, table, timed_run, write_record
 
 import gemmgen.library.dispatch as dispatch
 from gemmgen.gpu.compile import compile_all
@@ -53,14 +51,7 @@ def variants(plan):
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    timed_arguments(parser, SHAPES, metavar="BxMxNxK")
-    args = parser.parse_args(argv)
-    args.shapes = parse_batched_shapes(parser, args.shapes)
-    check_timed_arguments(parser, args)
-    refuse_to_overwrite(args.out, args.force)
-    device = torch.device(args.device)
-    use_device(device)
+    args, device = timed_run(__doc__.split("\n")[0], SHAPES, argv, metavar="BxMxNxK", shapes_of=parse_batched_shapes)
     index = torch.cuda.current_device()
     stream = torch.cuda.current_stream().cuda_stream
     work = []

@@ -20,15 +20,13 @@ times; medians. The record says which variant, if any, holds the fused GEMM with
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from dataclasses import replace
 
 import torch
 
-from torch_records import (check_timed_arguments, elapsed_ms, meta, parse_shapes, refuse_to_overwrite, table,
-                           timed_arguments, use_device, write_record)
+from torch_records import elapsed_ms, meta, table, timed_run, write_record
 
 import gemmgen.library.dispatch as dispatch
 from gemmgen.gpu.compile import compile_all
@@ -91,18 +89,13 @@ def every_member(runtime):
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    timed_arguments(parser, SHAPES)
-    parser.add_argument("--parts", action="store_true",
-                        help="time the epilogue's pieces (bias, relu, gelu) on the member's own schedule instead")
-    parser.add_argument("--members", action="store_true",
-                        help="time every member plain and fused (as gemmgen.linear builds it) instead")
-    args = parser.parse_args(argv)
-    args.shapes = parse_shapes(parser, args.shapes)
-    check_timed_arguments(parser, args)
-    refuse_to_overwrite(args.out, args.force)
-    device = torch.device(args.device)
-    use_device(device)
+    def options(parser):
+        parser.add_argument("--parts", action="store_true",
+                            help="time the epilogue's pieces (bias, relu, gelu) on the member's own schedule instead")
+        parser.add_argument("--members", action="store_true",
+                            help="time every member plain and fused (as gemmgen.linear builds it) instead")
+
+    args, device = timed_run(__doc__.split("\n")[0], SHAPES, argv, options)
     index = torch.cuda.current_device()
     stream = torch.cuda.current_stream().cuda_stream
     torch.manual_seed(args.seed)

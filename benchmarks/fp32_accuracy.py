@@ -16,14 +16,12 @@ first on PYTHONPATH and --commit naming it, alternating the runs.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 
 import torch
 
-from torch_records import (check_timed_arguments, elapsed_ms, meta, parse_shapes, refuse_to_overwrite, table,
-                           timed_arguments, use_device, write_record)
+from torch_records import elapsed_ms, meta, relative_error, table, timed_run, write_record
 
 import gemmgen.library.dispatch as dispatch
 
@@ -35,19 +33,8 @@ SHAPES = ((256, 256, 256), (512, 512, 512), (768, 768, 768), (1531, 1531, 1531),
           (16, 11008, 4096), (2048, 2048, 2048), (2048, 5632, 2048), (4096, 4096, 4096), (8192, 8192, 8192))
 
 
-def relative_error(result: torch.Tensor, reference: torch.Tensor) -> float:
-    return float(torch.linalg.norm(result.double() - reference) / torch.linalg.norm(reference))
-
-
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    timed_arguments(parser, SHAPES)
-    args = parser.parse_args(argv)
-    args.shapes = parse_shapes(parser, args.shapes)
-    check_timed_arguments(parser, args)
-    refuse_to_overwrite(args.out, args.force)
-    device = torch.device(args.device)
-    use_device(device)
+    args, device = timed_run(__doc__.split("\n")[0], SHAPES, argv)
     stream = torch.cuda.current_stream().cuda_stream
     runtime = dispatch.library("fp32", torch.cuda.current_device())
     names = [member.name for member in runtime.manifest.members]

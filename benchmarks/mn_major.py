@@ -15,15 +15,13 @@ asks each layout >= 0.9x the library's best layout at 4096^3 and 2048x8192x2048.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from dataclasses import replace
 
 import torch
 
-from torch_records import (check_timed_arguments, elapsed_ms, meta, parse_shapes, refuse_to_overwrite, table,
-                           timed_arguments, use_device, write_record)
+from torch_records import elapsed_ms, meta, table, timed_run, write_record
 
 import gemmgen.library.dispatch as dispatch
 from gemmgen.library.layouts import RELAID
@@ -57,16 +55,12 @@ def operand(rows: int, cols: int, layout: str, device, generator) -> torch.Tenso
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    timed_arguments(parser, SHAPES)
-    parser.add_argument("--library", choices=("fp32", "tf32"), default="fp32",
-                        help="the library whose members are timed, beside torch.matmul in its precision (default fp32)")
-    args = parser.parse_args(argv)
-    args.shapes = parse_shapes(parser, args.shapes)
-    check_timed_arguments(parser, args)
-    refuse_to_overwrite(args.out, args.force)
-    device = torch.device(args.device)
-    use_device(device)
+    def options(parser):
+        parser.add_argument("--library", choices=("fp32", "tf32"), default="fp32",
+                            help="the library whose members are timed, beside torch.matmul in its precision "
+                                 "(default fp32)")
+
+    args, device = timed_run(__doc__.split("\n")[0], SHAPES, argv, options)
     stream = torch.cuda.current_stream().cuda_stream
     runtime = dispatch.library(args.library, torch.cuda.current_device())
     relaid = (dispatch.library(args.library, torch.cuda.current_device(), ("col", "col"))

@@ -17,7 +17,6 @@ beside cuBLAS TF32's. The rounding kernels have hopper_tf32's tile and schedule 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from dataclasses import replace
@@ -25,8 +24,7 @@ from pathlib import Path
 
 import torch
 
-from torch_records import (check_timed_arguments, elapsed_ms, meta, parse_shapes, refuse_to_overwrite, table,
-                           timed_arguments, use_device, write_record)
+from torch_records import elapsed_ms, meta, relative_error, table, timed_run, write_record
 
 from gemmgen.gpu.compile import compile_all
 from gemmgen.gpu.runtime import Kernel
@@ -43,19 +41,8 @@ KERNELS = (("round tma", "hopper_tf32.gemm", "hopper_tf32", {}),
 ROTATED_BYTES = 256 << 20  # inputs per way rotated over at least this much (an H100's L2 is 50 MB)
 
 
-def relative_error(result: torch.Tensor, reference: torch.Tensor) -> float:
-    return float(torch.linalg.norm(result.double() - reference) / torch.linalg.norm(reference))
-
-
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    timed_arguments(parser, SHAPES)
-    args = parser.parse_args(argv)
-    args.shapes = parse_shapes(parser, args.shapes)
-    check_timed_arguments(parser, args)
-    refuse_to_overwrite(args.out, args.force)
-    device = torch.device(args.device)
-    use_device(device)
+    args, device = timed_run(__doc__.split("\n")[0], SHAPES, argv)
     index = torch.cuda.current_device()
     stream = torch.cuda.current_stream().cuda_stream
     plans = {label: make_plan(replace(load_one(ROOT / "specs" / path, name).with_values(**settings),

@@ -12,7 +12,10 @@ metadata, its output file, and a markdown table.
 - parse_shapes(parser, texts): --shapes' MxNxK words as (M, N, K), a parser error for a bad one;
 - timed_arguments(parser, shapes, metavar) / check_timed_arguments(parser, args): the options of a
   benchmark that times ways in turns on a CUDA GPU (--out, --force, --commit, --precisions, --shapes,
-  --rounds, --calls, --warmup, --seed, --device), and their checks;
+  --rounds, --calls, --warmup, --seed, --device), and their checks; timed_run(description, shapes,
+  argv, options, metavar, shapes_of): all of it (parsed, checked, --out refused or free, the GPU
+  made current), giving (args, device);
+- relative_error(result, reference): ||result - reference||_F / ||reference||_F, in float64;
 - compile_libraries(precisions, device): every member of the libraries built for these precisions
   (each operand class) compiled at once, in parallel, before the timing: otherwise each compiles
   on its first call, one after another.
@@ -20,6 +23,7 @@ metadata, its output file, and a markdown table.
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import sys
@@ -116,6 +120,28 @@ def check_timed_arguments(parser, args) -> None:
             parser.error(f"--{name} must be at least 1")
     if torch.device(args.device).type != "cuda" or not torch.cuda.is_available():
         parser.error(f"--device {args.device}: this benchmark needs a CUDA GPU that torch sees")
+
+
+def timed_run(description: str, shapes, argv=None, options=None, metavar: str = "MxNxK",
+              shapes_of=None) -> tuple[argparse.Namespace, torch.device]:
+    """Parsed, checked arguments of a benchmark timing ways in turns on a CUDA GPU, --out refused
+    before any work where it may not be written, and the GPU made current. `options(parser)` adds the
+    benchmark's own; `shapes_of(parser, texts)` reads --shapes (default parse_shapes)."""
+    parser = argparse.ArgumentParser(description=description)
+    timed_arguments(parser, shapes, metavar)
+    if options is not None:
+        options(parser)
+    args = parser.parse_args(argv)
+    args.shapes = (shapes_of or parse_shapes)(parser, args.shapes)
+    check_timed_arguments(parser, args)
+    refuse_to_overwrite(args.out, args.force)
+    device = torch.device(args.device)
+    use_device(device)
+    return args, device
+
+
+def relative_error(result: torch.Tensor, reference: torch.Tensor) -> float:
+    return float(torch.linalg.norm(result.double() - reference) / torch.linalg.norm(reference))
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
