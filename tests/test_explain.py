@@ -552,3 +552,24 @@ def test_a_column_major_a_in_tf32_says_how_it_reaches_wgmma():
     assert "into registers as they lie" in dict(truncating.mainloop.mn_major_rows())["A column-major"]
     rounded = plan_of("hopper_tf32", layout_A="col", round="nearest", round_by="consumer")
     assert "into registers as they round them" in dict(rounded.mainloop.mn_major_rows())["A column-major"]
+
+
+def test_3xtf32_says_where_it_rounds_b_and_the_kernel_decides_it_from_the_call():
+    """math 3xtf32 on TMA: explain says B's big part is rounded to nearest where cuBLAS FP32's error is
+    small (short K, small calls) and truncated by the tensor core elsewhere; the kernel decides it per
+    call from K and batch x M x N, with the part's limits as named constants."""
+    from gemmgen.codegen.cuda import generate
+    from gemmgen.plan.parts.warpgroup_mainloop import ROUND_B_MAX_K, ROUND_B_MAX_MN, ROUND_B_SHORT_K
+    plan = plan_of("hopper_3xtf32")
+    text = " ".join(render_text(explain(plan, resources(168))).split())
+    assert (f"TF32 split of B: its big part rounded to nearest by the producer's warps 1-3 (a store more per "
+            f"float) where K <= {ROUND_B_SHORT_K}, or K <= {ROUND_B_MAX_K} and batch x M x N <= {ROUND_B_MAX_MN}, "
+            "else truncated by the tensor core") in text
+    source = generate(plan)
+    assert f"constexpr int ROUND_B_SHORT_K = {ROUND_B_SHORT_K}, ROUND_B_MAX_K = {ROUND_B_MAX_K};" in source
+    assert f"constexpr long long ROUND_B_MAX_MN = {ROUND_B_MAX_MN};" in source
+    assert ("const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= "
+            "ROUND_B_MAX_MN);") in source
+    assert "write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b" in source
+    # tf32 kernels split nothing: no such row
+    assert "TF32 split of B" not in " ".join(render_text(explain(plan_of("hopper_tf32"), resources(168))).split())
