@@ -264,7 +264,7 @@ class FakeCuda:
         return 0
 
 
-def prepared(decision, functions: dict[str, int], context=0x200, workspace=None, map_cache_size=16):
+def prepared(decision, functions: dict[str, int], context=0x200, workspace=None, map_cache_size=launch.MAPS_KEPT):
     steps = [PreparedStep(step, functions[step.kernel], f"launching {step.kernel}", map_cache_size)
              for step in decision.steps]
     return PreparedLaunch(context, steps, threading.Lock(), workspace or (lambda stream, size: 0xF000 + size), "t")
@@ -318,6 +318,21 @@ def test_tensor_maps_are_kept_for_each_operands_last_few_addresses(monkeypatch):
     assert fake.encoded == [0x1000, 0x2000, 0x5000, 0x6000, 0x5000, 0x1000]
     assert [call["args"]["map_a"][:8] for call in fake.launches] == \
         [struct.pack("<Q", a) for a in (0x1000, 0x5000, 0x1000, 0x6000, 0x5000, 0x1000)]
+
+
+def test_a_models_weights_of_one_shape_are_each_encoded_once(monkeypatch):
+    # A transformer's q, k, v and o projections are one call key with a weight each: 4 per layer.
+    # Cycling through more weights than the maps kept made every call encode its map again.
+    plan = plan_of(TMA.format(extra=""))
+    decision = decide(plan, 256, 256, 256, 256, 256, 256, (0, 0, 0), 132)
+    fake = FakeCuda({0x51: decision.steps[0].signature})
+    monkeypatch.setattr(launch, "_cuda", fake)
+    run = prepared(decision, {"main": 0x51})
+    weights = [0x100000 + 0x10000 * i for i in range(4 * 80)]  # an 80-layer model's projections
+    for _ in range(3):  # three forwards
+        for weight in weights:
+            run(0x1000, weight, 0x3000, 1.0, 0.0, 0)
+    assert fake.encoded == [0x1000] + weights
 
 
 def test_a_split_k_launch_scales_c_then_multiplies_with_the_calls_pointers(monkeypatch):

@@ -226,6 +226,13 @@ def encode_tensor_map(spec: TensorMapSpec, address: int, what: str) -> bytes:
     return bytes(out)
 
 
+# Tensor maps kept per operand of a call key. A model multiplies many weights of one shape through
+# one call key (a transformer's q, k, v and o projections: 4 per layer), each with its own map; 16
+# kept made every such call re-encode its map in Python once the layers outnumbered them (32 weights
+# of 2048 x 2048 in an 8-layer model, each call a miss, cycling).
+MAPS_KEPT = 1024
+
+
 class TensorMapCache:
     """The tensor maps of one operand of a prepared launch for its last `size` addresses, least
     recently used first out: the rest of a map's key (dims, ld, box, swizzle, promotion) is fixed
@@ -233,7 +240,7 @@ class TensorMapCache:
     again (weights; activations the allocator hands back) does not pay for encoding them. Not
     locked: its prepared launch's lock guards it."""
 
-    def __init__(self, spec: TensorMapSpec, size: int = 16):
+    def __init__(self, spec: TensorMapSpec, size: int = MAPS_KEPT):
         self.spec, self.size = spec, size
         self._maps: OrderedDict[int, bytes] = OrderedDict()
 
@@ -277,7 +284,7 @@ class PreparedStep:
     __slots__ = ("step", "function", "config", "config_ref", "arguments", "kernel_params", "writes", "maps",
                  "workspace", "stream", "what")
 
-    def __init__(self, step: Step, function: int, what: str, map_cache_size: int = 16):
+    def __init__(self, step: Step, function: int, what: str, map_cache_size: int = MAPS_KEPT):
         self.step, self.what = step, what
         self.function = ctypes.c_void_p(function)
         self.config = LaunchConfig(step.grid[0], step.grid[1], 1, step.threads, 1, 1, step.smem, None, None, 0)

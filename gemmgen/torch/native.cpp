@@ -61,7 +61,7 @@ Python* python = nullptr;
 // --- a prepared launch, as Python described it ---------------------------------------------------
 
 constexpr int TENSOR_MAP_BYTES = 128;
-constexpr size_t MAPS_KEPT = 16;  // per operand's map, as Python's TensorMapCache keeps them
+constexpr size_t MAPS_KEPT = 1024;  // per operand's map, as gpu/launch.py's MAPS_KEPT (why: there)
 
 struct Write {  // a call's value into the argument buffer
     size_t offset;
@@ -73,7 +73,7 @@ struct MapSlot {  // a tensor map written per call: its bytes by address, from P
     size_t offset;
     int source;
     py::object get;  // get(address) -> bytes
-    std::vector<std::pair<uint64_t, std::array<uint8_t, TENSOR_MAP_BYTES>>> kept;  // newest last
+    std::unordered_map<uint64_t, std::array<uint8_t, TENSOR_MAP_BYTES>> kept;  // emptied when full
 };
 
 struct Step {
@@ -205,8 +205,8 @@ void put(uint8_t* buffer, size_t offset, T value) {
 // The tensor map of `address` for a slot: kept, or Python's (GIL taken; the entry's lock is not
 // held meanwhile, so that a thread holding the GIL and waiting for that lock cannot deadlock).
 const uint8_t* tensor_map(Entry& entry, std::unique_lock<std::mutex>& held, MapSlot& slot, uint64_t address) {
-    for (auto it = slot.kept.rbegin(); it != slot.kept.rend(); ++it)
-        if (it->first == address) return it->second.data();
+    auto found = slot.kept.find(address);
+    if (found != slot.kept.end()) return found->second.data();
     held.unlock();
     std::array<uint8_t, TENSOR_MAP_BYTES> bytes{};
     {
@@ -216,9 +216,9 @@ const uint8_t* tensor_map(Entry& entry, std::unique_lock<std::mutex>& held, MapS
         std::memcpy(bytes.data(), got.data(), TENSOR_MAP_BYTES);
     }
     held.lock();
-    if (slot.kept.size() >= MAPS_KEPT) slot.kept.erase(slot.kept.begin());
-    slot.kept.emplace_back(address, bytes);
-    return slot.kept.back().second.data();
+    if (slot.kept.size() >= MAPS_KEPT) slot.kept.clear();
+    // insert_or_assign: another thread may have kept this address while the lock was let go.
+    return slot.kept.insert_or_assign(address, bytes).first->second.data();
 }
 
 void launch(Entry& entry, uint64_t pa, uint64_t pb, uint64_t pc, float alpha, void* stream) {
