@@ -85,6 +85,50 @@ def test_matmul_in_every_layout_matches_float64(precision, layouts, M, N, K, pad
         assert torch.isnan(base.as_strided((base.shape[0], pad), (base.stride(0), 1), base.shape[1])).all()
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("c_layout", ["row", "col"])
+@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize("M,N,K", [(1536, 2304, 3072), (3001, 2999, 1501)])
+def test_a_large_copy_overlapped_with_its_gemms_matches_float64(precision, c_layout, parts, M, N, K, monkeypatch):
+    """A col, B row with an operand copied in pieces (layouts.overlapped_parts, here `parts` pieces
+    at these sizes): each piece copied on the current stream while the pieces before multiply on
+    another, into a new output and into out= (with beta), and captured in a CUDA graph and replayed.
+    With 4 pieces a piece's copy would reuse the memory of one whose GEMM still reads it, were the
+    copies freed before the join."""
+    import gemmgen
+    import gemmgen.library.dispatch as dispatch
+
+    def pieces(way, M, N, K, step, waves=None):
+        size = M if way.copy_a else N
+        cuts = [size * i // parts // 64 * 64 for i in range(parts)] + [size]
+        return tuple(zip(cuts[:-1], cuts[1:]))
+
+    monkeypatch.setattr(dispatch, "overlapped_parts", pieces)
+    overlapped = []
+    real = dispatch._torch_overlapped
+    monkeypatch.setattr(dispatch, "_torch_overlapped", lambda *args: overlapped.append(args[2]) or real(*args))
+    monkeypatch.setattr(dispatch, "_calls", {})
+    A, B, C = make(M, K, "col", 1), make(K, N, "row", 2), make(M, N, c_layout, 3)
+    A64, B64, C64 = A.double(), B.double(), C.double()
+    scale = A64.abs() @ B64.abs()
+    new = gemmgen.matmul(A, B, precision=precision)
+    out = gemmgen.matmul(A, B, C, alpha=0.5, beta=-2.0, precision=precision)
+    assert out is C and len(overlapped) == 2 and len(overlapped[0]) == parts
+    torch.cuda.synchronize()
+    assert_close(new, A64 @ B64, scale, K, MATH[precision], f"{precision} {M}x{N}x{K} new output")
+    assert_close(C, 0.5 * (A64 @ B64) - 2.0 * C64, 0.5 * scale + 2.0 * C64.abs(), K, MATH[precision],
+                 f"{precision} {M}x{N}x{K} C {c_layout}")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = gemmgen.matmul(A, B, precision=precision)
+    with torch.no_grad():
+        A.copy_(torch.rand(A.shape, device="cuda") - 0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    A64 = A.double()
+    assert_close(captured, A64 @ B64, A64.abs() @ B64.abs(), K, MATH[precision], f"{precision} replayed")
+
+
 # --- gradients -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -106,6 +150,26 @@ def test_gradients_match_float64_in_every_layout(precision, a_layout, b_layout, 
     for x in (a, b):
         if min(x.shape) > 1:
             assert (x.grad.stride(0) == 1) == (x.stride(0) == 1), (x.stride(), x.grad.stride())
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_workspace_first_needed_in_autograds_backward_thread(precision):
+    """The backward's GEMMs run on autograd's device thread, which may have no CUDA context current:
+    a split-K or stream-K workspace first needed there, for a stream no call used before, is made
+    with the device's context current (it failed with CUDA_ERROR_INVALID_CONTEXT)."""
+    import gemmgen.torch as gtorch
+    stream = torch.cuda.Stream()  # new: no kernel has a workspace for it
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        a = make(96, 512, "row", 4).requires_grad_()  # grad a: 96 x 512 x 2048, a split-K member
+        b = make(512, 2048, "col", 5).requires_grad_()
+        grad = make(96, 2048, "row", 6)
+        gtorch.matmul(a, b, 1.0, precision).backward(grad)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    g64, a64, b64 = grad.double(), a.detach().double(), b.detach().double()
+    assert_close(a.grad, g64 @ b64.t(), g64.abs() @ b64.abs().t(), 2048, MATH[precision], "grad a")
+    assert_close(b.grad, a64.t() @ g64, a64.abs().t() @ g64.abs(), 96, MATH[precision], "grad b")
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

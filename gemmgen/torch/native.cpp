@@ -221,9 +221,28 @@ const uint8_t* tensor_map(Entry& entry, std::unique_lock<std::mutex>& held, MapS
     return slot.kept.insert_or_assign(address, bytes).first->second.data();
 }
 
+// The device's context current in this thread while a launch runs, the caller's given back after
+// (also when a workspace's getter raises). First of all: a workspace made for a new stream asks the
+// driver about it, and autograd's backward threads may have no context current.
+struct CurrentContext {
+    void* previous = nullptr;
+    bool switched = false;
+    explicit CurrentContext(void* context) {
+        python->ctx_get(&previous);
+        if (previous == context) return;
+        int status = python->ctx_set(context);
+        TORCH_CHECK(status == 0, "gemmgen: making the device's context current: ", cuda_error(status));
+        switched = true;
+    }
+    ~CurrentContext() {
+        if (switched) python->ctx_set(previous);
+    }
+};
+
 void launch(Entry& entry, uint64_t pa, uint64_t pb, uint64_t pc, float alpha, void* stream) {
     const uint64_t pointers[3] = {pa, pb, pc};
-    // Workspaces first, outside the entry's lock (Python's own lock guards its workspaces).
+    CurrentContext current(entry.context);
+    // Workspaces before the entry's lock (Python's own lock guards its workspaces).
     std::vector<uint64_t> workspaces(entry.steps.size(), 0);
     for (size_t i = 0; i < entry.steps.size(); ++i)
         if (entry.steps[i].has_workspace) {
@@ -231,16 +250,6 @@ void launch(Entry& entry, uint64_t pa, uint64_t pb, uint64_t pc, float alpha, vo
             workspaces[i] = entry.steps[i].workspace(reinterpret_cast<uintptr_t>(stream)).cast<uint64_t>();
         }
     std::unique_lock<std::mutex> held(entry.lock);
-    void* previous = nullptr;
-    python->ctx_get(&previous);
-    const bool switch_context = previous != entry.context;
-    if (switch_context) {
-        int status = python->ctx_set(entry.context);
-        if (status) {
-            held.unlock();
-            TORCH_CHECK(false, "gemmgen: making the device's context current: ", cuda_error(status));
-        }
-    }
     int failed = 0;
     std::string what;
     for (size_t i = 0; i < entry.steps.size() && !failed; ++i) {
@@ -265,7 +274,6 @@ void launch(Entry& entry, uint64_t pa, uint64_t pb, uint64_t pc, float alpha, vo
         failed = python->launch(&step.config, step.function, step.params.data(), nullptr);
         if (failed) what = step.what;
     }
-    if (switch_context) python->ctx_set(previous);
     held.unlock();
     if (failed) TORCH_CHECK(false, "gemmgen: ", what, ": ", cuda_error(failed));
 }
