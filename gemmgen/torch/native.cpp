@@ -250,6 +250,17 @@ void launch(Entry& entry, uint64_t pa, uint64_t pb, uint64_t pc, float alpha, vo
             workspaces[i] = entry.steps[i].workspace(reinterpret_cast<uintptr_t>(stream)).cast<uint64_t>();
         }
     std::unique_lock<std::mutex> held(entry.lock);
+    // Every tensor map at hand before any buffer is written: a map not kept lets the lock go while
+    // Python encodes it, and another thread's call of this key may fill the buffers and launch
+    // meanwhile (its pointers were then launched with this call's, and this call's output not written).
+    std::vector<std::array<uint8_t, TENSOR_MAP_BYTES>> maps;
+    for (Step& step : entry.steps)
+        for (MapSlot& slot : step.maps) {
+            const uint8_t* bytes = tensor_map(entry, held, slot, slot.source <= 2 ? pointers[slot.source] : 0);
+            maps.emplace_back();
+            std::memcpy(maps.back().data(), bytes, TENSOR_MAP_BYTES);
+        }
+    size_t next_map = 0;
     int failed = 0;
     std::string what;
     for (size_t i = 0; i < entry.steps.size() && !failed; ++i) {
@@ -265,10 +276,7 @@ void launch(Entry& entry, uint64_t pa, uint64_t pb, uint64_t pc, float alpha, vo
                 put<uint64_t>(step.buffer, w.offset, 0);
             }
         }
-        for (MapSlot& slot : step.maps) {
-            const uint8_t* bytes = tensor_map(entry, held, slot, slot.source <= 2 ? pointers[slot.source] : 0);
-            std::memcpy(step.buffer + slot.offset, bytes, TENSOR_MAP_BYTES);
-        }
+        for (MapSlot& slot : step.maps) std::memcpy(step.buffer + slot.offset, maps[next_map++].data(), TENSOR_MAP_BYTES);
         if (step.has_workspace) put<uint64_t>(step.buffer, step.workspace_offset, workspaces[i]);
         step.config.stream = stream;
         failed = python->launch(&step.config, step.function, step.params.data(), nullptr);
