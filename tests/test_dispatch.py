@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from gemmgen.library.layouts import (CLASSES, OVERLAP_MIN_COPY, Operand, c_layout_of, library_name, overlapped_parts,
-                                     readings, route, transposed)
+from gemmgen.library.layouts import CLASSES, Operand, c_layout_of, library_name, readings, route, transposed
 from host_libraries import HostArray, LibraryOnHost
 
 ALL = frozenset(CLASSES)
@@ -101,49 +100,6 @@ def test_the_relaid_fp32_classes_leave_one_copy_only_for_a_col_b_row():
     way = route(matrix("A", 64, 96, "row"), matrix("B", 96, 80, "row"), Operand("out", 64, 80, (160, 2)), fp32)
     assert way.copy_c and c_layout_of(way.klass) == "row" and not way.swap
     assert library_name("fp32", ("col", "col", "col")) == "fp32_cc_ccol"
-
-
-def waves_of(step, across, sms=132):
-    """The waves of a member's tiles over `extent` rows or columns: `step` along them, `across` the
-    other way, on `sms` SMs of one tile each."""
-    return lambda extent: -(-(-(-extent // step) * across) // sms)
-
-
-def test_a_large_copied_operand_is_copied_in_two_pieces_that_keep_the_calls_waves():
-    """A col, B row in tf32 (no relaid class reads a row-major B): the copied operand goes in two
-    pieces along its rows (A) or columns (B), cut at a whole tile, the first at most half, so that
-    the two GEMMs take no more waves of tiles than the whole call; a small copy, a copied C, or a
-    call copying both operands goes at once."""
-    tf32 = BASE | {("col", "col"), ("col", "col", "col")}
-    A, B, C = matrix("A", 4096, 4096, "col"), matrix("B", 4096, 4096, "row"), matrix("out", 4096, 4096, "row")
-    way = route(A, B, C, tf32, "tf32")
-    assert (way.copy_a, way.copy_b) in (("row", None), (None, "col"))
-    # 128 x 256 tiles on 132 SMs: 256 tiles are 2 waves, each half's 128 one
-    assert overlapped_parts(way, 4096, 4096, 4096, 256, waves_of(256, 16)) == ((0, 2048), (2048, 4096))
-    assert overlapped_parts(way, 4096, 4096, 4096, 256) == ((0, 2048), (2048, 4096))  # stream-K: any cut
-    # 6144^3: halves would take 5 + 5 waves where the whole takes 9; 11 of 24 tile columns take 4
-    way = route(matrix("A", 6144, 6144, "col"), matrix("B", 6144, 6144, "row"), matrix("out", 6144, 6144, "row"),
-                tf32, "tf32")
-    assert overlapped_parts(way, 6144, 6144, 6144, 256, waves_of(256, 48)) == ((0, 2816), (2816, 6144))
-    # no cut between a quarter and a half keeps the waves: at once
-    assert overlapped_parts(way, 6144, 6144, 6144, 256, lambda extent: 1) == ()
-    # 8192 x 2048 x 8192: A (8192 x 8192) is the larger operand, so B is copied, in pieces of its columns
-    way = route(matrix("A", 8192, 8192, "col"), matrix("B", 8192, 2048, "row"), matrix("out", 8192, 2048, "row"),
-                tf32, "tf32")
-    assert (way.copy_a, way.copy_b) == (None, "col")
-    assert overlapped_parts(way, 8192, 2048, 8192, 128) == ((0, 1024), (1024, 2048))
-    # 2048 x 8192 x 2048 copies A (2048 x 2048): too little to gain from pieces
-    way = route(matrix("A", 2048, 2048, "col"), matrix("B", 2048, 8192, "row"), matrix("out", 2048, 8192, "row"),
-                tf32, "tf32")
-    assert way.copy_a == "row" and 2048 * 2048 < OVERLAP_MIN_COPY
-    assert overlapped_parts(way, 2048, 8192, 2048, 128) == ()
-    # a copied C, two copies, none
-    copied_c = route(A, B, Operand("out", 4096, 4096, (8192, 2)), tf32, "tf32")
-    assert copied_c.copy_c and overlapped_parts(copied_c, 4096, 4096, 4096, 256) == ()
-    both = route(A, B, C, BASE, "tf32")
-    assert both.copy_a and both.copy_b and overlapped_parts(both, 4096, 4096, 4096, 256) == ()
-    none = route(matrix("A", 4096, 4096, "row"), matrix("B", 4096, 4096, "col"), C, tf32, "tf32")
-    assert not none.copies and overlapped_parts(none, 4096, 4096, 4096, 256) == ()
 
 
 def test_an_operand_with_no_unit_stride_is_copied_whatever_is_built():

@@ -85,50 +85,6 @@ def test_matmul_in_every_layout_matches_float64(precision, layouts, M, N, K, pad
         assert torch.isnan(base.as_strided((base.shape[0], pad), (base.stride(0), 1), base.shape[1])).all()
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("c_layout", ["row", "col"])
-@pytest.mark.parametrize("parts", [2, 4])
-@pytest.mark.parametrize("M,N,K", [(1536, 2304, 3072), (3001, 2999, 1501)])
-def test_a_large_copy_overlapped_with_its_gemms_matches_float64(precision, c_layout, parts, M, N, K, monkeypatch):
-    """A col, B row with an operand copied in pieces (layouts.overlapped_parts, here `parts` pieces
-    at these sizes): each piece copied on the current stream while the pieces before multiply on
-    another, into a new output and into out= (with beta), and captured in a CUDA graph and replayed.
-    With 4 pieces a piece's copy would reuse the memory of one whose GEMM still reads it, were the
-    copies freed before the join."""
-    import gemmgen
-    import gemmgen.library.dispatch as dispatch
-
-    def pieces(way, M, N, K, step, waves=None):
-        size = M if way.copy_a else N
-        cuts = [size * i // parts // 64 * 64 for i in range(parts)] + [size]
-        return tuple(zip(cuts[:-1], cuts[1:]))
-
-    monkeypatch.setattr(dispatch, "overlapped_parts", pieces)
-    overlapped = []
-    real = dispatch._torch_overlapped
-    monkeypatch.setattr(dispatch, "_torch_overlapped", lambda *args: overlapped.append(args[2]) or real(*args))
-    monkeypatch.setattr(dispatch, "_calls", {})
-    A, B, C = make(M, K, "col", 1), make(K, N, "row", 2), make(M, N, c_layout, 3)
-    A64, B64, C64 = A.double(), B.double(), C.double()
-    scale = A64.abs() @ B64.abs()
-    new = gemmgen.matmul(A, B, precision=precision)
-    out = gemmgen.matmul(A, B, C, alpha=0.5, beta=-2.0, precision=precision)
-    assert out is C and len(overlapped) == 2 and len(overlapped[0]) == parts
-    torch.cuda.synchronize()
-    assert_close(new, A64 @ B64, scale, K, MATH[precision], f"{precision} {M}x{N}x{K} new output")
-    assert_close(C, 0.5 * (A64 @ B64) - 2.0 * C64, 0.5 * scale + 2.0 * C64.abs(), K, MATH[precision],
-                 f"{precision} {M}x{N}x{K} C {c_layout}")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = gemmgen.matmul(A, B, precision=precision)
-    with torch.no_grad():
-        A.copy_(torch.rand(A.shape, device="cuda") - 0.5)
-    graph.replay()
-    torch.cuda.synchronize()
-    A64 = A.double()
-    assert_close(captured, A64 @ B64, A64.abs() @ B64.abs(), K, MATH[precision], f"{precision} replayed")
-
-
 # --- gradients -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("precision", PRECISIONS)

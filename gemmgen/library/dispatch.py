@@ -33,7 +33,7 @@ from ..outputs import complete_pending
 from . import devices as split_devices
 from .batches import (BatchError, Batching, batch_stride, broadcast, dense_reason, folded_row_stride, plan_batches,
                       vector_views)
-from .layouts import CLASSES, RELAID, Operand, Route, library_name, overlapped_parts, route
+from .layouts import CLASSES, RELAID, Operand, Route, library_name, route
 from .manifest import Manifest, ManifestError
 from .runtime import LibraryRuntime
 
@@ -374,12 +374,6 @@ def _torch_copy(x, layout: str, lead: tuple[int, ...] = ()):
 def _torch_with_copies(torch, call: _Call, A, B, out, alpha, beta, precision, stream):
     way = call.route
     _warn_once(way.reasons)
-    if stream is None and A.dim() == 2 and B.dim() == 2 and (out is None or out.dim() == 2) and A.is_cuda:
-        parts = overlapped_parts(way, A.shape[0], B.shape[1], A.shape[1],
-                                 *_piece_waves(way, A.shape[0], B.shape[1], A.shape[1], precision, A.get_device()))
-        # (a capture may not make the GEMMs' stream: a call captured before any ran copies at once)
-        if parts and (A.get_device() in _overlap_streams or not torch.cuda.is_current_stream_capturing()):
-            return _torch_overlapped(torch, way, parts, A, B, out, alpha, beta, precision)
     lead = tuple(call.shape[:-2])
     if way.copy_a:
         A = _torch_copy(A, way.copy_a, lead)
@@ -390,51 +384,6 @@ def _torch_with_copies(torch, call: _Call, A, B, out, alpha, beta, precision, st
     staged = out.contiguous() if beta != 0.0 else torch.empty(call.shape, dtype=torch.float32, device=call.device)
     _torch_matmul(torch, A, B, staged, alpha, beta, precision, stream)
     out.copy_(staged)
-    return out
-
-
-def _piece_waves(way: Route, M: int, N: int, K: int, precision: str, device: int):
-    """(step, waves) for layouts.overlapped_parts: the tile, along the pieces, of the member the
-    library chooses for the whole call once copied, and the waves of its tiles over `extent` rows
-    or columns (None for stream-K, which balances any)."""
-    runtime = library(precision, device, way.klass)
-    rows, cols = (N, M) if way.swap else (M, N)  # the library's call
-    member = runtime.manifest.members[runtime.choose(rows, cols, K, *way.lds)]
-    along_columns = bool(way.copy_a) == way.swap  # A's rows are the library's columns when swapped
-    step, across = (member.BN, -(-rows // member.BM)) if along_columns else (member.BM, -(-cols // member.BN))
-    if member.stream_k:
-        return step, None
-    slots = runtime.info.sm_count * max(1, member.slots_per_sm)
-    return step, lambda extent: -(-(-(-extent // step) * across * max(1, member.split)) // slots)
-
-
-_overlap_streams: dict[int, Any] = {}  # device -> the stream of the GEMMs of overlapped copies
-
-
-def _torch_overlapped(torch, way: Route, parts, A, B, out, alpha, beta, precision):
-    """alpha A B + beta out with the copied operand copied piece by piece (layouts.overlapped_parts)
-    on PyTorch's current stream, each piece's GEMM on a stream of the highest priority once its
-    copy is done: a piece's GEMM takes the SMs first and the next piece's copy the ones it leaves.
-    The current stream waits for the GEMMs before anything after the call, so every buffer is
-    used in its order (and CUDA graphs capture the fork and the join)."""
-    device = A.get_device()
-    gemms = _overlap_streams.get(device)
-    if gemms is None:
-        gemms = _overlap_streams[device] = torch.cuda.Stream(device, priority=-100)  # the highest there is
-    current = torch.cuda.current_stream(device)
-    if out is None:
-        out = A.new_empty((A.shape[0], B.shape[1]))
-    pieces = []  # each piece's copy lives until the current stream has waited for its GEMM: freed
-    for start, stop in parts:  # before, its memory could take a later piece's copy while its GEMM reads it
-        if way.copy_a:
-            pieces.append(_torch_copy(A[start:stop], way.copy_a))
-            a, b, c = pieces[-1], B, out[start:stop]
-        else:
-            pieces.append(_torch_copy(B[:, start:stop], way.copy_b))
-            a, b, c = A, pieces[-1], out[:, start:stop]
-        gemms.wait_event(current.record_event())  # events of this call's own: threads may share the streams
-        _torch_matmul(torch, a, b, c, alpha, beta, precision, gemms)
-    current.wait_event(gemms.record_event())
     return out
 
 

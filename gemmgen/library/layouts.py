@@ -188,38 +188,3 @@ def route(a: Operand, b: Operand, c: Operand, available: frozenset | set, precis
 def _tight(layout: str, rows: int, cols: int) -> int:
     """The leading dimension of a dense copy in `layout`."""
     return max(1, cols if layout == "row" else rows)
-
-
-# --- a copy overlapped with the GEMM -------------------------------------------------------------
-# A call that copies one operand (A column-major with B row-major in tf32: wgmma reads B K-major
-# only) copies it in two pieces along its rows (A) or columns (B): the GEMM of the first piece runs
-# while the second is copied, the copy's blocks taking the SMs the GEMM leaves free, so that only the
-# first piece's copy is in the call's time (a copy of 4096 x 4096 floats is 51 us on an H100, 12% of a
-# tf32 GEMM of 4096^3). The first piece is the largest of at most half the rows or columns, in whole
-# tiles, whose two GEMMs take no more waves of tiles than the whole call's: cut at the middle, 6144^3
-# took 5 + 5 waves where the whole took 9, and ran 0.89x its A row, B col call against 0.93x at once.
-# Below OVERLAP_MIN_COPY elements copied the host's work per piece cost more than the copy hides.
-# Measured on an H100 in tf32, x the A row, B col call, at once and in two halves: 4096^3 0.889 and
-# 0.909-0.912; 8192^3 0.945-0.961 and 0.974-0.999; 4096 x 4096 x 1024 0.885 and 0.896; 2048 x 8192
-# x 2048 (2048 x 2048 copied) 0.931 and 0.911; 2048^3 0.62 and 0.38 (host-bound).
-OVERLAP_MIN_COPY = 1 << 24
-
-
-def overlapped_parts(way: Route, M: int, N: int, K: int, step: int, waves=None) -> tuple[tuple[int, int], ...]:
-    """The two pieces [start, stop) of M (A copied) or of N (B copied) whose second's copy a matrix
-    call of this route overlaps with the first's GEMM; () where it copies all at once: C copied, both
-    operands or neither, fewer than OVERLAP_MIN_COPY elements, or no cut that keeps the waves.
-    `step`: the chosen member's tile along the pieces; `waves(extent)`: the waves of tiles its GEMM
-    of `extent` rows or columns takes (None: no waves to keep, as with stream-K)."""
-    if way.copy_c or bool(way.copy_a) == bool(way.copy_b):
-        return ()
-    size = M if way.copy_a else N
-    if size * K < OVERLAP_MIN_COPY:
-        return ()
-    whole = waves(size) if waves else 0
-    piece = size // 2 // step * step
-    while piece > 0 and piece * 4 >= size:
-        if waves is None or waves(piece) + waves(size - piece) <= whole:
-            return ((0, piece), (piece, size))
-        piece -= step
-    return ()
