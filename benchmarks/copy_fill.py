@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from torch_records import (check_timed_arguments, elapsed_ms, meta, parse_shapes, refuse_to_overwrite, table,
-                           timed_arguments, use_device, write_record)
+from torch_records import (check_timed_arguments, elapsed_ms, meta, parse_shapes, refuse_to_overwrite, relative_error,
+                           table, timed_arguments, use_device, write_record)
 
 import gemmgen.library.dispatch as dispatch
 from gemmgen.gpu.compile import compile_all
@@ -121,7 +121,7 @@ def main(argv=None) -> dict:
                 cublas = statistics.median(runs[f"cuBLAS TF32 {layouts}"][1])
                 results.append({"shape": f"{M}x{N}x{K}", "pad": pad, "way": label, "kernel": info[1] if info else "-",
                                 "ms": ms, "tflops": 2.0 * M * N * K / ms / 1e9, "x_cublas_tf32": cublas / ms,
-                                "error": float((out.double() - reference).norm() / reference.norm())})
+                                "error": relative_error(out, reference)})
             print(f"{M}x{N}x{K} pad {pad}: {len(runs)} timed", flush=True)
     rows = [[r["shape"], str(r["pad"]), r["way"], f"{r['tflops']:.1f}", f"{r['x_cublas_tf32']:.3f}", f"{r['error']:.1e}"]
             for r in results]

@@ -36,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-from torch_records import check_timed_arguments, elapsed_ms, meta, refuse_to_overwrite, table, use_device, write_record
+from torch_records import (check_timed_arguments, elapsed_ms, meta, refuse_to_overwrite, relative_error, table,
+                           use_device, write_record)
 
 import gemmgen
 from gemmgen.gpu.compile import compile_all
@@ -138,7 +139,7 @@ def measure(shape, kernels: dict[str, Kernel], args, device) -> list[dict]:
             torch.backends.cuda.matmul.allow_tf32 = tf32
             for i in range(args.warmup):
                 call(i)
-            error = ((out.double() - expected).norm() / expected.norm()).item()
+            error = relative_error(out, expected)
             rows[name] = {"shape": f"{M}x{N}x{K}", "way": name, "error": error, "ms_all": []}
         for _ in range(args.rounds):
             for name, (call, tf32) in ways.items():

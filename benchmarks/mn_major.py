@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import torch
 
-from torch_records import elapsed_ms, meta, table, timed_run, write_record
+from torch_records import elapsed_ms, meta, relative_error, table, timed_run, write_record
 
 import gemmgen.library.dispatch as dispatch
 from gemmgen.library.layouts import RELAID
@@ -101,7 +101,7 @@ def main(argv=None) -> dict:
                                   stream=stream)
             run()
             torch.cuda.synchronize()
-            error = float((out.double() - reference).norm() / reference.norm())
+            error = relative_error(out, reference)
             runs[label] = (run, [], (variant, error))
         saved = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = args.library == "tf32"

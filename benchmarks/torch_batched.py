@@ -26,8 +26,8 @@ import warnings
 
 import torch
 
-from torch_records import (check_timed_arguments, elapsed_ms, meta, refuse_to_overwrite, table, timed_arguments,
-                           use_device, write_record)
+from torch_records import (check_timed_arguments, elapsed_ms, meta, refuse_to_overwrite, relative_error, table,
+                           timed_arguments, use_device, write_record)
 
 import gemmgen
 import gemmgen.library.dispatch as dispatch
@@ -85,7 +85,7 @@ def measure(shape, precision: str, layout: str, args, device: torch.device) -> l
         for way, call in ways.items():
             for _ in range(args.warmup):
                 got = call()
-            error = ((got.double() - expected).norm() / expected.norm()).item()
+            error = relative_error(got, expected)
             rows.append({"shape": "x".join(map(str, shape)), "precision": precision, "layout": layout, "way": way,
                          "error": error})
         times = {way: [] for way in ways}

@@ -26,8 +26,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from torch_records import (check_timed_arguments, elapsed_ms, meta, parse_shapes, refuse_to_overwrite, table,
-                           timed_arguments, use_device, write_record)
+from torch_records import (check_timed_arguments, elapsed_ms, meta, parse_shapes, refuse_to_overwrite, relative_error,
+                           table, timed_arguments, use_device, write_record)
 
 import gemmgen
 import gemmgen.library.dispatch as dispatch
@@ -80,7 +80,7 @@ def measure(M: int, N: int, K: int, precision: str, args, device: torch.device) 
         for way, (call, expected) in cases.items():
             for _ in range(args.warmup):
                 got = call()
-            error = ((got.double() - expected).norm() / expected.norm()).item()
+            error = relative_error(got, expected)
             rows.append({"shape": f"{M}x{N}x{K}", "precision": precision, "way": way, "error": error})
         times = {way: [] for way in cases}
         for _ in range(args.rounds):

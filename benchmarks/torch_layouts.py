@@ -28,8 +28,8 @@ import warnings
 
 import torch
 
-from torch_records import (compile_libraries, elapsed_ms, meta, parse_shapes, refuse_to_overwrite, table,
-                           use_device, write_record)
+from torch_records import (compile_libraries, elapsed_ms, meta, parse_shapes, refuse_to_overwrite, relative_error,
+                           table, use_device, write_record)
 
 import gemmgen
 import gemmgen.library.dispatch as dispatch
@@ -89,7 +89,7 @@ def measure(M: int, N: int, K: int, precision: str, args, device: torch.device) 
             for _ in range(args.warmup):
                 call()
         for layouts, way, _, C, route_ in cases:
-            error = ((C.double() - expected).norm() / expected.norm()).item()
+            error = relative_error(C, expected)
             rows.append({"shape": f"{M}x{N}x{K}", "precision": precision, "A": layouts[0], "B": layouts[1],
                          "C": layouts[2], "way": way, "error": error, **({"route": route_} if route_ else {})})
         times = [[] for _ in cases]

@@ -27,9 +27,9 @@ For each mode:
   events after warm-up (the first gemmgen calls compile their kernels), medians over --repeats
   rounds in which every mode takes one turn;
 - Python's full (generation 2) collections that fell in each mode's timed work
-  (`full_collections_timed`): at 9d75c37 a run made about 5, of 0.1 s each over the ~315,000
-  objects such a process tracks, and gemmgen tf32's steps spread over 50-126 ms where PyTorch
-  TF32's kept to 52-54 (with the collector off, 50-59); the count says which rounds met one;
+  (`full_collections_timed`): one costs about 0.1 s over the ~315,000 objects such a process
+  tracks. At 9d75c37 a run made about 5 and gemmgen tf32's steps spread over 50-126 ms; at e04e419
+  none fell in any mode's timed work (a step makes no collection); the count says which rounds met one;
 - the speed over PyTorch FP32 and over PyTorch TF32.
 
 Writes JSON (device, driver, torch version, commit, date, settings, results) to --out and prints
@@ -52,8 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch_records import (compile_libraries, elapsed_ms, meta, refuse_to_overwrite, table, use_device,
-                           write_record)
+from torch_records import (compile_libraries, elapsed_ms, meta, refuse_to_overwrite, relative_error, table,
+                           use_device, write_record)
 
 import gemmgen.torch as gtorch
 from gemmgen.gpu.runtime import ShapeError
@@ -208,10 +208,6 @@ def float64_reference(model: nn.Module, inputs: torch.Tensor, targets: torch.Ten
     found = {"logits": logits.detach(), "loss": loss.item(), "grads": [p.grad for p in reference.parameters()]}
     del reference
     return found
-
-
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((got.double() - expected).norm() / expected.norm()).item()
 
 
 def errors(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, reference: dict) -> dict:

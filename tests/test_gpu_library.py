@@ -380,7 +380,7 @@ def test_library_fp32_error_is_at_most_cublas_fp32s(M, N, K, cp, library_abi):
     """Issue 28: gemmgen_fp32's error against float64 at most cuBLAS FP32's on the same inputs, at
     short K too, where cuBLAS's sums are short: the 3xTF32 members add each K tile's small terms
     before its big ones (few of the tensor cores' adds cut toward zero at the product's full size),
-    and up to K = 1024 round B's big part to nearest."""
+    and round B's big part to nearest where K <= 128, or K <= 1024 in a small call (ROUND_B_*)."""
     entry, _, _, _ = library_abi("fp32")
     A, B, _ = _inputs(M, N, K, seed=31)
     error, reference = _library_error(entry, cp, A, B)
