@@ -182,18 +182,18 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
         live[c] = j0 + c < cols;
         column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
     }
-    // A matrix-vector product (one row, one column a warp) sums into PARTS = 4 partial sums, step u's
-    // float v into (u * V + v) % 4: chains of FP32 adds a quarter as long, for cuBLAS's error there
-    // (which it gets in FP32 in either mode). Elsewhere one sum per row and column: more registers
-    // cost the 4-warp points occupancy (ptxas: 80 -> 96 registers, and 12% at 1x4096x4096 ld+1).
-    constexpr int PARTS = R == 1 && COLUMNS == 1 ? 4 : 1;
-    float acc[R][COLUMNS][PARTS];
+    // Up to 8 rows each lane's sums are blocked: a step's U x V products of a row and column are
+    // summed from zero into `part`, which is then added into acc, so that no chain of FP32 adds is
+    // longer than U x V plus the lane's steps (a plain sum over the lane's K / 32 products had 1.6x
+    // cuBLAS FP32's error at 4 to 6 rows, where cuBLAS's sums are as short). At 16 rows, where
+    // cuBLAS's error is a tile GEMM's, the registers go to the accumulators (blocked, the 4-column
+    // points spill).
+    constexpr bool BLOCKED = R <= 8;
+    float acc[R][COLUMNS];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int c = 0; c < COLUMNS; ++c)
-#pragma unroll
-            for (int p = 0; p < PARTS; ++p) acc[r][c][p] = 0.0f;
+        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
 
     for (int k0 = 0; k0 < K; k0 += KT) {
         const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
@@ -211,36 +211,37 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
             float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
             load_step<V, U>(b, column, live, k0, q0, vectors);
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
+            for (int r = 0; r < R; ++r) {
+                float part[COLUMNS];  // row r's products of this step, summed from zero (BLOCKED)
 #pragma unroll
-                for (int r = 0; r < R; ++r) {
+                for (int c = 0; c < COLUMNS; ++c) part[c] = 0.0f;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
                     float a[V];  // one vector of row r, reused over the warp's columns
                     load_vec<V>(a, s_rows + r * KT + q * V);
 #pragma unroll
-                    for (int c = 0; c < COLUMNS; ++c)
+                    for (int c = 0; c < COLUMNS; ++c) {
+                        float& sum = BLOCKED ? part[c] : acc[r][c];
 #pragma unroll
-                        for (int v = 0; v < V; ++v) {
-                            float& part = acc[r][c][(u * V + v) % PARTS];
-                            part = fmaf(a[v], b[u][c][v], part);
-                        }
+                        for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
+                    }
+                }
+                if constexpr (BLOCKED) {
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
                 }
             }
         }
     }
 
-    // The parts in pairs, then across the lanes (every lane ends with the warp's sums), then across
-    // the slices in slice order.
+    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
     float sums[R][COLUMNS];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int c = 0; c < COLUMNS; ++c) {
-#pragma unroll
-            for (int width = PARTS / 2; width > 0; width /= 2)
-#pragma unroll
-                for (int p = 0; p < width; ++p) acc[r][c][p] += acc[r][c][p + width];
-            sums[r][c] = acc[r][c][0];
+            sums[r][c] = acc[r][c];
 #pragma unroll
             for (int offset = 16; offset > 0; offset /= 2)
                 sums[r][c] += __shfl_xor_sync(0xffffffffu, sums[r][c], offset);

@@ -21,7 +21,8 @@ from gemmgen.library.manifest import Manifest, build_manifest
 from gemmgen.library.model import Library, kernel_key
 from gemmgen.library.resolve import load_libraries, resolve
 from gemmgen.library.tune import tune_library
-from gemmgen.library.selection import (MemberShape, alignment_class, choose, features, fit, leave_one_out, predict)
+from gemmgen.library.selection import (MemberShape, alignment_class, choose, features, fit, leave_one_out, predict,
+                                       short_sum_rows)
 from gemmgen.gpu.verify import Case
 from gemmgen.language.load import parse_file
 from library_fake import FakeGpu
@@ -333,8 +334,9 @@ def test_the_cu_chooses_as_python_does(fp32_manifest, tmp_path):
              for _ in range(1500)]
     cases += [(r.M, r.N, r.K, k, False, batch) for r in manifest.shapes for batch in (1, 8, 512)
               for k in {r.klass, "aligned" if r.klass == "split" else r.klass}]
-    candidates = manifest.candidates()
-    python = [choose(candidates, M, N, K, class_of(a), 132, beta_used=b, batch=batch) for M, N, K, a, b, batch in cases]
+    candidates, exact_rows = manifest.candidates(), short_sum_rows(manifest.precision)
+    python = [choose(candidates, M, N, K, class_of(a), 132, beta_used=b, batch=batch, exact_rows=exact_rows)
+              for M, N, K, a, b, batch in cases]
     assert choices_in_c(source, "fp32", cases, tmp_path) == python
     # split rows: somewhere a call whose rows are only 16-byte aligned runs another member than the aligned call
     assert any(choose(candidates, M, N, K, "split", 132) != choose(candidates, M, N, K, "aligned", 132)

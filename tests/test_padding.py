@@ -21,7 +21,7 @@ from gemmgen.gpu.compile import compile_source
 from gemmgen.library import padding as padding_module
 from gemmgen.library.manifest import Manifest
 from gemmgen.library.padding import PaddedLaunch, padding
-from gemmgen.library.selection import alignment_class, choose_padded, pad_ms
+from gemmgen.library.selection import alignment_class, choose_padded, pad_ms, short_sum_rows
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
 SHIPPED = [name for name in ("fp32", "tf32") if (GENERATED / f"{name}.json").is_file()]
@@ -173,7 +173,8 @@ int main() {{
 def test_the_cu_pads_where_python_pads(name, tmp_path):
     """Random unaligned calls (any operands off, beta or not, batches): the shipped .cu's padding_pays
     agrees with selection.choose_padded, and both pad somewhere and somewhere not."""
-    candidates = Manifest.read(GENERATED / f"{name}.json").candidates()
+    manifest = Manifest.read(GENERATED / f"{name}.json")
+    candidates, exact_rows = manifest.candidates(), short_sum_rows(manifest.precision)
     rng = random.Random(11)
     cases = []
     for _ in range(400):
@@ -189,7 +190,7 @@ def test_the_cu_pads_where_python_pads(name, tmp_path):
             split = alignment_class(*p.lds, strides=p.strides) == "split"  # B (or A) not copied, rows of 4 mod 8
             cases.append((M, N, K, split, beta, batch, p.copies(beta)))
     python = [choose_padded(candidates, M, N, K, copies, 132, beta_used=beta, batch=batch,
-                            padded_class="split" if split else "aligned") >= 0
+                            padded_class="split" if split else "aligned", exact_rows=exact_rows) >= 0
               for M, N, K, split, beta, batch, copies in cases]
     assert any(case[3] for case in cases)
     assert _pays_in_c((GENERATED / f"{name}.cu").read_text(), name, cases, tmp_path / "pays") == python

@@ -25,7 +25,7 @@ from ..language.errors import SpecError
 from ..plan import Plan, make_plan
 from ..plan.parts.epilogue import ACTIVATIONS
 from .dispatch import LibraryRuntime
-from .selection import alignment_class, choose, vector_call
+from .selection import alignment_class, choose, short_sum_call, vector_call
 
 
 def check_activation(activation: str | None) -> str:
@@ -93,12 +93,13 @@ class FusedMembers:
                bias: bool, activation: str) -> int:
         """The member for the call: the library's choice where it can take the epilogue, else the
         one predicted fastest among those that can (a split-K member, chosen for decode-sized M,
-        cannot apply an activation to its atomic sums). A matrix-vector product keeps the library's
-        decode member, in FP32 as cuBLAS multiplies it, and the caller runs the epilogue as passes."""
+        cannot apply an activation to its atomic sums). A matrix-vector product, and in the fp32 library
+        a call of few rows (short_sum_call), keeps the library's decode member, whose sums are as
+        short as cuBLAS's there, and the caller runs the epilogue as passes."""
         runtime = self.runtime
         index = runtime.choose(M, N, K, lda, ldb, ldc, pointers)
         if (self.plan(index, bias, activation) is not None or not runtime.tuned_gpu
-                or vector_call(runtime.candidates, M, N)):
+                or vector_call(runtime.candidates, M, N) or short_sum_call(runtime.candidates, M, N, runtime.exact_rows)):
             return index
         able = [i for i in range(len(runtime.candidates)) if self.plan(i, bias, activation) is not None]
         if not able:

@@ -18,7 +18,8 @@ from ..plan.parts.decode import PRODUCTS
 from ..plan.space import describe, to_text
 from .model import (MANIFEST_FORMAT, MAX_MEMBERS, Library, Measurements, kernel_key, measured_at, member_shape,
                     portable_member, read_db, select_members, shape_class, shape_key, slots_per_sm)
-from .selection import Candidate, MemberShape, Model, choose, fit_all, leave_one_out, measured_key, serves
+from .selection import (Candidate, MemberShape, Model, choose, fit_all, leave_one_out, measured_key, serves,
+                        short_sum_rows)
 
 
 class ManifestError(ValueError):
@@ -261,7 +262,8 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
     # member: every shape it serves).
     complete = [p for p in plans if all((kernel_key(p), shape_key(s)) in m.times for s in shapes
                                         if serves(member_shape(p), s.M, s.N))]
-    kept = select_members(complete if len(complete) >= 2 else plans, m, shapes, max_members)
+    exact_rows = short_sum_rows(library.precision)
+    kept = select_members(complete if len(complete) >= 2 else plans, m, shapes, max_members, exact_rows)
     sm_count = _sm_count(by_device[device])
     slots = {kernel_key(p): slots_per_sm(p) for p in kept}
     member_shapes = [member_shape(p, slots[kernel_key(p)]) for p in kept]
@@ -269,7 +271,7 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
              for s in shapes if (kernel_key(p), shape_key(s)) in m.times} for p in kept]
     models = fit_all(member_shapes, data, sm_count)
     flags = [(p.beta, p.arch.has_wgmma) for p in kept]
-    loo = leave_one_out(member_shapes, data, sm_count, flags)
+    loo = leave_one_out(member_shapes, data, sm_count, flags, exact_rows)
     members = []
     for index, (plan, shape, per_class) in enumerate(zip(kept, member_shapes, models)):
         name = f"{library.name}_{index}"
@@ -291,7 +293,7 @@ def build_manifest(library: Library, db: Path, *, device: str | None = None,
         best_any = min((m.times[(kernel_key(p), shape_key(s))] for p in plans
                         if (kernel_key(p), shape_key(s)) in m.times), default=None)
         table.append(TunedShape(s.M, s.N, s.K, s.pad, cls, m.cublas.get(shape_key(s)),
-                                choose(candidates, s.M, s.N, s.K, cls, sm_count, batch=s.batch), times, best_any,
+                                choose(candidates, s.M, s.N, s.K, cls, sm_count, batch=s.batch, exact_rows=exact_rows), times, best_any,
                                 s.batch))
     device_name, driver = device.split("|")
     portable = next((i for i, p in enumerate(kept) if portable_member(p)), None)

@@ -15,7 +15,7 @@ from ..language.spec import LibrarySpec, Spec
 from ..plan import Plan
 from ..plan.space import point_key
 from ..tuning import database as tuning_db
-from .selection import MemberShape, alignment_class, tight_leading_dimensions
+from .selection import MemberShape, alignment_class, ffma_sums, tight_leading_dimensions
 
 MANIFEST_FORMAT = 1
 EXHAUSTIVE_LIMIT = 64      # a space with more valid points is searched per shape by a strategy
@@ -156,12 +156,18 @@ def portable_member(plan: Plan) -> bool:
     return not plan.arch.has_wgmma and plan.beta and plan.path != "decode"
 
 
-def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape], limit: int) -> list[Plan]:
+def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape], limit: int,
+                   exact_rows: int = 0) -> list[Plan]:
     """Greedy: add the candidate that most lowers the sum over shapes of log(kept best / best), where
     a shape no kept candidate was timed at counts as 4x slower; stop at `limit` or when nothing
-    gains GAIN_PER_SHAPE (0.1%) a shape. Always keeps a portable candidate (portable_member)."""
+    gains GAIN_PER_SHAPE (0.1%) a shape. Always keeps a portable candidate (portable_member). At a
+    shape of at most `exact_rows` rows only the candidates the choice may take there count
+    (selection.short_sum_call: FFMA sums)."""
     keys = [shape_key(s) for s in shapes]
-    best = {k: min((m.times[(kernel_key(p), k)] for p in plans if (kernel_key(p), k) in m.times), default=None)
+    ffma = any(p.path == "decode" and not p.mainloop.products for p in plans)
+    takes = {k: [p for p in plans if not (ffma and min(s.M, s.N) <= exact_rows)
+                 or ffma_sums(member_shape(p), min(s.M, s.N))] for k, s in zip(keys, shapes)}
+    best = {k: min((m.times[(kernel_key(p), k)] for p in takes[k] if (kernel_key(p), k) in m.times), default=None)
             for k in keys}
 
     def cost(kept: list[Plan]) -> float:
@@ -169,7 +175,7 @@ def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape
         for k in keys:
             if best[k] is None:
                 continue
-            times = [m.times[(kernel_key(p), k)] for p in kept if (kernel_key(p), k) in m.times]
+            times = [m.times[(kernel_key(p), k)] for p in kept if p in takes[k] and (kernel_key(p), k) in m.times]
             total += math.log(min(times) / best[k]) if times else math.log(4.0)
         return total
 

@@ -18,7 +18,7 @@ from ..plan import make_plan
 from .layouts import c_layout_of, library_name
 from .manifest import Manifest
 from .padding import PaddedLaunch, padding
-from .selection import alignment_class, choose, choose_padded
+from .selection import alignment_class, choose, choose_padded, short_sum_rows
 
 
 class LibraryRuntime:
@@ -35,6 +35,7 @@ class LibraryRuntime:
         self.plans = list(manifest.plans())
         self.candidates = list(manifest.candidates())
         self.layouts = manifest.layout
+        self.exact_rows = short_sum_rows(manifest.precision)  # calls of these rows: FFMA members only
         self.left_out: dict[int, str] = {}  # relaid: members that cannot be built so, and why
         if relaid is not None:
             self.layouts = {"A": relaid[0], "B": relaid[1], "C": c_layout_of(relaid)}
@@ -76,7 +77,7 @@ class LibraryRuntime:
     @lru_cache(maxsize=4096)  # noqa: B019 - one runtime per library and device, kept for the process
     def _choose(self, M: int, N: int, K: int, klass: str, beta_used: bool, batch: int = 1) -> int:
         return choose(self.candidates, M, N, K, klass, self.info.sm_count, beta_used=beta_used,
-                      sm90a=self.info.compute_capability == (9, 0), batch=batch)
+                      sm90a=self.info.compute_capability == (9, 0), batch=batch, exact_rows=self.exact_rows)
 
     def compile_all(self) -> None:
         """Compile every member at once (NVRTC in parallel processes, into the disk cache), so that
@@ -123,7 +124,8 @@ class LibraryRuntime:
     @lru_cache(maxsize=4096)  # noqa: B019 - as _choose
     def _padded(self, M: int, N: int, K: int, copies: tuple, beta_used: bool, batch: int, padded_class: str) -> int:
         return choose_padded(self.candidates, M, N, K, list(copies), self.info.sm_count, beta_used=beta_used,
-                             sm90a=self.info.compute_capability == (9, 0), batch=batch, padded_class=padded_class)
+                             sm90a=self.info.compute_capability == (9, 0), batch=batch, padded_class=padded_class,
+                             exact_rows=self.exact_rows)
 
     def launch(self, M: int, N: int, K: int, alpha: float, A: int, lda: int, B: int, ldb: int,
                beta: float, C: int, ldc: int, stream: Any = None, smallest=None, batch: int = 1,

@@ -357,16 +357,45 @@ def vector_call(candidates: list[Candidate], M: int, N: int) -> bool:
     return min(M, N) == 1 and any(c.shape.decode for c in candidates)
 
 
+# cuBLAS FP32 multiplies a call of at most this many rows (M or N) as a matrix-vector product, with
+# short sums: an H100 measured its error at 1.3-1.4e-7 at 1 to 6 rows against a weight of K 3000-4096,
+# and 4.6-5.8e-7 (a tile GEMM's) at 7 to 16. There the fp32 library, whose error must be no larger
+# than cuBLAS FP32's, leaves the call to its FFMA decode members (exact FP32, each lane's sums
+# blocked: 1.1e-7), where its 3xTF32 members had 2.1-2.3e-7.
+FP32_SHORT_SUM_ROWS = 6
+
+
+def short_sum_rows(precision: str) -> int:
+    """Rows up to which a library of this precision sums as cuBLAS does at those rows (0: none)."""
+    return FP32_SHORT_SUM_ROWS if precision == "fp32" else 0
+
+
+def ffma_sums(member: MemberShape, rows: int) -> bool:
+    """Whether the member multiplies a call of `rows` rows (its smaller dimension) in FFMA with short
+    sums: a decode member below its tensor path's rows."""
+    return member.decode and (member.decode_products == 0 or rows < TENSOR_MIN_ROWS)
+
+
+def short_sum_call(candidates: list[Candidate], M: int, N: int, exact_rows: int) -> bool:
+    """Whether a call goes only to members with FFMA sums (ffma_sums): its smaller dimension is at
+    most `exact_rows` (short_sum_rows of the library's precision) and the library has an FFMA decode
+    member, which takes every row count."""
+    return min(M, N) <= exact_rows and any(c.shape.decode and c.shape.decode_products == 0 for c in candidates)
+
+
 def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str, sm_count: int,
-                  beta_used: bool, sm90a: bool, batch: int) -> tuple[int, float]:
+                  beta_used: bool, sm90a: bool, batch: int, exact_rows: int = 0) -> tuple[int, float]:
     """The eligible member predicted fastest in one class (SPLIT: by the aligned models), and its
     predicted ms ((-1, inf) where none has a model of that class). A matrix-vector product goes to
-    the decode members (vector_call)."""
+    the decode members (vector_call); a call of at most `exact_rows` rows to the FFMA ones
+    (short_sum_call)."""
     best, best_ms = -1, math.inf
     decode_only = vector_call(candidates, M, N)
+    ffma_only = short_sum_call(candidates, M, N, exact_rows)
     for index, c in enumerate(candidates):
         model = c.models.get(model_class(cls))
-        if model is None or not _eligible(c, beta_used, sm90a) or (decode_only and not c.shape.decode):
+        if model is None or not _eligible(c, beta_used, sm90a) or (decode_only and not c.shape.decode) \
+                or (ffma_only and not ffma_sums(c.shape, min(M, N))):
             continue
         ms = predict(c.shape, model, M, N, K, sm_count, batch, cls == SPLIT)
         if ms < best_ms:
@@ -375,12 +404,12 @@ def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str,
 
 
 def choose(candidates: list[Candidate], M: int, N: int, K: int, klass: str, sm_count: int, *,
-           beta_used: bool = True, sm90a: bool = True, batch: int = 1) -> int:
+           beta_used: bool = True, sm90a: bool = True, batch: int = 1, exact_rows: int = 0) -> int:
     """Index of the member predicted fastest for the call (`batch` strided matrices of M x N x K)
-    among those that can take it. A class without data for any eligible member borrows the other
-    class's models."""
+    among those that can take it (`exact_rows`: the library's short_sum_rows). A class without data
+    for any eligible member borrows the other class's models."""
     for cls in (klass, *[c for c in CLASSES if c != model_class(klass)]):
-        best, _ = best_in_class(candidates, M, N, K, cls, sm_count, beta_used, sm90a, batch)
+        best, _ = best_in_class(candidates, M, N, K, cls, sm_count, beta_used, sm90a, batch, exact_rows)
         if best >= 0:
             return best
     return next((i for i, c in enumerate(candidates) if _eligible(c, beta_used, sm90a)), 0)
@@ -409,15 +438,17 @@ def pad_ms(copies: list[tuple[int, int, int]]) -> float:
 
 def choose_padded(candidates: list[Candidate], M: int, N: int, K: int, copies: list[tuple[int, int, int]],
                   sm_count: int, *, beta_used: bool = True, sm90a: bool = True, batch: int = 1,
-                  padded_class: str = "aligned") -> int:
+                  padded_class: str = "aligned", exact_rows: int = 0) -> int:
     """For an unaligned call whose padding copies are `copies` (pad_ms's): the aligned member to run
     on padded operands (whose class is `padded_class`: SPLIT where an operand not copied has rows
     only 16-byte aligned) where padding pays (PAD_GAIN), else -1 (the unaligned class's member runs
     as it is)."""
     if K <= 0 or not copies:
         return -1
-    aligned, aligned_ms = best_in_class(candidates, M, N, K, padded_class, sm_count, beta_used, sm90a, batch)
-    unaligned, unaligned_ms = best_in_class(candidates, M, N, K, "unaligned", sm_count, beta_used, sm90a, batch)
+    aligned, aligned_ms = best_in_class(candidates, M, N, K, padded_class, sm_count, beta_used, sm90a, batch,
+                                        exact_rows)
+    unaligned, unaligned_ms = best_in_class(candidates, M, N, K, "unaligned", sm_count, beta_used, sm90a, batch,
+                                            exact_rows)
     if aligned < 0 or unaligned < 0:
         return -1
     return aligned if aligned_ms + pad_ms(copies) <= PAD_GAIN * unaligned_ms else -1
@@ -467,8 +498,9 @@ class LeaveOneOut:
 
 
 def leave_one_out(shapes: list[MemberShape], measurements: list[dict[tuple, float]],
-                  sm_count: int, flags: list[tuple[bool, bool]] | None = None) -> LeaveOneOut:
-    """Choose at each tuned shape with that shape's measurements left out of every model."""
+                  sm_count: int, flags: list[tuple[bool, bool]] | None = None, exact_rows: int = 0) -> LeaveOneOut:
+    """Choose at each tuned shape with that shape's measurements left out of every model (`exact_rows`:
+    the library's short_sum_rows)."""
     flags = flags or [(True, False)] * len(shapes)
     keys = sorted({key for measured in measurements for key in measured}, key=measured_key)
     ratios = {}
@@ -483,6 +515,6 @@ def leave_one_out(shapes: list[MemberShape], measurements: list[dict[tuple, floa
                       for i, s in enumerate(shapes)]
         # Only members measured here can be judged (the rest are eligible but have no time to compare).
         chosen = choose([c if measured_here[i] else Candidate(c.shape, {}) for i, c in enumerate(candidates)],
-                        M, N, K, cls, sm_count, batch=batch)
+                        M, N, K, cls, sm_count, batch=batch, exact_rows=exact_rows)
         ratios[key] = measured_here[chosen] / min(known) if measured_here[chosen] else math.inf
     return LeaveOneOut(ratios)
