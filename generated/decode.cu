@@ -183,12 +183,13 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
         column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
     }
     // Up to 8 rows each lane's sums are blocked: a step's U x V products of a row and column are
-    // summed from zero into `part`, which is then added into acc, so that no chain of FP32 adds is
-    // longer than U x V plus the lane's steps (a plain sum over the lane's K / 32 products had 1.6x
-    // cuBLAS FP32's error at 4 to 6 rows, where cuBLAS's sums are as short). At 16 rows, where
-    // cuBLAS's error is a tile GEMM's, the registers go to the accumulators (blocked, the 4-column
-    // points spill).
+    // summed from zero into `part` (two halves where U x V passes 16), which is then added into acc,
+    // so that no chain of FP32 adds is longer than 16 plus the lane's steps (a plain sum over the
+    // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
+    // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
+    // accumulators (blocked, the 4-column points spill).
     constexpr bool BLOCKED = R <= 8;
+    constexpr int HALVES = U * V > 16 ? 2 : 1;
     float acc[R][COLUMNS];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -212,9 +213,11 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
             load_step<V, U>(b, column, live, k0, q0, vectors);
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                float part[COLUMNS];  // row r's products of this step, summed from zero (BLOCKED)
+                float part[COLUMNS][HALVES];  // row r's products of this step, summed from zero (BLOCKED)
 #pragma unroll
-                for (int c = 0; c < COLUMNS; ++c) part[c] = 0.0f;
+                for (int c = 0; c < COLUMNS; ++c)
+#pragma unroll
+                    for (int h = 0; h < HALVES; ++h) part[c][h] = 0.0f;
 #pragma unroll
                 for (int u = 0; u < U; ++u) {
                     const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
@@ -222,14 +225,14 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
                     load_vec<V>(a, s_rows + r * KT + q * V);
 #pragma unroll
                     for (int c = 0; c < COLUMNS; ++c) {
-                        float& sum = BLOCKED ? part[c] : acc[r][c];
+                        float& sum = BLOCKED ? part[c][u * HALVES / U] : acc[r][c];
 #pragma unroll
                         for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
                     }
                 }
                 if constexpr (BLOCKED) {
 #pragma unroll
-                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
+                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += HALVES == 2 ? part[c][0] + part[c][HALVES - 1] : part[c][0];
                 }
             }
         }

@@ -4,8 +4,8 @@ member, never predicted (so never chosen) where both M and N pass 16, modelled b
 and chosen by the emitted C exactly as by Python. A TF32 library takes it (exact FP32 is more
 accurate than TF32), and its tensor path (math tf32 / 3xtf32, mma.sync at 5 to 16 rows) in the
 library of its precision, with the model's tensor terms in Python and C alike; a fused call never
-gets it (it has no fused epilogue). The fp32 library leaves calls of at most FP32_SHORT_SUM_ROWS rows
-to FFMA (where cuBLAS FP32's sums are short), never to the 3xTF32 tensor path or a tile member."""
+gets it (it has no fused epilogue). The fp32 library leaves calls of M up to FP32_SHORT_SUM_ROWS to
+FFMA (where cuBLAS FP32's sums are short), never to the 3xTF32 tensor path or a tile member."""
 
 from __future__ import annotations
 
@@ -94,12 +94,12 @@ def test_the_c_choice_is_pythons_and_never_decode_past_16(decode_library, tmp_pa
     for (M, N, *_), chosen in zip(cases, python):
         if min(M, N) > DECODE_ROWS:
             assert not manifest.members[chosen].decode, (M, N)
-        if manifest.precision == "fp32" and min(M, N) <= FP32_SHORT_SUM_ROWS:
+        if manifest.precision == "fp32" and M <= FP32_SHORT_SUM_ROWS:
             assert ffma_sums(candidates[chosen].shape, min(M, N)), (M, N, manifest.members[chosen].point)
     if manifest.precision == "fp32":  # the rule had work to do: the fastest predicted there was not always FFMA
         free = [choose(candidates, M, N, K, "aligned" if a else "unaligned", 132, beta_used=b, batch=batch)
                 for M, N, K, a, b, batch in cases]
-        assert any(f != c and min(M, N) <= FP32_SHORT_SUM_ROWS for (M, N, *_), f, c in zip(cases, free, python))
+        assert any(f != c and M <= FP32_SHORT_SUM_ROWS for (M, N, *_), f, c in zip(cases, free, python))
     if manifest.precision == "tf32":  # the fake's tensor path wins at 5 to 16 rows: C must model it as Python
         assert any(m.decode and m.math == "tf32" for m in manifest.members)
         assert any(manifest.members[c].math == "tf32" and manifest.members[c].decode and 5 <= min(M, N) <= 16

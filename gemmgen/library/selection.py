@@ -357,30 +357,32 @@ def vector_call(candidates: list[Candidate], M: int, N: int) -> bool:
     return min(M, N) == 1 and any(c.shape.decode for c in candidates)
 
 
-# cuBLAS FP32 multiplies a call of at most this many rows (M or N) as a matrix-vector product, with
-# short sums: an H100 measured its error at 1.3-1.4e-7 at 1 to 6 rows against a weight of K 3000-4096,
-# and 4.6-5.8e-7 (a tile GEMM's) at 7 to 16. There the fp32 library, whose error must be no larger
-# than cuBLAS FP32's, leaves the call to its FFMA decode members (exact FP32, each lane's sums
-# blocked: 1.1e-7), where its 3xTF32 members had 2.1-2.3e-7.
-FP32_SHORT_SUM_ROWS = 6
+# cuBLAS FP32 multiplies a call of at most this many rows (M: A's rows, C's) with short sums, as a
+# matrix-vector product. An H100 measured its error at 1.2-1.4e-7 at 1 to 8 rows against weights of
+# K 3000-4096 (5.8e-7 from 8 rows at 14336 x 4096, 7.6e-7 from 7 at K 14336, 4e-7 at 12 and 16: a
+# tile GEMM's), and at 2 to 8 columns (N) 2.6-6.7e-7 (benchmarks/fp32_accuracy.py, a997eba). There
+# the fp32 library, whose error must be no larger than cuBLAS FP32's, leaves the call to its FFMA
+# decode members (exact FP32, each lane's sums blocked: 1.0-1.3e-7), where its 3xTF32 members had
+# 2.1-2.3e-7.
+FP32_SHORT_SUM_ROWS = 8
 
 
 def short_sum_rows(precision: str) -> int:
-    """Rows up to which a library of this precision sums as cuBLAS does at those rows (0: none)."""
+    """Rows (M) up to which a library of this precision sums as cuBLAS does at those rows (0: none)."""
     return FP32_SHORT_SUM_ROWS if precision == "fp32" else 0
 
 
 def ffma_sums(member: MemberShape, rows: int) -> bool:
-    """Whether the member multiplies a call of `rows` rows (its smaller dimension) in FFMA with short
+    """Whether the member multiplies a call whose smaller dimension is `rows` in FFMA with short
     sums: a decode member below its tensor path's rows."""
     return member.decode and (member.decode_products == 0 or rows < TENSOR_MIN_ROWS)
 
 
 def short_sum_call(candidates: list[Candidate], M: int, N: int, exact_rows: int) -> bool:
-    """Whether a call goes only to members with FFMA sums (ffma_sums): its smaller dimension is at
-    most `exact_rows` (short_sum_rows of the library's precision) and the library has an FFMA decode
-    member, which takes every row count."""
-    return min(M, N) <= exact_rows and any(c.shape.decode and c.shape.decode_products == 0 for c in candidates)
+    """Whether a call goes only to members with FFMA sums (ffma_sums): M is at most `exact_rows`
+    (short_sum_rows of the library's precision) and the library has an FFMA decode member, which
+    takes every row count."""
+    return M <= exact_rows and any(c.shape.decode and c.shape.decode_products == 0 for c in candidates)
 
 
 def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str, sm_count: int,

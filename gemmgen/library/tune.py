@@ -29,7 +29,7 @@ from ..tuning.tune import tune as tune_space
 from ..tuning.workers import open_runner
 from .model import (MAX_MEMBERS, WINNERS_PER_SHAPE, Library, Measurements, kernel_key, measured_at, member_shape,
                     read_db, select_members, shape_class, shape_key, slots_per_sm)
-from .selection import CLASSES, SPLIT, Model, fit_all, model_class, predict, serves
+from .selection import CLASSES, SPLIT, Model, fit_all, model_class, predict, serves, short_sum_rows
 
 BUDGET_S = 0.05   # seconds of timed launches per timing (a library times hundreds)
 WARMUP_S = 0.03   # seconds of warm-up before each
@@ -199,7 +199,7 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
     # 3. the members a library would keep, timed at every shape (the model's data).
     m = _only(measured(), phase1 + phase2)
     valid = [p for p in valid if m.valid(kernel_key(p))]  # less any that crashed while timed
-    chosen = select_members(valid, m, shapes, MAX_MEMBERS)
+    chosen = select_members(valid, m, shapes, MAX_MEMBERS, short_sum_rows(library.precision))
     # Specialists by phases 1 and 2, and by all the database holds of this GPU: a candidate an
     # earlier run timed at most shapes (before the shapes grew, say) can win where the chosen are
     # weak, and the build keeps only candidates timed at every shape.
