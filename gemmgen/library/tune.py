@@ -20,6 +20,7 @@ from ..gpu.compile import compile_all
 from ..gpu.verify import Case
 from ..language.shapes import LibraryShape
 from ..plan import Plan
+from ..plan.parts.decode import ROW_COUNTS
 from ..plan.space import describe, point_key
 from ..tuning import database as tuning_db
 from ..tuning.database import CUBLAS_KEY, DEVICE, DEVICE_KEY, VALIDATION, Scope
@@ -90,6 +91,20 @@ def _anchors(shapes: list[LibraryShape], layouts: dict[str, str], count: int) ->
             return min(sum((a - b) ** 2 for a, b in zip(point[s], point[c])) for c in chosen)
         chosen.append(max((s for s in shapes if s not in chosen), key=gap))
     return chosen
+
+
+def decode_anchors(shapes: list[LibraryShape], anchors: list[LibraryShape]) -> list[LibraryShape]:
+    """One single-GEMM shape per row pass of the decode kernel (plan/parts/decode.py's ROW_COUNTS:
+    the smallest count >= min(M, N)) that no anchor already stands for, the first the list has."""
+    def row_pass(s: LibraryShape) -> int:
+        return next((count for count in ROW_COUNTS if count >= min(s.M, s.N)), 0)
+
+    covered = {row_pass(s) for s in anchors}
+    picked: dict[int, LibraryShape] = {}
+    for s in shapes:
+        if s.batch == 1 and row_pass(s) and row_pass(s) not in covered:
+            picked.setdefault(row_pass(s), s)
+    return list(picked.values())
 
 
 @dataclass
@@ -180,6 +195,10 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
     anchor_shapes = _anchors(shapes, layouts, anchors)
     valid = [p for p in candidates if measured().valid(kernel_key(p))]
     phase1 = [jobs.time(p, s) for s in anchor_shapes for p in valid]
+    # the decode candidates also at one shape of each row pass they serve (decode_anchors): at the
+    # anchors they serve only single rows, and a model of one row count cannot rank them at eight
+    phase1 += [jobs.time(p, s) for s in decode_anchors(shapes, anchor_shapes) for p in valid
+               if p.path == "decode"]
     run(phase1)
     # 2. at the other shapes, the candidates the model predicts fastest.
     models = _fit(valid, _only(measured(), phase1), slots, shapes, layouts, device.sm_count)
