@@ -10,34 +10,36 @@
 //
 // FP32-accurate (timed against cuBLAS FP32); layout A row, B col, C row.
 // Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 55 shapes; 97 candidate kernels
-// timed, 19 kept:
+// timed, 21 kept:
 //   fp32_0   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k  (sm_90a, from lib_3xtf32_streamk)
-//   fp32_1   decode=1x4x1  (sm_90, from lib_fp32_decode)
+//   fp32_1   decode=2x8x1  (sm_90, from lib_fp32_decode)
 //   fp32_2   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent  (sm_90a, from lib_3xtf32_persistent)
 //   fp32_3   block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_3xtf32_split_workspace)
 //   fp32_4   block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_3xtf32_split)
 //   fp32_5   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
 //   fp32_6   block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4  (sm_90a, from lib_3xtf32_split)
 //   fp32_7   block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=32  (sm_90a, from lib_3xtf32_split)
-//   fp32_8   block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent  (sm_90a, from lib_3xtf32_persistent)
-//   fp32_9   block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
-//   fp32_10  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_3xtf32_persistent)
-//   fp32_11  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_3xtf32_split_workspace)
-//   fp32_12  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_3xtf32_split)
-//   fp32_13  block=64x64x32 math=3xtf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_3xtf32_async)
-//   fp32_14  block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
-//   fp32_15  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_3xtf32_split_workspace)
-//   fp32_16  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
-//   fp32_17  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=16  (sm_90a, from lib_3xtf32_split)
-//   fp32_18  block=128x64x32 warp=32x32 math=3xtf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_3xtf32)
+//   fp32_8   decode=1x4x1  (sm_90, from lib_fp32_decode)
+//   fp32_9   block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent  (sm_90a, from lib_3xtf32_persistent)
+//   fp32_10  block=128x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
+//   fp32_11  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_3xtf32_persistent)
+//   fp32_12  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_3xtf32_split_workspace)
+//   fp32_13  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=8  (sm_90a, from lib_3xtf32_split)
+//   fp32_14  block=64x64x32 math=3xtf32 vec=A1B1 stages=4a frag=1 group=8  (sm_90a, from lib_3xtf32_async)
+//   fp32_15  block=64x64x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
+//   fp32_16  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_3xtf32_split_workspace)
+//   fp32_17  block=64x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_3xtf32_split_workspace)
+//   fp32_18  block=128x128x32 math=3xtf32 vec=A1B1 stages=4 frag=1 split=16  (sm_90a, from lib_3xtf32_split)
+//   fp32_19  decode=1x8x2  (sm_90, from lib_fp32_decode)
+//   fp32_20  block=128x64x32 warp=32x32 math=3xtf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_3xtf32)
 //
 // Each call runs the member predicted fastest for its M, N, K, batch count and alignment class
 // (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
 // per block, fitted to each member's measurements and corrected by them near the tuned shapes.
 // Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
-// over the best there: median 1.000, worst 3.067.
+// over the best there: median 1.000, worst 3.778.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
-// compute capability 9.0; elsewhere fp32_18 runs.
+// compute capability 9.0; elsewhere fp32_20 runs.
 //
 // Build for Hopper and, if you like, other GPUs:
 //   nvcc -c -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 fp32.cu
@@ -1301,7 +1303,7 @@ static inline int gemmgen_fp32_0(int M, int N, int K, float alpha, const float* 
 //   kernel fp32_1 {
 //     target   sm_90
 //     layout   A row, B col, C row
-//     decode   columns 1 warps 4 slices 1
+//     decode   columns 2 warps 8 slices 1
 //     epilogue alpha beta
 //   }
 //
@@ -1312,13 +1314,13 @@ static inline int gemmgen_fp32_0(int M, int N, int K, float alpha, const float* 
 //   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
 //   orientation              M <= N: rows of A in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B in shared memory, rows of A streamed
 //   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
-//   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
-//   threads per block        128 (4 warps: 4 column group(s) of 1 warp(s), each a slice of K) = 4 columns
+//   columns per warp         2, 4 step(s) of 2 vector loads in flight per lane (8 float4s)
+//   threads per block        256 (8 warps: 8 column group(s) of 1 warp(s), each a slice of K) = 16 columns
 //   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
 //   K slices' sums           none (one warp per column group)
-//   registers (estimate)     52 live floats per lane at 16 rows, 37 at 1
+//   registers (estimate)     68 live floats per lane at 16 rows, 38 at 1
 //   shared memory per block  0 dynamic + 32772 static bytes
-//   schedule                 a block per 4 columns of the big operand, of every batch
+//   schedule                 a block per 16 columns of the big operand, of every batch
 //   epilogue                 alpha * A*B + beta * C
 //   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
 //
@@ -1335,22 +1337,22 @@ namespace gemmgen_fp32_1_impl {
 // "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
 // memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
 // K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
-constexpr int COLUMNS = 1;  // columns per warp
-constexpr int WARPS = 4;
+constexpr int COLUMNS = 2;  // columns per warp
+constexpr int WARPS = 8;
 constexpr int SLICES = 1;  // warps per column group, each a slice of K
 constexpr int GROUPS = WARPS / SLICES;  // column groups per block
-constexpr int BLOCK_COLS = 4;  // columns per block = COLUMNS * GROUPS
-constexpr int THREADS = 128;
+constexpr int BLOCK_COLS = 16;  // columns per block = COLUMNS * GROUPS
+constexpr int THREADS = 256;
 constexpr int MAX_ROWS = 16;  // rows per pass
 constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
 constexpr int PART_FLOATS = 1;  // shared partial sums of slices 1 .. SLICES - 1
-constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
+constexpr int UNROLL = 4;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
 // The tensor path (passes of 5 to 16 rows; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
 // step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
 constexpr int PRODUCTS = 0;
-constexpr int TILES = 1;
+constexpr int TILES = 2;
 constexpr int TILE_SLICES = 4;
 constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its column per lane, issued together
 
@@ -8434,6 +8436,547 @@ static inline int gemmgen_fp32_7(int M, int N, int K, float alpha, const float* 
 //
 // spec:
 //   kernel fp32_8 {
+//     target   sm_90
+//     layout   A row, B col, C row
+//     decode   columns 1 warps 4 slices 1
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                   sm_90
+//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
+//   orientation              M <= N: rows of A in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B in shared memory, rows of A streamed
+//   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
+//   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
+//   threads per block        128 (4 warps: 4 column group(s) of 1 warp(s), each a slice of K) = 4 columns
+//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
+//   K slices' sums           none (one warp per column group)
+//   registers (estimate)     52 live floats per lane at 16 rows, 37 at 1
+//   shared memory per block  0 dynamic + 32772 static bytes
+//   schedule                 a block per 4 columns of the big operand, of every batch
+//   epilogue                 alpha * A*B + beta * C
+//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_8(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_8_impl {
+
+// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
+// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
+// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
+// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
+constexpr int COLUMNS = 1;  // columns per warp
+constexpr int WARPS = 4;
+constexpr int SLICES = 1;  // warps per column group, each a slice of K
+constexpr int GROUPS = WARPS / SLICES;  // column groups per block
+constexpr int BLOCK_COLS = 4;  // columns per block = COLUMNS * GROUPS
+constexpr int THREADS = 128;
+constexpr int MAX_ROWS = 16;  // rows per pass
+constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
+constexpr int PART_FLOATS = 1;  // shared partial sums of slices 1 .. SLICES - 1
+constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
+constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
+constexpr int SMEM_BYTES = 0;  // its shared memory is static
+// The tensor path (passes of 5 to 16 rows; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
+// step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
+constexpr int PRODUCTS = 0;
+constexpr int TILES = 1;
+constexpr int TILE_SLICES = 4;
+constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its column per lane, issued together
+
+// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
+
+// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
+// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const int src_bytes = valid ? BYTES : 0;
+    if constexpr (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
+                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
+    }
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Wait until at most PENDING committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
+}
+// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
+                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
+// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
+// which is exactly the TF32 fragment layout above when shared rows run along K.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
+}
+static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
+static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
+static_assert(CHUNKS_IN_FLIGHT % 2 == 0, "the scalar variant issues half the float4s, four floats each");
+
+// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
+// past the tile's `vectors` and for columns past the edge), all issued before any is used.
+template <int V, int U>
+__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
+        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            const int q = q0 + u * STEP;
+            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
+            else fill_zero<V>(b[u][c]);
+        }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
+// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
+// starts 16-byte aligned. C is read only where beta != 0.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    constexpr int V = ALIGNED ? 4 : 1;
+    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
+    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
+    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = warp % GROUPS, slice = warp / GROUPS;
+    const int j0 = col0 + group * COLUMNS;  // the warp's first column
+
+    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
+    bool live[COLUMNS];
+#pragma unroll
+    for (int c = 0; c < COLUMNS; ++c) {
+        live[c] = j0 + c < cols;
+        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
+    }
+    // Up to 8 rows each lane's sums are blocked: a step's U x V products of a row and column are
+    // summed from zero into `part` (two halves where U x V passes 16), which is then added into acc,
+    // so that no chain of FP32 adds is longer than 16 plus the lane's steps (a plain sum over the
+    // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
+    // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
+    // accumulators (blocked, the 4-column points spill).
+    constexpr bool BLOCKED = R <= 8;
+    constexpr int HALVES = U * V > 16 ? 2 : 1;
+    float acc[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
+        __syncthreads();  // every warp is done with the last tile
+        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
+        // one wait, in place of a load and a store per vector, one L2 round trip after another.
+        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+            const int r = i / vectors, k = i % vectors * V;
+            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
+            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
+            load_step<V, U>(b, column, live, k0, q0, vectors);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float part[COLUMNS][HALVES];  // row r's products of this step, summed from zero (BLOCKED)
+#pragma unroll
+                for (int c = 0; c < COLUMNS; ++c)
+#pragma unroll
+                    for (int h = 0; h < HALVES; ++h) part[c][h] = 0.0f;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
+                    float a[V];  // one vector of row r, reused over the warp's columns
+                    load_vec<V>(a, s_rows + r * KT + q * V);
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) {
+                        float& sum = BLOCKED ? part[c][u * HALVES / U] : acc[r][c];
+#pragma unroll
+                        for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
+                    }
+                }
+                if constexpr (BLOCKED) {
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += HALVES == 2 ? part[c][0] + part[c][HALVES - 1] : part[c][0];
+                }
+            }
+        }
+    }
+
+    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
+    float sums[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            sums[r][c] = acc[r][c];
+#pragma unroll
+            for (int offset = 16; offset > 0; offset /= 2)
+                sums[r][c] += __shfl_xor_sync(0xffffffffu, sums[r][c], offset);
+        }
+    if (slice > 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int c = 0; c < COLUMNS; ++c)
+                if ((r * COLUMNS + c) % 32 == lane)
+                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = sums[r][c];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
+            float sum = sums[r][c];
+            for (int s = 1; s < SLICES; ++s)
+                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
+            float* out = C + r * c_row + (j0 + c) * c_col;
+            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+        }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+// ---- the tensor path: a pass of 5 to 16 rows (R = 8 or 16) on mma.sync m16n8k8 ------------------
+// The sum over K is order-free: lane 4g + t takes k = 16q + 4t .. 16q + 4t + 3 of chunk q (one float4
+// of its column g of the tile, and of rows g and g + 8 of the small operand) as k slots t and t + 4
+// of two k steps (.x .y, then .z .w), the same slots for A and for B.
+
+// Where k of a row of shared memory lies: odd rows swap their 16-float halves, so that the two rows
+// a quarter warp reads (g, t = 0..3 for two g) fall on all 32 banks.
+__device__ __forceinline__ int swizzled(int r, int k) { return k ^ ((r & 1) << 4); }
+
+// Four floats of shared memory (16-byte aligned) by ld.shared: the passes are calls, in which the
+// compiler no longer knows s_rows is shared (volatile: never hoisted past the tile's barriers).
+__device__ __forceinline__ void load_shared4(float (&v)[4], const float* p) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ld.shared.v4.f32 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(address));
+}
+
+// c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
+// PRODUCTS 3: both split into big + small TF32 parts, big x big into c, small x big + big x small into
+// their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
+// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
+template <bool UPPER>
+__device__ __forceinline__ void mma_step(float (&c)[4], float (&cs)[4], float a0, float a1, float a2, float a3,
+                                         float b0, float b1) {
+    unsigned ab[4] = {0u, 0u, 0u, 0u}, bb[2];
+    if constexpr (PRODUCTS == 3) {
+        unsigned as[4] = {0u, 0u, 0u, 0u}, bs[2];
+        split_tf32(a0, ab[0], as[0]);
+        split_tf32(a2, ab[2], as[2]);
+        if constexpr (UPPER) {
+            split_tf32(a1, ab[1], as[1]);
+            split_tf32(a3, ab[3], as[3]);
+        }
+        split_tf32(b0, bb[0], bs[0]);
+        split_tf32(b1, bb[1], bs[1]);
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
+    } else {
+        ab[0] = to_tf32(a0);
+        ab[2] = to_tf32(a2);
+        if constexpr (UPPER) {
+            ab[1] = to_tf32(a1);
+            ab[3] = to_tf32(a3);
+        }
+        bb[0] = to_tf32(b0);
+        bb[1] = to_tf32(b1);
+    }
+    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
+}
+
+// A lane's U float4s of its column (or 4 floats each, unaligned): chunks q0, q0 + TILE_SLICES, ..,
+// each at 16 q of `column` (the lane's 4 t already added), zeros past `left` floats and where not live.
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_chunks(float (&b)[U][4], const float* column, int q0, int left, bool live) {
+    if (live && (q0 + (U - 1) * TILE_SLICES) * 16 + 4 <= left) {  // every chunk whole: no checks
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + (q0 + u * TILE_SLICES) * 16 + e);
+        return;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = (q0 + u * TILE_SLICES) * 16;
+#pragma unroll
+        for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
+            if (live && k + e < left) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + k + e);
+            else fill_zero<ALIGNED ? 4 : 1>(b[u] + e);
+        }
+    }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 5 to R rows
+// (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
+// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of each K tile.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    constexpr int V = ALIGNED ? 4 : 1;
+    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 32)
+    constexpr int U = ALIGNED ? CHUNKS_IN_FLIGHT : CHUNKS_IN_FLIGHT / 2;  // scalar loads: 4 per chunk
+    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tile = warp % TILES, slice = warp / TILES;
+    const int g = lane / 4, t = lane % 4;
+    const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
+    const bool live = j < cols;
+    const float* column = G + (live ? (long long)j * ldg : 0);
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // cs: the small products (3xtf32)
+
+    // A batch of U chunks is issued after the last one is multiplied, the next tile's first batch
+    // included: its loads are in flight through the tile's barriers and refill of the small operand.
+    // Every warp has a batch in every tile but the last (a whole tile is KT / 16 >= TILE_SLICES chunks).
+    float b[U][4];
+    load_chunks<U, ALIGNED>(b, column + 4 * t, slice, min(KT, K) - 4 * t, live);
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        const int klen = min(KT, K - k0), chunks = (klen + 15) / 16;
+        const int vectors = chunks * 16 / V;  // per row: up to a whole chunk, zeros past klen
+        __syncthreads();  // every warp is done with the last tile
+        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+            const int r = i / vectors, k = i % vectors * V;
+            const bool valid = r < rows && k < klen;
+            cp_async<4 * V>(s_rows + r * KT + swizzled(r, k), valid ? S + r * lds + k0 + k : S, valid);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll 1
+        for (int q0 = slice; q0 < chunks; q0 += TILE_SLICES * U) {
+            // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts
+            // (2.4e-6 at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): each batch's products start from zero
+            // in p and ps, which are added into c and cs here, rounding to nearest.
+            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int q = min(q0 + u * TILE_SLICES, chunks - 1);  // past the tile: b is zero
+                float a[4], a8[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8 at k = 16q + 4t ..
+                load_shared4(a, s_rows + g * KT + swizzled(g, q * 16) + 4 * t);
+                if constexpr (R == 16) load_shared4(a8, s_rows + (g + 8) * KT + swizzled(g + 8, q * 16) + 4 * t);
+                mma_step<R == 16>(p, ps, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
+                mma_step<R == 16>(p, ps, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[i] += p[i];
+                cs[i] += ps[i];
+            }
+            // the next batch: of this tile, else the first of the next tile (none past K)
+            const bool here = q0 + TILE_SLICES * U < chunks;
+            const int next_k0 = here ? k0 : k0 + KT, next_q = here ? q0 + TILE_SLICES * U : slice;
+            load_chunks<U, ALIGNED>(b, column + next_k0 + 4 * t, next_q, min(KT, K - next_k0) - 4 * t, live);
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[i] += cs[i];  // zero but in 3xtf32
+    // Across the tile's slices in slice order; lane 4g + t holds rows g, g + 8 x columns 2t, 2t + 1.
+    if (slice > 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s_part[((slice - 1) * TILES + tile) * 128 + lane * 4 + i] = c[i];
+    }
+    __syncthreads();
+    if (slice == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = g + 8 * (i / 2), jc = col0 + tile * 8 + 2 * t + i % 2;
+            if (r >= rows || jc >= cols) continue;
+            float sum = c[i];
+            for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * 128 + lane * 4 + i];
+            float* out = C + r * c_row + jc * c_col;
+            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+        }
+    }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+// A pass of 5 to 16 rows: FFMA, or the tensor path (only the one taken is instantiated).
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_wide_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    if constexpr (PRODUCTS == 0)
+        decode_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
+    else
+        decode_tensor_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS)
+gemmgen_fp32_8_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+    __shared__ __align__(16) float s_rows[TILE_FLOATS];
+    __shared__ float s_part[PART_FLOATS];
+    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
+    const bool transposed = M > N;
+    const int rows = transposed ? N : M, cols = transposed ? M : N;
+    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
+    const long long batch_index = blockIdx.x / blocks;
+    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
+    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    C += batch_index * strideC;
+    const float* S = transposed ? B : A;
+    const float* G = transposed ? A : B;
+    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
+    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
+    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
+
+    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
+        const int left = min(rows - r0, MAX_ROWS);
+        const float* s = S + r0 * lds;
+        float* c = C + r0 * c_row;
+        if (left == 1)
+            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left == 2)
+            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 4)
+            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 8)
+            decode_wide_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else
+            decode_wide_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+    }
+}
+
+}  // namespace gemmgen_fp32_8_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_8_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_8_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
+    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_8_kernel<true> : gemmgen_fp32_8_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_8(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_8_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 9: fp32_9 ===========================================
+// gemmgen_fp32_9: generated by gemmgen 0.1.0 from <library fp32: fp32_9> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_9 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    128 x 64 x 32
@@ -8459,25 +9002,25 @@ static inline int gemmgen_fp32_7(int M, int N, int K, float alpha, const float* 
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_fp32_8_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   otherwise                  the fallback gemmgen_fp32_9_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_fp32_8(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_fp32_9(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-// ---- fallback: the register-fed wgmma kernel (fp32_8_fallback) for calls TMA cannot describe:
+// ---- fallback: the register-fed wgmma kernel (fp32_9_fallback) for calls TMA cannot describe:
 // K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_fp32_8_fallback_impl {
+namespace gemmgen_fp32_9_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -8757,7 +9300,7 @@ __device__ __forceinline__ void store_tile(float* big, float* small, const float
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_8_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_fp32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -8912,7 +9455,7 @@ gemmgen_fp32_8_fallback_kernel(int M, int N, int K, float alpha, const float* __
 #endif
 }
 
-}  // namespace gemmgen_fp32_8_fallback_impl
+}  // namespace gemmgen_fp32_9_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -8922,11 +9465,11 @@ gemmgen_fp32_8_fallback_kernel(int M, int N, int K, float alpha, const float* __
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_8_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_9_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_8_fallback_impl;
+    using namespace gemmgen_fp32_9_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -8949,7 +9492,7 @@ static inline int gemmgen_fp32_8_fallback_batched(int M, int N, int K, float alp
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_8_fallback_kernel<true> : gemmgen_fp32_8_fallback_kernel<false>;
+        aligned ? gemmgen_fp32_9_fallback_kernel<true> : gemmgen_fp32_9_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -8959,14 +9502,14 @@ static inline int gemmgen_fp32_8_fallback_batched(int M, int N, int K, float alp
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_fp32_8_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_9_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_fp32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_fp32_9_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
-namespace gemmgen_fp32_8_impl {
+namespace gemmgen_fp32_9_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -9221,7 +9764,7 @@ struct Schedule {
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_fp32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -9404,7 +9947,7 @@ gemmgen_fp32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 #endif
 }
 
-}  // namespace gemmgen_fp32_8_impl
+}  // namespace gemmgen_fp32_9_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -9417,11 +9960,11 @@ gemmgen_fp32_8_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_8_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_9_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_8_impl;
+    using namespace gemmgen_fp32_9_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -9439,7 +9982,7 @@ static inline int gemmgen_fp32_8_batched(int M, int N, int K, float alpha, const
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_fp32_8_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_fp32_9_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -9493,7 +10036,7 @@ static inline int gemmgen_fp32_8_batched(int M, int N, int K, float alpha, const
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_8_kernel<true> : gemmgen_fp32_8_kernel<false>;
+        aligned ? gemmgen_fp32_9_kernel<true> : gemmgen_fp32_9_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
@@ -9509,17 +10052,17 @@ static inline int gemmgen_fp32_8_batched(int M, int N, int K, float alpha, const
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_fp32_8(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_9(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_fp32_8_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_fp32_9_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 9: fp32_9 ===========================================
-// gemmgen_fp32_9: generated by gemmgen 0.1.0 from <library fp32: fp32_9> (edit the spec, not this file)
+// ==== member 10: fp32_10 ===========================================
+// gemmgen_fp32_10: generated by gemmgen 0.1.0 from <library fp32: fp32_10> (edit the spec, not this file)
 //
 // spec:
-//   kernel fp32_9 {
+//   kernel fp32_10 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    128 x 64 x 32
@@ -9545,25 +10088,25 @@ static inline int gemmgen_fp32_8(int M, int N, int K, float alpha, const float* 
 //   epilogue                   alpha * A*B + beta * C
 //   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_fp32_9_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   otherwise                  the fallback gemmgen_fp32_10_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_fp32_9(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_fp32_10(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-// ---- fallback: the register-fed wgmma kernel (fp32_9_fallback) for calls TMA cannot describe:
+// ---- fallback: the register-fed wgmma kernel (fp32_10_fallback) for calls TMA cannot describe:
 // K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_fp32_9_fallback_impl {
+namespace gemmgen_fp32_10_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -9784,7 +10327,7 @@ __device__ __forceinline__ void write_remainders(float* tile, float* small, int 
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_9_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+extern "C" __global__ void gemmgen_fp32_10_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -9853,7 +10396,7 @@ __device__ __forceinline__ void store_tile(float* big, float* small, const float
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_fp32_10_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -10009,7 +10552,7 @@ gemmgen_fp32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __
 #endif
 }
 
-}  // namespace gemmgen_fp32_9_fallback_impl
+}  // namespace gemmgen_fp32_10_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -10019,11 +10562,11 @@ gemmgen_fp32_9_fallback_kernel(int M, int N, int K, float alpha, const float* __
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_9_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_10_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_9_fallback_impl;
+    using namespace gemmgen_fp32_10_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -10045,27 +10588,27 @@ static inline int gemmgen_fp32_9_fallback_batched(int M, int N, int K, float alp
     const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_9_fallback_kernel<true> : gemmgen_fp32_9_fallback_kernel<false>;
+        aligned ? gemmgen_fp32_10_fallback_kernel<true> : gemmgen_fp32_10_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
     }
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_9_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    gemmgen_fp32_10_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_fp32_9_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_10_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_fp32_9_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_fp32_10_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
-namespace gemmgen_fp32_9_impl {
+namespace gemmgen_fp32_10_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -10352,7 +10895,7 @@ __device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], floa
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         float* __restrict__ workspace,
         int batch,
@@ -10531,7 +11074,7 @@ gemmgen_fp32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 #endif
 }
 
-}  // namespace gemmgen_fp32_9_impl
+}  // namespace gemmgen_fp32_10_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -10546,7 +11089,7 @@ gemmgen_fp32_9_kernel(const __grid_constant__ TensorMap map_a, const __grid_cons
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
 #include <mutex>
 
-namespace gemmgen_fp32_9_impl {
+namespace gemmgen_fp32_10_impl {
 // Split K's workspace (see split K above): one per device and stream, since kernels on one
 // stream run one after another and can share it. It is grown when a call needs more and kept; it
 // is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
@@ -10582,13 +11125,13 @@ static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t byte
     *workspace = static_cast<float*>(entry->memory);
     return cudaSuccess;
 }
-}  // namespace gemmgen_fp32_9_impl
+}  // namespace gemmgen_fp32_10_impl
 
-static inline int gemmgen_fp32_9_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_10_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_9_impl;
+    using namespace gemmgen_fp32_10_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -10606,7 +11149,7 @@ static inline int gemmgen_fp32_9_batched(int M, int N, int K, float alpha, const
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_fp32_9_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_fp32_10_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -10660,7 +11203,7 @@ static inline int gemmgen_fp32_9_batched(int M, int N, int K, float alpha, const
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_9_kernel<true> : gemmgen_fp32_9_kernel<false>;
+        aligned ? gemmgen_fp32_10_kernel<true> : gemmgen_fp32_10_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
@@ -10676,17 +11219,17 @@ static inline int gemmgen_fp32_9_batched(int M, int N, int K, float alpha, const
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_fp32_9(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_10(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_fp32_9_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_fp32_10_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 10: fp32_10 ===========================================
-// gemmgen_fp32_10: generated by gemmgen 0.1.0 from <library fp32: fp32_10> (edit the spec, not this file)
+// ==== member 11: fp32_11 ===========================================
+// gemmgen_fp32_11: generated by gemmgen 0.1.0 from <library fp32: fp32_11> (edit the spec, not this file)
 //
 // spec:
-//   kernel fp32_10 {
+//   kernel fp32_11 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    128 x 128 x 32
@@ -10712,25 +11255,25 @@ static inline int gemmgen_fp32_9(int M, int N, int K, float alpha, const float* 
 //   raster                     groups of 8 block rows
 //   epilogue                   alpha * A*B + beta * C; through shared memory: each consumer warp writes its 16 rows in boxes of 16 x 32 floats (2 in turn, 128-byte swizzle), each stored by TMA
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_fp32_10_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   otherwise                  the fallback gemmgen_fp32_11_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   TMA store path needs       N and ldc multiples of 4, C 16-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_fp32_10(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_fp32_11(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-// ---- fallback: the register-fed wgmma kernel (fp32_10_fallback) for calls TMA cannot describe:
+// ---- fallback: the register-fed wgmma kernel (fp32_11_fallback) for calls TMA cannot describe:
 // K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_fp32_10_fallback_impl {
+namespace gemmgen_fp32_11_fallback_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -11010,7 +11553,7 @@ __device__ __forceinline__ void store_tile(float* big, float* small, const float
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_10_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_fp32_11_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -11165,7 +11708,7 @@ gemmgen_fp32_10_fallback_kernel(int M, int N, int K, float alpha, const float* _
 #endif
 }
 
-}  // namespace gemmgen_fp32_10_fallback_impl
+}  // namespace gemmgen_fp32_11_fallback_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -11175,11 +11718,11 @@ gemmgen_fp32_10_fallback_kernel(int M, int N, int K, float alpha, const float* _
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_10_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_11_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_10_fallback_impl;
+    using namespace gemmgen_fp32_11_fallback_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -11202,7 +11745,7 @@ static inline int gemmgen_fp32_10_fallback_batched(int M, int N, int K, float al
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_10_fallback_kernel<true> : gemmgen_fp32_10_fallback_kernel<false>;
+        aligned ? gemmgen_fp32_11_fallback_kernel<true> : gemmgen_fp32_11_fallback_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -11212,14 +11755,14 @@ static inline int gemmgen_fp32_10_fallback_batched(int M, int N, int K, float al
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_fp32_10_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_11_fallback(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_fp32_10_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_fp32_11_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 
-namespace gemmgen_fp32_10_impl {
+namespace gemmgen_fp32_11_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -11501,7 +12044,7 @@ struct Schedule {
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_fp32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         const __grid_constant__ TensorMap map_c,
         int batch,
@@ -11736,1147 +12279,6 @@ gemmgen_fp32_10_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 #endif
 }
 
-}  // namespace gemmgen_fp32_10_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_10_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_10_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_fp32_10_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
-    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
-    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
-    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
-    CUtensorMap map_c = {};
-    if (aligned) {
-        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
-        const cuuint32_t box[3] = {32, 16, 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
-                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_10_kernel<true> : gemmgen_fp32_10_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
-    int device = 0, sms = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (error != cudaSuccess) return (int)error;
-    const int most = sms < 1024 ? sms : 1024;
-    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
-        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_10(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_10_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 11: fp32_11 ===========================================
-// gemmgen_fp32_11: generated by gemmgen 0.1.0 from <library fp32: fp32_11> (edit the spec, not this file)
-//
-// spec:
-//   kernel fp32_11 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 128 x 32
-//     math     3xtf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    2 workspace
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
-//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197736 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    2 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_fp32_11_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_fp32_11(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (fp32_11_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_fp32_11_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 197696;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_11_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
-// same place in `small`.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        uint4 big_run, small_run;
-        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
-        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
-        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
-        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
-        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_11_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
-    // three products start from zero in tile_product, which is added into acc rounding to
-    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
-    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
-    float tile_product[TM][RN * TN];
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_11_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_11_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_11_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_11_fallback_kernel<true> : gemmgen_fp32_11_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_11_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_11_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_11_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_fp32_11_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
-constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
-constexpr long long ROUND_B_MAX_MN = 2097152;
-constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 197736;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y), summed through a workspace
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
-// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
-// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
-// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
-// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
-// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
-// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
-// tile's again, for the next launch on the same workspace.
-constexpr int CONSUMER_THREADS = CONSUMERS * 128;
-constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
-constexpr int SLOT_FLOATS = BM * BN;
-constexpr int COUNTER_FLOATS = 32;
-constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
-constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
-static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
-
-// The block's consumer warpgroups only (its producer warpgroup has returned).
-__device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
-}
-
-// Writes this thread's share of the slice's product to its slot and counts the block in; true in
-// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
-__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
-                                           int* last) {
-    float* region = workspace + blockIdx.x * REGION_FLOATS;
-    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2)
-            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
-    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
-    consumers_sync();
-    if (consumer_thread == 0) {
-        int* counter = reinterpret_cast<int*>(region);
-        const int arrived = atomicAdd(counter, 1) + 1;
-        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
-        *last = arrived == SPLIT_K;
-    }
-    consumers_sync();
-    if (!*last) return false;
-    __threadfence();  // the other slices' sums, seen after their counts
-    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2) {
-            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-            acc[i][j] = first.x;
-            acc[i][j + 1] = first.y;
-        }
-    for (int y = 1; y < SPLIT_K; ++y) {
-        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
-#pragma unroll
-        for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; j += 2) {
-                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-                acc[i][j] += sums.x;
-                acc[i][j + 1] += sums.y;
-            }
-    }
-    return true;
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        float* __restrict__ workspace,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
-    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
-        // part to nearest in place first), at their own pace behind the copies.
-        else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-                barrier_arrive(&ready[s]);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
-    // three products start from zero in tile_product, which is added into acc here, rounding to
-    // nearest. A is split into big and small in registers; B's remainders come from the producer.
-    float tile_product[TM][RN * TN];
-    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
-    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
-    // alternate between two sets of registers (the MMAs read theirs until they complete).
-    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
-    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_stage = sA + s * A_STAGE_FLOATS;
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)
-        #pragma unroll
-            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
-                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
-            }
-    };
-    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        const float* b_small = sB_small + s * B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
-        wgmma_commit();
-    };
-    auto add_product = [&](int t) {  // once the tile's MMAs have completed
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    };
-    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-    for (int t = 0; t < k_tiles; t += 2) {
-        multiply(t, a_big_even, a_small_even);
-        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
-        wgmma_wait<0>();
-        add_product(t);
-        if (t + 1 < k_tiles) {
-            multiply(t + 1, a_big_odd, a_small_odd);
-            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-            wgmma_wait<0>();
-            add_product(t + 1);
-        }
-    }
-    // Split K through the workspace: this slice's product to its slot; the block that counts in last
-    // holds the tile's sum in acc and stores it below, the others are done.
-    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
 }  // namespace gemmgen_fp32_11_impl
 
 #ifndef __CUDACC_RTC__
@@ -12890,46 +12292,6 @@ gemmgen_fp32_11_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-#include <mutex>
-
-namespace gemmgen_fp32_11_impl {
-// Split K's workspace (see split K above): one per device and stream, since kernels on one
-// stream run one after another and can share it. It is grown when a call needs more and kept; it
-// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
-// allocates, so it cannot be the first call inside a CUDA graph capture.
-static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
-    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
-    static std::mutex lock;
-    static Entry entries[16];
-    static unsigned long long calls = 0;
-    std::lock_guard<std::mutex> guard(lock);
-    Entry* entry = nullptr;
-    for (Entry& e : entries)
-        if (e.memory && e.stream == stream && e.device == device) entry = &e;
-    if (!entry) {  // a free entry, or the one used longest ago
-        entry = &entries[0];
-        for (Entry& e : entries)
-            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
-    }
-    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
-        if (entry->memory) {
-            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
-            entry->memory = nullptr;
-            if (freed != cudaSuccess) return freed;
-        }
-        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
-        cudaError_t error = cudaMalloc(&entry->memory, size);
-        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
-        error = cudaMemsetAsync(entry->memory, 0, size, stream);
-        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
-        *entry = Entry{stream, device, size, entry->memory, 0};
-    }
-    entry->used = ++calls;
-    *workspace = static_cast<float*>(entry->memory);
-    return cudaSuccess;
-}
-}  // namespace gemmgen_fp32_11_impl
-
 static inline int gemmgen_fp32_11_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
@@ -13003,21 +12365,35 @@ static inline int gemmgen_fp32_11_batched(int M, int N, int K, float alpha, cons
                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
     }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+    // The staged epilogue's TMA stores need C, ldc, strideC and C's N 16-byte aligned (TMA clips a box at
+    // C's edge only to 16 bytes); otherwise C is stored from registers. C's boxes: 32 floats
+    // along its contiguous dimension by 16 (by one batch), unswizzled in C.
+    const bool aligned = (N % 4 == 0 && ldc % 4 == 0 && reinterpret_cast<unsigned long long>(C) % 16 == 0 && strideC % 4 == 0);
+    CUtensorMap map_c = {};
+    if (aligned) {
+        const cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)M, (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {(cuuint64_t)ldc * 4, batch == 1 ? dims[1] * ldc * 4 : (cuuint64_t)strideC * 4};
+        const cuuint32_t box[3] = {32, 16, 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        const CUresult result = encode(&map_c, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, C, dims, strides, box, element_strides,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, TensorMap, int, long long, long long, long long) =
         aligned ? gemmgen_fp32_11_kernel<true> : gemmgen_fp32_11_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
-    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
-    int device = 0;
+    // The tile scheduler: no more blocks than SMs, each walking its share of the tiles.
+    int device = 0, sms = 0;
     cudaError_t error = cudaGetDevice(&device);
+    if (error == cudaSuccess) error = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (error != cudaSuccess) return (int)error;
-    float* workspace = nullptr;
-    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
-    if (error != cudaSuccess) return (int)error;
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+    const int most = sms < 1024 ? sms : 1024;
+    const unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc,
+        *reinterpret_cast<const TensorMap*>(&map_c), batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
@@ -13041,7 +12417,7 @@ static inline int gemmgen_fp32_11(int M, int N, int K, float alpha, const float*
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    8
+//     split    2 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -13053,13 +12429,13 @@ static inline int gemmgen_fp32_11(int M, int N, int K, float alpha, const float*
 //   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
 //   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197736 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    8 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    2 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_12_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_fp32_12(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -13097,7 +12473,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -13587,6 +12963,1173 @@ constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and wr
 constexpr int STAGES = 4;
 constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
+constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
+constexpr int SMEM_BYTES = 197736;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y), summed through a workspace
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+}
+
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
+    }
+}
+
+// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
+// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
+// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
+// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
+// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
+// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
+// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
+// tile's again, for the next launch on the same workspace.
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int COUNTER_FLOATS = 32;
+constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
+constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
+
+// The block's consumer warpgroups only (its producer warpgroup has returned).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
+}
+
+// Writes this thread's share of the slice's product to its slot and counts the block in; true in
+// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
+__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
+                                           int* last) {
+    float* region = workspace + blockIdx.x * REGION_FLOATS;
+    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2)
+            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
+    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
+    consumers_sync();
+    if (consumer_thread == 0) {
+        int* counter = reinterpret_cast<int*>(region);
+        const int arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
+        *last = arrived == SPLIT_K;
+    }
+    consumers_sync();
+    if (!*last) return false;
+    __threadfence();  // the other slices' sums, seen after their counts
+    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2) {
+            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+            acc[i][j] = first.x;
+            acc[i][j + 1] = first.y;
+        }
+    for (int y = 1; y < SPLIT_K; ++y) {
+        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
+#pragma unroll
+        for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; j += 2) {
+                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+                acc[i][j] += sums.x;
+                acc[i][j + 1] += sums.y;
+            }
+    }
+    return true;
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        float* __restrict__ workspace,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
+    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
+        else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                barrier_wait(&full[s], (t / STAGES) & 1);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+                barrier_arrive(&ready[s]);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
+    // three products start from zero in tile_product, which is added into acc here, rounding to
+    // nearest. A is split into big and small in registers; B's remainders come from the producer.
+    float tile_product[TM][RN * TN];
+    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
+    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
+    // alternate between two sets of registers (the MMAs read theirs until they complete).
+    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
+    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_stage = sA + s * A_STAGE_FLOATS;
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)
+        #pragma unroll
+            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
+                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
+            }
+    };
+    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        const float* b_small = sB_small + s * B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
+        }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
+        wgmma_commit();
+    };
+    auto add_product = [&](int t) {  // once the tile's MMAs have completed
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    };
+    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
+    for (int t = 0; t < k_tiles; t += 2) {
+        multiply(t, a_big_even, a_small_even);
+        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
+        wgmma_wait<0>();
+        add_product(t);
+        if (t + 1 < k_tiles) {
+            multiply(t + 1, a_big_odd, a_small_odd);
+            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
+            wgmma_wait<0>();
+            add_product(t + 1);
+        }
+    }
+    // Split K through the workspace: this slice's product to its slot; the block that counts in last
+    // holds the tile's sum in acc and stores it below, the others are done.
+    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_12_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_fp32_12_impl {
+// Split K's workspace (see split K above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_fp32_12_impl
+
+static inline int gemmgen_fp32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_12_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_fp32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_12_kernel<true> : gemmgen_fp32_12_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_12(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 13: fp32_13 ===========================================
+// gemmgen_fp32_13: generated by gemmgen 0.1.0 from <library fp32: fp32_13> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_13 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 128 x 32
+//     math     3xtf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    8
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    8 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_fp32_13_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_13(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (fp32_13_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_13_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 8;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+}
+
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
+    }
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_13_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
+// same place in `small`.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        uint4 big_run, small_run;
+        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
+        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
+        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
+        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
+        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_13_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
+    // three products start from zero in tile_product, which is added into acc rounding to
+    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
+    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
+    float tile_product[TM][RN * TN];
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
+        }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    }
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_13_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_13_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_13_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_13_fallback_kernel<true> : gemmgen_fp32_13_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_13_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_13_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_13_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_fp32_13_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 1;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
 constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
@@ -13799,7 +14342,7 @@ __device__ __forceinline__ void write_remainders(float* tile, float* small, int 
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_12_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+extern "C" __global__ void gemmgen_fp32_13_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -13812,7 +14355,7 @@ extern "C" __global__ void gemmgen_fp32_12_scale_c(int M, int N, float beta, flo
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_fp32_13_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -13979,7 +14522,7 @@ gemmgen_fp32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 #endif
 }
 
-}  // namespace gemmgen_fp32_12_impl
+}  // namespace gemmgen_fp32_13_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -13992,11 +14535,11 @@ gemmgen_fp32_12_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_12_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_13_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_12_impl;
+    using namespace gemmgen_fp32_13_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -14014,7 +14557,7 @@ static inline int gemmgen_fp32_12_batched(int M, int N, int K, float alpha, cons
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_fp32_12_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_fp32_13_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -14068,29 +14611,29 @@ static inline int gemmgen_fp32_12_batched(int M, int N, int K, float alpha, cons
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = true;
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_12_kernel<true> : gemmgen_fp32_12_kernel<false>;
+        aligned ? gemmgen_fp32_13_kernel<true> : gemmgen_fp32_13_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_12_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    gemmgen_fp32_13_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_fp32_12(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_13(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_fp32_12_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_fp32_13_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 13: fp32_13 ===========================================
-// gemmgen_fp32_13: generated by gemmgen 0.1.0 from <library fp32: fp32_13> (edit the spec, not this file)
+// ==== member 14: fp32_14 ===========================================
+// gemmgen_fp32_14: generated by gemmgen 0.1.0 from <library fp32: fp32_14> (edit the spec, not this file)
 //
 // spec:
-//   kernel fp32_13 {
+//   kernel fp32_14 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    64 x 64 x 32
@@ -14117,13 +14660,13 @@ static inline int gemmgen_fp32_12(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_fp32_13(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_fp32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_fp32_13_impl {
+namespace gemmgen_fp32_14_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
@@ -14403,7 +14946,7 @@ __device__ __forceinline__ void store_tile(float* big, float* small, const float
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_13_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_fp32_14_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -14558,7 +15101,7 @@ gemmgen_fp32_13_kernel(int M, int N, int K, float alpha, const float* __restrict
 #endif
 }
 
-}  // namespace gemmgen_fp32_13_impl
+}  // namespace gemmgen_fp32_14_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -14568,11 +15111,11 @@ gemmgen_fp32_13_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_13_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_14_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_13_impl;
+    using namespace gemmgen_fp32_14_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -14595,7 +15138,7 @@ static inline int gemmgen_fp32_13_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_13_kernel<true> : gemmgen_fp32_13_kernel<false>;
+        aligned ? gemmgen_fp32_14_kernel<true> : gemmgen_fp32_14_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -14605,17 +15148,17 @@ static inline int gemmgen_fp32_13_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_fp32_13(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_14(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_fp32_13_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_fp32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 14: fp32_14 ===========================================
-// gemmgen_fp32_14: generated by gemmgen 0.1.0 from <library fp32: fp32_14> (edit the spec, not this file)
+// ==== member 15: fp32_15 ===========================================
+// gemmgen_fp32_15: generated by gemmgen 0.1.0 from <library fp32: fp32_15> (edit the spec, not this file)
 //
 // spec:
-//   kernel fp32_14 {
+//   kernel fp32_15 {
 //     target   sm_90a
 //     layout   A row, B col, C row
 //     block    64 x 64 x 32
@@ -14640,1173 +15183,6 @@ static inline int gemmgen_fp32_13(int M, int N, int K, float alpha, const float*
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
 //   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (64 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_fp32_14_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_fp32_14(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (fp32_14_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_fp32_14_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 1;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 197696;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
-// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_14_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
-                                                          long long strideC) {
-    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
-        const long long e = i % matrix;  // element e of batch i / matrix's C
-        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
-        *c = beta == 0.0f ? 0.0f : beta * *c;
-    }
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
-// same place in `small`.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        uint4 big_run, small_run;
-        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
-        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
-        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
-        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
-        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_14_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
-        const int tiles_in_k = (K + BK - 1) / BK;
-        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
-        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
-        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
-        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
-    }
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
-    // three products start from zero in tile_product, which is added into acc rounding to
-    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
-    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
-    float tile_product[TM][RN * TN];
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    }
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_14_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_14_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_14_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_14_fallback_kernel<true> : gemmgen_fp32_14_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    const long long elements = (long long)M * N * batch;
-    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_14_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_14_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_14_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_fp32_14_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
-// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
-// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
-constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
-constexpr long long ROUND_B_MAX_MN = 2097152;
-constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 99432;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int tile_m = block / tiles_n;
-    const int tile_n = block % tiles_n;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
-// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
-// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
-// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
-// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
-__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
-
-// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
-// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
-__device__ __forceinline__ float tf32_nearest(float x) {
-    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
-}
-
-__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
-                                                 int threads) {
-    if (round_b) {
-        for (int i = thread * 4; i < floats; i += threads * 4) {
-            const float4 x = *reinterpret_cast<const float4*>(tile + i);
-            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
-            *reinterpret_cast<float4*>(tile + i) = big;
-            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
-        }
-        return;
-    }
-    for (int i = thread * 4; i < floats; i += threads * 4) {
-        const float4 x = *reinterpret_cast<const float4*>(tile + i);
-        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
-                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
-    }
-}
-
-// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
-// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
-// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
-// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
-// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
-// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
-// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
-// tile's again, for the next launch on the same workspace.
-constexpr int CONSUMER_THREADS = CONSUMERS * 128;
-constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
-constexpr int SLOT_FLOATS = BM * BN;
-constexpr int COUNTER_FLOATS = 32;
-constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
-constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
-static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
-
-// The block's consumer warpgroups only (its producer warpgroup has returned).
-__device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
-}
-
-// Writes this thread's share of the slice's product to its slot and counts the block in; true in
-// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
-__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
-                                           int* last) {
-    float* region = workspace + blockIdx.x * REGION_FLOATS;
-    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2)
-            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
-    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
-    consumers_sync();
-    if (consumer_thread == 0) {
-        int* counter = reinterpret_cast<int*>(region);
-        const int arrived = atomicAdd(counter, 1) + 1;
-        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
-        *last = arrived == SPLIT_K;
-    }
-    consumers_sync();
-    if (!*last) return false;
-    __threadfence();  // the other slices' sums, seen after their counts
-    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
-#pragma unroll
-    for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; j += 2) {
-            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-            acc[i][j] = first.x;
-            acc[i][j + 1] = first.y;
-        }
-    for (int y = 1; y < SPLIT_K; ++y) {
-        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
-#pragma unroll
-        for (int i = 0; i < ACC_ROWS; ++i)
-#pragma unroll
-            for (int j = 0; j < RN * TN; j += 2) {
-                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
-                acc[i][j] += sums.x;
-                acc[i][j + 1] += sums.y;
-            }
-    }
-    return true;
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_14_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        float* __restrict__ workspace,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
-    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
-    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
-    const int tiles_in_k = (K + BK - 1) / BK;
-    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
-    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
-    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
-            }
-        }
-        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
-        // part to nearest in place first), at their own pace behind the copies.
-        else if (tid >= 32) {
-            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                barrier_wait(&full[s], (t / STAGES) & 1);
-                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-                barrier_arrive(&ready[s]);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
-    // three products start from zero in tile_product, which is added into acc here, rounding to
-    // nearest. A is split into big and small in registers; B's remainders come from the producer.
-    float tile_product[TM][RN * TN];
-    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
-    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
-    // alternate between two sets of registers (the MMAs read theirs until they complete).
-    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
-    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_stage = sA + s * A_STAGE_FLOATS;
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)
-        #pragma unroll
-            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
-                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
-                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
-            }
-    };
-    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
-        const int s = t % STAGES;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        const float* b_small = sB_small + s * B_STAGE_FLOATS;
-        fence_accumulators(tile_product);
-        wgmma_fence();
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
-            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
-        }
-        #pragma unroll
-        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
-            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
-        wgmma_commit();
-    };
-    auto add_product = [&](int t) {  // once the tile's MMAs have completed
-        fence_accumulators(tile_product);
-        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
-        #pragma unroll
-        for (int i = 0; i < TM; ++i)
-        #pragma unroll
-            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
-    };
-    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
-    for (int t = 0; t < k_tiles; t += 2) {
-        multiply(t, a_big_even, a_small_even);
-        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
-        wgmma_wait<0>();
-        add_product(t);
-        if (t + 1 < k_tiles) {
-            multiply(t + 1, a_big_odd, a_small_odd);
-            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
-            wgmma_wait<0>();
-            add_product(t + 1);
-        }
-    }
-    // Split K through the workspace: this slice's product to its slot; the block that counts in last
-    // holds the tile's sum in acc and stores it below, the others are done.
-    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_fp32_14_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-#include <mutex>
-
-namespace gemmgen_fp32_14_impl {
-// Split K's workspace (see split K above): one per device and stream, since kernels on one
-// stream run one after another and can share it. It is grown when a call needs more and kept; it
-// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
-// allocates, so it cannot be the first call inside a CUDA graph capture.
-static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
-    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
-    static std::mutex lock;
-    static Entry entries[16];
-    static unsigned long long calls = 0;
-    std::lock_guard<std::mutex> guard(lock);
-    Entry* entry = nullptr;
-    for (Entry& e : entries)
-        if (e.memory && e.stream == stream && e.device == device) entry = &e;
-    if (!entry) {  // a free entry, or the one used longest ago
-        entry = &entries[0];
-        for (Entry& e : entries)
-            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
-    }
-    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
-        if (entry->memory) {
-            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
-            entry->memory = nullptr;
-            if (freed != cudaSuccess) return freed;
-        }
-        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
-        cudaError_t error = cudaMalloc(&entry->memory, size);
-        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
-        error = cudaMemsetAsync(entry->memory, 0, size, stream);
-        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
-        *entry = Entry{stream, device, size, entry->memory, 0};
-    }
-    entry->used = ++calls;
-    *workspace = static_cast<float*>(entry->memory);
-    return cudaSuccess;
-}
-}  // namespace gemmgen_fp32_14_impl
-
-static inline int gemmgen_fp32_14_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_fp32_14_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_fp32_14_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_14_kernel<true> : gemmgen_fp32_14_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
-    int device = 0;
-    cudaError_t error = cudaGetDevice(&device);
-    if (error != cudaSuccess) return (int)error;
-    float* workspace = nullptr;
-    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
-    if (error != cudaSuccess) return (int)error;
-    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_fp32_14(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_fp32_14_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 15: fp32_15 ===========================================
-// gemmgen_fp32_15: generated by gemmgen 0.1.0 from <library fp32: fp32_15> (edit the spec, not this file)
-//
-// spec:
-//   kernel fp32_15 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    64 x 128 x 32
-//     math     3xtf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   row
-//     split    2 workspace
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  64 x 128 x 32
-//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
-//   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 164968 bytes per block
-//   raster                     row order
-//   epilogue                   alpha * A*B + beta * C
-//   split K                    2 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (64 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_15_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
@@ -15847,7 +15223,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -16331,11 +15707,11 @@ static inline int gemmgen_fp32_15_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_fp32_15_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int BM = 64, BN = 64, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
 constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int TM = 2, TN = 2, RN = 8, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
 constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
 constexpr int C_VEC = 2;  // floats per C access when aligned
 constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
@@ -16346,10 +15722,10 @@ constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF
 constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
 constexpr long long ROUND_B_MAX_MN = 2097152;
 constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
-constexpr int SMEM_BYTES = 164968;
+constexpr int SMEM_BYTES = 99432;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y), summed through a workspace
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -16473,11 +15849,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned l
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, %32, %33, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "l"(a_desc), "l"(b_desc), "r"(accumulate));
 }
 
@@ -16487,11 +15863,11 @@ __device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsi
                                            unsigned long long b_desc, int accumulate = 1) {
     asm volatile("{\n"
                  ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "setp.ne.b32 accumulate, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31 }, { %32, %33, %34, %35 }, %36, accumulate, 1, 1;\n"
                  "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
 }
 
@@ -16958,7 +16334,7 @@ static inline int gemmgen_fp32_15(int M, int N, int K, float alpha, const float*
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    4 workspace
+//     split    2 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -16973,7 +16349,7 @@ static inline int gemmgen_fp32_15(int M, int N, int K, float alpha, const float*
 //   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 164968 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
+//   split K                    2 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (64 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_16_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
 //   vector path needs          N and ldc multiples of 2, C 8-byte aligned
@@ -17014,7 +16390,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -17516,7 +16892,7 @@ constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
 constexpr int SMEM_BYTES = 164968;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
+constexpr int SPLIT_K = 2;  // slices of K per C tile (blockIdx.y), summed through a workspace
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -18119,13 +17495,13 @@ static inline int gemmgen_fp32_16(int M, int N, int K, float alpha, const float*
 //   kernel fp32_17 {
 //     target   sm_90a
 //     layout   A row, B col, C row
-//     block    128 x 128 x 32
+//     block    64 x 128 x 32
 //     math     3xtf32
 //     load A   vector 1
 //     load B   vector 1
 //     stages   4 tma
 //     raster   row
-//     split    16
+//     split    4 workspace
 //     epilogue alpha beta
 //   }
 //
@@ -18133,17 +17509,17 @@ static inline int gemmgen_fp32_16(int M, int N, int K, float alpha, const float*
 //
 // derived by the Plan:
 //   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 128 x 32
+//   block tile (BM x BN x BK)  64 x 128 x 32
 //   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   threads per block          256: 1 producer warpgroup (TMA) + 1 consumer warpgroup(s) of 64 x 128
 //   accumulators               64 floats per consumer thread
-//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 164968 bytes per block
 //   raster                     row order
 //   epilogue                   alpha * A*B + beta * C
-//   split K                    16 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   split K                    4 slices of the K tiles per C tile (blockIdx.y), each written to the tile's slot of a workspace (128 KiB per C tile); the last to finish adds the slots in K order and stores C (no pass over C first, no atomics)
 //   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
 //   otherwise                  the fallback gemmgen_fp32_17_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          nothing
+//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
 //   static int gemmgen_fp32_17(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
@@ -18181,7 +17557,7 @@ constexpr bool B_K_CONTIGUOUS = true;  // B col-major
 constexpr int SMEM_BYTES = 197696;
 static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
               "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int SPLIT_K = 16;  // slices of K per C tile (blockIdx.y)
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y)
 
 // ---- helpers shared by every gemmgen kernel -------------------------------------------
 
@@ -18665,6 +18041,1173 @@ static inline int gemmgen_fp32_17_fallback(int M, int N, int K, float alpha, con
 namespace gemmgen_fp32_17_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // warpgroups that multiply, 64 rows of the tile each
+constexpr int THREADS = 256;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 2;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
+constexpr int SPLITTERS = 96;  // producer threads (warps 1-3) that write B's TF32 remainders
+// B's big part is rounded to nearest (else truncated) where cuBLAS FP32's error is small: short
+// sums, and small calls (batch x M x N up to ROUND_B_MAX_MN) of K up to ROUND_B_MAX_K
+constexpr int ROUND_B_SHORT_K = 128, ROUND_B_MAX_K = 1024;
+constexpr long long ROUND_B_MAX_MN = 2097152;
+constexpr int B_COPIES = 2;  // B's tile and its TF32 remainders
+constexpr int SMEM_BYTES = 164968;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 4;  // slices of K per C tile (blockIdx.y), summed through a workspace
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+}
+
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
+    }
+}
+
+// ---- split K through a workspace: the SPLIT_K blocks of a C tile (its K slices, blockIdx.y) ----
+// Each writes its product to its slot of the tile's region of the workspace and counts itself in;
+// the last to arrive adds the slots in K order (slice 0 first), so the sum is the same bits every
+// run whichever block arrives last, and stores C as an unsplit kernel does. No block waits for
+// another. A tile's region is its counter (padded to 128 bytes), then SPLIT_K slots of BM x BN
+// sums, each consumer thread's accumulators in pairs CONSUMER_THREADS pairs apart (a warp's
+// accesses adjacent). The launcher hands the counters over zeroed, and the last arrival zeroes its
+// tile's again, for the next launch on the same workspace.
+constexpr int CONSUMER_THREADS = CONSUMERS * 128;
+constexpr int ACC_ROWS = TM;    // accumulator rows of a consumer thread
+constexpr int SLOT_FLOATS = BM * BN;
+constexpr int COUNTER_FLOATS = 32;
+constexpr long long REGION_FLOATS = COUNTER_FLOATS + (long long)SPLIT_K * SLOT_FLOATS;
+constexpr int LAST_BARRIER = 4;  // named barrier of the consumer warpgroups (splitters' is 3)
+static_assert(SLOT_FLOATS == CONSUMER_THREADS * ACC_ROWS * RN * TN, "a slot holds every consumer thread's accumulators");
+
+// The block's consumer warpgroups only (its producer warpgroup has returned).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync %0, %1;\n" :: "n"(LAST_BARRIER), "n"(CONSUMER_THREADS) : "memory");
+}
+
+// Writes this thread's share of the slice's product to its slot and counts the block in; true in
+// every consumer thread of the block that arrived last, whose acc is then the tile's sum.
+__device__ __forceinline__ bool sum_slices(float (&acc)[ACC_ROWS][RN * TN], float* workspace, int consumer_thread,
+                                           int* last) {
+    float* region = workspace + blockIdx.x * REGION_FLOATS;
+    float2* slot = reinterpret_cast<float2*>(region + COUNTER_FLOATS + blockIdx.y * SLOT_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2)
+            __stcg(slot + (i * RN * TN + j) / 2 * CONSUMER_THREADS, make_float2(acc[i][j], acc[i][j + 1]));
+    __threadfence();  // every thread's sums, visible to the whole GPU before the block counts itself in
+    consumers_sync();
+    if (consumer_thread == 0) {
+        int* counter = reinterpret_cast<int*>(region);
+        const int arrived = atomicAdd(counter, 1) + 1;
+        if (arrived == SPLIT_K) *counter = 0;  // the last: zero again for the next launch
+        *last = arrived == SPLIT_K;
+    }
+    consumers_sync();
+    if (!*last) return false;
+    __threadfence();  // the other slices' sums, seen after their counts
+    const float2* slots = reinterpret_cast<const float2*>(region + COUNTER_FLOATS) + consumer_thread;
+#pragma unroll
+    for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; j += 2) {
+            const float2 first = __ldcg(slots + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+            acc[i][j] = first.x;
+            acc[i][j + 1] = first.y;
+        }
+    for (int y = 1; y < SPLIT_K; ++y) {
+        const float2* next = slots + (long long)y * SLOT_FLOATS / 2;
+#pragma unroll
+        for (int i = 0; i < ACC_ROWS; ++i)
+#pragma unroll
+            for (int j = 0; j < RN * TN; j += 2) {
+                const float2 sums = __ldcg(next + (i * RN * TN + j) / 2 * CONSUMER_THREADS);
+                acc[i][j] += sums.x;
+                acc[i][j + 1] += sums.y;
+            }
+    }
+    return true;
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
+        float* __restrict__ workspace,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    float* sA = smem;                                 // STAGES x BM rows x BK floats
+    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
+    float* sB_small = sB + STAGES * B_STAGE_FLOATS;   // B's TF32 remainders (A's are split in registers)
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB_small + STAGES * B_STAGE_FLOATS);
+    unsigned long long* ready = full + STAGES;        // B's remainders written: consumers may multiply
+    unsigned long long* empty = ready + STAGES;       // consumers done: the producer may refill
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
+    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    int* last_slice = reinterpret_cast<int*>(empty + STAGES);  // split K: this block sums the tile's slices
+    // Split K: block (tile, y) multiplies slice y of the K tiles; the slices' products add up in C.
+    const int tiles_in_k = (K + BK - 1) / BK;
+    const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+    const int k_tile0 = min(tiles_in_k, (int)blockIdx.y * tiles_per_slice);
+    const int k_tiles = min(tiles_in_k - k_tile0, tiles_per_slice);
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
+            barrier_init(&ready[s], SPLITTERS);     // every splitting thread, after its share
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+                barrier_expect_bytes(&full[s], STAGE_BYTES);
+                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], (k_tile0 + t) * BK, block_m0, a_batch);
+                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], (k_tile0 + t) * BK, block_n0, b_batch);
+            }
+        }
+        // Warps 1-3 write the TF32 remainders of each landed B tile (with round_b rounding its big
+        // part to nearest in place first), at their own pace behind the copies.
+        else if (tid >= 32) {
+            const bool round_b = K <= ROUND_B_SHORT_K || (K <= ROUND_B_MAX_K && (long long)M * N * batch <= ROUND_B_MAX_MN);
+            for (int t = 0; t < k_tiles; ++t) {
+                const int s = t % STAGES;
+                barrier_wait(&full[s], (t / STAGES) & 1);
+                write_remainders(sB + s * B_STAGE_FLOATS, sB_small + s * B_STAGE_FLOATS, B_STAGE_FLOATS, round_b, tid - 32, SPLITTERS);
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+                barrier_arrive(&ready[s]);
+            }
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int consumer = warpgroup - 1;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift. Each K tile's
+    // three products start from zero in tile_product, which is added into acc here, rounding to
+    // nearest. A is split into big and small in registers; B's remainders come from the producer.
+    float tile_product[TM][RN * TN];
+    const int a_row = consumer * 64 + warp_in_group * 16 + lane / 4;  // and a_row + 8
+    // A's fragments of the next tile are read and split while this tile's MMAs run, so they
+    // alternate between two sets of registers (the MMAs read theirs until they complete).
+    unsigned a_big_even[BK / 8][4], a_small_even[BK / 8][4], a_big_odd[BK / 8][4], a_small_odd[BK / 8][4];
+    auto read_a = [&](int t, unsigned (&a_big)[BK / 8][4], unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        barrier_wait(&ready[s], (t / STAGES) & 1);
+        const float* a_stage = sA + s * A_STAGE_FLOATS;
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)
+        #pragma unroll
+            for (int v = 0; v < 4; ++v) {  // (row, k): (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4)
+                const int row = a_row + v % 2 * 8, k = step * 8 + lane % 4 + v / 2 * 4;
+                split_tf32(a_stage[swizzled(row, k)], a_big[step][v], a_small[step][v]);
+            }
+    };
+    auto multiply = [&](int t, const unsigned (&a_big)[BK / 8][4], const unsigned (&a_small)[BK / 8][4]) {
+        const int s = t % STAGES;
+        const float* b_tile = sB + s * B_STAGE_FLOATS;
+        const float* b_small = sB_small + s * B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, a_small[step], smem_descriptor(b_tile + step * 8), step > 0);
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_small + step * 8));
+        }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, a_big[step], smem_descriptor(b_tile + step * 8));
+        wgmma_commit();
+    };
+    auto add_product = [&](int t) {  // once the tile's MMAs have completed
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[t % STAGES]);  // the buffer may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    };
+    if (k_tiles > 0) read_a(0, a_big_even, a_small_even);
+    for (int t = 0; t < k_tiles; t += 2) {
+        multiply(t, a_big_even, a_small_even);
+        if (t + 1 < k_tiles) read_a(t + 1, a_big_odd, a_small_odd);
+        wgmma_wait<0>();
+        add_product(t);
+        if (t + 1 < k_tiles) {
+            multiply(t + 1, a_big_odd, a_small_odd);
+            if (t + 2 < k_tiles) read_a(t + 2, a_big_even, a_small_even);
+            wgmma_wait<0>();
+            add_product(t + 1);
+        }
+    }
+    // Split K through the workspace: this slice's product to its slot; the block that counts in last
+    // holds the tile's sum in acc and stores it below, the others are done.
+    if (!sum_slices(acc, workspace, tid - 128, last_slice)) return;
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+        const bool read_c = beta != 0.0f;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        float old[CV], out[CV];
+                        if (read_c) load_vec<CV>(old, c);
+    #pragma unroll
+                        for (int v = 0; v < CV; ++v) {
+                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
+                        }
+                        store_vec<CV>(c, out);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_17_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
+// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
+// register-fed fallback in this file.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+#include <mutex>
+
+namespace gemmgen_fp32_17_impl {
+// Split K's workspace (see split K above): one per device and stream, since kernels on one
+// stream run one after another and can share it. It is grown when a call needs more and kept; it
+// is zeroed when allocated, and the kernels leave their counters zeroed. The first call on a stream
+// allocates, so it cannot be the first call inside a CUDA graph capture.
+static cudaError_t stream_workspace(cudaStream_t stream, int device, size_t bytes, float** workspace) {
+    struct Entry { cudaStream_t stream; int device; size_t bytes; void* memory; unsigned long long used; };
+    static std::mutex lock;
+    static Entry entries[16];
+    static unsigned long long calls = 0;
+    std::lock_guard<std::mutex> guard(lock);
+    Entry* entry = nullptr;
+    for (Entry& e : entries)
+        if (e.memory && e.stream == stream && e.device == device) entry = &e;
+    if (!entry) {  // a free entry, or the one used longest ago
+        entry = &entries[0];
+        for (Entry& e : entries)
+            if (!e.memory || (entry->memory && e.used < entry->used)) entry = &e;
+    }
+    if (!entry->memory || entry->device != device || entry->stream != stream || entry->bytes < bytes) {
+        if (entry->memory) {
+            const cudaError_t freed = cudaFree(entry->memory);  // waits for kernels still using it
+            entry->memory = nullptr;
+            if (freed != cudaSuccess) return freed;
+        }
+        const size_t size = bytes + bytes / 4;  // room for somewhat larger calls
+        cudaError_t error = cudaMalloc(&entry->memory, size);
+        if (error != cudaSuccess) { entry->memory = nullptr; return error; }
+        error = cudaMemsetAsync(entry->memory, 0, size, stream);
+        if (error != cudaSuccess) { cudaFree(entry->memory); entry->memory = nullptr; return error; }
+        *entry = Entry{stream, device, size, entry->memory, 0};
+    }
+    entry->used = ++calls;
+    *workspace = static_cast<float*>(entry->memory);
+    return cudaSuccess;
+}
+}  // namespace gemmgen_fp32_17_impl
+
+static inline int gemmgen_fp32_17_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
+        long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_17_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
+        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
+        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
+                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
+    if (!tma_ready)
+        return gemmgen_fp32_17_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+                                                      strideB, strideC, stream);
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+
+    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
+                                                              cudaEnableDefault, &found);
+#else
+        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
+                                                     cudaEnableDefault, &found);
+#endif
+        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
+            encode = nullptr;
+            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
+        }
+    }
+    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
+    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
+    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
+    // the wgmma descriptors.
+    CUtensorMap maps[2];
+    const void* bases[2] = {A, B};
+    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
+    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
+    const long long batch_strides[2] = {strideA, strideB};
+    const cuuint32_t box_rows[2] = {BM, BN};
+    for (int i = 0; i < 2; ++i) {
+        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
+        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
+        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
+        const cuuint32_t box[3] = {BK, box_rows[i], 1};
+        const cuuint32_t element_strides[3] = {1, 1, 1};
+        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
+        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
+                              (one || batch_strides[i] % 32 == 0);
+        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<void*>(bases[i]),
+                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                       CU_TENSOR_MAP_SWIZZLE_128B,
+                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
+    }
+    // The vector path of the epilogue needs C, ldc and N aligned.
+    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
+    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, float*, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_17_kernel<true> : gemmgen_fp32_17_kernel<false>;
+    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+    if (status != cudaSuccess) return (int)status;
+    // Split K's workspace: a region per C tile, its counter and a slot per slice (REGION_FLOATS).
+    int device = 0;
+    cudaError_t error = cudaGetDevice(&device);
+    if (error != cudaSuccess) return (int)error;
+    float* workspace = nullptr;
+    error = stream_workspace(stream, device, 4 * (size_t)blocks * (size_t)REGION_FLOATS, &workspace);
+    if (error != cudaSuccess) return (int)error;
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
+        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, workspace, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_17(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 18: fp32_18 ===========================================
+// gemmgen_fp32_18: generated by gemmgen 0.1.0 from <library fp32: fp32_18> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_18 {
+//     target   sm_90a
+//     layout   A row, B col, C row
+//     block    128 x 128 x 32
+//     math     3xtf32
+//     load A   vector 1
+//     load B   vector 1
+//     stages   4 tma
+//     raster   row
+//     split    16
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                     sm_90a (wgmma + TMA)
+//   block tile (BM x BN x BK)  128 x 128 x 32
+//   math                       3xtf32, wgmma 64 x 128 x 8 per consumer warpgroup and K step (three per step: small*big, big*small, big*big)
+//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 128
+//   accumulators               64 floats per consumer thread
+//   shared memory              4 stages of A and B tiles and B's TF32 remainders, K-major, 128-byte swizzle; 197728 bytes per block
+//   raster                     row order
+//   epilogue                   alpha * A*B + beta * C
+//   split K                    16 slices of the K tiles per C tile (blockIdx.y), added into C with atomicAdd after C = beta * C
+//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
+//   otherwise                  the fallback gemmgen_fp32_18_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
+//   vector path needs          nothing
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+// ---- fallback: the register-fed wgmma kernel (fp32_18_fallback) for calls TMA cannot describe:
+// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_18_fallback_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
+constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
+constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
+constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
+constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
+constexpr int STAGES = 4;
+constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
+constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
+constexpr int C_VEC = 1;  // floats per C access when aligned
+constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
+constexpr int COPIES = 2;  // each tile as TF32 (big), then its TF32 remainders (small)
+constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
+constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
+
+constexpr bool A_K_CONTIGUOUS = true;  // A row-major
+constexpr bool B_K_CONTIGUOUS = true;  // B col-major
+constexpr int SMEM_BYTES = 197696;
+static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
+              "shared memory = 1024-byte alignment slack + stages + barriers");
+constexpr int SPLIT_K = 16;  // slices of K per C tile (blockIdx.y)
+
+// ---- helpers shared by every gemmgen kernel -------------------------------------------
+
+// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else if constexpr (V == 2) {
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        regs[0] = v.x; regs[1] = v.y;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
+    if constexpr (V == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
+    } else if constexpr (V == 2) {
+        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
+    } else {
+        *dst = regs[0];
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
+// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
+__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
+    const int tiles_m = (M + BM - 1) / BM;
+    const int tiles_n = (N + BN - 1) / BN;
+    int block = blockIdx.x;
+    // Strided batches: the tiles of batch b come after all of batch b - 1's.
+    batch_index = block / (tiles_m * tiles_n);
+    block -= batch_index * (tiles_m * tiles_n);
+    const int tile_m = block / tiles_n;
+    const int tile_n = block % tiles_n;
+    block_m0 = tile_m * BM;
+    block_n0 = tile_n * BN;
+}
+
+// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
+
+// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
+struct __align__(64) TensorMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
+}
+
+// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
+__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
+}
+
+// Wait until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done) {
+        asm volatile("{\n"
+                     ".reg .pred complete;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, complete;\n"
+                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
+    }
+}
+
+// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
+// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
+// code of their own.
+__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
+                                         unsigned long long* barrier, int inner, int outer, int batch) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
+                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
+                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
+}
+
+// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
+// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
+__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
+
+// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
+// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
+__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
+    const unsigned long long address = shared_address(tile);
+    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
+           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
+           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
+           | (1ull << 62);               // 128-byte swizzle
+}
+
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
+}
+
+// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
+// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
+}
+
+// The same with A (64 x 8) from registers: lane 4g + t of warp w holds A[16w + g][t],
+// A[16w + g + 8][t], A[16w + g][t + 4], A[16w + g + 8][t + 4] as TF32.
+__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], const unsigned (&a)[4],
+                                           unsigned long long b_desc, int accumulate = 1) {
+    asm volatile("{\n"
+                 ".reg .pred accumulate;\n"
+                 "setp.ne.b32 accumulate, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, { %64, %65, %66, %67 }, %68, accumulate, 1, 1;\n"
+                 "}\n"
+                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate));
+}
+
+// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
+}
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// B's TF32 parts, from the float x TMA wrote: big as the tensor core reads x (its low 13 bits
+// dropped: truncated), or rounded to nearest and written back in place (round_b: an error half as
+// large, for a store more per float), and small = x - big (exact in FP32) at the same offset of the
+// small tile, so one descriptor layout serves both. The tensor core truncates small in turn.
+__device__ __forceinline__ float tf32_truncated(float x) { return __uint_as_float(__float_as_uint(x) & 0xFFFFE000u); }
+
+// Rounded by the bits: + half of big's last place, then the low 13 bits cleared (as cvt.rna: floats within
+// half a place of FLT_MAX round to infinity; a NaN's small stays NaN).
+__device__ __forceinline__ float tf32_nearest(float x) {
+    return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u);
+}
+
+__device__ __forceinline__ void write_remainders(float* tile, float* small, int floats, bool round_b, int thread,
+                                                 int threads) {
+    if (round_b) {
+        for (int i = thread * 4; i < floats; i += threads * 4) {
+            const float4 x = *reinterpret_cast<const float4*>(tile + i);
+            const float4 big = make_float4(tf32_nearest(x.x), tf32_nearest(x.y), tf32_nearest(x.z), tf32_nearest(x.w));
+            *reinterpret_cast<float4*>(tile + i) = big;
+            *reinterpret_cast<float4*>(small + i) = make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w);
+        }
+        return;
+    }
+    for (int i = thread * 4; i < floats; i += threads * 4) {
+        const float4 x = *reinterpret_cast<const float4*>(tile + i);
+        *reinterpret_cast<float4*>(small + i) = make_float4(x.x - tf32_truncated(x.x), x.y - tf32_truncated(x.y),
+                                                            x.z - tf32_truncated(x.z), x.w - tf32_truncated(x.w));
+    }
+}
+
+// ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
+// (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
+extern "C" __global__ void gemmgen_fp32_18_fallback_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+                                                          long long strideC) {
+    const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long e = i % matrix;  // element e of batch i / matrix's C
+        float* c = C + i / matrix * strideC + (e / N) * ldc + e % N;  // consecutive threads along a row of C
+        *c = beta == 0.0f ? 0.0f : beta * *c;
+    }
+}
+
+// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
+// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
+// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
+// bank conflicts.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
+    const int q = loader_thread + run * 128;
+    if constexpr (K_CONTIGUOUS) {
+        row = q / (BK / 4);
+        k = q % (BK / 4) * 4;
+    } else {
+        row = q % ROWS;
+        k = q / ROWS * 4;
+    }
+}
+
+// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
+template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
+__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
+                                          int rows_left, int k_left, int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        float* value = &loaded[4 * run];
+        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
+            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
+            else fill_zero<4>(value);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
+                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
+            }
+        }
+    }
+}
+
+// Round what load_tile read to TF32 and store it where wgmma reads it; the remainders go to the
+// same place in `small`.
+template <int ROWS, bool K_CONTIGUOUS>
+__device__ __forceinline__ void store_tile(float* big, float* small, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
+#pragma unroll
+    for (int run = 0; run < ROWS * BK / 512; ++run) {
+        int row, k;
+        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
+        uint4 big_run, small_run;
+        split_tf32(loaded[4 * run + 0], big_run.x, small_run.x);
+        split_tf32(loaded[4 * run + 1], big_run.y, small_run.y);
+        split_tf32(loaded[4 * run + 2], big_run.z, small_run.z);
+        split_tf32(loaded[4 * run + 3], big_run.w, small_run.w);
+        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) = big_run;
+        *reinterpret_cast<uint4*>(&small[swizzled(row, k)]) = small_run;
+    }
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS, 1)
+gemmgen_fp32_18_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
+    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
+    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
+    // Stage s: A's tile, B's tile, A's remainders, B's remainders; then the barriers.
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
+    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
+
+    int block_m0, block_n0, batch_index;
+    tile_of_block(M, N, block_m0, block_n0, batch_index);
+    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    const int m_left = M - block_m0;
+    const int n_left = N - block_n0;
+    {   // Split K: block (tile, y) multiplies slice y of K only; the slices' products add up in C.
+        const int tiles_in_k = (K + BK - 1) / BK;
+        const int tiles_per_slice = (tiles_in_k + SPLIT_K - 1) / SPLIT_K;
+        const int k_begin = min(K, (int)blockIdx.y * tiles_per_slice * BK);
+        A += A_K_CONTIGUOUS ? k_begin : (long long)k_begin * lda;
+        B += B_K_CONTIGUOUS ? k_begin : (long long)k_begin * ldb;
+        K = min(K - k_begin, tiles_per_slice * BK);  // from here on, K is this slice's length
+    }
+    const int k_tiles = (K + BK - 1) / BK;
+    const int tid = threadIdx.x;
+    const int warpgroup = tid / 128;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            barrier_init(&full[s], 128);            // every thread of the tile's loader
+            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup < LOADERS) {
+        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
+        const int loader_thread = tid % 128;
+        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
+        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
+        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
+        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
+        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
+            const int k_left = K - t * BK;
+            // Left alone, ptxas keeps the address of every element of the tile in registers
+            // from one tile to the next, and the loaders spill; hiding that the leading
+            // dimensions stay the same makes it recompute them (one multiply-add each).
+            int lda_now = lda, ldb_now = ldb;
+            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
+            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
+            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
+        };
+        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
+            const int s = t % STAGES;
+            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
+            float* stage = smem + s * STAGE_FLOATS;
+            float* stage_small = stage + A_STAGE_FLOATS + B_STAGE_FLOATS;
+            store_tile<BM, A_K_CONTIGUOUS>(stage, stage_small, a_loaded, loader_thread);
+            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, stage_small + A_STAGE_FLOATS, b_loaded, loader_thread);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
+            barrier_arrive(&full[s]);
+        };
+        // Each loader has two tiles in flight: the next one's loads go out before this one is
+        // stored, into the other set of registers.
+        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
+        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
+        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
+            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
+            store(t, a_even, b_even);
+            if (t + LOADERS >= k_tiles) break;
+            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
+            store(t + LOADERS, a_odd, b_odd);
+        }
+        return;
+    }
+
+    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
+    const int consumer = warpgroup - LOADERS;
+    const int lane = tid % 32;
+    const int warp_in_group = tid % 128 / 32;
+    float acc[TM][RN * TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
+    // The tensor cores round their sums toward zero, so long sums in them drift: each K tile's
+    // three products start from zero in tile_product, which is added into acc rounding to
+    // nearest once they are done. (Reading tile_product while other MMAs are in flight makes
+    // ptxas serialise every wgmma; summing two tiles per wait measured slower and less accurate.)
+    float tile_product[TM][RN * TN];
+    for (int t = 0; t < k_tiles; ++t) {
+        const int s = t % STAGES;
+        barrier_wait(&full[s], (t / STAGES) & 1);
+        const float* a_big = smem + s * STAGE_FLOATS + consumer * 64 * BK;
+        const float* b_big = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
+        const float* a_small = a_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        const float* b_small = b_big + A_STAGE_FLOATS + B_STAGE_FLOATS;
+        fence_accumulators(tile_product);
+        wgmma_fence();
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step) {  // the small terms; the first MMA zeroes the sum
+            wgmma_tf32(tile_product, smem_descriptor(a_small + step * 8), smem_descriptor(b_big + step * 8), step > 0);
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_small + step * 8));
+        }
+        #pragma unroll
+        for (int step = 0; step < BK / 8; ++step)  // then the big: only these cut (toward zero) at full size
+            wgmma_tf32(tile_product, smem_descriptor(a_big + step * 8), smem_descriptor(b_big + step * 8));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_accumulators(tile_product);
+        if (lane == 0) barrier_arrive(&empty[s]);  // the stage may be refilled
+        #pragma unroll
+        for (int i = 0; i < TM; ++i)
+        #pragma unroll
+            for (int j = 0; j < RN * TN; ++j) acc[i][j] += tile_product[i][j];
+    }
+
+    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
+    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
+    const int thread_n0 = lane % 4 * TN;
+    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
+    {
+        constexpr int CV = 1;  // each slice of K adds its product into C, one atomicAdd per float
+        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
+    #pragma unroll
+        for (int rm = 0; rm < RM; ++rm)
+    #pragma unroll
+            for (int i = 0; i < TM; ++i) {
+                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
+                if (m >= m_left) continue;
+    #pragma unroll
+                for (int rn = 0; rn < RN; ++rn)
+    #pragma unroll
+                    for (int j = 0; j < TN; j += CV) {
+                        const int n = thread_n0 + rn * SUB_N + j;
+                        if (n + CV - 1 >= n_left) continue;
+                        float* c = C_tile + (long long)(m) * ldc + (n);
+                        atomicAdd(c, alpha * acc[rm * TM + i][rn * TN + j]);
+                    }
+            }
+    }
+#endif
+}
+
+}  // namespace gemmgen_fp32_18_fallback_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_18_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_18_fallback_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_18_fallback_kernel<true> : gemmgen_fp32_18_fallback_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    const long long elements = (long long)M * N * batch;
+    const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
+    gemmgen_fp32_18_fallback_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_18_fallback(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+
+namespace gemmgen_fp32_18_impl {
+
+// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
 constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
 constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA and writes B's TF32 remainders
@@ -18883,7 +19426,7 @@ __device__ __forceinline__ void write_remainders(float* tile, float* small, int 
 
 // ---- split K: C = beta * C first, then every slice of K adds alpha * (its product) into C ----
 // (BLAS semantics: where beta is 0, C is not read, so NaN or garbage in C does not survive.)
-extern "C" __global__ void gemmgen_fp32_17_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
+extern "C" __global__ void gemmgen_fp32_18_scale_c(int M, int N, float beta, float* C, int ldc, int batch,
                                                           long long strideC) {
     const long long matrix = (long long)M * N, total = matrix * batch;  // C of every batch
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -18896,7 +19439,7 @@ extern "C" __global__ void gemmgen_fp32_17_scale_c(int M, int N, float beta, flo
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS, 1)
-gemmgen_fp32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
+gemmgen_fp32_18_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
         int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -19063,7 +19606,7 @@ gemmgen_fp32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 #endif
 }
 
-}  // namespace gemmgen_fp32_17_impl
+}  // namespace gemmgen_fp32_18_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -19076,11 +19619,11 @@ gemmgen_fp32_17_kernel(const __grid_constant__ TensorMap map_a, const __grid_con
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_17_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
         long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_17_impl;
+    using namespace gemmgen_fp32_18_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -19098,7 +19641,7 @@ static inline int gemmgen_fp32_17_batched(int M, int N, int K, float alpha, cons
         (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
                         (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
     if (!tma_ready)
-        return gemmgen_fp32_17_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
+        return gemmgen_fp32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
                                                       strideB, strideC, stream);
 
     const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
@@ -19152,29 +19695,570 @@ static inline int gemmgen_fp32_17_batched(int M, int N, int K, float alpha, cons
     // The vector path of the epilogue needs C, ldc and N aligned.
     const bool aligned = true;
     void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_17_kernel<true> : gemmgen_fp32_17_kernel<false>;
+        aligned ? gemmgen_fp32_18_kernel<true> : gemmgen_fp32_18_kernel<false>;
     const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (status != cudaSuccess) return (int)status;
     const long long elements = (long long)M * N * batch;
     const unsigned scale_blocks = (unsigned)(elements / 256 + 1 < 4096 ? elements / 256 + 1 : 4096);
-    gemmgen_fp32_17_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
+    gemmgen_fp32_18_scale_c<<<scale_blocks, 256, 0, stream>>>(M, N, beta, C, ldc, batch, strideC);
     kernel<<<dim3((unsigned)blocks, SPLIT_K), THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
         *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
     return (int)cudaGetLastError();
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_fp32_17(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_18(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_fp32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_fp32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
-// ==== member 18: fp32_18 ===========================================
-// gemmgen_fp32_18: generated by gemmgen 0.1.0 from <library fp32: fp32_18> (edit the spec, not this file)
+// ==== member 19: fp32_19 ===========================================
+// gemmgen_fp32_19: generated by gemmgen 0.1.0 from <library fp32: fp32_19> (edit the spec, not this file)
 //
 // spec:
-//   kernel fp32_18 {
+//   kernel fp32_19 {
+//     target   sm_90
+//     layout   A row, B col, C row
+//     decode   columns 1 warps 8 slices 2
+//     epilogue alpha beta
+//   }
+//
+// layout: A row, B col, C row
+//
+// derived by the Plan:
+//   target                   sm_90
+//   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
+//   orientation              M <= N: rows of A in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B in shared memory, rows of A streamed
+//   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
+//   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
+//   threads per block        256 (8 warps: 4 column group(s) of 2 warp(s), each a slice of K) = 4 columns
+//   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
+//   K slices' sums           64 shared floats, added in slice order (deterministic)
+//   registers (estimate)     52 live floats per lane at 16 rows, 37 at 1
+//   shared memory per block  0 dynamic + 33024 static bytes
+//   schedule                 a block per 4 columns of the big operand, of every batch
+//   epilogue                 alpha * A*B + beta * C
+//   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
+//
+// launcher (called by this file's entry point):
+//   static int gemmgen_fp32_19(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+#ifndef __CUDACC_RTC__
+#include <cuda_runtime.h>
+#include <limits.h>
+#endif
+
+namespace gemmgen_fp32_19_impl {
+
+// ---- decode (from the spec; every derived number is computed by gemmgen's Plan) ------------------
+// "rows": the small operand's (A's M rows where M <= N, else B's N columns), staged through shared
+// memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
+// K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
+constexpr int COLUMNS = 1;  // columns per warp
+constexpr int WARPS = 8;
+constexpr int SLICES = 2;  // warps per column group, each a slice of K
+constexpr int GROUPS = WARPS / SLICES;  // column groups per block
+constexpr int BLOCK_COLS = 4;  // columns per block = COLUMNS * GROUPS
+constexpr int THREADS = 256;
+constexpr int MAX_ROWS = 16;  // rows per pass
+constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
+constexpr int PART_FLOATS = 64;  // shared partial sums of slices 1 .. SLICES - 1
+constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
+constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
+constexpr int SMEM_BYTES = 0;  // its shared memory is static
+// The tensor path (passes of 5 to 16 rows; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
+// step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
+constexpr int PRODUCTS = 0;
+constexpr int TILES = 1;
+constexpr int TILE_SLICES = 8;
+constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its column per lane, issued together
+
+// ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
+
+// Copy BYTES (4, 8 or 16) from global to shared; when `valid` is false nothing is read and
+// the destination is zero-filled (src-size 0), so edge tiles need no separate path.
+template <int BYTES>
+__device__ __forceinline__ void cp_async(float* smem_dst, const float* gmem_src, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const int src_bytes = valid ? BYTES : 0;
+    if constexpr (BYTES == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                     :: "r"(dst), "l"(gmem_src), "r"(src_bytes));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n"
+                     :: "r"(dst), "l"(gmem_src), "n"(BYTES), "r"(src_bytes));
+    }
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Wait until at most PENDING committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(PENDING));
+}
+// ---- tensor cores (sm_80+): TF32 mma.sync.m16n8k8 with FP32 accumulation -------------------
+
+// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned tf32;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
+    return tf32;
+}
+
+// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
+// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x);
+    small = to_tf32(x - __uint_as_float(big));
+}
+
+// c += a * b for one 16 x 8 tile, K = 8. Lane 4g + t holds a: A[g][t], A[g+8][t], A[g][t+4],
+// A[g+8][t+4]; b: B[t][g], B[t+4][g]; c: C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+__device__ __forceinline__ void mma_tf32(float& c0, float& c1, float& c2, float& c3,
+                                         const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{ %0, %1, %2, %3 }, { %4, %5, %6, %7 }, { %8, %9 }, { %0, %1, %2, %3 };\n"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ldmatrix reads 8 x 8 matrices of 16-bit values, i.e. 8 rows of 4 floats: lane l gives the
+// address of row l % 8 of matrix l / 8 and receives float l % 4 of row l / 4 of every matrix,
+// which is exactly the TF32 fragment layout above when shared rows run along K.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&regs)[4], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]), "=r"(regs[2]), "=r"(regs[3]) : "r"(address));
+}
+
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* row) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 { %0, %1 }, [%2];\n"
+                 : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
+}
+static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
+static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
+static_assert(CHUNKS_IN_FLIGHT % 2 == 0, "the scalar variant issues half the float4s, four floats each");
+
+// V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
+template <int V>
+__device__ __forceinline__ void load_vec(float* regs, const float* src) {
+    if constexpr (V == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
+    } else {
+        regs[0] = *src;
+    }
+}
+
+template <int V>
+__device__ __forceinline__ void fill_zero(float* regs) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
+}
+
+// One step of a lane: U x COLUMNS vectors of the big operand, STEP vectors apart from q0 (zeros
+// past the tile's `vectors` and for columns past the edge), all issued before any is used.
+template <int V, int U>
+__device__ __forceinline__ void load_step(float (&b)[U][COLUMNS][V], const float* const (&column)[COLUMNS],
+        const bool (&live)[COLUMNS], int k0, int q0, int vectors) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            const int q = q0 + u * STEP;
+            if (q < vectors && live[c]) load_vec<V>(b[u][c], column[c] + k0 + q * V);
+            else fill_zero<V>(b[u][c]);
+        }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j), for `rows` (<= R) rows of S and
+// the block's BLOCK_COLS columns of G from col0 (of `cols`). V floats per load: 4 where every row
+// starts 16-byte aligned. C is read only where beta != 0.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    constexpr int V = ALIGNED ? 4 : 1;
+    // steps issued together: one column's scalar loads twice as many (more columns spill registers)
+    constexpr int U = ALIGNED || COLUMNS > 1 ? UNROLL : 2 * UNROLL;
+    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 4)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = warp % GROUPS, slice = warp / GROUPS;
+    const int j0 = col0 + group * COLUMNS;  // the warp's first column
+
+    const float* column[COLUMNS];  // columns past the edge are not read (zeros) and not stored
+    bool live[COLUMNS];
+#pragma unroll
+    for (int c = 0; c < COLUMNS; ++c) {
+        live[c] = j0 + c < cols;
+        column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
+    }
+    // Up to 8 rows each lane's sums are blocked: a step's U x V products of a row and column are
+    // summed from zero into `part` (two halves where U x V passes 16), which is then added into acc,
+    // so that no chain of FP32 adds is longer than 16 plus the lane's steps (a plain sum over the
+    // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
+    // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
+    // accumulators (blocked, the 4-column points spill).
+    constexpr bool BLOCKED = R <= 8;
+    constexpr int HALVES = U * V > 16 ? 2 : 1;
+    float acc[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) acc[r][c] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        const int vectors = min(KT, K - k0) / V;  // of this tile (aligned: K is a multiple of 4)
+        __syncthreads();  // every warp is done with the last tile
+        // The refill: every copy issued at once by cp.async (no registers, zeros past `rows`), then
+        // one wait, in place of a load and a store per vector, one L2 round trip after another.
+        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+            const int r = i / vectors, k = i % vectors * V;
+            cp_async<4 * V>(s_rows + r * KT + k, r < rows ? S + r * lds + k0 + k : S, r < rows);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int q0 = slice * 32 + lane; q0 < vectors; q0 += STEP * U) {
+            float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
+            load_step<V, U>(b, column, live, k0, q0, vectors);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float part[COLUMNS][HALVES];  // row r's products of this step, summed from zero (BLOCKED)
+#pragma unroll
+                for (int c = 0; c < COLUMNS; ++c)
+#pragma unroll
+                    for (int h = 0; h < HALVES; ++h) part[c][h] = 0.0f;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
+                    float a[V];  // one vector of row r, reused over the warp's columns
+                    load_vec<V>(a, s_rows + r * KT + q * V);
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) {
+                        float& sum = BLOCKED ? part[c][u * HALVES / U] : acc[r][c];
+#pragma unroll
+                        for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
+                    }
+                }
+                if constexpr (BLOCKED) {
+#pragma unroll
+                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += HALVES == 2 ? part[c][0] + part[c][HALVES - 1] : part[c][0];
+                }
+            }
+        }
+    }
+
+    // Across the lanes (every lane ends with the warp's sums), then across the slices in slice order.
+    float sums[R][COLUMNS];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            sums[r][c] = acc[r][c];
+#pragma unroll
+            for (int offset = 16; offset > 0; offset /= 2)
+                sums[r][c] += __shfl_xor_sync(0xffffffffu, sums[r][c], offset);
+        }
+    if (slice > 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int c = 0; c < COLUMNS; ++c)
+                if ((r * COLUMNS + c) % 32 == lane)
+                    s_part[((slice - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c] = sums[r][c];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int c = 0; c < COLUMNS; ++c) {
+            if (slice > 0 || (r * COLUMNS + c) % 32 != lane || r >= rows || !live[c]) continue;
+            float sum = sums[r][c];
+            for (int s = 1; s < SLICES; ++s)
+                sum += s_part[((s - 1) * GROUPS + group) * MAX_ROWS * COLUMNS + r * COLUMNS + c];
+            float* out = C + r * c_row + (j0 + c) * c_col;
+            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+        }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+// ---- the tensor path: a pass of 5 to 16 rows (R = 8 or 16) on mma.sync m16n8k8 ------------------
+// The sum over K is order-free: lane 4g + t takes k = 16q + 4t .. 16q + 4t + 3 of chunk q (one float4
+// of its column g of the tile, and of rows g and g + 8 of the small operand) as k slots t and t + 4
+// of two k steps (.x .y, then .z .w), the same slots for A and for B.
+
+// Where k of a row of shared memory lies: odd rows swap their 16-float halves, so that the two rows
+// a quarter warp reads (g, t = 0..3 for two g) fall on all 32 banks.
+__device__ __forceinline__ int swizzled(int r, int k) { return k ^ ((r & 1) << 4); }
+
+// Four floats of shared memory (16-byte aligned) by ld.shared: the passes are calls, in which the
+// compiler no longer knows s_rows is shared (volatile: never hoisted past the tile's barriers).
+__device__ __forceinline__ void load_shared4(float (&v)[4], const float* p) {
+    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
+    asm volatile("ld.shared.v4.f32 { %0, %1, %2, %3 }, [%4];\n"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(address));
+}
+
+// c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
+// PRODUCTS 3: both split into big + small TF32 parts, big x big into c, small x big + big x small into
+// their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
+// exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
+template <bool UPPER>
+__device__ __forceinline__ void mma_step(float (&c)[4], float (&cs)[4], float a0, float a1, float a2, float a3,
+                                         float b0, float b1) {
+    unsigned ab[4] = {0u, 0u, 0u, 0u}, bb[2];
+    if constexpr (PRODUCTS == 3) {
+        unsigned as[4] = {0u, 0u, 0u, 0u}, bs[2];
+        split_tf32(a0, ab[0], as[0]);
+        split_tf32(a2, ab[2], as[2]);
+        if constexpr (UPPER) {
+            split_tf32(a1, ab[1], as[1]);
+            split_tf32(a3, ab[3], as[3]);
+        }
+        split_tf32(b0, bb[0], bs[0]);
+        split_tf32(b1, bb[1], bs[1]);
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
+        mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
+    } else {
+        ab[0] = to_tf32(a0);
+        ab[2] = to_tf32(a2);
+        if constexpr (UPPER) {
+            ab[1] = to_tf32(a1);
+            ab[3] = to_tf32(a3);
+        }
+        bb[0] = to_tf32(b0);
+        bb[1] = to_tf32(b1);
+    }
+    mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
+}
+
+// A lane's U float4s of its column (or 4 floats each, unaligned): chunks q0, q0 + TILE_SLICES, ..,
+// each at 16 q of `column` (the lane's 4 t already added), zeros past `left` floats and where not live.
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_chunks(float (&b)[U][4], const float* column, int q0, int left, bool live) {
+    if (live && (q0 + (U - 1) * TILE_SLICES) * 16 + 4 <= left) {  // every chunk whole: no checks
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + (q0 + u * TILE_SLICES) * 16 + e);
+        return;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = (q0 + u * TILE_SLICES) * 16;
+#pragma unroll
+        for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
+            if (live && k + e < left) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + k + e);
+            else fill_zero<ALIGNED ? 4 : 1>(b[u] + e);
+        }
+    }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 5 to R rows
+// (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
+// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of each K tile.
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    constexpr int V = ALIGNED ? 4 : 1;
+    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 32)
+    constexpr int U = ALIGNED ? CHUNKS_IN_FLIGHT : CHUNKS_IN_FLIGHT / 2;  // scalar loads: 4 per chunk
+    static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int tile = warp % TILES, slice = warp / TILES;
+    const int g = lane / 4, t = lane % 4;
+    const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
+    const bool live = j < cols;
+    const float* column = G + (live ? (long long)j * ldg : 0);
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // cs: the small products (3xtf32)
+
+    // A batch of U chunks is issued after the last one is multiplied, the next tile's first batch
+    // included: its loads are in flight through the tile's barriers and refill of the small operand.
+    // Every warp has a batch in every tile but the last (a whole tile is KT / 16 >= TILE_SLICES chunks).
+    float b[U][4];
+    load_chunks<U, ALIGNED>(b, column + 4 * t, slice, min(KT, K) - 4 * t, live);
+    for (int k0 = 0; k0 < K; k0 += KT) {
+        const int klen = min(KT, K - k0), chunks = (klen + 15) / 16;
+        const int vectors = chunks * 16 / V;  // per row: up to a whole chunk, zeros past klen
+        __syncthreads();  // every warp is done with the last tile
+        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
+            const int r = i / vectors, k = i % vectors * V;
+            const bool valid = r < rows && k < klen;
+            cp_async<4 * V>(s_rows + r * KT + swizzled(r, k), valid ? S + r * lds + k0 + k : S, valid);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll 1
+        for (int q0 = slice; q0 < chunks; q0 += TILE_SLICES * U) {
+            // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts
+            // (2.4e-6 at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): each batch's products start from zero
+            // in p and ps, which are added into c and cs here, rounding to nearest.
+            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int q = min(q0 + u * TILE_SLICES, chunks - 1);  // past the tile: b is zero
+                float a[4], a8[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8 at k = 16q + 4t ..
+                load_shared4(a, s_rows + g * KT + swizzled(g, q * 16) + 4 * t);
+                if constexpr (R == 16) load_shared4(a8, s_rows + (g + 8) * KT + swizzled(g + 8, q * 16) + 4 * t);
+                mma_step<R == 16>(p, ps, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
+                mma_step<R == 16>(p, ps, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[i] += p[i];
+                cs[i] += ps[i];
+            }
+            // the next batch: of this tile, else the first of the next tile (none past K)
+            const bool here = q0 + TILE_SLICES * U < chunks;
+            const int next_k0 = here ? k0 : k0 + KT, next_q = here ? q0 + TILE_SLICES * U : slice;
+            load_chunks<U, ALIGNED>(b, column + next_k0 + 4 * t, next_q, min(KT, K - next_k0) - 4 * t, live);
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[i] += cs[i];  // zero but in 3xtf32
+    // Across the tile's slices in slice order; lane 4g + t holds rows g, g + 8 x columns 2t, 2t + 1.
+    if (slice > 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s_part[((slice - 1) * TILES + tile) * 128 + lane * 4 + i] = c[i];
+    }
+    __syncthreads();
+    if (slice == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = g + 8 * (i / 2), jc = col0 + tile * 8 + 2 * t + i % 2;
+            if (r >= rows || jc >= cols) continue;
+            float sum = c[i];
+            for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * 128 + lane * 4 + i];
+            float* out = C + r * c_row + jc * c_col;
+            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+        }
+    }
+    __syncthreads();  // s_part is free for the next pass
+}
+
+// A pass of 5 to 16 rows: FFMA, or the tensor path (only the one taken is instantiated).
+template <int R, bool ALIGNED>
+__device__ __forceinline__ void decode_wide_pass(int rows, int cols, int col0, int K, float alpha,
+        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+{
+    if constexpr (PRODUCTS == 0)
+        decode_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
+    else
+        decode_tensor_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
+}
+
+template <bool ALIGNED>
+__global__ void __launch_bounds__(THREADS)
+gemmgen_fp32_19_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
+        int batch,
+        long long strideA,
+        long long strideB,
+        long long strideC)
+{
+    __shared__ __align__(16) float s_rows[TILE_FLOATS];
+    __shared__ float s_part[PART_FLOATS];
+    // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
+    const bool transposed = M > N;
+    const int rows = transposed ? N : M, cols = transposed ? M : N;
+    const int blocks = (cols + BLOCK_COLS - 1) / BLOCK_COLS;  // per batch
+    const long long batch_index = blockIdx.x / blocks;
+    const int col0 = blockIdx.x % blocks * BLOCK_COLS;
+    A += batch_index * strideA;  // this batch's A, B and C (a stride of 0: the same for every batch)
+    B += batch_index * strideB;
+    C += batch_index * strideC;
+    const float* S = transposed ? B : A;
+    const float* G = transposed ? A : B;
+    const long long lds = transposed ? ldb : lda, ldg = transposed ? lda : ldb;
+    const long long c_m = ldc, c_n = 1;  // C's strides along M and N
+    const long long c_row = transposed ? c_n : c_m, c_col = transposed ? c_m : c_n;
+
+    for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {  // more than MAX_ROWS rows: a pass per MAX_ROWS
+        const int left = min(rows - r0, MAX_ROWS);
+        const float* s = S + r0 * lds;
+        float* c = C + r0 * c_row;
+        if (left == 1)
+            decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left == 2)
+            decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 4)
+            decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else if (left <= 8)
+            decode_wide_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+        else
+            decode_wide_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+    }
+}
+
+}  // namespace gemmgen_fp32_19_impl
+
+#ifndef __CUDACC_RTC__
+// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
+// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
+// dimensions below their minimum or null pointers where data is needed.
+// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
+// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
+// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
+// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
+static inline int gemmgen_fp32_19_batched(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, int batch,
+        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
+{
+    using namespace gemmgen_fp32_19_impl;
+    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
+    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
+    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
+    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
+    // than one); batch * stride must fit in 64 bits.
+    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
+    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
+    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
+        return cudaErrorInvalidValue;
+    if (batch == 0 || M == 0 || N == 0) {
+        return cudaSuccess;
+    }
+    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
+
+    // A block per BLOCK_COLS columns of the big operand (B's N where M <= N, else A's M), of every batch.
+    const long long blocks = (long long)(((M <= N ? N : M) + BLOCK_COLS - 1) / BLOCK_COLS) * batch;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
+    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
+        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0);
+    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
+        aligned ? gemmgen_fp32_19_kernel<true> : gemmgen_fp32_19_kernel<false>;
+    if (SMEM_BYTES > 48 * 1024) {
+        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        if (status != cudaSuccess) return (int)status;
+    }
+    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
+    return (int)cudaGetLastError();
+}
+
+// The single GEMM: one batch.
+static inline int gemmgen_fp32_19(int M, int N, int K, float alpha, const float* A, int lda,
+        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
+{
+    return gemmgen_fp32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+}
+#endif  // __CUDACC_RTC__
+// ==== member 20: fp32_20 ===========================================
+// gemmgen_fp32_20: generated by gemmgen 0.1.0 from <library fp32: fp32_20> (edit the spec, not this file)
+//
+// spec:
+//   kernel fp32_20 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     block    128 x 64 x 32
@@ -19211,13 +20295,13 @@ static inline int gemmgen_fp32_17(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_fp32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_fp32_20(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_fp32_18_impl {
+namespace gemmgen_fp32_20_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 64, BK = 32;  // C tile per block, K step
@@ -19368,7 +20452,7 @@ __device__ __forceinline__ int sB_index(int k, int n) { return (k) * 72 + n; }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_fp32_18_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_fp32_20_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -19599,7 +20683,7 @@ gemmgen_fp32_18_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
-}  // namespace gemmgen_fp32_18_impl
+}  // namespace gemmgen_fp32_20_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -19609,11 +20693,11 @@ gemmgen_fp32_18_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_fp32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_20_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_fp32_18_impl;
+    using namespace gemmgen_fp32_20_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -19636,7 +20720,7 @@ static inline int gemmgen_fp32_18_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_fp32_18_kernel<true> : gemmgen_fp32_18_kernel<false>;
+        aligned ? gemmgen_fp32_20_kernel<true> : gemmgen_fp32_20_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -19646,10 +20730,10 @@ static inline int gemmgen_fp32_18_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_fp32_18(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_fp32_20(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_fp32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_fp32_20_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 #ifndef __CUDACC_RTC__
@@ -19724,65 +20808,437 @@ struct Model { const Point* points; int count; double coef[5]; double split_rati
 struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; bool stream_k; bool decode; int decode_products; };
 
 static const Point fp32_0_aligned[] = {
-    {256, 256, 256, 0.0163199994713068, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.0039474312814576995, 1, 0.0, 0},
-    {512, 512, 512, 0.020927999168634415, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.11811373223109382, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.031199999153614044, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03856316658716712, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.1589440032839775, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07400576983865292, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.2359520196914673, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03904032179654725, 1, 0.0, 0},
-    {8192, 8192, 8192, 9.507807731628418, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06702030380943881, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.525952011346817, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.022841965072366764, 1, 0.0, 0},
-    {1, 4096, 4096, 0.051872000098228455, 0.0, 8.317766166719343, 8.317766166719343, 0.0025739890634897886, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08348800241947174, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.05078949470116974, 1, 0.0, 0},
-    {64, 4096, 8192, 0.0889119990170002, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.025022128917856226, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16731200367212296, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.022051153506533933, 1, 0.0, 0},
-    {8192, 128, 8192, 0.16660799831151962, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.02626777065743221, 1, 0.0, 0},
-    {4096, 32, 4096, 0.052000001072883606, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0064337958403598424, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09094399958848953, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.007075384810961909, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10968000069260597, 0.0, 9.306377560173125, 8.317766166719343, -0.017446851916830916, 1, 0.0, 0},
-    {8, 11008, 4096, 0.11151999980211258, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.004050645818172394, 1, 0.0, 0},
-    {16, 4096, 4096, 0.05571199953556061, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.06842281011771448, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13808000087738037, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.025639543974262113, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0551999993622303, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0591901965976203, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08790399879217148, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.005147294263162378, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08966399729251862, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0056137969517345105, 1, 0.0, 0},
-    {5, 4096, 4096, 0.05430399999022484, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.04690500714749846, 1, 0.0, 0},
-    {3, 4096, 11008, 0.11073600128293037, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.028446399656945332, 1, 0.0, 0},
-    {4096, 4096, 512, 0.16524799913167953, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.0893132534993313, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.7249440252780914, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0042829940507653035, 1, 0.0, 0},
-    {8192, 8192, 256, 0.36184000968933105, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.03998087838813369, 1, 0.0, 0},
-    {2048, 2048, 128, 0.02284800074994564, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.019913086696117983, 1, 0.0, 0},
-    {16384, 4096, 64, 0.1446399986743927, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.03312594948999744, 1, 0.0, 0},
-    {256, 256, 32768, 0.07558400183916092, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.009356283750506934, 1, 0.0, 0},
-    {512, 512, 16384, 0.09742399677634239, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.008635296121570334, 1, 0.0, 0},
-    {128, 1024, 65536, 0.1825760006904602, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.006515560618255159, 1, 0.0, 0},
-    {64, 64, 131072, 0.1470559984445572, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.015112692436534944, 1, 0.0, 0},
-    {384, 384, 24576, 0.09884800016880035, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.11231673163105807, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9020799994468689, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.18104333106010415, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.0987520217895508, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.1350478748467772, 1, 0.0, 0},
-    {1536, 2560, 768, 0.07062400132417679, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.03521462207947538, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.4485439956188202, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.011267133621944732, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.5181119441986084, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.023007344146284595, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.1557279825210571, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.026247499726084027, 1, 0.0, 0},
-    {512, 512, 512, 0.18353600054979324, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.01565021250566913, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.12407999858260155, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.08030113274038406, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03776000067591667, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5222998268933289, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.09641599655151367, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.25037966686042695, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.10022400319576263, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.07507918766157871, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.19092799723148346, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.012846956575471668, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.3254240155220032, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03109022340262805, 1, 0.0, 1},
+    {256, 256, 256, 0.0163199994713068, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.0042633495321592494, 1, 0.0, 0},
+    {512, 512, 512, 0.020927999168634415, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.11788435365476273, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.031199999153614044, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0384464565530812, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.1589440032839775, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07401974923151727, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.2359520196914673, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.039080954328021895, 1, 0.0, 0},
+    {8192, 8192, 8192, 9.507807731628418, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06706411690623712, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.525952011346817, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.022865858074748745, 1, 0.0, 0},
+    {1, 4096, 4096, 0.051872000098228455, 0.0, 8.317766166719343, 8.317766166719343, 0.002803118659798981, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08348800241947174, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.050602491217407855, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0889119990170002, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02491069710148296, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16731200367212296, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.022063640479858822, 1, 0.0, 0},
+    {8192, 128, 8192, 0.16660799831151962, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.026280257630757094, 1, 0.0, 0},
+    {4096, 32, 4096, 0.052000001072883606, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.006247046515377622, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09094399958848953, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.007162128901483456, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10968000069260597, 0.0, 9.306377560173125, 8.317766166719343, -0.017242165412861152, 1, 0.0, 0},
+    {8, 11008, 4096, 0.11151999980211258, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0038579009413989536, 1, 0.0, 0},
+    {16, 4096, 4096, 0.05571199953556061, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.0686313114615051, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13808000087738037, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.02544513274276136, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0551999993622303, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.059398697941410776, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08790399879217148, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0053504747638955285, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08966399729251862, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.00580603546673669, 1, 0.0, 0},
+    {5, 4096, 4096, 0.05430399999022484, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.047128613346123026, 1, 0.0, 0},
+    {3, 4096, 11008, 0.11073600128293037, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.02824671558048497, 1, 0.0, 0},
+    {4096, 4096, 512, 0.16524799913167953, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.08932913531250847, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.7249440252780914, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.004320257689467534, 1, 0.0, 0},
+    {8192, 8192, 256, 0.36184000968933105, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.04001228467516491, 1, 0.0, 0},
+    {2048, 2048, 128, 0.02284800074994564, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.020084716451109864, 1, 0.0, 0},
+    {16384, 4096, 64, 0.1446399986743927, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.033116997391839896, 1, 0.0, 0},
+    {256, 256, 32768, 0.07558400183916092, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.009433897011606391, 1, 0.0, 0},
+    {512, 512, 16384, 0.09742399677634239, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.00865518705417806, 1, 0.0, 0},
+    {128, 1024, 65536, 0.1825760006904602, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.006510628628119611, 1, 0.0, 0},
+    {64, 64, 131072, 0.1470559984445572, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.015272120782540397, 1, 0.0, 0},
+    {384, 384, 24576, 0.09884800016880035, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.11234897399669595, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9020799994468689, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.18100544895035217, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.0987520217895508, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.13500892958274238, 1, 0.0, 0},
+    {1536, 2560, 768, 0.07062400132417679, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.035242248620297394, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.4485439956188202, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.01130030641189208, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.5181119441986084, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.02296446223094402, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.1557279825210571, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.026207447949418178, 1, 0.0, 0},
+    {512, 512, 512, 0.18353600054979324, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.01563433069249186, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.12407999858260155, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.08030130204200517, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03776000067591667, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5224714566483208, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.09641599655151367, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.25040340682933704, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.10022400319576263, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.07518206988954851, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.19092799723148346, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.012865083199618058, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.3254240155220032, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.031050416541744216, 1, 0.0, 1},
 };
 static const Point fp32_0_unaligned[] = {
-    {2047, 2047, 2047, 0.2844800055027008, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03149084522177744, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1642560064792633, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.12201511327867234, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.271360158920288, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.04351914402995873, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04374400153756142, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.22056635758741186, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05510399863123894, 8.317766166719343, 0.0, 8.317766166719343, -0.10406323321610801, 1, 0.0, 0},
-    {1, 4096, 4096, 0.1409280002117157, 0.0, 8.317766166719343, 8.317766166719343, 0.8349636059806791, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14665600657463074, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.058378113607288076, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.140079975128174, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.025328835952681872, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14853824991610173, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2844800055027008, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.031322100794318346, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1642560064792633, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.12192655572652723, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.271360158920288, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.04375134224938083, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04374400153756142, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.21999103717884758, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05510399863123894, 8.317766166719343, 0.0, 8.317766166719343, -0.10591191147225003, 1, 0.0, 0},
+    {1, 4096, 4096, 0.1409280002117157, 0.0, 8.317766166719343, 8.317766166719343, 0.8331149277245371, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14665600657463074, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.05683588561552803, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.140079975128174, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.025030616667360974, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14884239014682302, 1, 0.0, 0},
 };
 static const Point fp32_1_aligned[] = {
+    {1, 4096, 4096, 0.03657599911093712, 0.0, 8.317766166719343, 8.317766166719343, 0.019810241027386585, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08687999844551086, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.042426311590349444, 1, 0.0, 0},
+    {1, 11008, 4096, 0.07657600194215775, 0.0, 9.306377560173125, 8.317766166719343, 0.043439809903869905, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09097599983215332, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.03367285449386223, 1, 0.0, 0},
+    {16, 4096, 4096, 0.05004800111055374, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.04630552685201739, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10268799960613251, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.003599981392780513, 1, 0.0, 0},
+    {4096, 16, 4096, 0.04995200037956238, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.048225542033071965, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06943999975919724, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.012704507765703947, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08064000308513641, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.021581621210082523, 1, 0.0, 0},
+    {5, 4096, 4096, 0.040511999279260635, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.005868894829903769, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08060800284147263, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.09276391276056956, 1, 0.0, 0},
+};
+static const Point fp32_1_unaligned[] = {
+    {4096, 1, 4096, 0.036607999354600906, 8.317766166719343, 0.0, 8.317766166719343, -0.09633098234473443, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04620800167322159, 0.0, 8.317766166719343, 8.317766166719343, 0.1365552190089422, 1, 0.0, 0},
+    {16, 11008, 4096, 0.20339199900627136, 2.772588722239781, 9.306377560173125, 8.317766166719343, 2.2204460492503128e-16, 1, 0.0, 0},
+};
+static const Point fp32_2_aligned[] = {
+    {256, 256, 256, 0.015744000673294067, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.03265821560993036, 1, 0.0, 0},
+    {512, 512, 512, 0.02300800010561943, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.025891366870286512, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.038975998759269714, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.035814948395904024, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.143327996134758, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.036197235915967935, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.176144003868103, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.04674526741920731, 1, 0.0, 0},
+    {8192, 8192, 8192, 8.608575820922852, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.029593719172651686, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5172160267829895, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.013875053993539558, 1, 0.0, 0},
+    {1, 4096, 4096, 0.12982399761676788, 0.0, 8.317766166719343, 8.317766166719343, 0.04293514171952144, 1, 0.0, 0},
+    {16, 8192, 4096, 0.13158400356769562, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.02499731439861467, 1, 0.0, 0},
+    {64, 4096, 8192, 0.2526400089263916, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.040309454823648894, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2520959973335266, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02558412115206916, 1, 0.0, 0},
+    {8192, 128, 8192, 0.25679999589920044, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.007096522076335236, 1, 0.0, 0},
+    {4096, 32, 4096, 0.13126400113105774, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.047765437898882636, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1298080012202263, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.013175101366352105, 1, 0.0, 0},
+    {1, 11008, 4096, 0.13478399813175201, 0.0, 9.306377560173125, 8.317766166719343, 0.03767887378467801, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1329600065946579, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.020443699533730802, 1, 0.0, 0},
+    {16, 4096, 4096, 0.13043199479579926, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.044602356729694564, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13831999897956848, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.04164919553808239, 1, 0.0, 0},
+    {4096, 16, 4096, 0.12992000579833984, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.040669299512659685, 1, 0.0, 0},
+    {6, 8192, 4096, 0.13225600123405457, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.033987645197835245, 1, 0.0, 0},
+    {12, 4096, 8192, 0.2540160119533539, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.05649339437477887, 1, 0.0, 0},
+    {5, 4096, 4096, 0.12918399274349213, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03719091959188872, 1, 0.0, 0},
+    {3, 4096, 11008, 0.3331359922885895, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.043948893117395665, 1, 0.0, 0},
+    {4096, 4096, 512, 0.15600000321865082, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.025760401841302908, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.6432160139083862, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.025112989335578668, 1, 0.0, 0},
+    {8192, 8192, 256, 0.3336799889802933, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.028683256829483483, 1, 0.0, 0},
+    {2048, 2048, 128, 0.02067199908196926, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.04695820939454467, 1, 0.0, 0},
+    {16384, 4096, 64, 0.13814400136470795, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.007077268099478447, 1, 0.0, 0},
+    {256, 256, 32768, 0.9972800016403198, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.09045470433480328, 1, 0.0, 0},
+    {512, 512, 16384, 0.502623975276947, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.06773071803881611, 1, 0.0, 0},
+    {128, 1024, 65536, 1.959119975566864, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.07057752122207242, 1, 0.0, 0},
+    {64, 64, 131072, 3.9054559469223022, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.08308041673076218, 1, 0.0, 0},
+    {384, 384, 24576, 0.7411839962005615, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.06928839711990296, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.0431520342826843, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.016258843588562902, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.4560480117797852, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.03350995082577907, 1, 0.0, 0},
+    {1536, 2560, 768, 0.05967999994754791, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.039544567741921006, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.4110880047082901, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03286449271618146, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.109439969062805, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.053561928356507756, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.0136480331420898, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.030660988940837755, 1, 0.0, 0},
+    {512, 512, 512, 0.15798400342464447, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.013122645969604468, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.10480000078678131, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.01712838295433186, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.028271999210119247, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.36005001384245305, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07718399912118912, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06619072384972506, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.08265600353479385, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.026466884139895907, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.1712000072002411, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02395410000130375, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.195360004901886, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.06330696607161014, 1, 0.0, 1},
+};
+static const Point fp32_2_unaligned[] = {
+    {2047, 2047, 2047, 0.2850399911403656, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.044402872485726684, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1658560037612915, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.1007738324168309, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.931504011154175, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.021517343563572867, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04294399917125702, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.09412791528191049, 1, 0.0, 0},
+    {4096, 1, 4096, 0.13353599607944489, 8.317766166719343, 0.0, 8.317766166719343, 0.19552721820296187, 1, 0.0, 0},
+    {1, 4096, 4096, 0.13963200151920319, 0.0, 8.317766166719343, 8.317766166719343, 0.24016654445436297, 1, 0.0, 0},
+    {16, 11008, 4096, 0.1486400067806244, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.03867529332228338, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.130303978919983, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.005532545656960753, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04476799815893173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.111493926015093, 1, 0.0, 0},
+};
+static const Point fp32_3_aligned[] = {
+    {256, 256, 256, 0.009759999811649323, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07177341664604245, 1, 0.0, 0},
+    {512, 512, 512, 0.0122079998254776, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03344948202108165, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.045552000403404236, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.02912909937863556, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2782079875469208, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08757544144002975, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.117103934288025, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06198778693195295, 1, 0.0, 0},
+    {8192, 8192, 8192, 17.307744026184082, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.00509436145641154, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.8306719958782196, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.09121929129559418, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04707200080156326, 0.0, 8.317766166719343, 8.317766166719343, 0.10120472320375552, 1, 0.0, 0},
+    {16, 8192, 4096, 0.0814720019698143, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04117415321258424, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0764480009675026, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.0037235671843680743, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2720479965209961, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.050859640250061, 1, 0.0, 0},
+    {8192, 128, 8192, 0.2510560005903244, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.1311621246089143, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04708800092339516, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.10154457285738301, 1, 0.0, 0},
+    {80, 8192, 4096, 0.15084800124168396, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.009148262799882156, 1, 0.0, 0},
+    {1, 11008, 4096, 0.12595200538635254, 0.0, 9.306377560173125, 8.317766166719343, 0.10119534242667974, 1, 0.0, 0},
+    {8, 11008, 4096, 0.11390400305390358, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.000650432844548821, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04713600128889084, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10256342938058277, 1, 0.0, 0},
+    {4, 14336, 4096, 0.15591999888420105, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0422185952979359, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0469760000705719, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.09916319625062456, 1, 0.0, 0},
+    {6, 8192, 4096, 0.088639996945858, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.12549791464323623, 1, 0.0, 0},
+    {12, 4096, 8192, 0.07736000046133995, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.008135506125122887, 1, 0.0, 0},
+    {5, 4096, 4096, 0.046879999339580536, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.09711749293758862, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10712000355124474, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.06638076341179046, 1, 0.0, 0},
+    {4096, 4096, 512, 0.4280160069465637, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.15200386309965133, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.3849120140075684, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.013055335804116852, 1, 0.0, 0},
+    {8192, 8192, 256, 1.2423039674758911, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.32160065779816555, 1, 0.0, 0},
+    {2048, 2048, 128, 0.07142399996519089, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.41358072149713476, 1, 0.0, 0},
+    {16384, 4096, 64, 0.9625760018825531, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.651868452831479, 1, 0.0, 0},
+    {256, 256, 32768, 0.22438399493694305, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.22814026025315004, 1, 0.0, 0},
+    {512, 512, 16384, 0.12270400300621986, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.16776616390711474, 1, 0.0, 0},
+    {128, 1024, 65536, 0.4575359970331192, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.19387026957820985, 1, 0.0, 0},
+    {64, 64, 131072, 0.8860480189323425, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.21855731828688962, 1, 0.0, 0},
+    {384, 384, 24576, 0.1762559935450554, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.19170429809293826, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1642560362815857, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17657331673269766, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.4297919869422913, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1456197019701111, 1, 0.0, 0},
+    {1536, 2560, 768, 0.13787200301885605, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09923149676610261, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.7500159740447998, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0700978480925736, 1, 0.0, 0},
+    {4096, 11008, 4096, 6.12719988822937, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.027750521270197646, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.9518559575080872, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.007899904736829754, 1, 0.0, 0},
+    {512, 512, 512, 0.4419200122356415, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.18397216671772088, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.5522239804267883, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.5393764475656774, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.0838719978928566, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5742385766833743, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.5301439762115479, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.7309948649185551, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.1316480040550232, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2898815152336397, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.630048006772995, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.32424521478927937, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.191327929496765, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.02752915239432081, 1, 0.0, 1},
+};
+static const Point fp32_3_unaligned[] = {
+    {2047, 2047, 2047, 0.3227680027484894, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04663939016317714, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.16990400105714798, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07678786505849167, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.290575981140137, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.013287215994395056, 1, 0.0, 0},
+    {127, 4099, 1023, 0.036320000886917114, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.01558836814166229, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04713600128889084, 8.317766166719343, 0.0, 8.317766166719343, -0.08081772492837859, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07619199901819229, 0.0, 8.317766166719343, 8.317766166719343, 0.39940166486579964, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14974399656057358, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.17120461877870918, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.222864031791687, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06768338645198235, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05915199965238571, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.017838474986199806, 1, 0.0, 0},
+};
+static const Point fp32_4_aligned[] = {
+    {256, 256, 256, 0.0498879998922348, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2503437799635847, 1, 0.0, 0},
+    {512, 512, 512, 0.1518079936504364, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09337924077361691, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.5954560041427612, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.01861458722129511, 1, 0.0, 0},
+    {2048, 2048, 2048, 2.620863914489746, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.10983219829132698, 1, 0.0, 0},
+    {4096, 4096, 4096, 13.94159984588623, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.317411424898428, 1, 0.0, 0},
+    {8192, 8192, 8192, 61.19455909729004, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.2579779661377286, 1, 0.0, 0},
+    {3000, 3000, 3000, 6.1684160232543945, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.1626116054104582, 1, 0.0, 0},
+    {1, 4096, 4096, 0.15996800363063812, 0.0, 8.317766166719343, 8.317766166719343, -0.07653699930753266, 1, 0.0, 0},
+    {16, 8192, 4096, 0.3689279854297638, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.13689420355896395, 1, 0.0, 0},
+    {64, 4096, 8192, 0.2556479871273041, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.16738458991100683, 1, 0.0, 0},
+    {128, 8192, 8192, 0.885343998670578, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1401433914837728, 1, 0.0, 0},
+    {8192, 128, 8192, 0.8907520174980164, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.14623319236337823, 1, 0.0, 0},
+    {4096, 32, 4096, 0.18140800297260284, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.0016322173961773453, 1, 0.0, 0},
+    {80, 8192, 4096, 0.7481279969215393, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.1596642529139133, 1, 0.0, 0},
+    {1, 11008, 4096, 0.41547200083732605, 0.0, 9.306377560173125, 8.317766166719343, 0.015318719058929588, 1, 0.0, 0},
+    {8, 11008, 4096, 0.4232960045337677, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.02156418246334684, 1, 0.0, 0},
+    {16, 4096, 4096, 0.18960000574588776, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07008771523220018, 1, 0.0, 0},
+    {4, 14336, 4096, 0.538351982831955, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.019864484926849536, 1, 0.0, 0},
+    {4096, 16, 4096, 0.17372800409793854, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.017338023582751057, 1, 0.0, 0},
+    {6, 8192, 4096, 0.31331199407577515, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.009479100437784736, 1, 0.0, 0},
+    {12, 4096, 8192, 0.21052800118923187, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.09535736223362434, 1, 0.0, 0},
+    {5, 4096, 4096, 0.15833599865436554, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0930629825563264, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1947679966688156, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.0093212278845034, 1, 0.0, 0},
+    {4096, 4096, 512, 11.553279876708984, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.2871988354152743, 1, 0.0, 0},
+    {5120, 7168, 1024, 26.56716823577881, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.3148316349323025, 1, 0.0, 0},
+    {8192, 8192, 256, 45.86971092224121, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.2946247626239437, 1, 0.0, 0},
+    {2048, 2048, 128, 2.2252800464630127, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.034444780275960846, 1, 0.0, 0},
+    {16384, 4096, 64, 44.837087631225586, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2811865199150917, 1, 0.0, 0},
+    {256, 256, 32768, 0.10888000205159187, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06808259000489135, 1, 0.0, 0},
+    {512, 512, 16384, 0.2762719988822937, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.026188658924447706, 1, 0.0, 0},
+    {128, 1024, 65536, 0.3140000104904175, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.015658166745794195, 1, 0.0, 0},
+    {64, 64, 131072, 0.04531199857592583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.004896271190789573, 1, 0.0, 0},
+    {384, 384, 24576, 0.19236800074577332, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.004575576706846535, 1, 0.0, 0},
+    {1280, 1920, 16384, 2.483791947364807, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.09609364138110214, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.855184018611908, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.01516395445682483, 1, 0.0, 0},
+    {1536, 2560, 768, 2.193951964378357, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.05356407796340097, 1, 0.0, 0},
+    {2048, 5632, 2048, 7.59768009185791, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.1705847281920796, 1, 0.0, 0},
+    {4096, 11008, 4096, 39.369184494018555, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.3687295009597968, 1, 0.0, 0},
+    {1024, 14336, 4096, 13.190688133239746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.3950425320730894, 1, 0.0, 0},
+    {512, 512, 512, 11.522559642791748, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.28453628855195007, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 22.32022476196289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.272795378511203, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 2.2596160173416138, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.049756904016789893, 256, 5.545177444479562, 0},
+    {512, 512, 64, 22.186671257019043, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.26991120717967976, 128, 4.852030263919617, 0},
+    {512, 64, 512, 2.3452320098876953, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.0686657623268785, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 22.59183979034424, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.27868530066171093, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 16.7730712890625, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5026857505510095, 1, 0.0, 1},
+};
+static const Point fp32_4_unaligned[] = {
+    {2047, 2047, 2047, 3.2127360105514526, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03711371475018326, 1, 0.0, 0},
+    {1531, 1531, 1531, 1.8481119871139526, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.023053461827621066, 1, 0.0, 0},
+    {5003, 5003, 5003, 24.675856590270996, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.007855933938722342, 1, 0.0, 0},
+    {127, 4099, 1023, 0.4060800075531006, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.03495432338513241, 1, 0.0, 0},
+    {4096, 1, 4096, 0.17049600183963776, 8.317766166719343, 0.0, 8.317766166719343, 0.31870243599245945, 1, 0.0, 0},
+    {1, 4096, 4096, 0.12038400024175644, 0.0, 8.317766166719343, 8.317766166719343, -0.029322775148496627, 1, 0.0, 0},
+    {16, 11008, 4096, 0.3600800037384033, 2.772588722239781, 9.306377560173125, 8.317766166719343, -4.570509205566049e-05, 1, 0.0, 0},
+    {4096, 4096, 4096, 15.913887977600098, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.023754444729089722, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.8340480029582977, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.04675414318427185, 1, 0.0, 0},
+};
+static const Point fp32_5_aligned[] = {
+    {256, 256, 256, 0.014368000440299511, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.03665913796875502, 1, 0.0, 0},
+    {512, 512, 512, 0.01692800037562847, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.013400484103356876, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.0359519999474287, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.023519252801775928, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.19070400297641754, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.041697690216129235, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.3055520057678223, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03993017527915526, 1, 0.0, 0},
+    {8192, 8192, 8192, 10.142144203186035, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.02595925628936842, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5913439989089966, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.014952637199087598, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04899200052022934, 0.0, 8.317766166719343, 8.317766166719343, 0.03500642651333955, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08835200220346451, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0047329887546142015, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.04102816823021816, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16390399634838104, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.005266999592315635, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1629120036959648, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.011337667483560614, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05023999884724617, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.049355533532853185, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09009600058197975, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.00043426456597631336, 1, 0.0, 0},
+    {1, 11008, 4096, 0.12801600247621536, 0.0, 9.306377560173125, 8.317766166719343, 0.008756189689409081, 1, 0.0, 0},
+    {8, 11008, 4096, 0.12563200294971466, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.012496772817980178, 1, 0.0, 0},
+    {16, 4096, 4096, 0.050175998359918594, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.0536432065261965, 1, 0.0, 0},
+    {4, 14336, 4096, 0.16713599860668182, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0019891565652919497, 1, 0.0, 0},
+    {4096, 16, 4096, 0.10409599915146828, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.7834199566243323, 1, 0.0, 0},
+    {6, 8192, 4096, 0.09275199845433235, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0571111620871431, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08180799707770348, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.003885076641714825, 1, 0.0, 0},
+    {5, 4096, 4096, 0.048128001391887665, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.015812735160798546, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1019200012087822, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.034889440959500986, 1, 0.0, 0},
+    {4096, 4096, 512, 0.34491199254989624, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.029033522008607447, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.0179679989814758, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.0011694644288560724, 1, 0.0, 0},
+    {8192, 8192, 256, 1.1574400067329407, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.14314605764582772, 1, 0.0, 0},
+    {2048, 2048, 128, 0.07760000228881836, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.22892823229587214, 1, 0.0, 0},
+    {16384, 4096, 64, 0.9899839758872986, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.15084372118876274, 1, 0.0, 0},
+    {256, 256, 32768, 0.2575039863586426, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.0680139822944994, 1, 0.0, 0},
+    {512, 512, 16384, 0.1369599997997284, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.09497532213496093, 1, 0.0, 0},
+    {128, 1024, 65536, 0.5080000162124634, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07376815662732533, 1, 0.0, 0},
+    {64, 64, 131072, 0.990447998046875, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.05753022580729666, 1, 0.0, 0},
+    {384, 384, 24576, 0.19622400403022766, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08630851917034872, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.762607991695404, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.0015056354073373908, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8856320083141327, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.011617475260200771, 1, 0.0, 0},
+    {1536, 2560, 768, 0.10867200046777725, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.015274130552603009, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.5288640260696411, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.010054721904560412, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.8137600421905518, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0678684356929774, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.2292159795761108, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.032597646777160455, 1, 0.0, 0},
+    {512, 512, 512, 0.3686880022287369, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09569499554702746, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.5577920079231262, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2443754527242829, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.08659200370311737, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.33856825092506065, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.5180000066757202, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1801271485397969, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.19012799859046936, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.11787678840002605, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.5869599878787994, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.14256693555455616, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.344319999217987, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.010472663716013124, 1, 0.0, 1},
+};
+static const Point fp32_5_unaligned[] = {
+    {2047, 2047, 2047, 0.355679988861084, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.01795087394122501, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1804479956626892, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.017720712455066876, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.491679906845093, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.05033336705223734, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04428799822926521, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.005477526999680657, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04923199862241745, 8.317766166719343, 0.0, 8.317766166719343, -0.02994607601487657, 1, 0.0, 0},
+    {1, 4096, 4096, 0.051711998879909515, 0.0, 8.317766166719343, 8.317766166719343, 0.019199974625348133, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12464000284671783, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.0008245568008751118, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.277232050895691, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04142537769843347, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.0716640017926693, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.006603213550257713, 1, 0.0, 0},
+};
+static const Point fp32_6_aligned[] = {
+    {256, 256, 256, 0.0225600004196167, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.1244721898103258, 1, 0.0, 0},
+    {512, 512, 512, 0.017952000722289085, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1732721899015203, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05273599922657013, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.023781312814926445, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2561440020799637, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03146602296451201, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6829599738121033, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01963833264374552, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.569407939910889, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.08909360464088996, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.7284160256385803, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.04302904774554682, 1, 0.0, 0},
+    {1, 4096, 4096, 0.049855999648571014, 0.0, 8.317766166719343, 8.317766166719343, 0.18985636553770444, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07310399785637856, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.06899950042649634, 1, 0.0, 0},
+    {64, 4096, 8192, 0.07215999811887741, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1193076552124207, 1, 0.0, 0},
+    {128, 8192, 8192, 0.21356799453496933, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.000767299359506489, 1, 0.0, 0},
+    {8192, 128, 8192, 0.21359999477863312, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0009171244612189514, 1, 0.0, 0},
+    {4096, 32, 4096, 0.06470400094985962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.052202171613698854, 1, 0.0, 0},
+    {80, 8192, 4096, 0.11948800086975098, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.022937977038809322, 1, 0.0, 0},
+    {1, 11008, 4096, 0.0936959981918335, 0.0, 9.306377560173125, 8.317766166719343, -0.015545455104625626, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09468799829483032, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.005134215467518138, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04342399910092354, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05150798672169628, 1, 0.0, 0},
+    {4, 14336, 4096, 0.12124799937009811, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.007267953482527235, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06883200258016586, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.00992985980693401, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06947200000286102, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.018218999872945774, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06777600198984146, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.05762069381572442, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04131200164556503, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.0018114257409864915, 1, 0.0, 0},
+    {3, 4096, 11008, 0.0828159973025322, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.039609708167214985, 1, 0.0, 0},
+    {4096, 4096, 512, 0.46404799818992615, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.006660668020215158, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.3932960033416748, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.019946087272965207, 1, 0.0, 0},
+    {8192, 8192, 256, 1.6441439986228943, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.1427399871145592, 1, 0.0, 0},
+    {2048, 2048, 128, 0.10372800007462502, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10330477472025935, 1, 0.0, 0},
+    {16384, 4096, 64, 1.5479360222816467, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.21557565785190172, 1, 0.0, 0},
+    {256, 256, 32768, 0.1796480044722557, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1071667567043777, 1, 0.0, 0},
+    {512, 512, 16384, 0.10063999891281128, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08516971246774, 1, 0.0, 0},
+    {128, 1024, 65536, 0.35420800745487213, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07528995469035317, 1, 0.0, 0},
+    {64, 64, 131072, 0.655536025762558, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.12593526399962776, 1, 0.0, 0},
+    {384, 384, 24576, 0.14043200016021729, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09755478910817973, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.8768160045146942, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.098166691177613, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1231840252876282, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0009537363960046986, 1, 0.0, 0},
+    {1536, 2560, 768, 0.14655999839305878, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0318759305652285, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6803200244903564, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.008883342557634689, 1, 0.0, 0},
+    {4096, 11008, 4096, 5.253744125366211, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.14901544066122907, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.8232640027999878, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.1950198797938032, 1, 0.0, 0},
+    {512, 512, 512, 0.5012319982051849, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0837417409398648, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.8083039820194244, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2433355254827095, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.11047999933362007, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.16636718863754707, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.8146400153636932, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2515132080550432, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.20926400274038315, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.1411772528075151, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.8717760145664215, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.18756814974916067, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7846239805221558, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03902379565734975, 1, 0.0, 1},
+};
+static const Point fp32_6_unaligned[] = {
+    {2047, 2047, 2047, 0.35156799852848053, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.020450096387499835, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.17932799458503723, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03435760228089443, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.412655830383301, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.01661235125075784, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04297599941492081, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.015268342890479888, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07051200047135353, 8.317766166719343, 0.0, 8.317766166719343, -0.11010498481555336, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05129599943757057, 0.0, 8.317766166719343, 8.317766166719343, 0.00856536862276991, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12363200262188911, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.03669528189601873, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.294895887374878, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03368092682716211, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.06988800317049026, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.008818815072804659, 1, 0.0, 0},
+};
+static const Point fp32_7_aligned[] = {
+    {256, 256, 256, 0.025567999109625816, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.20894698134258385, 1, 0.0, 0},
+    {512, 512, 512, 0.0488319993019104, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09768711451328942, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.16230399906635284, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.1457874893925225, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.6280800104141235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.060321280253297804, 1, 0.0, 0},
+    {4096, 4096, 4096, 3.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.07418864437610692, 1, 0.0, 0},
+    {8192, 8192, 8192, 16.47815990447998, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.02329824593736615, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.414784014225006, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.01465626735103374, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, -0.0008153249543882829, 1, 0.0, 0},
+    {16, 8192, 4096, 0.13124799728393555, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.00671311406198288, 1, 0.0, 0},
+    {64, 4096, 8192, 0.11611199751496315, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03563691797116894, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2704799920320511, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.0052501436584076995, 1, 0.0, 0},
+    {8192, 128, 8192, 0.26638399064540863, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010009143597117062, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07286400347948074, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.046460169806729665, 1, 0.0, 0},
+    {80, 8192, 4096, 0.16672000288963318, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.005107075175322201, 1, 0.0, 0},
+    {1, 11008, 4096, 0.15865600109100342, 0.0, 9.306377560173125, 8.317766166719343, 0.017601151653869534, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1595359966158867, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.011342541051337432, 1, 0.0, 0},
+    {16, 4096, 4096, 0.0759039968252182, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05727600376615114, 1, 0.0, 0},
+    {4, 14336, 4096, 0.20147199928760529, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.02319208164827063, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07286400347948074, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.01640139929163693, 1, 0.0, 0},
+    {6, 8192, 4096, 0.12031999975442886, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.03460679152213688, 1, 0.0, 0},
+    {12, 4096, 8192, 0.10688000172376633, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.03208824026444803, 1, 0.0, 0},
+    {5, 4096, 4096, 0.0695360004901886, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.015281264568536781, 1, 0.0, 0},
+    {3, 4096, 11008, 0.12505599856376648, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0016854327556589535, 1, 0.0, 0},
+    {4096, 4096, 512, 3.067871928215027, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.43224632884890307, 1, 0.0, 0},
+    {5120, 7168, 1024, 6.7358880043029785, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.4232693575869679, 1, 0.0, 0},
+    {8192, 8192, 256, 12.241456031799316, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.44457442364034494, 1, 0.0, 0},
+    {2048, 2048, 128, 0.5674239993095398, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.11869079832277488, 1, 0.0, 0},
+    {16384, 4096, 64, 12.283215999603271, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.4544202859226316, 1, 0.0, 0},
+    {256, 256, 32768, 0.05615999922156334, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.007582508858501115, 1, 0.0, 0},
+    {512, 512, 16384, 0.11259200051426888, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.010673006525184029, 1, 0.0, 0},
+    {128, 1024, 65536, 0.17228800058364868, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.008591599400788564, 1, 0.0, 0},
+    {64, 64, 131072, 0.1340160071849823, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0022742433263355276, 1, 0.0, 0},
+    {384, 384, 24576, 0.10732799768447876, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.009705196733747787, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9260640144348145, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.025167446159603465, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.0524320006370544, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.046180195386277934, 1, 0.0, 0},
+    {1536, 2560, 768, 0.5644640028476715, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.15616430714415644, 1, 0.0, 0},
+    {2048, 5632, 2048, 1.858303964138031, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.1538198080358152, 1, 0.0, 0},
+    {4096, 11008, 4096, 8.453775882720947, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08880506144449639, 1, 0.0, 0},
+    {1024, 14336, 4096, 2.889039993286133, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.13252660828651353, 1, 0.0, 0},
+    {512, 512, 512, 3.079584002494812, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.43605671434250026, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 6.101775884628296, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.44364579858173797, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.5951359868049622, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.16637390854133968, 256, 5.545177444479562, 0},
+    {512, 512, 64, 6.131088018417358, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4505849953424966, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.6523360013961792, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.12017682212387007, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 5.969056129455566, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.4173748726717202, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 3.9570239782333374, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3154085373688731, 1, 0.0, 1},
+};
+static const Point fp32_7_unaligned[] = {
+    {2047, 2047, 2047, 0.9410719871520996, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.044261981983243194, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.5342880189418793, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.02254858262905316, 1, 0.0, 0},
+    {5003, 5003, 5003, 8.367072105407715, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010922828084811284, 1, 0.0, 0},
+    {127, 4099, 1023, 0.1199679970741272, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.10673028974902167, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07248000055551529, 8.317766166719343, 0.0, 8.317766166719343, -0.016082440414845522, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07532799988985062, 0.0, 8.317766166719343, 8.317766166719343, 0.02245880036158438, 1, 0.0, 0},
+    {16, 11008, 4096, 0.17657600343227386, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.005331822253523767, 1, 0.0, 0},
+    {4096, 4096, 4096, 5.599711894989014, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.1001667852290947, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.2351519986987114, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.007469274278404386, 1, 0.0, 0},
+};
+static const Point fp32_8_aligned[] = {
     {1, 4096, 4096, 0.0363520011305809, 0.0, 8.317766166719343, 8.317766166719343, -0.025519468115272604, 1, 0.0, 0},
     {16, 8192, 4096, 0.16838400065898895, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3946553677418162, 1, 0.0, 0},
     {1, 11008, 4096, 0.07356800138950348, 0.0, 9.306377560173125, 8.317766166719343, 0.07223004183772135, 1, 0.0, 0},
@@ -19795,1127 +21251,803 @@ static const Point fp32_1_aligned[] = {
     {5, 4096, 4096, 0.044256001710891724, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.02276169947444971, 1, 0.0, 0},
     {3, 4096, 11008, 0.07905599847435951, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03418218647988058, 1, 0.0, 0},
 };
-static const Point fp32_1_unaligned[] = {
+static const Point fp32_8_unaligned[] = {
     {4096, 1, 4096, 0.03651199862360954, 8.317766166719343, 0.0, 8.317766166719343, -0.060041297466020715, 1, 0.0, 0},
     {1, 4096, 4096, 0.041439998894929886, 0.0, 8.317766166719343, 8.317766166719343, 0.06656433783572639, 1, 0.0, 0},
     {16, 11008, 4096, 0.377375990152359, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.316746224472549, 1, 0.0, 0},
 };
-static const Point fp32_2_aligned[] = {
-    {256, 256, 256, 0.015744000673294067, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.03294443755866116, 1, 0.0, 0},
-    {512, 512, 512, 0.02300800010561943, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.026383068410733863, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.038975998759269714, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.036143606146101605, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.143327996134758, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03613729741192128, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.176144003868103, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.046783921988330736, 1, 0.0, 0},
-    {8192, 8192, 8192, 8.608575820922852, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.029556443540928054, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5172160267829895, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.013785024466783164, 1, 0.0, 0},
-    {1, 4096, 4096, 0.12982399761676788, 0.0, 8.317766166719343, 8.317766166719343, 0.04196190494864404, 1, 0.0, 0},
-    {16, 8192, 4096, 0.13158400356769562, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.024234615275778144, 1, 0.0, 0},
-    {64, 4096, 8192, 0.2526400089263916, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.039370811400264424, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2520959973335266, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02610432690855152, 1, 0.0, 0},
-    {8192, 128, 8192, 0.25679999589920044, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.007616727832817635, 1, 0.0, 0},
-    {4096, 32, 4096, 0.13126400113105774, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.04683429348918552, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1298080012202263, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.013777509804714788, 1, 0.0, 0},
-    {1, 11008, 4096, 0.13478399813175201, 0.0, 9.306377560173125, 8.317766166719343, 0.03699064340368425, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1329600065946579, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.019778987167341226, 1, 0.0, 0},
-    {16, 4096, 4096, 0.13043199479579926, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04364955219702555, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13831999897956848, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.041102512473765555, 1, 0.0, 0},
-    {4096, 16, 4096, 0.12992000579833984, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.03971649497999055, 1, 0.0, 0},
-    {6, 8192, 4096, 0.13225600123405457, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.03319917951129699, 1, 0.0, 0},
-    {12, 4096, 8192, 0.2540160119533539, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.05548151437339746, 1, 0.0, 0},
-    {5, 4096, 4096, 0.12918399274349213, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.036223143392675294, 1, 0.0, 0},
-    {3, 4096, 11008, 0.3331359922885895, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.04290963284510415, 1, 0.0, 0},
-    {4096, 4096, 512, 0.15600000321865082, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.02572241063346236, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.6432160139083862, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.02517328884895615, 1, 0.0, 0},
-    {8192, 8192, 256, 0.3336799889802933, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.02868294787341164, 1, 0.0, 0},
-    {2048, 2048, 128, 0.02067199908196926, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.04715652076820739, 1, 0.0, 0},
-    {16384, 4096, 64, 0.13814400136470795, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.0070197654979312985, 1, 0.0, 0},
-    {256, 256, 32768, 0.9972800016403198, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.08923676289709438, 1, 0.0, 0},
-    {512, 512, 16384, 0.502623975276947, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.06667291074726749, 1, 0.0, 0},
-    {128, 1024, 65536, 1.959119975566864, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.06940057138331183, 1, 0.0, 0},
-    {64, 64, 131072, 3.9054559469223022, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.08180586125706035, 1, 0.0, 0},
-    {384, 384, 24576, 0.7411839962005615, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.06813704891941236, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.0431520342826843, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.015822152047206075, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.4560480117797852, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.03405952051512331, 1, 0.0, 0},
-    {1536, 2560, 768, 0.05967999994754791, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03951110401126805, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.4110880047082901, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.032910720149307786, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.109439969062805, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.05362340576435356, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.0136480331420898, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.030700182342738847, 1, 0.0, 0},
-    {512, 512, 512, 0.15798400342464447, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.013084654761763948, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.10480000078678131, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.01713168093393653, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.028271999210119247, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3602483252161159, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07718399912118912, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06616741418017204, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08265600353479385, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.02630093202413071, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.1712000072002411, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.023940908925176974, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.195360004901886, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.06334355646717557, 1, 0.0, 1},
-};
-static const Point fp32_2_unaligned[] = {
-    {2047, 2047, 2047, 0.2850399911403656, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.0445791125245422, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1658560037612915, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.10073201551414204, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.931504011154175, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.021489094685789394, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04294399917125702, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.0939660575606049, 1, 0.0, 0},
-    {4096, 1, 4096, 0.13353599607944489, 8.317766166719343, 0.0, 8.317766166719343, 0.19440485468831234, 1, 0.0, 0},
-    {1, 4096, 4096, 0.13963200151920319, 0.0, 8.317766166719343, 8.317766166719343, 0.23904418093971327, 1, 0.0, 0},
-    {16, 11008, 4096, 0.1486400067806244, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.03920112374639056, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.130303978919983, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.00561786778842771, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04476799815893173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11141413654964119, 1, 0.0, 0},
-};
-static const Point fp32_3_aligned[] = {
-    {256, 256, 256, 0.009759999811649323, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.07199150871080055, 1, 0.0, 0},
-    {512, 512, 512, 0.0122079998254776, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03369789047861947, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.045552000403404236, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.02918527689033167, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2782079875469208, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08773404519114497, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.117103934288025, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.062254632613235, 1, 0.0, 0},
-    {8192, 8192, 8192, 17.307744026184082, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.0054243527858967334, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.8306719958782196, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.09144379837368959, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04707200080156326, 0.0, 8.317766166719343, 8.317766166719343, 0.1008517014554933, 1, 0.0, 0},
-    {16, 8192, 4096, 0.0814720019698143, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04086117398555615, 1, 0.0, 0},
-    {64, 4096, 8192, 0.0764480009675026, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.004096256018100373, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2720479965209961, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.05120093925604862, 1, 0.0, 0},
-    {8192, 128, 8192, 0.2510560005903244, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.13150342361490183, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04708800092339516, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.10119155110912068, 1, 0.0, 0},
-    {80, 8192, 4096, 0.15084800124168396, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.008858076942858511, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12595200538635254, 0.0, 9.306377560173125, 8.317766166719343, 0.10089732854892289, 1, 0.0, 0},
-    {8, 11008, 4096, 0.11390400305390358, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.0003524189667919699, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04713600128889084, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10221040763232052, 1, 0.0, 0},
-    {4, 14336, 4096, 0.15591999888420105, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0419284094409123, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0469760000705719, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.09881017450236239, 1, 0.0, 0},
-    {6, 8192, 4096, 0.088639996945858, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.12518493541620793, 1, 0.0, 0},
-    {12, 4096, 8192, 0.07736000046133995, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.007762817291390587, 1, 0.0, 0},
-    {5, 4096, 4096, 0.046879999339580536, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.0967644711893261, 1, 0.0, 0},
-    {3, 4096, 11008, 0.10712000355124474, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.06600233638154203, 1, 0.0, 0},
-    {4096, 4096, 512, 0.4280160069465637, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.15240533893637928, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.3849120140075684, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.013124199358501894, 1, 0.0, 0},
-    {8192, 8192, 256, 1.2423039674758911, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.322501618948116, 1, 0.0, 0},
-    {2048, 2048, 128, 0.07142399996519089, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.41471833287036164, 1, 0.0, 0},
-    {16384, 4096, 64, 0.9625760018825531, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.6538034923868159, 1, 0.0, 0},
-    {256, 256, 32768, 0.22438399493694305, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.2285307573347326, 1, 0.0, 0},
-    {512, 512, 16384, 0.12270400300621986, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.16815038341187008, 1, 0.0, 0},
-    {128, 1024, 65536, 0.4575359970331192, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.19426404698235009, 1, 0.0, 0},
-    {64, 64, 131072, 0.8860480189323425, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.21895277311137182, 1, 0.0, 0},
-    {384, 384, 24576, 0.1762559935450554, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.19209266173773873, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1642560362815857, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17693864697393663, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.4297919869422913, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1460071926112694, 1, 0.0, 0},
-    {1536, 2560, 768, 0.13787200301885605, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09937698387516777, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.7500159740447998, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0702470705418941, 1, 0.0, 0},
-    {4096, 11008, 4096, 6.12719988822937, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.02748470751148608, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.9518559575080872, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.008166990873760148, 1, 0.0, 0},
-    {512, 512, 512, 0.4419200122356415, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.18437364255444877, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.5522239804267883, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.5407980954346199, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.0838719978928566, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5753761880566012, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.5301439762115479, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.7328929570155904, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1316480040550232, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.29021984872196865, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.630048006772995, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.32513328971034633, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.191327929496765, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.027795998075602867, 1, 0.0, 1},
-};
-static const Point fp32_3_unaligned[] = {
-    {2047, 2047, 2047, 0.3227680027484894, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.046662296714157635, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.16990400105714798, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0767553771837837, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.290575981140137, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.013262270545300216, 1, 0.0, 0},
-    {127, 4099, 1023, 0.036320000886917114, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.015534206947165714, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04713600128889084, 8.317766166719343, 0.0, 8.317766166719343, -0.08071317440906454, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07619199901819229, 0.0, 8.317766166719343, 8.317766166719343, 0.39950621538511377, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14974399656057358, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.17125474740833319, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.222864031791687, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06766833458041921, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05915199965238571, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.017852680159792484, 1, 0.0, 0},
-};
-static const Point fp32_4_aligned[] = {
-    {256, 256, 256, 0.0498879998922348, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2503079704743715, 1, 0.0, 0},
-    {512, 512, 512, 0.1518079936504364, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09335820396432341, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.5954560041427612, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.018619626075022936, 1, 0.0, 0},
-    {2048, 2048, 2048, 2.620863914489746, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.10983001852155055, 1, 0.0, 0},
-    {4096, 4096, 4096, 13.94159984588623, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.317403847391274, 1, 0.0, 0},
-    {8192, 8192, 8192, 61.19455909729004, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.2579623879181411, 1, 0.0, 0},
-    {3000, 3000, 3000, 6.1684160232543945, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.1626121916199177, 1, 0.0, 0},
-    {1, 4096, 4096, 0.15996800363063812, 0.0, 8.317766166719343, 8.317766166719343, -0.07569483208258126, 1, 0.0, 0},
-    {16, 8192, 4096, 0.3689279854297638, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.13757539468405744, 1, 0.0, 0},
-    {64, 4096, 8192, 0.2556479871273041, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.16738638618748958, 1, 0.0, 0},
-    {128, 8192, 8192, 0.885343998670578, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.14013209409038963, 1, 0.0, 0},
-    {8192, 128, 8192, 0.8907520174980164, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.14622189496999508, 1, 0.0, 0},
-    {4096, 32, 4096, 0.18140800297260284, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.002045584458691614, 1, 0.0, 0},
-    {80, 8192, 4096, 0.7481279969215393, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.1600035690019153, 1, 0.0, 0},
-    {1, 11008, 4096, 0.41547200083732605, 0.0, 9.306377560173125, 8.317766166719343, 0.016256373463816337, 1, 0.0, 0},
-    {8, 11008, 4096, 0.4232960045337677, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.0223868654686476, 1, 0.0, 0},
-    {16, 4096, 4096, 0.18960000574588776, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07071727455818538, 1, 0.0, 0},
-    {4, 14336, 4096, 0.538351982831955, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.020767538561517546, 1, 0.0, 0},
-    {4096, 16, 4096, 0.17372800409793854, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.016708464256765903, 1, 0.0, 0},
-    {6, 8192, 4096, 0.31331199407577515, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.008642245204890367, 1, 0.0, 0},
-    {12, 4096, 8192, 0.21052800118923187, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.09598125043972565, 1, 0.0, 0},
-    {5, 4096, 4096, 0.15833599865436554, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.09227848998631627, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1947679966688156, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.008612118289460898, 1, 0.0, 0},
-    {4096, 4096, 512, 11.553279876708984, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.2872007044300292, 1, 0.0, 0},
-    {5120, 7168, 1024, 26.56716823577881, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.3148319264115673, 1, 0.0, 0},
-    {8192, 8192, 256, 45.86971092224121, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.29462734387296446, 1, 0.0, 0},
-    {2048, 2048, 128, 2.2252800464630127, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.034448199911664035, 1, 0.0, 0},
-    {16384, 4096, 64, 44.837087631225586, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.28118971487177163, 1, 0.0, 0},
-    {256, 256, 32768, 0.10888000205159187, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.0680912120426829, 1, 0.0, 0},
-    {512, 512, 16384, 0.2762719988822937, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.026177745821958132, 1, 0.0, 0},
-    {128, 1024, 65536, 0.3140000104904175, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.01562666813056888, 1, 0.0, 0},
-    {64, 64, 131072, 0.04531199857592583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.004903426170416491, 1, 0.0, 0},
-    {384, 384, 24576, 0.19236800074577332, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.004596665679215571, 1, 0.0, 0},
-    {1280, 1920, 16384, 2.483791947364807, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.09606849846076311, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.855184018611908, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.015122798541330086, 1, 0.0, 0},
-    {1536, 2560, 768, 2.193951964378357, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0535656210602448, 1, 0.0, 0},
-    {2048, 5632, 2048, 7.59768009185791, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.17058232819403515, 1, 0.0, 0},
-    {4096, 11008, 4096, 39.369184494018555, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.368721864407346, 1, 0.0, 0},
-    {1024, 14336, 4096, 13.190688133239746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.3950351054066824, 1, 0.0, 0},
-    {512, 512, 512, 11.522559642791748, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.284538157566705, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 22.32022476196289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.27279839667736305, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 2.2596160173416138, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.04976032365249315, 256, 5.545177444479562, 0},
-    {512, 512, 64, 22.186671257019043, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2699144310995961, 128, 4.852030263919617, 0},
-    {512, 64, 512, 2.3452320098876953, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.06866798093447554, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 22.59183979034424, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.27868791113912433, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 16.7730712890625, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5026799733100322, 1, 0.0, 1},
-};
-static const Point fp32_4_unaligned[] = {
-    {2047, 2047, 2047, 3.2127360105514526, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03720991672773213, 1, 0.0, 0},
-    {1531, 1531, 1531, 1.8481119871139526, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.022969540778806613, 1, 0.0, 0},
-    {5003, 5003, 5003, 24.675856590270996, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.007846798106475917, 1, 0.0, 0},
-    {127, 4099, 1023, 0.4060800075531006, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.03470357035170391, 1, 0.0, 0},
-    {4096, 1, 4096, 0.17049600183963776, 8.317766166719343, 0.0, 8.317766166719343, 0.31954105253931914, 1, 0.0, 0},
-    {1, 4096, 4096, 0.12038400024175644, 0.0, 8.317766166719343, 8.317766166719343, -0.028484158601636906, 1, 0.0, 0},
-    {16, 11008, 4096, 0.3600800037384033, 2.772588722239781, 9.306377560173125, 8.317766166719343, -4.527723752890352e-05, 1, 0.0, 0},
-    {4096, 4096, 4096, 15.913887977600098, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.023732605516344017, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.8340480029582977, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0467808665663502, 1, 0.0, 0},
-};
-static const Point fp32_5_aligned[] = {
-    {256, 256, 256, 0.014368000440299511, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.03692356127105315, 1, 0.0, 0},
-    {512, 512, 512, 0.01692800037562847, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.013634583099841068, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.0359519999474287, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.023570024224661756, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.19070400297641754, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.04163486082119697, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.3055520057678223, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.039908613834793875, 1, 0.0, 0},
-    {8192, 8192, 8192, 10.142144203186035, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.025928388679728784, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5913439989089966, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.014895509933806778, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04899200052022934, 0.0, 8.317766166719343, 8.317766166719343, 0.03499250850598575, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08835200220346451, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.00479758184953563, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.041070002983432705, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16390399634838104, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.005339996674260022, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1629120036959648, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.01141066456550505, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05023999884724617, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.04930731998397087, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09009600058197975, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.00042180925286482553, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12801600247621536, 0.0, 9.306377560173125, 8.317766166719343, 0.008892907407985314, 1, 0.0, 0},
-    {8, 11008, 4096, 0.12563200294971466, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.012368249375135502, 1, 0.0, 0},
-    {16, 4096, 4096, 0.050175998359918594, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05361260119229348, 1, 0.0, 0},
-    {4, 14336, 4096, 0.16713599860668182, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0021450878441225682, 1, 0.0, 0},
-    {4096, 16, 4096, 0.10409599915146828, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.7833893512904292, 1, 0.0, 0},
-    {6, 8192, 4096, 0.09275199845433235, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.05718813173817669, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08180799707770348, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0038605011958745814, 1, 0.0, 0},
-    {5, 4096, 4096, 0.048128001391887665, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.01579435004206676, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1019200012087822, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.034836894100542214, 1, 0.0, 0},
-    {4096, 4096, 512, 0.34491199254989624, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.029363596488861773, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.0179679989814758, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.0013791219779044153, 1, 0.0, 0},
-    {8192, 8192, 256, 1.1574400067329407, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.14362172066321602, 1, 0.0, 0},
-    {2048, 2048, 128, 0.07760000228881836, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.22930704435340782, 1, 0.0, 0},
-    {16384, 4096, 64, 0.9899839758872986, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.15145096263410449, 1, 0.0, 0},
-    {256, 256, 32768, 0.2575039863586426, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06776907265185549, 1, 0.0, 0},
-    {512, 512, 16384, 0.1369599997997284, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.09490167532082217, 1, 0.0, 0},
-    {128, 1024, 65536, 0.5080000162124634, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07356281289354413, 1, 0.0, 0},
-    {64, 64, 131072, 0.990447998046875, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.057214567506584345, 1, 0.0, 0},
-    {384, 384, 24576, 0.19622400403022766, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.0861367386162911, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.762607991695404, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.001467279442295745, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8856320083141327, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.011695689683672354, 1, 0.0, 0},
-    {1536, 2560, 768, 0.10867200046777725, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.015470586058654763, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.5288640260696411, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.00996227114523572, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.8137600421905518, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06788629913539776, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.2292159795761108, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.032618289401652664, 1, 0.0, 0},
-    {512, 512, 512, 0.3686880022287369, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09602507002728167, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.5577920079231262, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.24493122519100755, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.08659200370311737, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.33894706298259636, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.5180000066757202, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.18071983666259245, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.19012799859046936, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.11821883450383966, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.5869599878787994, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.1430318783634487, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.344319999217987, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.010450472515380383, 1, 0.0, 1},
-};
-static const Point fp32_5_unaligned[] = {
-    {2047, 2047, 2047, 0.355679988861084, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.01793051406750602, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1804479956626892, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.01774613744875681, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.491679906845093, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0503210543729897, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04428799822926521, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.005422345727245351, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04923199862241745, 8.317766166719343, 0.0, 8.317766166719343, -0.030047336630309753, 1, 0.0, 0},
-    {1, 4096, 4096, 0.051711998879909515, 0.0, 8.317766166719343, 8.317766166719343, 0.019098714009914912, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12464000284671783, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.0007857589713001853, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.277232050895691, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04143038487768775, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.0716640017926693, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.00660321990037095, 1, 0.0, 0},
-};
-static const Point fp32_6_aligned[] = {
-    {256, 256, 256, 0.0225600004196167, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.12311822981292334, 1, 0.0, 0},
-    {512, 512, 512, 0.017952000722289085, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.17453935927167039, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05273599922657013, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.023945987028866057, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2561440020799637, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03122103951859673, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6829599738121033, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.019429414000149914, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.569407939910889, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0892193667483929, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.7284160256385803, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.042785657674822224, 1, 0.0, 0},
-    {1, 4096, 4096, 0.049855999648571014, 0.0, 8.317766166719343, 8.317766166719343, 0.1892223311448288, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07310399785637856, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.06871305753022652, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07215999811887741, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.11889296464770681, 1, 0.0, 0},
-    {128, 8192, 8192, 0.21356799453496933, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.0007344567649178813, 1, 0.0, 0},
-    {8192, 128, 8192, 0.21359999477863312, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0008842818666305508, 1, 0.0, 0},
-    {4096, 32, 4096, 0.06470400094985962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0524736449453815, 1, 0.0, 0},
-    {80, 8192, 4096, 0.11948800086975098, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.02299562708751571, 1, 0.0, 0},
-    {1, 11008, 4096, 0.0936959981918335, 0.0, 9.306377560173125, 8.317766166719343, -0.01567004114976448, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09468799829483032, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.005260922519179605, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04342399910092354, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05087016469805973, 1, 0.0, 0},
-    {4, 14336, 4096, 0.12124799937009811, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.007307081406445602, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06883200258016586, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.00966338209476179, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06947200000286102, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.01793567349882289, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06777600198984146, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.057223153074201435, 1, 0.0, 0},
-    {5, 4096, 4096, 0.04131200164556503, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.0011763811475456155, 1, 0.0, 0},
-    {3, 4096, 11008, 0.0828159973025322, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03930061942891948, 1, 0.0, 0},
-    {4096, 4096, 512, 0.46404799818992615, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.007410476495418341, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.3932960033416748, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.020522667254643728, 1, 0.0, 0},
-    {8192, 8192, 256, 1.6441439986228943, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.14376417973061628, 1, 0.0, 0},
-    {2048, 2048, 128, 0.10372800007462502, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1039755613925361, 1, 0.0, 0},
-    {16384, 4096, 64, 1.5479360222816467, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.21675112585842066, 1, 0.0, 0},
-    {256, 256, 32768, 0.1796480044722557, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.10722925277472763, 1, 0.0, 0},
-    {512, 512, 16384, 0.10063999891281128, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08540717166898729, 1, 0.0, 0},
-    {128, 1024, 65536, 0.35420800745487213, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0753061707951781, 1, 0.0, 0},
-    {64, 64, 131072, 0.655536025762558, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1258726743542983, 1, 0.0, 0},
-    {384, 384, 24576, 0.14043200016021729, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09768421811329527, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.8768160045146942, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.09812256999308128, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1231840252876282, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0009503890245522337, 1, 0.0, 0},
-    {1536, 2560, 768, 0.14655999839305878, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.03228015008977601, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6803200244903564, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.008549945623660115, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.253744125366211, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.14923642382148317, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.8232640027999878, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.1952255677045344, 1, 0.0, 0},
-    {512, 512, 512, 0.5012319982051849, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.08449154941506795, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.8083039820194244, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2444648255730283, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.11047999933362007, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.16703797530982378, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.8146400153636932, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2526494846496929, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.20926400274038315, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.14050433125373196, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.8717760145664215, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.18855955239283947, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7846239805221558, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03923286716952627, 1, 0.0, 1},
-};
-static const Point fp32_6_unaligned[] = {
-    {2047, 2047, 2047, 0.35156799852848053, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.020301982174674323, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.17932799458503723, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03462033672544582, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.412655830383301, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.016295656386793683, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04297599941492081, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.015842816055527034, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07051200047135353, 8.317766166719343, 0.0, 8.317766166719343, -0.10772823678344835, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05129599943757057, 0.0, 8.317766166719343, 8.317766166719343, 0.008598006074543935, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12363200262188911, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.03763116658086479, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.294895887374878, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03403039323973873, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.06988800317049026, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.008754774441549738, 1, 0.0, 0},
-};
-static const Point fp32_7_aligned[] = {
-    {256, 256, 256, 0.025567999109625816, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.20849365617897977, 1, 0.0, 0},
-    {512, 512, 512, 0.0488319993019104, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09750877491418275, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.16230399906635284, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.14577591419153493, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.6280800104141235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.06036731040224157, 1, 0.0, 0},
-    {4096, 4096, 4096, 3.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.07424942765180242, 1, 0.0, 0},
-    {8192, 8192, 8192, 16.47815990447998, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.023363528786484768, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.414784014225006, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.014596222983144298, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, -0.0008121222452580359, 1, 0.0, 0},
-    {16, 8192, 4096, 0.13124799728393555, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.006785003511563846, 1, 0.0, 0},
-    {64, 4096, 8192, 0.11611199751496315, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03563283915941907, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2704799920320511, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.0052774466352290906, 1, 0.0, 0},
-    {8192, 128, 8192, 0.26638399064540863, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.00998184062029576, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07286400347948074, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.04647031145269802, 1, 0.0, 0},
-    {80, 8192, 4096, 0.16672000288963318, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.00507553428379672, 1, 0.0, 0},
-    {1, 11008, 4096, 0.15865600109100342, 0.0, 9.306377560173125, 8.317766166719343, 0.01770817979010675, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1595359966158867, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.01124286266024671, 1, 0.0, 0},
-    {16, 4096, 4096, 0.0759039968252182, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05727233058413599, 1, 0.0, 0},
-    {4, 14336, 4096, 0.20147199928760529, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.023070029409285223, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07286400347948074, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.016397726109621633, 1, 0.0, 0},
-    {6, 8192, 4096, 0.12031999975442886, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.03452642009788782, 1, 0.0, 0},
-    {12, 4096, 8192, 0.10688000172376633, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.03210685231011144, 1, 0.0, 0},
-    {5, 4096, 4096, 0.0695360004901886, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.01528254809790685, 1, 0.0, 0},
-    {3, 4096, 11008, 0.12505599856376648, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0017147246349337925, 1, 0.0, 0},
-    {4096, 4096, 512, 3.067871928215027, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.43230189303236805, 1, 0.0, 0},
-    {5120, 7168, 1024, 6.7358880043029785, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.42332891316763616, 1, 0.0, 0},
-    {8192, 8192, 256, 12.241456031799316, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.44463306615409476, 1, 0.0, 0},
-    {2048, 2048, 128, 0.5674239993095398, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.11873089115808924, 1, 0.0, 0},
-    {16384, 4096, 64, 12.283215999603271, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.45447845678022203, 1, 0.0, 0},
-    {256, 256, 32768, 0.05615999922156334, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.007704410649339143, 1, 0.0, 0},
-    {512, 512, 16384, 0.11259200051426888, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.010699583088861384, 1, 0.0, 0},
-    {128, 1024, 65536, 0.17228800058364868, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.008584537916578622, 1, 0.0, 0},
-    {64, 64, 131072, 0.1340160071849823, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.00225528519314061, 1, 0.0, 0},
-    {384, 384, 24576, 0.10732799768447876, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.009732948544437937, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9260640144348145, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.025110927404168724, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.0524320006370544, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.046238512472002176, 1, 0.0, 0},
-    {1536, 2560, 768, 0.5644640028476715, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.1562047979012573, 1, 0.0, 0},
-    {2048, 5632, 2048, 1.858303964138031, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.15387609172490618, 1, 0.0, 0},
-    {4096, 11008, 4096, 8.453775882720947, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08886805048592863, 1, 0.0, 0},
-    {1024, 14336, 4096, 2.889039993286133, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.13258690410096785, 1, 0.0, 0},
-    {512, 512, 512, 3.079584002494812, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.4361122785259652, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 6.101775884628296, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.4437028756125134, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.5951359868049622, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.16641400137665394, 256, 5.545177444479562, 0},
-    {512, 512, 64, 6.131088018417358, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4506419121234363, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.6523360013961792, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.12005792326112648, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 5.969056129455566, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.4174322681490897, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 3.9570239782333374, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3154694515891025, 1, 0.0, 1},
-};
-static const Point fp32_7_unaligned[] = {
-    {2047, 2047, 2047, 0.9410719871520996, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04430178163431842, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.5342880189418793, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.022407224361932418, 1, 0.0, 0},
-    {5003, 5003, 5003, 8.367072105407715, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.010739266556152045, 1, 0.0, 0},
-    {127, 4099, 1023, 0.1199679970741272, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.1072758320793576, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07248000055551529, 8.317766166719343, 0.0, 8.317766166719343, -0.016705794065898838, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07532799988985062, 0.0, 8.317766166719343, 8.317766166719343, 0.021835446710531135, 1, 0.0, 0},
-    {16, 11008, 4096, 0.17657600343227386, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.005390886583112, 1, 0.0, 0},
-    {4096, 4096, 4096, 5.599711894989014, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.10030365777090888, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.2351519986987114, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.007127239194391553, 1, 0.0, 0},
-};
-static const Point fp32_8_aligned[] = {
-    {256, 256, 256, 0.011247999966144562, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.04418908272030481, 1, 0.0, 0},
-    {512, 512, 512, 0.01724799908697605, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.011719615234220078, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.029440000653266907, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0031595159663303477, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.18665599822998047, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.040512700430180015, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.5137920379638672, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006179779651354089, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.469600200653076, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.05821962818666394, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6177759766578674, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.012886162826159581, 1, 0.0, 0},
-    {1, 4096, 4096, 0.09443199634552002, 0.0, 8.317766166719343, 8.317766166719343, -0.020927885936979557, 1, 0.0, 0},
-    {16, 8192, 4096, 0.12195199728012085, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.22694560405153816, 1, 0.0, 0},
-    {64, 4096, 8192, 0.18201600015163422, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.030941802586290753, 1, 0.0, 0},
-    {128, 8192, 8192, 0.19404799491167068, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.011421660890405711, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1953440010547638, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.01807824829864198, 1, 0.0, 0},
-    {4096, 32, 4096, 0.09387199953198433, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.028123099558872915, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09830400347709656, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.0008707118254784173, 1, 0.0, 0},
-    {1, 11008, 4096, 0.21961599588394165, 0.0, 9.306377560173125, 8.317766166719343, 0.15582979320949367, 1, 0.0, 0},
-    {8, 11008, 4096, 0.21239999681711197, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.12161758925356853, 1, 0.0, 0},
-    {16, 4096, 4096, 0.09238400310277939, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.04410140969049469, 1, 0.0, 0},
-    {4, 14336, 4096, 0.24567999690771103, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.26527945023272076, 1, 0.0, 0},
-    {4096, 16, 4096, 0.09180799871683121, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.04969073417170229, 1, 0.0, 0},
-    {6, 8192, 4096, 0.1298080012202263, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.29102709736170324, 1, 0.0, 0},
-    {12, 4096, 8192, 0.18004799634218216, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03735794811886114, 1, 0.0, 0},
-    {5, 4096, 4096, 0.09363199770450592, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.029768457491312426, 1, 0.0, 0},
-    {3, 4096, 11008, 0.23695999383926392, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.04894459032120384, 1, 0.0, 0},
-    {4096, 4096, 512, 0.19755200296640396, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03451234740253085, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.8460800051689148, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.026450974991242146, 1, 0.0, 0},
-    {8192, 8192, 256, 0.4230400025844574, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.0027602852457446897, 1, 0.0, 0},
-    {2048, 2048, 128, 0.022495999932289124, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10423778205666548, 1, 0.0, 0},
-    {16384, 4096, 64, 0.1467839926481247, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.020679397576265773, 1, 0.0, 0},
-    {256, 256, 32768, 0.7032639980316162, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.03163579767534074, 1, 0.0, 0},
-    {512, 512, 16384, 0.34886400401592255, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.054246993874281745, 1, 0.0, 0},
-    {128, 1024, 65536, 1.3702080249786377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.05569294164288816, 1, 0.0, 0},
-    {64, 64, 131072, 2.7297279834747314, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.053388035162212306, 1, 0.0, 0},
-    {384, 384, 24576, 0.5209759771823883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.04943681916292963, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.045311987400055, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.06363902099087392, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1138079762458801, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.005900331459511278, 1, 0.0, 0},
-    {1536, 2560, 768, 0.07449600100517273, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.048004855092585175, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.5247040092945099, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0010749286062505655, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.954032063484192, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0026145006249940436, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.3473439812660217, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.02272640548679119, 1, 0.0, 0},
-    {512, 512, 512, 0.20507200062274933, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.002846936780471274, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.1276160031557083, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.01974260099447706, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.027168000116944313, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.29294008387174253, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.08073599636554718, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.025624098781080292, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07311999797821045, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2831344875026472, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.21244800090789795, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02569109122704064, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.5550079941749573, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0331066526231891, 1, 0.0, 1},
-};
-static const Point fp32_8_unaligned[] = {
-    {2047, 2047, 2047, 0.2787040024995804, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.057555343181931694, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.16488000005483627, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.04358560260593372, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.9801119565963745, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.05978104410898758, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04379200004041195, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.11145016459308726, 1, 0.0, 0},
-    {4096, 1, 4096, 0.09443199634552002, 8.317766166719343, 0.0, 8.317766166719343, 0.2959578368809459, 1, 0.0, 0},
-    {1, 4096, 4096, 0.14070400595664978, 0.0, 8.317766166719343, 8.317766166719343, 0.6933111307229339, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14659200608730316, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.04387146939250499, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.1067999601364136, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.012859574249340602, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06676165866792966, 1, 0.0, 0},
-};
 static const Point fp32_9_aligned[] = {
-    {256, 256, 256, 0.010400000028312206, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.10792946017423624, 1, 0.0, 0},
-    {512, 512, 512, 0.013439999893307686, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0271767010435519, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.042272767238171104, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.24006399512290955, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.040273555236163355, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.5861279964447021, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.07936105841061161, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.438688278198242, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.05494947468921262, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6882239878177643, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.08301571518467993, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06340799853205681, 0.0, 8.317766166719343, 8.317766166719343, 0.03628703383809922, 1, 0.0, 0},
-    {16, 8192, 4096, 0.1306079998612404, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.12342372324476966, 1, 0.0, 0},
-    {64, 4096, 8192, 0.10555199906229973, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.03185653424342518, 1, 0.0, 0},
-    {128, 8192, 8192, 0.20665599405765533, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02119859637138178, 1, 0.0, 0},
-    {8192, 128, 8192, 0.20689599961042404, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.020037893081886318, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04217600077390671, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.2154601512822799, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1148960031569004, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.004749347557700431, 1, 0.0, 0},
-    {1, 11008, 4096, 0.19750399887561798, 0.0, 9.306377560173125, 8.317766166719343, 0.15150506925994567, 1, 0.0, 0},
-    {8, 11008, 4096, 0.19113600254058838, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11873146749420366, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06892800331115723, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1197595501126119, 1, 0.0, 0},
-    {4, 14336, 4096, 0.24540799856185913, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.22030272516714897, 1, 0.0, 0},
-    {4096, 16, 4096, 0.04108799993991852, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.1893249006580134, 1, 0.0, 0},
-    {6, 8192, 4096, 0.14180800318717957, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.20569730606954, 1, 0.0, 0},
-    {12, 4096, 8192, 0.10566399991512299, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.030796000345774704, 1, 0.0, 0},
-    {5, 4096, 4096, 0.06614399701356888, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.07853115888968767, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1438720002770424, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.014188357841598196, 1, 0.0, 0},
-    {4096, 4096, 512, 0.4419519901275635, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.10202048366502729, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.2898880243301392, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.023401480094783083, 1, 0.0, 0},
-    {8192, 8192, 256, 1.4807040095329285, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22276689919479323, 1, 0.0, 0},
-    {2048, 2048, 128, 0.22952000051736832, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 1.1789112769903887, 1, 0.0, 0},
-    {16384, 4096, 64, 1.206063985824585, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.18840407580096272, 1, 0.0, 0},
-    {256, 256, 32768, 0.18251200020313263, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09833841532920864, 1, 0.0, 0},
-    {512, 512, 16384, 0.0982080027461052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07381503711581933, 1, 0.0, 0},
-    {128, 1024, 65536, 0.35446399450302124, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.10232017070048968, 1, 0.0, 0},
-    {64, 64, 131072, 0.6824319958686829, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.12747834636396704, 1, 0.0, 0},
-    {384, 384, 24576, 0.13990400731563568, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09308133792532548, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9589920043945312, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.037494274005875516, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1542719602584839, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.011385908106692723, 1, 0.0, 0},
-    {1536, 2560, 768, 0.13436800241470337, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09117829493778128, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6458719968795776, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0218203049663632, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.9651198387146, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08941020761740376, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5852320194244385, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0552950445616598, 1, 0.0, 0},
-    {512, 512, 512, 0.458624005317688, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.13904994094507334, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.6912960112094879, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.3142109839818007, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.10115200281143188, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.35954546689048483, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.6071680188179016, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.184448425795375, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.13470400124788284, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2352290791862583, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.7333440184593201, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.2035270172388073, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7094560265541077, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.004481675524669343, 1, 0.0, 1},
+    {256, 256, 256, 0.011247999966144562, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.04414356424818272, 1, 0.0, 0},
+    {512, 512, 512, 0.01724799908697605, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.011389428139660686, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.029440000653266907, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.00288865320160486, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.18665599822998047, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.040540344629316334, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.5137920379638672, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006186648353923007, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.469600200653076, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.05820431458272986, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.6177759766578674, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0128242570500164, 1, 0.0, 0},
+    {1, 4096, 4096, 0.09443199634552002, 0.0, 8.317766166719343, 8.317766166719343, -0.019734785959619545, 1, 0.0, 0},
+    {16, 8192, 4096, 0.12195199728012085, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.22775406501615322, 1, 0.0, 0},
+    {64, 4096, 8192, 0.18201600015163422, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.029930416501594805, 1, 0.0, 0},
+    {128, 8192, 8192, 0.19404799491167068, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.011387257987377289, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1953440010547638, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.018043845395613704, 1, 0.0, 0},
+    {4096, 32, 4096, 0.09387199953198433, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0269911457363135, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09830400347709656, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.00117059111261558, 1, 0.0, 0},
+    {1, 11008, 4096, 0.21961599588394165, 0.0, 9.306377560173125, 8.317766166719343, 0.1570084688714611, 1, 0.0, 0},
+    {8, 11008, 4096, 0.21239999681711197, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.1227569091596115, 1, 0.0, 0},
+    {16, 4096, 4096, 0.09238400310277939, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.042969455867935234, 1, 0.0, 0},
+    {4, 14336, 4096, 0.24567999690771103, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2663259332442706, 1, 0.0, 0},
+    {4096, 16, 4096, 0.09180799871683121, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.04852618851637954, 1, 0.0, 0},
+    {6, 8192, 4096, 0.1298080012202263, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.2919160204904329, 1, 0.0, 0},
+    {12, 4096, 8192, 0.18004799634218216, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.03612838045481646, 1, 0.0, 0},
+    {5, 4096, 4096, 0.09363199770450592, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.02859167844112375, 1, 0.0, 0},
+    {3, 4096, 11008, 0.23695999383926392, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.047655048893803745, 1, 0.0, 0},
+    {4096, 4096, 512, 0.19755200296640396, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03451462809938352, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.8460800051689148, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.0264207417416308, 1, 0.0, 0},
+    {8192, 8192, 256, 0.4230400025844574, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.002734255048926072, 1, 0.0, 0},
+    {2048, 2048, 128, 0.022495999932289124, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10390137628836174, 1, 0.0, 0},
+    {16384, 4096, 64, 0.1467839926481247, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.02057483578407363, 1, 0.0, 0},
+    {256, 256, 32768, 0.7032639980316162, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.03011556103283797, 1, 0.0, 0},
+    {512, 512, 16384, 0.34886400401592255, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.05306035807768514, 1, 0.0, 0},
+    {128, 1024, 65536, 1.3702080249786377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.05426568756976584, 1, 0.0, 0},
+    {64, 64, 131072, 2.7297279834747314, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.05175267033178366, 1, 0.0, 0},
+    {384, 384, 24576, 0.5209759771823883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.048054892309760316, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.045311987400055, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.0632901705604066, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1138079762458801, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.005899336970447252, 1, 0.0, 0},
+    {1536, 2560, 768, 0.07449600100517273, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.047997610337928924, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.5247040092945099, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0010745686725837833, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.954032063484192, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0025875566850860556, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.3473439812660217, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.02273245909459267, 1, 0.0, 0},
+    {512, 512, 512, 0.20507200062274933, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.0028446560836186525, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.1276160031557083, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.01978499948194023, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.027168000116944313, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2926036781034389, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.08073599636554718, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.02568661063235491, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07311999797821045, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2830159517510977, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.21244800090789795, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.02566321505416761, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.5550079941749573, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.03311657978488541, 1, 0.0, 1},
 };
 static const Point fp32_9_unaligned[] = {
-    {2047, 2047, 2047, 0.3537760078907013, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.025107004341487618, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1852319985628128, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.04704270390664772, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.418352127075195, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.04251092870135715, 1, 0.0, 0},
-    {127, 4099, 1023, 0.044224001467227936, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.01721878645040984, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04116800054907799, 8.317766166719343, 0.0, 8.317766166719343, -0.0007285066086547586, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05092800036072731, 0.0, 8.317766166719343, 8.317766166719343, 0.01460403526390231, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12305599823594093, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.013308832025757342, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.2705440521240234, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.039427045391134806, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.07180800288915634, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.018317509502853737, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2787040024995804, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.057834752082347174, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.16488000005483627, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.043247682917646656, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.9801119565963745, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.05986610017862203, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04379200004041195, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.11181624333471878, 1, 0.0, 0},
+    {4096, 1, 4096, 0.09443199634552002, 8.317766166719343, 0.0, 8.317766166719343, 0.29748175471186383, 1, 0.0, 0},
+    {1, 4096, 4096, 0.14070400595664978, 0.0, 8.317766166719343, 8.317766166719343, 0.694831702012916, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14659200608730316, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.04294169905947693, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.1067999601364136, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.01286300542909499, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06662927098774893, 1, 0.0, 0},
 };
 static const Point fp32_10_aligned[] = {
-    {256, 256, 256, 0.015776000916957855, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.009401321738340773, 1, 0.0, 0},
-    {512, 512, 512, 0.023679999634623528, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.006300834329609808, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04049599915742874, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03349789151192406, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.14854399859905243, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05916556219657967, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.2218559980392456, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.01728248012809226, 1, 0.0, 0},
-    {8192, 8192, 8192, 9.26094388961792, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.026737980502034048, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5472640097141266, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.0050145015433872885, 1, 0.0, 0},
-    {1, 4096, 4096, 0.14001599699258804, 0.0, 8.317766166719343, 8.317766166719343, 0.05679791754124688, 1, 0.0, 0},
-    {16, 8192, 4096, 0.14057600498199463, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.029288816095383724, 1, 0.0, 0},
-    {64, 4096, 8192, 0.26870399713516235, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.034526449712734365, 1, 0.0, 0},
-    {128, 8192, 8192, 0.27001601457595825, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.024181664604531587, 1, 0.0, 0},
-    {8192, 128, 8192, 0.27508799731731415, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.005571898362844588, 1, 0.0, 0},
-    {4096, 32, 4096, 0.13964800536632538, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.04794622328223615, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1385280042886734, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.01004429955561248, 1, 0.0, 0},
-    {1, 11008, 4096, 0.14446400105953217, 0.0, 9.306377560173125, 8.317766166719343, 0.04519005545402758, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1422719955444336, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.026279477501151918, 1, 0.0, 0},
-    {16, 4096, 4096, 0.14000000059604645, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05366914410720967, 1, 0.0, 0},
-    {4, 14336, 4096, 0.14500799775123596, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.026957312431843804, 1, 0.0, 0},
-    {4096, 16, 4096, 0.1382720023393631, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0412494939085129, 1, 0.0, 0},
-    {6, 8192, 4096, 0.1382399946451187, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.01644000326184346, 1, 0.0, 0},
-    {12, 4096, 8192, 0.2671999931335449, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.039637870622907495, 1, 0.0, 0},
-    {5, 4096, 4096, 0.1369280070066452, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03369176767960258, 1, 0.0, 0},
-    {3, 4096, 11008, 0.35464000701904297, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03750501033297399, 1, 0.0, 0},
-    {4096, 4096, 512, 0.16019199788570404, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03861025368370783, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.6830080151557922, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.028941722686059997, 1, 0.0, 0},
-    {8192, 8192, 256, 0.3547680079936981, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.013893381371200678, 1, 0.0, 0},
-    {2048, 2048, 128, 0.019807999953627586, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03853968547021061, 1, 0.0, 0},
-    {16384, 4096, 64, 0.1273919939994812, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.006409627032556368, 1, 0.0, 0},
-    {256, 256, 32768, 1.0685439705848694, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.08727552324088575, 1, 0.0, 0},
-    {512, 512, 16384, 0.5326079726219177, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.055181668387941245, 1, 0.0, 0},
-    {128, 1024, 65536, 2.089568018913269, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.062090184670882474, 1, 0.0, 0},
-    {64, 64, 131072, 4.208415985107422, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.08432701979866529, 1, 0.0, 0},
-    {384, 384, 24576, 0.7836160063743591, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.053350987997070484, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1036959886550903, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.0018027939035533676, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.5486559867858887, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.043834848097182307, 1, 0.0, 0},
-    {1536, 2560, 768, 0.06139199994504452, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05093040172039892, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.45924799144268036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.015322932012589949, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.3830560445785522, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06982038585108044, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.081824004650116, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.028276077537401943, 1, 0.0, 0},
-    {512, 512, 512, 0.15971200168132782, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.041611132480058585, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.10419200360774994, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.002736321900334187, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.027343999594449997, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3609509028509479, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07177600264549255, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06092156116003385, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08364800363779068, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.0045384109962574425, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.17289599776268005, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.03114083629680843, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.2461439967155457, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.037320068093815495, 1, 0.0, 1},
+    {256, 256, 256, 0.010400000028312206, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.10782068371921158, 1, 0.0, 0},
+    {512, 512, 512, 0.013439999893307686, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02730729742346273, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04560000076889992, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0426552930679421, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.24006399512290955, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03986599513950817, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.5861279964447021, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.07899240307204101, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.438688278198242, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.055286963356626036, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.6882239878177643, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.08263053845820763, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06340799853205681, 0.0, 8.317766166719343, 8.317766166719343, 0.036582397920136116, 1, 0.0, 0},
+    {16, 8192, 4096, 0.1306079998612404, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.12375482949863666, 1, 0.0, 0},
+    {64, 4096, 8192, 0.10555199906229973, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.031559235572466496, 1, 0.0, 0},
+    {128, 8192, 8192, 0.20665599405765533, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.020881687378273044, 1, 0.0, 0},
+    {8192, 128, 8192, 0.20689599961042404, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.019720984088777673, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04217600077390671, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.215694840990766, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1148960031569004, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.004418241303833481, 1, 0.0, 0},
+    {1, 11008, 4096, 0.19750399887561798, 0.0, 9.306377560173125, 8.317766166719343, 0.1518490520248508, 1, 0.0, 0},
+    {8, 11008, 4096, 0.19113600254058838, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.1190754502591087, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06892800331115723, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1200549141946486, 1, 0.0, 0},
+    {4, 14336, 4096, 0.24540799856185913, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2206504830185413, 1, 0.0, 0},
+    {4096, 16, 4096, 0.04108799993991852, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.18955959036649947, 1, 0.0, 0},
+    {6, 8192, 4096, 0.14180800318717957, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.2060284123234069, 1, 0.0, 0},
+    {12, 4096, 8192, 0.10566399991512299, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.030498701674816036, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06614399701356888, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.07882652297172436, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1438720002770424, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.014486229879134897, 1, 0.0, 0},
+    {4096, 4096, 512, 0.4419519901275635, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.10261666885195672, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.2898880243301392, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.023907728968880278, 1, 0.0, 0},
+    {8192, 8192, 256, 1.4807040095329285, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22347160038315717, 1, 0.0, 0},
+    {2048, 2048, 128, 0.22952000051736832, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 1.179592659807558, 1, 0.0, 0},
+    {16384, 4096, 64, 1.206063985824585, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.18918421097261076, 1, 0.0, 0},
+    {256, 256, 32768, 0.18251200020313263, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09804963218688499, 1, 0.0, 0},
+    {512, 512, 16384, 0.0982080027461052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07353619437645263, 1, 0.0, 0},
+    {128, 1024, 65536, 0.35446399450302124, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1020260341243743, 1, 0.0, 0},
+    {64, 64, 131072, 0.6824319958686829, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.12718142853207148, 1, 0.0, 0},
+    {384, 384, 24576, 0.13990400731563568, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.09279597713665631, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9589920043945312, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.03717915685763014, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1542719602584839, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.011083037363885459, 1, 0.0, 0},
+    {1536, 2560, 768, 0.13436800241470337, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09168186105685738, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6458719968795776, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.021400229967937896, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.9651198387146, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08978054585230447, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5852320194244385, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.055663308037073915, 1, 0.0, 0},
+    {512, 512, 512, 0.458624005317688, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.13964612613200297, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.6912960112094879, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.3149837697008933, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.10115200281143188, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.36022684970765406, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.6071680188179016, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.18522121151446772, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.13470400124788284, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.23578189579780195, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.7333440184593201, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20422594705623984, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7094560265541077, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.0041130201860987295, 1, 0.0, 1},
 };
 static const Point fp32_10_unaligned[] = {
-    {2047, 2047, 2047, 0.28572800755500793, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.04346452864323549, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.16592000424861908, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.10373630213615948, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.9990240335464478, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.012365680063900946, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04281599819660187, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.10648174988298244, 1, 0.0, 0},
-    {4096, 1, 4096, 0.13334399461746216, 8.317766166719343, 0.0, 8.317766166719343, 0.19039080927399338, 1, 0.0, 0},
-    {1, 4096, 4096, 0.1404159963130951, 0.0, 8.317766166719343, 8.317766166719343, 0.24206801335545164, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14873600006103516, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.04346824638858641, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.1384479999542236, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.002130177996929451, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11827114381742607, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3537760078907013, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.025133877380179474, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1852319985628128, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.047014194829736344, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.418352127075195, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.04252403717723086, 1, 0.0, 0},
+    {127, 4099, 1023, 0.044224001467227936, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.017152393966613003, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04116800054907799, 8.317766166719343, 0.0, 8.317766166719343, -0.0007149599260925811, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05092800036072731, 0.0, 8.317766166719343, 8.317766166719343, 0.014715368294839189, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12305599823594093, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.013243472354227482, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.2705440521240234, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03943010028485446, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.07180800288915634, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.01831262709887141, 1, 0.0, 0},
 };
 static const Point fp32_11_aligned[] = {
-    {256, 256, 256, 0.014720000326633453, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.017288138593878847, 1, 0.0, 0},
-    {512, 512, 512, 0.0191040001809597, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.01092209841310473, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.030848000198602676, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.008213319713472451, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.1695680022239685, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05194075179884515, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.2813600301742554, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0020954318761978933, 1, 0.0, 0},
-    {8192, 8192, 8192, 9.747951984405518, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.006240298472187295, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5409600138664246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.010516112183844762, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07420799881219864, 0.0, 8.317766166719343, 8.317766166719343, -0.0045105692722833554, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07947200164198875, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.008573842784587038, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1391039937734604, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.017289542858872776, 1, 0.0, 0},
-    {128, 8192, 8192, 0.15783999860286713, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.006963867049961914, 1, 0.0, 0},
-    {8192, 128, 8192, 0.15724800527095795, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.010721509494000015, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07428799942135811, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.015993457363354304, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08240000158548355, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0034394531772366952, 1, 0.0, 0},
-    {1, 11008, 4096, 0.1475200057029724, 0.0, 9.306377560173125, 8.317766166719343, 0.012573768198391054, 1, 0.0, 0},
-    {8, 11008, 4096, 0.14483200013637543, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.009732871457797884, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07587199658155441, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.011567851427141332, 1, 0.0, 0},
-    {4, 14336, 4096, 0.15959999710321426, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.07068467629665687, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07518399879336357, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0024586129109251576, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07996799796819687, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.02254022192502018, 1, 0.0, 0},
-    {12, 4096, 8192, 0.13831999897956848, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0020631599440795933, 1, 0.0, 0},
-    {5, 4096, 4096, 0.07446400076150894, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0026963019446918247, 1, 0.0, 0},
-    {3, 4096, 11008, 0.17932799458503723, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.013429651732776243, 1, 0.0, 0},
-    {4096, 4096, 512, 0.24380800127983093, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.05374174838188249, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.8553119897842407, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0013320378931218739, 1, 0.0, 0},
-    {8192, 8192, 256, 0.7175680100917816, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.011379820247905488, 1, 0.0, 0},
-    {2048, 2048, 128, 0.04531199857592583, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0977284174049795, 1, 0.0, 0},
-    {16384, 4096, 64, 0.5498400032520294, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.11065657271252659, 1, 0.0, 0},
-    {256, 256, 32768, 0.5083839893341064, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.019306505195524046, 1, 0.0, 0},
-    {512, 512, 16384, 0.2574400007724762, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.02916046646351217, 1, 0.0, 0},
-    {128, 1024, 65536, 0.9927359819412231, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.006752524207803442, 1, 0.0, 0},
-    {64, 64, 131072, 1.997040033340454, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.030048628117626684, 1, 0.0, 0},
-    {384, 384, 24576, 0.38014400005340576, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.00770037124549151, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.8261759877204895, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05165028298574595, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8993119895458221, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.007764441328764481, 1, 0.0, 0},
-    {1536, 2560, 768, 0.09366399794816971, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.0851330065723209, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.4699519872665405, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0236284296570704, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.6158559322357178, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06871078153696769, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.1770400404930115, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.04588223058115108, 1, 0.0, 0},
-    {512, 512, 512, 0.24798399955034256, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.03675855778037795, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.32236799597740173, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.10992812360666611, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.05350400134921074, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.26391299344115904, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.3012959957122803, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.17811523232655177, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.13264000415802002, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.07124134841062793, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.3580799996852875, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.011303029616224574, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.2951840162277222, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.008985571420989413, 1, 0.0, 1},
+    {256, 256, 256, 0.015776000916957855, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.009006318174216339, 1, 0.0, 0},
+    {512, 512, 512, 0.023679999634623528, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.00566591940226308, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04049599915742874, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03308163328467353, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.14854399859905243, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.059224326639779744, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.2218559980392456, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.017248026039005368, 1, 0.0, 0},
+    {8192, 8192, 8192, 9.26094388961792, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.02677055622474621, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5472640097141266, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.005131559202422923, 1, 0.0, 0},
+    {1, 4096, 4096, 0.14001599699258804, 0.0, 8.317766166719343, 8.317766166719343, 0.057962845301471076, 1, 0.0, 0},
+    {16, 8192, 4096, 0.14057600498199463, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.030204283409759433, 1, 0.0, 0},
+    {64, 4096, 8192, 0.26870399713516235, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.0356431387650851, 1, 0.0, 0},
+    {128, 8192, 8192, 0.27001601457595825, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02355746708478433, 1, 0.0, 0},
+    {8192, 128, 8192, 0.27508799731731415, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.004947700843097304, 1, 0.0, 0},
+    {4096, 32, 4096, 0.13964800536632538, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.04906126387215653, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1385280042886734, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.009318647021339617, 1, 0.0, 0},
+    {1, 11008, 4096, 0.14446400105953217, 0.0, 9.306377560173125, 8.317766166719343, 0.046017325802115594, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1422719955444336, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.027078898555492153, 1, 0.0, 0},
+    {16, 4096, 4096, 0.14000000059604645, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.05480985510159321, 1, 0.0, 0},
+    {4, 14336, 4096, 0.14500799775123596, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.02761699761762976, 1, 0.0, 0},
+    {4096, 16, 4096, 0.1382720023393631, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.042390204902896765, 1, 0.0, 0},
+    {6, 8192, 4096, 0.1382399946451187, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.017385991927265143, 1, 0.0, 0},
+    {12, 4096, 8192, 0.2671999931335449, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.04084078748545959, 1, 0.0, 0},
+    {5, 4096, 4096, 0.1369280070066452, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.0348502232922102, 1, 0.0, 0},
+    {3, 4096, 11008, 0.35464000701904297, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03873804812901706, 1, 0.0, 0},
+    {4096, 4096, 512, 0.16019199788570404, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03864852401830155, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.6830080151557922, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.028878862910186907, 1, 0.0, 0},
+    {8192, 8192, 256, 0.3547680079936981, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.013893909161637373, 1, 0.0, 0},
+    {2048, 2048, 128, 0.019807999953627586, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.038299765400508036, 1, 0.0, 0},
+    {16384, 4096, 64, 0.1273919939994812, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.006349678871505188, 1, 0.0, 0},
+    {256, 256, 32768, 1.0685439705848694, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.08871367176216384, 1, 0.0, 0},
+    {512, 512, 16384, 0.5326079726219177, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.05643442121305774, 1, 0.0, 0},
+    {128, 1024, 65536, 2.089568018913269, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.06347910185298662, 1, 0.0, 0},
+    {64, 64, 131072, 4.208415985107422, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0858294820542752, 1, 0.0, 0},
+    {384, 384, 24576, 0.7836160063743591, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.05471192948971078, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1036959886550903, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.002326080648081813, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.5486559867858887, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0431798954007946, 1, 0.0, 0},
+    {1536, 2560, 768, 0.06139199994504452, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05095740978533996, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.45924799144268036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.015388167947262218, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.3830560445785522, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06975895768148092, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.081824004650116, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.02824103065136024, 1, 0.0, 0},
+    {512, 512, 512, 0.15971200168132782, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04164940281465233, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.10419200360774994, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.002736505560771682, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.027343999594449997, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3607109827812452, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07177600264549255, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.06093978923404875, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.08364800363779068, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.004750058870123666, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.17289599776268005, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.03115496210911566, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.2461439967155457, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.037288039071298, 1, 0.0, 1},
 };
 static const Point fp32_11_unaligned[] = {
-    {2047, 2047, 2047, 0.3137440085411072, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.04927722092435044, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1663680002093315, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.018568997814464926, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.382032155990601, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.03054584313579104, 1, 0.0, 0},
-    {127, 4099, 1023, 0.035711999982595444, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.031106734232388314, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07574400305747986, 8.317766166719343, 0.0, 8.317766166719343, 0.09352491945636415, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07711999863386154, 0.0, 8.317766166719343, 8.317766166719343, 0.1115282783466629, 1, 0.0, 0},
-    {16, 11008, 4096, 0.1507359966635704, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.030265166098230975, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.317344069480896, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0009036686466919885, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.059696000069379807, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05937253119531392, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.28572800755500793, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.043291227665283476, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.16592000424861908, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.10377774474678463, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.9990240335464478, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.0123936648605331, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04281599819660187, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.10664449521964697, 1, 0.0, 0},
+    {4096, 1, 4096, 0.13334399461746216, 8.317766166719343, 0.0, 8.317766166719343, 0.1914943376788642, 1, 0.0, 0},
+    {1, 4096, 4096, 0.1404159963130951, 0.0, 8.317766166719343, 8.317766166719343, 0.24317154176032235, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14873600006103516, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0429526120707455, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.1384479999542236, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0020463454441769727, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04403200000524521, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1183501507216979, 1, 0.0, 0},
 };
 static const Point fp32_12_aligned[] = {
-    {256, 256, 256, 0.025632000528275967, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.39889431530567554, 1, 0.0, 0},
-    {512, 512, 512, 0.020896000787615776, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.003314798630957887, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.06340799853205681, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.056207489411121386, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2624799907207489, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.057713755093253785, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6416640281677246, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0067011384509222845, 1, 0.0, 0},
-    {8192, 8192, 8192, 11.07369613647461, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.016159180294626836, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6891999840736389, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.07968962307814945, 1, 0.0, 0},
-    {1, 4096, 4096, 0.052400000393390656, 0.0, 8.317766166719343, 8.317766166719343, 0.025941079438020473, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09355199709534645, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0025420266044200858, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08767999708652496, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.023625037895714143, 1, 0.0, 0},
-    {128, 8192, 8192, 0.193231999874115, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.046832754711206896, 1, 0.0, 0},
-    {8192, 128, 8192, 0.19100800156593323, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.035256536014157513, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05241600051522255, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0252262825266328, 1, 0.0, 0},
-    {80, 8192, 4096, 0.10633599758148193, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.013350893535460985, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12867200374603271, 0.0, 9.306377560173125, 8.317766166719343, -0.008922693637820505, 1, 0.0, 0},
-    {8, 11008, 4096, 0.12745599448680878, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.03094573443851159, 1, 0.0, 0},
-    {16, 4096, 4096, 0.05423999950289726, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.035216007294663586, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1525759994983673, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.001963514698384305, 1, 0.0, 0},
-    {4096, 16, 4096, 0.052928000688552856, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.010729885237859137, 1, 0.0, 0},
-    {6, 8192, 4096, 0.09159999713301659, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.004902486107811075, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08284799754619598, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.006251157887701424, 1, 0.0, 0},
-    {5, 4096, 4096, 0.05119999870657921, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.004018427719021191, 1, 0.0, 0},
-    {3, 4096, 11008, 0.1058880016207695, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.021952418521178282, 1, 0.0, 0},
-    {4096, 4096, 512, 0.800544023513794, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.21355363322163504, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.8121439814567566, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.06695906618962194, 1, 0.0, 0},
-    {8192, 8192, 256, 3.114400029182434, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.32230665766405564, 1, 0.0, 0},
-    {2048, 2048, 128, 0.16388799995183945, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07987928833302448, 1, 0.0, 0},
-    {16384, 4096, 64, 3.150783896446228, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.3589049068314969, 1, 0.0, 0},
-    {256, 256, 32768, 0.1393599957227707, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.06417081590732136, 1, 0.0, 0},
-    {512, 512, 16384, 0.08278399705886841, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08198087534160223, 1, 0.0, 0},
-    {128, 1024, 65536, 0.26393601298332214, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.0019777655367939945, 1, 0.0, 0},
-    {64, 64, 131072, 0.5082720220088959, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.14280087917966322, 1, 0.0, 0},
-    {384, 384, 24576, 0.11190400272607803, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.0008037719162648988, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.7937119901180267, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.009111647014548762, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.9066240191459656, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.012315744190203337, 1, 0.0, 0},
-    {1536, 2560, 768, 0.19091200083494186, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.06979300491297565, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.7554080188274384, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.02815249356967771, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.412064075469971, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.020364177561872674, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5238719582557678, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.06636912248350858, 1, 0.0, 0},
-    {512, 512, 512, 0.8303519785404205, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.250111788705458, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 1.598367989063263, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.3576611533180603, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.17500799894332886, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.1455277020592257, 256, 5.545177444479562, 0},
-    {512, 512, 64, 1.6119199991226196, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.37443989735146327, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.24048000574111938, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.13508708615243042, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 1.5700640082359314, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.3233283829157218, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7184160351753235, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05299821338121407, 1, 0.0, 1},
+    {256, 256, 256, 0.014720000326633453, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.017299410090370334, 1, 0.0, 0},
+    {512, 512, 512, 0.0191040001809597, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.010951808205991632, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.030848000198602676, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.00830587197168814, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.1695680022239685, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05193427657273144, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.2813600301742554, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.002096281321097507, 1, 0.0, 0},
+    {8192, 8192, 8192, 9.747951984405518, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.006247573446014432, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5409600138664246, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.010525295033359115, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07420799881219864, 0.0, 8.317766166719343, 8.317766166719343, -0.004707612591633113, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07947200164198875, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.008475890121100756, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1391039937734604, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.01746309803389587, 1, 0.0, 0},
+    {128, 8192, 8192, 0.15783999860286713, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.0069390478028087555, 1, 0.0, 0},
+    {8192, 128, 8192, 0.15724800527095795, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.01069669024684674, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07428799942135811, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.016167828520132238, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08240000158548355, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.003456593316447538, 1, 0.0, 0},
+    {1, 11008, 4096, 0.1475200057029724, 0.0, 9.306377560173125, 8.317766166719343, 0.012373317144468786, 1, 0.0, 0},
+    {8, 11008, 4096, 0.14483200013637543, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.009926207755936523, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07587199658155441, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.01138184957688701, 1, 0.0, 0},
+    {4, 14336, 4096, 0.15959999710321426, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.07052180131074572, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07518399879336357, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0022726110606709204, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07996799796819687, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.022428916469739, 1, 0.0, 0},
+    {12, 4096, 8192, 0.13831999897956848, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.002274798301018535, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07446400076150894, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0028903877001072065, 1, 0.0, 0},
+    {3, 4096, 11008, 0.17932799458503723, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.013654487479025326, 1, 0.0, 0},
+    {4096, 4096, 512, 0.24380800127983093, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.053780604066326725, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.8553119897842407, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.001350058847482638, 1, 0.0, 0},
+    {8192, 8192, 256, 0.7175680100917816, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.011310228035480869, 1, 0.0, 0},
+    {2048, 2048, 128, 0.04531199857592583, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09772753597781979, 1, 0.0, 0},
+    {16384, 4096, 64, 0.5498400032520294, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.11055038393081668, 1, 0.0, 0},
+    {256, 256, 32768, 0.5083839893341064, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.018991309902395302, 1, 0.0, 0},
+    {512, 512, 16384, 0.2574400007724762, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.02939212484117832, 1, 0.0, 0},
+    {128, 1024, 65536, 0.9927359819412231, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.007046220723397673, 1, 0.0, 0},
+    {64, 64, 131072, 1.997040033340454, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.02970284152482776, 1, 0.0, 0},
+    {384, 384, 24576, 0.38014400005340576, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.007980402851226944, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.8261759877204895, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.0517075837614645, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8993119895458221, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.007775990713180506, 1, 0.0, 0},
+    {1536, 2560, 768, 0.09366399794816971, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08512036320695945, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.4699519872665405, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02363491978418995, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.6158559322357178, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.06871515880871912, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.1770400404930115, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.045881782157676625, 1, 0.0, 0},
+    {512, 512, 512, 0.24798399955034256, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.036797413464822064, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.32236799597740173, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.10983982182072018, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.05350400134921074, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2639121120139992, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.3012959957122803, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.17801282735101723, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.13264000415802002, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.07111595067208354, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.3580799996852875, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.011371693067533151, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.2951840162277222, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.008984150009287702, 1, 0.0, 1},
 };
 static const Point fp32_12_unaligned[] = {
-    {2047, 2047, 2047, 0.4261600077152252, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.020908556491659836, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.2231999933719635, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.01909898247372521, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.673135995864868, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.019465586376636042, 1, 0.0, 0},
-    {127, 4099, 1023, 0.05423999950289726, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.01036467706796099, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05289600044488907, 8.317766166719343, 0.0, 8.317766166719343, -0.025973716103902738, 1, 0.0, 0},
-    {1, 4096, 4096, 0.055536000058054924, 0.0, 8.317766166719343, 8.317766166719343, 0.022730014011633482, 1, 0.0, 0},
-    {16, 11008, 4096, 0.13625599443912506, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.002152253959997428, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.5513120889663696, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.018864995628074983, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.09302400052547455, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0016890709140984744, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3137440085411072, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.049563359868042806, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1663680002093315, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.018643288605054535, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.382032155990601, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.030403972829219618, 1, 0.0, 0},
+    {127, 4099, 1023, 0.035711999982595444, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0306158429145205, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07574400305747986, 8.317766166719343, 0.0, 8.317766166719343, 0.09579403537408977, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07711999863386154, 0.0, 8.317766166719343, 8.317766166719343, 0.11379739426438845, 1, 0.0, 0},
+    {16, 11008, 4096, 0.1507359966635704, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.028648389278117383, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.317344069480896, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0006904036281839288, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.059696000069379807, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.059044571502130126, 1, 0.0, 0},
 };
 static const Point fp32_13_aligned[] = {
-    {256, 256, 256, 0.01732799969613552, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.389363516530603, 1, 0.0, 0},
-    {512, 512, 512, 0.015855999663472176, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.06672698634243059, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.047839999198913574, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03601727839835785, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.3402880132198334, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.027205418953105343, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.6412479877471924, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.028336611105402292, 1, 0.0, 0},
-    {8192, 8192, 8192, 19.917375564575195, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.05389010878568145, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.0467519760131836, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.021442444098722476, 1, 0.0, 0},
-    {1, 4096, 4096, 0.09204800054430962, 0.0, 8.317766166719343, 8.317766166719343, 0.023627214195889833, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09704000130295753, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.07644030622443819, 1, 0.0, 0},
-    {64, 4096, 8192, 0.17772799730300903, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.02541239825747901, 1, 0.0, 0},
-    {128, 8192, 8192, 0.3474719971418381, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.017662640346842954, 1, 0.0, 0},
-    {8192, 128, 8192, 0.35411199927330017, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.03659180757700635, 1, 0.0, 0},
-    {4096, 32, 4096, 0.09302400052547455, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03417455818690024, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1770240068435669, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.01350653119594401, 1, 0.0, 0},
-    {1, 11008, 4096, 0.17368000000715256, 0.0, 9.306377560173125, 8.317766166719343, -0.00556429845405268, 1, 0.0, 0},
-    {8, 11008, 4096, 0.17827199399471283, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.02053161608703996, 1, 0.0, 0},
-    {16, 4096, 4096, 0.09312000125646591, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03520602563773195, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1764799952507019, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.01042870452866664, 1, 0.0, 0},
-    {4096, 16, 4096, 0.09116800129413605, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.014021000672195218, 1, 0.0, 0},
-    {6, 8192, 4096, 0.0947519987821579, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.05257996722786572, 1, 0.0, 0},
-    {12, 4096, 8192, 0.17179200053215027, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.008557432462609562, 1, 0.0, 0},
-    {5, 4096, 4096, 0.09308800101280212, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03486232135447, 1, 0.0, 0},
-    {3, 4096, 11008, 0.23071999847888947, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0005848030124998047, 1, 0.0, 0},
-    {4096, 4096, 512, 0.37118399143218994, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.030839408202096744, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.4707199931144714, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.030535062672509845, 1, 0.0, 0},
-    {8192, 8192, 256, 0.8319360017776489, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.003461605569044263, 1, 0.0, 0},
-    {2048, 2048, 128, 0.037856001406908035, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02189378516512405, 1, 0.0, 0},
-    {16384, 4096, 64, 0.35148799419403076, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.031565145567740885, 1, 0.0, 0},
-    {256, 256, 32768, 0.6554720103740692, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.027112978310986764, 1, 0.0, 0},
-    {512, 512, 16384, 0.32795199751853943, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.036101641602674164, 1, 0.0, 0},
-    {128, 1024, 65536, 1.3148959875106812, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.019244043284955725, 1, 0.0, 0},
-    {64, 64, 131072, 2.821280002593994, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.05348021306294374, 1, 0.0, 0},
-    {384, 384, 24576, 0.47678399085998535, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.06094915209751558, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.5921120047569275, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05340297460803946, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.8990880250930786, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.0561556123325051, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1337279975414276, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05471209224940153, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.9271840155124664, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.027033331819225348, 1, 0.0, 0},
-    {4096, 11008, 4096, 6.730544090270996, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.056839451506333495, 1, 0.0, 0},
-    {1024, 14336, 4096, 2.2231040000915527, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.06742296380226914, 1, 0.0, 0},
-    {512, 512, 512, 0.385343998670578, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.006599156737515003, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.2749919891357422, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07052550126899666, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.04739199951291084, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.24655768801192904, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.20108799636363983, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.14354412528392962, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1136000007390976, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.13188776134368038, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.4285759925842285, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.01926064737841682, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.7236639261245728, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0023898663411091804, 1, 0.0, 1},
+    {256, 256, 256, 0.025632000528275967, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.399898164388402, 1, 0.0, 0},
+    {512, 512, 512, 0.020896000787615776, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.0018366237880344677, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.06340799853205681, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.05640742987354129, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2624799907207489, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05792295278261838, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6416640281677246, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006541952979837464, 1, 0.0, 0},
+    {8192, 8192, 8192, 11.07369613647461, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.01610699862343847, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.6891999840736389, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.07992316367823833, 1, 0.0, 0},
+    {1, 4096, 4096, 0.052400000393390656, 0.0, 8.317766166719343, 8.317766166719343, 0.025593224521750165, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09355199709534645, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.0032078112513167626, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08767999708652496, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.023595258701265318, 1, 0.0, 0},
+    {128, 8192, 8192, 0.193231999874115, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.04696037425586877, 1, 0.0, 0},
+    {8192, 128, 8192, 0.19100800156593323, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.03538415555881943, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05241600051522255, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0253523265528899, 1, 0.0, 0},
+    {80, 8192, 4096, 0.10633599758148193, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.013187981675612213, 1, 0.0, 0},
+    {1, 11008, 4096, 0.12867200374603271, 0.0, 9.306377560173125, 8.317766166719343, -0.009937302041571705, 1, 0.0, 0},
+    {8, 11008, 4096, 0.12745599448680878, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.03189704451049801, 1, 0.0, 0},
+    {16, 4096, 4096, 0.05423999950289726, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03497832714645785, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1525759994983673, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0009633482577385066, 1, 0.0, 0},
+    {4096, 16, 4096, 0.052928000688552856, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.010492205089653543, 1, 0.0, 0},
+    {6, 8192, 4096, 0.09159999713301659, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.005657808681050649, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08284799754619598, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0064907508878947655, 1, 0.0, 0},
+    {5, 4096, 4096, 0.05119999870657921, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.004336356965480664, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1058880016207695, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.021676358847877913, 1, 0.0, 0},
+    {4096, 4096, 512, 0.800544023513794, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.212997621201447, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.8121439814567566, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.06651543349006271, 1, 0.0, 0},
+    {8192, 8192, 256, 3.114400029182434, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.321639760095442, 1, 0.0, 0},
+    {2048, 2048, 128, 0.16388799995183945, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07938427203804377, 1, 0.0, 0},
+    {16384, 4096, 64, 3.150783896446228, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.35816455879686976, 1, 0.0, 0},
+    {256, 256, 32768, 0.1393599957227707, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.06393007878645267, 1, 0.0, 0},
+    {512, 512, 16384, 0.08278399705886841, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.08156502074492211, 1, 0.0, 0},
+    {128, 1024, 65536, 0.26393601298332214, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.002108842996135807, 1, 0.0, 0},
+    {64, 64, 131072, 0.5082720220088959, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.1422210063040471, 1, 0.0, 0},
+    {384, 384, 24576, 0.11190400272607803, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.0008551688246104856, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.7937119901180267, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.009109825240692333, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.9066240191459656, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.012415703296981112, 1, 0.0, 0},
+    {1536, 2560, 768, 0.19091200083494186, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.06945647553966354, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.7554080188274384, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.027884201487647572, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.412064075469971, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.020205811631230655, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5238719582557678, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0662160308888519, 1, 0.0, 0},
+    {512, 512, 512, 0.8303519785404205, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.24955577668526985, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 1.598367989063263, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.3569566048092284, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.17500799894332886, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.145032685764245, 256, 5.545177444479562, 0},
+    {512, 512, 64, 1.6119199991226196, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3737107307131611, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.24048000574111938, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.13677129685529824, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 1.5700640082359314, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.32267186627738936, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7184160351753235, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.05283679486453613, 1, 0.0, 1},
 };
 static const Point fp32_13_unaligned[] = {
-    {2047, 2047, 2047, 0.35705600678920746, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.003736069535629797, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.17299200594425201, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.0009629192614378796, 1, 0.0, 0},
-    {5003, 5003, 5003, 5.059776067733765, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.009809502987695746, 1, 0.0, 0},
-    {127, 4099, 1023, 0.031328000128269196, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.00027349355206876384, 1, 0.0, 0},
-    {4096, 1, 4096, 0.09305600076913834, 8.317766166719343, 0.0, 8.317766166719343, -0.01315222286886332, 1, 0.0, 0},
-    {1, 4096, 4096, 0.09297600015997887, 0.0, 8.317766166719343, 8.317766166719343, -0.014012296551793807, 1, 0.0, 0},
-    {16, 11008, 4096, 0.18107199668884277, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.005436738348660556, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.8278720378875732, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.015392688645750961, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05352000147104263, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0015389676735893026, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.4261600077152252, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.020996106576633068, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.2231999933719635, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.019015431129554727, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.673135995864868, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.019496964249739828, 1, 0.0, 0},
+    {127, 4099, 1023, 0.05423999950289726, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.010103525862025495, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05289600044488907, 8.317766166719343, 0.0, 8.317766166719343, -0.02557105099146561, 1, 0.0, 0},
+    {1, 4096, 4096, 0.055536000058054924, 0.0, 8.317766166719343, 8.317766166719343, 0.023132679124070556, 1, 0.0, 0},
+    {16, 11008, 4096, 0.13625599443912506, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0020834185211322017, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.5513120889663696, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.018859606933034203, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.09302400052547455, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0017159885995872452, 1, 0.0, 0},
 };
 static const Point fp32_14_aligned[] = {
-    {256, 256, 256, 0.008799999952316284, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0921701776835581, 1, 0.0, 0},
-    {512, 512, 512, 0.01603199914097786, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02191981507880519, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05603199824690819, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10598087963450015, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.3108159899711609, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1614181676339346, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.176495909690857, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.11861976970940218, 1, 0.0, 0},
-    {8192, 8192, 8192, 17.974224090576172, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.0014066261474981793, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.8867200016975403, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.15689996149234198, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04966399818658829, 0.0, 8.317766166719343, 8.317766166719343, 0.10275543998990148, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08745600283145905, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.041119578371699, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08134400099515915, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.04062820539814628, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2831360101699829, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04218191599971968, 1, 0.0, 0},
-    {8192, 128, 8192, 0.26307201385498047, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.11568148786266087, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04992000013589859, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.10789687872625406, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1584320068359375, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.02331942523381383, 1, 0.0, 0},
-    {1, 11008, 4096, 0.13206399977207184, 0.0, 9.306377560173125, 8.317766166719343, 0.07068471596421864, 1, 0.0, 0},
-    {8, 11008, 4096, 0.12588800489902496, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.022790725802274564, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04992000013589859, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10789687872625406, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1568640023469925, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0952608820380836, 1, 0.0, 0},
-    {4096, 16, 4096, 0.049247998744249344, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.09434388410071183, 1, 0.0, 0},
-    {6, 8192, 4096, 0.09334400296211243, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.10627536166883217, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08140800148248672, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.041414684085378725, 1, 0.0, 0},
-    {5, 4096, 4096, 0.049536000937223434, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.10017484883006268, 1, 0.0, 0},
-    {3, 4096, 11008, 0.10236799716949463, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.013522285795584291, 1, 0.0, 0},
-    {4096, 4096, 512, 0.5867840051651001, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07105650116994626, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.7225599884986877, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.11377226582898285, 1, 0.0, 0},
-    {8192, 8192, 256, 1.9047839641571045, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.03410131028722259, 1, 0.0, 0},
-    {2048, 2048, 128, 0.11827199906110764, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.023026748318090276, 1, 0.0, 0},
-    {16384, 4096, 64, 1.5145599842071533, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.12273179378432106, 1, 0.0, 0},
-    {256, 256, 32768, 0.11964800208806992, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1696804172364743, 1, 0.0, 0},
-    {512, 512, 16384, 0.1271039992570877, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12957229302954007, 1, 0.0, 0},
-    {128, 1024, 65536, 0.24011199921369553, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1354429775983485, 1, 0.0, 0},
-    {64, 64, 131072, 0.44862399995326996, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.18772989061292958, 1, 0.0, 0},
-    {384, 384, 24576, 0.18196800351142883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.14930660977808136, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1677280068397522, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12719813701080956, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.459231972694397, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.10881656875787303, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1714559942483902, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08538074923929724, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.8431359827518463, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.14226309542525772, 1, 0.0, 0},
-    {4096, 11008, 4096, 6.334287881851196, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.03173043366670917, 1, 0.0, 0},
-    {1024, 14336, 4096, 2.0760159492492676, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.029260572036632265, 1, 0.0, 0},
-    {512, 512, 512, 0.6366240084171295, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.01046593830252731, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.9647199809551239, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.11405559535925493, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.13660800457000732, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.16715524370633164, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.8052160143852234, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.06667170642192527, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1753920018672943, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.05795275514457994, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.9846560060977936, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.005669874927304689, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.142815947532654, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.1342151450346772, 1, 0.0, 1},
+    {256, 256, 256, 0.01732799969613552, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.3892919423531592, 1, 0.0, 0},
+    {512, 512, 512, 0.015855999663472176, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.06670123548062412, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.047839999198913574, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03586958068541736, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.3402880132198334, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.026993234351702592, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.6412479877471924, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.02810559682294809, 1, 0.0, 0},
+    {8192, 8192, 8192, 19.917375564575195, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.053651781140384394, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.0467519760131836, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.02121748462925461, 1, 0.0, 0},
+    {1, 4096, 4096, 0.09204800054430962, 0.0, 8.317766166719343, 8.317766166719343, 0.02383091965557314, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09704000130295753, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.07664401168412147, 1, 0.0, 0},
+    {64, 4096, 8192, 0.17772799730300903, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.025636001172161513, 1, 0.0, 0},
+    {128, 8192, 8192, 0.3474719971418381, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.01789355484309682, 1, 0.0, 0},
+    {8192, 128, 8192, 0.35411199927330017, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.0368227220732601, 1, 0.0, 0},
+    {4096, 32, 4096, 0.09302400052547455, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03437826364658347, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1770240068435669, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.013723941925433704, 1, 0.0, 0},
+    {1, 11008, 4096, 0.17368000000715256, 0.0, 9.306377560173125, 8.317766166719343, -0.005346887724562939, 1, 0.0, 0},
+    {8, 11008, 4096, 0.17827199399471283, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.020749026816529743, 1, 0.0, 0},
+    {16, 4096, 4096, 0.09312000125646591, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03540973109741545, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1764799952507019, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.010646115258156341, 1, 0.0, 0},
+    {4096, 16, 4096, 0.09116800129413605, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.014224706131878647, 1, 0.0, 0},
+    {6, 8192, 4096, 0.0947519987821579, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.05278367268754906, 1, 0.0, 0},
+    {12, 4096, 8192, 0.17179200053215027, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.008333829547927088, 1, 0.0, 0},
+    {5, 4096, 4096, 0.09308800101280212, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.035066026814153196, 1, 0.0, 0},
+    {3, 4096, 11008, 0.23071999847888947, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0008137392471488858, 1, 0.0, 0},
+    {4096, 4096, 512, 0.37118399143218994, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.03069403385987932, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.4707199931144714, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.03034154952138598, 1, 0.0, 0},
+    {8192, 8192, 256, 0.8319360017776489, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0035360096739812776, 1, 0.0, 0},
+    {2048, 2048, 128, 0.037856001406908035, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02182850727866126, 1, 0.0, 0},
+    {16384, 4096, 64, 0.35148799419403076, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.03139482006224638, 1, 0.0, 0},
+    {256, 256, 32768, 0.6554720103740692, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.02687343934992902, 1, 0.0, 0},
+    {512, 512, 16384, 0.32795199751853943, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.035867516687964056, 1, 0.0, 0},
+    {128, 1024, 65536, 1.3148959875106812, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.01900175773424726, 1, 0.0, 0},
+    {64, 64, 131072, 2.821280002593994, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.05372388196918345, 1, 0.0, 0},
+    {384, 384, 24576, 0.47678399085998535, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.06071142944754559, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.5921120047569275, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05316277558522773, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.8990880250930786, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.055912957146911225, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1337279975414276, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.05454841478285373, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.9271840155124664, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02681666971143771, 1, 0.0, 0},
+    {4096, 11008, 4096, 6.730544090270996, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.05660785916957267, 1, 0.0, 0},
+    {1024, 14336, 4096, 2.2231040000915527, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.06719208272439803, 1, 0.0, 0},
+    {512, 512, 512, 0.385343998670578, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.006744531079732391, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.2749919891357422, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07048727552799698, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.04739199951291084, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2464924101254664, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.20108799636363983, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.14337246873620732, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.1136000007390976, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1320173682484484, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.4285759925842285, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.01933301314409823, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.7236639261245728, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.002620880623563417, 1, 0.0, 1},
 };
 static const Point fp32_14_unaligned[] = {
-    {2047, 2047, 2047, 0.35367999970912933, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027465729310384775, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.18001600354909897, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.019391537865321516, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.438431978225708, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.03453008628778043, 1, 0.0, 0},
-    {127, 4099, 1023, 0.044335998594760895, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.007314966336078075, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05004800111055374, 8.317766166719343, 0.0, 8.317766166719343, -0.018938445496324213, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05111999996006489, 0.0, 8.317766166719343, 8.317766166719343, 0.002254796679133456, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12355200201272964, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.010429802647204044, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.2813758850097656, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.027546559505564696, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.07211199775338173, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0017296827598614927, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.35705600678920746, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0037110438936108756, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.17299200594425201, 7.333676395657684, 7.333676395657684, 7.333676395657684, -0.000973360020248452, 1, 0.0, 0},
+    {5003, 5003, 5003, 5.059776067733765, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.009802416844379849, 1, 0.0, 0},
+    {127, 4099, 1023, 0.031328000128269196, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.000296129296082554, 1, 0.0, 0},
+    {4096, 1, 4096, 0.09305600076913834, 8.317766166719343, 0.0, 8.317766166719343, -0.013453690257227516, 1, 0.0, 0},
+    {1, 4096, 4096, 0.09297600015997887, 0.0, 8.317766166719343, 8.317766166719343, -0.014313763940158007, 1, 0.0, 0},
+    {16, 11008, 4096, 0.18107199668884277, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.005201137743676968, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.8278720378875732, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.015403016928158078, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05352000147104263, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.001556460246889885, 1, 0.0, 0},
 };
 static const Point fp32_15_aligned[] = {
-    {256, 256, 256, 0.012240000069141388, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.02230535040602215, 1, 0.0, 0},
-    {512, 512, 512, 0.015263999812304974, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.013017957342321956, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03585600107908249, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.039982360808606114, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.21484799683094025, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.054957767579952105, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6876320242881775, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.022950686927933624, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.925456047058105, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.11897632012257096, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.6846719980239868, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.025828318620853653, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05628800019621849, 0.0, 8.317766166719343, 8.317766166719343, 0.008844272738282245, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06711999699473381, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.17073321071875822, 1, 0.0, 0},
-    {64, 4096, 8192, 0.09681599959731102, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.057588440796906996, 1, 0.0, 0},
-    {128, 8192, 8192, 0.20481599867343903, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.007724724864873998, 1, 0.0, 0},
-    {8192, 128, 8192, 0.19287999719381332, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.05231906444799501, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05488000065088272, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.022103378596100298, 1, 0.0, 0},
-    {80, 8192, 4096, 0.10534399747848511, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.0244281302575136, 1, 0.0, 0},
-    {1, 11008, 4096, 0.11091200262308121, 0.0, 9.306377560173125, 8.317766166719343, 0.04222009867623041, 1, 0.0, 0},
-    {8, 11008, 4096, 0.11068800091743469, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.039316484987510954, 1, 0.0, 0},
-    {16, 4096, 4096, 0.055456001311540604, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.007386995041500396, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1141119971871376, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.06526967337181498, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05516799911856651, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.014021052385584707, 1, 0.0, 0},
-    {6, 8192, 4096, 0.0666240006685257, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.16508022324428623, 1, 0.0, 0},
-    {12, 4096, 8192, 0.09647999703884125, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.05599507989100515, 1, 0.0, 0},
-    {5, 4096, 4096, 0.05483200028538704, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.01772059330760132, 1, 0.0, 0},
-    {3, 4096, 11008, 0.12494399771094322, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.06751624398458372, 1, 0.0, 0},
-    {4096, 4096, 512, 0.3227519989013672, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.0024244361390787002, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.069375991821289, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.011443445949984305, 1, 0.0, 0},
-    {8192, 8192, 256, 0.9504159986972809, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.08710881813774216, 1, 0.0, 0},
-    {2048, 2048, 128, 0.057312000542879105, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.15234744863300345, 1, 0.0, 0},
-    {16384, 4096, 64, 0.7252959907054901, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.20123288873274198, 1, 0.0, 0},
-    {256, 256, 32768, 0.3418720066547394, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09382732638219135, 1, 0.0, 0},
-    {512, 512, 16384, 0.17611200362443924, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.10419655263252926, 1, 0.0, 0},
-    {128, 1024, 65536, 0.6878719925880432, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.08001756396542925, 1, 0.0, 0},
-    {64, 64, 131072, 1.3221279978752136, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10330368622481151, 1, 0.0, 0},
-    {384, 384, 24576, 0.262255996465683, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08609790606618714, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.8874239921569824, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.09022669223641429, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1322720050811768, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.016719019984453437, 1, 0.0, 0},
-    {1536, 2560, 768, 0.10807999968528748, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.001953248974725883, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6045440137386322, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.015905073819068874, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.681824207305908, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.07948689877656319, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.562720000743866, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.07908999231647414, 1, 0.0, 0},
-    {512, 512, 512, 0.34281599521636963, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06273405921498992, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.4239040017127991, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1960843583591622, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.06598400324583054, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.29324975086802535, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.39208000898361206, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.26193468012749915, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.1730560064315796, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.06257598977031198, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.4819200038909912, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.08688586987248469, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.6818240284919739, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.019575777286961905, 1, 0.0, 1},
+    {256, 256, 256, 0.008799999952316284, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09206709262223912, 1, 0.0, 0},
+    {512, 512, 512, 0.01603199914097786, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.022326262076544444, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05603199824690819, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1052954425702703, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.3108159899711609, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16077961166772625, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.176495909690857, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.1180789137290808, 1, 0.0, 0},
+    {8192, 8192, 8192, 17.974224090576172, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.0009347996441949749, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.8867200016975403, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.15632107131481446, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04966399818658829, 0.0, 8.317766166719343, 8.317766166719343, 0.10315007627481053, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08745600283145905, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.04158363012048961, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08134400099515915, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.04102013116686655, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2831360101699829, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.04173096484291333, 1, 0.0, 0},
+    {8192, 128, 8192, 0.26307201385498047, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.11523053670585455, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04992000013589859, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.10829151501116321, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1584320068359375, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.022817006756569867, 1, 0.0, 0},
+    {1, 11008, 4096, 0.13206399977207184, 0.0, 9.306377560173125, 8.317766166719343, 0.07117404939056576, 1, 0.0, 0},
+    {8, 11008, 4096, 0.12588800489902496, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.02328005922862171, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04992000013589859, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10829151501116321, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1568640023469925, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.09575765528736366, 1, 0.0, 0},
+    {4096, 16, 4096, 0.049247998744249344, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.09473852038562103, 1, 0.0, 0},
+    {6, 8192, 4096, 0.09334400296211243, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.106739413417623, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08140800148248672, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.0418066098540988, 1, 0.0, 0},
+    {5, 4096, 4096, 0.049536000937223434, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.10056948511497184, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10236799716949463, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.013913384673911266, 1, 0.0, 0},
+    {4096, 4096, 512, 0.5867840051651001, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07007457978466448, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.7225599884986877, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.11295885968595512, 1, 0.0, 0},
+    {8192, 8192, 256, 1.9047839641571045, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.032949731274715954, 1, 0.0, 0},
+    {2048, 2048, 128, 0.11827199906110764, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.024206189331816286, 1, 0.0, 0},
+    {16384, 4096, 64, 1.5145599842071533, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.12146492133036249, 1, 0.0, 0},
+    {256, 256, 32768, 0.11964800208806992, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16931155393416306, 1, 0.0, 0},
+    {512, 512, 16384, 0.1271039992570877, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12918204631557645, 1, 0.0, 0},
+    {128, 1024, 65536, 0.24011199921369553, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.13506471141166962, 1, 0.0, 0},
+    {64, 64, 131072, 0.44862399995326996, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.1873466986082257, 1, 0.0, 0},
+    {384, 384, 24576, 0.18196800351142883, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.14891698380052376, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1677280068397522, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12677070707469068, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.459231972694397, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.10841691518277109, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1714559942483902, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08453540932633402, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.8431359827518463, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.14161201050239858, 1, 0.0, 0},
+    {4096, 11008, 4096, 6.334287881851196, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.03118787467881077, 1, 0.0, 0},
+    {1024, 14336, 4096, 2.0760159492492676, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.02872011483283072, 1, 0.0, 0},
+    {512, 512, 512, 0.6366240084171295, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.011447859687809163, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.9647199809551239, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.11531620603074845, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.13660800457000732, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.1683346847200577, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.8052160143852234, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.06541109575043155, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.1753920018672943, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.058893433871339926, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.9846560060977936, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.004523407166414527, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.142815947532654, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.13367428905435572, 1, 0.0, 1},
 };
 static const Point fp32_15_unaligned[] = {
-    {2047, 2047, 2047, 0.3214719891548157, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.039900656045820285, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.16896000504493713, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.013269979266761713, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.381167888641357, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.015587117799121572, 1, 0.0, 0},
-    {127, 4099, 1023, 0.036959998309612274, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.017621767096925197, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05774400010704994, 8.317766166719343, 0.0, 8.317766166719343, -0.1836451248657374, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07640000060200691, 0.0, 8.317766166719343, 8.317766166719343, 0.09730265238790572, 1, 0.0, 0},
-    {16, 11008, 4096, 0.15105599910020828, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.11550533164023373, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.3277599811553955, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.020737381041462763, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05950399860739708, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0028160822693379106, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.35367999970912933, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027412154892213055, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.18001600354909897, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.019446655287634458, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.438431978225708, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.03451042763536166, 1, 0.0, 0},
+    {127, 4099, 1023, 0.044335998594760895, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.00717400493026414, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05004800111055374, 8.317766166719343, 0.0, 8.317766166719343, -0.019213191773382366, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05111999996006489, 0.0, 8.317766166719343, 8.317766166719343, 0.0019800504020753944, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12355200201272964, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.010292603204664285, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.2813758850097656, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.02754648104115138, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.07211199775338173, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0017238861119434647, 1, 0.0, 0},
 };
 static const Point fp32_16_aligned[] = {
-    {256, 256, 256, 0.01190400030463934, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15447707678835979, 1, 0.0, 0},
-    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04797964850984458, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04396799951791763, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.052439460782874654, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.24265600740909576, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.04965425756425511, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.630079984664917, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0663941660529993, 1, 0.0, 0},
-    {8192, 8192, 8192, 14.82795238494873, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.13904085933245341, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.707040011882782, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.07144303229359539, 1, 0.0, 0},
-    {1, 4096, 4096, 0.041439998894929886, 0.0, 8.317766166719343, 8.317766166719343, 0.12274860432556273, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09937600046396255, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.43755569228170166, 1, 0.0, 0},
-    {64, 4096, 8192, 0.0681919977068901, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.11258459107570812, 1, 0.0, 0},
-    {128, 8192, 8192, 0.19964799284934998, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.080021457319734, 1, 0.0, 0},
-    {8192, 128, 8192, 0.20214400440454483, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.0675969009263883, 1, 0.0, 0},
-    {4096, 32, 4096, 0.0666240006685257, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.037709934822806844, 1, 0.0, 0},
-    {80, 8192, 4096, 0.11532799899578094, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.03276232051420811, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09715200215578079, 0.0, 9.306377560173125, 8.317766166719343, 0.058150431342702036, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09699200093746185, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05650215736056446, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04238399863243103, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1452729333046376, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1241919994354248, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.04128619628798721, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06801600009202957, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.058388024765487934, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07184000313282013, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.11308651939823718, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0679360032081604, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.10882350153087822, 1, 0.0, 0},
-    {5, 4096, 4096, 0.041280001401901245, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.11888018817517793, 1, 0.0, 0},
-    {3, 4096, 11008, 0.08291199803352356, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.06592741537254887, 1, 0.0, 0},
-    {4096, 4096, 512, 0.46801599860191345, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.14792879737721343, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.3321920037269592, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.04504198545549823, 1, 0.0, 0},
-    {8192, 8192, 256, 1.4982720017433167, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.22986672426434604, 1, 0.0, 0},
-    {2048, 2048, 128, 0.09308800101280212, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.2441199584535694, 1, 0.0, 0},
-    {16384, 4096, 64, 1.1845600008964539, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1676993645753074, 1, 0.0, 0},
-    {256, 256, 32768, 0.17452800273895264, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16869279908492513, 1, 0.0, 0},
-    {512, 512, 16384, 0.09759999811649323, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.11492747412426327, 1, 0.0, 0},
-    {128, 1024, 65536, 0.34012800455093384, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.16419572828235704, 1, 0.0, 0},
-    {64, 64, 131072, 0.6587840020656586, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.18071160493370725, 1, 0.0, 0},
-    {384, 384, 24576, 0.1340479999780655, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1646677805168982, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.9129280149936676, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10355911343122838, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1129600405693054, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06474130960132761, 1, 0.0, 0},
-    {1536, 2560, 768, 0.13900800049304962, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09952091776751965, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6545760035514832, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0231406613958622, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.135663986206055, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.10960248289543857, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.6280159950256348, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.0673768385178408, 1, 0.0, 0},
-    {512, 512, 512, 0.4747200012207031, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.16215147611096722, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.7157440185546875, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.34401576505500475, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.10480000078678131, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.36262844465512506, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.6125440001487732, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.18831395481982754, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.24643200635910034, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16219483968564566, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.7652640044689178, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.239565961335903, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.745631992816925, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0020934136051066017, 1, 0.0, 1},
+    {256, 256, 256, 0.012240000069141388, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.02237632904196574, 1, 0.0, 0},
+    {512, 512, 512, 0.015263999812304974, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.013074845291368983, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03585600107908249, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03997404913685093, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.21484799683094025, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.05492024298473334, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6876320242881775, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.022972594262773722, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.925456047058105, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.11898261508015916, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.6846719980239868, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.025795477319640558, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05628800019621849, 0.0, 8.317766166719343, 8.317766166719343, 0.008866748390696318, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06711999699473381, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.17072545260615715, 1, 0.0, 0},
+    {64, 4096, 8192, 0.09681599959731102, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05756645186473919, 1, 0.0, 0},
+    {128, 8192, 8192, 0.20481599867343903, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.007719837426370797, 1, 0.0, 0},
+    {8192, 128, 8192, 0.19287999719381332, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.052323951886498216, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05488000065088272, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.022092984685592974, 1, 0.0, 0},
+    {80, 8192, 4096, 0.10534399747848511, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.02442096301326633, 1, 0.0, 0},
+    {1, 11008, 4096, 0.11091200262308121, 0.0, 9.306377560173125, 8.317766166719343, 0.04225995264563387, 1, 0.0, 0},
+    {8, 11008, 4096, 0.11068800091743469, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.03935442153785623, 1, 0.0, 0},
+    {16, 4096, 4096, 0.055456001311540604, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.007367408332667567, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1141119971871376, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.06529782735488739, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05516799911856651, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.014004538692538896, 1, 0.0, 0},
+    {6, 8192, 4096, 0.0666240006685257, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.16507622140234302, 1, 0.0, 0},
+    {12, 4096, 8192, 0.09647999703884125, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.05596212650494941, 1, 0.0, 0},
+    {5, 4096, 4096, 0.05483200028538704, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.017698888798132688, 1, 0.0, 0},
+    {3, 4096, 11008, 0.12494399771094322, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.06747771580700526, 1, 0.0, 0},
+    {4096, 4096, 512, 0.3227519989013672, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.0025690570683782775, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.069375991821289, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.011354008460292287, 1, 0.0, 0},
+    {8192, 8192, 256, 0.9504159986972809, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.08732900478285346, 1, 0.0, 0},
+    {2048, 2048, 128, 0.057312000542879105, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.15254891903569825, 1, 0.0, 0},
+    {16384, 4096, 64, 0.7252959907054901, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.20156096534851836, 1, 0.0, 0},
+    {256, 256, 32768, 0.3418720066547394, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09376193893327266, 1, 0.0, 0},
+    {512, 512, 16384, 0.17611200362443924, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1041679067079695, 1, 0.0, 0},
+    {128, 1024, 65536, 0.6878719925880432, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.07996117827440169, 1, 0.0, 0},
+    {64, 64, 131072, 1.3221279978752136, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10322423824708708, 1, 0.0, 0},
+    {384, 384, 24576, 0.262255996465683, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.08604784484042143, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.8874239921569824, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.0902236919122625, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1322720050811768, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.016726352077145023, 1, 0.0, 0},
+    {1536, 2560, 768, 0.10807999968528748, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.001862454705977042, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6045440137386322, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.015859321508427452, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.681824207305908, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0795079473553223, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.562720000743866, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.07911165735509522, 1, 0.0, 0},
+    {512, 512, 512, 0.34281599521636963, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06287868014428961, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.4239040017127991, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.19636086298395483, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.06598400324583054, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.2934512212707201, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.39208000898361206, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.26225541030111543, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.1730560064315796, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.06272775559309965, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.4819200038909912, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.08710197163478482, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.6818240284919739, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.019597841084466622, 1, 0.0, 1},
 };
 static const Point fp32_16_unaligned[] = {
-    {2047, 2047, 2047, 0.35385599732398987, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027205779832641195, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1807679980993271, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.035151524673126815, 1, 0.0, 0},
-    {5003, 5003, 5003, 4.502303838729858, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.003362623249753342, 1, 0.0, 0},
-    {127, 4099, 1023, 0.044096000492572784, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.02818607619150414, 1, 0.0, 0},
-    {4096, 1, 4096, 0.06283200159668922, 8.317766166719343, 0.0, 8.317766166719343, -0.10164490229030286, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05142400041222572, 0.0, 8.317766166719343, 8.317766166719343, 0.008674722556849243, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12326399981975555, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.0715659809624508, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.380336046218872, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03315774702736705, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.07215999811887741, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.009547706346881034, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3214719891548157, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.039602936216930625, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.16896000504493713, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.013305050287506389, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.381167888641357, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.015672237479318823, 1, 0.0, 0},
+    {127, 4099, 1023, 0.036959998309612274, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.01729898280829276, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05774400010704994, 8.317766166719343, 0.0, 8.317766166719343, -0.18642594854004682, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07640000060200691, 0.0, 8.317766166719343, 8.317766166719343, 0.09450929212340886, 1, 0.0, 0},
+    {16, 11008, 4096, 0.15105599910020828, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.11351177120618514, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.3277599811553955, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.020600016268279567, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05950399860739708, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0026995125027231507, 1, 0.0, 0},
 };
 static const Point fp32_17_aligned[] = {
-    {256, 256, 256, 0.024992000311613083, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.22150496814386722, 1, 0.0, 0},
-    {512, 512, 512, 0.03200000151991844, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.04858019314207081, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.09616000205278397, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.08060596539911952, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.37646400928497314, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.020873415700295033, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.03417388918912605, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.284800052642822, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.024264903882318063, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.9330080151557922, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.042204105224984606, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05740800127387047, 0.0, 8.317766166719343, 8.317766166719343, 0.0010060336975253787, 1, 0.0, 0},
-    {16, 8192, 4096, 0.10809600353240967, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.023502087285654942, 1, 0.0, 0},
-    {64, 4096, 8192, 0.09769599884748459, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.034198591642563475, 1, 0.0, 0},
-    {128, 8192, 8192, 0.21985600143671036, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.025818796707533436, 1, 0.0, 0},
-    {8192, 128, 8192, 0.220271997153759, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.02770913698243996, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05934400111436844, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.051194290257467766, 1, 0.0, 0},
-    {80, 8192, 4096, 0.1279039978981018, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.00955060146547018, 1, 0.0, 0},
-    {1, 11008, 4096, 0.1345279961824417, 0.0, 9.306377560173125, 8.317766166719343, 0.013066569289535845, 1, 0.0, 0},
-    {8, 11008, 4096, 0.13212799280881882, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.02802453464195236, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06172800064086914, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03134248627873462, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1674399971961975, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.0008158099882762364, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05951999872922897, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.0050827916522139865, 1, 0.0, 0},
-    {6, 8192, 4096, 0.10156799852848053, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.007061719436010156, 1, 0.0, 0},
-    {12, 4096, 8192, 0.09279999881982803, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.025295886978870846, 1, 0.0, 0},
-    {5, 4096, 4096, 0.059967998415231705, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.03319999277039303, 1, 0.0, 0},
-    {3, 4096, 11008, 0.11190400272607803, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0031879554253234853, 1, 0.0, 0},
-    {4096, 4096, 512, 1.5503199696540833, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.38645173809857986, 1, 0.0, 0},
-    {5120, 7168, 1024, 3.4506720304489136, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.2871417520636731, 1, 0.0, 0},
-    {8192, 8192, 256, 6.13644814491272, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.40829704510457987, 1, 0.0, 0},
-    {2048, 2048, 128, 0.29844799637794495, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10288706594442563, 1, 0.0, 0},
-    {16384, 4096, 64, 6.195791959762573, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.43280091232813295, 1, 0.0, 0},
-    {256, 256, 32768, 0.07897599786520004, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.023275438346704515, 1, 0.0, 0},
-    {512, 512, 16384, 0.09704000130295753, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.029821611213059183, 1, 0.0, 0},
-    {128, 1024, 65536, 0.16120000183582306, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.02102091095810012, 1, 0.0, 0},
-    {64, 64, 131072, 0.25678399205207825, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.11499499839894228, 1, 0.0, 0},
-    {384, 384, 24576, 0.12062400206923485, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.012311759736811045, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.8446399867534637, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.0214104501557115, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.9571840167045593, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.027071991642749264, 1, 0.0, 0},
-    {1536, 2560, 768, 0.31596800684928894, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08818348572408476, 1, 0.0, 0},
-    {2048, 5632, 2048, 1.0976960062980652, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.0734986154546179, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.349792003631592, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.017149875801083302, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.7693760395050049, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.008142512417403523, 1, 0.0, 0},
-    {512, 512, 512, 1.569648027420044, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.39884180430673194, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 3.0990720987319946, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.4237649476789356, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.31542399525642395, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.1582091152228203, 256, 5.545177444479562, 0},
-    {512, 512, 64, 3.1172159910202026, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4345649181482537, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.3924480080604553, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.024005742288525415, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 3.0350239276885986, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.39302994127724417, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 2.3468639850616455, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.14056243548651692, 1, 0.0, 1},
+    {256, 256, 256, 0.01190400030463934, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.15443639444786517, 1, 0.0, 0},
+    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04793291201510467, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04396799951791763, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05224647523769194, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.24265600740909576, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.04945618189472179, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.630079984664917, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0662324307973025, 1, 0.0, 0},
+    {8192, 8192, 8192, 14.82795238494873, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.13917539279694738, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.707040011882782, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.07126643979885351, 1, 0.0, 0},
+    {1, 4096, 4096, 0.041439998894929886, 0.0, 8.317766166719343, 8.317766166719343, 0.12282746711106557, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09937600046396255, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4376708460327664, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0681919977068901, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.11267273973852314, 1, 0.0, 0},
+    {128, 8192, 8192, 0.19964799284934998, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.07989983361313414, 1, 0.0, 0},
+    {8192, 128, 8192, 0.20214400440454483, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.06747527721978848, 1, 0.0, 0},
+    {4096, 32, 4096, 0.0666240006685257, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.03782508857387157, 1, 0.0, 0},
+    {80, 8192, 4096, 0.11532799899578094, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.03262484190597708, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09715200215578079, 0.0, 9.306377560173125, 8.317766166719343, 0.0582800969479156, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09699200093746185, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.056631822965778025, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04238399863243103, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.14535179609014046, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1241919994354248, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.04142367489621809, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06801600009202957, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.05850317851655256, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07184000313282013, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.11320167314930192, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0679360032081604, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.10891165019369305, 1, 0.0, 0},
+    {5, 4096, 4096, 0.041280001401901245, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.11895905096068085, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08291199803352356, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.06601857859264242, 1, 0.0, 0},
+    {4096, 4096, 512, 0.46801599860191345, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.14828805116860538, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.3321920037269592, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.045322367836155925, 1, 0.0, 0},
+    {8192, 8192, 256, 1.4982720017433167, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.23031971432524623, 1, 0.0, 0},
+    {2048, 2048, 128, 0.09308800101280212, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.24455754514911135, 1, 0.0, 0},
+    {16384, 4096, 64, 1.1845600008964539, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.16821853245266147, 1, 0.0, 0},
+    {256, 256, 32768, 0.17452800273895264, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16859476576570484, 1, 0.0, 0},
+    {512, 512, 16384, 0.09759999811649323, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.11483310811855275, 1, 0.0, 0},
+    {128, 1024, 65536, 0.34012800455093384, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.16409569146126457, 1, 0.0, 0},
+    {64, 64, 131072, 0.6587840020656586, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.18061051923990804, 1, 0.0, 0},
+    {384, 384, 24576, 0.1340479999780655, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.16457101749707878, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.9129280149936676, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10344279082255413, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1129600405693054, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06463559784966959, 1, 0.0, 0},
+    {1536, 2560, 768, 0.13900800049304962, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09980403675257521, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6545760035514832, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.022933972596091933, 1, 0.0, 0},
+    {4096, 11008, 4096, 5.135663986206055, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.10976532524390904, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.6280159950256348, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.06753831623635714, 1, 0.0, 0},
+    {512, 512, 512, 0.4747200012207031, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.16251072990235926, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.7157440185546875, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.34452869282170073, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.10480000078678131, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.36306603135066695, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.6125440001487732, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1888268825865234, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.24643200635910034, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16254259996896106, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.7652640044689178, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.24001419484387798, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.745631992816925, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0022551488608033724, 1, 0.0, 1},
 };
 static const Point fp32_17_unaligned[] = {
-    {2047, 2047, 2047, 0.5800159871578217, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.02748819469258837, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.31756800413131714, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.026801140852850663, 1, 0.0, 0},
-    {5003, 5003, 5003, 5.55297589302063, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.017539743071253836, 1, 0.0, 0},
-    {127, 4099, 1023, 0.07440000027418137, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.05410898787642405, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05897599831223488, 8.317766166719343, 0.0, 8.317766166719343, -0.028250365799381685, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06272000074386597, 0.0, 8.317766166719343, 8.317766166719343, 0.033299469233295735, 1, 0.0, 0},
-    {16, 11008, 4096, 0.14591999351978302, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0038303568055618425, 1, 0.0, 0},
-    {4096, 4096, 4096, 3.4407360553741455, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.04311250454636986, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.13849599659442902, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.02478062197272126, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.35385599732398987, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.02737375188137962, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1807679980993271, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03485292496483067, 1, 0.0, 0},
+    {5003, 5003, 5003, 4.502303838729858, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.003730467092319575, 1, 0.0, 0},
+    {127, 4099, 1023, 0.044096000492572784, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.027484603462266676, 1, 0.0, 0},
+    {4096, 1, 4096, 0.06283200159668922, 8.317766166719343, 0.0, 8.317766166719343, -0.10474688086226341, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05142400041222572, 0.0, 8.317766166719343, 8.317766166719343, 0.008696677990285692, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12326399981975555, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.07045641908497487, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.380336046218872, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03275555924365665, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.07215999811887741, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.009499785769485396, 1, 0.0, 0},
 };
 static const Point fp32_18_aligned[] = {
-    {256, 256, 256, 0.01889600045979023, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.008452111598659868, 1, 0.0, 0},
-    {512, 512, 512, 0.03097599931061268, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.009259827906258523, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.062063999474048615, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.008683628722190254, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.4678080081939697, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.04228803151089944, 1, 0.0, 0},
-    {4096, 4096, 4096, 3.590672016143799, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.018703594957196836, 1, 0.0, 0},
-    {8192, 8192, 8192, 25.99796772003174, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06257189502476249, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.7869600057601929, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.20585720402438318, 1, 0.0, 0},
-    {1, 4096, 4096, 0.22563199698925018, 0.0, 8.317766166719343, 8.317766166719343, 0.12623847701828275, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2107519954442978, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.019279771611079695, 1, 0.0, 0},
-    {64, 4096, 8192, 0.419871985912323, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.045465028251035815, 1, 0.0, 0},
-    {128, 8192, 8192, 0.4219520092010498, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.049900876681820625, 1, 0.0, 0},
-    {8192, 128, 8192, 0.46350400149822235, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.044022556211696276, 1, 0.0, 0},
-    {4096, 32, 4096, 0.20904000103473663, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.04364200686049248, 1, 0.0, 0},
-    {80, 8192, 4096, 0.20457600057125092, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.06038845896794435, 1, 0.0, 0},
-    {1, 11008, 4096, 0.40299201011657715, 0.0, 9.306377560173125, 8.317766166719343, 0.01720212188118765, 1, 0.0, 0},
-    {8, 11008, 4096, 0.3922240138053894, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.01380041548543755, 1, 0.0, 0},
-    {16, 4096, 4096, 0.21804800629615784, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08583163161179087, 1, 0.0, 0},
-    {4, 14336, 4096, 0.3973439931869507, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.010040546717103109, 1, 0.0, 0},
-    {4096, 16, 4096, 0.20838400721549988, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.043809739899171994, 1, 0.0, 0},
-    {6, 8192, 4096, 0.2019840031862259, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.015182721759847065, 1, 0.0, 0},
-    {12, 4096, 8192, 0.3988800048828125, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.01584069987322233, 1, 0.0, 0},
-    {5, 4096, 4096, 0.2197760045528412, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.09828041916877765, 1, 0.0, 0},
-    {3, 4096, 11008, 0.5852960050106049, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.11218993535872297, 1, 0.0, 0},
-    {4096, 4096, 512, 0.47545599937438965, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.015761257624508855, 1, 0.0, 0},
-    {5120, 7168, 1024, 2.014799952507019, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.045986574692917725, 1, 0.0, 0},
-    {8192, 8192, 256, 0.9607200026512146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.009253000176300995, 1, 0.0, 0},
-    {2048, 2048, 128, 0.03868800029158592, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.011524289386036576, 1, 0.0, 0},
-    {16384, 4096, 64, 0.326447993516922, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.009031537713606716, 1, 0.0, 0},
-    {256, 256, 32768, 1.6740480065345764, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.09970474682966234, 1, 0.0, 0},
-    {512, 512, 16384, 0.8447359800338745, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.07348946814926033, 1, 0.0, 0},
-    {128, 1024, 65536, 3.3595839738845825, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.09498115886971009, 1, 0.0, 0},
-    {64, 64, 131072, 6.614351987838745, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.1005393461781915, 1, 0.0, 0},
-    {384, 384, 24576, 1.4749760031700134, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.2462638479365184, 1, 0.0, 0},
-    {1280, 1920, 16384, 2.399616003036499, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.059373900955139246, 1, 0.0, 0},
-    {1024, 1024, 49152, 2.853983998298645, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.08307041049164067, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1918719932436943, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09730212174487399, 1, 0.0, 0},
-    {2048, 5632, 2048, 1.193888008594513, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02481949241864145, 1, 0.0, 0},
-    {4096, 11008, 4096, 9.481344223022461, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.022115379050492323, 1, 0.0, 0},
-    {1024, 14336, 4096, 3.042191982269287, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.013741797388229601, 1, 0.0, 0},
-    {512, 512, 512, 0.4453760087490082, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.049594195722541985, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.29820799827575684, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07797814417477465, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.0432640016078949, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.10026714622995296, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.18350400030612946, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.09609591315805106, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11670400202274323, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.03612244583012853, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.5162879824638367, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.04386228805989133, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 4.771375894546509, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.30328036368324646, 1, 0.0, 1},
+    {256, 256, 256, 0.024992000311613083, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.2245783567412409, 1, 0.0, 0},
+    {512, 512, 512, 0.03200000151991844, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.05070794139934698, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.09616000205278397, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0811361943902995, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.37646400928497314, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.020980776633039905, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.1116960048675537, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.033943681785249036, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.284800052642822, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.02451672480877966, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.9330080151557922, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.04244670871605073, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05740800127387047, 0.0, 8.317766166719343, 8.317766166719343, 0.0009656199475889157, 1, 0.0, 0},
+    {16, 8192, 4096, 0.10809600353240967, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.022915858252057338, 1, 0.0, 0},
+    {64, 4096, 8192, 0.09769599884748459, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.0341101568193513, 1, 0.0, 0},
+    {128, 8192, 8192, 0.21985600143671036, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.025877355653851644, 1, 0.0, 0},
+    {8192, 128, 8192, 0.220271997153759, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.02776769592875788, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05934400111436844, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.05102274768055934, 1, 0.0, 0},
+    {80, 8192, 4096, 0.1279039978981018, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.009486609875465972, 1, 0.0, 0},
+    {1, 11008, 4096, 0.1345279961824417, 0.0, 9.306377560173125, 8.317766166719343, 0.012092653715240917, 1, 0.0, 0},
+    {8, 11008, 4096, 0.13212799280881882, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.028918085242824774, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06172800064086914, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.03140914875496553, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1674399971961975, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.00025010033522497387, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05951999872922897, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.005016129175982888, 1, 0.0, 0},
+    {6, 8192, 4096, 0.10156799852848053, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.007748981942542868, 1, 0.0, 0},
+    {12, 4096, 8192, 0.09279999881982803, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.025104857146268245, 1, 0.0, 0},
+    {5, 4096, 4096, 0.059967998415231705, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.033189024205868466, 1, 0.0, 0},
+    {3, 4096, 11008, 0.11190400272607803, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.00284937278506178, 1, 0.0, 0},
+    {4096, 4096, 512, 1.5503199696540833, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.3862480491449401, 1, 0.0, 0},
+    {5120, 7168, 1024, 3.4506720304489136, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.2869059510002122, 1, 0.0, 0},
+    {8192, 8192, 256, 6.13644814491272, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.40800340808846847, 1, 0.0, 0},
+    {2048, 2048, 128, 0.29844799637794495, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10278367318590123, 1, 0.0, 0},
+    {16384, 4096, 64, 6.195791959762573, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.43247079045088815, 1, 0.0, 0},
+    {256, 256, 32768, 0.07897599786520004, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.023014812310893983, 1, 0.0, 0},
+    {512, 512, 16384, 0.09704000130295753, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.02936437058499878, 1, 0.0, 0},
+    {128, 1024, 65536, 0.16120000183582306, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.02084933595365124, 1, 0.0, 0},
+    {64, 64, 131072, 0.25678399205207825, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.11419655941282551, 1, 0.0, 0},
+    {384, 384, 24576, 0.12062400206923485, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.012296790257625272, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.8446399867534637, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.021207317165168597, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.9571840167045593, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.02687398900237435, 1, 0.0, 0},
+    {1536, 2560, 768, 0.31596800684928894, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.08809385708901014, 1, 0.0, 0},
+    {2048, 5632, 2048, 1.0976960062980652, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.07330062149899083, 1, 0.0, 0},
+    {4096, 11008, 4096, 5.349792003631592, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.017396114236344004, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.7693760395050049, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.008363676605303651, 1, 0.0, 0},
+    {512, 512, 512, 1.569648027420044, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.39863811535309207, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 3.0990720987319946, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.42346228805589853, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.31542399525642395, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.15810572246429577, 256, 5.545177444479562, 0},
+    {512, 512, 64, 3.1172159910202026, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4342501060187744, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.3924480080604553, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.025086200305344905, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 3.0350239276885986, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.3927512296988808, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 2.3468639850616455, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.14033006658019126, 1, 0.0, 1},
 };
 static const Point fp32_18_unaligned[] = {
-    {2047, 2047, 2047, 0.5801920294761658, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.011419927415388468, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.3253439962863922, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.001094064536916652, 1, 0.0, 0},
-    {5003, 5003, 5003, 7.929776191711426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.005813128503127162, 1, 0.0, 0},
-    {127, 4099, 1023, 0.1748799979686737, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.8457090462363247, 1, 0.0, 0},
-    {4096, 1, 4096, 0.26977600157260895, 8.317766166719343, 0.0, 8.317766166719343, 0.07388471326571835, 1, 0.0, 0},
-    {1, 4096, 4096, 0.2364320009946823, 0.0, 8.317766166719343, 8.317766166719343, -0.058188663700465215, 1, 0.0, 0},
-    {16, 11008, 4096, 0.49164798855781555, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.0312329490042286, 1, 0.0, 0},
-    {4096, 4096, 4096, 4.385200023651123, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.002816228653155658, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.07804799824953079, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005384583357560504, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.5800159871578217, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027678064032549254, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.31756800413131714, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.02663573596811381, 1, 0.0, 0},
+    {5003, 5003, 5003, 5.55297589302063, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.017513893847885417, 1, 0.0, 0},
+    {127, 4099, 1023, 0.07440000027418137, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.05358038220963122, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05897599831223488, 8.317766166719343, 0.0, 8.317766166719343, -0.027473223142250824, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06272000074386597, 0.0, 8.317766166719343, 8.317766166719343, 0.03407661189042663, 1, 0.0, 0},
+    {16, 11008, 4096, 0.14591999351978302, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.003784682045627884, 1, 0.0, 0},
+    {4096, 4096, 4096, 3.4407360553741455, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.04308353145821863, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.13849599659442902, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.024852046458139168, 1, 0.0, 0},
+};
+static const Point fp32_19_aligned[] = {
+    {1, 4096, 4096, 0.03587200120091438, 0.0, 8.317766166719343, 8.317766166719343, -0.06122026347726307, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2650879919528961, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4163521593425757, 1, 0.0, 0},
+    {1, 11008, 4096, 0.0724480003118515, 0.0, 9.306377560173125, 8.317766166719343, 0.07193297031051925, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1496960073709488, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.03614150257657263, 1, 0.0, 0},
+    {16, 4096, 4096, 0.13654400408267975, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.3305812656792233, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10545599833130836, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.14531012723945813, 1, 0.0, 0},
+    {4096, 16, 4096, 0.1372479945421219, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.33572379734145963, 1, 0.0, 0},
+    {6, 8192, 4096, 0.11296000331640244, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.17473235972344217, 1, 0.0, 0},
+    {12, 4096, 8192, 0.2582240104675293, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.592191764747565, 1, 0.0, 0},
+    {5, 4096, 4096, 0.060447998344898224, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.11041394200687205, 1, 0.0, 0},
+    {3, 4096, 11008, 0.09647999703884125, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.08184467935654448, 1, 0.0, 0},
+};
+static const Point fp32_19_unaligned[] = {
+    {4096, 1, 4096, 0.03606399893760681, 8.317766166719343, 0.0, 8.317766166719343, -0.0555630977369878, 1, 0.0, 0},
+    {1, 4096, 4096, 0.040608000010252, 0.0, 8.317766166719343, 8.317766166719343, 0.06310688564863773, 1, 0.0, 0},
+    {16, 11008, 4096, 0.46487998962402344, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.6291189024097685, 1, 0.0, 0},
+};
+static const Point fp32_20_aligned[] = {
+    {256, 256, 256, 0.01889600045979023, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.008473951501649393, 1, 0.0, 0},
+    {512, 512, 512, 0.03097599931061268, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.00920197433825884, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.062063999474048615, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.008651940879129386, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.4678080081939697, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.042284804669462966, 1, 0.0, 0},
+    {4096, 4096, 4096, 3.590672016143799, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.018703574823413657, 1, 0.0, 0},
+    {8192, 8192, 8192, 25.99796772003174, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.06257477179308621, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.7869600057601929, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.2058638649834912, 1, 0.0, 0},
+    {1, 4096, 4096, 0.22563199698925018, 0.0, 8.317766166719343, 8.317766166719343, 0.12639530004242525, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2107519954442978, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.019382798234190517, 1, 0.0, 0},
+    {64, 4096, 8192, 0.419871985912323, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.045592608481424435, 1, 0.0, 0},
+    {128, 8192, 8192, 0.4219520092010498, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.049905630089968483, 1, 0.0, 0},
+    {8192, 128, 8192, 0.46350400149822235, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.044017802803548486, 1, 0.0, 0},
+    {4096, 32, 4096, 0.20904000103473663, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.043790054759197804, 1, 0.0, 0},
+    {80, 8192, 4096, 0.20457600057125092, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.06035176210949999, 1, 0.0, 0},
+    {1, 11008, 4096, 0.40299201011657715, 0.0, 9.306377560173125, 8.317766166719343, 0.017353267287601344, 1, 0.0, 0},
+    {8, 11008, 4096, 0.3922240138053894, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.01365478590010477, 1, 0.0, 0},
+    {16, 4096, 4096, 0.21804800629615784, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08597967951049616, 1, 0.0, 0},
+    {4, 14336, 4096, 0.3973439931869507, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.009907794233228224, 1, 0.0, 0},
+    {4096, 16, 4096, 0.20838400721549988, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.043962454274830545, 1, 0.0, 0},
+    {6, 8192, 4096, 0.2019840031862259, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.015068712273348508, 1, 0.0, 0},
+    {12, 4096, 8192, 0.3988800048828125, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.015998649835615015, 1, 0.0, 0},
+    {5, 4096, 4096, 0.2197760045528412, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.09843489146835026, 1, 0.0, 0},
+    {3, 4096, 11008, 0.5852960050106049, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.11235528998648474, 1, 0.0, 0},
+    {4096, 4096, 512, 0.47545599937438965, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.015763817693993782, 1, 0.0, 0},
+    {5120, 7168, 1024, 2.014799952507019, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.04598376038447898, 1, 0.0, 0},
+    {8192, 8192, 256, 0.9607200026512146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.009243837174109837, 1, 0.0, 0},
+    {2048, 2048, 128, 0.03868800029158592, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.011556920052604197, 1, 0.0, 0},
+    {16384, 4096, 64, 0.326447993516922, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.00906562072375464, 1, 0.0, 0},
+    {256, 256, 32768, 1.6740480065345764, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.09990085559382038, 1, 0.0, 0},
+    {512, 512, 16384, 0.8447359800338745, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.07363933140184831, 1, 0.0, 0},
+    {128, 1024, 65536, 3.3595839738845825, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.09516322201216106, 1, 0.0, 0},
+    {64, 64, 131072, 6.614351987838745, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.10075126665670767, 1, 0.0, 0},
+    {384, 384, 24576, 1.4749760031700134, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.246440459576105, 1, 0.0, 0},
+    {1280, 1920, 16384, 2.399616003036499, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05933370869639572, 1, 0.0, 0},
+    {1024, 1024, 49152, 2.853983998298645, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.08306926262454797, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1918719932436943, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.09730522261462862, 1, 0.0, 0},
+    {2048, 5632, 2048, 1.193888008594513, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.024819673222097452, 1, 0.0, 0},
+    {4096, 11008, 4096, 9.481344223022461, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.022111425487952464, 1, 0.0, 0},
+    {1024, 14336, 4096, 3.042191982269287, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.013741904550461813, 1, 0.0, 0},
+    {512, 512, 512, 0.4453760087490082, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.04959163565305688, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.29820799827575684, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07799560297543025, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.0432640016078949, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.1002345155633854, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.18350400030612946, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.09612507584865124, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11670400202274323, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.03613328129763043, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.5162879824638367, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.04387185054102363, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 4.771375894546509, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3032806978892083, 1, 0.0, 1},
+};
+static const Point fp32_20_unaligned[] = {
+    {2047, 2047, 2047, 0.5801920294761658, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.011434820817636457, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.3253439962863922, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0009974871716385153, 1, 0.0, 0},
+    {5003, 5003, 5003, 7.929776191711426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.0058084908411688094, 1, 0.0, 0},
+    {127, 4099, 1023, 0.1748799979686737, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.8455211486831153, 1, 0.0, 0},
+    {4096, 1, 4096, 0.26977600157260895, 8.317766166719343, 0.0, 8.317766166719343, 0.07344037044899761, 1, 0.0, 0},
+    {1, 4096, 4096, 0.2364320009946823, 0.0, 8.317766166719343, 8.317766166719343, -0.05863224107780408, 1, 0.0, 0},
+    {16, 11008, 4096, 0.49164798855781555, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.03161224712064612, 1, 0.0, 0},
+    {4096, 4096, 4096, 4.385200023651123, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0028204657468282246, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.07804799824953079, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005349873855070055, 1, 0.0, 0},
 };
 
-static const Member members[19] = {
+static const Member members[21] = {
     {128, 128, 32, 1, 1, true, true,
-     {fp32_0_aligned, 46, {0.008341011695540067, 0.0011134036251537933, 0.0015888351747516468, 0.03673080847052851, 5.63914581182261}, 1.049095912742928},
-     {fp32_0_unaligned, 9, {0.0, 0.0006180944064053894, 0.018842558654002268, 0.33305720702431585, 0.0}, 1.0}
+     {fp32_0_aligned, 46, {0.008336781324966498, 0.0011129061870669965, 0.0015889146768274286, 0.036858832571095956, 5.638469412595593}, 1.0490700921338887},
+     {fp32_0_unaligned, 9, {0.0, 0.0006242480722158784, 0.018868598068044903, 0.3314335875262452, 0.0}, 1.0}
      , true
      , false, 0
     },
-    {16, 4, 512, 1, 4, true, false,
-     {fp32_1_aligned, 11, {0.02098174702542846, 0.000659456865896324, 0.0, 0.05606931845990612, 0.0}, 1.0},
-     {fp32_1_unaligned, 3, {0.0, 0.0022029190711630453, 0.0, 0.0, 0.0}, 1.0}
+    {16, 16, 512, 1, 2, true, false,
+     {fp32_1_aligned, 11, {0.014194683502666922, 0.0, 0.0028942285691338243, 0.2632370775949672, 0.0}, 1.0},
+     {fp32_1_unaligned, 3, {0.013535258194620434, 0.0030425759745456873, 0.0, 0.0, 0.0}, 1.0}
      , false
      , true, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {fp32_2_aligned, 46, {0.007306798253598228, 0.0008755598244459841, 0.0019104243946152716, 0.04731659197212799, 0.0}, 1.046808111002843},
-     {fp32_2_unaligned, 9, {0.0, 0.0006221477572536129, 0.00798898545959384, 0.3300091669693663, 0.0}, 1.0}
+     {fp32_2_aligned, 46, {0.007311318253360463, 0.000874435187722182, 0.0019099533792674257, 0.04759465284139414, 0.0}, 1.046696034638735},
+     {fp32_2_unaligned, 9, {0.0, 0.0006208198040386437, 0.00801460394221068, 0.33032014204177357, 0.0}, 1.0}
      , false
      , false, 0
     },
     {64, 64, 32, 2, 1, true, true,
-     {fp32_3_aligned, 46, {0.006902436417482631, 0.0005344616686021897, 0.001448263802096287, 0.0, 0.0}, 1.0020745010770626},
-     {fp32_3_unaligned, 9, {0.01355971245177783, 0.0005390435253523319, 0.003039751516145041, 0.0, 0.0}, 1.0}
+     {fp32_3_aligned, 46, {0.0068968694521673035, 0.000534249445104999, 0.001452392441973224, 0.0, 0.0}, 1.0021826135717122},
+     {fp32_3_unaligned, 9, {0.013564563816191394, 0.0005390834827066852, 0.0030376855088659754, 0.0, 0.0}, 1.0}
      , false
      , false, 0
     },
     {64, 64, 32, 128, 1, true, true,
-     {fp32_4_aligned, 46, {0.02974864758382728, 0.0, 0.002052417307166201, 0.1970231692668385, 2.0536015735314193}, 1.337573156725187},
-     {fp32_4_unaligned, 9, {0.045220460294004415, 0.0, 0.0006296236729746763, 0.5419759376593402, 62.130636015466756}, 1.0}
+     {fp32_4_aligned, 46, {0.029749723808699995, 0.0, 0.002054757062902789, 0.19701078079704543, 1.98457133900243}, 1.3375991816397867},
+     {fp32_4_unaligned, 9, {0.04542144511305685, 0.0, 0.0006276788087055138, 0.5423347636280311, 62.16120077411706}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 4, 1, true, true,
-     {fp32_5_aligned, 46, {0.0071844019739050625, 0.0010095543062785877, 0.00567166007067666, 0.031722543570402766, 0.0}, 1.0},
-     {fp32_5_unaligned, 9, {0.015855033746039613, 0.000263474002090618, 0.0, 0.38954656324581727, 3.090636211786049}, 1.0}
+     {fp32_5_aligned, 46, {0.007175811237883346, 0.001009888691390527, 0.005675746693553722, 0.03162119343457738, 0.0}, 1.0},
+     {fp32_5_unaligned, 9, {0.01585025353150066, 0.0002635604613426521, 0.0, 0.3895000028892647, 3.091413578072883}, 1.0}
      , false
      , false, 0
     },
     {64, 128, 32, 4, 1, true, true,
-     {fp32_6_aligned, 46, {0.014291023758584518, 0.000707870793874576, 0.0042380030362248605, 0.0011836942648909175, 0.0}, 1.0336701340008607},
-     {fp32_6_unaligned, 9, {0.016752251986473083, 0.0006916099109851466, 0.0054937991694898256, 0.09580033234967249, 0.0}, 1.0}
+     {fp32_6_aligned, 46, {0.014257941167995964, 0.0007079440566022245, 0.00424398286042011, 0.001163079965271864, 0.0}, 1.0336630713779125},
+     {fp32_6_unaligned, 9, {0.016698999663984016, 0.0006967318618069582, 0.005516128551111859, 0.09385868662449431, 0.0}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 32, 1, true, true,
-     {fp32_7_aligned, 46, {0.012997391007092006, 0.0008873538417948051, 0.0026796737846177094, 0.06255293324785112, 7.870196662921406}, 1.2635870998354832},
-     {fp32_7_unaligned, 9, {0.0343416621099506, 0.0, 0.0, 0.5726714541052514, 19.15800329733535}, 1.0}
+     {fp32_7_aligned, 46, {0.012987492547471235, 0.0008873993896196819, 0.0026806907591411487, 0.06256116854656354, 7.869090590467686}, 1.2635692972620067},
+     {fp32_7_unaligned, 9, {0.03427536583822969, 0.0, 0.0, 0.5729745774022215, 19.15396313253628}, 1.0}
      , false
      , false, 0
     },
+    {16, 4, 512, 1, 4, true, false,
+     {fp32_8_aligned, 11, {0.02098174702542846, 0.000659456865896324, 0.0, 0.05606931845990612, 0.0}, 1.0},
+     {fp32_8_unaligned, 3, {0.0, 0.0022029190711630453, 0.0, 0.0, 0.0}, 1.0}
+     , false
+     , true, 0
+    },
     {128, 64, 32, 1, 1, true, true,
-     {fp32_8_aligned, 46, {0.005290273317113488, 0.0007013614291167173, 0.0008429833470385177, 0.00765233132880864, 0.0}, 1.0326894444995773},
-     {fp32_8_unaligned, 9, {0.004544577500865451, 0.0002896162500499411, 0.015702063374567317, 0.19107156635595374, 0.0}, 1.0}
+     {fp32_9_aligned, 46, {0.0052988252129593984, 0.0007002047520313002, 0.000842574431383386, 0.008018113195396704, 0.0}, 1.0326245715246525},
+     {fp32_9_unaligned, 9, {0.004487192115768765, 0.0002886234530583251, 0.015768926046652483, 0.1912289124415512, 0.0}, 1.0}
      , false
      , false, 0
     },
     {128, 64, 32, 4, 1, true, true,
-     {fp32_9_aligned, 46, {0.006853730215934819, 0.0007471921283369362, 0.0032371648585421955, 0.0, 0.0}, 1.008810572998304},
-     {fp32_9_unaligned, 9, {0.016891576433185698, 0.0002323904066928986, 0.0014361249916468254, 0.2270316520235642, 2.409117658984456}, 1.0}
+     {fp32_10_aligned, 46, {0.0068558310597701365, 0.0007469681742858931, 0.0032342517857307154, 0.0, 0.0}, 1.0088198341377994},
+     {fp32_10_unaligned, 9, {0.016885586056046006, 0.00023183876556580473, 0.0014486651069937368, 0.22719003504842253, 2.404013355443325}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {fp32_10_aligned, 46, {0.006856505218162599, 0.0009414883224416439, 0.0014833534199483124, 0.050783471457989726, 0.0}, 1.028242367642278},
-     {fp32_10_unaligned, 9, {0.0, 0.0006301238703479344, 0.007012632369876808, 0.3335414620143798, 0.0}, 1.0}
+     {fp32_11_aligned, 46, {0.006861729009744162, 0.0009400636523676012, 0.0014828718586500002, 0.051132453905057794, 0.0}, 1.0281135355451763},
+     {fp32_11_unaligned, 9, {0.0, 0.0006288150365106886, 0.007037845876366696, 0.3338482013411621, 0.0}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 2, 1, true, true,
-     {fp32_11_aligned, 46, {0.005705263927066331, 0.0009392170908629672, 0.005390063354206877, 0.04929096358650012, 0.13888025791921743}, 1.0079770061862294},
-     {fp32_11_unaligned, 9, {0.007497564245083523, 0.0006129111355105719, 0.0, 0.32811140381553605, 2.0183964697106163}, 1.0}
+     {fp32_12_aligned, 46, {0.0057016619682165644, 0.0009395474798969456, 0.005392704641212647, 0.049209822929700574, 0.13867618794458844}, 1.0079913230636126},
+     {fp32_12_unaligned, 9, {0.007495009667715353, 0.0006096269960086218, 0.0, 0.32894415443519137, 2.020502685008684}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 8, 1, true, true,
-     {fp32_12_aligned, 46, {0.010936139239229268, 0.0008211905138751342, 0.004558795185230378, 0.06913161455870985, 1.5488377970222578}, 1.0422623615854718},
-     {fp32_12_unaligned, 9, {0.01685689241205602, 0.0005272283615881622, 0.0, 0.30125334657920994, 5.645476931512384}, 1.0}
+     {fp32_13_aligned, 46, {0.010898568740429928, 0.0008217364365894322, 0.004583097005298418, 0.06897687653620031, 1.5404966102350997}, 1.0422751280645353},
+     {fp32_13_unaligned, 9, {0.01683118873466043, 0.0005279241135234883, 0.0, 0.3009792971682995, 5.649108411226201}, 1.0}
      , false
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {fp32_13_aligned, 46, {0.0051482074330123345, 0.0006513261941390264, 0.0013806939567007263, 0.0, 0.0}, 1.0270610736446681},
-     {fp32_13_unaligned, 9, {0.009231809567279226, 0.000655671313070701, 0.0005597079972751126, 0.008370799325367863, 0.0}, 1.0}
+     {fp32_14_aligned, 46, {0.005149551930967941, 0.0006511666003264432, 0.001381466485155781, 0.0, 0.0}, 1.0270978987373487},
+     {fp32_14_unaligned, 9, {0.00923422143033354, 0.000655961227623472, 0.0005578016338037187, 0.008236030078010041, 0.0}, 1.0}
      , false
      , false, 0
     },
     {64, 64, 32, 4, 1, true, true,
-     {fp32_14_aligned, 46, {0.005695599626991095, 0.0005201747604224265, 0.002913703249967509, 0.0, 0.0}, 1.0},
-     {fp32_14_unaligned, 9, {0.016104796258662214, 0.0004841024167847668, 0.001940443405936828, 0.0, 1.1177631025271697}, 1.0}
+     {fp32_15_aligned, 46, {0.005699176112240191, 0.000519972827691345, 0.0029095359464408397, 0.0, 0.0}, 1.0},
+     {fp32_15_unaligned, 9, {0.016116723951794594, 0.0004841594608191257, 0.001939679486752289, 0.0, 1.1166842738132743}, 1.0}
      , false
      , false, 0
     },
     {64, 128, 32, 2, 1, true, true,
-     {fp32_15_aligned, 46, {0.00570024493254391, 0.0007107990351244283, 0.00395768361727662, 0.009511636443918113, 0.0}, 1.0077578477977902},
-     {fp32_15_unaligned, 9, {0.012862160068696057, 0.0006415869167462547, 0.0065848300480717895, 0.13022821572025794, 0.0}, 1.0}
+     {fp32_16_aligned, 46, {0.005702918780180925, 0.0007107409693422387, 0.003956098496452968, 0.009531944937763812, 0.0}, 1.0077453863171624},
+     {fp32_16_unaligned, 9, {0.012893509174159429, 0.0006458407016411567, 0.006563020493454207, 0.1289287685454299, 0.0}, 1.0}
      , false
      , false, 0
     },
     {64, 128, 32, 4, 1, true, true,
-     {fp32_16_aligned, 46, {0.009147801908295804, 0.0007586854791745635, 0.0032273612297388033, 0.0, 0.0}, 1.0135658379061983},
-     {fp32_16_unaligned, 9, {0.019094384423824207, 0.0004319659426631836, 0.004647674906514389, 0.1983475684610745, 0.0}, 1.0}
+     {fp32_17_aligned, 46, {0.009149408659846633, 0.0007586079697692103, 0.003225344327692519, 0.0, 0.0}, 1.0135593458145997},
+     {fp32_17_unaligned, 9, {0.019029008653554544, 0.0004379595888381091, 0.004674283748105755, 0.1960683752462997, 0.0}, 1.0}
      , false
      , false, 0
     },
     {128, 128, 32, 16, 1, true, true,
-     {fp32_17_aligned, 46, {0.014061450628328583, 0.00080708049602648, 0.0030691266105477497, 0.07481686684375438, 3.8343036192437543}, 1.1088654615908557},
-     {fp32_17_unaligned, 9, {0.022109289454966683, 0.0, 0.0018516347578177213, 0.4566725496796113, 8.051039073352458}, 1.0}
+     {fp32_18_aligned, 46, {0.013991559733388002, 0.0008080601706329135, 0.003082133755869015, 0.07465669258782351, 3.8240375850856405}, 1.1087835048692483},
+     {fp32_18_unaligned, 9, {0.022036075756193717, 0.0, 0.001862444709934466, 0.45641926119771975, 8.050333645370184}, 1.0}
      , false
      , false, 0
     },
+    {16, 4, 512, 1, 2, true, false,
+     {fp32_19_aligned, 11, {0.02140361817171178, 0.00039796960551181736, 0.0, 0.0, 41.573517453326396}, 1.0},
+     {fp32_19_unaligned, 3, {0.0, 0.0010830835626440853, 0.0, 0.0, 0.0}, 1.0}
+     , false
+     , true, 0
+    },
     {128, 64, 32, 1, 1, true, false,
-     {fp32_18_aligned, 46, {0.005321946997732592, 0.001457382988550414, 0.0016319318512679993, 0.07884956881490032, 0.0}, 1.298590513624298},
-     {fp32_18_unaligned, 9, {0.0, 0.0018159896178784728, 0.013524440432687263, 0.0678825326992741, 0.0}, 1.0}
+     {fp32_20_aligned, 46, {0.005324094469842852, 0.0014570714416872333, 0.0016317114175520698, 0.07894883203054956, 0.0}, 1.298578869594856},
+     {fp32_20_unaligned, 9, {0.0, 0.0018170624355595786, 0.013521194988890026, 0.06754667733310302, 0.0}, 1.0}
      , false
      , false, 0
     },
@@ -21012,7 +22144,7 @@ static int best(int M, int N, int K, bool use_aligned, bool split, int sm_count,
                 int batch, double& best_ms) {
     int found = -1;
     best_ms = HUGE_VAL;
-    for (int i = 0; i < 19; ++i) {
+    for (int i = 0; i < 21; ++i) {
         const Member& m = members[i];
         const Model& model = use_aligned ? m.aligned : m.unaligned;
         if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
@@ -21031,7 +22163,7 @@ static int choose(int M, int N, int K, bool aligned, bool split, int sm_count, b
         const int found = best(M, N, K, pass == 0 ? aligned : !aligned, split, sm_count, beta_used, sm90a, batch, ms);
         if (found >= 0) return found;
     }
-    for (int i = 0; i < 19; ++i)
+    for (int i = 0; i < 21; ++i)
         if ((members[i].beta || !beta_used) && (!members[i].sm90a || sm90a)) return i;
     return 0;
 }
@@ -21265,7 +22397,7 @@ extern "C" int gemmgen_fp32_batched(int M, int N, int K, float alpha, const floa
     Device caps;
     const cudaError_t status = device_caps(caps);
     if (status != cudaSuccess) return (int)status;
-    int pick = 18;  // a GPU this library was not tuned for: the portable member
+    int pick = 20;  // a GPU this library was not tuned for: the portable member
     if (caps.tuned_gpu) {
         const bool aligned = lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 &&
             reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
@@ -21301,6 +22433,8 @@ extern "C" int gemmgen_fp32_batched(int M, int N, int K, float alpha, const floa
     case 16: return gemmgen_fp32_16_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 17: return gemmgen_fp32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 18: return gemmgen_fp32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 19: return gemmgen_fp32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
+    case 20: return gemmgen_fp32_20_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     }
     return cudaErrorInvalidValue;
 }
