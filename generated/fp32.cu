@@ -22107,8 +22107,8 @@ static void features(const Member& m, int M, int N, int K, int sm_count, int bat
 static double predict(const Member& m, const Model& model, int M, int N, int K, int sm_count, int batch, bool split) {
     if (m.decode && (M < N ? M : N) > 16) return HUGE_VAL;  // the decode member takes M or N <= 16
     if (!m.decode && (M < N ? M : N) == 1) return HUGE_VAL;  // a matrix-vector product: the decode member's, in FP32 (as cuBLAS)
-    // M up to 8: cuBLAS FP32's sums are short; FFMA decode only (its tensor path from 5 rows)
-    if (M <= 8 && !(m.decode && (m.decode_products == 0 || (M < N ? M : N) < 5)))
+    // M of 1 to 8 (0: no such rule): cuBLAS FP32's sums are short there; FFMA decode only (its tensor path from 5 rows)
+    if (M > 0 && M <= 8 && !(m.decode && (m.decode_products == 0 || (M < N ? M : N) < 5)))
         return HUGE_VAL;
     for (int i = 0; i < model.count; ++i) {
         const Point& p = model.points[i];

@@ -19317,6 +19317,9 @@ static void features(const Member& m, int M, int N, int K, int sm_count, int bat
 static double predict(const Member& m, const Model& model, int M, int N, int K, int sm_count, int batch, bool split) {
     if (m.decode && (M < N ? M : N) > 16) return HUGE_VAL;  // the decode member takes M or N <= 16
     if (!m.decode && (M < N ? M : N) == 1) return HUGE_VAL;  // a matrix-vector product: the decode member's, in FP32 (as cuBLAS)
+    // M of 1 to 0 (0: no such rule): cuBLAS FP32's sums are short there; FFMA decode only (its tensor path from 5 rows)
+    if (M > 0 && M <= 0 && !(m.decode && (m.decode_products == 0 || (M < N ? M : N) < 5)))
+        return HUGE_VAL;
     for (int i = 0; i < model.count; ++i) {
         const Point& p = model.points[i];
         if (p.M == M && p.N == N && p.K == K && p.batch == batch && p.split == (split ? 1 : 0)) return p.ms;

@@ -165,7 +165,7 @@ def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape
     (selection.short_sum_call: FFMA sums)."""
     keys = [shape_key(s) for s in shapes]
     ffma = any(p.path == "decode" and not p.mainloop.products for p in plans)
-    takes = {k: [p for p in plans if not (ffma and s.M <= exact_rows) or ffma_sums(member_shape(p), min(s.M, s.N))]
+    takes = {k: [p for p in plans if not (ffma and 0 < s.M <= exact_rows) or ffma_sums(member_shape(p), min(s.M, s.N))]
              for k, s in zip(keys, shapes)}
     best = {k: min((m.times[(kernel_key(p), k)] for p in takes[k] if (kernel_key(p), k) in m.times), default=None)
             for k in keys}

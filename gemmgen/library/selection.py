@@ -382,7 +382,7 @@ def short_sum_call(candidates: list[Candidate], M: int, N: int, exact_rows: int)
     """Whether a call goes only to members with FFMA sums (ffma_sums): M is at most `exact_rows`
     (short_sum_rows of the library's precision) and the library has an FFMA decode member, which
     takes every row count."""
-    return M <= exact_rows and any(c.shape.decode and c.shape.decode_products == 0 for c in candidates)
+    return 0 < M <= exact_rows and any(c.shape.decode and c.shape.decode_products == 0 for c in candidates)
 
 
 def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str, sm_count: int,
