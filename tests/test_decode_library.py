@@ -77,6 +77,37 @@ def test_it_is_timed_only_where_it_serves_and_kept_there(decode_library):
         assert chosen.decode == (min(row.M, row.N) <= DECODE_ROWS), row  # the fake's decode wins there
 
 
+def test_each_decode_candidate_is_timed_at_every_row_pass_the_shapes_have(monkeypatch, tmp_path):
+    """At the anchors the decode candidates serve only single rows; tune.decode_anchors adds a shape of
+    each other row pass (1, 2, 4, 8, 16 rows: the kernel's compile-time counts) to the first phase, so
+    that every decode candidate's model has seen more than one row count, not only the two points per
+    space that a one-row model ranks first at each shape."""
+    gpu = FakeGpu(tmp_path / "measured.log").install(monkeypatch)
+    for name in ("tensorcore_3xtf32", "tensorcore_tf32"):  # the portable member and its parent
+        shutil.copy(SPECS_DIR / f"{name}.gemm", tmp_path)
+    text = LIBRARY.format(members="tensorcore_3xtf32, dec", math="simt", precision="fp32")
+    text = text.replace("decode   columns {1, 4} warps 8 slices {1, 2}", "decode   columns {1, 2, 4} warps {4, 8} slices {1, 2}")
+    (tmp_path / "dl.gemm").write_text(text)
+    (library,) = load_libraries(tmp_path / "dl.gemm")
+    tune_library(library, db=tmp_path / "dl.jsonl")
+
+    def row_pass(M: int, N: int) -> int:
+        return next(count for count in (1, 2, 4, 8, 16) if count >= min(M, N))
+
+    wanted = {row_pass(s.M, s.N) for s in library.shapes if min(s.M, s.N) <= DECODE_ROWS}
+    assert wanted == {1, 4, 8, 16}
+    timed: dict[str, set[int]] = {}
+    for task in gpu.tasks:
+        if task.kind == "time" and "x" in task.what:
+            M, N = (int(x) for x in task.what.split("+")[0].split("x")[:2])
+            if min(M, N) <= DECODE_ROWS:
+                timed.setdefault(task.key, set()).add(row_pass(M, N))
+    decode = [plan for plan in library.candidates() if plan.path == "decode"]
+    assert len(decode) == 12
+    for plan in decode:
+        assert wanted <= timed.get(kernel_key(plan), set()), (plan.spec.name, sorted(timed.get(kernel_key(plan), ())))
+
+
 def test_the_c_choice_is_pythons_and_never_decode_past_16(decode_library, tmp_path):
     from gemmgen.library.emit import library_source
     library, manifest, _ = decode_library
