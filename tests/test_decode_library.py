@@ -108,6 +108,21 @@ def test_each_decode_candidate_is_timed_at_every_row_pass_the_shapes_have(monkey
         assert wanted <= timed.get(kernel_key(plan), set()), (plan.spec.name, sorted(timed.get(kernel_key(plan), ())))
 
 
+def test_without_a_decode_member_that_can_run_few_rows_get_the_best_tile_member(decode_library):
+    """A relaid library leaves out the decode members (they are built only A row, B col): its
+    matrix-vector products and few-row fp32 calls then go to the tile member predicted fastest, not
+    to whichever member is first."""
+    from dataclasses import replace
+    _, manifest, _ = decode_library
+    candidates = [replace(c, models={}) if c.shape.decode else c for c in manifest.candidates()]
+    exact_rows = short_sum_rows(manifest.precision)
+    for M, N, K in [(1, 4096, 4096), (4, 14336, 4096), (8, 11008, 4096), (4096, 1, 4096), (3, 300, 5000)]:
+        chosen = choose(candidates, M, N, K, "aligned", 132, beta_used=False, exact_rows=exact_rows)
+        tiles = [c if not c.shape.decode else replace(c, shape=replace(c.shape, decode=False)) for c in candidates]
+        assert chosen == choose(tiles, M, N, K, "aligned", 132, beta_used=False), (M, N, K)
+        assert not manifest.members[chosen].decode
+
+
 def test_the_c_choice_is_pythons_and_never_decode_past_16(decode_library, tmp_path):
     from gemmgen.library.emit import library_source
     library, manifest, _ = decode_library

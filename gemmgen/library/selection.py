@@ -353,8 +353,13 @@ def vector_call(candidates: list[Candidate], M: int, N: int) -> bool:
     """Whether a call is a matrix-vector product (one row or one column) that a library with a decode
     member leaves to it: cuBLAS multiplies those in FP32 even in its TF32 mode (an H100 measured its
     error 1.4e-7 there, against TF32's 2.6e-4), and the decode member, exact FP32, reads the matrix at
-    HBM bandwidth; a TF32 tile member would have TF32's error for no speed."""
-    return min(M, N) == 1 and any(c.shape.decode for c in candidates)
+    HBM bandwidth; a TF32 tile member would have TF32's error for no speed. (A decode member without
+    models, as in a relaid library whose layouts it cannot be built in, does not count.)"""
+    return min(M, N) == 1 and any(c.shape.decode and _has_models(c) for c in candidates)
+
+
+def _has_models(c: Candidate) -> bool:
+    return any(model is not None for model in c.models.values())
 
 
 # cuBLAS FP32 multiplies a call of at most this many rows (M: A's rows, C's) with short sums, as a
@@ -380,9 +385,10 @@ def ffma_sums(member: MemberShape, rows: int) -> bool:
 
 def short_sum_call(candidates: list[Candidate], M: int, N: int, exact_rows: int) -> bool:
     """Whether a call goes only to members with FFMA sums (ffma_sums): M is at most `exact_rows`
-    (short_sum_rows of the library's precision) and the library has an FFMA decode member, which
-    takes every row count."""
-    return 0 < M <= exact_rows and any(c.shape.decode and c.shape.decode_products == 0 for c in candidates)
+    (short_sum_rows of the library's precision) and the library has an FFMA decode member that can run
+    (with models: not left out of a relaid library), which takes every row count."""
+    return 0 < M <= exact_rows and any(c.shape.decode and c.shape.decode_products == 0 and _has_models(c)
+                                       for c in candidates)
 
 
 def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str, sm_count: int,
