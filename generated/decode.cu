@@ -17,8 +17,9 @@
 //   columns per warp         2, 4 step(s) of 2 vector loads in flight per lane (8 float4s)
 //   threads per block        256 (8 warps: 8 column group(s) of 1 warp(s), each a slice of K) = 16 columns
 //   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
+//   lane sums                FFMA passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
 //   K slices' sums           none (one warp per column group)
-//   registers (estimate)     68 live floats per lane at 16 rows, 38 at 1
+//   registers (estimate)     68 live floats per lane at 16 rows, 40 at 1
 //   shared memory per block  0 dynamic + 32772 static bytes
 //   schedule                 a block per 16 columns of the big operand, of every batch
 //   epilogue                 alpha * A*B + beta * C
@@ -182,14 +183,14 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
         live[c] = j0 + c < cols;
         column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
     }
-    // Up to 8 rows each lane's sums are blocked: a step's U x V products of a row and column are
-    // summed from zero into `part` (two halves where U x V passes 16), which is then added into acc,
-    // so that no chain of FP32 adds is longer than 16 plus the lane's steps (a plain sum over the
+    // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
+    // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
+    // so that no chain of FP32 adds is longer than 16 plus the lane's blocks (a plain sum over the
     // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
     // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
     // accumulators (blocked, the 4-column points spill).
     constexpr bool BLOCKED = R <= 8;
-    constexpr int HALVES = U * V > 16 ? 2 : 1;
+    constexpr int SPAN = U < 16 / V ? U : 16 / V;
     float acc[R][COLUMNS];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -212,27 +213,27 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
             float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
             load_step<V, U>(b, column, live, k0, q0, vectors);
 #pragma unroll
+            for (int u0 = 0; u0 < U; u0 += SPAN)
+#pragma unroll
             for (int r = 0; r < R; ++r) {
-                float part[COLUMNS][HALVES];  // row r's products of this step, summed from zero (BLOCKED)
+                float part[COLUMNS];  // row r's products of this block, summed from zero (BLOCKED)
 #pragma unroll
-                for (int c = 0; c < COLUMNS; ++c)
+                for (int c = 0; c < COLUMNS; ++c) part[c] = 0.0f;
 #pragma unroll
-                    for (int h = 0; h < HALVES; ++h) part[c][h] = 0.0f;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
+                for (int u = u0; u < u0 + SPAN; ++u) {
                     const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
                     float a[V];  // one vector of row r, reused over the warp's columns
                     load_vec<V>(a, s_rows + r * KT + q * V);
 #pragma unroll
                     for (int c = 0; c < COLUMNS; ++c) {
-                        float& sum = BLOCKED ? part[c][u * HALVES / U] : acc[r][c];
+                        float& sum = BLOCKED ? part[c] : acc[r][c];
 #pragma unroll
                         for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
                     }
                 }
                 if constexpr (BLOCKED) {
 #pragma unroll
-                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += HALVES == 2 ? part[c][0] + part[c][HALVES - 1] : part[c][0];
+                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
                 }
             }
         }

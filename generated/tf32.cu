@@ -6169,8 +6169,9 @@ static inline int gemmgen_tf32_5(int M, int N, int K, float alpha, const float* 
 //   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
 //   threads per block        128 (4 warps: 2 column group(s) of 2 warp(s), each a slice of K) = 2 columns
 //   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
+//   lane sums                FFMA passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
 //   K slices' sums           32 shared floats, added in slice order (deterministic)
-//   registers (estimate)     52 live floats per lane at 16 rows, 37 at 1
+//   registers (estimate)     52 live floats per lane at 16 rows, 38 at 1
 //   shared memory per block  0 dynamic + 32896 static bytes
 //   schedule                 a block per 2 columns of the big operand, of every batch
 //   epilogue                 alpha * A*B + beta * C
@@ -6333,14 +6334,14 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
         live[c] = j0 + c < cols;
         column[c] = G + (live[c] ? (long long)(j0 + c) * ldg : 0);
     }
-    // Up to 8 rows each lane's sums are blocked: a step's U x V products of a row and column are
-    // summed from zero into `part` (two halves where U x V passes 16), which is then added into acc,
-    // so that no chain of FP32 adds is longer than 16 plus the lane's steps (a plain sum over the
+    // Up to 8 rows each lane's sums are blocked: a block of at most 16 products of a row and
+    // column (SPAN loads of the step) is summed from zero into `part`, which is then added into acc,
+    // so that no chain of FP32 adds is longer than 16 plus the lane's blocks (a plain sum over the
     // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
     // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
     // accumulators (blocked, the 4-column points spill).
     constexpr bool BLOCKED = R <= 8;
-    constexpr int HALVES = U * V > 16 ? 2 : 1;
+    constexpr int SPAN = U < 16 / V ? U : 16 / V;
     float acc[R][COLUMNS];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -6363,27 +6364,27 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
             float b[U][COLUMNS][V];  // U * COLUMNS loads in flight
             load_step<V, U>(b, column, live, k0, q0, vectors);
 #pragma unroll
+            for (int u0 = 0; u0 < U; u0 += SPAN)
+#pragma unroll
             for (int r = 0; r < R; ++r) {
-                float part[COLUMNS][HALVES];  // row r's products of this step, summed from zero (BLOCKED)
+                float part[COLUMNS];  // row r's products of this block, summed from zero (BLOCKED)
 #pragma unroll
-                for (int c = 0; c < COLUMNS; ++c)
+                for (int c = 0; c < COLUMNS; ++c) part[c] = 0.0f;
 #pragma unroll
-                    for (int h = 0; h < HALVES; ++h) part[c][h] = 0.0f;
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
+                for (int u = u0; u < u0 + SPAN; ++u) {
                     const int q = min(q0 + u * STEP, vectors - 1);  // past the tile: b is zero
                     float a[V];  // one vector of row r, reused over the warp's columns
                     load_vec<V>(a, s_rows + r * KT + q * V);
 #pragma unroll
                     for (int c = 0; c < COLUMNS; ++c) {
-                        float& sum = BLOCKED ? part[c][u * HALVES / U] : acc[r][c];
+                        float& sum = BLOCKED ? part[c] : acc[r][c];
 #pragma unroll
                         for (int v = 0; v < V; ++v) sum = fmaf(a[v], b[u][c][v], sum);
                     }
                 }
                 if constexpr (BLOCKED) {
 #pragma unroll
-                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += HALVES == 2 ? part[c][0] + part[c][HALVES - 1] : part[c][0];
+                    for (int c = 0; c < COLUMNS; ++c) acc[r][c] += part[c];
                 }
             }
         }
@@ -18361,20 +18362,20 @@ static const Point tf32_5_unaligned[] = {
     {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.056054949194682714, 1, 0.0, 0},
 };
 static const Point tf32_6_aligned[] = {
-    {1, 4096, 4096, 0.03497600182890892, 0.0, 8.317766166719343, 8.317766166719343, -0.018020932223026694, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2961919903755188, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.7135560628311405, 1, 0.0, 0},
-    {1, 11008, 4096, 0.07241600006818771, 0.0, 9.306377560173125, 8.317766166719343, 0.05096330751245261, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1754560023546219, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3239899719512177, 1, 0.0, 0},
-    {16, 4096, 4096, 0.1607999950647354, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.6873098868083114, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1064319983124733, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.07507590092416286, 1, 0.0, 0},
-    {4096, 16, 4096, 0.16051199287176132, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.6855172224763532, 1, 0.0, 0},
-    {6, 8192, 4096, 0.13047999888658524, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4314049675004504, 1, 0.0, 0},
-    {12, 4096, 8192, 0.3004159927368164, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.9096570176679695, 1, 0.0, 0},
+    {1, 4096, 4096, 0.03497600182890892, 0.0, 8.317766166719343, 8.317766166719343, -0.01589206286841039, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2961919903755188, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.6240564476536897, 1, 0.0, 0},
+    {1, 11008, 4096, 0.07241600006818771, 0.0, 9.306377560173125, 8.317766166719343, 0.05023532715291903, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1754560023546219, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2940192886860492, 1, 0.0, 0},
+    {16, 4096, 4096, 0.1607999950647354, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.5317551411914683, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1064319983124733, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.07412212772720449, 1, 0.0, 0},
+    {4096, 16, 4096, 0.16051199287176132, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5299624768595101, 1, 0.0, 0},
+    {6, 8192, 4096, 0.13047999888658524, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.37229785219215716, 1, 0.0, 0},
+    {12, 4096, 8192, 0.3004159927368164, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.7035402736459, 1, 0.0, 0},
 };
 static const Point tf32_6_unaligned[] = {
-    {4096, 1, 4096, 0.03518399968743324, 8.317766166719343, 0.0, 8.317766166719343, -0.06777848523774768, 1, 0.0, 0},
-    {1, 4096, 4096, 0.040991999208927155, 0.0, 8.317766166719343, 8.317766166719343, 0.08500699624972098, 1, 0.0, 0},
-    {16, 11008, 4096, 0.7036959826946259, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.0561743330558186, 1, 0.0, 0},
+    {4096, 1, 4096, 0.03518399968743324, 8.317766166719343, 0.0, 8.317766166719343, -0.06776852096628565, 1, 0.0, 0},
+    {1, 4096, 4096, 0.040991999208927155, 0.0, 8.317766166719343, 8.317766166719343, 0.08501696052118303, 1, 0.0, 0},
+    {16, 11008, 4096, 0.7036959826946259, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.256854992789432, 1, 0.0, 0},
 };
 static const Point tf32_7_aligned[] = {
     {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.01736174207386904, 1, 0.0, 0},
@@ -19161,9 +19162,9 @@ static const Member members[20] = {
      , 1, 1
      , false, 0
     },
-    {16, 2, 512, 1, 4, true, false,
-     {tf32_6_aligned, 9, {0.016637221401646946, 0.0004986734155809353, 0.0, 0.0, 43.380429842869695}, 1.0},
-     {tf32_6_unaligned, 3, {0.0, 0.0010696418015942117, 0.0, 0.0, 0.0}, 1.0}
+    {16, 2, 512, 1, 5, true, false,
+     {tf32_6_aligned, 9, {0.008870891844306944, 0.0007104905132039664, 0.0, 0.0, 50.5409228097501}, 1.0},
+     {tf32_6_unaligned, 3, {0.0, 0.0010696311434460338, 0.0, 0.0, 0.0}, 1.0}
      , false
      , 1, 1
      , true, 0

@@ -41,6 +41,8 @@ ROW_COUNTS = (1, 2, 4, 8, 16)
 TILE_FLOATS = 8192          # shared floats of the small operand per K tile (32 KB): K tile = 8192 / rows
 LOADS_IN_FLIGHT = 8         # vector loads of the big operand each lane issues before its FFMAs
 MMA_COLUMNS = 8             # the tensor path's columns per tile: mma.sync m16n8k8's N
+BLOCKED_ROWS = 8            # FFMA passes of up to this many rows sum blocks of a step's products from zero first
+BLOCK_PRODUCTS = 16         # ... of at most this many products of a row and column (a 1-column step has 32)
 TENSOR_MIN_ROWS = 5         # passes of this many rows or more take the tensor path (math tf32 / 3xtf32)
 CHUNK = 16                  # K per float4 of each of a tile's 4 lanes per column (two k steps of 8)
 # Blocks per SM the tensor path's kernels ask ptxas to fit (__launch_bounds__'s second argument) unless
@@ -67,6 +69,8 @@ class Decode(Mainloop):
 
     name = "decode"
     tile_floats = TILE_FLOATS
+    blocked_rows = BLOCKED_ROWS
+    block_products = BLOCK_PRODUCTS
     template = "decode.cuh.j2"
     global_loads = None        # whole sectors: each element of the big operand read once
     k_step = 4
@@ -138,7 +142,13 @@ class Decode(Mainloop):
         (tensor path: 4 accumulators, the loads in flight, two vectors of A and their TF32 parts)."""
         if self.products and rows >= TENSOR_MIN_ROWS:
             return 4 + LOADS_IN_FLIGHT * 4 + 8 * (2 if self.products == 3 else 1) + 4
-        return rows * self.columns + self.unroll * self.columns * 4 + 4
+        blocked = self.columns if rows <= BLOCKED_ROWS else 0  # a block's partial sum per column
+        return rows * self.columns + self.unroll * self.columns * 4 + 4 + blocked
+
+    @property
+    def block_loads(self) -> int:
+        """float4 loads of a column whose products a blocked sum takes (decode.cuh.j2's SPAN, aligned)."""
+        return min(self.unroll, BLOCK_PRODUCTS // 4)
 
     # --- rows, needs and explain's words
     no_needs = "nothing (scalar loads only)"
@@ -158,6 +168,10 @@ class Decode(Mainloop):
             ("shared small operand", f"{TILE_FLOATS} floats per K tile: K tile = {TILE_FLOATS} / rows "
                                      f"({TILE_FLOATS // MAX_ROWS} at {MAX_ROWS} rows)"),
             *self.tensor_rows(),
+            ("lane sums", f"FFMA passes of 1 to {BLOCKED_ROWS} rows: the products of a row and column summed from "
+                          f"zero in blocks of {self.block_loads * 4} (float4 loads), each then added into the "
+                          f"lane's sum (chains of at most {BLOCK_PRODUCTS} adds plus the lane's blocks: cuBLAS "
+                          f"FP32's error at few rows); {MAX_ROWS} rows: one sum per row and column"),
             ("K slices' sums", f"{self.part_floats} shared floats, added in slice order (deterministic)"
              if self.part_floats > 1 else "none (one warp per column group)"),
             ("registers (estimate)", f"{self.registers()} live floats per lane at {MAX_ROWS} rows, "
