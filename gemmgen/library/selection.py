@@ -395,8 +395,7 @@ def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str,
                   beta_used: bool, sm90a: bool, batch: int, exact_rows: int = 0) -> tuple[int, float]:
     """The eligible member predicted fastest in one class (SPLIT: by the aligned models), and its
     predicted ms ((-1, inf) where none has a model of that class). A matrix-vector product goes to
-    the decode members (vector_call); a call of at most `exact_rows` rows to the FFMA ones
-    (short_sum_call)."""
+    the decode members (vector_call); a call of M up to `exact_rows` to the FFMA ones (short_sum_call)."""
     best, best_ms = -1, math.inf
     decode_only = vector_call(candidates, M, N)
     ffma_only = short_sum_call(candidates, M, N, exact_rows)
