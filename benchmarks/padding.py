@@ -112,8 +112,8 @@ def _measure(runtime, precision, M, N, K, pad, generator, flusher, stream, budge
     pads = padding(ROW_COL, M, N, K, lds, pointers, 1, (0, 0, 0))
     unaligned = runtime.choose(M, N, K, *lds, pointers, 0.0)
     sms = runtime.info.sm_count
-    member, aligned_ms = best_in_class(runtime.candidates, M, N, K, "aligned", sms, False, True, 1)
-    _, unaligned_ms = best_in_class(runtime.candidates, M, N, K, "unaligned", sms, False, True, 1)
+    member, aligned_ms = best_in_class(runtime.candidates, M, N, K, "aligned", sms, False, True, 1, runtime.exact_rows)
+    _, unaligned_ms = best_in_class(runtime.candidates, M, N, K, "unaligned", sms, False, True, 1, runtime.exact_rows)
     copy_ms = pad_ms(pads.copies(False))
     decided = runtime.padding(M, N, K, lds, pointers, False)
     unpadded_run = runtime.kernel(unaligned).prepare(M, N, K, *lds, tuple(p % 16 for p in pointers), False)

@@ -25,7 +25,7 @@ def changed_choices(old_rev: str, shape_files: list[Path] | None = None) -> dict
     libraries' bench shapes or at those of `shape_files` (specs/library_shapes.txt's format)."""
     from gemmgen.language.shapes import parse_shapes
     from gemmgen.library.manifest import Manifest
-    from gemmgen.library.selection import alignment_class, choose, tight_leading_dimensions
+    from gemmgen.library.selection import alignment_class, choose, short_sum_rows, tight_leading_dimensions
 
     shapes = []
     for path in shape_files or (ROOT / "specs" / "library_shapes.txt", ROOT / "benchmarks" / "library_heldout.txt"):
@@ -42,8 +42,10 @@ def changed_choices(old_rev: str, shape_files: list[Path] | None = None) -> dict
         for s in shapes:
             lds = tight_leading_dimensions(s.M, s.N, s.K, ROW_COL, s.pad)
             klass = alignment_class(*lds)
-            a = choose(old.candidates(), s.M, s.N, s.K, klass, old.device.sm_count)
-            b = choose(new.candidates(), s.M, s.N, s.K, klass, new.device.sm_count)
+            a = choose(old.candidates(), s.M, s.N, s.K, klass, old.device.sm_count,
+                       exact_rows=short_sum_rows(old.precision))
+            b = choose(new.candidates(), s.M, s.N, s.K, klass, new.device.sm_count,
+                       exact_rows=short_sum_rows(new.precision))
             if a != b:
                 rows.append({"shape": f"{s.M}x{s.N}x{s.K}", "pad": s.pad, "old": old.members[a].name,
                              "new": new.members[b].name})
