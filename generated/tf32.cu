@@ -6339,7 +6339,7 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
     // so that no chain of FP32 adds is longer than 16 plus the lane's blocks (a plain sum over the
     // lane's K / 32 products had 1.6x cuBLAS FP32's error at 4 to 8 rows, where cuBLAS's sums are as
     // short). At 16 rows, where cuBLAS's error is a tile GEMM's, the registers go to the
-    // accumulators (blocked, the 4-column points spill).
+    // accumulators (blocked there too, ptxas spilled the 4-column points).
     constexpr bool BLOCKED = R <= 8;
     constexpr int SPAN = U < 16 / V ? U : 16 / V;
     float acc[R][COLUMNS];

@@ -15,7 +15,7 @@ from ..language.spec import LibrarySpec, Spec
 from ..plan import Plan
 from ..plan.space import point_key
 from ..tuning import database as tuning_db
-from .selection import MemberShape, alignment_class, ffma_sums, tight_leading_dimensions
+from .selection import MemberShape, alignment_class, ffma_decode, ffma_sums, tight_leading_dimensions
 
 MANIFEST_FORMAT = 1
 EXHAUSTIVE_LIMIT = 64      # a space with more valid points is searched per shape by a strategy
@@ -164,7 +164,7 @@ def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape
     shape of at most `exact_rows` rows only the candidates the choice may take there count
     (selection.short_sum_call: FFMA sums)."""
     keys = [shape_key(s) for s in shapes]
-    ffma = any(p.path == "decode" and not p.mainloop.products for p in plans)
+    ffma = any(ffma_decode(member_shape(p)) for p in plans)
     takes = {k: [p for p in plans if not (ffma and 0 < s.M <= exact_rows) or ffma_sums(member_shape(p), min(s.M, s.N))]
              for k, s in zip(keys, shapes)}
     best = {k: min((m.times[(kernel_key(p), k)] for p in takes[k] if (kernel_key(p), k) in m.times), default=None)

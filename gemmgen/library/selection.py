@@ -377,6 +377,11 @@ def short_sum_rows(precision: str) -> int:
     return FP32_SHORT_SUM_ROWS if precision == "fp32" else 0
 
 
+def ffma_decode(member: MemberShape) -> bool:
+    """Whether the member is a decode member without a tensor path: FFMA at every row count."""
+    return member.decode and member.decode_products == 0
+
+
 def ffma_sums(member: MemberShape, rows: int) -> bool:
     """Whether the member multiplies a call whose smaller dimension is `rows` in FFMA with short
     sums: a decode member below its tensor path's rows."""
@@ -387,8 +392,7 @@ def short_sum_call(candidates: list[Candidate], M: int, N: int, exact_rows: int)
     """Whether a call goes only to members with FFMA sums (ffma_sums): M is at most `exact_rows`
     (short_sum_rows of the library's precision) and the library has an FFMA decode member that can run
     (with models: not left out of a relaid library), which takes every row count."""
-    return 0 < M <= exact_rows and any(c.shape.decode and c.shape.decode_products == 0 and _has_models(c)
-                                       for c in candidates)
+    return 0 < M <= exact_rows and any(ffma_decode(c.shape) and _has_models(c) for c in candidates)
 
 
 def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str, sm_count: int,
