@@ -239,6 +239,19 @@ def test_tuning_resumes_without_measuring_again(fp32_manifest, monkeypatch, tmp_
     assert again.tasks == [] and db.read_text() == lines
 
 
+def test_tuning_says_each_step_and_what_is_left_to_run(fp32_manifest, monkeypatch, tmp_path):
+    # a log of a long tune shows where its time goes: one line per step, with the jobs left
+    library, db, report, gpu = fp32_manifest
+    FakeGpu(tmp_path / "again.log").install(monkeypatch)
+    heard = []
+    tune_library(library, db=db, stage=heard.append)
+    assert heard[0] == f"compiling {len(library.candidates())} candidates"
+    assert [text.split(":")[0].split(" ")[0] for text in heard[1:]] == ["validating", "timing", "timing", "choosing",
+                                                                         "timing"]
+    assert all("0 job(s) to run" in text for text in heard if "job(s)" in text)  # resumed: all recorded
+    assert "members" in heard[-1] and "specialists" in heard[-1]
+
+
 def test_a_candidate_that_fails_validation_is_never_timed(monkeypatch, tmp_path):
     (library,) = load_libraries(SPECS_DIR / "fp32.gemm")
     bad = kernel_key(library.candidates()[0])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import click
@@ -110,9 +111,15 @@ def tune(library: Library, *, db: Path, output: str | None, manifest_path: str |
             bar.update(task, advance=1, description=f"{library.name}: {counts['ok']} timed, "
                                                     f"{counts['failed']} failed")
 
+        started = time.perf_counter()
+
+        def stage(text: str) -> None:  # a line per step, so that a log shows where the time went
+            bar.console.print(line(f"  {time.perf_counter() - started:5.0f} s  {text}"), soft_wrap=True)
+
         check_labels(library, db)
         report = tune_library(library, db=db, progress=progress, strategy=strategy, options=options,
-                              max_points=max_points, anchors=anchors, per_shape=per_shape, scheduler=scheduler)
+                              max_points=max_points, anchors=anchors, per_shape=per_shape, scheduler=scheduler,
+                              stage=stage)
     rate = report.evaluated / report.seconds if report.seconds else 0.0
     console.print(f"{library.name}: {report.evaluated} validations and timings in {report.seconds:.0f} s "
                   f"({rate:.2f}/s) on {report.gpus} GPU(s); {len(report.failures)} candidate(s) failed",

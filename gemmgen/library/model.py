@@ -165,30 +165,33 @@ def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape
     (selection.short_sum_call: FFMA sums)."""
     keys = [shape_key(s) for s in shapes]
     ffma = any(ffma_decode(member_shape(p)) for p in plans)
-    takes = {k: [p for p in plans if not (ffma and 0 < s.M <= exact_rows) or ffma_sums(member_shape(p), min(s.M, s.N))]
-             for k, s in zip(keys, shapes)}
-    best = {k: min((m.times[(kernel_key(p), k)] for p in takes[k] if (kernel_key(p), k) in m.times), default=None)
-            for k in keys}
+    # times[i][j]: plan i's time at shape j where the choice may take it there (else None)
+    times = []
+    for plan in plans:
+        key, member = kernel_key(plan), member_shape(plan)
+        times.append([m.times.get((key, k)) if not (ffma and 0 < s.M <= exact_rows) or ffma_sums(member, min(s.M, s.N))
+                      else None for k, s in zip(keys, shapes)])
+    best = [min((row[j] for row in times if row[j] is not None), default=None) for j in range(len(keys))]
 
-    def cost(kept: list[Plan]) -> float:
-        total = 0.0
-        for k in keys:
-            if best[k] is None:
-                continue
-            times = [m.times[(kernel_key(p), k)] for p in kept if p in takes[k] and (kernel_key(p), k) in m.times]
-            total += math.log(min(times) / best[k]) if times else math.log(4.0)
-        return total
+    def cost(kept_best: list[float | None]) -> float:
+        return sum(math.log(t / b) if t is not None else math.log(4.0)
+                   for t, b in zip(kept_best, best) if b is not None)
+
+    def with_plan(kept_best: list[float | None], i: int) -> list[float | None]:
+        return [t if u is None else u if t is None else min(t, u) for t, u in zip(kept_best, times[i])]
 
     kept: list[Plan] = []
-    current = cost(kept)
+    kept_best: list[float | None] = [None] * len(keys)  # the kept candidates' best time at each shape
+    current = cost(kept_best)
     while len(kept) < limit:
-        options = [(cost(kept + [p]), i, p) for i, p in enumerate(plans) if p not in kept and p.beta]
+        options = [(cost(with_plan(kept_best, i)), i) for i, p in enumerate(plans) if p not in kept and p.beta]
         if not options:
             break
-        value, _, plan = min(options, key=lambda o: (o[0], o[1]))
+        value, index = min(options)
         if kept and current - value < GAIN_PER_SHAPE * len(keys):
             break
-        kept.append(plan)
+        kept.append(plans[index])
+        kept_best = with_plan(kept_best, index)
         current = value
     if not any(portable_member(p) for p in kept):
         portable = [p for p in plans if portable_member(p)]

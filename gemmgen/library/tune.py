@@ -122,21 +122,25 @@ class TuneReport:
 def tune_library(library: Library, *, db: Path, progress: Callable[[dict], None] | None = None,
                  strategy: str = "exhaustive", options: dict | None = None, max_points: int | None = None,
                  anchors: int = 8, per_shape: int = 6, budget_s: float = BUDGET_S,
-                 devices: list[int] | None = None, scheduler=None, measurer=None) -> TuneReport:
+                 devices: list[int] | None = None, scheduler=None, measurer=None,
+                 stage: Callable[[str], None] | None = None) -> TuneReport:
     """Measure what the library needs (see the module docstring); resumable. On this host's GPU 0,
     one process per GPU of `devices`, or with a `scheduler` (a Dask scheduler's address, "local",
     a distributed.Client) a cluster's GPU workers; `measurer` stands in for the GPU's (tests).
-    RunnerError when the workers cannot tune."""
+    `stage(text)` hears each step as it starts. RunnerError when the workers cannot tune."""
     with open_runner(devices, scheduler, measurer) as runner:
         return tune_on(library, runner, db=db, progress=progress, strategy=strategy, options=options,
-                       max_points=max_points, anchors=anchors, per_shape=per_shape, budget_s=budget_s)
+                       max_points=max_points, anchors=anchors, per_shape=per_shape, budget_s=budget_s,
+                       stage=stage)
 
 
 def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[dict], None] | None = None,
             strategy: str = "exhaustive", options: dict | None = None, max_points: int | None = None,
-            anchors: int = 8, per_shape: int = 6, budget_s: float = BUDGET_S) -> TuneReport:
+            anchors: int = 8, per_shape: int = 6, budget_s: float = BUDGET_S,
+            stage: Callable[[str], None] | None = None) -> TuneReport:
     """tune_library on a started runner."""
     started = time.perf_counter()
+    stage = stage or (lambda text: None)
     db = Path(db)
     device = runner.device
     device_key = f"{device.name}|{device.driver}"
@@ -150,6 +154,7 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
         if not member.searched:
             continue
         for shape in shapes:
+            stage(f"searching {member.name}'s space at {shape}")
             result = tune_space(member.spec, _case(shape), strategy=strategy, options=options,
                                 max_points=max_points, db=db, progress=progress, runner=runner)
             good = sorted((r for r in result.records if r.get("status") == "ok"), key=lambda r: -r["tflops"])
@@ -159,6 +164,7 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
                 if plan is not None and all(kernel_key(plan) != kernel_key(c) for c in candidates):
                     candidates.append(plan)
     by_key = {kernel_key(p): p for p in candidates}
+    stage(f"compiling {len(candidates)} candidates")
     compile_all(candidates)  # here too: slots_per_sm reads ptxas's registers of each
     slots = {key: slots_per_sm(plan) for key, plan in by_key.items()}
 
@@ -174,11 +180,13 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
         if progress:
             progress(entry)
 
-    def run(batch: list[Job]) -> None:
+    def run(batch: list[Job], what: str) -> None:
         nonlocal evaluated
         done = measured()
         todo = [job for job in batch if not _done(job, done) and _serves(job)]
         evaluated += len(todo)
+        stage(f"{what}: {len(todo)} job(s) to run" + (f" ({len(batch) - len(todo)} recorded or not served)"
+                                                       if len(todo) < len(batch) else ""))
         if todo:
             runner.run(todo, db, report)
 
@@ -188,18 +196,20 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
     # 1. every candidate validated, then timed at the anchors (cuBLAS at every shape). A shape where
     # cuBLAS failed (operands larger than the GPU holds, say) is timed no further: a candidate that
     # failed there would count as broken everywhere.
-    run([jobs.validate(plan) for plan in candidates] + [jobs.cublas(s) for s in shapes])
+    run([jobs.validate(plan) for plan in candidates] + [jobs.cublas(s) for s in shapes],
+        f"validating {len(candidates)} candidates, cuBLAS at {len(shapes)} shapes")
     baselines = measured().cublas
     skipped = [s for s in shapes if shape_key(s) not in baselines]
     shapes = [s for s in shapes if shape_key(s) in baselines]
     anchor_shapes = _anchors(shapes, layouts, anchors)
-    valid = [p for p in candidates if measured().valid(kernel_key(p))]
+    done = measured()
+    valid = [p for p in candidates if done.valid(kernel_key(p))]
     phase1 = [jobs.time(p, s) for s in anchor_shapes for p in valid]
     # the decode candidates also at one shape of each row pass they serve (decode_anchors): at the
     # anchors they serve only single rows, and a model of one row count cannot rank them at eight
     phase1 += [jobs.time(p, s) for s in decode_anchors(shapes, anchor_shapes) for p in valid
                if p.path == "decode"]
-    run(phase1)
+    run(phase1, f"timing {len(valid)} valid candidates at {len(anchor_shapes)} anchor shapes")
     # 2. at the other shapes, the candidates the model predicts fastest.
     models = _fit(valid, _only(measured(), phase1), slots, shapes, layouts, device.sm_count)
     phase2 = []
@@ -214,17 +224,19 @@ def tune_on(library: Library, runner: Runner, *, db: Path, progress: Callable[[d
         for member in library.members:
             picked += [p for p in ranked if p.spec.name == member.name and p not in picked][:2]
         phase2 += [jobs.time(p, shape) for p in picked]
-    run(phase2)
+    run(phase2, f"timing the predicted best at {len(shapes) - len(anchor_shapes)} other shapes")
     # 3. the members a library would keep, timed at every shape (the model's data).
     m = _only(measured(), phase1 + phase2)
     valid = [p for p in valid if m.valid(kernel_key(p))]  # less any that crashed while timed
+    stage("choosing members")
     chosen = select_members(valid, m, shapes, MAX_MEMBERS, short_sum_rows(library.precision))
     # Specialists by phases 1 and 2, and by all the database holds of this GPU: a candidate an
     # earlier run timed at most shapes (before the shapes grew, say) can win where the chosen are
     # weak, and the build keeps only candidates timed at every shape.
     extra = specialists(valid, chosen, m, shapes)
     extra += [p for p in specialists(valid, chosen, measured(), shapes) if p not in extra]
-    run([jobs.time(p, s) for s in shapes for p in chosen + extra])
+    run([jobs.time(p, s) for s in shapes for p in chosen + extra],
+        f"timing {len(chosen)} members and {len(extra)} specialists at all {len(shapes)} shapes")
     m = measured()
     failures = [entry for entry in m.status.values() if entry.get("status") != "ok"]
     return TuneReport(library, device_key, m, evaluated, time.perf_counter() - started, failures, runner.gpus,
