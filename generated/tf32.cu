@@ -9,15 +9,15 @@
 //   }
 //
 // TF32 inputs (timed against cuBLAS TF32); layout A row, B col, C row.
-// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 53 shapes; 221 candidate kernels
-// timed, 20 kept:
+// Tuned on NVIDIA H100 80GB HBM3 (132 SMs, driver 13.0) at 55 shapes; 221 candidate kernels
+// timed, 19 kept:
 //   tf32_0   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=stream-k staged  (sm_90a, from lib_tf32_streamk)
 //   tf32_1   block=128x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
 //   tf32_2   block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=4-workspace  (sm_90a, from lib_tf32_skinny_workspace)
 //   tf32_3   block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 cluster=2x1 staged  (sm_90a, from lib_tf32_cluster)
 //   tf32_4   block=64x128x32 math=tf32 vec=A1B1 stages=6 frag=1 group=8 schedule=pingpong staged  (sm_90a, from lib_tf32_pingpong)
 //   tf32_5   block=64x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=128  (sm_90a, from lib_tf32_split)
-//   tf32_6   decode=1x4x2  (sm_90, from lib_tf32_decode)
+//   tf32_6   decode=1x8x2  (sm_90, from lib_tf32_decode)
 //   tf32_7   block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
 //   tf32_8   block=128x64x32 math=tf32 vec=A1B1 stages=4 frag=1 split=4-workspace  (sm_90a, from lib_tf32_split_workspace)
 //   tf32_9   block=128x128x32 math=tf32 vec=A1B1 stages=4 frag=1 split=2-workspace  (sm_90a, from lib_tf32_split_workspace)
@@ -29,16 +29,15 @@
 //   tf32_15  block=64x128x32 math=tf32 vec=A1B1 stages=8 frag=1 split=8  (sm_90a, from lib_tf32_skinny)
 //   tf32_16  block=128x192x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8 schedule=persistent staged  (sm_90a, from lib_tf32_streamk)
 //   tf32_17  block=128x256x32 math=tf32 vec=A1B1 stages=3 frag=1 group=8 staged  (sm_90a, from lib_tf32_staged)
-//   tf32_18  block=128x256x32 math=tf32 vec=A1B1 stages=4 frag=1 group=8  (sm_90a, from lib_tf32_tma)
-//   tf32_19  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
+//   tf32_18  block=128x128x32 warp=64x32 math=tf32 mma=16x8x8 vec=A4B4 stages=3a frag=1 group=8  (sm_90, from tensorcore_tf32)
 //
 // Each call runs the member predicted fastest for its M, N, K, batch count and alignment class
 // (rows of every batch 16-byte aligned or not): a model of waves of blocks over the SMs and K steps
 // per block, fitted to each member's measurements and corrected by them near the tuned shapes.
 // Leave-one-out over the tuned shapes, time of the member chosen without a shape's measurements
-// over the best there: median 1.000, worst 7.316.
+// over the best there: median 1.000, worst 4.792.
 // wgmma members run only where this build holds sm_90a code (checked once per device) on a GPU of
-// compute capability 9.0; elsewhere tf32_19 runs.
+// compute capability 9.0; elsewhere tf32_18 runs.
 //
 // Build for Hopper and, if you like, other GPUs:
 //   nvcc -c -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 tf32.cu
@@ -6155,7 +6154,7 @@ static inline int gemmgen_tf32_5(int M, int N, int K, float alpha, const float* 
 //   kernel tf32_6 {
 //     target   sm_90
 //     layout   A row, B col, C row
-//     decode   columns 1 warps 4 slices 2
+//     decode   columns 1 warps 8 slices 2
 //     epilogue alpha beta
 //   }
 //
@@ -6167,13 +6166,13 @@ static inline int gemmgen_tf32_5(int M, int N, int K, float alpha, const float* 
 //   orientation              M <= N: rows of A in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B in shared memory, rows of A streamed
 //   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
 //   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
-//   threads per block        128 (4 warps: 2 column group(s) of 2 warp(s), each a slice of K) = 2 columns
+//   threads per block        256 (8 warps: 4 column group(s) of 2 warp(s), each a slice of K) = 4 columns
 //   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
 //   lane sums                FFMA passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
-//   K slices' sums           32 shared floats, added in slice order (deterministic)
+//   K slices' sums           64 shared floats, added in slice order (deterministic)
 //   registers (estimate)     52 live floats per lane at 16 rows, 38 at 1
-//   shared memory per block  0 dynamic + 32896 static bytes
-//   schedule                 a block per 2 columns of the big operand, of every batch
+//   shared memory per block  0 dynamic + 33024 static bytes
+//   schedule                 a block per 4 columns of the big operand, of every batch
 //   epilogue                 alpha * A*B + beta * C
 //   vector path needs        K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned
 //
@@ -6191,14 +6190,14 @@ namespace gemmgen_tf32_6_impl {
 // memory one K tile at a time. "columns": the big operand's (B's N columns, else A's M rows), each
 // K-contiguous and read once. C^T = B^T A^T keeps both K-contiguous: one kernel, two orientations.
 constexpr int COLUMNS = 1;  // columns per warp
-constexpr int WARPS = 4;
+constexpr int WARPS = 8;
 constexpr int SLICES = 2;  // warps per column group, each a slice of K
 constexpr int GROUPS = WARPS / SLICES;  // column groups per block
-constexpr int BLOCK_COLS = 2;  // columns per block = COLUMNS * GROUPS
-constexpr int THREADS = 128;
+constexpr int BLOCK_COLS = 4;  // columns per block = COLUMNS * GROUPS
+constexpr int THREADS = 256;
 constexpr int MAX_ROWS = 16;  // rows per pass
 constexpr int TILE_FLOATS = 8192;  // shared floats of the rows per K tile: K tile = TILE_FLOATS / rows
-constexpr int PART_FLOATS = 32;  // shared partial sums of slices 1 .. SLICES - 1
+constexpr int PART_FLOATS = 64;  // shared partial sums of slices 1 .. SLICES - 1
 constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
@@ -6206,7 +6205,7 @@ constexpr int SMEM_BYTES = 0;  // its shared memory is static
 // step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
 constexpr int PRODUCTS = 0;
 constexpr int TILES = 1;
-constexpr int TILE_SLICES = 4;
+constexpr int TILE_SLICES = 8;
 constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its column per lane, issued together
 
 // ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
@@ -16642,862 +16641,6 @@ static inline int gemmgen_tf32_17(int M, int N, int K, float alpha, const float*
 //
 // spec:
 //   kernel tf32_18 {
-//     target   sm_90a
-//     layout   A row, B col, C row
-//     block    128 x 256 x 32
-//     math     tf32
-//     load A   vector 1
-//     load B   vector 1
-//     stages   4 tma
-//     raster   group 8
-//     epilogue alpha beta
-//   }
-//
-// layout: A row, B col, C row
-//
-// derived by the Plan:
-//   target                     sm_90a (wgmma + TMA)
-//   block tile (BM x BN x BK)  128 x 256 x 32
-//   math                       tf32, wgmma 64 x 256 x 8 per consumer warpgroup and K step
-//   threads per block          384: 1 producer warpgroup (TMA) + 2 consumer warpgroup(s) of 64 x 256
-//   accumulators               128 floats per consumer thread
-//   shared memory              4 stages of A and B tiles, K-major, 128-byte swizzle; 197696 bytes per block
-//   TF32 rounding              to nearest, by TMA as it copies A and B (tensor maps of type TFLOAT32), as cuBLAS rounds: no extra work or shared-memory traffic
-//   raster                     groups of 8 block rows
-//   epilogue                   alpha * A*B + beta * C
-//   TMA path needs             K >= 1; A and B 16-byte aligned, lda and ldb multiples of 4
-//   otherwise                  the fallback gemmgen_tf32_18_fallback: wgmma fed through registers (block 64 x 128 x 32, 4 stages, 2 loader warpgroups)
-//   vector path needs          N and ldc multiples of 2, C 8-byte aligned
-//
-// launcher (called by this file's entry point):
-//   static int gemmgen_tf32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
-#ifndef __CUDACC_RTC__
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-// ---- fallback: the register-fed wgmma kernel (tf32_18_fallback) for calls TMA cannot describe:
-// K = 0, or A or B not 16-byte aligned (pointer or leading dimension) ---------------------------
-#ifndef __CUDACC_RTC__
-#include <cuda_runtime.h>
-#include <limits.h>
-#endif
-
-namespace gemmgen_tf32_18_fallback_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 64, BN = 128, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 1;  // consumer warpgroups, 64 rows of the tile each
-constexpr int THREADS = 384;  // consumers and loaders, 128 threads each
-constexpr int LOADERS = 2;  // warpgroups that load tiles, 2 in flight each
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 16, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr int COPIES = 1;  // each tile rounded to TF32
-constexpr int STAGE_FLOATS = COPIES * (A_STAGE_FLOATS + B_STAGE_FLOATS);
-constexpr int A_LOADED = BM * BK / 128, B_LOADED = BN * BK / 128;  // floats a loader thread holds per tile
-
-constexpr bool A_K_CONTIGUOUS = true;  // A row-major
-constexpr bool B_K_CONTIGUOUS = true;  // B col-major
-constexpr int SMEM_BYTES = 99392;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * STAGE_FLOATS + 2 * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63 }, %64, %65, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-// Round to TF32 (10 mantissa bits, to nearest): the tensor core itself would just drop the bits.
-__device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned tf32;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(tf32) : "f"(x));
-    return tf32;
-}
-
-// 3xTF32: x = big + small, both TF32; small keeps the 11 bits below big's, so
-// big*big + big*small + small*big carries (nearly) all of FP32's 24-bit products.
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x);
-    small = to_tf32(x - __uint_as_float(big));
-}
-
-// A loader thread's share of one operand's ROWS x BK tile (rows along M for A, N for B): runs
-// of 4 consecutive k in one row. Lanes go along whichever of row and k is contiguous in memory,
-// so a warp's loads coalesce; each run is stored as 16 bytes, which the swizzle keeps free of
-// bank conflicts.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void run_origin(int run, int loader_thread, int& row, int& k) {
-    const int q = loader_thread + run * 128;
-    if constexpr (K_CONTIGUOUS) {
-        row = q / (BK / 4);
-        k = q % (BK / 4) * 4;
-    } else {
-        row = q % ROWS;
-        k = q / ROWS * 4;
-    }
-}
-
-// Element (0, 0) of the tile is src; what lies outside the matrix loads as zero.
-template <int ROWS, bool K_CONTIGUOUS, bool VECTOR>
-__device__ __forceinline__ void load_tile(float (&loaded)[ROWS * BK / 128], const float* src, int ld,
-                                          int rows_left, int k_left, int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        float* value = &loaded[4 * run];
-        if constexpr (VECTOR) {  // K % 4 == 0 and rows 16-byte aligned: a run is all in or all out
-            if (row < rows_left && k < k_left) load_vec<4>(value, src + (long long)row * ld + k);
-            else fill_zero<4>(value);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const long long offset = K_CONTIGUOUS ? (long long)row * ld + k + j : (long long)(k + j) * ld + row;
-                value[j] = row < rows_left && k + j < k_left ? src[offset] : 0.0f;
-            }
-        }
-    }
-}
-
-// Round what load_tile read to TF32 and store it where wgmma reads it.
-template <int ROWS, bool K_CONTIGUOUS>
-__device__ __forceinline__ void store_tile(float* big, const float (&loaded)[ROWS * BK / 128], int loader_thread) {
-#pragma unroll
-    for (int run = 0; run < ROWS * BK / 512; ++run) {
-        int row, k;
-        run_origin<ROWS, K_CONTIGUOUS>(run, loader_thread, row, k);
-        *reinterpret_cast<uint4*>(&big[swizzled(row, k)]) =
-            make_uint4(to_tf32(loaded[4 * run + 0]), to_tf32(loaded[4 * run + 1]),
-                       to_tf32(loaded[4 * run + 2]), to_tf32(loaded[4 * run + 3]));
-    }
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_18_fallback_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
-        const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    // Stage s: A's tile, B's tile; then the barriers.
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(smem + STAGES * STAGE_FLOATS);
-    unsigned long long* empty = full + STAGES;  // consumers done: the stage may be refilled
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    A += batch_index * strideA;  // this batch's A and B (a stride of 0: the same for every batch)
-    B += batch_index * strideB;
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 128);            // every thread of the tile's loader
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (warpgroup < LOADERS) {
-        // ---- loaders: a tile's loads go out before the wait for its stage to be free ----------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 160;\n");
-        const int loader_thread = tid % 128;
-        const float* A_tile = A + (A_K_CONTIGUOUS ? (long long)block_m0 * lda : block_m0);
-        const float* B_tile = B + (B_K_CONTIGUOUS ? (long long)block_n0 * ldb : block_n0);
-        const long long a_k_step = A_K_CONTIGUOUS ? BK : (long long)BK * lda;
-        const long long b_k_step = B_K_CONTIGUOUS ? BK : (long long)BK * ldb;
-        auto load = [&](int t, float (&a_loaded)[A_LOADED], float (&b_loaded)[B_LOADED]) {
-            const int k_left = K - t * BK;
-            // Left alone, ptxas keeps the address of every element of the tile in registers
-            // from one tile to the next, and the loaders spill; hiding that the leading
-            // dimensions stay the same makes it recompute them (one multiply-add each).
-            int lda_now = lda, ldb_now = ldb;
-            asm volatile("" : "+r"(lda_now), "+r"(ldb_now));
-            load_tile<BM, A_K_CONTIGUOUS, ALIGNED && A_K_CONTIGUOUS>(a_loaded, A_tile + t * a_k_step, lda_now, m_left, k_left, loader_thread);
-            load_tile<BN, B_K_CONTIGUOUS, ALIGNED && B_K_CONTIGUOUS>(b_loaded, B_tile + t * b_k_step, ldb_now, n_left, k_left, loader_thread);
-        };
-        auto store = [&](int t, const float (&a_loaded)[A_LOADED], const float (&b_loaded)[B_LOADED]) {
-            const int s = t % STAGES;
-            if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-            float* stage = smem + s * STAGE_FLOATS;
-            store_tile<BM, A_K_CONTIGUOUS>(stage, a_loaded, loader_thread);
-            store_tile<BN, B_K_CONTIGUOUS>(stage + A_STAGE_FLOATS, b_loaded, loader_thread);
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before wgmma reads them
-            barrier_arrive(&full[s]);
-        };
-        // Each loader has two tiles in flight: the next one's loads go out before this one is
-        // stored, into the other set of registers.
-        float a_even[A_LOADED], b_even[B_LOADED], a_odd[A_LOADED], b_odd[B_LOADED];
-        if (warpgroup < k_tiles) load(warpgroup, a_even, b_even);
-        for (int t = warpgroup; t < k_tiles; t += 2 * LOADERS) {
-            if (t + LOADERS < k_tiles) load(t + LOADERS, a_odd, b_odd);
-            store(t, a_even, b_even);
-            if (t + LOADERS >= k_tiles) break;
-            if (t + 2 * LOADERS < k_tiles) load(t + 2 * LOADERS, a_even, b_even);
-            store(t + LOADERS, a_odd, b_odd);
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup LOADERS + c multiplies rows 64 c ... of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 184;\n");
-    const int consumer = warpgroup - LOADERS;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&full[s], (t / STAGES) & 1);
-        const float* a_tile = smem + s * STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = smem + s * STAGE_FLOATS + A_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its stage can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_18_fallback_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_18_fallback_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch,
-        long long strideA, long long strideB, long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_18_fallback_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) {
-        return cudaSuccess;
-    }
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    // The vector path needs every vector access aligned: sizes, leading dimensions, pointers and strides.
-    const bool aligned = (K % 4 == 0 && lda % 4 == 0 && reinterpret_cast<unsigned long long>(A) % 16 == 0 && strideA % 4 == 0) &&
-        (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
-        (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_18_fallback_kernel<true> : gemmgen_tf32_18_fallback_kernel<false>;
-    if (SMEM_BYTES > 48 * 1024) {
-        const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-        if (status != cudaSuccess) return (int)status;
-    }
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_18_fallback(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-
-namespace gemmgen_tf32_18_impl {
-
-// ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
-constexpr int BM = 128, BN = 256, BK = 32;  // C tile per block; BK floats = one 128-byte swizzled row
-constexpr int CONSUMERS = 2;  // warpgroups that multiply, 64 rows of the tile each
-constexpr int THREADS = 384;  // + one producer warpgroup that issues TMA
-constexpr int STAGES = 4;
-constexpr int TM = 2, TN = 2, RN = 32, RM = 1;  // per thread: rows g, g + 8; columns 8j + 2t, + 1
-constexpr int M_STEP = 8, SUB_M = 16, SUB_N = 8;
-constexpr int C_VEC = 2;  // floats per C access when aligned
-constexpr int A_STAGE_FLOATS = BM * BK, B_STAGE_FLOATS = BN * BK;
-constexpr unsigned STAGE_BYTES = 4u * (A_STAGE_FLOATS + B_STAGE_FLOATS);  // what TMA delivers per stage
-constexpr int B_COPIES = 1;  // B's tile as TMA wrote it
-constexpr int SMEM_BYTES = 197696;
-static_assert(SMEM_BYTES >= 1024 + 4 * STAGES * (A_STAGE_FLOATS + B_COPIES * B_STAGE_FLOATS) + (B_COPIES + 1) * 8 * STAGES,
-              "shared memory = 1024-byte alignment slack + stages + barriers");
-constexpr int RASTER_GROUP = 8;  // block rows per raster group
-
-// ---- helpers shared by every gemmgen kernel -------------------------------------------
-
-// Move V consecutive floats (V = 1, 2 or 4) between memory aligned to V floats and registers.
-template <int V>
-__device__ __forceinline__ void load_vec(float* regs, const float* src) {
-    if constexpr (V == 4) {
-        const float4 v = *reinterpret_cast<const float4*>(src);
-        regs[0] = v.x; regs[1] = v.y; regs[2] = v.z; regs[3] = v.w;
-    } else if constexpr (V == 2) {
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        regs[0] = v.x; regs[1] = v.y;
-    } else {
-        regs[0] = *src;
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void store_vec(float* dst, const float* regs) {
-    if constexpr (V == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(regs[0], regs[1], regs[2], regs[3]);
-    } else if constexpr (V == 2) {
-        *reinterpret_cast<float2*>(dst) = make_float2(regs[0], regs[1]);
-    } else {
-        *dst = regs[0];
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void fill_zero(float* regs) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) regs[v] = 0.0f;
-}
-
-// Which C tile this block computes, and of which batch. Blocks are numbered along a 1-D grid;
-// raster group G walks G block-rows at a time so that neighbouring blocks share A and B in L2.
-__device__ __forceinline__ void tile_of_block(int M, int N, int& block_m0, int& block_n0, int& batch_index) {
-    const int tiles_m = (M + BM - 1) / BM;
-    const int tiles_n = (N + BN - 1) / BN;
-    int block = blockIdx.x;
-    // Strided batches: the tiles of batch b come after all of batch b - 1's.
-    batch_index = block / (tiles_m * tiles_n);
-    block -= batch_index * (tiles_m * tiles_n);
-    const int blocks_per_group = RASTER_GROUP * tiles_n;
-    const int first_tile_m = (block / blocks_per_group) * RASTER_GROUP;
-    const int group_rows = min(tiles_m - first_tile_m, RASTER_GROUP);
-    const int tile_m = first_tile_m + (block % blocks_per_group) % group_rows;
-    const int tile_n = (block % blocks_per_group) / group_rows;
-    block_m0 = tile_m * BM;
-    block_n0 = tile_n * BN;
-}
-
-// ---- Hopper (sm_90a): TMA tile loads, mbarriers, warpgroup MMA ------------------------------
-
-// A CUtensorMap, built on the host by cuTensorMapEncodeTiled and passed by value.
-struct __align__(64) TensorMap { unsigned long long opaque[16]; };
-
-__device__ __forceinline__ unsigned shared_address(const void* pointer) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-__device__ __forceinline__ void barrier_init(unsigned long long* barrier, unsigned arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(barrier)), "r"(arrivals));
-}
-
-// One arrival that also tells the barrier how many bytes TMA will deliver before the phase ends.
-__device__ __forceinline__ void barrier_expect_bytes(unsigned long long* barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
-                 :: "r"(shared_address(barrier)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(unsigned long long* barrier) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(barrier)) : "memory");
-}
-
-// Wait until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void barrier_wait(unsigned long long* barrier, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-        asm volatile("{\n"
-                     ".reg .pred complete;\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
-                     "selp.u32 %0, 1, 0, complete;\n"
-                     "}\n" : "=r"(done) : "r"(shared_address(barrier)), "r"(parity) : "memory");
-    }
-}
-
-// TMA: copy the box at (inner, outer) of matrix `batch` of a 3-D tensor (batches of 2-D matrices)
-// into shared memory; rows and columns outside the matrix arrive as zeros, so edge tiles need no
-// code of their own.
-__device__ __forceinline__ void tma_load(float* destination, const TensorMap* map,
-                                         unsigned long long* barrier, int inner, int outer, int batch) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                 "[%0], [%1, { %2, %3, %4 }], [%5];\n"
-                 :: "r"(shared_address(destination)), "l"(reinterpret_cast<unsigned long long>(map)),
-                    "r"(inner), "r"(outer), "r"(batch), "r"(shared_address(barrier)) : "memory");
-}
-
-// Element (row, k) of a K-major tile of 32-float rows, in TMA's 128-byte swizzle (what the wgmma
-// descriptors read): 16-byte chunk c of row r lands at chunk c ^ (r % 8).
-__device__ __forceinline__ int swizzled(int row, int k) { return row * 32 + (((k >> 2) ^ (row & 7)) << 2) + (k & 3); }
-
-// Shared-memory matrix descriptor of a K-major tile in TMA's 128-byte swizzle: rows of 128 bytes,
-// 8-row groups 1024 bytes apart. Stepping K inside a row moves the start address.
-__device__ __forceinline__ unsigned long long smem_descriptor(const float* tile) {
-    const unsigned long long address = shared_address(tile);
-    return ((address & 0x3FFFF) >> 4)   // start address, 16-byte units
-           | (1ull << 16)                // leading-dimension byte offset (unused when K-major swizzled)
-           | ((1024ull >> 4) << 32)      // stride byte offset: next 8-row group
-           | (1ull << 62);               // 128-byte swizzle
-}
-
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(PENDING) : "memory");
-}
-
-// acc (this thread's part of the warpgroup's 64 x BN fp32 tile) = A (64 x 8) * B (8 x BN)
-// + (accumulate ? acc : 0), both TF32 read from shared memory (the top 19 bits of each float).
-__device__ __forceinline__ void wgmma_tf32(float (&acc)[TM][RN * TN], unsigned long long a_desc,
-                                           unsigned long long b_desc, int accumulate = 1) {
-    asm volatile("{\n"
-                 ".reg .pred accumulate;\n"
-                 "setp.ne.b32 accumulate, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32 "
-                 "{ %0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 }, %128, %129, accumulate, 1, 1;\n"
-                 "}\n"
-                 : "+f"(acc[0][0]), "+f"(acc[0][1]), "+f"(acc[1][0]), "+f"(acc[1][1]), "+f"(acc[0][2]), "+f"(acc[0][3]), "+f"(acc[1][2]), "+f"(acc[1][3]), "+f"(acc[0][4]), "+f"(acc[0][5]), "+f"(acc[1][4]), "+f"(acc[1][5]), "+f"(acc[0][6]), "+f"(acc[0][7]), "+f"(acc[1][6]), "+f"(acc[1][7]), "+f"(acc[0][8]), "+f"(acc[0][9]), "+f"(acc[1][8]), "+f"(acc[1][9]), "+f"(acc[0][10]), "+f"(acc[0][11]), "+f"(acc[1][10]), "+f"(acc[1][11]), "+f"(acc[0][12]), "+f"(acc[0][13]), "+f"(acc[1][12]), "+f"(acc[1][13]), "+f"(acc[0][14]), "+f"(acc[0][15]), "+f"(acc[1][14]), "+f"(acc[1][15]), "+f"(acc[0][16]), "+f"(acc[0][17]), "+f"(acc[1][16]), "+f"(acc[1][17]), "+f"(acc[0][18]), "+f"(acc[0][19]), "+f"(acc[1][18]), "+f"(acc[1][19]), "+f"(acc[0][20]), "+f"(acc[0][21]), "+f"(acc[1][20]), "+f"(acc[1][21]), "+f"(acc[0][22]), "+f"(acc[0][23]), "+f"(acc[1][22]), "+f"(acc[1][23]), "+f"(acc[0][24]), "+f"(acc[0][25]), "+f"(acc[1][24]), "+f"(acc[1][25]), "+f"(acc[0][26]), "+f"(acc[0][27]), "+f"(acc[1][26]), "+f"(acc[1][27]), "+f"(acc[0][28]), "+f"(acc[0][29]), "+f"(acc[1][28]), "+f"(acc[1][29]), "+f"(acc[0][30]), "+f"(acc[0][31]), "+f"(acc[1][30]), "+f"(acc[1][31]), "+f"(acc[0][32]), "+f"(acc[0][33]), "+f"(acc[1][32]), "+f"(acc[1][33]), "+f"(acc[0][34]), "+f"(acc[0][35]), "+f"(acc[1][34]), "+f"(acc[1][35]), "+f"(acc[0][36]), "+f"(acc[0][37]), "+f"(acc[1][36]), "+f"(acc[1][37]), "+f"(acc[0][38]), "+f"(acc[0][39]), "+f"(acc[1][38]), "+f"(acc[1][39]), "+f"(acc[0][40]), "+f"(acc[0][41]), "+f"(acc[1][40]), "+f"(acc[1][41]), "+f"(acc[0][42]), "+f"(acc[0][43]), "+f"(acc[1][42]), "+f"(acc[1][43]), "+f"(acc[0][44]), "+f"(acc[0][45]), "+f"(acc[1][44]), "+f"(acc[1][45]), "+f"(acc[0][46]), "+f"(acc[0][47]), "+f"(acc[1][46]), "+f"(acc[1][47]), "+f"(acc[0][48]), "+f"(acc[0][49]), "+f"(acc[1][48]), "+f"(acc[1][49]), "+f"(acc[0][50]), "+f"(acc[0][51]), "+f"(acc[1][50]), "+f"(acc[1][51]), "+f"(acc[0][52]), "+f"(acc[0][53]), "+f"(acc[1][52]), "+f"(acc[1][53]), "+f"(acc[0][54]), "+f"(acc[0][55]), "+f"(acc[1][54]), "+f"(acc[1][55]), "+f"(acc[0][56]), "+f"(acc[0][57]), "+f"(acc[1][56]), "+f"(acc[1][57]), "+f"(acc[0][58]), "+f"(acc[0][59]), "+f"(acc[1][58]), "+f"(acc[1][59]), "+f"(acc[0][60]), "+f"(acc[0][61]), "+f"(acc[1][60]), "+f"(acc[1][61]), "+f"(acc[0][62]), "+f"(acc[0][63]), "+f"(acc[1][62]), "+f"(acc[1][63])
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate));
-}
-
-// Keep the compiler from moving accumulator reads or writes across an asynchronous wgmma.
-__device__ __forceinline__ void fence_accumulators(float (&acc)[TM][RN * TN]) {
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) asm volatile("" : "+f"(acc[i][j]) :: "memory");
-}
-
-template <bool ALIGNED>
-__global__ void __launch_bounds__(THREADS, 1)
-gemmgen_tf32_18_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_b,
-        int M, int N, int K, float alpha, float beta, float* __restrict__ C, int ldc,
-        int batch,
-        long long strideA,
-        long long strideB,
-        long long strideC)
-{
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    __trap();  // built for a target without wgmma (a multi-architecture build): never launched there
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    // The 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary. (Offset
-    // smem_raw itself, so the compiler still knows these are shared-memory addresses.)
-    float* smem = reinterpret_cast<float*>(smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023));
-    float* sA = smem;                                 // STAGES x BM rows x BK floats
-    float* sB = sA + STAGES * A_STAGE_FLOATS;         // STAGES x BN rows x BK floats
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_STAGE_FLOATS);
-    unsigned long long* ready = full;                 // consumers multiply as soon as TMA lands
-    unsigned long long* empty = full + STAGES;        // consumers done: the producer may refill
-
-    int block_m0, block_n0, batch_index;
-    tile_of_block(M, N, block_m0, block_n0, batch_index);
-    const int a_batch = strideA != 0 ? batch_index : 0;  // the batch coordinate of A's and B's maps:
-    const int b_batch = strideB != 0 ? batch_index : 0;  // 0 where one matrix serves every batch
-    const int m_left = M - block_m0;
-    const int n_left = N - block_n0;
-    const int k_tiles = (K + BK - 1) / BK;
-    const int tid = threadIdx.x;
-    const int warpgroup = tid / 128;
-
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            barrier_init(&full[s], 1);              // the producer's expect-bytes arrival
-            barrier_init(&empty[s], CONSUMERS * 4);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to TMA
-    }
-    __syncthreads();
-
-    if (warpgroup == 0) {
-        // ---- producer: TMA loads run up to STAGES tiles ahead of the math ----------------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            for (int t = 0; t < k_tiles; ++t) {
-                const int s = t % STAGES;
-                if (t >= STAGES) barrier_wait(&empty[s], (t / STAGES - 1) & 1);
-                barrier_expect_bytes(&full[s], STAGE_BYTES);
-                tma_load(sA + s * A_STAGE_FLOATS, &map_a, &full[s], t * BK, block_m0, a_batch);
-                tma_load(sB + s * B_STAGE_FLOATS, &map_b, &full[s], t * BK, block_n0, b_batch);
-            }
-        }
-        return;
-    }
-
-    // ---- consumers: warpgroup w multiplies rows 64 (w - 1) ... of the tile -------------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int consumer = warpgroup - 1;
-    const int lane = tid % 32;
-    const int warp_in_group = tid % 128 / 32;
-    float acc[TM][RN * TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < RN * TN; ++j) acc[i][j] = 0.0f;
-
-    for (int t = 0; t < k_tiles; ++t) {
-        const int s = t % STAGES;
-        barrier_wait(&ready[s], (t / STAGES) & 1);
-        const float* a_tile = sA + s * A_STAGE_FLOATS + consumer * 64 * BK;
-        const float* b_tile = sB + s * B_STAGE_FLOATS;
-        fence_accumulators(acc);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BK; kk += 8)
-            wgmma_tf32(acc, smem_descriptor(a_tile + kk), smem_descriptor(b_tile + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // tile t - 1's MMAs are done, so its buffer can be refilled
-        fence_accumulators(acc);
-        if (t > 0 && lane == 0) barrier_arrive(&empty[(t - 1) % STAGES]);
-    }
-    wgmma_wait<0>();
-    fence_accumulators(acc);
-
-    // This thread's C values: rows g, g + 8 of its warp's 16, columns 8j + 2t, 8j + 2t + 1.
-    const int thread_m0 = consumer * 64 + warp_in_group * 16 + lane / 4;
-    const int thread_n0 = lane % 4 * TN;
-    // ---- epilogue: C = alpha * A*B + beta * C (C is not read when beta is 0) ----
-    {
-        constexpr int CV = ALIGNED ? C_VEC : 1;  // floats per C access; C_VEC needs ldc, C and N aligned
-        float* C_tile = C + batch_index * strideC + (long long)block_m0 * ldc + block_n0;
-        const bool read_c = beta != 0.0f;
-    #pragma unroll
-        for (int rm = 0; rm < RM; ++rm)
-    #pragma unroll
-            for (int i = 0; i < TM; ++i) {
-                const int m = thread_m0 + rm * SUB_M + i * M_STEP;
-                if (m >= m_left) continue;
-    #pragma unroll
-                for (int rn = 0; rn < RN; ++rn)
-    #pragma unroll
-                    for (int j = 0; j < TN; j += CV) {
-                        const int n = thread_n0 + rn * SUB_N + j;
-                        if (n + CV - 1 >= n_left) continue;
-                        float* c = C_tile + (long long)(m) * ldc + (n);
-                        float old[CV], out[CV];
-                        if (read_c) load_vec<CV>(old, c);
-    #pragma unroll
-                        for (int v = 0; v < CV; ++v) {
-                            out[v] = read_c ? alpha * acc[rm * TM + i][rn * TN + j + v] + beta * old[v] : alpha * acc[rm * TM + i][rn * TN + j + v];
-                        }
-                        store_vec<CV>(c, out);
-                    }
-            }
-    }
-#endif
-}
-
-}  // namespace gemmgen_tf32_18_impl
-
-#ifndef __CUDACC_RTC__
-// C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
-// Returns a cudaError_t: cudaErrorInvalidValue (nothing launched) for negative sizes, leading
-// dimensions below their minimum or null pointers where data is needed.
-// TMA needs A and B 16-byte aligned with leading dimensions a multiple of 4 floats, and batches
-// of A and B (stride not 0) 16-byte strides past the matrix; other calls (and K = 0) run the
-// register-fed fallback in this file.
-// Strided batches (cuBLAS's SgemmStridedBatched): `batch` products, batch b's A, B and C at
-// A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
-// the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
-// batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, int batch, long long strideA, long long strideB,
-        long long strideC, cudaStream_t stream)
-{
-    using namespace gemmgen_tf32_18_impl;
-    if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
-    if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
-    if (ldc < (N > 1 ? N : 1)) return cudaErrorInvalidValue;
-    // Batches: none negative; C's may not overlap (a stride below C's extent, 0 included, with more
-    // than one); batch * stride must fit in 64 bits.
-    if (batch < 0 || strideA < 0 || strideB < 0 || strideC < 0) return cudaErrorInvalidValue;
-    if (batch > 1 && strideC < (M > 0 && N > 0 ? (long long)(M - 1) * ldc + N : 0)) return cudaErrorInvalidValue;
-    if (batch > 1 && (strideA > LLONG_MAX / batch || strideB > LLONG_MAX / batch || strideC > LLONG_MAX / batch))
-        return cudaErrorInvalidValue;
-    if (batch == 0 || M == 0 || N == 0) return cudaSuccess;
-    if (!C || (K > 0 && (!A || !B))) return cudaErrorInvalidValue;
-    const bool tma_ready = K > 0 && lda % 4 == 0 && ldb % 4 == 0 &&
-        reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
-        (batch == 1 || ((strideA == 0 || (strideA % 4 == 0 && strideA >= (long long)M * lda && strideA < (1LL << 38))) &&
-                        (strideB == 0 || (strideB % 4 == 0 && strideB >= (long long)N * ldb && strideB < (1LL << 38)))));
-    if (!tma_ready)
-        return gemmgen_tf32_18_fallback_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA,
-                                                      strideB, strideC, stream);
-
-    const long long blocks = (long long)((M + BM - 1) / BM) * ((N + BN - 1) / BN) * batch;
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-
-    // cuTensorMapEncodeTiled comes from the driver through the runtime, so nothing links libcuda.
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        cudaError_t status = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000,
-                                                              cudaEnableDefault, &found);
-#else
-        cudaError_t status = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", (void**)&encode,
-                                                     cudaEnableDefault, &found);
-#endif
-        if (status != cudaSuccess || found != cudaDriverEntryPointSuccess || !encode) {
-            encode = nullptr;
-            return status != cudaSuccess ? (int)status : (int)cudaErrorNotSupported;
-        }
-    }
-    // Both operands are K-major: a 3-D tensor of (K, rows, batches) with rows ld floats apart and
-    // batches their stride apart (one matrix for every batch, stride 0 or one batch: a batch
-    // dimension of 1, coordinate 0); boxes of BK x (BM or BN) x 1, swizzled by 128 bytes to match
-    // the wgmma descriptors.
-    // Of type TFLOAT32: TMA rounds each float to nearest TF32 as it copies it, as cuBLAS rounds.
-    CUtensorMap maps[2];
-    const void* bases[2] = {A, B};
-    const cuuint64_t rows[2] = {(cuuint64_t)M, (cuuint64_t)N};
-    const cuuint64_t lds[2] = {(cuuint64_t)lda, (cuuint64_t)ldb};
-    const long long batch_strides[2] = {strideA, strideB};
-    const cuuint32_t box_rows[2] = {BM, BN};
-    for (int i = 0; i < 2; ++i) {
-        const bool one = batch == 1 || batch_strides[i] == 0;  // one matrix serves every batch
-        const cuuint64_t dims[3] = {(cuuint64_t)K, rows[i], one ? 1 : (cuuint64_t)batch};
-        const cuuint64_t strides[2] = {lds[i] * 4, one ? rows[i] * lds[i] * 4 : (cuuint64_t)batch_strides[i] * 4};
-        const cuuint32_t box[3] = {BK, box_rows[i], 1};
-        const cuuint32_t element_strides[3] = {1, 1, 1};
-        // L2 promotion of 256 bytes where every row starts 128-byte aligned, else of 128 (TensorMapSpec.promotion).
-        const bool rows_128 = reinterpret_cast<unsigned long long>(bases[i]) % 128 == 0 && lds[i] % 32 == 0 &&
-                              (one || batch_strides[i] % 32 == 0);
-        const CUresult result = encode(&maps[i], CU_TENSOR_MAP_DATA_TYPE_TFLOAT32, 3, const_cast<void*>(bases[i]),
-                                       dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                       CU_TENSOR_MAP_SWIZZLE_128B,
-                                       rows_128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (result != CUDA_SUCCESS) return cudaErrorInvalidValue;
-    }
-    // The vector path of the epilogue needs C, ldc and N aligned.
-    const bool aligned = (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
-    void (*kernel)(TensorMap, TensorMap, int, int, int, float, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_18_kernel<true> : gemmgen_tf32_18_kernel<false>;
-    const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    if (status != cudaSuccess) return (int)status;
-    kernel<<<(unsigned)blocks, THREADS, SMEM_BYTES, stream>>>(*reinterpret_cast<const TensorMap*>(&maps[0]),
-        *reinterpret_cast<const TensorMap*>(&maps[1]), M, N, K, alpha, beta, C, ldc, batch, strideA, strideB, strideC);
-    return (int)cudaGetLastError();
-}
-
-// The single GEMM: one batch.
-static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float* A, int lda,
-        const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
-{
-    return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
-}
-#endif  // __CUDACC_RTC__
-// ==== member 19: tf32_19 ===========================================
-// gemmgen_tf32_19: generated by gemmgen 0.1.0 from <library tf32: tf32_19> (edit the spec, not this file)
-//
-// spec:
-//   kernel tf32_19 {
 //     target   sm_90
 //     layout   A row, B col, C row
 //     block    128 x 128 x 32
@@ -17534,13 +16677,13 @@ static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float*
 //   vector path needs          K and lda multiples of 4, A 16-byte aligned, K and ldb multiples of 4, B 16-byte aligned, N and ldc multiples of 2, C 8-byte aligned
 //
 // launcher (called by this file's entry point):
-//   static int gemmgen_tf32_19(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
+//   static int gemmgen_tf32_18(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc, cudaStream_t stream);
 #ifndef __CUDACC_RTC__
 #include <cuda_runtime.h>
 #include <limits.h>
 #endif
 
-namespace gemmgen_tf32_19_impl {
+namespace gemmgen_tf32_18_impl {
 
 // ---- tiling (from the spec; every derived number is computed by gemmgen's Plan) -------------
 constexpr int BM = 128, BN = 128, BK = 32;  // C tile per block, K step
@@ -17691,7 +16834,7 @@ __device__ __forceinline__ int sB_index(int k, int n) { return (k) * 136 + n; }
 
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
-gemmgen_tf32_19_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
+gemmgen_tf32_18_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
         const float* __restrict__ B, int ldb, float beta, float* __restrict__ C, int ldc,
         int batch,
         long long strideA,
@@ -17895,7 +17038,7 @@ gemmgen_tf32_19_kernel(int M, int N, int K, float alpha, const float* __restrict
     }
 }
 
-}  // namespace gemmgen_tf32_19_impl
+}  // namespace gemmgen_tf32_18_impl
 
 #ifndef __CUDACC_RTC__
 // C = alpha * A * B + beta * C, layouts A row, B col, C row; lda, ldb, ldc in elements.
@@ -17905,11 +17048,11 @@ gemmgen_tf32_19_kernel(int M, int N, int K, float alpha, const float* __restrict
 // A + b * strideA, B + b * strideB, C + b * strideC (in elements); a stride of 0 gives every batch
 // the same A (or B). batch 0 does nothing; cudaErrorInvalidValue, nothing launched, for a negative
 // batch or stride, or C batches that overlap (strideC below C's extent, with batch > 1).
-static inline int gemmgen_tf32_19_batched(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_18_batched(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, int batch,
         long long strideA, long long strideB, long long strideC, cudaStream_t stream)
 {
-    using namespace gemmgen_tf32_19_impl;
+    using namespace gemmgen_tf32_18_impl;
     if (M < 0 || N < 0 || K < 0) return cudaErrorInvalidValue;
     if (lda < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
     if (ldb < (K > 1 ? K : 1)) return cudaErrorInvalidValue;
@@ -17932,7 +17075,7 @@ static inline int gemmgen_tf32_19_batched(int M, int N, int K, float alpha, cons
         (K % 4 == 0 && ldb % 4 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 && strideB % 4 == 0) &&
         (N % 2 == 0 && ldc % 2 == 0 && reinterpret_cast<unsigned long long>(C) % 8 == 0 && strideC % 2 == 0);
     void (*kernel)(int, int, int, float, const float*, int, const float*, int, float, float*, int, int, long long, long long, long long) =
-        aligned ? gemmgen_tf32_19_kernel<true> : gemmgen_tf32_19_kernel<false>;
+        aligned ? gemmgen_tf32_18_kernel<true> : gemmgen_tf32_18_kernel<false>;
     if (SMEM_BYTES > 48 * 1024) {
         const cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
         if (status != cudaSuccess) return (int)status;
@@ -17942,10 +17085,10 @@ static inline int gemmgen_tf32_19_batched(int M, int N, int K, float alpha, cons
 }
 
 // The single GEMM: one batch.
-static inline int gemmgen_tf32_19(int M, int N, int K, float alpha, const float* A, int lda,
+static inline int gemmgen_tf32_18(int M, int N, int K, float alpha, const float* A, int lda,
         const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream)
 {
-    return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
+    return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 1, 0, 0, 0, stream);
 }
 #endif  // __CUDACC_RTC__
 #ifndef __CUDACC_RTC__
@@ -18020,465 +17163,483 @@ struct Model { const Point* points; int count; double coef[5]; double split_rati
 struct Member { int BM, BN, BK, split, slots_per_sm; bool beta, sm90a; Model aligned, unaligned; bool stream_k; int cluster_m, cluster_n; bool decode; int decode_products; };
 
 static const Point tf32_0_aligned[] = {
-    {256, 256, 256, 0.013632000423967838, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.5648368628431927, 1, 0.0, 0},
-    {512, 512, 512, 0.017055999487638474, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5290092173621785, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.022895999252796173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.30079649067350855, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.08585599809885025, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.12301055510944386, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.5775839984416962, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.08822916443146106, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.9812639951705933, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.20423331941255715, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.26921600103378296, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.017245670522432956, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04508800059556961, 0.0, 8.317766166719343, 8.317766166719343, 0.07670539853137824, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07126399874687195, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.17979725410329328, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07212799787521362, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1737108630077892, 1, 0.0, 0},
-    {128, 8192, 8192, 0.12272000312805176, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.23239378514329348, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1220959983766079, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.22729602928625506, 1, 0.0, 0},
-    {4096, 32, 4096, 0.045264000073075294, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.08060126577969484, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0687360018491745, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.14367908696154985, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09003200009465218, 0.0, 9.306377560173125, 8.317766166719343, 0.22665373756100798, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08921600133180618, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.21754898444465662, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04548799991607666, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.08553780266974781, 1, 0.0, 0},
-    {4, 14336, 4096, 0.114656001329422, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.27615403159507235, 1, 0.0, 0},
-    {4096, 16, 4096, 0.04508800059556961, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.07670539853137824, 1, 0.0, 0},
-    {6, 8192, 4096, 0.0687360018491745, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.14367908696154985, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0692639984190464, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.13319384192361367, 1, 0.0, 0},
-    {4096, 4096, 512, 0.0788159966468811, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.26338645663999943, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2765600085258484, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.27963163311870465, 1, 0.0, 0},
-    {8192, 8192, 256, 0.18411199748516083, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.08238065978459223, 1, 0.0, 0},
-    {2048, 2048, 128, 0.01945599913597107, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.28547425754205635, 1, 0.0, 0},
-    {16384, 4096, 64, 0.11694400012493134, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2990602032513339, 1, 0.0, 0},
-    {256, 256, 32768, 0.06305600330233574, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.1007167873593512, 1, 0.0, 0},
-    {512, 512, 16384, 0.0806720033288002, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.2503433833189568, 1, 0.0, 0},
-    {128, 1024, 65536, 0.15428800135850906, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.38581441146853523, 1, 0.0, 0},
-    {64, 64, 131072, 0.1111999973654747, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0071333409753318675, 1, 0.0, 0},
-    {384, 384, 24576, 0.08905600011348724, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.3951108602081365, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.8279680013656616, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.7914094251926032, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8636480271816254, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.5986407572296759, 1, 0.0, 0},
-    {1536, 2560, 768, 0.04124800115823746, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.14731682745861152, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.18028800189495087, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.2556896809240936, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.3437760472297668, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.2130095123602921, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.5528320074081421, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0029711204316660743, 1, 0.0, 0},
-    {512, 512, 512, 0.10979200154542923, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06808524471751802, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08681599795818329, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18538407571275306, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.030912000685930252, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.17751476130344965, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07329599931836128, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.31936168259975733, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.0822880007326603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2963601041383504, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.09523200243711472, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.1428972894933601, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.7702399790287018, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.19961907927033262, 1, 0.0, 1},
+    {256, 256, 256, 0.013632000423967838, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.5813547383625186, 1, 0.0, 0},
+    {512, 512, 512, 0.017055999487638474, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5407091468364963, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.022895999252796173, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3146236341700776, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.08585599809885025, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.12742553610070673, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.5775839984416962, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.08880165749653114, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.9812639951705933, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.20433839129112688, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.26921600103378296, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.018622420216487953, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04508800059556961, 0.0, 8.317766166719343, 8.317766166719343, 0.0667476072493355, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07126399874687195, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.17249401270531678, 1, 0.0, 0},
+    {64, 4096, 8192, 0.07212799787521362, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.16677936008507077, 1, 0.0, 0},
+    {128, 8192, 8192, 0.12272000312805176, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.2278398390380802, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1220959983766079, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.22274208318104202, 1, 0.0, 0},
+    {4096, 32, 4096, 0.045264000073075294, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.07064347449765217, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0687360018491745, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.13637584556357313, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09003200009465218, 0.0, 9.306377560173125, 8.317766166719343, 0.22045444267503067, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08921600133180618, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.21134968955867933, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04548799991607666, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07558001138770512, 1, 0.0, 0},
+    {4, 14336, 4096, 0.114656001329422, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.27100137677456415, 1, 0.0, 0},
+    {4096, 16, 4096, 0.04508800059556961, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0667476072493355, 1, 0.0, 0},
+    {6, 8192, 4096, 0.0687360018491745, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.13637584556357313, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0692639984190464, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.1262623390008954, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04438399896025658, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.05101047903035098, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08552000299096107, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.1469577694471725, 1, 0.0, 0},
+    {4096, 4096, 512, 0.0788159966468811, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2658711709899154, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2765600085258484, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.27975382751832434, 1, 0.0, 0},
+    {8192, 8192, 256, 0.18411199748516083, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.08024005778721757, 1, 0.0, 0},
+    {2048, 2048, 128, 0.01945599913597107, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.3013920585671498, 1, 0.0, 0},
+    {16384, 4096, 64, 0.11694400012493134, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.3042657648079396, 1, 0.0, 0},
+    {256, 256, 32768, 0.06305600330233574, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.09700616142513283, 1, 0.0, 0},
+    {512, 512, 16384, 0.0806720033288002, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.2441170384785123, 1, 0.0, 0},
+    {128, 1024, 65536, 0.15428800135850906, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.3825689021664173, 1, 0.0, 0},
+    {64, 64, 131072, 0.1111999973654747, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.011752952434585205, 1, 0.0, 0},
+    {384, 384, 24576, 0.08905600011348724, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.38934448156995666, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.8279680013656616, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.790116475510364, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8636480271816254, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.5975462394774835, 1, 0.0, 0},
+    {1536, 2560, 768, 0.04124800115823746, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.156060086075427, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.18028800189495087, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.25714831505687924, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.3437760472297668, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.2131226622431403, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.5528320074081421, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0036475366750600086, 1, 0.0, 0},
+    {512, 512, 512, 0.10979200154542923, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06560053036760229, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08681599795818329, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1851764152645506, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.030912000685930252, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.16159696027835618, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07329599931836128, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.31915159904747614, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.0822880007326603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.29043018093474493, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.09523200243711472, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.14310260061205254, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.7702399790287018, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.19904658620526233, 1, 0.0, 1},
 };
 static const Point tf32_0_unaligned[] = {
-    {2047, 2047, 2047, 0.20083200186491013, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.009256751662359395, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11908799782395363, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.1030335933001053, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6762399673461914, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.01880322870881403, 1, 0.0, 0},
-    {127, 4099, 1023, 0.033824000507593155, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.13731007398466424, 1, 0.0, 0},
-    {4096, 1, 4096, 0.045232001692056656, 8.317766166719343, 0.0, 8.317766166719343, -0.07638797028064807, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10305600240826607, 0.0, 8.317766166719343, 8.317766166719343, 0.7470797445327736, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10864000022411346, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.06550638196599726, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.480351984500885, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.009534644721106489, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03484800085425377, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1333955381919689, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.20083200186491013, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.009519482120219793, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11908799782395363, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.10321933442384988, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.6762399673461914, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.0191809454183839, 1, 0.0, 0},
+    {127, 4099, 1023, 0.033824000507593155, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.138183358884804, 1, 0.0, 0},
+    {4096, 1, 4096, 0.045232001692056656, 8.317766166719343, 0.0, 8.317766166719343, -0.07324188168255624, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10305600240826607, 0.0, 8.317766166719343, 8.317766166719343, 0.7502258331308654, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10864000022411346, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.06840836500752087, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.480351984500885, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.00902116235982633, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03484800085425377, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13287678006658837, 1, 0.0, 0},
 };
 static const Point tf32_1_aligned[] = {
-    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08332861668780497, 1, 0.0, 0},
-    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.05154343626268733, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06532776099321745, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07635254023755204, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.013685421563288598, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.06460100253521917, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.21132646095878974, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, -0.057924533642563045, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.36061390329804366, 1, 0.0, 0},
-    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10354429106963477, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.06588461197369658, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.06168994299692431, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.12323509173297505, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0660799965262413, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.14573684391270472, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09996800124645233, 0.0, 9.306377560173125, 8.317766166719343, 0.5597209145146504, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08963199704885483, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.45058313342153944, 1, 0.0, 0},
-    {16, 4096, 4096, 0.051552001386880875, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.10253819883390336, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10579200088977814, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6163456778781673, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05097600072622299, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11377428475702026, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08457600325345993, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.39252134415873513, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0942080020904541, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.13068615407743323, 1, 0.0, 0},
-    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2081692064601449, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2239520028233528, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.10493899387090504, 1, 0.0, 0},
-    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.11373808597941916, 1, 0.0, 0},
-    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.1168282760954985, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23129069739206817, 1, 0.0, 0},
-    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.25215873231526986, 1, 0.0, 0},
-    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.24318499929362875, 1, 0.0, 0},
-    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.26042065135475234, 1, 0.0, 0},
-    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24111321775448924, 1, 0.0, 0},
-    {384, 384, 24576, 0.2459840029478073, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.22589656785922893, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.35443198680877686, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.147058453296266, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23074658951576824, 1, 0.0, 0},
-    {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08753404333125998, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14999999850988388, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.1040845971894936, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.1890239715576172, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08022299601671166, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3853759914636612, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.04290312372248721, 1, 0.0, 0},
-    {512, 512, 512, 0.0799039974808693, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.13933679066680144, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18856168748422525, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.024480000138282776, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.7308381195557538, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.06800000369548798, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3910180517041387, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07156800106167793, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.6514182678885032, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.0769599974155426, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08364715913404125, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5364893715519439, 1, 0.0, 1},
+    {256, 256, 256, 0.009216000325977802, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0834497927778679, 1, 0.0, 0},
+    {512, 512, 512, 0.012495999690145254, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.051851661276052535, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01820800080895424, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06582873877534101, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.05456000007688999, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07704510528106408, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.4270080029964447, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.012876564020477441, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.4959360361099243, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0637426574790418, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.24513600021600723, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.2105549485992839, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05390400066971779, 0.0, 8.317766166719343, 8.317766166719343, -0.05869184806448772, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08191999793052673, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.359846588876119, 1, 0.0, 0},
+    {64, 4096, 8192, 0.09679999947547913, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10437588721945538, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11467200145125389, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.06505301582387596, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11419199779629707, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.06085834684710372, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05049600079655647, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.12400240615489962, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0660799965262413, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.14496952949078007, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09996800124645233, 0.0, 9.306377560173125, 8.317766166719343, 0.5589536000927258, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08963199704885483, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.4498158189996148, 1, 0.0, 0},
+    {16, 4096, 4096, 0.051552001386880875, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.10330551325582801, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10579200088977814, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.6155783634562426, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05097600072622299, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11454159917894492, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08457600325345993, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3917540297368105, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0942080020904541, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.13151775022725387, 1, 0.0, 0},
+    {5, 4096, 4096, 0.05889600142836571, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.029876653736049703, 1, 0.0, 0},
+    {3, 4096, 11008, 0.14740800112485886, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.03722074455698222, 1, 0.0, 0},
+    {4096, 4096, 512, 0.05644800141453743, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.20849315302158594, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2239520028233528, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.10551331794783368, 1, 0.0, 0},
+    {8192, 8192, 256, 0.14480000734329224, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.11370656851428758, 1, 0.0, 0},
+    {2048, 2048, 128, 0.013248000293970108, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.11698373445367764, 1, 0.0, 0},
+    {16384, 4096, 64, 0.10948799923062325, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.23213501091458077, 1, 0.0, 0},
+    {256, 256, 32768, 0.3176960051059723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.2530442134217028, 1, 0.0, 0},
+    {512, 512, 16384, 0.1629759967327118, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.24405192479471965, 1, 0.0, 0},
+    {128, 1024, 65536, 0.6248639822006226, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.26131564621332076, 1, 0.0, 0},
+    {64, 64, 131072, 1.2686880230903625, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24201303023410947, 1, 0.0, 0},
+    {384, 384, 24576, 0.2459840029478073, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.22677579482691676, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.35443198680877686, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14793270535222933, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.4841279983520508, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23163839525190036, 1, 0.0, 0},
+    {1536, 2560, 768, 0.02518399991095066, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08798425042850827, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14999999850988388, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.10480261348485952, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.1890239715576172, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0794101227704185, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3853759914636612, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.04209518433783364, 1, 0.0, 0},
+    {512, 512, 512, 0.0799039974808693, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1390128441053603, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18898163375209343, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.024480000138282776, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.7309935779139329, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.06800000369548798, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3918000493548296, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07156800106167793, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.6510974894282261, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.0769599974155426, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08362507682740848, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.7202560007572174, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5356805140091329, 1, 0.0, 1},
 };
 static const Point tf32_1_unaligned[] = {
-    {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.022622186150193863, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11404799669981003, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03974118678291742, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6757280826568604, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.03182453563606259, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03403199836611748, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.10853325087484396, 1, 0.0, 0},
-    {4096, 1, 4096, 0.06032000109553337, 8.317766166719343, 0.0, 8.317766166719343, -0.15623250609019168, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10201600193977356, 0.0, 8.317766166719343, 8.317766166719343, 0.3692334347901827, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11023999750614166, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.06641101489475572, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4788640141487122, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.006086245140844506, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10804421511613554, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.1998080015182495, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.021650922016157318, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11404799669981003, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03997748161295594, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.6757280826568604, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.031934911359730006, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03403199836611748, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.1093241826714001, 1, 0.0, 0},
+    {4096, 1, 4096, 0.06032000109553337, 8.317766166719343, 0.0, 8.317766166719343, -0.14903017591467474, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10201600193977356, 0.0, 8.317766166719343, 8.317766166719343, 0.3764357649656996, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11023999750614166, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.06967776747001903, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4788640141487122, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.005637781337408423, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10849773036654652, 1, 0.0, 0},
 };
 static const Point tf32_2_aligned[] = {
-    {256, 256, 256, 0.010127999819815159, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.3791799244978212, 1, 0.0, 0},
-    {512, 512, 512, 0.01206399966031313, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.27133528791942113, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.028384000062942505, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.6864032131580747, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.14452800154685974, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.5830853658634021, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.9042400121688843, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.42009503266496256, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.077568054199219, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.367892493455628, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.4259200096130371, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.4326896271206046, 1, 0.0, 0},
-    {1, 4096, 4096, 0.040352001786231995, 0.0, 8.317766166719343, 8.317766166719343, 0.5300996883663888, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06601600348949432, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3989378015926057, 1, 0.0, 0},
-    {64, 4096, 8192, 0.06387200206518173, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.5348969594998486, 1, 0.0, 0},
-    {128, 8192, 8192, 0.150176003575325, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.09198287243236075, 1, 0.0, 0},
-    {8192, 128, 8192, 0.12479999661445618, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.09311266217964012, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04831999912858009, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.163702820614085, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08336000144481659, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.05018857079981308, 1, 0.0, 0},
-    {1, 11008, 4096, 0.0830719992518425, 0.0, 9.306377560173125, 8.317766166719343, 0.30187252027445055, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08416000008583069, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.30448926868627835, 1, 0.0, 0},
-    {16, 4096, 4096, 0.040063999593257904, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.5016156941296863, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10486400127410889, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.26458870529260986, 1, 0.0, 0},
-    {4096, 16, 4096, 0.048287998884916306, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.19001562581372813, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06537599861621857, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.40471993542131945, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06412799656391144, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.6385494365314182, 1, 0.0, 0},
-    {4096, 4096, 512, 0.32603199779987335, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.8141715766451421, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.7732320129871368, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.836224403487991, 1, 0.0, 0},
-    {8192, 8192, 256, 1.1719679832458496, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.8407547885038439, 1, 0.0, 0},
-    {2048, 2048, 128, 0.08044800162315369, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.7632581882034079, 1, 0.0, 0},
-    {16384, 4096, 64, 1.0986080169677734, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.8612882719153493, 1, 0.0, 0},
-    {256, 256, 32768, 0.05689600110054016, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16622555554568166, 1, 0.0, 0},
-    {512, 512, 16384, 0.04561600089073181, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2813606412948982, 1, 0.0, 0},
-    {128, 1024, 65536, 0.14079999923706055, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.037556534182035736, 1, 0.0, 0},
-    {64, 64, 131072, 0.15916800498962402, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10925649905034043, 1, 0.0, 0},
-    {384, 384, 24576, 0.0544000007212162, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.19734540919365579, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.46191999316215515, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17452397651108967, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5823519825935364, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.02568851276730081, 1, 0.0, 0},
-    {1536, 2560, 768, 0.09588799998164177, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.6787937438772635, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.38897599279880524, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.5761038433419791, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.09935998916626, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.11423237408182692, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.4311679601669312, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.17371989602400956, 1, 0.0, 0},
-    {512, 512, 512, 0.3731040060520172, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.6793098885788326, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.6334879994392395, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.734251368614124, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.09460799768567085, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.6011272067314477, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.5806080102920532, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.8114423592796072, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.20003199577331543, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.6061895519953749, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.6162240207195282, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.7958313271795321, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.1701279878616333, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.1617266011577481, 1, 0.0, 1},
+    {256, 256, 256, 0.010127999819815159, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.441242636959284, 1, 0.0, 0},
+    {512, 512, 512, 0.01206399966031313, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.332902754224208, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.028384000062942505, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.6697861439134507, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.14452800154685974, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.5558511448188963, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.9042400121688843, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.40801913255338007, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.077568054199219, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.3611036057447057, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.4259200096130371, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.4119237417525648, 1, 0.0, 0},
+    {1, 4096, 4096, 0.040352001786231995, 0.0, 8.317766166719343, 8.317766166719343, 0.4790430875054818, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06601600348949432, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.38000553151753724, 1, 0.0, 0},
+    {64, 4096, 8192, 0.06387200206518173, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.4848367942771995, 1, 0.0, 0},
+    {128, 8192, 8192, 0.150176003575325, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.07397487790583387, 1, 0.0, 0},
+    {8192, 128, 8192, 0.12479999661445618, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.11112065670616685, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04831999912858009, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.15014519608014046, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08336000144481659, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.05302589086330868, 1, 0.0, 0},
+    {1, 11008, 4096, 0.0830719992518425, 0.0, 9.306377560173125, 8.317766166719343, 0.2994380253377996, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08416000008583069, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3011773232018736, 1, 0.0, 0},
+    {16, 4096, 4096, 0.040063999593257904, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.44985480542159945, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10486400127410889, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.26929766817019174, 1, 0.0, 0},
+    {4096, 16, 4096, 0.048287998884916306, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.17845282974964402, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06537599861621857, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.38683854064367634, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06412799656391144, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.5921033729918096, 1, 0.0, 0},
+    {5, 4096, 4096, 0.0392800010740757, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.44619654657392516, 1, 0.0, 0},
+    {3, 4096, 11008, 0.07852800190448761, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.6377571304177639, 1, 0.0, 0},
+    {4096, 4096, 512, 0.32603199779987335, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.7526079915872749, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.7732320129871368, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.7855643040602189, 1, 0.0, 0},
+    {8192, 8192, 256, 1.1719679832458496, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.7696700015672251, 1, 0.0, 0},
+    {2048, 2048, 128, 0.08044800162315369, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.6997530419322923, 1, 0.0, 0},
+    {16384, 4096, 64, 1.0986080169677734, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.7842953483574826, 1, 0.0, 0},
+    {256, 256, 32768, 0.05689600110054016, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.1869961103570991, 1, 0.0, 0},
+    {512, 512, 16384, 0.04561600089073181, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.32818318275900177, 1, 0.0, 0},
+    {128, 1024, 65536, 0.14079999923706055, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.06568128813298628, 1, 0.0, 0},
+    {64, 64, 131072, 0.15916800498962402, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10136119815551226, 1, 0.0, 0},
+    {384, 384, 24576, 0.0544000007212162, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2324646685751477, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.46191999316215515, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.19603499201740024, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5823519825935364, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06188234416130266, 1, 0.0, 0},
+    {1536, 2560, 768, 0.09588799998164177, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.6316650699874048, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.38897599279880524, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.5447959024359187, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.09935998916626, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.12669845312986935, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.4311679601669312, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.18553580323626495, 1, 0.0, 0},
+    {512, 512, 512, 0.3731040060520172, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.6177463035209653, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.6334879994392395, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.6598134829563236, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.09460799768567085, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.5376220604603321, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.5806080102920532, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.7352831339839991, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.20003199577331543, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.5435481833068024, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.6162240207195282, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.7255115291886194, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.1701279878616333, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.149590755728014, 1, 0.0, 1},
 };
 static const Point tf32_2_unaligned[] = {
-    {2047, 2047, 2047, 0.2603679895401001, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.012845946528681724, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.14235199987888336, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07333197426724003, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.130703926086426, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.011029553903654562, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03799999877810478, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.09917105704871881, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04678399860858917, 8.317766166719343, 0.0, 8.317766166719343, -0.09492613073496635, 1, 0.0, 0},
-    {1, 4096, 4096, 0.045791998505592346, 0.0, 8.317766166719343, 8.317766166719343, 0.04640201824071564, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10409600287675858, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.20949397091062244, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.5580000281333923, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.09660928961050178, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05961599946022034, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.013453509266420402, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2603679895401001, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.01263374952917953, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.14235199987888336, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07365527252456643, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.130703926086426, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.010677770439650035, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03799999877810478, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.09997547619054153, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04678399860858917, 8.317766166719343, 0.0, 8.317766166719343, -0.08950570945305755, 1, 0.0, 0},
+    {1, 4096, 4096, 0.045791998505592346, 0.0, 8.317766166719343, 8.317766166719343, 0.04681741485035746, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10409600287675858, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.2116189187164198, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.5580000281333923, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.09708797377093693, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05961599946022034, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.013506847270570931, 1, 0.0, 0},
 };
 static const Point tf32_3_aligned[] = {
-    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1546668123174817, 1, 0.0, 0},
-    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08381674361007321, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0668136859439984, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.0730616274986853, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.027195557988526867, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.10043502644370529, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.022986735674445785, 1, 0.0, 0},
-    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.03589194715098031, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0047600986705666065, 1, 0.0, 0},
-    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.028508836005200912, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.00916799544874969, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.01980798691882045, 1, 0.0, 0},
-    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.03762881325037459, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.0033478269178670345, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.1302186746365288, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.0447883831877096, 1, 0.0, 0},
-    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.023295566201088053, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.17384568114821608, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.02543743620698143, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.006468623887771325, 1, 0.0, 0},
-    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.037812562830305985, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.026115968857156314, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.04092959684613455, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.007473180782937035, 1, 0.0, 0},
-    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07506957876786238, 1, 0.0, 0},
-    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.01796015936939147, 1, 0.0, 0},
-    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.017924739543834934, 1, 0.0, 0},
-    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.017747154426189515, 1, 0.0, 0},
-    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.00472224272251239, 1, 0.0, 0},
-    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.001732966441778773, 1, 0.0, 0},
-    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.008457542997491678, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.10035939825311439, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.01955006399250772, 1, 0.0, 0},
-    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.037549267576443196, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14401599764823914, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0369403584603323, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.0347359776496887, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.022039768053916404, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.36182400584220886, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.006516211686169847, 1, 0.0, 0},
-    {512, 512, 512, 0.09094399958848953, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.23152688941968594, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08259200304746628, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07740510577874493, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.034832000732421875, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.1155501646920625, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07689599692821503, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1567546881776323, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08271999657154083, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1906865740140332, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.09529600292444229, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.026360793896057323, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.09781830920439945, 1, 0.0, 1},
+    {256, 256, 256, 0.012415999546647072, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1534469200742242, 1, 0.0, 0},
+    {512, 512, 512, 0.017472000792622566, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08189292775032014, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.026784000918269157, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.06481587706466517, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.04915200173854828, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07378158401599708, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.38201598823070526, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.026482407362617335, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.146463990211487, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.099683729205615, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.19791999459266663, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.02248813228316365, 1, 0.0, 0},
+    {1, 4096, 4096, 0.08012799918651581, 0.0, 8.317766166719343, 8.317766166719343, -0.03258779188694271, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08614400029182434, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0071008226987673275, 1, 0.0, 0},
+    {64, 4096, 8192, 0.15225599706172943, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.02509107659983678, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16211199760437012, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.007064110880845595, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1579200029373169, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.01723963747524436, 1, 0.0, 0},
+    {4096, 32, 4096, 0.0790719985961914, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0339668432932044, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08665599673986435, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.0054702771665781314, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09947199746966362, 0.0, 9.306377560173125, 8.317766166719343, 0.13201527192247278, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09142400324344635, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04655387846759616, 1, 0.0, 0},
+    {16, 4096, 4096, 0.081216000020504, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.020018871815827743, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1064159981906414, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.174951964698928, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0798879973590374, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.021715323303365574, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08619200065732002, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.008843748314050472, 1, 0.0, 0},
+    {12, 4096, 8192, 0.15035200119018555, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.034293047928374266, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07887999713420868, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.04853034792491854, 1, 0.0, 0},
+    {3, 4096, 11008, 0.19737599790096283, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.04032096805008349, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07028799876570702, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.026447887603838167, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.24297600239515305, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.04130496032332009, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1934719979763031, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.007463339061290945, 1, 0.0, 0},
+    {2048, 2048, 128, 0.013743999879807234, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.07461709932982276, 1, 0.0, 0},
+    {16384, 4096, 64, 0.13014400005340576, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.01834990587737368, 1, 0.0, 0},
+    {256, 256, 32768, 0.5859839916229248, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.022663194834692823, 1, 0.0, 0},
+    {512, 512, 16384, 0.3009600043296814, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.022087911798885706, 1, 0.0, 0},
+    {128, 1024, 65536, 1.1444960236549377, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.00018753844069101326, 1, 0.0, 0},
+    {64, 64, 131072, 2.2624640464782715, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0031547198145413778, 1, 0.0, 0},
+    {384, 384, 24576, 0.4333600103855133, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.0039587108824632984, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.29684799909591675, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.09917651905171884, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8835040032863617, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.01631140420525244, 1, 0.0, 0},
+    {1536, 2560, 768, 0.024992000311613083, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.037998769372770615, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14401599764823914, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.0372454363377803, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.0347359776496887, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.021436515197664086, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.36182400584220886, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.006673321746396634, 1, 0.0, 0},
+    {512, 512, 512, 0.09094399958848953, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.2311949706730041, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08259200304746628, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.07756374029271358, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.034832000732421875, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.11483635949260909, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07689599692821503, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.15707025378353268, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.08271999657154083, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1918582499005147, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.09529600292444229, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.026413003812700665, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.40984000265598297, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.09711366585290054, 1, 0.0, 1},
 };
 static const Point tf32_3_unaligned[] = {
-    {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.18545132618652035, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1196800023317337, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.3960758173170625, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.7368959188461304, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.1515429404757569, 1, 0.0, 0},
-    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.009852701066994244, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07977599650621414, 8.317766166719343, 0.0, 8.317766166719343, 0.6165366362375074, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10332799702882767, 0.0, 8.317766166719343, 8.317766166719343, 0.4208359747780013, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10966400057077408, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.3514298156758283, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.480944037437439, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.1570846224760647, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03319489451522277, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.20110400021076202, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.18544760722183068, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1196800023317337, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.3959318529653179, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.7368959188461304, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.1516048660688427, 1, 0.0, 0},
+    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.010372813928442748, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07977599650621414, 8.317766166719343, 0.0, 8.317766166719343, 0.6161570667063879, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10332799702882767, 0.0, 8.317766166719343, 8.317766166719343, 0.4206412988706919, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10966400057077408, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.3514429336668682, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.480944037437439, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.1571425290024277, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03545600175857544, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.03366301871470314, 1, 0.0, 0},
 };
 static const Point tf32_4_aligned[] = {
-    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.08760419381543494, 1, 0.0, 0},
-    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10631795617165186, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0980437057099925, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.19524686025304627, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.14279765925102123, 1, 0.0, 0},
-    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.11842296187069642, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.17135274496898636, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.10698501788484552, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.36181128641655086, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.0060300346172096125, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.31395533546676635, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3166885810860994, 1, 0.0, 0},
-    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.36053234056751415, 1, 0.0, 0},
-    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.35462808969921394, 1, 0.0, 0},
-    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.6315027220999174, 1, 0.0, 0},
-    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.595330258496567, 1, 0.0, 0},
-    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.10235687518448011, 1, 0.0, 0},
-    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8114465863521508, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.4196653016951519, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3525662175852301, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.018270594391987735, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.19934548873613508, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.1615388235242408, 1, 0.0, 0},
-    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.1045852954108347, 1, 0.0, 0},
-    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.015825733103468673, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2641769045562341, 1, 0.0, 0},
-    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.359060032150373, 1, 0.0, 0},
-    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.3352571727061668, 1, 0.0, 0},
-    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.3991748743556237, 1, 0.0, 0},
-    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.43242050567331514, 1, 0.0, 0},
-    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.366800668700185, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.24106074449142748, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1861785824457134, 1, 0.0, 0},
-    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.15698932483398959, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.18507199734449387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.16893251835115297, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.4221120476722717, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.12418775373686246, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.462799996137619, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.1548404815292503, 1, 0.0, 0},
-    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.03021791254658242, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.053276068166640114, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6849745300297317, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4026544926360013, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.37411039647491745, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.14879109535473897, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5396539444960432, 1, 0.0, 1},
+    {256, 256, 256, 0.007679999805986881, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.09099893232445537, 1, 0.0, 0},
+    {512, 512, 512, 0.00964799989014864, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10957865361220417, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01398400031030178, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10115868133009319, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.06836799904704094, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.19775410864150242, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.5346559882164001, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.1453611324470275, 1, 0.0, 0},
+    {8192, 8192, 8192, 4.244783878326416, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.1210849272276495, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.30798399448394775, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.16883845535482642, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04851200059056282, 0.0, 8.317766166719343, 8.317766166719343, 0.10408530984813939, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06259199976921082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3589115783798448, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08065600320696831, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.00887517544707717, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11107199639081955, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.31111019463689865, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11137599870562553, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.3138434402562319, 1, 0.0, 0},
+    {4096, 32, 4096, 0.06251199916005135, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.357632632530808, 1, 0.0, 0},
+    {80, 8192, 4096, 0.062144000083208084, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.35172838166250775, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08196799829602242, 0.0, 9.306377560173125, 8.317766166719343, 0.6286030140632113, 1, 0.0, 0},
+    {8, 11008, 4096, 0.07905599847435951, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.5924305504598609, 1, 0.0, 0},
+    {16, 4096, 4096, 0.048287998884916306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.09945716714777393, 1, 0.0, 0},
+    {4, 14336, 4096, 0.09812800213694572, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.8085468783154448, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06631999835371971, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.41676559365844584, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06201599910855293, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.34966650954852396, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08264000341296196, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.015425453562120212, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04705600067973137, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.07361250391148934, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10809599980711937, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.007714952900927549, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07452800124883652, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.20064621525778736, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2951200008392334, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.16344853975064028, 1, 0.0, 0},
+    {8192, 8192, 256, 0.17520000040531158, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10441911179206279, 1, 0.0, 0},
+    {2048, 2048, 128, 0.012496000155806541, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.016808838487516763, 1, 0.0, 0},
+    {16384, 4096, 64, 0.10889600217342377, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.2682665775051022, 1, 0.0, 0},
+    {256, 256, 32768, 0.21401600539684296, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.3618586028906287, 1, 0.0, 0},
+    {512, 512, 16384, 0.1117440015077591, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.3380718667256328, 1, 0.0, 0},
+    {128, 1024, 65536, 0.407151997089386, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.40196514281888074, 1, 0.0, 0},
+    {64, 64, 131072, 0.7837600111961365, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.4352065607332225, 1, 0.0, 0},
+    {384, 384, 24576, 0.1603199988603592, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.36960468400372154, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.3598880022764206, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2438130748999748, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.37910398840904236, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.18897163663101665, 1, 0.0, 0},
+    {1536, 2560, 768, 0.030912000685930252, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.1591401070863856, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.18507199734449387, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.1713124644280299, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.4221120476722717, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.12673544647669696, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.462799996137619, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.1574075721553514, 1, 0.0, 0},
+    {512, 512, 512, 0.09375999867916107, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.028917186024930392, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.06739199906587601, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.05494456517284979, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02518399991095066, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.6839914246456837, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.06748799979686737, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.40618091454105987, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07003199681639671, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3725766400862471, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08742400258779526, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.1487722892887483, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.0579360127449036, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.537090471300037, 1, 0.0, 1},
 };
 static const Point tf32_4_unaligned[] = {
-    {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.0030858592562857633, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1167520023882389, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.017211036511427115, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.7174400091171265, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.015149788758666653, 1, 0.0, 0},
-    {127, 4099, 1023, 0.033904001116752625, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.008260027538628905, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07023999840021133, 8.317766166719343, 0.0, 8.317766166719343, -0.28045784809272734, 1, 0.0, 0},
-    {1, 4096, 4096, 0.100832000374794, 0.0, 8.317766166719343, 8.317766166719343, 0.08127357077371915, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10904000326991081, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.11079248021147277, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4770399928092957, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.020372915321037795, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.022327074460812196, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.20132800191640854, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.0022941504107414695, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1167520023882389, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.018096868767858616, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.7174400091171265, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.015276241557536744, 1, 0.0, 0},
+    {127, 4099, 1023, 0.033904001116752625, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.009730919226504433, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07023999840021133, 8.317766166719343, 0.0, 8.317766166719343, -0.2732428297093583, 1, 0.0, 0},
+    {1, 4096, 4096, 0.100832000374794, 0.0, 8.317766166719343, 8.317766166719343, 0.088501732945517, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10904000326991081, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.11479542434387913, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4770399928092957, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.020571339611931687, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03455999866127968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.023849927075348755, 1, 0.0, 0},
 };
 static const Point tf32_5_aligned[] = {
-    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.24781252278511398, 1, 0.0, 0},
-    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.01970771206166917, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.11829508830195652, 1, 0.0, 0},
-    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.22084974161283052, 1, 0.0, 0},
-    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.45528297367782294, 1, 0.0, 0},
-    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.36226738903540207, 1, 0.0, 0},
-    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.2878261743887082, 1, 0.0, 0},
-    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.12287129648325577, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.11759664832378966, 1, 0.0, 0},
-    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.19014994960621212, 1, 0.0, 0},
-    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.20115730666652473, 1, 0.0, 0},
-    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.20087816554752452, 1, 0.0, 0},
-    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.4552889582992918, 1, 0.0, 0},
-    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.2266426556307266, 1, 0.0, 0},
-    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.02176408129435739, 1, 0.0, 0},
-    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.003205776284569356, 1, 0.0, 0},
-    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.07841436743420126, 1, 0.0, 0},
-    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.028718237661980846, 1, 0.0, 0},
-    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.024228216272829884, 1, 0.0, 0},
-    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.014864712345452792, 1, 0.0, 0},
-    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.035275487987098376, 1, 0.0, 0},
-    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.42187320783561894, 1, 0.0, 0},
-    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.45391874473929533, 1, 0.0, 0},
-    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.43095155750980835, 1, 0.0, 0},
-    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.16501826506592976, 1, 0.0, 0},
-    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.41693186321926345, 1, 0.0, 0},
-    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.06305758056712422, 1, 0.0, 0},
-    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.049663728481796295, 1, 0.0, 0},
-    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.034467808048377166, 1, 0.0, 0},
-    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.0048060780070489145, 1, 0.0, 0},
-    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.020334383082709427, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.1076783323104003, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.05335768820650032, 1, 0.0, 0},
-    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.1797826065837151, 1, 0.0, 0},
-    {2048, 5632, 2048, 6.7488319873809814, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.28250370829851507, 1, 0.0, 0},
-    {4096, 11008, 4096, 33.20473670959473, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.5174109906411064, 1, 0.0, 0},
-    {1024, 14336, 4096, 11.227696418762207, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.5516987533386154, 1, 0.0, 0},
-    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.4170463297735657, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.40834440434965213, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.18165034888560547, 256, 5.545177444479562, 0},
-    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.4056726729377659, 128, 4.852030263919617, 0},
-    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1953479802452476, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.41498375959031075, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.6547098741633947, 1, 0.0, 1},
+    {256, 256, 256, 0.04873599857091904, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2009949209388161, 1, 0.0, 0},
+    {512, 512, 512, 0.14641600102186203, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.05398409298575808, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.5556480288505554, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.18879081646880208, 1, 0.0, 0},
+    {2048, 2048, 2048, 2.3333441019058228, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.25648325206668215, 1, 0.0, 0},
+    {4096, 4096, 4096, 11.643375873565674, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.41717918470748755, 1, 0.0, 0},
+    {8192, 8192, 8192, 48.6081428527832, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.3289393315385828, 1, 0.0, 0},
+    {3000, 3000, 3000, 5.3296799659729, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.2892556381091706, 1, 0.0, 0},
+    {1, 4096, 4096, 0.11926399916410446, 0.0, 8.317766166719343, 8.317766166719343, -0.0692715325752212, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2722559869289398, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.15351843100969295, 1, 0.0, 0},
+    {64, 4096, 8192, 0.2016799971461296, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.16555635865700752, 1, 0.0, 0},
+    {128, 8192, 8192, 0.6878719925880432, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.17019938862919975, 1, 0.0, 0},
+    {8192, 128, 8192, 0.6876800060272217, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.16992024751019955, 1, 0.0, 0},
+    {4096, 32, 4096, 0.6084800064563751, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 1.4652269726319243, 1, 0.0, 0},
+    {80, 8192, 4096, 0.5915680229663849, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.2256907050843891, 1, 0.0, 0},
+    {1, 11008, 4096, 0.3097760081291199, 0.0, 9.306377560173125, 8.317766166719343, 0.08514761906186047, 1, 0.0, 0},
+    {8, 11008, 4096, 0.3084159940481186, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05390120532981304, 1, 0.0, 0},
+    {16, 4096, 4096, 0.14958400279283524, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.11008767843413646, 1, 0.0, 0},
+    {4, 14336, 4096, 0.39932799339294434, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08849950999807409, 1, 0.0, 0},
+    {4096, 16, 4096, 0.13499200344085693, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.007445094727105325, 1, 0.0, 0},
+    {6, 8192, 4096, 0.23395200073719025, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.03777094771647677, 1, 0.0, 0},
+    {12, 4096, 8192, 0.16036800295114517, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.11786803755737463, 1, 0.0, 0},
+    {5, 4096, 4096, 0.11848000064492226, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.08866175996294258, 1, 0.0, 0},
+    {3, 4096, 11008, 0.14083200693130493, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.0208860864456323, 1, 0.0, 0},
+    {4096, 4096, 512, 11.260799884796143, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.5176474547871881, 1, 0.0, 0},
+    {5120, 7168, 1024, 25.374208450317383, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.5296410449045473, 1, 0.0, 0},
+    {8192, 8192, 256, 45.30191993713379, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.5374058436001566, 1, 0.0, 0},
+    {2048, 2048, 128, 2.2066400051116943, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.2746313461201545, 1, 0.0, 0},
+    {16384, 4096, 64, 44.67123222351074, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.5311993175770913, 1, 0.0, 0},
+    {256, 256, 32768, 0.08771199733018875, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.0655030904753015, 1, 0.0, 0},
+    {512, 512, 16384, 0.19183999300003052, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.06752092825381283, 1, 0.0, 0},
+    {128, 1024, 65536, 0.23259200155735016, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.04277191896311189, 1, 0.0, 0},
+    {64, 64, 131072, 0.043568000197410583, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.005430832222101561, 1, 0.0, 0},
+    {384, 384, 24576, 0.14316799491643906, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.037580113289313294, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.7742400169372559, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.08167398254963852, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.1862559914588928, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06574436807751374, 1, 0.0, 0},
+    {1536, 2560, 768, 2.10207998752594, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.26401782639927546, 1, 0.0, 0},
+    {2048, 5632, 2048, 6.7488319873809814, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.31861911290376804, 1, 0.0, 0},
+    {4096, 11008, 4096, 33.20473670959473, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.4792200324862545, 1, 0.0, 0},
+    {1024, 14336, 4096, 11.227696418762207, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.513639136071426, 1, 0.0, 0},
+    {512, 512, 512, 11.206576347351074, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.5128205767251349, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 22.169407844543457, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.5198622044546106, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 2.2436479330062866, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.29126342993983034, 256, 5.545177444479562, 0},
+    {512, 512, 64, 22.11025619506836, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.5197983674763419, 128, 4.852030263919617, 0},
+    {512, 64, 512, 2.2745920419692993, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2897208244841544, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 22.31708812713623, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.5213060859109064, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 14.20956802368164, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.6169261172501959, 1, 0.0, 1},
 };
 static const Point tf32_5_unaligned[] = {
-    {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.03210357525929352, 1, 0.0, 0},
-    {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03315947794911164, 1, 0.0, 0},
-    {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.011755756112240064, 1, 0.0, 0},
-    {127, 4099, 1023, 0.4021120071411133, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.036038068744931616, 1, 0.0, 0},
-    {4096, 1, 4096, 0.13230399787425995, 8.317766166719343, 0.0, 8.317766166719343, 0.18555446273554804, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10657599940896034, 0.0, 8.317766166719343, 8.317766166719343, -0.0306894860520614, 1, 0.0, 0},
-    {16, 11008, 4096, 0.3208959996700287, 2.772588722239781, 9.306377560173125, 8.317766166719343, -3.838873312962022e-05, 1, 0.0, 0},
-    {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.03849154522643038, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.056054949194682714, 1, 0.0, 0},
+    {2047, 2047, 2047, 3.163583993911743, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.031614513478463085, 1, 0.0, 0},
+    {1531, 1531, 1531, 1.8273119926452637, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.03363888762506169, 1, 0.0, 0},
+    {5003, 5003, 5003, 24.277071952819824, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.011797895001910318, 1, 0.0, 0},
+    {127, 4099, 1023, 0.4021120071411133, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.03672312685078664, 1, 0.0, 0},
+    {4096, 1, 4096, 0.13230399787425995, 8.317766166719343, 0.0, 8.317766166719343, 0.1822409698583429, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10657599940896034, 0.0, 8.317766166719343, 8.317766166719343, -0.034002978929266674, 1, 0.0, 0},
+    {16, 11008, 4096, 0.3208959996700287, 2.772588722239781, 9.306377560173125, 8.317766166719343, -3.925662638456764e-05, 1, 0.0, 0},
+    {4096, 4096, 4096, 15.93230390548706, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.03860019881694532, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.8277119994163513, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.056170002421275476, 1, 0.0, 0},
 };
 static const Point tf32_6_aligned[] = {
-    {1, 4096, 4096, 0.03497600182890892, 0.0, 8.317766166719343, 8.317766166719343, -0.01589206286841039, 1, 0.0, 0},
-    {16, 8192, 4096, 0.2961919903755188, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.6240564476536897, 1, 0.0, 0},
-    {1, 11008, 4096, 0.07241600006818771, 0.0, 9.306377560173125, 8.317766166719343, 0.05023532715291903, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1754560023546219, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2940192886860492, 1, 0.0, 0},
-    {16, 4096, 4096, 0.1607999950647354, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.5317551411914683, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1064319983124733, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.07412212772720449, 1, 0.0, 0},
-    {4096, 16, 4096, 0.16051199287176132, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5299624768595101, 1, 0.0, 0},
-    {6, 8192, 4096, 0.13047999888658524, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.37229785219215716, 1, 0.0, 0},
-    {12, 4096, 8192, 0.3004159927368164, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.7035402736459, 1, 0.0, 0},
+    {1, 4096, 4096, 0.03587200120091438, 0.0, 8.317766166719343, 8.317766166719343, -0.05832176376643143, 1, 0.0, 0},
+    {16, 8192, 4096, 0.2656640112400055, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4572412215956191, 1, 0.0, 0},
+    {1, 11008, 4096, 0.07215999811887741, 0.0, 9.306377560173125, 8.317766166719343, 0.06133583087126429, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1496639996767044, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.0636410141470688, 1, 0.0, 0},
+    {16, 4096, 4096, 0.1443520039319992, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.4228765626155338, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10499200224876404, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.1355968156897901, 1, 0.0, 0},
+    {4096, 16, 4096, 0.13568000495433807, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.3609209827090488, 1, 0.0, 0},
+    {6, 8192, 4096, 0.11883200332522392, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.24751936124783983, 1, 0.0, 0},
+    {12, 4096, 8192, 0.275407999753952, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.690897628011618, 1, 0.0, 0},
+    {5, 4096, 4096, 0.060208000242710114, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.12552286778632774, 1, 0.0, 0},
+    {3, 4096, 11008, 0.0960800014436245, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.08621845086391573, 1, 0.0, 0},
 };
 static const Point tf32_6_unaligned[] = {
-    {4096, 1, 4096, 0.03518399968743324, 8.317766166719343, 0.0, 8.317766166719343, -0.06776852096628565, 1, 0.0, 0},
-    {1, 4096, 4096, 0.040991999208927155, 0.0, 8.317766166719343, 8.317766166719343, 0.08501696052118303, 1, 0.0, 0},
-    {16, 11008, 4096, 0.7036959826946259, 2.772588722239781, 9.306377560173125, 8.317766166719343, 1.256854992789432, 1, 0.0, 0},
+    {4096, 1, 4096, 0.03580800071358681, 8.317766166719343, 0.0, 8.317766166719343, -0.056273520151511575, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04047999903559685, 0.0, 8.317766166719343, 8.317766166719343, 0.06636312894585597, 1, 0.0, 0},
+    {16, 11008, 4096, 0.4609920084476471, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.6271336584810728, 1, 0.0, 0},
 };
 static const Point tf32_7_aligned[] = {
-    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.01736174207386904, 1, 0.0, 0},
-    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.10990791225072656, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11855434807182626, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.09143644685828117, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.013165947935725782, 1, 0.0, 0},
-    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.05934083126986609, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.0934094328635945, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.14759901594560298, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.0780656231097635, 1, 0.0, 0},
-    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.17801724810481961, 1, 0.0, 0},
-    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.030670875191840172, 1, 0.0, 0},
-    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.010132963248026804, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.08321226301442261, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.02761805972118279, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.25202381006296654, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.21099155964225197, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.14154945738928662, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4189275894367066, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.06093154240181921, 1, 0.0, 0},
-    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.0805803034735202, 1, 0.0, 0},
-    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.19463665881744896, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.04767383712446323, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.012542531273289996, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.041343574251383554, 1, 0.0, 0},
-    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03600421663850626, 1, 0.0, 0},
-    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 2.92608248256822e-05, 1, 0.0, 0},
-    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.22765515928222382, 1, 0.0, 0},
-    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.2233323038836213, 1, 0.0, 0},
-    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.24862821040937227, 1, 0.0, 0},
-    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24980037911636857, 1, 0.0, 0},
-    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2528643308583048, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12612261884370818, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.24126097387078158, 1, 0.0, 0},
-    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08503079490721273, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.15673600137233734, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.010220666460810298, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.112816035747528, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.012578182718460928, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3651840090751648, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.009169305063683419, 1, 0.0, 0},
-    {512, 512, 512, 0.09542399644851685, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.1574406499943084, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08443200215697289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.02287793476084544, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.028416000306606293, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5399093885186589, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07894399762153625, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.12506937380193722, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.0756480023264885, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.31021696026512924, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.0982080027461052, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.013085432891073, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.33818982989352586, 1, 0.0, 1},
+    {256, 256, 256, 0.012319999746978283, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.02212435216462805, 1, 0.0, 0},
+    {512, 512, 512, 0.014688000082969666, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1042721570304831, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.022175999358296394, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11207099474576329, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.07379200309515, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.0848197801050464, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.4358079880475998, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.006056648614583065, 1, 0.0, 0},
+    {8192, 8192, 8192, 2.805824041366577, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.051785302487052445, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.18425600230693817, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.10032160732621355, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06592000275850296, 0.0, 8.317766166719343, 8.317766166719343, -0.14002337031933015, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08260800316929817, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.08564126873603647, 1, 0.0, 0},
+    {64, 4096, 8192, 0.12134400010108948, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.17019063942082646, 1, 0.0, 0},
+    {128, 8192, 8192, 0.14060799777507782, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.02284426650784697, 1, 0.0, 0},
+    {8192, 128, 8192, 0.146464005112648, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.01795957193201995, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07030399888753891, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07563661738814972, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0785440020263195, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.03519370534745584, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09830400347709656, 0.0, 9.306377560173125, 8.317766166719343, 0.25959945568923926, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09435200318694115, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2185672052685248, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06631999835371971, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.13397381176301376, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11615999788045883, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.42650323506297955, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07188800349831581, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05335589677554645, 1, 0.0, 0},
+    {6, 8192, 4096, 0.0828159973025322, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.088155949099793, 1, 0.0, 0},
+    {12, 4096, 8192, 0.11934399977326393, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.18681005013345583, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06407999992370605, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.1683329961972685, 1, 0.0, 0},
+    {3, 4096, 11008, 0.15520000457763672, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.20560478829693457, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07772800326347351, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.04495594805977994, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2592799961566925, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.007935559940240328, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1947840005159378, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0407120870648736, 1, 0.0, 0},
+    {2048, 2048, 128, 0.01716800034046173, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.03685854879646461, 1, 0.0, 0},
+    {16384, 4096, 64, 0.12491199746727943, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.005542055891277624, 1, 0.0, 0},
+    {256, 256, 32768, 0.4431840032339096, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.21962176244875997, 1, 0.0, 0},
+    {512, 512, 16384, 0.22568000108003616, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.21536975202681355, 1, 0.0, 0},
+    {128, 1024, 65536, 0.861871987581253, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.24055863706039524, 1, 0.0, 0},
+    {64, 64, 131072, 1.7156320214271545, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24171252430469595, 1, 0.0, 0},
+    {384, 384, 24576, 0.3256320059299469, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.24485476982129992, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.24871999770402908, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11816006698690043, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6527200043201447, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23320351626852145, 1, 0.0, 0},
+    {1536, 2560, 768, 0.03489600121974945, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.08009205836117186, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.15673600137233734, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.003884265084600968, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.112816035747528, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.019629134166683163, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3651840090751648, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.00204067421395073, 1, 0.0, 0},
+    {512, 512, 512, 0.09542399644851685, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.16015853905899166, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08443200215697289, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.019893094042531742, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.028416000306606293, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5407637206766172, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07894399762153625, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.12005057425106205, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.0756480023264885, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3132793498062761, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.0982080027461052, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.013389556878734497, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6192800104618073, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.34529912921466865, 1, 0.0, 1},
 };
 static const Point tf32_7_unaligned[] = {
-    {2047, 2047, 2047, 0.201664000749588, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.010177603980312911, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11779200285673141, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2646065933340425, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6783519983291626, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.016393696153755098, 1, 0.0, 0},
-    {127, 4099, 1023, 0.0342399999499321, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.11311908652816945, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07558400183916092, 8.317766166719343, 0.0, 8.317766166719343, 0.08877830218725712, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10118400305509567, 0.0, 8.317766166719343, 8.317766166719343, 0.3813028356305732, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10931199789047241, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.040990973297290276, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4395039677619934, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.026233073463214615, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03564799949526787, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14584979118688454, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.201664000749588, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.010178339838748218, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11779200285673141, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2645843392515722, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.6783519983291626, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.016402370727698973, 1, 0.0, 0},
+    {127, 4099, 1023, 0.0342399999499321, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.11313396230248048, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07558400183916092, 8.317766166719343, 0.0, 8.317766166719343, 0.08892478154679671, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10118400305509567, 0.0, 8.317766166719343, 8.317766166719343, 0.38144949973840403, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10931199789047241, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.040932021602633976, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4395039677619934, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.026242091953691232, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03564799949526787, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14585852184719775, 1, 0.0, 0},
 };
 static const Point tf32_8_aligned[] = {
-    {256, 256, 256, 0.009056000038981438, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.22522208391512008, 1, 0.0, 0},
-    {512, 512, 512, 0.011327999643981457, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.06777827612819219, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03049599938094616, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.32706081876956294, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.13836799561977386, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.40086127275632144, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.8582720160484314, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.3300247627837699, 1, 0.0, 0},
-    {8192, 8192, 8192, 7.811520099639893, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.00028191279185780664, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.42712000012397766, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.26380362994173673, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06164800003170967, 0.0, 8.317766166719343, 8.317766166719343, 0.3858975576191744, 1, 0.0, 0},
-    {16, 8192, 4096, 0.12097599729895592, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.41757897982882425, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08038400113582611, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.18460046422694038, 1, 0.0, 0},
-    {128, 8192, 8192, 0.1372160017490387, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.05767189885537824, 1, 0.0, 0},
-    {8192, 128, 8192, 0.13967999815940857, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.07546963845463281, 1, 0.0, 0},
-    {4096, 32, 4096, 0.03903999924659729, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.527945510108149, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08761599659919739, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.09495041419114196, 1, 0.0, 0},
-    {1, 11008, 4096, 0.1764480024576187, 0.0, 9.306377560173125, 8.317766166719343, 0.40702759228183644, 1, 0.0, 0},
-    {8, 11008, 4096, 0.1677439957857132, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3564403455298332, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06265600025653839, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.4021162202234459, 1, 0.0, 0},
-    {4, 14336, 4096, 0.23430399596691132, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5415209061618391, 1, 0.0, 0},
-    {4096, 16, 4096, 0.0387520007789135, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5205411553321204, 1, 0.0, 0},
-    {6, 8192, 4096, 0.13465599715709686, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.5247101804628131, 1, 0.0, 0},
-    {12, 4096, 8192, 0.09937599673867226, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.39669590169014374, 1, 0.0, 0},
-    {4096, 4096, 512, 0.3201279938220978, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.4596074756507572, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.8181440234184265, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.4641004362261014, 1, 0.0, 0},
-    {8192, 8192, 256, 1.1942239999771118, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.40880408954195296, 1, 0.0, 0},
-    {2048, 2048, 128, 0.07699199765920639, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.38488835303484387, 1, 0.0, 0},
-    {16384, 4096, 64, 1.0623199939727783, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.4703845901022102, 1, 0.0, 0},
-    {256, 256, 32768, 0.08617600053548813, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.24643398969680613, 1, 0.0, 0},
-    {512, 512, 16384, 0.05644800141453743, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.06785950124652369, 1, 0.0, 0},
-    {128, 1024, 65536, 0.174112007021904, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.18717957250685854, 1, 0.0, 0},
-    {64, 64, 131072, 0.28990399837493896, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.34499401075114505, 1, 0.0, 0},
-    {384, 384, 24576, 0.07145600020885468, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1775015486999508, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4467040002346039, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.23817539542006141, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5042719841003418, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.21941536688813548, 1, 0.0, 0},
-    {1536, 2560, 768, 0.09355199709534645, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.37068225018988177, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.3920480012893677, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.3353366109928644, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.9314240217208862, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.07439839554733284, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.9676640033721924, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.07476389960570014, 1, 0.0, 0},
-    {512, 512, 512, 0.3737120032310486, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3048429162266851, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.6094399988651276, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.3393289554627214, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.09139200299978256, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.21343186288366622, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.5745439827442169, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.398292803670977, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11521599814295769, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.13469291462019248, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.5963839888572693, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.41631556635628925, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.1894239783287048, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.003721429958177296, 1, 0.0, 1},
+    {256, 256, 256, 0.009056000038981438, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.23118456042590846, 1, 0.0, 0},
+    {512, 512, 512, 0.011327999643981457, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07417050584276307, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03049599938094616, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.3460273801979998, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.13836799561977386, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.4214259210492467, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.8582720160484314, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.3485334984737226, 1, 0.0, 0},
+    {8192, 8192, 8192, 7.811520099639893, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.015976103873845758, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.42712000012397766, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.28329072687655377, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06164800003170967, 0.0, 8.317766166719343, 8.317766166719343, 0.3723285626178062, 1, 0.0, 0},
+    {16, 8192, 4096, 0.12097599729895592, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.4015802682707867, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08038400113582611, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.17138135406336075, 1, 0.0, 0},
+    {128, 8192, 8192, 0.1372160017490387, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.04296807420939989, 1, 0.0, 0},
+    {8192, 128, 8192, 0.13967999815940857, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.060765813808654645, 1, 0.0, 0},
+    {4096, 32, 4096, 0.03903999924659729, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.5185943530166478, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08761599659919739, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.0789517026331046, 1, 0.0, 0},
+    {1, 11008, 4096, 0.1764480024576187, 0.0, 9.306377560173125, 8.317766166719343, 0.3901632771518755, 1, 0.0, 0},
+    {8, 11008, 4096, 0.1677439957857132, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3395760303998723, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06265600025653839, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.3885472252220777, 1, 0.0, 0},
+    {4, 14336, 4096, 0.23430399596691132, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5244037817548456, 1, 0.0, 0},
+    {4096, 16, 4096, 0.0387520007789135, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.5111899982406192, 1, 0.0, 0},
+    {6, 8192, 4096, 0.13465599715709686, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.5087114689047758, 1, 0.0, 0},
+    {12, 4096, 8192, 0.09937599673867226, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.38347679152656416, 1, 0.0, 0},
+    {5, 4096, 4096, 0.0658240020275116, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.43787231849219554, 1, 0.0, 0},
+    {3, 4096, 11008, 0.1308640018105507, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.43061167148249, 1, 0.0, 0},
+    {4096, 4096, 512, 0.3201279938220978, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.48602757422953097, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.8181440234184265, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.48850652163621405, 1, 0.0, 0},
+    {8192, 8192, 256, 1.1942239999771118, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.4371013552056094, 1, 0.0, 0},
+    {2048, 2048, 128, 0.07699199765920639, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.41196035277302323, 1, 0.0, 0},
+    {16384, 4096, 64, 1.0623199939727783, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.49956794191736587, 1, 0.0, 0},
+    {256, 256, 32768, 0.08617600053548813, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.2583804967985902, 1, 0.0, 0},
+    {512, 512, 16384, 0.05644800141453743, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.07924130097773119, 1, 0.0, 0},
+    {128, 1024, 65536, 0.174112007021904, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.19945091257210354, 1, 0.0, 0},
+    {64, 64, 131072, 0.28990399837493896, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.35744029907382385, 1, 0.0, 0},
+    {384, 384, 24576, 0.07145600020885468, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.18924820441354853, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4467040002346039, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2524932389334312, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5042719841003418, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.23247382927932417, 1, 0.0, 0},
+    {1536, 2560, 768, 0.09355199709534645, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.39454549554214846, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.3920480012893677, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.35658236830727735, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.9314240217208862, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.09301862423497967, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.9676640033721924, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.09324666185934506, 1, 0.0, 0},
+    {512, 512, 512, 0.3737120032310486, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3312630148054589, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.6094399988651276, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.3683638843179906, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.09139200299978256, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.24050386262184562, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.5745439827442169, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.42732773252624634, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11521599814295769, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.15972983138295468, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.5963839888572693, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.44447429666306126, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.1894239783287048, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.022230165648129914, 1, 0.0, 1},
 };
 static const Point tf32_8_unaligned[] = {
     {2047, 2047, 2047, 0.2624000012874603, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.028760920212931713, 1, 0.0, 0},
@@ -18492,770 +17653,726 @@ static const Point tf32_8_unaligned[] = {
     {1024, 1024, 1024, 0.05990400165319443, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.008790086550626951, 1, 0.0, 0},
 };
 static const Point tf32_9_aligned[] = {
-    {256, 256, 256, 0.01398400031030178, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.14901844486559684, 1, 0.0, 0},
-    {512, 512, 512, 0.013535999692976475, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.2962903345099337, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.01889600045979023, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1588779451759024, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.08352000266313553, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.1424589752216033, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.5606080293655396, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.09081092346538751, 1, 0.0, 0},
-    {8192, 8192, 8192, 4.41158390045166, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.006606055615080707, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.2727999985218048, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.001961436758832536, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04623999819159508, 0.0, 8.317766166719343, 8.317766166719343, 0.00902913201631258, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06697600334882736, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.37951834302529075, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07335999980568886, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.053484836281887674, 1, 0.0, 0},
-    {128, 8192, 8192, 0.11097600311040878, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3604503281644195, 1, 0.0, 0},
-    {8192, 128, 8192, 0.11158400028944016, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.36591401150579933, 1, 0.0, 0},
-    {4096, 32, 4096, 0.04540799930691719, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.009127767524525323, 1, 0.0, 0},
-    {80, 8192, 4096, 0.06576000154018402, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.3611957209305083, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.20605963870461785, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10025600343942642, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.18053440964957815, 1, 0.0, 0},
-    {16, 4096, 4096, 0.08377600088715553, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.6033305276383434, 1, 0.0, 0},
-    {4, 14336, 4096, 0.14153599739074707, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.525361543824014, 1, 0.0, 0},
-    {4096, 16, 4096, 0.045951999723911285, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0027813141788551182, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06811199709773064, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.3963373132368396, 1, 0.0, 0},
-    {12, 4096, 8192, 0.0785600021481514, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.014999029808933228, 1, 0.0, 0},
-    {4096, 4096, 512, 0.16099199652671814, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.06599505726248099, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.4941439926624298, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.007083046264632364, 1, 0.0, 0},
-    {8192, 8192, 256, 0.5331199765205383, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.006814088590302848, 1, 0.0, 0},
-    {2048, 2048, 128, 0.03705599904060364, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.0017514669519059073, 1, 0.0, 0},
-    {16384, 4096, 64, 0.4902399927377701, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.1166086195600588, 1, 0.0, 0},
-    {256, 256, 32768, 0.1685439944267273, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.45925406239907546, 1, 0.0, 0},
-    {512, 512, 16384, 0.0920960009098053, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.42253732707827196, 1, 0.0, 0},
-    {128, 1024, 65536, 0.3253920078277588, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.46748170193443184, 1, 0.0, 0},
-    {64, 64, 131072, 0.5949279963970184, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5433960975465777, 1, 0.0, 0},
-    {384, 384, 24576, 0.12988799810409546, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.4497542433651391, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.32255999743938446, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.22923302529799958, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.2975519895553589, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.27835162975414873, 1, 0.0, 0},
-    {1536, 2560, 768, 0.05132799968123436, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.10217579104834532, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.2451840043067932, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.02315805338686417, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.0264639854431152, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.2371855251493979, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.7244479954242706, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.2972595885107201, 1, 0.0, 0},
-    {512, 512, 512, 0.1868640035390854, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.08303138847843639, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.27059200406074524, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.11457420300873791, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.047168001532554626, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.23953400604628686, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.2760159969329834, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2020667232335101, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11207999661564827, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.2198047855768982, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.27588799595832825, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.011016431042956052, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.7992480099201202, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.26383841310229833, 1, 0.0, 1},
+    {256, 256, 256, 0.01398400031030178, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.14594692657766148, 1, 0.0, 0},
+    {512, 512, 512, 0.013535999692976475, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.2941329331517429, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.01889600045979023, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1580587475997638, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.08352000266313553, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.14341811191862017, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.5606080293655396, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.09360204531102134, 1, 0.0, 0},
+    {8192, 8192, 8192, 4.41158390045166, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.002647338371800915, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.2727999985218048, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.0040165496375766385, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04623999819159508, 0.0, 8.317766166719343, 8.317766166719343, 0.006665870792380075, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06697600334882736, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.37715508180135837, 1, 0.0, 0},
+    {64, 4096, 8192, 0.07335999980568886, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.0570598940171213, 1, 0.0, 0},
+    {128, 8192, 8192, 0.11097600311040878, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.3568752704291859, 1, 0.0, 0},
+    {8192, 128, 8192, 0.11158400028944016, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.36233895377056574, 1, 0.0, 0},
+    {4096, 32, 4096, 0.04540799930691719, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.011491028748457782, 1, 0.0, 0},
+    {80, 8192, 4096, 0.06576000154018402, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.3588324597065758, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10284800082445145, 0.0, 9.306377560173125, 8.317766166719343, 0.20348713433521398, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10025600343942642, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.17796190528017442, 1, 0.0, 0},
+    {16, 4096, 4096, 0.08377600088715553, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.6009672664144108, 1, 0.0, 0},
+    {4, 14336, 4096, 0.14153599739074707, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.5227890394546102, 1, 0.0, 0},
+    {4096, 16, 4096, 0.045951999723911285, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.00041805295492287426, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06811199709773064, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.39397405201290725, 1, 0.0, 0},
+    {12, 4096, 8192, 0.0785600021481514, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.011423972073699665, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04552000015974045, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.009027521135326174, 1, 0.0, 0},
+    {3, 4096, 11008, 0.10804799944162369, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.08256517069923383, 1, 0.0, 0},
+    {4096, 4096, 512, 0.16099199652671814, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.062228119594916, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.4941439926624298, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.008425553344514397, 1, 0.0, 0},
+    {8192, 8192, 256, 0.5331199765205383, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.012902726109136519, 1, 0.0, 0},
+    {2048, 2048, 128, 0.03705599904060364, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.0043007432604446364, 1, 0.0, 0},
+    {16384, 4096, 64, 0.4902399927377701, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.12515438434006465, 1, 0.0, 0},
+    {256, 256, 32768, 0.1685439944267273, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.4640764423991143, 1, 0.0, 0},
+    {512, 512, 16384, 0.0920960009098053, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.42690192679660993, 1, 0.0, 0},
+    {128, 1024, 65536, 0.3253920078277588, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.47255173784277826, 1, 0.0, 0},
+    {64, 64, 131072, 0.5949279963970184, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5485951078084678, 1, 0.0, 0},
+    {384, 384, 24576, 0.12988799810409546, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.4544187119351775, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.32255999743938446, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.23376217987741463, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.2975519895553589, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2833376232476913, 1, 0.0, 0},
+    {1536, 2560, 768, 0.05132799968123436, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.10008885460431423, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.2451840043067932, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.024161578985142176, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.0264639854431152, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.23437314870714368, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.7244479954242706, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.2944733233138238, 1, 0.0, 0},
+    {512, 512, 512, 0.1868640035390854, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.08679832614600118, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.27059200406074524, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.12206472337538771, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.047168001532554626, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.24558621625863744, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.2760159969329834, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2104608030686938, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11207999661564827, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.22339789881885813, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.27588799595832825, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.017015201783893152, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.7992480099201202, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.2610472912566645, 1, 0.0, 1},
 };
 static const Point tf32_9_unaligned[] = {
-    {2047, 2047, 2047, 0.22782400250434875, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.05662154789493702, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.12531200051307678, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.004132097170645925, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.9308159351348877, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.009484191085813215, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03207999840378761, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.011441939777769257, 1, 0.0, 0},
-    {4096, 1, 4096, 0.045744000002741814, 8.317766166719343, 0.0, 8.317766166719343, -0.11494946199622526, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06169600039720535, 0.0, 8.317766166719343, 8.317766166719343, 0.18420900779006633, 1, 0.0, 0},
-    {16, 11008, 4096, 0.12121599912643433, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.0806875201772122, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6540000438690186, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.01781976449010007, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04944000020623207, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.08403994508728979, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.22782400250434875, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.05695312671143904, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.12531200051307678, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.0032481192824335933, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.9308159351348877, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.009675917594582032, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03207999840378761, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.011582564443980847, 1, 0.0, 0},
+    {4096, 1, 4096, 0.045744000002741814, 8.317766166719343, 0.0, 8.317766166719343, -0.10816487248677595, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06169600039720535, 0.0, 8.317766166719343, 8.317766166719343, 0.19099359729951576, 1, 0.0, 0},
+    {16, 11008, 4096, 0.12121599912643433, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.08392834075660667, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6540000438690186, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.01741833112325482, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04944000020623207, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.08644832486750523, 1, 0.0, 0},
 };
 static const Point tf32_10_aligned[] = {
-    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.02682612705766591, 1, 0.0, 0},
-    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.037515706046153834, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.2009748636440274, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.3788963407976396, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.24230727894349294, 1, 0.0, 0},
-    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12227187052656671, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1867096684957222, 1, 0.0, 0},
-    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.06475998760341595, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.3992639726121807, 1, 0.0, 0},
-    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10871422894301484, 1, 0.0, 0},
-    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.1449806651288309, 1, 0.0, 0},
-    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.18269386177220776, 1, 0.0, 0},
-    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.017569079452563766, 1, 0.0, 0},
-    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.289333533926904, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.17118556433265372, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11940500019372437, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.04242532897672728, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.40354301880745663, 1, 0.0, 0},
-    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.0345383508984817, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.4742715098764606, 1, 0.0, 0},
-    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.044983740671173854, 1, 0.0, 0},
-    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.36735405531337434, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.28121741508381765, 1, 0.0, 0},
-    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.26441693227766344, 1, 0.0, 0},
-    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.18460722841234567, 1, 0.0, 0},
-    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.26023737604622593, 1, 0.0, 0},
-    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.4944380202900063, 1, 0.0, 0},
-    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.45354329475366234, 1, 0.0, 0},
-    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.49228874078779705, 1, 0.0, 0},
-    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5212823834564875, 1, 0.0, 0},
-    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.47400000911623286, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.3598573326645007, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.4003469653052366, 1, 0.0, 0},
-    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.3117190612330305, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.47254401445388794, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03186901443888564, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.197216033935547, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.13865639503802962, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.3764640092849731, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.12050986817014386, 1, 0.0, 0},
-    {512, 512, 512, 0.17030400037765503, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.12808624856929063, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.15556799620389938, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.22199012563177262, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03195200115442276, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5312461505457927, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.1361600011587143, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.5023069023816121, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07513599842786789, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.38868203515520644, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.1879199966788292, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.10633825575461263, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.10161449512512728, 1, 0.0, 1},
+    {256, 256, 256, 0.006479999981820583, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.02762966481730612, 1, 0.0, 0},
+    {512, 512, 512, 0.008991999551653862, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.039349858408833524, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.021263999864459038, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.20399500655602698, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.12292799726128578, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.38269497470669633, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.0940479636192322, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.24641847150268106, 1, 0.0, 0},
+    {8192, 8192, 8192, 12.19862413406372, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.1180194176910141, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.4551360011100769, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1907130481451391, 1, 0.0, 0},
+    {1, 4096, 4096, 0.049984000623226166, 0.0, 8.317766166719343, 8.317766166719343, 0.06087903549455888, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06984000280499458, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.39538302050332347, 1, 0.0, 0},
+    {64, 4096, 8192, 0.08048000186681747, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.1128382991557756, 1, 0.0, 0},
+    {128, 8192, 8192, 0.2035199999809265, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.14079311085340232, 1, 0.0, 0},
+    {8192, 128, 8192, 0.14665600657463074, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.1868814160476363, 1, 0.0, 0},
+    {4096, 32, 4096, 0.047680001705884933, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.013688127343706568, 1, 0.0, 0},
+    {80, 8192, 4096, 0.12060800194740295, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.2853379265688345, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10716799646615982, 0.0, 9.306377560173125, 8.317766166719343, 0.16718995697458416, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10175999999046326, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.11540939283565498, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04887999966740608, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.038544376867870274, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13519999384880066, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.3995474114493871, 1, 0.0, 0},
+    {4096, 16, 4096, 0.048496000468730927, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.03065739878962439, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07527999952435493, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.47039055776760336, 1, 0.0, 0},
+    {12, 4096, 8192, 0.08577599748969078, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.049107810883934504, 1, 0.0, 0},
+    {5, 4096, 4096, 0.04919999837875366, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.04506965935492538, 1, 0.0, 0},
+    {3, 4096, 11008, 0.12006399780511856, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.0030507621824666523, 1, 0.0, 0},
+    {4096, 4096, 512, 0.1340639963746071, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.3697365583312685, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.5827199816703796, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.28455564719415305, 1, 0.0, 0},
+    {8192, 8192, 256, 0.3157760053873062, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.26519949476153465, 1, 0.0, 0},
+    {2048, 2048, 128, 0.022592000663280487, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.18588175337651822, 1, 0.0, 0},
+    {16384, 4096, 64, 0.20774400234222412, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.26513945200926337, 1, 0.0, 0},
+    {256, 256, 32768, 0.21161599457263947, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.4987590146217034, 1, 0.0, 0},
+    {512, 512, 16384, 0.11148799955844879, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.45779716444661667, 1, 0.0, 0},
+    {128, 1024, 65536, 0.4217119961977005, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.49664387603806825, 1, 0.0, 0},
+    {64, 64, 131072, 0.8169600069522858, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5256547367335519, 1, 0.0, 0},
+    {384, 384, 24576, 0.16260799765586853, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.478298458757917, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.6027200222015381, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.3641649917248072, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6925439834594727, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.40470220966178455, 1, 0.0, 0},
+    {1536, 2560, 768, 0.05299200117588043, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.3146417662695949, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.47254401445388794, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.035703793409499404, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.197216033935547, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.1345402510026229, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.3764640092849731, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.11639981614484582, 1, 0.0, 0},
+    {512, 512, 512, 0.17030400037765503, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.13046875158718485, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.15556799620389938, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2236579720158013, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03195200115442276, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5325206755099653, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.1361600011587143, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.5070917098514951, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07513599842786789, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3863773195417393, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.1879199966788292, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.10712115224312056, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.5431199669837952, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.0975033025659389, 1, 0.0, 1},
 };
 static const Point tf32_10_unaligned[] = {
-    {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.023997348164455666, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11692799627780914, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.1438023414303884, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.665616035461426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.018598971322370737, 1, 0.0, 0},
-    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.16754104864590727, 1, 0.0, 0},
-    {4096, 1, 4096, 0.04982399940490723, 8.317766166719343, 0.0, 8.317766166719343, -0.13805033192371624, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10096000134944916, 0.0, 8.317766166719343, 8.317766166719343, 0.5681772965276732, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10942399874329567, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.08967705509283605, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.476639986038208, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.004608619870518803, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1427961361843683, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.1953279972076416, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.024376227489689928, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11692799627780914, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.14438942014228087, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.665616035461426, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.01913908167999529, 1, 0.0, 0},
+    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.1680923320903171, 1, 0.0, 0},
+    {4096, 1, 4096, 0.04982399940490723, 8.317766166719343, 0.0, 8.317766166719343, -0.13256352028041923, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10096000134944916, 0.0, 8.317766166719343, 8.317766166719343, 0.5736641081709702, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10942399874329567, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.09431927551771407, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.476639986038208, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0051306590569268696, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03440000116825104, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1425523006056132, 1, 0.0, 0},
 };
 static const Point tf32_11_aligned[] = {
-    {256, 256, 256, 0.011327999643981457, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.39965352711119867, 1, 0.0, 0},
-    {512, 512, 512, 0.01708799973130226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.4485564277902872, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04686399921774864, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.6407050493629447, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2053920030593872, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.6064251761488507, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.0950400233268738, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.49964771944584646, 1, 0.0, 0},
-    {8192, 8192, 8192, 8.238815784454346, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.19078899456811396, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5553440153598785, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.4789784599329535, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04396799951791763, 0.0, 8.317766166719343, 8.317766166719343, 0.23561077022675617, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07360000163316727, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.16459994071625683, 1, 0.0, 0},
-    {64, 4096, 8192, 0.06924799829721451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.37366128452537223, 1, 0.0, 0},
-    {128, 8192, 8192, 0.15803200006484985, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.05491466198808417, 1, 0.0, 0},
-    {8192, 128, 8192, 0.14639999717473984, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.13136962433522886, 1, 0.0, 0},
-    {4096, 32, 4096, 0.057472001761198044, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.038487392019421515, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09601600095629692, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.22023051714099556, 1, 0.0, 0},
-    {1, 11008, 4096, 0.14107199758291245, 0.0, 9.306377560173125, 8.317766166719343, 0.4799542619711606, 1, 0.0, 0},
-    {8, 11008, 4096, 0.0926239974796772, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.05318306764838499, 1, 0.0, 0},
-    {16, 4096, 4096, 0.044895999133586884, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.24441343824880227, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1146400012075901, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.11534487496780611, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05750399827957153, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.022731254724754884, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07295999675989151, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.1649268343531997, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06870400160551071, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.4291844610943548, 1, 0.0, 0},
-    {4096, 4096, 512, 0.5977280139923096, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.6870619081283187, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.3498080372810364, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.7184919578882724, 1, 0.0, 0},
-    {8192, 8192, 256, 2.2652159929275513, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.6922174494332124, 1, 0.0, 0},
-    {2048, 2048, 128, 0.13656000047922134, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.7734078131836623, 1, 0.0, 0},
-    {16384, 4096, 64, 2.073311924934387, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.7663047214771017, 1, 0.0, 0},
-    {256, 256, 32768, 0.04982399940490723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.011442924458348514, 1, 0.0, 0},
-    {512, 512, 16384, 0.06019200012087822, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.15019503935442347, 1, 0.0, 0},
-    {128, 1024, 65536, 0.12295999750494957, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.15042063441891243, 1, 0.0, 0},
-    {64, 64, 131072, 0.1120000034570694, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.0005192821047103504, 1, 0.0, 0},
-    {384, 384, 24576, 0.06486400216817856, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1850086885178697, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4753759950399399, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.223968391312288, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5702400207519531, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.07189161018993831, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1613759994506836, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.6246071998474483, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.562608003616333, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.57683249004951, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.0398560762405396, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.4598301497664813, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.1285760402679443, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.3338166142799326, 1, 0.0, 0},
-    {512, 512, 512, 0.6892800033092499, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5445501531853767, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 1.1151039600372314, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.7019347584487671, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.1518079936504364, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.6675553725102119, 256, 5.545177444479562, 0},
-    {512, 512, 64, 1.0740159749984741, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.7346605901917845, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.3579839915037155, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.5087254332316201, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 1.174784004688263, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.659362909587367, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.398144006729126, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.2549186921414018, 1, 0.0, 1},
+    {256, 256, 256, 0.011327999643981457, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.4758281774291266, 1, 0.0, 0},
+    {512, 512, 512, 0.01708799973130226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.4924708217313827, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04686399921774864, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.6456191606024203, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2053920030593872, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.6005518019999365, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.0950400233268738, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.49437522539740514, 1, 0.0, 0},
+    {8192, 8192, 8192, 8.238815784454346, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.18933128654250495, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5553440153598785, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.47296283404614614, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04396799951791763, 0.0, 8.317766166719343, 8.317766166719343, 0.19732407875028135, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07360000163316727, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.14537972778660507, 1, 0.0, 0},
+    {64, 4096, 8192, 0.06924799829721451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.34429082163616026, 1, 0.0, 0},
+    {128, 8192, 8192, 0.15803200006484985, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.06241037482001076, 1, 0.0, 0},
+    {8192, 128, 8192, 0.14639999717473984, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.13886533716715538, 1, 0.0, 0},
+    {4096, 32, 4096, 0.057472001761198044, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.05987319811124222, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09601600095629692, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.22745963921225265, 1, 0.0, 0},
+    {1, 11008, 4096, 0.14107199758291245, 0.0, 9.306377560173125, 8.317766166719343, 0.4668629206861733, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0926239974796772, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.04034537221222554, 1, 0.0, 0},
+    {16, 4096, 4096, 0.044895999133586884, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.20691844611768775, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1146400012075901, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.10513270557455068, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05750399827957153, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.04488202694427723, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07295999675989151, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.14527068365240325, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06870400160551071, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.39605552352037116, 1, 0.0, 0},
+    {5, 4096, 4096, 0.044096000492572784, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.19720732794954865, 1, 0.0, 0},
+    {3, 4096, 11008, 0.08348800241947174, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.4669382395702983, 1, 0.0, 0},
+    {4096, 4096, 512, 0.5977280139923096, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.6737840921341849, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.3498080372810364, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.7061565724854676, 1, 0.0, 0},
+    {8192, 8192, 256, 2.2652159929275513, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.67697333739376, 1, 0.0, 0},
+    {2048, 2048, 128, 0.13656000047922134, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.7634093664485021, 1, 0.0, 0},
+    {16384, 4096, 64, 2.073311924934387, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.7512717244159889, 1, 0.0, 0},
+    {256, 256, 32768, 0.04982399940490723, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.05258336107058598, 1, 0.0, 0},
+    {512, 512, 16384, 0.06019200012087822, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1735689284846692, 1, 0.0, 0},
+    {128, 1024, 65536, 0.12295999750494957, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.1292279451257753, 1, 0.0, 0},
+    {64, 64, 131072, 0.1120000034570694, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.04962547331375187, 1, 0.0, 0},
+    {384, 384, 24576, 0.06486400216817856, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.21412109842039653, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4753759950399399, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.22942618370525694, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5702400207519531, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.08152351826766349, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1613759994506836, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.6161985980456904, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.562608003616333, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.5683133196608111, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.0398560762405396, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.45400091247458013, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.1285760402679443, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.3286519635496447, 1, 0.0, 0},
+    {512, 512, 512, 0.6892800033092499, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.5312723371912427, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 1.1151039600372314, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.6871897409716733, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.1518079936504364, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.6575569257750518, 256, 5.545177444479562, 0},
+    {512, 512, 64, 1.0740159749984741, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.7199880593229129, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.3579839915037155, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.49698373129784706, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 1.174784004688263, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.6444749735500487, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.398144006729126, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.2496552946594163, 1, 0.0, 1},
 };
 static const Point tf32_11_unaligned[] = {
-    {2047, 2047, 2047, 0.3336000144481659, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.015945349243828143, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1847359985113144, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.04538370821638728, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.380623936653137, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.00827255212146412, 1, 0.0, 0},
-    {127, 4099, 1023, 0.047648001462221146, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.06612995290093657, 1, 0.0, 0},
-    {4096, 1, 4096, 0.0607680007815361, 8.317766166719343, 0.0, 8.317766166719343, -0.1343204096942201, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04887999966740608, 0.0, 8.317766166719343, 8.317766166719343, 0.003319197432510247, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11363200098276138, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.09856742796216726, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.8599199652671814, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03494707546774591, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.08144000172615051, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.01599053976535367, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3336000144481659, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.015552053463601726, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.1847359985113144, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.04584973408250594, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.380623936653137, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.00867446982145794, 1, 0.0, 0},
+    {127, 4099, 1023, 0.047648001462221146, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.06747260813512529, 1, 0.0, 0},
+    {4096, 1, 4096, 0.0607680007815361, 8.317766166719343, 0.0, 8.317766166719343, -0.12853037108774215, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04887999966740608, 0.0, 8.317766166719343, 8.317766166719343, 0.003390946053575127, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11363200098276138, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.10104798700190261, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.8599199652671814, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.03558964573938671, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.08144000172615051, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.01584666513356857, 1, 0.0, 0},
 };
 static const Point tf32_12_aligned[] = {
-    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.000266748253234743, 1, 0.0, 0},
-    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.022899664970593963, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11215456278450026, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16768772684114505, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.23027058475758153, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.2160717399314559, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.15036193300043488, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, -0.020555305257204077, 1, 0.0, 0},
-    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.094159266822295, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05663076088134693, 1, 0.0, 0},
-    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.09033893935223333, 1, 0.0, 0},
-    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.10135229008661648, 1, 0.0, 0},
-    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.834426952020882, 1, 0.0, 0},
-    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.08645787522975015, 1, 0.0, 0},
-    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, -0.06529966357235344, 1, 0.0, 0},
-    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.05781545415097129, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.009131851200782732, 1, 0.0, 0},
-    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.021683607921847172, 1, 0.0, 0},
-    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.022855760851188726, 1, 0.0, 0},
-    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.09108137075140252, 1, 0.0, 0},
-    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.0761332767443431, 1, 0.0, 0},
-    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2160940690863451, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.12762707049255304, 1, 0.0, 0},
-    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10455470251537205, 1, 0.0, 0},
-    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02484593720271418, 1, 0.0, 0},
-    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.054367305304515355, 1, 0.0, 0},
-    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.16050674662594136, 1, 0.0, 0},
-    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1294036446158084, 1, 0.0, 0},
-    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.135643650122648, 1, 0.0, 0},
-    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.09122927748290012, 1, 0.0, 0},
-    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.16135931201134798, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17903582075926253, 1, 0.0, 0},
-    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.18751610968585244, 1, 0.0, 0},
-    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.17551863642882348, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.6498399972915649, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.1548235783312129, 1, 0.0, 0},
-    {4096, 11008, 4096, 4.598895788192749, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.21159326527071648, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.5083199739456177, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.22902108205592894, 1, 0.0, 0},
-    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08812182576210431, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.03308971346575106, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.31990206255251025, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.2165810573713601, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1619922690454932, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.11117854937585038, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.2129001867103269, 1, 0.0, 1},
+    {256, 256, 256, 0.008671999908983707, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.0009444740455473594, 1, 0.0, 0},
+    {512, 512, 512, 0.012543999589979649, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.02294522459148452, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03471999987959862, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.11413552035150452, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.2351519986987114, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.16845521236381614, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.7212480306625366, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.23087156040894286, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.51529598236084, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.21700731793987793, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.7332639992237091, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.1511411244549474, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06963200122117996, 0.0, 8.317766166719343, 8.317766166719343, -0.011495273239349806, 1, 0.0, 0},
+    {16, 8192, 4096, 0.07809599861502647, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.09802599121333316, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1300640031695366, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.05041281188852986, 1, 0.0, 0},
+    {128, 8192, 8192, 0.24833600223064423, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.09112159868313983, 1, 0.0, 0},
+    {8192, 128, 8192, 0.24561599642038345, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.10213494941752299, 1, 0.0, 0},
+    {4096, 32, 4096, 0.1637279987335205, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.8417893594724524, 1, 0.0, 0},
+    {80, 8192, 4096, 0.12720000743865967, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.08475913002774495, 1, 0.0, 0},
+    {1, 11008, 4096, 0.12992000579833984, 0.0, 9.306377560173125, 8.317766166719343, -0.05684946380355857, 1, 0.0, 0},
+    {8, 11008, 4096, 0.13089600205421448, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.04989323292599015, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07043199986219406, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.000893610297489769, 1, 0.0, 0},
+    {4, 14336, 4096, 0.13571199774742126, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.015009184290887306, 1, 0.0, 0},
+    {4096, 16, 4096, 0.06947200000286102, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.014617519947895896, 1, 0.0, 0},
+    {6, 8192, 4096, 0.07785599678754807, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.09603918399899462, 1, 0.0, 0},
+    {12, 4096, 8192, 0.12755200266838074, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.06697584974947098, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06851200014352798, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.0279298184071575, 1, 0.0, 0},
+    {3, 4096, 11008, 0.16300800442695618, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.10803927404299284, 1, 0.0, 0},
+    {4096, 4096, 512, 0.24424000084400177, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.21680713219161668, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.0615839958190918, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.12863719201391777, 1, 0.0, 0},
+    {8192, 8192, 256, 0.5891519784927368, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.10541064031171471, 1, 0.0, 0},
+    {2048, 2048, 128, 0.029184000566601753, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02246002787553276, 1, 0.0, 0},
+    {16384, 4096, 64, 0.27881601452827454, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.0536337822959807, 1, 0.0, 0},
+    {256, 256, 32768, 0.45739199221134186, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.14823457979654195, 1, 0.0, 0},
+    {512, 512, 16384, 0.23790399730205536, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12286796694955388, 1, 0.0, 0},
+    {128, 1024, 65536, 0.9338719844818115, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.12513429544906735, 1, 0.0, 0},
+    {64, 64, 131072, 1.9484479427337646, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.07703742897785855, 1, 0.0, 0},
+    {384, 384, 24576, 0.3437120020389557, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1514771214862635, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.1203200221061707, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.17873621998749883, 1, 0.0, 0},
+    {1024, 1024, 49152, 1.3289920091629028, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1881327524626029, 1, 0.0, 0},
+    {1536, 2560, 768, 0.0936959981918335, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.17573219010662122, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.6498399972915649, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.15546491664571904, 1, 0.0, 0},
+    {4096, 11008, 4096, 4.598895788192749, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.21252600606628194, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.5083199739456177, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.2296257006021295, 1, 0.0, 0},
+    {512, 512, 512, 0.2775840014219284, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08883488886737596, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.20707200467586517, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.032232235157222976, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03920000046491623, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3175161532253289, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.16740799695253372, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21570451287476844, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.09217600151896477, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.16075432599632294, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.29651200771331787, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.11202051485189175, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.7514079809188843, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.2134726879860632, 1, 0.0, 1},
 };
 static const Point tf32_12_unaligned[] = {
-    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.022850903411189238, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.012674814432696272, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.015008728724288423, 1, 0.0, 0},
-    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.0012064780670068738, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.003998496678197923, 1, 0.0, 0},
-    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.030506585540902072, 1, 0.0, 0},
-    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.0808431132264235, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0436329333393781, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.021409654539900198, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.26102399826049805, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.022909025360786695, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.12689600139856339, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.01273359609493315, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.55403208732605, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.014951198437014203, 1, 0.0, 0},
+    {127, 4099, 1023, 0.026048000901937485, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.0012702068947304751, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07155200093984604, 8.317766166719343, 0.0, 8.317766166719343, -0.003938750293512945, 1, 0.0, 0},
+    {1, 4096, 4096, 0.0740639977157116, 0.0, 8.317766166719343, 8.317766166719343, 0.030566331925587085, 1, 0.0, 0},
+    {16, 11008, 4096, 0.1441279947757721, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.08090182041138154, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.881887972354889, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04357536544578361, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.04041599854826927, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.02134823530585125, 1, 0.0, 0},
 };
 static const Point tf32_13_aligned[] = {
-    {256, 256, 256, 0.014688000082969666, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.05483247012062492, 1, 0.0, 0},
-    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09637713421641243, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.025696000084280968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10048927723787776, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.08528000116348267, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07412303194429981, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.42872001230716705, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.00863977258136768, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.1861919164657593, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12668760020318598, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.19169600307941437, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.005058277826773048, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07657600194215775, 0.0, 8.317766166719343, 8.317766166719343, -0.1081492332200947, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08662399649620056, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.010182939696477726, 1, 0.0, 0},
-    {64, 4096, 8192, 0.1443520039319992, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.11342391567259388, 1, 0.0, 0},
-    {128, 8192, 8192, 0.15033599734306335, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08117239759491447, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1764639988541603, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.07491458528091509, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07319999858736992, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.15431571268893912, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08444800227880478, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.017645141387536412, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09838399663567543, 0.0, 9.306377560173125, 8.317766166719343, 0.13503103314438392, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09759999811649323, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.12668768351483825, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07556800171732903, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.12168951128716703, 1, 0.0, 0},
-    {4, 14336, 4096, 0.1149120032787323, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.28657781906420027, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07587200030684471, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11791482823585703, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08763199672102928, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.022125771932481355, 1, 0.0, 0},
-    {12, 4096, 8192, 0.14099200069904327, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.1359157380054045, 1, 0.0, 0},
-    {4096, 4096, 512, 0.07150400057435036, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07513218303800435, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.24452800303697586, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.020828642146517588, 1, 0.0, 0},
-    {8192, 8192, 256, 0.16208000481128693, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.030961667916674273, 1, 0.0, 0},
-    {2048, 2048, 128, 0.018991999328136444, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.020941972036809888, 1, 0.0, 0},
-    {16384, 4096, 64, 0.11444799974560738, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.048241188489227635, 1, 0.0, 0},
-    {256, 256, 32768, 0.5550079941749573, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.10455828459028955, 1, 0.0, 0},
-    {512, 512, 16384, 0.2770240008831024, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.12404079128711934, 1, 0.0, 0},
-    {128, 1024, 65536, 1.0829440355300903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.12255277759541426, 1, 0.0, 0},
-    {64, 64, 131072, 2.1735520362854004, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.11342592882421307, 1, 0.0, 0},
-    {384, 384, 24576, 0.4058240056037903, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.1359417135784145, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.27822399139404297, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14944446421459154, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8286080062389374, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11885234391166942, 1, 0.0, 0},
-    {1536, 2560, 768, 0.024320000782608986, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.005432781351894479, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.13623999804258347, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.015117836300383556, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.0489920377731323, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.029870192069615765, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3442879915237427, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.006458862490826203, 1, 0.0, 0},
-    {512, 512, 512, 0.09398400038480759, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.027979629004289838, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.0716640017926693, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.04609201039597388, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02638399973511696, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3474805279430719, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07964800298213959, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.07197857083051001, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07382400333881378, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.17715348684660936, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08310399949550629, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08593114638529317, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6192159950733185, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3763759360191446, 1, 0.0, 1},
+    {256, 256, 256, 0.014688000082969666, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.05546234221764417, 1, 0.0, 0},
+    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.09390376365410426, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.025696000084280968, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.09756252249024087, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.08528000116348267, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07168190052244224, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.42872001230716705, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.008337025019000209, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.1861919164657593, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.12494763564464378, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.19169600307941437, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.004609259244042964, 1, 0.0, 0},
+    {1, 4096, 4096, 0.07657600194215775, 0.0, 8.317766166719343, 8.317766166719343, -0.1010908767934775, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08662399649620056, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.016230231740556142, 1, 0.0, 0},
+    {64, 4096, 8192, 0.1443520039319992, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.10601243472846325, 1, 0.0, 0},
+    {128, 8192, 8192, 0.15033599734306335, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.07546608871191039, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1764639988541603, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.07977999009999426, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07319999858736992, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.1474776002576736, 1, 0.0, 0},
+    {80, 8192, 4096, 0.08444800227880478, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.012082222542360589, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09838399663567543, 0.0, 9.306377560173125, 8.317766166719343, 0.14058058140821847, 1, 0.0, 0},
+    {8, 11008, 4096, 0.09759999811649323, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.13216782226244556, 1, 0.0, 0},
+    {16, 4096, 4096, 0.07556800171732903, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.11469031747440445, 1, 0.0, 0},
+    {4, 14336, 4096, 0.1149120032787323, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2913710097974024, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07587200030684471, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.11096468884005858, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08763199672102928, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.02824897778174621, 1, 0.0, 0},
+    {12, 4096, 8192, 0.14099200069904327, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.12828702827849592, 1, 0.0, 0},
+    {5, 4096, 4096, 0.07636800035834312, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.1039038313373748, 1, 0.0, 0},
+    {3, 4096, 11008, 0.18873600661754608, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.11709514409365149, 1, 0.0, 0},
+    {4096, 4096, 512, 0.07150400057435036, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.07532295028447554, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.24452800303697586, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.021454511114669853, 1, 0.0, 0},
+    {8192, 8192, 256, 0.16208000481128693, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.031241486236917197, 1, 0.0, 0},
+    {2048, 2048, 128, 0.018991999328136444, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.020415429048212936, 1, 0.0, 0},
+    {16384, 4096, 64, 0.11444799974560738, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.04904941102244285, 1, 0.0, 0},
+    {256, 256, 32768, 0.5550079941749573, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.09561750267658575, 1, 0.0, 0},
+    {512, 512, 16384, 0.2770240008831024, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.11590358346609453, 1, 0.0, 0},
+    {128, 1024, 65536, 1.0829440355300903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.11367463367965605, 1, 0.0, 0},
+    {64, 64, 131072, 2.1735520362854004, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.10411827463215462, 1, 0.0, 0},
+    {384, 384, 24576, 0.4058240056037903, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.12728243673310669, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.27822399139404297, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.14731422902930422, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.8286080062389374, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.1128325879937508, 1, 0.0, 0},
+    {1536, 2560, 768, 0.024320000782608986, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.002888521336798584, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.13623999804258347, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.016579587007319607, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.0489920377731323, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.028761584105392205, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3442879915237427, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.005489035938529656, 1, 0.0, 0},
+    {512, 512, 512, 0.09398400038480759, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.02828315952661377, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.0716640017926693, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.045703074296145924, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02638399973511696, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.346524589572643, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07964800298213959, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.0729068041603113, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07382400333881378, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.17919995543395575, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08310399949550629, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.08618542699914566, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6192159950733185, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.37609002163815436, 1, 0.0, 1},
 };
 static const Point tf32_13_unaligned[] = {
-    {2047, 2047, 2047, 0.2032639980316162, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.02355536436950522, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11540799960494041, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.20200279463444734, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.7205439805984497, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.00272745246280277, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03359999880194664, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.1358104583454533, 1, 0.0, 0},
-    {4096, 1, 4096, 0.0796000026166439, 8.317766166719343, 0.0, 8.317766166719343, 0.1981757055069125, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10039999708533287, 0.0, 8.317766166719343, 8.317766166719343, 0.4317526868205253, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10847999900579453, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.06707655645562978, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.515775978565216, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.008202733287278264, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03516799956560135, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15039267104833626, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2032639980316162, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.02357957714616159, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11540799960494041, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.20210249233616742, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.7205439805984497, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.0028017370841287373, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03359999880194664, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.1357404790947389, 1, 0.0, 0},
+    {4096, 1, 4096, 0.0796000026166439, 8.317766166719343, 0.0, 8.317766166719343, 0.1973555274729845, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10039999708533287, 0.0, 8.317766166719343, 8.317766166719343, 0.43093085093054345, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10847999900579453, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.06738974213947654, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.515775978565216, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.008266051625739965, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03516799956560135, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15034693287306736, 1, 0.0, 0},
 };
 static const Point tf32_14_aligned[] = {
-    {256, 256, 256, 0.009535999968647957, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.24965115626732923, 1, 0.0, 0},
-    {512, 512, 512, 0.011839999817311764, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.13479494047218096, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.026016000658273697, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.4183253739406856, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.1327200010418892, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.4308391029198554, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.8947039842605591, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.3093293134931127, 1, 0.0, 0},
-    {8192, 8192, 8192, 11.926623821258545, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.357035944421608, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.41600000858306885, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.28167933255439154, 1, 0.0, 0},
-    {1, 4096, 4096, 0.03923200070858002, 0.0, 8.317766166719343, 8.317766166719343, 0.2788595241016224, 1, 0.0, 0},
-    {16, 8192, 4096, 0.06905599683523178, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.21780740061455295, 1, 0.0, 0},
-    {64, 4096, 8192, 0.0644799992442131, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.2860780363525802, 1, 0.0, 0},
-    {128, 8192, 8192, 0.14564800262451172, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.05644451290014155, 1, 0.0, 0},
-    {8192, 128, 8192, 0.13635199517011642, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.009508514987011366, 1, 0.0, 0},
-    {4096, 32, 4096, 0.060047999024391174, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.07803390295341164, 1, 0.0, 0},
-    {80, 8192, 4096, 0.19787199795246124, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.8882940156453291, 1, 0.0, 0},
-    {1, 11008, 4096, 0.08161600306630135, 0.0, 9.306377560173125, 8.317766166719343, 0.38491503555832185, 1, 0.0, 0},
-    {8, 11008, 4096, 0.08195199817419052, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3890233645459999, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04044799879193306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.30938393438383005, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10654399916529655, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.26923170652733436, 1, 0.0, 0},
-    {4096, 16, 4096, 0.061135999858379364, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.09599056519595507, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06862400099635124, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.21153201910141173, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06387200206518173, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.27660406289759737, 1, 0.0, 0},
-    {4096, 4096, 512, 0.2710080146789551, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.5304733924880818, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.7434720098972321, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.4933295906275843, 1, 0.0, 0},
-    {8192, 8192, 256, 0.8897119760513306, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.5721931966288804, 1, 0.0, 0},
-    {2048, 2048, 128, 0.05923200026154518, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.518985124084, 1, 0.0, 0},
-    {16384, 4096, 64, 0.9015679955482483, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.4497566817176571, 1, 0.0, 0},
-    {256, 256, 32768, 0.10358399897813797, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.435307940867263, 1, 0.0, 0},
-    {512, 512, 16384, 0.06351999938488007, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.29724691544193865, 1, 0.0, 0},
-    {128, 1024, 65536, 0.2059839963912964, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.40488728415132064, 1, 0.0, 0},
-    {64, 64, 131072, 0.34569600224494934, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5624139454861393, 1, 0.0, 0},
-    {384, 384, 24576, 0.08345600217580795, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.38441952143275976, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4474399983882904, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2518295915679668, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5232640206813812, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2838371908464663, 1, 0.0, 0},
-    {1536, 2560, 768, 0.08452800288796425, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.3532160186059025, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.3794720023870468, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.34933990063047854, 1, 0.0, 0},
-    {4096, 11008, 4096, 3.584720015525818, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09445045802214296, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.3876959681510925, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.2656938119906321, 1, 0.0, 0},
-    {512, 512, 512, 0.29393599927425385, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.44925973329403646, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.47974398732185364, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.4514455079077777, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.0698080025613308, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.35469841181836165, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.4947520047426224, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.3646980445246539, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.16223999857902527, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.37938592611389305, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.48691199719905853, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.48959358357046034, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.1825760006904602, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.03037184371941969, 1, 0.0, 1},
+    {256, 256, 256, 0.009535999968647957, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.2788027197312393, 1, 0.0, 0},
+    {512, 512, 512, 0.011839999817311764, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.16454302088393827, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.026016000658273697, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.39740008286221323, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.1327200010418892, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.4079207090001628, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.8947039842605591, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.3044149333755413, 1, 0.0, 0},
+    {8192, 8192, 8192, 11.926623821258545, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.3452588644076121, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.41600000858306885, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.26838841468146274, 1, 0.0, 0},
+    {1, 4096, 4096, 0.03923200070858002, 0.0, 8.317766166719343, 8.317766166719343, 0.2460833376686015, 1, 0.0, 0},
+    {16, 8192, 4096, 0.06905599683523178, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.2028380867803148, 1, 0.0, 0},
+    {64, 4096, 8192, 0.0644799992442131, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.25231947656212034, 1, 0.0, 0},
+    {128, 8192, 8192, 0.14564800262451172, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.03696086251217159, 1, 0.0, 0},
+    {8192, 128, 8192, 0.13635199517011642, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.028992165374981213, 1, 0.0, 0},
+    {4096, 32, 4096, 0.060047999024391174, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.06306458911917333, 1, 0.0, 0},
+    {80, 8192, 4096, 0.19787199795246124, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.8798985089520632, 1, 0.0, 0},
+    {1, 11008, 4096, 0.08161600306630135, 0.0, 9.306377560173125, 8.317766166719343, 0.3699457217240837, 1, 0.0, 0},
+    {8, 11008, 4096, 0.08195199817419052, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.3740540507117617, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04044799879193306, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.276607747950809, 1, 0.0, 0},
+    {4, 14336, 4096, 0.10654399916529655, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.2608361998340685, 1, 0.0, 0},
+    {4096, 16, 4096, 0.061135999858379364, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.08102125136171688, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06862400099635124, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.19656270526717345, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06387200206518173, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.24284550310713757, 1, 0.0, 0},
+    {5, 4096, 4096, 0.03951999917626381, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.2533974313297182, 1, 0.0, 0},
+    {3, 4096, 11008, 0.07939200103282928, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.22805211391751484, 1, 0.0, 0},
+    {4096, 4096, 512, 0.2710080146789551, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.45558900445012623, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.7434720098972321, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.43806391498131186, 1, 0.0, 0},
+    {8192, 8192, 256, 0.8897119760513306, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.4761242755259944, 1, 0.0, 0},
+    {2048, 2048, 128, 0.05923200026154518, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.4309367339062984, 1, 0.0, 0},
+    {16384, 4096, 64, 0.9015679955482483, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.33735498120466334, 1, 0.0, 0},
+    {256, 256, 32768, 0.10358399897813797, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.47014989932896983, 1, 0.0, 0},
+    {512, 512, 16384, 0.06351999938488007, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.3316790682705807, 1, 0.0, 0},
+    {128, 1024, 65536, 0.2059839963912964, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.43995546077577546, 1, 0.0, 0},
+    {64, 64, 131072, 0.34569600224494934, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.5976016627557766, 1, 0.0, 0},
+    {384, 384, 24576, 0.08345600217580795, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.41911772692602667, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4474399983882904, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.2760745624397267, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5232640206813812, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.3160337318501822, 1, 0.0, 0},
+    {1536, 2560, 768, 0.08452800288796425, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.29716055948253467, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.3794720023870468, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.3225249152747392, 1, 0.0, 0},
+    {4096, 11008, 4096, 3.584720015525818, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.0999653751920119, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.3876959681510925, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.2704684156041562, 1, 0.0, 0},
+    {512, 512, 512, 0.29393599927425385, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3743753452560808, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.47974398732185364, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.3487996445003039, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.0698080025613308, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.26665002164066015, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.4947520047426224, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.25350436410968474, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.16223999857902527, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.3076481342602319, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.48691199719905853, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.3945517499050194, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.1825760006904602, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.02545746360184832, 1, 0.0, 1},
 };
 static const Point tf32_14_unaligned[] = {
-    {2047, 2047, 2047, 0.24313600361347198, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027532140268141648, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.13180800527334213, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07244417699870814, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.0584800243377686, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.025615545711890897, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03846399858593941, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.08736653498857003, 1, 0.0, 0},
-    {4096, 1, 4096, 0.06439999863505363, 8.317766166719343, 0.0, 8.317766166719343, -0.08231449378125914, 1, 0.0, 0},
-    {1, 4096, 4096, 0.05060800164937973, 0.0, 8.317766166719343, 8.317766166719343, 0.0013767754304393606, 1, 0.0, 0},
-    {16, 11008, 4096, 0.09619200229644775, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.11052053485288131, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.6520959734916687, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.0320898818362583, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05443200096487999, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.0009040740013101534, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.24313600361347198, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.027133952473195288, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.13180800527334213, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.07283281693276195, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.0584800243377686, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.025895058372827403, 1, 0.0, 0},
+    {127, 4099, 1023, 0.03846399858593941, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.08797133404266322, 1, 0.0, 0},
+    {4096, 1, 4096, 0.06439999863505363, 8.317766166719343, 0.0, 8.317766166719343, -0.07796559625634242, 1, 0.0, 0},
+    {1, 4096, 4096, 0.05060800164937973, 0.0, 8.317766166719343, 8.317766166719343, 0.0019287241547640797, 1, 0.0, 0},
+    {16, 11008, 4096, 0.09619200229644775, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.11078781730386428, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.6520959734916687, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.032390918415655674, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05443200096487999, 6.931471805599453, 6.931471805599453, 6.931471805599453, 0.00025463812631944943, 1, 0.0, 0},
 };
 static const Point tf32_15_aligned[] = {
-    {256, 256, 256, 0.011615999974310398, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.49776156061173893, 1, 0.0, 0},
-    {512, 512, 512, 0.020255999639630318, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.2932486627664991, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.05507199838757515, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.35230561028241386, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.21376000344753265, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.4165056436207169, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.9634400010108948, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.5146476150180095, 1, 0.0, 0},
-    {8192, 8192, 8192, 7.55788779258728, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.21536216922281734, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.5283360183238983, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.3926799460095261, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04070400074124336, 0.0, 8.317766166719343, 8.317766166719343, 0.1613703919214106, 1, 0.0, 0},
-    {16, 8192, 4096, 0.0687360018491745, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.16031080004988402, 1, 0.0, 0},
-    {64, 4096, 8192, 0.07161600142717361, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.37504758308788433, 1, 0.0, 0},
-    {128, 8192, 8192, 0.17665600031614304, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.09474042275150302, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1391039937734604, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.14424210769025272, 1, 0.0, 0},
-    {4096, 32, 4096, 0.05119999870657921, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.05813925205476677, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09356799721717834, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.1557480584271712, 1, 0.0, 0},
-    {1, 11008, 4096, 0.0809439979493618, 0.0, 9.306377560173125, 8.317766166719343, 0.03719164871121122, 1, 0.0, 0},
-    {8, 11008, 4096, 0.0817599967122078, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.03650086676447078, 1, 0.0, 0},
-    {16, 4096, 4096, 0.04251199960708618, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.18566431749742854, 1, 0.0, 0},
-    {4, 14336, 4096, 0.09993600100278854, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08767265816590036, 1, 0.0, 0},
-    {4096, 16, 4096, 0.05076799914240837, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.039908225992624544, 1, 0.0, 0},
-    {6, 8192, 4096, 0.06569600105285645, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.13045618016653132, 1, 0.0, 0},
-    {12, 4096, 8192, 0.06598400324583054, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.3923223589287164, 1, 0.0, 0},
-    {4096, 4096, 512, 0.7748160064220428, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.2113976731051296, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.7213599681854248, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.2783346545734299, 1, 0.0, 0},
-    {8192, 8192, 256, 3.051535964012146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.1610767866910347, 1, 0.0, 0},
-    {2048, 2048, 128, 0.17484800517559052, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.30647476177057176, 1, 0.0, 0},
-    {16384, 4096, 64, 3.0532000064849854, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.13139182073701178, 1, 0.0, 0},
-    {256, 256, 32768, 0.046720001846551895, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.04308376839562549, 1, 0.0, 0},
-    {512, 512, 16384, 0.06252799928188324, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.1514011064731614, 1, 0.0, 0},
-    {128, 1024, 65536, 0.13577600568532944, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.1836456018880694, 1, 0.0, 0},
-    {64, 64, 131072, 0.1056319996714592, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.3349661694059956, 1, 0.0, 0},
-    {384, 384, 24576, 0.062272001057863235, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.16927858596846382, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.4968160092830658, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.16219119751416952, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.5940159857273102, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.06087036250329693, 1, 0.0, 0},
-    {1536, 2560, 768, 0.16838400065898895, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.3933783217244625, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.5723519921302795, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.40160636287492996, 1, 0.0, 0},
-    {4096, 11008, 4096, 2.660096049308777, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.47915736627214633, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.0799840092658997, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.265758319708243, 1, 0.0, 0},
-    {512, 512, 512, 0.7894399762153625, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.19269945999117738, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 1.5296319723129272, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.14459741514964233, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.16467200219631195, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.3664361864425261, 256, 5.545177444479562, 0},
-    {512, 512, 64, 1.5335039496421814, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.1323142826185612, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.24319999665021896, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.6730092719033268, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 1.5612319707870483, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.14337846011481056, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 1.5449919700622559, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.041718601614072336, 1, 0.0, 1},
+    {256, 256, 256, 0.011615999974310398, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.5572943415864071, 1, 0.0, 0},
+    {512, 512, 512, 0.020255999639630318, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.3273278066736371, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.05507199838757515, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.34731204922425973, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.21376000344753265, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.4008961135161212, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.9634400010108948, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.5038143843221288, 1, 0.0, 0},
+    {8192, 8192, 8192, 7.55788779258728, 9.010913347279288, 9.010913347279288, 9.010913347279288, -0.21291284038432154, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.5283360183238983, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.37877490688085025, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04070400074124336, 0.0, 8.317766166719343, 8.317766166719343, 0.13064986622063043, 1, 0.0, 0},
+    {16, 8192, 4096, 0.0687360018491745, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.14742716985176083, 1, 0.0, 0},
+    {64, 4096, 8192, 0.07161600142717361, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.348698019256308, 1, 0.0, 0},
+    {128, 8192, 8192, 0.17665600031614304, 4.852030263919617, 9.010913347279288, 9.010913347279288, 0.08853052240991292, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1391039937734604, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.15045200803184292, 1, 0.0, 0},
+    {4096, 32, 4096, 0.05119999870657921, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07107081921738662, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09356799721717834, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.15714673363123624, 1, 0.0, 0},
+    {1, 11008, 4096, 0.0809439979493618, 0.0, 9.306377560173125, 8.317766166719343, 0.03229819904876172, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0817599967122078, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.03152838972157584, 1, 0.0, 0},
+    {16, 4096, 4096, 0.04251199960708618, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.155290766155811, 1, 0.0, 0},
+    {4, 14336, 4096, 0.09993600100278854, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.08503631441280465, 1, 0.0, 0},
+    {4096, 16, 4096, 0.05076799914240837, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05285750138800869, 1, 0.0, 0},
+    {6, 8192, 4096, 0.06569600105285645, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.11756315112028563, 1, 0.0, 0},
+    {12, 4096, 8192, 0.06598400324583054, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.364516843926773, 1, 0.0, 0},
+    {5, 4096, 4096, 0.039744000881910324, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.10172923374563311, 1, 0.0, 0},
+    {3, 4096, 11008, 0.07788799703121185, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.416766161099659, 1, 0.0, 0},
+    {4096, 4096, 512, 0.7748160064220428, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.18130598599699396, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.7213599681854248, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.2516057356505129, 1, 0.0, 0},
+    {8192, 8192, 256, 3.051535964012146, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.12698452194244203, 1, 0.0, 0},
+    {2048, 2048, 128, 0.17484800517559052, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.27888072001942243, 1, 0.0, 0},
+    {16384, 4096, 64, 3.0532000064849854, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.09589521378588842, 1, 0.0, 0},
+    {256, 256, 32768, 0.046720001846551895, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.07834387680819471, 1, 0.0, 0},
+    {512, 512, 16384, 0.06252799928188324, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.174655968887287, 1, 0.0, 0},
+    {128, 1024, 65536, 0.13577600568532944, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.15953566791104118, 1, 0.0, 0},
+    {64, 64, 131072, 0.1056319996714592, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.29957426417656896, 1, 0.0, 0},
+    {384, 384, 24576, 0.062272001057863235, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.19379801882682451, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.4968160092830658, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.16926826011768678, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.5940159857273102, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.07494846281931616, 1, 0.0, 0},
+    {1536, 2560, 768, 0.16838400065898895, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.3708848884757064, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.5723519921302795, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.3829165037967189, 1, 0.0, 0},
+    {4096, 11008, 4096, 2.660096049308777, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.46776097043189235, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.0799840092658997, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.2550946407580584, 1, 0.0, 0},
+    {512, 512, 512, 0.7894399762153625, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.16260777288304162, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 1.5296319723129272, 6.931471805599453, 6.931471805599453, 4.852030263919617, -0.11011232149885526, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.16467200219631195, 4.852030263919617, 4.852030263919617, 4.852030263919617, -0.3388421446913768, 256, 5.545177444479562, 0},
+    {512, 512, 64, 1.5335039496421814, 6.238324625039508, 6.238324625039508, 4.1588830833596715, -0.09735979431137863, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.24319999665021896, 6.238324625039508, 4.1588830833596715, 6.238324625039508, -0.6437581627513489, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 1.5612319707870483, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.10980470693002232, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 1.5449919700622559, 8.316789127071518, 8.316789127071518, 8.316789127071518, -0.030869812829352274, 1, 0.0, 1},
 };
 static const Point tf32_15_unaligned[] = {
-    {2047, 2047, 2047, 0.33537599444389343, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.003621119361274662, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.18454399704933167, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.04730342235634293, 1, 0.0, 0},
-    {5003, 5003, 5003, 3.3328800201416016, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.020748683846338035, 1, 0.0, 0},
-    {127, 4099, 1023, 0.04879999905824661, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.09573744380775302, 1, 0.0, 0},
-    {4096, 1, 4096, 0.05313599854707718, 8.317766166719343, 0.0, 8.317766166719343, -0.11477813118434768, 1, 0.0, 0},
-    {1, 4096, 4096, 0.04915200173854828, 0.0, 8.317766166719343, 8.317766166719343, 0.0010350625484180315, 1, 0.0, 0},
-    {16, 11008, 4096, 0.11513599753379822, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.17701800549714197, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.850160002708435, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04762013576363891, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.08140800148248672, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005287065657139541, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.33537599444389343, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.003275878263945299, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.18454399704933167, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.047692631530042384, 1, 0.0, 0},
+    {5003, 5003, 5003, 3.3328800201416016, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.02106908360789019, 1, 0.0, 0},
+    {127, 4099, 1023, 0.04879999905824661, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.0969527427967359, 1, 0.0, 0},
+    {4096, 1, 4096, 0.05313599854707718, 8.317766166719343, 0.0, 8.317766166719343, -0.10866306609950857, 1, 0.0, 0},
+    {1, 4096, 4096, 0.04915200173854828, 0.0, 8.317766166719343, 8.317766166719343, 0.0010810163781152298, 1, 0.0, 0},
+    {16, 11008, 4096, 0.11513599753379822, 2.772588722239781, 9.306377560173125, 8.317766166719343, 0.17942632188582314, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.850160002708435, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.04816627388463272, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.08140800148248672, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.005474154591320998, 1, 0.0, 0},
 };
 static const Point tf32_16_aligned[] = {
-    {256, 256, 256, 0.013535999692976475, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.2024142428645933, 1, 0.0, 0},
-    {512, 512, 512, 0.014112000353634357, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.08467694684038464, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.02147199958562851, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10987836812558836, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.07212799787521362, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.09126807017731813, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.40694400668144226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.07114129499850007, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.043231964111328, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.025396257269276145, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.17299200594425201, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.04563279981412905, 1, 0.0, 0},
-    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, -0.1169180541581706, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08220800012350082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.08370942139453932, 1, 0.0, 0},
-    {64, 4096, 8192, 0.12264000251889229, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.16375579048760155, 1, 0.0, 0},
-    {128, 8192, 8192, 0.14127999544143677, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.022265341000584648, 1, 0.0, 0},
-    {8192, 128, 8192, 0.1467519998550415, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.015735040657587535, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07023999840021133, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07362527448440429, 1, 0.0, 0},
-    {80, 8192, 4096, 0.0785600021481514, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.038319490355065426, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09886400029063225, 0.0, 9.306377560173125, 8.317766166719343, 0.2682019702231107, 1, 0.0, 0},
-    {8, 11008, 4096, 0.0944799967110157, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2228449360424415, 1, 0.0, 0},
-    {16, 4096, 4096, 0.06649599969387054, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.12840141016219578, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11631999909877777, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.4308018050021946, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07123199850320816, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.059601066395064586, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08342400193214417, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.09839285987639171, 1, 0.0, 0},
-    {12, 4096, 8192, 0.12004799768328667, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.18511740208492541, 1, 0.0, 0},
-    {4096, 4096, 512, 0.06678400188684464, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.12218991716755623, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.23552000522613525, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.06314356312395446, 1, 0.0, 0},
-    {8192, 8192, 256, 0.1613759994506836, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.02467173338469063, 1, 0.0, 0},
-    {2048, 2048, 128, 0.014864000026136637, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.02687946644580305, 1, 0.0, 0},
-    {16384, 4096, 64, 0.112271998077631, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.09479095413687111, 1, 0.0, 0},
-    {256, 256, 32768, 0.4302240014076233, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.25931260489341706, 1, 0.0, 0},
-    {512, 512, 16384, 0.2250239998102188, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.22630134564258286, 1, 0.0, 0},
-    {128, 1024, 65536, 0.8676159977912903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.2449433125940496, 1, 0.0, 0},
-    {64, 64, 131072, 1.7249760031700134, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.24782077423002516, 1, 0.0, 0},
-    {384, 384, 24576, 0.3262079954147339, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2524297842566769, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.2484320029616356, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12733922982167667, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.6542560160160065, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2415402429426241, 1, 0.0, 0},
-    {1536, 2560, 768, 0.032496001571416855, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.10203433408406645, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.14606399834156036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.05746507143490504, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.1851360201835632, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.08609940946823162, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.399152010679245, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.09032026191013352, 1, 0.0, 0},
-    {512, 512, 512, 0.08339200168848038, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.09989892543459955, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.00817339665215597, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02489599958062172, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5426444137667088, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07116799801588058, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21816992350633727, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07089600339531898, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.3211498411834864, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.08164800330996513, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.07754419440350542, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.6275520026683807, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3620096450950606, 1, 0.0, 1},
+    {256, 256, 256, 0.013535999692976475, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.2059646317216745, 1, 0.0, 0},
+    {512, 512, 512, 0.014112000353634357, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.07998442627020633, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.02147199958562851, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.10413094059312916, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.07212799787521362, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.08503100376444137, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.40694400668144226, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.06435708877118117, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.043231964111328, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0325747345095215, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.17299200594425201, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.052204215186514684, 1, 0.0, 0},
+    {1, 4096, 4096, 0.06726399809122086, 0.0, 8.317766166719343, 8.317766166719343, -0.10988333255868699, 1, 0.0, 0},
+    {16, 8192, 4096, 0.08220800012350082, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.09074414299402295, 1, 0.0, 0},
+    {64, 4096, 8192, 0.12264000251889229, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.1564360985762002, 1, 0.0, 0},
+    {128, 8192, 8192, 0.14127999544143677, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.01494564908918324, 1, 0.0, 0},
+    {8192, 128, 8192, 0.1467519998550415, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.02305473256898894, 1, 0.0, 0},
+    {4096, 32, 4096, 0.07023999840021133, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.06659055288492059, 1, 0.0, 0},
+    {80, 8192, 4096, 0.0785600021481514, 4.382026634673881, 9.010913347279288, 8.317766166719343, 0.04535421195454903, 1, 0.0, 0},
+    {1, 11008, 4096, 0.09886400029063225, 0.0, 9.306377560173125, 8.317766166719343, 0.2752366918225943, 1, 0.0, 0},
+    {8, 11008, 4096, 0.0944799967110157, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.2298796576419251, 1, 0.0, 0},
+    {16, 4096, 4096, 0.06649599969387054, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.12136668856271225, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11631999909877777, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.43783652660167827, 1, 0.0, 0},
+    {4096, 16, 4096, 0.07123199850320816, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.05256634479558095, 1, 0.0, 0},
+    {6, 8192, 4096, 0.08342400193214417, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.10542758147587517, 1, 0.0, 0},
+    {12, 4096, 8192, 0.12004799768328667, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.17779771017352405, 1, 0.0, 0},
+    {5, 4096, 4096, 0.06404800340533257, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.1588756240170856, 1, 0.0, 0},
+    {3, 4096, 11008, 0.15545600652694702, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.20268453909848902, 1, 0.0, 0},
+    {4096, 4096, 512, 0.06678400188684464, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.11946020171232065, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.23552000522613525, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.058542580820653764, 1, 0.0, 0},
+    {8192, 8192, 256, 0.1613759994506836, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.02515531492839317, 1, 0.0, 0},
+    {2048, 2048, 128, 0.014864000026136637, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.026914102550122446, 1, 0.0, 0},
+    {16384, 4096, 64, 0.112271998077631, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.08868078268617038, 1, 0.0, 0},
+    {256, 256, 32768, 0.4302240014076233, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.2517610080518966, 1, 0.0, 0},
+    {512, 512, 16384, 0.2250239998102188, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.21882890629079463, 1, 0.0, 0},
+    {128, 1024, 65536, 0.8676159977912903, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.23735141128989684, 1, 0.0, 0},
+    {64, 64, 131072, 1.7249760031700134, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.2402085353720543, 1, 0.0, 0},
+    {384, 384, 24576, 0.3262079954147339, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.2449047861042147, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.2484320029616356, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.11986679046988828, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.6542560160160065, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.2339618310906097, 1, 0.0, 0},
+    {1536, 2560, 768, 0.032496001571416855, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.09746365320878993, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.14606399834156036, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.05138661421628636, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.1851360201835632, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09285226627454427, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.399152010679245, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.09711485439403372, 1, 0.0, 0},
+    {512, 512, 512, 0.08339200168848038, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.10262864088983524, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.07070400193333626, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.0050028134767983, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02489599958062172, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.5426790498710282, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07116799801588058, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.21257784289113818, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07089600339531898, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.32411385921363045, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.08164800330996513, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, -0.07777551955569381, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.6275520026683807, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.3687938513223795, 1, 0.0, 1},
 };
 static const Point tf32_16_unaligned[] = {
-    {2047, 2047, 2047, 0.20337600260972977, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.0018480294402473923, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11495999991893768, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.24096480618647428, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6779520511627197, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.017534726523360345, 1, 0.0, 0},
-    {127, 4099, 1023, 0.0339680016040802, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.10997908769876195, 1, 0.0, 0},
-    {4096, 1, 4096, 0.07596799731254578, 8.317766166719343, 0.0, 8.317766166719343, 0.0970010588896514, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10060799866914749, 0.0, 8.317766166719343, 8.317766166719343, 0.3787532877027215, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10867200046777725, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.045658629613205354, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4453759789466858, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.02310458828096467, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03561599925160408, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1436340799812578, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.20337600260972977, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.001848498851487987, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11495999991893768, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.24095287375696336, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.6779520511627197, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.0175394138932461, 1, 0.0, 0},
+    {127, 4099, 1023, 0.0339680016040802, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.10998695039931557, 1, 0.0, 0},
+    {4096, 1, 4096, 0.07596799731254578, 8.317766166719343, 0.0, 8.317766166719343, 0.09707917284244014, 1, 0.0, 0},
+    {1, 4096, 4096, 0.10060799866914749, 0.0, 8.317766166719343, 8.317766166719343, 0.37883150059492776, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10867200046777725, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.04562729930687638, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4453759789466858, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.023109458889905794, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03561599925160408, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14363882856079332, 1, 0.0, 0},
 };
 static const Point tf32_17_aligned[] = {
-    {256, 256, 256, 0.011935999616980553, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.17791234900395309, 1, 0.0, 0},
-    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.15125595746089163, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.026847999542951584, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.13394005995029115, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.052719999104738235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.03847729659444757, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.3916960060596466, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.0021491828890576464, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.11625599861145, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.031390719135195956, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.20707200467586517, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.048481271090134115, 1, 0.0, 0},
-    {1, 4096, 4096, 0.08601599931716919, 0.0, 8.317766166719343, 8.317766166719343, -0.09998648022062785, 1, 0.0, 0},
-    {16, 8192, 4096, 0.09460799768567085, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.010780543420551424, 1, 0.0, 0},
-    {64, 4096, 8192, 0.15964800119400024, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.128131192544958, 1, 0.0, 0},
-    {128, 8192, 8192, 0.16779199987649918, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08817563538644566, 1, 0.0, 0},
-    {8192, 128, 8192, 0.20342400670051575, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.09883560768168634, 1, 0.0, 0},
-    {4096, 32, 4096, 0.08755200356245041, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.08360762376341528, 1, 0.0, 0},
-    {80, 8192, 4096, 0.09424000233411789, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.017343427508524384, 1, 0.0, 0},
-    {1, 11008, 4096, 0.10444799810647964, 0.0, 9.306377560173125, 8.317766166719343, 0.08511257407305553, 1, 0.0, 0},
-    {8, 11008, 4096, 0.10492800176143646, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.08930664751195541, 1, 0.0, 0},
-    {16, 4096, 4096, 0.08617600053548813, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.09844270203516928, 1, 0.0, 0},
-    {4, 14336, 4096, 0.11852800101041794, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.20702348952794647, 1, 0.0, 0},
-    {4096, 16, 4096, 0.08886399865150452, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.06806282213305306, 1, 0.0, 0},
-    {6, 8192, 4096, 0.09462399780750275, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.010194292723997569, 1, 0.0, 0},
-    {12, 4096, 8192, 0.15942400693893433, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.12839169862417898, 1, 0.0, 0},
-    {4096, 4096, 512, 0.06908799707889557, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.008064548182863146, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.2544320076704025, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0007934035701917465, 1, 0.0, 0},
-    {8192, 8192, 256, 0.18758400529623032, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.06960274403630598, 1, 0.0, 0},
-    {2048, 2048, 128, 0.01297600008547306, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09761817595659723, 1, 0.0, 0},
-    {16384, 4096, 64, 0.10342399775981903, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.025935587419164297, 1, 0.0, 0},
-    {256, 256, 32768, 0.6043840050697327, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.13948004402791034, 1, 0.0, 0},
-    {512, 512, 16384, 0.31651198863983154, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.10916968760225505, 1, 0.0, 0},
-    {128, 1024, 65536, 1.2012320160865784, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.14041679030857254, 1, 0.0, 0},
-    {64, 64, 131072, 2.3792799711227417, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.14484898721264958, 1, 0.0, 0},
-    {384, 384, 24576, 0.4567680060863495, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.13773791876875383, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.3465439975261688, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.05508283991711204, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.9343039989471436, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.12153978188610026, 1, 0.0, 0},
-    {1536, 2560, 768, 0.025200000032782555, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03267479481640927, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.15001599490642548, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.037202823217986555, 1, 0.0, 0},
-    {4096, 11008, 4096, 1.1097919940948486, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.039874088717582884, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.3875200003385544, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0007014992104087935, 1, 0.0, 0},
-    {512, 512, 512, 0.09638399630784988, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.32489461419636684, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.08019199967384338, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.1869739018102471, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.02739199995994568, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3417571604154217, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07072000205516815, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.25058131605415246, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.07928000018000603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15177608135498188, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.09491200000047684, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.059159746754219415, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.4968319982290268, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.24003747720642107, 1, 0.0, 1},
+    {256, 256, 256, 0.011935999616980553, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.1761312475554384, 1, 0.0, 0},
+    {512, 512, 512, 0.016896000131964684, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.1482655694941522, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.026847999542951584, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1307721139628018, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.052719999104738235, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.039424043154441306, 1, 0.0, 0},
+    {4096, 4096, 4096, 0.3916960060596466, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.001337418077718812, 1, 0.0, 0},
+    {8192, 8192, 8192, 3.11625599861145, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.030564082281706477, 1, 0.0, 0},
+    {3000, 3000, 3000, 0.20707200467586517, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.04742246484728368, 1, 0.0, 0},
+    {1, 4096, 4096, 0.08601599931716919, 0.0, 8.317766166719343, 8.317766166719343, -0.09430325181020024, 1, 0.0, 0},
+    {16, 8192, 4096, 0.09460799768567085, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.005807220081506406, 1, 0.0, 0},
+    {64, 4096, 8192, 0.15964800119400024, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.1222663684707198, 1, 0.0, 0},
+    {128, 8192, 8192, 0.16779199987649918, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.08346909858395181, 1, 0.0, 0},
+    {8192, 128, 8192, 0.20342400670051575, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.1028909405191279, 1, 0.0, 0},
+    {4096, 32, 4096, 0.08755200356245041, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.07808100281448187, 1, 0.0, 0},
+    {80, 8192, 4096, 0.09424000233411789, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.012683823626377369, 1, 0.0, 0},
+    {1, 11008, 4096, 0.10444799810647964, 0.0, 9.306377560173125, 8.317766166719343, 0.0897265240179476, 1, 0.0, 0},
+    {8, 11008, 4096, 0.10492800176143646, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.09387467606058357, 1, 0.0, 0},
+    {16, 4096, 4096, 0.08617600053548813, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.09279680087713987, 1, 0.0, 0},
+    {4, 14336, 4096, 0.11852800101041794, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21110444782533944, 1, 0.0, 0},
+    {4096, 16, 4096, 0.08886399865150452, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.06245670930012778, 1, 0.0, 0},
+    {6, 8192, 4096, 0.09462399780750275, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.0051717904510566615, 1, 0.0, 0},
+    {12, 4096, 8192, 0.15942400693893433, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.12239086337056966, 1, 0.0, 0},
+    {5, 4096, 4096, 0.08590399846434593, 1.6094379124341003, 8.317766166719343, 8.317766166719343, -0.09570006014459358, 1, 0.0, 0},
+    {3, 4096, 11008, 0.20996800065040588, 1.0986122886681098, 8.317766166719343, 9.306377560173125, -0.12950740344835074, 1, 0.0, 0},
+    {4096, 4096, 512, 0.06908799707889557, 8.317766166719343, 8.317766166719343, 6.238324625039508, -0.008608870457886345, 1, 0.0, 0},
+    {5120, 7168, 1024, 0.2544320076704025, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.0012306776900446778, 1, 0.0, 0},
+    {8192, 8192, 256, 0.18758400529623032, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.06947729091461846, 1, 0.0, 0},
+    {2048, 2048, 128, 0.01297600008547306, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.09639002195495046, 1, 0.0, 0},
+    {16384, 4096, 64, 0.10342399775981903, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.02557808867825551, 1, 0.0, 0},
+    {256, 256, 32768, 0.6043840050697327, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.13259434198702533, 1, 0.0, 0},
+    {512, 512, 16384, 0.31651198863983154, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.10277852212997449, 1, 0.0, 0},
+    {128, 1024, 65536, 1.2012320160865784, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.1336108387645819, 1, 0.0, 0},
+    {64, 64, 131072, 2.3792799711227417, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.13777164262501204, 1, 0.0, 0},
+    {384, 384, 24576, 0.4567680060863495, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.13108448676163634, 1, 0.0, 0},
+    {1280, 1920, 16384, 0.3465439975261688, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.052971038771532974, 1, 0.0, 0},
+    {1024, 1024, 49152, 0.9343039989471436, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.11657721917214438, 1, 0.0, 0},
+    {1536, 2560, 768, 0.025200000032782555, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.03339952655052915, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.15001599490642548, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, -0.03743670103875526, 1, 0.0, 0},
+    {4096, 11008, 4096, 1.1097919940948486, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.03924436260294233, 1, 0.0, 0},
+    {1024, 14336, 4096, 0.3875200003385544, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.0006327900874960271, 1, 0.0, 0},
+    {512, 512, 512, 0.09638399630784988, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.3243502919213436, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.08019199967384338, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.18698404428640017, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.02739199995994568, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3418617230224327, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.07072000205516815, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.25077493049100646, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.07928000018000603, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15374682413352384, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.09491200000047684, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.05894415436215892, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 0.4968319982290268, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.23923935107619873, 1, 0.0, 1},
 };
 static const Point tf32_17_unaligned[] = {
-    {2047, 2047, 2047, 0.2035840004682541, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.04025219602360225, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.11923199892044067, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.24520295787689086, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6621439456939697, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.030748461404830972, 1, 0.0, 0},
-    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.11637587624460989, 1, 0.0, 0},
-    {4096, 1, 4096, 0.09254399687051773, 8.317766166719343, 0.0, 8.317766166719343, 0.40463036175525813, 1, 0.0, 0},
-    {1, 4096, 4096, 0.09948799759149551, 0.0, 8.317766166719343, 8.317766166719343, 0.47880132358086563, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10795200243592262, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.06150910929275181, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4254239797592163, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.028949857245296123, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.03452799841761589, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15428004785732694, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.2035840004682541, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.04025684883609912, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.11923199892044067, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.2452051005214218, 1, 0.0, 0},
+    {5003, 5003, 5003, 2.6621439456939697, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.030748153106525674, 1, 0.0, 0},
+    {127, 4099, 1023, 0.033376000821590424, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.1163734297603331, 1, 0.0, 0},
+    {4096, 1, 4096, 0.09254399687051773, 8.317766166719343, 0.0, 8.317766166719343, 0.4045916245023607, 1, 0.0, 0},
+    {1, 4096, 4096, 0.09948799759149551, 0.0, 8.317766166719343, 8.317766166719343, 0.4787624952464029, 1, 0.0, 0},
+    {16, 11008, 4096, 0.10795200243592262, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.06152471616301743, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.4254239797592163, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.028947959646424888, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.03452799841761589, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.15427888098274112, 1, 0.0, 0},
 };
 static const Point tf32_18_aligned[] = {
-    {256, 256, 256, 0.011983999982476234, 5.545177444479562, 5.545177444479562, 5.545177444479562, -0.24106710381382848, 1, 0.0, 0},
-    {512, 512, 512, 0.01696000061929226, 6.238324625039508, 6.238324625039508, 6.238324625039508, -0.16303155486455664, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.02627200074493885, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.12954259344293992, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.0498879998922348, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, -0.07797963848705468, 1, 0.0, 0},
-    {4096, 4096, 4096, 0.40406399965286255, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.07641544436815956, 1, 0.0, 0},
-    {8192, 8192, 8192, 3.1429280042648315, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0912093677227949, 1, 0.0, 0},
-    {3000, 3000, 3000, 0.20281599462032318, 8.006367567650246, 8.006367567650246, 8.006367567650246, -0.012831301032103082, 1, 0.0, 0},
-    {1, 4096, 4096, 0.07823999971151352, 0.0, 8.317766166719343, 8.317766166719343, -0.0908854826253442, 1, 0.0, 0},
-    {16, 8192, 4096, 0.08633600175380707, 2.772588722239781, 9.010913347279288, 8.317766166719343, -0.006094273008478675, 1, 0.0, 0},
-    {64, 4096, 8192, 0.15033599734306335, 4.1588830833596715, 8.317766166719343, 9.010913347279288, -0.07022797823224776, 1, 0.0, 0},
-    {128, 8192, 8192, 0.1597760021686554, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.03190839822281133, 1, 0.0, 0},
-    {8192, 128, 8192, 0.19767999649047852, 9.010913347279288, 4.852030263919617, 9.010913347279288, 0.16829045085882674, 1, 0.0, 0},
-    {4096, 32, 4096, 0.07913599908351898, 8.317766166719343, 3.4657359027997265, 8.317766166719343, -0.0825163924563645, 1, 0.0, 0},
-    {80, 8192, 4096, 0.08640000224113464, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.011392181310025725, 1, 0.0, 0},
-    {1, 11008, 4096, 0.09534400328993797, 0.0, 9.306377560173125, 8.317766166719343, 0.08623293827267675, 1, 0.0, 0},
-    {8, 11008, 4096, 0.09457599744200706, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.07726150162375178, 1, 0.0, 0},
-    {16, 4096, 4096, 0.07919999957084656, 2.772588722239781, 8.317766166719343, 8.317766166719343, -0.07940955380592826, 1, 0.0, 0},
-    {4, 14336, 4096, 0.10979200154542923, 1.3862943611198906, 9.570529135214711, 8.317766166719343, 0.21707519809897344, 1, 0.0, 0},
-    {4096, 16, 4096, 0.07849600166082382, 8.317766166719343, 2.772588722239781, 8.317766166719343, -0.08910488676528738, 1, 0.0, 0},
-    {6, 8192, 4096, 0.08516800031065941, 1.791759469228055, 9.010913347279288, 8.317766166719343, -0.018768288136423523, 1, 0.0, 0},
-    {12, 4096, 8192, 0.14982399344444275, 2.4849066497880004, 8.317766166719343, 9.010913347279288, -0.07098523632037003, 1, 0.0, 0},
-    {4096, 4096, 512, 0.0828159973025322, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.15269696027811375, 1, 0.0, 0},
-    {5120, 7168, 1024, 0.24905600398778915, 8.540909718033554, 8.877381954654766, 6.931471805599453, -0.00583901569704419, 1, 0.0, 0},
-    {8192, 8192, 256, 0.17335999757051468, 9.010913347279288, 9.010913347279288, 5.545177444479562, -0.05426632149900053, 1, 0.0, 0},
-    {2048, 2048, 128, 0.01484800036996603, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, 0.10858132418642029, 1, 0.0, 0},
-    {16384, 4096, 64, 0.11999999731779099, 9.704060527839234, 8.317766166719343, 4.1588830833596715, 0.016420777904125917, 1, 0.0, 0},
-    {256, 256, 32768, 0.5735999941825867, 5.545177444479562, 5.545177444479562, 10.39720770839918, -0.052156495686441456, 1, 0.0, 0},
-    {512, 512, 16384, 0.2911680042743683, 6.238324625039508, 6.238324625039508, 9.704060527839234, -0.06212153906414748, 1, 0.0, 0},
-    {128, 1024, 65536, 1.1400320529937744, 4.852030263919617, 6.931471805599453, 11.090354888959125, -0.05223639646324453, 1, 0.0, 0},
-    {64, 64, 131072, 2.2717440128326416, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, -0.04661320029792924, 1, 0.0, 0},
-    {384, 384, 24576, 0.4317919909954071, 5.950642552587727, 5.950642552587727, 10.1095256359474, -0.0581871375593903, 1, 0.0, 0},
-    {1280, 1920, 16384, 0.2969760000705719, 7.154615356913663, 7.560080465021827, 9.704060527839234, -0.12621268821094067, 1, 0.0, 0},
-    {1024, 1024, 49152, 0.8829279839992523, 6.931471805599453, 6.931471805599453, 10.802672816507345, -0.05909295489715852, 1, 0.0, 0},
-    {1536, 2560, 768, 0.02659199945628643, 7.336936913707618, 7.847762537473608, 6.643789733147672, -0.004433461039549943, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.15079999715089798, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.0024273062245423783, 1, 0.0, 0},
-    {4096, 11008, 4096, 0.9803680181503296, 8.317766166719343, 9.306377560173125, 8.317766166719343, -0.03737821776786816, 1, 0.0, 0},
-    {1024, 14336, 4096, 0.35923199355602264, 6.931471805599453, 9.570529135214711, 8.317766166719343, -0.02417893725093727, 1, 0.0, 0},
-    {512, 512, 512, 0.09163199737668037, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.2538562404341951, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.07932800054550171, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.09276191809745243, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.030400000512599945, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.34718591279058947, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.07380800321698189, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.1829171936883989, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.08153600245714188, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.18254481407579373, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.09980800002813339, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.060368321902302444, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 0.5676159858703613, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.4165507200327364, 1, 0.0, 1},
+    {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.07888320689886988, 1, 0.0, 0},
+    {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06687089336498284, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.05383771021429197, 1, 0.0, 0},
+    {2048, 2048, 2048, 0.22515200078487396, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.032508635877796066, 1, 0.0, 0},
+    {4096, 4096, 4096, 1.7058559656143188, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.007538348376129048, 1, 0.0, 0},
+    {8192, 8192, 8192, 13.485167980194092, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.002071475177483089, 1, 0.0, 0},
+    {3000, 3000, 3000, 1.2967679500579834, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.48953900233313163, 1, 0.0, 0},
+    {1, 4096, 4096, 0.29016000032424927, 0.0, 8.317766166719343, 8.317766166719343, 0.36031916726770574, 1, 0.0, 0},
+    {16, 8192, 4096, 0.23475199937820435, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.06029597895965358, 1, 0.0, 0},
+    {64, 4096, 8192, 0.4789760112762451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.15307638771430146, 1, 0.0, 0},
+    {128, 8192, 8192, 0.48230400681495667, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.007698243202168219, 1, 0.0, 0},
+    {8192, 128, 8192, 0.4813760071992874, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.009624193494848466, 1, 0.0, 0},
+    {4096, 32, 4096, 0.24040000140666962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.1543898515912223, 1, 0.0, 0},
+    {80, 8192, 4096, 0.2314079999923706, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.019748973740952025, 1, 0.0, 0},
+    {1, 11008, 4096, 0.2260800004005432, 0.0, 9.306377560173125, 8.317766166719343, -0.008003561335602533, 1, 0.0, 0},
+    {8, 11008, 4096, 0.22998400032520294, 2.0794415416798357, 9.306377560173125, 8.317766166719343, -0.0005148770120596817, 1, 0.0, 0},
+    {16, 4096, 4096, 0.23078399896621704, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1227158987341112, 1, 0.0, 0},
+    {4, 14336, 4096, 0.22934399545192719, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.05130239685007146, 1, 0.0, 0},
+    {4096, 16, 4096, 0.22803199291229248, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.11071963397404966, 1, 0.0, 0},
+    {6, 8192, 4096, 0.22764800488948822, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.04023360458600351, 1, 0.0, 0},
+    {12, 4096, 8192, 0.45529599487781525, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.13249195535402228, 1, 0.0, 0},
+    {5, 4096, 4096, 0.2702080011367798, 1.6094379124341003, 8.317766166719343, 8.317766166719343, 0.28676391701520565, 1, 0.0, 0},
+    {3, 4096, 11008, 0.801008015871048, 1.0986122886681098, 8.317766166719343, 9.306377560173125, 0.4127714233498131, 1, 0.0, 0},
+    {4096, 4096, 512, 0.2282239943742752, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.005002245070763156, 1, 0.0, 0},
+    {5120, 7168, 1024, 1.0906400084495544, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.12729285131417106, 1, 0.0, 0},
+    {8192, 8192, 256, 0.4739519953727722, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0019099179447501873, 1, 0.0, 0},
+    {2048, 2048, 128, 0.02147199958562851, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.006703109956614039, 1, 0.0, 0},
+    {16384, 4096, 64, 0.15887999534606934, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.00021032129768617505, 1, 0.0, 0},
+    {256, 256, 32768, 1.8849760293960571, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.2498043746657761, 1, 0.0, 0},
+    {512, 512, 16384, 0.9659200012683868, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.20938501071805254, 1, 0.0, 0},
+    {128, 1024, 65536, 3.8055520057678223, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.24181669153833735, 1, 0.0, 0},
+    {64, 64, 131072, 7.486000061035156, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.265123434194883, 1, 0.0, 0},
+    {384, 384, 24576, 1.7966720461845398, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.4623896619051972, 1, 0.0, 0},
+    {1280, 1920, 16384, 1.919647991657257, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.40044737557547133, 1, 0.0, 0},
+    {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.2571685368664651, 1, 0.0, 0},
+    {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.32643518014139894, 1, 0.0, 0},
+    {2048, 5632, 2048, 0.7763039767742157, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.23639089629222215, 1, 0.0, 0},
+    {4096, 11008, 4096, 5.042191982269287, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.09477863953654402, 1, 0.0, 0},
+    {1024, 14336, 4096, 1.6607680320739746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.054306692206472405, 1, 0.0, 0},
+    {512, 512, 512, 0.2559039890766144, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.11947699838415331, 64, 4.1588830833596715, 0},
+    {1024, 1024, 128, 0.177824005484581, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.2788311588152357, 32, 3.4657359027997265, 0},
+    {128, 128, 128, 0.03014400042593479, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.3325330610762949, 256, 5.545177444479562, 0},
+    {512, 512, 64, 0.11313599720597267, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.3194600489588921, 128, 4.852030263919617, 0},
+    {512, 64, 512, 0.11807999759912491, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.1535123771092253, 128, 4.852030263919617, 0},
+    {2048, 2048, 256, 0.29308798909187317, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20290079308181058, 8, 2.0794415416798357, 0},
+    {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5760994748825272, 1, 0.0, 1},
 };
 static const Point tf32_18_unaligned[] = {
-    {2047, 2047, 2047, 0.20238400250673294, 7.624130585661289, 7.624130585661289, 7.624130585661289, 0.03082571435401655, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.1188799999654293, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.23872528339332652, 1, 0.0, 0},
-    {5003, 5003, 5003, 2.6751359701156616, 8.517793011488205, 8.517793011488205, 8.517793011488205, -0.031963304084263164, 1, 0.0, 0},
-    {127, 4099, 1023, 0.03379200026392937, 4.844187086458591, 8.318498320504338, 6.930494765951626, 0.1274828723339946, 1, 0.0, 0},
-    {4096, 1, 4096, 0.08347200229763985, 8.317766166719343, 0.0, 8.317766166719343, 0.2827434121642729, 1, 0.0, 0},
-    {1, 4096, 4096, 0.10003200173377991, 0.0, 8.317766166719343, 8.317766166719343, 0.4655098354249182, 1, 0.0, 0},
-    {16, 11008, 4096, 0.10849599912762642, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.06740023448963352, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.4525759816169739, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.015476292321198189, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.034591998904943466, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.153835938033895, 1, 0.0, 0},
-};
-static const Point tf32_19_aligned[] = {
-    {256, 256, 256, 0.021568000316619873, 5.545177444479562, 5.545177444479562, 5.545177444479562, 0.07996652736913624, 1, 0.0, 0},
-    {512, 512, 512, 0.03500799834728241, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.06828787826259027, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.06464000046253204, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.0526418388013688, 1, 0.0, 0},
-    {2048, 2048, 2048, 0.22515200078487396, 7.6246189861593985, 7.6246189861593985, 7.6246189861593985, 0.03267674579960109, 1, 0.0, 0},
-    {4096, 4096, 4096, 1.7058559656143188, 8.317766166719343, 8.317766166719343, 8.317766166719343, 0.007731388614166569, 1, 0.0, 0},
-    {8192, 8192, 8192, 13.485167980194092, 9.010913347279288, 9.010913347279288, 9.010913347279288, 0.0022691958787567903, 1, 0.0, 0},
-    {3000, 3000, 3000, 1.2967679500579834, 8.006367567650246, 8.006367567650246, 8.006367567650246, 0.4900244974995251, 1, 0.0, 0},
-    {1, 4096, 4096, 0.29016000032424927, 0.0, 8.317766166719343, 8.317766166719343, 0.3623350992541816, 1, 0.0, 0},
-    {16, 8192, 4096, 0.23475199937820435, 2.772588722239781, 9.010913347279288, 8.317766166719343, 0.06201814366097879, 1, 0.0, 0},
-    {64, 4096, 8192, 0.4789760112762451, 4.1588830833596715, 8.317766166719343, 9.010913347279288, 0.1550218076673931, 1, 0.0, 0},
-    {128, 8192, 8192, 0.48230400681495667, 4.852030263919617, 9.010913347279288, 9.010913347279288, -0.00627954588844489, 1, 0.0, 0},
-    {8192, 128, 8192, 0.4813760071992874, 9.010913347279288, 4.852030263919617, 9.010913347279288, -0.008205496181125295, 1, 0.0, 0},
-    {4096, 32, 4096, 0.24040000140666962, 8.317766166719343, 3.4657359027997265, 8.317766166719343, 0.1563443285059087, 1, 0.0, 0},
-    {80, 8192, 4096, 0.2314079999923706, 4.382026634673881, 9.010913347279288, 8.317766166719343, -0.018229533494796366, 1, 0.0, 0},
-    {1, 11008, 4096, 0.2260800004005432, 0.0, 9.306377560173125, 8.317766166719343, -0.006377664665584274, 1, 0.0, 0},
-    {8, 11008, 4096, 0.22998400032520294, 2.0794415416798357, 9.306377560173125, 8.317766166719343, 0.0010813810699015535, 1, 0.0, 0},
-    {16, 4096, 4096, 0.23078399896621704, 2.772588722239781, 8.317766166719343, 8.317766166719343, 0.1247018206461741, 1, 0.0, 0},
-    {4, 14336, 4096, 0.22934399545192719, 1.3862943611198906, 9.570529135214711, 8.317766166719343, -0.04984964509164291, 1, 0.0, 0},
-    {4096, 16, 4096, 0.22803199291229248, 8.317766166719343, 2.772588722239781, 8.317766166719343, 0.11270555588611252, 1, 0.0, 0},
-    {6, 8192, 4096, 0.22764800488948822, 1.791759469228055, 9.010913347279288, 8.317766166719343, 0.04198996268347643, 1, 0.0, 0},
-    {12, 4096, 8192, 0.45529599487781525, 2.4849066497880004, 8.317766166719343, 9.010913347279288, 0.1345417230982833, 1, 0.0, 0},
-    {4096, 4096, 512, 0.2282239943742752, 8.317766166719343, 8.317766166719343, 6.238324625039508, 0.0051498721934569065, 1, 0.0, 0},
-    {5120, 7168, 1024, 1.0906400084495544, 8.540909718033554, 8.877381954654766, 6.931471805599453, 0.12749792941625515, 1, 0.0, 0},
-    {8192, 8192, 256, 0.4739519953727722, 9.010913347279288, 9.010913347279288, 5.545177444479562, 0.0020430155204237384, 1, 0.0, 0},
-    {2048, 2048, 128, 0.02147199958562851, 7.6246189861593985, 7.6246189861593985, 4.852030263919617, -0.006825281754005829, 1, 0.0, 0},
-    {16384, 4096, 64, 0.15887999534606934, 9.704060527839234, 8.317766166719343, 4.1588830833596715, -0.00020960937428595168, 1, 0.0, 0},
-    {256, 256, 32768, 1.8849760293960571, 5.545177444479562, 5.545177444479562, 10.39720770839918, 0.2521433649122667, 1, 0.0, 0},
-    {512, 512, 16384, 0.9659200012683868, 6.238324625039508, 6.238324625039508, 9.704060527839234, 0.2114891073039501, 1, 0.0, 0},
-    {128, 1024, 65536, 3.8055520057678223, 4.852030263919617, 6.931471805599453, 11.090354888959125, 0.24408763872655692, 1, 0.0, 0},
-    {64, 64, 131072, 7.486000061035156, 4.1588830833596715, 4.1588830833596715, 11.78350206951907, 0.26754526813068236, 1, 0.0, 0},
-    {384, 384, 24576, 1.7966720461845398, 5.950642552587727, 5.950642552587727, 10.1095256359474, 0.4646283906717385, 1, 0.0, 0},
-    {1280, 1920, 16384, 1.919647991657257, 7.154615356913663, 7.560080465021827, 9.704060527839234, 0.40115629656622903, 1, 0.0, 0},
-    {1024, 1024, 49152, 3.716256022453308, 6.931471805599453, 6.931471805599453, 10.802672816507345, 0.25861746476825076, 1, 0.0, 0},
-    {1536, 2560, 768, 0.1167680025100708, 7.336936913707618, 7.847762537473608, 6.643789733147672, 0.3266080964962511, 1, 0.0, 0},
-    {2048, 5632, 2048, 0.7763039767742157, 7.6246189861593985, 8.636219897837877, 7.6246189861593985, 0.2366556613751772, 1, 0.0, 0},
-    {4096, 11008, 4096, 5.042191982269287, 8.317766166719343, 9.306377560173125, 8.317766166719343, 0.094995366871779, 1, 0.0, 0},
-    {1024, 14336, 4096, 1.6607680320739746, 6.931471805599453, 9.570529135214711, 8.317766166719343, 0.054626115335838415, 1, 0.0, 0},
-    {512, 512, 512, 0.2559039890766144, 6.238324625039508, 6.238324625039508, 6.238324625039508, 0.11962462550684692, 64, 4.1588830833596715, 0},
-    {1024, 1024, 128, 0.177824005484581, 6.931471805599453, 6.931471805599453, 4.852030263919617, 0.278893737893983, 32, 3.4657359027997265, 0},
-    {128, 128, 128, 0.03014400042593479, 4.852030263919617, 4.852030263919617, 4.852030263919617, 0.33241088927890305, 256, 5.545177444479562, 0},
-    {512, 512, 64, 0.11313599720597267, 6.238324625039508, 6.238324625039508, 4.1588830833596715, 0.31943506024434415, 128, 4.852030263919617, 0},
-    {512, 64, 512, 0.11807999759912491, 6.238324625039508, 4.1588830833596715, 6.238324625039508, 0.15387379810000162, 128, 4.852030263919617, 0},
-    {2048, 2048, 256, 0.29308798909187317, 7.6246189861593985, 7.6246189861593985, 5.545177444479562, 0.20302354329905384, 8, 2.0794415416798357, 0},
-    {4092, 4092, 4092, 3.0087358951568604, 8.316789127071518, 8.316789127071518, 8.316789127071518, 0.5762943508378351, 1, 0.0, 1},
-};
-static const Point tf32_19_unaligned[] = {
-    {2047, 2047, 2047, 0.3251839876174927, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.02150611069704195, 1, 0.0, 0},
-    {1531, 1531, 1531, 0.2595840096473694, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.23634687760453568, 1, 0.0, 0},
-    {5003, 5003, 5003, 5.0763840675354, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.032104906034367636, 1, 0.0, 0},
-    {127, 4099, 1023, 0.10513600334525108, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.06588720999626436, 1, 0.0, 0},
-    {4096, 1, 4096, 0.2961440086364746, 8.317766166719343, 0.0, 8.317766166719343, -0.15942194840136692, 1, 0.0, 0},
-    {1, 4096, 4096, 0.3405120074748993, 0.0, 8.317766166719343, 8.317766166719343, -0.019817410867557263, 1, 0.0, 0},
-    {16, 11008, 4096, 0.34305599331855774, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.11878713798800417, 1, 0.0, 0},
-    {4096, 4096, 4096, 2.4191360473632812, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.01973363317021086, 1, 0.0, 0},
-    {1024, 1024, 1024, 0.10574400052428246, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.14188668318846806, 1, 0.0, 0},
+    {2047, 2047, 2047, 0.3251839876174927, 7.624130585661289, 7.624130585661289, 7.624130585661289, -0.021538331173641574, 1, 0.0, 0},
+    {1531, 1531, 1531, 0.2595840096473694, 7.333676395657684, 7.333676395657684, 7.333676395657684, 0.23637865596400415, 1, 0.0, 0},
+    {5003, 5003, 5003, 5.0763840675354, 8.517793011488205, 8.517793011488205, 8.517793011488205, 0.03213943804583292, 1, 0.0, 0},
+    {127, 4099, 1023, 0.10513600334525108, 4.844187086458591, 8.318498320504338, 6.930494765951626, -0.06578528656014555, 1, 0.0, 0},
+    {4096, 1, 4096, 0.2961440086364746, 8.317766166719343, 0.0, 8.317766166719343, -0.15914674744636662, 1, 0.0, 0},
+    {1, 4096, 4096, 0.3405120074748993, 0.0, 8.317766166719343, 8.317766166719343, -0.019542209912556927, 1, 0.0, 0},
+    {16, 11008, 4096, 0.34305599331855774, 2.772588722239781, 9.306377560173125, 8.317766166719343, -0.11857550849601779, 1, 0.0, 0},
+    {4096, 4096, 4096, 2.4191360473632812, 8.317766166719343, 8.317766166719343, 8.317766166719343, -0.019728007678972665, 1, 0.0, 0},
+    {1024, 1024, 1024, 0.10574400052428246, 6.931471805599453, 6.931471805599453, 6.931471805599453, -0.1418205921571314, 1, 0.0, 0},
 };
 
-static const Member members[20] = {
+static const Member members[19] = {
     {128, 128, 32, 1, 1, true, true,
-     {tf32_0_aligned, 44, {0.018646423948313014, 0.0006086334515394673, 0.0009118913803629459, 0.0, 4.156855608279764}, 1.3063778355153313},
-     {tf32_0_unaligned, 9, {0.0, 0.0005567981661971, 0.01901733788734843, 0.17724585434799592, 0.0}, 1.0}
+     {tf32_0_aligned, 46, {0.019126267663007644, 0.0006087556900116462, 0.0008828157418144493, 0.0, 4.100738626354344}, 1.3072086716614273},
+     {tf32_0_unaligned, 9, {0.0, 0.0005484328955615217, 0.01898491784523485, 0.17941564709281554, 0.0}, 1.0}
      , true
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 1, 1, true, true,
-     {tf32_1_aligned, 44, {0.005106359023580655, 0.0003925142193084812, 0.0017703880505524764, 0.0, 0.0}, 1.6727150486474371},
-     {tf32_1_unaligned, 9, {0.0, 0.0003318192835813229, 0.011728791856394657, 0.2412771198032196, 0.0}, 1.0}
+     {tf32_1_aligned, 46, {0.005107777006533224, 0.00039286947632470793, 0.0017673418890449923, 0.0, 0.0}, 1.6724146794843264},
+     {tf32_1_unaligned, 9, {0.0, 0.00032635862681188593, 0.011836849260356752, 0.24253128392164566, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 4, 1, true, true,
-     {tf32_2_aligned, 44, {0.004222749015108363, 0.0001550693537013582, 0.010162631342111523, 0.0650778702883602, 0.0}, 1.1729925261000367},
-     {tf32_2_unaligned, 9, {0.02336290868330027, 0.0001290772677863761, 0.0034978240362024365, 0.18813993430327486, 0.0}, 1.0}
+     {tf32_2_aligned, 46, {0.005953739362441626, 0.00015241079781958748, 0.00937549307085273, 0.07077409749702987, 0.0}, 1.1675254596042455},
+     {tf32_2_unaligned, 9, {0.023425275493029116, 0.00012160775392076195, 0.0034755160175980113, 0.1908133283999336, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_3_aligned, 44, {0.0036514326605231735, 0.0005503952674181374, 0.006423416633953904, 0.01881872967688765, 0.0}, 1.1018867398488605},
-     {tf32_3_unaligned, 9, {0.0, 0.0, 0.01800186375513219, 0.370559070474875, 0.0}, 1.0}
+     {tf32_3_aligned, 46, {0.00365975958848408, 0.0005476838458043046, 0.0064187059442413355, 0.019335298303145225, 0.0}, 1.1012776965330737},
+     {tf32_3_unaligned, 9, {0.0, 0.0, 0.01802139139528068, 0.3705120701898237, 0.0}, 1.0}
      , false
      , 2, 1
      , false, 0
     },
     {64, 128, 32, 1, 1, true, true,
-     {tf32_4_aligned, 44, {0.005381010027831397, 0.0002933898436432341, 0.0006550210290505044, 0.0, 0.0}, 1.8394639575385887},
-     {tf32_4_unaligned, 9, {0.010929224314359868, 0.000612028103382325, 0.0013707895714506575, 0.03432619222493848, 0.0}, 1.0}
+     {tf32_4_aligned, 46, {0.005410498111627285, 0.00029420713154694385, 0.0006475016029606083, 0.0, 0.0}, 1.8381577881861502},
+     {tf32_4_unaligned, 9, {0.010933774376794728, 0.0006052041179056666, 0.0014303975722323296, 0.03639316746958348, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 128, 1, true, true,
-     {tf32_5_aligned, 44, {0.03294062550780692, 0.0002766025749559522, 0.0013374620941258785, 0.0, 7.011149885070483}, 1.3905883397668737},
-     {tf32_5_unaligned, 9, {0.05387530750204741, 0.0, 0.0002445613030991346, 0.5619452267264742, 70.61922564476328}, 1.0}
+     {tf32_5_aligned, 46, {0.03311102878044542, 0.0, 0.0013605214064807266, 0.12789829679738374, 8.464704589720775}, 1.343830415327808},
+     {tf32_5_unaligned, 9, {0.05457699089382531, 0.0, 0.00023745027774680917, 0.5635307762347894, 70.7105541009726}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
-    {16, 2, 512, 1, 5, true, false,
-     {tf32_6_aligned, 9, {0.008870891844306944, 0.0007104905132039664, 0.0, 0.0, 50.5409228097501}, 1.0},
-     {tf32_6_unaligned, 3, {0.0, 0.0010696311434460338, 0.0, 0.0, 0.0}, 1.0}
+    {16, 4, 512, 1, 2, true, false,
+     {tf32_6_aligned, 11, {0.02097451602737827, 0.00041506243955652817, 0.0, 0.0, 37.2561222266629}, 1.0},
+     {tf32_6_unaligned, 3, {0.0, 0.0010761596126205079, 0.0, 0.0, 0.0}, 1.0}
      , false
      , 1, 1
      , true, 0
     },
     {128, 192, 32, 1, 1, true, true,
-     {tf32_7_aligned, 44, {0.0033685899411902585, 0.0005358041751522248, 0.004452925856581309, 0.0, 0.0}, 1.416766508340122},
-     {tf32_7_unaligned, 9, {0.012449812330874188, 0.00025834946984959006, 0.0, 0.34959891614879957, 0.0}, 1.0}
+     {tf32_7_aligned, 46, {0.003302282226681173, 0.0005314783602853002, 0.0044963117502583175, 0.0, 0.0}, 1.4191189656377108},
+     {tf32_7_unaligned, 9, {0.0124521802577766, 0.0002582377160970148, 0.0, 0.3496256240618566, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 64, 32, 4, 1, true, true,
-     {tf32_8_aligned, 44, {0.004142006407515337, 0.00038942810002754217, 0.006422690900136309, 0.0, 0.0}, 1.2610291782525807},
+     {tf32_8_aligned, 46, {0.0040021101023823, 0.0003943779549424706, 0.006620525206181016, 0.0, 0.0}, 1.2570050432161386},
      {tf32_8_unaligned, 9, {0.018493372221264435, 7.002782521919807e-05, 0.005237912492429083, 0.18623442918257527, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 2, 1, true, true,
-     {tf32_9_aligned, 44, {0.007952627469122068, 0.0004932203254435522, 0.006305642048996817, 0.0, 0.0}, 1.3367734293893991},
-     {tf32_9_unaligned, 9, {0.008771711625412475, 0.000324267533342891, 0.005375049339328441, 0.24215863559556963, 1.1764566082094172}, 1.0}
+     {tf32_9_aligned, 46, {0.00795388771944663, 0.0004958570056735164, 0.006244057287006729, 0.0, 0.0}, 1.335016507757046},
+     {tf32_9_unaligned, 9, {0.008590478483090505, 0.0003101020636118193, 0.005895848711731368, 0.24543763987427553, 1.123729168070375}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_10_aligned, 44, {0.003392507486774275, 0.0003349453158555846, 0.0005841158983622002, 0.0, 0.0}, 1.2810365944455577},
-     {tf32_10_unaligned, 9, {0.016763061615566135, 0.00030155950553490427, 0.0, 0.026951330679868254, 0.0}, 1.0}
+     {tf32_10_aligned, 46, {0.0033953042278476956, 0.0003364188473275939, 0.0005748815516633805, 0.0, 0.0}, 1.279493824587189},
+     {tf32_10_unaligned, 9, {0.01674093812118329, 0.0002984476474445766, 0.0, 0.02852793420545313, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 8, 1, true, true,
-     {tf32_11_aligned, 44, {0.00789189185757795, 0.00017934494133106757, 0.008737833614878138, 0.053701441345553665, 0.0}, 1.1849783383984958},
-     {tf32_11_unaligned, 9, {0.021594095976504985, 0.00035311124371474134, 0.0047184301471588095, 0.09444347925531608, 0.0}, 1.0}
+     {tf32_11_aligned, 46, {0.0093671417341194, 0.00018796829238474145, 0.008593586933371566, 0.05212102321487483, 0.0}, 1.184823159764707},
+     {tf32_11_unaligned, 9, {0.02171640120760886, 0.0003418523053951251, 0.004698624520894969, 0.09849617698912046, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {64, 64, 32, 1, 1, true, true,
-     {tf32_12_aligned, 44, {0.003469380293489811, 0.0005200317216085658, 0.001044679392007054, 0.0, 0.0}, 1.0},
-     {tf32_12_unaligned, 9, {0.010742566637888418, 0.00047731333975768335, 0.0, 0.0, 0.0}, 1.0}
+     {tf32_12_aligned, 46, {0.0035267696713359668, 0.000512613742738727, 0.0010447935316722987, 0.0036817130889770008, 0.0}, 1.0},
+     {tf32_12_unaligned, 9, {0.010741786689935612, 0.00047728590206322537, 0.0, 0.0, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 240, 32, 1, 1, true, true,
-     {tf32_13_aligned, 44, {0.004608393531992832, 0.0005920601341304141, 0.004553573149361203, 0.005584114444668826, 0.0}, 1.464989071611403},
-     {tf32_13_unaligned, 9, {0.012351378231968533, 0.00019882517041812004, 0.0, 0.4064422370230242, 0.0}, 1.0}
+     {tf32_13_aligned, 46, {0.004651740030951621, 0.0005865271232771092, 0.0045445882492082335, 0.006678277447391305, 0.0}, 1.4645599992682414},
+     {tf32_13_unaligned, 9, {0.012337955898978056, 0.00019942153718151674, 0.0, 0.4063041206187587, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 3, 1, true, true,
-     {tf32_14_aligned, 44, {0.0038291074664825574, 0.0004361137011072145, 0.007102747103072885, 0.0, 0.0}, 1.2001782979229345},
-     {tf32_14_unaligned, 9, {0.023081980872762326, 0.0004039070852708374, 0.001955919500666606, 0.12024382211326491, 0.0}, 1.0}
+     {tf32_14_aligned, 46, {0.004969598516042462, 0.0004517887131467083, 0.006277303710072679, 0.0, 0.0}, 1.1909780839675528},
+     {tf32_14_unaligned, 9, {0.023189980186617574, 0.00039820125770319233, 0.0019246279983105659, 0.12232498905002283, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {64, 128, 32, 8, 1, true, true,
-     {tf32_15_aligned, 44, {0.0120621269560267, 9.955138215113185e-05, 0.0068129902374878945, 0.08523052958119143, 0.0}, 1.3591655972086083},
-     {tf32_15_unaligned, 9, {0.02542329177679704, 5.137881317276877e-05, 0.004375197227732216, 0.1964028588983337, 0.0}, 1.0}
+     {tf32_15_aligned, 46, {0.013480640223703618, 0.00010244990656697972, 0.00656206220890174, 0.0862833577329452, 0.0}, 1.3582546918292224},
+     {tf32_15_unaligned, 9, {0.025535916861338895, 4.111416260085673e-05, 0.00435792932664635, 0.20007152129880337, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 192, 32, 1, 1, true, true,
-     {tf32_16_aligned, 44, {0.003338049545003563, 0.0005379246270000128, 0.003414169474011797, 0.0, 0.0}, 1.4804471424047703},
-     {tf32_16_unaligned, 9, {0.012316250468590171, 0.0002573569500052491, 0.0, 0.3502305963844784, 0.0}, 1.0}
+     {tf32_16_aligned, 46, {0.0032929079446713415, 0.0005338344383552264, 0.0034528504445965236, 0.0, 0.0}, 1.4827556075914783},
+     {tf32_16_unaligned, 9, {0.01231751206777537, 0.000257297496530312, 0.0, 0.350244836125883, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 256, 32, 1, 1, true, true,
-     {tf32_17_aligned, 44, {0.003948123628210628, 0.0006691197979473251, 0.004953119889506114, 0.007607397915834885, 0.0}, 1.2875109523900952},
-     {tf32_17_unaligned, 9, {0.014066995667450762, 0.00014642606716874248, 0.0, 0.42786690850648745, 0.0}, 1.0}
-     , false
-     , 1, 1
-     , false, 0
-    },
-    {128, 256, 32, 1, 1, true, true,
-     {tf32_18_aligned, 44, {0.00489449489161058, 0.0005782419754339827, 0.005718153061038893, 0.0156805279623033, 0.0}, 1.4904851255887535},
-     {tf32_18_unaligned, 9, {0.013720148432330225, 0.00015784880274413355, 0.0, 0.4286233940779289, 0.0}, 1.0}
+     {tf32_17_aligned, 46, {0.003964749413024579, 0.0006643677984735988, 0.0049484618878513865, 0.008461868114750968, 0.0}, 1.286608704975435},
+     {tf32_17_unaligned, 9, {0.014066351408394942, 0.0001464523457855953, 0.0, 0.4278620672671308, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
     },
     {128, 128, 32, 1, 2, true, false,
-     {tf32_19_aligned, 44, {0.005486739175054304, 0.0013928568412170375, 0.003046006171515967, 0.22396089410316997, 0.0}, 1.5623150985897543},
-     {tf32_19_unaligned, 9, {0.027412258854179493, 0.002346999691118352, 0.0, 0.2883077667038499, 0.0}, 1.0}
+     {tf32_18_aligned, 46, {0.005482517946554306, 0.00139625478799597, 0.0030449678156098583, 0.22363386487574247, 0.0}, 1.561511890457226},
+     {tf32_18_unaligned, 9, {0.0274265378156552, 0.0023460874892115425, 0.0, 0.28840995337398445, 0.0}, 1.0}
      , false
      , 1, 1
      , false, 0
@@ -19355,7 +18472,7 @@ static int best(int M, int N, int K, bool use_aligned, bool split, int sm_count,
                 int batch, double& best_ms) {
     int found = -1;
     best_ms = HUGE_VAL;
-    for (int i = 0; i < 20; ++i) {
+    for (int i = 0; i < 19; ++i) {
         const Member& m = members[i];
         const Model& model = use_aligned ? m.aligned : m.unaligned;
         if (model.count == 0 || (beta_used && !m.beta) || (m.sm90a && !sm90a)) continue;
@@ -19374,7 +18491,7 @@ static int choose(int M, int N, int K, bool aligned, bool split, int sm_count, b
         const int found = best(M, N, K, pass == 0 ? aligned : !aligned, split, sm_count, beta_used, sm90a, batch, ms);
         if (found >= 0) return found;
     }
-    for (int i = 0; i < 20; ++i)
+    for (int i = 0; i < 19; ++i)
         if ((members[i].beta || !beta_used) && (!members[i].sm90a || sm90a)) return i;
     return 0;
 }
@@ -19608,7 +18725,7 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     Device caps;
     const cudaError_t status = device_caps(caps);
     if (status != cudaSuccess) return (int)status;
-    int pick = 19;  // a GPU this library was not tuned for: the portable member
+    int pick = 18;  // a GPU this library was not tuned for: the portable member
     if (caps.tuned_gpu) {
         const bool aligned = lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0 &&
             reinterpret_cast<unsigned long long>(A) % 16 == 0 && reinterpret_cast<unsigned long long>(B) % 16 == 0 &&
@@ -19644,7 +18761,6 @@ extern "C" int gemmgen_tf32_batched(int M, int N, int K, float alpha, const floa
     case 16: return gemmgen_tf32_16_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 17: return gemmgen_tf32_17_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     case 18: return gemmgen_tf32_18_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
-    case 19: return gemmgen_tf32_19_batched(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, batch, strideA, strideB, strideC, stream);
     }
     return cudaErrorInvalidValue;
 }
