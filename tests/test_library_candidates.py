@@ -1,0 +1,53 @@
+"""benchmarks/library_candidates.py (a diagnosis: every candidate of a library timed at a few shapes)
+run on the faked GPU of library_fake.py: it times each candidate and cuBLAS once, ranks them, and
+resumes from its database."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from library_fake import FakeGpu
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.append(str(ROOT / "benchmarks"))
+
+import library_candidates  # noqa: E402
+from gemmgen.library.resolve import load_libraries  # noqa: E402
+
+
+def run(monkeypatch, capsys, *argv) -> str:
+    monkeypatch.setattr(sys, "argv", ["library_candidates.py", *argv])
+    assert library_candidates.main() == 0
+    return capsys.readouterr().out
+
+
+def test_every_candidate_is_timed_once_and_ranked_beside_cublas(monkeypatch, capsys, tmp_path):
+    gpu = FakeGpu(tmp_path / "measured.log").install(monkeypatch)
+    monkeypatch.setattr(library_candidates, "compile_all", lambda plans: None)
+    db = tmp_path / "candidates.jsonl"
+    out = run(monkeypatch, capsys, "tf32", "5x7000x3000", "--out", str(db), "--top", "3")
+    (library,) = load_libraries(ROOT / "specs" / "tf32.gemm")
+    timed = [t for t in gpu.tasks if t.what == "5x7000x3000"]
+    assert sum(t.kind == "baseline" for t in timed) == 1
+    assert len({t.key for t in timed if t.kind == "time"}) == len(library.candidates())
+    lines = out.splitlines()
+    assert lines[0].startswith("== 5x7000x3000: cuBLAS TF32 ")
+    ranked = [float(line.split()[0]) for line in lines[1:]]
+    assert len(ranked) == 3 and ranked == sorted(ranked)       # the fastest three, fastest first
+    assert all(re.fullmatch(r" +[0-9.]+ us +[0-9.]+x  lib_tf32_\w+ block=.*", line) for line in lines[1:])
+    again = FakeGpu(tmp_path / "again.log").install(monkeypatch)
+    assert run(monkeypatch, capsys, "tf32", "5x7000x3000", "--out", str(db), "--top", "3") == out
+    assert again.tasks == []                                   # resumed: nothing timed twice
+
+
+def test_a_shape_that_is_not_mxnxk_is_refused_before_any_work(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(sys, "argv", ["library_candidates.py", "tf32", "5x7000", "--out", str(tmp_path / "db")])
+    with pytest.raises(SystemExit):
+        library_candidates.main()
+    assert "'5x7000' is not MxNxK" in capsys.readouterr().err
+    assert not (tmp_path / "db").exists()
