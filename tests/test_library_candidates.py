@@ -1,6 +1,7 @@
 """benchmarks/library_candidates.py (a diagnosis: every candidate of a library timed at a few shapes)
-run on the faked GPU of library_fake.py: it times each candidate and cuBLAS once, ranks them, and
-resumes from its database."""
+and judge_library_choice.py (the choice judged offline) run on the faked GPU of library_fake.py: the
+first times each candidate and cuBLAS once, ranks them, and resumes from its database; the second
+reports the library's leave-one-out and, at the candidates' shapes, the chosen member against the best."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "benchmarks") not in sys.path:
     sys.path.append(str(ROOT / "benchmarks"))
 
+import judge_library_choice  # noqa: E402
 import library_candidates  # noqa: E402
+from gemmgen.library.manifest import build_manifest  # noqa: E402
 from gemmgen.library.resolve import load_libraries  # noqa: E402
+from gemmgen.library.tune import tune_library  # noqa: E402
 
 
 def run(monkeypatch, capsys, *argv) -> str:
@@ -51,3 +55,32 @@ def test_a_shape_that_is_not_mxnxk_is_refused_before_any_work(monkeypatch, capsy
         library_candidates.main()
     assert "'5x7000' is not MxNxK" in capsys.readouterr().err
     assert not (tmp_path / "db").exists()
+
+
+def test_the_judge_reports_leave_one_out_and_the_choice_at_held_out_calls(monkeypatch, capsys, tmp_path):
+    FakeGpu(tmp_path / "measured.log").install(monkeypatch)
+    monkeypatch.setattr(library_candidates, "compile_all", lambda plans: None)
+    (library,) = load_libraries(ROOT / "specs" / "fp32.gemm")
+    db, held = tmp_path / "fp32.jsonl", tmp_path / "held.jsonl"
+    tune_library(library, db=db)
+    run(monkeypatch, capsys, "fp32", "300x5000x700", "--out", str(held))
+    out = run_judge(monkeypatch, capsys, "fp32", "--db", str(db), "--candidates", str(held))
+    loo = build_manifest(library, db).leave_one_out.per_shape
+    first = out.splitlines()[0]
+    assert f"leave-one-out over {len(loo)} tuned calls" in first
+    assert f"above 1.05 at {sum(r > 1.05 for r in loo.values())}, worst {max(loo.values()):.3f}" in first
+    (row,) = [line.split() for line in out.splitlines() if line.strip().startswith("300x5000x700")]
+    chosen, best_member, best_candidate = float(row[2]), float(row[4]), float(row[6])
+    assert row[1].startswith("fp32_") and chosen <= best_member <= best_candidate
+
+
+def test_the_judge_refuses_a_missing_database(monkeypatch, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        run_judge(monkeypatch, capsys, "tf32", "--db", str(tmp_path / "none.jsonl"))
+    assert "none.jsonl: no such database" in capsys.readouterr().err
+
+
+def run_judge(monkeypatch, capsys, *argv) -> str:
+    monkeypatch.setattr(sys, "argv", ["judge_library_choice.py", *argv])
+    assert judge_library_choice.main() == 0
+    return capsys.readouterr().out
