@@ -5,23 +5,32 @@ reports the library's leave-one-out and, at the candidates' shapes, the chosen m
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
+from gemmgen.library.manifest import build_manifest
+from gemmgen.library.resolve import load_libraries
+from gemmgen.library.tune import tune_library
 from library_fake import FakeGpu
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT / "benchmarks") not in sys.path:
-    sys.path.append(str(ROOT / "benchmarks"))
 
-import judge_library_choice  # noqa: E402
-import library_candidates  # noqa: E402
-from gemmgen.library.manifest import build_manifest  # noqa: E402
-from gemmgen.library.resolve import load_libraries  # noqa: E402
-from gemmgen.library.tune import tune_library  # noqa: E402
+
+def script(name: str):
+    """A benchmark script as a module, loaded from its file: benchmarks/ stays off sys.path, where its
+    records' folder benchmarks/torch would pass for a torch package in the tests collected after."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+library_candidates = script("library_candidates")
+judge_library_choice = script("judge_library_choice")
 
 
 def run(monkeypatch, capsys, *argv) -> str:
