@@ -19,7 +19,6 @@ arithmetic (gemmgen/library/selection.py) is judged on the library it would buil
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ from gemmgen.library.model import shape_class  # noqa: E402
 from gemmgen.library.resolve import load_libraries  # noqa: E402
 from gemmgen.library.selection import choose, short_sum_rows  # noqa: E402
 from gemmgen.language.shapes import LibraryShape  # noqa: E402
+from gemmgen.tuning import database as tuning_db  # noqa: E402
 from gemmgen.tuning.database import CUBLAS_KEY  # noqa: E402
 
 
@@ -43,11 +43,9 @@ def held_out(manifest: Manifest, candidates_db: Path, layouts: dict[str, str]) -
     """Per call of the candidates' database: cuBLAS's time over the chosen member's, the best
     member's and the best candidate's."""
     timed: dict[str, dict[str, float]] = {}
-    for line in candidates_db.read_text().splitlines():
-        record = json.loads(line) if line.strip() else {}
-        parts = record.get("scope", "").split("|")
-        if len(parts) >= 4 and record.get("ms"):
-            timed.setdefault(parts[2], {})[record["key"]] = record["ms"]
+    for _, entry in tuning_db.read(candidates_db):
+        if entry.get("ms"):
+            timed.setdefault(tuning_db.Scope.of(entry).what, {})[entry["key"]] = entry["ms"]
     members = manifest.candidates()
     keys = [m.key for m in manifest.members]
     rows = []

@@ -13,7 +13,6 @@ cuBLAS's. The database resumes: a shape or candidate already recorded is not tim
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from gemmgen.gpu.compile import compile_all
@@ -22,6 +21,7 @@ from gemmgen.library.model import kernel_key
 from gemmgen.library.resolve import load_libraries
 from gemmgen.library.tune import Jobs
 from gemmgen.plan.space import describe
+from gemmgen.tuning import database as tuning_db
 from gemmgen.tuning.database import CUBLAS_KEY
 from gemmgen.tuning.workers import open_runner
 
@@ -38,10 +38,6 @@ def shape(text: str) -> LibraryShape:
     return LibraryShape(M, N, K)
 
 
-def read(db: Path) -> list[dict]:
-    return [json.loads(line) for line in db.read_text().splitlines() if line.strip()] if db.exists() else []
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("library", choices=["fp32", "tf32"], help="specs/<library>.gemm")
@@ -54,18 +50,19 @@ def main() -> int:
     candidates = library.candidates()
     compile_all(candidates)
     jobs = Jobs(library)
-    done = {(r.get("key"), r.get("scope", "").split("|")[2:3][0]) for r in read(args.out) if "|" in r.get("scope", "")}
+    records = [entry for _, entry in tuning_db.read(args.out)]  # a malformed database stops here, before any work
+    done = {(entry["key"], tuning_db.Scope.of(entry).what) for entry in records}
     todo = [job for s in args.shapes for job in [jobs.cublas(s)] + [jobs.time(p, s) for p in candidates]
             if (job.key, job.what) not in done]
     if todo:
         with open_runner() as runner:
             runner.run(todo, args.out)
     names = {kernel_key(p): f"{p.spec.name} {describe(p.spec)}" for p in candidates}
-    records = read(args.out)
+    records = [entry for _, entry in tuning_db.read(args.out)]
     for s in args.shapes:
         what = f"{s.M}x{s.N}x{s.K}"
-        timed = {r["key"]: r["ms"] for r in records
-                 if r.get("ms") and r.get("scope", "").split("|")[2:3] == [what]}
+        timed = {entry["key"]: entry["ms"] for entry in records
+                 if entry.get("ms") and tuning_db.Scope.of(entry).what == what}
         cublas = timed.pop(CUBLAS_KEY, None)
         print(f"== {what}: {library.baseline} {cublas * 1e3:.1f} us" if cublas else f"== {what}: no cuBLAS time")
         for key, ms in sorted(timed.items(), key=lambda kv: kv[1])[:args.top]:
