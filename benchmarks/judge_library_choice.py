@@ -26,11 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))   # this checkout's gemmgen
 
+from gemmgen.language.shapes import LibraryShape  # noqa: E402
 from gemmgen.library.manifest import Manifest, build_manifest  # noqa: E402
 from gemmgen.library.model import shape_class  # noqa: E402
 from gemmgen.library.resolve import load_libraries  # noqa: E402
 from gemmgen.library.selection import choose, short_sum_rows  # noqa: E402
-from gemmgen.language.shapes import LibraryShape  # noqa: E402
 from gemmgen.tuning import database as tuning_db  # noqa: E402
 from gemmgen.tuning.database import CUBLAS_KEY  # noqa: E402
 
@@ -77,7 +77,11 @@ def main() -> int:
     for path in (db, args.candidates):
         if path is not None and not path.is_file():
             parser.error(f"{path}: no such database")
-    manifest = build_manifest(library, db, device=args.device)
+    try:
+        manifest = build_manifest(library, db, device=args.device)
+        rows = held_out(manifest, args.candidates, library.layouts) if args.candidates else []
+    except (tuning_db.DatabaseError, LookupError) as error:
+        parser.error(str(error))
     ratios = manifest.leave_one_out.per_shape
     finite = [r for r in ratios.values() if math.isfinite(r)]
     print(f"{args.library} on {manifest.device.name} ({db.name}): leave-one-out over {len(ratios)} tuned calls, "
@@ -88,7 +92,7 @@ def main() -> int:
             print(f"   {label:32s} {ratio:.3f}")
     if args.candidates:
         print("held-out calls, x cuBLAS: chosen / best member / best candidate")
-        for row in held_out(manifest, args.candidates, library.layouts):
+        for row in rows:
             print(f"   {row['shape']:20s} {row['chosen']:8s} {row['chosen_x']:.2f} / {row['best_member_x']:.2f} / "
                   f"{row['best_candidate_x']:.2f}")
     return 0

@@ -46,12 +46,15 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=12, help="candidates printed per shape (default 12)")
     args = parser.parse_args()
 
+    try:  # a malformed database stops here, before any work
+        records = [entry for _, entry in tuning_db.read(args.out)]
+    except tuning_db.DatabaseError as error:
+        parser.error(str(error))
+    done = {(entry["key"], tuning_db.Scope.of(entry).what) for entry in records}
     (library,) = load_libraries(ROOT / "specs" / f"{args.library}.gemm")
     candidates = library.candidates()
     compile_all(candidates)
     jobs = Jobs(library)
-    records = [entry for _, entry in tuning_db.read(args.out)]  # a malformed database stops here, before any work
-    done = {(entry["key"], tuning_db.Scope.of(entry).what) for entry in records}
     todo = [job for s in args.shapes for job in [jobs.cublas(s)] + [jobs.time(p, s) for p in candidates]
             if (job.key, job.what) not in done]
     if todo:

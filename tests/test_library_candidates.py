@@ -89,6 +89,18 @@ def test_the_judge_refuses_a_missing_database(monkeypatch, capsys, tmp_path):
     assert "none.jsonl: no such database" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("which", ["candidates", "judge"])
+def test_a_file_that_is_no_tuning_database_gets_a_clear_error(monkeypatch, capsys, tmp_path, which):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"not a record\n')
+    with pytest.raises(SystemExit):
+        if which == "candidates":
+            run(monkeypatch, capsys, "tf32", "5x7000x3000", "--out", str(bad))
+        else:
+            run_judge(monkeypatch, capsys, "tf32", "--db", str(bad))
+    assert "bad.jsonl" in capsys.readouterr().err and bad.read_text() == '{"not a record\n'  # left as it was
+
+
 def run_judge(monkeypatch, capsys, *argv) -> str:
     monkeypatch.setattr(sys, "argv", ["judge_library_choice.py", *argv])
     assert judge_library_choice.main() == 0
