@@ -33,10 +33,19 @@ library_candidates = script("library_candidates")
 judge_library_choice = script("judge_library_choice")
 
 
-def run(monkeypatch, capsys, *argv) -> str:
-    monkeypatch.setattr(sys, "argv", ["library_candidates.py", *argv])
-    assert library_candidates.main() == 0
+def call(script_module, monkeypatch, capsys, *argv) -> str:
+    """A script's main() with these arguments; what it printed."""
+    monkeypatch.setattr(sys, "argv", [f"{script_module.__name__}.py", *argv])
+    assert script_module.main() == 0
     return capsys.readouterr().out
+
+
+def run(monkeypatch, capsys, *argv) -> str:
+    return call(library_candidates, monkeypatch, capsys, *argv)
+
+
+def run_judge(monkeypatch, capsys, *argv) -> str:
+    return call(judge_library_choice, monkeypatch, capsys, *argv)
 
 
 def test_every_candidate_is_timed_once_and_ranked_beside_cublas(monkeypatch, capsys, tmp_path):
@@ -59,9 +68,8 @@ def test_every_candidate_is_timed_once_and_ranked_beside_cublas(monkeypatch, cap
 
 
 def test_a_shape_that_is_not_mxnxk_is_refused_before_any_work(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(sys, "argv", ["library_candidates.py", "tf32", "5x7000", "--out", str(tmp_path / "db")])
     with pytest.raises(SystemExit):
-        library_candidates.main()
+        run(monkeypatch, capsys, "tf32", "5x7000", "--out", str(tmp_path / "db"))
     assert "'5x7000' is not MxNxK" in capsys.readouterr().err
     assert not (tmp_path / "db").exists()
 
@@ -99,9 +107,3 @@ def test_a_file_that_is_no_tuning_database_gets_a_clear_error(monkeypatch, capsy
         else:
             run_judge(monkeypatch, capsys, "tf32", "--db", str(bad))
     assert "bad.jsonl" in capsys.readouterr().err and bad.read_text() == '{"not a record\n'  # left as it was
-
-
-def run_judge(monkeypatch, capsys, *argv) -> str:
-    monkeypatch.setattr(sys, "argv", ["judge_library_choice.py", *argv])
-    assert judge_library_choice.main() == 0
-    return capsys.readouterr().out
