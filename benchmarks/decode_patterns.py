@@ -1,0 +1,207 @@
+"""Is the decode tensor path's gap to the read roof its access pattern? (issue 28: 80% of HBM at 16 rows)
+
+    python benchmarks/decode_patterns.py --out patterns.json
+
+Per weight of N x K floats (K contiguous: 4096 x 4096, 11008 x 4096, 4096 x 11008, 14336 x 4096,
+32000 x 4096), rotated over at least 256 MB so that no call finds it in L2, fractions of HBM3's
+3.35 TB/s (the weight's bytes over the median of 5 batches of 10 calls, CUDA events) of:
+- read_all: a kernel that only reads (float4s summed in a grid-stride loop, 8 blocks of 256 per SM);
+- cols_W_U_SL: the same reads by tiles of 8 columns, as the decode tensor path reads them: lane 4g + t
+  takes W consecutive float4s of column g per chunk of 16 W floats, U chunks in flight, SL warps per
+  tile (each a slice of K);
+- dec_P_W_U_SL: 16 rows x the weight on mma.sync m16n8k8 with that pattern (P 1: TF32, 3: 3xTF32),
+  A's float4s read through L1 (no shared memory, no block barrier), the loads double-buffered, the
+  slices summed in shared memory; each with its error against float64.
+The shipped tensor path (decode.cuh.j2) reads one float4 per lane per chunk (W = 1) and stages A
+through shared memory one K tile at a time. Needs a CUDA GPU and CuPy. Its record:
+benchmarks/decode/2026-11-27-h100-455877e-access-pattern-probe.json.
+"""
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+SRC = r'''
+extern "C" __global__ void __launch_bounds__(256) read_all(const float4* __restrict__ p, long long n4, float* out) {
+    float s = 0.f;
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    #pragma unroll 8
+    for (; i < n4; i += stride) { float4 v = __ldg(p + i); s += v.x + v.y + v.z + v.w; }
+    if (s == 123.456f) out[0] = s;
+}
+__device__ __forceinline__ unsigned to_tf32(float x) { unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r; }
+__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
+    big = to_tf32(x); small = to_tf32(x - __uint_as_float(big)); }
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <int P>
+__device__ __forceinline__ void step(float (&c)[4], float (&cs)[4], float a0, float a1, float a2, float a3, float b0, float b1) {
+    unsigned ab[4], bb[2];
+    if constexpr (P == 3) {
+        unsigned as[4], bs[2];
+        split_tf32(a0, ab[0], as[0]); split_tf32(a1, ab[1], as[1]); split_tf32(a2, ab[2], as[2]); split_tf32(a3, ab[3], as[3]);
+        split_tf32(b0, bb[0], bs[0]); split_tf32(b1, bb[1], bs[1]);
+        mma_tf32(cs, as, bb); mma_tf32(cs, ab, bs);
+    } else {
+        ab[0] = to_tf32(a0); ab[1] = to_tf32(a1); ab[2] = to_tf32(a2); ab[3] = to_tf32(a3);
+        bb[0] = to_tf32(b0); bb[1] = to_tf32(b1);
+    }
+    mma_tf32(c, ab, bb);
+}
+// Read only: a block of SL warps per tile of 8 columns; lane (g, t) reads W consecutive float4s of column g
+// per chunk (chunk q of a column: 16 W floats; lane t at float4 q*4W + tW .. + W-1), U chunks in flight.
+template <int W, int U, int SL>
+__device__ void cols(int N, int K, const float* __restrict__ G, long long ldg, float* out) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int j = blockIdx.x * 8 + g;
+    const float4* col = reinterpret_cast<const float4*>(G + (long long)j * ldg) + t * W;
+    const int chunks = K / (16 * W);
+    float s = 0.f;
+    for (int q0 = warp; q0 < chunks; q0 += SL * U) {
+        float4 b[U][W];
+        #pragma unroll
+        for (int u = 0; u < U; ++u)
+            #pragma unroll
+            for (int w = 0; w < W; ++w) { int q = q0 + u * SL; b[u][w] = q < chunks ? __ldg(col + q * 4 * W + w) : make_float4(0,0,0,0); }
+        #pragma unroll
+        for (int u = 0; u < U; ++u)
+            #pragma unroll
+            for (int w = 0; w < W; ++w) s += b[u][w].x + b[u][w].y + b[u][w].z + b[u][w].w;
+    }
+    if (s == 123.456f) out[0] = s;
+}
+// 16 rows x the weight on mma.sync, the same pattern, double-buffered; A's float4s through L1; slices summed in
+// shared memory; C (16 x N) written.
+template <int P, int W, int U, int SL>
+__device__ void dec(int N, int K, const float* __restrict__ S, int lds, const float* __restrict__ G, long long ldg,
+                    float* __restrict__ C, int ldc) {
+    __shared__ float part[SL > 1 ? (SL - 1) * 128 : 1];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int j = blockIdx.x * 8 + g;
+    const bool live = j < N;
+    const float4* col = reinterpret_cast<const float4*>(G + (live ? (long long)j * ldg : 0)) + t * W;
+    const float4* ra = reinterpret_cast<const float4*>(S + g * lds) + t * W;
+    const float4* rb = reinterpret_cast<const float4*>(S + (g + 8) * lds) + t * W;
+    const int chunks = K / (16 * W);
+    float c[4] = {0,0,0,0}, cs[4] = {0,0,0,0};
+    float4 b0[U][W], b1[U][W];
+    #pragma unroll
+    for (int u = 0; u < U; ++u)
+        #pragma unroll
+        for (int w = 0; w < W; ++w) { int q = warp + u * SL; b0[u][w] = q < chunks ? __ldg(col + q * 4 * W + w) : make_float4(0,0,0,0); }
+    for (int q0 = warp; q0 < chunks; q0 += 2 * SL * U) {
+        #pragma unroll
+        for (int u = 0; u < U; ++u)
+            #pragma unroll
+            for (int w = 0; w < W; ++w) { int q = q0 + (U + u) * SL; b1[u][w] = q < chunks ? __ldg(col + q * 4 * W + w) : make_float4(0,0,0,0); }
+        float p[4] = {0,0,0,0}, ps[4] = {0,0,0,0};
+        #pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int q = min(q0 + u * SL, chunks - 1);
+            #pragma unroll
+            for (int w = 0; w < W; ++w) {
+                float4 a = __ldg(ra + q * 4 * W + w), a8 = __ldg(rb + q * 4 * W + w);
+                step<P>(p, ps, a.x, a8.x, a.y, a8.y, b0[u][w].x, b0[u][w].y);
+                step<P>(p, ps, a.z, a8.z, a.w, a8.w, b0[u][w].z, b0[u][w].w);
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < U; ++u)
+            #pragma unroll
+            for (int w = 0; w < W; ++w) { int q = q0 + (2 * U + u) * SL; b0[u][w] = q < chunks ? __ldg(col + q * 4 * W + w) : make_float4(0,0,0,0); }
+        #pragma unroll
+        for (int u = 0; u < U; ++u) {
+            int q = min(q0 + (U + u) * SL, chunks - 1);
+            #pragma unroll
+            for (int w = 0; w < W; ++w) {
+                float4 a = __ldg(ra + q * 4 * W + w), a8 = __ldg(rb + q * 4 * W + w);
+                step<P>(p, ps, a.x, a8.x, a.y, a8.y, b1[u][w].x, b1[u][w].y);
+                step<P>(p, ps, a.z, a8.z, a.w, a8.w, b1[u][w].z, b1[u][w].w);
+            }
+        }
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) { c[i] += p[i]; cs[i] += ps[i]; }
+    }
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) c[i] += cs[i];
+    if (SL > 1) {
+        if (warp > 0) for (int i = 0; i < 4; ++i) part[(warp - 1) * 128 + lane * 4 + i] = c[i];
+        __syncthreads();
+    }
+    if (warp == 0) {
+        for (int i = 0; i < 4; ++i) {
+            int r = g + 8 * (i / 2), jc = blockIdx.x * 8 + 2 * t + i % 2;
+            if (jc >= N) continue;
+            float sum = c[i];
+            for (int s = 1; s < SL; ++s) sum += part[(s - 1) * 128 + lane * 4 + i];
+            C[r * ldc + jc] = sum;
+        }
+    }
+}
+'''
+READS = [(W, U, SL) for W in (1, 2, 4) for U in ((4, 8) if W == 1 else (2, 4) if W == 2 else (1, 2)) for SL in (8, 16)]
+DECS = [(P, W, U, SL) for P in (1, 3) for W in (1, 2, 4) for U in ((2, 4) if W == 1 else (1, 2) if W == 2 else (1,))
+        for SL in (8, 16)]
+for (W, U, SL) in READS:
+    SRC += f'extern "C" __global__ void __launch_bounds__({32*SL}) cols_{W}_{U}_{SL}(int N, int K, const float* G, long long ldg, float* out) {{ cols<{W}, {U}, {SL}>(N, K, G, ldg, out); }}\n'
+for (P, W, U, SL) in DECS:
+    SRC += f'extern "C" __global__ void __launch_bounds__({32*SL}) dec_{P}_{W}_{U}_{SL}(int N, int K, const float* S, int lds, const float* G, long long ldg, float* C, int ldc) {{ dec<{P}, {W}, {U}, {SL}>(N, K, S, lds, G, ldg, C, ldc); }}\n'
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="JSON file to write (never replaced)")
+    args = parser.parse_args(argv)
+    if Path(args.out).exists():
+        sys.exit(f"error: {args.out} exists; name another file")
+    mod = cp.RawModule(code=SRC, options=("-std=c++17",))
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    out = cp.zeros(4, cp.float32)
+    def timeit(fn, calls=10, rounds=5):
+        fn(0); cp.cuda.Device().synchronize()
+        ts = []
+        for r in range(rounds):
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record()
+            for i in range(calls): fn(r * calls + i)
+            e1.record(); e1.synchronize()
+            ts.append(cp.cuda.get_elapsed_time(e0, e1) / calls)
+        return sorted(ts)[len(ts) // 2]
+    rows = []
+    for (N, K) in ((4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096), (32000, 4096)):
+        nbytes = N * K * 4
+        copies = max(2, math.ceil(256e6 / nbytes))
+        big = cp.random.rand(copies * N * K, dtype=cp.float32) - 0.5
+        S = cp.random.rand(16 * K, dtype=cp.float32) - 0.5
+        row = {"shape": f"{N}x{K}"}
+        f = mod.get_function("read_all")
+        ms = timeit(lambda i: f((sms * 8,), (256,), (big[(i % copies) * N * K:], np.int64(N * K // 4), out)))
+        row["read_all"] = round(nbytes / ms / 1e6 / 3350, 3)
+        for (W, U, SL) in READS:
+            f = mod.get_function(f"cols_{W}_{U}_{SL}")
+            ms = timeit(lambda i: f((N // 8,), (32 * SL,), (np.int32(N), np.int32(K), big[(i % copies) * N * K:], np.int64(K), out)))
+            row[f"cols_{W}_{U}_{SL}"] = round(nbytes / ms / 1e6 / 3350, 3)
+        C = cp.zeros((16, N), cp.float32)
+        Gm = big[:N * K].reshape(N, K)
+        ref = S.reshape(16, K).astype(cp.float64) @ Gm.astype(cp.float64).T
+        for (P, W, U, SL) in DECS:
+            f = mod.get_function(f"dec_{P}_{W}_{U}_{SL}")
+            args = lambda i: (np.int32(N), np.int32(K), S, np.int32(K), big[(i % copies) * N * K:], np.int64(K), C, np.int32(N))
+            ms = timeit(lambda i: f((N // 8,), (32 * SL,), args(i)))
+            C[...] = 0
+            f((N // 8,), (32 * SL,), args(0))
+            err = float(cp.linalg.norm(C - ref) / cp.linalg.norm(ref))
+            row[f"dec_{P}_{W}_{U}_{SL}"] = [round(nbytes / ms / 1e6 / 3350, 3), float(f"{err:.2e}")]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        big = None
+    Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+
+if __name__ == "__main__":
+    main()
