@@ -192,10 +192,10 @@ def main(argv=None):
         ref = S.reshape(16, K).astype(cp.float64) @ Gm.astype(cp.float64).T
         for (P, W, U, SL) in DECS:
             f = mod.get_function(f"dec_{P}_{W}_{U}_{SL}")
-            args = lambda i: (np.int32(N), np.int32(K), S, np.int32(K), big[(i % copies) * N * K:], np.int64(K), C, np.int32(N))
-            ms = timeit(lambda i: f((N // 8,), (32 * SL,), args(i)))
+            call_args = lambda i: (np.int32(N), np.int32(K), S, np.int32(K), big[(i % copies) * N * K:], np.int64(K), C, np.int32(N))
+            ms = timeit(lambda i: f((N // 8,), (32 * SL,), call_args(i)))
             C[...] = 0
-            f((N // 8,), (32 * SL,), args(0))
+            f((N // 8,), (32 * SL,), call_args(0))
             err = float(cp.linalg.norm(C - ref) / cp.linalg.norm(ref))
             row[f"dec_{P}_{W}_{U}_{SL}"] = [round(nbytes / ms / 1e6 / 3350, 3), float(f"{err:.2e}")]
         print(json.dumps(row), flush=True)
