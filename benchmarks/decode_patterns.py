@@ -14,7 +14,7 @@ Per weight of N x K floats (K contiguous: 4096 x 4096, 11008 x 4096, 4096 x 1100
   slices summed in shared memory; each with its error against float64.
 The shipped tensor path (decode.cuh.j2) reads one float4 per lane per chunk (W = 1) and stages A
 through shared memory one K tile at a time. Needs a CUDA GPU and CuPy. Its record:
-benchmarks/decode/2026-11-27-h100-455877e-access-pattern-probe.json.
+benchmarks/decode/2026-11-27-h100-21fda59-decode-patterns.json.
 """
 import argparse
 import json
