@@ -16,45 +16,16 @@ The shipped tensor path (decode.cuh.j2) reads one float4 per lane per chunk (W =
 through shared memory one K tile at a time. Needs a CUDA GPU and CuPy. Its record:
 benchmarks/decode/2026-11-27-h100-21fda59-decode-patterns.json.
 """
-import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import cupy as cp
 import numpy as np
 
-SRC = r'''
-extern "C" __global__ void __launch_bounds__(256) read_all(const float4* __restrict__ p, long long n4, float* out) {
-    float s = 0.f;
-    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    #pragma unroll 8
-    for (; i < n4; i += stride) { float4 v = __ldg(p + i); s += v.x + v.y + v.z + v.w; }
-    if (s == 123.456f) out[0] = s;
-}
-__device__ __forceinline__ unsigned to_tf32(float x) { unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x)); return r; }
-__device__ __forceinline__ void split_tf32(float x, unsigned& big, unsigned& small) {
-    big = to_tf32(x); small = to_tf32(x - __uint_as_float(big)); }
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <int P>
-__device__ __forceinline__ void step(float (&c)[4], float (&cs)[4], float a0, float a1, float a2, float a3, float b0, float b1) {
-    unsigned ab[4], bb[2];
-    if constexpr (P == 3) {
-        unsigned as[4], bs[2];
-        split_tf32(a0, ab[0], as[0]); split_tf32(a1, ab[1], as[1]); split_tf32(a2, ab[2], as[2]); split_tf32(a3, ab[3], as[3]);
-        split_tf32(b0, bb[0], bs[0]); split_tf32(b1, bb[1], bs[1]);
-        mma_tf32(cs, as, bb); mma_tf32(cs, ab, bs);
-    } else {
-        ab[0] = to_tf32(a0); ab[1] = to_tf32(a1); ab[2] = to_tf32(a2); ab[3] = to_tf32(a3);
-        bb[0] = to_tf32(b0); bb[1] = to_tf32(b1);
-    }
-    mma_tf32(c, ab, bb);
-}
+from read_ceiling import HELPERS, median_ms, parse_out  # the plain read, the mma.sync helpers, the timing
+
+SRC = HELPERS + r'''
 // Read only: a block of SL warps per tile of 8 columns; lane (g, t) reads W consecutive float4s of column g
 // per chunk (chunk q of a column: 16 W floats; lane t at float4 q*4W + tW .. + W-1), U chunks in flight.
 template <int W, int U, int SL>
@@ -155,24 +126,11 @@ for (P, W, U, SL) in DECS:
     SRC += f'extern "C" __global__ void __launch_bounds__({32*SL}) dec_{P}_{W}_{U}_{SL}(int N, int K, const float* S, int lds, const float* G, long long ldg, float* C, int ldc) {{ dec<{P}, {W}, {U}, {SL}>(N, K, S, lds, G, ldg, C, ldc); }}\n'
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="JSON file to write (never replaced)")
-    args = parser.parse_args(argv)
-    if Path(args.out).exists():
-        sys.exit(f"error: {args.out} exists; name another file")
+    args = parse_out(argv, __doc__, "JSON")
     mod = cp.RawModule(code=SRC, options=("-std=c++17",))
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     out = cp.zeros(4, cp.float32)
-    def timeit(fn, calls=10, rounds=5):
-        fn(0); cp.cuda.Device().synchronize()
-        ts = []
-        for r in range(rounds):
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            e0.record()
-            for i in range(calls): fn(r * calls + i)
-            e1.record(); e1.synchronize()
-            ts.append(cp.cuda.get_elapsed_time(e0, e1) / calls)
-        return sorted(ts)[len(ts) // 2]
+    timeit = median_ms
     rows = []
     for (N, K) in ((4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096), (32000, 4096)):
         nbytes = N * K * 4

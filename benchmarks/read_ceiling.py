@@ -23,7 +23,8 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-SRC = r'''
+# The plain read and the mma.sync helpers (decode_patterns.py builds on them too).
+HELPERS = r'''
 extern "C" __global__ void __launch_bounds__(256) read_all(const float4* __restrict__ p, long long n4, float* out) {
     float s = 0.f;
     long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
@@ -54,7 +55,9 @@ __device__ __forceinline__ void step(float (&c)[4], float (&cs)[4], float a0, fl
     }
     mma_tf32(c, ab, bb);
 }
+'''
 
+SRC = HELPERS + r'''
 // V1: 16 rows, A fragments from global (L1), B float4s in registers, double-buffered. Block: TILES tiles
 // of 8 columns x SLICES warps each (slice s takes chunks s, s+SLICES, ...). K % 16 == 0.
 template <int P, int U, int SLICES, int TILES>
@@ -124,28 +127,43 @@ extern "C" __global__ void __launch_bounds__({32*SL*TI}) v1_{P}_{U}_{SL}_{TI}(in
 {{ dec_v1<{P}, {U}, {SL}, {TI}>(N, K, S, lds, G, ldg, C, ldc); }}
 '''
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="JSON lines file to write (never replaced)")
+
+def median_ms(fn, calls=10, rounds=5):
+    """fn(i) (i: the call's number, to rotate the weight's copies) once untimed, then the median over
+    `rounds` batches of `calls` calls of a call's milliseconds, by CUDA events."""
+    fn(0)
+    cp.cuda.Device().synchronize()
+    ts = []
+    for r in range(rounds):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        for i in range(calls):
+            fn(r * calls + i)
+        e1.record()
+        e1.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(e0, e1) / calls)
+    return sorted(ts)[len(ts) // 2]
+
+
+def parse_out(argv, doc: str, what: str) -> argparse.Namespace:
+    """The probe's one option, --out (`what` file to write, never replaced), refused before any work if
+    the file exists."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--out", required=True, help=f"{what} file to write (never replaced)")
     args = parser.parse_args(argv)
     if Path(args.out).exists():
-        sys.exit(f"{args.out} exists; name another file")
+        sys.exit(f"error: {args.out} exists; name another file")
+    return args
+
+
+def main(argv=None):
+    args = parse_out(argv, __doc__, "JSON lines")
     mod = cp.RawModule(code=SRC, options=("-std=c++17", "--use_fast_math"), name_expressions=None)
     dev = cp.cuda.Device()
     sms = dev.attributes["MultiProcessorCount"]
     out = cp.zeros(4, cp.float32)
     results = []
-    def timeit(fn, calls=10, rounds=5):
-        fn(0)
-        cp.cuda.Device().synchronize()
-        ts = []
-        for r in range(rounds):
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            e0.record()
-            for i in range(calls): fn(r * calls + i)
-            e1.record(); e1.synchronize()
-            ts.append(cp.cuda.get_elapsed_time(e0, e1) / calls)
-        return sorted(ts)[len(ts) // 2]
+    timeit = median_ms
     for (N, K) in ((4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096), (128256, 4096)):
         nbytes = N * K * 4
         copies = max(2, math.ceil(256e6 / nbytes))
