@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from torch_records import meta, refuse_to_overwrite, write_record
+from torch_records import elapsed_ms, meta, refuse_to_overwrite, write_record
 
 import gemmgen
 from gemmgen.gpu.transpose import transpose
@@ -31,25 +31,15 @@ MATRICES = ((2048, 2048), (4096, 4096), (2048, 8192))
 SHAPES = ((4096, 4096, 4096), (2048, 8192, 2048))
 
 
-def per_call_us(work, calls: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        work()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls * 1000
-
-
 def in_turns(ways: dict, rounds: int, calls: int) -> dict:
     """Each way's median batch (us per call), the ways taking turns; two untimed calls of each first."""
     for work in ways.values():
         work(), work()
-    torch.cuda.synchronize()
+    device = torch.device("cuda", torch.cuda.current_device())
     times = {name: [] for name in ways}
     for _ in range(rounds):
         for name, work in ways.items():
-            times[name].append(per_call_us(work, calls))
+            times[name].append(elapsed_ms(lambda: [work() for _ in range(calls)], device) / calls * 1000)
     return {name: round(statistics.median(t), 1) for name, t in times.items()}
 
 
