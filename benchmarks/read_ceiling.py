@@ -163,7 +163,6 @@ def main(argv=None):
     sms = dev.attributes["MultiProcessorCount"]
     out = cp.zeros(4, cp.float32)
     results = []
-    timeit = median_ms
     for (N, K) in ((4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096), (128256, 4096)):
         nbytes = N * K * 4
         copies = max(2, math.ceil(256e6 / nbytes))
@@ -172,7 +171,7 @@ def main(argv=None):
         ra = mod.get_function("read_all")
         row = {"shape": f"{N}x{K}"}
         for blocks_per_sm in (4, 8, 16):
-            ms = timeit(lambda i: ra((sms * blocks_per_sm,), (256,),
+            ms = median_ms(lambda i: ra((sms * blocks_per_sm,), (256,),
                                      (big[(i % copies) * N * K:], np.int64(N * K // 4), out)))
             row[f"read{blocks_per_sm}"] = round(nbytes / ms / 1e6 / 3350, 3)
         C = cp.zeros((16, N), cp.float32)
@@ -180,7 +179,7 @@ def main(argv=None):
             f = mod.get_function(f"v1_{P}_{U}_{SL}_{TI}")
             grid = (N // 8 + TI - 1) // TI
             try:
-                ms = timeit(lambda i: f((grid,), (32 * SL * TI,), (np.int32(N), np.int32(K), S, np.int32(K),
+                ms = median_ms(lambda i: f((grid,), (32 * SL * TI,), (np.int32(N), np.int32(K), S, np.int32(K),
                                                                    big[(i % copies) * N * K:], np.int64(K), C,
                                                                    np.int32(N))))
             except Exception as exc:
