@@ -1312,12 +1312,12 @@ static inline int gemmgen_fp32_0(int M, int N, int K, float alpha, const float* 
 // derived by the Plan:
 //   target                   sm_90
 //   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
-//   orientation              M <= N: rows of A in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B in shared memory, rows of A streamed
+//   orientation              M <= N: rows of A read in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B read in shared memory, rows of A streamed
 //   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
 //   columns per warp         2, 4 step(s) of 2 vector loads in flight per lane (8 float4s)
-//   threads per block        256 (8 warps: 8 column group(s) of 1 warp(s), each a slice of K) = 16 columns
 //   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
-//   lane sums                FFMA passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
+//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
+//   threads per block        256 (8 warps: 8 column group(s) of 1 warp(s), each a slice of K) = 16 columns
 //   K slices' sums           none (one warp per column group)
 //   registers (estimate)     68 live floats per lane at 16 rows, 40 at 1
 //   shared memory per block  0 dynamic + 32772 static bytes
@@ -1350,12 +1350,12 @@ constexpr int PART_FLOATS = 1;  // shared partial sums of slices 1 .. SLICES - 1
 constexpr int UNROLL = 4;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
-// The tensor path (passes of 5 to 16 rows; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
+// The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
 // step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
 constexpr int PRODUCTS = 0;
 constexpr int TILES = 2;
 constexpr int TILE_SLICES = 4;
-constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its column per lane, issued together
+constexpr int CHUNKS_IN_FLIGHT = 4;  // float4s of its column per lane in flight
 
 // ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
 
@@ -1425,7 +1425,7 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* ro
 }
 static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
 static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
-static_assert(CHUNKS_IN_FLIGHT % 2 == 0, "the scalar variant issues half the float4s, four floats each");
+static_assert(CHUNKS_IN_FLIGHT % 4 == 0, "two batches of chunks of two float4s (unaligned: 8 floats)");
 
 // V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
 template <int V>
@@ -1572,22 +1572,13 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
     __syncthreads();  // s_part is free for the next pass
 }
 
-// ---- the tensor path: a pass of 5 to 16 rows (R = 8 or 16) on mma.sync m16n8k8 ------------------
-// The sum over K is order-free: lane 4g + t takes k = 16q + 4t .. 16q + 4t + 3 of chunk q (one float4
-// of its column g of the tile, and of rows g and g + 8 of the small operand) as k slots t and t + 4
-// of two k steps (.x .y, then .z .w), the same slots for A and for B.
-
-// Where k of a row of shared memory lies: odd rows swap their 16-float halves, so that the two rows
-// a quarter warp reads (g, t = 0..3 for two g) fall on all 32 banks.
-__device__ __forceinline__ int swizzled(int r, int k) { return k ^ ((r & 1) << 4); }
-
-// Four floats of shared memory (16-byte aligned) by ld.shared: the passes are calls, in which the
-// compiler no longer knows s_rows is shared (volatile: never hoisted past the tile's barriers).
-__device__ __forceinline__ void load_shared4(float (&v)[4], const float* p) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ld.shared.v4.f32 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(address));
-}
+// ---- the tensor path: a pass of up to 8 or 16 rows (R) on mma.sync m16n8k8 ------------------------
+// The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
+// of its column g of the tile, and of rows g and g + 8 of the small operand), each float4 as k slots t
+// and t + 4 of two k steps (.x .y, then .z .w), the same slots for A and for B. A column's four lanes
+// read 128 consecutive bytes of it per chunk. The small operand's rows are read through L1 where the
+// lanes need them: no shared tile, so no block barrier until the slices' sums.
+constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
 
 // c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
 // PRODUCTS 3: both split into big + small TF32 parts, big x big into c, small x big + big x small into
@@ -1622,90 +1613,94 @@ __device__ __forceinline__ void mma_step(float (&c)[4], float (&cs)[4], float a0
     mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
 }
 
-// A lane's U float4s of its column (or 4 floats each, unaligned): chunks q0, q0 + TILE_SLICES, ..,
-// each at 16 q of `column` (the lane's 4 t already added), zeros past `left` floats and where not live.
-template <int U, bool ALIGNED>
-__device__ __forceinline__ void load_chunks(float (&b)[U][4], const float* column, int q0, int left, bool live) {
-    if (live && (q0 + (U - 1) * TILE_SLICES) * 16 + 4 <= left) {  // every chunk whole: no checks
+// A lane's 8 floats of one chunk (two float4s, or 8 floats unaligned) from `p`, zeros past `left`
+// floats and where not live.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, int left, bool live) {
+    if (live && left >= 8) {
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + (q0 + u * TILE_SLICES) * 16 + e);
+        for (int e = 0; e < 8; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(v + e, p + e);
         return;
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = (q0 + u * TILE_SLICES) * 16;
-#pragma unroll
-        for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
-            if (live && k + e < left) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + k + e);
-            else fill_zero<ALIGNED ? 4 : 1>(b[u] + e);
-        }
+    for (int e = 0; e < 8; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
+        if (live && e < left) load_vec<ALIGNED ? 4 : 1>(v + e, p + e);
+        else fill_zero<ALIGNED ? 4 : 1>(v + e);
     }
 }
 
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 5 to R rows
+// A lane's U chunks of its column: q0, q0 + TILE_SLICES, .. (zeros past K: the tail, and chunks past the end).
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_chunks(float (&b)[U][8], const float* column, int q0, int left, bool live) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = (q0 + u * TILE_SLICES) * CHUNK;
+        load_chunk<ALIGNED>(b[u], column + k, left - k, live);
+    }
+}
+
+// The products of U chunks of the lane's column (b, loaded) with the same k of rows g and g + 8 (read
+// here), summed from zero in p and ps, then added into c and cs, rounding to nearest: the tensor cores
+// round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6 at 7 x 8192 x 8192,
+// cuBLAS FP32 5.7e-7).
+template <int R, int U, bool ALIGNED>
+__device__ __forceinline__ void multiply_chunks(float (&c)[4], float (&cs)[4], const float (&b)[U][8],
+        const float* row, const float* row8, bool live, bool live8, int q0, int left) {
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = (q0 + u * TILE_SLICES) * CHUNK;
+        float a[8], a8[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8
+        load_chunk<ALIGNED>(a, row + k, left - k, live);
+        if constexpr (R == 16) load_chunk<ALIGNED>(a8, row8 + k, left - k, live8);
+#pragma unroll
+        for (int h = 0; h < 8; h += 4) {  // the chunk's two float4s, two k steps each
+            mma_step<R == 16>(p, ps, a[h], a8[h], a[h + 1], a8[h + 1], b[u][h], b[u][h + 1]);
+            mma_step<R == 16>(p, ps, a[h + 2], a8[h + 2], a[h + 3], a8[h + 3], b[u][h + 2], b[u][h + 3]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        c[i] += p[i];
+        cs[i] += ps[i];
+    }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 1 to R rows
 // (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
-// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of each K tile.
+// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of K. Each lane
+// keeps two batches of U chunks of its column in flight in turn: the next batch's loads are issued
+// before this one's products.
 template <int R, bool ALIGNED>
 __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
         const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
 {
-    constexpr int V = ALIGNED ? 4 : 1;
-    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 32)
-    constexpr int U = ALIGNED ? CHUNKS_IN_FLIGHT : CHUNKS_IN_FLIGHT / 2;  // scalar loads: 4 per chunk
+    constexpr int U = CHUNKS_IN_FLIGHT / 4;  // chunks per batch (2 float4s each, or 8 floats unaligned): 2 batches of U
     static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
+    static_assert(U >= 1, "at least one chunk per batch");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int tile = warp % TILES, slice = warp / TILES;
     const int g = lane / 4, t = lane % 4;
     const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
-    const bool live = j < cols;
-    const float* column = G + (live ? (long long)j * ldg : 0);
+    const bool live = j < cols, live_row = g < rows, live_row8 = g + 8 < rows;
+    const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
+    const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
+    const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
+    const int left = K - 8 * t;  // floats from the lane's first k on
+    const int chunks = (K + CHUNK - 1) / CHUNK;
+    constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // cs: the small products (3xtf32)
 
-    // A batch of U chunks is issued after the last one is multiplied, the next tile's first batch
-    // included: its loads are in flight through the tile's barriers and refill of the small operand.
-    // Every warp has a batch in every tile but the last (a whole tile is KT / 16 >= TILE_SLICES chunks).
-    float b[U][4];
-    load_chunks<U, ALIGNED>(b, column + 4 * t, slice, min(KT, K) - 4 * t, live);
-    for (int k0 = 0; k0 < K; k0 += KT) {
-        const int klen = min(KT, K - k0), chunks = (klen + 15) / 16;
-        const int vectors = chunks * 16 / V;  // per row: up to a whole chunk, zeros past klen
-        __syncthreads();  // every warp is done with the last tile
-        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
-            const int r = i / vectors, k = i % vectors * V;
-            const bool valid = r < rows && k < klen;
-            cp_async<4 * V>(s_rows + r * KT + swizzled(r, k), valid ? S + r * lds + k0 + k : S, valid);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
+    float b0[U][8], b1[U][8];
+    load_chunks<U, ALIGNED>(b0, column, slice, left, live);
 #pragma unroll 1
-        for (int q0 = slice; q0 < chunks; q0 += TILE_SLICES * U) {
-            // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts
-            // (2.4e-6 at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): each batch's products start from zero
-            // in p and ps, which are added into c and cs here, rounding to nearest.
-            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int q = min(q0 + u * TILE_SLICES, chunks - 1);  // past the tile: b is zero
-                float a[4], a8[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8 at k = 16q + 4t ..
-                load_shared4(a, s_rows + g * KT + swizzled(g, q * 16) + 4 * t);
-                if constexpr (R == 16) load_shared4(a8, s_rows + (g + 8) * KT + swizzled(g + 8, q * 16) + 4 * t);
-                mma_step<R == 16>(p, ps, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
-                mma_step<R == 16>(p, ps, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                c[i] += p[i];
-                cs[i] += ps[i];
-            }
-            // the next batch: of this tile, else the first of the next tile (none past K)
-            const bool here = q0 + TILE_SLICES * U < chunks;
-            const int next_k0 = here ? k0 : k0 + KT, next_q = here ? q0 + TILE_SLICES * U : slice;
-            load_chunks<U, ALIGNED>(b, column + next_k0 + 4 * t, next_q, min(KT, K - next_k0) - 4 * t, live);
-        }
+    for (int q0 = slice; q0 < chunks; q0 += 2 * STRIDE) {
+        load_chunks<U, ALIGNED>(b1, column, q0 + STRIDE, left, live);
+        multiply_chunks<R, U, ALIGNED>(c, cs, b0, row, row8, live_row, live_row8, q0, left);
+        if (q0 + STRIDE >= chunks) break;  // the second batch lies past K
+        load_chunks<U, ALIGNED>(b0, column, q0 + 2 * STRIDE, left, live);
+        multiply_chunks<R, U, ALIGNED>(c, cs, b1, row, row8, live_row, live_row8, q0 + STRIDE, left);
     }
 
 #pragma unroll
@@ -1730,18 +1725,6 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
     __syncthreads();  // s_part is free for the next pass
 }
 
-// A pass of 5 to 16 rows: FFMA, or the tensor path (only the one taken is instantiated).
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_wide_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
-{
-    if constexpr (PRODUCTS == 0)
-        decode_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
-    else
-        decode_tensor_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
-}
-
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
 gemmgen_fp32_1_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
@@ -1751,7 +1734,7 @@ gemmgen_fp32_1_kernel(int M, int N, int K, float alpha, const float* __restrict_
         long long strideB,
         long long strideC)
 {
-    __shared__ __align__(16) float s_rows[TILE_FLOATS];
+    __shared__ __align__(16) float s_rows[PRODUCTS ? 1 : TILE_FLOATS];  // FFMA's tiles of the small operand
     __shared__ float s_part[PART_FLOATS];
     // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
     const bool transposed = M > N;
@@ -1772,16 +1755,21 @@ gemmgen_fp32_1_kernel(int M, int N, int K, float alpha, const float* __restrict_
         const int left = min(rows - r0, MAX_ROWS);
         const float* s = S + r0 * lds;
         float* c = C + r0 * c_row;
-        if (left == 1)
+        if constexpr (PRODUCTS > 0) {  // the tensor path at every row count (the FFMA passes are not compiled)
+            if (left <= 8)
+                decode_tensor_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+            else
+                decode_tensor_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+        } else if (left == 1)
             decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else if (left == 2)
             decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else if (left <= 4)
             decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else if (left <= 8)
-            decode_wide_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else
-            decode_wide_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
     }
 }
 
@@ -8448,12 +8436,12 @@ static inline int gemmgen_fp32_7(int M, int N, int K, float alpha, const float* 
 // derived by the Plan:
 //   target                   sm_90
 //   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
-//   orientation              M <= N: rows of A in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B in shared memory, rows of A streamed
+//   orientation              M <= N: rows of A read in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B read in shared memory, rows of A streamed
 //   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
 //   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
-//   threads per block        128 (4 warps: 4 column group(s) of 1 warp(s), each a slice of K) = 4 columns
 //   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
-//   lane sums                FFMA passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
+//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
+//   threads per block        128 (4 warps: 4 column group(s) of 1 warp(s), each a slice of K) = 4 columns
 //   K slices' sums           none (one warp per column group)
 //   registers (estimate)     52 live floats per lane at 16 rows, 38 at 1
 //   shared memory per block  0 dynamic + 32772 static bytes
@@ -8486,12 +8474,12 @@ constexpr int PART_FLOATS = 1;  // shared partial sums of slices 1 .. SLICES - 1
 constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
-// The tensor path (passes of 5 to 16 rows; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
+// The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
 // step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
 constexpr int PRODUCTS = 0;
 constexpr int TILES = 1;
 constexpr int TILE_SLICES = 4;
-constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its column per lane, issued together
+constexpr int CHUNKS_IN_FLIGHT = 4;  // float4s of its column per lane in flight
 
 // ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
 
@@ -8561,7 +8549,7 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* ro
 }
 static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
 static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
-static_assert(CHUNKS_IN_FLIGHT % 2 == 0, "the scalar variant issues half the float4s, four floats each");
+static_assert(CHUNKS_IN_FLIGHT % 4 == 0, "two batches of chunks of two float4s (unaligned: 8 floats)");
 
 // V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
 template <int V>
@@ -8708,22 +8696,13 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
     __syncthreads();  // s_part is free for the next pass
 }
 
-// ---- the tensor path: a pass of 5 to 16 rows (R = 8 or 16) on mma.sync m16n8k8 ------------------
-// The sum over K is order-free: lane 4g + t takes k = 16q + 4t .. 16q + 4t + 3 of chunk q (one float4
-// of its column g of the tile, and of rows g and g + 8 of the small operand) as k slots t and t + 4
-// of two k steps (.x .y, then .z .w), the same slots for A and for B.
-
-// Where k of a row of shared memory lies: odd rows swap their 16-float halves, so that the two rows
-// a quarter warp reads (g, t = 0..3 for two g) fall on all 32 banks.
-__device__ __forceinline__ int swizzled(int r, int k) { return k ^ ((r & 1) << 4); }
-
-// Four floats of shared memory (16-byte aligned) by ld.shared: the passes are calls, in which the
-// compiler no longer knows s_rows is shared (volatile: never hoisted past the tile's barriers).
-__device__ __forceinline__ void load_shared4(float (&v)[4], const float* p) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ld.shared.v4.f32 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(address));
-}
+// ---- the tensor path: a pass of up to 8 or 16 rows (R) on mma.sync m16n8k8 ------------------------
+// The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
+// of its column g of the tile, and of rows g and g + 8 of the small operand), each float4 as k slots t
+// and t + 4 of two k steps (.x .y, then .z .w), the same slots for A and for B. A column's four lanes
+// read 128 consecutive bytes of it per chunk. The small operand's rows are read through L1 where the
+// lanes need them: no shared tile, so no block barrier until the slices' sums.
+constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
 
 // c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
 // PRODUCTS 3: both split into big + small TF32 parts, big x big into c, small x big + big x small into
@@ -8758,90 +8737,94 @@ __device__ __forceinline__ void mma_step(float (&c)[4], float (&cs)[4], float a0
     mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
 }
 
-// A lane's U float4s of its column (or 4 floats each, unaligned): chunks q0, q0 + TILE_SLICES, ..,
-// each at 16 q of `column` (the lane's 4 t already added), zeros past `left` floats and where not live.
-template <int U, bool ALIGNED>
-__device__ __forceinline__ void load_chunks(float (&b)[U][4], const float* column, int q0, int left, bool live) {
-    if (live && (q0 + (U - 1) * TILE_SLICES) * 16 + 4 <= left) {  // every chunk whole: no checks
+// A lane's 8 floats of one chunk (two float4s, or 8 floats unaligned) from `p`, zeros past `left`
+// floats and where not live.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, int left, bool live) {
+    if (live && left >= 8) {
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + (q0 + u * TILE_SLICES) * 16 + e);
+        for (int e = 0; e < 8; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(v + e, p + e);
         return;
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = (q0 + u * TILE_SLICES) * 16;
-#pragma unroll
-        for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
-            if (live && k + e < left) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + k + e);
-            else fill_zero<ALIGNED ? 4 : 1>(b[u] + e);
-        }
+    for (int e = 0; e < 8; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
+        if (live && e < left) load_vec<ALIGNED ? 4 : 1>(v + e, p + e);
+        else fill_zero<ALIGNED ? 4 : 1>(v + e);
     }
 }
 
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 5 to R rows
+// A lane's U chunks of its column: q0, q0 + TILE_SLICES, .. (zeros past K: the tail, and chunks past the end).
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_chunks(float (&b)[U][8], const float* column, int q0, int left, bool live) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = (q0 + u * TILE_SLICES) * CHUNK;
+        load_chunk<ALIGNED>(b[u], column + k, left - k, live);
+    }
+}
+
+// The products of U chunks of the lane's column (b, loaded) with the same k of rows g and g + 8 (read
+// here), summed from zero in p and ps, then added into c and cs, rounding to nearest: the tensor cores
+// round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6 at 7 x 8192 x 8192,
+// cuBLAS FP32 5.7e-7).
+template <int R, int U, bool ALIGNED>
+__device__ __forceinline__ void multiply_chunks(float (&c)[4], float (&cs)[4], const float (&b)[U][8],
+        const float* row, const float* row8, bool live, bool live8, int q0, int left) {
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = (q0 + u * TILE_SLICES) * CHUNK;
+        float a[8], a8[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8
+        load_chunk<ALIGNED>(a, row + k, left - k, live);
+        if constexpr (R == 16) load_chunk<ALIGNED>(a8, row8 + k, left - k, live8);
+#pragma unroll
+        for (int h = 0; h < 8; h += 4) {  // the chunk's two float4s, two k steps each
+            mma_step<R == 16>(p, ps, a[h], a8[h], a[h + 1], a8[h + 1], b[u][h], b[u][h + 1]);
+            mma_step<R == 16>(p, ps, a[h + 2], a8[h + 2], a[h + 3], a8[h + 3], b[u][h + 2], b[u][h + 3]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        c[i] += p[i];
+        cs[i] += ps[i];
+    }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 1 to R rows
 // (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
-// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of each K tile.
+// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of K. Each lane
+// keeps two batches of U chunks of its column in flight in turn: the next batch's loads are issued
+// before this one's products.
 template <int R, bool ALIGNED>
 __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
         const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
 {
-    constexpr int V = ALIGNED ? 4 : 1;
-    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 32)
-    constexpr int U = ALIGNED ? CHUNKS_IN_FLIGHT : CHUNKS_IN_FLIGHT / 2;  // scalar loads: 4 per chunk
+    constexpr int U = CHUNKS_IN_FLIGHT / 4;  // chunks per batch (2 float4s each, or 8 floats unaligned): 2 batches of U
     static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
+    static_assert(U >= 1, "at least one chunk per batch");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int tile = warp % TILES, slice = warp / TILES;
     const int g = lane / 4, t = lane % 4;
     const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
-    const bool live = j < cols;
-    const float* column = G + (live ? (long long)j * ldg : 0);
+    const bool live = j < cols, live_row = g < rows, live_row8 = g + 8 < rows;
+    const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
+    const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
+    const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
+    const int left = K - 8 * t;  // floats from the lane's first k on
+    const int chunks = (K + CHUNK - 1) / CHUNK;
+    constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // cs: the small products (3xtf32)
 
-    // A batch of U chunks is issued after the last one is multiplied, the next tile's first batch
-    // included: its loads are in flight through the tile's barriers and refill of the small operand.
-    // Every warp has a batch in every tile but the last (a whole tile is KT / 16 >= TILE_SLICES chunks).
-    float b[U][4];
-    load_chunks<U, ALIGNED>(b, column + 4 * t, slice, min(KT, K) - 4 * t, live);
-    for (int k0 = 0; k0 < K; k0 += KT) {
-        const int klen = min(KT, K - k0), chunks = (klen + 15) / 16;
-        const int vectors = chunks * 16 / V;  // per row: up to a whole chunk, zeros past klen
-        __syncthreads();  // every warp is done with the last tile
-        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
-            const int r = i / vectors, k = i % vectors * V;
-            const bool valid = r < rows && k < klen;
-            cp_async<4 * V>(s_rows + r * KT + swizzled(r, k), valid ? S + r * lds + k0 + k : S, valid);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
+    float b0[U][8], b1[U][8];
+    load_chunks<U, ALIGNED>(b0, column, slice, left, live);
 #pragma unroll 1
-        for (int q0 = slice; q0 < chunks; q0 += TILE_SLICES * U) {
-            // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts
-            // (2.4e-6 at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): each batch's products start from zero
-            // in p and ps, which are added into c and cs here, rounding to nearest.
-            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int q = min(q0 + u * TILE_SLICES, chunks - 1);  // past the tile: b is zero
-                float a[4], a8[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8 at k = 16q + 4t ..
-                load_shared4(a, s_rows + g * KT + swizzled(g, q * 16) + 4 * t);
-                if constexpr (R == 16) load_shared4(a8, s_rows + (g + 8) * KT + swizzled(g + 8, q * 16) + 4 * t);
-                mma_step<R == 16>(p, ps, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
-                mma_step<R == 16>(p, ps, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                c[i] += p[i];
-                cs[i] += ps[i];
-            }
-            // the next batch: of this tile, else the first of the next tile (none past K)
-            const bool here = q0 + TILE_SLICES * U < chunks;
-            const int next_k0 = here ? k0 : k0 + KT, next_q = here ? q0 + TILE_SLICES * U : slice;
-            load_chunks<U, ALIGNED>(b, column + next_k0 + 4 * t, next_q, min(KT, K - next_k0) - 4 * t, live);
-        }
+    for (int q0 = slice; q0 < chunks; q0 += 2 * STRIDE) {
+        load_chunks<U, ALIGNED>(b1, column, q0 + STRIDE, left, live);
+        multiply_chunks<R, U, ALIGNED>(c, cs, b0, row, row8, live_row, live_row8, q0, left);
+        if (q0 + STRIDE >= chunks) break;  // the second batch lies past K
+        load_chunks<U, ALIGNED>(b0, column, q0 + 2 * STRIDE, left, live);
+        multiply_chunks<R, U, ALIGNED>(c, cs, b1, row, row8, live_row, live_row8, q0 + STRIDE, left);
     }
 
 #pragma unroll
@@ -8866,18 +8849,6 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
     __syncthreads();  // s_part is free for the next pass
 }
 
-// A pass of 5 to 16 rows: FFMA, or the tensor path (only the one taken is instantiated).
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_wide_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
-{
-    if constexpr (PRODUCTS == 0)
-        decode_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
-    else
-        decode_tensor_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
-}
-
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
 gemmgen_fp32_8_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
@@ -8887,7 +8858,7 @@ gemmgen_fp32_8_kernel(int M, int N, int K, float alpha, const float* __restrict_
         long long strideB,
         long long strideC)
 {
-    __shared__ __align__(16) float s_rows[TILE_FLOATS];
+    __shared__ __align__(16) float s_rows[PRODUCTS ? 1 : TILE_FLOATS];  // FFMA's tiles of the small operand
     __shared__ float s_part[PART_FLOATS];
     // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
     const bool transposed = M > N;
@@ -8908,16 +8879,21 @@ gemmgen_fp32_8_kernel(int M, int N, int K, float alpha, const float* __restrict_
         const int left = min(rows - r0, MAX_ROWS);
         const float* s = S + r0 * lds;
         float* c = C + r0 * c_row;
-        if (left == 1)
+        if constexpr (PRODUCTS > 0) {  // the tensor path at every row count (the FFMA passes are not compiled)
+            if (left <= 8)
+                decode_tensor_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+            else
+                decode_tensor_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+        } else if (left == 1)
             decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else if (left == 2)
             decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else if (left <= 4)
             decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else if (left <= 8)
-            decode_wide_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else
-            decode_wide_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
     }
 }
 
@@ -19731,12 +19707,12 @@ static inline int gemmgen_fp32_18(int M, int N, int K, float alpha, const float*
 // derived by the Plan:
 //   target                   sm_90
 //   math                     simt: FP32 FFMA (exact FP32, as cuBLAS FP32; memory bound, so no slower than TF32)
-//   orientation              M <= N: rows of A in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B in shared memory, rows of A streamed
+//   orientation              M <= N: rows of A read in shared memory, columns of B streamed; M > N: C^T = B^T A^T, columns of B read in shared memory, rows of A streamed
 //   rows per pass            1, 2, 4, 8 or 16 (compile-time; the smallest >= the rows left; more than 16 rows take several passes over the big operand)
 //   columns per warp         1, 8 step(s) of 1 vector loads in flight per lane (8 float4s)
-//   threads per block        256 (8 warps: 4 column group(s) of 2 warp(s), each a slice of K) = 4 columns
 //   shared small operand     8192 floats per K tile: K tile = 8192 / rows (512 at 16 rows)
-//   lane sums                FFMA passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
+//   lane sums                passes of 1 to 8 rows: the products of a row and column summed from zero in blocks of 16 (float4 loads), each then added into the lane's sum (chains of at most 16 adds plus the lane's blocks: cuBLAS FP32's error at few rows); 16 rows: one sum per row and column
+//   threads per block        256 (8 warps: 4 column group(s) of 2 warp(s), each a slice of K) = 4 columns
 //   K slices' sums           64 shared floats, added in slice order (deterministic)
 //   registers (estimate)     52 live floats per lane at 16 rows, 38 at 1
 //   shared memory per block  0 dynamic + 33024 static bytes
@@ -19769,12 +19745,12 @@ constexpr int PART_FLOATS = 64;  // shared partial sums of slices 1 .. SLICES - 
 constexpr int UNROLL = 8;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
-// The tensor path (passes of 5 to 16 rows; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
+// The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
 // step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
 constexpr int PRODUCTS = 0;
 constexpr int TILES = 1;
 constexpr int TILE_SLICES = 8;
-constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its column per lane, issued together
+constexpr int CHUNKS_IN_FLIGHT = 4;  // float4s of its column per lane in flight
 
 // ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
 
@@ -19844,7 +19820,7 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* ro
 }
 static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
 static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
-static_assert(CHUNKS_IN_FLIGHT % 2 == 0, "the scalar variant issues half the float4s, four floats each");
+static_assert(CHUNKS_IN_FLIGHT % 4 == 0, "two batches of chunks of two float4s (unaligned: 8 floats)");
 
 // V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
 template <int V>
@@ -19991,22 +19967,13 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
     __syncthreads();  // s_part is free for the next pass
 }
 
-// ---- the tensor path: a pass of 5 to 16 rows (R = 8 or 16) on mma.sync m16n8k8 ------------------
-// The sum over K is order-free: lane 4g + t takes k = 16q + 4t .. 16q + 4t + 3 of chunk q (one float4
-// of its column g of the tile, and of rows g and g + 8 of the small operand) as k slots t and t + 4
-// of two k steps (.x .y, then .z .w), the same slots for A and for B.
-
-// Where k of a row of shared memory lies: odd rows swap their 16-float halves, so that the two rows
-// a quarter warp reads (g, t = 0..3 for two g) fall on all 32 banks.
-__device__ __forceinline__ int swizzled(int r, int k) { return k ^ ((r & 1) << 4); }
-
-// Four floats of shared memory (16-byte aligned) by ld.shared: the passes are calls, in which the
-// compiler no longer knows s_rows is shared (volatile: never hoisted past the tile's barriers).
-__device__ __forceinline__ void load_shared4(float (&v)[4], const float* p) {
-    const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(p));
-    asm volatile("ld.shared.v4.f32 { %0, %1, %2, %3 }, [%4];\n"
-                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(address));
-}
+// ---- the tensor path: a pass of up to 8 or 16 rows (R) on mma.sync m16n8k8 ------------------------
+// The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
+// of its column g of the tile, and of rows g and g + 8 of the small operand), each float4 as k slots t
+// and t + 4 of two k steps (.x .y, then .z .w), the same slots for A and for B. A column's four lanes
+// read 128 consecutive bytes of it per chunk. The small operand's rows are read through L1 where the
+// lanes need them: no shared tile, so no block barrier until the slices' sums.
+constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
 
 // c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
 // PRODUCTS 3: both split into big + small TF32 parts, big x big into c, small x big + big x small into
@@ -20041,90 +20008,94 @@ __device__ __forceinline__ void mma_step(float (&c)[4], float (&cs)[4], float a0
     mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
 }
 
-// A lane's U float4s of its column (or 4 floats each, unaligned): chunks q0, q0 + TILE_SLICES, ..,
-// each at 16 q of `column` (the lane's 4 t already added), zeros past `left` floats and where not live.
-template <int U, bool ALIGNED>
-__device__ __forceinline__ void load_chunks(float (&b)[U][4], const float* column, int q0, int left, bool live) {
-    if (live && (q0 + (U - 1) * TILE_SLICES) * 16 + 4 <= left) {  // every chunk whole: no checks
+// A lane's 8 floats of one chunk (two float4s, or 8 floats unaligned) from `p`, zeros past `left`
+// floats and where not live.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, int left, bool live) {
+    if (live && left >= 8) {
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-            for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + (q0 + u * TILE_SLICES) * 16 + e);
+        for (int e = 0; e < 8; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(v + e, p + e);
         return;
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = (q0 + u * TILE_SLICES) * 16;
-#pragma unroll
-        for (int e = 0; e < 4; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
-            if (live && k + e < left) load_vec<ALIGNED ? 4 : 1>(b[u] + e, column + k + e);
-            else fill_zero<ALIGNED ? 4 : 1>(b[u] + e);
-        }
+    for (int e = 0; e < 8; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
+        if (live && e < left) load_vec<ALIGNED ? 4 : 1>(v + e, p + e);
+        else fill_zero<ALIGNED ? 4 : 1>(v + e);
     }
 }
 
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 5 to R rows
+// A lane's U chunks of its column: q0, q0 + TILE_SLICES, .. (zeros past K: the tail, and chunks past the end).
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_chunks(float (&b)[U][8], const float* column, int q0, int left, bool live) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = (q0 + u * TILE_SLICES) * CHUNK;
+        load_chunk<ALIGNED>(b[u], column + k, left - k, live);
+    }
+}
+
+// The products of U chunks of the lane's column (b, loaded) with the same k of rows g and g + 8 (read
+// here), summed from zero in p and ps, then added into c and cs, rounding to nearest: the tensor cores
+// round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6 at 7 x 8192 x 8192,
+// cuBLAS FP32 5.7e-7).
+template <int R, int U, bool ALIGNED>
+__device__ __forceinline__ void multiply_chunks(float (&c)[4], float (&cs)[4], const float (&b)[U][8],
+        const float* row, const float* row8, bool live, bool live8, int q0, int left) {
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int k = (q0 + u * TILE_SLICES) * CHUNK;
+        float a[8], a8[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8
+        load_chunk<ALIGNED>(a, row + k, left - k, live);
+        if constexpr (R == 16) load_chunk<ALIGNED>(a8, row8 + k, left - k, live8);
+#pragma unroll
+        for (int h = 0; h < 8; h += 4) {  // the chunk's two float4s, two k steps each
+            mma_step<R == 16>(p, ps, a[h], a8[h], a[h + 1], a8[h + 1], b[u][h], b[u][h + 1]);
+            mma_step<R == 16>(p, ps, a[h + 2], a8[h + 2], a[h + 3], a8[h + 3], b[u][h + 2], b[u][h + 3]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        c[i] += p[i];
+        cs[i] += ps[i];
+    }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 1 to R rows
 // (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
-// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of each K tile.
+// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of K. Each lane
+// keeps two batches of U chunks of its column in flight in turn: the next batch's loads are issued
+// before this one's products.
 template <int R, bool ALIGNED>
 __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
         const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
+        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
 {
-    constexpr int V = ALIGNED ? 4 : 1;
-    constexpr int KT = TILE_FLOATS / R;  // K per shared tile (a multiple of 32)
-    constexpr int U = ALIGNED ? CHUNKS_IN_FLIGHT : CHUNKS_IN_FLIGHT / 2;  // scalar loads: 4 per chunk
+    constexpr int U = CHUNKS_IN_FLIGHT / 4;  // chunks per batch (2 float4s each, or 8 floats unaligned): 2 batches of U
     static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
+    static_assert(U >= 1, "at least one chunk per batch");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int tile = warp % TILES, slice = warp / TILES;
     const int g = lane / 4, t = lane % 4;
     const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
-    const bool live = j < cols;
-    const float* column = G + (live ? (long long)j * ldg : 0);
+    const bool live = j < cols, live_row = g < rows, live_row8 = g + 8 < rows;
+    const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
+    const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
+    const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
+    const int left = K - 8 * t;  // floats from the lane's first k on
+    const int chunks = (K + CHUNK - 1) / CHUNK;
+    constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // cs: the small products (3xtf32)
 
-    // A batch of U chunks is issued after the last one is multiplied, the next tile's first batch
-    // included: its loads are in flight through the tile's barriers and refill of the small operand.
-    // Every warp has a batch in every tile but the last (a whole tile is KT / 16 >= TILE_SLICES chunks).
-    float b[U][4];
-    load_chunks<U, ALIGNED>(b, column + 4 * t, slice, min(KT, K) - 4 * t, live);
-    for (int k0 = 0; k0 < K; k0 += KT) {
-        const int klen = min(KT, K - k0), chunks = (klen + 15) / 16;
-        const int vectors = chunks * 16 / V;  // per row: up to a whole chunk, zeros past klen
-        __syncthreads();  // every warp is done with the last tile
-        for (int i = threadIdx.x; i < R * vectors; i += THREADS) {
-            const int r = i / vectors, k = i % vectors * V;
-            const bool valid = r < rows && k < klen;
-            cp_async<4 * V>(s_rows + r * KT + swizzled(r, k), valid ? S + r * lds + k0 + k : S, valid);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
+    float b0[U][8], b1[U][8];
+    load_chunks<U, ALIGNED>(b0, column, slice, left, live);
 #pragma unroll 1
-        for (int q0 = slice; q0 < chunks; q0 += TILE_SLICES * U) {
-            // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts
-            // (2.4e-6 at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): each batch's products start from zero
-            // in p and ps, which are added into c and cs here, rounding to nearest.
-            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int q = min(q0 + u * TILE_SLICES, chunks - 1);  // past the tile: b is zero
-                float a[4], a8[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8 at k = 16q + 4t ..
-                load_shared4(a, s_rows + g * KT + swizzled(g, q * 16) + 4 * t);
-                if constexpr (R == 16) load_shared4(a8, s_rows + (g + 8) * KT + swizzled(g + 8, q * 16) + 4 * t);
-                mma_step<R == 16>(p, ps, a[0], a8[0], a[1], a8[1], b[u][0], b[u][1]);
-                mma_step<R == 16>(p, ps, a[2], a8[2], a[3], a8[3], b[u][2], b[u][3]);
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                c[i] += p[i];
-                cs[i] += ps[i];
-            }
-            // the next batch: of this tile, else the first of the next tile (none past K)
-            const bool here = q0 + TILE_SLICES * U < chunks;
-            const int next_k0 = here ? k0 : k0 + KT, next_q = here ? q0 + TILE_SLICES * U : slice;
-            load_chunks<U, ALIGNED>(b, column + next_k0 + 4 * t, next_q, min(KT, K - next_k0) - 4 * t, live);
-        }
+    for (int q0 = slice; q0 < chunks; q0 += 2 * STRIDE) {
+        load_chunks<U, ALIGNED>(b1, column, q0 + STRIDE, left, live);
+        multiply_chunks<R, U, ALIGNED>(c, cs, b0, row, row8, live_row, live_row8, q0, left);
+        if (q0 + STRIDE >= chunks) break;  // the second batch lies past K
+        load_chunks<U, ALIGNED>(b0, column, q0 + 2 * STRIDE, left, live);
+        multiply_chunks<R, U, ALIGNED>(c, cs, b1, row, row8, live_row, live_row8, q0 + STRIDE, left);
     }
 
 #pragma unroll
@@ -20149,18 +20120,6 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
     __syncthreads();  // s_part is free for the next pass
 }
 
-// A pass of 5 to 16 rows: FFMA, or the tensor path (only the one taken is instantiated).
-template <int R, bool ALIGNED>
-__device__ __forceinline__ void decode_wide_pass(int rows, int cols, int col0, int K, float alpha,
-        const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
-        float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_rows, float* s_part)
-{
-    if constexpr (PRODUCTS == 0)
-        decode_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
-    else
-        decode_tensor_pass<R, ALIGNED>(rows, cols, col0, K, alpha, S, lds, G, ldg, beta, C, c_row, c_col, s_rows, s_part);
-}
-
 template <bool ALIGNED>
 __global__ void __launch_bounds__(THREADS)
 gemmgen_fp32_19_kernel(int M, int N, int K, float alpha, const float* __restrict__ A, int lda,
@@ -20170,7 +20129,7 @@ gemmgen_fp32_19_kernel(int M, int N, int K, float alpha, const float* __restrict
         long long strideB,
         long long strideC)
 {
-    __shared__ __align__(16) float s_rows[TILE_FLOATS];
+    __shared__ __align__(16) float s_rows[PRODUCTS ? 1 : TILE_FLOATS];  // FFMA's tiles of the small operand
     __shared__ float s_part[PART_FLOATS];
     // M <= N: A's rows in shared memory, B's columns streamed; else C^T = B^T A^T.
     const bool transposed = M > N;
@@ -20191,16 +20150,21 @@ gemmgen_fp32_19_kernel(int M, int N, int K, float alpha, const float* __restrict
         const int left = min(rows - r0, MAX_ROWS);
         const float* s = S + r0 * lds;
         float* c = C + r0 * c_row;
-        if (left == 1)
+        if constexpr (PRODUCTS > 0) {  // the tensor path at every row count (the FFMA passes are not compiled)
+            if (left <= 8)
+                decode_tensor_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+            else
+                decode_tensor_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_part);
+        } else if (left == 1)
             decode_pass<1, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else if (left == 2)
             decode_pass<2, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else if (left <= 4)
             decode_pass<4, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else if (left <= 8)
-            decode_wide_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+            decode_pass<8, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
         else
-            decode_wide_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
+            decode_pass<16, ALIGNED>(left, cols, col0, K, alpha, s, lds, G, ldg, beta, c, c_row, c_col, s_rows, s_part);
     }
 }
 
@@ -22083,8 +22047,8 @@ static void features(const Member& m, int M, int N, int K, int sm_count, int bat
         const long long rows = M < N ? M : N, cols = M < N ? N : M;
         const long long blocks = batch * ceil_div(cols, m.BN), passes = ceil_div(rows, m.BM);
         const long long waves = ceil_div(blocks, (long long)sm_count * m.slots_per_sm);
-        // the tensor path (mma.sync, decode_products per k step) at 5 rows or more: no per-row reads
-        const bool tensor = m.decode_products > 0 && rows >= 5;
+        // the tensor path (mma.sync, decode_products per k step) at every row count: no per-row reads
+        const bool tensor = m.decode_products > 0;
         const double work_rows = tensor ? 2.0 * (double)m.decode_products : (double)rows;
         const double per_row = tensor ? 0.0 : (double)rows / 10;
         f[0] = 1.0;
@@ -22109,9 +22073,10 @@ static void features(const Member& m, int M, int N, int K, int sm_count, int bat
 // split call.
 static double predict(const Member& m, const Model& model, int M, int N, int K, int sm_count, int batch, bool split) {
     if (m.decode && (M < N ? M : N) > 16) return HUGE_VAL;  // the decode member takes M or N <= 16
-    if (!m.decode && (M < N ? M : N) == 1) return HUGE_VAL;  // a matrix-vector product: the decode member's, in FP32 (as cuBLAS)
-    // M of 1 to 8 (0: no such rule): cuBLAS FP32's sums are short there; FFMA decode only (its tensor path from 5 rows)
-    if (M > 0 && M <= 8 && !(m.decode && (m.decode_products == 0 || (M < N ? M : N) < 5)))
+    // a matrix-vector product: an FFMA decode member's, in FP32 (as cuBLAS)
+    if ((M < N ? M : N) == 1 && !(m.decode && m.decode_products == 0)) return HUGE_VAL;
+    // M of 1 to 8 (0: no such rule): cuBLAS FP32's sums are short there; FFMA decode members only
+    if (M > 0 && M <= 8 && !(m.decode && m.decode_products == 0))
         return HUGE_VAL;
     for (int i = 0; i < model.count; ++i) {
         const Point& p = model.points[i];

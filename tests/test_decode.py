@@ -117,7 +117,7 @@ def test_the_source_instantiates_every_row_count_and_reads_c_only_where_beta_is_
     for rows in (1, 2, 4):
         assert f"decode_pass<{rows}, ALIGNED>(" in source
     for rows in (8, 16):  # FFMA (decode_pass) under math simt, else the tensor path
-        assert f"decode_wide_pass<{rows}, ALIGNED>(" in source
+        assert f"decode_pass<{rows}, ALIGNED>(" in source
     assert "*out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;" in source
     assert "const bool transposed = M > N;" in source
     assert re.search(r"constexpr int BLOCK_COLS = 16;", source)
@@ -152,7 +152,7 @@ def test_the_library_search_space_compiles_every_row_count_without_spills(column
         assert not report.spills, (columns, warps, slices, symbol, report.registers)
 
 
-# --- the tensor path (math tf32 / 3xtf32): mma.sync for passes of 5 to 16 rows
+# --- the tensor path (math tf32 / 3xtf32): mma.sync for every pass
 
 def test_math_tf32_and_3xtf32_plan_the_tensor_path_over_the_blocks_columns():
     for math, products in (("tf32", 1), ("3xtf32", 3)):
@@ -161,26 +161,28 @@ def test_math_tf32_and_3xtf32_plan_the_tensor_path_over_the_blocks_columns():
         assert plan.math == math and m.products == products
         assert (m.tensor_tiles, m.tensor_slices) == (2, 4)  # 4 warps per tile, each a slice of K
         assert m.part_floats == (4 - 1) * 2 * 16 * 8     # slices 2 .. 4's 16 x 8 sums of each tile
-        assert plan.tile.occupancy == 2 and m.pass_inlining == "__noinline__"
+        assert plan.tile.occupancy == 3 and m.pass_inlining == "__noinline__"  # 24 warps an SM
         assert math in dict(plan.rows())["math"] and "tensor path" in dict(plan.rows())
     simt = plan_of()
     assert simt.mainloop.products == 0 and simt.tile.occupancy == 0 and simt.mainloop.pass_inlining == "__forceinline__"
     assert plan_of("  occupancy 3\n", math="tf32").tile.occupancy == 3  # the spec's own occupancy stands
     one_tile = plan_of(math="3xtf32", decode_columns=1, decode_warps=8, decode_slices=1).mainloop
     assert (one_tile.tensor_tiles, one_tile.tensor_slices) == (1, 8)
+    assert plan_of(math="tf32", decode_columns=2, decode_warps=4, decode_slices=1).tile.occupancy == 6  # 4 warps
 
 
-def test_the_tensor_source_takes_5_to_16_rows_on_mma_sync_and_1_to_4_on_ffma():
+def test_the_tensor_source_takes_every_pass_on_mma_sync():
     for math, products in (("tf32", 1), ("3xtf32", 3)):
         source = generate(plan_of(math=math))
         assert f"constexpr int PRODUCTS = {products};" in source
         assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in source
         assert "cvt.rna.tf32.f32" in source  # rounded to nearest, as cuBLAS TF32
-        for rows in (1, 2, 4):
-            assert f"decode_pass<{rows}, ALIGNED>(" in source
-        for rows in (8, 16):
-            assert f"decode_wide_pass<{rows}, ALIGNED>(" in source
-        assert "__launch_bounds__(THREADS, 2)" in source
+        for rows in (8, 16):  # passes of up to 8 rows, and of up to 16
+            assert f"decode_tensor_pass<{rows}, ALIGNED>(" in source
+        # the FFMA passes sit behind `if constexpr (PRODUCTS > 0) ... else`: not compiled into a tensor kernel
+        assert "if constexpr (PRODUCTS > 0) {" in source
+        assert "float s_rows[PRODUCTS ? 1 : TILE_FLOATS]" in source
+        assert "__launch_bounds__(THREADS, 3)" in source
         assert "__device__ __noinline__ void decode_tensor_pass(" in source
         assert "atomicAdd" not in source  # the tiles' K slices are summed in a fixed order
     assert "constexpr int PRODUCTS = 0;" in generate(plan_of())

@@ -20,7 +20,7 @@ from ..plan.space import describe, point_key
 from .manifest import Manifest
 from .padding import c_rows
 from .selection import (BANDWIDTH, DECODE_ROWS, DECODE_ROWS_PER_READ, DECODE_TENSOR_WORK_ROWS, PAD_COPY_MS,
-                        PAD_GAIN, PAD_GB_PER_MS, PAD_ROW_FLOATS, PRIOR, TENSOR_MIN_ROWS, ffma_decode,
+                        PAD_GAIN, PAD_GB_PER_MS, PAD_ROW_FLOATS, PRIOR, ffma_decode,
                         short_sum_rows)
 
 
@@ -58,9 +58,11 @@ def library_source(manifest: Manifest, origin: str, source_lines: list[str]) -> 
         clusters=any(tuple(m.cluster) != (1, 1) for m in members),
         decode_template="library_decode.cuh.j2" if any(m.decode for m in members) else "library_plain.cuh.j2",
         decode_rows=DECODE_ROWS, decode_rows_per_read=DECODE_ROWS_PER_READ,
-        decode_tensor_rows=TENSOR_MIN_ROWS, decode_tensor_work_rows=repr(float(DECODE_TENSOR_WORK_ROWS)),
+        decode_tensor_work_rows=repr(float(DECODE_TENSOR_WORK_ROWS)),
         # the fp32 library's calls of few rows: FFMA decode members only (selection.short_sum_call)
         short_sum_rows=short_sum_rows(manifest.precision) if any(ffma_decode(m.shape) for m in manifest.members) else 0,
+        # a matrix-vector product: FFMA decode members only, where there is one (selection.vector_call)
+        vector_rule=any(ffma_decode(m.shape) for m in manifest.members),
         loo_median=manifest.leave_one_out.median, loo_worst=manifest.leave_one_out.worst,
         cc=f"{cc[0]}.{cc[1]}", cc_major=cc[0], cc_minor=cc[1], portable=portable,
         portable_name=members[portable].name, prior=repr(PRIOR), bandwidth=repr(BANDWIDTH),

@@ -15,7 +15,7 @@ from ..language.spec import LibrarySpec, Spec
 from ..plan import Plan
 from ..plan.space import point_key
 from ..tuning import database as tuning_db
-from .selection import MemberShape, alignment_class, ffma_decode, ffma_sums, tight_leading_dimensions
+from .selection import MemberShape, alignment_class, ffma_decode, tight_leading_dimensions
 
 MANIFEST_FORMAT = 1
 EXHAUSTIVE_LIMIT = 64      # a space with more valid points is searched per shape by a strategy
@@ -169,7 +169,7 @@ def select_members(plans: list[Plan], m: Measurements, shapes: list[LibraryShape
     times = []
     for plan in plans:
         key, member = kernel_key(plan), member_shape(plan)
-        times.append([m.times.get((key, k)) if not (ffma and 0 < s.M <= exact_rows) or ffma_sums(member, min(s.M, s.N))
+        times.append([m.times.get((key, k)) if not (ffma and 0 < s.M <= exact_rows) or ffma_decode(member)
                       else None for k, s in zip(keys, shapes)])
     best = [min((row[j] for row in times if row[j] is not None), default=None) for j in range(len(keys))]
 

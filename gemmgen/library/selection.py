@@ -38,8 +38,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..plan.parts.decode import TENSOR_MIN_ROWS
-
 from ..plan.schedule import dealt_tiles
 
 CLASSES = ("aligned", "unaligned")  # the classes with models of their own
@@ -114,7 +112,7 @@ DECODE_ROWS = 16
 # from HBM, per float of it: 4 bytes at an H100 SM's share of HBM (about 12.8 B/clk) against 4 bytes
 # a row at shared memory's 128 B/clk. A decode K tile's cost grows as 1 + rows / this.
 DECODE_ROWS_PER_READ = 10
-# The decode tensor path (passes of TENSOR_MIN_ROWS to 16 rows) reads the small operand's rows once per
+# The decode tensor path (every pass of its members) reads the small operand's rows once per
 # 8 columns, not once per column: no per-row term. Its mma.sync take 16 rows (padded) per product at
 # about 8 times FFMA's multiply-adds per clock: the work of this many rows per product.
 DECODE_TENSOR_WORK_ROWS = 2
@@ -143,7 +141,7 @@ def decode_features(member: MemberShape, M: int, N: int, K: int, sm_count: int, 
     passes = _ceil_div(rows, member.BM)
     waves = _ceil_div(blocks, max(1, sm_count * member.slots_per_sm))
     traffic_gb = 4.0 * K * (batch * cols * passes + blocks * rows) / 1e9
-    tensor = member.decode_products > 0 and rows >= TENSOR_MIN_ROWS
+    tensor = member.decode_products > 0  # every pass on the tensor path
     work_rows = DECODE_TENSOR_WORK_ROWS * float(member.decode_products) if tensor else rows
     work_g = float(waves) * member.BN * K * work_rows / 1e9
     per_row = 0.0 if tensor else rows / DECODE_ROWS_PER_READ
@@ -350,12 +348,13 @@ def _eligible(c: Candidate, beta_used: bool, sm90a: bool) -> bool:
 
 
 def vector_call(candidates: list[Candidate], M: int, N: int) -> bool:
-    """Whether a call is a matrix-vector product (one row or one column) that a library with a decode
-    member leaves to it: cuBLAS multiplies those in FP32 even in its TF32 mode (an H100 measured its
-    error 1.4e-7 there, against TF32's 2.6e-4), and the decode member, exact FP32, reads the matrix at
-    HBM bandwidth; a TF32 tile member would have TF32's error for no speed. (A decode member without
-    models, as in a relaid library whose layouts it cannot be built in, does not count.)"""
-    return min(M, N) == 1 and any(c.shape.decode and _has_models(c) for c in candidates)
+    """Whether a call is a matrix-vector product (one row or one column) that a library with an FFMA
+    decode member leaves to it: cuBLAS multiplies those in FP32 even in its TF32 mode (an H100 measured
+    its error 1.4e-7 there, against TF32's 2.6e-4), and the FFMA decode member, exact FP32, reads the
+    matrix at HBM bandwidth; a TF32 tile or tensor-path decode member would have TF32's error for no
+    speed. (A decode member without models, as in a relaid library whose layouts it cannot be built in,
+    does not count.)"""
+    return min(M, N) == 1 and any(ffma_decode(c.shape) and _has_models(c) for c in candidates)
 
 
 def _has_models(c: Candidate) -> bool:
@@ -382,14 +381,8 @@ def ffma_decode(member: MemberShape) -> bool:
     return member.decode and member.decode_products == 0
 
 
-def ffma_sums(member: MemberShape, rows: int) -> bool:
-    """Whether the member multiplies a call whose smaller dimension is `rows` in FFMA with short
-    sums: a decode member below its tensor path's rows."""
-    return member.decode and (member.decode_products == 0 or rows < TENSOR_MIN_ROWS)
-
-
 def short_sum_call(candidates: list[Candidate], M: int, N: int, exact_rows: int) -> bool:
-    """Whether a call goes only to members with FFMA sums (ffma_sums): M is at most `exact_rows`
+    """Whether a call goes only to members with FFMA sums (ffma_decode): M is at most `exact_rows`
     (short_sum_rows of the library's precision) and the library has an FFMA decode member that can run
     (with models: not left out of a relaid library), which takes every row count."""
     return 0 < M <= exact_rows and any(ffma_decode(c.shape) and _has_models(c) for c in candidates)
@@ -399,14 +392,14 @@ def best_in_class(candidates: list[Candidate], M: int, N: int, K: int, cls: str,
                   beta_used: bool, sm90a: bool, batch: int, exact_rows: int = 0) -> tuple[int, float]:
     """The eligible member predicted fastest in one class (SPLIT: by the aligned models), and its
     predicted ms ((-1, inf) where none has a model of that class). A matrix-vector product goes to
-    the decode members (vector_call); a call of M up to `exact_rows` to the FFMA ones (short_sum_call)."""
+    the FFMA decode members (vector_call), and so does a call of M up to `exact_rows` (short_sum_call)."""
     best, best_ms = -1, math.inf
     decode_only = vector_call(candidates, M, N)
     ffma_only = short_sum_call(candidates, M, N, exact_rows)
     for index, c in enumerate(candidates):
         model = c.models.get(model_class(cls))
-        if model is None or not _eligible(c, beta_used, sm90a) or (decode_only and not c.shape.decode) \
-                or (ffma_only and not ffma_sums(c.shape, min(M, N))):
+        if model is None or not _eligible(c, beta_used, sm90a) or (decode_only and not ffma_decode(c.shape)) \
+                or (ffma_only and not ffma_decode(c.shape)):
             continue
         ms = predict(c.shape, model, M, N, K, sm_count, batch, cls == SPLIT)
         if ms < best_ms:

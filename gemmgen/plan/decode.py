@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..language.spec import SETTINGS, Spec
 from .arch import MAX_THREADS_PER_BLOCK, WARP, Arch
 from .base import Plan
-from .parts.decode import MAX_ROWS, MMA_COLUMNS, PRODUCTS, TENSOR_OCCUPANCY, Decode, DecodeSchedule, decode_unroll
+from .parts.decode import MAX_ROWS, MMA_COLUMNS, PRODUCTS, TENSOR_WARPS_PER_SM, Decode, DecodeSchedule, decode_unroll
 from .parts.epilogue import Epilogue
 from .parts.tile import Tile
 
@@ -39,8 +39,8 @@ def decode_plan(spec: Spec, arch: Arch) -> Plan:
                              allowed.format(word=key.split(".")[0]))
     math = spec["math"]
     if math not in PRODUCTS:
-        raise spec.error("math", f"the decode kernel multiplies with FFMA (math simt) or, at 5 to 16 rows, "
-                         f"with TF32 mma.sync (math tf32 or 3xtf32); it has no {math}",
+        raise spec.error("math", f"the decode kernel multiplies with FFMA (math simt) or with TF32 mma.sync "
+                         f"(math tf32 or 3xtf32); it has no {math}",
                          "math simt, tf32 or 3xtf32")
     if (spec["layout.A"], spec["layout.B"]) != ("row", "col"):
         raise spec.error(("layout.A", "layout.B"), f"the decode kernel reads A and B along K (A row, B col: "
@@ -61,7 +61,7 @@ def decode_plan(spec: Spec, arch: Arch) -> Plan:
                          f"{slices})", f"columns x warps / slices a multiple of {MMA_COLUMNS}, or math simt")
     mainloop = Decode(math=math, unroll=decode_unroll(columns), columns=columns, warps=warps, slices=slices,
                       c_layout=spec["layout.C"])
-    occupancy = spec["occupancy"] or (TENSOR_OCCUPANCY if mainloop.products else 0)
+    occupancy = spec["occupancy"] or (max(1, TENSOR_WARPS_PER_SM // warps) if mainloop.products else 0)
     tile = Tile(BM=MAX_ROWS, BN=mainloop.block_columns, BK=8192 // MAX_ROWS, WM=MAX_ROWS, WN=columns,
                 TM=MAX_ROWS, TN=columns, RM=1, RN=1, SUB_M=MAX_ROWS, SUB_N=columns, warp_tiling=False,
                 warps_m=1, warps_n=warps, lanes_m=1, lanes_n=WARP, threads=warps * WARP, order="n",

@@ -1,21 +1,27 @@
-"""The decode parts: a GEMV-like mainloop for M <= 16 or N <= 16 (FFMA, or for 5 to 16 rows TF32
-mma.sync under math tf32 / 3xtf32), and its schedule.
+"""The decode parts: a GEMV-like mainloop for M <= 16 or N <= 16 (FFMA, or TF32 mma.sync under math
+tf32 / 3xtf32), and its schedule.
 
 One of M and N is small; the other operand (B for M small, A for N small) is read once, K-contiguous,
-at HBM bandwidth. The small one's rows ("rows", at most 16 at a time) are staged through shared memory
+at HBM bandwidth. FFMA stages the small one's rows ("rows", at most 16 at a time) through shared memory
 one K tile at a time; each warp streams COLUMNS columns of the big operand ("columns"), SLICES warps
 sharing a column group with a slice of K each, summed through shared memory in a fixed order (the same
 bits every run). The kernel picks the orientation per call (C^T = B^T A^T where N < M: both operands
 stay K-contiguous), and its rows by a compile-time count of 1, 2, 4, 8 or 16 (the smallest >= the
 rows left), so that a call of M = 1 multiplies one row.
 
-Under math tf32 or 3xtf32 a pass of 5 to 16 rows takes the tensor path: mma.sync m16n8k8 with the
-rows as the MMA's M (16; a pass of 5 to 8 rows gives the upper 8 zeros in registers) and 8 columns
-of the big operand as its N. The block's BLOCK_COLS columns are BLOCK_COLS / 8 tiles of 8, each
+Under math tf32 or 3xtf32 every pass takes the tensor path: mma.sync m16n8k8 with the rows as the
+MMA's M (16; a pass of 1 to 8 rows gives the upper 8 zeros in registers) and 8 columns of the big
+operand as its N. Such a kernel compiles no FFMA pass: their registers (96-140 a thread beside the
+tensor path's 64-80) held it to 16 warps an SM, and half the read bandwidth at few rows. The block's BLOCK_COLS columns are BLOCK_COLS / 8 tiles of 8, each
 taken by WARPS * 8 / BLOCK_COLS warps with a slice of K each. The sum over K is order-free, so a
-lane's B fragment is one float4 along K of its column (two k steps), and its A fragment the same
-four k of two rows, one float4 each from shared memory (rows stored with 16-float halves swapped on
-odd rows: no bank conflicts). Passes of 1 to 4 rows stay on FFMA, at the roof there.
+lane's B fragments are two consecutive float4s along K of its column (four k steps; a column's four
+lanes read 128 bytes in a row), and its A fragments the same k of two rows, read through L1 where the
+lane needs them: no shared tile of the small operand and no block barrier in the K loop, and each lane
+keeps two batches of its column's loads in flight in turn. (One float4 a lane with A staged through
+shared memory one K tile at a time, as before 2026-11-27, read 0.56-0.76 of HBM's bandwidth at 16 rows
+in TF32 on an H100 where this reads 0.65-0.82: benchmarks/decode_patterns.py.) The libraries' FFMA
+members (math simt) serve the calls whose accuracy needs FFMA's short sums (the fp32 library's calls of
+up to 8 rows, a matrix-vector product in the tf32 library).
 
 - Decode (a Mainloop): the kernel's template (decode.cuh.j2), rows, the words of explain and the
   aligned variant's needs (A's and B's rows 16-byte aligned: K, lda, ldb multiples of 4);
@@ -40,14 +46,15 @@ MAX_ROWS = 16               # rows of the small operand per pass (a compile-time
 ROW_COUNTS = (1, 2, 4, 8, 16)
 TILE_FLOATS = 8192          # shared floats of the small operand per K tile (32 KB): K tile = 8192 / rows
 LOADS_IN_FLIGHT = 8         # vector loads of the big operand each lane issues before its FFMAs
+TENSOR_LOADS_IN_FLIGHT = 4  # the tensor path's float4s of its column per lane in flight: two batches of a chunk
 MMA_COLUMNS = 8             # the tensor path's columns per tile: mma.sync m16n8k8's N
 BLOCKED_ROWS = 8            # FFMA passes of up to this many rows sum blocks of a step's products from zero first
 BLOCK_PRODUCTS = 16         # ... of at most this many products of a row and column (a 1-column step has 32)
-TENSOR_MIN_ROWS = 5         # passes of this many rows or more take the tensor path (math tf32 / 3xtf32)
-CHUNK = 16                  # K per float4 of each of a tile's 4 lanes per column (two k steps of 8)
-# Blocks per SM the tensor path's kernels ask ptxas to fit (__launch_bounds__'s second argument) unless
-# the spec says `occupancy`: without it ptxas gives the passes (a call each) too few registers and spills.
-TENSOR_OCCUPANCY = 2
+CHUNK = 32                  # K per chunk of a column: two float4s of each of its 4 lanes (four k steps of 8)
+# Warps per SM the tensor path's kernels ask ptxas to fit (__launch_bounds__'s second argument: this over
+# the block's warps) unless the spec says `occupancy`: 24 fit 64-80 registers a thread without spills (at
+# 32, 3xtf32 spilled 64-136 bytes), where the reads want as many warps as fit.
+TENSOR_WARPS_PER_SM = 24
 # mma.sync per k step of 8: tf32 one product; 3xtf32 three (small x big, big x small, big x big)
 PRODUCTS = {"simt": 0, "tf32": 1, "3xtf32": 3}
 
@@ -64,11 +71,12 @@ class Decode(Mainloop):
     warps: int = 8
     slices: int = 1            # warps per column group, each a slice of K
     c_layout: str = "row"
-    # math (the base's field): simt multiplies every pass with FFMA; tf32 / 3xtf32 take the tensor
-    # path at 5 to 16 rows
+    # math (the base's field): simt multiplies every pass with FFMA; tf32 / 3xtf32 every pass on the
+    # tensor path
 
     name = "decode"
     tile_floats = TILE_FLOATS
+    chunk = CHUNK
     blocked_rows = BLOCKED_ROWS
     block_products = BLOCK_PRODUCTS
     template = "decode.cuh.j2"
@@ -78,7 +86,7 @@ class Decode(Mainloop):
     def no_conflicts(self) -> str:
         if not self.products:
             return "none: each warp reads 512 consecutive bytes of a row of the small operand"
-        return "none: FFMA reads rows whole, mma.sync two rows (odd ones' halves swapped)"
+        return "none: the tensor path reads the small operand through L1, not shared memory"
     k_slices = "warps per column group"
 
     @property
@@ -107,8 +115,10 @@ class Decode(Mainloop):
 
     @property
     def loads_in_flight(self) -> int:
-        """The tensor path's float4s of its column each lane issues together."""
-        return LOADS_IN_FLIGHT
+        """The tensor path's float4s of its column each lane keeps in flight: two batches of chunks of
+        two float4s, the next batch issued before this one's products (benchmarks/decode_patterns.py:
+        one chunk a batch read as fast as two, with fewer registers)."""
+        return TENSOR_LOADS_IN_FLIGHT
 
     @property
     def tensor_tiles(self) -> int:
@@ -130,7 +140,9 @@ class Decode(Mainloop):
 
     @property
     def smem_static_bytes(self) -> int:
-        return 4 * (TILE_FLOATS + self.part_floats)
+        """FFMA's tile of the small operand (the tensor path reads it through L1: one float) and the
+        slices' sums."""
+        return 4 * ((1 if self.products else TILE_FLOATS) + self.part_floats)
 
     @property
     def c_strides(self) -> tuple[str, str]:
@@ -139,9 +151,10 @@ class Decode(Mainloop):
 
     def registers(self, rows: int = MAX_ROWS) -> int:
         """Live floats per lane at `rows` rows: accumulators, the loads in flight, one vector of A
-        (tensor path: 4 accumulators, the loads in flight, two vectors of A and their TF32 parts)."""
-        if self.products and rows >= TENSOR_MIN_ROWS:
-            return 4 + LOADS_IN_FLIGHT * 4 + 8 * (2 if self.products == 3 else 1) + 4
+        (tensor path: 8 accumulators and a batch's 8 sums, the loads in flight, a chunk of two rows of A
+        and their TF32 parts)."""
+        if self.products:
+            return 16 + TENSOR_LOADS_IN_FLIGHT * 4 + 16 * (2 if self.products == 3 else 1)
         blocked = self.columns if rows <= BLOCKED_ROWS else 0  # a block's partial sum per column
         return rows * self.columns + self.unroll * self.columns * 4 + 4 + blocked
 
@@ -154,29 +167,38 @@ class Decode(Mainloop):
     no_needs = "nothing (scalar loads only)"
 
     def rows(self, plan: Plan) -> list[tuple[str, str]]:
+        small = "through L1" if self.products else "in shared memory"
         return [
             ("target", plan.arch.name),
             ("math", self.math_row),
-            ("orientation", "M <= N: rows of A in shared memory, columns of B streamed; M > N: C^T = B^T A^T, "
-                            "columns of B in shared memory, rows of A streamed"),
-            ("rows per pass", f"1, 2, 4, 8 or {MAX_ROWS} (compile-time; the smallest >= the rows left; "
-                              f"more than {MAX_ROWS} rows take several passes over the big operand)"),
-            ("columns per warp", f"{self.columns}, {self.unroll} step(s) of {self.columns} vector loads in "
-                                 f"flight per lane ({self.unroll * self.columns} float4s)"),
+            ("orientation", f"M <= N: rows of A read {small}, columns of B streamed; M > N: C^T = B^T A^T, "
+                            f"columns of B read {small}, rows of A streamed"),
+            ("rows per pass", f"{'8 or' if self.products else '1, 2, 4, 8 or'} {MAX_ROWS} (compile-time; the "
+                              f"smallest >= the rows left; more than {MAX_ROWS} rows take several passes over "
+                              f"the big operand)"),
+            *self.ffma_rows(),
             ("threads per block", f"{self.threads} ({self.warps} warps: {self.groups} column group(s) of "
                                   f"{self.slices} warp(s), each a slice of K) = {self.block_columns} columns"),
-            ("shared small operand", f"{TILE_FLOATS} floats per K tile: K tile = {TILE_FLOATS} / rows "
-                                     f"({TILE_FLOATS // MAX_ROWS} at {MAX_ROWS} rows)"),
             *self.tensor_rows(),
-            ("lane sums", f"FFMA passes of 1 to {BLOCKED_ROWS} rows: the products of a row and column summed from "
-                          f"zero in blocks of {self.block_loads * 4} (float4 loads), each then added into the "
-                          f"lane's sum (chains of at most {BLOCK_PRODUCTS} adds plus the lane's blocks: cuBLAS "
-                          f"FP32's error at few rows); {MAX_ROWS} rows: one sum per row and column"),
             ("K slices' sums", f"{self.part_floats} shared floats, added in slice order (deterministic)"
              if self.part_floats > 1 else "none (one warp per column group)"),
             ("registers (estimate)", f"{self.registers()} live floats per lane at {MAX_ROWS} rows, "
                                      f"{self.registers(1)} at 1"),
             ("shared memory per block", f"{plan.smem_bytes} dynamic + {self.smem_static_bytes} static bytes"),
+        ]
+
+    def ffma_rows(self) -> list[tuple[str, str]]:
+        if self.products:
+            return []
+        return [
+            ("columns per warp", f"{self.columns}, {self.unroll} step(s) of {self.columns} vector loads in "
+                                 f"flight per lane ({self.unroll * self.columns} float4s)"),
+            ("shared small operand", f"{TILE_FLOATS} floats per K tile: K tile = {TILE_FLOATS} / rows "
+                                     f"({TILE_FLOATS // MAX_ROWS} at {MAX_ROWS} rows)"),
+            ("lane sums", f"passes of 1 to {BLOCKED_ROWS} rows: the products of a row and column summed from "
+                          f"zero in blocks of {self.block_loads * 4} (float4 loads), each then added into the "
+                          f"lane's sum (chains of at most {BLOCK_PRODUCTS} adds plus the lane's blocks: cuBLAS "
+                          f"FP32's error at few rows); {MAX_ROWS} rows: one sum per row and column"),
         ]
 
     @property
@@ -187,26 +209,28 @@ class Decode(Mainloop):
         how = ("1xTF32 (A and B rounded to nearest, cvt.rna, as cuBLAS TF32)" if self.products == 1 else
                "3xTF32 (A and B split into big + small TF32 parts, rounded to nearest; big x big + big x small "
                "+ small x big: FP32-accurate)")
-        return (f"{self.math}: {TENSOR_MIN_ROWS} to {MAX_ROWS} rows on the tensor cores, mma.sync m16n8k8 "
-                f"{how}; 1 to {TENSOR_MIN_ROWS - 1} rows {ffma}")
+        return f"{self.math}: every pass on the tensor cores, mma.sync m16n8k8 {how}"
 
     def tensor_rows(self) -> list[tuple[str, str]]:
         if not self.products:
             return []
         return [("tensor path", f"{self.tensor_tiles} tile(s) of {MMA_COLUMNS} columns per block, "
                                 f"{self.tensor_slices} warp(s) per tile, each a slice of K; per lane "
-                                f"{LOADS_IN_FLIGHT} float4s of its column in flight, each two k steps of "
-                                f"{self.products} mma.sync; passes of 5 to 8 rows read 8 rows of A")]
+                                f"{TENSOR_LOADS_IN_FLIGHT} float4s of its column in flight (two batches of chunks of "
+                                f"two consecutive float4s: a column's 4 lanes read {CHUNK * 4} bytes in a row), each "
+                                f"float4 two k steps of {self.products} mma.sync; the small operand's rows read "
+                                f"through L1; passes of 1 to 8 rows read 8 rows of A")]
 
     def vector_requirements(self, layout_a: str, layout_b: str) -> list[tuple[str, str | None, str, int]]:
         return [("A", "K", "lda", 4), ("B", "K", "ldb", 4)]
 
     def intensities(self, plan: Plan) -> tuple[tuple[str, int, int], tuple[str, int, int] | None]:
-        # Per float4 of a column: 4 x rows FFMAs on 16 bytes of the big operand (at 16 rows); the
-        # tensor path reads two float4s of the small operand (rows g and g + 8) per float4 of a column.
-        shared = (2 * 4 * MAX_ROWS, 2 * 16) if self.products else (2 * 4 * MAX_ROWS * self.columns, 16 * MAX_ROWS)
-        return (("global, per float4, 16 rows", 2 * 4 * MAX_ROWS, 16),
-                ("shared, per float4, 16 rows", *shared))
+        # Per float4 of a column: 4 x rows FFMAs on 16 bytes of the big operand (at 16 rows). The
+        # tensor path reads the small operand's rows through L1, not shared memory.
+        glob = ("global, per float4, 16 rows", 2 * 4 * MAX_ROWS, 16)
+        if self.products:
+            return glob, None
+        return glob, ("shared, per float4, 16 rows", 2 * 4 * MAX_ROWS * self.columns, 16 * MAX_ROWS)
 
     def block_intensity(self, plan: Plan) -> tuple[str, int, int]:
         return ("global, per block per K tile (16 rows)", 2 * MAX_ROWS * self.block_columns * plan.BK,
@@ -220,7 +244,7 @@ class Decode(Mainloop):
 
     @property
     def math_words(self) -> str:
-        return "simt (decode: FFMA)" if not self.products else f"{self.math} (decode: mma.sync at 5-16 rows)"
+        return "simt (decode: FFMA)" if not self.products else f"{self.math} (decode: mma.sync)"
 
     def accumulators(self, plan: Plan) -> float:
         return MAX_ROWS * self.columns
