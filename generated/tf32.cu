@@ -6491,13 +6491,10 @@ __device__ __forceinline__ void load_chunks(float (&b)[U][8], const float* colum
 }
 
 // The products of U chunks of the lane's column (b, loaded) with the same k of rows g and g + 8 (read
-// here), summed from zero in p and ps, then added into c and cs, rounding to nearest: the tensor cores
-// round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6 at 7 x 8192 x 8192,
-// cuBLAS FP32 5.7e-7).
+// here), summed into p and ps in the tensor cores.
 template <int R, int U, bool ALIGNED>
-__device__ __forceinline__ void multiply_chunks(float (&c)[4], float (&cs)[4], const float (&b)[U][8],
+__device__ __forceinline__ void multiply_chunks(float (&p)[4], float (&ps)[4], const float (&b)[U][8],
         const float* row, const float* row8, bool live, bool live8, int q0, int left) {
-    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         const int k = (q0 + u * TILE_SLICES) * CHUNK;
@@ -6509,11 +6506,6 @@ __device__ __forceinline__ void multiply_chunks(float (&c)[4], float (&cs)[4], c
             mma_step<R == 16>(p, ps, a[h], a8[h], a[h + 1], a8[h + 1], b[u][h], b[u][h + 1]);
             mma_step<R == 16>(p, ps, a[h + 2], a8[h + 2], a[h + 3], a8[h + 3], b[u][h + 2], b[u][h + 3]);
         }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        c[i] += p[i];
-        cs[i] += ps[i];
     }
 }
 
@@ -6547,11 +6539,22 @@ __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0,
     load_chunks<U, ALIGNED>(b0, column, slice, left, live);
 #pragma unroll 1
     for (int q0 = slice; q0 < chunks; q0 += 2 * STRIDE) {
+        // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6
+        // at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): both batches' products start from zero in p and ps,
+        // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
+        // the FP32 sums long: 3xtf32's error grew along K.)
+        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         load_chunks<U, ALIGNED>(b1, column, q0 + STRIDE, left, live);
-        multiply_chunks<R, U, ALIGNED>(c, cs, b0, row, row8, live_row, live_row8, q0, left);
-        if (q0 + STRIDE >= chunks) break;  // the second batch lies past K
-        load_chunks<U, ALIGNED>(b0, column, q0 + 2 * STRIDE, left, live);
-        multiply_chunks<R, U, ALIGNED>(c, cs, b1, row, row8, live_row, live_row8, q0 + STRIDE, left);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, left);
+        if (q0 + STRIDE < chunks) {  // else the second batch lies past K
+            load_chunks<U, ALIGNED>(b0, column, q0 + 2 * STRIDE, left, live);
+            multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, left);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            c[i] += p[i];
+            cs[i] += ps[i];
+        }
     }
 
 #pragma unroll
