@@ -14,7 +14,7 @@ times; a way's figure is its median batch:
 - decode: gemmgen's decode kernel (specs/decode.gemm, or --spec FILE [--kernel NAME]) on raw pointers;
   with --space, also every point of the libraries' decode search spaces: decode_CxWxS (columns x warps
   x slices) of lib_fp32_decode (FFMA), decode_CxWxS_3xtf32 of lib_fp32_decode_tc and decode_CxWxS_tf32
-  of lib_tf32_decode_tc (the tensor path at 5 to 16 rows, FFMA at 1 to 4); the best FP32-accurate one
+  of lib_tf32_decode_tc (the tensor path at every row count); the best FP32-accurate one
   (FFMA or 3xtf32) reported as decode_best, the best of all (tf32 too) as decode_best_tf32;
 - gemmgen_fp32, gemmgen_tf32: gemmgen.matmul(A, B, out, precision=...) (the libraries' choice);
 - cublas_fp32, cublas_tf32: torch.matmul(A, B, out=out) with allow_tf32 off / on.
@@ -79,7 +79,7 @@ def decode_kernels(args) -> dict[str, Kernel]:
     if args.space:
         for file, member in SPACES:
             for point in load_one(ROOT / "specs" / file, member).points():
-                plan, _ = try_plan(point)  # the tensor path takes blocks of whole tiles of 8 columns alone
+                plan, _ = try_plan(point)  # the tensor path takes blocks of whole tiles of 16 columns alone
                 if plan is None:
                     continue
                 m = plan.mainloop

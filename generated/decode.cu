@@ -52,11 +52,11 @@ constexpr int UNROLL = 4;  // steps per lane whose loads are issued together
 constexpr int STEP = 32 * SLICES;  // vectors between a lane's consecutive steps
 constexpr int SMEM_BYTES = 0;  // its shared memory is static
 // The tensor path (every pass; PRODUCTS 0: none, FFMA at every row count): mma.sync per k
-// step (1: TF32; 3: 3xTF32), tiles of 8 columns per block, warps per tile (each a slice of K).
+// step (1: TF32; 3: 3xTF32), tiles of 16 columns per block, warps per tile (each a slice of K).
 constexpr int PRODUCTS = 0;
-constexpr int TILES = 2;
-constexpr int TILE_SLICES = 4;
-constexpr int CHUNKS_IN_FLIGHT = 4;  // float4s of its column per lane in flight
+constexpr int TILES = 1;
+constexpr int TILE_SLICES = 8;
+constexpr int CHUNKS_IN_FLIGHT = 8;  // float4s of its two columns per lane in flight
 
 // ---- cp.async (sm_80+): global → shared copies that bypass registers -------------------
 
@@ -125,8 +125,6 @@ __device__ __forceinline__ void ldmatrix_x2(unsigned (&regs)[2], const float* ro
                  : "=r"(regs[0]), "=r"(regs[1]) : "r"(address));
 }
 static_assert(BLOCK_COLS == COLUMNS * GROUPS && THREADS == WARPS * 32, "a column group per SLICES warps");
-static_assert(PRODUCTS == 0 || (TILES * 8 == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
-static_assert(CHUNKS_IN_FLIGHT % 4 == 0, "two batches of chunks of two float4s (unaligned: 8 floats)");
 
 // V consecutive floats (V = 1, or 4 from 16-byte aligned memory) into registers, or zeros.
 template <int V>
@@ -273,158 +271,212 @@ __device__ __forceinline__ void decode_pass(int rows, int cols, int col0, int K,
     __syncthreads();  // s_part is free for the next pass
 }
 
-// ---- the tensor path: a pass of up to 8 or 16 rows (R) on mma.sync m16n8k8 ------------------------
+// ---- the tensor path: a pass of up to 16 rows on mma.sync m16n8k8 -------------------------------
+// The big operand's columns are the MMA's M: a warp takes a tile of 16 of them (lane 4g + t: columns g
+// and g + 8), and the rows are its N, 8 at a time (lane 4g + t: row g, and row g + 8 in a pass of 9 to
+// 16 rows). So per byte of the big operand a warp reads half a byte (8 rows) or one (16 rows) of the
+// small one, through L1 where the lanes need them: no shared tile, no block barrier in the K loop.
 // The sum over K is order-free: lane 4g + t takes k = 32q + 8t .. 32q + 8t + 7 of chunk q (two float4s
-// of its column g of the tile, and of rows g and g + 8 of the small operand), each float4 as k slots t
-// and t + 4 of two k steps (.x .y, then .z .w), the same slots for A and for B. A column's four lanes
-// read 128 consecutive bytes of it per chunk. The small operand's rows are read through L1 where the
-// lanes need them: no shared tile, so no block barrier until the slices' sums.
+// of each of its columns and rows), floats h and h + 1 as k slots t and t + 4 of k step h / 2, the same
+// slots for both operands. A column's four lanes read 128 consecutive bytes of it per chunk.
 constexpr int CHUNK = 32;  // K per chunk: 8 floats of each of a column's 4 lanes
+constexpr int TILE_COLUMNS = 16;  // columns per warp: mma.sync m16n8k8's M
+static_assert(PRODUCTS == 0 || (TILES * TILE_COLUMNS == BLOCK_COLS && TILES * TILE_SLICES == WARPS), "the tensor path's tiles");
+static_assert(CHUNKS_IN_FLIGHT % 8 == 0, "two batches of chunks of two columns' two float4s");
 
-// c += a * b over one k step: a = rows g, g + 8 at slots t, t + 4; b = column g at slots t, t + 4.
-// PRODUCTS 3: both split into big + small TF32 parts, big x big into c, small x big + big x small into
-// their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
+// The TF32 fragments of N floats, rounded to nearest (cvt.rna, as cuBLAS TF32); under 3xtf32 also
+// those of what rounding left (small).
+template <int N>
+__device__ __forceinline__ void fragments(unsigned (&big)[N], unsigned (&small)[N], const float (&v)[N]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        if constexpr (PRODUCTS == 3) split_tf32(v[n], big[n], small[n]);
+        else big[n] = to_tf32(v[n]);
+    }
+}
+
+// c += a * b over one k step (a: 16 columns x 8 k, b: 8 k x 8 rows). 3xtf32: small x big and big x small
+// into their own sums cs (added to c at the end: into c, the tensor cores' adds, aligned to c's larger
 // exponent, would cut the small products short; so summed, the error was 7e-6, not FP32's 1e-7 class).
-template <bool UPPER>
-__device__ __forceinline__ void mma_step(float (&c)[4], float (&cs)[4], float a0, float a1, float a2, float a3,
-                                         float b0, float b1) {
-    unsigned ab[4] = {0u, 0u, 0u, 0u}, bb[2];
+__device__ __forceinline__ void mma_products(float (&c)[4], float (&cs)[4], const unsigned (&ab)[4],
+        const unsigned (&as)[4], const unsigned (&bb)[2], const unsigned (&bs)[2]) {
     if constexpr (PRODUCTS == 3) {
-        unsigned as[4] = {0u, 0u, 0u, 0u}, bs[2];
-        split_tf32(a0, ab[0], as[0]);
-        split_tf32(a2, ab[2], as[2]);
-        if constexpr (UPPER) {
-            split_tf32(a1, ab[1], as[1]);
-            split_tf32(a3, ab[3], as[3]);
-        }
-        split_tf32(b0, bb[0], bs[0]);
-        split_tf32(b1, bb[1], bs[1]);
         mma_tf32(cs[0], cs[1], cs[2], cs[3], as, bb);
         mma_tf32(cs[0], cs[1], cs[2], cs[3], ab, bs);
-    } else {
-        ab[0] = to_tf32(a0);
-        ab[2] = to_tf32(a2);
-        if constexpr (UPPER) {
-            ab[1] = to_tf32(a1);
-            ab[3] = to_tf32(a3);
-        }
-        bb[0] = to_tf32(b0);
-        bb[1] = to_tf32(b1);
     }
     mma_tf32(c[0], c[1], c[2], c[3], ab, bb);
 }
 
-// A lane's 8 floats of one chunk (two float4s, or 8 floats unaligned) from `p`, zeros past `left`
-// floats and where not live.
-template <bool ALIGNED>
-__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, int left, bool live) {
-    if (live && left >= 8) {
+// The products of one chunk of the lane's columns (w: g, w8: g + 8) and rows (r: g, r8: g + 8, read
+// at R = 16), summed into p and ps (a 16 x 8 tile per 8 rows).
+template <int R>
+__device__ __forceinline__ void multiply_chunk(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&w)[8],
+        const float (&w8)[8], const float (&r)[8], const float (&r8)[8]) {
 #pragma unroll
-        for (int e = 0; e < 8; e += (ALIGNED ? 4 : 1)) load_vec<ALIGNED ? 4 : 1>(v + e, p + e);
-        return;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; e += (ALIGNED ? 4 : 1)) {  // aligned: `left` is a multiple of 4
-        if (live && e < left) load_vec<ALIGNED ? 4 : 1>(v + e, p + e);
-        else fill_zero<ALIGNED ? 4 : 1>(v + e);
-    }
-}
-
-// A lane's U chunks of its column: q0, q0 + TILE_SLICES, .. (zeros past K: the tail, and chunks past the end).
-template <int U, bool ALIGNED>
-__device__ __forceinline__ void load_chunks(float (&b)[U][8], const float* column, int q0, int left, bool live) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = (q0 + u * TILE_SLICES) * CHUNK;
-        load_chunk<ALIGNED>(b[u], column + k, left - k, live);
-    }
-}
-
-// The products of U chunks of the lane's column (b, loaded) with the same k of rows g and g + 8 (read
-// here), summed into p and ps in the tensor cores.
-template <int R, int U, bool ALIGNED>
-__device__ __forceinline__ void multiply_chunks(float (&p)[4], float (&ps)[4], const float (&b)[U][8],
-        const float* row, const float* row8, bool live, bool live8, int q0, int left) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int k = (q0 + u * TILE_SLICES) * CHUNK;
-        float a[8], a8[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // rows g and g + 8
-        load_chunk<ALIGNED>(a, row + k, left - k, live);
-        if constexpr (R == 16) load_chunk<ALIGNED>(a8, row8 + k, left - k, live8);
-#pragma unroll
-        for (int h = 0; h < 8; h += 4) {  // the chunk's two float4s, two k steps each
-            mma_step<R == 16>(p, ps, a[h], a8[h], a[h + 1], a8[h + 1], b[u][h], b[u][h + 1]);
-            mma_step<R == 16>(p, ps, a[h + 2], a8[h + 2], a[h + 3], a8[h + 3], b[u][h + 2], b[u][h + 3]);
+    for (int h = 0; h < 8; h += 2) {  // four k steps
+        const float a[4] = {w[h], w8[h], w[h + 1], w8[h + 1]}, b[2] = {r[h], r[h + 1]};
+        unsigned ab[4], as[4], bb[2], bs[2];
+        fragments<4>(ab, as, a);
+        fragments<2>(bb, bs, b);
+        mma_products(p[0], ps[0], ab, as, bb, bs);
+        if constexpr (R == 16) {
+            const float b8[2] = {r8[h], r8[h + 1]};
+            fragments<2>(bb, bs, b8);
+            mma_products(p[1], ps[1], ab, as, bb, bs);
         }
     }
 }
 
-// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for 1 to R rows
-// (R = 8: rows 8 to 15 of the MMA are zeros in registers). Tile `tile` of the block's TILES is taken by
-// TILE_SLICES warps, warp `slice` of them the chunks slice, slice + TILE_SLICES, ... of K. Each lane
-// keeps two batches of U chunks of its column in flight in turn: the next batch's loads are issued
-// before this one's products.
+// A lane's 8 floats of one chunk from `p` (two float4s, or 8 floats unaligned), read through L1
+// (ld.global.nc), or zeros where `in` is false: a select per load, no branch, so that ptxas may issue
+// them early.
+template <bool ALIGNED>
+__device__ __forceinline__ void load_chunk(float (&v)[8], const float* p, bool in) {
+    if constexpr (ALIGNED) {
+#pragma unroll
+        for (int e = 0; e < 8; e += 4) {
+            const float4 x = in ? __ldg(reinterpret_cast<const float4*>(p + e)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[e] = x.x; v[e + 1] = x.y; v[e + 2] = x.z; v[e + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = in ? __ldg(p + e) : 0.0f;
+    }
+}
+
+// The same, one float at a time, for the partial last chunk: floats from `left` on are zeros.
+__device__ __forceinline__ void load_tail(float (&v)[8], const float* p, int left) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = e < left ? __ldg(p + e) : 0.0f;
+}
+
+// The lane's two columns of U chunks: q0, q0 + TILE_SLICES, .. (zeros from chunk `full` on, and where
+// a column lies past the edge).
+template <int U, bool ALIGNED>
+__device__ __forceinline__ void load_columns(float (&b)[U][2][8], const float* column, const float* column8,
+        bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        load_chunk<ALIGNED>(b[u][0], column + q * CHUNK, q < full && live);
+        load_chunk<ALIGNED>(b[u][1], column8 + q * CHUNK, q < full && live8);
+    }
+}
+
+// The products of U chunks of the lane's columns (b, loaded) with the same k of its rows (read here;
+// zeros from chunk `full` on, and for rows past the edge).
+template <int R, int U, bool ALIGNED>
+__device__ __forceinline__ void multiply_chunks(float (&p)[R / 8][4], float (&ps)[R / 8][4], const float (&b)[U][2][8],
+        const float* row, const float* row8, bool live, bool live8, int q0, int full) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int q = q0 + u * TILE_SLICES;
+        float r[8], r8[8];
+        load_chunk<ALIGNED>(r, row + q * CHUNK, q < full && live);
+        if constexpr (R == 16) load_chunk<ALIGNED>(r8, row8 + q * CHUNK, q < full && live8);
+        multiply_chunk<R>(p, ps, b[u][0], b[u][1], r, r8);
+    }
+}
+
+// C(r, j) = alpha * sum over k of S(r, k) G(j, k) + beta * C(r, j) as decode_pass, for up to R (8 or
+// 16) rows. Tile `tile` of the block's TILES is taken by TILE_SLICES warps, warp `slice` of them the
+// chunks slice, slice + TILE_SLICES, ... of K. Each lane keeps two batches of U chunks of its columns in
+// flight in turn: the next batch's loads are issued before this one's products. The loop over K's
+// whole chunks has no branch but its own; a partial last chunk follows it.
 template <int R, bool ALIGNED>
 __device__ __forceinline__ void decode_tensor_pass(int rows, int cols, int col0, int K, float alpha,
         const float* __restrict__ S, long long lds, const float* __restrict__ G, long long ldg,
         float beta, float* __restrict__ C, long long c_row, long long c_col, float* s_part)
 {
-    constexpr int U = CHUNKS_IN_FLIGHT / 4;  // chunks per batch (2 float4s each, or 8 floats unaligned): 2 batches of U
+    constexpr int U = CHUNKS_IN_FLIGHT / 8;  // chunks per batch (2 columns x 2 float4s each): 2 batches of U
+    constexpr int NB = R / 8;  // blocks of 8 rows: the MMA's N
     static_assert(R == 8 || R == 16, "the tensor path's passes take 8 or 16 rows");
     static_assert(U >= 1, "at least one chunk per batch");
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int tile = warp % TILES, slice = warp / TILES;
     const int g = lane / 4, t = lane % 4;
-    const int j = col0 + tile * 8 + g;  // the lane's column (past the edge: zeros, not stored)
-    const bool live = j < cols, live_row = g < rows, live_row8 = g + 8 < rows;
+    const int j = col0 + tile * TILE_COLUMNS + g;  // the lane's columns j and j + 8
+    const bool live = j < cols, live8 = j + 8 < cols, live_row = g < rows, live_row8 = g + 8 < rows;
     const float* column = G + (live ? (long long)j * ldg : 0) + 8 * t;
+    const float* column8 = G + (live8 ? (long long)(j + 8) * ldg : 0) + 8 * t;
     const float* row = S + (live_row ? (long long)g * lds : 0) + 8 * t;
     const float* row8 = S + (live_row8 ? (long long)(g + 8) * lds : 0) + 8 * t;
-    const int left = K - 8 * t;  // floats from the lane's first k on
-    const int chunks = (K + CHUNK - 1) / CHUNK;
+    const int full = K / CHUNK;  // chunks wholly inside K
     constexpr int STRIDE = TILE_SLICES * U;  // chunks between a warp's batches
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cs[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // cs: the small products (3xtf32)
+    float c[NB][4], cs[NB][4];  // cs: the small products (3xtf32)
+#pragma unroll
+    for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) c[n][i] = cs[n][i] = 0.0f;
 
-    float b0[U][8], b1[U][8];
-    load_chunks<U, ALIGNED>(b0, column, slice, left, live);
+    float b0[U][2][8], b1[U][2][8];
+    load_columns<U, ALIGNED>(b0, column, column8, live, live8, slice, full);
 #pragma unroll 1
-    for (int q0 = slice; q0 < chunks; q0 += 2 * STRIDE) {
+    for (int q0 = slice; q0 < full; q0 += 2 * STRIDE) {
         // The tensor cores round their sums toward zero, so a sum kept in them all along K drifts (2.4e-6
         // at 7 x 8192 x 8192, cuBLAS FP32 5.7e-7): both batches' products start from zero in p and ps,
         // which are then added into c and cs, rounding to nearest. (A promote per batch of one chunk made
         // the FP32 sums long: 3xtf32's error grew along K.)
-        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        load_chunks<U, ALIGNED>(b1, column, q0 + STRIDE, left, live);
-        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, left);
-        if (q0 + STRIDE < chunks) {  // else the second batch lies past K
-            load_chunks<U, ALIGNED>(b0, column, q0 + 2 * STRIDE, left, live);
-            multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, left);
-        }
+        float p[NB][4], ps[NB][4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            c[i] += p[i];
-            cs[i] += ps[i];
-        }
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        load_columns<U, ALIGNED>(b1, column, column8, live, live8, q0 + STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b0, row, row8, live_row, live_row8, q0, full);
+        load_columns<U, ALIGNED>(b0, column, column8, live, live8, q0 + 2 * STRIDE, full);
+        multiply_chunks<R, U, ALIGNED>(p, ps, b1, row, row8, live_row, live_row8, q0 + STRIDE, full);
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[n][i] += p[n][i];
+                cs[n][i] += ps[n][i];
+            }
+    }
+    if (full * CHUNK < K && slice == full % TILE_SLICES) {  // the partial last chunk: zeros past K
+        const int left = K - full * CHUNK - 8 * t;  // floats of it from the lane's first on
+        float w[8], w8[8], r[8], r8[8], p[NB][4], ps[NB][4];
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[n][i] = ps[n][i] = 0.0f;
+        load_tail(w, column + full * CHUNK, live ? left : 0);
+        load_tail(w8, column8 + full * CHUNK, live8 ? left : 0);
+        load_tail(r, row + full * CHUNK, live_row ? left : 0);
+        load_tail(r8, row8 + full * CHUNK, R == 16 && live_row8 ? left : 0);
+        multiply_chunk<R>(p, ps, w, w8, r, r8);
+#pragma unroll
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                c[n][i] += p[n][i];
+                cs[n][i] += ps[n][i];
+            }
     }
 
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c[i] += cs[i];  // zero but in 3xtf32
-    // Across the tile's slices in slice order; lane 4g + t holds rows g, g + 8 x columns 2t, 2t + 1.
+    // Across the tile's slices in slice order; lane 4g + t holds columns g, g + 8 x rows 8n + 2t, 8n + 2t + 1.
+    constexpr int PART = TILE_COLUMNS * MAX_ROWS;  // shared floats per tile and slice
     if (slice > 0) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s_part[((slice - 1) * TILES + tile) * 128 + lane * 4 + i] = c[i];
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                s_part[((slice - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i] = c[n][i] + cs[n][i];
     }
     __syncthreads();
     if (slice == 0) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = g + 8 * (i / 2), jc = col0 + tile * 8 + 2 * t + i % 2;
-            if (r >= rows || jc >= cols) continue;
-            float sum = c[i];
-            for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * 128 + lane * 4 + i];
-            float* out = C + r * c_row + jc * c_col;
-            *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
-        }
+        for (int n = 0; n < NB; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = 8 * n + 2 * t + i % 2, jc = j + 8 * (i / 2);
+                if (r >= rows || jc >= cols) continue;
+                float sum = c[n][i] + cs[n][i];  // cs is zero but in 3xtf32
+                for (int s = 1; s < TILE_SLICES; ++s) sum += s_part[((s - 1) * TILES + tile) * PART + lane * 8 + n * 4 + i];
+                float* out = C + r * c_row + jc * c_col;
+                *out = beta != 0.0f ? alpha * sum + beta * *out : alpha * sum;
+            }
     }
     __syncthreads();  // s_part is free for the next pass
 }

@@ -62,7 +62,7 @@ ERRORS = [
     (("decode columns 4 warps 8 slices 2", "decode columns 4 warps 33"), "33 is not a valid value for decode.warps", 4, 26),
     (("  target sm_90\n", "  target sm_90\n  block 64 x 64 x 8\n"), "'block.m' does not apply to the decode kernel", 3, 9),
     (("decode columns 4 warps 8 slices 2", "decode columns 1 warps 8 slices 4\n  math tf32"),
-     "math tf32 multiplies 8 columns of the big operand per mma.sync, but this block takes 2", 4, 18),
+     "math tf32 multiplies 16 columns of the big operand per mma.sync, but this block takes 2", 4, 18),
     (("decode columns 4 warps 8 slices 2", "decode columns 2 warps 4 slices 2\n  math 3xtf32"),
      "this block takes 4 (columns 2 x warps 4 / slices 2)", 4, 18),
     (("layout A row, B col", "layout A col, B col"), "reads A and B along K", 3, 12),
@@ -142,8 +142,9 @@ def test_the_shipped_spec_is_a_decode_kernel():
 
 
 @pytest.mark.parametrize("columns,warps,slices,math", [(1, 8, 1, "simt"), (2, 4, 2, "simt"), (4, 4, 1, "simt"),
-                                                        (4, 8, 2, "simt"), (1, 8, 1, "3xtf32"), (2, 8, 1, "tf32"),
-                                                        (2, 8, 2, "3xtf32"), (4, 4, 1, "tf32"), (4, 8, 1, "3xtf32")])
+                                                        (4, 8, 2, "simt"), (2, 8, 1, "3xtf32"), (2, 8, 1, "tf32"),
+                                                        (4, 8, 2, "3xtf32"), (4, 4, 1, "tf32"), (4, 8, 1, "3xtf32"),
+                                                        (4, 16, 1, "tf32"), (2, 16, 2, "3xtf32")])
 def test_the_library_search_space_compiles_every_row_count_without_spills(columns, warps, slices, math):
     plan = plan_of(decode_columns=columns, decode_warps=warps, decode_slices=slices, math=math)
     compiled = compile_plan(plan)
@@ -156,19 +157,19 @@ def test_the_library_search_space_compiles_every_row_count_without_spills(column
 
 def test_math_tf32_and_3xtf32_plan_the_tensor_path_over_the_blocks_columns():
     for math, products in (("tf32", 1), ("3xtf32", 3)):
-        plan = plan_of(math=math)  # columns 4 x warps 8 / slices 2: 16 columns, two tiles of 8
+        plan = plan_of(math=math)  # columns 4 x warps 8 / slices 2: 16 columns, one tile of 16
         m = plan.mainloop
         assert plan.math == math and m.products == products
-        assert (m.tensor_tiles, m.tensor_slices) == (2, 4)  # 4 warps per tile, each a slice of K
-        assert m.part_floats == (4 - 1) * 2 * 16 * 8     # slices 2 .. 4's 16 x 8 sums of each tile
-        assert plan.tile.occupancy == 3 and m.pass_inlining == "__noinline__"  # 24 warps an SM
+        assert (m.tensor_tiles, m.tensor_slices) == (1, 8)  # 8 warps per tile, each a slice of K
+        assert m.part_floats == (8 - 1) * 1 * 16 * 16    # slices 2 .. 8's 16 x 16 sums of the tile
+        assert plan.tile.occupancy == 2  # 16 warps an SM
         assert math in dict(plan.rows())["math"] and "tensor path" in dict(plan.rows())
     simt = plan_of()
-    assert simt.mainloop.products == 0 and simt.tile.occupancy == 0 and simt.mainloop.pass_inlining == "__forceinline__"
+    assert simt.mainloop.products == 0 and simt.tile.occupancy == 0
     assert plan_of("  occupancy 3\n", math="tf32").tile.occupancy == 3  # the spec's own occupancy stands
-    one_tile = plan_of(math="3xtf32", decode_columns=1, decode_warps=8, decode_slices=1).mainloop
-    assert (one_tile.tensor_tiles, one_tile.tensor_slices) == (1, 8)
-    assert plan_of(math="tf32", decode_columns=2, decode_warps=4, decode_slices=1).tile.occupancy == 6  # 4 warps
+    two_tiles = plan_of(math="3xtf32", decode_columns=4, decode_warps=8, decode_slices=1).mainloop
+    assert (two_tiles.tensor_tiles, two_tiles.tensor_slices) == (2, 4)
+    assert plan_of(math="tf32", decode_columns=4, decode_warps=4, decode_slices=1).tile.occupancy == 4  # 4 warps
 
 
 def test_the_tensor_source_takes_every_pass_on_mma_sync():
@@ -182,8 +183,8 @@ def test_the_tensor_source_takes_every_pass_on_mma_sync():
         # the FFMA passes sit behind `if constexpr (PRODUCTS > 0) ... else`: not compiled into a tensor kernel
         assert "if constexpr (PRODUCTS > 0) {" in source
         assert "float s_rows[PRODUCTS ? 1 : TILE_FLOATS]" in source
-        assert "__launch_bounds__(THREADS, 3)" in source
-        assert "__device__ __noinline__ void decode_tensor_pass(" in source
+        assert "__launch_bounds__(THREADS, 2)" in source
+        assert "__device__ __forceinline__ void decode_tensor_pass(" in source
         assert "atomicAdd" not in source  # the tiles' K slices are summed in a fixed order
     assert "constexpr int PRODUCTS = 0;" in generate(plan_of())
 

@@ -34,15 +34,17 @@ SPECS = {
     "decode_slices": replace(SHIPPED.with_values(decode_columns=4, decode_warps=8, decode_slices=4),
                              name="decode_slices"),                                    # K over 4 warps
     "decode_ccol": replace(SHIPPED.with_values(layout_C="col", decode_columns=1), name="decode_ccol"),
-    # the tensor path: 2 tiles of 8 columns x 4 warps each (K slices); one tile x 8 warps; 4 tiles x 2
-    # warps with C column-major; 1 tile x 4 warps (a block of 4 warps)
+    # the tensor path: one tile of 16 columns x 8 warps (K slices); 2 tiles x 4 warps; 2 tiles x 4 warps
+    # with C column-major; 1 tile x 4 warps (a block of 4 warps); 4 tiles x 4 warps (a block of 16)
     "decode_tf32": replace(SHIPPED.with_values(math="tf32"), name="decode_tf32"),
     "decode_3xtf32": replace(SHIPPED.with_values(math="3xtf32"), name="decode_3xtf32"),
-    "decode_3xtf32_tile": replace(SHIPPED.with_values(math="3xtf32", decode_columns=1), name="decode_3xtf32_tile"),
+    "decode_3xtf32_tiles": replace(SHIPPED.with_values(math="3xtf32", decode_columns=4), name="decode_3xtf32_tiles"),
     "decode_tf32_ccol": replace(SHIPPED.with_values(math="tf32", layout_C="col", decode_columns=4),
                                 name="decode_tf32_ccol"),
-    "decode_3xtf32_w4": replace(SHIPPED.with_values(math="3xtf32", decode_columns=2, decode_warps=4),
+    "decode_3xtf32_w4": replace(SHIPPED.with_values(math="3xtf32", decode_columns=4, decode_warps=4),
                                 name="decode_3xtf32_w4"),
+    "decode_tf32_w16": replace(SHIPPED.with_values(math="tf32", decode_columns=4, decode_warps=16),
+                               name="decode_tf32_w16"),
 }
 TENSOR = [name for name, spec in SPECS.items() if spec["math"] != "simt"]
 

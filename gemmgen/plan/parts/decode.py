@@ -9,19 +9,23 @@ bits every run). The kernel picks the orientation per call (C^T = B^T A^T where 
 stay K-contiguous), and its rows by a compile-time count of 1, 2, 4, 8 or 16 (the smallest >= the
 rows left), so that a call of M = 1 multiplies one row.
 
-Under math tf32 or 3xtf32 every pass takes the tensor path: mma.sync m16n8k8 with the rows as the
-MMA's M (16; a pass of 1 to 8 rows gives the upper 8 zeros in registers) and 8 columns of the big
-operand as its N. Such a kernel compiles no FFMA pass: their registers (96-140 a thread beside the
-tensor path's 64-80) held it to 16 warps an SM, and half the read bandwidth at few rows. The block's BLOCK_COLS columns are BLOCK_COLS / 8 tiles of 8, each
-taken by WARPS * 8 / BLOCK_COLS warps with a slice of K each. The sum over K is order-free, so a
-lane's B fragments are two consecutive float4s along K of its column (four k steps; a column's four
-lanes read 128 bytes in a row), and its A fragments the same k of two rows, read through L1 where the
-lane needs them: no shared tile of the small operand and no block barrier in the K loop, and each lane
-keeps two batches of its column's loads in flight in turn. (One float4 a lane with A staged through
-shared memory one K tile at a time, as before 2026-11-27, read 0.56-0.76 of HBM's bandwidth at 16 rows
-in TF32 on an H100 where this reads 0.65-0.82: benchmarks/decode_patterns.py.) The libraries' FFMA
-members (math simt) serve the calls whose accuracy needs FFMA's short sums (the fp32 library's calls of
-up to 8 rows, a matrix-vector product in the tf32 library).
+Under math tf32 or 3xtf32 every pass takes the tensor path: mma.sync m16n8k8 with 16 columns of the
+big operand as the MMA's M (lane 4g + t: columns g and g + 8) and the rows as its N, 8 at a time (a
+pass of 9 to 16 rows takes two MMAs per k step, sharing the columns' fragments). So a warp reads half
+a byte of the small operand per byte of the big one at up to 8 rows, one at 16. (With the rows as the
+MMA's M and 8 columns as its N, as before 2026-11-27, it read two: 16 rows per 8 columns.) Such a
+kernel compiles no FFMA pass. The block's BLOCK_COLS columns are BLOCK_COLS / 16 tiles of 16, each
+taken by WARPS * 16 / BLOCK_COLS warps with a slice of K each. The sum over K is order-free, so a lane
+reads two consecutive float4s along K of each of its columns per chunk of 32 k (a column's four lanes:
+128 bytes in a row), and the same k of its rows, through L1 where the lane needs them: no shared tile
+of the small operand and no block barrier in the K loop. Each lane keeps two batches of its columns'
+loads in flight in turn; the loop over K's whole chunks has no branch but its own (rows and columns
+past the edge read row or column 0, and a partial last chunk follows the loop), so that ptxas issues
+the loads early. On an H100 at 16 rows this read 0.60-0.71 of HBM's bandwidth in 3xTF32 where the
+rows-as-M path, A staged through shared memory, read 0.45-0.59, and 0.62-0.78 in TF32 (0.56-0.75)
+(benchmarks/decode/2026-11-27-h100-*-decode-columns-as-m.json). The libraries' FFMA members (math
+simt) serve the calls whose accuracy needs FFMA's short sums (the fp32 library's calls of up to 8 rows,
+a matrix-vector product in the tf32 library).
 
 - Decode (a Mainloop): the kernel's template (decode.cuh.j2), rows, the words of explain and the
   aligned variant's needs (A's and B's rows 16-byte aligned: K, lda, ldb multiples of 4);
@@ -46,15 +50,17 @@ MAX_ROWS = 16               # rows of the small operand per pass (a compile-time
 ROW_COUNTS = (1, 2, 4, 8, 16)
 TILE_FLOATS = 8192          # shared floats of the small operand per K tile (32 KB): K tile = 8192 / rows
 LOADS_IN_FLIGHT = 8         # vector loads of the big operand each lane issues before its FFMAs
-TENSOR_LOADS_IN_FLIGHT = 4  # the tensor path's float4s of its column per lane in flight: two batches of a chunk
-MMA_COLUMNS = 8             # the tensor path's columns per tile: mma.sync m16n8k8's N
+TENSOR_LOADS_IN_FLIGHT = 8  # the tensor path's float4s of its two columns per lane in flight: two batches of a chunk
+MMA_COLUMNS = 16            # the tensor path's columns per warp (a tile): mma.sync m16n8k8's M
 BLOCKED_ROWS = 8            # FFMA passes of up to this many rows sum blocks of a step's products from zero first
 BLOCK_PRODUCTS = 16         # ... of at most this many products of a row and column (a 1-column step has 32)
 CHUNK = 32                  # K per chunk of a column: two float4s of each of its 4 lanes (four k steps of 8)
 # Warps per SM the tensor path's kernels ask ptxas to fit (__launch_bounds__'s second argument: this over
-# the block's warps) unless the spec says `occupancy`: 24 fit 64-80 registers a thread without spills (at
-# 32, 3xtf32 spilled 64-136 bytes), where the reads want as many warps as fit.
-TENSOR_WARPS_PER_SM = 24
+# the block's warps) unless the spec says `occupancy`: 16 give 128 registers a thread, which 3xtf32 fits
+# without spills (at 24 warps, 80 registers, it spilled 164-360 bytes). In TF32, which fits 80, 24 warps
+# read 0.56-0.76 of HBM on an H100 where 16 read 0.62-0.78 (two float4s of two columns a lane in flight
+# per batch: 4 KB a warp).
+TENSOR_WARPS_PER_SM = 16
 # mma.sync per k step of 8: tf32 one product; 3xtf32 three (small x big, big x small, big x big)
 PRODUCTS = {"simt": 0, "tf32": 1, "3xtf32": 3}
 
@@ -108,21 +114,15 @@ class Decode(Mainloop):
         return PRODUCTS[self.math]
 
     @property
-    def pass_inlining(self) -> str:
-        """How the passes are compiled: inlined into the kernel (FFMA only), or with the tensor path a
-        call per pass (inlined side by side, ptxas holds them all to one register budget and spills)."""
-        return "__noinline__" if self.products else "__forceinline__"
-
-    @property
     def loads_in_flight(self) -> int:
-        """The tensor path's float4s of its column each lane keeps in flight: two batches of chunks of
-        two float4s, the next batch issued before this one's products (benchmarks/decode_patterns.py:
-        one chunk a batch read as fast as two, with fewer registers)."""
+        """The tensor path's float4s of its two columns each lane keeps in flight: two batches of a
+        chunk of two float4s of each, the next batch issued before this one's products
+        (benchmarks/decode_patterns.py: one chunk a batch read as fast as two, with fewer registers)."""
         return TENSOR_LOADS_IN_FLIGHT
 
     @property
     def tensor_tiles(self) -> int:
-        """The tensor path's tiles of 8 columns per block (1 where it has none, for the constants)."""
+        """The tensor path's tiles of 16 columns per block (1 where it has none, for the constants)."""
         return max(1, self.block_columns // MMA_COLUMNS)
 
     @property
@@ -133,7 +133,7 @@ class Decode(Mainloop):
     @property
     def part_floats(self) -> int:
         """Shared floats of the K slices' partial sums (slices 2 .. S of every group; on the tensor path
-        slices 2 .. of every tile, a 16 x 8 tile each), at least 1."""
+        slices 2 .. of every tile, 16 columns x 16 rows each), at least 1."""
         ffma = (self.slices - 1) * self.groups * MAX_ROWS * self.columns
         tensor = (self.tensor_slices - 1) * self.tensor_tiles * MAX_ROWS * MMA_COLUMNS if self.products else 0
         return max(1, ffma, tensor)
@@ -151,10 +151,11 @@ class Decode(Mainloop):
 
     def registers(self, rows: int = MAX_ROWS) -> int:
         """Live floats per lane at `rows` rows: accumulators, the loads in flight, one vector of A
-        (tensor path: 8 accumulators and a batch's 8 sums, the loads in flight, a chunk of two rows of A
-        and their TF32 parts)."""
+        (tensor path: two 16 x 8 tiles' accumulators and a batch's sums, twice as many under 3xtf32 (the
+        small products' own), the loads in flight, a chunk of two rows and one k step's TF32 fragments)."""
         if self.products:
-            return 16 + TENSOR_LOADS_IN_FLIGHT * 4 + 16 * (2 if self.products == 3 else 1)
+            three = self.products == 3
+            return (32 if three else 16) + TENSOR_LOADS_IN_FLIGHT * 4 + 16 + (12 if three else 6)
         blocked = self.columns if rows <= BLOCKED_ROWS else 0  # a block's partial sum per column
         return rows * self.columns + self.unroll * self.columns * 4 + 4 + blocked
 
@@ -214,12 +215,12 @@ class Decode(Mainloop):
     def tensor_rows(self) -> list[tuple[str, str]]:
         if not self.products:
             return []
-        return [("tensor path", f"{self.tensor_tiles} tile(s) of {MMA_COLUMNS} columns per block, "
-                                f"{self.tensor_slices} warp(s) per tile, each a slice of K; per lane "
-                                f"{TENSOR_LOADS_IN_FLIGHT} float4s of its column in flight (two batches of chunks of "
-                                f"two consecutive float4s: a column's 4 lanes read {CHUNK * 4} bytes in a row), each "
-                                f"float4 two k steps of {self.products} mma.sync; the small operand's rows read "
-                                f"through L1; passes of 1 to 8 rows read 8 rows of A")]
+        return [("tensor path", f"{self.tensor_tiles} tile(s) of {MMA_COLUMNS} columns per block (the MMA's M), "
+                                f"{self.tensor_slices} warp(s) per tile, each a slice of K; the rows the MMA's N, 8 "
+                                f"at a time; per lane {TENSOR_LOADS_IN_FLIGHT} float4s of its two columns in flight "
+                                f"(two batches of a chunk of two consecutive float4s of each: a column's 4 lanes "
+                                f"read {CHUNK * 4} bytes in a row), each float4 two k steps of {self.products} "
+                                f"mma.sync per 8 rows; the small operand's rows read through L1")]
 
     def vector_requirements(self, layout_a: str, layout_b: str) -> list[tuple[str, str | None, str, int]]:
         return [("A", "K", "lda", 4), ("B", "K", "ldb", 4)]
